@@ -1,0 +1,274 @@
+"""Settings: one typed object, loaded once, with the precedence flags > environment > .env > defaults.
+
+Infrastructure keys (AWS, cluster, image, job) are declared here; training keys (MODEL, SHARDING_STRATEGY,
+...) are the trainer's own (`fsdptrain.config.TrainConfig`), so both read one vocabulary and one validator.
+Pure: reads no file and no environment itself; `load()` is handed the layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import io
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdptrain.config import ConfigError, TrainConfig, parse_value
+from fsdptrain.shapes import mesh_shape
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+GATED_PREFIXES = ("meta-llama/",)
+# Keys the job derives itself rather than taking from the user.
+TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
+
+
+def _k(default: Any, group: str, help: str, **constraints):
+    return Field(default, description=help, json_schema_extra={"group": group}, **constraints)
+
+
+class Settings(BaseModel):
+    """Everything but training: each field's env/.env key is its name in capitals."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    aws_region: str = _k("us-west-2", "aws", "AWS region", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    aws_account_id: str = _k("", "aws", "12-digit account id (default registry: its ECR)", pattern=r"^(\d{12})?$")
+    aws_profile: str = _k("", "aws", "AWS CLI profile to use")
+    cluster_name: str = _k("fsdp-eks", "cluster", "EKS cluster name", pattern=r"^[a-zA-Z][-a-zA-Z0-9]{0,99}$")
+    cluster_tool: Literal["eksctl", "terraform"] = _k("eksctl", "cluster", "what creates the cluster")
+    instance_type: str = _k("p5.48xlarge", "cluster", "GPU node type: " + ", ".join(INSTANCE_TYPES))
+    node_count: int = _k(2, "cluster", "GPU nodes in the node group", ge=1, le=64)
+    capacity_reservation_id: str = _k("", "cluster", "On-Demand Capacity Reservation (cr-...)",
+                                      pattern=r"^(cr-[0-9a-f]{17})?$")
+    efa_enabled: bool = _k(True, "cluster", "use EFA (vpc.amazonaws.com/efa) between nodes")
+    image_registry: str = _k("", "image", "registry host (default: the account's ECR in AWS_REGION)")
+    image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    image_tag: str = _k("0.1.0", "image", "image tag (never 'latest': pods must be reproducible)",
+                        pattern=r"^(?!latest$)[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    backend: Literal["local", "eks"] = _k("local", "job", "where `job run` runs: this machine or the cluster")
+    job_name: str = _k("fsdp", "job", "job name (a DNS label)", pattern=DNS_LABEL)
+    job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
+    job_nodes: int = _k(2, "job", "nodes (pods) in the job; local: simulated nodes", ge=1, le=1024)
+    gpus_per_node: int = _k(0, "job", "GPUs per pod (0: all the instance has)", ge=0)
+    local_procs_per_node: int = _k(1, "job", "local backend: processes per simulated node", ge=1, le=64)
+    rdzv_backend: Literal["c10d", "etcd", "etcd-v2"] = _k("c10d", "job", "torchrun rendezvous")
+    rdzv_join_timeout: int = _k(600, "job", "seconds nodes may take to join the rendezvous", ge=10)
+    max_restarts: int = _k(3, "job", "torchrun restarts of the worker group after a failure", ge=0)
+    checkpoint_pvc: str = _k("", "job", "PersistentVolumeClaim for checkpoints (empty: pod-local, lost)")
+    hf_token: SecretStr = _k(SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out")
+    hf_token_file: str = _k("", "secrets", "file holding the HF token (instead of HF_TOKEN)")
+
+    @model_validator(mode="after")
+    def _instance_known(self) -> "Settings":
+        if self.instance_type not in INSTANCE_TYPES:
+            raise ValueError(f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
+                             f"{', '.join(INSTANCE_TYPES)}")
+        if self.gpus_per_node > self.instance.gpus:
+            raise ValueError(f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
+                             f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)")
+        return self
+
+    @property
+    def instance(self) -> InstanceType:
+        return INSTANCE_TYPES[self.instance_type]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings + training values + derived numbers, as every command sees them."""
+
+    settings: Settings
+    training: TrainConfig
+    sources: dict[str, str] = field(default_factory=dict)  # KEY -> default | .env | env | flag
+    warnings: tuple[str, ...] = ()
+
+    def __getattr__(self, name: str) -> Any:  # settings fields read directly: cfg.job_name
+        return getattr(self.settings, name)
+
+    @property
+    def gpus(self) -> int:
+        return self.settings.gpus_per_node or self.settings.instance.gpus
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.local_procs_per_node if self.backend == "local" else self.gpus
+
+    @property
+    def world_size(self) -> int:
+        return self.job_nodes * self.procs_per_node
+
+    @property
+    def efa_per_node(self) -> int:
+        return self.settings.instance.efa_interfaces if self.efa_enabled else 0
+
+    @property
+    def registry(self) -> str:
+        if self.image_registry:
+            return self.image_registry
+        if self.aws_account_id:
+            return f"{self.aws_account_id}.dkr.ecr.{self.aws_region}.amazonaws.com"
+        return ""
+
+    @property
+    def image_uri(self) -> str:
+        name = f"{self.image_repo}:{self.image_tag}"
+        return f"{self.registry}/{name}" if self.registry else name
+
+    def hf_token_value(self, read_file=None) -> str:
+        """The token itself, for the Secret only. `read_file` is injected so this module stays free of I/O."""
+        if self.hf_token.get_secret_value():
+            return self.hf_token.get_secret_value()
+        if self.hf_token_file and read_file:
+            return read_file(self.hf_token_file).strip()
+        return ""
+
+    def train_env(self) -> dict[str, str]:
+        """The trainer's settings as environment variables (what the pod gets), all keys, stable order."""
+        out = {}
+        for f in dataclasses.fields(TrainConfig):
+            if f.name in TRAIN_KEYS_DERIVED:
+                continue
+            value = getattr(self.training, f.name)
+            out[f.metadata["env"]] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
+
+
+class SettingsError(Exception):
+    """Bad settings: each line names a key, its value and the fix."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def setting_keys() -> dict[str, str]:
+    """KEY -> field name for every key fsdpctl reads."""
+    keys = {name.upper(): name for name in Settings.model_fields}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in TRAIN_KEYS_DERIVED:
+            keys[f.metadata["env"]] = f.name
+    return keys
+
+
+def parse_dotenv(text: str, origin: str = ".env") -> dict[str, str]:
+    """KEY=VALUE lines (python-dotenv's grammar); a line it cannot parse is an error, not a silent skip."""
+    from dotenv.parser import parse_stream
+
+    values, bad = {}, []
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error:
+            line = binding.original.string.strip()
+            bad.append(f"{origin} line {binding.original.line}: cannot parse {line[:40]!r}: write KEY=VALUE")
+        elif binding.key:
+            values[binding.key] = binding.value or ""
+    if bad:
+        raise SettingsError(bad)
+    return values
+
+
+def load(*, dotenv: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
+         flags: Mapping[str, str] | None = None, dotenv_name: str = ".env") -> Config:
+    """Merge the layers (later wins) and validate everything; raises SettingsError listing every problem."""
+    keys = setting_keys()
+    raw: dict[str, str] = {}
+    sources = {key: "default" for key in keys}
+    warnings = []
+    for key in dotenv or {}:
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f": did you mean {close[0]}?" if close else ": it is ignored"
+            warnings.append(f"{dotenv_name}: unknown key {key}{hint}")
+    for layer, values in ((dotenv_name, dotenv or {}), ("env", environ or {}), ("flag", flags or {})):
+        for key, value in values.items():
+            if key in keys:
+                raw[key], sources[key] = value, layer
+            elif layer == "flag":
+                close = difflib.get_close_matches(key, keys, n=1)
+                raise SettingsError([f"--set {key}: unknown key" + (f": did you mean {close[0]}?" if close else "")])
+    return _validate(raw, keys, sources, tuple(warnings))
+
+
+def _validate(raw: dict[str, str], keys: dict[str, str], sources: dict[str, str], warnings) -> Config:
+    errors: list[str] = []
+    infra = {keys[k]: v for k, v in raw.items() if keys[k] in Settings.model_fields}
+    settings = None
+    try:
+        settings = Settings(**infra)
+    except ValidationError as e:
+        errors.extend(_pydantic_lines(e, raw))
+    train_values = {}
+    for key, value in raw.items():
+        name = keys[key]
+        if name in Settings.model_fields:
+            continue
+        try:
+            train_values[name] = parse_value(name, value)
+        except ConfigError as e:
+            errors.append(str(e))
+    training = None
+    if not errors:
+        try:
+            training = TrainConfig(**train_values).validate(check_paths=False)
+        except ConfigError as e:
+            errors.append(str(e))
+    if errors:
+        raise SettingsError(errors)
+    cfg = Config(settings, training, sources, warnings)
+    errors = _cross_checks(cfg)
+    if errors:
+        raise SettingsError(errors)
+    return cfg
+
+
+def _cross_checks(cfg: Config) -> list[str]:
+    errors = []
+    t = cfg.training
+    try:
+        mesh_shape(t.sharding_strategy, cfg.world_size, t.hsdp_shard_size or cfg.procs_per_node)
+    except ConfigError as e:
+        errors.append(f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)")
+    if t.pretrained.startswith(GATED_PREFIXES) and not (cfg.hf_token.get_secret_value() or cfg.hf_token_file):
+        errors.append(f"HF_TOKEN is missing: PRETRAINED={t.pretrained!r} is gated on the hub; set HF_TOKEN "
+                      "or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a manifest)")
+    return errors
+
+
+def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
+    lines = []
+    for err in e.errors():
+        if err["loc"]:
+            key = str(err["loc"][0]).upper()
+            value = raw.get(key, "")
+            msg = err["msg"]
+            if err["type"] == "literal_error":
+                msg = "is not allowed: use one of " + err["ctx"]["expected"].replace("'", "")
+            elif err["type"] == "string_pattern_mismatch":
+                msg = f"is not valid: must match {err['ctx']['pattern']}"
+            lines.append(f"{key}={value!r} {msg}")
+        else:  # model-level checks already name their key
+            lines.append(re.sub(r"^Value error, ", "", err["msg"]))
+    return lines
+
+
+def redacted(cfg: Config) -> dict[str, Any]:
+    """All values by KEY, secrets masked: what `config show` prints."""
+    out: dict[str, Any] = {}
+    for key, name in setting_keys().items():
+        if name in Settings.model_fields:
+            value = getattr(cfg.settings, name)
+            if isinstance(value, SecretStr):
+                value = "***" if value.get_secret_value() else ""
+        else:
+            value = getattr(cfg.training, name)
+        out[key] = value
+    return out
+
+
+def derived(cfg: Config) -> dict[str, Any]:
+    return {"gpus_per_node": cfg.gpus, "procs_per_node": cfg.procs_per_node, "world_size": cfg.world_size,
+            "efa_per_node": cfg.efa_per_node, "image_uri": cfg.image_uri, "gpu": cfg.settings.instance.gpu,
+            "gpu_memory_gib": cfg.settings.instance.gpu_memory_gib}

@@ -1,0 +1,68 @@
+"""Shared fixtures. Peers: real torchrun processes on CPU with gloo; offline assets built by fsdptrain.assets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory):
+    from fsdptrain.assets import ensure_assets
+
+    corpus, tok = ensure_assets(tmp_path_factory.mktemp("assets"))
+    return corpus, tok
+
+
+@dataclass
+class Run:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith('{"event"')]
+
+    def events(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r["event"] == kind]
+
+    @property
+    def summary(self) -> dict:
+        found = self.events("summary")
+        assert found, f"no summary line; rc={self.rc}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
+        return found[0]
+
+    @property
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.events("step")]
+
+
+def train_env(assets, **settings) -> dict:
+    corpus, tok = assets
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP", "PET_", "TORCHELASTIC"))}
+    env.update(DATASET=str(corpus), TOKENIZER=str(tok), MODEL="tiny", SEQ_LEN="64", MICRO_BATCH_SIZE="2",
+               WARMUP_STEPS="3", LR="3e-3", PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in settings.items()})
+    return env
+
+
+def torchrun_argv(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "fsdptrain"]
+
+
+def torchrun(assets, nproc: int = 2, timeout: int = 300, **settings) -> Run:
+    """A real multi-process torchrun of the trainer (CPU, gloo)."""
+    p = subprocess.run(torchrun_argv(nproc), env=train_env(assets, **settings), capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT)
+    return Run(p.returncode, p.stdout, p.stderr)

@@ -1,0 +1,194 @@
+"""Sharded checkpoints with `torch.distributed.checkpoint`, written atomically, plus HF export and import.
+
+Layout under CHECKPOINT_DIR (must be a filesystem every node sees, e.g. FSx for Lustre on EKS):
+
+    step-00000020/      DCP shards of model + optimizer, rng-rankNNNNN.pt per rank, meta.json (written last)
+    latest              name of the newest complete checkpoint
+    .tmp-step-00000030/ a save in progress; never read, removed by the next save
+
+A save writes into the temp dir and is renamed into place only after every rank finished, so a crash
+mid-write leaves the previous checkpoint as `latest`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+META = "meta.json"
+LATEST = "latest"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (a dir without meta.json is an interrupted save)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step-*") if (p / META).is_file())
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    pointer = root / LATEST
+    if pointer.is_file():
+        candidate = root / pointer.read_text().strip()
+        if (candidate / META).is_file():
+            return candidate
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def _prepare(root: Path, tmp: Path) -> str | None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        return f"CHECKPOINT_DIR={str(root)!r} is not writable ({e.strerror}): fix its permissions, space or mount"
+    return None
+
+
+def save(root: Path, *, step: int, model, optimizer, trainer_state: dict, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint path."""
+    rank = dist.get_rank()
+    final, tmp = root / step_name(step), root / f".tmp-{step_name(step)}"
+    error = [_prepare(root, tmp) if rank == 0 else None]
+    dist.broadcast_object_list(error, src=0)  # every rank fails together instead of hanging in a barrier
+    if error[0]:
+        raise CheckpointError(error[0])
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=str(tmp))
+    torch.save(_rng_state(), tmp / f"rng-rank{rank:05d}.pt")
+    dist.barrier()
+    if rank == 0:
+        meta = {"step": step, "world_size": dist.get_world_size(), "saved_at": time.time(), **trainer_state}
+        _write_atomic(tmp / META, json.dumps(meta, indent=1, default=str))
+        if final.exists():  # the same step saved again after a resume: replace it whole
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _write_atomic(root / LATEST, final.name)
+        for old in complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load(path: Path, *, model, optimizer) -> dict:
+    """Collective. Restores model, optimizer and this rank's RNG; returns the trainer state from meta.json."""
+    meta_file = path / META
+    if not meta_file.is_file():
+        raise CheckpointError(f"RESUME={str(path)!r} is not a complete checkpoint (no {META}): pick another")
+    # pre-filled with the live (sharded) tensors: DCP loads in place into what it is given
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    meta = json.loads(meta_file.read_text())
+    rng_file = path / f"rng-rank{dist.get_rank():05d}.pt"
+    if meta["world_size"] == dist.get_world_size() and rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    return meta
+
+
+def export_hf(out_dir: Path, *, model, config, tokenizer) -> Path | None:
+    """Collective. Gathers a full state dict on rank 0 and writes a `from_pretrained`-ready directory."""
+    from safetensors.torch import save_file
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return None
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
+    return out_dir
+
+
+def resolve_pretrained(name_or_path: str, *, local_rank: int) -> Path:
+    """A local dir as is; a hub id downloaded once per node (HF_TOKEN for gated Llama-2 weights)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if name_or_path.startswith(("/", ".", "~")):
+        raise CheckpointError(f"PRETRAINED={name_or_path!r} does not exist: check the path or mount")
+    if local_rank == 0:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(name_or_path, token=os.environ.get("HF_TOKEN") or None,
+                          allow_patterns=["*.safetensors", "*.json", "tokenizer*"])
+    dist.barrier()
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name_or_path, local_files_only=True))
+
+
+def load_pretrained(path: Path, *, model) -> None:
+    """Collective. Rank 0 memory-maps the safetensors files and broadcasts each shard: one copy per job, not N."""
+    from safetensors.torch import load_file
+
+    full: dict = {}
+    if dist.get_rank() == 0:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"PRETRAINED={str(path)!r} has no *.safetensors files: convert or re-download")
+        for f in files:
+            full.update(load_file(str(f)))
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

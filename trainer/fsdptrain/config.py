@@ -1,0 +1,142 @@
+"""Training settings: one field per knob, each readable from a flag or an environment variable.
+
+Precedence: command-line flag > environment variable > default. The environment names are the same keys
+that `fsdpctl` writes into `.env` and into the PyTorchJob, so one vocabulary runs from laptop to cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+PRECISIONS = ("bf16", "fp16", "fp32")
+AC_MODES = ("none", "full", "every-k")
+DATASET_FORMATS = ("auto", "text", "json", "parquet")
+BUILTIN = "builtin"  # the offline corpus + tokenizer of fsdptrain.assets
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming the key, the value and what is allowed."""
+
+
+def _f(env: str, default: Any, help: str, *, choices: Sequence[str] = (), minimum: float | None = None):
+    return field(default=default, metadata={"env": env, "help": help, "choices": tuple(choices), "min": minimum})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # model
+    model: str = _f("MODEL", "tiny", "named model config: 7b, 13b, 70b, tiny, tiny-gqa")
+    pretrained: str = _f("PRETRAINED", "", "fine-tune from this HF checkpoint (local dir or hub id); empty: from scratch")
+    tokenizer: str = _f("TOKENIZER", "", "tokenizer path or hub id (default: PRETRAINED's, else builtin)")
+    # data
+    dataset: str = _f("DATASET", BUILTIN, "builtin (offline sample), local file/dir (text, jsonl, parquet) or hub id")
+    dataset_format: str = _f("DATASET_FORMAT", "auto", "file format of a local dataset", choices=DATASET_FORMATS)
+    dataset_split: str = _f("DATASET_SPLIT", "train", "split to read")
+    dataset_text_field: str = _f("DATASET_TEXT_FIELD", "text", "column holding the text")
+    # parallelism and precision
+    sharding_strategy: str = _f("SHARDING_STRATEGY", "FULL_SHARD", "FSDP strategy", choices=STRATEGIES)
+    hsdp_shard_size: int = _f("HSDP_SHARD_SIZE", 0, "HYBRID_SHARD group size (0: the processes of one node)", minimum=0)
+    precision: str = _f("PRECISION", "bf16", "parameter/compute dtype", choices=PRECISIONS)
+    activation_checkpointing: str = _f("ACTIVATION_CHECKPOINTING", "none", "recompute activations", choices=AC_MODES)
+    ac_every: int = _f("AC_EVERY", 2, "with every-k: checkpoint every k-th decoder layer", minimum=1)
+    # optimisation
+    micro_batch_size: int = _f("MICRO_BATCH_SIZE", 2, "sequences per process per micro-step", minimum=1)
+    grad_accum_steps: int = _f("GRAD_ACCUM_STEPS", 1, "micro-steps per optimizer step", minimum=1)
+    seq_len: int = _f("SEQ_LEN", 128, "tokens per sequence", minimum=8)
+    max_steps: int = _f("MAX_STEPS", 30, "optimizer steps to run", minimum=1)
+    lr: float = _f("LR", 3e-3, "peak learning rate", minimum=0.0)
+    min_lr_ratio: float = _f("MIN_LR_RATIO", 0.1, "cosine floor as a fraction of LR", minimum=0.0)
+    warmup_steps: int = _f("WARMUP_STEPS", 5, "linear warmup steps", minimum=0)
+    weight_decay: float = _f("WEIGHT_DECAY", 0.1, "AdamW weight decay", minimum=0.0)
+    grad_clip: float = _f("GRAD_CLIP", 1.0, "max global grad norm (0: off)", minimum=0.0)
+    seed: int = _f("SEED", 1234, "seed for init, data order and RNG", minimum=0)
+    # checkpoints
+    checkpoint_dir: str = _f("CHECKPOINT_DIR", "", "where sharded checkpoints go (empty: none)")
+    checkpoint_interval: int = _f("CHECKPOINT_INTERVAL", 0, "save every N steps (0: only at the end)", minimum=0)
+    checkpoint_keep: int = _f("CHECKPOINT_KEEP", 2, "keep the last K checkpoints", minimum=1)
+    resume: str = _f("RESUME", "auto", "auto: resume from the latest checkpoint; never; or a checkpoint path")
+    export_dir: str = _f("EXPORT_DIR", "", "write a consolidated HF safetensors model here at the end")
+    # telemetry
+    log_interval: int = _f("LOG_INTERVAL", 1, "log every N steps", minimum=1)
+    peak_tflops: float = _f("PEAK_TFLOPS", 0.0, "peak TFLOP/s per device for MFU (0: from the GPU table)", minimum=0.0)
+    metrics_file: str = _f("METRICS_FILE", "", "also append the JSON metric lines to this file (rank 0)")
+    deterministic: bool = _f("DETERMINISTIC", True, "deterministic algorithms (CPU: always)")
+
+    def validate(self, *, check_paths: bool = True) -> "TrainConfig":
+        """Check every value; `check_paths` also checks local paths (off when validating for a pod)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            env, choices, minimum = f.metadata["env"], f.metadata["choices"], f.metadata["min"]
+            if choices and value not in choices:
+                raise ConfigError(f"{env}={value!r} is not allowed: use one of {', '.join(choices)}")
+            if minimum is not None and value < minimum:
+                raise ConfigError(f"{env}={value!r} is too small: must be >= {minimum:g}")
+        from fsdptrain.shapes import MODEL_CONFIGS
+
+        if self.model not in MODEL_CONFIGS:
+            raise ConfigError(f"MODEL={self.model!r} is unknown: use one of {', '.join(MODEL_CONFIGS)}")
+        if self.warmup_steps > self.max_steps:
+            raise ConfigError(f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it")
+        if not self.dataset:
+            raise ConfigError("DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id")
+        for key, value in (("DATASET", self.dataset), ("TOKENIZER", self.tokenizer), ("PRETRAINED", self.pretrained)):
+            local = value.startswith(("/", "./", "../", "~"))
+            if check_paths and local and not os.path.exists(os.path.expanduser(value)):
+                raise ConfigError(f"{key}={value!r} does not exist: check the path or mount")
+        return self
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.pretrained or BUILTIN
+
+
+def _parse_value(f: dataclasses.Field, raw: str) -> Any:
+    kind = type(f.default)
+    env = f.metadata["env"]
+    try:
+        if kind is bool:
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(f"{env}={raw!r} is not a valid {kind.__name__}: give a {kind.__name__} value") from None
+
+
+def parse_value(name: str, raw: str) -> Any:
+    """Parse one setting from its string form (as found in the environment or a .env file)."""
+    return _parse_value(_FIELDS[name], raw)
+
+
+def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """Build and validate the config from flags and environment (flags win)."""
+    environ = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="python -m fsdptrain", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    fields = dataclasses.fields(TrainConfig)
+    for f in fields:
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.metadata["env"],
+                            help=f"{f.metadata['help']} (env {f.metadata['env']}, default {f.default!r})")
+    args = vars(parser.parse_args(argv))
+    values = {}
+    for f in fields:
+        raw = args[f.name] if args[f.name] is not None else environ.get(f.metadata["env"])
+        if raw is not None:
+            values[f.name] = _parse_value(f, raw)
+    return TrainConfig(**values).validate()
+
+
+def env_names() -> dict[str, str]:
+    """Field name -> environment variable, for the launcher and the manifests."""
+    return {f.name: f.metadata["env"] for f in dataclasses.fields(TrainConfig)}
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

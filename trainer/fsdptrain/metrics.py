@@ -1,0 +1,86 @@
+"""Throughput, MFU, memory and GPU telemetry: the numbers a step log line carries."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+from torch import nn
+
+# Dense peak TFLOP/s per GPU (bf16/fp16; fp32 runs as TF32 on tensor cores). SXM parts, vendor data sheets.
+PEAK_TFLOPS = {
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+}
+
+
+def flops_per_token(num_params: int, embedding_params: int, layers: int, hidden: int, seq_len: int) -> int:
+    """Training FLOPs per token: 6 x matmul params (forward + backward) + 12 x L x H x S for attention.
+
+    The input embedding is a lookup, not a matmul, so it is left out (as torchtitan does).
+    """
+    return 6 * (num_params - embedding_params) + 12 * layers * hidden * seq_len
+
+
+def peak_tflops(device: torch.device, precision: str, override: float) -> float | None:
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, table in PEAK_TFLOPS.items():
+        if key in name:
+            return table[precision]
+    return None
+
+
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds for parameters, gradients and optimizer state (its shards only)."""
+
+    def nbytes(t: torch.Tensor) -> int:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return local.numel() * local.element_size()
+
+    params = sum(nbytes(p) for p in model.parameters())
+    grads = sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None)
+    optim = sum(nbytes(v) for s in optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"param_bytes": params, "grad_bytes": grads, "optim_bytes": optim}
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak device memory in GiB: allocated vs reserved on CUDA; the process's peak RSS on CPU."""
+    gib = 1024 ** 3
+    if device.type == "cuda":
+        return {"mem_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
+                "mem_reserved_gib": torch.cuda.max_memory_reserved(device) / gib}
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
+    return {"mem_peak_rss_gib": rss_kib * scale / gib}
+
+
+class GpuTelemetry:
+    """Utilisation, temperature and power through NVML when the driver and nvidia-ml-py are present."""
+
+    def __init__(self, device: torch.device):
+        self.handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:  # no NVML: telemetry is optional, training is not
+            self.handle = None
+
+    def read(self) -> dict[str, float]:
+        if self.handle is None:
+            return {}
+        n = self.nvml
+        return {"gpu_util_pct": n.nvmlDeviceGetUtilizationRates(self.handle).gpu,
+                "gpu_temp_c": n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
+                "gpu_power_w": n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0}

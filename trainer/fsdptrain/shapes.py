@@ -1,0 +1,49 @@
+"""Model shapes and mesh arithmetic: pure Python, no torch, so settings are checked (and planned) fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdptrain.config import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    context: int
+
+    def num_params(self) -> int:
+        """Exact parameter count of LlamaForCausalLM with untied embeddings."""
+        head_dim = self.hidden // self.heads
+        attn = self.hidden * head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attn + mlp + 2 * self.hidden
+        return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
+
+
+# Published Hugging Face meta-llama/Llama-2-*-hf shapes; tiny ones keep tests and the quickstart fast.
+MODEL_CONFIGS: dict[str, ModelShape] = {
+    "7b": ModelShape(4096, 32, 32, 32, 11008, 32000, 4096),
+    "13b": ModelShape(5120, 40, 40, 40, 13824, 32000, 4096),
+    "70b": ModelShape(8192, 80, 64, 8, 28672, 32000, 4096),
+    "tiny": ModelShape(128, 4, 4, 4, 344, 512, 512),
+    "tiny-gqa": ModelShape(128, 4, 4, 2, 344, 512, 512),
+}
+
+
+def mesh_shape(strategy: str, world_size: int, shard_size: int) -> tuple[int, ...]:
+    """The device-mesh shape for a strategy (see fsdptrain.parallel)."""
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return (world_size,)
+    if strategy == "NO_SHARD":
+        return (world_size, 1)
+    if shard_size < 1 or world_size % shard_size:
+        raise ConfigError(
+            f"HSDP_SHARD_SIZE={shard_size} does not divide the world size {world_size}: "
+            f"use a divisor of {world_size} (usually the GPUs per node)")
+    return (world_size // shard_size, shard_size)
