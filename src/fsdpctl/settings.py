@@ -48,7 +48,7 @@ class Settings(BaseModel):
     image_registry: str = _k("", "image", "registry host (default: the account's ECR in AWS_REGION)")
     image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     image_tag: str = _k("0.1.0", "image", "image tag (never 'latest': pods must be reproducible)",
-                        pattern=r"^(?!latest$)[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+                        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
     backend: Literal["local", "eks"] = _k("local", "job", "where `job run` runs: this machine or the cluster")
     job_name: str = _k("fsdp", "job", "job name (a DNS label)", pattern=DNS_LABEL)
     job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
@@ -64,6 +64,8 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _instance_known(self) -> "Settings":
+        if self.image_tag == "latest":
+            raise ValueError("IMAGE_TAG='latest' is not allowed: pin a version so every pod runs the same image")
         if self.instance_type not in INSTANCE_TYPES:
             raise ValueError(f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
                              f"{', '.join(INSTANCE_TYPES)}")

@@ -1,0 +1,72 @@
+"""Adapter: a real etcd server (Debian's etcd-server) on loopback, for torchrun's etcd rendezvous."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class EtcdError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EtcdServer:
+    proc: subprocess.Popen
+    client_port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as r:
+                return b"true" in r.read()
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start(data_dir: Path, *, log_file: Path, timeout: float = 30) -> EtcdServer:
+    """Start etcd with the v2 API enabled (torch's etcd backends speak v2) and wait until it is healthy."""
+    binary = shutil.which("etcd")
+    if not binary:
+        raise EtcdError("etcd is not installed: apt-get install etcd-server (or use RDZV_BACKEND=c10d)")
+    client, peer = free_port(), free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [binary, "--name", "fsdpctl", "--data-dir", str(data_dir), "--enable-v2",
+            "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"fsdpctl=http://127.0.0.1:{peer}"]
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = EtcdServer(proc, client)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EtcdError(f"etcd exited with code {proc.returncode}: see {log_file}")
+        if server.healthy():
+            return server
+        time.sleep(0.2)
+    server.stop()
+    raise EtcdError(f"etcd did not become healthy within {timeout:.0f}s: see {log_file}")

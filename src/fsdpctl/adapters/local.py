@@ -1,0 +1,238 @@
+"""Adapter: the local backend. Runs a rendered PyTorchJob on this machine, one torchrun launcher per
+simulated node, as Kubernetes would run one per pod, with the pod's command and environment.
+
+A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns the launchers, so `job status`,
+`job logs -f` and `job stop` work from any terminal. Everything lives under the job directory:
+
+    FSDPCTL_HOME/jobs/<job>/state.json        phase, pids, exit codes (written atomically)
+    FSDPCTL_HOME/jobs/<job>/spec.json         what to launch (no secrets: the token travels in the environment)
+    FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log
+    FSDPCTL_HOME/jobs/<job>/checkpoints/      the pod's /checkpoints volume; survives runs, so runs resume
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsdpctl.adapters import etcd as etcd_adapter
+
+ACTIVE = ("Pending", "Running", "Stopping")
+STOP_GRACE_S = 120  # the pod's terminationGracePeriodSeconds
+
+
+class LocalJobError(RuntimeError):
+    pass
+
+
+def home() -> Path:
+    return Path(os.environ.get("FSDPCTL_HOME", ".fsdpctl")).resolve()
+
+
+def job_dir(job_name: str) -> Path:
+    return home() / "jobs" / job_name
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def read_state(jdir: Path) -> dict | None:
+    try:
+        return json.loads((jdir / "state.json").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def effective_phase(state: dict | None) -> str | None:
+    """The recorded phase, or Failed when the supervisor died without recording an end."""
+    if state is None:
+        return None
+    if state["phase"] in ACTIVE and not pid_alive(state.get("supervisor_pid")):
+        return "Failed"
+    return state["phase"]
+
+
+@dataclass
+class Launch:
+    node: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+def launches(spec: dict, endpoint: str, environ: dict[str, str]) -> list[Launch]:
+    """Translate the PyTorchJob's worker container into one launcher per replica on this machine."""
+    argv = [sys.executable, "-m", "torch.distributed.run"]
+    for arg in spec["command"][1:]:  # command[0] is `torchrun`
+        argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
+    env = {**environ, **spec["env"]}
+    for key, value in spec["env"].items():  # the pod's /checkpoints volume -> the job's directory
+        if value.startswith(spec["checkpoint_mount"]):
+            env[key] = spec["checkpoint_root"] + value[len(spec["checkpoint_mount"]):]
+    total = spec["replicas"] * spec["nproc_per_node"]
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
+    return [Launch(i, argv, dict(env)) for i in range(spec["replicas"])]
+
+
+def spec_from_job(job: dict, jdir: Path, checkpoint_mount: str) -> dict:
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    container = worker["template"]["spec"]["containers"][0]
+    return {"job": job["metadata"]["name"], "run_id": job["spec"]["elasticPolicy"]["rdzvId"],
+            "rdzv_backend": job["spec"]["elasticPolicy"]["rdzvBackend"], "replicas": worker["replicas"],
+            "nproc_per_node": int(job["spec"]["nprocPerNode"]), "command": container["command"],
+            "env": {e["name"]: e["value"] for e in container["env"] if "value" in e},
+            "checkpoint_mount": checkpoint_mount, "checkpoint_root": str(jdir / "checkpoints")}
+
+
+def start(job: dict, *, checkpoint_mount: str, secret_env: dict[str, str]) -> dict:
+    """Write the spec and start the detached supervisor; returns the initial state."""
+    name = job["metadata"]["name"]
+    jdir = job_dir(name)
+    if effective_phase(read_state(jdir)) in ACTIVE:
+        raise LocalJobError(f"job {name!r} is already running: `fsdpctl job stop` first, or pass --replace")
+    jdir.mkdir(parents=True, exist_ok=True)
+    spec = spec_from_job(job, jdir, checkpoint_mount)
+    log_dir = jdir / "logs" / spec["run_id"]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    write_json(jdir / "spec.json", spec)
+    state = {"job": name, "run_id": spec["run_id"], "phase": "Pending", "created": time.time(),
+             "replicas": spec["replicas"], "log_dir": str(log_dir), "checkpoint_dir": spec["checkpoint_root"],
+             "supervisor_pid": None, "launchers": [], "stop_requested": False}
+    write_json(jdir / "state.json", state)
+    env = {**os.environ, **secret_env}
+    with open(log_dir / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    state["supervisor_pid"] = proc.pid
+    _update(jdir, supervisor_pid=proc.pid)
+    return state
+
+
+def _update(jdir: Path, **changes) -> dict:
+    state = read_state(jdir) or {}
+    state.update(changes)
+    write_json(jdir / "state.json", state)
+    return state
+
+
+def stop(job_name: str) -> dict:
+    jdir = job_dir(job_name)
+    state = read_state(jdir)
+    if state is None:
+        raise LocalJobError(f"no local job named {job_name!r}: `fsdpctl job list` shows what exists")
+    if effective_phase(state) in ACTIVE:
+        _update(jdir, stop_requested=True)
+        os.kill(state["supervisor_pid"], signal.SIGTERM)
+    return read_state(jdir)
+
+
+def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        state = read_state(job_dir(job_name))
+        if effective_phase(state) not in ACTIVE:
+            return state
+        if deadline is not None and time.monotonic() > deadline:
+            return state
+        time.sleep(poll)
+
+
+def list_jobs() -> list[dict]:
+    root = home() / "jobs"
+    states = [read_state(p) for p in sorted(root.iterdir())] if root.is_dir() else []
+    return [s for s in states if s]
+
+
+def log_files(state: dict) -> list[Path]:
+    return sorted(Path(state["log_dir"]).glob("node-*.log"))
+
+
+def leader_log(state: dict) -> Path | None:
+    """The node whose launcher hosts global rank 0 (the one printing progress); node 0 until known."""
+    files = log_files(state)
+    for f in files:
+        if b"fsdptrain: model" in f.read_bytes():
+            return f
+    return files[0] if files else None
+
+
+# ---- the supervisor process ---------------------------------------------------------------------------
+
+def supervise(jdir: Path) -> int:
+    spec = json.loads((jdir / "spec.json").read_text())
+    log_dir = Path(read_state(jdir)["log_dir"])
+    stopping = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
+    server, procs = None, []
+    try:
+        if spec["rdzv_backend"] == "c10d":
+            endpoint = f"127.0.0.1:{etcd_adapter.free_port()}"
+        else:
+            server = etcd_adapter.start(jdir / "etcd" / spec["run_id"], log_file=log_dir / "etcd.log")
+            endpoint = server.endpoint
+        for launch in launches(spec, endpoint, dict(os.environ)):
+            log = open(log_dir / f"node-{launch.node}.log", "ab")
+            procs.append(subprocess.Popen(launch.argv, env=launch.env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint,
+                launchers=[{"node": i, "pid": p.pid, "rc": None} for i, p in enumerate(procs)])
+        rcs = _wait_all(procs, stopping, jdir)
+    except Exception as e:  # recorded for `job status`; the traceback is in supervisor.log
+        _terminate(procs, signal.SIGKILL)
+        _update(jdir, phase="Failed", finished=time.time(), reason=str(e))
+        raise
+    finally:
+        if server:
+            server.stop()
+    stopped = stopping["flag"]
+    phase = "Stopped" if stopped else ("Succeeded" if all(rc == 0 for rc in rcs) else "Failed")
+    _update(jdir, phase=phase, finished=time.time(),
+            launchers=[{"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs))])
+    return 0
+
+
+def _terminate(procs, sig) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)  # the launcher and its workers, as a pod's processes
+            except ProcessLookupError:
+                pass
+
+
+def _wait_all(procs, stopping, jdir: Path) -> list[int]:
+    sent_at = None
+    while any(p.poll() is None for p in procs):
+        if stopping["flag"] and sent_at is None:
+            _update(jdir, phase="Stopping")
+            _terminate(procs, signal.SIGTERM)
+            sent_at = time.monotonic()
+        if sent_at is not None and time.monotonic() - sent_at > STOP_GRACE_S:
+            _terminate(procs, signal.SIGKILL)
+        time.sleep(0.2)
+    return [p.returncode for p in procs]
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(Path(sys.argv[1])))

@@ -1,0 +1,88 @@
+"""fsdpctl command line. Thin commands over the pure core (settings, render, progress) and the adapters.
+
+Nothing heavy is imported here: torch, transformers, boto3 and kubernetes load only inside the commands that
+need them, so `fsdpctl --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from fsdpctl import __version__
+from fsdpctl.cli.common import AppState, err, parse_sets
+from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.settings import SettingsError
+
+
+class _Group(TyperGroup):
+    """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with --debug."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SettingsError as e:
+            for line in e.lines:
+                err.print(f"[red]error:[/] {line}")
+            ctx.exit(ExitCode.BAD_INPUT)
+        except FsdpctlError as e:
+            if _debug(ctx):
+                raise
+            err.print(f"[red]error:[/] {e}")
+            if e.hint:
+                err.print(f"  hint: {e.hint}")
+            ctx.exit(e.code)
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            ctx.exit(ExitCode.INTERRUPTED)
+
+
+def _debug(ctx: click.Context) -> bool:
+    obj = ctx.find_root().obj
+    return bool(obj and obj.debug)
+
+
+app = typer.Typer(cls=_Group, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="From nothing to a running, observed, resumable PyTorch FSDP job on EKS, or on this machine.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"fsdpctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    env_file: Annotated[Path, typer.Option("--env-file", envvar="FSDPCTL_ENV_FILE",
+                                           help="settings file (KEY=VALUE lines)")] = Path(".env"),
+    set_: Annotated[Optional[List[str]], typer.Option("--set", "-s", metavar="KEY=VALUE",
+                                                      help="override a setting (repeatable); beats env and .env")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
+) -> None:
+    """Settings come from flags > environment > .env > defaults; `fsdpctl config show` says which won."""
+    ctx.obj = AppState(env_file=env_file, flags=parse_sets(set_ or []), debug=debug)
+
+
+def _register() -> None:
+    from fsdpctl.cli import config_cmd, job_cmd, manifest_cmd, quickstart_cmd
+
+    app.add_typer(config_cmd.app, name="config")
+    app.add_typer(job_cmd.app, name="job")
+    app.command("manifest")(manifest_cmd.manifest)
+    app.command("quickstart")(quickstart_cmd.quickstart)
+
+
+_register()
+
+
+def main() -> None:
+    sys.exit(app(prog_name="fsdpctl"))

@@ -1,0 +1,96 @@
+"""What every command shares: the loaded config, the consoles (messages to stderr, results to stdout)
+and the -o json/yaml output."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from fsdpctl.errors import BadInput
+from fsdpctl.settings import Config, SettingsError, load, parse_dotenv
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+
+class Output(str, Enum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+OutputOpt = typer.Option("table", "--output", "-o", help="table, json or yaml")
+
+
+@dataclass
+class AppState:
+    env_file: Path
+    flags: dict[str, str] = field(default_factory=dict)
+    debug: bool = False
+    _config: Config | None = None
+
+    def config(self, **overrides: Any) -> Config:
+        """Load once: flags (--set and command options) > environment > .env > defaults."""
+        flags = {**self.flags, **{k: str(v) for k, v in overrides.items() if v is not None}}
+        if self._config is None or overrides:
+            cfg = load(dotenv=read_env_file(self.env_file), environ=os.environ, flags=flags,
+                       dotenv_name=str(self.env_file))
+            for w in cfg.warnings:
+                warn(w)
+            if overrides:
+                return cfg
+            self._config = cfg
+        return self._config
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    if not path.exists():
+        if path.name != ".env":  # the default may be absent; an explicit --env-file may not
+            raise BadInput(f"--env-file {path} does not exist", hint="create it from .env.example")
+        return {}
+    return parse_dotenv(path.read_text(), str(path))
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    flags = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--set {item!r} is not KEY=VALUE", hint="e.g. --set MODEL=7b")
+        flags[key.strip()] = value
+    return flags
+
+
+def state(ctx: typer.Context) -> AppState:
+    return ctx.find_root().obj
+
+
+def warn(msg: str) -> None:
+    err.print(f"[yellow]warning:[/] {msg}")
+
+
+def ok(msg: str) -> None:
+    err.print(f"[green]✓[/] {msg}")
+
+
+def emit(data: Any, output: Output) -> bool:
+    """Print data as json/yaml to stdout and return True; False means the caller prints its table."""
+    if output == Output.json:
+        out.print_json(json.dumps(data, default=str))
+        return True
+    if output == Output.yaml:
+        import yaml
+
+        out.print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), end="")
+        return True
+    return False
+
+
+__all__ = ["AppState", "Output", "OutputOpt", "SettingsError", "emit", "err", "ok", "out", "state", "warn"]

@@ -1,0 +1,49 @@
+"""fsdpctl config show|validate"""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, state
+from fsdpctl.settings import Settings, derived, redacted, setting_keys
+
+app = typer.Typer(no_args_is_help=True, help="Show and check the settings (.env, environment, --set).")
+
+
+def _group(key: str) -> str:
+    name = setting_keys()[key]
+    if name in Settings.model_fields:
+        return Settings.model_fields[name].json_schema_extra["group"]
+    return "training"
+
+
+@app.command()
+def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
+    """Every setting with its value and where it came from; secrets are masked.
+
+    Example: fsdpctl --set MODEL=7b config show -o yaml
+    """
+    cfg = state(ctx).config()
+    values = redacted(cfg)
+    data = {"settings": values, "sources": {k: cfg.sources[k] for k in values}, "derived": derived(cfg)}
+    if emit(data, output):
+        return
+    table = Table("group", "key", "value", "source", box=None, pad_edge=False)
+    for key in sorted(values, key=lambda k: (_group(k), k)):
+        source = cfg.sources[key]
+        table.add_row(_group(key), key, str(values[key]), source if source != "default" else "[dim]default[/]")
+    for key, value in derived(cfg).items():
+        table.add_row("derived", key, str(value), "[dim]computed[/]")
+    out.print(table)
+
+
+@app.command()
+def validate(ctx: typer.Context) -> None:
+    """Check every value; each problem is one line naming the key, the value and what is allowed (exit 2).
+
+    Example: fsdpctl --env-file prod.env config validate
+    """
+    cfg = state(ctx).config()
+    ok(f"{len(cfg.sources)} settings valid ({sum(s != 'default' for s in cfg.sources.values())} set); "
+       f"world size {cfg.world_size} on {cfg.backend}")

@@ -1,0 +1,292 @@
+"""fsdpctl job run|status|logs|stop|list|wait"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from fsdpctl import jobs
+from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, state, warn
+from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.progress import fmt_duration, progress, records
+
+app = typer.Typer(no_args_is_help=True, help="Run and watch training jobs (BACKEND=local runs them on this machine).")
+
+NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
+
+
+def _local():
+    from fsdpctl.adapters import local
+
+    return local
+
+
+def _name(ctx: typer.Context, name: str | None) -> str:
+    if name:
+        return name
+    cfg = state(ctx).config()
+    jobs.require_local(cfg)
+    return cfg.job_name
+
+
+def _state(name: str) -> dict:
+    local = _local()
+    st = local.read_state(local.job_dir(name))
+    if st is None:
+        raise FsdpctlError(f"no job named {name!r}", hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
+                           code=ExitCode.JOB_NOT_FOUND)
+    return st
+
+
+def job_report(st: dict, stall_after: float) -> dict:
+    """Everything `status` shows, computed from the state file and the leader's log."""
+    local = _local()
+    leader = local.leader_log(st)
+    lines = leader.read_text(errors="replace").splitlines() if leader else []
+    now = time.time()
+    prog = progress(records(lines), now)
+    restarts = sum(f.read_text(errors="replace").count("will restart worker group") for f in local.log_files(st))
+    alive = sum(local.pid_alive(lz["pid"]) for lz in st.get("launchers", []))
+    phase = local.effective_phase(st)
+    report = {"job": st["job"], "phase": phase, "run_id": st["run_id"], "nodes": st["replicas"],
+              "nodes_running": alive, "restarts": restarts, "age_s": now - st["created"],
+              "leader_log": str(leader) if leader else None, "checkpoint_dir": st["checkpoint_dir"],
+              **{k: v for k, v in prog.items() if k != "summary"}, "summary": prog["summary"],
+              "reason": st.get("reason")}
+    stale = prog["last_progress_s"] if prog["step"] else now - st.get("started", st["created"])
+    report["stalled"] = phase == "Running" and stale is not None and stale > stall_after
+    return report
+
+
+def _status_table(r: dict) -> Table:
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_row("job", f"{r['job']}  (run {r['run_id']})")
+    color = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}.get(r["phase"], "white")
+    t.add_row("phase", f"[{color}]{r['phase']}[/]" + (f"  ({r['reason']})" if r.get("reason") else ""))
+    t.add_row("nodes", f"{r['nodes_running']}/{r['nodes']} running, {r['restarts']} restarts, age {fmt_duration(r['age_s'])}")
+    if r["max_steps"]:
+        t.add_row("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%), ETA {fmt_duration(r['eta_s'])}")
+        t.add_row("loss", f"{r['loss']:.4f}")
+        t.add_row("throughput", f"{r['tokens_per_s']:.0f} tokens/s")
+        t.add_row("last step", f"{fmt_duration(r['last_progress_s'])} ago")
+    else:
+        t.add_row("progress", "no step finished yet")
+    t.add_row("checkpoint", r["checkpoint"] or "-")
+    t.add_row("leader log", r["leader_log"] or "-")
+    return t
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")] = False,
+    replace: Annotated[bool, typer.Option("--replace", help="stop a running job of the same name first")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would run, start nothing")] = False,
+    run_id: Annotated[Optional[str], typer.Option("--run-id", help="rendezvous id (default: a fresh one)")] = None,
+) -> None:
+    """Start the job (the same PyTorchJob `fsdpctl manifest` renders) and follow it with a progress bar.
+
+    Ctrl-C stops the job the way Kubernetes does (SIGTERM: the trainer checkpoints first).
+
+    Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run
+    """
+    cfg = state(ctx).config()
+    if dry_run:
+        from fsdpctl import render
+        from fsdpctl.adapters import local
+
+        jobs.require_local(cfg)
+        job = render.render_job(cfg, run_id or render.new_run_id(cfg.job_name))[-1]
+        spec = local.spec_from_job(job, local.job_dir(cfg.job_name), render.POD_CHECKPOINT_ROOT)
+        for launch in local.launches(spec, "127.0.0.1:<port>", {}):
+            out.print(f"node {launch.node}: " + " ".join(launch.argv), markup=False)
+        ok(f"dry run: {spec['replicas']} launchers x {spec['nproc_per_node']} processes; nothing started")
+        return
+    st = jobs.run_local(cfg, run_id=run_id, replace=replace)
+    ok(f"started job {st['job']} (run {st['run_id']}), logs in {st['log_dir']}")
+    if detach:
+        err.print(f"  next: fsdpctl job status {st['job']}   fsdpctl job logs -f {st['job']}")
+        return
+    final = follow(st["job"])
+    raise typer.Exit(_finish(final))
+
+
+def follow(name: str) -> dict:
+    """A progress bar fed by the leader's JSON lines until the job ends; returns the final report."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    local = _local()
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=err, transient=False) as bar:
+            task = bar.add_task("starting", total=None, info="")
+            while True:
+                st = _state(name)
+                r = job_report(st, stall_after=float("inf"))
+                if r["max_steps"]:
+                    bar.update(task, description="training", total=r["max_steps"], completed=r["step"],
+                               info=f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s")
+                if local.effective_phase(st) not in local.ACTIVE:
+                    return r
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        err.print("stopping (SIGTERM: the trainer saves a checkpoint) ...")
+        local.stop(name)
+        local.wait(name)
+        return job_report(_state(name), stall_after=float("inf"))
+
+
+def _finish(r: dict) -> int:
+    s = r.get("summary")
+    if s:
+        t = Table(title=f"{r['job']}: {r['phase']}", show_header=False)
+        t.add_row("steps", f"{s['start_step'] + s['steps']} (this run {s['steps']})")
+        t.add_row("loss", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}")
+        t.add_row("tokens/s", f"{s['tokens_per_s']:.0f} ({s['tokens_per_s_per_device']:.0f} per process)")
+        t.add_row("state per rank", f"{(s['param_bytes'] + s['optim_bytes']) / 2**20:.2f} MiB "
+                                    "(params + optimizer)")
+        t.add_row("checkpoint", str(s["checkpoint"]))
+        out.print(t)
+    if r["phase"] == "Succeeded":
+        ok(f"job {r['job']} succeeded; logs: {r['leader_log']}")
+        return ExitCode.OK
+    if r["phase"] == "Stopped":
+        warn(f"job {r['job']} stopped at step {r['step']}; `fsdpctl job run` resumes from {r['checkpoint'] or 'the start'}")
+        return ExitCode.JOB_STOPPED
+    err.print(f"[red]✗[/] job {r['job']} {r['phase']}; last lines of {r['leader_log']}:")
+    if r["leader_log"]:
+        for line in Path(r["leader_log"]).read_text(errors="replace").splitlines()[-15:]:
+            err.print("  " + line, markup=False)
+    return ExitCode.JOB_FAILED
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    name: Optional[str] = NameArg,
+    output: Output = OutputOpt,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh every 2 s until the job ends")] = False,
+    stall_after: Annotated[float, typer.Option("--stall-after", help="warn when no step finished for this many s")] = 300,
+) -> None:
+    """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job.
+
+    Example: fsdpctl job status -o json
+    """
+    name = _name(ctx, name)
+    local = _local()
+    while True:
+        r = job_report(_state(name), stall_after)
+        if not emit(r, output):
+            out.print(_status_table(r))
+            if r["stalled"]:
+                warn(f"no training step finished for over {fmt_duration(stall_after)}: the job may be hung")
+        if not watch or r["phase"] not in local.ACTIVE:
+            return
+        time.sleep(2)
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    name: Optional[str] = NameArg,
+    follow_: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="every node, each line prefixed with its node")] = False,
+    node: Annotated[Optional[int], typer.Option("--node", help="one node's log")] = None,
+) -> None:
+    """Logs of the leader (the node that hosts rank 0), one node, or all nodes.
+
+    Example: fsdpctl job logs -f --all
+    """
+    name = _name(ctx, name)
+    local = _local()
+    st = _state(name)
+    files = local.log_files(st)
+    if node is not None:
+        files = [f for f in files if f.stem == f"node-{node}"]
+    elif not all_:
+        files = [local.leader_log(st)] if local.leader_log(st) else []
+    if not files:
+        raise FsdpctlError(f"job {name!r} has no such log yet", hint="`fsdpctl job status` shows its nodes")
+    offsets = {f: 0 for f in files}
+    while True:
+        active = local.effective_phase(_state(name)) in local.ACTIVE
+        for f in files:
+            with open(f, "rb") as fh:
+                fh.seek(offsets[f])
+                chunk = fh.read()
+            offsets[f] += len(chunk)
+            for line in chunk.decode(errors="replace").splitlines():
+                out.print(f"[{f.stem}] {line}" if all_ else line, markup=False, highlight=False)
+        if not follow_ or not active:
+            return
+        time.sleep(0.3)
+
+
+@app.command()
+def stop(
+    ctx: typer.Context,
+    name: Optional[str] = NameArg,
+    wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="wait until the job has stopped")] = True,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be stopped")] = False,
+) -> None:
+    """Stop a job: SIGTERM reaches the trainer, which saves a checkpoint and exits. Idempotent.
+
+    Example: fsdpctl job stop
+    """
+    name = _name(ctx, name)
+    local = _local()
+    st = _state(name)
+    phase = local.effective_phase(st)
+    if phase not in local.ACTIVE:
+        ok(f"job {name} is not running ({phase}); nothing to stop")
+        return
+    if dry_run:
+        ok(f"dry run: would send SIGTERM to job {name} (run {st['run_id']}, {st['replicas']} nodes)")
+        return
+    local.stop(name)
+    if wait_:
+        st = local.wait(name)
+    ok(f"job {name}: {local.effective_phase(st) if wait_ else 'stopping'}")
+
+
+@app.command("list")
+def list_(ctx: typer.Context, output: Output = OutputOpt) -> None:
+    """All jobs with their phase and progress.
+
+    Example: fsdpctl job list -o json
+    """
+    reports = [job_report(st, stall_after=float("inf")) for st in _local().list_jobs()]
+    if emit(reports, output):
+        return
+    t = Table("job", "phase", "run", "nodes", "step", "loss", "age")
+    for r in reports:
+        step = f"{r['step']}/{r['max_steps']}" if r["max_steps"] else "-"
+        loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
+        t.add_row(r["job"], r["phase"], r["run_id"], str(r["nodes"]), step, loss, fmt_duration(r["age_s"]))
+    out.print(t)
+
+
+@app.command()
+def wait(
+    ctx: typer.Context,
+    name: Optional[str] = NameArg,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds (default: no limit)")] = None,
+) -> None:
+    """Wait for a job to end; the exit code tells how: 0 succeeded, 3 failed, 4 not found, 5 timed out, 6 stopped.
+
+    Example: fsdpctl job wait --timeout 3600 && echo trained
+    """
+    name = _name(ctx, name)
+    local = _local()
+    _state(name)
+    st = local.wait(name, timeout=timeout)
+    phase = local.effective_phase(st)
+    codes = {"Succeeded": ExitCode.OK, "Failed": ExitCode.JOB_FAILED, "Stopped": ExitCode.JOB_STOPPED}
+    code = codes.get(phase, ExitCode.JOB_TIMED_OUT)
+    (ok if code == ExitCode.OK else warn)(f"job {name}: {phase if code != ExitCode.JOB_TIMED_OUT else 'timed out'}")
+    raise typer.Exit(code)

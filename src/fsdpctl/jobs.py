@@ -1,0 +1,45 @@
+"""Job orchestration shared by the commands: render the job for the chosen backend and hand it over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fsdpctl import render
+from fsdpctl.errors import BadInput, FsdpctlError
+from fsdpctl.settings import Config
+
+
+def _read_file(path: str) -> str:
+    try:
+        return Path(path).expanduser().read_text()
+    except OSError as e:
+        raise BadInput(f"HF_TOKEN_FILE={path!r} cannot be read ({e.strerror})", hint="fix the path") from e
+
+
+def secret_env(cfg: Config) -> dict[str, str]:
+    token = cfg.hf_token_value(_read_file)
+    return {"HF_TOKEN": token} if token else {}
+
+
+def require_local(cfg: Config) -> None:
+    if cfg.backend != "local":
+        raise FsdpctlError(
+            "BACKEND=eks: running on a cluster needs fsdpctl's Kubernetes adapter, which is not built yet",
+            hint="render with `fsdpctl --set BACKEND=eks manifest` and apply it with kubectl; or use BACKEND=local")
+
+
+def run_local(cfg: Config, *, run_id: str | None, replace: bool) -> dict:
+    from fsdpctl.adapters import local
+
+    require_local(cfg)
+    run_id = run_id or render.new_run_id(cfg.job_name)
+    job = render.render_job(cfg, run_id)[-1]
+    if replace:
+        state = local.read_state(local.job_dir(cfg.job_name))
+        if local.effective_phase(state) in local.ACTIVE:
+            local.stop(cfg.job_name)
+            local.wait(cfg.job_name)
+    try:
+        return local.start(job, checkpoint_mount=render.POD_CHECKPOINT_ROOT, secret_env=secret_env(cfg))
+    except local.LocalJobError as e:
+        raise FsdpctlError(str(e)) from e

@@ -1,0 +1,145 @@
+"""Manifests from templates: Config -> Kubernetes objects (dicts) -> deterministic YAML. Pure apart from
+reading the templates that ship with the package."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from fsdpctl.settings import Config
+
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # 3.6 dropped the v2 API torch's etcd rendezvous uses
+C10D_PORT, ETCD_PORT = 29400, 2379
+POD_CHECKPOINT_ROOT = "/checkpoints"
+
+# NCCL over EFA through aws-ofi-nccl; NCCL_DEBUG=INFO makes the chosen transport visible in the logs.
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+COMMON_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1",
+              # restarts re-rendezvous reliably only without the shared agent store (seen with c10d/etcd-v2)
+              "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def templates_dir() -> Path:
+    """Inside a wheel: fsdpctl/templates; in a checkout: the repository's templates/."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parents[1] / "templates"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("fsdpctl templates not found: reinstall fsdpctl")
+
+
+@lru_cache(maxsize=1)
+def _env():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
+def render_template(name: str, **values) -> list[dict]:
+    text = _env().get_template(name).render(**values)
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def new_run_id(job_name: str) -> str:
+    """A fresh rendezvous id per run: no run ever meets a finished run's closed rendezvous."""
+    return f"{job_name[:40]}-{int(time.time()):x}-{secrets.token_hex(3)}"
+
+
+def stable_run_id(cfg: Config) -> str:
+    """For `manifest` without --run-id: same settings, same output (a new id whenever settings change)."""
+    digest = hashlib.sha256(json.dumps(cfg.train_env(), sort_keys=True).encode()
+                            + cfg.settings.model_dump_json(exclude={"hf_token"}).encode()).hexdigest()
+    return f"{cfg.job_name[:40]}-{digest[:10]}"
+
+
+def labels(cfg: Config, run_id: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "fsdpctl-job", "app.kubernetes.io/managed-by": "fsdpctl",
+            "fsdpctl.io/job": cfg.job_name, "fsdpctl.io/run-id": run_id[:63]}
+
+
+def secret_name(cfg: Config) -> str:
+    return f"{cfg.job_name}-hf-token"
+
+
+def rendezvous(cfg: Config) -> tuple[str, str, int]:
+    """(torchrun backend, host, port). c10d is hosted by the first worker pod's service."""
+    if cfg.rdzv_backend == "c10d":
+        return "c10d", f"{cfg.job_name}-worker-0", C10D_PORT
+    return cfg.rdzv_backend, "etcd", ETCD_PORT
+
+
+def launch_command(cfg: Config, run_id: str) -> list[str]:
+    backend, host, port = rendezvous(cfg)
+    return ["torchrun", f"--nnodes={cfg.job_nodes}", f"--nproc-per-node={cfg.procs_per_node}",
+            f"--rdzv-backend={backend}", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={run_id}",
+            f"--rdzv-conf=join_timeout={cfg.rdzv_join_timeout}", f"--max-restarts={cfg.max_restarts}",
+            "-m", "fsdptrain"]
+
+
+def pod_env(cfg: Config) -> dict[str, str]:
+    env = dict(cfg.train_env())
+    env["CHECKPOINT_DIR"] = f"{POD_CHECKPOINT_ROOT}/{cfg.job_name}"
+    env.update(COMMON_ENV)
+    if cfg.backend == "eks" and cfg.efa_per_node:
+        env.update(EFA_ENV)
+    return env
+
+
+def pod_resources(cfg: Config) -> dict[str, str | int]:
+    if cfg.backend == "local":
+        return {"cpu": str(cfg.procs_per_node), "memory": "4Gi"}
+    inst = cfg.settings.instance
+    res: dict[str, str | int] = {"nvidia.com/gpu": cfg.gpus, "memory": f"{int(inst.memory_gib * 0.8)}Gi"}
+    if cfg.efa_per_node:
+        res["vpc.amazonaws.com/efa"] = cfg.efa_per_node
+        res["hugepages-2Mi"] = "5120Mi"  # what AWS's EFA NCCL manifests request
+    return res
+
+
+def job_values(cfg: Config, run_id: str) -> dict:
+    backend, host, port = rendezvous(cfg)
+    eks = cfg.backend == "eks"
+    return dict(
+        job_name=cfg.job_name, namespace=cfg.job_namespace, labels=labels(cfg, run_id), run_id=run_id,
+        nproc_per_node=cfg.procs_per_node, nodes=cfg.job_nodes, rdzv_backend=backend, rdzv_host=host,
+        rdzv_port=port, rdzv_id=run_id, join_timeout=cfg.rdzv_join_timeout, max_restarts=cfg.max_restarts,
+        image=cfg.image_uri, command=launch_command(cfg, run_id), env=pod_env(cfg),
+        resources=pod_resources(cfg), efa=eks and cfg.efa_per_node > 0, gpus=cfg.gpus if eks else 0,
+        node_selector={"node.kubernetes.io/instance-type": cfg.instance_type} if eks else {},
+        shm_size=f"{max(8, cfg.gpus * 8) if eks else 2}Gi", checkpoint_pvc=cfg.checkpoint_pvc,
+        secret_name=secret_name(cfg),
+    )
+
+
+def render_job(cfg: Config, run_id: str) -> list[dict]:
+    """Namespace, etcd (with an etcd rendezvous) and the PyTorchJob: everything but the Secret."""
+    values = job_values(cfg, run_id)
+    objs = render_template("namespace.yaml.j2", **values)
+    if cfg.rdzv_backend != "c10d":
+        etcd_labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/managed-by": "fsdpctl"}
+        objs += render_template("etcd.yaml.j2", namespace=cfg.job_namespace, etcd_labels=etcd_labels,
+                                etcd_image=ETCD_IMAGE, node_selector_system={})
+    objs += render_template("pytorchjob.yaml.j2", **values)
+    return objs
+
+
+def render_secret(cfg: Config, token: str, run_id: str) -> dict:
+    """Only for the API call that creates it; never printed or written by `fsdpctl manifest`."""
+    return render_template("secret.yaml.j2", secret_name=secret_name(cfg), namespace=cfg.job_namespace,
+                           labels=labels(cfg, run_id), hf_token=token)[0]
+
+
+def to_yaml(objs: list[dict]) -> str:
+    return yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False, width=120)
+
+
+def file_name(obj: dict) -> str:
+    return re.sub(r"[^a-z0-9.-]", "-", f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml")

@@ -1,0 +1,88 @@
+"""Validate rendered objects against the real schemas: the CRD's openAPIV3Schema for custom resources
+(PyTorchJob from Training Operator v1.9.4), the Kubernetes OpenAPI (kubernetes-validate) for built-ins.
+
+CRD schemas are given as parsed YAML, so this module reads nothing itself. Validation is strict, like
+`kubectl apply --validate=strict`: a field the schema does not declare is an error, not silently pruned.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+KUBERNETES_VERSION = "1.33.0"  # EKS standard support in 2026
+
+
+class SchemaError(Exception):
+    pass
+
+
+def strict(schema: dict) -> dict:
+    """Forbid undeclared fields wherever the schema lists its properties (as the API server's strict mode)."""
+    schema = copy.deepcopy(schema)
+
+    def visit(node):
+        if isinstance(node, dict):
+            if ("properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                node["additionalProperties"] = False
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(schema)
+    return schema
+
+
+def crd_schemas(crds: Iterable[dict]) -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> strict JSON schema, from CustomResourceDefinition objects."""
+    out = {}
+    for crd in crds:
+        if crd.get("kind") != "CustomResourceDefinition":
+            continue
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            out[(f"{group}/{version['name']}", kind)] = strict(version["schema"]["openAPIV3Schema"])
+    return out
+
+
+def _custom_errors(obj: dict, schema: dict) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(schema)
+    errors = []
+    for err in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
+        path = ".".join(str(p) for p in err.absolute_path) or "<root>"
+        errors.append(f"{path}: {err.message}")
+    return errors
+
+
+def _builtin_errors(obj: dict) -> list[str]:
+    try:
+        import kubernetes_validate
+    except ImportError as e:
+        raise SchemaError("kubernetes-validate is not installed: pip install 'fsdpctl[validate]'") from e
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"{'.'.join(str(p) for p in e.path) or '<root>'}: {e.message}"]
+    return []
+
+
+def validate(objs: Iterable[dict], schemas: dict[tuple[str, str], dict]) -> list[str]:
+    """Every problem as 'Kind/name: path: message'; empty when all objects are valid."""
+    problems = []
+    for obj in objs:
+        key = (obj.get("apiVersion", ""), obj.get("kind", ""))
+        where = f"{key[1]}/{obj.get('metadata', {}).get('name', '?')}"
+        if "/" in key[0] and "." in key[0].split("/")[0] and not key[0].startswith("apps/"):
+            if key not in schemas:
+                problems.append(f"{where}: no CRD schema for {key[0]} {key[1]}")
+                continue
+            errs = _custom_errors(obj, schemas[key])
+        else:
+            errs = _builtin_errors(obj)
+        problems += [f"{where}: {e}" for e in errs]
+    return problems
