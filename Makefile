@@ -7,7 +7,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	# the CPU wheel of torch first: a bare `torch` would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[train,test]'
@@ -16,9 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 quickstart: install
-	$(PY) -m fsdptrain.assets .fsdpctl/assets
-	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m fsdptrain --model tiny \
-	  --dataset .fsdpctl/assets/corpus.txt --tokenizer .fsdpctl/assets/tokenizer --checkpoint-dir .fsdpctl/checkpoints
+	$(VENV)/bin/fsdpctl quickstart
 
 test: install
 	scripts/system-deps

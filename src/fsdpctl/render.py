@@ -122,7 +122,8 @@ def job_values(cfg: Config, run_id: str) -> dict:
 def render_job(cfg: Config, run_id: str) -> list[dict]:
     """Namespace, etcd (with an etcd rendezvous) and the PyTorchJob: everything but the Secret."""
     values = job_values(cfg, run_id)
-    objs = render_template("namespace.yaml.j2", **values)
+    objs = render_template("namespace.yaml.j2", namespace=cfg.job_namespace,
+                           labels={"app.kubernetes.io/managed-by": "fsdpctl"})
     if cfg.rdzv_backend != "c10d":
         etcd_labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/managed-by": "fsdpctl"}
         objs += render_template("etcd.yaml.j2", namespace=cfg.job_namespace, etcd_labels=etcd_labels,

@@ -142,9 +142,9 @@ class Config:
 class SettingsError(Exception):
     """Bad settings: each line names a key, its value and the fix."""
 
-    def __init__(self, lines: list[str]):
+    def __init__(self, lines: list[str], warnings: tuple[str, ...] = ()):
         super().__init__("\n".join(lines))
-        self.lines = lines
+        self.lines, self.warnings = lines, warnings
 
 
 def setting_keys() -> dict[str, str]:
@@ -211,18 +211,14 @@ def _validate(raw: dict[str, str], keys: dict[str, str], sources: dict[str, str]
             train_values[name] = parse_value(name, value)
         except ConfigError as e:
             errors.append(str(e))
-    training = None
-    if not errors:
-        try:
-            training = TrainConfig(**train_values).validate(check_paths=False)
-        except ConfigError as e:
-            errors.append(str(e))
+    training = TrainConfig(**train_values)  # values that failed to parse were reported above
+    errors.extend(training.problems(check_paths=False))
     if errors:
-        raise SettingsError(errors)
+        raise SettingsError(errors, warnings)
     cfg = Config(settings, training, sources, warnings)
     errors = _cross_checks(cfg)
     if errors:
-        raise SettingsError(errors)
+        raise SettingsError(errors, warnings)
     return cfg
 
 
@@ -247,7 +243,7 @@ def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
             value = raw.get(key, "")
             msg = err["msg"]
             if err["type"] == "literal_error":
-                msg = "is not allowed: use one of " + err["ctx"]["expected"].replace("'", "")
+                msg = "is not allowed: use one of " + err["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
             elif err["type"] == "string_pattern_mismatch":
                 msg = f"is not valid: must match {err['ctx']['pattern']}"
             lines.append(f"{key}={value!r} {msg}")

@@ -68,27 +68,35 @@ class TrainConfig:
     deterministic: bool = _f("DETERMINISTIC", True, "deterministic algorithms (CPU: always)")
 
     def validate(self, *, check_paths: bool = True) -> "TrainConfig":
-        """Check every value; `check_paths` also checks local paths (off when validating for a pod)."""
+        """Raise on the first problem; `check_paths` also checks local paths (off when validating for a pod)."""
+        found = self.problems(check_paths=check_paths)
+        if found:
+            raise ConfigError(found[0])
+        return self
+
+    def problems(self, *, check_paths: bool = True) -> list[str]:
+        """Every problem, one line each naming the key, the value and what is allowed."""
+        from fsdptrain.shapes import MODEL_CONFIGS
+
+        found = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             env, choices, minimum = f.metadata["env"], f.metadata["choices"], f.metadata["min"]
             if choices and value not in choices:
-                raise ConfigError(f"{env}={value!r} is not allowed: use one of {', '.join(choices)}")
-            if minimum is not None and value < minimum:
-                raise ConfigError(f"{env}={value!r} is too small: must be >= {minimum:g}")
-        from fsdptrain.shapes import MODEL_CONFIGS
-
+                found.append(f"{env}={value!r} is not allowed: use one of {', '.join(choices)}")
+            elif minimum is not None and value < minimum:
+                found.append(f"{env}={value!r} is too small: must be >= {minimum:g}")
         if self.model not in MODEL_CONFIGS:
-            raise ConfigError(f"MODEL={self.model!r} is unknown: use one of {', '.join(MODEL_CONFIGS)}")
+            found.append(f"MODEL={self.model!r} is unknown: use one of {', '.join(MODEL_CONFIGS)}")
         if self.warmup_steps > self.max_steps:
-            raise ConfigError(f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it")
+            found.append(f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it")
         if not self.dataset:
-            raise ConfigError("DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id")
+            found.append("DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id")
         for key, value in (("DATASET", self.dataset), ("TOKENIZER", self.tokenizer), ("PRETRAINED", self.pretrained)):
             local = value.startswith(("/", "./", "../", "~"))
             if check_paths and local and not os.path.exists(os.path.expanduser(value)):
-                raise ConfigError(f"{key}={value!r} does not exist: check the path or mount")
-        return self
+                found.append(f"{key}={value!r} does not exist: check the path or mount")
+        return found
 
     @property
     def tokenizer_path(self) -> str:

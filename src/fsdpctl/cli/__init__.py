@@ -27,6 +27,8 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except SettingsError as e:
+            for line in e.warnings:
+                err.print(f"[yellow]warning:[/] {line}")
             for line in e.lines:
                 err.print(f"[red]error:[/] {line}")
             ctx.exit(ExitCode.BAD_INPUT)

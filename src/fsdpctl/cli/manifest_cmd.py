@@ -24,7 +24,8 @@ def load_crd_schemas(crd_dir: Path) -> dict:
     if not files:
         raise BadInput(f"--crd-dir {crd_dir} holds no CRD YAML files",
                        hint="point it at the Training Operator v1.9.4 manifests (kubeflow.org_pytorchjobs.yaml)")
-    docs = [d for f in files for d in yaml.safe_load_all(f.read_text()) if isinstance(d, dict)]
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 600 KB: libyaml is 10x faster
+    docs = [d for f in files for d in yaml.load_all(f.read_text(), Loader=loader) if isinstance(d, dict)]
     return crd_schemas(docs)
 
 

@@ -1,0 +1,3 @@
+from fsdpctl.cli import main
+
+main()
