@@ -177,3 +177,18 @@ def test_flags_override_environment(assets):
 
     cfg = from_sources(["--max-steps", "7", "--precision", "fp32"], train_env(assets, MAX_STEPS=3, PRECISION="bf16"))
     assert (cfg.max_steps, cfg.precision, cfg.model) == (7, "fp32", "tiny")
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
+def test_plan_memory_estimate_matches_the_measured_allocation(strategy_runs, strategy):
+    """`fsdpctl plan`'s per-rank estimate vs what the trainer measured: sharded state + bytes held for backward."""
+    from fsdpctl.plan import Job, memory
+
+    settings = STRATEGY_RUNS[strategy]
+    s = strategy_runs(strategy).summary
+    measured = s["param_bytes"] + s["grad_bytes"] + s["optim_bytes"] + s["activation_bytes"]
+    job = Job(model="tiny", instance_type="p5.48xlarge", nodes=1, gpus_per_node=2, strategy=strategy,
+              precision=settings["PRECISION"], ac=settings.get("ACTIVATION_CHECKPOINTING", "none"),
+              ac_every=int(settings.get("AC_EVERY", 2)), micro_batch=2, seq_len=64,
+              grad_accum=int(settings.get("GRAD_ACCUM_STEPS", 1)), hsdp_shard_size=int(settings.get("HSDP_SHARD_SIZE", 0)))
+    assert memory(job).measured_equivalent == pytest.approx(measured, rel=0.10)

@@ -84,3 +84,40 @@ class GpuTelemetry:
         return {"gpu_util_pct": n.nvmlDeviceGetUtilizationRates(self.handle).gpu,
                 "gpu_temp_c": n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
                 "gpu_power_w": n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0}
+
+
+class SavedActivations:
+    """Bytes autograd holds for backward at the end of forward (`with` block, then `measure()`).
+
+    CPUs have no allocator counter like `torch.cuda.max_memory_allocated`; this measures what dominates
+    memory besides the sharded state, and it is what `fsdpctl plan` estimates. Storages are read when
+    forward has finished, so parameters FSDP already resharded (freed) count zero; ones it kept
+    unsharded for backward count, as they occupy memory.
+    """
+
+    def __init__(self):
+        self._storages: dict[int, object] = {}
+        self.bytes = 0
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, nn.Parameter):
+            try:
+                storage = t.untyped_storage()
+                self._storages.setdefault(storage.data_ptr(), storage)
+            except (RuntimeError, NotImplementedError):  # tensor subclasses without one storage
+                pass
+        return t
+
+    def measure(self) -> int:
+        """Call after forward, before backward; drops the references so backward frees as usual."""
+        self.bytes = sum(s.nbytes() for s in self._storages.values())
+        self._storages.clear()
+        return self.bytes
+
+    def __enter__(self) -> "SavedActivations":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)

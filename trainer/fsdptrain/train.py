@@ -13,6 +13,7 @@ Every setting: `python -m fsdptrain --help`. Exit codes: 0 done (also after SIGT
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,7 +31,14 @@ import torch.nn.functional as F
 from fsdptrain import checkpoint as ckpt
 from fsdptrain.config import BUILTIN, ConfigError, TrainConfig
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
-from fsdptrain.metrics import GpuTelemetry, flops_per_token, local_state_bytes, memory_stats, peak_tflops
+from fsdptrain.metrics import (
+    GpuTelemetry,
+    SavedActivations,
+    flops_per_token,
+    local_state_bytes,
+    memory_stats,
+    peak_tflops,
+)
 from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config
 from fsdptrain.parallel import build_mesh, parallelize
 
@@ -44,6 +52,9 @@ class Runtime:
     device: torch.device
     metrics_file: object = None
     stop_requested: bool = field(default=False)
+    # measured on the first step of a run: sharded state (params, grads, optimizer) and saved activations
+    state_bytes: dict = field(default_factory=lambda: {"param_bytes": 0, "grad_bytes": 0, "optim_bytes": 0})
+    activation_bytes: int = 0
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
@@ -167,7 +178,10 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
 
     history, last_ckpt, stopped = [], (str(resume_from) if resume_from else None), False
     for step in range(start_step + 1, cfg.max_steps + 1):
-        rec = _train_step(step, cfg, rt, model, optimizer, scaler, loader)
+        measure = SavedActivations() if step == start_step + 1 else None
+        rec = _train_step(step, cfg, rt, model, optimizer, scaler, loader, measure)
+        if measure is not None:
+            rt.activation_bytes = measure.bytes
         rec.update(tokens_per_s=tokens_per_step / rec["step_time_s"],
                    tokens_per_s_per_device=tokens_per_step / rec["step_time_s"] / rt.world)
         rec["tflops_per_device"] = rec["tokens_per_s_per_device"] * fpt / 1e12
@@ -192,7 +206,8 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
     export = None
     if cfg.export_dir and not stopped:
         export = ckpt.export_hf(Path(cfg.export_dir), model=model, config=config, tokenizer=tokenizer)
-    summary = _summary(history, state_bytes=local_state_bytes(model, optimizer), checkpoint=last_ckpt,
+    state_bytes = {**rt.state_bytes, "activation_bytes": rt.activation_bytes}
+    summary = _summary(history, state_bytes=state_bytes, checkpoint=last_ckpt,
                        export=export, stopped=stopped, start_step=start_step)
     rt.emit({"event": "summary", **summary})
     rt.log(f"summary: steps {summary['steps']} | loss {summary['final_loss']:.4f} | "
@@ -222,7 +237,7 @@ def _resume_path(cfg: TrainConfig, root: Path | None) -> Path | None:
     return Path(cfg.resume)
 
 
-def _train_step(step, cfg, rt, model, optimizer, scaler, loader) -> dict:
+def _train_step(step, cfg, rt, model, optimizer, scaler, loader, measure=None) -> dict:
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
     t0 = time.perf_counter()
@@ -233,8 +248,12 @@ def _train_step(step, cfg, rt, model, optimizer, scaler, loader) -> dict:
         inputs, labels = inputs.to(rt.device, non_blocking=True), labels.to(rt.device, non_blocking=True)
         data_wait += time.perf_counter() - td
         model.set_requires_gradient_sync(micro == cfg.grad_accum_steps - 1)  # reduce once per step
-        logits = model(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / cfg.grad_accum_steps
+        counting = measure is not None and micro == 0
+        with measure if counting else contextlib.nullcontext():
+            logits = model(input_ids=inputs).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / cfg.grad_accum_steps
+        if counting:
+            measure.measure()
         (scaler.scale(loss) if scaler else loss).backward()
         loss_sum += loss.detach()
     if scaler:
@@ -246,6 +265,8 @@ def _train_step(step, cfg, rt, model, optimizer, scaler, loader) -> dict:
         scaler.update()
     else:
         optimizer.step()
+    if measure is not None:  # grads and optimizer state both exist only here
+        rt.state_bytes = local_state_bytes(model, optimizer)
     optimizer.zero_grad(set_to_none=True)
     dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if rt.device.type == "cuda" else dist.ReduceOp.SUM)
     loss_value = loss_sum.item() / (1 if rt.device.type == "cuda" else rt.world)  # gloo has no AVG

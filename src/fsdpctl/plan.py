@@ -1,0 +1,251 @@
+"""Before launch: memory per GPU, step time, throughput, MFU and cost, from a small documented model (pure).
+
+Memory per GPU (bytes), for N parameters, shard group size S (FULL_SHARD/SHARD_GRAD_OP: world; HYBRID_SHARD:
+HSDP_SHARD_SIZE; NO_SHARD: 1), p = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32):
+- sharded state: FSDP2 keeps fp32 sharded parameters and fp32 gradients, AdamW two fp32 moments: 16 N / S.
+- activations saved for backward per micro-batch of T = batch x seq tokens, measured on HF Llama (sdpa):
+  per layer and token p/2 x (12 h + 4 h_kv + 8 i + 24) + 8 h (RMSNorm keeps an fp32 copy); a checkpointed
+  layer keeps only its input, p x h; after the layers 4 V (fp32 log-softmax for the loss) + p/2 x 4 h + 4 h + 16.
+- parameters left unsharded at the end of forward under SHARD_GRAD_OP: those of the layers that are not
+  checkpointed and the output head, at p bytes.
+- GPU only: the layers FSDP gathers ahead (2 layers' parameters at p, their gradients at 4 bytes), one layer's
+  recomputed activations under checkpointing, the logits' temporaries (6 V per token), and 2 GiB for the CUDA
+  context and NCCL buffers.
+Step time: compute = 6 N' T_gpu (+2 N' T_gpu per checkpointed share: the recomputed forward) / (peak x assumed
+MFU); communication = all-gathers of p N per forward and backward of every micro-batch (one under SHARD_GRAD_OP),
+one fp32 reduce-scatter per step, and under HYBRID/NO_SHARD an fp32 all-reduce across replicas; a ring moves
+(n-1)/n of the data over the slowest link it crosses: NVLink inside a node, the node's EFA bandwidth across
+nodes, at 80% of line rate (see `_bandwidth`). FSDP overlaps the two; the first all-gather and last reduce-scatter (1/L of the
+communication) cannot be hidden: step = max(compute, comm) + comm / L.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdptrain.metrics import PEAK_TFLOPS
+from fsdptrain.shapes import MODEL_CONFIGS, ModelShape
+
+GIB = 1024 ** 3
+CUDA_OVERHEAD = 2 * GIB
+USABLE = 0.95  # of the card's memory, the rest is the driver's and the allocator's fragmentation
+LINK_EFFICIENCY = 0.8
+# Compute-bound MFU to assume for Llama-2 FSDP without torch.compile: IBM/Meta's published figures
+# (PyTorch blog, 2024-03): 7B 57% on A100, 37% on H100. Override with --mfu.
+ASSUMED_MFU = {"A100": 0.55, "H100": 0.38, "H200": 0.40}
+# On-demand Linux prices in us-east-1, USD per instance-hour, as AWS listed them after its June 2025 GPU price
+# cut; check the EC2 pricing page before relying on them. None: unknown, pass --price.
+PRICES_AS_OF = "2025-06 (us-east-1, on-demand)"
+PRICE_PER_HOUR = {"p4de.24xlarge": 27.45, "p5.48xlarge": 55.04, "p5e.48xlarge": None}
+
+
+@dataclass(frozen=True)
+class Job:
+    model: str
+    instance_type: str
+    nodes: int
+    gpus_per_node: int
+    strategy: str
+    precision: str
+    ac: str  # none | full | every-k
+    ac_every: int
+    micro_batch: int
+    seq_len: int
+    grad_accum: int = 1
+    hsdp_shard_size: int = 0
+    mfu: float = 0.0  # 0: ASSUMED_MFU of the GPU
+    price_per_hour: float | None = None  # None: PRICE_PER_HOUR
+
+    @property
+    def shape(self) -> ModelShape:
+        return MODEL_CONFIGS[self.model]
+
+    @property
+    def instance(self) -> InstanceType:
+        return INSTANCE_TYPES[self.instance_type]
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def shard_size(self) -> int:
+        if self.strategy == "NO_SHARD":
+            return 1
+        if self.strategy == "HYBRID_SHARD":
+            return self.hsdp_shard_size or self.gpus_per_node
+        return self.world
+
+    @property
+    def p(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    def checkpointed_layers(self) -> int:
+        if self.ac == "none":
+            return 0
+        return self.shape.layers if self.ac == "full" else math.ceil(self.shape.layers / self.ac_every)
+
+
+@dataclass(frozen=True)
+class Memory:
+    params: int
+    grads: int
+    optimizer: int
+    activations: int  # saved for backward at the end of forward (incl. parameters kept unsharded)
+    transient: int  # GPU-only terms: prefetch, recompute, logits temporaries, CUDA context
+    capacity: int
+
+    @property
+    def state(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def measured_equivalent(self) -> int:
+        """What fsdptrain measures on CPU: sharded state + bytes held for backward."""
+        return self.state + self.activations
+
+    @property
+    def total(self) -> int:
+        return self.state + self.activations + self.transient
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+
+def _layer_bytes_per_token(s: ModelShape, p: int) -> float:
+    head_dim = s.hidden // s.heads
+    h_kv = s.kv_heads * head_dim
+    return p / 2 * (12 * s.hidden + 4 * h_kv + 8 * s.intermediate + 24) + 8 * s.hidden
+
+
+def activation_bytes(job: Job, vocab: int | None = None) -> int:
+    """Bytes held for backward at the end of forward, per GPU, for one micro-batch."""
+    s, p = job.shape, job.p
+    tokens = job.micro_batch * job.seq_len
+    ckpt = job.checkpointed_layers()
+    layers = (s.layers - ckpt) * _layer_bytes_per_token(s, p) + ckpt * p * s.hidden
+    tail = 4 * (vocab or s.vocab) + p / 2 * 4 * s.hidden + 4 * s.hidden + 16
+    held = 0
+    if job.strategy == "SHARD_GRAD_OP":  # gathered parameters stay until backward where autograd saved them:
+        per_layer = (s.num_params() - 2 * s.vocab * s.hidden - s.hidden) / s.layers  # not in checkpointed layers
+        held = p * ((s.layers - ckpt) * per_layer + s.vocab * s.hidden)  # (+ the output head)
+    return int(tokens * (layers + tail) + held)
+
+
+def memory(job: Job, vocab: int | None = None) -> Memory:
+    s, p = job.shape, job.p
+    n = s.num_params()
+    shard = job.shard_size
+    per_layer = (s.num_params() - 2 * s.vocab * s.hidden - s.hidden) / s.layers
+    tokens = job.micro_batch * job.seq_len
+    transient = (2 * per_layer * (p + 4)  # two layers gathered (params) and their unsharded fp32 grads
+                 + (tokens * _layer_bytes_per_token(s, p) if job.ac != "none" else 0)
+                 + tokens * 6 * (vocab or s.vocab) + CUDA_OVERHEAD)
+    return Memory(params=4 * n // shard, grads=4 * n // shard, optimizer=8 * n // shard,
+                  activations=activation_bytes(job, vocab), transient=int(transient),
+                  capacity=int(job.instance.gpu_memory_gib * GIB * USABLE))
+
+
+@dataclass(frozen=True)
+class Speed:
+    compute_s: float
+    comm_s: float
+    step_s: float
+    tokens_per_step: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    tflops_per_gpu: float
+
+
+def _bandwidth(job: Job, group: int) -> float:
+    """Bus bandwidth (bytes/s) of a ring over `group` GPUs: NVLink inside a node; across nodes each ring
+    crosses a node's NICs once per direction, so the node's whole EFA bandwidth bounds it (nccl-tests show
+    ~40 GB/s bus bandwidth on 400 Gbps p4d)."""
+    inst = job.instance
+    nvlink = inst.nvlink_gbps * 1e9
+    if group <= job.gpus_per_node:
+        return nvlink * LINK_EFFICIENCY
+    return min(nvlink, inst.network_gbps / 8 * 1e9) * LINK_EFFICIENCY
+
+
+def _ring(size_bytes: float, group: int, bw: float, all_reduce: bool = False) -> float:
+    if group <= 1:
+        return 0.0
+    return (2 if all_reduce else 1) * (group - 1) / group * size_bytes / bw
+
+
+def speed(job: Job) -> Speed:
+    s, inst = job.shape, job.instance
+    n = s.num_params()
+    matmul_params = n - s.vocab * s.hidden
+    flops_per_token = 6 * matmul_params + 12 * s.layers * s.hidden * job.seq_len
+    recompute = job.checkpointed_layers() / s.layers * 2 * matmul_params
+    tokens_gpu = job.micro_batch * job.seq_len * job.grad_accum
+    peak = PEAK_TFLOPS[inst.gpu][job.precision] * 1e12
+    mfu = job.mfu or ASSUMED_MFU[inst.gpu]
+    compute = tokens_gpu * (flops_per_token + recompute) / (peak * mfu)
+
+    shard = job.shard_size
+    bw_shard = _bandwidth(job, shard)
+    gathers = 1 if job.strategy == "SHARD_GRAD_OP" else 2
+    comm = job.grad_accum * gathers * _ring(job.p * n, shard, bw_shard) + _ring(4 * n, shard, bw_shard)
+    replicas = job.world // shard
+    if replicas > 1:
+        comm += _ring(4 * n / shard, replicas, _bandwidth(job, job.world), all_reduce=True)
+    step = max(compute, comm) + comm / s.layers
+    tokens_step = tokens_gpu * job.world
+    achieved = tokens_gpu * flops_per_token / step
+    return Speed(compute, comm, step, tokens_step, tokens_step / step, tokens_gpu / step, achieved / peak,
+                 achieved / 1e12)
+
+
+def price(job: Job) -> float | None:
+    return job.price_per_hour if job.price_per_hour is not None else PRICE_PER_HOUR.get(job.instance_type)
+
+
+def cost(job: Job, tokens: float) -> tuple[float, float | None]:
+    """(hours, USD) to train on `tokens` tokens; USD is None when the price is unknown."""
+    hours = tokens / speed(job).tokens_per_s / 3600
+    per_hour = price(job)
+    return hours, (hours * job.nodes * per_hour if per_hour is not None else None)
+
+
+def candidate_fixes(job: Job) -> list[tuple[str, Job]]:
+    """Single changes a user can make, from the settings they touch."""
+    out = []
+    if job.ac != "full":
+        out.append(("ACTIVATION_CHECKPOINTING=full", replace(job, ac="full")))
+    if job.micro_batch > 1:
+        out.append((f"MICRO_BATCH_SIZE=1 and GRAD_ACCUM_STEPS={job.grad_accum * job.micro_batch}",
+                    replace(job, micro_batch=1, grad_accum=job.grad_accum * job.micro_batch)))
+    if job.strategy != "FULL_SHARD":
+        out.append(("SHARDING_STRATEGY=FULL_SHARD", replace(job, strategy="FULL_SHARD")))
+    for nodes in (2, 4, 8, 16, 32):
+        if nodes > job.nodes:
+            out.append((f"JOB_NODES={nodes}", replace(job, nodes=nodes)))
+    for name, inst in INSTANCE_TYPES.items():
+        if inst.gpu_memory_gib > job.instance.gpu_memory_gib:
+            out.append((f"INSTANCE_TYPE={name}", replace(job, instance_type=name)))
+    return out
+
+
+def cheapest_fix(job: Job, tokens: float) -> tuple[str, Job] | None:
+    """Of the single changes that make the job fit, the one with the lowest cost (then time) for `tokens`."""
+    fitting = [(name, j) for name, j in candidate_fixes(job) if memory(j).fits]
+    if not fitting:
+        # two changes: full checkpointing plus the fewest nodes that fit
+        for nodes in (2, 4, 8, 16, 32, 64):
+            j = replace(job, ac="full", nodes=max(nodes, job.nodes), strategy="FULL_SHARD")
+            if memory(j).fits:
+                return f"ACTIVATION_CHECKPOINTING=full, SHARDING_STRATEGY=FULL_SHARD and JOB_NODES={j.nodes}", j
+        return None
+
+    def key(item):
+        hours, usd = cost(item[1], tokens)
+        return (usd if usd is not None else math.inf, hours)
+
+    return min(fitting, key=key)
