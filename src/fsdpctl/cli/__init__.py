@@ -75,13 +75,14 @@ def root(
 
 
 def _register() -> None:
-    from fsdpctl.cli import config_cmd, job_cmd, manifest_cmd, plan_cmd, quickstart_cmd
+    from fsdpctl.cli import config_cmd, doctor_cmd, job_cmd, manifest_cmd, plan_cmd, quickstart_cmd
 
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(job_cmd.app, name="job")
     app.command("manifest")(manifest_cmd.manifest)
     app.command("quickstart")(quickstart_cmd.quickstart)
     app.command("plan")(plan_cmd.plan)
+    app.command("doctor")(doctor_cmd.doctor)
 
 
 _register()

@@ -1,0 +1,62 @@
+"""plan: the published facts it must reproduce, and the command (pure model; the CPU calibration against
+measured allocations is in test_trainer.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fsdpctl import plan as P
+from fsdpctl.cli import app
+
+
+def job(**kw) -> P.Job:
+    base = dict(model="7b", instance_type="p5.48xlarge", nodes=1, gpus_per_node=8, strategy="FULL_SHARD",
+                precision="bf16", ac="full", ac_every=2, micro_batch=1, seq_len=4096)
+    return P.Job(**{**base, **kw})
+
+
+def test_70b_does_not_fit_one_node_7b_and_13b_do():
+    """REFERENCE: 70B with fp32 master weights + AdamW is ~138 GB per GPU on 8 GPUs."""
+    big = P.memory(job(model="70b"))
+    assert not big.fits and big.state / 1e9 == pytest.approx(138, rel=0.02)
+    assert P.memory(job(model="7b")).fits and P.memory(job(model="13b")).fits
+    assert P.memory(job(model="70b", nodes=4)).fits
+
+
+def test_state_is_divided_by_the_shard_group():
+    n = P.MODEL_CONFIGS["7b"].num_params()
+    assert P.memory(job(nodes=2)).state == 16 * n // 16
+    assert P.memory(job(nodes=2, strategy="HYBRID_SHARD")).state == 16 * n // 8
+    assert P.memory(job(nodes=2, strategy="NO_SHARD")).state == 16 * n
+
+
+def test_the_cheapest_fix_fits():
+    name, fixed = P.cheapest_fix(job(model="70b", ac="none", micro_batch=2), tokens=1e9)
+    assert P.memory(fixed).fits and name
+    tight = job(model="13b", ac="none", micro_batch=8)
+    name, fixed = P.cheapest_fix(tight, 1e9)
+    fitting = [j for _, j in P.candidate_fixes(tight) if P.memory(j).fits]
+    assert len(fitting) > 1 and all(P.cost(fixed, 1e9)[1] <= P.cost(j, 1e9)[1] for j in fitting)
+
+
+def test_throughput_is_in_the_published_range():
+    """PyTorch/IBM FSDP: 7B ~3,700 tok/s/GPU on A100, ~7,500 on H100 (bf16, no compile)."""
+    a100 = P.speed(job(instance_type="p4de.24xlarge", ac="none", micro_batch=2)).tokens_per_s_per_gpu
+    h100 = P.speed(job(ac="none", micro_batch=2)).tokens_per_s_per_gpu
+    assert 2_500 < a100 < 4_500 and 5_000 < h100 < 9_000
+
+
+def test_plan_command_json_and_table():
+    runner = CliRunner()
+    result = runner.invoke(app, ["plan", "--model", "70b", "--nodes", "1", "--seq-len", "4096", "-o", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["fits"] is False and data["fix"] and data["usd"] > 0 and data["prices_as_of"]
+    text = runner.invoke(app, ["plan", "--model", "70b", "--nodes", "1"]).stdout
+    assert "DOES NOT FIT" in text and "cheapest change that fits" in text
+    rows = json.loads(runner.invoke(app, ["plan", "--table", "-o", "json"]).stdout)
+    assert len(rows) == 30 and {r["nodes"] for r in rows} == {1, 2, 4, 8, 16}
+    assert runner.invoke(app, ["plan", "--model", "65b"]).exit_code == 2
