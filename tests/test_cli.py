@@ -41,7 +41,8 @@ def cli(tmp_path, monkeypatch):
 
 
 COMMANDS = [["config", "show"], ["config", "validate"], ["manifest"], ["quickstart"], ["job", "run"],
-            ["job", "status"], ["job", "logs"], ["job", "stop"], ["job", "list"], ["job", "wait"]]
+            ["job", "status"], ["job", "logs"], ["job", "stop"], ["job", "list"], ["job", "wait"], ["plan"],
+            ["doctor"]]
 
 
 def test_the_command_surface(cli):
@@ -55,6 +56,7 @@ def test_the_command_surface(cli):
 def test_help_imports_nothing_heavy():
     code = ("import sys; from typer.testing import CliRunner; from fsdpctl.cli import app;"
             "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0;"
+            "r = CliRunner().invoke(app, ['plan', '--model', '7b']); assert r.exit_code == 0;"
             "print([m for m in ('torch', 'transformers', 'boto3', 'kubernetes', 'jinja2') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -25,8 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
-from fsdptrain.metrics import PEAK_TFLOPS
-from fsdptrain.shapes import MODEL_CONFIGS, ModelShape
+from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape
 
 GIB = 1024 ** 3
 CUDA_OVERHEAD = 2 * GIB

@@ -8,13 +8,7 @@ import sys
 import torch
 from torch import nn
 
-# Dense peak TFLOP/s per GPU (bf16/fp16; fp32 runs as TF32 on tensor cores). SXM parts, vendor data sheets.
-PEAK_TFLOPS = {
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
-    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
-}
-
+from fsdptrain.shapes import PEAK_TFLOPS
 
 def flops_per_token(num_params: int, embedding_params: int, layers: int, hidden: int, seq_len: int) -> int:
     """Training FLOPs per token: 6 x matmul params (forward + backward) + 12 x L x H x S for attention.

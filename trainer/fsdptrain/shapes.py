@@ -26,6 +26,14 @@ class ModelShape:
         return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
 
 
+# Dense peak TFLOP/s per GPU (bf16/fp16; fp32 runs as TF32 on tensor cores). SXM parts, vendor data sheets.
+PEAK_TFLOPS = {
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+}
+
+
 # Published Hugging Face meta-llama/Llama-2-*-hf shapes; tiny ones keep tests and the quickstart fast.
 MODEL_CONFIGS: dict[str, ModelShape] = {
     "7b": ModelShape(4096, 32, 32, 32, 11008, 32000, 4096),
