@@ -83,7 +83,7 @@ def test_config_validate_reports_every_bad_value_with_exit_2(cli, tmp_path):
     (tmp_path / "bad.env").write_text("JOB_NODES=zero\nPRECISION=int4\nSHARDING_STRATEGIE=FULL_SHARD\n")
     result = cli("--env-file", "bad.env", "config", "validate")
     assert result.exit_code == 2
-    assert "JOB_NODES='zero' Input should be a valid integer" in result.stderr
+    assert "JOB_NODES='zero' is not a whole number" in result.stderr
     assert "PRECISION='int4' is not allowed: use one of bf16, fp16, fp32" in result.stderr
     assert "did you mean SHARDING_STRATEGY?" in result.stderr
     assert cli("--env-file", "missing.env", "config", "validate").exit_code == 2

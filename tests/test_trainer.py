@@ -147,13 +147,13 @@ def test_export_then_fine_tune_from_it(assets, tmp_path):
 @pytest.mark.parametrize("settings, message", [
     ({"SHARDING_STRATEGY": "FULLSHARD"}, "SHARDING_STRATEGY='FULLSHARD' is not allowed: use one of FULL_SHARD"),
     ({"PRECISION": "int8"}, "PRECISION='int8' is not allowed"),
-    ({"MICRO_BATCH_SIZE": "two"}, "MICRO_BATCH_SIZE='two' is not a valid int"),
-    ({"SEQ_LEN": "4"}, "SEQ_LEN=4 is too small: must be >= 8"),
+    ({"MICRO_BATCH_SIZE": "two"}, "MICRO_BATCH_SIZE='two' is not valid: give a whole number"),
+    ({"SEQ_LEN": "4"}, "SEQ_LEN=4 is too small: use at least 8"),
     ({"MODEL": "65b"}, "MODEL='65b' is unknown"),
     ({"WARMUP_STEPS": "50", "MAX_STEPS": "10"}, "WARMUP_STEPS=50 exceeds MAX_STEPS=10"),
     ({"DATASET": ""}, "DATASET='' is empty"),
     ({"DATASET": "/nonexistent/data.txt"}, "DATASET='/nonexistent/data.txt' does not exist"),
-    ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not a valid bool"),
+    ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not valid: give true or false"),
 ])
 def test_bad_settings_exit_2_with_one_line_naming_the_field(assets, settings, message):
     import subprocess

@@ -238,18 +238,29 @@ def _cross_checks(cfg: Config) -> list[str]:
 def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
     lines = []
     for err in e.errors():
-        if err["loc"]:
-            key = str(err["loc"][0]).upper()
-            value = raw.get(key, "")
-            msg = err["msg"]
-            if err["type"] == "literal_error":
-                msg = "is not allowed: use one of " + err["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
-            elif err["type"] == "string_pattern_mismatch":
-                msg = f"is not valid: must match {err['ctx']['pattern']}"
-            lines.append(f"{key}={value!r} {msg}")
-        else:  # model-level checks already name their key
+        if not err["loc"]:  # model-level checks already name their key
             lines.append(re.sub(r"^Value error, ", "", err["msg"]))
+            continue
+        key = str(err["loc"][0]).upper()
+        lines.append(f"{key}={raw.get(key, '')!r} {_explain(err)}")
     return lines
+
+
+def _explain(err: dict) -> str:
+    kind, ctx = err["type"], err.get("ctx", {})
+    if kind == "literal_error":
+        return "is not allowed: use one of " + ctx["expected"].replace("'", "").replace(" or ", ", ")
+    if kind == "string_pattern_mismatch":
+        return f"is not valid: it must match {ctx['pattern']}"
+    if kind == "int_parsing":
+        return "is not a whole number: give one, e.g. 2"
+    if kind == "bool_parsing":
+        return "is not a boolean: use true or false"
+    if kind == "greater_than_equal":
+        return f"is too small: use at least {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"is too large: use at most {ctx['le']}"
+    return f"is not valid: {err['msg']}"
 
 
 def redacted(cfg: Config) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -100,6 +101,27 @@ def _prepare(root: Path, tmp: Path) -> str | None:
     return None
 
 
+def _reason(e: BaseException) -> str:
+    """The root cause in a few words (DCP wraps each rank's error in a CheckpointException)."""
+    failures = getattr(e, "failures", None)
+    if failures:
+        e = next(iter(failures.values()))
+        e = e[0] if isinstance(e, tuple) else e
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = getattr(e, "strerror", None) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
+    if "unexpected pos" in text:  # torch's zip writer after a short write(): ENOSPC, EFBIG, quota
+        text = "short write: the disk is full or a file-size limit was hit"
+    return text[:200]
+
+
+def _failpoint(name: str, step: int) -> None:
+    """FSDPTRAIN_FAILPOINT=kill-during-save:STEP makes rank 0 die by SIGKILL at that point, as a crash or an
+    OOM kill would; the fault tests use it to prove an interrupted save never becomes `latest`."""
+    if os.environ.get("FSDPTRAIN_FAILPOINT") == f"{name}:{step}" and dist.get_rank() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def save(root: Path, *, step: int, model, optimizer, trainer_state: dict, keep: int) -> Path:
     """Collective: every rank calls it. Returns the final checkpoint path."""
     rank = dist.get_rank()
@@ -109,9 +131,23 @@ def save(root: Path, *, step: int, model, optimizer, trainer_state: dict, keep: 
     if error[0]:
         raise CheckpointError(error[0])
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=str(tmp))
-    torch.save(_rng_state(), tmp / f"rng-rank{rank:05d}.pt")
-    dist.barrier()
+    failure = None
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))
+        torch.save(_rng_state(), tmp / f"rng-rank{rank:05d}.pt")
+    except (dcp.CheckpointException, OSError, RuntimeError) as e:
+        failure = _reason(e)
+    failures = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)  # all ranks learn of any rank's failure, and all raise
+    failure = next((f for f in failures if f), None)
+    if failure:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        last = latest_checkpoint(root)
+        free = shutil.disk_usage(root).free / 2**20
+        raise CheckpointError(f"checkpoint at step {step} failed ({failure}; {free:,.0f} MiB free); the last good "
+                              f"one is {last or 'none'}: free space on CHECKPOINT_DIR={str(root)!r} or point it elsewhere")
+    _failpoint("kill-during-save", step)
     if rank == 0:
         meta = {"step": step, "world_size": dist.get_world_size(), "saved_at": time.time(), **trainer_state}
         _write_atomic(tmp / META, json.dumps(meta, indent=1, default=str))

@@ -85,7 +85,7 @@ class TrainConfig:
             if choices and value not in choices:
                 found.append(f"{env}={value!r} is not allowed: use one of {', '.join(choices)}")
             elif minimum is not None and value < minimum:
-                found.append(f"{env}={value!r} is too small: must be >= {minimum:g}")
+                found.append(f"{env}={value!r} is too small: use at least {minimum:g}")
         if self.model not in MODEL_CONFIGS:
             found.append(f"MODEL={self.model!r} is unknown: use one of {', '.join(MODEL_CONFIGS)}")
         if self.warmup_steps > self.max_steps:
@@ -116,7 +116,8 @@ def _parse_value(f: dataclasses.Field, raw: str) -> Any:
             raise ValueError(raw)
         return kind(raw)
     except ValueError:
-        raise ConfigError(f"{env}={raw!r} is not a valid {kind.__name__}: give a {kind.__name__} value") from None
+        what = {int: "a whole number, e.g. 2", float: "a number, e.g. 0.001", bool: "true or false"}[kind]
+        raise ConfigError(f"{env}={raw!r} is not valid: give {what}") from None
 
 
 def parse_value(name: str, raw: str) -> Any:

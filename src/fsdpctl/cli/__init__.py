@@ -12,11 +12,13 @@ from typing import Annotated, List, Optional
 
 import click
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from fsdpctl import __version__
 from fsdpctl.cli.common import AppState, err, parse_sets
 from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.redact import redact
 from fsdpctl.settings import SettingsError
 
 
@@ -28,16 +30,16 @@ class _Group(TyperGroup):
             return super().invoke(ctx)
         except SettingsError as e:
             for line in e.warnings:
-                err.print(f"[yellow]warning:[/] {line}")
+                err.print(f"[yellow]warning:[/] {redact(line)}", markup=True)
             for line in e.lines:
-                err.print(f"[red]error:[/] {line}")
+                err.print("[red]error:[/] " + escape(redact(line)))
             ctx.exit(ExitCode.BAD_INPUT)
         except FsdpctlError as e:
             if _debug(ctx):
                 raise
-            err.print(f"[red]error:[/] {e}")
+            err.print("[red]error:[/] " + escape(redact(str(e))))
             if e.hint:
-                err.print(f"  hint: {e.hint}")
+                err.print("  hint: " + escape(redact(e.hint)))
             ctx.exit(e.code)
         except KeyboardInterrupt:
             err.print("interrupted")

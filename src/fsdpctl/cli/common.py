@@ -12,8 +12,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fsdpctl.errors import BadInput
+from fsdpctl.redact import redact
 from fsdpctl.settings import Config, SettingsError, load, parse_dotenv
 
 err = Console(stderr=True, highlight=False)
@@ -73,7 +75,7 @@ def state(ctx: typer.Context) -> AppState:
 
 
 def warn(msg: str) -> None:
-    err.print(f"[yellow]warning:[/] {msg}")
+    err.print("[yellow]warning:[/] " + escape(redact(msg)))
 
 
 def ok(msg: str) -> None:
@@ -83,12 +85,12 @@ def ok(msg: str) -> None:
 def emit(data: Any, output: Output) -> bool:
     """Print data as json/yaml to stdout and return True; False means the caller prints its table."""
     if output == Output.json:
-        out.print_json(json.dumps(data, default=str))
+        out.print(redact(json.dumps(data, default=str, indent=2)), markup=False, highlight=False)
         return True
     if output == Output.yaml:
         import yaml
 
-        out.print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), end="")
+        out.print(redact(yaml.safe_dump(data, sort_keys=False, default_flow_style=False)), end="", markup=False)
         return True
     return False
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, state
+from fsdpctl.redact import redact
 from fsdpctl.settings import Settings, derived, redacted, setting_keys
 
 app = typer.Typer(no_args_is_help=True, help="Show and check the settings (.env, environment, --set).")
@@ -32,7 +34,7 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
     table = Table("group", "key", "value", "source", box=None, pad_edge=False)
     for key in sorted(values, key=lambda k: (_group(k), k)):
         source = cfg.sources[key]
-        table.add_row(_group(key), key, str(values[key]), source if source != "default" else "[dim]default[/]")
+        table.add_row(_group(key), key, escape(redact(str(values[key]))), source if source != "default" else "[dim]default[/]")
     for key, value in derived(cfg).items():
         table.add_row("derived", key, str(value), "[dim]computed[/]")
     out.print(table)

@@ -49,7 +49,8 @@ def job_report(st: dict, stall_after: float) -> dict:
     lines = leader.read_text(errors="replace").splitlines() if leader else []
     now = time.time()
     prog = progress(records(lines), now)
-    restarts = sum(f.read_text(errors="replace").count("will restart worker group") for f in local.log_files(st))
+    # each worker failure the elastic agent saw (it restarts the group while MAX_RESTARTS allows)
+    restarts = sum(f.read_text(errors="replace").count("failed (exitcode:") for f in local.log_files(st))
     alive = sum(local.pid_alive(lz["pid"]) for lz in st.get("launchers", []))
     phase = local.effective_phase(st)
     report = {"job": st["job"], "phase": phase, "run_id": st["run_id"], "nodes": st["replicas"],

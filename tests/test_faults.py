@@ -1,0 +1,158 @@
+"""Faults survived, with real processes: torchrun's elastic agent, Debian's etcd, the kernel's signals and
+file-size limits. Each test says which real mechanism it drives."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, torchrun, torchrun_argv, train_env
+
+pytestmark = pytest.mark.slow
+
+
+def fsdpctl(*args, env, timeout=120):
+    return subprocess.run([sys.executable, "-m", "fsdpctl.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=env["FSDPCTL_HOME"])
+
+
+def job_env(home: Path, name: str, **settings) -> dict:
+    env = {**os.environ, "FSDPCTL_HOME": str(home), "NO_COLOR": "1", "JOB_NAME": name, "SEQ_LEN": "64",
+           "MAX_STEPS": "16", "WARMUP_STEPS": "2", "CHECKPOINT_INTERVAL": "4", "MAX_RESTARTS": "2"}
+    env.update({k: str(v) for k, v in settings.items()})
+    return env
+
+
+def step_losses(log_text: str) -> dict[int, float]:
+    """Loss per step; after a restart the resumed attempt's lines replace the first attempt's."""
+    out = {}
+    for line in log_text.splitlines():
+        if line.startswith('{"event":"step"'):
+            rec = json.loads(line)
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+def leader_text(env) -> str:
+    return fsdpctl("job", "logs", env=env).stdout
+
+
+def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
+    """torchrun --max-restarts: the agent sees the dead worker, re-rendezvouses both nodes (c10d), and the
+    trainer resumes from the last checkpoint; the losses after it equal an uninterrupted run's."""
+    ref = job_env(tmp_path, "ref")
+    assert fsdpctl("job", "run", env=ref, timeout=300).returncode == 0
+    expected = step_losses(leader_text(ref))
+
+    env = job_env(tmp_path, "killed")
+    assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
+    deadline = time.monotonic() + 180
+    while json.loads(fsdpctl("job", "status", "-o", "json", env=env).stdout)["step"] < 6:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    state = json.loads((tmp_path / "jobs/killed/state.json").read_text())
+    launcher = state["launchers"][1]["pid"]
+    workers = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split()
+    assert workers, "the node-1 launcher has no worker"
+    os.kill(int(workers[0]), signal.SIGKILL)
+
+    assert fsdpctl("job", "wait", "--timeout", "300", env=env, timeout=330).returncode == 0
+    text = leader_text(env)
+    assert "resumed from" in text
+    status = json.loads(fsdpctl("job", "status", "-o", "json", env=env).stdout)
+    assert status["restarts"] >= 1 and status["phase"] == "Succeeded"
+    got = step_losses(text)
+    resumed_at = status["summary"]["start_step"]
+    assert resumed_at in (4, 8)
+    for step in range(resumed_at + 1, 17):
+        assert got[step] == pytest.approx(expected[step], abs=1e-6), step
+
+
+@pytest.mark.skipif(not shutil.which("etcd"), reason="etcd-server not installed")
+def test_etcd_restart_during_rendezvous(assets, tmp_path):
+    """The first node waits in an etcd rendezvous; etcd is killed and restarted on the same port and data dir;
+    the second node joins and the job trains to the end."""
+    from fsdpctl.adapters import etcd as etcd_adapter
+
+    server = etcd_adapter.start(tmp_path / "etcd", log_file=tmp_path / "etcd.log")
+    port = server.client_port
+    env = train_env(assets, MAX_STEPS=3, WARMUP_STEPS=1)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+            "--rdzv-backend=etcd", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=etcd-restart",
+            "--rdzv-conf=join_timeout=120", "-m", "fsdptrain"]
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(8)  # node 0 is waiting for node 1 in the rendezvous now
+        assert first.poll() is None
+        server.proc.kill()
+        server.proc.wait()
+        time.sleep(2)
+        server = _restart_etcd(tmp_path, port)
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+        out, _ = first.communicate(timeout=240)
+    finally:
+        first.kill()
+        server.stop()
+    assert first.returncode == 0 and second.returncode == 0, (out[-2000:], second.stderr[-2000:])
+    assert "summary:" in out + second.stdout
+
+
+def _restart_etcd(tmp_path: Path, port: int):
+    """Same data dir, same client port: what a restarted etcd pod behind its Service looks like."""
+    from fsdpctl.adapters import etcd as etcd_adapter
+
+    return etcd_adapter.start(tmp_path / "etcd", log_file=tmp_path / "etcd.log", client_port=port)
+
+
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(assets, tmp_path):
+    """Rank 0 dies by SIGKILL after the step-6 shards are written, before the rename (FSDPTRAIN_FAILPOINT)."""
+    ref = torchrun(assets, MAX_STEPS=9, CHECKPOINT_DIR=tmp_path / "ref", CHECKPOINT_INTERVAL=3)
+    assert ref.rc == 0, ref.stderr[-2000:]
+    crashed = torchrun(assets, MAX_STEPS=9, CHECKPOINT_DIR=tmp_path / "c", CHECKPOINT_INTERVAL=3,
+                       FSDPTRAIN_FAILPOINT="kill-during-save:6")
+    assert crashed.rc != 0
+    ckpts = tmp_path / "c"
+    assert (ckpts / "latest").read_text() == "step-00000003"
+    assert (ckpts / ".tmp-step-00000006").is_dir() and not (ckpts / "step-00000006").exists()
+    resumed = torchrun(assets, MAX_STEPS=9, CHECKPOINT_DIR=ckpts, CHECKPOINT_INTERVAL=3)
+    assert resumed.rc == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in resumed.events("step")] == list(range(4, 10))
+    assert resumed.losses == ref.losses[3:]
+    assert not (ckpts / ".tmp-step-00000006").exists()  # the next save cleaned it up
+
+
+def _limit_file_size(limit: int):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG, as a full disk fails
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_disk_full_during_a_checkpoint_is_a_clear_error(assets, tmp_path):
+    """The kernel refuses writes past RLIMIT_FSIZE (EFBIG), the same failure path as ENOSPC for DCP."""
+    good = torchrun(assets, MAX_STEPS=4, CHECKPOINT_DIR=tmp_path)
+    assert good.rc == 0
+    env = train_env(assets, MAX_STEPS=8, CHECKPOINT_DIR=tmp_path)
+    p = subprocess.run(torchrun_argv(2), env=env, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       preexec_fn=_limit_file_size(1 << 20))
+    assert p.returncode != 0
+    line = next(li for li in p.stderr.splitlines() if li.startswith("fsdptrain: error: checkpoint at step 8 failed"))
+    assert "short write: the disk is full" in line and "the last good one is" in line and "step-00000004" in line
+    assert (tmp_path / "latest").read_text() == "step-00000004"
+    assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "step-00000008").exists()
+
+
+def test_unwritable_checkpoint_dir_is_a_clear_error(assets, tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    run = torchrun(assets, MAX_STEPS=2, WARMUP_STEPS=1, CHECKPOINT_DIR=tmp_path / "a-file" / "ckpt")
+    assert run.rc != 0
+    assert "CHECKPOINT_DIR=" in run.stderr and "is not writable (Not a directory)" in run.stderr
