@@ -45,7 +45,8 @@ class Settings(BaseModel):
     capacity_reservation_id: str = _k("", "cluster", "On-Demand Capacity Reservation (cr-...)",
                                       pattern=r"^(cr-[0-9a-f]{17})?$")
     efa_enabled: bool = _k(True, "cluster", "use EFA (vpc.amazonaws.com/efa) between nodes")
-    image_registry: str = _k("", "image", "registry host (default: the account's ECR in AWS_REGION)")
+    image_registry: str = _k("", "image", "registry host[:port] (default: the account's ECR in AWS_REGION)",
+                             pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$")
     image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     image_tag: str = _k("0.1.0", "image", "image tag (never 'latest': pods must be reproducible)",
                         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -58,7 +59,8 @@ class Settings(BaseModel):
     rdzv_backend: Literal["c10d", "etcd", "etcd-v2"] = _k("c10d", "job", "torchrun rendezvous")
     rdzv_join_timeout: int = _k(600, "job", "seconds nodes may take to join the rendezvous", ge=10)
     max_restarts: int = _k(3, "job", "torchrun restarts of the worker group after a failure", ge=0)
-    checkpoint_pvc: str = _k("", "job", "PersistentVolumeClaim for checkpoints (empty: pod-local, lost)")
+    checkpoint_pvc: str = _k("", "job", "PersistentVolumeClaim for checkpoints (empty: pod-local, lost)",
+                             pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$")
     hf_token: SecretStr = _k(SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out")
     hf_token_file: str = _k("", "secrets", "file holding the HF token (instead of HF_TOKEN)")
 

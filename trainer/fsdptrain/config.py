@@ -88,7 +88,8 @@ class TrainConfig:
                 found.append(f"{env}={value!r} is too small: use at least {minimum:g}")
         if self.model not in MODEL_CONFIGS:
             found.append(f"MODEL={self.model!r} is unknown: use one of {', '.join(MODEL_CONFIGS)}")
-        if self.warmup_steps > self.max_steps:
+        if self.warmup_steps > self.max_steps and not any(line.startswith(("MAX_STEPS=", "WARMUP_STEPS="))
+                                                          for line in found):
             found.append(f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it")
         if not self.dataset:
             found.append("DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id")

@@ -174,7 +174,8 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
     rt.log(f"fsdptrain: model {cfg.pretrained or cfg.model} ({n_params / 1e6:.2f}M params), "
            f"{cfg.sharding_strategy} mesh {tuple(mesh.shape)}, {cfg.precision}, "
            f"activation checkpointing {_ac_note(cfg, wrapped)}, world {rt.world} on {rt.device.type}, "
-           f"{tokens_per_step} tokens/step, steps {start_step + 1}..{cfg.max_steps}")
+           f"{tokens_per_step} tokens/step, steps {start_step + 1}..{cfg.max_steps}"
+           + (", HF token set" if os.environ.get("HF_TOKEN") else ""))
 
     history, last_ckpt, stopped = [], (str(resume_from) if resume_from else None), False
     for step in range(start_step + 1, cfg.max_steps + 1):
