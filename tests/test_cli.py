@@ -143,7 +143,8 @@ def _fsdpctl(*args, env, timeout=60):
 def test_detached_job_over_real_etcd_status_logs_stop_and_resume(tmp_path):
     """Each step is a separate fsdpctl process, as from another terminal."""
     env = {**os.environ, "FSDPCTL_HOME": str(tmp_path), "NO_COLOR": "1", "COLUMNS": "200", "HF_TOKEN": TOKEN,
-           "RDZV_BACKEND": "etcd", "JOB_NAME": "e2e", "MAX_STEPS": "30", "SEQ_LEN": "64", "WARMUP_STEPS": "2",
+           "RDZV_BACKEND": "etcd", "JOB_NAME": "e2e", "MAX_STEPS": "300", "SEQ_LEN": "64", "WARMUP_STEPS": "2",
+           "PRECISION": "fp32",
            "CHECKPOINT_INTERVAL": "100"}
     started = _fsdpctl("job", "run", "--detach", env=env)
     assert started.returncode == 0, started.stderr
@@ -156,7 +157,7 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(tmp_path):
             break
         time.sleep(1)
     assert status["phase"] == "Running" and status["step"] >= 3, status
-    assert status["max_steps"] == 30 and status["eta_s"] > 0
+    assert status["max_steps"] == 300 and status["eta_s"] > 0
 
     logs = _fsdpctl("job", "logs", env=env).stdout
     assert '{"event":"step"' in logs
@@ -173,7 +174,7 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert _fsdpctl("job", "wait", "--timeout", "240", env=env, timeout=300).returncode == 0
     final = json.loads(_fsdpctl("job", "status", "-o", "json", env=env).stdout)
-    assert final["phase"] == "Succeeded" and final["step"] == 30
+    assert final["phase"] == "Succeeded" and final["step"] == 300
     assert final["summary"]["start_step"] == after_stop["step"]
     assert "resumed from" in _fsdpctl("job", "logs", env=env).stdout
     # the token reached the trainer's environment only, never the job's files

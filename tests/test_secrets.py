@@ -25,7 +25,8 @@ def test_no_secret_in_any_output_or_file(tmp_path, monkeypatch):
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NO_COLOR", "1")
     runner = CliRunner()
-    job = ["--set", "JOB_NAME=secret", "--set", "MAX_STEPS=4", "--set", "WARMUP_STEPS=1", "--set", "SEQ_LEN=64"]
+    job = ["--set", "JOB_NAME=secret", "--set", "MAX_STEPS=4", "--set", "WARMUP_STEPS=1", "--set", "SEQ_LEN=64",
+           "--set", "PRECISION=fp32"]
     outputs = []
     for args in (["config", "show"], ["config", "show", "-o", "json"], ["config", "show", "-o", "yaml"],
                  ["manifest"], ["manifest", "-o", "out"], ["--set", "BACKEND=eks", "manifest"],

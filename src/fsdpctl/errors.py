@@ -31,3 +31,11 @@ class FsdpctlError(Exception):
 
 class BadInput(FsdpctlError):
     code = ExitCode.BAD_INPUT
+
+
+class SettingsError(Exception):
+    """Bad settings: each line names a key, its value and the fix."""
+
+    def __init__(self, lines: list[str], warnings: tuple[str, ...] = ()):
+        super().__init__("\n".join(lines))
+        self.lines, self.warnings = lines, warnings

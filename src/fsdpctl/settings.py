@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from fsdpctl.errors import SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.config import ConfigError, TrainConfig, parse_value
 from fsdptrain.shapes import mesh_shape
@@ -139,14 +140,6 @@ class Config:
             value = getattr(self.training, f.name)
             out[f.metadata["env"]] = str(value).lower() if isinstance(value, bool) else str(value)
         return out
-
-
-class SettingsError(Exception):
-    """Bad settings: each line names a key, its value and the fix."""
-
-    def __init__(self, lines: list[str], warnings: tuple[str, ...] = ()):
-        super().__init__("\n".join(lines))
-        self.lines, self.warnings = lines, warnings
 
 
 def setting_keys() -> dict[str, str]:

@@ -151,11 +151,14 @@ def save(root: Path, *, step: int, model, optimizer, trainer_state: dict, keep: 
     if rank == 0:
         meta = {"step": step, "world_size": dist.get_world_size(), "saved_at": time.time(), **trainer_state}
         _write_atomic(tmp / META, json.dumps(meta, indent=1, default=str))
+        old = root / f".old-{final.name}"
         if final.exists():  # the same step saved again after a resume: replace it whole
-            shutil.rmtree(final)
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
         os.rename(tmp, final)
         _fsync_dir(root)
         _write_atomic(root / LATEST, final.name)
+        shutil.rmtree(old, ignore_errors=True)
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()

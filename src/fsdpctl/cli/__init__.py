@@ -6,6 +6,7 @@ need them, so `fsdpctl --help` starts fast.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
@@ -17,9 +18,12 @@ from typer.core import TyperGroup
 
 from fsdpctl import __version__
 from fsdpctl.cli.common import AppState, err, parse_sets
-from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
-from fsdpctl.settings import SettingsError
+
+
+# pydantic scans every installed package's entry points for plugins at import (~40 ms); a CLI wants none
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
 class _Group(TyperGroup):
@@ -51,7 +55,7 @@ def _debug(ctx: click.Context) -> bool:
     return bool(obj and obj.debug)
 
 
-app = typer.Typer(cls=_Group, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=_Group, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="From nothing to a running, observed, resumable PyTorch FSDP job on EKS, or on this machine.")
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -16,7 +16,10 @@ from rich.markup import escape
 
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact
-from fsdpctl.settings import Config, SettingsError, load, parse_dotenv
+from fsdpctl.errors import SettingsError
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
@@ -36,10 +39,12 @@ class AppState:
     env_file: Path
     flags: dict[str, str] = field(default_factory=dict)
     debug: bool = False
-    _config: Config | None = None
+    _config: "Config | None" = None
 
-    def config(self, **overrides: Any) -> Config:
+    def config(self, **overrides: Any) -> "Config":
         """Load once: flags (--set and command options) > environment > .env > defaults."""
+        from fsdpctl.settings import load
+
         flags = {**self.flags, **{k: str(v) for k, v in overrides.items() if v is not None}}
         if self._config is None or overrides:
             cfg = load(dotenv=read_env_file(self.env_file), environ=os.environ, flags=flags,
@@ -57,6 +62,8 @@ def read_env_file(path: Path) -> dict[str, str]:
         if path.name != ".env":  # the default may be absent; an explicit --env-file may not
             raise BadInput(f"--env-file {path} does not exist", hint="create it from .env.example")
         return {}
+    from fsdpctl.settings import parse_dotenv
+
     return parse_dotenv(path.read_text(), str(path))
 
 

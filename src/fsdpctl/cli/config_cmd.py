@@ -8,12 +8,13 @@ from rich.table import Table
 
 from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, state
 from fsdpctl.redact import redact
-from fsdpctl.settings import Settings, derived, redacted, setting_keys
 
-app = typer.Typer(no_args_is_help=True, help="Show and check the settings (.env, environment, --set).")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Show and check the settings (.env, environment, --set).")
 
 
 def _group(key: str) -> str:
+    from fsdpctl.settings import Settings, setting_keys
+
     name = setting_keys()[key]
     if name in Settings.model_fields:
         return Settings.model_fields[name].json_schema_extra["group"]
@@ -26,6 +27,8 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
     Example: fsdpctl --set MODEL=7b config show -o yaml
     """
+    from fsdpctl.settings import derived, redacted
+
     cfg = state(ctx).config()
     values = redacted(cfg)
     data = {"settings": values, "sources": {k: cfg.sources[k] for k in values}, "derived": derived(cfg)}

@@ -9,12 +9,12 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from fsdpctl import jobs
 from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, state, warn
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.progress import fmt_duration, progress, records
+from fsdpctl.redact import redact
 
-app = typer.Typer(no_args_is_help=True, help="Run and watch training jobs (BACKEND=local runs them on this machine).")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Run and watch training jobs (BACKEND=local runs them on this machine).")
 
 NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
 
@@ -26,6 +26,8 @@ def _local():
 
 
 def _name(ctx: typer.Context, name: str | None) -> str:
+    from fsdpctl import jobs
+
     if name:
         return name
     cfg = state(ctx).config()
@@ -95,6 +97,8 @@ def run(
 
     Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run
     """
+    from fsdpctl import jobs
+
     cfg = state(ctx).config()
     if dry_run:
         from fsdpctl import render
@@ -113,7 +117,7 @@ def run(
         err.print(f"  next: fsdpctl job status {st['job']}   fsdpctl job logs -f {st['job']}")
         return
     final = follow(st["job"])
-    raise typer.Exit(_finish(final))
+    raise typer.Exit(report_outcome(final))
 
 
 def follow(name: str) -> dict:
@@ -142,7 +146,7 @@ def follow(name: str) -> dict:
         return job_report(_state(name), stall_after=float("inf"))
 
 
-def _finish(r: dict) -> int:
+def report_outcome(r: dict) -> int:
     s = r.get("summary")
     if s:
         t = Table(title=f"{r['job']}: {r['phase']}", show_header=False)
@@ -222,7 +226,7 @@ def logs(
                 chunk = fh.read()
             offsets[f] += len(chunk)
             for line in chunk.decode(errors="replace").splitlines():
-                out.print(f"[{f.stem}] {line}" if all_ else line, markup=False, highlight=False)
+                out.print(redact(f"[{f.stem}] {line}" if all_ else line), markup=False, highlight=False)
         if not follow_ or not active:
             return
         time.sleep(0.3)

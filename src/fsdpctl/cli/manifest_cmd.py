@@ -10,7 +10,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from fsdpctl import render
 from fsdpctl.cli.common import ok, out, state
 from fsdpctl.errors import BadInput, FsdpctlError
 
@@ -31,6 +30,8 @@ def load_crd_schemas(crd_dir: Path) -> dict:
 
 def write_dir(objs: list[dict], out_dir: Path) -> list[Path]:
     """All files or none: written to a temp dir beside the target, then moved in."""
+    from fsdpctl import render
+
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".manifest-"))
     try:
@@ -60,6 +61,8 @@ def manifest(
 
     Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl apply -f -
     """
+    from fsdpctl import render
+
     cfg = state(ctx).config()
     objs = render.render_job(cfg, run_id or render.stable_run_id(cfg))
     if validate:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from fsdpctl import plan as P
 from fsdpctl.cli.common import Output, OutputOpt, emit, out, state
-from fsdpctl.settings import Config
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 
-def job_from(cfg: Config, *, mfu: float, price: Optional[float]) -> P.Job:
+def job_from(cfg: "Config", *, mfu: float, price: Optional[float]) -> P.Job:
     t = cfg.training
     return P.Job(model=t.model, instance_type=cfg.instance_type, nodes=cfg.job_nodes, gpus_per_node=cfg.gpus,
                  strategy=t.sharding_strategy, precision=t.precision, ac=t.activation_checkpointing,
@@ -56,9 +58,12 @@ def _print_report(r: dict) -> None:
     out.print(f"step {s['step_s']:.2f} s (compute {s['compute_s']:.2f} s, communication {s['comm_s']:.2f} s) | "
               f"{s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_s_per_gpu']:,.0f} per GPU) | "
               f"{s['tflops_per_gpu']:.0f} TFLOP/s per GPU, MFU {100 * s['mfu']:.0f}%")
-    usd = f"${r['usd']:,.0f}" if r["usd"] is not None else "unknown (pass --price USD/hour)"
-    out.print(f"{r['tokens']:.3g} tokens: {r['hours']:,.1f} h, {usd} on-demand "
-              f"(${r['price_per_hour'] or 0:.2f}/node-hour, prices as of {r['prices_as_of']})")
+    if r["usd"] is None:
+        out.print(f"{r['tokens']:.3g} tokens: {r['hours']:,.1f} h; cost unknown: no list price for "
+                  f"{j['instance_type']}, pass --price USD/node-hour")
+    else:
+        out.print(f"{r['tokens']:.3g} tokens: {r['hours']:,.1f} h, ${r['usd']:,.0f} on-demand "
+                  f"(${r['price_per_hour']:.2f}/node-hour, prices as of {r['prices_as_of']})")
 
 
 def matrix(base: P.Job, tokens: float) -> list[dict]:

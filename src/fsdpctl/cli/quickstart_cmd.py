@@ -6,13 +6,13 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import jobs
 from fsdpctl.cli.common import ok, state
-from fsdpctl.cli.job_cmd import _finish, follow
+from fsdpctl.cli.job_cmd import follow, report_outcome
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process, CPU.
+# fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
 QUICKSTART = {"BACKEND": "local", "JOB_NAME": "quickstart", "MODEL": "tiny", "DATASET": "builtin",
-              "TOKENIZER": "", "PRETRAINED": "", "SHARDING_STRATEGY": "FULL_SHARD", "PRECISION": "bf16",
+              "TOKENIZER": "", "PRETRAINED": "", "SHARDING_STRATEGY": "FULL_SHARD", "PRECISION": "fp32",
               "SEQ_LEN": "128", "MICRO_BATCH_SIZE": "2", "LOCAL_PROCS_PER_NODE": "1",
               "CHECKPOINT_INTERVAL": "10", "RESUME": "never"}
 
@@ -28,6 +28,8 @@ def quickstart(
 
     Example: fsdpctl quickstart --steps 60
     """
+    from fsdpctl import jobs
+
     st = state(ctx)
     flags = {**QUICKSTART, "JOB_NODES": str(nodes), "MAX_STEPS": str(steps), "WARMUP_STEPS": str(min(5, steps)),
              **st.flags}
@@ -35,4 +37,4 @@ def quickstart(
     job = jobs.run_local(cfg, run_id=None, replace=True)
     ok(f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
        f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; logs in {job['log_dir']}")
-    raise typer.Exit(_finish(follow(job["job"])))
+    raise typer.Exit(report_outcome(follow(job["job"])))

@@ -1,0 +1,206 @@
+"""Benchmarks, measured side by side in one run on this machine; prints a table and writes BENCHMARKS.md.
+
+    make bench            # or: .venv/bin/python benchmarks/run.py [--rounds 2] [--steps 20]
+
+1. Trainer tokens/s against the peers on the same tiny Llama, data, batch, seq and steps, 2 CPU processes:
+   Hugging Face accelerate (FSDP2 plugin) and torchtitan, each installed in its own venv under
+   benchmarks/.venvs/ (created on first use). Rounds alternate the order; medians are compared.
+2. Per-rank memory (sharded state + bytes held for backward) under each strategy, against NO_SHARD.
+3. Start-up time of `fsdpctl --help` and `fsdpctl manifest` against `kubectl version --client`.
+4. `fsdpctl plan`'s predicted per-rank memory against the trainer's measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENVS = ROOT / "benchmarks" / ".venvs"
+PY = sys.executable
+SEQ, BATCH = 128, 2
+PEERS = {"accelerate": ["torch==2.13.0", "transformers>=5,<6", "accelerate"],
+         "torchtitan": ["torch==2.13.0", "torchtitan", "triton"]}
+
+
+def sh(argv, env=None, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+
+def peer_python(name: str) -> Path:
+    venv = VENVS / name
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"creating {venv} ...", flush=True)
+        sh([sys.executable, "-m", "venv", str(venv)])
+        p = sh([str(python), "-m", "pip", "install", "-q", *PEERS[name]], timeout=1800)
+        if p.returncode:
+            raise RuntimeError(f"installing {name} failed: {p.stderr[-500:]}")
+    return python
+
+
+def assets() -> tuple[str, str]:
+    sys.path.insert(0, str(ROOT / "trainer"))
+    from fsdptrain.assets import default_cache, ensure_assets
+
+    corpus, tok = ensure_assets(default_cache())
+    return str(corpus), str(tok)
+
+
+def run_ours(steps: int, **settings) -> dict:
+    env = {"MODEL": "tiny", "SEQ_LEN": str(SEQ), "MICRO_BATCH_SIZE": str(BATCH), "MAX_STEPS": str(steps),
+           "WARMUP_STEPS": "2", "LOG_INTERVAL": "1000", **{k: str(v) for k, v in settings.items()}}
+    p = sh([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "fsdptrain"], env)
+    for line in p.stdout.splitlines():
+        if line.startswith('{"event":"summary"'):
+            return json.loads(line)
+    raise RuntimeError(f"fsdptrain failed: {p.stderr[-1500:]}")
+
+
+def run_accelerate(steps: int, corpus: str, tok: str, precision: str) -> dict:
+    python = peer_python("accelerate")
+    script = ROOT / "benchmarks" / "peers" / "accelerate_fsdp.py"
+    p = sh([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+            corpus, tok, str(steps), str(SEQ), str(BATCH), precision])
+    for line in p.stdout.splitlines():
+        if line.startswith('{"peer"'):
+            return json.loads(line)
+    raise RuntimeError(f"accelerate failed: {(p.stderr or p.stdout)[-1500:]}")
+
+
+def run_torchtitan(steps: int) -> dict:
+    """torchtitan's own debug Llama config, cut to our batch/seq/steps; it reports its own tokens/s."""
+    python = peer_python("torchtitan")
+    p = sh([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "torchtitan.train",
+            "--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", str(steps),
+            "--training.local-batch-size", str(BATCH), "--training.seq-len", str(SEQ)], timeout=600)
+    if p.returncode:
+        errors = [li.strip() for li in (p.stderr + p.stdout).splitlines() if "Error:" in li]
+        return {"error": errors[0] if errors else f"exit {p.returncode}"}
+    tps = [float(x) for x in __import__("re").findall(r"tps: ([\d,.]+)", p.stdout + p.stderr)]
+    return {"tokens_per_s": statistics.median(tps[1:] or tps) * 2}
+
+
+def throughput(rounds: int, steps: int) -> dict:
+    corpus, tok = assets()
+    out = {}
+    for precision in ("fp32", "bf16"):
+        ours, peer = [], []
+        for r in range(rounds):
+            pair = [("ours", lambda: run_ours(steps, PRECISION=precision)),
+                    ("accelerate", lambda: run_accelerate(steps, corpus, tok, precision))]
+            for name, fn in (pair if r % 2 == 0 else pair[::-1]):
+                (ours if name == "ours" else peer).append(fn()["tokens_per_s"])
+                print(f"  {precision} round {r + 1}: {name} {(ours if name == 'ours' else peer)[-1]:,.0f} tokens/s",
+                      flush=True)
+        out[precision] = {"ours": statistics.median(ours), "accelerate": statistics.median(peer),
+                          "ours_all": ours, "accelerate_all": peer}
+    out["torchtitan"] = run_torchtitan(steps)
+    return out
+
+
+def memory(steps: int) -> dict:
+    sys.path.insert(0, str(ROOT / "src"))
+    from fsdpctl.plan import Job, memory as plan_memory
+
+    out = {}
+    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"):
+        for ac in ("none", "full"):
+            s = run_ours(steps, SHARDING_STRATEGY=strategy, HSDP_SHARD_SIZE=1, ACTIVATION_CHECKPOINTING=ac)
+            state = s["param_bytes"] + s["grad_bytes"] + s["optim_bytes"]
+            job = Job(model="tiny", instance_type="p5.48xlarge", nodes=2, gpus_per_node=1, strategy=strategy,
+                      precision="bf16", ac=ac, ac_every=2, micro_batch=BATCH, seq_len=SEQ, hsdp_shard_size=1)
+            out[(strategy, ac)] = {"state": state, "activations": s["activation_bytes"],
+                                   "measured": state + s["activation_bytes"],
+                                   "planned": plan_memory(job).measured_equivalent}
+            print(f"  {strategy:<13} ac={ac:<4} state {state / 2**20:.2f} MiB, held for backward "
+                  f"{s['activation_bytes'] / 2**20:.2f} MiB", flush=True)
+    return out
+
+
+def startup(repeats: int = 10) -> dict:
+    fsdpctl = str(Path(PY).parent / "fsdpctl")
+
+    def median_time(argv):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            sh(argv)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    out = {"fsdpctl --help": median_time([fsdpctl, "--help"]), "fsdpctl manifest": median_time([fsdpctl, "manifest"])}
+    kubectl = shutil.which("kubectl")
+    out["kubectl version --client"] = median_time([kubectl, "version", "--client"]) if kubectl else None
+    return out
+
+
+def write_report(tp: dict, mem: dict, st: dict, args) -> str:
+    cpu = next((li.split(":", 1)[1].strip() for li in Path("/proc/cpuinfo").read_text().splitlines()
+                if li.startswith("model name")), platform.processor())
+    lines = [f"# Benchmarks", "", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+             f"`benchmarks/run.py` on {os.cpu_count()} x {cpu}, torch 2.13.0 CPU, side by side in one run. "
+             "Ratios matter, absolute numbers depend on the machine.", "",
+             f"## 1. Trainer throughput (tiny Llama 0.92M params, 2 processes gloo, batch {BATCH} x {SEQ} tokens, "
+             f"{args.steps} steps, FULL_SHARD; median of {args.rounds} alternating rounds)", "",
+             "| trainer | precision | tokens/s | ratio fsdptrain / peer | rounds |", "|---|---|---|---|---|"]
+    for precision in ("fp32", "bf16"):
+        t = tp[precision]
+        lines += [f"| fsdptrain | {precision} | {t['ours']:,.0f} | - | {', '.join(f'{x:,.0f}' for x in t['ours_all'])} |",
+                  f"| HF accelerate, FSDP2 plugin | {precision} | {t['accelerate']:,.0f} | "
+                  f"{t['ours'] / t['accelerate']:.2f} | {', '.join(f'{x:,.0f}' for x in t['accelerate_all'])} |"]
+    titan = tp["torchtitan"]
+    if "error" in titan:
+        lines.append(f"| torchtitan 0.3.0 | - | did not run on CPU: `{titan['error'][:120]}` | - | - |")
+    else:
+        lines.append(f"| torchtitan | fp32 | {titan['tokens_per_s']:,.0f} | "
+                     f"{tp['fp32']['ours'] / titan['tokens_per_s']:.2f} | - |")
+    lines += ["", "bf16 here means FSDP2's MixedPrecisionPolicy for fsdptrain (parameters cast to bf16, every matmul "
+              "in bf16) and CPU autocast for accelerate (only some ops in bf16); on a CPU without bf16 units, "
+              "bf16 matmuls are several times slower than fp32, so the fp32 row is the like-for-like one.", "",
+              "## 2. Per-rank memory by strategy (2 ranks; sharded params + grads + AdamW state, plus bytes held "
+              "for backward)", "", "| strategy | checkpointing | state MiB | state / NO_SHARD | held for backward MiB |"
+              " plan predicted MiB | measured MiB | plan error |", "|---|---|---|---|---|---|---|---|"]
+    for (strategy, ac), m in mem.items():
+        base = mem[("NO_SHARD", ac)]["state"]
+        lines.append(f"| {strategy} | {ac} | {m['state'] / 2**20:.2f} | {m['state'] / base:.2f} | "
+                     f"{m['activations'] / 2**20:.2f} | {m['planned'] / 2**20:.2f} | {m['measured'] / 2**20:.2f} | "
+                     f"{100 * (m['planned'] - m['measured']) / m['measured']:+.1f}% |")
+    lines += ["", "HYBRID_SHARD here is 2 groups of 1 (one rank per simulated node), so it holds what NO_SHARD holds.",
+              "", "## 3. Start-up time (median of 10)", "", "| command | seconds | ratio to kubectl |", "|---|---|---|"]
+    k = st["kubectl version --client"]
+    for cmd, secs in st.items():
+        lines.append(f"| `{cmd}` | {secs:.3f} | {secs / k:.2f} |" if k else f"| `{cmd}` | {secs:.3f} | - |")
+    lines += ["", "## GPU", "", "`benchmarks/gpu.sh` trains Llama-2-7B from scratch in bf16 on one GPU with full "
+              "activation checkpointing and prints tokens/s and MFU; run it where a GPU is lent and add its output "
+              "here. Published FSDP figures to compare with: 7B 3,700 tok/s/GPU (57% MFU) on A100, 7,500 (37%) on "
+              "H100 (PyTorch blog, 2024-03).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    print("throughput ...", flush=True)
+    tp = throughput(args.rounds, args.steps)
+    print("memory ...", flush=True)
+    mem = memory(steps=3)
+    print("start-up ...", flush=True)
+    st = startup()
+    report = write_report(tp, mem, st, args)
+    (ROOT / "BENCHMARKS.md").write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
