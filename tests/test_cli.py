@@ -42,7 +42,7 @@ def cli(tmp_path, monkeypatch):
 
 COMMANDS = [["config", "show"], ["config", "validate"], ["manifest"], ["quickstart"], ["job", "run"],
             ["job", "status"], ["job", "logs"], ["job", "stop"], ["job", "list"], ["job", "wait"], ["plan"],
-            ["doctor"]]
+            ["doctor"], ["cluster", "check"], ["cluster", "status"], ["cluster", "create"], ["cluster", "delete"]]
 
 
 def test_the_command_surface(cli):

@@ -26,21 +26,22 @@ COMMON_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYT
               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def templates_dir() -> Path:
-    """Inside a wheel: fsdpctl/templates; in a checkout: the repository's templates/."""
+def data_dir(name: str) -> Path:
+    """Inside a wheel: fsdpctl/<name>; in a checkout: the repository's <name>/ (templates, eksctl)."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "templates", here.parents[1] / "templates"):
+    for candidate in (here / name, here.parents[1] / name):
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError("fsdpctl templates not found: reinstall fsdpctl")
+    raise FileNotFoundError(f"fsdpctl's {name}/ not found: reinstall fsdpctl")
 
 
 @lru_cache(maxsize=1)
 def _env():
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    loader = jinja2.FileSystemLoader([str(data_dir("templates")), str(data_dir("eksctl"))])
+    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              autoescape=False)
 
 
 def render_template(name: str, **values) -> list[dict]:
@@ -137,6 +138,16 @@ def render_secret(cfg: Config, token: str, run_id: str) -> dict:
     """Only for the API call that creates it; never printed or written by `fsdpctl manifest`."""
     return render_template("secret.yaml.j2", secret_name=secret_name(cfg), namespace=cfg.job_namespace,
                            labels=labels(cfg, run_id), hf_token=token)[0]
+
+
+def render_clusterconfig(cfg: Config) -> dict:
+    """The eksctl ClusterConfig for the cluster the settings describe."""
+    zones = [z for z in cfg.availability_zones.split(",") if z]
+    return render_template("clusterconfig.yaml.j2", cluster_name=cfg.cluster_name, region=cfg.aws_region,
+                           kubernetes_version=cfg.kubernetes_version, zones=zones,
+                           system_instance_type=cfg.system_instance_type, instance_type=cfg.instance_type,
+                           gpu_group=f"gpu-{cfg.instance_type.split('.')[0]}", node_count=cfg.node_count,
+                           efa=cfg.efa_enabled, capacity_reservation_id=cfg.capacity_reservation_id)[0]
 
 
 def to_yaml(objs: list[dict]) -> str:

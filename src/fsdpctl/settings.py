@@ -46,6 +46,11 @@ class Settings(BaseModel):
     capacity_reservation_id: str = _k("", "cluster", "On-Demand Capacity Reservation (cr-...)",
                                       pattern=r"^(cr-[0-9a-f]{17})?$")
     efa_enabled: bool = _k(True, "cluster", "use EFA (vpc.amazonaws.com/efa) between nodes")
+    availability_zones: str = _k("", "cluster", "comma-separated AZs; the GPU node group uses the first (empty: "
+                                 "eksctl picks)", pattern=r"^([a-z]{2}(-gov)?-[a-z]+-\d[a-z](,[a-z]{2}(-gov)?-[a-z]+-\d[a-z])*)?$")
+    kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")
+    system_instance_type: str = _k("m5.xlarge", "cluster", "instance type of the system node group (etcd, operator)",
+                                   pattern=r"^[a-z0-9-]+\.[a-z0-9]+$")
     image_registry: str = _k("", "image", "registry host[:port] (default: the account's ECR in AWS_REGION)",
                              pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$")
     image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")

@@ -81,10 +81,11 @@ def root(
 
 
 def _register() -> None:
-    from fsdpctl.cli import config_cmd, doctor_cmd, job_cmd, manifest_cmd, plan_cmd, quickstart_cmd
+    from fsdpctl.cli import cluster_cmd, config_cmd, doctor_cmd, job_cmd, manifest_cmd, plan_cmd, quickstart_cmd
 
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(job_cmd.app, name="job")
+    app.add_typer(cluster_cmd.app, name="cluster")
     app.command("manifest")(manifest_cmd.manifest)
     app.command("quickstart")(quickstart_cmd.quickstart)
     app.command("plan")(plan_cmd.plan)

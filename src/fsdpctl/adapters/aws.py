@@ -1,0 +1,79 @@
+"""Adapter: AWS through boto3. Every call goes through here; botocore errors become AwsError with the
+service's own code and message. `AWS_ENDPOINT_URL` (read by boto3 itself) points it at an emulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class AwsError(RuntimeError):
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+# Service Quotas code of "Running On-Demand P instances" (vCPUs), the quota p4de/p5 count against
+P_INSTANCES_QUOTA = ("ec2", "L-417A185B")
+
+
+def _call(fn, **kwargs):
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(**kwargs)
+    except ClientError as e:
+        err = e.response.get("Error", {})
+        raise AwsError(err.get("Code", "ClientError"), err.get("Message", str(e))) from e
+    except BotoCoreError as e:
+        raise AwsError(type(e).__name__, str(e)) from e
+
+
+@dataclass
+class Aws:
+    region: str
+    profile: str = ""
+
+    def __post_init__(self):
+        import boto3
+
+        self.session = boto3.Session(region_name=self.region, profile_name=self.profile or None)
+        self._clients: dict = {}
+
+    def client(self, service: str):
+        if service not in self._clients:
+            self._clients[service] = self.session.client(service)
+        return self._clients[service]
+
+    def identity(self) -> dict:
+        return _call(self.client("sts").get_caller_identity)
+
+    def instance_type_zones(self, instance_type: str) -> list[str]:
+        r = _call(self.client("ec2").describe_instance_type_offerings, LocationType="availability-zone",
+                  Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        return sorted(o["Location"] for o in r["InstanceTypeOfferings"])
+
+    def vcpus(self, instance_type: str) -> int:
+        r = _call(self.client("ec2").describe_instance_types, InstanceTypes=[instance_type])
+        return r["InstanceTypes"][0]["VCpuInfo"]["DefaultVCpus"]
+
+    def p_instance_quota(self) -> float:
+        service, code = P_INSTANCES_QUOTA
+        r = _call(self.client("service-quotas").get_service_quota, ServiceCode=service, QuotaCode=code)
+        return r["Quota"]["Value"]
+
+    def capacity_reservation(self, reservation_id: str) -> dict:
+        r = _call(self.client("ec2").describe_capacity_reservations, CapacityReservationIds=[reservation_id])
+        return r["CapacityReservations"][0]
+
+    def cluster(self, name: str) -> dict | None:
+        try:
+            return _call(self.client("eks").describe_cluster, name=name)["cluster"]
+        except AwsError as e:
+            if e.code == "ResourceNotFoundException":
+                return None
+            raise
+
+    def nodegroups(self, cluster: str) -> list[dict]:
+        eks = self.client("eks")
+        names = _call(eks.list_nodegroups, clusterName=cluster)["nodegroups"]
+        return [_call(eks.describe_nodegroup, clusterName=cluster, nodegroupName=n)["nodegroup"] for n in names]

@@ -1,0 +1,180 @@
+"""fsdpctl cluster check|status|create|delete"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, state, warn
+from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                  help="The EKS cluster: preflight, status, create and delete (eksctl).")
+STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
+
+
+def _aws(cfg):
+    try:
+        from fsdpctl.adapters.aws import Aws
+    except ImportError as e:
+        raise FsdpctlError("boto3 is not installed", hint="pip install 'fsdpctl[aws]'") from e
+    return Aws(cfg.aws_region, cfg.aws_profile)
+
+
+def cluster_dir(name: str) -> Path:
+    from fsdpctl.adapters.local import home
+
+    return home() / "clusters" / name
+
+
+def eksctl_command(cfg, verb: str, config_file: Path):
+    from fsdpctl.adapters.shell import Command
+
+    env = {"AWS_REGION": cfg.aws_region, **({"AWS_PROFILE": cfg.aws_profile} if cfg.aws_profile else {})}
+    argv = ["eksctl", verb, "cluster", "-f", str(config_file)]
+    return Command(argv + (["--wait"] if verb == "delete" else []), env)
+
+
+def _write_config(cfg) -> tuple[Path, str]:
+    import os
+
+    from fsdpctl import render
+
+    text = render.to_yaml([render.render_clusterconfig(cfg)])
+    path = cluster_dir(cfg.cluster_name) / "clusterconfig.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".clusterconfig.yaml.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path, text
+
+
+def _require_eksctl(cfg) -> None:
+    if cfg.cluster_tool != "eksctl":
+        raise FsdpctlError("CLUSTER_TOOL=terraform: fsdpctl's terraform module is not built yet",
+                           hint="use CLUSTER_TOOL=eksctl")
+
+
+def _run_tool(cmd, log: Path) -> int:
+    from fsdpctl.adapters import shell
+
+    try:
+        with err.status(f"{cmd.argv[0]} {cmd.argv[1]} ... (log: {log})"):
+            return shell.run(cmd, log_file=log, on_line=lambda line: err.print("  " + line, markup=False,
+                                                                               highlight=False))
+    except shell.ToolMissing as e:
+        raise FsdpctlError(str(e), hint=e.hint) from e
+
+
+@app.command()
+def check(ctx: typer.Context, output: Output = OutputOpt) -> None:
+    """Preflight against AWS: credentials, instance type offered in the AZ, P-instance quota, capacity
+    reservation, a cluster of the same name. Exit 1 on any fail.
+
+    Example: fsdpctl --set INSTANCE_TYPE=p4de.24xlarge --set CAPACITY_RESERVATION_ID=cr-0123456789abcdef0 cluster check
+    """
+    from fsdpctl import preflight
+
+    cfg = state(ctx).config()
+    checks = preflight.run_checks(cfg, _aws(cfg))
+    failed = any(c.status == "fail" for c in checks)
+    if not emit({"checks": [c.as_dict() for c in checks], "ok": not failed}, output):
+        t = Table("check", "status", "detail", "fix", box=None, pad_edge=False)
+        for c in checks:
+            t.add_row(c.name, f"[{STYLE[c.status]}]{c.status}[/]", c.detail, c.fix)
+        out.print(t)
+    raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
+
+
+@app.command()
+def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
+    """The cluster and its node groups as AWS reports them (instance types, sizes, state).
+
+    Example: fsdpctl cluster status -o json
+    """
+    from fsdpctl.adapters.aws import AwsError
+
+    cfg = state(ctx).config()
+    aws = _aws(cfg)
+    try:
+        cluster = aws.cluster(cfg.cluster_name)
+        groups = aws.nodegroups(cfg.cluster_name) if cluster else []
+    except AwsError as e:
+        raise FsdpctlError(str(e), hint="check credentials and AWS_REGION (`fsdpctl cluster check`)") from e
+    if cluster is None:
+        raise FsdpctlError(f"no cluster {cfg.cluster_name!r} in {cfg.aws_region}", hint="`fsdpctl cluster create`",
+                           code=ExitCode.JOB_NOT_FOUND)
+    data = {"name": cluster["name"], "status": cluster["status"], "version": cluster.get("version"),
+            "endpoint": cluster.get("endpoint"),
+            "nodegroups": [{"name": g["nodegroupName"], "status": g["status"], "instance_types": g.get("instanceTypes"),
+                            "desired": g.get("scalingConfig", {}).get("desiredSize"),
+                            "min": g.get("scalingConfig", {}).get("minSize"),
+                            "max": g.get("scalingConfig", {}).get("maxSize")} for g in groups]}
+    if emit(data, output):
+        return
+    out.print(f"cluster {data['name']}: {data['status']} (Kubernetes {data['version']}) {data['endpoint'] or ''}")
+    t = Table("node group", "status", "instance types", "desired", "min", "max")
+    for g in data["nodegroups"]:
+        t.add_row(g["name"], g["status"], ", ".join(g["instance_types"] or []), str(g["desired"]), str(g["min"]),
+                  str(g["max"]))
+    out.print(t)
+
+
+@app.command()
+def create(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the command and the ClusterConfig, run nothing")] = False,
+) -> None:
+    """Create the EKS cluster with eksctl from the rendered ClusterConfig; an existing cluster is left alone.
+
+    Example: fsdpctl cluster create --dry-run
+    """
+    cfg = state(ctx).config()
+    _require_eksctl(cfg)
+    path, text = _write_config(cfg)
+    cmd = eksctl_command(cfg, "create", path)
+    if dry_run:
+        out.print(text, markup=False, end="")
+        out.print("# " + cmd.shell_line(), markup=False)
+        ok(f"dry run: ClusterConfig written to {path}; nothing created")
+        return
+    existing = _aws(cfg).cluster(cfg.cluster_name)
+    if existing:
+        ok(f"cluster {cfg.cluster_name} already exists ({existing['status']}); nothing to do")
+        return
+    log = cluster_dir(cfg.cluster_name) / "create.log"
+    if _run_tool(cmd, log) != 0:
+        raise FsdpctlError(f"eksctl create cluster failed: see {log}", hint="`fsdpctl cluster check` for preflight")
+    ok(f"cluster {cfg.cluster_name} created; next: fsdpctl deploy all")
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the command, delete nothing")] = False,
+) -> None:
+    """Delete the EKS cluster (eksctl delete cluster --wait). Asks first unless --yes.
+
+    Example: fsdpctl cluster delete --yes
+    """
+    cfg = state(ctx).config()
+    _require_eksctl(cfg)
+    path, _ = _write_config(cfg)
+    cmd = eksctl_command(cfg, "delete", path)
+    if dry_run:
+        out.print(cmd.shell_line(), markup=False)
+        ok("dry run: nothing deleted")
+        return
+    if not _aws(cfg).cluster(cfg.cluster_name):
+        ok(f"no cluster {cfg.cluster_name} in {cfg.aws_region}; nothing to delete")
+        return
+    if not yes and not typer.confirm(f"Delete cluster {cfg.cluster_name} in {cfg.aws_region}?", err=True):
+        raise BadInput("not confirmed", hint="pass --yes to delete without asking")
+    log = cluster_dir(cfg.cluster_name) / "delete.log"
+    if _run_tool(cmd, log) != 0:
+        raise FsdpctlError(f"eksctl delete cluster failed: see {log}")
+    warn(f"cluster {cfg.cluster_name} deleted; checkpoints on its volumes are gone with it")
