@@ -146,7 +146,7 @@ def startup(repeats: int = 10) -> dict:
 def write_report(tp: dict, mem: dict, st: dict, args) -> str:
     cpu = next((li.split(":", 1)[1].strip() for li in Path("/proc/cpuinfo").read_text().splitlines()
                 if li.startswith("model name")), platform.processor())
-    lines = [f"# Benchmarks", "", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+    lines = ["# Benchmarks", "", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
              f"`benchmarks/run.py` on {os.cpu_count()} x {cpu}, torch 2.13.0 CPU, side by side in one run. "
              "Ratios matter, absolute numbers depend on the machine.", "",
              f"## 1. Trainer throughput (tiny Llama 0.92M params, 2 processes gloo, batch {BATCH} x {SEQ} tokens, "

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,3 +69,43 @@ def torchrun(assets, nproc: int = 2, timeout: int = 300, **settings) -> Run:
     p = subprocess.run(torchrun_argv(nproc), env=train_env(assets, **settings), capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT)
     return Run(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """AWS stand-in: moto in server mode on 127.0.0.1, spoken to over HTTP by real boto3 / terraform."""
+    from fsdpctl.adapters.etcd import free_port
+
+    port = free_port()
+    exe = Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def aws_env(moto_server, monkeypatch, tmp_path):
+    """A clean moto (state reset), fake credentials, and no fsdpctl settings leaking in from the environment."""
+    from fsdpctl.settings import setting_keys
+
+    urllib.request.urlopen(urllib.request.Request(moto_server + "/moto-api/reset", method="POST"))
+    for key in setting_keys():
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return moto_server
+
+

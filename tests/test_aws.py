@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -20,43 +15,9 @@ from conftest import SHARED
 from fsdpctl import preflight, render
 from fsdpctl.adapters.aws import Aws
 from fsdpctl.cli import app
-from fsdpctl.settings import load, setting_keys
+from fsdpctl.settings import load
 
 SCHEMA = SHARED / "vendor" / "eksctl-v0.230.0" / "clusterconfig-v1alpha5.schema.json"
-
-
-@pytest.fixture(scope="module")
-def moto_server():
-    from fsdpctl.adapters.etcd import free_port
-
-    port = free_port()
-    exe = Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(10)
-
-
-@pytest.fixture
-def aws_env(moto_server, monkeypatch, tmp_path):
-    urllib.request.urlopen(urllib.request.Request(moto_server + "/moto-api/reset", method="POST"))
-    for key in setting_keys():
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    return moto_server
 
 
 def make_cluster(name="fsdp-eks", region="us-east-1"):
@@ -176,4 +137,3 @@ def test_create_and_delete(aws_env, tmp_path):
     assert f"eksctl delete cluster -f {path} --wait" in runner.invoke(app, ["cluster", "delete", "--dry-run"]).stdout
     refused = runner.invoke(app, ["cluster", "delete"], input="n\n")
     assert refused.exit_code == 2
-    assert runner.invoke(app, ["--set", "CLUSTER_TOOL=terraform", "cluster", "create"]).exit_code == 1

@@ -7,7 +7,6 @@ import dataclasses
 import typing
 
 import pytest
-from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fsdpctl.cli import app

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import ROOT, SHARED
+from conftest import SHARED
 from fsdpctl.cli import app
 
 CRD_DIR = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4"

@@ -3,9 +3,6 @@ or writes: config show, manifests, error messages, job logs and status, and ever
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 from typer.testing import CliRunner
 
 from fsdpctl.cli import app

@@ -6,8 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 

@@ -150,6 +150,15 @@ def render_clusterconfig(cfg: Config) -> dict:
                            efa=cfg.efa_enabled, capacity_reservation_id=cfg.capacity_reservation_id)[0]
 
 
+def terraform_vars(cfg: Config) -> dict:
+    """fsdpctl.auto.tfvars.json for terraform/: the same settings, the module's variable names."""
+    zones = [z for z in cfg.availability_zones.split(",") if z] or [f"{cfg.aws_region}a", f"{cfg.aws_region}b"]
+    return {"region": cfg.aws_region, "cluster_name": cfg.cluster_name, "kubernetes_version": cfg.kubernetes_version,
+            "availability_zones": zones, "instance_type": cfg.instance_type, "node_count": cfg.node_count,
+            "capacity_reservation_id": cfg.capacity_reservation_id, "efa_enabled": cfg.efa_enabled,
+            "system_instance_type": cfg.system_instance_type}
+
+
 def to_yaml(objs: list[dict]) -> str:
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when present: same output, faster
     return yaml.dump_all(objs, Dumper=dumper, sort_keys=False, default_flow_style=False, width=120)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -12,7 +12,7 @@ from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, state, war
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                  help="The EKS cluster: preflight, status, create and delete (eksctl).")
+                  help="The EKS cluster: preflight, status, create and delete (eksctl or terraform).")
 STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
 
 
@@ -38,31 +38,55 @@ def eksctl_command(cfg, verb: str, config_file: Path):
     return Command(argv + (["--wait"] if verb == "delete" else []), env)
 
 
-def _write_config(cfg) -> tuple[Path, str]:
+def terraform_commands(cfg, verb: str, workdir: Path) -> list:
+    """init, then apply or destroy, in the job's copy of terraform/ (state stays there)."""
     import os
+
+    from fsdpctl.adapters.shell import Command
+
+    env = {"AWS_REGION": cfg.aws_region, **({"AWS_PROFILE": cfg.aws_profile} if cfg.aws_profile else {})}
+    plugins = os.environ.get("FSDPCTL_TF_PLUGIN_DIR")  # offline provider mirror, e.g. /opt/tf-plugins
+    init = ["terraform", f"-chdir={workdir}", "init", "-input=false", *([f"-plugin-dir={plugins}"] if plugins else [])]
+    run = ["terraform", f"-chdir={workdir}", verb, "-input=false", "-auto-approve"]
+    return [Command(init, env), Command(run, env)]
+
+
+def _write_config(cfg) -> tuple[Path, str]:
+    """The tool's input under FSDPCTL_HOME/clusters/<name>/, written atomically: eksctl's ClusterConfig, or
+    a copy of terraform/ with fsdpctl.auto.tfvars.json (the copy keeps the state between runs)."""
+    import json
+    import os
+    import shutil
 
     from fsdpctl import render
 
-    text = render.to_yaml([render.render_clusterconfig(cfg)])
-    path = cluster_dir(cfg.cluster_name) / "clusterconfig.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".clusterconfig.yaml.tmp")
+    base = cluster_dir(cfg.cluster_name)
+    base.mkdir(parents=True, exist_ok=True)
+    if cfg.cluster_tool == "eksctl":
+        text, path = render.to_yaml([render.render_clusterconfig(cfg)]), base / "clusterconfig.yaml"
+    else:
+        path = base / "terraform"
+        shutil.copytree(render.data_dir("terraform"), path, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
+        text = json.dumps(render.terraform_vars(cfg), indent=2) + "\n"
+        path = path / "fsdpctl.auto.tfvars.json"
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
     return path, text
 
 
-def _require_eksctl(cfg) -> None:
-    if cfg.cluster_tool != "eksctl":
-        raise FsdpctlError("CLUSTER_TOOL=terraform: fsdpctl's terraform module is not built yet",
-                           hint="use CLUSTER_TOOL=eksctl")
+def _commands(cfg, verb: str, path: Path) -> list:
+    if cfg.cluster_tool == "eksctl":
+        return [eksctl_command(cfg, verb, path)]
+    return terraform_commands(cfg, "apply" if verb == "create" else "destroy", path.parent)
 
 
 def _run_tool(cmd, log: Path) -> int:
     from fsdpctl.adapters import shell
 
     try:
-        with err.status(f"{cmd.argv[0]} {cmd.argv[1]} ... (log: {log})"):
+        with err.status(f"{cmd.argv[0]} {' '.join(a for a in cmd.argv[1:3] if not a.startswith('-'))} ... (log: {log})"):
             return shell.run(cmd, log_file=log, on_line=lambda line: err.print("  " + line, markup=False,
                                                                                highlight=False))
     except shell.ToolMissing as e:
@@ -126,47 +150,54 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
 @app.command()
 def create(
     ctx: typer.Context,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the command and the ClusterConfig, run nothing")] = False,
+    tool: Annotated[Optional[str], typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the commands and the tool's input, run nothing")] = False,
 ) -> None:
-    """Create the EKS cluster with eksctl from the rendered ClusterConfig; an existing cluster is left alone.
+    """Create the EKS cluster with eksctl (rendered ClusterConfig) or terraform (terraform/ + tfvars).
 
-    Example: fsdpctl cluster create --dry-run
+    With eksctl an existing cluster is left alone; terraform converges to the settings.
+
+    Example: fsdpctl cluster create --tool terraform --dry-run
     """
-    cfg = state(ctx).config()
-    _require_eksctl(cfg)
+    cfg = state(ctx).config(**({"CLUSTER_TOOL": tool} if tool else {}))
     path, text = _write_config(cfg)
-    cmd = eksctl_command(cfg, "create", path)
+    cmds = _commands(cfg, "create", path)
     if dry_run:
         out.print(text, markup=False, end="")
-        out.print("# " + cmd.shell_line(), markup=False)
-        ok(f"dry run: ClusterConfig written to {path}; nothing created")
+        for cmd in cmds:
+            out.print("# " + cmd.shell_line(), markup=False)
+        ok(f"dry run: {path} written; nothing created")
         return
-    existing = _aws(cfg).cluster(cfg.cluster_name)
-    if existing:
-        ok(f"cluster {cfg.cluster_name} already exists ({existing['status']}); nothing to do")
-        return
+    if cfg.cluster_tool == "eksctl":
+        existing = _aws(cfg).cluster(cfg.cluster_name)
+        if existing:
+            ok(f"cluster {cfg.cluster_name} already exists ({existing['status']}); nothing to do")
+            return
     log = cluster_dir(cfg.cluster_name) / "create.log"
-    if _run_tool(cmd, log) != 0:
-        raise FsdpctlError(f"eksctl create cluster failed: see {log}", hint="`fsdpctl cluster check` for preflight")
-    ok(f"cluster {cfg.cluster_name} created; next: fsdpctl deploy all")
+    for cmd in cmds:
+        if _run_tool(cmd, log) != 0:
+            raise FsdpctlError(f"{' '.join(cmd.argv[:3])} failed: see {log}",
+                               hint="`fsdpctl cluster check` for preflight")
+    ok(f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status")
 
 
 @app.command()
 def delete(
     ctx: typer.Context,
+    tool: Annotated[Optional[str], typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the command, delete nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the commands, delete nothing")] = False,
 ) -> None:
-    """Delete the EKS cluster (eksctl delete cluster --wait). Asks first unless --yes.
+    """Delete the EKS cluster (eksctl delete cluster --wait, or terraform destroy). Asks first unless --yes.
 
     Example: fsdpctl cluster delete --yes
     """
-    cfg = state(ctx).config()
-    _require_eksctl(cfg)
+    cfg = state(ctx).config(**({"CLUSTER_TOOL": tool} if tool else {}))
     path, _ = _write_config(cfg)
-    cmd = eksctl_command(cfg, "delete", path)
+    cmds = _commands(cfg, "delete", path)
     if dry_run:
-        out.print(cmd.shell_line(), markup=False)
+        for cmd in cmds:
+            out.print(cmd.shell_line(), markup=False)
         ok("dry run: nothing deleted")
         return
     if not _aws(cfg).cluster(cfg.cluster_name):
@@ -175,6 +206,7 @@ def delete(
     if not yes and not typer.confirm(f"Delete cluster {cfg.cluster_name} in {cfg.aws_region}?", err=True):
         raise BadInput("not confirmed", hint="pass --yes to delete without asking")
     log = cluster_dir(cfg.cluster_name) / "delete.log"
-    if _run_tool(cmd, log) != 0:
-        raise FsdpctlError(f"eksctl delete cluster failed: see {log}")
+    for cmd in cmds:
+        if _run_tool(cmd, log) != 0:
+            raise FsdpctlError(f"{' '.join(cmd.argv[:3])} failed: see {log}")
     warn(f"cluster {cfg.cluster_name} deleted; checkpoints on its volumes are gone with it")

@@ -1,0 +1,16 @@
+# Root: an EKS cluster with a system node group and an EFA-enabled GPU node group, from ./modules/eks-gpu.
+# Self-contained (no registry modules). fsdpctl writes fsdpctl.auto.tfvars.json from its settings.
+module "eks_gpu" {
+  source = "./modules/eks-gpu"
+
+  cluster_name            = var.cluster_name
+  kubernetes_version      = var.kubernetes_version
+  availability_zones      = var.availability_zones
+  vpc_cidr                = var.vpc_cidr
+  instance_type           = var.instance_type
+  node_count              = var.node_count
+  capacity_reservation_id = var.capacity_reservation_id
+  efa_interfaces          = var.efa_enabled ? lookup(var.efa_interfaces, var.instance_type, 1) : 0
+  system_instance_type    = var.system_instance_type
+  gpu_volume_size         = var.gpu_volume_size
+}

@@ -1,0 +1,142 @@
+data "aws_iam_policy_document" "eks_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["eks.amazonaws.com"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "node_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "cluster" {
+  name               = "${var.cluster_name}-cluster"
+  assume_role_policy = data.aws_iam_policy_document.eks_assume.json
+}
+
+resource "aws_iam_role_policy_attachment" "cluster" {
+  role       = aws_iam_role.cluster.name
+  policy_arn = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
+}
+
+resource "aws_iam_role" "node" {
+  name               = "${var.cluster_name}-node"
+  assume_role_policy = data.aws_iam_policy_document.node_assume.json
+}
+
+resource "aws_iam_role_policy_attachment" "node" {
+  for_each = toset([
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+  ])
+  role       = aws_iam_role.node.name
+  policy_arn = each.value
+}
+
+resource "aws_eks_cluster" "this" {
+  name     = var.cluster_name
+  version  = var.kubernetes_version
+  role_arn = aws_iam_role.cluster.arn
+  vpc_config {
+    subnet_ids              = aws_subnet.private[*].id
+    endpoint_private_access = true
+    endpoint_public_access  = true
+  }
+  enabled_cluster_log_types = ["api", "audit", "authenticator"]
+  depends_on                = [aws_iam_role_policy_attachment.cluster]
+}
+
+resource "aws_eks_node_group" "system" {
+  cluster_name    = aws_eks_cluster.this.name
+  node_group_name = "system"
+  node_role_arn   = aws_iam_role.node.arn
+  subnet_ids      = aws_subnet.private[*].id
+  instance_types  = [var.system_instance_type]
+  labels          = { "fsdpctl.io/role" = "system" }
+  scaling_config {
+    desired_size = 2
+    min_size     = 1
+    max_size     = 4
+  }
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+# GPU nodes close together (placement group), with every EFA interface listed: card 0 carries the primary ENA
+# traffic too (device index 0), the others are EFA-only (device index 1).
+resource "aws_placement_group" "gpu" {
+  name     = "${var.cluster_name}-gpu"
+  strategy = "cluster"
+}
+
+resource "aws_launch_template" "gpu" {
+  name_prefix = "${var.cluster_name}-gpu-"
+  placement {
+    group_name = aws_placement_group.gpu.name
+  }
+  metadata_options {
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 2
+  }
+  block_device_mappings {
+    device_name = "/dev/xvda"
+    ebs {
+      volume_size = var.gpu_volume_size
+      volume_type = "gp3"
+      encrypted   = true
+    }
+  }
+  dynamic "network_interfaces" {
+    for_each = range(var.efa_interfaces)
+    content {
+      device_index          = network_interfaces.value == 0 ? 0 : 1
+      network_card_index    = network_interfaces.value
+      interface_type        = "efa"
+      delete_on_termination = true
+      security_groups       = [aws_security_group.efa.id, aws_eks_cluster.this.vpc_config[0].cluster_security_group_id]
+    }
+  }
+  dynamic "capacity_reservation_specification" {
+    for_each = var.capacity_reservation_id == "" ? [] : [var.capacity_reservation_id]
+    content {
+      capacity_reservation_target {
+        capacity_reservation_id = capacity_reservation_specification.value
+      }
+    }
+  }
+}
+
+resource "aws_eks_node_group" "gpu" {
+  cluster_name    = aws_eks_cluster.this.name
+  node_group_name = "gpu-${split(".", var.instance_type)[0]}"
+  node_role_arn   = aws_iam_role.node.arn
+  subnet_ids      = [aws_subnet.private[0].id]
+  instance_types  = [var.instance_type]
+  ami_type        = "AL2023_x86_64_NVIDIA"
+  capacity_type   = "ON_DEMAND" # an On-Demand Capacity Reservation is targeted by the launch template
+  labels          = { "fsdpctl.io/role" = "gpu" }
+  taint {
+    key    = "nvidia.com/gpu"
+    value  = "true"
+    effect = "NO_SCHEDULE"
+  }
+  launch_template {
+    id      = aws_launch_template.gpu.id
+    version = aws_launch_template.gpu.latest_version
+  }
+  scaling_config {
+    desired_size = var.node_count
+    min_size     = 0
+    max_size     = var.node_count
+  }
+  depends_on = [aws_iam_role_policy_attachment.node]
+}

@@ -1,0 +1,14 @@
+output "cluster_name" {
+  description = "Name of the EKS cluster."
+  value       = aws_eks_cluster.this.name
+}
+
+output "cluster_endpoint" {
+  description = "API server endpoint."
+  value       = aws_eks_cluster.this.endpoint
+}
+
+output "cluster_certificate_authority" {
+  description = "Base64 CA data."
+  value       = aws_eks_cluster.this.certificate_authority[0].data
+}

@@ -1,0 +1,50 @@
+variable "cluster_name" {
+  description = "EKS cluster name."
+  type        = string
+}
+
+variable "kubernetes_version" {
+  description = "EKS Kubernetes version."
+  type        = string
+}
+
+variable "availability_zones" {
+  description = "AZs for the subnets (two or more); the GPU nodes use the first."
+  type        = list(string)
+}
+
+variable "vpc_cidr" {
+  description = "VPC CIDR."
+  type        = string
+}
+
+variable "instance_type" {
+  description = "GPU instance type."
+  type        = string
+}
+
+variable "node_count" {
+  description = "GPU nodes."
+  type        = number
+}
+
+variable "capacity_reservation_id" {
+  description = "Capacity reservation for the GPU nodes, or empty."
+  type        = string
+  default     = ""
+}
+
+variable "efa_interfaces" {
+  description = "EFA interfaces per GPU node (0: none, plain ENA)."
+  type        = number
+}
+
+variable "system_instance_type" {
+  description = "System node group instance type."
+  type        = string
+}
+
+variable "gpu_volume_size" {
+  description = "GPU node root volume, GiB."
+  type        = number
+}

@@ -1,0 +1,19 @@
+output "cluster_name" {
+  description = "Name of the EKS cluster."
+  value       = module.eks_gpu.cluster_name
+}
+
+output "cluster_endpoint" {
+  description = "API server endpoint."
+  value       = module.eks_gpu.cluster_endpoint
+}
+
+output "cluster_certificate_authority" {
+  description = "Base64 CA data for a kubeconfig."
+  value       = module.eks_gpu.cluster_certificate_authority
+}
+
+output "kubeconfig_command" {
+  description = "Writes the kubeconfig for this cluster."
+  value       = "aws eks update-kubeconfig --region ${var.region} --name ${module.eks_gpu.cluster_name}"
+}

@@ -1,0 +1,75 @@
+variable "region" {
+  description = "AWS region of the cluster."
+  type        = string
+  default     = "us-west-2"
+}
+
+variable "cluster_name" {
+  description = "EKS cluster name."
+  type        = string
+  default     = "fsdp-eks"
+}
+
+variable "kubernetes_version" {
+  description = "EKS Kubernetes version."
+  type        = string
+  default     = "1.33"
+}
+
+variable "availability_zones" {
+  description = "Two or more AZs for the subnets; the GPU node group and its placement group use the first."
+  type        = list(string)
+  default     = ["us-west-2a", "us-west-2b"]
+}
+
+variable "vpc_cidr" {
+  description = "CIDR of the VPC the module creates."
+  type        = string
+  default     = "10.42.0.0/16"
+}
+
+variable "instance_type" {
+  description = "GPU node type: p4de.24xlarge (8 x A100, 4 EFA), p5.48xlarge (8 x H100, 32 EFA) or p5e.48xlarge."
+  type        = string
+  default     = "p5.48xlarge"
+}
+
+variable "node_count" {
+  description = "GPU nodes in the node group."
+  type        = number
+  default     = 2
+}
+
+variable "capacity_reservation_id" {
+  description = "On-Demand Capacity Reservation (cr-...) the GPU nodes launch into; empty for none."
+  type        = string
+  default     = ""
+}
+
+variable "efa_enabled" {
+  description = "Attach EFA interfaces (all the instance type has) to the GPU nodes."
+  type        = bool
+  default     = true
+}
+
+variable "efa_interfaces" {
+  description = "EFA interfaces per instance type; listed explicitly because eksctl's automatic EFA setup failed for p5 (eksctl#7520)."
+  type        = map(number)
+  default = {
+    "p4de.24xlarge" = 4
+    "p5.48xlarge"   = 32
+    "p5e.48xlarge"  = 32
+  }
+}
+
+variable "system_instance_type" {
+  description = "Instance type of the system node group (etcd, Training Operator, monitoring)."
+  type        = string
+  default     = "m5.xlarge"
+}
+
+variable "gpu_volume_size" {
+  description = "Root volume of each GPU node in GiB (container images and local data)."
+  type        = number
+  default     = 500
+}

@@ -1,0 +1,85 @@
+"""terraform/ against the real terraform binary where it is installed (fmt, validate, and a real `plan`
+through the AWS provider against moto in server mode), and parsed with python-hcl2 everywhere. moto cannot
+create placement groups (HTTP 500, the provider retries forever), so the test plans rather than applies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import hcl2
+import pytest
+from typer.testing import CliRunner
+
+from conftest import ROOT
+from fsdpctl.cli import app
+
+TF = ROOT / "terraform"
+PLUGINS = Path(os.environ.get("FSDPCTL_TF_PLUGIN_DIR", "/opt/tf-plugins"))
+HAVE_TERRAFORM = shutil.which("terraform") is not None
+HAVE_PROVIDER = PLUGINS.joinpath("registry.terraform.io/hashicorp/aws").is_dir()
+
+
+def _variables(path: Path) -> dict[str, dict]:
+    blocks = hcl2.load(path.open())["variable"]
+    return {name.strip('"'): body for block in blocks for name, body in block.items()}
+
+
+def test_every_root_variable_has_a_description_and_a_default():
+    variables = _variables(TF / "variables.tf")
+    assert {"region", "availability_zones", "instance_type", "node_count", "capacity_reservation_id",
+            "efa_enabled", "efa_interfaces"} <= set(variables)
+    for name, body in variables.items():
+        assert body.get("description") and "default" in body, name
+    assert all(b.get("description") for b in _variables(TF / "modules/eks-gpu/variables.tf").values())
+    efa = variables["efa_interfaces"]["default"]
+    assert {k.strip('"'): v for k, v in efa.items()} == {"p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32}
+
+
+@pytest.mark.skipif(not HAVE_TERRAFORM, reason="terraform is not installed here")
+def test_terraform_fmt_is_clean():
+    p = subprocess.run(["terraform", "fmt", "-check", "-recursive", str(TF)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_dry_run_writes_tfvars_from_the_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["--set", "INSTANCE_TYPE=p4de.24xlarge", "--set", "NODE_COUNT=4",
+                                      "--set", "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+                                      "cluster", "create", "--tool", "terraform", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    work = tmp_path / "clusters/fsdp-eks/terraform"
+    tfvars = json.loads((work / "fsdpctl.auto.tfvars.json").read_text())
+    assert tfvars["instance_type"] == "p4de.24xlarge" and tfvars["node_count"] == 4
+    assert tfvars["availability_zones"] == ["us-west-2a", "us-west-2b"]
+    assert set(tfvars) <= set(_variables(TF / "variables.tf"))
+    assert f"terraform -chdir={work} init -input=false" in result.stdout
+    assert f"terraform -chdir={work} apply -input=false -auto-approve" in result.stdout
+    assert (work / "modules/eks-gpu/main.tf").is_file()
+
+
+@pytest.mark.skipif(not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing")
+def test_validate_and_plan_against_moto(aws_env, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["--set", "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0", "cluster", "create",
+                                 "--tool", "terraform", "--dry-run"])
+    assert result.exit_code == 0
+    work = tmp_path / "home/clusters/fsdp-eks/terraform"
+    env = {**os.environ, "TF_IN_AUTOMATION": "1"}
+
+    def tf(*args):
+        return subprocess.run(["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    assert tf("init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}").returncode == 0
+    valid = tf("validate", "-no-color")
+    assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
+    plan = tf("plan", "-input=false", "-no-color")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "Plan: 26 to add, 0 to change, 0 to destroy." in plan.stdout
+    assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
+    assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5
