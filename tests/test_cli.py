@@ -113,8 +113,9 @@ def test_job_commands_on_missing_jobs(cli):
     assert cli("job", "status", "nope").exit_code == 4
     assert cli("job", "wait", "nope").exit_code == 4
     assert cli("job", "list", "-o", "json").stdout.strip() == "[]"
-    result = cli("--set", "BACKEND=eks", "job", "run")
+    result = cli("job", "run", "--backend", "eks")
     assert result.exit_code == 1 and "kubectl" in result.stderr
+    assert cli("job", "run", "--backend", "gke").exit_code == 2
 
 
 def test_job_run_dry_run_starts_nothing(cli, tmp_path):

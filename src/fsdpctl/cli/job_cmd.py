@@ -90,16 +90,17 @@ def run(
     replace: Annotated[bool, typer.Option("--replace", help="stop a running job of the same name first")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would run, start nothing")] = False,
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="rendezvous id (default: a fresh one)")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="local or eks (default: BACKEND)")] = None,
 ) -> None:
     """Start the job (the same PyTorchJob `fsdpctl manifest` renders) and follow it with a progress bar.
 
     Ctrl-C stops the job the way Kubernetes does (SIGTERM: the trainer checkpoints first).
 
-    Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run
+    Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run --backend local
     """
     from fsdpctl import jobs
 
-    cfg = state(ctx).config()
+    cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}))
     if dry_run:
         from fsdpctl import render
         from fsdpctl.adapters import local
