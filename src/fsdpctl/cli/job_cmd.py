@@ -151,6 +151,8 @@ def report_outcome(r: dict) -> int:
     s = r.get("summary")
     if s:
         t = Table(title=f"{r['job']}: {r['phase']}", show_header=False)
+        t.add_column("what", no_wrap=True)
+        t.add_column("value", overflow="fold")  # paths are shown whole, folded, never cut
         t.add_row("steps", f"{s['start_step'] + s['steps']} (this run {s['steps']})")
         t.add_row("loss", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}")
         t.add_row("tokens/s", f"{s['tokens_per_s']:.0f} ({s['tokens_per_s_per_device']:.0f} per process)")
