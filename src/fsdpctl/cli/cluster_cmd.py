@@ -8,12 +8,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, state, warn
+from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, report_checks, state, warn
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                   help="The EKS cluster: preflight, status, create and delete (eksctl or terraform).")
-STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
 
 
 def _aws(cfg):
@@ -103,14 +102,7 @@ def check(ctx: typer.Context, output: Output = OutputOpt) -> None:
     from fsdpctl import preflight
 
     cfg = state(ctx).config()
-    checks = preflight.run_checks(cfg, _aws(cfg))
-    failed = any(c.status == "fail" for c in checks)
-    if not emit({"checks": [c.as_dict() for c in checks], "ok": not failed}, output):
-        t = Table("check", "status", "detail", "fix", box=None, pad_edge=False)
-        for c in checks:
-            t.add_row(c.name, f"[{STYLE[c.status]}]{c.status}[/]", c.detail, c.fix)
-        out.print(t)
-    raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
+    report_checks(preflight.run_checks(cfg, _aws(cfg)), output)
 
 
 @app.command()

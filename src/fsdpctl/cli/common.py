@@ -102,4 +102,22 @@ def emit(data: Any, output: Output) -> bool:
     return False
 
 
+CHECK_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
+
+
+def report_checks(checks: list, output: Output) -> None:
+    """The table (or -o json) of doctor / cluster check results; exits 1 when any failed."""
+    from rich.table import Table
+
+    from fsdpctl.errors import ExitCode
+
+    failed = any(c.status == "fail" for c in checks)
+    if not emit({"checks": [c.as_dict() for c in checks], "ok": not failed}, output):
+        t = Table("check", "status", "detail", "fix", box=None, pad_edge=False)
+        for c in checks:
+            t.add_row(c.name, f"[{CHECK_STYLE[c.status]}]{c.status}[/]", c.detail, c.fix)
+        out.print(t)
+    raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
+
+
 __all__ = ["AppState", "Output", "OutputOpt", "SettingsError", "emit", "err", "ok", "out", "state", "warn"]

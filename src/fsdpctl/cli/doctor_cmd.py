@@ -5,12 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from fsdpctl.cli.common import Output, OutputOpt, emit, err, out, state
-from fsdpctl.errors import ExitCode
+from fsdpctl.cli.common import CHECK_STYLE, Output, OutputOpt, err, report_checks, state
 
-STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
 LOCAL_DEMAND = 1_000.0  # tokens/s per process of a tiny model on one CPU core (what the quickstart measures)
 
 
@@ -39,15 +36,9 @@ def doctor(
     else:
         demand, ckpt = LOCAL_DEMAND, str(job_dir(cfg.job_name) / "checkpoints")
     live = output == Output.table
-    show = (lambda c: err.print(f"[{STYLE[c.status]}]{c.status:>7}[/] {c.name}", highlight=False)) if live else None
+    show = (lambda c: err.print(f"[{CHECK_STYLE[c.status]}]{c.status:>7}[/] {c.name}", highlight=False)) if live else None
     from pathlib import Path
 
     checks = D.run_checks(cfg, demand_tokens_per_s=demand, checkpoint_path=Path(ckpt), collectives=collectives,
                           on_check=show)
-    failed = any(c.status == D.FAIL for c in checks)
-    if not emit({"checks": [c.as_dict() for c in checks], "ok": not failed}, output):
-        t = Table("check", "status", "detail", "fix", box=None, pad_edge=False)
-        for c in checks:
-            t.add_row(c.name, f"[{STYLE[c.status]}]{c.status}[/]", c.detail, c.fix)
-        out.print(t)
-    raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
+    report_checks(checks, output)
