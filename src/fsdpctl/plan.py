@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
-from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape
+from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape, flops_per_token
 
 GIB = 1024 ** 3
 CUDA_OVERHEAD = 2 * GIB
@@ -129,8 +129,7 @@ def activation_bytes(job: Job, vocab: int | None = None) -> int:
     tail = 4 * (vocab or s.vocab) + p / 2 * 4 * s.hidden + 4 * s.hidden + 16
     held = 0
     if job.strategy == "SHARD_GRAD_OP":  # gathered parameters stay until backward where autograd saved them:
-        per_layer = (s.num_params() - 2 * s.vocab * s.hidden - s.hidden) / s.layers  # not in checkpointed layers
-        held = p * ((s.layers - ckpt) * per_layer + s.vocab * s.hidden)  # (+ the output head)
+        held = p * ((s.layers - ckpt) * s.layer_params() + s.vocab * s.hidden)  # (+ the output head)
     return int(tokens * (layers + tail) + held)
 
 
@@ -138,9 +137,8 @@ def memory(job: Job, vocab: int | None = None) -> Memory:
     s, p = job.shape, job.p
     n = s.num_params()
     shard = job.shard_size
-    per_layer = (s.num_params() - 2 * s.vocab * s.hidden - s.hidden) / s.layers
     tokens = job.micro_batch * job.seq_len
-    transient = (2 * per_layer * (p + 4)  # two layers gathered (params) and their unsharded fp32 grads
+    transient = (2 * s.layer_params() * (p + 4)  # two layers gathered (params) and their unsharded fp32 grads
                  + (tokens * _layer_bytes_per_token(s, p) if job.ac != "none" else 0)
                  + tokens * 6 * (vocab or s.vocab) + CUDA_OVERHEAD)
     return Memory(params=4 * n // shard, grads=4 * n // shard, optimizer=8 * n // shard,
@@ -181,12 +179,12 @@ def speed(job: Job) -> Speed:
     s, inst = job.shape, job.instance
     n = s.num_params()
     matmul_params = n - s.vocab * s.hidden
-    flops_per_token = 6 * matmul_params + 12 * s.layers * s.hidden * job.seq_len
+    fpt = flops_per_token(n, s.vocab * s.hidden, s.layers, s.hidden, job.seq_len)
     recompute = job.checkpointed_layers() / s.layers * 2 * matmul_params
     tokens_gpu = job.micro_batch * job.seq_len * job.grad_accum
     peak = PEAK_TFLOPS[inst.gpu][job.precision] * 1e12
     mfu = job.mfu or ASSUMED_MFU[inst.gpu]
-    compute = tokens_gpu * (flops_per_token + recompute) / (peak * mfu)
+    compute = tokens_gpu * (fpt + recompute) / (peak * mfu)
 
     shard = job.shard_size
     bw_shard = _bandwidth(job, shard)
@@ -197,7 +195,7 @@ def speed(job: Job) -> Speed:
         comm += _ring(4 * n / shard, replicas, _bandwidth(job, job.world), all_reduce=True)
     step = max(compute, comm) + comm / s.layers
     tokens_step = tokens_gpu * job.world
-    achieved = tokens_gpu * flops_per_token / step
+    achieved = tokens_gpu * fpt / step
     return Speed(compute, comm, step, tokens_step, tokens_step / step, tokens_gpu / step, achieved / peak,
                  achieved / 1e12)
 

@@ -10,13 +10,6 @@ from torch import nn
 
 from fsdptrain.shapes import PEAK_TFLOPS
 
-def flops_per_token(num_params: int, embedding_params: int, layers: int, hidden: int, seq_len: int) -> int:
-    """Training FLOPs per token: 6 x matmul params (forward + backward) + 12 x L x H x S for attention.
-
-    The input embedding is a lookup, not a matmul, so it is left out (as torchtitan does).
-    """
-    return 6 * (num_params - embedding_params) + 12 * layers * hidden * seq_len
-
 
 def peak_tflops(device: torch.device, precision: str, override: float) -> float | None:
     if override > 0:

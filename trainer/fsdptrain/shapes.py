@@ -17,13 +17,23 @@ class ModelShape:
     vocab: int
     context: int
 
-    def num_params(self) -> int:
-        """Exact parameter count of LlamaForCausalLM with untied embeddings."""
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer: attention, SwiGLU MLP, two RMSNorms."""
         head_dim = self.hidden // self.heads
         attn = self.hidden * head_dim * (2 * self.heads + 2 * self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        per_layer = attn + mlp + 2 * self.hidden
-        return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
+        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    def num_params(self) -> int:
+        """Exact parameter count of LlamaForCausalLM with untied embeddings."""
+        return self.layers * self.layer_params() + 2 * self.vocab * self.hidden + self.hidden
+
+
+def flops_per_token(num_params: int, embedding_params: int, layers: int, hidden: int, seq_len: int) -> int:
+    """Training FLOPs per token: 6 x matmul params (forward + backward) + 12 x L x H x S for attention.
+
+    The input embedding is a lookup, not a matmul, so it is left out (as torchtitan does).
+    """
+    return 6 * (num_params - embedding_params) + 12 * layers * hidden * seq_len
 
 
 # Dense peak TFLOP/s per GPU (bf16/fp16; fp32 runs as TF32 on tensor cores). SXM parts, vendor data sheets.

@@ -34,13 +34,13 @@ from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.metrics import (
     GpuTelemetry,
     SavedActivations,
-    flops_per_token,
     local_state_bytes,
     memory_stats,
     peak_tflops,
 )
 from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config
 from fsdptrain.parallel import build_mesh, parallelize
+from fsdptrain.shapes import flops_per_token
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpctl.adapters import etcd as etcd_adapter
+from fsdpctl.files import write_atomic
 
 ACTIVE = ("Pending", "Running", "Stopping")
 STOP_GRACE_S = 120  # the pod's terminationGracePeriodSeconds
@@ -40,9 +41,7 @@ def job_dir(job_name: str) -> Path:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def read_state(jdir: Path) -> dict | None:

@@ -54,10 +54,10 @@ def _write_config(cfg) -> tuple[Path, str]:
     """The tool's input under FSDPCTL_HOME/clusters/<name>/, written atomically: eksctl's ClusterConfig, or
     a copy of terraform/ with fsdpctl.auto.tfvars.json (the copy keeps the state between runs)."""
     import json
-    import os
     import shutil
 
     from fsdpctl import render
+    from fsdpctl.files import write_atomic
 
     base = cluster_dir(cfg.cluster_name)
     base.mkdir(parents=True, exist_ok=True)
@@ -69,9 +69,7 @@ def _write_config(cfg) -> tuple[Path, str]:
                         ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
         text = json.dumps(render.terraform_vars(cfg), indent=2) + "\n"
         path = path / "fsdpctl.auto.tfvars.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
     return path, text
 
 
