@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# checkov lives apart: its pins (boto3, packaging) clash with the project's
+CHECKOV := .venv-checkov/bin/checkov
 
 .PHONY: install quickstart test bench
 
@@ -17,7 +19,11 @@ install: $(STAMP)
 quickstart: install
 	$(VENV)/bin/fsdpctl quickstart
 
-test: install
+$(CHECKOV):
+	python3 -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install -q checkov==3.3.30
+
+test: install $(CHECKOV)
 	scripts/system-deps
 	$(PY) -m pytest -q
 

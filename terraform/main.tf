@@ -13,4 +13,7 @@ module "eks_gpu" {
   efa_interfaces          = var.efa_enabled ? lookup(var.efa_interfaces, var.instance_type, 1) : 0
   system_instance_type    = var.system_instance_type
   gpu_volume_size         = var.gpu_volume_size
+  endpoint_public_access  = var.endpoint_public_access
+  public_access_cidrs     = var.public_access_cidrs
+  cluster_log_types       = var.cluster_log_types
 }

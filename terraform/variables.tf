@@ -73,3 +73,21 @@ variable "gpu_volume_size" {
   type        = number
   default     = 500
 }
+
+variable "endpoint_public_access" {
+  description = "Kubernetes API endpoint reachable from outside the VPC (fsdpctl on a laptop needs it; false keeps the API private: run fsdpctl from inside the VPC)."
+  type        = bool
+  default     = true
+}
+
+variable "public_access_cidrs" {
+  description = "CIDRs allowed to reach the public Kubernetes API endpoint (narrow it to your office or VPN egress)."
+  type        = list(string)
+  default     = ["0.0.0.0/0"]
+}
+
+variable "cluster_log_types" {
+  description = "EKS control plane log types sent to CloudWatch Logs (billed per GB ingested)."
+  type        = list(string)
+  default     = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+}

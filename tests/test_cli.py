@@ -97,7 +97,7 @@ def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
                  "--validate", "--crd-dir", str(CRD_DIR))
     assert result.exit_code == 0, result.stderr
     kinds = [o["kind"] for o in yaml.safe_load_all(result.stdout)]
-    assert kinds == ["Namespace", "Deployment", "Service", "PyTorchJob"]
+    assert kinds == ["Namespace", "Deployment", "Service", "NetworkPolicy", "PyTorchJob"]
     assert TOKEN not in result.stdout
     assert cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout == \
         cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout

@@ -96,6 +96,12 @@ def test_token_goes_only_into_the_secret(schemas):
     assert secret["stringData"]["HF_TOKEN"] == token
     assert validate([secret], schemas) == []
     job = render.render_job(cfg, "r")[-1]
-    env = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "fsdp-hf-token", "key": "HF_TOKEN",
-                                                              "optional": True}}} in env
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    env = pod["containers"][0]["env"]
+    # the Secret reaches the pod as a read-only file that huggingface_hub reads through HF_TOKEN_PATH
+    assert {"name": "HF_TOKEN_PATH", "value": f"{render.HF_TOKEN_DIR}/HF_TOKEN"} in env
+    assert not any(e["name"] == "HF_TOKEN" for e in env)
+    assert {"name": "hf-token", "secret": {"secretName": "fsdp-hf-token", "optional": True,
+                                           "defaultMode": 0o440}} in pod["volumes"]
+    assert {"name": "hf-token", "mountPath": render.HF_TOKEN_DIR, "readOnly": True} in \
+        pod["containers"][0]["volumeMounts"]

@@ -80,6 +80,6 @@ def test_validate_and_plan_against_moto(aws_env, tmp_path):
     assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
     plan = tf("plan", "-input=false", "-no-color")
     assert plan.returncode == 0, plan.stderr[-2000:]
-    assert "Plan: 26 to add, 0 to change, 0 to destroy." in plan.stdout
+    assert "Plan: 28 to add, 0 to change, 0 to destroy." in plan.stdout
     assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
     assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5

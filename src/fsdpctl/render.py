@@ -15,6 +15,7 @@ import yaml
 
 from fsdpctl.settings import Config
 
+HF_TOKEN_DIR = "/var/run/secrets/fsdpctl/hf-token"  # the Secret as a file: huggingface_hub reads HF_TOKEN_PATH
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # 3.6 dropped the v2 API torch's etcd rendezvous uses
 C10D_PORT, ETCD_PORT = 29400, 2379
 POD_CHECKPOINT_ROOT = "/checkpoints"
@@ -95,15 +96,18 @@ def pod_env(cfg: Config) -> dict[str, str]:
     return env
 
 
-def pod_resources(cfg: Config) -> dict[str, str | int]:
+def pod_resources(cfg: Config) -> tuple[dict, dict]:
+    """(requests, limits). GPU pods request most of the node's CPUs but set no CPU limit: CFS throttling of
+    the data-loading threads would stall the GPUs."""
     if cfg.backend == "local":
-        return {"cpu": str(cfg.procs_per_node), "memory": "4Gi"}
+        res = {"cpu": str(cfg.procs_per_node), "memory": "4Gi"}
+        return res, res
     inst = cfg.settings.instance
-    res: dict[str, str | int] = {"nvidia.com/gpu": cfg.gpus, "memory": f"{int(inst.memory_gib * 0.8)}Gi"}
+    limits: dict[str, str | int] = {"nvidia.com/gpu": cfg.gpus, "memory": f"{int(inst.memory_gib * 0.8)}Gi"}
     if cfg.efa_per_node:
-        res["vpc.amazonaws.com/efa"] = cfg.efa_per_node
-        res["hugepages-2Mi"] = "5120Mi"  # what AWS's EFA NCCL manifests request
-    return res
+        limits["vpc.amazonaws.com/efa"] = cfg.efa_per_node
+        limits["hugepages-2Mi"] = "5120Mi"  # what AWS's EFA NCCL manifests request
+    return {**limits, "cpu": str(int(inst.vcpus * 0.9 * cfg.gpus / inst.gpus))}, limits
 
 
 def job_values(cfg: Config, run_id: str) -> dict:
@@ -114,7 +118,7 @@ def job_values(cfg: Config, run_id: str) -> dict:
         nproc_per_node=cfg.procs_per_node, nodes=cfg.job_nodes, rdzv_backend=backend, rdzv_host=host,
         rdzv_port=port, rdzv_id=run_id, join_timeout=cfg.rdzv_join_timeout, max_restarts=cfg.max_restarts,
         image=cfg.image_uri, command=launch_command(cfg, run_id), env=pod_env(cfg),
-        resources=pod_resources(cfg), efa=eks and cfg.efa_per_node > 0, gpus=cfg.gpus if eks else 0,
+        resources=pod_resources(cfg), hf_token_dir=HF_TOKEN_DIR, efa=eks and cfg.efa_per_node > 0, gpus=cfg.gpus if eks else 0,
         node_selector={"node.kubernetes.io/instance-type": cfg.instance_type} if eks else {},
         shm_size=f"{max(8, cfg.gpus * 8) if eks else 2}Gi", checkpoint_pvc=cfg.checkpoint_pvc,
         secret_name=secret_name(cfg),

@@ -56,6 +56,8 @@ class Settings(BaseModel):
     image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     image_tag: str = _k("0.1.0", "image", "image tag (never 'latest': pods must be reproducible)",
                         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    image_login: Literal["ecr", "none"] = _k("ecr", "image", "how `image push` logs in: ecr (a token from "
+                                             "ecr:GetAuthorizationToken) or none (docker is logged in already)")
     backend: Literal["local", "eks"] = _k("local", "job", "where `job run` runs: this machine or the cluster")
     job_name: str = _k("fsdp", "job", "job name (a DNS label)", pattern=DNS_LABEL)
     job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)

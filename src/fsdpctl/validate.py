@@ -71,13 +71,19 @@ def _builtin_errors(obj: dict) -> list[str]:
     return []
 
 
+def _is_custom(api_version: str) -> bool:
+    """Built-in groups have no dot (apps, batch) or end in .k8s.io (networking.k8s.io, rbac...)."""
+    group = api_version.split("/")[0] if "/" in api_version else ""
+    return "." in group and not group.endswith(".k8s.io")
+
+
 def validate(objs: Iterable[dict], schemas: dict[tuple[str, str], dict]) -> list[str]:
     """Every problem as 'Kind/name: path: message'; empty when all objects are valid."""
     problems = []
     for obj in objs:
         key = (obj.get("apiVersion", ""), obj.get("kind", ""))
         where = f"{key[1]}/{obj.get('metadata', {}).get('name', '?')}"
-        if "/" in key[0] and "." in key[0].split("/")[0] and not key[0].startswith("apps/"):
+        if _is_custom(key[0]):
             if key not in schemas:
                 problems.append(f"{where}: no CRD schema for {key[0]} {key[1]}")
                 continue

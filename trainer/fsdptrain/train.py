@@ -132,6 +132,11 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer):
     return model, config, mesh, wrapped
 
 
+def _hf_token_given() -> bool:
+    """HF_TOKEN (local runs) or the Secret mounted as a file at HF_TOKEN_PATH (pods); huggingface_hub reads both."""
+    return bool(os.environ.get("HF_TOKEN")) or os.path.isfile(os.environ.get("HF_TOKEN_PATH", ""))
+
+
 def _ac_note(cfg: TrainConfig, wrapped: int) -> str:
     return "off" if wrapped == 0 else f"{cfg.activation_checkpointing} ({wrapped} layers)"
 
@@ -175,7 +180,7 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
            f"{cfg.sharding_strategy} mesh {tuple(mesh.shape)}, {cfg.precision}, "
            f"activation checkpointing {_ac_note(cfg, wrapped)}, world {rt.world} on {rt.device.type}, "
            f"{tokens_per_step} tokens/step, steps {start_step + 1}..{cfg.max_steps}"
-           + (", HF token set" if os.environ.get("HF_TOKEN") else ""))
+           + (", HF token set" if _hf_token_given() else ""))
 
     history, last_ckpt, stopped = [], (str(resume_from) if resume_from else None), False
     for step in range(start_step + 1, cfg.max_steps + 1):

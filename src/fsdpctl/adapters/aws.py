@@ -77,3 +77,29 @@ class Aws:
         eks = self.client("eks")
         names = _call(eks.list_nodegroups, clusterName=cluster)["nodegroups"]
         return [_call(eks.describe_nodegroup, clusterName=cluster, nodegroupName=n)["nodegroup"] for n in names]
+
+    def ecr_repository(self, name: str) -> tuple[dict, bool]:
+        """The repository, created (scan on push, AES256) when missing; True when this call created it."""
+        ecr = self.client("ecr")
+        try:
+            return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][0], False
+        except AwsError as e:
+            if e.code != "RepositoryNotFoundException":
+                raise
+        try:
+            repo = _call(ecr.create_repository, repositoryName=name,
+                         imageScanningConfiguration={"scanOnPush": True},
+                         encryptionConfiguration={"encryptionType": "AES256"})["repository"]
+            return repo, True
+        except AwsError as e:  # created by someone else in between: theirs is ours
+            if e.code != "RepositoryAlreadyExistsException":
+                raise
+            return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][0], False
+
+    def ecr_login(self) -> tuple[str, str]:
+        """(user, password) for `docker login`, from ecr:GetAuthorizationToken (valid 12 hours)."""
+        import base64
+
+        data = _call(self.client("ecr").get_authorization_token)["authorizationData"][0]
+        user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
+        return user, password

@@ -37,8 +37,10 @@ class Command:
         return cd + (prefix + " " if prefix else "") + shlex.join(self.argv)
 
 
-def run(cmd: Command, *, log_file: Path, on_line: Callable[[str], None] | None = None) -> int:
-    """Run to completion, streaming each output line to `on_line` and appending it to `log_file`."""
+def run(cmd: Command, *, log_file: Path, on_line: Callable[[str], None] | None = None,
+        stdin_text: str | None = None) -> int:
+    """Run to completion, streaming each output line to `on_line` and appending it to `log_file`.
+    `stdin_text` (a password for `docker login --password-stdin`) goes to the process only, never to the log."""
     exe = shutil.which(cmd.argv[0])
     if exe is None:
         raise ToolMissing(cmd.argv[0])
@@ -46,7 +48,11 @@ def run(cmd: Command, *, log_file: Path, on_line: Callable[[str], None] | None =
     with open(log_file, "a") as log:
         log.write(f"$ {cmd.shell_line()}\n")
         proc = subprocess.Popen([exe, *cmd.argv[1:]], env={**os.environ, **cmd.env}, cwd=cmd.cwd, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE)
+        if stdin_text is not None:
+            proc.stdin.write(stdin_text)
+            proc.stdin.close()
         for line in proc.stdout:
             log.write(line)
             if on_line:

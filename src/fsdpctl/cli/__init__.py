@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
 
-import click
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -29,7 +28,7 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 class _Group(TyperGroup):
     """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with --debug."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except SettingsError as e:
@@ -50,7 +49,7 @@ class _Group(TyperGroup):
             ctx.exit(ExitCode.INTERRUPTED)
 
 
-def _debug(ctx: click.Context) -> bool:
+def _debug(ctx: typer.Context) -> bool:
     obj = ctx.find_root().obj
     return bool(obj and obj.debug)
 
@@ -81,11 +80,13 @@ def root(
 
 
 def _register() -> None:
-    from fsdpctl.cli import cluster_cmd, config_cmd, doctor_cmd, job_cmd, manifest_cmd, plan_cmd, quickstart_cmd
+    from fsdpctl.cli import (cluster_cmd, config_cmd, doctor_cmd, image_cmd, job_cmd, manifest_cmd, plan_cmd,
+                             quickstart_cmd)
 
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(job_cmd.app, name="job")
     app.add_typer(cluster_cmd.app, name="cluster")
+    app.add_typer(image_cmd.app, name="image")
     app.command("manifest")(manifest_cmd.manifest)
     app.command("quickstart")(quickstart_cmd.quickstart)
     app.command("plan")(plan_cmd.plan)

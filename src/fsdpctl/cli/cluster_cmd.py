@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, report_checks, state, warn
+from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, report_checks, run_tool, state, warn
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -77,17 +77,6 @@ def _commands(cfg, verb: str, path: Path) -> list:
     if cfg.cluster_tool == "eksctl":
         return [eksctl_command(cfg, verb, path)]
     return terraform_commands(cfg, "apply" if verb == "create" else "destroy", path.parent)
-
-
-def _run_tool(cmd, log: Path) -> int:
-    from fsdpctl.adapters import shell
-
-    try:
-        with err.status(f"{cmd.argv[0]} {' '.join(a for a in cmd.argv[1:3] if not a.startswith('-'))} ... (log: {log})"):
-            return shell.run(cmd, log_file=log, on_line=lambda line: err.print("  " + line, markup=False,
-                                                                               highlight=False))
-    except shell.ToolMissing as e:
-        raise FsdpctlError(str(e), hint=e.hint) from e
 
 
 @app.command()
@@ -165,7 +154,7 @@ def create(
             return
     log = cluster_dir(cfg.cluster_name) / "create.log"
     for cmd in cmds:
-        if _run_tool(cmd, log) != 0:
+        if run_tool(cmd, log) != 0:
             raise FsdpctlError(f"{' '.join(cmd.argv[:3])} failed: see {log}",
                                hint="`fsdpctl cluster check` for preflight")
     ok(f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status")
@@ -197,6 +186,6 @@ def delete(
         raise BadInput("not confirmed", hint="pass --yes to delete without asking")
     log = cluster_dir(cfg.cluster_name) / "delete.log"
     for cmd in cmds:
-        if _run_tool(cmd, log) != 0:
+        if run_tool(cmd, log) != 0:
             raise FsdpctlError(f"{' '.join(cmd.argv[:3])} failed: see {log}")
     warn(f"cluster {cfg.cluster_name} deleted; checkpoints on its volumes are gone with it")

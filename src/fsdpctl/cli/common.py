@@ -67,12 +67,12 @@ def read_env_file(path: Path) -> dict[str, str]:
     return parse_dotenv(path.read_text(), str(path))
 
 
-def parse_sets(items: list[str]) -> dict[str, str]:
+def parse_sets(items: list[str], flag: str = "--set", example: str = "MODEL=7b") -> dict[str, str]:
     flags = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise BadInput(f"--set {item!r} is not KEY=VALUE", hint="e.g. --set MODEL=7b")
+            raise BadInput(f"{flag} {item!r} is not KEY=VALUE", hint=f"e.g. {flag} {example}")
         flags[key.strip()] = value
     return flags
 
@@ -100,6 +100,25 @@ def emit(data: Any, output: Output) -> bool:
         out.print(redact(yaml.safe_dump(data, sort_keys=False, default_flow_style=False)), end="", markup=False)
         return True
     return False
+
+
+def run_tool(cmd, log: Path, stdin_text: str | None = None, on_line=None) -> int:
+    """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and logged."""
+    from fsdpctl.adapters import shell
+    from fsdpctl.errors import FsdpctlError
+
+    words = " ".join(a for a in cmd.argv[1:3] if not a.startswith("-"))
+    try:
+        with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
+            return shell.run(cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line))
+    except shell.ToolMissing as e:
+        raise FsdpctlError(str(e), hint=e.hint) from e
+
+
+def _show(line: str, also) -> None:
+    err.print("  " + redact(line), markup=False, highlight=False)
+    if also:
+        also(line)
 
 
 CHECK_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}

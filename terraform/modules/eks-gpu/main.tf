@@ -50,10 +50,43 @@ resource "aws_eks_cluster" "this" {
   vpc_config {
     subnet_ids              = aws_subnet.private[*].id
     endpoint_private_access = true
-    endpoint_public_access  = true
+    endpoint_public_access  = var.endpoint_public_access
+    public_access_cidrs     = var.public_access_cidrs
   }
-  enabled_cluster_log_types = ["api", "audit", "authenticator"]
+  # the HF token lives in a Kubernetes Secret: envelope-encrypt Secrets with a key of our own
+  encryption_config {
+    provider {
+      key_arn = aws_kms_key.secrets.arn
+    }
+    resources = ["secrets"]
+  }
+  enabled_cluster_log_types = var.cluster_log_types
   depends_on                = [aws_iam_role_policy_attachment.cluster]
+}
+
+data "aws_caller_identity" "current" {}
+
+# the account's default key policy, written out: IAM policies in this account decide who uses the key
+data "aws_iam_policy_document" "secrets_key" {
+  # checkov:skip=CKV_AWS_109: a key policy's "*" resource is this one key, not every resource
+  # checkov:skip=CKV_AWS_111: as above: write access to this key only, for this account's IAM principals
+  # checkov:skip=CKV_AWS_356: as above: "*" in a key policy means the key it is attached to
+  statement {
+    sid       = "AccountAdministers"
+    actions   = ["kms:*"]
+    resources = ["*"]
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:aws:iam::${data.aws_caller_identity.current.account_id}:root"]
+    }
+  }
+}
+
+resource "aws_kms_key" "secrets" {
+  description             = "${var.cluster_name}: EKS Secrets envelope encryption"
+  enable_key_rotation     = true
+  deletion_window_in_days = 7
+  policy                  = data.aws_iam_policy_document.secrets_key.json
 }
 
 resource "aws_eks_node_group" "system" {
@@ -84,8 +117,9 @@ resource "aws_launch_template" "gpu" {
     group_name = aws_placement_group.gpu.name
   }
   metadata_options {
-    http_tokens                 = "required"
-    http_put_response_hop_limit = 2
+    http_tokens = "required"
+    # 1: pods cannot reach the node's instance role through IMDS (host-network daemons still can)
+    http_put_response_hop_limit = 1
   }
   block_device_mappings {
     device_name = "/dev/xvda"

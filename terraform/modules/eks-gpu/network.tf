@@ -89,3 +89,8 @@ resource "aws_security_group" "efa" {
     self        = true
   }
 }
+
+# nothing uses the VPC's default security group: take every rule away from it
+resource "aws_default_security_group" "this" {
+  vpc_id = aws_vpc.this.id
+}

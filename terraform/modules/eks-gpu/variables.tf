@@ -48,3 +48,18 @@ variable "gpu_volume_size" {
   description = "GPU node root volume, GiB."
   type        = number
 }
+
+variable "endpoint_public_access" {
+  description = "Kubernetes API reachable from outside the VPC."
+  type        = bool
+}
+
+variable "public_access_cidrs" {
+  description = "CIDRs allowed to the public Kubernetes API endpoint."
+  type        = list(string)
+}
+
+variable "cluster_log_types" {
+  description = "EKS control plane logs sent to CloudWatch."
+  type        = list(string)
+}
