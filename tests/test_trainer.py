@@ -94,8 +94,12 @@ def test_keep_last_k_and_latest_pointer(assets, tmp_path):
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
-    """What Kubernetes does on stop: SIGTERM to the workers; they finish the step, checkpoint, exit 0."""
-    env = train_env(assets, MAX_STEPS=10_000, CHECKPOINT_DIR=tmp_path, LOG_INTERVAL=1)
+    """What Kubernetes does on stop: SIGTERM to the workers; they finish the step, checkpoint, exit 0.
+    On the way, Prometheus's view: rank 0's /metrics (METRICS_PORT) serves the last logged step."""
+    from fsdpctl.adapters.etcd import free_port
+
+    port = free_port()
+    env = train_env(assets, MAX_STEPS=10_000, CHECKPOINT_DIR=tmp_path, LOG_INTERVAL=1, METRICS_PORT=port)
     proc = subprocess.Popen(torchrun_argv(2), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)
     try:
@@ -105,6 +109,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
                 seen += 1
                 if seen == 3:
                     break
+        scraped = _scrape(f"http://127.0.0.1:{port}/metrics")
+        assert scraped["fsdptrain_step"] >= 3 and scraped["fsdptrain_max_steps"] == 10_000
+        assert scraped["fsdptrain_loss"] > 0 and scraped["fsdptrain_tokens_per_second"] > 0
+        assert "fsdptrain_mfu" not in scraped  # a CPU has no known peak: no MFU rather than a made-up one
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(workers) == 2
         for pid in workers:
@@ -120,6 +128,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
     latest = (tmp_path / "latest").read_text()
     assert (tmp_path / latest / "meta.json").is_file()
     assert int(latest.split("-")[1]) >= 3
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """Prometheus text format -> {metric: value} (gauges without labels, as the trainer serves them)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    return {name: float(value) for name, value in
+            (line.split() for line in text.splitlines() if line and not line.startswith("#"))}
 
 
 def test_export_then_fine_tune_from_it(assets, tmp_path):

@@ -65,6 +65,8 @@ class TrainConfig:
     log_interval: int = _f("LOG_INTERVAL", 1, "log every N steps", minimum=1)
     peak_tflops: float = _f("PEAK_TFLOPS", 0.0, "peak TFLOP/s per device for MFU (0: from the GPU table)", minimum=0.0)
     metrics_file: str = _f("METRICS_FILE", "", "also append the JSON metric lines to this file (rank 0)")
+    metrics_port: int = _f("METRICS_PORT", 0, "serve Prometheus metrics (tokens/s, loss, MFU) on this port from "
+                           "rank 0 (0: off)", minimum=0)
     deterministic: bool = _f("DETERMINISTIC", True, "deterministic algorithms (CPU: always)")
 
     def validate(self, *, check_paths: bool = True) -> "TrainConfig":

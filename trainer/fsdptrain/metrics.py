@@ -108,3 +108,63 @@ class SavedActivations:
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
+
+
+# name -> (step record key, help); gauges of the latest logged step, read by the Grafana dashboard
+PROMETHEUS_GAUGES = {
+    "fsdptrain_step": ("step", "last finished optimizer step"),
+    "fsdptrain_max_steps": ("max_steps", "steps the run is set to do"),
+    "fsdptrain_loss": ("loss", "training loss of the last step"),
+    "fsdptrain_tokens_per_second": ("tokens_per_s", "tokens per second, whole job"),
+    "fsdptrain_mfu": ("mfu", "model FLOPs utilisation (0..1) per device"),
+    "fsdptrain_step_time_seconds": ("step_time_s", "wall time of the last step"),
+    "fsdptrain_tflops_per_device": ("tflops_per_device", "model TFLOP/s per device"),
+}
+
+
+def prometheus_text(record: dict) -> str:
+    """The Prometheus text exposition (format 0.0.4) of one step record; unknown values are left out."""
+    lines = []
+    for name, (key, help_text) in PROMETHEUS_GAUGES.items():
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {float(value)!r}"]
+    return "\n".join(lines) + "\n"
+
+
+class PrometheusExporter:
+    """GET /metrics on `port` from a daemon thread (rank 0): what Prometheus scrapes from the pod annotation
+    fsdpctl writes. A port already taken costs the metrics, never the run."""
+
+    def __init__(self, port: int):
+        import http.server
+        import threading
+
+        exporter = self
+        self.record: dict = {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the http.server API
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                body = prometheus_text(exporter.record).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # scrapes every 15 s would drown the training log
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("", port), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="metrics").start()
+
+    def update(self, record: dict) -> None:
+        self.record = dict(record)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -33,6 +33,7 @@ from fsdptrain.config import BUILTIN, ConfigError, TrainConfig
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.metrics import (
     GpuTelemetry,
+    PrometheusExporter,
     SavedActivations,
     local_state_bytes,
     memory_stats,
@@ -51,6 +52,7 @@ class Runtime:
     local_world: int
     device: torch.device
     metrics_file: object = None
+    exporter: object = None  # PrometheusExporter on rank 0 when METRICS_PORT is set
     stop_requested: bool = field(default=False)
     # measured on the first step of a run: sharded state (params, grads, optimizer) and saved activations
     state_bytes: dict = field(default_factory=lambda: {"param_bytes": 0, "grad_bytes": 0, "optim_bytes": 0})
@@ -64,6 +66,8 @@ class Runtime:
         """One JSON line (machine-read by `fsdpctl job status`), rank 0 only."""
         if self.rank != 0:
             return
+        if self.exporter is not None and record.get("event") == "step":
+            self.exporter.update(record)
         line = json.dumps(record, separators=(",", ":"))
         print(line, flush=True)
         if self.metrics_file:
@@ -320,6 +324,12 @@ def run(cfg: TrainConfig) -> int:
     if cfg.metrics_file and rt.rank == 0:
         Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
         rt.metrics_file = open(cfg.metrics_file, "a")
+    if cfg.metrics_port and rt.rank == 0:
+        try:
+            rt.exporter = PrometheusExporter(cfg.metrics_port)
+            rt.log(f"metrics: http://0.0.0.0:{rt.exporter.port}/metrics")
+        except OSError as e:
+            rt.log(f"metrics: port {cfg.metrics_port} unavailable ({e.strerror}); training goes on without it")
     try:
         train(cfg, rt)
         return 0
@@ -330,5 +340,7 @@ def run(cfg: TrainConfig) -> int:
         print(f"fsdptrain: error: {e}", file=sys.stderr)
         return 1
     finally:
+        if rt.exporter is not None:
+            rt.exporter.close()
         if dist.is_initialized():
             dist.destroy_process_group()
