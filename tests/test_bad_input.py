@@ -56,14 +56,17 @@ CASES = [*_settings_cases(), *_training_cases(),
          ("HSDP_SHARD_SIZE", "3", "world size not divisible by the hybrid group"),
          ("PRETRAINED", "meta-llama/Llama-2-70b-hf", "gated model without HF token"),
          ("DATASET", "", "empty data set"),
-         ("IMAGE_TAG", "latest", "unpinned image")]
-EXTRA = {"HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n", "GPUS_PER_NODE": "BACKEND=eks\n"}
+         ("IMAGE_TAG", "latest", "unpinned image"),
+         ("GANG_SCHEDULING", "true", "gang scheduling without a gang scheduler"),
+         ("JOB_KIND", "trainjob", "TrainJob with an etcd rendezvous")]
+EXTRA = {"HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n", "GPUS_PER_NODE": "BACKEND=eks\n",
+         "JOB_KIND": "BACKEND=eks\nRDZV_BACKEND=etcd\n"}
 
 
 def test_every_key_is_covered():
     covered = {key for key, _, _ in CASES}
     free_text = {"AWS_PROFILE", "HF_TOKEN", "HF_TOKEN_FILE", "TOKENIZER", "DATASET_SPLIT",
-                 "DATASET_TEXT_FIELD", "RESUME", "EXPORT_DIR"}  # any string is a valid value
+                 "DATASET_TEXT_FIELD", "RESUME", "EXPORT_DIR", "KUBE_CONTEXT"}  # any string is a valid value
     assert set(setting_keys()) - covered == free_text
     assert len(CASES) >= 60
 

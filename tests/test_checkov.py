@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fsdpctl import render
+from fsdpctl import deploy, render
 from fsdpctl.settings import load
 
 ACCEPTED = {
@@ -48,6 +48,25 @@ ACCEPTED = {
     ("CKV_K8S_25", "Pod.fsdp-worker-efa"): "adds IPC_LOCK (EFA); nothing else",
     ("CKV_K8S_20", "Pod.fsdp-worker-efa"): "root with IPC_LOCK (EFA)",
     ("CKV_K8S_28", "Pod.fsdp-worker-efa"): "root with IPC_LOCK (EFA); NET_RAW is not dropped by runtime default",
+    # monitoring (fsdpctl deploy monitoring) and the checkpoint cleaner (cleanup --checkpoints)
+    ("CKV_K8S_43", "*"): "images pinned by version tag; the digest differs per mirror",
+    ("CKV_K8S_15", "*"): "IfNotPresent with a pinned tag: Always only adds pulls",
+    ("CKV_K8S_38", "Deployment.prometheus"): "Prometheus discovers pods and endpoints through the API: it needs its "
+                                             "token (read-only ClusterRole)",
+    ("CKV_K8S_23", "DaemonSet.dcgm-exporter"): "DCGM reads every GPU on the node: root, as NVIDIA ships it",
+    ("CKV_K8S_40", "DaemonSet.dcgm-exporter"): "root, as above",
+    ("CKV_K8S_25", "DaemonSet.dcgm-exporter"): "adds SYS_ADMIN, which DCGM's profiling metrics need; drops the rest",
+    ("CKV_K8S_39", "DaemonSet.dcgm-exporter"): "SYS_ADMIN for DCGM profiling metrics (SM occupancy, tensor activity)",
+    ("CKV_K8S_22", "DaemonSet.*"): "dcgm-exporter writes its DCGM state, htop/nvtop install their tool at start",
+    ("CKV_K8S_17", "DaemonSet.*top"): "hostPID is the point of htop/nvtop: the node's processes",
+    ("CKV_K8S_23", "DaemonSet.*top"): "root: apt-get at start and reading every process of the node",
+    ("CKV_K8S_40", "DaemonSet.*top"): "root, as above",
+    ("CKV_K8S_37", "DaemonSet.*top"): "apt-get needs root's default capabilities; NET_RAW is dropped",
+    ("CKV_K8S_8", "DaemonSet.*top"): "an idle shell for kubectl exec: nothing to probe",
+    ("CKV_K8S_9", "DaemonSet.*top"): "serves no traffic",
+    ("CKV_K8S_8", "Pod.fsdpctl-clean-*"): "a one-shot rm: nothing to probe",
+    ("CKV_K8S_9", "Pod.fsdpctl-clean-*"): "serves no traffic",
+    ("CKV_K8S_40", "Pod.fsdpctl-clean-*"): "uid 1000, the trainer's, which owns the checkpoint files",
 }
 
 
@@ -60,7 +79,8 @@ def _checkov() -> str | None:
 
 
 def _write_manifests(out: Path) -> None:
-    """The objects `fsdpctl manifest` renders for three set-ups, plus each PyTorchJob's pod template as a Pod."""
+    """The objects `fsdpctl manifest` renders for three set-ups, plus each PyTorchJob's pod template as a Pod;
+    what `deploy monitoring` applies and the pod `cleanup --checkpoints` starts."""
     setups = {"fsdp-worker-efa": {"BACKEND": "eks", "RDZV_BACKEND": "etcd"},
               "fsdp-worker": {"BACKEND": "eks", "EFA_ENABLED": "false", "INSTANCE_TYPE": "p4de.24xlarge"},
               "local": {}}
@@ -72,6 +92,11 @@ def _write_manifests(out: Path) -> None:
                 objs.append({"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
                              "metadata": {**template["metadata"], "name": name, "namespace": "fsdp"}})
         (out / f"{name}.yaml").write_text(render.to_yaml(objs))
+    cfg = load(flags={"BACKEND": "eks", "CHECKPOINT_PVC": "fsx"})
+    extra = deploy.monitoring(cfg).objects + [render.render_checkpoint_cleaner(cfg, "fsdp")]
+    # a directory of its own: checkov matches NetworkPolicies to pods across namespaces within one directory
+    (out.parent / "deploy").mkdir()
+    (out.parent / "deploy" / "deploy.yaml").write_text(render.to_yaml(extra))
 
 
 def _findings(report: list[dict]) -> tuple[set[tuple[str, str]], dict[str, tuple[int, int]]]:
@@ -93,7 +118,8 @@ def test_checkov_findings_are_all_fixed_or_explained(tmp_path):
     _write_manifests(manifests)
     r = subprocess.run([_checkov(), "--skip-download", "--quiet", "--compact", "-o", "json",
                         "--framework", "terraform", "dockerfile", "kubernetes",
-                        "-d", str(ROOT / "terraform"), "-d", str(ROOT / "docker"), "-d", str(manifests)],
+                        "-d", str(ROOT / "terraform"), "-d", str(ROOT / "docker"), "-d", str(manifests),
+                        "-d", str(tmp_path / "deploy")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode in (0, 1), r.stderr[-2000:]  # 1: findings
     report, decoder, text = [], json.JSONDecoder(), r.stdout.strip()

@@ -28,6 +28,7 @@ def cli(tmp_path, monkeypatch):
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))  # never a developer's real cluster
     from fsdpctl.settings import setting_keys
 
     for key in setting_keys():
@@ -42,7 +43,9 @@ def cli(tmp_path, monkeypatch):
 
 COMMANDS = [["config", "show"], ["config", "validate"], ["manifest"], ["quickstart"], ["job", "run"],
             ["job", "status"], ["job", "logs"], ["job", "stop"], ["job", "list"], ["job", "wait"], ["plan"],
-            ["doctor"], ["cluster", "check"], ["cluster", "status"], ["cluster", "create"], ["cluster", "delete"]]
+            ["doctor"], ["cluster", "check"], ["cluster", "status"], ["cluster", "create"], ["cluster", "delete"],
+            ["image", "build"], ["image", "push"], ["deploy", "etcd"], ["deploy", "operator"], ["deploy", "monitoring"],
+            ["deploy", "all"], ["deploy", "status"], ["deploy", "fetch"], ["cleanup"], ["monitor", "top"]]
 
 
 def test_the_command_surface(cli):
@@ -114,7 +117,8 @@ def test_job_commands_on_missing_jobs(cli):
     assert cli("job", "wait", "nope").exit_code == 4
     assert cli("job", "list", "-o", "json").stdout.strip() == "[]"
     result = cli("job", "run", "--backend", "eks")
-    assert result.exit_code == 1 and "kubectl" in result.stderr
+    assert result.exit_code == 1 and "no Kubernetes cluster to talk to" in result.stderr
+    assert "hint: aws eks update-kubeconfig --name fsdp-eks --region us-west-2" in result.stderr
     assert cli("job", "run", "--backend", "gke").exit_code == 2
 
 

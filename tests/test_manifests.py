@@ -16,6 +16,7 @@ from fsdpctl.settings import load
 from fsdpctl.validate import crd_schemas, validate
 
 CRD = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
+TRAINJOB_CRD = SHARED / "vendor" / "kubeflow-trainer-v2.3.0" / "trainer.kubeflow.org_trainjobs.yaml"
 GOLDEN = ROOT / "tests" / "golden"
 STRATEGIES = ["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
 RDZV = ["c10d", "etcd", "etcd-v2"]
@@ -25,7 +26,7 @@ LOCAL_COMBOS = list(itertools.product(STRATEGIES, RDZV))
 
 @pytest.fixture(scope="module")
 def schemas():
-    return crd_schemas(yaml.safe_load_all(CRD.read_text()))
+    return crd_schemas([*yaml.safe_load_all(CRD.read_text()), *yaml.safe_load_all(TRAINJOB_CRD.read_text())])
 
 
 def eks(instance, strategy, rdzv, **more):
@@ -53,6 +54,36 @@ def test_every_eks_combination_validates(schemas, instance, strategy, rdzv):
 def test_every_local_combination_validates(schemas, strategy, rdzv):
     cfg = load(dotenv={"SHARDING_STRATEGY": strategy, "RDZV_BACKEND": rdzv})
     assert validate(render.render_job(cfg, "fsdp-run-1"), schemas) == []
+
+
+@pytest.mark.parametrize("instance, strategy", list(itertools.product(INSTANCE_TYPES, STRATEGIES)))
+def test_every_trainjob_combination_validates(schemas, instance, strategy):
+    """TrainJob (Trainer v2.3.0) against its CRD, strictly: runtimePatches carry the pod details."""
+    cfg = eks(instance, strategy, "c10d", JOB_KIND="trainjob", NODE_SELECTOR="team=ml",
+              TOLERATIONS="dedicated=gpu:NoSchedule")
+    objs = render.render_job(cfg, "fsdp-run-1")
+    assert [o["kind"] for o in objs] == ["Namespace", "TrainJob"]
+    assert validate(objs, schemas) == []
+    spec = objs[-1]["spec"]
+    assert spec["runtimeRef"]["name"] == "torch-distributed" and spec["trainer"]["numNodes"] == 16
+    assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == INSTANCE_TYPES[instance].gpus
+    pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"][
+        "spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": instance, "team": "ml"}
+    assert {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_node_selector_tolerations_and_gang_scheduling(schemas):
+    cfg = eks("p5.48xlarge", "FULL_SHARD", "c10d", NODE_SELECTOR="team=ml,pool=a", TOLERATIONS="spot,x=y:NoExecute",
+              SCHEDULER_NAME="volcano", GANG_SCHEDULING="true")
+    job = render.render_job(cfg, "r")[-1]
+    assert validate([job], schemas) == []
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge", "team": "ml", "pool": "a"}
+    assert pod["tolerations"][1:] == [{"key": "spot", "operator": "Exists"},
+                                      {"key": "x", "operator": "Equal", "value": "y", "effect": "NoExecute"}]
+    assert pod["schedulerName"] == "volcano"
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 16}
 
 
 def test_schema_validation_is_strict(schemas):
@@ -105,3 +136,28 @@ def test_token_goes_only_into_the_secret(schemas):
                                            "defaultMode": 0o440}} in pod["volumes"]
     assert {"name": "hf-token", "mountPath": render.HF_TOKEN_DIR, "readOnly": True} in \
         pod["containers"][0]["volumeMounts"]
+
+
+def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
+    """What `fsdpctl deploy etcd|monitoring` applies and what `cleanup --checkpoints` starts, against the
+    Kubernetes OpenAPI; the dashboard queries every metric the issue names, the trainer's included."""
+    import json
+
+    from fsdpctl import deploy
+
+    cfg = eks("p5.48xlarge", "FULL_SHARD", "etcd")
+    objs = deploy.etcd(cfg).objects + deploy.monitoring(cfg).objects + [render.render_checkpoint_cleaner(cfg, "fsdp")]
+    assert validate(objs, schemas) == []
+    [dashboards] = [o for o in objs if o["metadata"]["name"] == "grafana-dashboards"]
+    exprs = [t["expr"] for d in dashboards["data"].values() for p in json.loads(d)["panels"]
+             for t in p.get("targets", [])]
+    assert all(any(m in e for e in exprs) for m in deploy.DASHBOARD_METRICS)
+    from fsdptrain.metrics import PROMETHEUS_GAUGES
+
+    trainer_metrics = {m for m in deploy.DASHBOARD_METRICS if m.startswith("fsdptrain_")}
+    assert trainer_metrics <= set(PROMETHEUS_GAUGES)  # the dashboard reads what the trainer serves
+    job = render.render_job(cfg, "r")[-1]
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    port = template["metadata"]["annotations"]["prometheus.io/port"]
+    env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    assert env["METRICS_PORT"] == port == "9101"

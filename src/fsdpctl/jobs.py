@@ -21,17 +21,9 @@ def secret_env(cfg: Config) -> dict[str, str]:
     return {"HF_TOKEN": token} if token else {}
 
 
-def require_local(cfg: Config) -> None:
-    if cfg.backend != "local":
-        raise FsdpctlError(
-            "BACKEND=eks: running on a cluster needs fsdpctl's Kubernetes adapter, which is not built yet",
-            hint="render with `fsdpctl --set BACKEND=eks manifest` and apply it with kubectl; or use BACKEND=local")
-
-
 def run_local(cfg: Config, *, run_id: str | None, replace: bool) -> dict:
     from fsdpctl.adapters import local
 
-    require_local(cfg)
     run_id = run_id or render.new_run_id(cfg.job_name)
     job = render.render_job(cfg, run_id)[-1]
     if replace:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from fsdpctl.settings import Config
+from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 
 HF_TOKEN_DIR = "/var/run/secrets/fsdpctl/hf-token"  # the Secret as a file: huggingface_hub reads HF_TOKEN_PATH
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # 3.6 dropped the v2 API torch's etcd rendezvous uses
 C10D_PORT, ETCD_PORT = 29400, 2379
 POD_CHECKPOINT_ROOT = "/checkpoints"
+DEFAULT_METRICS_PORT = 9101  # beside DCGM's 9400 and node-exporter's 9100
 
 # NCCL over EFA through aws-ofi-nccl; NCCL_DEBUG=INFO makes the chosen transport visible in the logs.
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
@@ -45,8 +46,8 @@ def _env():
                               autoescape=False)
 
 
-def render_template(name: str, **values) -> list[dict]:
-    text = _env().get_template(name).render(**values)
+def render_template(template: str, **values) -> list[dict]:
+    text = _env().get_template(template).render(**values)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [doc for doc in yaml.load_all(text, Loader=loader) if doc]
 
@@ -79,6 +80,22 @@ def rendezvous(cfg: Config) -> tuple[str, str, int]:
     return cfg.rdzv_backend, "etcd", ETCD_PORT
 
 
+def rendezvous_keys(backend: str, run_id: str) -> list[str]:
+    """The etcd (v2 API) keys torchrun's rendezvous leaves for a run: `etcd` keeps run_<id> under
+    /torchelastic/p2p, `etcd-v2` keeps /torch/elastic/rendezvous/<id>. c10d keeps nothing in etcd."""
+    if not run_id:
+        return []
+    return {"etcd": [f"/torchelastic/p2p/run_{run_id}"],
+            "etcd-v2": [f"/torch/elastic/rendezvous/{run_id}"]}.get(backend, [])
+
+
+def render_checkpoint_cleaner(cfg: Config, job_name: str) -> dict:
+    """A one-shot pod that removes one job's checkpoint directory from the checkpoint PVC."""
+    return render_template("checkpoint-cleaner.yaml.j2", name=f"fsdpctl-clean-{job_name}"[:63],
+                           namespace=cfg.job_namespace, pvc=cfg.checkpoint_pvc, image=cfg.image_uri,
+                           path=f"{POD_CHECKPOINT_ROOT}/{job_name}")[0]
+
+
 def launch_command(cfg: Config, run_id: str) -> list[str]:
     backend, host, port = rendezvous(cfg)
     return ["torchrun", f"--nnodes={cfg.job_nodes}", f"--nproc-per-node={cfg.procs_per_node}",
@@ -87,9 +104,22 @@ def launch_command(cfg: Config, run_id: str) -> list[str]:
             "-m", "fsdptrain"]
 
 
+def metrics_port(cfg: Config) -> int:
+    """On a cluster the trainer always serves /metrics for Prometheus (METRICS_PORT, else 9101); locally only
+    when asked."""
+    return cfg.training.metrics_port or (DEFAULT_METRICS_PORT if cfg.backend == "eks" else 0)
+
+
+def pod_annotations(cfg: Config) -> dict[str, str]:
+    port = metrics_port(cfg)
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port)} if port else {}
+
+
 def pod_env(cfg: Config) -> dict[str, str]:
     env = dict(cfg.train_env())
     env["CHECKPOINT_DIR"] = f"{POD_CHECKPOINT_ROOT}/{cfg.job_name}"
+    if metrics_port(cfg):
+        env["METRICS_PORT"] = str(metrics_port(cfg))
     env.update(COMMON_ENV)
     if cfg.backend == "eks" and cfg.efa_per_node:
         env.update(EFA_ENV)
@@ -110,6 +140,19 @@ def pod_resources(cfg: Config) -> tuple[dict, dict]:
     return {**limits, "cpu": str(int(inst.vcpus * 0.9 * cfg.gpus / inst.gpus))}, limits
 
 
+def node_selector(cfg: Config) -> dict[str, str]:
+    if cfg.backend != "eks":
+        return {}
+    return {"node.kubernetes.io/instance-type": cfg.instance_type, **parse_node_selector(cfg.node_selector)}
+
+
+def tolerations(cfg: Config) -> list[dict]:
+    if cfg.backend != "eks":
+        return []
+    return [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            *parse_tolerations(cfg.tolerations)]
+
+
 def job_values(cfg: Config, run_id: str) -> dict:
     backend, host, port = rendezvous(cfg)
     eks = cfg.backend == "eks"
@@ -119,23 +162,39 @@ def job_values(cfg: Config, run_id: str) -> dict:
         rdzv_port=port, rdzv_id=run_id, join_timeout=cfg.rdzv_join_timeout, max_restarts=cfg.max_restarts,
         image=cfg.image_uri, command=launch_command(cfg, run_id), env=pod_env(cfg),
         resources=pod_resources(cfg), hf_token_dir=HF_TOKEN_DIR, efa=eks and cfg.efa_per_node > 0, gpus=cfg.gpus if eks else 0,
-        node_selector={"node.kubernetes.io/instance-type": cfg.instance_type} if eks else {},
+        node_selector=node_selector(cfg), tolerations=tolerations(cfg), scheduler_name=cfg.scheduler_name,
+        annotations=pod_annotations(cfg),
+        gang=cfg.gang_scheduling,
         shm_size=f"{max(8, cfg.gpus * 8) if eks else 2}Gi", checkpoint_pvc=cfg.checkpoint_pvc,
         secret_name=secret_name(cfg),
     )
 
 
+JOB_KINDS = {"pytorchjob": ("kubeflow.org/v1", "PyTorchJob"), "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob")}
+
+
+def job_api(cfg: Config) -> tuple[str, str]:
+    """(apiVersion, kind) of the job object. The local backend always runs the PyTorchJob form."""
+    return JOB_KINDS["pytorchjob" if cfg.backend == "local" else cfg.job_kind]
+
+
 def render_job(cfg: Config, run_id: str) -> list[dict]:
-    """Namespace, etcd (with an etcd rendezvous) and the PyTorchJob: everything but the Secret."""
+    """Namespace, etcd (with an etcd rendezvous) and the job: everything but the Secret. The job comes last."""
     values = job_values(cfg, run_id)
     objs = render_template("namespace.yaml.j2", namespace=cfg.job_namespace,
                            labels={"app.kubernetes.io/managed-by": "fsdpctl"})
     if cfg.rdzv_backend != "c10d":
-        etcd_labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/managed-by": "fsdpctl"}
-        objs += render_template("etcd.yaml.j2", namespace=cfg.job_namespace, etcd_labels=etcd_labels,
-                                etcd_image=ETCD_IMAGE, node_selector_system={})
-    objs += render_template("pytorchjob.yaml.j2", **values)
-    return objs
+        objs += render_etcd(cfg)
+    if job_api(cfg)[1] == "TrainJob":
+        values["command"] = ["torchrun", f"--max-restarts={cfg.max_restarts}", "-m", "fsdptrain"]
+        return objs + render_template("trainjob.yaml.j2", **values)
+    return objs + render_template("pytorchjob.yaml.j2", **values)
+
+
+def render_etcd(cfg: Config) -> list[dict]:
+    etcd_labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/managed-by": "fsdpctl"}
+    return render_template("etcd.yaml.j2", namespace=cfg.job_namespace, etcd_labels=etcd_labels,
+                           etcd_image=ETCD_IMAGE, node_selector_system={})
 
 
 def render_secret(cfg: Config, token: str, run_id: str) -> dict:

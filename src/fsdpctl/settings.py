@@ -67,6 +67,22 @@ class Settings(BaseModel):
     rdzv_backend: Literal["c10d", "etcd", "etcd-v2"] = _k("c10d", "job", "torchrun rendezvous")
     rdzv_join_timeout: int = _k(600, "job", "seconds nodes may take to join the rendezvous", ge=10)
     max_restarts: int = _k(3, "job", "torchrun restarts of the worker group after a failure", ge=0)
+    job_kind: Literal["pytorchjob", "trainjob"] = _k(
+        "pytorchjob", "job", "Kubernetes job API: pytorchjob (Training Operator v1.9.4, kubeflow.org/v1) or trainjob "
+        "(Kubeflow Trainer v2.3.0 TrainJob on the torch-distributed runtime)")
+    kube_context: str = _k("", "job", "kubeconfig context (empty: the current one)")
+    node_selector: str = _k("", "job", "extra node labels GPU pods need: key=value[,key=value]",
+                            pattern=r"^([A-Za-z0-9./_-]+=[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*)*)?$")
+    tolerations: str = _k("", "job", "extra taints GPU pods tolerate: key[=value][:Effect][,...] (nvidia.com/gpu "
+                          "is always tolerated)", pattern=r"^([A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
+                          r"(:(NoSchedule|PreferNoSchedule|NoExecute))?(,[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
+                          r"(:(NoSchedule|PreferNoSchedule|NoExecute))?)*)?$")
+    scheduler_name: str = _k("", "job", "pod scheduler, e.g. volcano (empty: the default scheduler)",
+                             pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$")
+    gang_scheduling: bool = _k(False, "job", "start all pods or none (PyTorchJob schedulingPolicy.minAvailable; "
+                               "needs a gang scheduler such as volcano in SCHEDULER_NAME)")
+    monitoring_namespace: str = _k("monitoring", "job", "namespace of Prometheus, Grafana and the DCGM exporter",
+                                   pattern=DNS_LABEL)
     checkpoint_pvc: str = _k("", "job", "PersistentVolumeClaim for checkpoints (empty: pod-local, lost)",
                              pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$")
     hf_token: SecretStr = _k(SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out")
@@ -79,6 +95,9 @@ class Settings(BaseModel):
         if self.instance_type not in INSTANCE_TYPES:
             raise ValueError(f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
                              f"{', '.join(INSTANCE_TYPES)}")
+        if self.gang_scheduling and not self.scheduler_name:
+            raise ValueError("GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
+                             "does not start pods as a group")
         if self.gpus_per_node > self.instance.gpus:
             raise ValueError(f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
                              f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)")
@@ -147,6 +166,24 @@ class Config:
             value = getattr(self.training, f.name)
             out[f.metadata["env"]] = str(value).lower() if isinstance(value, bool) else str(value)
         return out
+
+
+def parse_node_selector(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+def parse_tolerations(text: str) -> list[dict]:
+    out = []
+    for item in filter(None, text.split(",")):
+        rest, _, effect = item.partition(":")
+        key, eq, value = rest.partition("=")
+        tol = {"key": key, "operator": "Equal" if eq else "Exists"}
+        if eq:
+            tol["value"] = value
+        if effect:
+            tol["effect"] = effect
+        out.append(tol)
+    return out
 
 
 def setting_keys() -> dict[str, str]:
@@ -231,6 +268,13 @@ def _cross_checks(cfg: Config) -> list[str]:
         mesh_shape(t.sharding_strategy, cfg.world_size, t.hsdp_shard_size or cfg.procs_per_node)
     except ConfigError as e:
         errors.append(f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)")
+    if cfg.job_kind == "trainjob" and cfg.backend == "eks":
+        if cfg.rdzv_backend != "c10d":
+            errors.append(f"RDZV_BACKEND={cfg.rdzv_backend!r} does not apply to JOB_KIND=trainjob: the Trainer "
+                          "starts torchrun with a static rendezvous; use RDZV_BACKEND=c10d or JOB_KIND=pytorchjob")
+        if cfg.scheduler_name or cfg.gang_scheduling:
+            errors.append("SCHEDULER_NAME/GANG_SCHEDULING apply to JOB_KIND=pytorchjob: a TrainJob takes its "
+                          "scheduling from the runtime (podGroupPolicy of torch-distributed); unset them")
     if t.pretrained.startswith(GATED_PREFIXES) and not (cfg.hf_token.get_secret_value() or cfg.hf_token_file):
         errors.append(f"HF_TOKEN is missing: PRETRAINED={t.pretrained!r} is gated on the hub; set HF_TOKEN "
                       "or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a manifest)")

@@ -80,13 +80,16 @@ def root(
 
 
 def _register() -> None:
-    from fsdpctl.cli import (cluster_cmd, config_cmd, doctor_cmd, image_cmd, job_cmd, manifest_cmd, plan_cmd,
-                             quickstart_cmd)
+    from fsdpctl.cli import (cleanup_cmd, cluster_cmd, config_cmd, deploy_cmd, doctor_cmd, image_cmd, job_cmd,
+                             manifest_cmd, monitor_cmd, plan_cmd, quickstart_cmd)
 
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(job_cmd.app, name="job")
     app.add_typer(cluster_cmd.app, name="cluster")
     app.add_typer(image_cmd.app, name="image")
+    app.add_typer(deploy_cmd.app, name="deploy")
+    app.add_typer(monitor_cmd.app, name="monitor")
+    app.command("cleanup")(cleanup_cmd.cleanup)
     app.command("manifest")(manifest_cmd.manifest)
     app.command("quickstart")(quickstart_cmd.quickstart)
     app.command("plan")(plan_cmd.plan)

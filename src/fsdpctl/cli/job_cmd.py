@@ -14,7 +14,9 @@ from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.progress import fmt_duration, progress, records
 from fsdpctl.redact import redact
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Run and watch training jobs (BACKEND=local runs them on this machine).")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                  help="Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
+                       "of the kubeconfig (KUBE_CONTEXT).")
 
 NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
 
@@ -25,14 +27,12 @@ def _local():
     return local
 
 
-def _name(ctx: typer.Context, name: str | None) -> str:
-    from fsdpctl import jobs
+def _cfg(ctx: typer.Context):
+    return state(ctx).config()
 
-    if name:
-        return name
-    cfg = state(ctx).config()
-    jobs.require_local(cfg)
-    return cfg.job_name
+
+def _eks(ctx: typer.Context) -> bool:
+    return _cfg(ctx).backend == "eks"
 
 
 def _state(name: str) -> dict:
@@ -101,11 +101,14 @@ def run(
     from fsdpctl import jobs
 
     cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}))
+    if cfg.backend == "eks":
+        from fsdpctl.cli import job_eks
+
+        return job_eks.run(cfg, run_id=run_id, replace=replace, dry_run=dry_run, detach=detach)
     if dry_run:
         from fsdpctl import render
         from fsdpctl.adapters import local
 
-        jobs.require_local(cfg)
         job = render.render_job(cfg, run_id or render.new_run_id(cfg.job_name))[-1]
         spec = local.spec_from_job(job, local.job_dir(cfg.job_name), render.POD_CHECKPOINT_ROOT)
         for launch in local.launches(spec, "127.0.0.1:<port>", {}):
@@ -181,11 +184,16 @@ def status(
     watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh every 2 s until the job ends")] = False,
     stall_after: Annotated[float, typer.Option("--stall-after", help="warn when no step finished for this many s")] = 300,
 ) -> None:
-    """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job.
+    """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job; on a cluster also
+    pods by state, the leader pod, why pods are Pending, and the network path NCCL took (EFA or sockets).
 
     Example: fsdpctl job status -o json
     """
-    name = _name(ctx, name)
+    name = name or _cfg(ctx).job_name
+    if _eks(ctx):
+        from fsdpctl.cli import job_eks
+
+        return job_eks.status(_cfg(ctx), name, output, watch, stall_after)
     local = _local()
     while True:
         r = job_report(_state(name), stall_after)
@@ -204,13 +212,18 @@ def logs(
     name: Optional[str] = NameArg,
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
     all_: Annotated[bool, typer.Option("--all", help="every node, each line prefixed with its node")] = False,
-    node: Annotated[Optional[int], typer.Option("--node", help="one node's log")] = None,
+    node: Annotated[Optional[int], typer.Option("--node", help="one node's log (local)")] = None,
+    pod: Annotated[Optional[str], typer.Option("--pod", help="one pod's log (eks)")] = None,
 ) -> None:
-    """Logs of the leader (the node that hosts rank 0), one node, or all nodes.
+    """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them.
 
     Example: fsdpctl job logs -f --all
     """
-    name = _name(ctx, name)
+    name = name or _cfg(ctx).job_name
+    if _eks(ctx):
+        from fsdpctl.cli import job_eks
+
+        return job_eks.logs(_cfg(ctx), name, follow_, pod, all_)
     local = _local()
     st = _state(name)
     files = local.log_files(st)
@@ -242,11 +255,16 @@ def stop(
     wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="wait until the job has stopped")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be stopped")] = False,
 ) -> None:
-    """Stop a job: SIGTERM reaches the trainer, which saves a checkpoint and exits. Idempotent.
+    """Stop a job: SIGTERM reaches the trainer, which saves a checkpoint and exits. Idempotent. On a cluster the
+    job is deleted with foreground propagation (its pods first).
 
     Example: fsdpctl job stop
     """
-    name = _name(ctx, name)
+    name = name or _cfg(ctx).job_name
+    if _eks(ctx):
+        from fsdpctl.cli import job_eks
+
+        return job_eks.stop(_cfg(ctx), name, wait_, dry_run)
     local = _local()
     st = _state(name)
     phase = local.effective_phase(st)
@@ -268,6 +286,10 @@ def list_(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
     Example: fsdpctl job list -o json
     """
+    if _eks(ctx):
+        from fsdpctl.cli import job_eks
+
+        return job_eks.list_(_cfg(ctx), output)
     reports = [job_report(st, stall_after=float("inf")) for st in _local().list_jobs()]
     if emit(reports, output):
         return
@@ -289,7 +311,11 @@ def wait(
 
     Example: fsdpctl job wait --timeout 3600 && echo trained
     """
-    name = _name(ctx, name)
+    name = name or _cfg(ctx).job_name
+    if _eks(ctx):
+        from fsdpctl.cli import job_eks
+
+        return job_eks.wait(_cfg(ctx), name, timeout)
     local = _local()
     _state(name)
     st = local.wait(name, timeout=timeout)

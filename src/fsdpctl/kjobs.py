@@ -1,0 +1,320 @@
+"""Jobs on a Kubernetes cluster (BACKEND=eks): run, report, stop, wait, logs, cleanup. Orchestration over the
+Kubernetes adapter; what the objects mean is read by the pure `kstatus` and `progress` modules."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from fsdpctl import kstatus, render
+from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.progress import progress, records
+from fsdpctl.settings import Config
+
+FINAL = {"Succeeded", "Failed"}
+LOG_TAIL = 3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
+
+
+def connect(cfg: Config):
+    """The cluster from the kubeconfig (KUBE_CONTEXT), or one line naming the command that fixes it."""
+    try:
+        from fsdpctl.adapters.kube import Kube, NoCluster
+    except ImportError as e:
+        raise FsdpctlError("the kubernetes client is not installed", hint="pip install 'fsdpctl[k8s]'") from e
+    try:
+        return Kube.connect(cfg.kube_context)
+    except NoCluster as e:
+        raise FsdpctlError(f"no Kubernetes cluster to talk to: {e}",
+                           hint=f"aws eks update-kubeconfig --name {cfg.cluster_name} --region {cfg.aws_region}"
+                                + (" (or fix KUBE_CONTEXT)" if cfg.kube_context else "")) from e
+
+
+def explain(e, cfg: Config, what: str) -> FsdpctlError:
+    """A KubeError as one line with its fix."""
+    api, kind = render.job_api(cfg)
+    if e.status == 404 and ("resource" in e.message.lower() or "the server could not find" in e.message.lower()):
+        return FsdpctlError(f"{what}: the {kind} CRD ({api}) is not installed on this cluster",
+                            hint="fsdpctl deploy operator")
+    if e.status == 403:
+        return FsdpctlError(f"{what}: forbidden: {e.message}",
+                            hint="your kubeconfig user needs RBAC rights in namespace "
+                                 f"{cfg.job_namespace} (kubectl auth can-i --list -n {cfg.job_namespace})")
+    if e.status == 404 and "namespace" in e.message.lower():
+        return FsdpctlError(f"{what}: namespace {cfg.job_namespace} does not exist",
+                            hint="`fsdpctl job run` creates it; or fix JOB_NAMESPACE")
+    return FsdpctlError(f"{what}: {e}")
+
+
+def _calls(cfg: Config, what: str):
+    """Turns the adapter's errors inside the block into one line with the fix."""
+    from fsdpctl.adapters.kube import KubeError, NoCluster
+
+    class Guard:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc, tb):
+            if isinstance(exc, KubeError):
+                raise explain(exc, cfg, what) from exc
+            if isinstance(exc, NoCluster):
+                raise FsdpctlError(f"{what}: {exc}", hint="check the cluster is up and KUBE_CONTEXT/kubeconfig "
+                                   f"point at it (`aws eks update-kubeconfig --name {cfg.cluster_name}`)") from exc
+            return False
+
+    return Guard()
+
+
+def get_job(kube, cfg: Config, name: str) -> dict | None:
+    api, kind = render.job_api(cfg)
+    with _calls(cfg, f"reading job {name}"):
+        kube.list(api, kind, cfg.job_namespace, {"fsdpctl.io/job": name})  # 404 here: the CRD is missing
+        return kube.get(api, kind, name, cfg.job_namespace)
+
+
+def require_job(kube, cfg: Config, name: str) -> dict:
+    job = get_job(kube, cfg, name)
+    if job is None:
+        raise FsdpctlError(f"no job named {name!r} in namespace {cfg.job_namespace}",
+                           hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
+                           code=ExitCode.JOB_NOT_FOUND)
+    return job
+
+
+def run(kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, server_dry_run: bool = False) -> dict:
+    """Namespace (+ etcd) applied, the Secret applied, the job created. A job of the same name is refused
+    unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint)."""
+    run_id = run_id or render.new_run_id(cfg.job_name)
+    objs = render.render_job(cfg, run_id)
+    *infra, job = objs
+    existing = get_job(kube, cfg, cfg.job_name)
+    if existing is not None and not server_dry_run:
+        if not replace:
+            raise FsdpctlError(f"job {cfg.job_name} already exists ({kstatus.phase(existing)})",
+                               hint="`fsdpctl job run --replace` replaces it; `fsdpctl job stop` removes it")
+        stop(kube, cfg, cfg.job_name, wait=True)
+    with _calls(cfg, f"starting job {cfg.job_name}"):
+        for obj in infra:
+            kube.apply(obj, dry_run=server_dry_run)
+        kube.apply(render.render_secret(cfg, token, run_id), dry_run=server_dry_run)
+        if server_dry_run:
+            kube.apply(job, dry_run=True)
+        else:
+            kube.create(job)
+    return {"job": cfg.job_name, "run_id": run_id, "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in
+                                                                [*infra, job]]}
+
+
+def pods_of(kube, cfg: Config, name: str) -> list[dict]:
+    with _calls(cfg, f"listing pods of {name}"):
+        return kube.list("v1", "Pod", cfg.job_namespace, {"fsdpctl.io/job": name})
+
+
+def log_lines(kube, cfg: Config, pod: str, tail: int | None = LOG_TAIL) -> list[str]:
+    from fsdpctl.adapters.kube import KubeError
+
+    try:
+        return list(kube.logs(cfg.job_namespace, pod, _container(cfg), tail=tail))
+    except KubeError:  # not started yet, or gone: no log is a state, not an error
+        return []
+
+
+def _container(cfg: Config) -> str:
+    return "node" if render.job_api(cfg)[1] == "TrainJob" else "pytorch"
+
+
+def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[str]]:
+    """(leader pod, its log lines): replica 0 first, then whichever pod its agent names as master_addr."""
+    first = kstatus.leader(pods)
+    if first is None:
+        return None, []
+    lines = log_lines(kube, cfg, first["metadata"]["name"])
+    named = kstatus.leader(pods, lines)
+    if named is not first:
+        return named, log_lines(kube, cfg, named["metadata"]["name"])
+    return first, lines
+
+
+def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job: dict | None = None) -> dict:
+    job = job or require_job(kube, cfg, name)
+    pods = pods_of(kube, cfg, name)
+    lead, lines = find_leader(kube, cfg, pods)
+    now = time.time()
+    prog = progress(records(lines), now)
+    pending = [p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase", "Pending") == "Pending"]
+    events = {p: kube.events(cfg.job_namespace, p) for p in pending}
+    network, net_warning = kstatus.network_path(lines, cfg.backend == "eks" and cfg.efa_per_node > 0)
+    phase = kstatus.phase(job)
+    labels = job.get("metadata", {}).get("labels", {})
+    by_state = kstatus.pods_by_state(pods)
+    r = {"job": name, "kind": job["kind"], "phase": phase, "run_id": labels.get("fsdpctl.io/run-id", "-"),
+         "nodes": _replicas(job), "nodes_running": by_state.get("Running", 0), "pods": by_state,
+         "restarts": kstatus.restarts(pods), "age_s": kstatus.age(job, now),
+         "leader": lead["metadata"]["name"] if lead else None,
+         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
+         "checkpoint_dir": f"{render.POD_CHECKPOINT_ROOT}/{name}", **{k: v for k, v in prog.items() if k != "summary"},
+         "summary": prog["summary"], "reason": kstatus.failure_reason(job),
+         "problems": kstatus.scheduling_problems(pods, events), "network": network, "network_warning": net_warning}
+    stale = prog["last_progress_s"] if prog["step"] else r["age_s"]
+    r["stalled"] = phase == "Running" and stale is not None and stale > stall_after
+    return r
+
+
+def _replicas(job: dict) -> int:
+    spec = job.get("spec", {})
+    if "pytorchReplicaSpecs" in spec:
+        return sum(r.get("replicas", 1) for r in spec["pytorchReplicaSpecs"].values())
+    return spec.get("trainer", {}).get("numNodes", 1)
+
+
+def list_jobs(kube, cfg: Config) -> list[dict]:
+    api, kind = render.job_api(cfg)
+    with _calls(cfg, "listing jobs"):
+        jobs = kube.list(api, kind, cfg.job_namespace, {"app.kubernetes.io/managed-by": "fsdpctl"})
+    return [report(kube, cfg, j["metadata"]["name"], job=j) for j in jobs]
+
+
+def stop(kube, cfg: Config, name: str, wait: bool = True, timeout: float = 300) -> bool:
+    """Delete with foreground propagation: the pods get SIGTERM (the trainer checkpoints) before the job goes.
+    False when there was nothing to stop."""
+    api, kind = render.job_api(cfg)
+    with _calls(cfg, f"stopping job {name}"):
+        gone = not kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
+        if gone:
+            return False
+        if wait:
+            _wait_gone(kube, api, kind, name, cfg.job_namespace, timeout)
+    return True
+
+
+def _wait_gone(kube, api: str, kind: str, name: str, namespace: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while kube.get(api, kind, name, namespace) is not None:
+        if time.monotonic() > deadline:
+            raise FsdpctlError(f"{kind} {name} still exists after {timeout:.0f} s",
+                               hint="its pods may be stuck terminating: `kubectl get pods -n " + namespace + "`")
+        for event, obj in kube.watch(api, kind, namespace, timeout=max(1, int(min(10, deadline - time.monotonic())))):
+            if event == "DELETED" and obj["metadata"]["name"] == name:
+                return
+
+
+def wait(kube, cfg: Config, name: str, timeout: float | None) -> str:
+    """The job's final phase, following it through watch events; 'Timeout' when `timeout` passes first and
+    'Stopped' when it is deleted while waited for."""
+    api, kind = render.job_api(cfg)
+    job = require_job(kube, cfg, name)
+    deadline = time.monotonic() + timeout if timeout else float("inf")
+    with _calls(cfg, f"waiting for job {name}"):
+        while True:
+            phase = kstatus.phase(job)
+            if phase in FINAL:
+                return phase
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "Timeout"
+            for event, obj in kube.watch(api, kind, cfg.job_namespace, {"fsdpctl.io/job": name},
+                                         timeout=max(1, int(min(60, left)))):
+                if obj["metadata"]["name"] != name:
+                    continue
+                if event == "DELETED":
+                    return "Stopped"
+                job = obj
+                if kstatus.phase(job) in FINAL:
+                    return kstatus.phase(job)
+            job = kube.get(api, kind, name, cfg.job_namespace)
+            if job is None:
+                return "Stopped"
+
+
+def logs(kube, cfg: Config, name: str, *, follow: bool, pod: str | None, all_pods: bool) -> Iterator[str]:
+    require_job(kube, cfg, name)
+    pods = pods_of(kube, cfg, name)
+    if pod:
+        chosen = [p for p in pods if p["metadata"]["name"] == pod]
+        if not chosen:
+            raise FsdpctlError(f"job {name} has no pod {pod!r}",
+                               hint="pods: " + (", ".join(p["metadata"]["name"] for p in pods) or "none yet"))
+    elif all_pods:
+        chosen = sorted(pods, key=lambda p: (kstatus.rank0_index(p), p["metadata"]["name"]))
+    else:
+        lead, _ = find_leader(kube, cfg, pods)
+        chosen = [lead] if lead else []
+    if not chosen:
+        raise FsdpctlError(f"job {name} has no pods yet", hint="`fsdpctl job status` shows why (Pending reasons)")
+    if len(chosen) == 1:
+        yield from kube.logs(cfg.job_namespace, chosen[0]["metadata"]["name"], _container(cfg), follow=follow)
+        return
+    yield from _interleave(kube, cfg, [p["metadata"]["name"] for p in chosen], follow)
+
+
+def _interleave(kube, cfg: Config, names: list[str], follow: bool) -> Iterator[str]:
+    """Every pod's lines, prefixed with the pod, as they arrive (a thread per stream)."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue()
+
+    def pump(pod: str) -> None:
+        try:
+            for line in kube.logs(cfg.job_namespace, pod, _container(cfg), follow=follow):
+                q.put(f"[{pod}] {line}")
+        except Exception as e:  # noqa: BLE001 - one pod's stream ending badly must not stop the others
+            q.put(f"[{pod}] (log stream ended: {e})")
+        finally:
+            q.put(None)
+
+    for pod in names:
+        threading.Thread(target=pump, args=(pod,), daemon=True).start()
+    open_streams = len(names)
+    while open_streams:
+        item = q.get()
+        if item is None:
+            open_streams -= 1
+        else:
+            yield item
+
+
+def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]:
+    """Finished jobs, their pods (cleanPodPolicy None keeps them for their logs), their Secret and their
+    rendezvous keys in etcd; checkpoints only with `checkpoints` (a short pod removes the job's directory on
+    the PVC). Returns what was (or, dry, would be) removed."""
+    api, kind = render.job_api(cfg)
+    done: list[str] = []
+    with _calls(cfg, "cleaning up"):
+        jobs = kube.list(api, kind, cfg.job_namespace, {"app.kubernetes.io/managed-by": "fsdpctl"})
+        for job in jobs:
+            if kstatus.phase(job) not in FINAL:
+                continue
+            name = job["metadata"]["name"]
+            run_id = job["metadata"].get("labels", {}).get("fsdpctl.io/run-id", "")
+            done.append(f"{kind}/{name}")
+            pods = kube.list("v1", "Pod", cfg.job_namespace, {"fsdpctl.io/job": name})
+            done += [f"Pod/{p['metadata']['name']}" for p in pods]
+            done.append(f"Secret/{render.secret_name(cfg)}")
+            backend = job.get("spec", {}).get("elasticPolicy", {}).get("rdzvBackend", "c10d")
+            keys = render.rendezvous_keys(backend, run_id)
+            done += [f"etcd key {k}" for k in keys]
+            if checkpoints and cfg.checkpoint_pvc:
+                done.append(f"checkpoints {render.POD_CHECKPOINT_ROOT}/{name} on PVC {cfg.checkpoint_pvc}")
+            if dry_run:
+                continue
+            kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
+            for p in pods:
+                kube.delete("v1", "Pod", p["metadata"]["name"], cfg.job_namespace, propagation="Background")
+            kube.delete("v1", "Secret", render.secret_name(cfg), cfg.job_namespace)
+            for key in keys:
+                _delete_etcd_key(kube, cfg, key)
+            if checkpoints and cfg.checkpoint_pvc:
+                kube.create(render.render_checkpoint_cleaner(cfg, name))
+    return done
+
+
+def _delete_etcd_key(kube, cfg: Config, key: str) -> None:
+    """Through the API server's service proxy to etcd's v2 keys API; a missing key is already clean."""
+    from fsdpctl.adapters.kube import KubeError
+
+    try:
+        kube.proxy("DELETE", cfg.job_namespace, "etcd", render.ETCD_PORT, f"/v2/keys{key}",
+                   query={"recursive": "true"})
+    except KubeError as e:
+        if e.status not in (404, 503):  # 503: no etcd running, nothing kept
+            raise

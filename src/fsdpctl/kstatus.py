@@ -1,0 +1,128 @@
+"""What a job on Kubernetes is doing, from the objects the API returns and its leader's log lines. Pure: the
+commands fetch, this reads. Works for PyTorchJob (Training Operator v1) and TrainJob (Trainer v2)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+ACTIVE = {"Pending", "Created", "Running", "Restarting", "Stopping"}
+MASTER_ADDR = re.compile(r"master_addr=([^\s,]+)")
+# NCCL's transport choice, printed with NCCL_DEBUG=INFO: the OFI plugin over EFA, or plain sockets
+NCCL_EFA = re.compile(r"NET/OFI Selected [Pp]rovider is efa|Using network (AWS )?Libfabric|NET/OFI.*efa", re.I)
+NCCL_SOCKET = re.compile(r"Using network Socket|NET/Socket : Using|NCCL INFO NET/Socket")
+TROUBLE_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                   "CrashLoopBackOff"}
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc).timestamp()
+
+
+def phase(job: dict) -> str:
+    """From the job's conditions, the latest true one wins: Succeeded/Failed/Running/Restarting/Created/Pending.
+    TrainJob says Complete for Succeeded; a job being deleted is Stopping."""
+    if job.get("metadata", {}).get("deletionTimestamp"):
+        return "Stopping"
+    conds = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
+    names = {"Complete": "Succeeded", "Succeeded": "Succeeded", "Failed": "Failed", "Running": "Running",
+             "Restarting": "Restarting", "Created": "Created", "Suspended": "Suspended"}
+    for final in ("Succeeded", "Complete", "Failed"):
+        if any(c["type"] == final for c in conds):
+            return names[final]
+    if conds:
+        latest = max(conds, key=lambda c: c.get("lastTransitionTime") or "")
+        return names.get(latest["type"], latest["type"])
+    if any(j.get("active") for j in job.get("status", {}).get("jobsStatus") or []):
+        return "Running"  # TrainJob: no Running condition, its child jobs say it
+    return "Pending"
+
+
+def failure_reason(job: dict) -> str | None:
+    for c in job.get("status", {}).get("conditions") or []:
+        if c.get("type") == "Failed" and c.get("status") == "True":
+            return c.get("message") or c.get("reason")
+    return None
+
+
+def pods_by_state(pods: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pod in pods:
+        state = pod.get("status", {}).get("phase", "Pending")
+        out[state] = out.get(state, 0) + 1
+    return out
+
+
+def restarts(pods: list[dict]) -> int:
+    return sum(cs.get("restartCount", 0) for pod in pods
+               for cs in pod.get("status", {}).get("containerStatuses") or [])
+
+
+def rank0_index(pod: dict) -> int:
+    """The replica index the operators label pods with (v1: replica-index; v2 via JobSet: completion index)."""
+    labels = pod.get("metadata", {}).get("labels", {})
+    for key in ("training.kubeflow.org/replica-index", "batch.kubernetes.io/job-completion-index",
+                "jobset.sigs.k8s.io/job-index"):
+        if key in labels:
+            return int(labels[key])
+    return 10**6
+
+
+def leader(pods: list[dict], agent_lines: list[str] = ()) -> dict | None:
+    """The pod that hosts rank 0: the one the elastic agent names as master_addr, else replica index 0."""
+    if not pods:
+        return None
+    for line in agent_lines:
+        if m := MASTER_ADDR.search(line):
+            addr = m.group(1).split(".")[0]
+            for pod in pods:
+                names = {pod["metadata"]["name"], pod.get("status", {}).get("podIP"), pod.get("spec", {}).get("hostname")}
+                if addr in names:
+                    return pod
+    return min(pods, key=lambda p: (rank0_index(p), p["metadata"]["name"]))
+
+
+def scheduling_problems(pods: list[dict], events: dict[str, list[dict]]) -> list[str]:
+    """Why pods are not running, in the scheduler's and kubelet's own words (Insufficient nvidia.com/gpu,
+    vpc.amazonaws.com/efa, image pull errors)."""
+    out = []
+    for pod in pods:
+        name, status = pod["metadata"]["name"], pod.get("status", {})
+        for cs in status.get("containerStatuses") or []:
+            waiting = cs.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") in TROUBLE_WAITING:
+                out.append(f"{name}: {waiting['reason']}: {waiting.get('message', '')}".rstrip(": "))
+        if status.get("phase") != "Pending":
+            continue
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("message"):
+                out.append(f"{name}: {cond.get('reason', 'Unschedulable')}: {cond['message']}")
+                break
+        else:
+            for ev in events.get(name, []):
+                if ev.get("reason") in ("FailedScheduling", "Failed", "FailedMount") and ev.get("message"):
+                    out.append(f"{name}: {ev['reason']}: {ev['message']}")
+                    break
+    return out
+
+
+def network_path(lines: list[str], efa_expected: bool) -> tuple[str, str | None]:
+    """('efa' | 'socket' | 'unknown', warning). NCCL on sockets where EFA was asked for is the silent slowdown."""
+    efa = any(NCCL_EFA.search(line) for line in lines)
+    sock = any(NCCL_SOCKET.search(line) for line in lines)
+    if efa:
+        return "efa", None
+    if sock:
+        warning = ("NCCL fell back to TCP sockets (NET/Socket) although this instance type has EFA: collectives "
+                   "will be many times slower. Check that pods request vpc.amazonaws.com/efa, that the EFA device "
+                   "plugin runs on the node, and that the image has aws-ofi-nccl (FI_PROVIDER=efa)"
+                   if efa_expected else None)
+        return "socket", warning
+    return "unknown", None
+
+
+def age(obj: dict, now: float) -> float:
+    created = parse_time(obj.get("metadata", {}).get("creationTimestamp"))
+    return now - created if created else 0.0
