@@ -208,12 +208,15 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
     add_pod(k, peer, "fsdp", 2, phase="Pending", conditions=[{
         "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
         "message": "0/3 nodes are available: 3 Insufficient vpc.amazonaws.com/efa."}])
+    add_pod(k, peer, "fsdp", 3, phase="Pending", containerStatuses=[{"name": "pytorch", "restartCount": 0, "state": {
+        "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:v1"'}}}])
     r = cli("job", "status", "-o", "json")
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert (s["phase"], s["step"], s["max_steps"], s["loss"], s["leader"]) == ("Running", 40, 100, 3.5, "fsdp-worker-1")
-    assert s["pods"] == {"Running": 2, "Pending": 1} and s["restarts"] == 2 and s["network"] == "socket"
+    assert s["pods"] == {"Running": 2, "Pending": 2} and s["restarts"] == 2 and s["network"] == "socket"
     assert "Insufficient vpc.amazonaws.com/efa" in s["problems"][0]
+    assert 'fsdp-worker-3: ImagePullBackOff: Back-off pulling image "x:v1"' in s["problems"]
     r = cli("job", "status")
     text = said(r)
     assert "step 40/100 (40%)" in text and "NCCL fell back to TCP sockets" in text and "51234 tokens/s" in text
@@ -363,6 +366,17 @@ def test_clear_errors_for_no_cluster_and_forbidden(peer, tmp_path, monkeypatch):
     peer.api.forbidden.add("pytorchjobs")
     r = cli("job", "list")
     assert r.exit_code == 1 and "forbidden" in said(r) and "kubectl auth can-i --list -n fsdp" in said(r)
+
+
+def test_a_missing_namespace_names_the_setting():
+    from fsdpctl.adapters.kube import KubeError
+    from fsdpctl.kjobs import explain
+    from fsdpctl.settings import load
+
+    e = explain(KubeError(404, "NotFound", 'namespaces "team-a" not found'),
+                load(flags={"BACKEND": "eks", "JOB_NAMESPACE": "team-a"}), "reading job fsdp")
+    assert str(e) == "reading job fsdp: namespace team-a does not exist"
+    assert "fix JOB_NAMESPACE" in e.hint
 
 
 def test_monitor_top_reads_prometheus_through_the_api(peer):
