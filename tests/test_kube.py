@@ -226,6 +226,30 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
     assert [j["job"] for j in json.loads(r.stdout)] == ["fsdp"]
 
 
+def test_run_follows_the_job_to_its_end_and_status_watch_stops_there(peer):
+    """`job run` without -d: a progress bar from the leader's step lines until the job's condition says done."""
+    install_operator(peer)
+    k = kube(peer)
+
+    def controller():
+        wait_for(lambda: peer.objects("pytorchjobs"), 20)
+        [job] = peer.objects("pytorchjobs")
+        add_pod(k, peer, "fsdp", 0, log="master_addr=fsdp-worker-0\nNCCL INFO NET/Socket : Using [0]eth0\n"
+                + "\n".join(step_line(s, 8, loss=4.0 - s / 10) for s in range(1, 9)) + "\n")
+        time.sleep(2.5)  # at least one poll sees it running
+        set_condition(k, job, "Succeeded")
+
+    t = threading.Thread(target=controller, daemon=True)
+    t.start()
+    r = cli("job", "run")
+    t.join()
+    assert r.exit_code == 0, r.output
+    assert "job fsdp succeeded: loss 3.2000 at step 8" in said(r)
+    assert "NCCL fell back to TCP sockets" in said(r)  # the EFA check runs right after launch too
+    r = cli("job", "status", "-w")
+    assert r.exit_code == 0 and "Succeeded" in said(r) and "step 8/8 (100%)" in said(r)
+
+
 def test_logs_leader_one_pod_all_pods_and_follow(peer):
     install_operator(peer)
     assert cli("job", "run", "-d").exit_code == 0
