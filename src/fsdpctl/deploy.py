@@ -68,9 +68,7 @@ def operator(cfg: Config, sources: list[Path]) -> Component:
 
 
 def etcd(cfg: Config) -> Component:
-    ns = render.render_template("namespace.yaml.j2", namespace=cfg.job_namespace,
-                                labels={"app.kubernetes.io/managed-by": "fsdpctl"})
-    objs = ns + render.render_etcd(cfg)
+    objs = render.render_namespace(cfg) + render.render_etcd(cfg)
     return Component("etcd", render.ETCD_IMAGE.rsplit(":", 1)[1], objs,
                      [{"kind": "Deployment", "namespace": cfg.job_namespace, "name": "etcd"}])
 

@@ -4,11 +4,12 @@ Kubernetes adapter; what the objects mean is read by the pure `kstatus` and `pro
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Iterator
 
 from fsdpctl import kstatus, render
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.progress import progress, records
+from fsdpctl.progress import progress, records, stalled
 from fsdpctl.settings import Config
 
 FINAL = {"Succeeded", "Failed"}
@@ -24,9 +25,12 @@ def connect(cfg: Config):
     try:
         return Kube.connect(cfg.kube_context)
     except NoCluster as e:
-        raise FsdpctlError(f"no Kubernetes cluster to talk to: {e}",
-                           hint=f"aws eks update-kubeconfig --name {cfg.cluster_name} --region {cfg.aws_region}"
-                                + (" (or fix KUBE_CONTEXT)" if cfg.kube_context else "")) from e
+        raise FsdpctlError(f"no Kubernetes cluster to talk to: {e}", hint=_cluster_hint(cfg)) from e
+
+
+def _cluster_hint(cfg: Config) -> str:
+    return (f"aws eks update-kubeconfig --name {cfg.cluster_name} --region {cfg.aws_region}"
+            + (" (or fix KUBE_CONTEXT)" if cfg.kube_context else ""))
 
 
 def explain(e, cfg: Config, what: str) -> FsdpctlError:
@@ -45,28 +49,23 @@ def explain(e, cfg: Config, what: str) -> FsdpctlError:
     return FsdpctlError(f"{what}: {e}")
 
 
-def _calls(cfg: Config, what: str):
+@contextmanager
+def calls(cfg: Config, what: str) -> Iterator[None]:
     """Turns the adapter's errors inside the block into one line with the fix."""
     from fsdpctl.adapters.kube import KubeError, NoCluster
 
-    class Guard:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, exc_type, exc, tb):
-            if isinstance(exc, KubeError):
-                raise explain(exc, cfg, what) from exc
-            if isinstance(exc, NoCluster):
-                raise FsdpctlError(f"{what}: {exc}", hint="check the cluster is up and KUBE_CONTEXT/kubeconfig "
-                                   f"point at it (`aws eks update-kubeconfig --name {cfg.cluster_name}`)") from exc
-            return False
-
-    return Guard()
+    try:
+        yield
+    except KubeError as e:
+        raise explain(e, cfg, what) from e
+    except NoCluster as e:
+        raise FsdpctlError(f"{what}: {e}", hint=f"check the cluster is up and the kubeconfig points at it: "
+                                               f"{_cluster_hint(cfg)}") from e
 
 
 def get_job(kube, cfg: Config, name: str) -> dict | None:
     api, kind = render.job_api(cfg)
-    with _calls(cfg, f"reading job {name}"):
+    with calls(cfg, f"reading job {name}"):
         kube.list(api, kind, cfg.job_namespace, {"fsdpctl.io/job": name})  # 404 here: the CRD is missing
         return kube.get(api, kind, name, cfg.job_namespace)
 
@@ -92,7 +91,7 @@ def run(kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, ser
             raise FsdpctlError(f"job {cfg.job_name} already exists ({kstatus.phase(existing)})",
                                hint="`fsdpctl job run --replace` replaces it; `fsdpctl job stop` removes it")
         stop(kube, cfg, cfg.job_name, wait=True)
-    with _calls(cfg, f"starting job {cfg.job_name}"):
+    with calls(cfg, f"starting job {cfg.job_name}"):
         for obj in infra:
             kube.apply(obj, dry_run=server_dry_run)
         kube.apply(render.render_secret(cfg, token, run_id), dry_run=server_dry_run)
@@ -105,7 +104,7 @@ def run(kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, ser
 
 
 def pods_of(kube, cfg: Config, name: str) -> list[dict]:
-    with _calls(cfg, f"listing pods of {name}"):
+    with calls(cfg, f"listing pods of {name}"):
         return kube.list("v1", "Pod", cfg.job_namespace, {"fsdpctl.io/job": name})
 
 
@@ -154,8 +153,7 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
          "checkpoint_dir": f"{render.POD_CHECKPOINT_ROOT}/{name}", **{k: v for k, v in prog.items() if k != "summary"},
          "summary": prog["summary"], "reason": kstatus.failure_reason(job),
          "problems": kstatus.scheduling_problems(pods, events), "network": network, "network_warning": net_warning}
-    stale = prog["last_progress_s"] if prog["step"] else r["age_s"]
-    r["stalled"] = phase == "Running" and stale is not None and stale > stall_after
+    r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
     return r
 
 
@@ -168,7 +166,7 @@ def _replicas(job: dict) -> int:
 
 def list_jobs(kube, cfg: Config) -> list[dict]:
     api, kind = render.job_api(cfg)
-    with _calls(cfg, "listing jobs"):
+    with calls(cfg, "listing jobs"):
         jobs = kube.list(api, kind, cfg.job_namespace, {"app.kubernetes.io/managed-by": "fsdpctl"})
     return [report(kube, cfg, j["metadata"]["name"], job=j) for j in jobs]
 
@@ -177,7 +175,7 @@ def stop(kube, cfg: Config, name: str, wait: bool = True, timeout: float = 300) 
     """Delete with foreground propagation: the pods get SIGTERM (the trainer checkpoints) before the job goes.
     False when there was nothing to stop."""
     api, kind = render.job_api(cfg)
-    with _calls(cfg, f"stopping job {name}"):
+    with calls(cfg, f"stopping job {name}"):
         gone = not kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
         if gone:
             return False
@@ -203,7 +201,7 @@ def wait(kube, cfg: Config, name: str, timeout: float | None) -> str:
     api, kind = render.job_api(cfg)
     job = require_job(kube, cfg, name)
     deadline = time.monotonic() + timeout if timeout else float("inf")
-    with _calls(cfg, f"waiting for job {name}"):
+    with calls(cfg, f"waiting for job {name}"):
         while True:
             phase = kstatus.phase(job)
             if phase in FINAL:
@@ -279,7 +277,7 @@ def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]
     the PVC). Returns what was (or, dry, would be) removed."""
     api, kind = render.job_api(cfg)
     done: list[str] = []
-    with _calls(cfg, "cleaning up"):
+    with calls(cfg, "cleaning up"):
         jobs = kube.list(api, kind, cfg.job_namespace, {"app.kubernetes.io/managed-by": "fsdpctl"})
         for job in jobs:
             if kstatus.phase(job) not in FINAL:
@@ -287,7 +285,7 @@ def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]
             name = job["metadata"]["name"]
             run_id = job["metadata"].get("labels", {}).get("fsdpctl.io/run-id", "")
             done.append(f"{kind}/{name}")
-            pods = kube.list("v1", "Pod", cfg.job_namespace, {"fsdpctl.io/job": name})
+            pods = pods_of(kube, cfg, name)
             done += [f"Pod/{p['metadata']['name']}" for p in pods]
             done.append(f"Secret/{render.secret_name(cfg)}")
             backend = job.get("spec", {}).get("elasticPolicy", {}).get("rdzvBackend", "c10d")

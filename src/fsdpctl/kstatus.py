@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-ACTIVE = {"Pending", "Created", "Running", "Restarting", "Stopping"}
 MASTER_ADDR = re.compile(r"master_addr=([^\s,]+)")
 # NCCL's transport choice, printed with NCCL_DEBUG=INFO: the OFI plugin over EFA, or plain sockets
 NCCL_EFA = re.compile(r"NET/OFI Selected [Pp]rovider is efa|Using network (AWS )?Libfabric|NET/OFI.*efa", re.I)

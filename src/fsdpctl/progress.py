@@ -36,6 +36,32 @@ def progress(recs: list[dict], now: float) -> dict:
     return out
 
 
+def stalled(phase: str, prog: dict, idle_s: float | None, stall_after: float) -> bool:
+    """Running with no step finished for `stall_after` s (counted from the start until the first step)."""
+    stale = prog["last_progress_s"] if prog["step"] else idle_s
+    return phase == "Running" and stale is not None and stale > stall_after
+
+
+def hung_warning(stall_after: float) -> str:
+    return f"no training step finished for over {fmt_duration(stall_after)}: the job may be hung"
+
+
+def progress_rows(r: dict) -> list[tuple[str, str]]:
+    """The progress lines of `job status`, from a report holding `progress()`'s fields."""
+    if not r["max_steps"]:
+        return [("progress", "no step finished yet")]
+    return [("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%), ETA {fmt_duration(r['eta_s'])}"),
+            ("loss", f"{r['loss']:.4f}"),
+            ("throughput", f"{r['tokens_per_s']:.0f} tokens/s" + (f", MFU {r['mfu']:.1%}" if r.get("mfu") else "")),
+            ("last step", f"{fmt_duration(r['last_progress_s'])} ago")]
+
+
+def step_and_loss(r: dict) -> tuple[str, str]:
+    """The step and loss cells of `job list`."""
+    step = f"{r['step']}/{r['max_steps']}" if r["max_steps"] else "-"
+    return step, f"{r['loss']:.4f}" if r["loss"] is not None else "-"
+
+
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"

@@ -181,14 +181,18 @@ def job_api(cfg: Config) -> tuple[str, str]:
 def render_job(cfg: Config, run_id: str) -> list[dict]:
     """Namespace, etcd (with an etcd rendezvous) and the job: everything but the Secret. The job comes last."""
     values = job_values(cfg, run_id)
-    objs = render_template("namespace.yaml.j2", namespace=cfg.job_namespace,
-                           labels={"app.kubernetes.io/managed-by": "fsdpctl"})
+    objs = render_namespace(cfg)
     if cfg.rdzv_backend != "c10d":
         objs += render_etcd(cfg)
     if job_api(cfg)[1] == "TrainJob":
         values["command"] = ["torchrun", f"--max-restarts={cfg.max_restarts}", "-m", "fsdptrain"]
         return objs + render_template("trainjob.yaml.j2", **values)
     return objs + render_template("pytorchjob.yaml.j2", **values)
+
+
+def render_namespace(cfg: Config) -> list[dict]:
+    return render_template("namespace.yaml.j2", namespace=cfg.job_namespace,
+                           labels={"app.kubernetes.io/managed-by": "fsdpctl"})
 
 
 def render_etcd(cfg: Config) -> list[dict]:

@@ -89,6 +89,16 @@ def ok(msg: str) -> None:
     err.print(f"[green]✓[/] {msg}")
 
 
+def end_wait(name: str, phase: str) -> None:
+    """`job wait`'s last line and exit code from the phase it ended in; anything not final is a timeout."""
+    from fsdpctl.errors import ExitCode
+
+    codes = {"Succeeded": ExitCode.OK, "Failed": ExitCode.JOB_FAILED, "Stopped": ExitCode.JOB_STOPPED}
+    code = codes.get(phase, ExitCode.JOB_TIMED_OUT)
+    (ok if code == ExitCode.OK else warn)(f"job {name}: {'timed out' if code == ExitCode.JOB_TIMED_OUT else phase}")
+    raise typer.Exit(code)
+
+
 def emit(data: Any, output: Output) -> bool:
     """Print data as json/yaml to stdout and return True; False means the caller prints its table."""
     if output == Output.json:

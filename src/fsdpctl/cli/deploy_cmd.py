@@ -70,7 +70,7 @@ def _apply_all(kube, cfg, comp, server_dry_run: bool) -> dict[str, int]:
     from fsdpctl import kjobs
 
     counts = {"created": 0, "configured": 0, "unchanged": 0}
-    with kjobs._calls(cfg, f"deploying {comp.name}"), err.status(f"applying {comp.name} ..."):
+    with kjobs.calls(cfg, f"deploying {comp.name}"), err.status(f"applying {comp.name} ..."):
         for obj in comp.objects:
             meta = obj["metadata"]
             current = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
@@ -142,7 +142,7 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
     cfg = state(ctx).config()
     kube = kjobs.connect(cfg)
     rows = []
-    with kjobs._calls(cfg, "reading what is deployed"):
+    with kjobs.calls(cfg, "reading what is deployed"):
         for comp in _installed_probes(cfg):
             obj = kube.get("apps/v1", comp["kind"], comp["name"], comp["namespace"])
             version = "-"

@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, state, warn
+from fsdpctl.cli.common import Output, OutputOpt, emit, end_wait, err, ok, out, state, warn
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.progress import fmt_duration, progress, records
+from fsdpctl.progress import fmt_duration, hung_warning, progress, progress_rows, records, stalled, step_and_loss
 from fsdpctl.redact import redact
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -60,8 +60,7 @@ def job_report(st: dict, stall_after: float) -> dict:
               "leader_log": str(leader) if leader else None, "checkpoint_dir": st["checkpoint_dir"],
               **{k: v for k, v in prog.items() if k != "summary"}, "summary": prog["summary"],
               "reason": st.get("reason")}
-    stale = prog["last_progress_s"] if prog["step"] else now - st.get("started", st["created"])
-    report["stalled"] = phase == "Running" and stale is not None and stale > stall_after
+    report["stalled"] = stalled(phase, prog, now - st.get("started", st["created"]), stall_after)
     return report
 
 
@@ -71,13 +70,8 @@ def _status_table(r: dict) -> Table:
     color = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}.get(r["phase"], "white")
     t.add_row("phase", f"[{color}]{r['phase']}[/]" + (f"  ({r['reason']})" if r.get("reason") else ""))
     t.add_row("nodes", f"{r['nodes_running']}/{r['nodes']} running, {r['restarts']} restarts, age {fmt_duration(r['age_s'])}")
-    if r["max_steps"]:
-        t.add_row("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%), ETA {fmt_duration(r['eta_s'])}")
-        t.add_row("loss", f"{r['loss']:.4f}")
-        t.add_row("throughput", f"{r['tokens_per_s']:.0f} tokens/s")
-        t.add_row("last step", f"{fmt_duration(r['last_progress_s'])} ago")
-    else:
-        t.add_row("progress", "no step finished yet")
+    for row in progress_rows(r):
+        t.add_row(*row)
     t.add_row("checkpoint", r["checkpoint"] or "-")
     t.add_row("leader log", r["leader_log"] or "-")
     return t
@@ -200,7 +194,7 @@ def status(
         if not emit(r, output):
             out.print(_status_table(r))
             if r["stalled"]:
-                warn(f"no training step finished for over {fmt_duration(stall_after)}: the job may be hung")
+                warn(hung_warning(stall_after))
         if not watch or r["phase"] not in local.ACTIVE:
             return
         time.sleep(2)
@@ -295,9 +289,7 @@ def list_(ctx: typer.Context, output: Output = OutputOpt) -> None:
         return
     t = Table("job", "phase", "run", "nodes", "step", "loss", "age")
     for r in reports:
-        step = f"{r['step']}/{r['max_steps']}" if r["max_steps"] else "-"
-        loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
-        t.add_row(r["job"], r["phase"], r["run_id"], str(r["nodes"]), step, loss, fmt_duration(r["age_s"]))
+        t.add_row(r["job"], r["phase"], r["run_id"], str(r["nodes"]), *step_and_loss(r), fmt_duration(r["age_s"]))
     out.print(t)
 
 
@@ -318,9 +310,4 @@ def wait(
         return job_eks.wait(_cfg(ctx), name, timeout)
     local = _local()
     _state(name)
-    st = local.wait(name, timeout=timeout)
-    phase = local.effective_phase(st)
-    codes = {"Succeeded": ExitCode.OK, "Failed": ExitCode.JOB_FAILED, "Stopped": ExitCode.JOB_STOPPED}
-    code = codes.get(phase, ExitCode.JOB_TIMED_OUT)
-    (ok if code == ExitCode.OK else warn)(f"job {name}: {phase if code != ExitCode.JOB_TIMED_OUT else 'timed out'}")
-    raise typer.Exit(code)
+    end_wait(name, local.effective_phase(local.wait(name, timeout=timeout)))

@@ -7,9 +7,9 @@ import time
 import typer
 from rich.table import Table
 
-from fsdpctl.cli.common import emit, err, ok, out, warn
+from fsdpctl.cli.common import emit, end_wait, err, ok, out, warn
 from fsdpctl.errors import ExitCode
-from fsdpctl.progress import fmt_duration
+from fsdpctl.progress import fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
 
 
@@ -80,13 +80,8 @@ def status_table(r: dict) -> Table:
     pods = ", ".join(f"{n} {s.lower()}" for s, n in sorted(r["pods"].items())) or "no pods yet"
     t.add_row("nodes", f"{r['nodes']} wanted; pods: {pods}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}")
     t.add_row("leader", r["leader"] or "-")
-    if r["max_steps"]:
-        t.add_row("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%), ETA {fmt_duration(r['eta_s'])}")
-        t.add_row("loss", f"{r['loss']:.4f}")
-        t.add_row("throughput", f"{r['tokens_per_s']:.0f} tokens/s" + (f", MFU {r['mfu']:.1%}" if r.get("mfu") else ""))
-        t.add_row("last step", f"{fmt_duration(r['last_progress_s'])} ago")
-    else:
-        t.add_row("progress", "no step finished yet")
+    for row in progress_rows(r):
+        t.add_row(*row)
     t.add_row("network", r["network"])
     t.add_row("checkpoint", r["checkpoint"] or "-")
     return t
@@ -105,7 +100,7 @@ def status(cfg, name: str, output, watch: bool, stall_after: float) -> None:
             if r["network_warning"]:
                 warn(r["network_warning"])
             if r["stalled"]:
-                warn(f"no training step finished for over {fmt_duration(stall_after)}: the job may be hung")
+                warn(hung_warning(stall_after))
         if not watch or r["phase"] in kjobs.FINAL:
             return
         time.sleep(2)
@@ -142,18 +137,12 @@ def list_(cfg, output) -> None:
         return
     t = Table("job", "kind", "phase", "run", "pods", "step", "loss", "age")
     for r in reports:
-        step = f"{r['step']}/{r['max_steps']}" if r["max_steps"] else "-"
-        loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
         pods = ", ".join(f"{n} {s.lower()}" for s, n in sorted(r["pods"].items())) or "-"
-        t.add_row(r["job"], r["kind"], r["phase"], r["run_id"], pods, step, loss, fmt_duration(r["age_s"]))
+        t.add_row(r["job"], r["kind"], r["phase"], r["run_id"], pods, *step_and_loss(r), fmt_duration(r["age_s"]))
     out.print(t)
 
 
 def wait(cfg, name: str, timeout: float | None) -> None:
     from fsdpctl import kjobs
 
-    phase = kjobs.wait(kjobs.connect(cfg), cfg, name, timeout)
-    codes = {"Succeeded": ExitCode.OK, "Failed": ExitCode.JOB_FAILED, "Stopped": ExitCode.JOB_STOPPED,
-             "Timeout": ExitCode.JOB_TIMED_OUT}
-    (ok if phase == "Succeeded" else warn)(f"job {name}: {phase.lower() if phase == 'Timeout' else phase}")
-    raise typer.Exit(codes[phase])
+    end_wait(name, kjobs.wait(kjobs.connect(cfg), cfg, name, timeout))
