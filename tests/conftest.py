@@ -14,7 +14,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+
+
+def _shared() -> Path:
+    """../shared beside the checkout (FSDPCTL_SHARED overrides). A clone made elsewhere from a local checkout
+    (`git clone /work/main /tmp/x`) finds it beside the checkout it was cloned from."""
+    if os.environ.get("FSDPCTL_SHARED"):
+        return Path(os.environ["FSDPCTL_SHARED"])
+    here = ROOT.parent / "shared"
+    if here.is_dir():
+        return here
+    origin = subprocess.run(["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
+                            capture_output=True, text=True).stdout.strip()
+    if origin and Path(origin).is_dir() and (Path(origin).resolve().parent / "shared").is_dir():
+        return Path(origin).resolve().parent / "shared"
+    return here
+
+
+SHARED = _shared()
 
 
 @pytest.fixture(scope="session")
