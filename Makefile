@@ -5,13 +5,13 @@ STAMP := $(VENV)/.installed
 # checkov lives apart: its pins (boto3, packaging) clash with the project's
 CHECKOV := .venv-checkov/bin/checkov
 
-.PHONY: install quickstart test bench
+.PHONY: install quickstart test test-fast lint bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# the CPU wheel of torch first: a bare `torch` would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,test,aws,k8s]'
+	$(PY) -m pip install -q -e '.[train,test,aws,k8s,lint]'
 	touch $@
 
 install: $(STAMP)
@@ -26,6 +26,17 @@ $(CHECKOV):
 test: install $(CHECKOV)
 	scripts/system-deps
 	$(PY) -m pytest -q
+
+# the single-process tests: settings, manifests, plan, CLI, Kubernetes and AWS peers (under 2 minutes)
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+# layering contracts, lint, format, types
+lint: install
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: install
 	$(PY) benchmarks/run.py

@@ -27,12 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 VENVS = ROOT / "benchmarks" / ".venvs"
 PY = sys.executable
 SEQ, BATCH = 128, 2
-PEERS = {"accelerate": ["torch==2.13.0", "transformers>=5,<6", "accelerate"],
-         "torchtitan": ["torch==2.13.0", "torchtitan", "triton"]}
+PEERS = {
+    "accelerate": ["torch==2.13.0", "transformers>=5,<6", "accelerate"],
+    "torchtitan": ["torch==2.13.0", "torchtitan", "triton"],
+}
 
 
 def sh(argv, env=None, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        argv, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def peer_python(name: str) -> Path:
@@ -56,8 +60,15 @@ def assets() -> tuple[str, str]:
 
 
 def run_ours(steps: int, **settings) -> dict:
-    env = {"MODEL": "tiny", "SEQ_LEN": str(SEQ), "MICRO_BATCH_SIZE": str(BATCH), "MAX_STEPS": str(steps),
-           "WARMUP_STEPS": "2", "LOG_INTERVAL": "1000", **{k: str(v) for k, v in settings.items()}}
+    env = {
+        "MODEL": "tiny",
+        "SEQ_LEN": str(SEQ),
+        "MICRO_BATCH_SIZE": str(BATCH),
+        "MAX_STEPS": str(steps),
+        "WARMUP_STEPS": "2",
+        "LOG_INTERVAL": "1000",
+        **{k: str(v) for k, v in settings.items()},
+    }
     p = sh([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "fsdptrain"], env)
     for line in p.stdout.splitlines():
         if line.startswith('{"event":"summary"'):
@@ -68,8 +79,22 @@ def run_ours(steps: int, **settings) -> dict:
 def run_accelerate(steps: int, corpus: str, tok: str, precision: str) -> dict:
     python = peer_python("accelerate")
     script = ROOT / "benchmarks" / "peers" / "accelerate_fsdp.py"
-    p = sh([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
-            corpus, tok, str(steps), str(SEQ), str(BATCH), precision])
+    p = sh(
+        [
+            str(python),
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            corpus,
+            tok,
+            str(steps),
+            str(SEQ),
+            str(BATCH),
+            precision,
+        ]
+    )
     for line in p.stdout.splitlines():
         if line.startswith('{"peer"'):
             return json.loads(line)
@@ -79,9 +104,28 @@ def run_accelerate(steps: int, corpus: str, tok: str, precision: str) -> dict:
 def run_torchtitan(steps: int) -> dict:
     """torchtitan's own debug Llama config, cut to our batch/seq/steps; it reports its own tokens/s."""
     python = peer_python("torchtitan")
-    p = sh([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "torchtitan.train",
-            "--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", str(steps),
-            "--training.local-batch-size", str(BATCH), "--training.seq-len", str(SEQ)], timeout=600)
+    p = sh(
+        [
+            str(python),
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "torchtitan.train",
+            "--module",
+            "llama3",
+            "--config",
+            "llama3_debugmodel",
+            "--training.steps",
+            str(steps),
+            "--training.local-batch-size",
+            str(BATCH),
+            "--training.seq-len",
+            str(SEQ),
+        ],
+        timeout=600,
+    )
     if p.returncode:
         errors = [li.strip() for li in (p.stderr + p.stdout).splitlines() if "Error:" in li]
         return {"error": errors[0] if errors else f"exit {p.returncode}"}
@@ -93,36 +137,58 @@ def throughput(rounds: int, steps: int) -> dict:
     corpus, tok = assets()
     out = {}
     for precision in ("fp32", "bf16"):
-        runs = {"ours": lambda: run_ours(steps, PRECISION=precision),
-                "ours_ddp": lambda: run_ours(steps, PRECISION=precision, SHARDING_STRATEGY="NO_SHARD"),
-                "accelerate": lambda: run_accelerate(steps, corpus, tok, precision)}
+        runs = {
+            "ours": lambda: run_ours(steps, PRECISION=precision),
+            "ours_ddp": lambda: run_ours(steps, PRECISION=precision, SHARDING_STRATEGY="NO_SHARD"),
+            "accelerate": lambda: run_accelerate(steps, corpus, tok, precision),
+        }
         got = {name: [] for name in runs}
         for r in range(rounds):
-            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
                 got[name].append(runs[name]()["tokens_per_s"])
                 print(f"  {precision} round {r + 1}: {name} {got[name][-1]:,.0f} tokens/s", flush=True)
-        out[precision] = {**{k: statistics.median(v) for k, v in got.items()},
-                          **{f"{k}_all": v for k, v in got.items()}}
+        out[precision] = {
+            **{k: statistics.median(v) for k, v in got.items()},
+            **{f"{k}_all": v for k, v in got.items()},
+        }
     out["torchtitan"] = run_torchtitan(steps)
     return out
 
 
 def memory(steps: int) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
-    from fsdpctl.plan import Job, memory as plan_memory
+    from fsdpctl.plan import Job
+    from fsdpctl.plan import memory as plan_memory
 
     out = {}
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"):
         for ac in ("none", "full"):
             s = run_ours(steps, SHARDING_STRATEGY=strategy, HSDP_SHARD_SIZE=1, ACTIVATION_CHECKPOINTING=ac)
             state = s["param_bytes"] + s["grad_bytes"] + s["optim_bytes"]
-            job = Job(model="tiny", instance_type="p5.48xlarge", nodes=2, gpus_per_node=1, strategy=strategy,
-                      precision="bf16", ac=ac, ac_every=2, micro_batch=BATCH, seq_len=SEQ, hsdp_shard_size=1)
-            out[(strategy, ac)] = {"state": state, "activations": s["activation_bytes"],
-                                   "measured": state + s["activation_bytes"],
-                                   "planned": plan_memory(job).measured_equivalent}
-            print(f"  {strategy:<13} ac={ac:<4} state {state / 2**20:.2f} MiB, held for backward "
-                  f"{s['activation_bytes'] / 2**20:.2f} MiB", flush=True)
+            job = Job(
+                model="tiny",
+                instance_type="p5.48xlarge",
+                nodes=2,
+                gpus_per_node=1,
+                strategy=strategy,
+                precision="bf16",
+                ac=ac,
+                ac_every=2,
+                micro_batch=BATCH,
+                seq_len=SEQ,
+                hsdp_shard_size=1,
+            )
+            out[(strategy, ac)] = {
+                "state": state,
+                "activations": s["activation_bytes"],
+                "measured": state + s["activation_bytes"],
+                "planned": plan_memory(job).measured_equivalent,
+            }
+            print(
+                f"  {strategy:<13} ac={ac:<4} state {state / 2**20:.2f} MiB, held for backward "
+                f"{s['activation_bytes'] / 2**20:.2f} MiB",
+                flush=True,
+            )
     return out
 
 
@@ -137,62 +203,105 @@ def startup(repeats: int = 10) -> dict:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    out = {"fsdpctl --help": median_time([fsdpctl, "--help"]), "fsdpctl manifest": median_time([fsdpctl, "manifest"])}
+    out = {
+        "fsdpctl --help": median_time([fsdpctl, "--help"]),
+        "fsdpctl manifest": median_time([fsdpctl, "manifest"]),
+    }
     kubectl = shutil.which("kubectl")
     out["kubectl version --client"] = median_time([kubectl, "version", "--client"]) if kubectl else None
     return out
 
 
 def write_report(tp: dict, mem: dict, st: dict, args) -> str:
-    cpu = next((li.split(":", 1)[1].strip() for li in Path("/proc/cpuinfo").read_text().splitlines()
-                if li.startswith("model name")), platform.processor())
-    lines = ["# Benchmarks", "", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
-             f"`benchmarks/run.py` on {os.cpu_count()} x {cpu}, torch 2.13.0 CPU, side by side in one run. "
-             "Ratios matter, absolute numbers depend on the machine.", "",
-             f"## 1. Trainer throughput (tiny Llama 0.92M params, 2 processes gloo, batch {BATCH} x {SEQ} tokens, "
-             f"{args.steps} steps, FULL_SHARD; median of {args.rounds} alternating rounds)", "",
-             "| trainer | precision | tokens/s | ratio to accelerate | rounds |", "|---|---|---|---|---|"]
+    cpu = next(
+        (
+            li.split(":", 1)[1].strip()
+            for li in Path("/proc/cpuinfo").read_text().splitlines()
+            if li.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+        f"`benchmarks/run.py` on {os.cpu_count()} x {cpu}, torch 2.13.0 CPU, side by side in one run. "
+        "Ratios matter, absolute numbers depend on the machine.",
+        "",
+        f"## 1. Trainer throughput (tiny Llama 0.92M params, 2 processes gloo, batch {BATCH} x {SEQ} tokens, "
+        f"{args.steps} steps, FULL_SHARD; median of {args.rounds} alternating rounds)",
+        "",
+        "| trainer | precision | tokens/s | ratio to accelerate | rounds |",
+        "|---|---|---|---|---|",
+    ]
     for precision in ("fp32", "bf16"):
         t = tp[precision]
         fmt = lambda xs: ", ".join(f"{x:,.0f}" for x in xs)  # noqa: E731
-        lines += [f"| fsdptrain FULL_SHARD | {precision} | {t['ours']:,.0f} | {t['ours'] / t['accelerate']:.2f} | "
-                  f"{fmt(t['ours_all'])} |",
-                  f"| fsdptrain NO_SHARD | {precision} | {t['ours_ddp']:,.0f} | {t['ours_ddp'] / t['accelerate']:.2f} | "
-                  f"{fmt(t['ours_ddp_all'])} |",
-                  f"| HF accelerate (asked for FSDP2, runs DDP on CPU) | {precision} | {t['accelerate']:,.0f} | 1.00 | "
-                  f"{fmt(t['accelerate_all'])} |"]
+        lines += [
+            f"| fsdptrain FULL_SHARD | {precision} | {t['ours']:,.0f} | {t['ours'] / t['accelerate']:.2f} | "
+            f"{fmt(t['ours_all'])} |",
+            f"| fsdptrain NO_SHARD | {precision} | {t['ours_ddp']:,.0f} | {t['ours_ddp'] / t['accelerate']:.2f} | "
+            f"{fmt(t['ours_ddp_all'])} |",
+            f"| HF accelerate (asked for FSDP2, runs DDP on CPU) | {precision} | {t['accelerate']:,.0f} | 1.00 | "
+            f"{fmt(t['accelerate_all'])} |",
+        ]
     titan = tp["torchtitan"]
     if "error" in titan:
         lines.append(f"| torchtitan 0.3.0 | - | did not run on CPU: `{titan['error'][:120]}` | - | - |")
     else:
-        lines.append(f"| torchtitan | fp32 | {titan['tokens_per_s']:,.0f} | "
-                     f"{tp['fp32']['ours'] / titan['tokens_per_s']:.2f} | - |")
-    lines += ["", "accelerate 1.x on CPU does not apply its FSDP plugin: `Accelerator(cpu=True, fsdp_plugin=...)` under "
-              "torchrun reports `DistributedType.MULTI_CPU` and wraps the model in `DistributedDataParallel` (checked "
-              "in this run's venv), so its row is DDP, and fsdptrain's NO_SHARD row is the like-for-like one. On a "
-              "0.92M-parameter model the step is mostly fixed framework cost: FSDP2's per-layer hooks and DTensor "
-              "dispatch in the optimizer cost fsdptrain tens of milliseconds per step that DDP does not pay; the "
-              "gap says nothing about large models, where compute dominates.", "",
-              "bf16 here means FSDP2's MixedPrecisionPolicy for fsdptrain (parameters cast to bf16, every matmul "
-              "in bf16) and CPU autocast for accelerate (only some ops in bf16); on a CPU without bf16 units, "
-              "bf16 matmuls are several times slower than fp32, so the fp32 row is the like-for-like one.", "",
-              "## 2. Per-rank memory by strategy (2 ranks; sharded params + grads + AdamW state, plus bytes held "
-              "for backward)", "", "| strategy | checkpointing | state MiB | state / NO_SHARD | held for backward MiB |"
-              " plan predicted MiB | measured MiB | plan error |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| torchtitan | fp32 | {titan['tokens_per_s']:,.0f} | "
+            f"{tp['fp32']['ours'] / titan['tokens_per_s']:.2f} | - |"
+        )
+    lines += [
+        "",
+        "accelerate 1.x on CPU does not apply its FSDP plugin: `Accelerator(cpu=True, fsdp_plugin=...)` under "
+        "torchrun reports `DistributedType.MULTI_CPU` and wraps the model in `DistributedDataParallel` (checked "
+        "in this run's venv), so its row is DDP, and fsdptrain's NO_SHARD row is the like-for-like one. On a "
+        "0.92M-parameter model the step is mostly fixed framework cost: FSDP2's per-layer hooks and DTensor "
+        "dispatch in the optimizer cost fsdptrain tens of milliseconds per step that DDP does not pay; the "
+        "gap says nothing about large models, where compute dominates.",
+        "",
+        "bf16 here means FSDP2's MixedPrecisionPolicy for fsdptrain (parameters cast to bf16, every matmul "
+        "in bf16) and CPU autocast for accelerate (only some ops in bf16); on a CPU without bf16 units, "
+        "bf16 matmuls are several times slower than fp32, so the fp32 row is the like-for-like one.",
+        "",
+        "## 2. Per-rank memory by strategy (2 ranks; sharded params + grads + AdamW state, plus bytes held "
+        "for backward)",
+        "",
+        "| strategy | checkpointing | state MiB | state / NO_SHARD | held for backward MiB |"
+        " plan predicted MiB | measured MiB | plan error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (strategy, ac), m in mem.items():
         base = mem[("NO_SHARD", ac)]["state"]
-        lines.append(f"| {strategy} | {ac} | {m['state'] / 2**20:.2f} | {m['state'] / base:.2f} | "
-                     f"{m['activations'] / 2**20:.2f} | {m['planned'] / 2**20:.2f} | {m['measured'] / 2**20:.2f} | "
-                     f"{100 * (m['planned'] - m['measured']) / m['measured']:+.1f}% |")
-    lines += ["", "HYBRID_SHARD here is 2 groups of 1 (one rank per simulated node), so it holds what NO_SHARD holds.",
-              "", "## 3. Start-up time (median of 10)", "", "| command | seconds | ratio to kubectl |", "|---|---|---|"]
+        lines.append(
+            f"| {strategy} | {ac} | {m['state'] / 2**20:.2f} | {m['state'] / base:.2f} | "
+            f"{m['activations'] / 2**20:.2f} | {m['planned'] / 2**20:.2f} | {m['measured'] / 2**20:.2f} | "
+            f"{100 * (m['planned'] - m['measured']) / m['measured']:+.1f}% |"
+        )
+    lines += [
+        "",
+        "HYBRID_SHARD here is 2 groups of 1 (one rank per simulated node), so it holds what NO_SHARD holds.",
+        "",
+        "## 3. Start-up time (median of 10)",
+        "",
+        "| command | seconds | ratio to kubectl |",
+        "|---|---|---|",
+    ]
     k = st["kubectl version --client"]
     for cmd, secs in st.items():
         lines.append(f"| `{cmd}` | {secs:.3f} | {secs / k:.2f} |" if k else f"| `{cmd}` | {secs:.3f} | - |")
-    lines += ["", "## GPU", "", "`benchmarks/gpu.sh` trains Llama-2-7B from scratch in bf16 on one GPU with full "
-              "activation checkpointing and prints tokens/s and MFU; run it where a GPU is lent and add its output "
-              "here. Published FSDP figures to compare with: 7B 3,700 tok/s/GPU (57% MFU) on A100, 7,500 (37%) on "
-              "H100 (PyTorch blog, 2024-03).", ""]
+    lines += [
+        "",
+        "## GPU",
+        "",
+        "`benchmarks/gpu.sh` trains Llama-2-7B from scratch in bf16 on one GPU with full "
+        "activation checkpointing and prints tokens/s and MFU; run it where a GPU is lent and add its output "
+        "here. Published FSDP figures to compare with: 7B 3,700 tok/s/GPU (57% MFU) on A100, 7,500 (37%) on "
+        "H100 (PyTorch blog, 2024-03).",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -24,8 +24,9 @@ def _shared() -> Path:
     here = ROOT.parent / "shared"
     if here.is_dir():
         return here
-    origin = subprocess.run(["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
-                            capture_output=True, text=True).stdout.strip()
+    origin = subprocess.run(
+        ["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"], capture_output=True, text=True
+    ).stdout.strip()
     if origin and Path(origin).is_dir() and (Path(origin).resolve().parent / "shared").is_dir():
         return Path(origin).resolve().parent / "shared"
     return here
@@ -58,7 +59,9 @@ class Run:
     @property
     def summary(self) -> dict:
         found = self.events("summary")
-        assert found, f"no summary line; rc={self.rc}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
+        assert found, (
+            f"no summary line; rc={self.rc}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
+        )
         return found[0]
 
     @property
@@ -70,21 +73,43 @@ def train_env(assets, **settings) -> dict:
     corpus, tok = assets
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP", "PET_", "TORCHELASTIC"))}
     # fp32 unless a test asks for another precision: bf16 matmuls are 3-4x slower on CPUs without bf16 units
-    env.update(DATASET=str(corpus), TOKENIZER=str(tok), MODEL="tiny", SEQ_LEN="64", MICRO_BATCH_SIZE="2",
-               WARMUP_STEPS="3", LR="3e-3", PRECISION="fp32", PYTHONUNBUFFERED="1")
+    env.update(
+        DATASET=str(corpus),
+        TOKENIZER=str(tok),
+        MODEL="tiny",
+        SEQ_LEN="64",
+        MICRO_BATCH_SIZE="2",
+        WARMUP_STEPS="3",
+        LR="3e-3",
+        PRECISION="fp32",
+        PYTHONUNBUFFERED="1",
+    )
     env.update({k: str(v) for k, v in settings.items()})
     return env
 
 
 def torchrun_argv(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "fsdptrain"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "fsdptrain",
+    ]
 
 
 def torchrun(assets, nproc: int = 2, timeout: int = 300, **settings) -> Run:
     """A real multi-process torchrun of the trainer (CPU, gloo)."""
-    p = subprocess.run(torchrun_argv(nproc), env=train_env(assets, **settings), capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT)
+    p = subprocess.run(
+        torchrun_argv(nproc),
+        env=train_env(assets, **settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     return Run(p.returncode, p.stdout, p.stderr)
 
 
@@ -95,8 +120,9 @@ def moto_server():
 
     port = free_port()
     exe = Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
@@ -124,5 +150,3 @@ def aws_env(moto_server, monkeypatch, tmp_path):
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     return moto_server
-
-

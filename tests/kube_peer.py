@@ -21,8 +21,8 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import aiohttp.web
 import kmock
@@ -50,7 +50,9 @@ class KubeApi(kmock.KubernetesEmulator):
         if m := PROXY_PATH.match(raw.path):
             handler = self.proxies.get((m.group(1), m.group(2), int(m.group(3))))
             if handler is None:
-                return _status(503, "ServiceUnavailable", f'no endpoints available for service "{m.group(2)}"')
+                return _status(
+                    503, "ServiceUnavailable", f'no endpoints available for service "{m.group(2)}"'
+                )
             code, body = handler(raw.method, m.group(4) or "/", dict(raw.query), await raw.read())
             return aiohttp.web.Response(status=code, body=body, content_type="application/json")
         if (m := LOG_PATH.match(raw.path)) and raw.method == "GET":
@@ -71,7 +73,9 @@ class KubeApi(kmock.KubernetesEmulator):
                 self.namespaces.setdefault(name, {**obj, "status": {"phase": "Active"}})
             return aiohttp.web.json_response(self.namespaces.get(name, obj))
         if raw.method == "GET" and name is None:
-            return aiohttp.web.json_response({"kind": "NamespaceList", "items": list(self.namespaces.values())})
+            return aiohttp.web.json_response(
+                {"kind": "NamespaceList", "items": list(self.namespaces.values())}
+            )
         if raw.method == "GET" and name in self.namespaces:
             return aiohttp.web.json_response(self.namespaces[name])
         if raw.method == "DELETE" and name in self.namespaces:
@@ -79,12 +83,15 @@ class KubeApi(kmock.KubernetesEmulator):
         return _status(404, "NotFound", f'namespaces "{name}" not found')
 
     async def _log(self, raw, namespace: str, pod: str) -> aiohttp.web.StreamResponse:
-        if not any(key[1:] == (namespace, pod) and not obj.deleted for key, obj in self._objects.items()
-                   if key[0].plural == "pods"):
+        if not any(
+            key[1:] == (namespace, pod) and not obj.deleted
+            for key, obj in self._objects.items()
+            if key[0].plural == "pods"
+        ):
             return _status(404, "NotFound", f'pods "{pod}" not found')
         text = self.logs.get((namespace, pod), "")
         if raw.query.get("tailLines"):
-            text = "".join(text.splitlines(keepends=True)[-int(raw.query["tailLines"]):])
+            text = "".join(text.splitlines(keepends=True)[-int(raw.query["tailLines"]) :])
         if raw.query.get("follow") != "true":
             return aiohttp.web.Response(text=text, content_type="text/plain")
         resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -104,7 +111,7 @@ class KubeApi(kmock.KubernetesEmulator):
             while (left := deadline - asyncio.get_running_loop().time()) > 0:
                 try:
                     yield await asyncio.wait_for(events.__anext__(), left)
-                except (StopAsyncIteration, asyncio.TimeoutError):
+                except (TimeoutError, StopAsyncIteration):
                     return
         finally:
             await events.aclose()
@@ -112,13 +119,21 @@ class KubeApi(kmock.KubernetesEmulator):
     async def _handle(self, request):
         res = request.resource
         if res is not None and res.plural in self.forbidden:
-            return _status(403, "Forbidden", f'{res.plural}.{res.group} is forbidden: User "tester" cannot '
-                                             f'{request.method.value.lower()} resource "{res.plural}"')
+            return _status(
+                403,
+                "Forbidden",
+                f'{res.plural}.{res.group} is forbidden: User "tester" cannot '
+                f'{request.method.value.lower()} resource "{res.plural}"',
+            )
         if res is not None and _custom(res.group) and (res.group, res.version, res.plural) not in self.served:
             # as a real API server: a custom resource exists only once its CRD is installed
             raise kmock.KubernetesResourceNotFoundError()
-        if res is not None and res.plural == "customresourcedefinitions" and request.data and \
-                request.action in (enums.action.CREATE, enums.action.UPDATE):
+        if (
+            res is not None
+            and res.plural == "customresourcedefinitions"
+            and request.data
+            and request.action in (enums.action.CREATE, enums.action.UPDATE)
+        ):
             spec = request.data.get("spec", {})
             for version in spec.get("versions", []):
                 self.served.add((spec["group"], version["name"], spec["names"]["plural"]))
@@ -142,13 +157,26 @@ class KubeApi(kmock.KubernetesEmulator):
         return await super()._handle(request)
 
 
-BUILTIN = ["v1/pods", "v1/events", "v1/secrets", "v1/services", "v1/configmaps", "v1/serviceaccounts",
-           "v1/persistentvolumeclaims", "v1/nodes", "apps/v1/deployments", "apps/v1/daemonsets",
-           "rbac.authorization.k8s.io/v1/clusterroles", "rbac.authorization.k8s.io/v1/clusterrolebindings",
-           "rbac.authorization.k8s.io/v1/roles", "rbac.authorization.k8s.io/v1/rolebindings",
-           "networking.k8s.io/v1/networkpolicies", "apiextensions.k8s.io/v1/customresourcedefinitions",
-           "admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
-           "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"]
+BUILTIN = [
+    "v1/pods",
+    "v1/events",
+    "v1/secrets",
+    "v1/services",
+    "v1/configmaps",
+    "v1/serviceaccounts",
+    "v1/persistentvolumeclaims",
+    "v1/nodes",
+    "apps/v1/deployments",
+    "apps/v1/daemonsets",
+    "rbac.authorization.k8s.io/v1/clusterroles",
+    "rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "rbac.authorization.k8s.io/v1/roles",
+    "rbac.authorization.k8s.io/v1/rolebindings",
+    "networking.k8s.io/v1/networkpolicies",
+    "apiextensions.k8s.io/v1/customresourcedefinitions",
+    "admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+    "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+]
 
 
 def _custom(group: str | None) -> bool:
@@ -156,8 +184,17 @@ def _custom(group: str | None) -> bool:
 
 
 def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
-    return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                                      "reason": reason, "message": message}, status=code)
+    return aiohttp.web.json_response(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "code": code,
+            "reason": reason,
+            "message": message,
+        },
+        status=code,
+    )
 
 
 class Peer:
@@ -171,11 +208,18 @@ class Peer:
         if not self._ready.wait(30):
             raise RuntimeError("kmock did not start")
         self.kubeconfig = tmp / "kubeconfig"
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": "kmock-token"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "tester"}}]}))
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "kmock",
+                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "kmock-token"}}],
+                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "tester"}}],
+                }
+            )
+        )
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
@@ -194,7 +238,9 @@ class Peer:
 
     def objects(self, plural: str) -> list[dict]:
         """What the API holds now (for assertions)."""
-        return [o.raw for key, o in list(self.api._objects.items()) if key[0].plural == plural and not o.deleted]
+        return [
+            o.raw for key, o in list(self.api._objects.items()) if key[0].plural == plural and not o.deleted
+        ]
 
 
 def wait_for(check: Callable[[], bool], seconds: float = 10) -> None:

@@ -25,9 +25,14 @@ def make_cluster(name="fsdp-eks", region="us-east-1"):
 
     eks = boto3.client("eks", region_name=region)
     eks.create_cluster(name=name, roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={})
-    eks.create_nodegroup(clusterName=name, nodegroupName="gpu-p5", nodeRole="arn:aws:iam::123456789012:role/node",
-                         subnets=["subnet-1"], instanceTypes=["p5.48xlarge"],
-                         scalingConfig={"minSize": 0, "maxSize": 2, "desiredSize": 2})
+    eks.create_nodegroup(
+        clusterName=name,
+        nodegroupName="gpu-p5",
+        nodeRole="arn:aws:iam::123456789012:role/node",
+        subnets=["subnet-1"],
+        instanceTypes=["p5.48xlarge"],
+        scalingConfig={"minSize": 0, "maxSize": 2, "desiredSize": 2},
+    )
 
 
 def test_check_against_moto(aws_env):
@@ -35,17 +40,37 @@ def test_check_against_moto(aws_env):
     result = runner.invoke(app, ["cluster", "check", "-o", "json"])
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["credentials"]["status"] == "ok" and "123456789012" in checks["credentials"]["detail"]
-    assert checks["p5.48xlarge offered"]["status"] == "ok" and "us-east-1a" in checks["p5.48xlarge offered"]["detail"]
+    assert (
+        checks["p5.48xlarge offered"]["status"] == "ok"
+        and "us-east-1a" in checks["p5.48xlarge offered"]["detail"]
+    )
     assert checks["P instance quota"]["status"] == "warn"  # moto: NoSuchResource; the Stubber tests cover it
     assert checks["cluster name"]["status"] == "ok"
     assert result.exit_code == 0
 
-    bad = runner.invoke(app, ["--set", "AWS_ACCOUNT_ID=111111111111", "--set", "AVAILABILITY_ZONES=us-east-1z",
-                              "cluster", "check", "-o", "json"])
+    bad = runner.invoke(
+        app,
+        [
+            "--set",
+            "AWS_ACCOUNT_ID=111111111111",
+            "--set",
+            "AVAILABILITY_ZONES=us-east-1z",
+            "cluster",
+            "check",
+            "-o",
+            "json",
+        ],
+    )
     checks = {c["name"]: c for c in json.loads(bad.stdout)["checks"]}
     assert bad.exit_code == 1
-    assert checks["credentials"]["status"] == "fail" and "AWS_ACCOUNT_ID is 111111111111" in checks["credentials"]["detail"]
-    assert checks["p5.48xlarge offered"]["status"] == "fail" and "not offered in us-east-1z" in checks["p5.48xlarge offered"]["detail"]
+    assert (
+        checks["credentials"]["status"] == "fail"
+        and "AWS_ACCOUNT_ID is 111111111111" in checks["credentials"]["detail"]
+    )
+    assert (
+        checks["p5.48xlarge offered"]["status"] == "fail"
+        and "not offered in us-east-1z" in checks["p5.48xlarge offered"]["detail"]
+    )
 
     make_cluster()
     again = json.loads(runner.invoke(app, ["cluster", "check", "-o", "json"]).stdout)["checks"]
@@ -66,11 +91,15 @@ def test_quota_check_with_stubber_on_the_real_service_model(aws_env):
     aws = Aws("us-east-1")
     stub = _stubbed(aws, "service-quotas")
     for value in (96.0, 1152.0):
-        stub.add_response("get_service_quota", {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-417A185B",
-                                                           "Value": value}},
-                          {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"})
+        stub.add_response(
+            "get_service_quota",
+            {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-417A185B", "Value": value}},
+            {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"},
+        )
     low, high = preflight.check_quota(cfg, aws), preflight.check_quota(cfg, aws)
-    assert low.status == "fail" and "need 384 vCPUs, the quota is 96" in low.detail and "L-417A185B" in low.fix
+    assert (
+        low.status == "fail" and "need 384 vCPUs, the quota is 96" in low.detail and "L-417A185B" in low.fix
+    )
     assert high.status == "ok"
     stub.assert_no_pending_responses()
 
@@ -80,14 +109,27 @@ def test_capacity_reservation_with_stubber(aws_env):
     cfg = load(environ={"CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0", "INSTANCE_TYPE": "p4de.24xlarge"})
     aws = Aws("us-east-1")
     stub = _stubbed(aws, "ec2")
-    base = {"CapacityReservationId": "cr-0123456789abcdef0", "AvailabilityZone": "us-east-1a", "State": "active",
-            "InstanceType": "p4de.24xlarge", "TotalInstanceCount": 4, "AvailableInstanceCount": 4}
+    base = {
+        "CapacityReservationId": "cr-0123456789abcdef0",
+        "AvailabilityZone": "us-east-1a",
+        "State": "active",
+        "InstanceType": "p4de.24xlarge",
+        "TotalInstanceCount": 4,
+        "AvailableInstanceCount": 4,
+    }
     for r in (base, {**base, "InstanceType": "p5.48xlarge", "AvailableInstanceCount": 1}):
-        stub.add_response("describe_capacity_reservations", {"CapacityReservations": [r]},
-                          {"CapacityReservationIds": ["cr-0123456789abcdef0"]})
+        stub.add_response(
+            "describe_capacity_reservations",
+            {"CapacityReservations": [r]},
+            {"CapacityReservationIds": ["cr-0123456789abcdef0"]},
+        )
     assert preflight.check_reservation(cfg, aws).status == "ok"
     wrong = preflight.check_reservation(cfg, aws)
-    assert wrong.status == "fail" and "reserves p5.48xlarge" in wrong.detail and "1 instances available" in wrong.detail
+    assert (
+        wrong.status == "fail"
+        and "reserves p5.48xlarge" in wrong.detail
+        and "1 instances available" in wrong.detail
+    )
 
 
 def test_status_reads_the_cluster_and_node_groups(aws_env):
@@ -96,27 +138,46 @@ def test_status_reads_the_cluster_and_node_groups(aws_env):
     make_cluster()
     data = json.loads(runner.invoke(app, ["cluster", "status", "-o", "json"]).stdout)
     assert data["status"] == "ACTIVE"
-    assert data["nodegroups"] == [{"name": "gpu-p5", "status": "ACTIVE", "instance_types": ["p5.48xlarge"],
-                                   "desired": 2, "min": 0, "max": 2}]
+    assert data["nodegroups"] == [
+        {
+            "name": "gpu-p5",
+            "status": "ACTIVE",
+            "instance_types": ["p5.48xlarge"],
+            "desired": 2,
+            "min": 0,
+            "max": 2,
+        }
+    ]
     assert "gpu-p5" in runner.invoke(app, ["cluster", "status"]).stdout
 
 
-@pytest.mark.parametrize("settings", [
-    {"INSTANCE_TYPE": "p4de.24xlarge", "CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0",
-     "AVAILABILITY_ZONES": "us-east-1a,us-east-1b"},
-    {"INSTANCE_TYPE": "p5.48xlarge", "NODE_COUNT": "16"},
-    {"INSTANCE_TYPE": "p5e.48xlarge", "EFA_ENABLED": "false"},
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {
+            "INSTANCE_TYPE": "p4de.24xlarge",
+            "CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0",
+            "AVAILABILITY_ZONES": "us-east-1a,us-east-1b",
+        },
+        {"INSTANCE_TYPE": "p5.48xlarge", "NODE_COUNT": "16"},
+        {"INSTANCE_TYPE": "p5e.48xlarge", "EFA_ENABLED": "false"},
+    ],
+)
 def test_clusterconfig_validates_against_eksctls_schema(settings):
     import jsonschema
 
     obj = render.render_clusterconfig(load(dotenv=settings))
     assert list(jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).iter_errors(obj)) == []
     gpu = obj["managedNodeGroups"][1]
-    assert gpu["instanceType"] == settings["INSTANCE_TYPE"] and gpu["efaEnabled"] == (settings.get("EFA_ENABLED") != "false")
+    assert gpu["instanceType"] == settings["INSTANCE_TYPE"] and gpu["efaEnabled"] == (
+        settings.get("EFA_ENABLED") != "false"
+    )
     assert gpu["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
     if "CAPACITY_RESERVATION_ID" in settings:
-        assert gpu["capacityReservation"]["capacityReservationTarget"]["capacityReservationID"] == "cr-0123456789abcdef0"
+        assert (
+            gpu["capacityReservation"]["capacityReservationTarget"]["capacityReservationID"]
+            == "cr-0123456789abcdef0"
+        )
         assert gpu["availabilityZones"] == ["us-east-1a"]
 
 
@@ -129,11 +190,18 @@ def test_create_and_delete(aws_env, tmp_path):
     assert f"# AWS_REGION=us-east-1 eksctl create cluster -f {path}" in dry.stdout
     assert path.is_file()
     missing = runner.invoke(app, ["cluster", "create"])
-    assert missing.exit_code == 1 and "eksctl is not installed" in missing.stderr and "eksctl.io" in missing.stderr
+    assert (
+        missing.exit_code == 1
+        and "eksctl is not installed" in missing.stderr
+        and "eksctl.io" in missing.stderr
+    )
     assert runner.invoke(app, ["cluster", "delete", "--yes"]).stdout == ""  # nothing to delete: a no-op
     make_cluster()
     exists = runner.invoke(app, ["cluster", "create"])
     assert exists.exit_code == 0 and "already exists (ACTIVE); nothing to do" in exists.stderr
-    assert f"eksctl delete cluster -f {path} --wait" in runner.invoke(app, ["cluster", "delete", "--dry-run"]).stdout
+    assert (
+        f"eksctl delete cluster -f {path} --wait"
+        in runner.invoke(app, ["cluster", "delete", "--dry-run"]).stdout
+    )
     refused = runner.invoke(app, ["cluster", "delete"], input="n\n")
     assert refused.exit_code == 2

@@ -48,25 +48,40 @@ def _training_cases():
                 yield key, str(kind(f.metadata["min"]) - 1), "below minimum"
 
 
-CASES = [*_settings_cases(), *_training_cases(),
-         ("INSTANCE_TYPE", "p3.16xlarge", "unknown instance type"),
-         ("INSTANCE_TYPE", "p5.48XLARGE", "unknown instance type"),
-         ("MODEL", "65b", "unknown model"),
-         ("GPUS_PER_NODE", "9", "more GPUs than the instance has"),
-         ("HSDP_SHARD_SIZE", "3", "world size not divisible by the hybrid group"),
-         ("PRETRAINED", "meta-llama/Llama-2-70b-hf", "gated model without HF token"),
-         ("DATASET", "", "empty data set"),
-         ("IMAGE_TAG", "latest", "unpinned image"),
-         ("GANG_SCHEDULING", "true", "gang scheduling without a gang scheduler"),
-         ("JOB_KIND", "trainjob", "TrainJob with an etcd rendezvous")]
-EXTRA = {"HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n", "GPUS_PER_NODE": "BACKEND=eks\n",
-         "JOB_KIND": "BACKEND=eks\nRDZV_BACKEND=etcd\n"}
+CASES = [
+    *_settings_cases(),
+    *_training_cases(),
+    ("INSTANCE_TYPE", "p3.16xlarge", "unknown instance type"),
+    ("INSTANCE_TYPE", "p5.48XLARGE", "unknown instance type"),
+    ("MODEL", "65b", "unknown model"),
+    ("GPUS_PER_NODE", "9", "more GPUs than the instance has"),
+    ("HSDP_SHARD_SIZE", "3", "world size not divisible by the hybrid group"),
+    ("PRETRAINED", "meta-llama/Llama-2-70b-hf", "gated model without HF token"),
+    ("DATASET", "", "empty data set"),
+    ("IMAGE_TAG", "latest", "unpinned image"),
+    ("GANG_SCHEDULING", "true", "gang scheduling without a gang scheduler"),
+    ("JOB_KIND", "trainjob", "TrainJob with an etcd rendezvous"),
+]
+EXTRA = {
+    "HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n",
+    "GPUS_PER_NODE": "BACKEND=eks\n",
+    "JOB_KIND": "BACKEND=eks\nRDZV_BACKEND=etcd\n",
+}
 
 
 def test_every_key_is_covered():
     covered = {key for key, _, _ in CASES}
-    free_text = {"AWS_PROFILE", "HF_TOKEN", "HF_TOKEN_FILE", "TOKENIZER", "DATASET_SPLIT",
-                 "DATASET_TEXT_FIELD", "RESUME", "EXPORT_DIR", "KUBE_CONTEXT"}  # any string is a valid value
+    free_text = {
+        "AWS_PROFILE",
+        "HF_TOKEN",
+        "HF_TOKEN_FILE",
+        "TOKENIZER",
+        "DATASET_SPLIT",
+        "DATASET_TEXT_FIELD",
+        "RESUME",
+        "EXPORT_DIR",
+        "KUBE_CONTEXT",
+    }  # any string is a valid value
     assert set(setting_keys()) - covered == free_text
     assert len(CASES) >= 60
 
@@ -98,10 +113,13 @@ def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, wh
     assert not (tmp_path / "out").exists() and not (tmp_path / "home").exists()
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("MODEL 7b\n", "bad.env line 1: cannot parse 'MODEL 7b': write KEY=VALUE"),
-    ("MODEL=7b\n'unterminated\n", "bad.env line 2: cannot parse"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("MODEL 7b\n", "bad.env line 1: cannot parse 'MODEL 7b': write KEY=VALUE"),
+        ("MODEL=7b\n'unterminated\n", "bad.env line 2: cannot parse"),
+    ],
+)
 def test_malformed_env_lines(run, tmp_path, text, expected):
     result = run(text)
     assert result.exit_code == 2 and expected in result.stderr

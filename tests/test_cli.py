@@ -41,11 +41,34 @@ def cli(tmp_path, monkeypatch):
     return invoke
 
 
-COMMANDS = [["config", "show"], ["config", "validate"], ["manifest"], ["quickstart"], ["job", "run"],
-            ["job", "status"], ["job", "logs"], ["job", "stop"], ["job", "list"], ["job", "wait"], ["plan"],
-            ["doctor"], ["cluster", "check"], ["cluster", "status"], ["cluster", "create"], ["cluster", "delete"],
-            ["image", "build"], ["image", "push"], ["deploy", "etcd"], ["deploy", "operator"], ["deploy", "monitoring"],
-            ["deploy", "all"], ["deploy", "status"], ["deploy", "fetch"], ["cleanup"], ["monitor", "top"]]
+COMMANDS = [
+    ["config", "show"],
+    ["config", "validate"],
+    ["manifest"],
+    ["quickstart"],
+    ["job", "run"],
+    ["job", "status"],
+    ["job", "logs"],
+    ["job", "stop"],
+    ["job", "list"],
+    ["job", "wait"],
+    ["plan"],
+    ["doctor"],
+    ["cluster", "check"],
+    ["cluster", "status"],
+    ["cluster", "create"],
+    ["cluster", "delete"],
+    ["image", "build"],
+    ["image", "push"],
+    ["deploy", "etcd"],
+    ["deploy", "operator"],
+    ["deploy", "monitoring"],
+    ["deploy", "all"],
+    ["deploy", "status"],
+    ["deploy", "fetch"],
+    ["cleanup"],
+    ["monitor", "top"],
+]
 
 
 def test_the_command_surface(cli):
@@ -57,10 +80,12 @@ def test_the_command_surface(cli):
 
 
 def test_help_imports_nothing_heavy():
-    code = ("import sys; from typer.testing import CliRunner; from fsdpctl.cli import app;"
-            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0;"
-            "r = CliRunner().invoke(app, ['plan', '--model', '7b']); assert r.exit_code == 0;"
-            "print([m for m in ('torch', 'transformers', 'boto3', 'kubernetes', 'jinja2') if m in sys.modules])")
+    code = (
+        "import sys; from typer.testing import CliRunner; from fsdpctl.cli import app;"
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0;"
+        "r = CliRunner().invoke(app, ['plan', '--model', '7b']); assert r.exit_code == 0;"
+        "print([m for m in ('torch', 'transformers', 'boto3', 'kubernetes', 'jinja2') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -96,17 +121,32 @@ def test_config_validate_reports_every_bad_value_with_exit_2(cli, tmp_path):
 
 def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    result = cli("--set", "BACKEND=eks", "--set", "RDZV_BACKEND=etcd", "manifest", "--run-id", "r1",
-                 "--validate", "--crd-dir", str(CRD_DIR))
+    result = cli(
+        "--set",
+        "BACKEND=eks",
+        "--set",
+        "RDZV_BACKEND=etcd",
+        "manifest",
+        "--run-id",
+        "r1",
+        "--validate",
+        "--crd-dir",
+        str(CRD_DIR),
+    )
     assert result.exit_code == 0, result.stderr
     kinds = [o["kind"] for o in yaml.safe_load_all(result.stdout)]
     assert kinds == ["Namespace", "Deployment", "Service", "NetworkPolicy", "PyTorchJob"]
     assert TOKEN not in result.stdout
-    assert cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout == \
+    assert (
         cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout
+        == cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout
+    )
     written = cli("manifest", "-o", "out")
     assert written.exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["namespace-fsdp.yaml", "pytorchjob-fsdp.yaml"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "namespace-fsdp.yaml",
+        "pytorchjob-fsdp.yaml",
+    ]
     assert cli("manifest", "--validate").exit_code == 2  # no --crd-dir
     (tmp_path / "empty").mkdir()
     assert cli("manifest", "--validate", "--crd-dir", str(tmp_path / "empty")).exit_code == 2
@@ -140,17 +180,35 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
 
 
 def _fsdpctl(*args, env, timeout=60):
-    return subprocess.run([sys.executable, "-m", "fsdpctl.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=env["FSDPCTL_HOME"])
+    return subprocess.run(
+        [sys.executable, "-m", "fsdpctl.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=env["FSDPCTL_HOME"],
+    )
 
 
-@pytest.mark.skipif(not shutil.which("etcd"), reason="etcd-server not installed (scripts/system-deps installs it)")
+@pytest.mark.skipif(
+    not shutil.which("etcd"), reason="etcd-server not installed (scripts/system-deps installs it)"
+)
 def test_detached_job_over_real_etcd_status_logs_stop_and_resume(tmp_path):
     """Each step is a separate fsdpctl process, as from another terminal."""
-    env = {**os.environ, "FSDPCTL_HOME": str(tmp_path), "NO_COLOR": "1", "COLUMNS": "200", "HF_TOKEN": TOKEN,
-           "RDZV_BACKEND": "etcd", "JOB_NAME": "e2e", "MAX_STEPS": "300", "SEQ_LEN": "64", "WARMUP_STEPS": "2",
-           "PRECISION": "fp32",
-           "CHECKPOINT_INTERVAL": "100"}
+    env = {
+        **os.environ,
+        "FSDPCTL_HOME": str(tmp_path),
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+        "HF_TOKEN": TOKEN,
+        "RDZV_BACKEND": "etcd",
+        "JOB_NAME": "e2e",
+        "MAX_STEPS": "300",
+        "SEQ_LEN": "64",
+        "WARMUP_STEPS": "2",
+        "PRECISION": "fp32",
+        "CHECKPOINT_INTERVAL": "100",
+    }
     started = _fsdpctl("job", "run", "--detach", env=env)
     assert started.returncode == 0, started.stderr
     assert _fsdpctl("job", "run", "--detach", env=env).returncode == 1  # same name while running: refused

@@ -49,7 +49,9 @@ def test_local_jsonl_and_parquet(assets, tmp_path, fmt):
     blocks = load_blocks(cfg, load_tokenizer(str(tok_dir)))
     assert blocks.blocks.shape[1] == 33 and len(blocks) > 10
     with pytest.raises(ConfigError, match="DATASET_TEXT_FIELD='text' is not a column"):
-        load_blocks(TrainConfig(dataset=str(path), tokenizer=str(tok_dir), seq_len=32), load_tokenizer(str(tok_dir)))
+        load_blocks(
+            TrainConfig(dataset=str(path), tokenizer=str(tok_dir), seq_len=32), load_tokenizer(str(tok_dir))
+        )
 
 
 @pytest.mark.parametrize("name, billions", [("7b", 6.74), ("13b", 13.02), ("70b", 68.98)])

@@ -40,7 +40,10 @@ def test_this_machine_gpu_checks_skip_cpu_checks_run(tmp_path):
         assert checks[name].status == D.SKIPPED
     assert checks["nvidia-smi"].detail.startswith("no NVIDIA driver")
     assert checks["torch"].status == D.OK and "2.13" in checks["torch"].detail
-    assert checks["all-reduce"].status == D.OK and "gloo across 2 CPU processes: bus bandwidth" in checks["all-reduce"].detail
+    assert (
+        checks["all-reduce"].status == D.OK
+        and "gloo across 2 CPU processes: bus bandwidth" in checks["all-reduce"].detail
+    )
     assert checks["EFA"].status == D.SKIPPED
     assert checks["checkpoint space"].status == D.OK
     assert checks["data loader"].status == D.OK and "tokens/s per process" in checks["data loader"].detail
@@ -48,10 +51,15 @@ def test_this_machine_gpu_checks_skip_cpu_checks_run(tmp_path):
 
 
 def test_a_failing_driver_fails_the_check_and_the_command(fake_bin, tmp_path, monkeypatch):
-    executable(fake_bin, "nvidia-smi",
-               "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\" >&2; exit 9")
+    executable(
+        fake_bin,
+        "nvidia-smi",
+        'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver." >&2; exit 9',
+    )
     check = D.check_nvidia_smi(D.Facts())
-    assert check.status == D.FAIL and "couldn't communicate with the NVIDIA driver" in check.detail and check.fix
+    assert (
+        check.status == D.FAIL and "couldn't communicate with the NVIDIA driver" in check.detail and check.fix
+    )
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["doctor", "--no-collectives", "-o", "json"])
     assert result.exit_code == 1
@@ -59,11 +67,15 @@ def test_a_failing_driver_fails_the_check_and_the_command(fake_bin, tmp_path, mo
 
 
 def test_gpus_seen_by_the_driver_but_not_by_a_cpu_torch(fake_bin):
-    executable(fake_bin, "nvidia-smi", """
+    executable(
+        fake_bin,
+        "nvidia-smi",
+        """
 case "$1" in
   --query-gpu*) echo "NVIDIA H100 80GB HBM3, 550.90.07, 81559 MiB"; echo "NVIDIA H100 80GB HBM3, 550.90.07, 81559 MiB";;
   *) echo "| NVIDIA-SMI 550.90.07   Driver Version: 550.90.07   CUDA Version: 12.4 |";;
-esac""")
+esac""",
+    )
     facts = D.Facts()
     assert D.check_nvidia_smi(facts).detail == "2 x NVIDIA H100 80GB HBM3, driver 550.90.07, CUDA 12.4"
     D.check_torch(facts)

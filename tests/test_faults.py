@@ -21,14 +21,29 @@ pytestmark = pytest.mark.slow
 
 
 def fsdpctl(*args, env, timeout=120):
-    return subprocess.run([sys.executable, "-m", "fsdpctl.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=env["FSDPCTL_HOME"])
+    return subprocess.run(
+        [sys.executable, "-m", "fsdpctl.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=env["FSDPCTL_HOME"],
+    )
 
 
 def job_env(home: Path, name: str, **settings) -> dict:
-    env = {**os.environ, "FSDPCTL_HOME": str(home), "NO_COLOR": "1", "JOB_NAME": name, "SEQ_LEN": "64",
-           "PRECISION": "fp32",
-           "MAX_STEPS": "120", "WARMUP_STEPS": "2", "CHECKPOINT_INTERVAL": "20", "MAX_RESTARTS": "2"}
+    env = {
+        **os.environ,
+        "FSDPCTL_HOME": str(home),
+        "NO_COLOR": "1",
+        "JOB_NAME": name,
+        "SEQ_LEN": "64",
+        "PRECISION": "fp32",
+        "MAX_STEPS": "120",
+        "WARMUP_STEPS": "2",
+        "CHECKPOINT_INTERVAL": "20",
+        "MAX_RESTARTS": "2",
+    }
     env.update({k: str(v) for k, v in settings.items()})
     return env
 
@@ -87,9 +102,19 @@ def test_etcd_restart_during_rendezvous(assets, tmp_path):
     server = etcd_adapter.start(tmp_path / "etcd", log_file=tmp_path / "etcd.log")
     port = server.client_port
     env = train_env(assets, MAX_STEPS=3, WARMUP_STEPS=1)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-            "--rdzv-backend=etcd", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=etcd-restart",
-            "--rdzv-conf=join_timeout=120", "-m", "fsdptrain"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=etcd",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=etcd-restart",
+        "--rdzv-conf=join_timeout=120",
+        "-m",
+        "fsdptrain",
+    ]
     first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(8)  # node 0 is waiting for node 1 in the rendezvous now
@@ -118,8 +143,13 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(assets, tmp_path)
     """Rank 0 dies by SIGKILL after the step-6 shards are written, before the rename (FSDPTRAIN_FAILPOINT)."""
     ref = torchrun(assets, MAX_STEPS=9, CHECKPOINT_DIR=tmp_path / "ref", CHECKPOINT_INTERVAL=3)
     assert ref.rc == 0, ref.stderr[-2000:]
-    crashed = torchrun(assets, MAX_STEPS=9, CHECKPOINT_DIR=tmp_path / "c", CHECKPOINT_INTERVAL=3,
-                       FSDPTRAIN_FAILPOINT="kill-during-save:6")
+    crashed = torchrun(
+        assets,
+        MAX_STEPS=9,
+        CHECKPOINT_DIR=tmp_path / "c",
+        CHECKPOINT_INTERVAL=3,
+        FSDPTRAIN_FAILPOINT="kill-during-save:6",
+    )
     assert crashed.rc != 0
     ckpts = tmp_path / "c"
     assert (ckpts / "latest").read_text() == "step-00000003"
@@ -135,6 +165,7 @@ def _limit_file_size(limit: int):
     def apply():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG, as a full disk fails
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -143,11 +174,22 @@ def test_disk_full_during_a_checkpoint_is_a_clear_error(assets, tmp_path):
     good = torchrun(assets, MAX_STEPS=4, CHECKPOINT_DIR=tmp_path)
     assert good.rc == 0
     env = train_env(assets, MAX_STEPS=8, CHECKPOINT_DIR=tmp_path)
-    p = subprocess.run(torchrun_argv(2), env=env, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       preexec_fn=_limit_file_size(1 << 20))
+    p = subprocess.run(
+        torchrun_argv(2),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        preexec_fn=_limit_file_size(1 << 20),
+    )
     assert p.returncode != 0
-    line = next(li for li in p.stderr.splitlines() if li.startswith("fsdptrain: error: checkpoint at step 8 failed"))
-    assert "short write: the disk is full" in line and "the last good one is" in line and "step-00000004" in line
+    line = next(
+        li for li in p.stderr.splitlines() if li.startswith("fsdptrain: error: checkpoint at step 8 failed")
+    )
+    assert (
+        "short write: the disk is full" in line and "the last good one is" in line and "step-00000004" in line
+    )
     assert (tmp_path / "latest").read_text() == "step-00000004"
     assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "step-00000008").exists()
 

@@ -37,12 +37,25 @@ def said(r) -> str:
 
 
 def test_build_dry_run_prints_the_exact_command(aws_env):
-    r = invoke("--set", "AWS_ACCOUNT_ID=123456789012", "image", "build", "--dry-run", "--base-image", "base:1",
-               "--build-arg", "INSTALL_EFA=false", "--network", "host")
+    r = invoke(
+        "--set",
+        "AWS_ACCOUNT_ID=123456789012",
+        "image",
+        "build",
+        "--dry-run",
+        "--base-image",
+        "base:1",
+        "--build-arg",
+        "INSTALL_EFA=false",
+        "--network",
+        "host",
+    )
     assert r.exit_code == 0, r.output
     uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/fsdpctl-trainer:0.1.0"
-    assert r.stdout.strip() == (f"docker build -f {ROOT}/docker/Dockerfile -t {uri} --build-arg INSTALL_EFA=false "
-                                f"--build-arg BASE_IMAGE=base:1 --network host {ROOT}")
+    assert r.stdout.strip() == (
+        f"docker build -f {ROOT}/docker/Dockerfile -t {uri} --build-arg INSTALL_EFA=false "
+        f"--build-arg BASE_IMAGE=base:1 --network host {ROOT}"
+    )
 
 
 def test_registry_comes_from_sts_when_no_account_is_set(aws_env):
@@ -57,7 +70,9 @@ def test_registry_comes_from_sts_when_no_account_is_set(aws_env):
 def test_bad_build_arg_and_missing_context(aws_env, tmp_path):
     r = invoke("--set", "AWS_ACCOUNT_ID=123456789012", "image", "build", "--build-arg", "NOEQUALS")
     assert r.exit_code == 2 and "--build-arg 'NOEQUALS' is not KEY=VALUE" in said(r)
-    r = invoke("--set", "AWS_ACCOUNT_ID=123456789012", "image", "build", "--context", str(tmp_path), "--dry-run")
+    r = invoke(
+        "--set", "AWS_ACCOUNT_ID=123456789012", "image", "build", "--context", str(tmp_path), "--dry-run"
+    )
     assert r.exit_code == 2 and "not a fsdpctl source checkout" in said(r)
 
 
@@ -67,7 +82,9 @@ def test_ecr_repository_is_created_once_and_the_token_decodes(aws_env):
     assert created and repo["repositoryName"] == "fsdpctl-trainer"
     again, created = aws.ecr_repository("fsdpctl-trainer")
     assert not created and again["repositoryArn"] == repo["repositoryArn"]
-    scan = boto3.client("ecr", region_name="us-east-1").describe_repositories()["repositories"][0]["imageScanningConfiguration"]
+    scan = boto3.client("ecr", region_name="us-east-1").describe_repositories()["repositories"][0][
+        "imageScanningConfiguration"
+    ]
     assert scan == {"scanOnPush": True}
     assert aws.ecr_login() == ("AWS", MOTO_PASSWORD)
 
@@ -79,15 +96,20 @@ def test_no_engine_is_one_clear_line(aws_env, monkeypatch, tmp_path):
     assert "the Docker engine is not reachable" in said(r) and "hint: start it" in said(r)
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker binary at all
     r = invoke("--set", "AWS_ACCOUNT_ID=123456789012", "image", "push")
-    assert r.exit_code == 1 and "docker is not installed" in said(r) and "apt-get install docker.io" in said(r)
+    assert (
+        r.exit_code == 1 and "docker is not installed" in said(r) and "apt-get install docker.io" in said(r)
+    )
 
 
 # --- the real engine --------------------------------------------------------------------------------------------
 
+
 def _skip_reason() -> str:
     if os.geteuid() != 0:
         return "dockerd needs root here"
-    missing = [b for b in ("dockerd", "docker", "debootstrap", "docker-registry", "htpasswd") if not shutil.which(b)]
+    missing = [
+        b for b in ("dockerd", "docker", "debootstrap", "docker-registry", "htpasswd") if not shutil.which(b)
+    ]
     return f"missing {', '.join(missing)} (scripts/system-deps installs them)" if missing else ""
 
 
@@ -108,25 +130,60 @@ def engine(tmp_path_factory):
         pytest.skip(reason)
     d = tmp_path_factory.mktemp("docker")
     sock, log = d / "docker.sock", d / "dockerd.log"
-    proc = subprocess.Popen(["dockerd", "--data-root", str(d / "data"), "--exec-root", str(d / "exec"),
-                             "-H", f"unix://{sock}", "--pidfile", str(d / "docker.pid"), "--storage-driver=overlay2",
-                             "--iptables=false", "--ip6tables=false", "--bridge=none"],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
-    env = {**os.environ, "DOCKER_HOST": f"unix://{sock}", "DOCKER_CONFIG": str(d / "client"), "DOCKER_BUILDKIT": "0"}
+    proc = subprocess.Popen(
+        [
+            "dockerd",
+            "--data-root",
+            str(d / "data"),
+            "--exec-root",
+            str(d / "exec"),
+            "-H",
+            f"unix://{sock}",
+            "--pidfile",
+            str(d / "docker.pid"),
+            "--storage-driver=overlay2",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--bridge=none",
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    env = {
+        **os.environ,
+        "DOCKER_HOST": f"unix://{sock}",
+        "DOCKER_CONFIG": str(d / "client"),
+        "DOCKER_BUILDKIT": "0",
+    }
     ping = lambda: subprocess.run(["docker", "version"], env=env, capture_output=True).returncode == 0  # noqa: E731
     _wait(ping, 60, "dockerd", log)
     rootfs = d / "rootfs"
-    boot = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-                           "bookworm", str(rootfs), "http://deb.debian.org/debian"], capture_output=True, text=True,
-                          timeout=900)
+    boot = subprocess.run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-venv,ca-certificates",
+            "bookworm",
+            str(rootfs),
+            "http://deb.debian.org/debian",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if boot.returncode != 0:
         proc.terminate()
         pytest.skip(f"debootstrap failed (Debian mirror unreachable?): {boot.stdout[-300:]}")
     shutil.copy("/etc/ssl/certs/ca-certificates.crt", rootfs / "etc/ssl/certs/ca-certificates.crt")
     (rootfs / "etc/pip.conf").write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    subprocess.run(["docker", "import", "-", "fsdpctl-test-base:bookworm"], stdin=tar.stdout, env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["docker", "import", "-", "fsdpctl-test-base:bookworm"],
+        stdin=tar.stdout,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     tar.wait()
     yield env
     proc.terminate()
@@ -140,15 +197,24 @@ def engine(tmp_path_factory):
 def registry(tmp_path_factory):
     """docker-registry (distribution 2.8) on 127.0.0.1 with htpasswd auth: user/password = moto's ECR token."""
     d = tmp_path_factory.mktemp("registry")
-    subprocess.run(["htpasswd", "-Bbc", str(d / "htpasswd"), "AWS", MOTO_PASSWORD], check=True, capture_output=True)
+    subprocess.run(
+        ["htpasswd", "-Bbc", str(d / "htpasswd"), "AWS", MOTO_PASSWORD], check=True, capture_output=True
+    )
     port = free_port()
-    (d / "config.yml").write_text(json.dumps({  # YAML is a superset of JSON
-        "version": 0.1, "storage": {"filesystem": {"rootdirectory": str(d / "data")}},
-        "http": {"addr": f"127.0.0.1:{port}"},
-        "auth": {"htpasswd": {"realm": "fsdpctl-test", "path": str(d / "htpasswd")}}}))
+    (d / "config.yml").write_text(
+        json.dumps(
+            {  # YAML is a superset of JSON
+                "version": 0.1,
+                "storage": {"filesystem": {"rootdirectory": str(d / "data")}},
+                "http": {"addr": f"127.0.0.1:{port}"},
+                "auth": {"htpasswd": {"realm": "fsdpctl-test", "path": str(d / "htpasswd")}},
+            }
+        )
+    )
     log = d / "registry.log"
-    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(d / "config.yml")], stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
 
     def up() -> bool:
         try:
@@ -173,8 +239,20 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     monkeypatch.setenv("IMAGE_TAG", "it-1")
     uri = f"{registry}/fsdpctl-trainer:it-1"
     # the offline stand-ins: no CUDA base, no EFA download, no multi-GB torch; the trainer package still installs
-    r = invoke("image", "build", "--base-image", "fsdpctl-test-base:bookworm", "--network", "host",
-               "--build-arg", "INSTALL_EFA=false", "--build-arg", "TORCH_VERSION=", "--build-arg", "EXTRAS=")
+    r = invoke(
+        "image",
+        "build",
+        "--base-image",
+        "fsdpctl-test-base:bookworm",
+        "--network",
+        "host",
+        "--build-arg",
+        "INSTALL_EFA=false",
+        "--build-arg",
+        "TORCH_VERSION=",
+        "--build-arg",
+        "EXTRAS=",
+    )
     assert r.exit_code == 0, r.output
     assert f"built {uri}" in said(r)
 
@@ -183,7 +261,12 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     assert "ECR repository fsdpctl-trainer created" in said(r)
     pinned = r.stdout.strip().splitlines()[-1]
     assert pinned.startswith(f"{registry}/fsdpctl-trainer@sha256:"), r.stdout
-    assert boto3.client("ecr", region_name="us-east-1").describe_repositories()["repositories"][0]["repositoryName"] == "fsdpctl-trainer"
+    assert (
+        boto3.client("ecr", region_name="us-east-1").describe_repositories()["repositories"][0][
+            "repositoryName"
+        ]
+        == "fsdpctl-trainer"
+    )
 
     logs = "".join(p.read_text() for p in (Path(os.environ["FSDPCTL_HOME"]) / "images").glob("*.log"))
     for text in (r.output, logs):  # the token never leaves stdin
@@ -197,8 +280,16 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     docker = lambda *a: subprocess.run(["docker", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
     assert docker("rmi", uri).returncode == 0
     assert docker("pull", pinned).returncode == 0, "pull by digest failed"
-    run = docker("run", "--rm", "--network", "none", pinned, "sh", "-c",
-                 "id -u && fsdpctl --version && python -c 'import fsdptrain.config'")
+    run = docker(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        pinned,
+        "sh",
+        "-c",
+        "id -u && fsdpctl --version && python -c 'import fsdptrain.config'",
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1000", "fsdpctl", "0.1.0"]  # non-root, the CLI and the trainer installed
 

@@ -60,14 +60,23 @@ def kube(peer) -> Kube:
 
 def become_ready(peer, kind: str, namespace: str, name: str) -> threading.Thread:
     """Plays the controller: once the object exists, reports it available."""
+
     def run():
         k = kube(peer)
         api = "apps/v1"
         wait_for(lambda: k.get(api, kind, name, namespace) is not None, 20)
-        status = ({"replicas": 1, "availableReplicas": 1} if kind == "Deployment"
-                  else {"desiredNumberScheduled": 2, "numberReady": 2})
-        k.request("PATCH", f"/apis/apps/v1/namespaces/{namespace}/{kind.lower()}s/{name}/status",
-                  body={"status": status}, content_type="application/merge-patch+json")
+        status = (
+            {"replicas": 1, "availableReplicas": 1}
+            if kind == "Deployment"
+            else {"desiredNumberScheduled": 2, "numberReady": 2}
+        )
+        k.request(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{namespace}/{kind.lower()}s/{name}/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
@@ -82,22 +91,53 @@ def install_operator(peer, **settings):
 
 
 def set_condition(k: Kube, job: dict, cond: str, message: str = "") -> None:
-    api, kind, ns, name = job["apiVersion"], job["kind"], job["metadata"]["namespace"], job["metadata"]["name"]
+    api, kind, ns, name = (
+        job["apiVersion"],
+        job["kind"],
+        job["metadata"]["namespace"],
+        job["metadata"]["name"],
+    )
     from fsdpctl.adapters.kube import path
 
-    k.request("PATCH", path(api, kind, ns, name, "status"), content_type="application/merge-patch+json",
-              body={"status": {"conditions": [{"type": cond, "status": "True", "message": message,
-                                               "lastTransitionTime": "2026-12-02T10:00:00Z"}]}})
+    k.request(
+        "PATCH",
+        path(api, kind, ns, name, "status"),
+        content_type="application/merge-patch+json",
+        body={
+            "status": {
+                "conditions": [
+                    {
+                        "type": cond,
+                        "status": "True",
+                        "message": message,
+                        "lastTransitionTime": "2026-12-02T10:00:00Z",
+                    }
+                ]
+            }
+        },
+    )
 
 
 def add_pod(k: Kube, peer, job: str, index: int, phase: str = "Running", log: str = "", **status) -> str:
     name = f"{job}-worker-{index}"
-    k.create({"apiVersion": "v1", "kind": "Pod",
-              "metadata": {"name": name, "namespace": "fsdp",
-                           "labels": {"fsdpctl.io/job": job, "training.kubeflow.org/replica-index": str(index)}},
-              "spec": {"containers": [{"name": "pytorch", "image": "x"}]}})
-    k.request("PATCH", f"/api/v1/namespaces/fsdp/pods/{name}/status", content_type="application/merge-patch+json",
-              body={"status": {"phase": phase, **status}})
+    k.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "fsdp",
+                "labels": {"fsdpctl.io/job": job, "training.kubeflow.org/replica-index": str(index)},
+            },
+            "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
+        }
+    )
+    k.request(
+        "PATCH",
+        f"/api/v1/namespaces/fsdp/pods/{name}/status",
+        content_type="application/merge-patch+json",
+        body={"status": {"phase": phase, **status}},
+    )
     peer.api.logs[("fsdp", name)] = log
     return name
 
@@ -108,16 +148,31 @@ def in_fsdp(peer, plural: str) -> list[dict]:
 
 
 def step_line(step: int, max_steps: int = 100, loss: float = 3.5) -> str:
-    return json.dumps({"event": "step", "step": step, "max_steps": max_steps, "loss": loss, "tokens_per_s": 51234.0,
-                       "step_time_s": 1.5, "time": time.time(), "mfu": 0.41})
+    return json.dumps(
+        {
+            "event": "step",
+            "step": step,
+            "max_steps": max_steps,
+            "loss": loss,
+            "tokens_per_s": 51234.0,
+            "step_time_s": 1.5,
+            "time": time.time(),
+            "mfu": 0.41,
+        }
+    )
 
 
 # --- deploy ---------------------------------------------------------------------------------------------------
 
+
 def test_deploy_operator_is_idempotent_and_waits_for_readiness(peer):
     r = install_operator(peer)
-    assert "operator (Kubeflow Training Operator v1.9.4): 14 created" in said(r) and "operator ready" in said(r)
-    assert {c["metadata"]["name"] for c in peer.objects("customresourcedefinitions")} >= {"pytorchjobs.kubeflow.org"}
+    assert "operator (Kubeflow Training Operator v1.9.4): 14 created" in said(r) and "operator ready" in said(
+        r
+    )
+    assert {c["metadata"]["name"] for c in peer.objects("customresourcedefinitions")} >= {
+        "pytorchjobs.kubeflow.org"
+    }
     patches = len(peer.requests())
     r = cli("deploy", "operator", "--timeout", "5")
     assert r.exit_code == 0 and "14 unchanged" in said(r), r.output
@@ -153,14 +208,25 @@ def test_deploy_monitoring_dry_runs(peer):
     r = cli("deploy", "monitoring", "--dry-run", "client")
     assert r.exit_code == 0
     objs = list(yaml.safe_load_all(r.stdout))
-    dashboard = json.loads(next(o for o in objs if o["metadata"]["name"] == "grafana-dashboards")["data"][
-        "fsdp-training.json"])
+    dashboard = json.loads(
+        next(o for o in objs if o["metadata"]["name"] == "grafana-dashboards")["data"]["fsdp-training.json"]
+    )
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
-    for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_SM_CLOCK",
-                   "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "fsdptrain_tokens_per_second", "fsdptrain_loss",
-                   "fsdptrain_mfu"):
+    for metric in (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "fsdptrain_tokens_per_second",
+        "fsdptrain_loss",
+        "fsdptrain_mfu",
+    ):
         assert metric in exprs
-    assert {"htop", "nvtop", "dcgm-exporter"} <= {o["metadata"]["name"] for o in objs if o["kind"] == "DaemonSet"}
+    assert {"htop", "nvtop", "dcgm-exporter"} <= {
+        o["metadata"]["name"] for o in objs if o["kind"] == "DaemonSet"
+    }
     r = cli("deploy", "monitoring", "--dry-run", "server")
     assert r.exit_code == 0 and "accepted by the API server (dry run)" in said(r)
     assert peer.objects("deployments") == [] and "monitoring" not in peer.api.namespaces
@@ -168,10 +234,13 @@ def test_deploy_monitoring_dry_runs(peer):
 
 # --- jobs ------------------------------------------------------------------------------------------------------
 
+
 def test_job_run_needs_the_crd_and_names_the_fix(peer):
     r = cli("job", "run", "-d")
     assert r.exit_code == 1
-    assert "the PyTorchJob CRD (kubeflow.org/v1) is not installed" in said(r) and "fsdpctl deploy operator" in said(r)
+    assert "the PyTorchJob CRD (kubeflow.org/v1) is not installed" in said(
+        r
+    ) and "fsdpctl deploy operator" in said(r)
 
 
 def test_job_run_creates_secret_and_job_and_refuses_a_second(peer, monkeypatch):
@@ -202,24 +271,63 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
     [job] = peer.objects("pytorchjobs")
     set_condition(k, job, "Running")
     agent = "[default] Starting worker group\n  master_addr=fsdp-worker-1\n  master_port=29400\n"
-    log = agent + "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>\n" + "\n".join(step_line(s) for s in (1, 2, 40)) + "\n"
+    log = (
+        agent
+        + "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>\n"
+        + "\n".join(step_line(s) for s in (1, 2, 40))
+        + "\n"
+    )
     add_pod(k, peer, "fsdp", 0, log=agent)
     add_pod(k, peer, "fsdp", 1, log=log, containerStatuses=[{"name": "pytorch", "restartCount": 2}])
-    add_pod(k, peer, "fsdp", 2, phase="Pending", conditions=[{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": "0/3 nodes are available: 3 Insufficient vpc.amazonaws.com/efa."}])
-    add_pod(k, peer, "fsdp", 3, phase="Pending", containerStatuses=[{"name": "pytorch", "restartCount": 0, "state": {
-        "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:v1"'}}}])
+    add_pod(
+        k,
+        peer,
+        "fsdp",
+        2,
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient vpc.amazonaws.com/efa.",
+            }
+        ],
+    )
+    add_pod(
+        k,
+        peer,
+        "fsdp",
+        3,
+        phase="Pending",
+        containerStatuses=[
+            {
+                "name": "pytorch",
+                "restartCount": 0,
+                "state": {
+                    "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:v1"'}
+                },
+            }
+        ],
+    )
     r = cli("job", "status", "-o", "json")
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
-    assert (s["phase"], s["step"], s["max_steps"], s["loss"], s["leader"]) == ("Running", 40, 100, 3.5, "fsdp-worker-1")
+    assert (s["phase"], s["step"], s["max_steps"], s["loss"], s["leader"]) == (
+        "Running",
+        40,
+        100,
+        3.5,
+        "fsdp-worker-1",
+    )
     assert s["pods"] == {"Running": 2, "Pending": 2} and s["restarts"] == 2 and s["network"] == "socket"
     assert "Insufficient vpc.amazonaws.com/efa" in s["problems"][0]
     assert 'fsdp-worker-3: ImagePullBackOff: Back-off pulling image "x:v1"' in s["problems"]
     r = cli("job", "status")
     text = said(r)
-    assert "step 40/100 (40%)" in text and "NCCL fell back to TCP sockets" in text and "51234 tokens/s" in text
+    assert (
+        "step 40/100 (40%)" in text and "NCCL fell back to TCP sockets" in text and "51234 tokens/s" in text
+    )
     r = cli("job", "status", "--stall-after", "0")
     assert "may be hung" in said(r)
     r = cli("job", "list", "-o", "json")
@@ -234,8 +342,15 @@ def test_run_follows_the_job_to_its_end_and_status_watch_stops_there(peer):
     def controller():
         wait_for(lambda: peer.objects("pytorchjobs"), 20)
         [job] = peer.objects("pytorchjobs")
-        add_pod(k, peer, "fsdp", 0, log="master_addr=fsdp-worker-0\nNCCL INFO NET/Socket : Using [0]eth0\n"
-                + "\n".join(step_line(s, 8, loss=4.0 - s / 10) for s in range(1, 9)) + "\n")
+        add_pod(
+            k,
+            peer,
+            "fsdp",
+            0,
+            log="master_addr=fsdp-worker-0\nNCCL INFO NET/Socket : Using [0]eth0\n"
+            + "\n".join(step_line(s, 8, loss=4.0 - s / 10) for s in range(1, 9))
+            + "\n",
+        )
         time.sleep(2.5)  # at least one poll sees it running
         set_condition(k, job, "Succeeded")
 
@@ -261,8 +376,11 @@ def test_logs_leader_one_pod_all_pods_and_follow(peer):
     r = cli("job", "logs", "--pod", "fsdp-worker-1", "-f")
     assert r.stdout.splitlines() == ["worker line"]
     r = cli("job", "logs", "--all", "-f")
-    assert sorted(r.stdout.splitlines()) == ["[fsdp-worker-0] leader line", "[fsdp-worker-0] master_addr=fsdp-worker-0",
-                                             "[fsdp-worker-1] worker line"]
+    assert sorted(r.stdout.splitlines()) == [
+        "[fsdp-worker-0] leader line",
+        "[fsdp-worker-0] master_addr=fsdp-worker-0",
+        "[fsdp-worker-1] worker line",
+    ]
     r = cli("job", "logs", "--pod", "nope")
     assert r.exit_code == 1 and "has no pod 'nope'" in said(r)
 
@@ -307,7 +425,9 @@ def test_stop_deletes_with_foreground_propagation(peer):
     assert "nothing to stop" in said(cli("job", "stop"))
 
 
-@pytest.mark.skipif(not shutil.which("etcd"), reason="etcd-server not installed (scripts/system-deps installs it)")
+@pytest.mark.skipif(
+    not shutil.which("etcd"), reason="etcd-server not installed (scripts/system-deps installs it)"
+)
 def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_path):
     """The rendezvous keys live in a real etcd (Debian etcd-server, v2 API), reached through the API
     server's service proxy, which the peer forwards to it."""
@@ -330,8 +450,14 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
         assert cli("job", "run", "-d", **settings).exit_code == 0
         [job] = peer.objects("pytorchjobs")
         key = f"http://{server.endpoint}/v2/keys/torch/elastic/rendezvous/{job['spec']['elasticPolicy']['rdzvId']}"
-        urllib.request.urlopen(urllib.request.Request(key, data=b"value=closed", method="PUT",
-                                                      headers={"Content-Type": "application/x-www-form-urlencoded"}))
+        urllib.request.urlopen(
+            urllib.request.Request(
+                key,
+                data=b"value=closed",
+                method="PUT",
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+            )
+        )
         k = kube(peer)
         add_pod(k, peer, "fsdp", 0, phase="Succeeded")
 
@@ -345,7 +471,11 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
 
         r = cli("cleanup", **settings)
         assert r.exit_code == 0 and "checkpoints kept" in said(r), r.output
-        assert peer.objects("pytorchjobs") == [] and peer.objects("pods") == [] and in_fsdp(peer, "secrets") == []
+        assert (
+            peer.objects("pytorchjobs") == []
+            and peer.objects("pods") == []
+            and in_fsdp(peer, "secrets") == []
+        )
         with pytest.raises(urllib.error.HTTPError) as gone:
             urllib.request.urlopen(key)
         assert gone.value.code == 404  # the key is gone from the real etcd
@@ -370,7 +500,9 @@ def test_trainjob_deploy_run_and_status(peer):
     assert "torch-distributed" in {o["metadata"]["name"] for o in peer.objects("clustertrainingruntimes")}
     assert cli("job", "run", "-d", JOB_KIND="trainjob").exit_code == 0
     [job] = peer.objects("trainjobs")
-    assert job["spec"]["runtimeRef"]["name"] == "torch-distributed" and job["spec"]["trainer"]["numNodes"] == 2
+    assert (
+        job["spec"]["runtimeRef"]["name"] == "torch-distributed" and job["spec"]["trainer"]["numNodes"] == 2
+    )
     k = kube(peer)
     set_condition(k, job, "Complete")
     r = cli("job", "status", "-o", "json", JOB_KIND="trainjob")
@@ -397,23 +529,33 @@ def test_a_missing_namespace_names_the_setting():
     from fsdpctl.kjobs import explain
     from fsdpctl.settings import load
 
-    e = explain(KubeError(404, "NotFound", 'namespaces "team-a" not found'),
-                load(flags={"BACKEND": "eks", "JOB_NAMESPACE": "team-a"}), "reading job fsdp")
+    e = explain(
+        KubeError(404, "NotFound", 'namespaces "team-a" not found'),
+        load(flags={"BACKEND": "eks", "JOB_NAMESPACE": "team-a"}),
+        "reading job fsdp",
+    )
     assert str(e) == "reading job fsdp: namespace team-a does not exist"
     assert "fix JOB_NAMESPACE" in e.hint
 
 
 def test_monitor_top_reads_prometheus_through_the_api(peer):
     r = cli("monitor", "top")
-    assert r.exit_code == 1 and "no metrics source answers" in said(r) and "fsdpctl deploy monitoring" in said(r)
+    assert (
+        r.exit_code == 1 and "no metrics source answers" in said(r) and "fsdpctl deploy monitoring" in said(r)
+    )
 
     def prometheus(method, rest, query, body):
         q = query["query"]
-        rows = [] if "pod" in q and "Hostname" not in q else [
-            {"metric": {"Hostname": "ip-10-0-0-1"}, "value": [0, "97" if "UTIL" in q else "650"]}]
+        rows = (
+            []
+            if "pod" in q and "Hostname" not in q
+            else [{"metric": {"Hostname": "ip-10-0-0-1"}, "value": [0, "97" if "UTIL" in q else "650"]}]
+        )
         if "by (namespace, pod)" in q:
             rows = [{"metric": {"namespace": "fsdp", "pod": "fsdp-worker-0"}, "value": [0, "93.5"]}]
-        return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
+        return 200, json.dumps(
+            {"status": "success", "data": {"resultType": "vector", "result": rows}}
+        ).encode()
 
     peer.api.proxies[("monitoring", "prometheus", 9090)] = prometheus
     r = cli("monitor", "top", "-o", "json")
@@ -423,8 +565,10 @@ def test_monitor_top_reads_prometheus_through_the_api(peer):
     assert "ip-10-0-0-1" in cli("monitor", "top").stdout
 
 
-@pytest.mark.skipif(not os.environ.get("FSDPCTL_TEST_KUBECONFIG"),
-                    reason="FSDPCTL_TEST_KUBECONFIG not set: no real cluster (kind/k3s/EKS) to run against")
+@pytest.mark.skipif(
+    not os.environ.get("FSDPCTL_TEST_KUBECONFIG"),
+    reason="FSDPCTL_TEST_KUBECONFIG not set: no real cluster (kind/k3s/EKS) to run against",
+)
 def test_real_cluster(monkeypatch, tmp_path):
     """The same commands against a real API server; only server-side dry runs and reads, nothing is left."""
     monkeypatch.setenv("KUBECONFIG", os.environ["FSDPCTL_TEST_KUBECONFIG"])

@@ -30,9 +30,19 @@ def schemas():
 
 
 def eks(instance, strategy, rdzv, **more):
-    return load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance, "SHARDING_STRATEGY": strategy,
-                        "RDZV_BACKEND": rdzv, "JOB_NODES": "16", "AWS_ACCOUNT_ID": "123456789012",
-                        "MODEL": "70b", "CHECKPOINT_PVC": "fsx-claim", **more})
+    return load(
+        dotenv={
+            "BACKEND": "eks",
+            "INSTANCE_TYPE": instance,
+            "SHARDING_STRATEGY": strategy,
+            "RDZV_BACKEND": rdzv,
+            "JOB_NODES": "16",
+            "AWS_ACCOUNT_ID": "123456789012",
+            "MODEL": "70b",
+            "CHECKPOINT_PVC": "fsx-claim",
+            **more,
+        }
+    )
 
 
 @pytest.mark.parametrize("instance, strategy, rdzv", EKS_COMBOS)
@@ -59,29 +69,51 @@ def test_every_local_combination_validates(schemas, strategy, rdzv):
 @pytest.mark.parametrize("instance, strategy", list(itertools.product(INSTANCE_TYPES, STRATEGIES)))
 def test_every_trainjob_combination_validates(schemas, instance, strategy):
     """TrainJob (Trainer v2.3.0) against its CRD, strictly: runtimePatches carry the pod details."""
-    cfg = eks(instance, strategy, "c10d", JOB_KIND="trainjob", NODE_SELECTOR="team=ml",
-              TOLERATIONS="dedicated=gpu:NoSchedule")
+    cfg = eks(
+        instance,
+        strategy,
+        "c10d",
+        JOB_KIND="trainjob",
+        NODE_SELECTOR="team=ml",
+        TOLERATIONS="dedicated=gpu:NoSchedule",
+    )
     objs = render.render_job(cfg, "fsdp-run-1")
     assert [o["kind"] for o in objs] == ["Namespace", "TrainJob"]
     assert validate(objs, schemas) == []
     spec = objs[-1]["spec"]
     assert spec["runtimeRef"]["name"] == "torch-distributed" and spec["trainer"]["numNodes"] == 16
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == INSTANCE_TYPES[instance].gpus
-    pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"][
-        "spec"]["template"]["spec"]
+    pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"
+    ]["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": instance, "team": "ml"}
-    assert {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
 
 
 def test_node_selector_tolerations_and_gang_scheduling(schemas):
-    cfg = eks("p5.48xlarge", "FULL_SHARD", "c10d", NODE_SELECTOR="team=ml,pool=a", TOLERATIONS="spot,x=y:NoExecute",
-              SCHEDULER_NAME="volcano", GANG_SCHEDULING="true")
+    cfg = eks(
+        "p5.48xlarge",
+        "FULL_SHARD",
+        "c10d",
+        NODE_SELECTOR="team=ml,pool=a",
+        TOLERATIONS="spot,x=y:NoExecute",
+        SCHEDULER_NAME="volcano",
+        GANG_SCHEDULING="true",
+    )
     job = render.render_job(cfg, "r")[-1]
     assert validate([job], schemas) == []
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge", "team": "ml", "pool": "a"}
-    assert pod["tolerations"][1:] == [{"key": "spot", "operator": "Exists"},
-                                      {"key": "x", "operator": "Equal", "value": "y", "effect": "NoExecute"}]
+    assert pod["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "team": "ml",
+        "pool": "a",
+    }
+    assert pod["tolerations"][1:] == [
+        {"key": "spot", "operator": "Exists"},
+        {"key": "x", "operator": "Equal", "value": "y", "effect": "NoExecute"},
+    ]
     assert pod["schedulerName"] == "volcano"
     assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 16}
 
@@ -99,16 +131,23 @@ def test_schema_validation_is_strict(schemas):
 
 def test_output_is_deterministic_and_ids_differ_per_run():
     cfg = eks("p4de.24xlarge", "HYBRID_SHARD", "etcd")
-    assert render.to_yaml(render.render_job(cfg, render.stable_run_id(cfg))) == \
-        render.to_yaml(render.render_job(cfg, render.stable_run_id(cfg)))
+    assert render.to_yaml(render.render_job(cfg, render.stable_run_id(cfg))) == render.to_yaml(
+        render.render_job(cfg, render.stable_run_id(cfg))
+    )
     assert render.new_run_id("fsdp") != render.new_run_id("fsdp")
     assert render.stable_run_id(cfg) != render.stable_run_id(eks("p4de.24xlarge", "FULL_SHARD", "etcd"))
 
 
-@pytest.mark.parametrize("name, cfg", [
-    ("eks-p5-70b-hybrid-etcd", lambda: eks("p5.48xlarge", "HYBRID_SHARD", "etcd", CAPACITY_RESERVATION_ID="")),
-    ("local-c10d", lambda: load(dotenv={})),
-])
+@pytest.mark.parametrize(
+    "name, cfg",
+    [
+        (
+            "eks-p5-70b-hybrid-etcd",
+            lambda: eks("p5.48xlarge", "HYBRID_SHARD", "etcd", CAPACITY_RESERVATION_ID=""),
+        ),
+        ("local-c10d", lambda: load(dotenv={})),
+    ],
+)
 def test_golden_manifests(name, cfg):
     """The whole rendered output, compared after normalising the run id. FSDPCTL_UPDATE_GOLDEN=1 rewrites."""
     text = render.to_yaml(render.render_job(cfg(), "RUN-ID"))
@@ -132,10 +171,13 @@ def test_token_goes_only_into_the_secret(schemas):
     # the Secret reaches the pod as a read-only file that huggingface_hub reads through HF_TOKEN_PATH
     assert {"name": "HF_TOKEN_PATH", "value": f"{render.HF_TOKEN_DIR}/HF_TOKEN"} in env
     assert not any(e["name"] == "HF_TOKEN" for e in env)
-    assert {"name": "hf-token", "secret": {"secretName": "fsdp-hf-token", "optional": True,
-                                           "defaultMode": 0o440}} in pod["volumes"]
-    assert {"name": "hf-token", "mountPath": render.HF_TOKEN_DIR, "readOnly": True} in \
-        pod["containers"][0]["volumeMounts"]
+    assert {
+        "name": "hf-token",
+        "secret": {"secretName": "fsdp-hf-token", "optional": True, "defaultMode": 0o440},
+    } in pod["volumes"]
+    assert {"name": "hf-token", "mountPath": render.HF_TOKEN_DIR, "readOnly": True} in pod["containers"][0][
+        "volumeMounts"
+    ]
 
 
 def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
@@ -146,11 +188,19 @@ def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
     from fsdpctl import deploy
 
     cfg = eks("p5.48xlarge", "FULL_SHARD", "etcd")
-    objs = deploy.etcd(cfg).objects + deploy.monitoring(cfg).objects + [render.render_checkpoint_cleaner(cfg, "fsdp")]
+    objs = (
+        deploy.etcd(cfg).objects
+        + deploy.monitoring(cfg).objects
+        + [render.render_checkpoint_cleaner(cfg, "fsdp")]
+    )
     assert validate(objs, schemas) == []
     [dashboards] = [o for o in objs if o["metadata"]["name"] == "grafana-dashboards"]
-    exprs = [t["expr"] for d in dashboards["data"].values() for p in json.loads(d)["panels"]
-             for t in p.get("targets", [])]
+    exprs = [
+        t["expr"]
+        for d in dashboards["data"].values()
+        for p in json.loads(d)["panels"]
+        for t in p.get("targets", [])
+    ]
     assert all(any(m in e for e in exprs) for m in deploy.DASHBOARD_METRICS)
     from fsdptrain.metrics import PROMETHEUS_GAUGES
 

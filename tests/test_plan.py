@@ -13,8 +13,18 @@ from fsdpctl.cli import app
 
 
 def job(**kw) -> P.Job:
-    base = dict(model="7b", instance_type="p5.48xlarge", nodes=1, gpus_per_node=8, strategy="FULL_SHARD",
-                precision="bf16", ac="full", ac_every=2, micro_batch=1, seq_len=4096)
+    base = dict(
+        model="7b",
+        instance_type="p5.48xlarge",
+        nodes=1,
+        gpus_per_node=8,
+        strategy="FULL_SHARD",
+        precision="bf16",
+        ac="full",
+        ac_every=2,
+        micro_batch=1,
+        seq_len=4096,
+    )
     return P.Job(**{**base, **kw})
 
 

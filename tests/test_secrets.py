@@ -8,9 +8,11 @@ from typer.testing import CliRunner
 from fsdpctl.cli import app
 from fsdpctl.settings import setting_keys
 
-SECRETS = {"HF_TOKEN": "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567",
-           "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
-           "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}
+SECRETS = {
+    "HF_TOKEN": "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567",
+    "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+}
 
 
 def test_no_secret_in_any_output_or_file(tmp_path, monkeypatch):
@@ -22,16 +24,35 @@ def test_no_secret_in_any_output_or_file(tmp_path, monkeypatch):
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NO_COLOR", "1")
     runner = CliRunner()
-    job = ["--set", "JOB_NAME=secret", "--set", "MAX_STEPS=4", "--set", "WARMUP_STEPS=1", "--set", "SEQ_LEN=64",
-           "--set", "PRECISION=fp32"]
+    job = [
+        "--set",
+        "JOB_NAME=secret",
+        "--set",
+        "MAX_STEPS=4",
+        "--set",
+        "WARMUP_STEPS=1",
+        "--set",
+        "SEQ_LEN=64",
+        "--set",
+        "PRECISION=fp32",
+    ]
     outputs = []
-    for args in (["config", "show"], ["config", "show", "-o", "json"], ["config", "show", "-o", "yaml"],
-                 ["manifest"], ["manifest", "-o", "out"], ["--set", "BACKEND=eks", "manifest"],
-                 # the token pasted into the wrong key: the error names the key, not the token
-                 ["--set", f"MODEL={SECRETS['HF_TOKEN']}", "config", "validate"],
-                 ["--set", f"JOB_NAME={SECRETS['AWS_SECRET_ACCESS_KEY']}", "config", "validate"],
-                 [*job, "job", "run"], [*job, "job", "status"], [*job, "job", "logs", "--all"],
-                 [*job, "job", "status", "-o", "json"], ["job", "list", "-o", "json"]):
+    for args in (
+        ["config", "show"],
+        ["config", "show", "-o", "json"],
+        ["config", "show", "-o", "yaml"],
+        ["manifest"],
+        ["manifest", "-o", "out"],
+        ["--set", "BACKEND=eks", "manifest"],
+        # the token pasted into the wrong key: the error names the key, not the token
+        ["--set", f"MODEL={SECRETS['HF_TOKEN']}", "config", "validate"],
+        ["--set", f"JOB_NAME={SECRETS['AWS_SECRET_ACCESS_KEY']}", "config", "validate"],
+        [*job, "job", "run"],
+        [*job, "job", "status"],
+        [*job, "job", "logs", "--all"],
+        [*job, "job", "status", "-o", "json"],
+        ["job", "list", "-o", "json"],
+    ):
         result = runner.invoke(app, args)
         outputs.append((args, result.exit_code, result.stdout + result.stderr))
     assert [code for args, code, _ in outputs if args[-1] == "validate"] == [2, 2]

@@ -8,8 +8,11 @@ from fsdpctl.settings import SettingsError, derived, load, parse_dotenv, redacte
 
 
 def test_precedence_flag_over_env_over_dotenv_over_default():
-    cfg = load(dotenv={"MODEL": "13b", "JOB_NODES": "4", "SEQ_LEN": "256"},
-               environ={"MODEL": "7b", "JOB_NODES": "8", "UNRELATED": "x"}, flags={"MODEL": "70b"})
+    cfg = load(
+        dotenv={"MODEL": "13b", "JOB_NODES": "4", "SEQ_LEN": "256"},
+        environ={"MODEL": "7b", "JOB_NODES": "8", "UNRELATED": "x"},
+        flags={"MODEL": "70b"},
+    )
     assert cfg.training.model == "70b" and cfg.sources["MODEL"] == "flag"
     assert cfg.job_nodes == 8 and cfg.sources["JOB_NODES"] == "env"
     assert cfg.training.seq_len == 256 and cfg.sources["SEQ_LEN"] == ".env"
@@ -17,33 +20,60 @@ def test_precedence_flag_over_env_over_dotenv_over_default():
 
 
 def test_derived_values_per_instance_type():
-    p4 = load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": "p4de.24xlarge", "JOB_NODES": "16",
-                      "AWS_ACCOUNT_ID": "123456789012", "AWS_REGION": "us-east-1"})
-    assert derived(p4) == {"gpus_per_node": 8, "procs_per_node": 8, "world_size": 128, "efa_per_node": 4,
-                           "image_uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/fsdpctl-trainer:0.1.0",
-                           "gpu": "A100", "gpu_memory_gib": 80}
+    p4 = load(
+        dotenv={
+            "BACKEND": "eks",
+            "INSTANCE_TYPE": "p4de.24xlarge",
+            "JOB_NODES": "16",
+            "AWS_ACCOUNT_ID": "123456789012",
+            "AWS_REGION": "us-east-1",
+        }
+    )
+    assert derived(p4) == {
+        "gpus_per_node": 8,
+        "procs_per_node": 8,
+        "world_size": 128,
+        "efa_per_node": 4,
+        "image_uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/fsdpctl-trainer:0.1.0",
+        "gpu": "A100",
+        "gpu_memory_gib": 80,
+    }
     p5 = load(dotenv={"BACKEND": "eks", "EFA_ENABLED": "false", "GPUS_PER_NODE": "4"})
     assert (p5.efa_per_node, p5.world_size, p5.image_uri) == (0, 8, "fsdpctl-trainer:0.1.0")
     local = load(dotenv={"LOCAL_PROCS_PER_NODE": "2", "JOB_NODES": "3"})
     assert local.world_size == 6
 
 
-@pytest.mark.parametrize("values, line", [
-    ({"INSTANCE_TYPE": "p3.16xlarge"}, "INSTANCE_TYPE='p3.16xlarge' is not supported: use one of p4de.24xlarge"),
-    ({"GPUS_PER_NODE": "16"}, "GPUS_PER_NODE=16 exceeds the 8 GPUs of a p5.48xlarge: use at most 8"),
-    ({"JOB_NODES": "0"}, "JOB_NODES='0' is too small: use at least 1"),
-    ({"JOB_NODES": "many"}, "JOB_NODES='many' is not a whole number: give one, e.g. 2"),
-    ({"RDZV_BACKEND": "zookeeper"}, "RDZV_BACKEND='zookeeper' is not allowed: use one of c10d, etcd, etcd-v2"),
-    ({"JOB_NAME": "My_Job"}, "JOB_NAME='My_Job' is not valid: it must match"),
-    ({"AWS_ACCOUNT_ID": "12345"}, "AWS_ACCOUNT_ID='12345' is not valid"),
-    ({"IMAGE_TAG": "latest"}, "IMAGE_TAG='latest' is not allowed: pin a version"),
-    ({"CAPACITY_RESERVATION_ID": "cr-1"}, "CAPACITY_RESERVATION_ID='cr-1' is not valid"),
-    ({"SHARDING_STRATEGY": "ZERO3"}, "SHARDING_STRATEGY='ZERO3' is not allowed: use one of FULL_SHARD"),
-    ({"MAX_STEPS": "1.5"}, "MAX_STEPS='1.5' is not valid: give a whole number"),
-    ({"SHARDING_STRATEGY": "HYBRID_SHARD", "HSDP_SHARD_SIZE": "3", "JOB_NODES": "2"},
-     "HSDP_SHARD_SIZE=3 does not divide the world size 2"),
-    ({"PRETRAINED": "meta-llama/Llama-2-7b-hf"}, "HF_TOKEN is missing: PRETRAINED='meta-llama/Llama-2-7b-hf' is gated"),
-])
+@pytest.mark.parametrize(
+    "values, line",
+    [
+        (
+            {"INSTANCE_TYPE": "p3.16xlarge"},
+            "INSTANCE_TYPE='p3.16xlarge' is not supported: use one of p4de.24xlarge",
+        ),
+        ({"GPUS_PER_NODE": "16"}, "GPUS_PER_NODE=16 exceeds the 8 GPUs of a p5.48xlarge: use at most 8"),
+        ({"JOB_NODES": "0"}, "JOB_NODES='0' is too small: use at least 1"),
+        ({"JOB_NODES": "many"}, "JOB_NODES='many' is not a whole number: give one, e.g. 2"),
+        (
+            {"RDZV_BACKEND": "zookeeper"},
+            "RDZV_BACKEND='zookeeper' is not allowed: use one of c10d, etcd, etcd-v2",
+        ),
+        ({"JOB_NAME": "My_Job"}, "JOB_NAME='My_Job' is not valid: it must match"),
+        ({"AWS_ACCOUNT_ID": "12345"}, "AWS_ACCOUNT_ID='12345' is not valid"),
+        ({"IMAGE_TAG": "latest"}, "IMAGE_TAG='latest' is not allowed: pin a version"),
+        ({"CAPACITY_RESERVATION_ID": "cr-1"}, "CAPACITY_RESERVATION_ID='cr-1' is not valid"),
+        ({"SHARDING_STRATEGY": "ZERO3"}, "SHARDING_STRATEGY='ZERO3' is not allowed: use one of FULL_SHARD"),
+        ({"MAX_STEPS": "1.5"}, "MAX_STEPS='1.5' is not valid: give a whole number"),
+        (
+            {"SHARDING_STRATEGY": "HYBRID_SHARD", "HSDP_SHARD_SIZE": "3", "JOB_NODES": "2"},
+            "HSDP_SHARD_SIZE=3 does not divide the world size 2",
+        ),
+        (
+            {"PRETRAINED": "meta-llama/Llama-2-7b-hf"},
+            "HF_TOKEN is missing: PRETRAINED='meta-llama/Llama-2-7b-hf' is gated",
+        ),
+    ],
+)
 def test_bad_values_give_one_line_naming_key_value_and_fix(values, line):
     with pytest.raises(SettingsError) as e:
         load(dotenv=values)

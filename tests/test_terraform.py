@@ -30,13 +30,24 @@ def _variables(path: Path) -> dict[str, dict]:
 
 def test_every_root_variable_has_a_description_and_a_default():
     variables = _variables(TF / "variables.tf")
-    assert {"region", "availability_zones", "instance_type", "node_count", "capacity_reservation_id",
-            "efa_enabled", "efa_interfaces"} <= set(variables)
+    assert {
+        "region",
+        "availability_zones",
+        "instance_type",
+        "node_count",
+        "capacity_reservation_id",
+        "efa_enabled",
+        "efa_interfaces",
+    } <= set(variables)
     for name, body in variables.items():
         assert body.get("description") and "default" in body, name
     assert all(b.get("description") for b in _variables(TF / "modules/eks-gpu/variables.tf").values())
     efa = variables["efa_interfaces"]["default"]
-    assert {k.strip('"'): v for k, v in efa.items()} == {"p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32}
+    assert {k.strip('"'): v for k, v in efa.items()} == {
+        "p4de.24xlarge": 4,
+        "p5.48xlarge": 32,
+        "p5e.48xlarge": 32,
+    }
 
 
 @pytest.mark.skipif(not HAVE_TERRAFORM, reason="terraform is not installed here")
@@ -48,9 +59,22 @@ def test_terraform_fmt_is_clean():
 def test_dry_run_writes_tfvars_from_the_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["--set", "INSTANCE_TYPE=p4de.24xlarge", "--set", "NODE_COUNT=4",
-                                      "--set", "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
-                                      "cluster", "create", "--tool", "terraform", "--dry-run"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "--set",
+            "INSTANCE_TYPE=p4de.24xlarge",
+            "--set",
+            "NODE_COUNT=4",
+            "--set",
+            "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+            "cluster",
+            "create",
+            "--tool",
+            "terraform",
+            "--dry-run",
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     work = tmp_path / "clusters/fsdp-eks/terraform"
     tfvars = json.loads((work / "fsdpctl.auto.tfvars.json").read_text())
@@ -62,18 +86,31 @@ def test_dry_run_writes_tfvars_from_the_settings(tmp_path, monkeypatch):
     assert (work / "modules/eks-gpu/main.tf").is_file()
 
 
-@pytest.mark.skipif(not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing")
+@pytest.mark.skipif(
+    not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
+)
 def test_validate_and_plan_against_moto(aws_env, tmp_path):
     runner = CliRunner()
-    result = runner.invoke(app, ["--set", "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0", "cluster", "create",
-                                 "--tool", "terraform", "--dry-run"])
+    result = runner.invoke(
+        app,
+        [
+            "--set",
+            "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+            "cluster",
+            "create",
+            "--tool",
+            "terraform",
+            "--dry-run",
+        ],
+    )
     assert result.exit_code == 0
     work = tmp_path / "home/clusters/fsdp-eks/terraform"
     env = {**os.environ, "TF_IN_AUTOMATION": "1"}
 
     def tf(*args):
-        return subprocess.run(["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True,
-                              timeout=300)
+        return subprocess.run(
+            ["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True, timeout=300
+        )
 
     assert tf("init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}").returncode == 0
     valid = tf("validate", "-no-color")

@@ -26,8 +26,9 @@ def strategy_runs(assets):
 
     def get(strategy: str) -> Run:
         if strategy not in cache:
-            cache[strategy] = torchrun(assets, SHARDING_STRATEGY=strategy, MAX_STEPS=30,
-                                       PEAK_TFLOPS="0.5", **STRATEGY_RUNS[strategy])
+            cache[strategy] = torchrun(
+                assets, SHARDING_STRATEGY=strategy, MAX_STEPS=30, PEAK_TFLOPS="0.5", **STRATEGY_RUNS[strategy]
+            )
         return cache[strategy]
 
     return get
@@ -61,8 +62,15 @@ def test_full_shard_holds_half_the_state_of_no_shard(strategy_runs):
 
 @pytest.mark.slow
 def test_hybrid_shard_2x2_on_four_processes(assets):
-    run = torchrun(assets, nproc=4, SHARDING_STRATEGY="HYBRID_SHARD", HSDP_SHARD_SIZE=2, MAX_STEPS=20,
-                   MICRO_BATCH_SIZE=1, timeout=400)
+    run = torchrun(
+        assets,
+        nproc=4,
+        SHARDING_STRATEGY="HYBRID_SHARD",
+        HSDP_SHARD_SIZE=2,
+        MAX_STEPS=20,
+        MICRO_BATCH_SIZE=1,
+        timeout=400,
+    )
     assert run.rc == 0, run.stderr[-3000:]
     assert "HYBRID_SHARD mesh (2, 2)" in run.stdout
     assert _decreased(run.losses), run.losses
@@ -74,8 +82,13 @@ def test_resume_reproduces_the_uninterrupted_losses(assets, tmp_path):
     # resume in a fresh directory from the step-4 checkpoint of the first run
     (tmp_path / "b").mkdir()
     shutil.copytree(tmp_path / "a" / "step-00000004", tmp_path / "b" / "step-00000004")
-    resumed = torchrun(assets, MAX_STEPS=8, CHECKPOINT_DIR=tmp_path / "b", CHECKPOINT_INTERVAL=4,
-                       RESUME=tmp_path / "b" / "step-00000004")
+    resumed = torchrun(
+        assets,
+        MAX_STEPS=8,
+        CHECKPOINT_DIR=tmp_path / "b",
+        CHECKPOINT_INTERVAL=4,
+        RESUME=tmp_path / "b" / "step-00000004",
+    )
     assert resumed.rc == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     assert [r["step"] for r in resumed.events("step")] == [5, 6, 7, 8]
@@ -100,8 +113,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
 
     port = free_port()
     env = train_env(assets, MAX_STEPS=10_000, CHECKPOINT_DIR=tmp_path, LOG_INTERVAL=1, METRICS_PORT=port)
-    proc = subprocess.Popen(torchrun_argv(2), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        torchrun_argv(2), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
         seen = 0
         for line in proc.stdout:
@@ -113,7 +127,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
         assert scraped["fsdptrain_step"] >= 3 and scraped["fsdptrain_max_steps"] == 10_000
         assert scraped["fsdptrain_loss"] > 0 and scraped["fsdptrain_tokens_per_second"] > 0
         assert "fsdptrain_mfu" not in scraped  # a CPU has no known peak: no MFU rather than a made-up one
-        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        workers = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
         assert len(workers) == 2
         for pid in workers:
             os.kill(int(pid), signal.SIGTERM)
@@ -137,8 +153,10 @@ def _scrape(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
-    return {name: float(value) for name, value in
-            (line.split() for line in text.splitlines() if line and not line.startswith("#"))}
+    return {
+        name: float(value)
+        for name, value in (line.split() for line in text.splitlines() if line and not line.startswith("#"))
+    }
 
 
 def test_export_then_fine_tune_from_it(assets, tmp_path):
@@ -161,23 +179,34 @@ def test_export_then_fine_tune_from_it(assets, tmp_path):
     assert tuned.losses[0] < base.losses[-1] + 0.3 < base.losses[0] - 0.3
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"SHARDING_STRATEGY": "FULLSHARD"}, "SHARDING_STRATEGY='FULLSHARD' is not allowed: use one of FULL_SHARD"),
-    ({"PRECISION": "int8"}, "PRECISION='int8' is not allowed"),
-    ({"MICRO_BATCH_SIZE": "two"}, "MICRO_BATCH_SIZE='two' is not valid: give a whole number"),
-    ({"SEQ_LEN": "4"}, "SEQ_LEN=4 is too small: use at least 8"),
-    ({"MODEL": "65b"}, "MODEL='65b' is unknown"),
-    ({"WARMUP_STEPS": "50", "MAX_STEPS": "10"}, "WARMUP_STEPS=50 exceeds MAX_STEPS=10"),
-    ({"DATASET": ""}, "DATASET='' is empty"),
-    ({"DATASET": "/nonexistent/data.txt"}, "DATASET='/nonexistent/data.txt' does not exist"),
-    ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not valid: give true or false"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"SHARDING_STRATEGY": "FULLSHARD"},
+            "SHARDING_STRATEGY='FULLSHARD' is not allowed: use one of FULL_SHARD",
+        ),
+        ({"PRECISION": "int8"}, "PRECISION='int8' is not allowed"),
+        ({"MICRO_BATCH_SIZE": "two"}, "MICRO_BATCH_SIZE='two' is not valid: give a whole number"),
+        ({"SEQ_LEN": "4"}, "SEQ_LEN=4 is too small: use at least 8"),
+        ({"MODEL": "65b"}, "MODEL='65b' is unknown"),
+        ({"WARMUP_STEPS": "50", "MAX_STEPS": "10"}, "WARMUP_STEPS=50 exceeds MAX_STEPS=10"),
+        ({"DATASET": ""}, "DATASET='' is empty"),
+        ({"DATASET": "/nonexistent/data.txt"}, "DATASET='/nonexistent/data.txt' does not exist"),
+        ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not valid: give true or false"),
+    ],
+)
 def test_bad_settings_exit_2_with_one_line_naming_the_field(assets, settings, message):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "fsdptrain"], env=train_env(assets, **settings),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "fsdptrain"],
+        env=train_env(assets, **settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
@@ -192,7 +221,9 @@ def test_hsdp_group_must_divide_the_world(assets):
 def test_flags_override_environment(assets):
     from fsdptrain.config import from_sources
 
-    cfg = from_sources(["--max-steps", "7", "--precision", "fp32"], train_env(assets, MAX_STEPS=3, PRECISION="bf16"))
+    cfg = from_sources(
+        ["--max-steps", "7", "--precision", "fp32"], train_env(assets, MAX_STEPS=3, PRECISION="bf16")
+    )
     assert (cfg.max_steps, cfg.precision, cfg.model) == (7, "fp32", "tiny")
 
 
@@ -204,8 +235,18 @@ def test_plan_memory_estimate_matches_the_measured_allocation(strategy_runs, str
     settings = STRATEGY_RUNS[strategy]
     s = strategy_runs(strategy).summary
     measured = s["param_bytes"] + s["grad_bytes"] + s["optim_bytes"] + s["activation_bytes"]
-    job = Job(model="tiny", instance_type="p5.48xlarge", nodes=1, gpus_per_node=2, strategy=strategy,
-              precision=settings["PRECISION"], ac=settings.get("ACTIVATION_CHECKPOINTING", "none"),
-              ac_every=int(settings.get("AC_EVERY", 2)), micro_batch=2, seq_len=64,
-              grad_accum=int(settings.get("GRAD_ACCUM_STEPS", 1)), hsdp_shard_size=int(settings.get("HSDP_SHARD_SIZE", 0)))
+    job = Job(
+        model="tiny",
+        instance_type="p5.48xlarge",
+        nodes=1,
+        gpus_per_node=2,
+        strategy=strategy,
+        precision=settings["PRECISION"],
+        ac=settings.get("ACTIVATION_CHECKPOINTING", "none"),
+        ac_every=int(settings.get("AC_EVERY", 2)),
+        micro_batch=2,
+        seq_len=64,
+        grad_accum=int(settings.get("GRAD_ACCUM_STEPS", 1)),
+        hsdp_shard_size=int(settings.get("HSDP_SHARD_SIZE", 0)),
+    )
     assert memory(job).measured_equivalent == pytest.approx(measured, rel=0.10)

@@ -12,9 +12,9 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from fsdpctl.settings import Config
 
@@ -50,16 +50,26 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
 def check_nvidia_smi(facts: Facts) -> Check:
     exe = shutil.which("nvidia-smi")
     if not exe:
-        return Check("nvidia-smi", SKIPPED, "no NVIDIA driver (nvidia-smi not on PATH)",
-                     "on a GPU node: use the EKS GPU-optimized AMI; in a pod: request nvidia.com/gpu")
+        return Check(
+            "nvidia-smi",
+            SKIPPED,
+            "no NVIDIA driver (nvidia-smi not on PATH)",
+            "on a GPU node: use the EKS GPU-optimized AMI; in a pod: request nvidia.com/gpu",
+        )
     try:
         p = _run([exe, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     except subprocess.TimeoutExpired:
-        return Check("nvidia-smi", FAIL, "nvidia-smi did not answer in 30 s", "the driver is hung: reboot the node")
+        return Check(
+            "nvidia-smi", FAIL, "nvidia-smi did not answer in 30 s", "the driver is hung: reboot the node"
+        )
     if p.returncode != 0:
         first = (p.stderr or p.stdout).strip().splitlines()[:1] or [f"exit code {p.returncode}"]
-        return Check("nvidia-smi", FAIL, f"nvidia-smi failed: {first[0]}",
-                     "reinstall or reload the NVIDIA driver (on EKS: replace the node)")
+        return Check(
+            "nvidia-smi",
+            FAIL,
+            f"nvidia-smi failed: {first[0]}",
+            "reinstall or reload the NVIDIA driver (on EKS: replace the node)",
+        )
     gpus = [line.split(",") for line in p.stdout.strip().splitlines() if line.strip()]
     facts.gpus = len(gpus)
     header = _run([exe]).stdout
@@ -73,7 +83,9 @@ def check_torch(facts: Facts) -> Check:
     try:
         import torch
     except ImportError:
-        return Check("torch", FAIL, "torch is not installed", "pip install 'fsdpctl[train]' (or use the trainer image)")
+        return Check(
+            "torch", FAIL, "torch is not installed", "pip install 'fsdpctl[train]' (or use the trainer image)"
+        )
     facts.torch = torch
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     return Check("torch", OK, f"torch {torch.__version__} ({build}), {torch.get_num_threads()} CPU threads")
@@ -91,11 +103,19 @@ def check_driver_vs_cuda(facts: Facts) -> Check:
         return Check(name, SKIPPED, "torch missing")
     built = facts.torch.version.cuda
     if not built:
-        return Check(name, FAIL, f"torch {facts.torch.__version__} is a CPU build on a GPU machine",
-                     "install the CUDA wheel of torch (the trainer image has it)")
+        return Check(
+            name,
+            FAIL,
+            f"torch {facts.torch.__version__} is a CPU build on a GPU machine",
+            "install the CUDA wheel of torch (the trainer image has it)",
+        )
     if facts.driver_cuda and _version(facts.driver_cuda) < _version(built):
-        return Check(name, FAIL, f"driver supports CUDA {facts.driver_cuda}, torch needs {built}",
-                     "upgrade the NVIDIA driver, or use a torch built for the driver's CUDA")
+        return Check(
+            name,
+            FAIL,
+            f"driver supports CUDA {facts.driver_cuda}, torch needs {built}",
+            "upgrade the NVIDIA driver, or use a torch built for the driver's CUDA",
+        )
     return Check(name, OK, f"driver CUDA {facts.driver_cuda} >= torch CUDA {built}")
 
 
@@ -104,8 +124,12 @@ def check_cuda_available(facts: Facts) -> Check:
     if not facts.gpus or facts.torch is None:
         return Check(name, SKIPPED, "no NVIDIA driver" if not facts.gpus else "torch missing")
     if not facts.torch.cuda.is_available():
-        return Check(name, FAIL, "torch.cuda.is_available() is False although nvidia-smi sees GPUs",
-                     "check CUDA_VISIBLE_DEVICES and that the container has the GPU devices")
+        return Check(
+            name,
+            FAIL,
+            "torch.cuda.is_available() is False although nvidia-smi sees GPUs",
+            "check CUDA_VISIBLE_DEVICES and that the container has the GPU devices",
+        )
     facts.cuda = True
     return Check(name, OK, f"{facts.torch.cuda.device_count()} devices visible to torch")
 
@@ -115,9 +139,9 @@ def check_forward_backward(facts: Facts) -> Check:
     if not facts.cuda:
         return Check(name, SKIPPED, "no CUDA device")
     torch = facts.torch
-    from fsdptrain.models import llama_config
-
     from transformers import LlamaForCausalLM
+
+    from fsdptrain.models import llama_config
 
     try:
         torch.cuda.reset_peak_memory_stats()
@@ -128,11 +152,19 @@ def check_forward_backward(facts: Facts) -> Check:
         loss.backward()
         torch.cuda.synchronize()
     except RuntimeError as e:
-        return Check(name, FAIL, f"tiny model failed on cuda: {str(e).splitlines()[0]}",
-                     "see the error; `nvidia-smi -q` for ECC/Xid errors")
-    gib = 1024 ** 3
-    return Check(name, OK, f"tiny Llama step ok, memory {torch.cuda.max_memory_allocated() / gib:.2f} GiB allocated / "
-                           f"{torch.cuda.max_memory_reserved() / gib:.2f} GiB reserved")
+        return Check(
+            name,
+            FAIL,
+            f"tiny model failed on cuda: {str(e).splitlines()[0]}",
+            "see the error; `nvidia-smi -q` for ECC/Xid errors",
+        )
+    gib = 1024**3
+    return Check(
+        name,
+        OK,
+        f"tiny Llama step ok, memory {torch.cuda.max_memory_allocated() / gib:.2f} GiB allocated / "
+        f"{torch.cuda.max_memory_reserved() / gib:.2f} GiB reserved",
+    )
 
 
 def check_bf16(facts: Facts) -> Check:
@@ -175,8 +207,12 @@ def allreduce_busbw(world: int, backend: str, size: int, iters: int) -> tuple[fl
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(_allreduce_worker, args=(world, free_port(), backend, size, iters, out), nprocs=world,
-                       start_method="spawn")
+    mp.start_processes(
+        _allreduce_worker,
+        args=(world, free_port(), backend, size, iters, out),
+        nprocs=world,
+        start_method="spawn",
+    )
     elapsed, value = out.get(timeout=60)
     expected = float(world ** (iters + 1))
     return 2 * (world - 1) / world * size / elapsed / 1e9, abs(value - expected) < 1e-3 * expected
@@ -194,10 +230,16 @@ def check_collectives(facts: Facts) -> Check:
     try:
         busbw, correct = allreduce_busbw(world, backend, size, iters=5)
     except Exception as e:  # a broken collective is the finding, whatever raised
-        return Check("all-reduce", FAIL, f"{what} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                     "NCCL_DEBUG=INFO shows why; check NCCL_SOCKET_IFNAME and /dev/shm")
+        return Check(
+            "all-reduce",
+            FAIL,
+            f"{what} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            "NCCL_DEBUG=INFO shows why; check NCCL_SOCKET_IFNAME and /dev/shm",
+        )
     if not correct:
-        return Check("all-reduce", FAIL, f"{what}: wrong result", "faulty GPU or link: `nvidia-smi -q`, dcgmi diag")
+        return Check(
+            "all-reduce", FAIL, f"{what}: wrong result", "faulty GPU or link: `nvidia-smi -q`, dcgmi diag"
+        )
     return Check("all-reduce", OK, f"{what}: bus bandwidth {busbw:.2f} GB/s")
 
 
@@ -206,18 +248,30 @@ def check_efa(cfg: Config) -> Check:
     exe = shutil.which("fi_info")
     if not exe:
         if expected:
-            return Check("EFA", WARN, "fi_info not found: cannot see EFA devices here",
-                         f"run doctor in the trainer image on a {cfg.instance_type} node (expects "
-                         f"{cfg.efa_per_node} EFA interfaces)")
+            return Check(
+                "EFA",
+                WARN,
+                "fi_info not found: cannot see EFA devices here",
+                f"run doctor in the trainer image on a {cfg.instance_type} node (expects "
+                f"{cfg.efa_per_node} EFA interfaces)",
+            )
         return Check("EFA", SKIPPED, "EFA not expected here (BACKEND=local or EFA_ENABLED=false)")
     p = _run([exe, "-p", "efa", "-t", "FI_EP_RDM"])
     if p.returncode != 0:
-        return Check("EFA", FAIL if expected else WARN, "fi_info finds no EFA provider",
-                     "request vpc.amazonaws.com/efa in the pod and install the EFA device plugin")
+        return Check(
+            "EFA",
+            FAIL if expected else WARN,
+            "fi_info finds no EFA provider",
+            "request vpc.amazonaws.com/efa in the pod and install the EFA device plugin",
+        )
     devices = len(set(re.findall(r"domain:\s*(\S+)", p.stdout)))
     if expected and devices < cfg.efa_per_node:
-        return Check("EFA", WARN, f"{devices} EFA devices, {cfg.instance_type} has {cfg.efa_per_node}",
-                     "request all interfaces (vpc.amazonaws.com/efa) or NCCL runs at a fraction of the bandwidth")
+        return Check(
+            "EFA",
+            WARN,
+            f"{devices} EFA devices, {cfg.instance_type} has {cfg.efa_per_node}",
+            "request all interfaces (vpc.amazonaws.com/efa) or NCCL runs at a fraction of the bandwidth",
+        )
     return Check("EFA", OK, f"{devices} EFA devices")
 
 
@@ -225,13 +279,19 @@ def check_shm(path: str = "/dev/shm", minimum: int = MIN_SHM) -> Check:
     try:
         st = os.statvfs(path)
     except OSError as e:
-        return Check("shared memory", FAIL, f"{path}: {e.strerror}", "mount an in-memory emptyDir at /dev/shm")
+        return Check(
+            "shared memory", FAIL, f"{path}: {e.strerror}", "mount an in-memory emptyDir at /dev/shm"
+        )
     size = st.f_blocks * st.f_frsize
     detail = f"{path} is {size / (1 << 30):.1f} GiB"
     if size < minimum:
-        return Check("shared memory", WARN, detail + f" (< {minimum / (1 << 30):.1f} GiB)",
-                     "NCCL fails with 'No space left on device': mount an in-memory emptyDir at /dev/shm "
-                     "(fsdpctl's manifests do)")
+        return Check(
+            "shared memory",
+            WARN,
+            detail + f" (< {minimum / (1 << 30):.1f} GiB)",
+            "NCCL fails with 'No space left on device': mount an in-memory emptyDir at /dev/shm "
+            "(fsdpctl's manifests do)",
+        )
     return Check("shared memory", OK, detail)
 
 
@@ -240,11 +300,17 @@ def check_disk(cfg: Config, path: Path) -> Check:
 
     path = path if path.exists() else next((p for p in path.parents if p.exists()), Path("/"))
     free = shutil.disk_usage(path).free
-    need = 12 * MODEL_CONFIGS[cfg.training.model].num_params() * cfg.training.checkpoint_keep  # fp32 params + moments
-    detail = f"{free / (1 << 30):.1f} GiB free at {path}, {cfg.training.checkpoint_keep} checkpoints need " \
-             f"{need / (1 << 30):.2f} GiB"
+    need = (
+        12 * MODEL_CONFIGS[cfg.training.model].num_params() * cfg.training.checkpoint_keep
+    )  # fp32 params + moments
+    detail = (
+        f"{free / (1 << 30):.1f} GiB free at {path}, {cfg.training.checkpoint_keep} checkpoints need "
+        f"{need / (1 << 30):.2f} GiB"
+    )
     if free < need:
-        return Check("checkpoint space", FAIL, detail, "free space, lower CHECKPOINT_KEEP or use a bigger volume")
+        return Check(
+            "checkpoint space", FAIL, detail, "free space, lower CHECKPOINT_KEEP or use a bigger volume"
+        )
     return Check("checkpoint space", OK, detail)
 
 
@@ -262,8 +328,11 @@ def check_data(cfg: Config, demand_tokens_per_s: float) -> Check:
             from fsdptrain.assets import default_cache, ensure_assets
 
             corpus, tok = ensure_assets(default_cache())
-            tcfg = replace(tcfg, dataset=str(corpus) if tcfg.dataset == BUILTIN else tcfg.dataset,
-                           tokenizer=str(tok) if tcfg.tokenizer_path == BUILTIN else tcfg.tokenizer)
+            tcfg = replace(
+                tcfg,
+                dataset=str(corpus) if tcfg.dataset == BUILTIN else tcfg.dataset,
+                tokenizer=str(tok) if tcfg.tokenizer_path == BUILTIN else tcfg.tokenizer,
+            )
         start = time.perf_counter()
         tokenizer = load_tokenizer(tcfg.tokenizer_path)
         blocks = load_blocks(tcfg, tokenizer)
@@ -275,22 +344,42 @@ def check_data(cfg: Config, demand_tokens_per_s: float) -> Check:
             tokens += inputs.numel()
         rate = tokens / (time.perf_counter() - start)
     except (ConfigError, OSError, StopIteration) as e:
-        return Check("data loader", FAIL, f"DATASET={t.dataset!r}: {e}", "fix DATASET / TOKENIZER (see the message)")
+        return Check(
+            "data loader", FAIL, f"DATASET={t.dataset!r}: {e}", "fix DATASET / TOKENIZER (see the message)"
+        )
     detail = f"{rate:,.0f} tokens/s per process (prepared in {prepare:.1f} s), the step needs {demand_tokens_per_s:,.0f}"
     if rate < 2 * demand_tokens_per_s:
-        return Check("data loader", WARN, detail, "input-bound: pre-tokenize the data set or raise SEQ_LEN/batch")
+        return Check(
+            "data loader", WARN, detail, "input-bound: pre-tokenize the data set or raise SEQ_LEN/batch"
+        )
     return Check("data loader", OK, detail)
 
 
-def run_checks(cfg: Config, *, demand_tokens_per_s: float, checkpoint_path: Path,
-               collectives: bool = True, on_check: Callable[[Check], None] | None = None) -> list[Check]:
+def run_checks(
+    cfg: Config,
+    *,
+    demand_tokens_per_s: float,
+    checkpoint_path: Path,
+    collectives: bool = True,
+    on_check: Callable[[Check], None] | None = None,
+) -> list[Check]:
     facts = Facts()
-    steps = [lambda: check_nvidia_smi(facts), lambda: check_torch(facts), lambda: check_driver_vs_cuda(facts),
-             lambda: check_cuda_available(facts), lambda: check_forward_backward(facts), lambda: check_bf16(facts)]
+    steps = [
+        lambda: check_nvidia_smi(facts),
+        lambda: check_torch(facts),
+        lambda: check_driver_vs_cuda(facts),
+        lambda: check_cuda_available(facts),
+        lambda: check_forward_backward(facts),
+        lambda: check_bf16(facts),
+    ]
     if collectives:
         steps.append(lambda: check_collectives(facts))
-    steps += [lambda: check_efa(cfg), lambda: check_shm(), lambda: check_disk(cfg, checkpoint_path),
-              lambda: check_data(cfg, demand_tokens_per_s)]
+    steps += [
+        lambda: check_efa(cfg),
+        lambda: check_shm(),
+        lambda: check_disk(cfg, checkpoint_path),
+        lambda: check_data(cfg, demand_tokens_per_s),
+    ]
     results = []
     for step in steps:
         result = step()

@@ -4,8 +4,8 @@ Kubernetes adapter; what the objects mean is read by the pure `kstatus` and `pro
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from fsdpctl import kstatus, render
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -29,23 +29,31 @@ def connect(cfg: Config):
 
 
 def _cluster_hint(cfg: Config) -> str:
-    return (f"aws eks update-kubeconfig --name {cfg.cluster_name} --region {cfg.aws_region}"
-            + (" (or fix KUBE_CONTEXT)" if cfg.kube_context else ""))
+    return f"aws eks update-kubeconfig --name {cfg.cluster_name} --region {cfg.aws_region}" + (
+        " (or fix KUBE_CONTEXT)" if cfg.kube_context else ""
+    )
 
 
 def explain(e, cfg: Config, what: str) -> FsdpctlError:
     """A KubeError as one line with its fix."""
     api, kind = render.job_api(cfg)
-    if e.status == 404 and ("resource" in e.message.lower() or "the server could not find" in e.message.lower()):
-        return FsdpctlError(f"{what}: the {kind} CRD ({api}) is not installed on this cluster",
-                            hint="fsdpctl deploy operator")
+    if e.status == 404 and (
+        "resource" in e.message.lower() or "the server could not find" in e.message.lower()
+    ):
+        return FsdpctlError(
+            f"{what}: the {kind} CRD ({api}) is not installed on this cluster", hint="fsdpctl deploy operator"
+        )
     if e.status == 403:
-        return FsdpctlError(f"{what}: forbidden: {e.message}",
-                            hint="your kubeconfig user needs RBAC rights in namespace "
-                                 f"{cfg.job_namespace} (kubectl auth can-i --list -n {cfg.job_namespace})")
+        return FsdpctlError(
+            f"{what}: forbidden: {e.message}",
+            hint="your kubeconfig user needs RBAC rights in namespace "
+            f"{cfg.job_namespace} (kubectl auth can-i --list -n {cfg.job_namespace})",
+        )
     if e.status == 404 and "namespace" in e.message.lower():
-        return FsdpctlError(f"{what}: namespace {cfg.job_namespace} does not exist",
-                            hint="`fsdpctl job run` creates it; or fix JOB_NAMESPACE")
+        return FsdpctlError(
+            f"{what}: namespace {cfg.job_namespace} does not exist",
+            hint="`fsdpctl job run` creates it; or fix JOB_NAMESPACE",
+        )
     return FsdpctlError(f"{what}: {e}")
 
 
@@ -59,8 +67,10 @@ def calls(cfg: Config, what: str) -> Iterator[None]:
     except KubeError as e:
         raise explain(e, cfg, what) from e
     except NoCluster as e:
-        raise FsdpctlError(f"{what}: {e}", hint=f"check the cluster is up and the kubeconfig points at it: "
-                                               f"{_cluster_hint(cfg)}") from e
+        raise FsdpctlError(
+            f"{what}: {e}",
+            hint=f"check the cluster is up and the kubeconfig points at it: {_cluster_hint(cfg)}",
+        ) from e
 
 
 def get_job(kube, cfg: Config, name: str) -> dict | None:
@@ -73,13 +83,17 @@ def get_job(kube, cfg: Config, name: str) -> dict | None:
 def require_job(kube, cfg: Config, name: str) -> dict:
     job = get_job(kube, cfg, name)
     if job is None:
-        raise FsdpctlError(f"no job named {name!r} in namespace {cfg.job_namespace}",
-                           hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
-                           code=ExitCode.JOB_NOT_FOUND)
+        raise FsdpctlError(
+            f"no job named {name!r} in namespace {cfg.job_namespace}",
+            hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
+            code=ExitCode.JOB_NOT_FOUND,
+        )
     return job
 
 
-def run(kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, server_dry_run: bool = False) -> dict:
+def run(
+    kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, server_dry_run: bool = False
+) -> dict:
     """Namespace (+ etcd) applied, the Secret applied, the job created. A job of the same name is refused
     unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint)."""
     run_id = run_id or render.new_run_id(cfg.job_name)
@@ -88,8 +102,10 @@ def run(kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, ser
     existing = get_job(kube, cfg, cfg.job_name)
     if existing is not None and not server_dry_run:
         if not replace:
-            raise FsdpctlError(f"job {cfg.job_name} already exists ({kstatus.phase(existing)})",
-                               hint="`fsdpctl job run --replace` replaces it; `fsdpctl job stop` removes it")
+            raise FsdpctlError(
+                f"job {cfg.job_name} already exists ({kstatus.phase(existing)})",
+                hint="`fsdpctl job run --replace` replaces it; `fsdpctl job stop` removes it",
+            )
         stop(kube, cfg, cfg.job_name, wait=True)
     with calls(cfg, f"starting job {cfg.job_name}"):
         for obj in infra:
@@ -99,8 +115,11 @@ def run(kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, ser
             kube.apply(job, dry_run=True)
         else:
             kube.create(job)
-    return {"job": cfg.job_name, "run_id": run_id, "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in
-                                                                [*infra, job]]}
+    return {
+        "job": cfg.job_name,
+        "run_id": run_id,
+        "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in [*infra, job]],
+    }
 
 
 def pods_of(kube, cfg: Config, name: str) -> list[dict]:
@@ -139,20 +158,34 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
     lead, lines = find_leader(kube, cfg, pods)
     now = time.time()
     prog = progress(records(lines), now)
-    pending = [p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase", "Pending") == "Pending"]
+    pending = [
+        p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase", "Pending") == "Pending"
+    ]
     events = {p: kube.events(cfg.job_namespace, p) for p in pending}
     network, net_warning = kstatus.network_path(lines, cfg.backend == "eks" and cfg.efa_per_node > 0)
     phase = kstatus.phase(job)
     labels = job.get("metadata", {}).get("labels", {})
     by_state = kstatus.pods_by_state(pods)
-    r = {"job": name, "kind": job["kind"], "phase": phase, "run_id": labels.get("fsdpctl.io/run-id", "-"),
-         "nodes": _replicas(job), "nodes_running": by_state.get("Running", 0), "pods": by_state,
-         "restarts": kstatus.restarts(pods), "age_s": kstatus.age(job, now),
-         "leader": lead["metadata"]["name"] if lead else None,
-         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
-         "checkpoint_dir": f"{render.POD_CHECKPOINT_ROOT}/{name}", **{k: v for k, v in prog.items() if k != "summary"},
-         "summary": prog["summary"], "reason": kstatus.failure_reason(job),
-         "problems": kstatus.scheduling_problems(pods, events), "network": network, "network_warning": net_warning}
+    r = {
+        "job": name,
+        "kind": job["kind"],
+        "phase": phase,
+        "run_id": labels.get("fsdpctl.io/run-id", "-"),
+        "nodes": _replicas(job),
+        "nodes_running": by_state.get("Running", 0),
+        "pods": by_state,
+        "restarts": kstatus.restarts(pods),
+        "age_s": kstatus.age(job, now),
+        "leader": lead["metadata"]["name"] if lead else None,
+        "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
+        "checkpoint_dir": f"{render.POD_CHECKPOINT_ROOT}/{name}",
+        **{k: v for k, v in prog.items() if k != "summary"},
+        "summary": prog["summary"],
+        "reason": kstatus.failure_reason(job),
+        "problems": kstatus.scheduling_problems(pods, events),
+        "network": network,
+        "network_warning": net_warning,
+    }
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
     return r
 
@@ -188,9 +221,13 @@ def _wait_gone(kube, api: str, kind: str, name: str, namespace: str, timeout: fl
     deadline = time.monotonic() + timeout
     while kube.get(api, kind, name, namespace) is not None:
         if time.monotonic() > deadline:
-            raise FsdpctlError(f"{kind} {name} still exists after {timeout:.0f} s",
-                               hint="its pods may be stuck terminating: `kubectl get pods -n " + namespace + "`")
-        for event, obj in kube.watch(api, kind, namespace, timeout=max(1, int(min(10, deadline - time.monotonic())))):
+            raise FsdpctlError(
+                f"{kind} {name} still exists after {timeout:.0f} s",
+                hint="its pods may be stuck terminating: `kubectl get pods -n " + namespace + "`",
+            )
+        for event, obj in kube.watch(
+            api, kind, namespace, timeout=max(1, int(min(10, deadline - time.monotonic())))
+        ):
             if event == "DELETED" and obj["metadata"]["name"] == name:
                 return
 
@@ -209,8 +246,9 @@ def wait(kube, cfg: Config, name: str, timeout: float | None) -> str:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "Timeout"
-            for event, obj in kube.watch(api, kind, cfg.job_namespace, {"fsdpctl.io/job": name},
-                                         timeout=max(1, int(min(60, left)))):
+            for event, obj in kube.watch(
+                api, kind, cfg.job_namespace, {"fsdpctl.io/job": name}, timeout=max(1, int(min(60, left)))
+            ):
                 if obj["metadata"]["name"] != name:
                     continue
                 if event == "DELETED":
@@ -229,15 +267,19 @@ def logs(kube, cfg: Config, name: str, *, follow: bool, pod: str | None, all_pod
     if pod:
         chosen = [p for p in pods if p["metadata"]["name"] == pod]
         if not chosen:
-            raise FsdpctlError(f"job {name} has no pod {pod!r}",
-                               hint="pods: " + (", ".join(p["metadata"]["name"] for p in pods) or "none yet"))
+            raise FsdpctlError(
+                f"job {name} has no pod {pod!r}",
+                hint="pods: " + (", ".join(p["metadata"]["name"] for p in pods) or "none yet"),
+            )
     elif all_pods:
         chosen = sorted(pods, key=lambda p: (kstatus.rank0_index(p), p["metadata"]["name"]))
     else:
         lead, _ = find_leader(kube, cfg, pods)
         chosen = [lead] if lead else []
     if not chosen:
-        raise FsdpctlError(f"job {name} has no pods yet", hint="`fsdpctl job status` shows why (Pending reasons)")
+        raise FsdpctlError(
+            f"job {name} has no pods yet", hint="`fsdpctl job status` shows why (Pending reasons)"
+        )
     if len(chosen) == 1:
         yield from kube.logs(cfg.job_namespace, chosen[0]["metadata"]["name"], _container(cfg), follow=follow)
         return
@@ -311,8 +353,14 @@ def _delete_etcd_key(kube, cfg: Config, key: str) -> None:
     from fsdpctl.adapters.kube import KubeError
 
     try:
-        kube.proxy("DELETE", cfg.job_namespace, "etcd", render.ETCD_PORT, f"/v2/keys{key}",
-                   query={"recursive": "true"})
+        kube.proxy(
+            "DELETE",
+            cfg.job_namespace,
+            "etcd",
+            render.ETCD_PORT,
+            f"/v2/keys{key}",
+            query={"recursive": "true"},
+        )
     except KubeError as e:
         if e.status not in (404, 503):  # 503: no etcd running, nothing kept
             raise

@@ -4,20 +4,27 @@ commands fetch, this reads. Works for PyTorchJob (Training Operator v1) and Trai
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 MASTER_ADDR = re.compile(r"master_addr=([^\s,]+)")
 # NCCL's transport choice, printed with NCCL_DEBUG=INFO: the OFI plugin over EFA, or plain sockets
-NCCL_EFA = re.compile(r"NET/OFI Selected [Pp]rovider is efa|Using network (AWS )?Libfabric|NET/OFI.*efa", re.I)
+NCCL_EFA = re.compile(
+    r"NET/OFI Selected [Pp]rovider is efa|Using network (AWS )?Libfabric|NET/OFI.*efa", re.I
+)
 NCCL_SOCKET = re.compile(r"Using network Socket|NET/Socket : Using|NCCL INFO NET/Socket")
-TROUBLE_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                   "CrashLoopBackOff"}
+TROUBLE_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CrashLoopBackOff",
+}
 
 
 def parse_time(text: str | None) -> float | None:
     if not text:
         return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc).timestamp()
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
 
 def phase(job: dict) -> str:
@@ -26,8 +33,15 @@ def phase(job: dict) -> str:
     if job.get("metadata", {}).get("deletionTimestamp"):
         return "Stopping"
     conds = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
-    names = {"Complete": "Succeeded", "Succeeded": "Succeeded", "Failed": "Failed", "Running": "Running",
-             "Restarting": "Restarting", "Created": "Created", "Suspended": "Suspended"}
+    names = {
+        "Complete": "Succeeded",
+        "Succeeded": "Succeeded",
+        "Failed": "Failed",
+        "Running": "Running",
+        "Restarting": "Restarting",
+        "Created": "Created",
+        "Suspended": "Suspended",
+    }
     for final in ("Succeeded", "Complete", "Failed"):
         if any(c["type"] == final for c in conds):
             return names[final]
@@ -55,15 +69,21 @@ def pods_by_state(pods: list[dict]) -> dict[str, int]:
 
 
 def restarts(pods: list[dict]) -> int:
-    return sum(cs.get("restartCount", 0) for pod in pods
-               for cs in pod.get("status", {}).get("containerStatuses") or [])
+    return sum(
+        cs.get("restartCount", 0)
+        for pod in pods
+        for cs in pod.get("status", {}).get("containerStatuses") or []
+    )
 
 
 def rank0_index(pod: dict) -> int:
     """The replica index the operators label pods with (v1: replica-index; v2 via JobSet: completion index)."""
     labels = pod.get("metadata", {}).get("labels", {})
-    for key in ("training.kubeflow.org/replica-index", "batch.kubernetes.io/job-completion-index",
-                "jobset.sigs.k8s.io/job-index"):
+    for key in (
+        "training.kubeflow.org/replica-index",
+        "batch.kubernetes.io/job-completion-index",
+        "jobset.sigs.k8s.io/job-index",
+    ):
         if key in labels:
             return int(labels[key])
     return 10**6
@@ -77,7 +97,11 @@ def leader(pods: list[dict], agent_lines: list[str] = ()) -> dict | None:
         if m := MASTER_ADDR.search(line):
             addr = m.group(1).split(".")[0]
             for pod in pods:
-                names = {pod["metadata"]["name"], pod.get("status", {}).get("podIP"), pod.get("spec", {}).get("hostname")}
+                names = {
+                    pod["metadata"]["name"],
+                    pod.get("status", {}).get("podIP"),
+                    pod.get("spec", {}).get("hostname"),
+                }
                 if addr in names:
                     return pod
     return min(pods, key=lambda p: (rank0_index(p), p["metadata"]["name"]))
@@ -114,10 +138,13 @@ def network_path(lines: list[str], efa_expected: bool) -> tuple[str, str | None]
     if efa:
         return "efa", None
     if sock:
-        warning = ("NCCL fell back to TCP sockets (NET/Socket) although this instance type has EFA: collectives "
-                   "will be many times slower. Check that pods request vpc.amazonaws.com/efa, that the EFA device "
-                   "plugin runs on the node, and that the image has aws-ofi-nccl (FI_PROVIDER=efa)"
-                   if efa_expected else None)
+        warning = (
+            "NCCL fell back to TCP sockets (NET/Socket) although this instance type has EFA: collectives "
+            "will be many times slower. Check that pods request vpc.amazonaws.com/efa, that the EFA device "
+            "plugin runs on the node, and that the image has aws-ofi-nccl (FI_PROVIDER=efa)"
+            if efa_expected
+            else None
+        )
         return "socket", warning
     return "unknown", None
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape, flops_per_token
 
-GIB = 1024 ** 3
+GIB = 1024**3
 CUDA_OVERHEAD = 2 * GIB
 USABLE = 0.95  # of the card's memory, the rest is the driver's and the allocator's fragmentation
 LINK_EFFICIENCY = 0.8
@@ -138,12 +138,20 @@ def memory(job: Job, vocab: int | None = None) -> Memory:
     n = s.num_params()
     shard = job.shard_size
     tokens = job.micro_batch * job.seq_len
-    transient = (2 * s.layer_params() * (p + 4)  # two layers gathered (params) and their unsharded fp32 grads
-                 + (tokens * _layer_bytes_per_token(s, p) if job.ac != "none" else 0)
-                 + tokens * 6 * (vocab or s.vocab) + CUDA_OVERHEAD)
-    return Memory(params=4 * n // shard, grads=4 * n // shard, optimizer=8 * n // shard,
-                  activations=activation_bytes(job, vocab), transient=int(transient),
-                  capacity=int(job.instance.gpu_memory_gib * GIB * USABLE))
+    transient = (
+        2 * s.layer_params() * (p + 4)  # two layers gathered (params) and their unsharded fp32 grads
+        + (tokens * _layer_bytes_per_token(s, p) if job.ac != "none" else 0)
+        + tokens * 6 * (vocab or s.vocab)
+        + CUDA_OVERHEAD
+    )
+    return Memory(
+        params=4 * n // shard,
+        grads=4 * n // shard,
+        optimizer=8 * n // shard,
+        activations=activation_bytes(job, vocab),
+        transient=int(transient),
+        capacity=int(job.instance.gpu_memory_gib * GIB * USABLE),
+    )
 
 
 @dataclass(frozen=True)
@@ -196,8 +204,16 @@ def speed(job: Job) -> Speed:
     step = max(compute, comm) + comm / s.layers
     tokens_step = tokens_gpu * job.world
     achieved = tokens_gpu * fpt / step
-    return Speed(compute, comm, step, tokens_step, tokens_step / step, tokens_gpu / step, achieved / peak,
-                 achieved / 1e12)
+    return Speed(
+        compute,
+        comm,
+        step,
+        tokens_step,
+        tokens_step / step,
+        tokens_gpu / step,
+        achieved / peak,
+        achieved / 1e12,
+    )
 
 
 def price(job: Job) -> float | None:
@@ -217,8 +233,12 @@ def candidate_fixes(job: Job) -> list[tuple[str, Job]]:
     if job.ac != "full":
         out.append(("ACTIVATION_CHECKPOINTING=full", replace(job, ac="full")))
     if job.micro_batch > 1:
-        out.append((f"MICRO_BATCH_SIZE=1 and GRAD_ACCUM_STEPS={job.grad_accum * job.micro_batch}",
-                    replace(job, micro_batch=1, grad_accum=job.grad_accum * job.micro_batch)))
+        out.append(
+            (
+                f"MICRO_BATCH_SIZE=1 and GRAD_ACCUM_STEPS={job.grad_accum * job.micro_batch}",
+                replace(job, micro_batch=1, grad_accum=job.grad_accum * job.micro_batch),
+            )
+        )
     if job.strategy != "FULL_SHARD":
         out.append(("SHARDING_STRATEGY=FULL_SHARD", replace(job, strategy="FULL_SHARD")))
     for nodes in (2, 4, 8, 16, 32):
@@ -238,7 +258,10 @@ def cheapest_fix(job: Job, tokens: float) -> tuple[str, Job] | None:
         for nodes in (2, 4, 8, 16, 32, 64):
             j = replace(job, ac="full", nodes=max(nodes, job.nodes), strategy="FULL_SHARD")
             if memory(j).fits:
-                return f"ACTIVATION_CHECKPOINTING=full, SHARDING_STRATEGY=FULL_SHARD and JOB_NODES={j.nodes}", j
+                return (
+                    f"ACTIVATION_CHECKPOINTING=full, SHARDING_STRATEGY=FULL_SHARD and JOB_NODES={j.nodes}",
+                    j,
+                )
         return None
 
     def key(item):

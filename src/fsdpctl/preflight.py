@@ -14,8 +14,12 @@ def check_identity(cfg: Config, aws) -> Check:
     except AwsError as e:
         return Check("credentials", FAIL, str(e), "configure credentials: `aws configure` or AWS_PROFILE")
     if cfg.aws_account_id and who["Account"] != cfg.aws_account_id:
-        return Check("credentials", FAIL, f"credentials are for account {who['Account']}, AWS_ACCOUNT_ID is "
-                     f"{cfg.aws_account_id}", "switch AWS_PROFILE or fix AWS_ACCOUNT_ID")
+        return Check(
+            "credentials",
+            FAIL,
+            f"credentials are for account {who['Account']}, AWS_ACCOUNT_ID is {cfg.aws_account_id}",
+            "switch AWS_PROFILE or fix AWS_ACCOUNT_ID",
+        )
     return Check("credentials", OK, f"account {who['Account']} as {who['Arn']}")
 
 
@@ -27,10 +31,16 @@ def check_offering(cfg: Config, aws) -> Check:
         return Check(name, FAIL, str(e), "check AWS_REGION")
     wanted = [z for z in cfg.availability_zones.split(",") if z]
     if not zones:
-        return Check(name, FAIL, f"not offered in {cfg.aws_region}", "pick a region that has it (us-east-1, us-west-2)")
+        return Check(
+            name, FAIL, f"not offered in {cfg.aws_region}", "pick a region that has it (us-east-1, us-west-2)"
+        )
     if wanted and wanted[0] not in zones:
-        return Check(name, FAIL, f"not offered in {wanted[0]}; offered in {', '.join(zones)}",
-                     f"set AVAILABILITY_ZONES to start with one of {', '.join(zones)}")
+        return Check(
+            name,
+            FAIL,
+            f"not offered in {wanted[0]}; offered in {', '.join(zones)}",
+            f"set AVAILABILITY_ZONES to start with one of {', '.join(zones)}",
+        )
     return Check(name, OK, f"offered in {', '.join(zones)}")
 
 
@@ -40,11 +50,19 @@ def check_quota(cfg: Config, aws) -> Check:
         need = aws.vcpus(cfg.instance_type) * cfg.node_count
         quota = aws.p_instance_quota()
     except AwsError as e:
-        return Check(name, WARN, f"could not read the quota ({e})",
-                     f"check Service Quotas {P_INSTANCES_QUOTA[0]}/{P_INSTANCES_QUOTA[1]} by hand")
+        return Check(
+            name,
+            WARN,
+            f"could not read the quota ({e})",
+            f"check Service Quotas {P_INSTANCES_QUOTA[0]}/{P_INSTANCES_QUOTA[1]} by hand",
+        )
     if need > quota:
-        return Check(name, FAIL, f"{cfg.node_count} x {cfg.instance_type} need {need} vCPUs, the quota is {quota:.0f}",
-                     f"request an increase of Service Quotas {P_INSTANCES_QUOTA[1]} (Running On-Demand P instances)")
+        return Check(
+            name,
+            FAIL,
+            f"{cfg.node_count} x {cfg.instance_type} need {need} vCPUs, the quota is {quota:.0f}",
+            f"request an increase of Service Quotas {P_INSTANCES_QUOTA[1]} (Running On-Demand P instances)",
+        )
     return Check(name, OK, f"{need} of {quota:.0f} vCPUs")
 
 
@@ -63,8 +81,10 @@ def check_reservation(cfg: Config, aws) -> Check:
         problems.append(f"it reserves {r['InstanceType']}, not {cfg.instance_type}")
     if r["AvailableInstanceCount"] < cfg.node_count:
         problems.append(f"{r['AvailableInstanceCount']} instances available, {cfg.node_count} needed")
-    detail = f"{r['CapacityReservationId']} in {r['AvailabilityZone']}: {r['AvailableInstanceCount']}/" \
-             f"{r['TotalInstanceCount']} available"
+    detail = (
+        f"{r['CapacityReservationId']} in {r['AvailabilityZone']}: {r['AvailableInstanceCount']}/"
+        f"{r['TotalInstanceCount']} available"
+    )
     if problems:
         return Check(name, FAIL, detail + "; " + "; ".join(problems), "fix the reservation or the settings")
     return Check(name, OK, detail)
@@ -76,11 +96,17 @@ def check_existing(cfg: Config, aws) -> Check:
     except AwsError as e:
         return Check("cluster name", WARN, f"could not look it up ({e})")
     if cluster:
-        return Check("cluster name", WARN, f"cluster {cfg.cluster_name} exists ({cluster['status']})",
-                     "`cluster create` will leave it as is; pick another CLUSTER_NAME for a new one")
+        return Check(
+            "cluster name",
+            WARN,
+            f"cluster {cfg.cluster_name} exists ({cluster['status']})",
+            "`cluster create` will leave it as is; pick another CLUSTER_NAME for a new one",
+        )
     return Check("cluster name", OK, f"{cfg.cluster_name} is free in {cfg.aws_region}")
 
 
 def run_checks(cfg: Config, aws) -> list[Check]:
-    return [check(cfg, aws) for check in (check_identity, check_offering, check_quota, check_reservation,
-                                           check_existing)]
+    return [
+        check(cfg, aws)
+        for check in (check_identity, check_offering, check_quota, check_reservation, check_existing)
+    ]

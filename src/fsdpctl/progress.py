@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def records(lines: Iterable[str]) -> list[dict]:
@@ -22,17 +22,32 @@ def progress(recs: list[dict], now: float) -> dict:
     steps = [r for r in recs if r["event"] == "step"]
     summary = next((r for r in reversed(recs) if r["event"] == "summary"), None)
     ckpt = next((r for r in reversed(recs) if r["event"] == "checkpoint"), None)
-    out: dict = {"step": 0, "max_steps": None, "percent": 0.0, "loss": None, "tokens_per_s": None,
-                 "eta_s": None, "last_progress_s": None, "checkpoint": ckpt["path"] if ckpt else None,
-                 "summary": summary}
+    out: dict = {
+        "step": 0,
+        "max_steps": None,
+        "percent": 0.0,
+        "loss": None,
+        "tokens_per_s": None,
+        "eta_s": None,
+        "last_progress_s": None,
+        "checkpoint": ckpt["path"] if ckpt else None,
+        "summary": summary,
+    }
     if not steps:
         return out
     last = steps[-1]
     recent = steps[-10:]
     step_time = sum(r["step_time_s"] for r in recent) / len(recent)
-    out.update(step=last["step"], max_steps=last["max_steps"], percent=100.0 * last["step"] / last["max_steps"],
-               loss=last["loss"], tokens_per_s=last["tokens_per_s"], mfu=last.get("mfu"),
-               eta_s=(last["max_steps"] - last["step"]) * step_time, last_progress_s=max(0.0, now - last["time"]))
+    out.update(
+        step=last["step"],
+        max_steps=last["max_steps"],
+        percent=100.0 * last["step"] / last["max_steps"],
+        loss=last["loss"],
+        tokens_per_s=last["tokens_per_s"],
+        mfu=last.get("mfu"),
+        eta_s=(last["max_steps"] - last["step"]) * step_time,
+        last_progress_s=max(0.0, now - last["time"]),
+    )
     return out
 
 
@@ -50,10 +65,18 @@ def progress_rows(r: dict) -> list[tuple[str, str]]:
     """The progress lines of `job status`, from a report holding `progress()`'s fields."""
     if not r["max_steps"]:
         return [("progress", "no step finished yet")]
-    return [("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%), ETA {fmt_duration(r['eta_s'])}"),
-            ("loss", f"{r['loss']:.4f}"),
-            ("throughput", f"{r['tokens_per_s']:.0f} tokens/s" + (f", MFU {r['mfu']:.1%}" if r.get("mfu") else "")),
-            ("last step", f"{fmt_duration(r['last_progress_s'])} ago")]
+    return [
+        (
+            "progress",
+            f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%), ETA {fmt_duration(r['eta_s'])}",
+        ),
+        ("loss", f"{r['loss']:.4f}"),
+        (
+            "throughput",
+            f"{r['tokens_per_s']:.0f} tokens/s" + (f", MFU {r['mfu']:.1%}" if r.get("mfu") else ""),
+        ),
+        ("last step", f"{fmt_duration(r['last_progress_s'])} ago"),
+    ]
 
 
 def step_and_loss(r: dict) -> tuple[str, str]:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 import re
 
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
+SECRET_ENV = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SESSION_TOKEN",
+)
 SHAPES = (re.compile(r"hf_[A-Za-z0-9]{20,}"), re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"))
 MASK = "***"
 

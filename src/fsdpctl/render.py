@@ -15,7 +15,9 @@ import yaml
 
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 
-HF_TOKEN_DIR = "/var/run/secrets/fsdpctl/hf-token"  # the Secret as a file: huggingface_hub reads HF_TOKEN_PATH
+HF_TOKEN_DIR = (
+    "/var/run/secrets/fsdpctl/hf-token"  # the Secret as a file: huggingface_hub reads HF_TOKEN_PATH
+)
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # 3.6 dropped the v2 API torch's etcd rendezvous uses
 C10D_PORT, ETCD_PORT = 29400, 2379
 POD_CHECKPOINT_ROOT = "/checkpoints"
@@ -23,9 +25,13 @@ DEFAULT_METRICS_PORT = 9101  # beside DCGM's 9400 and node-exporter's 9100
 
 # NCCL over EFA through aws-ofi-nccl; NCCL_DEBUG=INFO makes the chosen transport visible in the logs.
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
-COMMON_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1",
-              # restarts re-rendezvous reliably only without the shared agent store (seen with c10d/etcd-v2)
-              "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+COMMON_ENV = {
+    "NCCL_DEBUG": "INFO",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "PYTHONUNBUFFERED": "1",
+    # restarts re-rendezvous reliably only without the shared agent store (seen with c10d/etcd-v2)
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+}
 
 
 def data_dir(name: str) -> Path:
@@ -42,8 +48,9 @@ def _env():
     import jinja2
 
     loader = jinja2.FileSystemLoader([str(data_dir("templates")), str(data_dir("eksctl"))])
-    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                              autoescape=False)
+    return jinja2.Environment(
+        loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
+    )
 
 
 def render_template(template: str, **values) -> list[dict]:
@@ -59,14 +66,20 @@ def new_run_id(job_name: str) -> str:
 
 def stable_run_id(cfg: Config) -> str:
     """For `manifest` without --run-id: same settings, same output (a new id whenever settings change)."""
-    digest = hashlib.sha256(json.dumps(cfg.train_env(), sort_keys=True).encode()
-                            + cfg.settings.model_dump_json(exclude={"hf_token"}).encode()).hexdigest()
+    digest = hashlib.sha256(
+        json.dumps(cfg.train_env(), sort_keys=True).encode()
+        + cfg.settings.model_dump_json(exclude={"hf_token"}).encode()
+    ).hexdigest()
     return f"{cfg.job_name[:40]}-{digest[:10]}"
 
 
 def labels(cfg: Config, run_id: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "fsdpctl-job", "app.kubernetes.io/managed-by": "fsdpctl",
-            "fsdpctl.io/job": cfg.job_name, "fsdpctl.io/run-id": run_id[:63]}
+    return {
+        "app.kubernetes.io/name": "fsdpctl-job",
+        "app.kubernetes.io/managed-by": "fsdpctl",
+        "fsdpctl.io/job": cfg.job_name,
+        "fsdpctl.io/run-id": run_id[:63],
+    }
 
 
 def secret_name(cfg: Config) -> str:
@@ -85,23 +98,38 @@ def rendezvous_keys(backend: str, run_id: str) -> list[str]:
     /torchelastic/p2p, `etcd-v2` keeps /torch/elastic/rendezvous/<id>. c10d keeps nothing in etcd."""
     if not run_id:
         return []
-    return {"etcd": [f"/torchelastic/p2p/run_{run_id}"],
-            "etcd-v2": [f"/torch/elastic/rendezvous/{run_id}"]}.get(backend, [])
+    return {
+        "etcd": [f"/torchelastic/p2p/run_{run_id}"],
+        "etcd-v2": [f"/torch/elastic/rendezvous/{run_id}"],
+    }.get(backend, [])
 
 
 def render_checkpoint_cleaner(cfg: Config, job_name: str) -> dict:
     """A one-shot pod that removes one job's checkpoint directory from the checkpoint PVC."""
-    return render_template("checkpoint-cleaner.yaml.j2", name=f"fsdpctl-clean-{job_name}"[:63],
-                           namespace=cfg.job_namespace, pvc=cfg.checkpoint_pvc, image=cfg.image_uri,
-                           path=f"{POD_CHECKPOINT_ROOT}/{job_name}")[0]
+    return render_template(
+        "checkpoint-cleaner.yaml.j2",
+        name=f"fsdpctl-clean-{job_name}"[:63],
+        namespace=cfg.job_namespace,
+        pvc=cfg.checkpoint_pvc,
+        image=cfg.image_uri,
+        path=f"{POD_CHECKPOINT_ROOT}/{job_name}",
+    )[0]
 
 
 def launch_command(cfg: Config, run_id: str) -> list[str]:
     backend, host, port = rendezvous(cfg)
-    return ["torchrun", f"--nnodes={cfg.job_nodes}", f"--nproc-per-node={cfg.procs_per_node}",
-            f"--rdzv-backend={backend}", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={run_id}",
-            f"--rdzv-conf=join_timeout={cfg.rdzv_join_timeout}", f"--max-restarts={cfg.max_restarts}",
-            "-m", "fsdptrain"]
+    return [
+        "torchrun",
+        f"--nnodes={cfg.job_nodes}",
+        f"--nproc-per-node={cfg.procs_per_node}",
+        f"--rdzv-backend={backend}",
+        f"--rdzv-endpoint={host}:{port}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=join_timeout={cfg.rdzv_join_timeout}",
+        f"--max-restarts={cfg.max_restarts}",
+        "-m",
+        "fsdptrain",
+    ]
 
 
 def metrics_port(cfg: Config) -> int:
@@ -132,7 +160,7 @@ def pod_resources(cfg: Config) -> tuple[dict, dict]:
     if cfg.backend == "local":
         res = {"cpu": str(cfg.procs_per_node), "memory": "4Gi"}
         return res, res
-    inst = cfg.settings.instance
+    inst = cfg.instance
     limits: dict[str, str | int] = {"nvidia.com/gpu": cfg.gpus, "memory": f"{int(inst.memory_gib * 0.8)}Gi"}
     if cfg.efa_per_node:
         limits["vpc.amazonaws.com/efa"] = cfg.efa_per_node
@@ -149,28 +177,50 @@ def node_selector(cfg: Config) -> dict[str, str]:
 def tolerations(cfg: Config) -> list[dict]:
     if cfg.backend != "eks":
         return []
-    return [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-            *parse_tolerations(cfg.tolerations)]
+    return [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        *parse_tolerations(cfg.tolerations),
+    ]
 
 
 def job_values(cfg: Config, run_id: str) -> dict:
     backend, host, port = rendezvous(cfg)
     eks = cfg.backend == "eks"
     return dict(
-        job_name=cfg.job_name, namespace=cfg.job_namespace, labels=labels(cfg, run_id), run_id=run_id,
-        nproc_per_node=cfg.procs_per_node, nodes=cfg.job_nodes, rdzv_backend=backend, rdzv_host=host,
-        rdzv_port=port, rdzv_id=run_id, join_timeout=cfg.rdzv_join_timeout, max_restarts=cfg.max_restarts,
-        image=cfg.image_uri, command=launch_command(cfg, run_id), env=pod_env(cfg),
-        resources=pod_resources(cfg), hf_token_dir=HF_TOKEN_DIR, efa=eks and cfg.efa_per_node > 0, gpus=cfg.gpus if eks else 0,
-        node_selector=node_selector(cfg), tolerations=tolerations(cfg), scheduler_name=cfg.scheduler_name,
+        job_name=cfg.job_name,
+        namespace=cfg.job_namespace,
+        labels=labels(cfg, run_id),
+        run_id=run_id,
+        nproc_per_node=cfg.procs_per_node,
+        nodes=cfg.job_nodes,
+        rdzv_backend=backend,
+        rdzv_host=host,
+        rdzv_port=port,
+        rdzv_id=run_id,
+        join_timeout=cfg.rdzv_join_timeout,
+        max_restarts=cfg.max_restarts,
+        image=cfg.image_uri,
+        command=launch_command(cfg, run_id),
+        env=pod_env(cfg),
+        resources=pod_resources(cfg),
+        hf_token_dir=HF_TOKEN_DIR,
+        efa=eks and cfg.efa_per_node > 0,
+        gpus=cfg.gpus if eks else 0,
+        node_selector=node_selector(cfg),
+        tolerations=tolerations(cfg),
+        scheduler_name=cfg.scheduler_name,
         annotations=pod_annotations(cfg),
         gang=cfg.gang_scheduling,
-        shm_size=f"{max(8, cfg.gpus * 8) if eks else 2}Gi", checkpoint_pvc=cfg.checkpoint_pvc,
+        shm_size=f"{max(8, cfg.gpus * 8) if eks else 2}Gi",
+        checkpoint_pvc=cfg.checkpoint_pvc,
         secret_name=secret_name(cfg),
     )
 
 
-JOB_KINDS = {"pytorchjob": ("kubeflow.org/v1", "PyTorchJob"), "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob")}
+JOB_KINDS = {
+    "pytorchjob": ("kubeflow.org/v1", "PyTorchJob"),
+    "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+}
 
 
 def job_api(cfg: Config) -> tuple[str, str]:
@@ -191,39 +241,68 @@ def render_job(cfg: Config, run_id: str) -> list[dict]:
 
 
 def render_namespace(cfg: Config) -> list[dict]:
-    return render_template("namespace.yaml.j2", namespace=cfg.job_namespace,
-                           labels={"app.kubernetes.io/managed-by": "fsdpctl"})
+    return render_template(
+        "namespace.yaml.j2", namespace=cfg.job_namespace, labels={"app.kubernetes.io/managed-by": "fsdpctl"}
+    )
 
 
 def render_etcd(cfg: Config) -> list[dict]:
     etcd_labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/managed-by": "fsdpctl"}
-    return render_template("etcd.yaml.j2", namespace=cfg.job_namespace, etcd_labels=etcd_labels,
-                           etcd_image=ETCD_IMAGE, node_selector_system={})
+    return render_template(
+        "etcd.yaml.j2",
+        namespace=cfg.job_namespace,
+        etcd_labels=etcd_labels,
+        etcd_image=ETCD_IMAGE,
+        node_selector_system={},
+    )
 
 
 def render_secret(cfg: Config, token: str, run_id: str) -> dict:
     """Only for the API call that creates it; never printed or written by `fsdpctl manifest`."""
-    return render_template("secret.yaml.j2", secret_name=secret_name(cfg), namespace=cfg.job_namespace,
-                           labels=labels(cfg, run_id), hf_token=token)[0]
+    return render_template(
+        "secret.yaml.j2",
+        secret_name=secret_name(cfg),
+        namespace=cfg.job_namespace,
+        labels=labels(cfg, run_id),
+        hf_token=token,
+    )[0]
 
 
 def render_clusterconfig(cfg: Config) -> dict:
     """The eksctl ClusterConfig for the cluster the settings describe."""
     zones = [z for z in cfg.availability_zones.split(",") if z]
-    return render_template("clusterconfig.yaml.j2", cluster_name=cfg.cluster_name, region=cfg.aws_region,
-                           kubernetes_version=cfg.kubernetes_version, zones=zones,
-                           system_instance_type=cfg.system_instance_type, instance_type=cfg.instance_type,
-                           gpu_group=f"gpu-{cfg.instance_type.split('.')[0]}", node_count=cfg.node_count,
-                           efa=cfg.efa_enabled, capacity_reservation_id=cfg.capacity_reservation_id)[0]
+    return render_template(
+        "clusterconfig.yaml.j2",
+        cluster_name=cfg.cluster_name,
+        region=cfg.aws_region,
+        kubernetes_version=cfg.kubernetes_version,
+        zones=zones,
+        system_instance_type=cfg.system_instance_type,
+        instance_type=cfg.instance_type,
+        gpu_group=f"gpu-{cfg.instance_type.split('.')[0]}",
+        node_count=cfg.node_count,
+        efa=cfg.efa_enabled,
+        capacity_reservation_id=cfg.capacity_reservation_id,
+    )[0]
 
 
 def terraform_vars(cfg: Config) -> dict:
     """fsdpctl.auto.tfvars.json for terraform/: the same settings, the module's variable names."""
-    zones = [z for z in cfg.availability_zones.split(",") if z] or [f"{cfg.aws_region}a", f"{cfg.aws_region}b"]
-    return {"region": cfg.aws_region, "cluster_name": cfg.cluster_name, "kubernetes_version": cfg.kubernetes_version,
-            "availability_zones": zones, "instance_type": cfg.instance_type, "node_count": cfg.node_count,
-            "capacity_reservation_id": cfg.capacity_reservation_id, "efa_enabled": cfg.efa_enabled,
-            "system_instance_type": cfg.system_instance_type}
+    zones = [z for z in cfg.availability_zones.split(",") if z] or [
+        f"{cfg.aws_region}a",
+        f"{cfg.aws_region}b",
+    ]
+    return {
+        "region": cfg.aws_region,
+        "cluster_name": cfg.cluster_name,
+        "kubernetes_version": cfg.kubernetes_version,
+        "availability_zones": zones,
+        "instance_type": cfg.instance_type,
+        "node_count": cfg.node_count,
+        "capacity_reservation_id": cfg.capacity_reservation_id,
+        "efa_enabled": cfg.efa_enabled,
+        "system_instance_type": cfg.system_instance_type,
+    }
 
 
 def to_yaml(objs: list[dict]) -> str:

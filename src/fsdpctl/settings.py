@@ -11,10 +11,10 @@ import dataclasses
 import difflib
 import io
 import re
-from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, SkipValidation, ValidationError, model_validator
 
 from fsdpctl.errors import SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
@@ -37,27 +37,50 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     aws_region: str = _k("us-west-2", "aws", "AWS region", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-    aws_account_id: str = _k("", "aws", "12-digit account id (default registry: its ECR)", pattern=r"^(\d{12})?$")
+    aws_account_id: str = _k(
+        "", "aws", "12-digit account id (default registry: its ECR)", pattern=r"^(\d{12})?$"
+    )
     aws_profile: str = _k("", "aws", "AWS CLI profile to use")
     cluster_name: str = _k("fsdp-eks", "cluster", "EKS cluster name", pattern=r"^[a-zA-Z][-a-zA-Z0-9]{0,99}$")
     cluster_tool: Literal["eksctl", "terraform"] = _k("eksctl", "cluster", "what creates the cluster")
     instance_type: str = _k("p5.48xlarge", "cluster", "GPU node type: " + ", ".join(INSTANCE_TYPES))
     node_count: int = _k(2, "cluster", "GPU nodes in the node group", ge=1, le=64)
-    capacity_reservation_id: str = _k("", "cluster", "On-Demand Capacity Reservation (cr-...)",
-                                      pattern=r"^(cr-[0-9a-f]{17})?$")
+    capacity_reservation_id: str = _k(
+        "", "cluster", "On-Demand Capacity Reservation (cr-...)", pattern=r"^(cr-[0-9a-f]{17})?$"
+    )
     efa_enabled: bool = _k(True, "cluster", "use EFA (vpc.amazonaws.com/efa) between nodes")
-    availability_zones: str = _k("", "cluster", "comma-separated AZs; the GPU node group uses the first (empty: "
-                                 "eksctl picks)", pattern=r"^([a-z]{2}(-gov)?-[a-z]+-\d[a-z](,[a-z]{2}(-gov)?-[a-z]+-\d[a-z])*)?$")
+    availability_zones: str = _k(
+        "",
+        "cluster",
+        "comma-separated AZs; the GPU node group uses the first (empty: eksctl picks)",
+        pattern=r"^([a-z]{2}(-gov)?-[a-z]+-\d[a-z](,[a-z]{2}(-gov)?-[a-z]+-\d[a-z])*)?$",
+    )
     kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")
-    system_instance_type: str = _k("m5.xlarge", "cluster", "instance type of the system node group (etcd, operator)",
-                                   pattern=r"^[a-z0-9-]+\.[a-z0-9]+$")
-    image_registry: str = _k("", "image", "registry host[:port] (default: the account's ECR in AWS_REGION)",
-                             pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$")
+    system_instance_type: str = _k(
+        "m5.xlarge",
+        "cluster",
+        "instance type of the system node group (etcd, operator)",
+        pattern=r"^[a-z0-9-]+\.[a-z0-9]+$",
+    )
+    image_registry: str = _k(
+        "",
+        "image",
+        "registry host[:port] (default: the account's ECR in AWS_REGION)",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$",
+    )
     image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
-    image_tag: str = _k("0.1.0", "image", "image tag (never 'latest': pods must be reproducible)",
-                        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-    image_login: Literal["ecr", "none"] = _k("ecr", "image", "how `image push` logs in: ecr (a token from "
-                                             "ecr:GetAuthorizationToken) or none (docker is logged in already)")
+    image_tag: str = _k(
+        "0.1.0",
+        "image",
+        "image tag (never 'latest': pods must be reproducible)",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+    )
+    image_login: Literal["ecr", "none"] = _k(
+        "ecr",
+        "image",
+        "how `image push` logs in: ecr (a token from "
+        "ecr:GetAuthorizationToken) or none (docker is logged in already)",
+    )
     backend: Literal["local", "eks"] = _k("local", "job", "where `job run` runs: this machine or the cluster")
     job_name: str = _k("fsdp", "job", "job name (a DNS label)", pattern=DNS_LABEL)
     job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
@@ -68,39 +91,73 @@ class Settings(BaseModel):
     rdzv_join_timeout: int = _k(600, "job", "seconds nodes may take to join the rendezvous", ge=10)
     max_restarts: int = _k(3, "job", "torchrun restarts of the worker group after a failure", ge=0)
     job_kind: Literal["pytorchjob", "trainjob"] = _k(
-        "pytorchjob", "job", "Kubernetes job API: pytorchjob (Training Operator v1.9.4, kubeflow.org/v1) or trainjob "
-        "(Kubeflow Trainer v2.3.0 TrainJob on the torch-distributed runtime)")
+        "pytorchjob",
+        "job",
+        "Kubernetes job API: pytorchjob (Training Operator v1.9.4, kubeflow.org/v1) or trainjob "
+        "(Kubeflow Trainer v2.3.0 TrainJob on the torch-distributed runtime)",
+    )
     kube_context: str = _k("", "job", "kubeconfig context (empty: the current one)")
-    node_selector: str = _k("", "job", "extra node labels GPU pods need: key=value[,key=value]",
-                            pattern=r"^([A-Za-z0-9./_-]+=[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*)*)?$")
-    tolerations: str = _k("", "job", "extra taints GPU pods tolerate: key[=value][:Effect][,...] (nvidia.com/gpu "
-                          "is always tolerated)", pattern=r"^([A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
-                          r"(:(NoSchedule|PreferNoSchedule|NoExecute))?(,[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
-                          r"(:(NoSchedule|PreferNoSchedule|NoExecute))?)*)?$")
-    scheduler_name: str = _k("", "job", "pod scheduler, e.g. volcano (empty: the default scheduler)",
-                             pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$")
-    gang_scheduling: bool = _k(False, "job", "start all pods or none (PyTorchJob schedulingPolicy.minAvailable; "
-                               "needs a gang scheduler such as volcano in SCHEDULER_NAME)")
-    monitoring_namespace: str = _k("monitoring", "job", "namespace of Prometheus, Grafana and the DCGM exporter",
-                                   pattern=DNS_LABEL)
-    checkpoint_pvc: str = _k("", "job", "PersistentVolumeClaim for checkpoints (empty: pod-local, lost)",
-                             pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$")
-    hf_token: SecretStr = _k(SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out")
+    node_selector: str = _k(
+        "",
+        "job",
+        "extra node labels GPU pods need: key=value[,key=value]",
+        pattern=r"^([A-Za-z0-9./_-]+=[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*)*)?$",
+    )
+    tolerations: str = _k(
+        "",
+        "job",
+        "extra taints GPU pods tolerate: key[=value][:Effect][,...] (nvidia.com/gpu is always tolerated)",
+        pattern=r"^([A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
+        r"(:(NoSchedule|PreferNoSchedule|NoExecute))?(,[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
+        r"(:(NoSchedule|PreferNoSchedule|NoExecute))?)*)?$",
+    )
+    scheduler_name: str = _k(
+        "",
+        "job",
+        "pod scheduler, e.g. volcano (empty: the default scheduler)",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+    )
+    gang_scheduling: bool = _k(
+        False,
+        "job",
+        "start all pods or none (PyTorchJob schedulingPolicy.minAvailable; "
+        "needs a gang scheduler such as volcano in SCHEDULER_NAME)",
+    )
+    monitoring_namespace: str = _k(
+        "monitoring", "job", "namespace of Prometheus, Grafana and the DCGM exporter", pattern=DNS_LABEL
+    )
+    checkpoint_pvc: str = _k(
+        "",
+        "job",
+        "PersistentVolumeClaim for checkpoints (empty: pod-local, lost)",
+        pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
+    )
+    hf_token: SecretStr = _k(
+        SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out"
+    )
     hf_token_file: str = _k("", "secrets", "file holding the HF token (instead of HF_TOKEN)")
 
     @model_validator(mode="after")
-    def _instance_known(self) -> "Settings":
+    def _instance_known(self) -> Settings:
         if self.image_tag == "latest":
-            raise ValueError("IMAGE_TAG='latest' is not allowed: pin a version so every pod runs the same image")
+            raise ValueError(
+                "IMAGE_TAG='latest' is not allowed: pin a version so every pod runs the same image"
+            )
         if self.instance_type not in INSTANCE_TYPES:
-            raise ValueError(f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
-                             f"{', '.join(INSTANCE_TYPES)}")
+            raise ValueError(
+                f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
+                f"{', '.join(INSTANCE_TYPES)}"
+            )
         if self.gang_scheduling and not self.scheduler_name:
-            raise ValueError("GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
-                             "does not start pods as a group")
+            raise ValueError(
+                "GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
+                "does not start pods as a group"
+            )
         if self.gpus_per_node > self.instance.gpus:
-            raise ValueError(f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
-                             f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)")
+            raise ValueError(
+                f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
+                f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)"
+            )
         return self
 
     @property
@@ -108,21 +165,35 @@ class Settings(BaseModel):
         return INSTANCE_TYPES[self.instance_type]
 
 
-@dataclass(frozen=True)
-class Config:
-    """Settings + training values + derived numbers, as every command sees them."""
+class Config(Settings):
+    """Settings + training values + derived numbers, as every command sees them. A subclass of Settings, so
+    `cfg.job_name` is a typed field (no `__getattr__`); built by `load()` from already-validated parts."""
 
-    settings: Settings
-    training: TrainConfig
-    sources: dict[str, str] = field(default_factory=dict)  # KEY -> default | .env | env | flag
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    training: SkipValidation[TrainConfig] = Field(default_factory=TrainConfig)
+    sources: dict[str, str] = Field(default_factory=dict)  # KEY -> default | .env | env | flag
     warnings: tuple[str, ...] = ()
 
-    def __getattr__(self, name: str) -> Any:  # settings fields read directly: cfg.job_name
-        return getattr(self.settings, name)
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        training: TrainConfig,
+        sources: dict[str, str] | None = None,
+        warnings: tuple[str, ...] = (),
+    ) -> Config:
+        values = {name: getattr(settings, name) for name in Settings.model_fields}
+        return cls.model_construct(**values, training=training, sources=sources or {}, warnings=warnings)
+
+    @property
+    def settings(self) -> Settings:
+        """The infrastructure settings alone (for hashing them without the training values)."""
+        return Settings.model_construct(**{name: getattr(self, name) for name in Settings.model_fields})
 
     @property
     def gpus(self) -> int:
-        return self.settings.gpus_per_node or self.settings.instance.gpus
+        return self.gpus_per_node or self.instance.gpus
 
     @property
     def procs_per_node(self) -> int:
@@ -134,7 +205,7 @@ class Config:
 
     @property
     def efa_per_node(self) -> int:
-        return self.settings.instance.efa_interfaces if self.efa_enabled else 0
+        return self.instance.efa_interfaces if self.efa_enabled else 0
 
     @property
     def registry(self) -> str:
@@ -211,8 +282,13 @@ def parse_dotenv(text: str, origin: str = ".env") -> dict[str, str]:
     return values
 
 
-def load(*, dotenv: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
-         flags: Mapping[str, str] | None = None, dotenv_name: str = ".env") -> Config:
+def load(
+    *,
+    dotenv: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
+    dotenv_name: str = ".env",
+) -> Config:
     """Merge the layers (later wins) and validate everything; raises SettingsError listing every problem."""
     keys = setting_keys()
     raw: dict[str, str] = {}
@@ -229,7 +305,9 @@ def load(*, dotenv: Mapping[str, str] | None = None, environ: Mapping[str, str] 
                 raw[key], sources[key] = value, layer
             elif layer == "flag":
                 close = difflib.get_close_matches(key, keys, n=1)
-                raise SettingsError([f"--set {key}: unknown key" + (f": did you mean {close[0]}?" if close else "")])
+                raise SettingsError(
+                    [f"--set {key}: unknown key" + (f": did you mean {close[0]}?" if close else "")]
+                )
     return _validate(raw, keys, sources, tuple(warnings))
 
 
@@ -254,7 +332,7 @@ def _validate(raw: dict[str, str], keys: dict[str, str], sources: dict[str, str]
     errors.extend(training.problems(check_paths=False))
     if errors:
         raise SettingsError(errors, warnings)
-    cfg = Config(settings, training, sources, warnings)
+    cfg = Config.of(settings, training, sources, warnings)
     errors = _cross_checks(cfg)
     if errors:
         raise SettingsError(errors, warnings)
@@ -270,14 +348,20 @@ def _cross_checks(cfg: Config) -> list[str]:
         errors.append(f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)")
     if cfg.job_kind == "trainjob" and cfg.backend == "eks":
         if cfg.rdzv_backend != "c10d":
-            errors.append(f"RDZV_BACKEND={cfg.rdzv_backend!r} does not apply to JOB_KIND=trainjob: the Trainer "
-                          "starts torchrun with a static rendezvous; use RDZV_BACKEND=c10d or JOB_KIND=pytorchjob")
+            errors.append(
+                f"RDZV_BACKEND={cfg.rdzv_backend!r} does not apply to JOB_KIND=trainjob: the Trainer "
+                "starts torchrun with a static rendezvous; use RDZV_BACKEND=c10d or JOB_KIND=pytorchjob"
+            )
         if cfg.scheduler_name or cfg.gang_scheduling:
-            errors.append("SCHEDULER_NAME/GANG_SCHEDULING apply to JOB_KIND=pytorchjob: a TrainJob takes its "
-                          "scheduling from the runtime (podGroupPolicy of torch-distributed); unset them")
+            errors.append(
+                "SCHEDULER_NAME/GANG_SCHEDULING apply to JOB_KIND=pytorchjob: a TrainJob takes its "
+                "scheduling from the runtime (podGroupPolicy of torch-distributed); unset them"
+            )
     if t.pretrained.startswith(GATED_PREFIXES) and not (cfg.hf_token.get_secret_value() or cfg.hf_token_file):
-        errors.append(f"HF_TOKEN is missing: PRETRAINED={t.pretrained!r} is gated on the hub; set HF_TOKEN "
-                      "or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a manifest)")
+        errors.append(
+            f"HF_TOKEN is missing: PRETRAINED={t.pretrained!r} is gated on the hub; set HF_TOKEN "
+            "or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a manifest)"
+        )
     return errors
 
 
@@ -324,6 +408,12 @@ def redacted(cfg: Config) -> dict[str, Any]:
 
 
 def derived(cfg: Config) -> dict[str, Any]:
-    return {"gpus_per_node": cfg.gpus, "procs_per_node": cfg.procs_per_node, "world_size": cfg.world_size,
-            "efa_per_node": cfg.efa_per_node, "image_uri": cfg.image_uri, "gpu": cfg.settings.instance.gpu,
-            "gpu_memory_gib": cfg.settings.instance.gpu_memory_gib}
+    return {
+        "gpus_per_node": cfg.gpus,
+        "procs_per_node": cfg.procs_per_node,
+        "world_size": cfg.world_size,
+        "efa_per_node": cfg.efa_per_node,
+        "image_uri": cfg.image_uri,
+        "gpu": cfg.settings.instance.gpu,
+        "gpu_memory_gib": cfg.settings.instance.gpu_memory_gib,
+    }

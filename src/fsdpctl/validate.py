@@ -8,7 +8,7 @@ CRD schemas are given as parsed YAML, so this module reads nothing itself. Valid
 from __future__ import annotations
 
 import copy
-from typing import Iterable
+from collections.abc import Iterable
 
 KUBERNETES_VERSION = "1.33.0"  # EKS standard support in 2026
 
@@ -23,8 +23,11 @@ def strict(schema: dict) -> dict:
 
     def visit(node):
         if isinstance(node, dict):
-            if ("properties" in node and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for value in node.values():
                 visit(value)

@@ -11,8 +11,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = from_sources(argv)
         # checked before any process group exists, so a bad group size fails fast on every rank
-        mesh_shape(cfg.sharding_strategy, int(os.environ.get("WORLD_SIZE", "1")),
-                   cfg.hsdp_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        mesh_shape(
+            cfg.sharding_strategy,
+            int(os.environ.get("WORLD_SIZE", "1")),
+            cfg.hsdp_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        )
     except ConfigError as e:
         print(f"fsdptrain: error: {e}", file=sys.stderr)
         return 2

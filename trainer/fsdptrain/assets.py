@@ -17,10 +17,38 @@ import sys
 import tempfile
 from pathlib import Path
 
-_MODULES = ("argparse", "collections", "csv", "dataclasses", "datetime", "decimal", "difflib", "email.message",
-            "fractions", "functools", "heapq", "http.client", "inspect", "json", "logging", "pathlib", "pickle",
-            "random", "re", "shutil", "statistics", "string", "subprocess", "tarfile", "textwrap", "threading",
-            "typing", "unittest", "urllib.parse", "zipfile")
+_MODULES = (
+    "argparse",
+    "collections",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email.message",
+    "fractions",
+    "functools",
+    "heapq",
+    "http.client",
+    "inspect",
+    "json",
+    "logging",
+    "pathlib",
+    "pickle",
+    "random",
+    "re",
+    "shutil",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "zipfile",
+)
 
 VOCAB_SIZE = 512
 
@@ -44,8 +72,12 @@ def train_tokenizer(lines: list[str], out_dir: Path) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(lines, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.save_pretrained(str(out_dir))

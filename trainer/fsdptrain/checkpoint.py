@@ -62,8 +62,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def _set_rng_state(state: dict) -> None:
@@ -145,8 +149,10 @@ def save(root: Path, *, step: int, model, optimizer, trainer_state: dict, keep: 
             shutil.rmtree(tmp, ignore_errors=True)
         last = latest_checkpoint(root)
         free = shutil.disk_usage(root).free / 2**20
-        raise CheckpointError(f"checkpoint at step {step} failed ({failure}; {free:,.0f} MiB free); the last good "
-                              f"one is {last or 'none'}: free space on CHECKPOINT_DIR={str(root)!r} or point it elsewhere")
+        raise CheckpointError(
+            f"checkpoint at step {step} failed ({failure}; {free:,.0f} MiB free); the last good "
+            f"one is {last or 'none'}: free space on CHECKPOINT_DIR={str(root)!r} or point it elsewhere"
+        )
     _failpoint("kill-during-save", step)
     if rank == 0:
         meta = {"step": step, "world_size": dist.get_world_size(), "saved_at": time.time(), **trainer_state}
@@ -192,7 +198,11 @@ def export_hf(out_dir: Path, *, model, config, tokenizer) -> Path | None:
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in full.items()},
+        str(tmp / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     config.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     if out_dir.exists():
@@ -211,8 +221,11 @@ def resolve_pretrained(name_or_path: str, *, local_rank: int) -> Path:
     if local_rank == 0:
         from huggingface_hub import snapshot_download
 
-        snapshot_download(name_or_path, token=os.environ.get("HF_TOKEN") or None,
-                          allow_patterns=["*.safetensors", "*.json", "tokenizer*"])
+        snapshot_download(
+            name_or_path,
+            token=os.environ.get("HF_TOKEN") or None,
+            allow_patterns=["*.safetensors", "*.json", "tokenizer*"],
+        )
     dist.barrier()
     from huggingface_hub import snapshot_download
 
@@ -227,7 +240,11 @@ def load_pretrained(path: Path, *, model) -> None:
     if dist.get_rank() == 0:
         files = sorted(path.glob("*.safetensors"))
         if not files:
-            raise CheckpointError(f"PRETRAINED={str(path)!r} has no *.safetensors files: convert or re-download")
+            raise CheckpointError(
+                f"PRETRAINED={str(path)!r} has no *.safetensors files: convert or re-download"
+            )
         for f in files:
             full.update(load_file(str(f)))
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -24,25 +25,37 @@ class ConfigError(ValueError):
 
 
 def _f(env: str, default: Any, help: str, *, choices: Sequence[str] = (), minimum: float | None = None):
-    return field(default=default, metadata={"env": env, "help": help, "choices": tuple(choices), "min": minimum})
+    return field(
+        default=default, metadata={"env": env, "help": help, "choices": tuple(choices), "min": minimum}
+    )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # model
     model: str = _f("MODEL", "tiny", "named model config: 7b, 13b, 70b, tiny, tiny-gqa")
-    pretrained: str = _f("PRETRAINED", "", "fine-tune from this HF checkpoint (local dir or hub id); empty: from scratch")
+    pretrained: str = _f(
+        "PRETRAINED", "", "fine-tune from this HF checkpoint (local dir or hub id); empty: from scratch"
+    )
     tokenizer: str = _f("TOKENIZER", "", "tokenizer path or hub id (default: PRETRAINED's, else builtin)")
     # data
-    dataset: str = _f("DATASET", BUILTIN, "builtin (offline sample), local file/dir (text, jsonl, parquet) or hub id")
-    dataset_format: str = _f("DATASET_FORMAT", "auto", "file format of a local dataset", choices=DATASET_FORMATS)
+    dataset: str = _f(
+        "DATASET", BUILTIN, "builtin (offline sample), local file/dir (text, jsonl, parquet) or hub id"
+    )
+    dataset_format: str = _f(
+        "DATASET_FORMAT", "auto", "file format of a local dataset", choices=DATASET_FORMATS
+    )
     dataset_split: str = _f("DATASET_SPLIT", "train", "split to read")
     dataset_text_field: str = _f("DATASET_TEXT_FIELD", "text", "column holding the text")
     # parallelism and precision
     sharding_strategy: str = _f("SHARDING_STRATEGY", "FULL_SHARD", "FSDP strategy", choices=STRATEGIES)
-    hsdp_shard_size: int = _f("HSDP_SHARD_SIZE", 0, "HYBRID_SHARD group size (0: the processes of one node)", minimum=0)
+    hsdp_shard_size: int = _f(
+        "HSDP_SHARD_SIZE", 0, "HYBRID_SHARD group size (0: the processes of one node)", minimum=0
+    )
     precision: str = _f("PRECISION", "bf16", "parameter/compute dtype", choices=PRECISIONS)
-    activation_checkpointing: str = _f("ACTIVATION_CHECKPOINTING", "none", "recompute activations", choices=AC_MODES)
+    activation_checkpointing: str = _f(
+        "ACTIVATION_CHECKPOINTING", "none", "recompute activations", choices=AC_MODES
+    )
     ac_every: int = _f("AC_EVERY", 2, "with every-k: checkpoint every k-th decoder layer", minimum=1)
     # optimisation
     micro_batch_size: int = _f("MICRO_BATCH_SIZE", 2, "sequences per process per micro-step", minimum=1)
@@ -57,19 +70,27 @@ class TrainConfig:
     seed: int = _f("SEED", 1234, "seed for init, data order and RNG", minimum=0)
     # checkpoints
     checkpoint_dir: str = _f("CHECKPOINT_DIR", "", "where sharded checkpoints go (empty: none)")
-    checkpoint_interval: int = _f("CHECKPOINT_INTERVAL", 0, "save every N steps (0: only at the end)", minimum=0)
+    checkpoint_interval: int = _f(
+        "CHECKPOINT_INTERVAL", 0, "save every N steps (0: only at the end)", minimum=0
+    )
     checkpoint_keep: int = _f("CHECKPOINT_KEEP", 2, "keep the last K checkpoints", minimum=1)
     resume: str = _f("RESUME", "auto", "auto: resume from the latest checkpoint; never; or a checkpoint path")
     export_dir: str = _f("EXPORT_DIR", "", "write a consolidated HF safetensors model here at the end")
     # telemetry
     log_interval: int = _f("LOG_INTERVAL", 1, "log every N steps", minimum=1)
-    peak_tflops: float = _f("PEAK_TFLOPS", 0.0, "peak TFLOP/s per device for MFU (0: from the GPU table)", minimum=0.0)
+    peak_tflops: float = _f(
+        "PEAK_TFLOPS", 0.0, "peak TFLOP/s per device for MFU (0: from the GPU table)", minimum=0.0
+    )
     metrics_file: str = _f("METRICS_FILE", "", "also append the JSON metric lines to this file (rank 0)")
-    metrics_port: int = _f("METRICS_PORT", 0, "serve Prometheus metrics (tokens/s, loss, MFU) on this port from "
-                           "rank 0 (0: off)", minimum=0)
+    metrics_port: int = _f(
+        "METRICS_PORT",
+        0,
+        "serve Prometheus metrics (tokens/s, loss, MFU) on this port from rank 0 (0: off)",
+        minimum=0,
+    )
     deterministic: bool = _f("DETERMINISTIC", True, "deterministic algorithms (CPU: always)")
 
-    def validate(self, *, check_paths: bool = True) -> "TrainConfig":
+    def validate(self, *, check_paths: bool = True) -> TrainConfig:
         """Raise on the first problem; `check_paths` also checks local paths (off when validating for a pod)."""
         found = self.problems(check_paths=check_paths)
         if found:
@@ -90,12 +111,17 @@ class TrainConfig:
                 found.append(f"{env}={value!r} is too small: use at least {minimum:g}")
         if self.model not in MODEL_CONFIGS:
             found.append(f"MODEL={self.model!r} is unknown: use one of {', '.join(MODEL_CONFIGS)}")
-        if self.warmup_steps > self.max_steps and not any(line.startswith(("MAX_STEPS=", "WARMUP_STEPS="))
-                                                          for line in found):
+        if self.warmup_steps > self.max_steps and not any(
+            line.startswith(("MAX_STEPS=", "WARMUP_STEPS=")) for line in found
+        ):
             found.append(f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it")
         if not self.dataset:
             found.append("DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id")
-        for key, value in (("DATASET", self.dataset), ("TOKENIZER", self.tokenizer), ("PRETRAINED", self.pretrained)):
+        for key, value in (
+            ("DATASET", self.dataset),
+            ("TOKENIZER", self.tokenizer),
+            ("PRETRAINED", self.pretrained),
+        ):
             local = value.startswith(("/", "./", "../", "~"))
             if check_paths and local and not os.path.exists(os.path.expanduser(value)):
                 found.append(f"{key}={value!r} does not exist: check the path or mount")
@@ -131,12 +157,20 @@ def parse_value(name: str, raw: str) -> Any:
 def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainConfig:
     """Build and validate the config from flags and environment (flags win)."""
     environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(prog="python -m fsdptrain", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m fsdptrain",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     fields = dataclasses.fields(TrainConfig)
     for f in fields:
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.metadata["env"],
-                            help=f"{f.metadata['help']} (env {f.metadata['env']}, default {f.default!r})")
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            default=None,
+            metavar=f.metadata["env"],
+            help=f"{f.metadata['help']} (env {f.metadata['env']}, default {f.default!r})",
+        )
     args = vars(parser.parse_args(argv))
     values = {}
     for f in fields:

@@ -8,17 +8,23 @@ resumed from a checkpoint sees exactly the data the uninterrupted run would have
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from fsdptrain.config import ConfigError
 
-_SUFFIX_FORMAT = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
-                  ".parquet": "parquet"}
+_SUFFIX_FORMAT = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+}
 
 
 def load_tokenizer(path: str):
@@ -27,7 +33,9 @@ def load_tokenizer(path: str):
     try:
         tok = AutoTokenizer.from_pretrained(path, token=os.environ.get("HF_TOKEN") or None)
     except OSError as e:
-        raise ConfigError(f"TOKENIZER={path!r} could not be loaded: give a local tokenizer dir or hub id ({e})") from e
+        raise ConfigError(
+            f"TOKENIZER={path!r} could not be loaded: give a local tokenizer dir or hub id ({e})"
+        ) from e
     if tok.eos_token_id is None:
         raise ConfigError(f"TOKENIZER={path!r} has no EOS token: documents could not be separated")
     return tok
@@ -92,14 +100,18 @@ def load_local(cfg, tokenizer) -> PackedBlocks:
     fmt = detect_format(cfg.dataset, cfg.dataset_format)
     ds = datasets.load_dataset(fmt, data_files=_data_files(cfg.dataset), split="train")
     if cfg.dataset_text_field not in ds.column_names:
-        raise ConfigError(f"DATASET_TEXT_FIELD={cfg.dataset_text_field!r} is not a column of {cfg.dataset!r}: "
-                          f"use one of {', '.join(ds.column_names)}")
+        raise ConfigError(
+            f"DATASET_TEXT_FIELD={cfg.dataset_text_field!r} is not a column of {cfg.dataset!r}: "
+            f"use one of {', '.join(ds.column_names)}"
+        )
     texts = [t for t in ds[cfg.dataset_text_field] if t and t.strip()]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     blocks = pack(ids, tokenizer.eos_token_id, cfg.seq_len + 1)
     if len(blocks) == 0:
-        raise ConfigError(f"DATASET={cfg.dataset!r} has fewer than SEQ_LEN+1={cfg.seq_len + 1} tokens: "
-                          "add text or lower SEQ_LEN")
+        raise ConfigError(
+            f"DATASET={cfg.dataset!r} has fewer than SEQ_LEN+1={cfg.seq_len + 1} tokens: "
+            "add text or lower SEQ_LEN"
+        )
     return PackedBlocks(blocks, cfg.seed)
 
 
@@ -114,12 +126,18 @@ class StreamingBlocks:
     def _blocks(self) -> Iterator[np.ndarray]:
         import datasets
 
-        ds = datasets.load_dataset(self.cfg.dataset, split=self.cfg.dataset_split, streaming=True,
-                                   token=os.environ.get("HF_TOKEN") or None)
+        ds = datasets.load_dataset(
+            self.cfg.dataset,
+            split=self.cfg.dataset_split,
+            streaming=True,
+            token=os.environ.get("HF_TOKEN") or None,
+        )
         ds = ds.shuffle(seed=self.cfg.seed, buffer_size=10_000)
         block, buf = self.cfg.seq_len + 1, []
         for row in ds:
-            buf.extend(self.tokenizer(row[self.cfg.dataset_text_field], add_special_tokens=False)["input_ids"])
+            buf.extend(
+                self.tokenizer(row[self.cfg.dataset_text_field], add_special_tokens=False)["input_ids"]
+            )
             buf.append(self.tokenizer.eos_token_id)
             while len(buf) >= block:
                 yield np.asarray(buf[:block], dtype=np.int64)
@@ -155,7 +173,7 @@ class Loader:
         if isinstance(self.blocks, StreamingBlocks):
             # each rank reads the same stream and keeps its own slice of every global micro-batch
             rows = self.blocks.take(self.consumed, self.micro_batch * self.world)
-            rows = rows[self.rank * self.micro_batch:(self.rank + 1) * self.micro_batch]
+            rows = rows[self.rank * self.micro_batch : (self.rank + 1) * self.micro_batch]
         else:
             rows = self.blocks.take(self.consumed + self.rank * self.micro_batch, self.micro_batch)
         self.consumed += self.micro_batch * self.world

@@ -32,17 +32,23 @@ def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
 
     params = sum(nbytes(p) for p in model.parameters())
     grads = sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None)
-    optim = sum(nbytes(v) for s in optimizer.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    optim = sum(
+        nbytes(v)
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
     return {"param_bytes": params, "grad_bytes": grads, "optim_bytes": optim}
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
     """Peak device memory in GiB: allocated vs reserved on CUDA; the process's peak RSS on CPU."""
-    gib = 1024 ** 3
+    gib = 1024**3
     if device.type == "cuda":
-        return {"mem_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
-                "mem_reserved_gib": torch.cuda.max_memory_reserved(device) / gib}
+        return {
+            "mem_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
+            "mem_reserved_gib": torch.cuda.max_memory_reserved(device) / gib,
+        }
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
     return {"mem_peak_rss_gib": rss_kib * scale / gib}
@@ -68,9 +74,11 @@ class GpuTelemetry:
         if self.handle is None:
             return {}
         n = self.nvml
-        return {"gpu_util_pct": n.nvmlDeviceGetUtilizationRates(self.handle).gpu,
-                "gpu_temp_c": n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
-                "gpu_power_w": n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0}
+        return {
+            "gpu_util_pct": n.nvmlDeviceGetUtilizationRates(self.handle).gpu,
+            "gpu_temp_c": n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
+            "gpu_power_w": n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,
+        }
 
 
 class SavedActivations:
@@ -101,7 +109,7 @@ class SavedActivations:
         self._storages.clear()
         return self.bytes
 
-    def __enter__(self) -> "SavedActivations":
+    def __enter__(self) -> SavedActivations:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self

@@ -13,10 +13,16 @@ def llama_config(name: str, vocab_size: int | None = None):
 
     s = MODEL_CONFIGS[name]
     return LlamaConfig(
-        hidden_size=s.hidden, num_hidden_layers=s.layers, num_attention_heads=s.heads,
-        num_key_value_heads=s.kv_heads, intermediate_size=s.intermediate,
-        vocab_size=vocab_size or s.vocab, max_position_embeddings=s.context,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, attention_dropout=0.0,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        intermediate_size=s.intermediate,
+        vocab_size=vocab_size or s.vocab,
+        max_position_embeddings=s.context,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
     )
 
 

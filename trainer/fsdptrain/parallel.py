@@ -52,8 +52,9 @@ def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: 
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
 
 
-def parallelize(model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: str,
-                ac_mode: str, ac_every: int) -> int:
+def parallelize(
+    model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: str, ac_mode: str, ac_every: int
+) -> int:
     wrapped = apply_activation_checkpointing(model, mode=ac_mode, every=ac_every)
     apply_fsdp(model, mesh=mesh, strategy=strategy, precision=precision)
     return wrapped

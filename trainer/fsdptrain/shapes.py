@@ -63,5 +63,6 @@ def mesh_shape(strategy: str, world_size: int, shard_size: int) -> tuple[int, ..
     if shard_size < 1 or world_size % shard_size:
         raise ConfigError(
             f"HSDP_SHARD_SIZE={shard_size} does not divide the world size {world_size}: "
-            f"use a divisor of {world_size} (usually the GPUs per node)")
+            f"use a divisor of {world_size} (usually the GPUs per node)"
+        )
     return (world_size // shard_size, shard_size)

@@ -92,7 +92,9 @@ def init_distributed() -> Runtime:
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
     dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
-    return Runtime(dist.get_rank(), local_rank, dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"]), device)
+    return Runtime(
+        dist.get_rank(), local_rank, dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"]), device
+    )
 
 
 def _free_port() -> int:
@@ -125,8 +127,14 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer):
     model = build_meta_model(config)
     shard_size = cfg.hsdp_shard_size or rt.local_world
     mesh = build_mesh(rt.device.type, cfg.sharding_strategy, rt.world, shard_size)
-    wrapped = parallelize(model, mesh=mesh, strategy=cfg.sharding_strategy, precision=cfg.precision,
-                          ac_mode=cfg.activation_checkpointing, ac_every=cfg.ac_every)
+    wrapped = parallelize(
+        model,
+        mesh=mesh,
+        strategy=cfg.sharding_strategy,
+        precision=cfg.precision,
+        ac_mode=cfg.activation_checkpointing,
+        ac_every=cfg.ac_every,
+    )
     # replicas (HSDP/NO_SHARD) must start identical, shards must differ: seed by position in the shard dim
     shard_coord = mesh.get_local_rank("shard") if mesh.ndim == 2 else mesh.get_local_rank()
     torch.manual_seed(cfg.seed + 7919 * shard_coord)
@@ -157,8 +165,9 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
     tokenizer = load_tokenizer(cfg.tokenizer_path)
     blocks = load_blocks(cfg, tokenizer)
     model, config, mesh, wrapped = build_model(cfg, rt, tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                                  weight_decay=cfg.weight_decay, foreach=True)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=True
+    )
     scaler = None
     if cfg.precision == "fp16":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -180,11 +189,13 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
     peak = peak_tflops(rt.device, cfg.precision, cfg.peak_tflops)
     gpu = GpuTelemetry(rt.device)
     tokens_per_step = cfg.micro_batch_size * cfg.seq_len * cfg.grad_accum_steps * rt.world
-    rt.log(f"fsdptrain: model {cfg.pretrained or cfg.model} ({n_params / 1e6:.2f}M params), "
-           f"{cfg.sharding_strategy} mesh {tuple(mesh.shape)}, {cfg.precision}, "
-           f"activation checkpointing {_ac_note(cfg, wrapped)}, world {rt.world} on {rt.device.type}, "
-           f"{tokens_per_step} tokens/step, steps {start_step + 1}..{cfg.max_steps}"
-           + (", HF token set" if _hf_token_given() else ""))
+    rt.log(
+        f"fsdptrain: model {cfg.pretrained or cfg.model} ({n_params / 1e6:.2f}M params), "
+        f"{cfg.sharding_strategy} mesh {tuple(mesh.shape)}, {cfg.precision}, "
+        f"activation checkpointing {_ac_note(cfg, wrapped)}, world {rt.world} on {rt.device.type}, "
+        f"{tokens_per_step} tokens/step, steps {start_step + 1}..{cfg.max_steps}"
+        + (", HF token set" if _hf_token_given() else "")
+    )
 
     history, last_ckpt, stopped = [], (str(resume_from) if resume_from else None), False
     for step in range(start_step + 1, cfg.max_steps + 1):
@@ -192,8 +203,10 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
         rec = _train_step(step, cfg, rt, model, optimizer, scaler, loader, measure)
         if measure is not None:
             rt.activation_bytes = measure.bytes
-        rec.update(tokens_per_s=tokens_per_step / rec["step_time_s"],
-                   tokens_per_s_per_device=tokens_per_step / rec["step_time_s"] / rt.world)
+        rec.update(
+            tokens_per_s=tokens_per_step / rec["step_time_s"],
+            tokens_per_s_per_device=tokens_per_step / rec["step_time_s"] / rt.world,
+        )
         rec["tflops_per_device"] = rec["tokens_per_s_per_device"] * fpt / 1e12
         rec["mfu"] = rec["tflops_per_device"] / peak if peak else None
         rec.update(memory_stats(rt.device), **gpu.read())
@@ -202,12 +215,23 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
         if step % cfg.log_interval == 0 or step == cfg.max_steps or stopped:
             rt.emit({"event": "step", **rec})
             rt.log(_human(rec))
-        due = root and (step == cfg.max_steps or stopped
-                        or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0))
+        due = root and (
+            step == cfg.max_steps
+            or stopped
+            or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
+        )
         if due:
             state = {"consumed": loader.consumed, "loss": rec["loss"], "model": cfg.pretrained or cfg.model}
-            last_ckpt = str(ckpt.save(root, step=step, model=model, optimizer=optimizer,
-                                      trainer_state=state, keep=cfg.checkpoint_keep))
+            last_ckpt = str(
+                ckpt.save(
+                    root,
+                    step=step,
+                    model=model,
+                    optimizer=optimizer,
+                    trainer_state=state,
+                    keep=cfg.checkpoint_keep,
+                )
+            )
             rt.emit({"event": "checkpoint", "step": step, "path": last_ckpt})
         if stopped:
             rt.log(f"SIGTERM: stopped at step {step}, checkpoint {last_ckpt}")
@@ -217,11 +241,19 @@ def train(cfg: TrainConfig, rt: Runtime) -> dict:
     if cfg.export_dir and not stopped:
         export = ckpt.export_hf(Path(cfg.export_dir), model=model, config=config, tokenizer=tokenizer)
     state_bytes = {**rt.state_bytes, "activation_bytes": rt.activation_bytes}
-    summary = _summary(history, state_bytes=state_bytes, checkpoint=last_ckpt,
-                       export=export, stopped=stopped, start_step=start_step)
+    summary = _summary(
+        history,
+        state_bytes=state_bytes,
+        checkpoint=last_ckpt,
+        export=export,
+        stopped=stopped,
+        start_step=start_step,
+    )
     rt.emit({"event": "summary", **summary})
-    rt.log(f"summary: steps {summary['steps']} | loss {summary['final_loss']:.4f} | "
-           f"{summary['tokens_per_s']:.0f} tokens/s | checkpoint {last_ckpt or 'none'}")
+    rt.log(
+        f"summary: steps {summary['steps']} | loss {summary['final_loss']:.4f} | "
+        f"{summary['tokens_per_s']:.0f} tokens/s | checkpoint {last_ckpt or 'none'}"
+    )
     return summary
 
 
@@ -235,8 +267,11 @@ def _with_builtin_assets(cfg: TrainConfig, rt: Runtime) -> TrainConfig:
         ensure_assets(default_cache())
     dist.barrier()
     corpus, tok = ensure_assets(default_cache())
-    return replace(cfg, dataset=str(corpus) if cfg.dataset == BUILTIN else cfg.dataset,
-                   tokenizer=str(tok) if cfg.tokenizer_path == BUILTIN else cfg.tokenizer)
+    return replace(
+        cfg,
+        dataset=str(corpus) if cfg.dataset == BUILTIN else cfg.dataset,
+        tokenizer=str(tok) if cfg.tokenizer_path == BUILTIN else cfg.tokenizer,
+    )
 
 
 def _resume_path(cfg: TrainConfig, root: Path | None) -> Path | None:
@@ -281,9 +316,16 @@ def _train_step(step, cfg, rt, model, optimizer, scaler, loader, measure=None) -
     dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if rt.device.type == "cuda" else dist.ReduceOp.SUM)
     loss_value = loss_sum.item() / (1 if rt.device.type == "cuda" else rt.world)  # gloo has no AVG
     step_time = time.perf_counter() - t0
-    return {"step": step, "max_steps": cfg.max_steps, "loss": loss_value, "lr": lr_at(step, cfg),
-            "grad_norm": float(grad_norm), "step_time_s": step_time, "data_wait_frac": data_wait / step_time,
-            "time": time.time()}
+    return {
+        "step": step,
+        "max_steps": cfg.max_steps,
+        "loss": loss_value,
+        "lr": lr_at(step, cfg),
+        "grad_norm": float(grad_norm),
+        "step_time_s": step_time,
+        "data_wait_frac": data_wait / step_time,
+        "time": time.time(),
+    }
 
 
 def _agree_stop(rt: Runtime) -> bool:
@@ -295,26 +337,37 @@ def _agree_stop(rt: Runtime) -> bool:
 
 def _human(r: dict) -> str:
     mfu = f" | MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else ""
-    mem = (f" | mem {r['mem_allocated_gib']:.1f}/{r['mem_reserved_gib']:.1f} GiB" if "mem_allocated_gib" in r
-           else f" | rss {r['mem_peak_rss_gib']:.2f} GiB")
-    return (f"step {r['step']:>5}/{r['max_steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
-            f"{r['tokens_per_s']:.0f} tok/s ({r['tokens_per_s_per_device']:.0f}/dev) | "
-            f"{r['tflops_per_device']:.3f} TFLOP/s/dev{mfu}{mem} | data wait {100 * r['data_wait_frac']:.1f}%")
+    mem = (
+        f" | mem {r['mem_allocated_gib']:.1f}/{r['mem_reserved_gib']:.1f} GiB"
+        if "mem_allocated_gib" in r
+        else f" | rss {r['mem_peak_rss_gib']:.2f} GiB"
+    )
+    return (
+        f"step {r['step']:>5}/{r['max_steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
+        f"{r['tokens_per_s']:.0f} tok/s ({r['tokens_per_s_per_device']:.0f}/dev) | "
+        f"{r['tflops_per_device']:.3f} TFLOP/s/dev{mfu}{mem} | data wait {100 * r['data_wait_frac']:.1f}%"
+    )
 
 
 def _summary(history, *, state_bytes, checkpoint, export, stopped, start_step) -> dict:
     timed = history[1:] if len(history) > 1 else history  # the first step pays one-off warm-up costs
     total_time = sum(r["step_time_s"] for r in timed)
     tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in timed)
-    return {"steps": len(history), "start_step": start_step,
-            "final_loss": history[-1]["loss"] if history else float("nan"),
-            "first_loss": history[0]["loss"] if history else float("nan"),
-            "losses": [r["loss"] for r in history],
-            "tokens_per_s": tokens / total_time if total_time else 0.0,
-            "tokens_per_s_per_device": (tokens / total_time / dist.get_world_size()) if total_time else 0.0,
-            "mfu": history[-1]["mfu"] if history else None, **state_bytes,
-            **{k: v for k, v in (history[-1] if history else {}).items() if k.startswith("mem_")},
-            "checkpoint": checkpoint, "export": str(export) if export else None, "stopped": stopped}
+    return {
+        "steps": len(history),
+        "start_step": start_step,
+        "final_loss": history[-1]["loss"] if history else float("nan"),
+        "first_loss": history[0]["loss"] if history else float("nan"),
+        "losses": [r["loss"] for r in history],
+        "tokens_per_s": tokens / total_time if total_time else 0.0,
+        "tokens_per_s_per_device": (tokens / total_time / dist.get_world_size()) if total_time else 0.0,
+        "mfu": history[-1]["mfu"] if history else None,
+        **state_bytes,
+        **{k: v for k, v in (history[-1] if history else {}).items() if k.startswith("mem_")},
+        "checkpoint": checkpoint,
+        "export": str(export) if export else None,
+        "stopped": stopped,
+    }
 
 
 def run(cfg: TrainConfig) -> int:
@@ -329,7 +382,9 @@ def run(cfg: TrainConfig) -> int:
             rt.exporter = PrometheusExporter(cfg.metrics_port)
             rt.log(f"metrics: http://0.0.0.0:{rt.exporter.port}/metrics")
         except OSError as e:
-            rt.log(f"metrics: port {cfg.metrics_port} unavailable ({e.strerror}); training goes on without it")
+            rt.log(
+                f"metrics: port {cfg.metrics_port} unavailable ({e.strerror}); training goes on without it"
+            )
     try:
         train(cfg, rt)
         return 0

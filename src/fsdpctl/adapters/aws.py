@@ -48,8 +48,11 @@ class Aws:
         return _call(self.client("sts").get_caller_identity)
 
     def instance_type_zones(self, instance_type: str) -> list[str]:
-        r = _call(self.client("ec2").describe_instance_type_offerings, LocationType="availability-zone",
-                  Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        r = _call(
+            self.client("ec2").describe_instance_type_offerings,
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+        )
         return sorted(o["Location"] for o in r["InstanceTypeOfferings"])
 
     def vcpus(self, instance_type: str) -> int:
@@ -76,7 +79,9 @@ class Aws:
     def nodegroups(self, cluster: str) -> list[dict]:
         eks = self.client("eks")
         names = _call(eks.list_nodegroups, clusterName=cluster)["nodegroups"]
-        return [_call(eks.describe_nodegroup, clusterName=cluster, nodegroupName=n)["nodegroup"] for n in names]
+        return [
+            _call(eks.describe_nodegroup, clusterName=cluster, nodegroupName=n)["nodegroup"] for n in names
+        ]
 
     def ecr_repository(self, name: str) -> tuple[dict, bool]:
         """The repository, created (scan on push, AES256) when missing; True when this call created it."""
@@ -87,9 +92,12 @@ class Aws:
             if e.code != "RepositoryNotFoundException":
                 raise
         try:
-            repo = _call(ecr.create_repository, repositoryName=name,
-                         imageScanningConfiguration={"scanOnPush": True},
-                         encryptionConfiguration={"encryptionType": "AES256"})["repository"]
+            repo = _call(
+                ecr.create_repository,
+                repositoryName=name,
+                imageScanningConfiguration={"scanOnPush": True},
+                encryptionConfiguration={"encryptionType": "AES256"},
+            )["repository"]
             return repo, True
         except AwsError as e:  # created by someone else in between: theirs is ours
             if e.code != "RepositoryAlreadyExistsException":

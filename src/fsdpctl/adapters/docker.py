@@ -37,8 +37,12 @@ def push_command(uri: str) -> Command:
 def engine_version() -> str:
     """The engine's version; EngineDown with docker's own reason when no engine answers."""
     try:
-        r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                           text=True, timeout=30)
+        r = subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except FileNotFoundError as e:
         raise ToolMissing("docker") from e
     except subprocess.TimeoutExpired as e:
@@ -56,4 +60,6 @@ def pushed_digest(line: str) -> str:
 
 
 def image_exists(ref: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=60).returncode == 0
+    return (
+        subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=60).returncode == 0
+    )

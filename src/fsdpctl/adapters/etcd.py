@@ -47,17 +47,33 @@ class EtcdServer:
                 self.proc.wait()
 
 
-def start(data_dir: Path, *, log_file: Path, timeout: float = 30, client_port: int | None = None) -> EtcdServer:
+def start(
+    data_dir: Path, *, log_file: Path, timeout: float = 30, client_port: int | None = None
+) -> EtcdServer:
     """Start etcd with the v2 API enabled (torch's etcd backends speak v2) and wait until it is healthy."""
     binary = shutil.which("etcd")
     if not binary:
         raise EtcdError("etcd is not installed: apt-get install etcd-server (or use RDZV_BACKEND=c10d)")
     client, peer = client_port or free_port(), free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = [binary, "--name", "fsdpctl", "--data-dir", str(data_dir), "--enable-v2",
-            "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"fsdpctl=http://127.0.0.1:{peer}"]
+    argv = [
+        binary,
+        "--name",
+        "fsdpctl",
+        "--data-dir",
+        str(data_dir),
+        "--enable-v2",
+        "--listen-client-urls",
+        f"http://127.0.0.1:{client}",
+        "--advertise-client-urls",
+        f"http://127.0.0.1:{client}",
+        "--listen-peer-urls",
+        f"http://127.0.0.1:{peer}",
+        "--initial-advertise-peer-urls",
+        f"http://127.0.0.1:{peer}",
+        "--initial-cluster",
+        f"fsdpctl=http://127.0.0.1:{peer}",
+    ]
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     server = EtcdServer(proc, client)

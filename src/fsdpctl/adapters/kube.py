@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 FIELD_MANAGER = "fsdpctl"
 
 # kinds whose objects are not in a namespace
-CLUSTER_KINDS = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Node",
-                 "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ClusterTrainingRuntime",
-                 "PriorityClass", "StorageClass"}
+CLUSTER_KINDS = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Node",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "ClusterTrainingRuntime",
+    "PriorityClass",
+    "StorageClass",
+}
 IRREGULAR_PLURALS = {"Endpoints": "endpoints"}
 
 
@@ -42,8 +52,13 @@ def plural(kind: str) -> str:
     return low + "s"
 
 
-def path(api_version: str, kind: str, namespace: str | None = None, name: str | None = None,
-         subresource: str | None = None) -> str:
+def path(
+    api_version: str,
+    kind: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
     """The REST path of a collection or an object: /api/v1/... for the core group, /apis/G/V/... otherwise."""
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     if namespace and kind not in CLUSTER_KINDS:
@@ -58,7 +73,9 @@ def path(api_version: str, kind: str, namespace: str | None = None, name: str | 
 
 def obj_path(obj: dict, with_name: bool = True) -> str:
     meta = obj.get("metadata", {})
-    return path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta.get("name") if with_name else None)
+    return path(
+        obj["apiVersion"], obj["kind"], meta.get("namespace"), meta.get("name") if with_name else None
+    )
 
 
 def selector(labels: dict[str, str]) -> str:
@@ -76,7 +93,7 @@ class Kube:
     context: str = ""
 
     @classmethod
-    def connect(cls, context: str = "", kubeconfig: str | None = None) -> "Kube":
+    def connect(cls, context: str = "", kubeconfig: str | None = None) -> Kube:
         """From the kubeconfig ($KUBECONFIG or ~/.kube/config), else the pod's service account."""
         from kubernetes import config
         from kubernetes.config.config_exception import ConfigException
@@ -103,8 +120,17 @@ class Kube:
 
     # --- raw -----------------------------------------------------------------------------------------------------
 
-    def request(self, method: str, url: str, *, body: Any = None, query: dict | None = None,
-                content_type: str = "application/json", stream: bool = False, timeout: float | None = 60):
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: Any = None,
+        query: dict | None = None,
+        content_type: str = "application/json",
+        stream: bool = False,
+        timeout: float | None = 60,
+    ):
         """One HTTP call; the parsed JSON answer, or the open response when `stream`."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
@@ -112,10 +138,17 @@ class Kube:
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         headers = {"Accept": "application/json, */*", "Content-Type": content_type}
         try:
-            resp = self.api.call_api(url, method, query_params=params, header_params=headers, body=body,
-                                     auth_settings=["BearerToken"], _preload_content=False,
-                                     _request_timeout=(10, timeout) if stream and timeout else timeout,
-                                     _return_http_data_only=True)
+            resp = self.api.call_api(
+                url,
+                method,
+                query_params=params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=(10, timeout) if stream and timeout else timeout,
+                _return_http_data_only=True,
+            )
         except ApiException as e:
             raise _kube_error(e.status, e.reason, e.body) from e
         except HTTPError as e:
@@ -135,13 +168,15 @@ class Kube:
                 return None
             raise
 
-    def list(self, api_version: str, kind: str, namespace: str | None = None,
-             labels: dict[str, str] | None = None) -> list[dict]:
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, labels: dict[str, str] | None = None
+    ) -> list[dict]:
         """Objects with these labels. The selector goes to the server; the filter is repeated here, which
         changes nothing on a real API server and keeps emulators that ignore selectors honest."""
         labels = labels or {}
-        data = self.request("GET", path(api_version, kind, namespace),
-                            query={"labelSelector": selector(labels) or None})
+        data = self.request(
+            "GET", path(api_version, kind, namespace), query={"labelSelector": selector(labels) or None}
+        )
         return [o for o in data.get("items", []) if matches(o, labels)]
 
     def create(self, obj: dict) -> dict:
@@ -149,16 +184,29 @@ class Kube:
 
     def apply(self, obj: dict, dry_run: bool = False) -> dict:
         """Server-side apply as field manager `fsdpctl` (force: fsdpctl owns what it renders)."""
-        return self.request("PATCH", obj_path(obj), body=obj, content_type="application/apply-patch+yaml",
-                            query={"fieldManager": FIELD_MANAGER, "force": "true",
-                                   "dryRun": "All" if dry_run else None})
+        return self.request(
+            "PATCH",
+            obj_path(obj),
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            query={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All" if dry_run else None},
+        )
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-               propagation: str = "Foreground") -> bool:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        propagation: str = "Foreground",
+    ) -> bool:
         """False when it was already gone."""
         try:
-            self.request("DELETE", path(api_version, kind, namespace, name),
-                         body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
+            self.request(
+                "DELETE",
+                path(api_version, kind, namespace, name),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
+            )
             return True
         except KubeError as e:
             if e.status == 404:
@@ -167,31 +215,44 @@ class Kube:
 
     def events(self, namespace: str, name: str) -> list[dict]:
         """Events about one object (the scheduler's 'Insufficient nvidia.com/gpu', image pull errors)."""
-        data = self.request("GET", path("v1", "Event", namespace),
-                            query={"fieldSelector": f"involvedObject.name={name}"})
+        data = self.request(
+            "GET", path("v1", "Event", namespace), query={"fieldSelector": f"involvedObject.name={name}"}
+        )
         return [e for e in data.get("items", []) if e.get("involvedObject", {}).get("name") == name]
 
-    def logs(self, namespace: str, pod: str, container: str = "", follow: bool = False,
-             tail: int | None = None) -> Iterator[str]:
+    def logs(
+        self, namespace: str, pod: str, container: str = "", follow: bool = False, tail: int | None = None
+    ) -> Iterator[str]:
         """The pod's log line by line; with `follow`, until the container ends."""
-        query = {"container": container or None, "follow": "true" if follow else None,
-                 "tailLines": str(tail) if tail else None}
+        query = {
+            "container": container or None,
+            "follow": "true" if follow else None,
+            "tailLines": str(tail) if tail else None,
+        }
         # no read timeout: a training step may print nothing for many minutes
-        resp = self.request("GET", path("v1", "Pod", namespace, pod, "log"), query=query, stream=True,
-                            timeout=None)
+        resp = self.request(
+            "GET", path("v1", "Pod", namespace, pod, "log"), query=query, stream=True, timeout=None
+        )
         try:
             yield from (line.decode("utf-8", errors="replace") for line in _lines(resp))
         finally:
             resp.release_conn()
 
-    def watch(self, api_version: str, kind: str, namespace: str | None = None,
-              labels: dict[str, str] | None = None, timeout: int = 60) -> Iterator[tuple[str, dict]]:
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        labels: dict[str, str] | None = None,
+        timeout: int = 60,
+    ) -> Iterator[tuple[str, dict]]:
         """(event type, object) as the API streams them, until `timeout` seconds pass."""
         labels = labels or {}
         query = {"watch": "true", "labelSelector": selector(labels) or None, "timeoutSeconds": str(timeout)}
         # the server ends the watch after timeoutSeconds; the read timeout only guards a connection gone silent
-        resp = self.request("GET", path(api_version, kind, namespace), query=query, stream=True,
-                            timeout=timeout + 30)
+        resp = self.request(
+            "GET", path(api_version, kind, namespace), query=query, stream=True, timeout=timeout + 30
+        )
         try:
             for line in filter(bytes.strip, _lines(resp)):
                 event = json.loads(line)
@@ -200,7 +261,9 @@ class Kube:
         finally:
             resp.release_conn()
 
-    def proxy(self, method: str, namespace: str, service: str, port: int, rest: str, query: dict | None = None):
+    def proxy(
+        self, method: str, namespace: str, service: str, port: int, rest: str, query: dict | None = None
+    ):
         """A request to a Service through the API server's proxy (etcd, Prometheus): no port-forward needed."""
         url = f"/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy/{rest.lstrip('/')}"
         return self.request(method, url, query=query)

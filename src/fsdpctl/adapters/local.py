@@ -87,7 +87,7 @@ def launches(spec: dict, endpoint: str, environ: dict[str, str]) -> list[Launch]
     env = {**environ, **spec["env"]}
     for key, value in spec["env"].items():  # the pod's /checkpoints volume -> the job's directory
         if value.startswith(spec["checkpoint_mount"]):
-            env[key] = spec["checkpoint_root"] + value[len(spec["checkpoint_mount"]):]
+            env[key] = spec["checkpoint_root"] + value[len(spec["checkpoint_mount"]) :]
     total = spec["replicas"] * spec["nproc_per_node"]
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
     return [Launch(i, argv, dict(env)) for i in range(spec["replicas"])]
@@ -96,11 +96,17 @@ def launches(spec: dict, endpoint: str, environ: dict[str, str]) -> list[Launch]
 def spec_from_job(job: dict, jdir: Path, checkpoint_mount: str) -> dict:
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     container = worker["template"]["spec"]["containers"][0]
-    return {"job": job["metadata"]["name"], "run_id": job["spec"]["elasticPolicy"]["rdzvId"],
-            "rdzv_backend": job["spec"]["elasticPolicy"]["rdzvBackend"], "replicas": worker["replicas"],
-            "nproc_per_node": int(job["spec"]["nprocPerNode"]), "command": container["command"],
-            "env": {e["name"]: e["value"] for e in container["env"] if "value" in e},
-            "checkpoint_mount": checkpoint_mount, "checkpoint_root": str(jdir / "checkpoints")}
+    return {
+        "job": job["metadata"]["name"],
+        "run_id": job["spec"]["elasticPolicy"]["rdzvId"],
+        "rdzv_backend": job["spec"]["elasticPolicy"]["rdzvBackend"],
+        "replicas": worker["replicas"],
+        "nproc_per_node": int(job["spec"]["nprocPerNode"]),
+        "command": container["command"],
+        "env": {e["name"]: e["value"] for e in container["env"] if "value" in e},
+        "checkpoint_mount": checkpoint_mount,
+        "checkpoint_root": str(jdir / "checkpoints"),
+    }
 
 
 def start(job: dict, *, checkpoint_mount: str, secret_env: dict[str, str]) -> dict:
@@ -114,15 +120,29 @@ def start(job: dict, *, checkpoint_mount: str, secret_env: dict[str, str]) -> di
     log_dir = jdir / "logs" / spec["run_id"]
     log_dir.mkdir(parents=True, exist_ok=True)
     write_json(jdir / "spec.json", spec)
-    state = {"job": name, "run_id": spec["run_id"], "phase": "Pending", "created": time.time(),
-             "replicas": spec["replicas"], "log_dir": str(log_dir), "checkpoint_dir": spec["checkpoint_root"],
-             "supervisor_pid": None, "launchers": [], "stop_requested": False}
+    state = {
+        "job": name,
+        "run_id": spec["run_id"],
+        "phase": "Pending",
+        "created": time.time(),
+        "replicas": spec["replicas"],
+        "log_dir": str(log_dir),
+        "checkpoint_dir": spec["checkpoint_root"],
+        "supervisor_pid": None,
+        "launchers": [],
+        "stop_requested": False,
+    }
     write_json(jdir / "state.json", state)
     env = {**os.environ, **secret_env}
     with open(log_dir / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     state["supervisor_pid"] = proc.pid
     _update(jdir, supervisor_pid=proc.pid)
     return state
@@ -178,6 +198,7 @@ def leader_log(state: dict) -> Path | None:
 
 # ---- the supervisor process ---------------------------------------------------------------------------
 
+
 def supervise(jdir: Path) -> int:
     spec = json.loads((jdir / "spec.json").read_text())
     log_dir = Path(read_state(jdir)["log_dir"])
@@ -192,10 +213,23 @@ def supervise(jdir: Path) -> int:
             endpoint = server.endpoint
         for launch in launches(spec, endpoint, dict(os.environ)):
             log = open(log_dir / f"node-{launch.node}.log", "ab")
-            procs.append(subprocess.Popen(launch.argv, env=launch.env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
-        _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint,
-                launchers=[{"node": i, "pid": p.pid, "rc": None} for i, p in enumerate(procs)])
+            procs.append(
+                subprocess.Popen(
+                    launch.argv,
+                    env=launch.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+        _update(
+            jdir,
+            phase="Running",
+            started=time.time(),
+            rdzv_endpoint=endpoint,
+            launchers=[{"node": i, "pid": p.pid, "rc": None} for i, p in enumerate(procs)],
+        )
         rcs = _wait_all(procs, stopping, jdir)
     except Exception as e:  # recorded for `job status`; the traceback is in supervisor.log
         _terminate(procs, signal.SIGKILL)
@@ -206,8 +240,12 @@ def supervise(jdir: Path) -> int:
             server.stop()
     stopped = stopping["flag"]
     phase = "Stopped" if stopped else ("Succeeded" if all(rc == 0 for rc in rcs) else "Failed")
-    _update(jdir, phase=phase, finished=time.time(),
-            launchers=[{"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs))])
+    _update(
+        jdir,
+        phase=phase,
+        finished=time.time(),
+        launchers=[{"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs))],
+    )
     return 0
 
 

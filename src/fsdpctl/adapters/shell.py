@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 INSTALL_HINTS = {
     "eksctl": "install eksctl: https://eksctl.io/installation/ (a single binary; `eksctl version` to check)",
@@ -37,8 +37,13 @@ class Command:
         return cd + (prefix + " " if prefix else "") + shlex.join(self.argv)
 
 
-def run(cmd: Command, *, log_file: Path, on_line: Callable[[str], None] | None = None,
-        stdin_text: str | None = None) -> int:
+def run(
+    cmd: Command,
+    *,
+    log_file: Path,
+    on_line: Callable[[str], None] | None = None,
+    stdin_text: str | None = None,
+) -> int:
     """Run to completion, streaming each output line to `on_line` and appending it to `log_file`.
     `stdin_text` (a password for `docker login --password-stdin`) goes to the process only, never to the log."""
     exe = shutil.which(cmd.argv[0])
@@ -47,9 +52,15 @@ def run(cmd: Command, *, log_file: Path, on_line: Callable[[str], None] | None =
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a") as log:
         log.write(f"$ {cmd.shell_line()}\n")
-        proc = subprocess.Popen([exe, *cmd.argv[1:]], env={**os.environ, **cmd.env}, cwd=cmd.cwd, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE)
+        proc = subprocess.Popen(
+            [exe, *cmd.argv[1:]],
+            env={**os.environ, **cmd.env},
+            cwd=cmd.cwd,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+        )
         if stdin_text is not None:
             proc.stdin.write(stdin_text)
             proc.stdin.close()

@@ -20,7 +20,6 @@ from fsdpctl.cli.common import AppState, err, parse_sets
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
 
-
 # pydantic scans every installed package's entry points for plugins at import (~40 ms); a CLI wants none
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
@@ -54,9 +53,14 @@ def _debug(ctx: typer.Context) -> bool:
     return bool(obj and obj.debug)
 
 
-app = typer.Typer(cls=_Group, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="From nothing to a running, observed, resumable PyTorch FSDP job on EKS, or on this machine.")
+app = typer.Typer(
+    cls=_Group,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="From nothing to a running, observed, resumable PyTorch FSDP job on EKS, or on this machine.",
+)
 
 
 def _version(value: bool) -> None:
@@ -68,10 +72,15 @@ def _version(value: bool) -> None:
 @app.callback()
 def root(
     ctx: typer.Context,
-    env_file: Annotated[Path, typer.Option("--env-file", envvar="FSDPCTL_ENV_FILE",
-                                           help="settings file (KEY=VALUE lines)")] = Path(".env"),
-    set_: Annotated[Optional[List[str]], typer.Option("--set", "-s", metavar="KEY=VALUE",
-                                                      help="override a setting (repeatable); beats env and .env")] = None,
+    env_file: Annotated[
+        Path, typer.Option("--env-file", envvar="FSDPCTL_ENV_FILE", help="settings file (KEY=VALUE lines)")
+    ] = Path(".env"),
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", "-s", metavar="KEY=VALUE", help="override a setting (repeatable); beats env and .env"
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
 ) -> None:
@@ -80,8 +89,19 @@ def root(
 
 
 def _register() -> None:
-    from fsdpctl.cli import (cleanup_cmd, cluster_cmd, config_cmd, deploy_cmd, doctor_cmd, image_cmd, job_cmd,
-                             manifest_cmd, monitor_cmd, plan_cmd, quickstart_cmd)
+    from fsdpctl.cli import (
+        cleanup_cmd,
+        cluster_cmd,
+        config_cmd,
+        deploy_cmd,
+        doctor_cmd,
+        image_cmd,
+        job_cmd,
+        manifest_cmd,
+        monitor_cmd,
+        plan_cmd,
+        quickstart_cmd,
+    )
 
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(job_cmd.app, name="job")

@@ -11,7 +11,9 @@ from fsdpctl.cli.common import ok, out, state
 
 def cleanup(
     ctx: typer.Context,
-    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="also delete the finished jobs' checkpoints")] = False,
+    checkpoints: Annotated[
+        bool, typer.Option("--checkpoints", help="also delete the finished jobs' checkpoints")
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed")] = False,
 ) -> None:
     """Remove finished (succeeded or failed) jobs: on a cluster the job, its pods, its Secret and its rendezvous
@@ -29,7 +31,10 @@ def cleanup(
         removed = _local(checkpoints, dry_run)
     for item in removed:
         out.print(("would remove " if dry_run else "removed ") + item, markup=False)
-    ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items" + ("" if checkpoints else "; checkpoints kept"))
+    ok(
+        f"{'dry run: ' if dry_run else ''}{len(removed)} items"
+        + ("" if checkpoints else "; checkpoints kept")
+    )
 
 
 def _local(checkpoints: bool, dry_run: bool) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -11,8 +11,11 @@ from rich.table import Table
 from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, report_checks, run_tool, state, warn
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                  help="The EKS cluster: preflight, status, create and delete (eksctl or terraform).")
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The EKS cluster: preflight, status, create and delete (eksctl or terraform).",
+)
 
 
 def _aws(cfg):
@@ -45,7 +48,13 @@ def terraform_commands(cfg, verb: str, workdir: Path) -> list:
 
     env = {"AWS_REGION": cfg.aws_region, **({"AWS_PROFILE": cfg.aws_profile} if cfg.aws_profile else {})}
     plugins = os.environ.get("FSDPCTL_TF_PLUGIN_DIR")  # offline provider mirror, e.g. /opt/tf-plugins
-    init = ["terraform", f"-chdir={workdir}", "init", "-input=false", *([f"-plugin-dir={plugins}"] if plugins else [])]
+    init = [
+        "terraform",
+        f"-chdir={workdir}",
+        "init",
+        "-input=false",
+        *([f"-plugin-dir={plugins}"] if plugins else []),
+    ]
     run = ["terraform", f"-chdir={workdir}", verb, "-input=false", "-auto-approve"]
     return [Command(init, env), Command(run, env)]
 
@@ -65,8 +74,12 @@ def _write_config(cfg) -> tuple[Path, str]:
         text, path = render.to_yaml([render.render_clusterconfig(cfg)]), base / "clusterconfig.yaml"
     else:
         path = base / "terraform"
-        shutil.copytree(render.data_dir("terraform"), path, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
+        shutil.copytree(
+            render.data_dir("terraform"),
+            path,
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"),
+        )
         text = json.dumps(render.terraform_vars(cfg), indent=2) + "\n"
         path = path / "fsdpctl.auto.tfvars.json"
     write_atomic(path, text)
@@ -108,29 +121,55 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
     except AwsError as e:
         raise FsdpctlError(str(e), hint="check credentials and AWS_REGION (`fsdpctl cluster check`)") from e
     if cluster is None:
-        raise FsdpctlError(f"no cluster {cfg.cluster_name!r} in {cfg.aws_region}", hint="`fsdpctl cluster create`",
-                           code=ExitCode.JOB_NOT_FOUND)
-    data = {"name": cluster["name"], "status": cluster["status"], "version": cluster.get("version"),
-            "endpoint": cluster.get("endpoint"),
-            "nodegroups": [{"name": g["nodegroupName"], "status": g["status"], "instance_types": g.get("instanceTypes"),
-                            "desired": g.get("scalingConfig", {}).get("desiredSize"),
-                            "min": g.get("scalingConfig", {}).get("minSize"),
-                            "max": g.get("scalingConfig", {}).get("maxSize")} for g in groups]}
+        raise FsdpctlError(
+            f"no cluster {cfg.cluster_name!r} in {cfg.aws_region}",
+            hint="`fsdpctl cluster create`",
+            code=ExitCode.JOB_NOT_FOUND,
+        )
+    data = {
+        "name": cluster["name"],
+        "status": cluster["status"],
+        "version": cluster.get("version"),
+        "endpoint": cluster.get("endpoint"),
+        "nodegroups": [
+            {
+                "name": g["nodegroupName"],
+                "status": g["status"],
+                "instance_types": g.get("instanceTypes"),
+                "desired": g.get("scalingConfig", {}).get("desiredSize"),
+                "min": g.get("scalingConfig", {}).get("minSize"),
+                "max": g.get("scalingConfig", {}).get("maxSize"),
+            }
+            for g in groups
+        ],
+    }
     if emit(data, output):
         return
-    out.print(f"cluster {data['name']}: {data['status']} (Kubernetes {data['version']}) {data['endpoint'] or ''}")
+    out.print(
+        f"cluster {data['name']}: {data['status']} (Kubernetes {data['version']}) {data['endpoint'] or ''}"
+    )
     t = Table("node group", "status", "instance types", "desired", "min", "max")
     for g in data["nodegroups"]:
-        t.add_row(g["name"], g["status"], ", ".join(g["instance_types"] or []), str(g["desired"]), str(g["min"]),
-                  str(g["max"]))
+        t.add_row(
+            g["name"],
+            g["status"],
+            ", ".join(g["instance_types"] or []),
+            str(g["desired"]),
+            str(g["min"]),
+            str(g["max"]),
+        )
     out.print(t)
 
 
 @app.command()
 def create(
     ctx: typer.Context,
-    tool: Annotated[Optional[str], typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the commands and the tool's input, run nothing")] = False,
+    tool: Annotated[
+        str | None, typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the commands and the tool's input, run nothing")
+    ] = False,
 ) -> None:
     """Create the EKS cluster with eksctl (rendered ClusterConfig) or terraform (terraform/ + tfvars).
 
@@ -155,15 +194,18 @@ def create(
     log = cluster_dir(cfg.cluster_name) / "create.log"
     for cmd in cmds:
         if run_tool(cmd, log) != 0:
-            raise FsdpctlError(f"{' '.join(cmd.argv[:3])} failed: see {log}",
-                               hint="`fsdpctl cluster check` for preflight")
+            raise FsdpctlError(
+                f"{' '.join(cmd.argv[:3])} failed: see {log}", hint="`fsdpctl cluster check` for preflight"
+            )
     ok(f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status")
 
 
 @app.command()
 def delete(
     ctx: typer.Context,
-    tool: Annotated[Optional[str], typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")] = None,
+    tool: Annotated[
+        str | None, typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")
+    ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the commands, delete nothing")] = False,
 ) -> None:

@@ -14,9 +14,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fsdpctl.errors import BadInput
+from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import redact
-from fsdpctl.errors import SettingsError
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
@@ -39,16 +38,20 @@ class AppState:
     env_file: Path
     flags: dict[str, str] = field(default_factory=dict)
     debug: bool = False
-    _config: "Config | None" = None
+    _config: Config | None = None
 
-    def config(self, **overrides: Any) -> "Config":
+    def config(self, **overrides: Any) -> Config:
         """Load once: flags (--set and command options) > environment > .env > defaults."""
         from fsdpctl.settings import load
 
         flags = {**self.flags, **{k: str(v) for k, v in overrides.items() if v is not None}}
         if self._config is None or overrides:
-            cfg = load(dotenv=read_env_file(self.env_file), environ=os.environ, flags=flags,
-                       dotenv_name=str(self.env_file))
+            cfg = load(
+                dotenv=read_env_file(self.env_file),
+                environ=os.environ,
+                flags=flags,
+                dotenv_name=str(self.env_file),
+            )
             for w in cfg.warnings:
                 warn(w)
             if overrides:
@@ -95,7 +98,9 @@ def end_wait(name: str, phase: str) -> None:
 
     codes = {"Succeeded": ExitCode.OK, "Failed": ExitCode.JOB_FAILED, "Stopped": ExitCode.JOB_STOPPED}
     code = codes.get(phase, ExitCode.JOB_TIMED_OUT)
-    (ok if code == ExitCode.OK else warn)(f"job {name}: {'timed out' if code == ExitCode.JOB_TIMED_OUT else phase}")
+    (ok if code == ExitCode.OK else warn)(
+        f"job {name}: {'timed out' if code == ExitCode.JOB_TIMED_OUT else phase}"
+    )
     raise typer.Exit(code)
 
 
@@ -107,7 +112,9 @@ def emit(data: Any, output: Output) -> bool:
     if output == Output.yaml:
         import yaml
 
-        out.print(redact(yaml.safe_dump(data, sort_keys=False, default_flow_style=False)), end="", markup=False)
+        out.print(
+            redact(yaml.safe_dump(data, sort_keys=False, default_flow_style=False)), end="", markup=False
+        )
         return True
     return False
 
@@ -120,7 +127,9 @@ def run_tool(cmd, log: Path, stdin_text: str | None = None, on_line=None) -> int
     words = " ".join(a for a in cmd.argv[1:3] if not a.startswith("-"))
     try:
         with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
-            return shell.run(cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line))
+            return shell.run(
+                cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line)
+            )
     except shell.ToolMissing as e:
         raise FsdpctlError(str(e), hint=e.hint) from e
 

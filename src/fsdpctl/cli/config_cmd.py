@@ -9,7 +9,11 @@ from rich.table import Table
 from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, state
 from fsdpctl.redact import redact
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Show and check the settings (.env, environment, --set).")
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Show and check the settings (.env, environment, --set).",
+)
 
 
 def _group(key: str) -> str:
@@ -37,7 +41,12 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
     table = Table("group", "key", "value", "source", box=None, pad_edge=False)
     for key in sorted(values, key=lambda k: (_group(k), k)):
         source = cfg.sources[key]
-        table.add_row(_group(key), key, escape(redact(str(values[key]))), source if source != "default" else "[dim]default[/]")
+        table.add_row(
+            _group(key),
+            key,
+            escape(redact(str(values[key]))),
+            source if source != "default" else "[dim]default[/]",
+        )
     for key, value in derived(cfg).items():
         table.add_row("derived", key, str(value), "[dim]computed[/]")
     out.print(table)
@@ -50,5 +59,7 @@ def validate(ctx: typer.Context) -> None:
     Example: fsdpctl --env-file prod.env config validate
     """
     cfg = state(ctx).config()
-    ok(f"{len(cfg.sources)} settings valid ({sum(s != 'default' for s in cfg.sources.values())} set); "
-       f"world size {cfg.world_size} on {cfg.backend}")
+    ok(
+        f"{len(cfg.sources)} settings valid ({sum(s != 'default' for s in cfg.sources.values())} set); "
+        f"world size {cfg.world_size} on {cfg.backend}"
+    )

@@ -6,7 +6,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -14,13 +14,22 @@ from rich.table import Table
 from fsdpctl.cli.common import Output, OutputOpt, emit, err, ok, out, state, warn
 from fsdpctl.errors import BadInput, FsdpctlError
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                  help="Install etcd, the job operator (PyTorchJob v1 or TrainJob v2) and monitoring on the cluster.")
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Install etcd, the job operator (PyTorchJob v1 or TrainJob v2) and monitoring on the cluster.",
+)
 
-DryRunOpt = Annotated[Optional[str], typer.Option("--dry-run", help="client: print the objects; server: "
-                                                  "the API validates them, nothing is stored")]
-FromOpt = Annotated[Optional[Path], typer.Option("--from", envvar="FSDPCTL_MANIFESTS",
-                                                 help="mirror directory of the pinned upstream files")]
+DryRunOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dry-run", help="client: print the objects; server: the API validates them, nothing is stored"
+    ),
+]
+FromOpt = Annotated[
+    Path | None,
+    typer.Option("--from", envvar="FSDPCTL_MANIFESTS", help="mirror directory of the pinned upstream files"),
+]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds to wait until everything is ready")]
 
 
@@ -46,7 +55,9 @@ def _deploy(ctx: typer.Context, which: str, dry_run: str | None, mirror: Path | 
         counts = _apply_all(kube, cfg, comp, server_dry_run=dry_run == "server")
         summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
         if dry_run == "server":
-            ok(f"{comp.name} ({comp.version}): {len(comp.objects)} objects accepted by the API server (dry run)")
+            ok(
+                f"{comp.name} ({comp.version}): {len(comp.objects)} objects accepted by the API server (dry run)"
+            )
             continue
         ok(f"{comp.name} ({comp.version}): {summary}")
         _wait_ready(kube, comp, timeout)
@@ -57,8 +68,10 @@ def _check_required(kube, comp, timeout: float) -> None:
     """What the component needs but fsdpctl does not install: waited for when present, else named."""
     missing = [r for r in comp.requires if kube.get("apps/v1", r["kind"], r["name"], r["namespace"]) is None]
     for r in missing:
-        warn(f"{comp.name}: {r['kind']}/{r['name']} in {r['namespace']} is not installed; jobs will stay "
-             f"pending until it is: {r['install']}")
+        warn(
+            f"{comp.name}: {r['kind']}/{r['name']} in {r['namespace']} is not installed; jobs will stay "
+            f"pending until it is: {r['install']}"
+        )
     present = [r for r in comp.requires if r not in missing]
     if present:
         _wait_ready(kube, replace(comp, ready=present), timeout)
@@ -98,30 +111,35 @@ def _wait_ready(kube, comp, timeout: float) -> None:
     pending = list(comp.ready)
     with err.status(f"waiting for {comp.name} to be ready ...") as spinner:
         while pending:
-            pending = [r for r in pending if not is_ready(kube.get("apps/v1", r["kind"], r["name"], r["namespace"]))]
+            pending = [
+                r for r in pending if not is_ready(kube.get("apps/v1", r["kind"], r["name"], r["namespace"]))
+            ]
             if not pending:
                 break
             if time.monotonic() > deadline:
                 names = ", ".join(f"{r['kind']}/{r['name']} in {r['namespace']}" for r in pending)
-                raise FsdpctlError(f"{comp.name}: not ready after {timeout:.0f} s: {names}",
-                                   hint="kubectl describe the pods (image pulls, node capacity); rerun to keep waiting")
+                raise FsdpctlError(
+                    f"{comp.name}: not ready after {timeout:.0f} s: {names}",
+                    hint="kubectl describe the pods (image pulls, node capacity); rerun to keep waiting",
+                )
             spinner.update(f"waiting for {comp.name}: {len(pending)} not ready yet")
             time.sleep(1)
     ok(f"{comp.name} ready")
 
 
 def _component_command(which: str):
-    def command(ctx: typer.Context, dry_run: DryRunOpt = None, mirror: FromOpt = None,
-                timeout: TimeoutOpt = 600) -> None:
+    def command(
+        ctx: typer.Context, dry_run: DryRunOpt = None, mirror: FromOpt = None, timeout: TimeoutOpt = 600
+    ) -> None:
         _deploy(ctx, which, dry_run, mirror, timeout)
 
     command.__doc__ = {
         "etcd": "etcd (pinned v3.5, v2 API on) in JOB_NAMESPACE for RDZV_BACKEND=etcd|etcd-v2.\n\nExample: fsdpctl deploy etcd",
         "operator": "The job operator: Training Operator v1.9.4 (JOB_KIND=pytorchjob) or Trainer v2.3.0 CRDs + "
-                    "runtimes (JOB_KIND=trainjob), from the pinned, sha256-checked release files.\n\n"
-                    "Example: fsdpctl deploy operator --from ./mirror",
+        "runtimes (JOB_KIND=trainjob), from the pinned, sha256-checked release files.\n\n"
+        "Example: fsdpctl deploy operator --from ./mirror",
         "monitoring": "DCGM exporter, Prometheus, Grafana (with fsdpctl's dashboard), htop and nvtop.\n\n"
-                      "Example: fsdpctl deploy monitoring --dry-run server",
+        "Example: fsdpctl deploy monitoring --dry-run server",
         "all": "etcd, the operator and monitoring, in that order.\n\nExample: fsdpctl deploy all --timeout 900",
     }[which]
     return command
@@ -150,20 +168,42 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
                 labels = obj["metadata"].get("labels", {})
                 image = obj["spec"]["template"]["spec"]["containers"][0]["image"]
                 version = labels.get(deploy.VERSION_LABEL) or image.rsplit(":", 1)[-1]
-            rows.append({"component": comp["component"], "object": f"{comp['kind']}/{comp['name']}",
-                         "namespace": comp["namespace"], "installed": obj is not None, "version": version,
-                         "ready": deploy.is_ready(obj)})
+            rows.append(
+                {
+                    "component": comp["component"],
+                    "object": f"{comp['kind']}/{comp['name']}",
+                    "namespace": comp["namespace"],
+                    "installed": obj is not None,
+                    "version": version,
+                    "ready": deploy.is_ready(obj),
+                }
+            )
         api, kind = render.job_api(cfg)
-        crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition",
-                       f"{kind.lower()}s.{api.split('/')[0]}")
-        rows.append({"component": "operator", "object": f"CRD {kind.lower()}s.{api.split('/')[0]}",
-                     "namespace": "-", "installed": crd is not None, "version": api.split("/")[1], "ready": crd is not None})
+        crd = kube.get(
+            "apiextensions.k8s.io/v1", "CustomResourceDefinition", f"{kind.lower()}s.{api.split('/')[0]}"
+        )
+        rows.append(
+            {
+                "component": "operator",
+                "object": f"CRD {kind.lower()}s.{api.split('/')[0]}",
+                "namespace": "-",
+                "installed": crd is not None,
+                "version": api.split("/")[1],
+                "ready": crd is not None,
+            }
+        )
     if emit(rows, output):
         return
     t = Table("component", "object", "namespace", "installed", "version", "ready")
     for r in rows:
-        t.add_row(r["component"], r["object"], r["namespace"], "yes" if r["installed"] else "[red]no[/]",
-                  r["version"], "[green]yes[/]" if r["ready"] else "[yellow]no[/]")
+        t.add_row(
+            r["component"],
+            r["object"],
+            r["namespace"],
+            "yes" if r["installed"] else "[red]no[/]",
+            r["version"],
+            "[green]yes[/]" if r["ready"] else "[yellow]no[/]",
+        )
     out.print(t)
 
 
@@ -172,10 +212,14 @@ def _installed_probes(cfg) -> list[dict]:
 
     rel = deploy.releases()[cfg.job_kind]
     probes = [{"component": "etcd", "kind": "Deployment", "namespace": cfg.job_namespace, "name": "etcd"}]
-    probes += [{"component": "operator", "kind": r["kind"], "namespace": r["namespace"], "name": r["name"]}
-               for r in rel.get("ready", []) + rel.get("requires", [])]
-    probes += [{"component": "monitoring", "kind": k, "namespace": cfg.monitoring_namespace, "name": n}
-               for k, n in (("Deployment", "prometheus"), ("Deployment", "grafana"), ("DaemonSet", "dcgm-exporter"))]
+    probes += [
+        {"component": "operator", "kind": r["kind"], "namespace": r["namespace"], "name": r["name"]}
+        for r in rel.get("ready", []) + rel.get("requires", [])
+    ]
+    probes += [
+        {"component": "monitoring", "kind": k, "namespace": cfg.monitoring_namespace, "name": n}
+        for k, n in (("Deployment", "prometheus"), ("Deployment", "grafana"), ("DaemonSet", "dcgm-exporter"))
+    ]
     return probes
 
 
@@ -199,7 +243,9 @@ def fetch(ctx: typer.Context) -> None:
                 ok(f"{entry['path']}: cached")
                 continue
             if not entry.get("url"):
-                warn(f"{entry['path']}: upstream has no single file; render it into a mirror (templates/releases.yaml)")
+                warn(
+                    f"{entry['path']}: upstream has no single file; render it into a mirror (templates/releases.yaml)"
+                )
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_suffix(".part")
@@ -207,7 +253,9 @@ def fetch(ctx: typer.Context) -> None:
                 tmp.write_bytes(r.read())
             if deploy.sha256(tmp) != entry["sha256"]:
                 tmp.unlink()
-                raise FsdpctlError(f"{entry['url']} does not match the pinned sha256", hint="report it: the pin is wrong "
-                                   "or the download was altered")
+                raise FsdpctlError(
+                    f"{entry['url']} does not match the pinned sha256",
+                    hint="report it: the pin is wrong or the download was altered",
+                )
             os.replace(tmp, target)
             ok(f"{entry['path']}: fetched and verified")

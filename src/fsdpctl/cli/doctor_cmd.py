@@ -14,8 +14,9 @@ LOCAL_DEMAND = 1_000.0  # tokens/s per process of a tiny model on one CPU core (
 def doctor(
     ctx: typer.Context,
     output: Output = OutputOpt,
-    collectives: Annotated[bool, typer.Option("--collectives/--no-collectives",
-                                              help="run the all-reduce bandwidth test")] = True,
+    collectives: Annotated[
+        bool, typer.Option("--collectives/--no-collectives", help="run the all-reduce bandwidth test")
+    ] = True,
 ) -> None:
     """Preflight: GPU, driver vs CUDA, a forward/backward on cuda, bf16, NCCL bandwidth, EFA, /dev/shm, disk, data.
 
@@ -36,9 +37,14 @@ def doctor(
     else:
         demand, ckpt = LOCAL_DEMAND, str(job_dir(cfg.job_name) / "checkpoints")
     live = output == Output.table
-    show = (lambda c: err.print(f"[{CHECK_STYLE[c.status]}]{c.status:>7}[/] {c.name}", highlight=False)) if live else None
+    show = (
+        (lambda c: err.print(f"[{CHECK_STYLE[c.status]}]{c.status:>7}[/] {c.name}", highlight=False))
+        if live
+        else None
+    )
     from pathlib import Path
 
-    checks = D.run_checks(cfg, demand_tokens_per_s=demand, checkpoint_path=Path(ckpt), collectives=collectives,
-                          on_check=show)
+    checks = D.run_checks(
+        cfg, demand_tokens_per_s=demand, checkpoint_path=Path(ckpt), collectives=collectives, on_check=show
+    )
     report_checks(checks, output)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
 from fsdpctl.cli.common import ok, out, parse_sets, run_tool, state
 from fsdpctl.errors import BadInput, FsdpctlError
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                  help="The trainer image: build it from docker/Dockerfile, push it to ECR.")
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The trainer image: build it from docker/Dockerfile, push it to ECR.",
+)
 
 DryRun = Annotated[bool, typer.Option("--dry-run", help="print the commands, run nothing")]
 
@@ -27,8 +30,10 @@ def source_root(context: Path | None) -> Path:
         except FileNotFoundError:
             root = Path(".")
     if not (root / "docker" / "Dockerfile").is_file() or not (root / "pyproject.toml").is_file():
-        raise BadInput(f"{root.resolve()} is not a fsdpctl source checkout (no docker/Dockerfile + pyproject.toml)",
-                       hint="git clone the fsdpctl repository and pass --context PATH_TO_IT")
+        raise BadInput(
+            f"{root.resolve()} is not a fsdpctl source checkout (no docker/Dockerfile + pyproject.toml)",
+            hint="git clone the fsdpctl repository and pass --context PATH_TO_IT",
+        )
     return root
 
 
@@ -47,8 +52,10 @@ def image_uri(cfg) -> str:
     try:
         account = _aws(cfg).identity()["Account"]
     except AwsError as e:
-        raise FsdpctlError(f"cannot tell the ECR registry: {e}",
-                           hint="set AWS_ACCOUNT_ID (or IMAGE_REGISTRY), or fix the credentials") from e
+        raise FsdpctlError(
+            f"cannot tell the ECR registry: {e}",
+            hint="set AWS_ACCOUNT_ID (or IMAGE_REGISTRY), or fix the credentials",
+        ) from e
     return f"{account}.dkr.ecr.{cfg.aws_region}.amazonaws.com/{cfg.image_repo}:{cfg.image_tag}"
 
 
@@ -60,7 +67,9 @@ def _engine() -> str:
     except shell.ToolMissing as e:
         raise FsdpctlError(str(e), hint=e.hint) from e
     except docker.EngineDown as e:
-        raise FsdpctlError(str(e), hint="start it (`sudo systemctl start docker`) or point DOCKER_HOST at one") from e
+        raise FsdpctlError(
+            str(e), hint="start it (`sudo systemctl start docker`) or point DOCKER_HOST at one"
+        ) from e
 
 
 def _log(name: str) -> Path:
@@ -72,12 +81,16 @@ def _log(name: str) -> Path:
 @app.command()
 def build(
     ctx: typer.Context,
-    base_image: Annotated[Optional[str], typer.Option("--base-image", help="FROM image (default: the "
-                                                      "Dockerfile's pinned CUDA base)")] = None,
-    build_arg: Annotated[Optional[List[str]], typer.Option("--build-arg", metavar="KEY=VALUE",
-                                                           help="Dockerfile argument, e.g. INSTALL_EFA=false")] = None,
+    base_image: Annotated[
+        str | None,
+        typer.Option("--base-image", help="FROM image (default: the Dockerfile's pinned CUDA base)"),
+    ] = None,
+    build_arg: Annotated[
+        list[str] | None,
+        typer.Option("--build-arg", metavar="KEY=VALUE", help="Dockerfile argument, e.g. INSTALL_EFA=false"),
+    ] = None,
     network: Annotated[str, typer.Option("--network", help="network for RUN steps (e.g. host)")] = "",
-    context: Annotated[Optional[Path], typer.Option("--context", help="fsdpctl checkout to build from")] = None,
+    context: Annotated[Path | None, typer.Option("--context", help="fsdpctl checkout to build from")] = None,
     dry_run: DryRun = False,
 ) -> None:
     """Build the trainer image and tag it with the URI the manifests use (registry/repo:tag).
@@ -117,9 +130,14 @@ def push(ctx: typer.Context, dry_run: DryRun = False) -> None:
     ecr = cfg.image_login == "ecr"
     if dry_run:
         if ecr:
-            out.print(f"# ECR repository {cfg.image_repo} in {cfg.aws_region}: created if missing", markup=False)
-            out.print(docker.login_command(registry, "AWS").shell_line() + "  # token from ecr:GetAuthorizationToken",
-                      markup=False)
+            out.print(
+                f"# ECR repository {cfg.image_repo} in {cfg.aws_region}: created if missing", markup=False
+            )
+            out.print(
+                docker.login_command(registry, "AWS").shell_line()
+                + "  # token from ecr:GetAuthorizationToken",
+                markup=False,
+            )
         out.print(docker.push_command(uri).shell_line(), markup=False)
         return
     _engine()
@@ -135,8 +153,10 @@ def push(ctx: typer.Context, dry_run: DryRun = False) -> None:
 
     log = _log("push")
     if run_tool(docker.push_command(uri), log, on_line=seen) != 0:
-        raise FsdpctlError(f"docker push {uri} failed: see {log}",
-                           hint="check `docker login` to the registry (IMAGE_LOGIN) and the repository name")
+        raise FsdpctlError(
+            f"docker push {uri} failed: see {log}",
+            hint="check `docker login` to the registry (IMAGE_LOGIN) and the repository name",
+        )
     ok(f"pushed {uri}")
     out.print(f"{uri.rsplit(':', 1)[0]}@{digest}" if digest else uri, markup=False)
 
@@ -154,5 +174,7 @@ def _ecr_login(cfg, registry: str) -> None:
         raise FsdpctlError(str(e), hint="check credentials and AWS_REGION (`fsdpctl cluster check`)") from e
     log = _log("login")
     if run_tool(docker.login_command(registry, user), log, stdin_text=password) != 0:
-        raise FsdpctlError(f"docker login {registry} failed: see {log}",
-                           hint="IMAGE_REGISTRY must be the ECR registry of the account the credentials belong to")
+        raise FsdpctlError(
+            f"docker login {registry} failed: see {log}",
+            hint="IMAGE_REGISTRY must be the ECR registry of the account the credentials belong to",
+        )

@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from fsdpctl.cli.common import Output, OutputOpt, emit, end_wait, err, ok, out, state, warn
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.progress import fmt_duration, hung_warning, progress, progress_rows, records, stalled, step_and_loss
+from fsdpctl.progress import (
+    fmt_duration,
+    hung_warning,
+    progress,
+    progress_rows,
+    records,
+    stalled,
+    step_and_loss,
+)
 from fsdpctl.redact import redact
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                  help="Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
-                       "of the kubeconfig (KUBE_CONTEXT).")
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
+    "of the kubeconfig (KUBE_CONTEXT).",
+)
 
 NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
 
@@ -39,8 +50,11 @@ def _state(name: str) -> dict:
     local = _local()
     st = local.read_state(local.job_dir(name))
     if st is None:
-        raise FsdpctlError(f"no job named {name!r}", hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
-                           code=ExitCode.JOB_NOT_FOUND)
+        raise FsdpctlError(
+            f"no job named {name!r}",
+            hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
+            code=ExitCode.JOB_NOT_FOUND,
+        )
     return st
 
 
@@ -55,11 +69,20 @@ def job_report(st: dict, stall_after: float) -> dict:
     restarts = sum(f.read_text(errors="replace").count("failed (exitcode:") for f in local.log_files(st))
     alive = sum(local.pid_alive(lz["pid"]) for lz in st.get("launchers", []))
     phase = local.effective_phase(st)
-    report = {"job": st["job"], "phase": phase, "run_id": st["run_id"], "nodes": st["replicas"],
-              "nodes_running": alive, "restarts": restarts, "age_s": now - st["created"],
-              "leader_log": str(leader) if leader else None, "checkpoint_dir": st["checkpoint_dir"],
-              **{k: v for k, v in prog.items() if k != "summary"}, "summary": prog["summary"],
-              "reason": st.get("reason")}
+    report = {
+        "job": st["job"],
+        "phase": phase,
+        "run_id": st["run_id"],
+        "nodes": st["replicas"],
+        "nodes_running": alive,
+        "restarts": restarts,
+        "age_s": now - st["created"],
+        "leader_log": str(leader) if leader else None,
+        "checkpoint_dir": st["checkpoint_dir"],
+        **{k: v for k, v in prog.items() if k != "summary"},
+        "summary": prog["summary"],
+        "reason": st.get("reason"),
+    }
     report["stalled"] = stalled(phase, prog, now - st.get("started", st["created"]), stall_after)
     return report
 
@@ -67,9 +90,14 @@ def job_report(st: dict, stall_after: float) -> dict:
 def _status_table(r: dict) -> Table:
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_row("job", f"{r['job']}  (run {r['run_id']})")
-    color = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}.get(r["phase"], "white")
+    color = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}.get(
+        r["phase"], "white"
+    )
     t.add_row("phase", f"[{color}]{r['phase']}[/]" + (f"  ({r['reason']})" if r.get("reason") else ""))
-    t.add_row("nodes", f"{r['nodes_running']}/{r['nodes']} running, {r['restarts']} restarts, age {fmt_duration(r['age_s'])}")
+    t.add_row(
+        "nodes",
+        f"{r['nodes_running']}/{r['nodes']} running, {r['restarts']} restarts, age {fmt_duration(r['age_s'])}",
+    )
     for row in progress_rows(r):
         t.add_row(*row)
     t.add_row("checkpoint", r["checkpoint"] or "-")
@@ -80,11 +108,17 @@ def _status_table(r: dict) -> Table:
 @app.command()
 def run(
     ctx: typer.Context,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")] = False,
-    replace: Annotated[bool, typer.Option("--replace", help="stop a running job of the same name first")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")
+    ] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="stop a running job of the same name first")
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would run, start nothing")] = False,
-    run_id: Annotated[Optional[str], typer.Option("--run-id", help="rendezvous id (default: a fresh one)")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="local or eks (default: BACKEND)")] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="rendezvous id (default: a fresh one)")
+    ] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="local or eks (default: BACKEND)")] = None,
 ) -> None:
     """Start the job (the same PyTorchJob `fsdpctl manifest` renders) and follow it with a progress bar.
 
@@ -123,8 +157,13 @@ def follow(name: str) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     local = _local()
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+    )
     try:
         with Progress(*columns, console=err, transient=False) as bar:
             task = bar.add_task("starting", total=None, info="")
@@ -132,8 +171,13 @@ def follow(name: str) -> dict:
                 st = _state(name)
                 r = job_report(st, stall_after=float("inf"))
                 if r["max_steps"]:
-                    bar.update(task, description="training", total=r["max_steps"], completed=r["step"],
-                               info=f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s")
+                    bar.update(
+                        task,
+                        description="training",
+                        total=r["max_steps"],
+                        completed=r["step"],
+                        info=f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s",
+                    )
                 if local.effective_phase(st) not in local.ACTIVE:
                     return r
                 time.sleep(0.5)
@@ -153,15 +197,18 @@ def report_outcome(r: dict) -> int:
         t.add_row("steps", f"{s['start_step'] + s['steps']} (this run {s['steps']})")
         t.add_row("loss", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}")
         t.add_row("tokens/s", f"{s['tokens_per_s']:.0f} ({s['tokens_per_s_per_device']:.0f} per process)")
-        t.add_row("state per rank", f"{(s['param_bytes'] + s['optim_bytes']) / 2**20:.2f} MiB "
-                                    "(params + optimizer)")
+        t.add_row(
+            "state per rank", f"{(s['param_bytes'] + s['optim_bytes']) / 2**20:.2f} MiB (params + optimizer)"
+        )
         t.add_row("checkpoint", str(s["checkpoint"]))
         out.print(t)
     if r["phase"] == "Succeeded":
         ok(f"job {r['job']} succeeded; logs: {r['leader_log']}")
         return ExitCode.OK
     if r["phase"] == "Stopped":
-        warn(f"job {r['job']} stopped at step {r['step']}; `fsdpctl job run` resumes from {r['checkpoint'] or 'the start'}")
+        warn(
+            f"job {r['job']} stopped at step {r['step']}; `fsdpctl job run` resumes from {r['checkpoint'] or 'the start'}"
+        )
         return ExitCode.JOB_STOPPED
     err.print(f"[red]✗[/] job {r['job']} {r['phase']}; last lines of {r['leader_log']}:")
     if r["leader_log"]:
@@ -173,10 +220,14 @@ def report_outcome(r: dict) -> int:
 @app.command()
 def status(
     ctx: typer.Context,
-    name: Optional[str] = NameArg,
+    name: str | None = NameArg,
     output: Output = OutputOpt,
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh every 2 s until the job ends")] = False,
-    stall_after: Annotated[float, typer.Option("--stall-after", help="warn when no step finished for this many s")] = 300,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="refresh every 2 s until the job ends")
+    ] = False,
+    stall_after: Annotated[
+        float, typer.Option("--stall-after", help="warn when no step finished for this many s")
+    ] = 300,
 ) -> None:
     """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job; on a cluster also
     pods by state, the leader pod, why pods are Pending, and the network path NCCL took (EFA or sockets).
@@ -203,11 +254,11 @@ def status(
 @app.command()
 def logs(
     ctx: typer.Context,
-    name: Optional[str] = NameArg,
+    name: str | None = NameArg,
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
     all_: Annotated[bool, typer.Option("--all", help="every node, each line prefixed with its node")] = False,
-    node: Annotated[Optional[int], typer.Option("--node", help="one node's log (local)")] = None,
-    pod: Annotated[Optional[str], typer.Option("--pod", help="one pod's log (eks)")] = None,
+    node: Annotated[int | None, typer.Option("--node", help="one node's log (local)")] = None,
+    pod: Annotated[str | None, typer.Option("--pod", help="one pod's log (eks)")] = None,
 ) -> None:
     """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them.
 
@@ -245,7 +296,7 @@ def logs(
 @app.command()
 def stop(
     ctx: typer.Context,
-    name: Optional[str] = NameArg,
+    name: str | None = NameArg,
     wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="wait until the job has stopped")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be stopped")] = False,
 ) -> None:
@@ -289,15 +340,17 @@ def list_(ctx: typer.Context, output: Output = OutputOpt) -> None:
         return
     t = Table("job", "phase", "run", "nodes", "step", "loss", "age")
     for r in reports:
-        t.add_row(r["job"], r["phase"], r["run_id"], str(r["nodes"]), *step_and_loss(r), fmt_duration(r["age_s"]))
+        t.add_row(
+            r["job"], r["phase"], r["run_id"], str(r["nodes"]), *step_and_loss(r), fmt_duration(r["age_s"])
+        )
     out.print(t)
 
 
 @app.command()
 def wait(
     ctx: typer.Context,
-    name: Optional[str] = NameArg,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds (default: no limit)")] = None,
+    name: str | None = NameArg,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds (default: no limit)")] = None,
 ) -> None:
     """Wait for a job to end; the exit code tells how: 0 succeeded, 3 failed, 4 not found, 5 timed out, 6 stopped.
 

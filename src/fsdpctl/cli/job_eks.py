@@ -21,12 +21,16 @@ def run(cfg, *, run_id: str | None, replace: bool, dry_run: bool, detach: bool) 
     started = kjobs.run(kube, cfg, run_id=run_id, replace=replace, token=token, server_dry_run=dry_run)
     if dry_run:
         for name in started["objects"]:
-            out.print(f"{name} (+ Secret {cfg.job_name}-hf-token)" if name.startswith("Namespace") else name,
-                      markup=False)
+            out.print(
+                f"{name} (+ Secret {cfg.job_name}-hf-token)" if name.startswith("Namespace") else name,
+                markup=False,
+            )
         ok(f"dry run: the API server accepted {len(started['objects']) + 1} objects; nothing was created")
         return
-    ok(f"started {cfg.job_kind} {cfg.job_name} (run {started['run_id']}) in namespace {cfg.job_namespace} "
-       f"on {kube.server}")
+    ok(
+        f"started {cfg.job_kind} {cfg.job_name} (run {started['run_id']}) in namespace {cfg.job_namespace} "
+        f"on {kube.server}"
+    )
     if detach:
         err.print("  next: fsdpctl job status -w   fsdpctl job logs -f")
         return
@@ -39,8 +43,13 @@ def follow(kube, cfg, name: str) -> int:
 
     from fsdpctl import kjobs
 
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+    )
     warned: set[str] = set()
     try:
         with Progress(*columns, console=err) as bar:
@@ -52,8 +61,13 @@ def follow(kube, cfg, name: str) -> int:
                         warned.add(line)
                         bar.console.print(f"[yellow]warning:[/] {redact(line)}")
                 if r["max_steps"]:
-                    bar.update(task, description="training", total=r["max_steps"], completed=r["step"],
-                               info=f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s")
+                    bar.update(
+                        task,
+                        description="training",
+                        total=r["max_steps"],
+                        completed=r["step"],
+                        info=f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s",
+                    )
                 else:
                     bar.update(task, description=r["phase"].lower())
                 if r["phase"] in kjobs.FINAL:
@@ -78,7 +92,10 @@ def status_table(r: dict) -> Table:
     color = {"Succeeded": "green", "Failed": "red", "Running": "cyan"}.get(r["phase"], "yellow")
     t.add_row("phase", f"[{color}]{r['phase']}[/]" + (f"  ({r['reason']})" if r.get("reason") else ""))
     pods = ", ".join(f"{n} {s.lower()}" for s, n in sorted(r["pods"].items())) or "no pods yet"
-    t.add_row("nodes", f"{r['nodes']} wanted; pods: {pods}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}")
+    t.add_row(
+        "nodes",
+        f"{r['nodes']} wanted; pods: {pods}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}",
+    )
     t.add_row("leader", r["leader"] or "-")
     for row in progress_rows(r):
         t.add_row(*row)
@@ -138,7 +155,9 @@ def list_(cfg, output) -> None:
     t = Table("job", "kind", "phase", "run", "pods", "step", "loss", "age")
     for r in reports:
         pods = ", ".join(f"{n} {s.lower()}" for s, n in sorted(r["pods"].items())) or "-"
-        t.add_row(r["job"], r["kind"], r["phase"], r["run_id"], pods, *step_and_loss(r), fmt_duration(r["age_s"]))
+        t.add_row(
+            r["job"], r["kind"], r["phase"], r["run_id"], pods, *step_and_loss(r), fmt_duration(r["age_s"])
+        )
     out.print(t)
 
 

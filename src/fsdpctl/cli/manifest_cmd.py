@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,8 +21,10 @@ def load_crd_schemas(crd_dir: Path) -> dict:
 
     files = sorted(crd_dir.rglob("*.yaml"))
     if not files:
-        raise BadInput(f"--crd-dir {crd_dir} holds no CRD YAML files",
-                       hint="point it at the Training Operator v1.9.4 manifests (kubeflow.org_pytorchjobs.yaml)")
+        raise BadInput(
+            f"--crd-dir {crd_dir} holds no CRD YAML files",
+            hint="point it at the Training Operator v1.9.4 manifests (kubeflow.org_pytorchjobs.yaml)",
+        )
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 600 KB: libyaml is 10x faster
     docs = [d for f in files for d in yaml.load_all(f.read_text(), Loader=loader) if isinstance(d, dict)]
     return crd_schemas(docs)
@@ -49,11 +51,21 @@ def write_dir(objs: list[dict], out_dir: Path) -> list[Path]:
 
 def manifest(
     ctx: typer.Context,
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", "-o", help="write one file per object here")] = None,
-    run_id: Annotated[Optional[str], typer.Option("--run-id", help="rendezvous id (default: a hash of the settings)")] = None,
-    validate: Annotated[bool, typer.Option("--validate", help="check each object against the real schemas")] = False,
-    crd_dir: Annotated[Optional[Path], typer.Option("--crd-dir", envvar="FSDPCTL_CRD_DIR",
-                                                    help="dir with the PyTorchJob CRD YAML (for --validate)")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", "-o", help="write one file per object here")
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="rendezvous id (default: a hash of the settings)")
+    ] = None,
+    validate: Annotated[
+        bool, typer.Option("--validate", help="check each object against the real schemas")
+    ] = False,
+    crd_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--crd-dir", envvar="FSDPCTL_CRD_DIR", help="dir with the PyTorchJob CRD YAML (for --validate)"
+        ),
+    ] = None,
 ) -> None:
     """Render the job's Kubernetes objects (Namespace, etcd if used, PyTorchJob) from the settings.
 
@@ -67,8 +79,10 @@ def manifest(
     objs = render.render_job(cfg, run_id or render.stable_run_id(cfg))
     if validate:
         if crd_dir is None:
-            raise BadInput("--validate needs --crd-dir (or FSDPCTL_CRD_DIR)",
-                           hint="the dir holding kubeflow.org_pytorchjobs.yaml from Training Operator v1.9.4")
+            raise BadInput(
+                "--validate needs --crd-dir (or FSDPCTL_CRD_DIR)",
+                hint="the dir holding kubeflow.org_pytorchjobs.yaml from Training Operator v1.9.4",
+            )
         from fsdpctl.validate import KUBERNETES_VERSION
         from fsdpctl.validate import validate as check
 

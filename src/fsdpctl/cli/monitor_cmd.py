@@ -11,12 +11,19 @@ from rich.table import Table
 from fsdpctl.cli.common import Output, OutputOpt, emit, out, state
 from fsdpctl.errors import FsdpctlError
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Watch GPUs and training from the terminal.")
+app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Watch GPUs and training from the terminal."
+)
 
-QUERIES = {"util": "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "mem_copy": "avg by (Hostname) (DCGM_FI_DEV_MEM_COPY_UTIL)",
-           "power_w": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)", "temp_c": "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)",
-           "xid": "max by (Hostname) (DCGM_FI_DEV_XID_ERRORS)", "gpus": "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"}
-POD_QUERY = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=\"\"})"
+QUERIES = {
+    "util": "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)",
+    "mem_copy": "avg by (Hostname) (DCGM_FI_DEV_MEM_COPY_UTIL)",
+    "power_w": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)",
+    "temp_c": "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)",
+    "xid": "max by (Hostname) (DCGM_FI_DEV_XID_ERRORS)",
+    "gpus": "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)",
+}
+POD_QUERY = 'avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})'
 
 
 def query(kube, namespace: str, promql: str) -> list[dict]:
@@ -25,8 +32,10 @@ def query(kube, namespace: str, promql: str) -> list[dict]:
     try:
         data = kube.proxy("GET", namespace, "prometheus", 9090, "/api/v1/query", query={"query": promql})
     except KubeError as e:
-        raise FsdpctlError(f"no metrics source answers (Prometheus in {namespace}: {e.status} {e.reason})",
-                           hint="fsdpctl deploy monitoring") from e
+        raise FsdpctlError(
+            f"no metrics source answers (Prometheus in {namespace}: {e.status} {e.reason})",
+            hint="fsdpctl deploy monitoring",
+        ) from e
     return data.get("data", {}).get("result", [])
 
 
@@ -35,8 +44,14 @@ def snapshot(kube, namespace: str) -> dict:
     for key, promql in QUERIES.items():
         for row in query(kube, namespace, promql):
             nodes.setdefault(row["metric"].get("Hostname", "?"), {})[key] = float(row["value"][1])
-    pods = [{"namespace": r["metric"].get("namespace", "-"), "pod": r["metric"].get("pod", "-"),
-             "util": float(r["value"][1])} for r in query(kube, namespace, POD_QUERY)]
+    pods = [
+        {
+            "namespace": r["metric"].get("namespace", "-"),
+            "pod": r["metric"].get("pod", "-"),
+            "util": float(r["value"][1]),
+        }
+        for r in query(kube, namespace, POD_QUERY)
+    ]
     return {"nodes": [{"node": n, **v} for n, v in sorted(nodes.items())], "pods": pods}
 
 
@@ -61,7 +76,15 @@ def top(
             t = Table("node", "GPUs", "GPU util %", "mem copy %", "power W", "temp C", "XID")
             for n in snap["nodes"]:
                 fmt = lambda k, f="{:.0f}": f.format(n[k]) if k in n else "-"  # noqa: E731
-                t.add_row(n["node"], fmt("gpus"), fmt("util"), fmt("mem_copy"), fmt("power_w"), fmt("temp_c"), fmt("xid"))
+                t.add_row(
+                    n["node"],
+                    fmt("gpus"),
+                    fmt("util"),
+                    fmt("mem_copy"),
+                    fmt("power_w"),
+                    fmt("temp_c"),
+                    fmt("xid"),
+                )
             out.print(t)
             if snap["pods"]:
                 p = Table("namespace", "pod", "GPU util %")
@@ -69,7 +92,9 @@ def top(
                     p.add_row(row["namespace"], row["pod"], f"{row['util']:.0f}")
                 out.print(p)
             if not snap["nodes"]:
-                out.print("Prometheus answers but has no DCGM series yet (no GPU node, or the exporter is starting)")
+                out.print(
+                    "Prometheus answers but has no DCGM series yet (no GPU node, or the exporter is starting)"
+                )
         if not watch:
             return
         time.sleep(5)

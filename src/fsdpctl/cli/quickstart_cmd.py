@@ -11,10 +11,21 @@ from fsdpctl.cli.job_cmd import follow, report_outcome
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process, CPU.
 # fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
-QUICKSTART = {"BACKEND": "local", "JOB_NAME": "quickstart", "MODEL": "tiny", "DATASET": "builtin",
-              "TOKENIZER": "", "PRETRAINED": "", "SHARDING_STRATEGY": "FULL_SHARD", "PRECISION": "fp32",
-              "SEQ_LEN": "128", "MICRO_BATCH_SIZE": "2", "LOCAL_PROCS_PER_NODE": "1",
-              "CHECKPOINT_INTERVAL": "10", "RESUME": "never"}
+QUICKSTART = {
+    "BACKEND": "local",
+    "JOB_NAME": "quickstart",
+    "MODEL": "tiny",
+    "DATASET": "builtin",
+    "TOKENIZER": "",
+    "PRETRAINED": "",
+    "SHARDING_STRATEGY": "FULL_SHARD",
+    "PRECISION": "fp32",
+    "SEQ_LEN": "128",
+    "MICRO_BATCH_SIZE": "2",
+    "LOCAL_PROCS_PER_NODE": "1",
+    "CHECKPOINT_INTERVAL": "10",
+    "RESUME": "never",
+}
 
 
 def quickstart(
@@ -31,10 +42,17 @@ def quickstart(
     from fsdpctl import jobs
 
     st = state(ctx)
-    flags = {**QUICKSTART, "JOB_NODES": str(nodes), "MAX_STEPS": str(steps), "WARMUP_STEPS": str(min(5, steps)),
-             **st.flags}
+    flags = {
+        **QUICKSTART,
+        "JOB_NODES": str(nodes),
+        "MAX_STEPS": str(steps),
+        "WARMUP_STEPS": str(min(5, steps)),
+        **st.flags,
+    }
     cfg = st.config(**flags)
     job = jobs.run_local(cfg, run_id=None, replace=True)
-    ok(f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
-       f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; logs in {job['log_dir']}")
+    ok(
+        f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
+        f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; logs in {job['log_dir']}"
+    )
     raise typer.Exit(report_outcome(follow(job["job"])))
