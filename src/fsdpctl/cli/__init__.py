@@ -16,7 +16,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from fsdpctl import __version__
-from fsdpctl.cli.common import AppState, err, parse_sets
+from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, err, parse_sets
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
 
@@ -26,6 +26,11 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 class _Group(TyperGroup):
     """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with --debug."""
+
+    def main(self, args=None, *a, **kw):  # type: ignore[no-untyped-def]
+        """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse."""
+        argv = list(sys.argv[1:] if args is None else args)
+        return super().main([DRY_RUN_SPELLINGS.get(arg, arg) for arg in argv], *a, **kw)
 
     def invoke(self, ctx: typer.Context):
         try:
