@@ -1,26 +1,46 @@
-"""Adapter: every outside command line (eksctl, terraform, docker) runs through `run`, which also implements
---dry-run (print the exact command, run nothing) and logs the output to a file while streaming it."""
+"""Adapter: every outside program fsdpctl starts goes through here.
+
+- `run`: a tool the user sees work (eksctl, terraform, docker build/push), its output streamed line by line
+  and appended to a log file; with `dry_run` nothing runs and the exact command line is reported instead.
+- `capture`: a short query whose output is read (`docker version`, `nvidia-smi`, `fi_info`), bounded in time.
+- `spawn`: a long-lived process fsdpctl supervises (torchrun launchers, etcd), detached from the terminal.
+
+A program that is not on PATH raises `ToolMissing` (one line and how to install it), a `capture` past its time
+limit raises `ToolTimeout`; both are fsdpctl errors, so a command needs no conversion of its own.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdpctl.errors import FsdpctlError
+
 INSTALL_HINTS = {
     "eksctl": "install eksctl: https://eksctl.io/installation/ (a single binary; `eksctl version` to check)",
     "terraform": "install terraform >= 1.6: https://developer.hashicorp.com/terraform/install",
     "docker": "install Docker (Debian: apt-get install docker.io) and start the engine",
+    "etcd": "apt-get install etcd-server (or use RDZV_BACKEND=c10d)",
 }
 
 
-class ToolMissing(RuntimeError):
+class ToolMissing(FsdpctlError):
     def __init__(self, tool: str):
-        super().__init__(f"{tool} is not installed or not on PATH")
-        self.hint = INSTALL_HINTS.get(tool, f"install {tool}")
+        super().__init__(
+            f"{tool} is not installed or not on PATH", hint=INSTALL_HINTS.get(tool, f"install {tool}")
+        )
+        self.tool = tool
+
+
+class ToolTimeout(FsdpctlError):
+    def __init__(self, argv: list[str], timeout: float):
+        super().__init__(f"`{shlex.join(argv)}` did not finish within {timeout:g} s")
+        self.timeout = timeout
 
 
 @dataclass(frozen=True)
@@ -30,11 +50,25 @@ class Command:
     cwd: Path | None = None
 
     def shell_line(self) -> str:
-        import shlex
-
+        """The command as a user would type it: `cd DIR && KEY=VALUE ... tool args`."""
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         cd = f"cd {shlex.quote(str(self.cwd))} && " if self.cwd else ""
         return cd + (prefix + " " if prefix else "") + shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class Captured:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def which(program: str) -> str:
+    """The program's path; ToolMissing (named by its base name) when it is not there."""
+    exe = shutil.which(program)
+    if exe is None:
+        raise ToolMissing(Path(program).name)
+    return exe
 
 
 def run(
@@ -43,16 +77,25 @@ def run(
     log_file: Path,
     on_line: Callable[[str], None] | None = None,
     stdin_text: str | None = None,
+    dry_run: bool = False,
 ) -> int:
-    """Run to completion, streaming each output line to `on_line` and appending it to `log_file`.
-    `stdin_text` (a password for `docker login --password-stdin`) goes to the process only, never to the log."""
-    exe = shutil.which(cmd.argv[0])
-    if exe is None:
-        raise ToolMissing(cmd.argv[0])
+    """Run to completion, streaming each output line to `on_line` and appending it to `log_file`; returns the
+    exit code.
+
+    `stdin_text` (a password for `docker login --password-stdin`) goes to the process only, never to the log.
+    With `dry_run` the program is neither looked up nor started and the log is not touched: `on_line` receives
+    the one line `cmd.shell_line()` (what would run, where, with which added environment) and the result is 0.
+    """
+    if dry_run:
+        if on_line:
+            on_line(cmd.shell_line())
+        return 0
+    exe = which(cmd.argv[0])
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a") as log:
         log.write(f"$ {cmd.shell_line()}\n")
-        proc = subprocess.Popen(
+        log.flush()
+        with subprocess.Popen(
             [exe, *cmd.argv[1:]],
             env={**os.environ, **cmd.env},
             cwd=cmd.cwd,
@@ -60,12 +103,59 @@ def run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+        ) as proc:
+            assert proc.stdout is not None  # both are PIPEs above
+            if proc.stdin is not None:
+                proc.stdin.write(stdin_text or "")
+                proc.stdin.close()
+            for line in proc.stdout:
+                log.write(line)
+                if on_line:
+                    on_line(line.rstrip("\n"))
+            return proc.wait()
+
+
+def capture(
+    argv: list[str], *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Captured:
+    """Run to completion and return its exit code and output. `env` is the whole environment of the program
+    (None: this process's). ToolMissing when the program is absent, ToolTimeout (the process killed) after
+    `timeout` seconds."""
+    exe = which(argv[0])
+    try:
+        p = subprocess.run(
+            [exe, *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
         )
-        if stdin_text is not None:
-            proc.stdin.write(stdin_text)
-            proc.stdin.close()
-        for line in proc.stdout:
-            log.write(line)
-            if on_line:
-                on_line(line.rstrip("\n"))
-        return proc.wait()
+    except subprocess.TimeoutExpired as e:
+        raise ToolTimeout(argv, timeout) from e
+    return Captured(p.returncode, p.stdout, p.stderr)
+
+
+def spawn(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    log: Path | None = None,
+    cwd: Path | None = None,
+    new_session: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start a process that outlives this call; the caller waits for it or stops it. `env` is its whole
+    environment; stdin is /dev/null, stdout and stderr are appended to `log` (discarded without one);
+    `new_session` detaches it from the terminal's signals (Ctrl-C stops fsdpctl, not the job)."""
+    exe = which(argv[0])
+    with open(log, "ab") if log is not None else open(os.devnull, "wb") as sink:
+        return subprocess.Popen(
+            [exe, *argv[1:]],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+        )

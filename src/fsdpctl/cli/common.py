@@ -18,6 +18,9 @@ from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import redact
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fsdpctl.adapters import shell
     from fsdpctl.settings import Config
 
 err = Console(stderr=True, highlight=False)
@@ -133,19 +136,33 @@ def emit(data: Any, output: Output) -> bool:
     return False
 
 
-def run_tool(cmd, log: Path, stdin_text: str | None = None, on_line=None) -> int:
-    """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and logged."""
+def run_tool(
+    cmd: shell.Command,
+    log: Path,
+    *,
+    dry_run: bool = False,
+    stdin_text: str | None = None,
+    on_line: Callable[[str], None] | None = None,
+    failed: str = "",
+    hint: str | None = None,
+    comment: bool = False,
+) -> None:
+    """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and logged;
+    an error naming the log when it fails (`failed`: what to call it, default its first words). With `dry_run`
+    the shell adapter runs nothing and the command line goes to stdout (as a `# ` comment with `comment`:
+    after a YAML or JSON document there)."""
     from fsdpctl.adapters import shell
     from fsdpctl.errors import FsdpctlError
 
+    if dry_run:
+        prefix = "# " if comment else ""
+        shell.run(cmd, log_file=log, dry_run=True, on_line=lambda s: out.print(prefix + s, markup=False))
+        return
     words = " ".join(a for a in cmd.argv[1:3] if not a.startswith("-"))
-    try:
-        with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
-            return shell.run(
-                cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line)
-            )
-    except shell.ToolMissing as e:
-        raise FsdpctlError(str(e), hint=e.hint) from e
+    with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
+        rc = shell.run(cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line))
+    if rc != 0:
+        raise FsdpctlError(f"{failed or ' '.join(cmd.argv[:3])} failed: see {log}", hint=hint)
 
 
 def _show(line: str, also) -> None:

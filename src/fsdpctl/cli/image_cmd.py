@@ -110,8 +110,7 @@ def build(
         return
     ok(f"Docker engine {_engine()}")
     log = _log("build")
-    if run_tool(cmd, log) != 0:
-        raise FsdpctlError(f"docker build failed: see {log}")
+    run_tool(cmd, log, failed="docker build")
     ok(f"built {uri}; next: fsdpctl image push")
 
 
@@ -152,11 +151,13 @@ def push(ctx: typer.Context, dry_run: DryRun = False) -> None:
         digest = docker.pushed_digest(line) or digest
 
     log = _log("push")
-    if run_tool(docker.push_command(uri), log, on_line=seen) != 0:
-        raise FsdpctlError(
-            f"docker push {uri} failed: see {log}",
-            hint="check `docker login` to the registry (IMAGE_LOGIN) and the repository name",
-        )
+    run_tool(
+        docker.push_command(uri),
+        log,
+        on_line=seen,
+        failed=f"docker push {uri}",
+        hint="check `docker login` to the registry (IMAGE_LOGIN) and the repository name",
+    )
     ok(f"pushed {uri}")
     out.print(f"{uri.rsplit(':', 1)[0]}@{digest}" if digest else uri, markup=False)
 
@@ -173,8 +174,10 @@ def _ecr_login(cfg, registry: str) -> None:
     except AwsError as e:
         raise FsdpctlError(str(e), hint="check credentials and AWS_REGION (`fsdpctl cluster check`)") from e
     log = _log("login")
-    if run_tool(docker.login_command(registry, user), log, stdin_text=password) != 0:
-        raise FsdpctlError(
-            f"docker login {registry} failed: see {log}",
-            hint="IMAGE_REGISTRY must be the ECR registry of the account the credentials belong to",
-        )
+    run_tool(
+        docker.login_command(registry, user),
+        log,
+        stdin_text=password,
+        failed=f"docker login {registry}",
+        hint="IMAGE_REGISTRY must be the ECR registry of the account the credentials belong to",
+    )
