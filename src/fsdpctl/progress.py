@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from fsdptrain import events
+
+Progress = dict[str, Any]  # the fields `job status` shows and prints as JSON
 
 
-def records(lines: Iterable[str]) -> list[dict]:
-    out = []
-    for line in lines:
-        line = line.strip()
-        if line.startswith('{"event"'):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a crash mid-write
-                continue
-    return out
+def records(lines: Iterable[str]) -> list[events.Event]:
+    """The trainer's typed events in a log (other lines, and a line cut by a crash, are skipped)."""
+    return list(events.parse(lines))
 
 
-def progress(recs: list[dict], now: float) -> dict:
-    steps = [r for r in recs if r["event"] == "step"]
-    summary = next((r for r in reversed(recs) if r["event"] == "summary"), None)
-    ckpt = next((r for r in reversed(recs) if r["event"] == "checkpoint"), None)
-    out: dict = {
+def progress(recs: Sequence[events.Event], now: float) -> Progress:
+    steps = [r for r in recs if isinstance(r, events.Step)]
+    summary = next((r for r in reversed(recs) if isinstance(r, events.Summary)), None)
+    ckpt = next((r for r in reversed(recs) if isinstance(r, events.Checkpoint)), None)
+    out: Progress = {
         "step": 0,
         "max_steps": None,
         "percent": 0.0,
@@ -30,28 +27,28 @@ def progress(recs: list[dict], now: float) -> dict:
         "tokens_per_s": None,
         "eta_s": None,
         "last_progress_s": None,
-        "checkpoint": ckpt["path"] if ckpt else None,
-        "summary": summary,
+        "checkpoint": ckpt.path if ckpt else None,
+        "summary": events.as_record(summary) if summary else None,
     }
     if not steps:
         return out
     last = steps[-1]
     recent = steps[-10:]
-    step_time = sum(r["step_time_s"] for r in recent) / len(recent)
+    step_time = sum(r.step_time_s for r in recent) / len(recent)
     out.update(
-        step=last["step"],
-        max_steps=last["max_steps"],
-        percent=100.0 * last["step"] / last["max_steps"],
-        loss=last["loss"],
-        tokens_per_s=last["tokens_per_s"],
-        mfu=last.get("mfu"),
-        eta_s=(last["max_steps"] - last["step"]) * step_time,
-        last_progress_s=max(0.0, now - last["time"]),
+        step=last.step,
+        max_steps=last.max_steps,
+        percent=100.0 * last.step / last.max_steps,
+        loss=last.loss,
+        tokens_per_s=last.tokens_per_s,
+        mfu=last.mfu,
+        eta_s=(last.max_steps - last.step) * step_time,
+        last_progress_s=max(0.0, now - last.time),
     )
     return out
 
 
-def stalled(phase: str, prog: dict, idle_s: float | None, stall_after: float) -> bool:
+def stalled(phase: str, prog: Progress, idle_s: float | None, stall_after: float) -> bool:
     """Running with no step finished for `stall_after` s (counted from the start until the first step)."""
     stale = prog["last_progress_s"] if prog["step"] else idle_s
     return phase == "Running" and stale is not None and stale > stall_after
@@ -61,7 +58,7 @@ def hung_warning(stall_after: float) -> str:
     return f"no training step finished for over {fmt_duration(stall_after)}: the job may be hung"
 
 
-def progress_rows(r: dict) -> list[tuple[str, str]]:
+def progress_rows(r: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The progress lines of `job status`, from a report holding `progress()`'s fields."""
     if not r["max_steps"]:
         return [("progress", "no step finished yet")]
@@ -79,7 +76,7 @@ def progress_rows(r: dict) -> list[tuple[str, str]]:
     ]
 
 
-def step_and_loss(r: dict) -> tuple[str, str]:
+def step_and_loss(r: Mapping[str, Any]) -> tuple[str, str]:
     """The step and loss cells of `job list`."""
     step = f"{r['step']}/{r['max_steps']}" if r["max_steps"] else "-"
     return step, f"{r['loss']:.4f}" if r["loss"] is not None else "-"

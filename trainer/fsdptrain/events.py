@@ -1,0 +1,133 @@
+"""The trainer's event lines: the typed contract between fsdptrain, which prints them, and fsdpctl, which
+reads them for `job status`, `job run`'s progress bar and the local backend's leader. Pure: no torch.
+
+Rank 0 prints one compact JSON object per line, `{"event":KIND,...}`, between the human-readable lines:
+
+    {"event":"leader","node_rank":0,"hostname":"job-worker-0","world":16,"time":1718000000.0}
+    {"event":"step","step":10,"max_steps":100,"loss":3.21,...}
+    {"event":"checkpoint","step":20,"path":"/checkpoints/job/step-00000020"}
+    {"event":"summary","steps":100,"start_step":0,"final_loss":2.9,...}
+
+`to_line` writes one; `parse` reads a log back, skipping every other line, a line cut by a crash mid-write,
+an event kind it does not know (a newer trainer's) and fields it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+PREFIX = '{"event"'
+# "not measured here" (a CPU has no allocator counters, no NVML): such a field is left out of the line
+_OPTIONAL = {"omit_if_none": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leader:
+    """Printed once at start by global rank 0, so a reader knows which node's log carries the progress."""
+
+    kind: ClassVar[str] = "leader"
+    node_rank: int  # torchrun's GROUP_RANK: this node's place in the rendezvous (not its launch order)
+    hostname: str  # the pod's name on Kubernetes
+    world: int
+    time: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    kind: ClassVar[str] = "step"
+    step: int
+    max_steps: int
+    loss: float
+    # None only in lines of trainers that did not write them; readers need just step, loss, timing
+    lr: float | None = None
+    grad_norm: float | None = None
+    step_time_s: float
+    data_wait_frac: float | None = None
+    time: float
+    tokens_per_s: float
+    tokens_per_s_per_device: float | None = None
+    tflops_per_device: float | None = None
+    mfu: float | None = None  # None (written as null) when the device's peak is unknown
+    mem_allocated_gib: float | None = field(default=None, metadata=_OPTIONAL)
+    mem_reserved_gib: float | None = field(default=None, metadata=_OPTIONAL)
+    mem_peak_rss_gib: float | None = field(default=None, metadata=_OPTIONAL)
+    gpu_util_pct: float | None = field(default=None, metadata=_OPTIONAL)
+    gpu_temp_c: float | None = field(default=None, metadata=_OPTIONAL)
+    gpu_power_w: float | None = field(default=None, metadata=_OPTIONAL)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    kind: ClassVar[str] = "checkpoint"
+    step: int
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    kind: ClassVar[str] = "summary"
+    steps: int  # steps done by this run (after start_step)
+    start_step: int
+    final_loss: float
+    first_loss: float
+    losses: list[float]
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    mfu: float | None
+    # bytes per rank: sharded parameters, gradients, optimizer state; activations saved for backward
+    param_bytes: int
+    grad_bytes: int
+    optim_bytes: int
+    activation_bytes: int
+    mem_allocated_gib: float | None = field(default=None, metadata=_OPTIONAL)
+    mem_reserved_gib: float | None = field(default=None, metadata=_OPTIONAL)
+    mem_peak_rss_gib: float | None = field(default=None, metadata=_OPTIONAL)
+    checkpoint: str | None
+    export: str | None
+    stopped: bool  # ended by SIGTERM
+
+
+Event = Leader | Step | Checkpoint | Summary
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary)}
+
+
+def as_record(event: Event) -> dict[str, Any]:
+    """The event as the JSON object of its line: `{"event": kind, field: value, ...}` in field order."""
+    values = asdict(event)
+    omit = {f.name for f in fields(event) if f.metadata.get("omit_if_none") and values[f.name] is None}
+    return {"event": event.kind, **{k: v for k, v in values.items() if k not in omit}}
+
+
+def to_line(event: Event) -> str:
+    return json.dumps(as_record(event), separators=(",", ":"))
+
+
+def from_record(record: Mapping[str, Any]) -> Event | None:
+    """The typed event of one decoded line; None for an unknown kind or a line missing a required field."""
+    kind = record.get("event")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        return None
+    known = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: v for k, v in record.items() if k in known})
+    except TypeError:  # a required field is missing
+        return None
+
+
+def parse(lines: Iterable[str]) -> Iterator[Event]:
+    """The events among a log's lines, in order."""
+    for raw in lines:
+        line = raw.strip()
+        if not line.startswith(PREFIX):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash mid-write
+            continue
+        event = from_record(record)
+        if event is not None:
+            yield event
