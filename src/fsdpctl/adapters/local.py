@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpctl.adapters import etcd as etcd_adapter
-from fsdpctl.files import write_atomic
+from fsdpctl.files import home, write_atomic
+from fsdptrain import events
 
 ACTIVE = ("Pending", "Running", "Stopping")
 STOP_GRACE_S = 120  # the pod's terminationGracePeriodSeconds
@@ -30,10 +31,6 @@ STOP_GRACE_S = 120  # the pod's terminationGracePeriodSeconds
 
 class LocalJobError(RuntimeError):
     pass
-
-
-def home() -> Path:
-    return Path(os.environ.get("FSDPCTL_HOME", ".fsdpctl")).resolve()
 
 
 def job_dir(job_name: str) -> Path:
@@ -183,16 +180,29 @@ def list_jobs() -> list[dict]:
     return [s for s in states if s]
 
 
+def restarts(state: dict) -> int:
+    """Worker-group failures torchrun's elastic agent reported (it restarts the group while MAX_RESTARTS
+    allows): its "failed (exitcode:" lines, torch 2.13's wording in torch/distributed/elastic/agent."""
+    return sum(f.read_text(errors="replace").count("failed (exitcode:") for f in log_files(state))
+
+
 def log_files(state: dict) -> list[Path]:
     return sorted(Path(state["log_dir"]).glob("node-*.log"))
 
 
 def leader_log(state: dict) -> Path | None:
-    """The node whose launcher hosts global rank 0 (the one printing progress); node 0 until known."""
+    """The node whose launcher hosts global rank 0 (the one printing progress), as its `leader` event says;
+    node 0 until one is seen. After an elastic restart the rendezvous may seat rank 0 elsewhere: the latest
+    event wins."""
     files = log_files(state)
-    for f in files:
-        if b"fsdptrain: model" in f.read_bytes():
-            return f
+    named = [
+        (e.time, f)
+        for f in files
+        for e in events.parse(f.read_text(errors="replace").splitlines())
+        if isinstance(e, events.Leader)
+    ]
+    if named:
+        return max(named)[1]
     return files[0] if files else None
 
 

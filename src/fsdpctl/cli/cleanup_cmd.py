@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl.cli.common import ok, out, state
+from fsdpctl import backends
+from fsdpctl.cli.common import DryRunOpt, ok, out, state
 
 
 def cleanup(
@@ -14,43 +15,19 @@ def cleanup(
     checkpoints: Annotated[
         bool, typer.Option("--checkpoints", help="also delete the finished jobs' checkpoints")
     ] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed")] = False,
+    dry_run: DryRunOpt = False,
+    backend: Annotated[str | None, typer.Option("--backend", help="local or eks (default: BACKEND)")] = None,
 ) -> None:
-    """Remove finished (succeeded or failed) jobs: on a cluster the job, its pods, its Secret and its rendezvous
-    keys in etcd (no RendezvousClosedError on the next run, etcd keeps running); on this machine the job's logs,
-    state and etcd data. Checkpoints stay unless --checkpoints. Running jobs are never touched.
+    """Remove finished (succeeded or failed) jobs: on a cluster the job, its pods, its Secret and its
+    rendezvous keys in etcd (no RendezvousClosedError on the next run, etcd keeps running); on this machine
+    the job's logs, state and etcd data. Checkpoints stay unless --checkpoints. Running jobs are never
+    touched.
 
     Example: fsdpctl cleanup --dry-run
     """
-    cfg = state(ctx).config()
-    if cfg.backend == "eks":
-        from fsdpctl import kjobs
-
-        removed = kjobs.cleanup(kjobs.connect(cfg), cfg, checkpoints=checkpoints, dry_run=dry_run)
-    else:
-        removed = _local(checkpoints, dry_run)
+    be = backends.create(backends.placed(state(ctx).config(), None, backend))
+    removed = be.cleanup(checkpoints=checkpoints, dry_run=dry_run)
     for item in removed:
         out.print(("would remove " if dry_run else "removed ") + item, markup=False)
-    ok(
-        f"{'dry run: ' if dry_run else ''}{len(removed)} items"
-        + ("" if checkpoints else "; checkpoints kept")
-    )
-
-
-def _local(checkpoints: bool, dry_run: bool) -> list[str]:
-    import shutil
-
-    from fsdpctl.adapters import local
-
-    removed = []
-    for st in local.list_jobs():
-        if local.effective_phase(st) in local.ACTIVE:
-            continue
-        jdir = local.job_dir(st["job"])
-        for child in sorted(jdir.iterdir()):
-            if child.name == "checkpoints" and not checkpoints:
-                continue
-            removed.append(str(child))
-            if not dry_run:
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-    return removed
+    kept = "" if checkpoints else "; checkpoints kept"
+    ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items{kept}")

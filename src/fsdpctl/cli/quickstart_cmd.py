@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
+from fsdpctl import backends
+from fsdpctl.cli import job_view
 from fsdpctl.cli.common import ok, state
-from fsdpctl.cli.job_cmd import follow, report_outcome
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process, CPU.
 # fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
@@ -39,8 +40,6 @@ def quickstart(
 
     Example: fsdpctl quickstart --steps 60
     """
-    from fsdpctl import jobs
-
     st = state(ctx)
     flags = {
         **QUICKSTART,
@@ -50,9 +49,10 @@ def quickstart(
         **st.flags,
     }
     cfg = st.config(**flags)
-    job = jobs.run_local(cfg, run_id=None, replace=True)
+    be = backends.create(cfg)
+    started = be.run(run_id=None, replace=True, dry_run=False, server_dry_run=False)
     ok(
         f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
-        f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; logs in {job['log_dir']}"
+        f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; {started.where}"
     )
-    raise typer.Exit(report_outcome(follow(job["job"])))
+    raise typer.Exit(job_view.outcome(be, started.job, job_view.follow(be, started.job)))

@@ -1,0 +1,113 @@
+"""Where jobs run: one `Backend` interface, a local and an EKS implementation, resolved once per command.
+
+Every job verb (run, status, logs, stop, list, wait, cleanup) speaks to a `Backend`; the CLI never asks which
+one it has. A job remembers the backend it was started on (a small record under FSDPCTL_HOME/started/), so
+`fsdpctl job status NAME` after `fsdpctl job run --backend eks -d` looks on the cluster without being told.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from fsdpctl.errors import BadInput
+from fsdpctl.files import home, write_atomic
+from fsdpctl.settings import Config
+
+# A job in one of these phases has ended; any other phase (Pending, Running, Stopping, Restarting, Created)
+# may still change.
+FINAL = frozenset({"Succeeded", "Failed", "Stopped"})
+NAMES = ("local", "eks")
+# What a record keeps besides the backend: the settings that say where on that backend the job lives.
+PLACEMENT_KEYS = ("job_namespace", "job_kind", "kube_context")
+
+
+@dataclass
+class Started:
+    """What `run` did: the job and run id, where its output goes, and (dry run) what it would have done."""
+
+    job: str
+    run_id: str
+    where: str
+    dry_run_lines: list[str] = field(default_factory=list)
+
+
+class Backend(Protocol):
+    """A place where jobs run. Reports are plain dicts with the keys of `fsdpctl.progress.progress()` plus
+    job, phase, run_id, nodes, nodes_running, restarts, age_s, leader, leader_log, checkpoint_dir, reason,
+    problems, stalled; a backend adds its own (EKS: kind, pods, network)."""
+
+    name: str
+    poll_s: float
+
+    def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started: ...
+
+    def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]: ...
+
+    def logs(
+        self, name: str, *, follow: bool, all_: bool, node: int | None, pod: str | None
+    ) -> Iterator[str]: ...
+
+    def tail(self, name: str, lines: int) -> list[str]: ...
+
+    def stop(self, name: str, *, wait: bool, dry_run: bool) -> str: ...
+
+    def interrupt(self, name: str) -> dict[str, Any] | None: ...
+
+    def list(self) -> list[dict[str, Any]]: ...
+
+    def wait(self, name: str, timeout: float | None) -> str: ...
+
+    def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]: ...
+
+
+def create(cfg: Config) -> Backend:
+    """The implementation for cfg.backend; imports only what that backend needs (no kubernetes locally)."""
+    if cfg.backend == "eks":
+        from fsdpctl.backends.eks import EksBackend
+
+        return EksBackend(cfg)
+    from fsdpctl.backends.local import LocalBackend
+
+    return LocalBackend(cfg)
+
+
+def check_name(backend: str | None) -> None:
+    if backend is not None and backend not in NAMES:
+        raise BadInput(f"--backend {backend!r} is not a backend", hint="use local or eks")
+
+
+def _record_path(job: str) -> Path:
+    return home() / "started" / f"{job}.json"
+
+
+def remember(cfg: Config) -> None:
+    """Called by `run`: the job NAME now lives on cfg.backend, in that namespace/kind/context."""
+    record = {"backend": cfg.backend, **{k: getattr(cfg, k) for k in PLACEMENT_KEYS}}
+    write_atomic(_record_path(cfg.job_name), json.dumps(record, indent=1) + "\n")
+
+
+def recorded(job: str) -> dict[str, str] | None:
+    """The placement `run` recorded for this job name, if any (a damaged record counts as none)."""
+    try:
+        data = json.loads(_record_path(job).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("backend") not in NAMES:
+        return None
+    return {k: str(data[k]) for k in ("backend", *PLACEMENT_KEYS) if k in data}
+
+
+def placed(cfg: Config, job: str | None, flag: str | None) -> Config:
+    """The settings a verb on `job` runs with: `--backend` wins; else where the job was started; else
+    BACKEND. When the record decides, its namespace, kind and context come with it."""
+    check_name(flag)
+    if flag is not None:
+        return cfg.model_copy(update={"backend": flag})
+    record = recorded(job) if job else None
+    if record is None:
+        return cfg
+    return cfg.model_copy(update={k: v for k, v in record.items() if k == "backend" or k in PLACEMENT_KEYS})

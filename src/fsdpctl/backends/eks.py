@@ -1,0 +1,85 @@
+"""The EKS backend: PyTorchJob or TrainJob on the cluster of the kubeconfig, through `kjobs` and the
+Kubernetes adapter. Connects on first use, so building one costs nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+from fsdpctl import kjobs, render
+from fsdpctl.backends import Started, remember
+from fsdpctl.errors import FsdpctlError
+from fsdpctl.jobs import secret_env
+from fsdpctl.settings import Config
+
+
+class EksBackend:
+    name = "eks"
+    poll_s = 2.0
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    @cached_property
+    def kube(self) -> Any:
+        return kjobs.connect(self.cfg)
+
+    def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started:
+        cfg = self.cfg
+        if dry_run and not server_dry_run:  # what would be sent; the cluster is not contacted
+            run_id = run_id or render.new_run_id(cfg.job_name)
+            objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
+            lines = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
+            return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines)
+        token = secret_env(cfg).get("HF_TOKEN", "")
+        started = kjobs.run(
+            self.kube, cfg, run_id=run_id, replace=replace, token=token, server_dry_run=server_dry_run
+        )
+        if server_dry_run:
+            lines = [*started["objects"], f"Secret/{render.secret_name(cfg)}"]
+            where = f"the API server accepted {len(lines)} objects"
+            return Started(cfg.job_name, started["run_id"], where, lines)
+        remember(cfg)
+        where = f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}"
+        return Started(cfg.job_name, started["run_id"], where)
+
+    def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]:
+        return {**kjobs.report(self.kube, self.cfg, name, stall_after), "backend": "eks"}
+
+    def logs(
+        self, name: str, *, follow: bool, all_: bool, node: int | None, pod: str | None
+    ) -> Iterator[str]:
+        if node is not None:
+            pod = f"{name}-worker-{node}" if self.cfg.job_kind == "pytorchjob" else None
+            if pod is None:
+                raise FsdpctlError(
+                    "--node applies to PyTorchJob pods", hint="use --pod NAME (see job status)"
+                )
+        return kjobs.logs(self.kube, self.cfg, name, follow=follow, pod=pod, all_pods=all_)
+
+    def tail(self, name: str, lines: int) -> list[str]:
+        leader = self.report(name).get("leader")
+        return kjobs.log_lines(self.kube, self.cfg, leader, tail=lines) if leader else []
+
+    def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
+        job = kjobs.get_job(self.kube, self.cfg, name)
+        if job is None:
+            return f"no job {name} in {self.cfg.job_namespace}; nothing to stop"
+        if dry_run:
+            return f"dry run: would delete {job['kind']} {name} (pods get SIGTERM and checkpoint)"
+        kjobs.stop(self.kube, self.cfg, name, wait=wait)
+        return f"job {name}: {'stopped and deleted' if wait else 'stopping'}"
+
+    def interrupt(self, name: str) -> dict[str, Any] | None:
+        """Ctrl-C while following a cluster job detaches: the job is the cluster's, it keeps running."""
+        return None
+
+    def list(self) -> list[dict[str, Any]]:
+        return [{**r, "backend": "eks"} for r in kjobs.list_jobs(self.kube, self.cfg)]
+
+    def wait(self, name: str, timeout: float | None) -> str:
+        return kjobs.wait(self.kube, self.cfg, name, timeout)
+
+    def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
+        return kjobs.cleanup(self.kube, self.cfg, checkpoints=checkpoints, dry_run=dry_run)

@@ -1,0 +1,173 @@
+"""The local backend: the rendered PyTorchJob on this machine, through the local adapter's supervisor."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fsdpctl import render
+from fsdpctl.adapters import local
+from fsdpctl.backends import Started, remember
+from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.jobs import secret_env
+from fsdpctl.progress import progress, records, stalled
+from fsdpctl.settings import Config
+
+
+class LocalBackend:
+    name = "local"
+    poll_s = 0.5
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started:
+        if server_dry_run:
+            raise FsdpctlError("--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks")
+        cfg = self.cfg
+        run_id = run_id or render.new_run_id(cfg.job_name)
+        job = render.render_job(cfg, run_id)[-1]
+        if dry_run:
+            return self._dry_run(job, run_id)
+        if replace and local.effective_phase(local.read_state(local.job_dir(cfg.job_name))) in local.ACTIVE:
+            local.stop(cfg.job_name)
+            local.wait(cfg.job_name)
+        try:
+            st = local.start(job, checkpoint_mount=render.POD_CHECKPOINT_ROOT, secret_env=secret_env(cfg))
+        except local.LocalJobError as e:
+            raise FsdpctlError(str(e)) from e
+        remember(cfg)
+        return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")
+
+    def _dry_run(self, job: dict[str, Any], run_id: str) -> Started:
+        spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name), render.POD_CHECKPOINT_ROOT)
+        lines = [
+            f"node {launch.node}: " + " ".join(launch.argv)
+            for launch in local.launches(spec, "127.0.0.1:<port>", {})
+        ]
+        where = f"{spec['replicas']} launchers x {spec['nproc_per_node']} processes"
+        return Started(self.cfg.job_name, run_id, where, lines)
+
+    def _state(self, name: str) -> dict[str, Any]:
+        st = local.read_state(local.job_dir(name))
+        if st is None:
+            raise FsdpctlError(
+                f"no job named {name!r}",
+                hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
+                code=ExitCode.JOB_NOT_FOUND,
+            )
+        return st
+
+    def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]:
+        return _report(self._state(name), stall_after)
+
+    def logs(
+        self, name: str, *, follow: bool, all_: bool, node: int | None, pod: str | None
+    ) -> Iterator[str]:
+        if pod is not None:
+            raise FsdpctlError("--pod names a pod on a cluster", hint="locally, use --node N")
+        st = self._state(name)
+        files = _chosen_logs(st, all_, node)
+        if not files:
+            raise FsdpctlError(
+                f"job {name!r} has no such log yet", hint="`fsdpctl job status` shows its nodes"
+            )
+        offsets = dict.fromkeys(files, 0)
+        while True:
+            active = local.effective_phase(self._state(name)) in local.ACTIVE
+            for f in files:
+                chunk, offsets[f] = _read_from(f, offsets[f])
+                yield from (f"[{f.stem}] {line}" if all_ else line for line in chunk.splitlines())
+            if not follow or not active:
+                return
+            time.sleep(0.3)
+
+    def tail(self, name: str, lines: int) -> list[str]:
+        leader = local.leader_log(self._state(name))
+        return leader.read_text(errors="replace").splitlines()[-lines:] if leader else []
+
+    def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
+        st = self._state(name)
+        phase = local.effective_phase(st)
+        if phase not in local.ACTIVE:
+            return f"job {name} is not running ({phase}); nothing to stop"
+        if dry_run:
+            return f"dry run: would send SIGTERM to job {name} (run {st['run_id']}, {st['replicas']} nodes)"
+        local.stop(name)
+        if not wait:
+            return f"job {name}: stopping"
+        return f"job {name}: {local.effective_phase(local.wait(name))}"
+
+    def interrupt(self, name: str) -> dict[str, Any] | None:
+        """Ctrl-C while following stops the job as Kubernetes would (SIGTERM: the trainer checkpoints)."""
+        local.stop(name)
+        local.wait(name)
+        return self.report(name)
+
+    def list(self) -> list[dict[str, Any]]:
+        return [_report(st, float("inf")) for st in local.list_jobs()]
+
+    def wait(self, name: str, timeout: float | None) -> str:
+        self._state(name)
+        return local.effective_phase(local.wait(name, timeout=timeout)) or "Failed"
+
+    def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
+        """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data."""
+        removed = []
+        for st in local.list_jobs():
+            if local.effective_phase(st) in local.ACTIVE:
+                continue
+            for child in sorted(local.job_dir(st["job"]).iterdir()):
+                if child.name == "checkpoints" and not checkpoints:
+                    continue
+                removed.append(str(child))
+                if not dry_run:
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return removed
+
+
+def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
+    """Everything `status` shows, from the state file and the leader's log."""
+    leader = local.leader_log(st)
+    lines = leader.read_text(errors="replace").splitlines() if leader else []
+    now = time.time()
+    prog = progress(records(lines), now)
+    phase = local.effective_phase(st)
+    alive = sum(local.pid_alive(lz["pid"]) for lz in st.get("launchers", []))
+    report = {
+        "job": st["job"],
+        "backend": "local",
+        "phase": phase,
+        "run_id": st["run_id"],
+        "nodes": st["replicas"],
+        "nodes_running": alive,
+        "restarts": local.restarts(st),
+        "age_s": now - st["created"],
+        "leader": leader.stem if leader else None,
+        "leader_log": str(leader) if leader else None,
+        "checkpoint_dir": st["checkpoint_dir"],
+        **prog,
+        "reason": st.get("reason"),
+        "problems": [],
+    }
+    report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
+    return report
+
+
+def _chosen_logs(st: dict[str, Any], all_: bool, node: int | None) -> list[Path]:
+    if node is not None:
+        return [f for f in local.log_files(st) if f.stem == f"node-{node}"]
+    if all_:
+        return local.log_files(st)
+    leader = local.leader_log(st)
+    return [leader] if leader else []
+
+
+def _read_from(path: Path, offset: int) -> tuple[str, int]:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        chunk = fh.read()
+    return chunk.decode(errors="replace"), offset + len(chunk)

@@ -1,0 +1,146 @@
+"""How a job looks on the terminal, whichever backend runs it: the follow screen, the status table, the
+job list and the outcome with its exit code. Shared by `job` and `quickstart`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+
+from fsdpctl.backends import FINAL, Backend
+from fsdpctl.cli.common import err, ok, out, warn
+from fsdpctl.errors import ExitCode
+from fsdpctl.progress import fmt_duration, hung_warning, progress_rows, step_and_loss
+from fsdpctl.redact import redact
+
+PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
+FAILURE_LINES = 15
+
+
+def warnings(r: dict[str, Any]) -> list[str]:
+    """What the report says is wrong now: Pending reasons, an EFA fallback."""
+    return [*r.get("problems", []), *([r["network_warning"]] if r.get("network_warning") else [])]
+
+
+def follow(backend: Backend, name: str) -> dict[str, Any] | None:
+    """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C does what
+    the backend does with it (local: stop with a checkpoint; cluster: detach, returning None)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+    )
+    warned: set[str] = set()
+    try:
+        with Progress(*columns, console=err) as bar:
+            task = bar.add_task("starting", total=None, info="")
+            while True:
+                r = backend.report(name)
+                for line in warnings(r):
+                    if line not in warned:
+                        warned.add(line)
+                        bar.console.print(f"[yellow]warning:[/] {redact(line)}")
+                _advance(bar, task, r)
+                if r["phase"] in FINAL:
+                    return r
+                time.sleep(backend.poll_s)
+    except KeyboardInterrupt:
+        what = (
+            "stopping (SIGTERM: the trainer saves a checkpoint)" if backend.name == "local" else "detaching"
+        )
+        err.print(f"interrupted: {what} ...")
+        return backend.interrupt(name)
+
+
+def _advance(bar: Any, task: Any, r: dict[str, Any]) -> None:
+    if r["max_steps"]:
+        info = f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s"
+        bar.update(task, description="training", total=r["max_steps"], completed=r["step"], info=info)
+    else:
+        bar.update(task, description=str(r["phase"]).lower())
+
+
+def outcome(backend: Backend, name: str, r: dict[str, Any] | None) -> int:
+    """The last screen of a followed job and the exit code that tells how it ended."""
+    if r is None:
+        ok(f"detached; job {name} keeps running (`fsdpctl job stop {name}` stops it)")
+        return ExitCode.OK
+    if r.get("summary"):
+        out.print(summary_table(r))
+    if r["phase"] == "Succeeded":
+        loss = f": loss {r['loss']:.4f} at step {r['step']}" if r.get("loss") is not None else ""
+        ok(f"job {name} succeeded{loss}" + (f"; logs: {r['leader_log']}" if r.get("leader_log") else ""))
+        return ExitCode.OK
+    if r["phase"] == "Stopped":
+        resume = r.get("checkpoint") or "the start"
+        warn(f"job {name} stopped at step {r['step']}; `fsdpctl job run` resumes from {resume}")
+        return ExitCode.JOB_STOPPED
+    err.print(f"[red]✗[/] job {name} {r['phase']}" + (f": {redact(r['reason'])}" if r.get("reason") else ""))
+    lines = backend.tail(name, FAILURE_LINES)
+    if lines:
+        err.print(f"last lines of {r['leader_log']}:", markup=False)
+        for line in lines:
+            err.print("  " + redact(line), markup=False)
+    return ExitCode.JOB_FAILED
+
+
+def summary_table(r: dict[str, Any]) -> Table:
+    s = r["summary"]
+    t = Table(title=f"{r['job']}: {r['phase']}", show_header=False)
+    t.add_column("what", no_wrap=True)
+    t.add_column("value", overflow="fold")  # paths are shown whole, folded, never cut
+    t.add_row("steps", f"{s['start_step'] + s['steps']} (this run {s['steps']})")
+    t.add_row("loss", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}")
+    t.add_row("tokens/s", f"{s['tokens_per_s']:.0f} ({s['tokens_per_s_per_device']:.0f} per process)")
+    state_mib = (s["param_bytes"] + s["optim_bytes"]) / 2**20
+    t.add_row("state per rank", f"{state_mib:.2f} MiB (params + optimizer)")
+    t.add_row("checkpoint", str(s["checkpoint"]))
+    return t
+
+
+def _nodes_cell(r: dict[str, Any]) -> str:
+    if "pods" in r:
+        pods = ", ".join(f"{n} {s.lower()}" for s, n in sorted(r["pods"].items())) or "no pods yet"
+        return f"{r['nodes']} wanted; pods: {pods}"
+    return f"{r['nodes_running']}/{r['nodes']} running"
+
+
+def status_table(r: dict[str, Any]) -> Table:
+    t = Table(show_header=False, box=None, pad_edge=False)
+    kind = f"{r['kind']} " if r.get("kind") else ""
+    t.add_row("job", f"{kind}{r['job']}  (run {r['run_id']}, {r.get('backend', '-')})")
+    reason = f"  ({r['reason']})" if r.get("reason") else ""
+    t.add_row("phase", f"[{PHASE_COLOR.get(r['phase'], 'yellow')}]{r['phase']}[/]{reason}")
+    t.add_row("nodes", f"{_nodes_cell(r)}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}")
+    t.add_row("leader", r.get("leader") or "-")
+    for row in progress_rows(r):
+        t.add_row(*row)
+    if r.get("network"):
+        t.add_row("network", r["network"])
+    t.add_row("checkpoint", r.get("checkpoint") or "-")
+    t.add_row("leader log", r.get("leader_log") or "-")
+    return t
+
+
+def print_status(r: dict[str, Any], stall_after: float) -> None:
+    out.print(status_table(r))
+    for line in warnings(r):
+        warn(line)
+    if r["stalled"]:
+        warn(hung_warning(stall_after))
+
+
+def list_table(reports: list[dict[str, Any]]) -> Table:
+    t = Table("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
+    for r in reports:
+        where = r.get("backend", "-") + (f"/{r['kind']}" if r.get("kind") else "")
+        nodes = _nodes_cell(r).split("; pods: ")[-1]
+        t.add_row(
+            r["job"], where, r["phase"], r["run_id"], nodes, *step_and_loss(r), fmt_duration(r["age_s"])
+        )
+    return t

@@ -1,0 +1,90 @@
+"""One job backend interface: both implementations, backend resolution, and the record that makes a job
+remember where it was started. The cluster side runs against the Kubernetes API peer of test_kube.py
+(kmock's emulator over HTTP, reached by the real `kubernetes` client); the local side against real files."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from test_kube import cli, install_operator, peer, said  # noqa: F401  (peer is a fixture)
+
+from fsdpctl import backends
+from fsdpctl.backends.eks import EksBackend
+from fsdpctl.backends.local import LocalBackend
+from fsdpctl.settings import load
+
+VERBS = ("run", "report", "logs", "tail", "stop", "interrupt", "list", "wait", "cleanup")
+
+
+@pytest.mark.parametrize("impl", [LocalBackend, EksBackend])
+def test_each_backend_implements_every_verb_of_the_protocol(impl):
+    for verb in VERBS:
+        assert callable(getattr(impl, verb)), f"{impl.__name__} lacks {verb}"
+    assert impl.name in backends.NAMES and impl.poll_s > 0
+
+
+def test_create_picks_the_implementation_without_touching_a_cluster():
+    assert isinstance(backends.create(load(flags={"BACKEND": "local"})), LocalBackend)
+    assert isinstance(backends.create(load(flags={"BACKEND": "eks"})), EksBackend)  # connects on first use
+
+
+def test_a_record_decides_where_a_job_lives_and_brings_its_namespace(tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    started = load(flags={"BACKEND": "eks", "JOB_NAME": "big", "JOB_NAMESPACE": "team-a", "JOB_KIND": "trainjob"})
+    backends.remember(started)
+    here = load(flags={"BACKEND": "local", "JOB_NAMESPACE": "fsdp"})
+    placed = backends.placed(here, "big", None)
+    assert (placed.backend, placed.job_namespace, placed.job_kind) == ("eks", "team-a", "trainjob")
+    assert backends.placed(here, "other", None).backend == "local"  # no record: BACKEND
+    assert backends.placed(here, "big", "local").backend == "local"  # --backend wins
+
+
+def test_damaged_records_count_as_none(tmp_path, monkeypatch):
+    """Any bytes in a record file (cut write, hand edit): resolution falls back to BACKEND, never raises."""
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    cfg = load(flags={"BACKEND": "local"})
+    rng = random.Random(12)
+    samples = [b"", b"{", b"[]", b'{"backend": "gke"}', b'{"backend": 3}', b"\xff\xfe", b"null"]
+    samples += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64))) for _ in range(40)]
+    (tmp_path / "started").mkdir()
+    for blob in samples:
+        (tmp_path / "started" / "fsdp.json").write_bytes(blob)
+        assert backends.placed(cfg, "fsdp", None).backend == "local", blob
+
+
+@pytest.mark.parametrize("verb", [["run"], ["status"], ["logs"], ["stop"], ["list"], ["wait"]])
+def test_every_job_verb_takes_backend_and_refuses_an_unknown_one(verb, tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    r = cli("job", *verb, "--backend", "gke")
+    assert r.exit_code == 2, r.output
+    assert "gke" in r.output and "local or eks" in r.output and "Traceback" not in r.output
+
+
+def test_a_job_started_on_eks_is_found_there_by_every_verb(peer, monkeypatch):  # noqa: F811
+    """`job run --backend eks -d` with BACKEND=local: status, logs, stop and wait look on the cluster."""
+    install_operator(peer)
+    monkeypatch.setenv("BACKEND", "local")
+    r = cli("job", "run", "--backend", "eks", "-d")
+    assert r.exit_code == 0, r.output
+    status = json.loads(cli("job", "status", "-o", "json").stdout)
+    assert status["backend"] == "eks" and status["kind"] == "PyTorchJob" and status["job"] == "fsdp"
+    assert cli("job", "status", "--backend", "local").exit_code == 4  # not on this machine
+    assert cli("job", "wait", "--timeout", "1").exit_code == 5  # on the cluster, still running
+    r = cli("job", "stop")
+    assert r.exit_code == 0 and "stopped and deleted" in said(r)
+    assert peer.objects("pytorchjobs") == []
+
+
+def test_job_run_dry_run_on_the_cluster_contacts_nothing(tmp_path, monkeypatch):
+    """A bare --dry-run lists what `run` would send; no kubeconfig is even needed."""
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.chdir(tmp_path)
+    r = cli("job", "run", "--backend", "eks", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "PyTorchJob/fsdp" in r.output and "Secret/fsdp-hf-token" in r.output
+    assert "nothing was created" in said(r)
+    assert not (tmp_path / "started").exists()  # a dry run records nothing
