@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -9,6 +10,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from fsdpctl.adapters import shell
 
 
 class EtcdError(RuntimeError):
@@ -74,8 +77,8 @@ def start(
         "--initial-cluster",
         f"fsdpctl=http://127.0.0.1:{peer}",
     ]
-    with open(log_file, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # same session as the caller: etcd ends with the supervisor that started it
+    proc = shell.spawn(argv, env=dict(os.environ), log=log_file, new_session=False)
     server = EtcdServer(proc, client)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,11 +1,11 @@
 """Adapter: the local backend. Runs a rendered PyTorchJob on this machine, one torchrun launcher per
 simulated node, as Kubernetes would run one per pod, with the pod's command and environment.
 
-A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns the launchers, so `job status`,
-`job logs -f` and `job stop` work from any terminal. Everything lives under the job directory:
+A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns the launchers, so
+`job status`, `job logs -f` and `job stop` work from any terminal. Everything lives under the job directory:
 
     FSDPCTL_HOME/jobs/<job>/state.json        phase, pids, exit codes (written atomically)
-    FSDPCTL_HOME/jobs/<job>/spec.json         what to launch (no secrets: the token travels in the environment)
+    FSDPCTL_HOME/jobs/<job>/spec.json         what to launch (no secrets: the token is in the environment)
     FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log
     FSDPCTL_HOME/jobs/<job>/checkpoints/      the pod's /checkpoints volume; survives runs, so runs resume
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpctl.adapters import etcd as etcd_adapter
+from fsdpctl.adapters import shell
 from fsdpctl.files import home, write_atomic
 from fsdptrain import events
 
@@ -131,15 +131,8 @@ def start(job: dict, *, checkpoint_mount: str, secret_env: dict[str, str]) -> di
     }
     write_json(jdir / "state.json", state)
     env = {**os.environ, **secret_env}
-    with open(log_dir / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    argv = [sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)]
+    proc = shell.spawn(argv, env=env, log=log_dir / "supervisor.log")
     state["supervisor_pid"] = proc.pid
     _update(jdir, supervisor_pid=proc.pid)
     return state
@@ -222,17 +215,8 @@ def supervise(jdir: Path) -> int:
             server = etcd_adapter.start(jdir / "etcd" / spec["run_id"], log_file=log_dir / "etcd.log")
             endpoint = server.endpoint
         for launch in launches(spec, endpoint, dict(os.environ)):
-            log = open(log_dir / f"node-{launch.node}.log", "ab")
-            procs.append(
-                subprocess.Popen(
-                    launch.argv,
-                    env=launch.env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
+            # a session of its own per launcher: its process group is the pod's processes
+            procs.append(shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log"))
         _update(
             jdir,
             phase="Running",
@@ -254,7 +238,9 @@ def supervise(jdir: Path) -> int:
         jdir,
         phase=phase,
         finished=time.time(),
-        launchers=[{"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs))],
+        launchers=[
+            {"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs, strict=True))
+        ],
     )
     return 0
 
