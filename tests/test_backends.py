@@ -8,14 +8,14 @@ import json
 import random
 
 import pytest
-from test_kube import cli, install_operator, peer, said  # noqa: F401  (peer is a fixture)
 
 from fsdpctl import backends
 from fsdpctl.backends.eks import EksBackend
 from fsdpctl.backends.local import LocalBackend
 from fsdpctl.settings import load
+from test_kube import cli, install_operator, peer, said  # noqa: F401  (peer is a fixture)
 
-VERBS = ("run", "report", "logs", "tail", "stop", "interrupt", "list", "wait", "cleanup")
+VERBS = ("run", "report", "logs", "tail", "stop", "interrupt", "list_jobs", "wait", "cleanup")
 
 
 @pytest.mark.parametrize("impl", [LocalBackend, EksBackend])
@@ -32,7 +32,8 @@ def test_create_picks_the_implementation_without_touching_a_cluster():
 
 def test_a_record_decides_where_a_job_lives_and_brings_its_namespace(tmp_path, monkeypatch):
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
-    started = load(flags={"BACKEND": "eks", "JOB_NAME": "big", "JOB_NAMESPACE": "team-a", "JOB_KIND": "trainjob"})
+    flags = {"BACKEND": "eks", "JOB_NAME": "big", "JOB_NAMESPACE": "team-a", "JOB_KIND": "trainjob"}
+    started = load(flags=flags)
     backends.remember(started)
     here = load(flags={"BACKEND": "local", "JOB_NAMESPACE": "fsdp"})
     placed = backends.placed(here, "big", None)

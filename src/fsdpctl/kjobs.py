@@ -147,7 +147,7 @@ def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[
         return None, []
     lines = log_lines(kube, cfg, first["metadata"]["name"])
     named = kstatus.leader(pods, lines)
-    if named is not first:
+    if named is not None and named is not first:
         return named, log_lines(kube, cfg, named["metadata"]["name"])
     return first, lines
 
@@ -162,7 +162,7 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase", "Pending") == "Pending"
     ]
     events = {p: kube.events(cfg.job_namespace, p) for p in pending}
-    network, net_warning = kstatus.network_path(lines, cfg.backend == "eks" and cfg.efa_per_node > 0)
+    network, net_warning = kstatus.network_path(lines, cfg.uses_efa)
     phase = kstatus.phase(job)
     labels = job.get("metadata", {}).get("labels", {})
     by_state = kstatus.pods_by_state(pods)

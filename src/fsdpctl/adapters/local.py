@@ -145,7 +145,7 @@ def _update(jdir: Path, **changes) -> dict:
     return state
 
 
-def stop(job_name: str) -> dict:
+def stop(job_name: str) -> dict | None:
     jdir = job_dir(job_name)
     state = read_state(jdir)
     if state is None:
@@ -156,7 +156,7 @@ def stop(job_name: str) -> dict:
     return read_state(jdir)
 
 
-def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict:
+def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict | None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         state = read_state(job_dir(job_name))
@@ -204,7 +204,10 @@ def leader_log(state: dict) -> Path | None:
 
 def supervise(jdir: Path) -> int:
     spec = json.loads((jdir / "spec.json").read_text())
-    log_dir = Path(read_state(jdir)["log_dir"])
+    state = read_state(jdir)
+    if state is None:
+        raise LocalJobError(f"{jdir}: no state.json to supervise")
+    log_dir = Path(state["log_dir"])
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
     server, procs = None, []

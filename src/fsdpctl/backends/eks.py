@@ -75,7 +75,7 @@ class EksBackend:
         """Ctrl-C while following a cluster job detaches: the job is the cluster's, it keeps running."""
         return None
 
-    def list(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[dict[str, Any]]:
         return [{**r, "backend": "eks"} for r in kjobs.list_jobs(self.kube, self.cfg)]
 
     def wait(self, name: str, timeout: float | None) -> str:

@@ -107,7 +107,7 @@ class LocalBackend:
         local.wait(name)
         return self.report(name)
 
-    def list(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[dict[str, Any]]:
         return [_report(st, float("inf")) for st in local.list_jobs()]
 
     def wait(self, name: str, timeout: float | None) -> str:

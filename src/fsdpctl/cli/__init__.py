@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -25,14 +25,15 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
 class _Group(TyperGroup):
-    """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with --debug."""
+    """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with
+    --debug."""
 
-    def main(self, args=None, *a, **kw):  # type: ignore[no-untyped-def]
+    def main(self, args=None, *a, **kw):
         """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse."""
         argv = list(sys.argv[1:] if args is None else args)
         return super().main([DRY_RUN_SPELLINGS.get(arg, arg) for arg in argv], *a, **kw)
 
-    def invoke(self, ctx: typer.Context):
+    def invoke(self, ctx):  # click's Context (typer vendors its own click)
         try:
             return super().invoke(ctx)
         except SettingsError as e:

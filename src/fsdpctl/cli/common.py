@@ -35,14 +35,15 @@ class Output(str, Enum):
 
 OutputOpt = typer.Option("table", "--output", "-o", help="table, json or yaml")
 
-# One --dry-run for every command that changes state: a bare flag. Where the Kubernetes API server can check the
-# objects itself, `--dry-run=server` asks it to (dryRun=All: validated and admitted, never stored); the root
-# group spells that as the hidden flag below before click parses (see fsdpctl.cli._Group.main).
+# One --dry-run for every command that changes state: a bare flag. Where the Kubernetes API server can check
+# the objects itself, `--dry-run=server` asks it to (dryRun=All: validated and admitted, never stored); the
+# root group spells that as the hidden flag below before click parses (see fsdpctl.cli._Group.main).
+SERVER_DRY_RUN_FLAG = "--dry-run-server"
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="show what would change; change nothing")]
 ServerDryRunOpt = Annotated[
     bool,
     typer.Option(
-        SERVER_DRY_RUN_FLAG := "--dry-run-server",
+        SERVER_DRY_RUN_FLAG,
         hidden=True,
         help="--dry-run=server: the API server validates and admits everything, stores nothing",
     ),

@@ -157,7 +157,7 @@ def list_(ctx: typer.Context, output: Output = OutputOpt, backend: BackendOpt = 
     Example: fsdpctl job list -o json
     """
     be, _ = _resolve(ctx, None, backend or state(ctx).config().backend)
-    reports = be.list()
+    reports = be.list_jobs()
     if not emit(reports, output):
         out.print(job_view.list_table(reports))
 
