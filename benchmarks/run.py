@@ -138,9 +138,9 @@ def throughput(rounds: int, steps: int) -> dict:
     out = {}
     for precision in ("fp32", "bf16"):
         runs = {
-            "ours": lambda: run_ours(steps, PRECISION=precision),
-            "ours_ddp": lambda: run_ours(steps, PRECISION=precision, SHARDING_STRATEGY="NO_SHARD"),
-            "accelerate": lambda: run_accelerate(steps, corpus, tok, precision),
+            "ours": lambda p=precision: run_ours(steps, PRECISION=p),
+            "ours_ddp": lambda p=precision: run_ours(steps, PRECISION=p, SHARDING_STRATEGY="NO_SHARD"),
+            "accelerate": lambda p=precision: run_accelerate(steps, corpus, tok, p),
         }
         got = {name: [] for name in runs}
         for r in range(rounds):
@@ -240,10 +240,10 @@ def write_report(tp: dict, mem: dict, st: dict, args) -> str:
         lines += [
             f"| fsdptrain FULL_SHARD | {precision} | {t['ours']:,.0f} | {t['ours'] / t['accelerate']:.2f} | "
             f"{fmt(t['ours_all'])} |",
-            f"| fsdptrain NO_SHARD | {precision} | {t['ours_ddp']:,.0f} | {t['ours_ddp'] / t['accelerate']:.2f} | "
-            f"{fmt(t['ours_ddp_all'])} |",
-            f"| HF accelerate (asked for FSDP2, runs DDP on CPU) | {precision} | {t['accelerate']:,.0f} | 1.00 | "
-            f"{fmt(t['accelerate_all'])} |",
+            f"| fsdptrain NO_SHARD | {precision} | {t['ours_ddp']:,.0f} | "
+            f"{t['ours_ddp'] / t['accelerate']:.2f} | {fmt(t['ours_ddp_all'])} |",
+            f"| HF accelerate (asked for FSDP2, runs DDP on CPU) | {precision} | {t['accelerate']:,.0f} | "
+            f"1.00 | {fmt(t['accelerate_all'])} |",
         ]
     titan = tp["torchtitan"]
     if "error" in titan:
@@ -255,12 +255,12 @@ def write_report(tp: dict, mem: dict, st: dict, args) -> str:
         )
     lines += [
         "",
-        "accelerate 1.x on CPU does not apply its FSDP plugin: `Accelerator(cpu=True, fsdp_plugin=...)` under "
-        "torchrun reports `DistributedType.MULTI_CPU` and wraps the model in `DistributedDataParallel` (checked "
-        "in this run's venv), so its row is DDP, and fsdptrain's NO_SHARD row is the like-for-like one. On a "
-        "0.92M-parameter model the step is mostly fixed framework cost: FSDP2's per-layer hooks and DTensor "
-        "dispatch in the optimizer cost fsdptrain tens of milliseconds per step that DDP does not pay; the "
-        "gap says nothing about large models, where compute dominates.",
+        "accelerate 1.x on CPU does not apply its FSDP plugin: `Accelerator(cpu=True, fsdp_plugin=...)` "
+        "under torchrun reports `DistributedType.MULTI_CPU` and wraps the model in `DistributedDataParallel` "
+        "(checked in this run's venv), so its row is DDP, and fsdptrain's NO_SHARD row is the like-for-like "
+        "one. On a 0.92M-parameter model the step is mostly fixed framework cost: FSDP2's per-layer hooks "
+        "and DTensor dispatch in the optimizer cost fsdptrain tens of milliseconds per step that DDP does "
+        "not pay; the gap says nothing about large models, where compute dominates.",
         "",
         "bf16 here means FSDP2's MixedPrecisionPolicy for fsdptrain (parameters cast to bf16, every matmul "
         "in bf16) and CPU autocast for accelerate (only some ops in bf16); on a CPU without bf16 units, "

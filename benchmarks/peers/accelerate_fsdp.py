@@ -1,6 +1,7 @@
 """Peer: Hugging Face accelerate with its FSDP2 plugin, on the same tiny Llama, data, batch, seq and steps.
 
-    torchrun --standalone --nproc-per-node 2 accelerate_fsdp.py CORPUS TOKENIZER STEPS SEQ_LEN MICRO_BATCH PRECISION
+    torchrun --standalone --nproc-per-node 2 accelerate_fsdp.py \
+        CORPUS TOKENIZER STEPS SEQ_LEN MICRO_BATCH PRECISION
 Prints one JSON line: {"peer": "accelerate", "tokens_per_s": ...} (steps after the first).
 """
 
