@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
-from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape, flops_per_token
+from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape, flops_per_token, hsdp_group_size
 
 GIB = 1024**3
 CUDA_OVERHEAD = 2 * GIB
@@ -74,7 +74,7 @@ class Job:
         if self.strategy == "NO_SHARD":
             return 1
         if self.strategy == "HYBRID_SHARD":
-            return self.hsdp_shard_size or self.gpus_per_node
+            return hsdp_group_size(self.hsdp_shard_size, self.gpus_per_node)
         return self.world
 
     @property

@@ -4,17 +4,18 @@ import os
 import sys
 
 from fsdptrain.config import ConfigError, from_sources
-from fsdptrain.shapes import mesh_shape
+from fsdptrain.shapes import job_mesh_shape
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = from_sources(argv)
         # checked before any process group exists, so a bad group size fails fast on every rank
-        mesh_shape(
+        job_mesh_shape(
             cfg.sharding_strategy,
             int(os.environ.get("WORLD_SIZE", "1")),
-            cfg.hsdp_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            hsdp_shard_size=cfg.hsdp_shard_size,
+            procs_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
     except ConfigError as e:
         print(f"fsdptrain: error: {e}", file=sys.stderr)

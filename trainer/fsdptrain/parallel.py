@@ -13,13 +13,17 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from fsdptrain.shapes import mesh_shape
+from fsdptrain.shapes import job_mesh_shape
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def build_mesh(device_type: str, strategy: str, world_size: int, shard_size: int) -> DeviceMesh:
-    shape = mesh_shape(strategy, world_size, shard_size)
+def build_mesh(
+    device_type: str, strategy: str, world_size: int, *, hsdp_shard_size: int, procs_per_node: int
+) -> DeviceMesh:
+    shape = job_mesh_shape(
+        strategy, world_size, hsdp_shard_size=hsdp_shard_size, procs_per_node=procs_per_node
+    )
     names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 

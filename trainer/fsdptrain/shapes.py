@@ -66,3 +66,17 @@ def mesh_shape(strategy: str, world_size: int, shard_size: int) -> tuple[int, ..
             f"use a divisor of {world_size} (usually the GPUs per node)"
         )
     return (world_size // shard_size, shard_size)
+
+
+def hsdp_group_size(hsdp_shard_size: int, procs_per_node: int) -> int:
+    """HYBRID_SHARD's shard group: HSDP_SHARD_SIZE, or when 0 the processes of one node. A node's GPUs share
+    NVLink, so the per-layer all-gathers stay inside it and only the gradient all-reduce crosses nodes."""
+    return hsdp_shard_size or procs_per_node
+
+
+def job_mesh_shape(
+    strategy: str, world_size: int, *, hsdp_shard_size: int, procs_per_node: int
+) -> tuple[int, ...]:
+    """`mesh_shape` with HSDP_SHARD_SIZE's default applied: the one shape the settings check, the trainer's
+    start-up check and its device mesh all use."""
+    return mesh_shape(strategy, world_size, hsdp_group_size(hsdp_shard_size, procs_per_node))

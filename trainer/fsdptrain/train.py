@@ -125,8 +125,13 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer):
     else:
         config = llama_config(cfg.model, vocab_size=max(len(tokenizer), MODEL_CONFIGS[cfg.model].vocab))
     model = build_meta_model(config)
-    shard_size = cfg.hsdp_shard_size or rt.local_world
-    mesh = build_mesh(rt.device.type, cfg.sharding_strategy, rt.world, shard_size)
+    mesh = build_mesh(
+        rt.device.type,
+        cfg.sharding_strategy,
+        rt.world,
+        hsdp_shard_size=cfg.hsdp_shard_size,
+        procs_per_node=rt.local_world,
+    )
     wrapped = parallelize(
         model,
         mesh=mesh,
