@@ -17,3 +17,8 @@ output "kubeconfig_command" {
   description = "Writes the kubeconfig for this cluster."
   value       = "aws eks update-kubeconfig --region ${var.region} --name ${module.eks_gpu.cluster_name}"
 }
+
+output "gpu_efa_interfaces" {
+  description = "EFA interfaces each GPU node has (0: EFA disabled, plain ENA)."
+  value       = module.eks_gpu.gpu_efa_interfaces
+}

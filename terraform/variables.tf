@@ -29,7 +29,7 @@ variable "vpc_cidr" {
 }
 
 variable "instance_type" {
-  description = "GPU node type: p4de.24xlarge (8 x A100, 4 EFA), p5.48xlarge (8 x H100, 32 EFA) or p5e.48xlarge."
+  description = "GPU node type: one fsdpctl knows (INSTANCE_TYPES in src/fsdpctl/instances.py)."
   type        = string
   default     = "p5.48xlarge"
 }
@@ -53,12 +53,12 @@ variable "efa_enabled" {
 }
 
 variable "efa_interfaces" {
-  description = "EFA interfaces per instance type; listed explicitly because eksctl's automatic EFA setup failed for p5 (eksctl#7520)."
-  type        = map(number)
-  default = {
-    "p4de.24xlarge" = 4
-    "p5.48xlarge"   = 32
-    "p5e.48xlarge"  = 32
+  description = "EFA interfaces of one instance_type node, all of which the launch template lists (eksctl's automatic EFA setup failed for p5, eksctl#7520). fsdpctl writes it into fsdpctl.auto.tfvars.json from its instance table (src/fsdpctl/instances.py); set it yourself only when running terraform without fsdpctl."
+  type        = number
+  default     = null
+  validation {
+    condition     = var.efa_interfaces != null
+    error_message = "efa_interfaces is not set: run `fsdpctl cluster create --tool terraform`, which writes it for INSTANCE_TYPE, or set it to the EFA interface count of instance_type."
   }
 }
 

@@ -146,6 +146,24 @@ def test_output_is_deterministic_and_ids_differ_per_run():
             lambda: eks("p5.48xlarge", "HYBRID_SHARD", "etcd", CAPACITY_RESERVATION_ID=""),
         ),
         ("local-c10d", lambda: load(dotenv={})),
+        (
+            "eks-p5e-trainjob-efa",
+            lambda: eks("p5e.48xlarge", "FULL_SHARD", "c10d", JOB_KIND="trainjob", NODE_SELECTOR="team=ml"),
+        ),
+        (
+            "eks-p4de-no-efa-gang",
+            lambda: eks(
+                "p4de.24xlarge",
+                "NO_SHARD",
+                "etcd-v2",
+                EFA_ENABLED="false",
+                CHECKPOINT_PVC="",
+                TOLERATIONS="spot",
+                SCHEDULER_NAME="volcano",
+                GANG_SCHEDULING="true",
+                METRICS_PORT="9300",
+            ),
+        ),
     ],
 )
 def test_golden_manifests(name, cfg):

@@ -15,7 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import ROOT
+from fsdpctl import render
 from fsdpctl.cli import app
+from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.settings import load
 
 TF = ROOT / "terraform"
 PLUGINS = Path(os.environ.get("FSDPCTL_TF_PLUGIN_DIR", "/opt/tf-plugins"))
@@ -42,12 +45,19 @@ def test_every_root_variable_has_a_description_and_a_default():
     for name, body in variables.items():
         assert body.get("description") and "default" in body, name
     assert all(b.get("description") for b in _variables(TF / "modules/eks-gpu/variables.tf").values())
-    efa = variables["efa_interfaces"]["default"]
-    assert {k.strip('"'): v for k, v in efa.items()} == {
-        "p4de.24xlarge": 4,
-        "p5.48xlarge": 32,
-        "p5e.48xlarge": 32,
-    }
+    # the EFA count is one number fsdpctl writes from instances.py, not a table of terraform's own
+    assert variables["efa_interfaces"]["type"] == "number" and variables["efa_interfaces"]["default"] is None
+    for tf in TF.rglob("*.tf"):
+        assert not any(name in tf.read_text() for name in INSTANCE_TYPES if name != "p5.48xlarge"), tf
+
+
+@pytest.mark.parametrize("instance", list(INSTANCE_TYPES))
+def test_tfvars_carry_the_efa_interfaces_of_instances_py(instance):
+    on = render.terraform_vars(load(dotenv={"INSTANCE_TYPE": instance}))
+    off = render.terraform_vars(load(dotenv={"INSTANCE_TYPE": instance, "EFA_ENABLED": "false"}))
+    assert on["efa_interfaces"] == off["efa_interfaces"] == INSTANCE_TYPES[instance].efa_interfaces
+    assert (on["efa_enabled"], off["efa_enabled"]) == (True, False)
+    assert set(on) <= set(_variables(TF / "variables.tf"))
 
 
 @pytest.mark.skipif(not HAVE_TERRAFORM, reason="terraform is not installed here")
@@ -120,3 +130,73 @@ def test_validate_and_plan_against_moto(aws_env, tmp_path):
     assert "Plan: 28 to add, 0 to change, 0 to destroy." in plan.stdout
     assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
     assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5
+
+
+# A mock AWS provider for `terraform test`: plan-time values only, so a plan runs without any endpoint.
+MOCK_AWS = """
+mock_provider "aws" {
+  mock_data "aws_iam_policy_document" {
+    defaults = { json = "{}" }
+  }
+  mock_data "aws_caller_identity" {
+    defaults = { account_id = "123456789012", arn = "arn:aws:iam::123456789012:root" }
+  }
+  mock_resource "aws_iam_role" {
+    defaults = { arn = "arn:aws:iam::123456789012:role/mock" }
+  }
+  mock_resource "aws_kms_key" {
+    defaults = { arn = "arn:aws:kms:us-west-2:123456789012:key/mock" }
+  }
+}
+
+run "efa_interfaces_unset" {
+  command         = plan
+  expect_failures = [var.efa_interfaces]
+}
+"""
+EFA_RUN = """
+run "{name}" {{
+  command = plan
+  variables {{
+{variables}
+  }}
+  assert {{
+    condition     = output.gpu_efa_interfaces == {expected}
+    error_message = "{name}: ${{output.gpu_efa_interfaces}} EFA interfaces, the pods request {expected}"
+  }}
+}}
+"""
+
+
+@pytest.mark.skipif(
+    not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
+)
+def test_nodes_get_the_efa_interfaces_the_pods_request(tmp_path):
+    """For every instance type, EFA on and off: the launch template terraform plans from fsdpctl's tfvars
+    lists as many EFA interfaces as the rendered pod requests, both from instances.py (`terraform test`
+    with a mock AWS provider)."""
+    work = tmp_path / "terraform"
+    shutil.copytree(TF, work)
+    text = MOCK_AWS
+    for instance, efa in [(i, e) for i in INSTANCE_TYPES for e in ("true", "false")]:
+        cfg = load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance, "EFA_ENABLED": efa})
+        pod = render.render_job(cfg, "r")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        requested = pod["containers"][0]["resources"]["limits"].get("vpc.amazonaws.com/efa", 0)
+        assert requested == (INSTANCE_TYPES[instance].efa_interfaces if efa == "true" else 0)
+        variables = "\n".join(f"    {k} = {json.dumps(v)}" for k, v in render.terraform_vars(cfg).items())
+        name = f"{instance.replace('.', '_')}_efa_{efa}"
+        text += EFA_RUN.format(name=name, variables=variables, expected=requested)
+    (work / "tests").mkdir()
+    (work / "tests/efa.tftest.hcl").write_text(text)
+    env = {**os.environ, "TF_IN_AUTOMATION": "1"}
+    init = ["terraform", f"-chdir={work}", "init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}"]
+    assert subprocess.run(init, env=env, capture_output=True, timeout=300).returncode == 0
+    test = subprocess.run(
+        ["terraform", f"-chdir={work}", "test", "-no-color"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    runs = 1 + 2 * len(INSTANCE_TYPES)
+    assert test.returncode == 0 and f"Success! {runs} passed, 0 failed." in test.stdout, test.stdout[-3000:]

@@ -244,7 +244,7 @@ def check_collectives(facts: Facts) -> Check:
 
 
 def check_efa(cfg: Config) -> Check:
-    expected = cfg.backend == "eks" and cfg.efa_enabled
+    expected = cfg.uses_efa
     exe = shutil.which("fi_info")
     if not exe:
         if expected:

@@ -10,17 +10,23 @@ import secrets
 import time
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
+
+if TYPE_CHECKING:
+    import jinja2
+
+Obj = dict[str, Any]  # a Kubernetes object (or any YAML mapping) as parsed
 
 HF_TOKEN_DIR = (
     "/var/run/secrets/fsdpctl/hf-token"  # the Secret as a file: huggingface_hub reads HF_TOKEN_PATH
 )
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # 3.6 dropped the v2 API torch's etcd rendezvous uses
 C10D_PORT, ETCD_PORT = 29400, 2379
-POD_CHECKPOINT_ROOT = "/checkpoints"
+POD_CHECKPOINT_ROOT = "/checkpoints"  # where every pod mounts the checkpoint volume; jobs write below it
 DEFAULT_METRICS_PORT = 9101  # beside DCGM's 9400 and node-exporter's 9100
 
 # NCCL over EFA through aws-ofi-nccl; NCCL_DEBUG=INFO makes the chosen transport visible in the logs.
@@ -44,7 +50,7 @@ def data_dir(name: str) -> Path:
 
 
 @lru_cache(maxsize=1)
-def _env():
+def _env() -> jinja2.Environment:
     import jinja2
 
     loader = jinja2.FileSystemLoader([str(data_dir("templates")), str(data_dir("eksctl"))])
@@ -53,7 +59,7 @@ def _env():
     )
 
 
-def render_template(template: str, **values) -> list[dict]:
+def render_template(template: str, **values: Any) -> list[Obj]:
     text = _env().get_template(template).render(**values)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [doc for doc in yaml.load_all(text, Loader=loader) if doc]
@@ -104,7 +110,7 @@ def rendezvous_keys(backend: str, run_id: str) -> list[str]:
     }.get(backend, [])
 
 
-def render_checkpoint_cleaner(cfg: Config, job_name: str) -> dict:
+def render_checkpoint_cleaner(cfg: Config, job_name: str) -> Obj:
     """A one-shot pod that removes one job's checkpoint directory from the checkpoint PVC."""
     return render_template(
         "checkpoint-cleaner.yaml.j2",
@@ -112,6 +118,7 @@ def render_checkpoint_cleaner(cfg: Config, job_name: str) -> dict:
         namespace=cfg.job_namespace,
         pvc=cfg.checkpoint_pvc,
         image=cfg.image_uri,
+        checkpoint_root=POD_CHECKPOINT_ROOT,
         path=f"{POD_CHECKPOINT_ROOT}/{job_name}",
     )[0]
 
@@ -149,20 +156,26 @@ def pod_env(cfg: Config) -> dict[str, str]:
     if metrics_port(cfg):
         env["METRICS_PORT"] = str(metrics_port(cfg))
     env.update(COMMON_ENV)
-    if cfg.backend == "eks" and cfg.efa_per_node:
+    if cfg.uses_efa:
         env.update(EFA_ENV)
     return env
 
 
-def pod_resources(cfg: Config) -> tuple[dict, dict]:
+def container_env(cfg: Config) -> list[dict[str, str]]:
+    """The container's env list: `pod_env`, then where huggingface_hub finds the token Secret's file."""
+    env = [{"name": name, "value": value} for name, value in pod_env(cfg).items()]
+    return [*env, {"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/HF_TOKEN"}]
+
+
+def pod_resources(cfg: Config) -> tuple[dict[str, str | int], dict[str, str | int]]:
     """(requests, limits). GPU pods request most of the node's CPUs but set no CPU limit: CFS throttling of
     the data-loading threads would stall the GPUs."""
     if cfg.backend == "local":
-        res = {"cpu": str(cfg.procs_per_node), "memory": "4Gi"}
+        res: dict[str, str | int] = {"cpu": str(cfg.procs_per_node), "memory": "4Gi"}
         return res, res
     inst = cfg.instance
     limits: dict[str, str | int] = {"nvidia.com/gpu": cfg.gpus, "memory": f"{int(inst.memory_gib * 0.8)}Gi"}
-    if cfg.efa_per_node:
+    if cfg.uses_efa:
         limits["vpc.amazonaws.com/efa"] = cfg.efa_per_node
         limits["hugepages-2Mi"] = "5120Mi"  # what AWS's EFA NCCL manifests request
     return {**limits, "cpu": str(int(inst.vcpus * 0.9 * cfg.gpus / inst.gpus))}, limits
@@ -174,7 +187,7 @@ def node_selector(cfg: Config) -> dict[str, str]:
     return {"node.kubernetes.io/instance-type": cfg.instance_type, **parse_node_selector(cfg.node_selector)}
 
 
-def tolerations(cfg: Config) -> list[dict]:
+def tolerations(cfg: Config) -> list[dict[str, str]]:
     if cfg.backend != "eks":
         return []
     return [
@@ -183,7 +196,8 @@ def tolerations(cfg: Config) -> list[dict]:
     ]
 
 
-def job_values(cfg: Config, run_id: str) -> dict:
+def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
+    """What pytorchjob.yaml.j2, trainjob.yaml.j2 and their shared pod.j2 read."""
     backend, host, port = rendezvous(cfg)
     eks = cfg.backend == "eks"
     return dict(
@@ -201,10 +215,11 @@ def job_values(cfg: Config, run_id: str) -> dict:
         max_restarts=cfg.max_restarts,
         image=cfg.image_uri,
         command=launch_command(cfg, run_id),
-        env=pod_env(cfg),
+        env=container_env(cfg),
         resources=pod_resources(cfg),
         hf_token_dir=HF_TOKEN_DIR,
-        efa=eks and cfg.efa_per_node > 0,
+        checkpoint_root=POD_CHECKPOINT_ROOT,
+        efa=cfg.uses_efa,
         gpus=cfg.gpus if eks else 0,
         node_selector=node_selector(cfg),
         tolerations=tolerations(cfg),
@@ -228,7 +243,7 @@ def job_api(cfg: Config) -> tuple[str, str]:
     return JOB_KINDS["pytorchjob" if cfg.backend == "local" else cfg.job_kind]
 
 
-def render_job(cfg: Config, run_id: str) -> list[dict]:
+def render_job(cfg: Config, run_id: str) -> list[Obj]:
     """Namespace, etcd (with an etcd rendezvous) and the job: everything but the Secret. The job comes last."""
     values = job_values(cfg, run_id)
     objs = render_namespace(cfg)
@@ -240,13 +255,13 @@ def render_job(cfg: Config, run_id: str) -> list[dict]:
     return objs + render_template("pytorchjob.yaml.j2", **values)
 
 
-def render_namespace(cfg: Config) -> list[dict]:
+def render_namespace(cfg: Config) -> list[Obj]:
     return render_template(
         "namespace.yaml.j2", namespace=cfg.job_namespace, labels={"app.kubernetes.io/managed-by": "fsdpctl"}
     )
 
 
-def render_etcd(cfg: Config) -> list[dict]:
+def render_etcd(cfg: Config) -> list[Obj]:
     etcd_labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/managed-by": "fsdpctl"}
     return render_template(
         "etcd.yaml.j2",
@@ -257,7 +272,7 @@ def render_etcd(cfg: Config) -> list[dict]:
     )
 
 
-def render_secret(cfg: Config, token: str, run_id: str) -> dict:
+def render_secret(cfg: Config, token: str, run_id: str) -> Obj:
     """Only for the API call that creates it; never printed or written by `fsdpctl manifest`."""
     return render_template(
         "secret.yaml.j2",
@@ -268,7 +283,7 @@ def render_secret(cfg: Config, token: str, run_id: str) -> dict:
     )[0]
 
 
-def render_clusterconfig(cfg: Config) -> dict:
+def render_clusterconfig(cfg: Config) -> Obj:
     """The eksctl ClusterConfig for the cluster the settings describe."""
     zones = [z for z in cfg.availability_zones.split(",") if z]
     return render_template(
@@ -286,8 +301,9 @@ def render_clusterconfig(cfg: Config) -> dict:
     )[0]
 
 
-def terraform_vars(cfg: Config) -> dict:
-    """fsdpctl.auto.tfvars.json for terraform/: the same settings, the module's variable names."""
+def terraform_vars(cfg: Config) -> dict[str, Any]:
+    """fsdpctl.auto.tfvars.json for terraform/: the same settings, the module's variable names. The EFA
+    interface count comes from instances.py: terraform/ keeps no table of its own."""
     zones = [z for z in cfg.availability_zones.split(",") if z] or [
         f"{cfg.aws_region}a",
         f"{cfg.aws_region}b",
@@ -301,14 +317,15 @@ def terraform_vars(cfg: Config) -> dict:
         "node_count": cfg.node_count,
         "capacity_reservation_id": cfg.capacity_reservation_id,
         "efa_enabled": cfg.efa_enabled,
+        "efa_interfaces": cfg.instance.efa_interfaces,
         "system_instance_type": cfg.system_instance_type,
     }
 
 
-def to_yaml(objs: list[dict]) -> str:
+def to_yaml(objs: list[Obj]) -> str:
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when present: same output, faster
     return yaml.dump_all(objs, Dumper=dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-def file_name(obj: dict) -> str:
+def file_name(obj: Obj) -> str:
     return re.sub(r"[^a-z0-9.-]", "-", f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml")

@@ -11,15 +11,16 @@ import dataclasses
 import difflib
 import io
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, SkipValidation, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from fsdpctl.errors import SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.config import ConfigError, TrainConfig, parse_value
-from fsdptrain.shapes import mesh_shape
+from fsdptrain.shapes import job_mesh_shape
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 GATED_PREFIXES = ("meta-llama/",)
@@ -27,7 +28,7 @@ GATED_PREFIXES = ("meta-llama/",)
 TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
 
 
-def _k(default: Any, group: str, help: str, **constraints):
+def _k(default: Any, group: str, help: str, **constraints: Any) -> Any:
     return Field(default, description=help, json_schema_extra={"group": group}, **constraints)
 
 
@@ -205,7 +206,15 @@ class Config(Settings):
 
     @property
     def efa_per_node(self) -> int:
+        """EFA interfaces each GPU node gets: all its instance type has (instances.py), or none."""
         return self.instance.efa_interfaces if self.efa_enabled else 0
+
+    @property
+    def uses_efa(self) -> bool:
+        """Whether the job's pods run NCCL over EFA: on the cluster, with EFA_ENABLED and an instance type
+        that has interfaces. The one answer for the pod's EFA request, environment and security context,
+        and for the warning when NCCL falls back to sockets."""
+        return self.backend == "eks" and self.efa_per_node > 0
 
     @property
     def registry(self) -> str:
@@ -220,7 +229,7 @@ class Config(Settings):
         name = f"{self.image_repo}:{self.image_tag}"
         return f"{self.registry}/{name}" if self.registry else name
 
-    def hf_token_value(self, read_file=None) -> str:
+    def hf_token_value(self, read_file: Callable[[str], str] | None = None) -> str:
         """The token itself, for the Secret only. `read_file` is injected so this module stays free of I/O."""
         if self.hf_token.get_secret_value():
             return self.hf_token.get_secret_value()
@@ -243,7 +252,7 @@ def parse_node_selector(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split(",") if item)
 
 
-def parse_tolerations(text: str) -> list[dict]:
+def parse_tolerations(text: str) -> list[dict[str, str]]:
     out = []
     for item in filter(None, text.split(",")):
         rest, _, effect = item.partition(":")
@@ -311,7 +320,9 @@ def load(
     return _validate(raw, keys, sources, tuple(warnings))
 
 
-def _validate(raw: dict[str, str], keys: dict[str, str], sources: dict[str, str], warnings) -> Config:
+def _validate(
+    raw: dict[str, str], keys: dict[str, str], sources: dict[str, str], warnings: tuple[str, ...]
+) -> Config:
     errors: list[str] = []
     infra = {keys[k]: v for k, v in raw.items() if keys[k] in Settings.model_fields}
     settings = None
@@ -330,7 +341,7 @@ def _validate(raw: dict[str, str], keys: dict[str, str], sources: dict[str, str]
             errors.append(str(e))
     training = TrainConfig(**train_values)  # values that failed to parse were reported above
     errors.extend(training.problems(check_paths=False))
-    if errors:
+    if errors or settings is None:  # settings is None only when its errors were listed
         raise SettingsError(errors, warnings)
     cfg = Config.of(settings, training, sources, warnings)
     errors = _cross_checks(cfg)
@@ -343,7 +354,12 @@ def _cross_checks(cfg: Config) -> list[str]:
     errors = []
     t = cfg.training
     try:
-        mesh_shape(t.sharding_strategy, cfg.world_size, t.hsdp_shard_size or cfg.procs_per_node)
+        job_mesh_shape(
+            t.sharding_strategy,
+            cfg.world_size,
+            hsdp_shard_size=t.hsdp_shard_size,
+            procs_per_node=cfg.procs_per_node,
+        )
     except ConfigError as e:
         errors.append(f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)")
     if cfg.job_kind == "trainjob" and cfg.backend == "eks":
@@ -376,10 +392,10 @@ def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
     return lines
 
 
-def _explain(err: dict) -> str:
+def _explain(err: ErrorDetails) -> str:
     kind, ctx = err["type"], err.get("ctx", {})
     if kind == "literal_error":
-        return "is not allowed: use one of " + ctx["expected"].replace("'", "").replace(" or ", ", ")
+        return "is not allowed: use one of " + str(ctx["expected"]).replace("'", "").replace(" or ", ", ")
     if kind == "string_pattern_mismatch":
         return f"is not valid: it must match {ctx['pattern']}"
     if kind == "int_parsing":

@@ -12,3 +12,8 @@ output "cluster_certificate_authority" {
   description = "Base64 CA data."
   value       = aws_eks_cluster.this.certificate_authority[0].data
 }
+
+output "gpu_efa_interfaces" {
+  description = "EFA interfaces the launch template gives each GPU node."
+  value       = length(aws_launch_template.gpu.network_interfaces)
+}
