@@ -84,7 +84,8 @@ def train_tokenizer(lines: list[str], out_dir: Path) -> None:
 
 
 def default_cache() -> Path:
-    """$FSDPTRAIN_CACHE, else ~/.cache/fsdptrain (or the temp dir where home is read-only, as in some pods)."""
+    """$FSDPTRAIN_CACHE, else ~/.cache/fsdptrain (or the temp dir where home is read-only, as in some
+    pods)."""
     if os.environ.get("FSDPTRAIN_CACHE"):
         return Path(os.environ["FSDPTRAIN_CACHE"])
     home = Path.home() / ".cache"

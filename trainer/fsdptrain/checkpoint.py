@@ -6,8 +6,9 @@ Layout under CHECKPOINT_DIR (must be a filesystem every node sees, e.g. FSx for 
     latest              name of the newest complete checkpoint
     .tmp-step-00000030/ a save in progress; never read, removed by the next save
 
-A save writes into the temp dir and is renamed into place only after every rank finished, so a crash
-mid-write leaves the previous checkpoint as `latest`.
+A save is three steps: `stage` (every rank writes into the temp dir), `publish` (rank 0 renames it into
+place once every rank finished, then moves `latest`) and `prune` (keep the newest CHECKPOINT_KEEP), so a
+crash mid-write leaves the previous checkpoint as `latest`.
 """
 
 from __future__ import annotations
@@ -18,19 +19,24 @@ import random
 import shutil
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    ValueType,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.optim import Optimizer
 
 META = "meta.json"
 LATEST = "latest"
@@ -61,7 +67,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _rng_state() -> dict:
+def _rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -70,7 +76,7 @@ def _rng_state() -> dict:
     }
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -101,7 +107,8 @@ def _prepare(root: Path, tmp: Path) -> str | None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     except OSError as e:
-        return f"CHECKPOINT_DIR={str(root)!r} is not writable ({e.strerror}): fix its permissions, space or mount"
+        why = f"is not writable ({e.strerror}): fix its permissions, space or mount"
+        return f"CHECKPOINT_DIR={str(root)!r} {why}"
     return None
 
 
@@ -119,76 +126,106 @@ def _reason(e: BaseException) -> str:
     return text[:200]
 
 
-def _failpoint(name: str, step: int) -> None:
-    """FSDPTRAIN_FAILPOINT=kill-during-save:STEP makes rank 0 die by SIGKILL at that point, as a crash or an
-    OOM kill would; the fault tests use it to prove an interrupted save never becomes `latest`."""
-    if os.environ.get("FSDPTRAIN_FAILPOINT") == f"{name}:{step}" and dist.get_rank() == 0:
+def failpoint_step(environ: Mapping[str, str]) -> int | None:
+    """FSDPTRAIN_FAILPOINT=kill-during-save:STEP: the step whose save rank 0 dies in, by SIGKILL, after the
+    shards are written and before they are published, as a crash or an OOM kill would. Only the fault tests
+    set it, to prove an interrupted save never becomes `latest`."""
+    name, _, step = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
+    return int(step) if name == "kill-during-save" and step.isdigit() else None
+
+
+def die_on_rank0() -> None:
+    if dist.get_rank() == 0:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def save(root: Path, *, step: int, model, optimizer, trainer_state: dict, keep: int) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint path."""
+def _paths(root: Path, step: int) -> tuple[Path, Path]:
+    """(final, temp) directories of one step's checkpoint."""
+    return root / step_name(step), root / f".tmp-{step_name(step)}"
+
+
+def stage(root: Path, *, step: int, model: nn.Module, optimizer: Optimizer) -> None:
+    """Collective: every rank writes its shards and RNG state into the step's temp dir (`publish` moves it).
+    A failure on any rank raises CheckpointError on every rank; the last good checkpoint stays `latest`."""
     rank = dist.get_rank()
-    final, tmp = root / step_name(step), root / f".tmp-{step_name(step)}"
+    tmp = _paths(root, step)[1]
     error = [_prepare(root, tmp) if rank == 0 else None]
     dist.broadcast_object_list(error, src=0)  # every rank fails together instead of hanging in a barrier
     if error[0]:
         raise CheckpointError(error[0])
+    failure = _first_failure(_write_shards(tmp, rank, model=model, optimizer=optimizer))
+    if failure:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(root).free / 2**20
+        raise CheckpointError(
+            f"checkpoint at step {step} failed ({failure}; {free:,.0f} MiB free); the last good "
+            f"one is {latest_checkpoint(root) or 'none'}: free space on CHECKPOINT_DIR={str(root)!r} "
+            "or point it elsewhere"
+        )
+
+
+def _write_shards(tmp: Path, rank: int, *, model: nn.Module, optimizer: Optimizer) -> str | None:
+    """This rank's part of a save; the reason it failed, or None."""
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    failure = None
     try:
         dcp.save(state, checkpoint_id=str(tmp))
         torch.save(_rng_state(), tmp / f"rng-rank{rank:05d}.pt")
     except (dcp.CheckpointException, OSError, RuntimeError) as e:
-        failure = _reason(e)
-    failures = [None] * dist.get_world_size()
+        return _reason(e)
+    return None
+
+
+def _first_failure(failure: str | None) -> str | None:
+    failures: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(failures, failure)  # all ranks learn of any rank's failure, and all raise
-    failure = next((f for f in failures if f), None)
-    if failure:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        last = latest_checkpoint(root)
-        free = shutil.disk_usage(root).free / 2**20
-        raise CheckpointError(
-            f"checkpoint at step {step} failed ({failure}; {free:,.0f} MiB free); the last good "
-            f"one is {last or 'none'}: free space on CHECKPOINT_DIR={str(root)!r} or point it elsewhere"
-        )
-    _failpoint("kill-during-save", step)
-    if rank == 0:
+    return next((f for f in failures if f), None)
+
+
+def publish(root: Path, *, step: int, trainer_state: dict[str, Any]) -> Path:
+    """Collective: rank 0 writes meta.json into the staged dir, renames it into place and points `latest` at
+    it; every rank returns the final path once it is there."""
+    final, tmp = _paths(root, step)
+    if dist.get_rank() == 0:
         meta = {"step": step, "world_size": dist.get_world_size(), "saved_at": time.time(), **trainer_state}
         _write_atomic(tmp / META, json.dumps(meta, indent=1, default=str))
-        old = root / f".old-{final.name}"
-        if final.exists():  # the same step saved again after a resume: replace it whole
+        if final.exists():  # the same step saved again after a resume: replace it whole (prune drops it)
+            old = final.with_name(f".old-{final.name}")
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
         os.rename(tmp, final)
         _fsync_dir(root)
         _write_atomic(root / LATEST, final.name)
-        shutil.rmtree(old, ignore_errors=True)
-        for old in complete_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
 
 
-def load(path: Path, *, model, optimizer) -> dict:
+def prune(root: Path, *, keep: int) -> None:
+    """Rank 0 removes all but the newest `keep` complete checkpoints, and what a re-save replaced."""
+    if dist.get_rank() != 0:
+        return
+    for old in [*root.glob(".old-step-*"), *complete_checkpoints(root)[:-keep]]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
     """Collective. Restores model, optimizer and this rank's RNG; returns the trainer state from meta.json."""
     meta_file = path / META
     if not meta_file.is_file():
         raise CheckpointError(f"RESUME={str(path)!r} is not a complete checkpoint (no {META}): pick another")
     # pre-filled with the live (sharded) tensors: DCP loads in place into what it is given
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=str(path))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optim"])
-    meta = json.loads(meta_file.read_text())
+    model_state, optim_state = get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)
+    dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+    set_model_state_dict(model, model_state)
+    set_optimizer_state_dict(model, optimizer, optim_state)
+    meta: dict[str, Any] = json.loads(meta_file.read_text())
     rng_file = path / f"rng-rank{dist.get_rank():05d}.pt"
     if meta["world_size"] == dist.get_world_size() and rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))
     return meta
 
 
-def export_hf(out_dir: Path, *, model, config, tokenizer) -> Path | None:
+def export_hf(out_dir: Path, *, model: nn.Module, config: Any, tokenizer: Any) -> Path | None:
     """Collective. Gathers a full state dict on rank 0 and writes a `from_pretrained`-ready directory."""
     from safetensors.torch import save_file
 
@@ -199,7 +236,7 @@ def export_hf(out_dir: Path, *, model, config, tokenizer) -> Path | None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(
-        {k: v.contiguous() for k, v in full.items()},
+        {k: v.contiguous() for k, v in full.items() if isinstance(v, torch.Tensor)},  # all are
         str(tmp / "model.safetensors"),
         metadata={"format": "pt"},
     )
@@ -232,11 +269,12 @@ def resolve_pretrained(name_or_path: str, *, local_rank: int) -> Path:
     return Path(snapshot_download(name_or_path, local_files_only=True))
 
 
-def load_pretrained(path: Path, *, model) -> None:
-    """Collective. Rank 0 memory-maps the safetensors files and broadcasts each shard: one copy per job, not N."""
+def load_pretrained(path: Path, *, model: nn.Module) -> None:
+    """Collective. Rank 0 memory-maps the safetensors files and broadcasts each shard: one copy per job,
+    not one per rank."""
     from safetensors.torch import load_file
 
-    full: dict = {}
+    full: dict[str, ValueType] = {}
     if dist.get_rank() == 0:
         files = sorted(path.glob("*.safetensors"))
         if not files:

@@ -24,7 +24,9 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming the key, the value and what is allowed."""
 
 
-def _f(env: str, default: Any, help: str, *, choices: Sequence[str] = (), minimum: float | None = None):
+def _f(
+    env: str, default: Any, help: str, *, choices: Sequence[str] = (), minimum: float | None = None
+) -> Any:  # Any: the field's declared type is the one that counts
     return field(
         default=default, metadata={"env": env, "help": help, "choices": tuple(choices), "min": minimum}
     )
@@ -91,7 +93,8 @@ class TrainConfig:
     deterministic: bool = _f("DETERMINISTIC", True, "deterministic algorithms (CPU: always)")
 
     def validate(self, *, check_paths: bool = True) -> TrainConfig:
-        """Raise on the first problem; `check_paths` also checks local paths (off when validating for a pod)."""
+        """Raise on the first problem; `check_paths` also checks local paths
+        (off when validating for a pod)."""
         found = self.problems(check_paths=check_paths)
         if found:
             raise ConfigError(found[0])
@@ -132,8 +135,8 @@ class TrainConfig:
         return self.tokenizer or self.pretrained or BUILTIN
 
 
-def _parse_value(f: dataclasses.Field, raw: str) -> Any:
-    kind = type(f.default)
+def _parse_value(f: dataclasses.Field[Any], raw: str) -> Any:
+    kind: type[Any] = type(f.default)
     env = f.metadata["env"]
     try:
         if kind is bool:

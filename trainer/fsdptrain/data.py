@@ -8,14 +8,15 @@ resumed from a checkpoint sees exactly the data the uninterrupted run would have
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from fsdptrain.config import ConfigError
+from fsdptrain.config import ConfigError, TrainConfig
 
 _SUFFIX_FORMAT = {
     ".txt": "text",
@@ -27,7 +28,7 @@ _SUFFIX_FORMAT = {
 }
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
@@ -62,7 +63,7 @@ def _data_files(path: str) -> list[str]:
     return files
 
 
-def pack(token_lists, eos_id: int, block: int) -> np.ndarray:
+def pack(token_lists: Iterable[Sequence[int]], eos_id: int, block: int) -> np.ndarray:
     """Concatenate documents separated by EOS and cut into [n, block] rows (the tail is dropped)."""
     flat = np.fromiter((t for ids in token_lists for t in (*ids, eos_id)), dtype=np.int64)
     n = len(flat) // block
@@ -84,17 +85,11 @@ class PackedBlocks:
 
     def take(self, start: int, count: int) -> np.ndarray:
         n = len(self.blocks)
-        rows = []
-        perm_epoch, perm = -1, None
-        for i in range(start, start + count):
-            epoch = i // n
-            if epoch != perm_epoch:
-                perm_epoch, perm = epoch, self._perm(epoch)
-            rows.append(self.blocks[perm[i % n]])
-        return np.stack(rows)
+        perms = {epoch: self._perm(epoch) for epoch in range(start // n, (start + count - 1) // n + 1)}
+        return np.stack([self.blocks[perms[i // n][i % n]] for i in range(start, start + count)])
 
 
-def load_local(cfg, tokenizer) -> PackedBlocks:
+def load_local(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks:
     import datasets
 
     fmt = detect_format(cfg.dataset, cfg.dataset_format)
@@ -118,7 +113,7 @@ def load_local(cfg, tokenizer) -> PackedBlocks:
 class StreamingBlocks:
     """A hub data set read as a stream (clusters); resume skips the blocks already consumed."""
 
-    def __init__(self, cfg, tokenizer):
+    def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
         self._iter: Iterator[np.ndarray] | None = None
         self._next_index = 0
@@ -133,7 +128,7 @@ class StreamingBlocks:
             token=os.environ.get("HF_TOKEN") or None,
         )
         ds = ds.shuffle(seed=self.cfg.seed, buffer_size=10_000)
-        block, buf = self.cfg.seq_len + 1, []
+        block, buf = self.cfg.seq_len + 1, list[int]()
         for row in ds:
             buf.extend(
                 self.tokenizer(row[self.cfg.dataset_text_field], add_special_tokens=False)["input_ids"]
@@ -154,7 +149,7 @@ class StreamingBlocks:
         return np.stack(rows)
 
 
-def load_blocks(cfg, tokenizer):
+def load_blocks(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks | StreamingBlocks:
     if Path(cfg.dataset).exists():
         return load_local(cfg, tokenizer)
     if cfg.dataset.startswith(("/", ".", "~")):
@@ -165,7 +160,15 @@ def load_blocks(cfg, tokenizer):
 class Loader:
     """Hands each rank its micro-batch and tracks the global position."""
 
-    def __init__(self, blocks, *, rank: int, world: int, micro_batch: int, consumed: int = 0):
+    def __init__(
+        self,
+        blocks: PackedBlocks | StreamingBlocks,
+        *,
+        rank: int,
+        world: int,
+        micro_batch: int,
+        consumed: int = 0,
+    ) -> None:
         self.blocks, self.rank, self.world, self.micro_batch = blocks, rank, world, micro_batch
         self.consumed = consumed
 

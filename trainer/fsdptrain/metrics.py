@@ -90,8 +90,8 @@ class SavedActivations:
     unsharded for backward count, as they occupy memory.
     """
 
-    def __init__(self):
-        self._storages: dict[int, object] = {}
+    def __init__(self) -> None:
+        self._storages: dict[int, torch.UntypedStorage] = {}
         self.bytes = 0
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:

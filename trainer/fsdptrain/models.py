@@ -49,7 +49,7 @@ def init_weights(model: nn.Module, config, device: torch.device) -> None:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
+            if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, LlamaRMSNorm):
             nn.init.ones_(module.weight)
@@ -60,4 +60,8 @@ def init_weights(model: nn.Module, config, device: torch.device) -> None:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    return model.model.layers
+    """The transformer blocks, the unit FSDP shards and activation checkpointing wraps."""
+    layers = model.get_submodule("model.layers")
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"{type(model).__name__}.model.layers is a {type(layers).__name__}, not a ModuleList")
+    return layers

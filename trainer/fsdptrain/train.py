@@ -1,108 +1,87 @@
-"""The FSDP2 training program that runs in every pod (and on a laptop).
+"""The FSDP2 training program that runs in every pod (and on a laptop): build, then one loop.
 
     # CPU smoke run, 2 processes (gloo); assets made offline by `python -m fsdptrain.assets assets`
-    torchrun --nproc-per-node 2 -m fsdptrain --model tiny --dataset assets/corpus.txt --tokenizer assets/tokenizer
+    torchrun --nproc-per-node 2 -m fsdptrain --model tiny \\
+        --dataset assets/corpus.txt --tokenizer assets/tokenizer
     # one node, 8 GPUs (NCCL is picked automatically)
     torchrun --nproc-per-node 8 -m fsdptrain --model 7b --dataset /fsx/data --tokenizer /fsx/llama2-tokenizer
     # N nodes: what the PyTorchJob runs, settings from the environment (MODEL, SHARDING_STRATEGY, ...)
     torchrun --nnodes N --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 -m fsdptrain
 
 Every setting: `python -m fsdptrain --help`. Exit codes: 0 done (also after SIGTERM, with a checkpoint),
-1 failure, 2 bad setting.
+1 failure, 2 bad setting. Rank 0 prints human lines and event lines (fsdptrain.events) for fsdpctl.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
-import signal
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from fsdptrain import checkpoint as ckpt
+from fsdptrain import events
 from fsdptrain.config import BUILTIN, ConfigError, TrainConfig
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
-from fsdptrain.metrics import (
-    GpuTelemetry,
-    PrometheusExporter,
-    SavedActivations,
-    local_state_bytes,
-    memory_stats,
-    peak_tflops,
-)
+from fsdptrain.metrics import GpuTelemetry, SavedActivations, local_state_bytes, memory_stats, peak_tflops
 from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config
 from fsdptrain.parallel import build_mesh, parallelize
+from fsdptrain.runtime import Runtime, close_outputs, init_distributed, leader_event, open_outputs
 from fsdptrain.shapes import flops_per_token
 
-
-@dataclass
-class Runtime:
-    rank: int
-    local_rank: int
-    world: int
-    local_world: int
-    device: torch.device
-    metrics_file: object = None
-    exporter: object = None  # PrometheusExporter on rank 0 when METRICS_PORT is set
-    stop_requested: bool = field(default=False)
-    # measured on the first step of a run: sharded state (params, grads, optimizer) and saved activations
-    state_bytes: dict = field(default_factory=lambda: {"param_bytes": 0, "grad_bytes": 0, "optim_bytes": 0})
-    activation_bytes: int = 0
-
-    def log(self, msg: str) -> None:
-        if self.rank == 0:
-            print(msg, flush=True)
-
-    def emit(self, record: dict) -> None:
-        """One JSON line (machine-read by `fsdpctl job status`), rank 0 only."""
-        if self.rank != 0:
-            return
-        if self.exporter is not None and record.get("event") == "step":
-            self.exporter.update(record)
-        line = json.dumps(record, separators=(",", ":"))
-        print(line, flush=True)
-        if self.metrics_file:
-            self.metrics_file.write(line + "\n")
-            self.metrics_file.flush()
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 
-def init_distributed() -> Runtime:
-    os.environ.setdefault("RANK", "0")  # a plain `python -m fsdptrain` is a world of one
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-        if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
-    dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
-    return Runtime(
-        dist.get_rank(), local_rank, dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"]), device
-    )
+def run(cfg: TrainConfig) -> int:
+    """Run a validated config in this process (one rank of the job); returns the exit code."""
+    rt = init_distributed()
+    open_outputs(cfg, rt)
+    rt.emit(leader_event(rt))
+    try:
+        train(cfg, rt)
+        return 0
+    except ConfigError as e:
+        print(f"fsdptrain: error: {e}", file=sys.stderr)
+        return 2
+    except ckpt.CheckpointError as e:
+        print(f"fsdptrain: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        close_outputs(rt)
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
+def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
+    """Build, train to MAX_STEPS (or until SIGTERM), export; returns the summary rank 0 printed."""
+    _set_up_torch(cfg)
+    t = build(cfg, rt)
+    rt.log(_banner(t, rt))
+    outcome = loop(t, rt)
+    return finish(t, rt, outcome)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def _set_up_torch(cfg: TrainConfig) -> None:
+    import datasets
+
+    datasets.disable_progress_bars()
+    # init is seeded per shard coordinate (build_model), so DTensor's CPU RNG caveat does not apply
+    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+    torch.manual_seed(cfg.seed)
+    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -115,8 +94,77 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def build_model(cfg: TrainConfig, rt: Runtime, tokenizer):
-    """Meta-device model -> sharded -> materialised shard by shard -> weights (fresh or pretrained)."""
+# ---- build -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Training:
+    """What `build` makes and the loop uses."""
+
+    cfg: TrainConfig
+    model: nn.Module  # sharded in place: fully_shard made it an FSDPModule too
+    hf_config: Any  # the transformers config it was built from
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scaler: ShardedGradScaler | None  # fp16 only
+    loader: Loader
+    checkpoint_root: Path | None
+    start_step: int  # the step the run resumed after; 0 for a fresh run
+    resumed_from: Path | None
+    mesh_shape: tuple[int, ...]
+    ac_layers: int  # decoder layers that recompute activations
+    n_params: int
+    flops_per_token: int
+    peak_tflops: float | None  # per device; None: unknown, no MFU
+    tokens_per_step: int  # the whole job's
+    gpu: GpuTelemetry
+    kill_at_save: int | None  # FSDPTRAIN_FAILPOINT (the fault tests); None in every real run
+
+
+def build(cfg: TrainConfig, rt: Runtime) -> Training:
+    """Data, the sharded model (fresh or pretrained), optimizer, and a checkpoint's state to resume from."""
+    cfg = _with_builtin_assets(cfg, rt)
+    tokenizer = load_tokenizer(cfg.tokenizer_path)
+    blocks = load_blocks(cfg, tokenizer)
+    model, hf_config, mesh_shape, ac_layers = build_model(cfg, rt, tokenizer)
+    optimizer, scaler = build_optimizer(cfg, model, rt.device)
+    root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    resumed_from = _resume_path(cfg, root)
+    start_step, consumed = 0, 0
+    if resumed_from is not None:
+        meta = ckpt.load(resumed_from, model=model, optimizer=optimizer)
+        start_step, consumed = meta["step"], meta["consumed"]
+        rt.log(f"resumed from {resumed_from} at step {start_step}")
+    n_params, embed_params = _param_counts(model)
+    return Training(
+        cfg=cfg,
+        model=model,
+        hf_config=hf_config,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        scaler=scaler,
+        loader=Loader(
+            blocks, rank=rt.rank, world=rt.world, micro_batch=cfg.micro_batch_size, consumed=consumed
+        ),
+        checkpoint_root=root,
+        start_step=start_step,
+        resumed_from=resumed_from,
+        mesh_shape=mesh_shape,
+        ac_layers=ac_layers,
+        n_params=n_params,
+        flops_per_token=flops_per_token(
+            n_params, embed_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.seq_len
+        ),
+        peak_tflops=peak_tflops(rt.device, cfg.precision, cfg.peak_tflops),
+        tokens_per_step=cfg.micro_batch_size * cfg.seq_len * cfg.grad_accum_steps * rt.world,
+        gpu=GpuTelemetry(rt.device),
+        kill_at_save=ckpt.failpoint_step(os.environ),
+    )
+
+
+def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Module, Any, tuple[int, ...], int]:
+    """Meta-device model -> sharded -> materialised shard by shard -> weights (fresh or pretrained).
+    Returns (model, its transformers config, mesh shape, layers with activation checkpointing)."""
     from transformers import AutoConfig
 
     if cfg.pretrained:
@@ -132,7 +180,7 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer):
         hsdp_shard_size=cfg.hsdp_shard_size,
         procs_per_node=rt.local_world,
     )
-    wrapped = parallelize(
+    ac_layers = parallelize(
         model,
         mesh=mesh,
         strategy=cfg.sharding_strategy,
@@ -146,120 +194,27 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer):
     init_weights(model, config, rt.device)
     if cfg.pretrained:
         ckpt.load_pretrained(path, model=model)
-    return model, config, mesh, wrapped
+    return model, config, tuple(mesh.shape), ac_layers
 
 
-def _hf_token_given() -> bool:
-    """HF_TOKEN (local runs) or the Secret mounted as a file at HF_TOKEN_PATH (pods); huggingface_hub reads both."""
-    return bool(os.environ.get("HF_TOKEN")) or os.path.isfile(os.environ.get("HF_TOKEN_PATH", ""))
-
-
-def _ac_note(cfg: TrainConfig, wrapped: int) -> str:
-    return "off" if wrapped == 0 else f"{cfg.activation_checkpointing} ({wrapped} layers)"
-
-
-def train(cfg: TrainConfig, rt: Runtime) -> dict:
-    import datasets
-
-    datasets.disable_progress_bars()
-    # init is seeded per shard coordinate below, so DTensor's CPU RNG caveat does not apply
-    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
-    torch.manual_seed(cfg.seed)
-    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
-    cfg = _with_builtin_assets(cfg, rt)
-    tokenizer = load_tokenizer(cfg.tokenizer_path)
-    blocks = load_blocks(cfg, tokenizer)
-    model, config, mesh, wrapped = build_model(cfg, rt, tokenizer)
+def build_optimizer(
+    cfg: TrainConfig, model: nn.Module, device: torch.device
+) -> tuple[torch.optim.Optimizer, ShardedGradScaler | None]:
+    """AdamW over the sharded parameters; a loss scaler for fp16 (bf16 and fp32 need none)."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=True
     )
-    scaler = None
-    if cfg.precision == "fp16":
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    if cfg.precision != "fp16":
+        return optimizer, None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        scaler = ShardedGradScaler(device=rt.device.type)
+    return optimizer, ShardedGradScaler(device=device.type)
 
-    start_step, consumed = 0, 0
-    root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-    resume_from = _resume_path(cfg, root)
-    if resume_from is not None:
-        meta = ckpt.load(resume_from, model=model, optimizer=optimizer)
-        start_step, consumed = meta["step"], meta["consumed"]
-        rt.log(f"resumed from {resume_from} at step {start_step}")
-    loader = Loader(blocks, rank=rt.rank, world=rt.world, micro_batch=cfg.micro_batch_size, consumed=consumed)
 
-    n_params = sum(p.numel() for p in model.parameters())
-    embed = model.get_input_embeddings().weight.numel()
-    fpt = flops_per_token(n_params, embed, config.num_hidden_layers, config.hidden_size, cfg.seq_len)
-    peak = peak_tflops(rt.device, cfg.precision, cfg.peak_tflops)
-    gpu = GpuTelemetry(rt.device)
-    tokens_per_step = cfg.micro_batch_size * cfg.seq_len * cfg.grad_accum_steps * rt.world
-    rt.log(
-        f"fsdptrain: model {cfg.pretrained or cfg.model} ({n_params / 1e6:.2f}M params), "
-        f"{cfg.sharding_strategy} mesh {tuple(mesh.shape)}, {cfg.precision}, "
-        f"activation checkpointing {_ac_note(cfg, wrapped)}, world {rt.world} on {rt.device.type}, "
-        f"{tokens_per_step} tokens/step, steps {start_step + 1}..{cfg.max_steps}"
-        + (", HF token set" if _hf_token_given() else "")
-    )
-
-    history, last_ckpt, stopped = [], (str(resume_from) if resume_from else None), False
-    for step in range(start_step + 1, cfg.max_steps + 1):
-        measure = SavedActivations() if step == start_step + 1 else None
-        rec = _train_step(step, cfg, rt, model, optimizer, scaler, loader, measure)
-        if measure is not None:
-            rt.activation_bytes = measure.bytes
-        rec.update(
-            tokens_per_s=tokens_per_step / rec["step_time_s"],
-            tokens_per_s_per_device=tokens_per_step / rec["step_time_s"] / rt.world,
-        )
-        rec["tflops_per_device"] = rec["tokens_per_s_per_device"] * fpt / 1e12
-        rec["mfu"] = rec["tflops_per_device"] / peak if peak else None
-        rec.update(memory_stats(rt.device), **gpu.read())
-        history.append(rec)
-        stopped = _agree_stop(rt)
-        if step % cfg.log_interval == 0 or step == cfg.max_steps or stopped:
-            rt.emit({"event": "step", **rec})
-            rt.log(_human(rec))
-        due = root and (
-            step == cfg.max_steps
-            or stopped
-            or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
-        )
-        if due:
-            state = {"consumed": loader.consumed, "loss": rec["loss"], "model": cfg.pretrained or cfg.model}
-            last_ckpt = str(
-                ckpt.save(
-                    root,
-                    step=step,
-                    model=model,
-                    optimizer=optimizer,
-                    trainer_state=state,
-                    keep=cfg.checkpoint_keep,
-                )
-            )
-            rt.emit({"event": "checkpoint", "step": step, "path": last_ckpt})
-        if stopped:
-            rt.log(f"SIGTERM: stopped at step {step}, checkpoint {last_ckpt}")
-            break
-
-    export = None
-    if cfg.export_dir and not stopped:
-        export = ckpt.export_hf(Path(cfg.export_dir), model=model, config=config, tokenizer=tokenizer)
-    state_bytes = {**rt.state_bytes, "activation_bytes": rt.activation_bytes}
-    summary = _summary(
-        history,
-        state_bytes=state_bytes,
-        checkpoint=last_ckpt,
-        export=export,
-        stopped=stopped,
-        start_step=start_step,
-    )
-    rt.emit({"event": "summary", **summary})
-    rt.log(
-        f"summary: steps {summary['steps']} | loss {summary['final_loss']:.4f} | "
-        f"{summary['tokens_per_s']:.0f} tokens/s | checkpoint {last_ckpt or 'none'}"
-    )
-    return summary
+def _param_counts(model: nn.Module) -> tuple[int, int]:
+    """(all parameters, input-embedding parameters), for FLOPs per token."""
+    embeddings = cast(Any, model).get_input_embeddings()  # a transformers model
+    return sum(p.numel() for p in model.parameters()), embeddings.weight.numel()
 
 
 def _with_builtin_assets(cfg: TrainConfig, rt: Runtime) -> TrainConfig:
@@ -287,50 +242,165 @@ def _resume_path(cfg: TrainConfig, root: Path | None) -> Path | None:
     return Path(cfg.resume)
 
 
-def _train_step(step, cfg, rt, model, optimizer, scaler, loader, measure=None) -> dict:
+def _hf_token_given() -> bool:
+    """HF_TOKEN (local runs) or the Secret mounted as a file at HF_TOKEN_PATH (pods); huggingface_hub
+    reads both."""
+    return bool(os.environ.get("HF_TOKEN")) or os.path.isfile(os.environ.get("HF_TOKEN_PATH", ""))
+
+
+def _banner(t: Training, rt: Runtime) -> str:
+    cfg = t.cfg
+    ac = "off" if t.ac_layers == 0 else f"{cfg.activation_checkpointing} ({t.ac_layers} layers)"
+    return (
+        f"fsdptrain: model {cfg.pretrained or cfg.model} ({t.n_params / 1e6:.2f}M params), "
+        f"{cfg.sharding_strategy} mesh {t.mesh_shape}, {cfg.precision}, "
+        f"activation checkpointing {ac}, world {rt.world} on {rt.device.type}, "
+        f"{t.tokens_per_step} tokens/step, steps {t.start_step + 1}..{cfg.max_steps}"
+        + (", HF token set" if _hf_token_given() else "")
+    )
+
+
+# ---- the loop --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    history: list[events.Step]
+    checkpoint: str | None  # the newest one this run wrote, or the one it resumed from
+    stopped: bool = False  # by SIGTERM
+    # measured on the run's first step: this rank's sharded state, and the activations saved for backward
+    state_bytes: dict[str, int] = field(
+        default_factory=lambda: {"param_bytes": 0, "grad_bytes": 0, "optim_bytes": 0}
+    )
+    activation_bytes: int = 0
+
+
+def loop(t: Training, rt: Runtime) -> Outcome:
+    """Steps start_step+1..MAX_STEPS; logs every LOG_INTERVAL, checkpoints every CHECKPOINT_INTERVAL, at the
+    end and when SIGTERM arrives (then stops)."""
+    cfg = t.cfg
+    out = Outcome(history=[], checkpoint=str(t.resumed_from) if t.resumed_from else None)
+    for step in range(t.start_step + 1, cfg.max_steps + 1):
+        measure = SavedActivations() if step == t.start_step + 1 else None
+        result = _train_step(
+            step=step,
+            cfg=cfg,
+            rt=rt,
+            model=t.model,
+            optimizer=t.optimizer,
+            scaler=t.scaler,
+            loader=t.loader,
+            measure=measure,
+        )
+        if measure is not None and result.state_bytes is not None:
+            out.state_bytes, out.activation_bytes = result.state_bytes, measure.bytes
+        event = _step_event(t, rt, step, result)
+        out.history.append(event)
+        out.stopped = _agree_stop(rt)
+        if step % cfg.log_interval == 0 or step == cfg.max_steps or out.stopped:
+            rt.emit(event)
+            rt.log(_human(event))
+        if t.checkpoint_root is not None and _checkpoint_due(cfg, step, out.stopped):
+            out.checkpoint = _save_checkpoint(t, t.checkpoint_root, step=step, loss=result.loss)
+            rt.emit(events.Checkpoint(step=step, path=out.checkpoint))
+        if out.stopped:
+            rt.log(f"SIGTERM: stopped at step {step}, checkpoint {out.checkpoint}")
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # the mean over ranks
+    grad_norm: float
+    step_time_s: float
+    data_wait_s: float
+    finished_at: float  # wall clock
+    state_bytes: dict[str, int] | None  # when measured: the run's first step
+
+
+def _train_step(
+    *,
+    step: int,
+    cfg: TrainConfig,
+    rt: Runtime,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: ShardedGradScaler | None,
+    loader: Loader,
+    measure: SavedActivations | None = None,
+) -> StepResult:
+    """One optimizer step over GRAD_ACCUM_STEPS micro-batches. With `measure` (the run's first step) it also
+    counts the activations saved for backward and this rank's sharded state."""
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
     t0 = time.perf_counter()
+    loss_sum, data_wait = _forward_backward(
+        cfg=cfg, rt=rt, model=model, scaler=scaler, loader=loader, measure=measure
+    )
+    grad_norm = _clip_and_step(cfg, model, optimizer, scaler)
+    # grads and optimizer state both exist only here, between the step and zero_grad
+    state_bytes = local_state_bytes(model, optimizer) if measure is not None else None
+    optimizer.zero_grad(set_to_none=True)
+    loss = _mean_over_ranks(loss_sum, rt)
+    return StepResult(
+        loss=loss,
+        grad_norm=float(grad_norm),
+        step_time_s=time.perf_counter() - t0,
+        data_wait_s=data_wait,
+        finished_at=time.time(),
+        state_bytes=state_bytes,
+    )
+
+
+def _forward_backward(
+    *,
+    cfg: TrainConfig,
+    rt: Runtime,
+    model: nn.Module,
+    scaler: ShardedGradScaler | None,
+    loader: Loader,
+    measure: SavedActivations | None,
+) -> tuple[torch.Tensor, float]:
+    """Gradients of GRAD_ACCUM_STEPS micro-batches; (their summed loss, seconds spent waiting for data)."""
     data_wait, loss_sum = 0.0, torch.zeros((), device=rt.device)
     for micro in range(cfg.grad_accum_steps):
         td = time.perf_counter()
         inputs, labels = loader.next_batch()
         inputs, labels = inputs.to(rt.device, non_blocking=True), labels.to(rt.device, non_blocking=True)
         data_wait += time.perf_counter() - td
-        model.set_requires_gradient_sync(micro == cfg.grad_accum_steps - 1)  # reduce once per step
-        counting = measure is not None and micro == 0
-        with measure if counting else contextlib.nullcontext():
+        # reduce-scatter the gradients once per step, on the last micro-batch
+        cast(FSDPModule, model).set_requires_gradient_sync(micro == cfg.grad_accum_steps - 1)
+        counting = measure if micro == 0 else None
+        with counting if counting is not None else contextlib.nullcontext():
             logits = model(input_ids=inputs).logits
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / cfg.grad_accum_steps
-        if counting:
-            measure.measure()
+        if counting is not None:
+            counting.measure()
         (scaler.scale(loss) if scaler else loss).backward()
         loss_sum += loss.detach()
+    return loss_sum, data_wait
+
+
+def _clip_and_step(
+    cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: ShardedGradScaler | None
+) -> torch.Tensor:
+    """Clip to GRAD_CLIP (0: off) and step; returns the gradient norm before clipping."""
     if scaler:
         scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
     if scaler:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
-    if measure is not None:  # grads and optimizer state both exist only here
-        rt.state_bytes = local_state_bytes(model, optimizer)
-    optimizer.zero_grad(set_to_none=True)
-    dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if rt.device.type == "cuda" else dist.ReduceOp.SUM)
-    loss_value = loss_sum.item() / (1 if rt.device.type == "cuda" else rt.world)  # gloo has no AVG
-    step_time = time.perf_counter() - t0
-    return {
-        "step": step,
-        "max_steps": cfg.max_steps,
-        "loss": loss_value,
-        "lr": lr_at(step, cfg),
-        "grad_norm": float(grad_norm),
-        "step_time_s": step_time,
-        "data_wait_frac": data_wait / step_time,
-        "time": time.time(),
-    }
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _mean_over_ranks(loss_sum: torch.Tensor, rt: Runtime) -> float:
+    on_gpu = rt.device.type == "cuda"
+    dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if on_gpu else dist.ReduceOp.SUM)
+    return loss_sum.item() / (1 if on_gpu else rt.world)  # gloo has no AVG
 
 
 def _agree_stop(rt: Runtime) -> bool:
@@ -340,67 +410,100 @@ def _agree_stop(rt: Runtime) -> bool:
     return bool(flag.item())
 
 
-def _human(r: dict) -> str:
-    mfu = f" | MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else ""
+def _checkpoint_due(cfg: TrainConfig, step: int, stopped: bool) -> bool:
+    interval = cfg.checkpoint_interval
+    return step == cfg.max_steps or stopped or bool(interval and step % interval == 0)
+
+
+def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float) -> str:
+    """Collective: every rank stages its shards, rank 0 publishes them and prunes the oldest."""
+    ckpt.stage(root, step=step, model=t.model, optimizer=t.optimizer)
+    if step == t.kill_at_save:
+        ckpt.die_on_rank0()  # a crash between the shards and their publication
+    state = {"consumed": t.loader.consumed, "loss": loss, "model": t.cfg.pretrained or t.cfg.model}
+    final = ckpt.publish(root, step=step, trainer_state=state)
+    ckpt.prune(root, keep=t.cfg.checkpoint_keep)
+    return str(final)
+
+
+def _step_event(t: Training, rt: Runtime, step: int, r: StepResult) -> events.Step:
+    tokens_per_s = t.tokens_per_step / r.step_time_s
+    per_device = tokens_per_s / rt.world
+    tflops = per_device * t.flops_per_token / 1e12
+    return events.Step(
+        step=step,
+        max_steps=t.cfg.max_steps,
+        loss=r.loss,
+        lr=lr_at(step, t.cfg),
+        grad_norm=r.grad_norm,
+        step_time_s=r.step_time_s,
+        data_wait_frac=r.data_wait_s / r.step_time_s,
+        time=r.finished_at,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_device=per_device,
+        tflops_per_device=tflops,
+        mfu=tflops / t.peak_tflops if t.peak_tflops else None,
+        **memory_stats(rt.device),
+        **t.gpu.read(),
+    )
+
+
+def _human(e: events.Step) -> str:
+    mfu = f" | MFU {100 * e.mfu:.1f}%" if e.mfu is not None else ""
     mem = (
-        f" | mem {r['mem_allocated_gib']:.1f}/{r['mem_reserved_gib']:.1f} GiB"
-        if "mem_allocated_gib" in r
-        else f" | rss {r['mem_peak_rss_gib']:.2f} GiB"
+        f" | mem {e.mem_allocated_gib:.1f}/{e.mem_reserved_gib:.1f} GiB"
+        if e.mem_allocated_gib is not None
+        else f" | rss {e.mem_peak_rss_gib:.2f} GiB"
     )
     return (
-        f"step {r['step']:>5}/{r['max_steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
-        f"{r['tokens_per_s']:.0f} tok/s ({r['tokens_per_s_per_device']:.0f}/dev) | "
-        f"{r['tflops_per_device']:.3f} TFLOP/s/dev{mfu}{mem} | data wait {100 * r['data_wait_frac']:.1f}%"
+        f"step {e.step:>5}/{e.max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
+        f"{e.tokens_per_s:.0f} tok/s ({e.tokens_per_s_per_device:.0f}/dev) | "
+        f"{e.tflops_per_device:.3f} TFLOP/s/dev{mfu}{mem} | data wait {100 * (e.data_wait_frac or 0):.1f}%"
     )
 
 
-def _summary(history, *, state_bytes, checkpoint, export, stopped, start_step) -> dict:
+# ---- the end ---------------------------------------------------------------------------------------------
+
+
+def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
+    """EXPORT_DIR (unless stopped early), then the summary."""
+    export = None
+    if t.cfg.export_dir and not out.stopped:
+        export = ckpt.export_hf(
+            Path(t.cfg.export_dir), model=t.model, config=t.hf_config, tokenizer=t.tokenizer
+        )
+    summary = _summary(t, rt, out, export)
+    rt.emit(summary)
+    rt.log(
+        f"summary: steps {summary.steps} | loss {summary.final_loss:.4f} | "
+        f"{summary.tokens_per_s:.0f} tokens/s | checkpoint {out.checkpoint or 'none'}"
+    )
+    return summary
+
+
+def _summary(t: Training, rt: Runtime, out: Outcome, export: Path | None) -> events.Summary:
+    history = out.history
     timed = history[1:] if len(history) > 1 else history  # the first step pays one-off warm-up costs
-    total_time = sum(r["step_time_s"] for r in timed)
-    tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in timed)
-    return {
-        "steps": len(history),
-        "start_step": start_step,
-        "final_loss": history[-1]["loss"] if history else float("nan"),
-        "first_loss": history[0]["loss"] if history else float("nan"),
-        "losses": [r["loss"] for r in history],
-        "tokens_per_s": tokens / total_time if total_time else 0.0,
-        "tokens_per_s_per_device": (tokens / total_time / dist.get_world_size()) if total_time else 0.0,
-        "mfu": history[-1]["mfu"] if history else None,
-        **state_bytes,
-        **{k: v for k, v in (history[-1] if history else {}).items() if k.startswith("mem_")},
-        "checkpoint": checkpoint,
-        "export": str(export) if export else None,
-        "stopped": stopped,
-    }
-
-
-def run(cfg: TrainConfig) -> int:
-    """Run a validated config in this process (one rank of the job); returns the exit code."""
-    rt = init_distributed()
-    signal.signal(signal.SIGTERM, lambda *_: setattr(rt, "stop_requested", True))
-    if cfg.metrics_file and rt.rank == 0:
-        Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-        rt.metrics_file = open(cfg.metrics_file, "a")
-    if cfg.metrics_port and rt.rank == 0:
-        try:
-            rt.exporter = PrometheusExporter(cfg.metrics_port)
-            rt.log(f"metrics: http://0.0.0.0:{rt.exporter.port}/metrics")
-        except OSError as e:
-            rt.log(
-                f"metrics: port {cfg.metrics_port} unavailable ({e.strerror}); training goes on without it"
-            )
-    try:
-        train(cfg, rt)
-        return 0
-    except ConfigError as e:
-        print(f"fsdptrain: error: {e}", file=sys.stderr)
-        return 2
-    except ckpt.CheckpointError as e:
-        print(f"fsdptrain: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if rt.exporter is not None:
-            rt.exporter.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    total_time = sum(r.step_time_s for r in timed)
+    tokens = sum(r.tokens_per_s * r.step_time_s for r in timed)
+    first, last = (history[0], history[-1]) if history else (None, None)
+    return events.Summary(
+        steps=len(history),
+        start_step=t.start_step,
+        final_loss=last.loss if last else float("nan"),
+        first_loss=first.loss if first else float("nan"),
+        losses=[r.loss for r in history],
+        tokens_per_s=tokens / total_time if total_time else 0.0,
+        tokens_per_s_per_device=(tokens / total_time / rt.world) if total_time else 0.0,
+        mfu=last.mfu if last else None,
+        param_bytes=out.state_bytes["param_bytes"],
+        grad_bytes=out.state_bytes["grad_bytes"],
+        optim_bytes=out.state_bytes["optim_bytes"],
+        activation_bytes=out.activation_bytes,
+        mem_allocated_gib=last.mem_allocated_gib if last else None,
+        mem_reserved_gib=last.mem_reserved_gib if last else None,
+        mem_peak_rss_gib=last.mem_peak_rss_gib if last else None,
+        checkpoint=out.checkpoint,
+        export=str(export) if export else None,
+        stopped=out.stopped,
+    )
