@@ -117,7 +117,20 @@ def test_settings_plan_and_trainer_agree_on_the_hsdp_group(backend, nodes, monke
             continue
         assert shape == (nodes * procs // (hsdp or procs), hsdp or procs)
         if backend == "eks":
-            job = P.job_from(cfg, mfu=0.0, price=None)
+            t = cfg.training
+            job = P.Job(
+                model=t.model,
+                instance_type=cfg.instance_type,
+                nodes=cfg.job_nodes,
+                gpus_per_node=cfg.gpus,
+                strategy=t.sharding_strategy,
+                precision=t.precision,
+                ac=t.activation_checkpointing,
+                ac_every=t.ac_every,
+                micro_batch=t.micro_batch_size,
+                seq_len=t.seq_len,
+                hsdp_shard_size=t.hsdp_shard_size,
+            )
             assert (job.world // job.shard_size, job.shard_size) == shape
 
 

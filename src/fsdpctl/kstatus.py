@@ -4,7 +4,9 @@ commands fetch, this reads. Works for PyTorchJob (Training Operator v1) and Trai
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 MASTER_ADDR = re.compile(r"master_addr=([^\s,]+)")
 # NCCL's transport choice, printed with NCCL_DEBUG=INFO: the OFI plugin over EFA, or plain sockets
@@ -12,6 +14,8 @@ NCCL_EFA = re.compile(
     r"NET/OFI Selected [Pp]rovider is efa|Using network (AWS )?Libfabric|NET/OFI.*efa", re.I
 )
 NCCL_SOCKET = re.compile(r"Using network Socket|NET/Socket : Using|NCCL INFO NET/Socket")
+Obj = dict[str, Any]  # a Kubernetes object as the API returns it
+
 TROUBLE_WAITING = {
     "ErrImagePull",
     "ImagePullBackOff",
@@ -27,9 +31,9 @@ def parse_time(text: str | None) -> float | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
 
-def phase(job: dict) -> str:
-    """From the job's conditions, the latest true one wins: Succeeded/Failed/Running/Restarting/Created/Pending.
-    TrainJob says Complete for Succeeded; a job being deleted is Stopping."""
+def phase(job: Obj) -> str:
+    """From the job's conditions, the latest true one wins: Succeeded, Failed, Running, Restarting, Created or
+    Pending. TrainJob says Complete for Succeeded; a job being deleted is Stopping."""
     if job.get("metadata", {}).get("deletionTimestamp"):
         return "Stopping"
     conds = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
@@ -47,20 +51,22 @@ def phase(job: dict) -> str:
             return names[final]
     if conds:
         latest = max(conds, key=lambda c: c.get("lastTransitionTime") or "")
-        return names.get(latest["type"], latest["type"])
+        kind = str(latest["type"])
+        return names.get(kind, kind)
     if any(j.get("active") for j in job.get("status", {}).get("jobsStatus") or []):
         return "Running"  # TrainJob: no Running condition, its child jobs say it
     return "Pending"
 
 
-def failure_reason(job: dict) -> str | None:
+def failure_reason(job: Obj) -> str | None:
     for c in job.get("status", {}).get("conditions") or []:
         if c.get("type") == "Failed" and c.get("status") == "True":
-            return c.get("message") or c.get("reason")
+            reason = c.get("message") or c.get("reason")
+            return str(reason) if reason else None
     return None
 
 
-def pods_by_state(pods: list[dict]) -> dict[str, int]:
+def pods_by_state(pods: list[Obj]) -> dict[str, int]:
     out: dict[str, int] = {}
     for pod in pods:
         state = pod.get("status", {}).get("phase", "Pending")
@@ -68,7 +74,7 @@ def pods_by_state(pods: list[dict]) -> dict[str, int]:
     return out
 
 
-def restarts(pods: list[dict]) -> int:
+def restarts(pods: list[Obj]) -> int:
     return sum(
         cs.get("restartCount", 0)
         for pod in pods
@@ -76,8 +82,9 @@ def restarts(pods: list[dict]) -> int:
     )
 
 
-def rank0_index(pod: dict) -> int:
-    """The replica index the operators label pods with (v1: replica-index; v2 via JobSet: completion index)."""
+def rank0_index(pod: Obj) -> int:
+    """The replica index the operators label pods with (v1: replica-index; v2, via JobSet: completion
+    index)."""
     labels = pod.get("metadata", {}).get("labels", {})
     for key in (
         "training.kubeflow.org/replica-index",
@@ -89,7 +96,7 @@ def rank0_index(pod: dict) -> int:
     return 10**6
 
 
-def leader(pods: list[dict], agent_lines: list[str] = ()) -> dict | None:
+def leader(pods: list[Obj], agent_lines: Sequence[str] = ()) -> Obj | None:
     """The pod that hosts rank 0: the one the elastic agent names as master_addr, else replica index 0."""
     if not pods:
         return None
@@ -107,7 +114,7 @@ def leader(pods: list[dict], agent_lines: list[str] = ()) -> dict | None:
     return min(pods, key=lambda p: (rank0_index(p), p["metadata"]["name"]))
 
 
-def scheduling_problems(pods: list[dict], events: dict[str, list[dict]]) -> list[str]:
+def scheduling_problems(pods: list[Obj], events: dict[str, list[Obj]]) -> list[str]:
     """Why pods are not running, in the scheduler's and kubelet's own words (Insufficient nvidia.com/gpu,
     vpc.amazonaws.com/efa, image pull errors)."""
     out = []
@@ -131,8 +138,9 @@ def scheduling_problems(pods: list[dict], events: dict[str, list[dict]]) -> list
     return out
 
 
-def network_path(lines: list[str], efa_expected: bool) -> tuple[str, str | None]:
-    """('efa' | 'socket' | 'unknown', warning). NCCL on sockets where EFA was asked for is the silent slowdown."""
+def network_path(lines: Sequence[str], efa_expected: bool) -> tuple[str, str | None]:
+    """('efa' | 'socket' | 'unknown', warning). NCCL on sockets where EFA was asked for (`Config.uses_efa`)
+    is the silent slowdown."""
     efa = any(NCCL_EFA.search(line) for line in lines)
     sock = any(NCCL_SOCKET.search(line) for line in lines)
     if efa:
@@ -149,6 +157,6 @@ def network_path(lines: list[str], efa_expected: bool) -> tuple[str, str | None]
     return "unknown", None
 
 
-def age(obj: dict, now: float) -> float:
+def age(obj: Obj, now: float) -> float:
     created = parse_time(obj.get("metadata", {}).get("creationTimestamp"))
     return now - created if created else 0.0

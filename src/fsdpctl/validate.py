@@ -9,39 +9,42 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from typing import Any
 
 KUBERNETES_VERSION = "1.33.0"  # EKS standard support in 2026
+
+Obj = dict[str, Any]  # a parsed manifest or JSON schema
 
 
 class SchemaError(Exception):
     pass
 
 
-def strict(schema: dict) -> dict:
+def strict(schema: Obj) -> Obj:
     """Forbid undeclared fields wherever the schema lists its properties (as the API server's strict mode)."""
     schema = copy.deepcopy(schema)
-
-    def visit(node):
-        if isinstance(node, dict):
-            if (
-                "properties" in node
-                and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-            ):
-                node["additionalProperties"] = False
-            for value in node.values():
-                visit(value)
-        elif isinstance(node, list):
-            for value in node:
-                visit(value)
-
-    visit(schema)
+    _forbid_undeclared(schema)
     return schema
 
 
-def crd_schemas(crds: Iterable[dict]) -> dict[tuple[str, str], dict]:
+def _forbid_undeclared(node: object) -> None:
+    if isinstance(node, dict):
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            node["additionalProperties"] = False
+        for value in node.values():
+            _forbid_undeclared(value)
+    elif isinstance(node, list):
+        for value in node:
+            _forbid_undeclared(value)
+
+
+def crd_schemas(crds: Iterable[Obj]) -> dict[tuple[str, str], Obj]:
     """(apiVersion, kind) -> strict JSON schema, from CustomResourceDefinition objects."""
-    out = {}
+    out: dict[tuple[str, str], Obj] = {}
     for crd in crds:
         if crd.get("kind") != "CustomResourceDefinition":
             continue
@@ -51,7 +54,7 @@ def crd_schemas(crds: Iterable[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
-def _custom_errors(obj: dict, schema: dict) -> list[str]:
+def _custom_errors(obj: Obj, schema: Obj) -> list[str]:
     import jsonschema
 
     validator = jsonschema.Draft7Validator(schema)
@@ -62,7 +65,7 @@ def _custom_errors(obj: dict, schema: dict) -> list[str]:
     return errors
 
 
-def _builtin_errors(obj: dict) -> list[str]:
+def _builtin_errors(obj: Obj) -> list[str]:
     try:
         import kubernetes_validate
     except ImportError as e:
@@ -80,7 +83,7 @@ def _is_custom(api_version: str) -> bool:
     return "." in group and not group.endswith(".k8s.io")
 
 
-def validate(objs: Iterable[dict], schemas: dict[tuple[str, str], dict]) -> list[str]:
+def validate(objs: Iterable[Obj], schemas: dict[tuple[str, str], Obj]) -> list[str]:
     """Every problem as 'Kind/name: path: message'; empty when all objects are valid."""
     problems = []
     for obj in objs:
