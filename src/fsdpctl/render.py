@@ -199,12 +199,10 @@ def tolerations(cfg: Config) -> list[dict[str, str]]:
 def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
     """What pytorchjob.yaml.j2, trainjob.yaml.j2 and their shared pod.j2 read."""
     backend, host, port = rendezvous(cfg)
-    eks = cfg.backend == "eks"
     return dict(
         job_name=cfg.job_name,
         namespace=cfg.job_namespace,
         labels=labels(cfg, run_id),
-        run_id=run_id,
         nproc_per_node=cfg.procs_per_node,
         nodes=cfg.job_nodes,
         rdzv_backend=backend,
@@ -220,13 +218,12 @@ def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
         hf_token_dir=HF_TOKEN_DIR,
         checkpoint_root=POD_CHECKPOINT_ROOT,
         efa=cfg.uses_efa,
-        gpus=cfg.gpus if eks else 0,
         node_selector=node_selector(cfg),
         tolerations=tolerations(cfg),
         scheduler_name=cfg.scheduler_name,
         annotations=pod_annotations(cfg),
         gang=cfg.gang_scheduling,
-        shm_size=f"{max(8, cfg.gpus * 8) if eks else 2}Gi",
+        shm_size=f"{max(8, cfg.gpus * 8) if cfg.backend == 'eks' else 2}Gi",
         checkpoint_pvc=cfg.checkpoint_pvc,
         secret_name=secret_name(cfg),
     )
@@ -244,7 +241,8 @@ def job_api(cfg: Config) -> tuple[str, str]:
 
 
 def render_job(cfg: Config, run_id: str) -> list[Obj]:
-    """Namespace, etcd (with an etcd rendezvous) and the job: everything but the Secret. The job comes last."""
+    """Namespace, etcd (with an etcd rendezvous) and the job: everything but the Secret. The job comes
+    last."""
     values = job_values(cfg, run_id)
     objs = render_namespace(cfg)
     if cfg.rdzv_backend != "c10d":
