@@ -2,33 +2,35 @@
 refresh for EKS tokens, TLS) with plain JSON objects in and out. One generic path for every kind, so that the
 same calls serve built-ins, the Training Operator's PyTorchJob and Trainer v2's TrainJob.
 
+Every kind is resolved as the API server itself says through discovery: its plural, whether it lives in a
+namespace, its verbs. fsdpctl keeps no table of its own: a new kind (CSIDriver, PersistentVolume) goes to the
+path the server gives, and a CRD fsdpctl applies resolves from its own spec until the server lists it.
+
 Errors come back as KubeError carrying the API's own status code and message; the commands turn them into
 one line with the fix."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 FIELD_MANAGER = "fsdpctl"
-
-# kinds whose objects are not in a namespace
-CLUSTER_KINDS = {
-    "Namespace",
-    "CustomResourceDefinition",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Node",
-    "ValidatingWebhookConfiguration",
-    "MutatingWebhookConfiguration",
-    "ClusterTrainingRuntime",
-    "PriorityClass",
-    "StorageClass",
-}
-IRREGULAR_PLURALS = {"Endpoints": "endpoints"}
+# aggregated discovery (apidiscovery.k8s.io v2, GA in Kubernetes 1.30; v2beta1 from 1.26): one answer for all
+# groups; a server without it answers the plain APIGroupList to the last entry
+AGGREGATED = ",".join(
+    [
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        "application/json",
+    ]
+)
+CRD_API = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+# what the apiextensions server serves for every custom resource
+CUSTOM_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
 
 class KubeError(RuntimeError):
@@ -41,56 +43,192 @@ class NoCluster(RuntimeError):
     """No kubeconfig, no such context, or nothing answers at the server address."""
 
 
-def plural(kind: str) -> str:
-    if kind in IRREGULAR_PLURALS:
-        return IRREGULAR_PLURALS[kind]
-    low = kind.lower()
-    if low.endswith("y"):
-        return low[:-1] + "ies"
-    if low.endswith("s"):
-        return low + "es"
-    return low + "s"
+@dataclass(frozen=True)
+class Resource:
+    """One kind as discovery describes it."""
+
+    group_version: str  # "v1" for the core group, else "group/version"
+    kind: str
+    plural: str
+    namespaced: bool
+    verbs: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        """The REST path of a collection or an object. A cluster-scoped kind ignores `namespace` (as kubectl
+        does); a namespaced object needs one, a namespaced collection without one spans all namespaces."""
+        gv = self.group_version
+        base = f"/api/{gv}" if "/" not in gv else f"/apis/{gv}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        elif self.namespaced and name:
+            raise ValueError(f"{self.kind} {name} is namespaced: give its namespace")
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
 
 
-def path(
-    api_version: str,
-    kind: str,
-    namespace: str | None = None,
-    name: str | None = None,
-    subresource: str | None = None,
-) -> str:
-    """The REST path of a collection or an object: /api/v1/... for the core group, /apis/G/V/... otherwise."""
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    if namespace and kind not in CLUSTER_KINDS:
-        base += f"/namespaces/{namespace}"
-    base += f"/{plural(kind)}"
-    if name:
-        base += f"/{name}"
-    if subresource:
-        base += f"/{subresource}"
-    return base
+def resources_from_list(doc: dict) -> list[Resource]:
+    """An APIResourceList (/api/v1, /apis/G/V): entries named 'pods/log' are subresources of 'pods'."""
+    gv = doc["groupVersion"]
+    entries = doc.get("resources") or []
+    subs: dict[str, list[str]] = {}
+    for r in entries:
+        if "/" in r["name"]:
+            parent, sub = r["name"].split("/", 1)
+            subs.setdefault(parent, []).append(sub)
+    return [
+        Resource(
+            gv,
+            r["kind"],
+            r["name"],
+            bool(r["namespaced"]),
+            tuple(r.get("verbs") or ()),
+            tuple(subs.get(r["name"], ())),
+        )
+        for r in entries
+        if "/" not in r["name"]
+    ]
 
 
-def obj_path(obj: dict, with_name: bool = True) -> str:
-    meta = obj.get("metadata", {})
-    return path(
-        obj["apiVersion"], obj["kind"], meta.get("namespace"), meta.get("name") if with_name else None
-    )
+def resources_from_aggregated(doc: dict) -> list[Resource]:
+    """An APIGroupDiscoveryList (aggregated discovery at /api and /apis): every group, version and kind."""
+    out = []
+    for group in doc.get("items") or []:
+        name = (group.get("metadata") or {}).get("name", "")
+        for version in group.get("versions") or []:
+            gv = f"{name}/{version['version']}" if name else version["version"]
+            for r in version.get("resources") or []:
+                kind = (r.get("responseKind") or {}).get("kind")
+                if kind:
+                    subs = tuple(s["subresource"] for s in r.get("subresources") or [])
+                    out.append(
+                        Resource(
+                            gv,
+                            kind,
+                            r["resource"],
+                            r.get("scope") == "Namespaced",
+                            tuple(r.get("verbs") or ()),
+                            subs,
+                        )
+                    )
+    return out
+
+
+def resources_from_crd(crd: dict) -> list[Resource]:
+    """What the server will serve once this CustomResourceDefinition is established: one Resource per served
+    version, with the CRD's own plural and scope."""
+    spec = crd["spec"]
+    names, namespaced = spec["names"], spec["scope"] == "Namespaced"
+    return [
+        Resource(
+            f"{spec['group']}/{v['name']}",
+            names["kind"],
+            names["plural"],
+            namespaced,
+            CUSTOM_VERBS,
+            tuple(k for k in ("status", "scale") if k in (v.get("subresources") or {})),
+        )
+        for v in spec.get("versions") or []
+        if v.get("served", True)
+    ]
+
+
+class Discovery:
+    """kind -> Resource, read from the server once per connection: aggregated discovery where served (two
+    requests in all), else /api and /apis for the group versions and each needed group version's
+    APIResourceList. A kind missing from it is looked up among the CRDs applied through this connection,
+    then discovery is read once more (a CRD someone else installed meanwhile); still missing, it is the
+    API's 404."""
+
+    def __init__(self, fetch: Callable[[str, str], dict]):
+        self._fetch = fetch  # (path, Accept header) -> parsed answer
+        self._index: dict[str, dict[str, Resource]] | None = None  # group version -> kind -> Resource
+        self._versions: set[str] = set()  # group versions the server lists (plain discovery)
+        self._learned: dict[tuple[str, str], Resource] = {}
+        self._reread: set[tuple[str, str]] = set()
+
+    def resolve(self, api_version: str, kind: str) -> Resource:
+        found = self._lookup(api_version, kind) or self._learned.get((api_version, kind))
+        if found is None and (api_version, kind) not in self._reread:
+            self._reread.add((api_version, kind))
+            self._index = None
+            found = self._lookup(api_version, kind)
+        if found is None:
+            raise KubeError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource: no {kind} in {api_version} (discovery)",
+            )
+        return found
+
+    def learn(self, crd: dict) -> None:
+        """A CRD applied through this connection: its kinds resolve from its spec until the server lists
+        them."""
+        for r in resources_from_crd(crd):
+            self._learned[(r.group_version, r.kind)] = r
+
+    def _lookup(self, api_version: str, kind: str) -> Resource | None:
+        index = self._load()
+        if api_version not in index and api_version in self._versions:
+            index[api_version] = self._group_version(api_version)
+        return index.get(api_version, {}).get(kind)
+
+    def _load(self) -> dict[str, dict[str, Resource]]:
+        if self._index is not None:
+            return self._index
+        apis = self._fetch("/apis", AGGREGATED)
+        if apis.get("kind") == "APIGroupDiscoveryList":
+            self._index = _by_kind(resources_from_aggregated(self._fetch("/api", AGGREGATED)))
+            self._index.update(_by_kind(resources_from_aggregated(apis)))
+            return self._index
+        core = self._fetch("/api", "application/json")
+        groups = [v["groupVersion"] for g in apis.get("groups") or [] for v in g.get("versions") or []]
+        self._versions = set(core.get("versions") or []) | set(groups)
+        self._index = {}
+        return self._index
+
+    def _group_version(self, api_version: str) -> dict[str, Resource]:
+        path = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        try:
+            return _by_kind(resources_from_list(self._fetch(path, "application/json")))[api_version]
+        except KubeError as e:
+            if e.status == 404:  # listed but gone since (an aggregated API server going away)
+                return {}
+            raise
+        except KeyError:
+            return {}
+
+
+def _by_kind(resources: Iterable[Resource]) -> dict[str, dict[str, Resource]]:
+    index: dict[str, dict[str, Resource]] = {}
+    for r in resources:
+        index.setdefault(r.group_version, {}).setdefault(r.kind, r)
+    return index
 
 
 def selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-def matches(obj: dict, labels: dict[str, str]) -> bool:
-    have = obj.get("metadata", {}).get("labels") or {}
-    return all(have.get(k) == v for k, v in labels.items())
-
-
 @dataclass
 class Kube:
     api: Any  # kubernetes.client.ApiClient
     context: str = ""
+    discovery: Discovery = field(init=False, repr=False)
+    # objects a server dry run could not check: their namespace or CRD comes from the same dry run, which
+    # creates nothing (kubernetes/kubernetes#83562)
+    unchecked: list[str] = field(default_factory=list)
+    _dry_namespaces: set[str] = field(default_factory=set, repr=False)
+    _dry_kinds: set[tuple[str, str]] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self.discovery = Discovery(lambda url, accept: self.request("GET", url, accept=accept))
 
     @classmethod
     def connect(cls, context: str = "", kubeconfig: str | None = None) -> Kube:
@@ -118,7 +256,30 @@ class Kube:
     def server(self) -> str:
         return self.api.configuration.host
 
-    # --- raw -----------------------------------------------------------------------------------------------------
+    # --- paths ----------------------------------------------------------------------------------------------
+
+    def resource(self, api_version: str, kind: str) -> Resource:
+        """The kind as the server serves it; KubeError 404 when it serves no such kind."""
+        return self.discovery.resolve(api_version, kind)
+
+    def path(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+    ) -> str:
+        return self.resource(api_version, kind).path(namespace, name, subresource)
+
+    def obj_path(self, obj: dict, with_name: bool = True) -> str:
+        meta = obj.get("metadata", {})
+        res = self.resource(obj["apiVersion"], obj["kind"])
+        if res.namespaced and not meta.get("namespace"):
+            raise ValueError(f"{obj['kind']} {meta.get('name')} is namespaced: give metadata.namespace")
+        return res.path(meta.get("namespace"), meta.get("name") if with_name else None)
+
+    # --- raw ------------------------------------------------------------------------------------------------
 
     def request(
         self,
@@ -128,6 +289,7 @@ class Kube:
         body: Any = None,
         query: dict | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json, */*",
         stream: bool = False,
         timeout: float | None = 60,
     ):
@@ -136,7 +298,7 @@ class Kube:
         from urllib3.exceptions import HTTPError
 
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
-        headers = {"Accept": "application/json, */*", "Content-Type": content_type}
+        headers = {"Accept": accept, "Content-Type": content_type}
         try:
             resp = self.api.call_api(
                 url,
@@ -158,11 +320,12 @@ class Kube:
         data = resp.data
         return json.loads(data) if data else {}
 
-    # --- objects -------------------------------------------------------------------------------------------------
+    # --- objects --------------------------------------------------------------------------------------------
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        """None when the object, or its kind, is not there."""
         try:
-            return self.request("GET", path(api_version, kind, namespace, name))
+            return self.request("GET", self.path(api_version, kind, namespace, name))
         except KubeError as e:
             if e.status == 404:
                 return None
@@ -171,26 +334,58 @@ class Kube:
     def list(
         self, api_version: str, kind: str, namespace: str | None = None, labels: dict[str, str] | None = None
     ) -> list[dict]:
-        """Objects with these labels. The selector goes to the server; the filter is repeated here, which
-        changes nothing on a real API server and keeps emulators that ignore selectors honest."""
-        labels = labels or {}
-        data = self.request(
-            "GET", path(api_version, kind, namespace), query={"labelSelector": selector(labels) or None}
-        )
-        return [o for o in data.get("items", []) if matches(o, labels)]
+        """Objects with these labels: the API server evaluates the selector."""
+        query = {"labelSelector": selector(labels or {}) or None}
+        return self.request("GET", self.path(api_version, kind, namespace), query=query).get("items", [])
 
     def create(self, obj: dict) -> dict:
-        return self.request("POST", obj_path(obj, with_name=False), body=obj)
+        """POST, with strict field validation (as kubectl): a field the schema lacks fails instead of being
+        dropped."""
+        answer = self.request(
+            "POST", self.obj_path(obj, with_name=False), body=obj, query={"fieldValidation": "Strict"}
+        )
+        self._remember(obj, dry_run=False)
+        return answer
 
     def apply(self, obj: dict, dry_run: bool = False) -> dict:
-        """Server-side apply as field manager `fsdpctl` (force: fsdpctl owns what it renders)."""
-        return self.request(
-            "PATCH",
-            obj_path(obj),
-            body=obj,
-            content_type="application/apply-patch+yaml",
-            query={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All" if dry_run else None},
-        )
+        """Server-side apply as field manager `fsdpctl` (force: fsdpctl owns what it renders). A dry run of an
+        object whose namespace or CRD this same dry run 'created' cannot be checked by the server: it is
+        listed in `unchecked` instead of failing."""
+        query = {
+            "fieldManager": FIELD_MANAGER,
+            "force": "true",
+            "fieldValidation": "Strict",
+            "dryRun": "All" if dry_run else None,
+        }
+        try:
+            answer = self.request(
+                "PATCH",
+                self.obj_path(obj),
+                body=obj,
+                content_type="application/apply-patch+yaml",
+                query=query,
+            )
+        except KubeError as e:
+            if not (dry_run and e.status == 404 and self._after_dry_run(obj)):
+                raise
+            self.unchecked.append(f"{obj['kind']}/{obj['metadata']['name']}")
+            return obj
+        self._remember(obj, dry_run)
+        return answer
+
+    def _remember(self, obj: dict, dry_run: bool) -> None:
+        """A CRD resolves its kinds from its spec from now on; a dry-run Namespace or CRD exists for nothing
+        that follows in the same dry run."""
+        if (obj.get("apiVersion"), obj.get("kind")) == CRD_API:
+            self.discovery.learn(obj)
+            if dry_run:
+                self._dry_kinds.update((r.group_version, r.kind) for r in resources_from_crd(obj))
+        if dry_run and (obj.get("apiVersion"), obj.get("kind")) == ("v1", "Namespace"):
+            self._dry_namespaces.add(obj["metadata"]["name"])
+
+    def _after_dry_run(self, obj: dict) -> bool:
+        namespace = obj.get("metadata", {}).get("namespace")
+        return namespace in self._dry_namespaces or (obj["apiVersion"], obj["kind"]) in self._dry_kinds
 
     def delete(
         self,
@@ -204,7 +399,7 @@ class Kube:
         try:
             self.request(
                 "DELETE",
-                path(api_version, kind, namespace, name),
+                self.path(api_version, kind, namespace, name),
                 body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
             )
             return True
@@ -213,12 +408,10 @@ class Kube:
                 return False
             raise
 
-    def events(self, namespace: str, name: str) -> list[dict]:
+    def events(self, namespace: str, name: str) -> builtins.list[dict]:
         """Events about one object (the scheduler's 'Insufficient nvidia.com/gpu', image pull errors)."""
-        data = self.request(
-            "GET", path("v1", "Event", namespace), query={"fieldSelector": f"involvedObject.name={name}"}
-        )
-        return [e for e in data.get("items", []) if e.get("involvedObject", {}).get("name") == name]
+        query = {"fieldSelector": f"involvedObject.name={name}"}
+        return self.request("GET", self.path("v1", "Event", namespace), query=query).get("items", [])
 
     def logs(
         self, namespace: str, pod: str, container: str = "", follow: bool = False, tail: int | None = None
@@ -230,9 +423,8 @@ class Kube:
             "tailLines": str(tail) if tail else None,
         }
         # no read timeout: a training step may print nothing for many minutes
-        resp = self.request(
-            "GET", path("v1", "Pod", namespace, pod, "log"), query=query, stream=True, timeout=None
-        )
+        url = self.path("v1", "Pod", namespace, pod, "log")
+        resp = self.request("GET", url, query=query, stream=True, timeout=None)
         try:
             yield from (line.decode("utf-8", errors="replace") for line in _lines(resp))
         finally:
@@ -246,26 +438,28 @@ class Kube:
         labels: dict[str, str] | None = None,
         timeout: int = 60,
     ) -> Iterator[tuple[str, dict]]:
-        """(event type, object) as the API streams them, until `timeout` seconds pass."""
-        labels = labels or {}
-        query = {"watch": "true", "labelSelector": selector(labels) or None, "timeoutSeconds": str(timeout)}
-        # the server ends the watch after timeoutSeconds; the read timeout only guards a connection gone silent
-        resp = self.request(
-            "GET", path(api_version, kind, namespace), query=query, stream=True, timeout=timeout + 30
-        )
+        """(event type, object) as the API streams them, until `timeout` seconds pass. With `labels`, the
+        server also sends DELETED for an object whose labels stop matching."""
+        query = {
+            "watch": "true",
+            "labelSelector": selector(labels or {}) or None,
+            "timeoutSeconds": str(timeout),
+        }
+        # the server ends the watch after timeoutSeconds; the read timeout guards a connection gone silent
+        url = self.path(api_version, kind, namespace)
+        resp = self.request("GET", url, query=query, stream=True, timeout=timeout + 30)
         try:
             for line in filter(bytes.strip, _lines(resp)):
                 event = json.loads(line)
-                if matches(event.get("object", {}), labels):
-                    yield event["type"], event["object"]
+                yield event["type"], event["object"]
         finally:
             resp.release_conn()
 
     def proxy(
         self, method: str, namespace: str, service: str, port: int, rest: str, query: dict | None = None
     ):
-        """A request to a Service through the API server's proxy (etcd, Prometheus): no port-forward needed."""
-        url = f"/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy/{rest.lstrip('/')}"
+        """A request to a Service through the API server's proxy (etcd, Prometheus): no port-forward."""
+        url = self.path("v1", "Service", namespace, f"{service}:{port}", "proxy") + "/" + rest.lstrip("/")
         return self.request(method, url, query=query)
 
 
