@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, torchrun, torchrun_argv, train_env
+from fsdptrain import events
 
 pytestmark = pytest.mark.slow
 
@@ -50,18 +51,14 @@ def job_env(home: Path, name: str, **settings) -> dict:
 
 def step_losses(log_text: str) -> dict[int, float]:
     """Loss per step; after a restart the resumed attempt's lines replace the first attempt's."""
-    out = {}
-    for line in log_text.splitlines():
-        if line.startswith('{"event":"step"'):
-            rec = json.loads(line)
-            out[rec["step"]] = rec["loss"]
-    return out
+    return {e.step: e.loss for e in events.parse(log_text.splitlines()) if isinstance(e, events.Step)}
 
 
 def leader_text(env) -> str:
     return fsdpctl("job", "logs", env=env).stdout
 
 
+@pytest.mark.usefixtures("cli")  # job_env starts from the isolated environment
 def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
     """torchrun --max-restarts: the agent sees the dead worker, re-rendezvouses both nodes (c10d), and the
     trainer resumes from the last checkpoint; the losses after it equal an uninterrupted run's."""

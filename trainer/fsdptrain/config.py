@@ -183,9 +183,4 @@ def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     return TrainConfig(**values).validate()
 
 
-def env_names() -> dict[str, str]:
-    """Field name -> environment variable, for the launcher and the manifests."""
-    return {f.name: f.metadata["env"] for f in dataclasses.fields(TrainConfig)}
-
-
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
