@@ -1,4 +1,7 @@
-"""Facts about the GPU instance types fsdpctl targets (AWS data sheets; see REFERENCE in the README)."""
+"""Facts about the GPU instance types fsdpctl targets (AWS data sheets; see REFERENCE in the README).
+
+The one table: settings, plan, the pods' resource requests and terraform (through fsdpctl.auto.tfvars.json,
+`render.terraform_vars`) all read it."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ class InstanceType:
     gpu: str  # key into the trainer's peak-TFLOP/s table
     gpus: int
     gpu_memory_gib: float
-    efa_interfaces: int
+    efa_interfaces: int  # EFA network cards; the nodes list them all and each pod requests them all
     network_gbps: int
     vcpus: int
     memory_gib: int
