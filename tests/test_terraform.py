@@ -12,9 +12,11 @@ from pathlib import Path
 
 import hcl2
 import pytest
+from typer.testing import CliRunner
 
 from conftest import ROOT
 from fsdpctl import render
+from fsdpctl.cli import app
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 
@@ -66,22 +68,27 @@ def test_terraform_fmt_is_clean():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_dry_run_writes_tfvars_from_the_settings(cli):
-    result = cli(
-        "--set",
-        "INSTANCE_TYPE=p4de.24xlarge",
-        "--set",
-        "NODE_COUNT=4",
-        "--set",
-        "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
-        "cluster",
-        "create",
-        "--tool",
-        "terraform",
-        "--dry-run",
+def test_dry_run_writes_tfvars_from_the_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app,
+        [
+            "--set",
+            "INSTANCE_TYPE=p4de.24xlarge",
+            "--set",
+            "NODE_COUNT=4",
+            "--set",
+            "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+            "cluster",
+            "create",
+            "--tool",
+            "terraform",
+            "--dry-run",
+        ],
     )
     assert result.exit_code == 0, result.stderr
-    work = cli.home / "clusters/fsdp-eks/terraform"
+    work = tmp_path / "clusters/fsdp-eks/terraform"
     tfvars = json.loads((work / "fsdpctl.auto.tfvars.json").read_text())
     assert tfvars["instance_type"] == "p4de.24xlarge" and tfvars["node_count"] == 4
     assert tfvars["availability_zones"] == ["us-west-2a", "us-west-2b"]
@@ -91,22 +98,25 @@ def test_dry_run_writes_tfvars_from_the_settings(cli):
     assert (work / "modules/eks-gpu/main.tf").is_file()
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(
     not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
 )
-def test_validate_and_plan_against_moto(aws_env, cli):
-    result = cli(
-        "--set",
-        "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
-        "cluster",
-        "create",
-        "--tool",
-        "terraform",
-        "--dry-run",
+def test_validate_and_plan_against_moto(aws_env, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        [
+            "--set",
+            "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+            "cluster",
+            "create",
+            "--tool",
+            "terraform",
+            "--dry-run",
+        ],
     )
     assert result.exit_code == 0
-    work = cli.home / "clusters/fsdp-eks/terraform"
+    work = tmp_path / "home/clusters/fsdp-eks/terraform"
     env = {**os.environ, "TF_IN_AUTOMATION": "1"}
 
     def tf(*args):
@@ -160,7 +170,6 @@ run "{name}" {{
 """
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(
     not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
 )
@@ -193,32 +202,3 @@ def test_nodes_get_the_efa_interfaces_the_pods_request(tmp_path):
     )
     runs = 1 + 2 * len(INSTANCE_TYPES)
     assert test.returncode == 0 and f"Success! {runs} passed, 0 failed." in test.stdout, test.stdout[-3000:]
-
-
-def test_the_workdir_keeps_its_state_and_init_uses_the_plugin_mirror(tmp_path, monkeypatch):
-    from fsdpctl.adapters import terraform
-
-    module = tmp_path / "module"
-    (module / ".terraform").mkdir(parents=True)
-    (module / "main.tf").write_text("# module\n")
-    (module / ".terraform" / "cache").write_text("a provider download\n")
-    work = tmp_path / "work"
-    path, text = terraform.prepare(module, work, {"node_count": 2})
-    assert path == work / "fsdpctl.auto.tfvars.json" and json.loads(path.read_text()) == {"node_count": 2}
-    assert text == path.read_text() and (work / "main.tf").is_file() and not (work / ".terraform").exists()
-    (work / "terraform.tfstate").write_text("{state}")
-    terraform.prepare(module, work, {"node_count": 4})
-    assert (work / "terraform.tfstate").read_text() == "{state}"  # a rerun converges, it does not start over
-    assert json.loads(path.read_text()) == {"node_count": 4}
-
-    monkeypatch.delenv("FSDPCTL_TF_PLUGIN_DIR", raising=False)
-    init, destroy = terraform.commands("destroy", work, {"AWS_REGION": "eu-west-1"})
-    assert init.argv == ["terraform", f"-chdir={work}", "init", "-input=false"]
-    assert (
-        destroy.shell_line()
-        == f"AWS_REGION=eu-west-1 terraform -chdir={work} destroy -input=false -auto-approve"
-    )
-    monkeypatch.setenv("FSDPCTL_TF_PLUGIN_DIR", "/opt/tf-plugins")
-    assert terraform.commands("apply", work, {})[0].argv[-1] == "-plugin-dir=/opt/tf-plugins"
-    with pytest.raises(ValueError):
-        terraform.commands("plan", work, {})
