@@ -115,3 +115,27 @@ def test_a_bad_data_set_fails_through_the_trainer_loader(tmp_path):
     assert short.status == D.FAIL and "fewer than SEQ_LEN+1" in short.detail
     slow = D.check_data(load(), demand_tokens_per_s=1e12)
     assert slow.status == D.WARN and "input-bound" in slow.fix
+
+
+def test_a_hung_driver_or_efa_probe_is_a_failure_not_a_hang(fake_bin, monkeypatch):
+    monkeypatch.setattr(D, "PROBE_TIMEOUT", 0.5)
+    executable(fake_bin, "nvidia-smi", "sleep 20")
+    hung = D.check_nvidia_smi(D.Facts())
+    assert (
+        hung.status == D.FAIL and hung.detail == "nvidia-smi did not answer in 0.5 s" and "reboot" in hung.fix
+    )
+    executable(fake_bin, "fi_info", "sleep 20")
+    efa = D.check_efa(load(dotenv={"BACKEND": "eks"}))
+    assert efa.status == D.FAIL and "fi_info did not answer" in efa.detail
+
+
+def test_what_the_data_loader_must_keep_up_with_and_where_checkpoints_go(tmp_path, monkeypatch):
+    from fsdpctl import plan
+
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    local = load(dotenv={"JOB_NAME": "exp1"})
+    assert D.targets(local) == (D.LOCAL_DEMAND, tmp_path / "jobs" / "exp1" / "checkpoints")
+    eks = load(dotenv={"BACKEND": "eks", "MODEL": "13b"})
+    demand, path = D.targets(eks)
+    assert demand == plan.speed(plan.job_from(eks, mfu=0.0, price=None)).tokens_per_s_per_gpu > 100
+    assert path == Path("/checkpoints")

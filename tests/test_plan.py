@@ -3,6 +3,7 @@ measured allocations is in test_trainer.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -70,3 +71,65 @@ def test_plan_command_json_and_table():
     rows = json.loads(runner.invoke(app, ["plan", "--table", "-o", "json"]).stdout)
     assert len(rows) == 30 and {r["nodes"] for r in rows} == {1, 2, 4, 8, 16}
     assert runner.invoke(app, ["plan", "--model", "65b"]).exit_code == 2
+
+
+def test_job_from_takes_every_number_from_the_settings():
+    from fsdpctl.settings import load
+
+    cfg = load(
+        dotenv={
+            "BACKEND": "eks",
+            "MODEL": "13b",
+            "INSTANCE_TYPE": "p4de.24xlarge",
+            "JOB_NODES": "2",
+            "SHARDING_STRATEGY": "HYBRID_SHARD",
+            "PRECISION": "fp16",
+            "ACTIVATION_CHECKPOINTING": "every-k",
+            "AC_EVERY": "3",
+            "MICRO_BATCH_SIZE": "2",
+            "SEQ_LEN": "2048",
+            "GRAD_ACCUM_STEPS": "4",
+        }
+    )
+    assert P.job_from(cfg, mfu=0.3, price=12.5) == P.Job(
+        model="13b",
+        instance_type="p4de.24xlarge",
+        nodes=2,
+        gpus_per_node=8,
+        strategy="HYBRID_SHARD",
+        precision="fp16",
+        ac="every-k",
+        ac_every=3,
+        micro_batch=2,
+        seq_len=2048,
+        grad_accum=4,
+        hsdp_shard_size=cfg.training.hsdp_shard_size,
+        mfu=0.3,
+        price_per_hour=12.5,
+    )
+
+
+def test_report_is_the_models_numbers_in_gib_hours_and_usd():
+    big = job(model="70b", ac="none")
+    r = P.report(big, tokens=2e9)
+    mem, hours_usd = P.memory(big), P.cost(big, 2e9)
+    assert r["memory_gib"]["total"] == mem.total / P.GIB and r["memory_gib"]["state"] == mem.state / P.GIB
+    assert r["fits"] is False and (r["hours"], r["usd"]) == hours_usd and r["price_per_hour"] == 55.04
+    name, fixed = P.cheapest_fix(big, 2e9)
+    assert r["fix"] == name and r["fix_memory_gib"] == P.memory(fixed).total / P.GIB
+    assert r["fix_memory_gib"] < r["memory_gib"]["capacity"] < r["memory_gib"]["total"]
+    small = P.report(job(price_per_hour=None, instance_type="p5e.48xlarge"), tokens=1e9)
+    assert small["fits"] and small["fix"] is None and small["fix_memory_gib"] is None and small["usd"] is None
+
+
+def test_the_sweep_varies_model_instance_and_nodes_only():
+    base = job(micro_batch=2, seq_len=2048, precision="fp32")
+    rows = P.matrix(base, tokens=1e9)
+    assert [(r["model"], r["instance_type"], r["nodes"]) for r in rows[:6]] == [
+        ("7b", "p4de.24xlarge", n) for n in (1, 2, 4, 8, 16)
+    ] + [("7b", "p5.48xlarge", 1)]
+    one = dataclasses.replace(base, model="70b", instance_type="p5.48xlarge", nodes=4)
+    row = next(r for r in rows if (r["model"], r["instance_type"], r["nodes"]) == ("70b", "p5.48xlarge", 4))
+    assert row["memory_gib"] == P.memory(one).total / P.GIB and row["usd"] == P.cost(one, 1e9)[1]
+    assert all(r["scaling"] == 1.0 for r in rows if r["nodes"] == 1)
+    assert all(0 < r["scaling"] <= 1.0 for r in rows)

@@ -86,6 +86,18 @@ def test_capture_past_its_limit_is_a_clear_error_and_the_process_is_killed():
     assert "did not finish within 0.5 s" in str(e.value) and "time.sleep(30)" in str(e.value)
 
 
+def test_a_timeout_also_ends_the_children_holding_the_output(tmp_path):
+    """A shell whose child keeps stdout open: killing the shell alone would leave us waiting 30 s."""
+    pid_file = tmp_path / "child.pid"
+    start = time.monotonic()
+    with pytest.raises(shell.ToolTimeout):
+        shell.capture(["sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait"], timeout=0.5)
+    assert time.monotonic() - start < 10
+    stat = Path(f"/proc/{pid_file.read_text().strip()}/stat")
+    time.sleep(0.2)
+    assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z")  # gone, or dead unreaped
+
+
 def test_spawn_detaches_and_appends_its_output_to_the_log(tmp_path):
     log = tmp_path / "proc.log"
     log.write_text("before\n")

@@ -10,27 +10,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fsdpctl.adapters import shell
+from fsdpctl.checks import FAIL, OK, SKIPPED, WARN, Check
 from fsdpctl.settings import Config
 
-OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
+__all__ = ["FAIL", "OK", "SKIPPED", "WARN", "Check", "Facts", "run_checks", "targets"]
+
 MIN_SHM = 1 << 30  # NCCL needs more than the 64 MB a pod gets by default (NVIDIA/nccl#525)
-
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+LOCAL_DEMAND = 1_000.0  # tokens/s per process of a tiny model on one CPU core (what the quickstart measures)
+PROBE_TIMEOUT = 30.0  # seconds for nvidia-smi / fi_info: longer means a hung driver
 
 
 @dataclass
@@ -39,31 +33,44 @@ class Facts:
 
     gpus: int = 0
     driver_cuda: str | None = None
-    torch: object = None
+    torch: Any = None  # the module, once imported
     cuda: bool = False
 
 
-def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+def targets(cfg: Config) -> tuple[float, Path]:
+    """What the data loader must keep up with (tokens/s per process) and where checkpoints will be written: on
+    EKS the planned step and the pod's checkpoint mount; locally the quickstart's rate and the job's dir."""
+    if cfg.backend == "eks":
+        from fsdpctl import plan, render
+
+        demand = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).tokens_per_s_per_gpu
+        return demand, Path(cfg.training.checkpoint_dir or render.POD_CHECKPOINT_ROOT)
+    from fsdpctl.adapters.local import job_dir
+
+    return LOCAL_DEMAND, job_dir(cfg.job_name) / "checkpoints"
 
 
 def check_nvidia_smi(facts: Facts) -> Check:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
+    if not shutil.which("nvidia-smi"):
         return Check(
             "nvidia-smi",
             SKIPPED,
             "no NVIDIA driver (nvidia-smi not on PATH)",
             "on a GPU node: use the EKS GPU-optimized AMI; in a pod: request nvidia.com/gpu",
         )
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
     try:
-        p = _run([exe, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
-    except subprocess.TimeoutExpired:
+        p = shell.capture(query, timeout=PROBE_TIMEOUT)
+        header = shell.capture(["nvidia-smi"], timeout=PROBE_TIMEOUT).stdout if p.rc == 0 else ""
+    except shell.ToolTimeout:
         return Check(
-            "nvidia-smi", FAIL, "nvidia-smi did not answer in 30 s", "the driver is hung: reboot the node"
+            "nvidia-smi",
+            FAIL,
+            f"nvidia-smi did not answer in {PROBE_TIMEOUT:g} s",
+            "the driver is hung: reboot the node",
         )
-    if p.returncode != 0:
-        first = (p.stderr or p.stdout).strip().splitlines()[:1] or [f"exit code {p.returncode}"]
+    if p.rc != 0:
+        first = (p.stderr or p.stdout).strip().splitlines()[:1] or [f"exit code {p.rc}"]
         return Check(
             "nvidia-smi",
             FAIL,
@@ -72,7 +79,6 @@ def check_nvidia_smi(facts: Facts) -> Check:
         )
     gpus = [line.split(",") for line in p.stdout.strip().splitlines() if line.strip()]
     facts.gpus = len(gpus)
-    header = _run([exe]).stdout
     m = re.search(r"CUDA Version:\s*([\d.]+)", header)
     facts.driver_cuda = m.group(1) if m else None
     name, driver = gpus[0][0].strip(), gpus[0][1].strip()
@@ -145,7 +151,8 @@ def check_forward_backward(facts: Facts) -> Check:
 
     try:
         torch.cuda.reset_peak_memory_stats()
-        model = LlamaForCausalLM(llama_config("tiny")).cuda()
+        model: Any = LlamaForCausalLM(llama_config("tiny"))  # transformers' .cuda() stub confuses mypy
+        model = model.cuda()
         ids = torch.randint(0, 512, (4, 256), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
@@ -175,7 +182,9 @@ def check_bf16(facts: Facts) -> Check:
     return Check("bf16", FAIL, "this GPU has no bf16", "PRECISION=fp16 (or an A100/H100 node)")
 
 
-def _allreduce_worker(rank: int, world: int, port: int, backend: str, size: int, iters: int, out) -> None:
+def _allreduce_worker(
+    rank: int, world: int, port: int, backend: str, size: int, iters: int, out: Any
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -245,8 +254,7 @@ def check_collectives(facts: Facts) -> Check:
 
 def check_efa(cfg: Config) -> Check:
     expected = cfg.uses_efa
-    exe = shutil.which("fi_info")
-    if not exe:
+    if not shutil.which("fi_info"):
         if expected:
             return Check(
                 "EFA",
@@ -256,8 +264,13 @@ def check_efa(cfg: Config) -> Check:
                 f"{cfg.efa_per_node} EFA interfaces)",
             )
         return Check("EFA", SKIPPED, "EFA not expected here (BACKEND=local or EFA_ENABLED=false)")
-    p = _run([exe, "-p", "efa", "-t", "FI_EP_RDM"])
-    if p.returncode != 0:
+    try:
+        p = shell.capture(["fi_info", "-p", "efa", "-t", "FI_EP_RDM"], timeout=PROBE_TIMEOUT)
+    except shell.ToolTimeout:
+        return Check(
+            "EFA", FAIL, f"fi_info did not answer in {PROBE_TIMEOUT:g} s", "check the EFA driver (dmesg)"
+        )
+    if p.rc != 0:
         return Check(
             "EFA",
             FAIL if expected else WARN,
@@ -300,9 +313,8 @@ def check_disk(cfg: Config, path: Path) -> Check:
 
     path = path if path.exists() else next((p for p in path.parents if p.exists()), Path("/"))
     free = shutil.disk_usage(path).free
-    need = (
-        12 * MODEL_CONFIGS[cfg.training.model].num_params() * cfg.training.checkpoint_keep
-    )  # fp32 params + moments
+    # a checkpoint holds the fp32 parameters and the two AdamW moments
+    need = 12 * MODEL_CONFIGS[cfg.training.model].num_params() * cfg.training.checkpoint_keep
     detail = (
         f"{free / (1 << 30):.1f} GiB free at {path}, {cfg.training.checkpoint_keep} checkpoints need "
         f"{need / (1 << 30):.2f} GiB"
@@ -314,40 +326,58 @@ def check_disk(cfg: Config, path: Path) -> Check:
     return Check("checkpoint space", OK, detail)
 
 
-def check_data(cfg: Config, demand_tokens_per_s: float) -> Check:
-    """Builds the configured data set with the trainer's loader and times batches against the step's demand."""
-    from fsdptrain.config import BUILTIN, ConfigError
+def _trainer_config(cfg: Config) -> Any:
+    """The trainer's validated config, the built-in corpus and tokenizer made (offline) where asked for."""
+    from dataclasses import replace
+
+    from fsdptrain.config import BUILTIN
+
+    tcfg = cfg.training.validate()
+    if BUILTIN not in (tcfg.dataset, tcfg.tokenizer_path):
+        return tcfg
+    from fsdptrain.assets import default_cache, ensure_assets
+
+    corpus, tok = ensure_assets(default_cache())
+    return replace(
+        tcfg,
+        dataset=str(corpus) if tcfg.dataset == BUILTIN else tcfg.dataset,
+        tokenizer=str(tok) if tcfg.tokenizer_path == BUILTIN else tcfg.tokenizer,
+    )
+
+
+def _loader_rate(cfg: Config) -> tuple[float, float]:
+    """(tokens/s the trainer's loader yields in one process, seconds it took to prepare the data)."""
     from fsdptrain.data import Loader, load_blocks, load_tokenizer
 
-    t = cfg.training
+    tcfg = _trainer_config(cfg)
+    start = time.perf_counter()
+    blocks = load_blocks(tcfg, load_tokenizer(tcfg.tokenizer_path))
+    prepare = time.perf_counter() - start
+    loader = Loader(blocks, rank=0, world=1, micro_batch=cfg.training.micro_batch_size)
+    start, tokens = time.perf_counter(), 0
+    while time.perf_counter() - start < 1.0:
+        inputs, _ = loader.next_batch()
+        tokens += inputs.numel()
+    return tokens / (time.perf_counter() - start), prepare
+
+
+def check_data(cfg: Config, demand_tokens_per_s: float) -> Check:
+    """Builds the configured data set with the trainer's loader, times batches against the step's demand."""
+    from fsdptrain.config import ConfigError
+
     try:
-        tcfg = t.validate()
-        if BUILTIN in (tcfg.dataset, tcfg.tokenizer_path):
-            from dataclasses import replace
-
-            from fsdptrain.assets import default_cache, ensure_assets
-
-            corpus, tok = ensure_assets(default_cache())
-            tcfg = replace(
-                tcfg,
-                dataset=str(corpus) if tcfg.dataset == BUILTIN else tcfg.dataset,
-                tokenizer=str(tok) if tcfg.tokenizer_path == BUILTIN else tcfg.tokenizer,
-            )
-        start = time.perf_counter()
-        tokenizer = load_tokenizer(tcfg.tokenizer_path)
-        blocks = load_blocks(tcfg, tokenizer)
-        prepare = time.perf_counter() - start
-        loader = Loader(blocks, rank=0, world=1, micro_batch=t.micro_batch_size)
-        start, tokens = time.perf_counter(), 0
-        while time.perf_counter() - start < 1.0:
-            inputs, _ = loader.next_batch()
-            tokens += inputs.numel()
-        rate = tokens / (time.perf_counter() - start)
+        rate, prepare = _loader_rate(cfg)
     except (ConfigError, OSError, StopIteration) as e:
         return Check(
-            "data loader", FAIL, f"DATASET={t.dataset!r}: {e}", "fix DATASET / TOKENIZER (see the message)"
+            "data loader",
+            FAIL,
+            f"DATASET={cfg.training.dataset!r}: {e}",
+            "fix DATASET / TOKENIZER (see the message)",
         )
-    detail = f"{rate:,.0f} tokens/s per process (prepared in {prepare:.1f} s), the step needs {demand_tokens_per_s:,.0f}"
+    detail = (
+        f"{rate:,.0f} tokens/s per process (prepared in {prepare:.1f} s), "
+        f"the step needs {demand_tokens_per_s:,.0f}"
+    )
     if rate < 2 * demand_tokens_per_s:
         return Check(
             "data loader", WARN, detail, "input-bound: pre-tokenize the data set or raise SEQ_LEN/batch"

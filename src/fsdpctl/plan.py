@@ -5,27 +5,33 @@ HSDP_SHARD_SIZE; NO_SHARD: 1), p = bytes of the compute dtype (2 for bf16/fp16, 
 - sharded state: FSDP2 keeps fp32 sharded parameters and fp32 gradients, AdamW two fp32 moments: 16 N / S.
 - activations saved for backward per micro-batch of T = batch x seq tokens, measured on HF Llama (sdpa):
   per layer and token p/2 x (12 h + 4 h_kv + 8 i + 24) + 8 h (RMSNorm keeps an fp32 copy); a checkpointed
-  layer keeps only its input, p x h; after the layers 4 V (fp32 log-softmax for the loss) + p/2 x 4 h + 4 h + 16.
+  layer keeps only its input, p x h; after the layers 4 V (fp32 log-softmax for the loss) + p/2 x 4 h + 4 h
+  + 16.
 - parameters left unsharded at the end of forward under SHARD_GRAD_OP: those of the layers that are not
   checkpointed and the output head, at p bytes.
 - GPU only: the layers FSDP gathers ahead (2 layers' parameters at p, their gradients at 4 bytes), one layer's
   recomputed activations under checkpointing, the logits' temporaries (6 V per token), and 2 GiB for the CUDA
   context and NCCL buffers.
 Step time: compute = 6 N' T_gpu (+2 N' T_gpu per checkpointed share: the recomputed forward) / (peak x assumed
-MFU); communication = all-gathers of p N per forward and backward of every micro-batch (one under SHARD_GRAD_OP),
-one fp32 reduce-scatter per step, and under HYBRID/NO_SHARD an fp32 all-reduce across replicas; a ring moves
-(n-1)/n of the data over the slowest link it crosses: NVLink inside a node, the node's EFA bandwidth across
-nodes, at 80% of line rate (see `_bandwidth`). FSDP overlaps the two; the first all-gather and last reduce-scatter (1/L of the
-communication) cannot be hidden: step = max(compute, comm) + comm / L.
+MFU); communication = all-gathers of p N per forward and backward of every micro-batch (one under
+SHARD_GRAD_OP), one fp32 reduce-scatter per step, and under HYBRID/NO_SHARD an fp32 all-reduce across
+replicas; a ring moves (n-1)/n of the data over the slowest link it crosses: NVLink inside a node, the node's
+EFA bandwidth across nodes, at 80% of line rate (see `_bandwidth`). FSDP overlaps the two; the first
+all-gather and last reduce-scatter (1/L of the communication) cannot be hidden: step = max(compute, comm) +
+comm / L.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape, flops_per_token, hsdp_group_size
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 GIB = 1024**3
 CUDA_OVERHEAD = 2 * GIB
@@ -264,8 +270,84 @@ def cheapest_fix(job: Job, tokens: float) -> tuple[str, Job] | None:
                 )
         return None
 
-    def key(item):
+    def key(item: tuple[str, Job]) -> tuple[float, float]:
         hours, usd = cost(item[1], tokens)
         return (usd if usd is not None else math.inf, hours)
 
     return min(fitting, key=key)
+
+
+def job_from(cfg: Config, *, mfu: float, price: float | None) -> Job:
+    """The job the settings describe, as the planner sees it (`mfu` 0: the GPU's assumed MFU)."""
+    t = cfg.training
+    return Job(
+        model=t.model,
+        instance_type=cfg.instance_type,
+        nodes=cfg.job_nodes,
+        gpus_per_node=cfg.gpus,
+        strategy=t.sharding_strategy,
+        precision=t.precision,
+        ac=t.activation_checkpointing,
+        ac_every=t.ac_every,
+        micro_batch=t.micro_batch_size,
+        seq_len=t.seq_len,
+        grad_accum=t.grad_accum_steps,
+        hsdp_shard_size=t.hsdp_shard_size,
+        mfu=mfu,
+        price_per_hour=price,
+    )
+
+
+def report(job: Job, tokens: float) -> dict[str, Any]:
+    """Everything `fsdpctl plan` says about one job, in GiB, seconds, hours and USD (what -o json prints)."""
+    mem, spd = memory(job), speed(job)
+    hours, usd = cost(job, tokens)
+    fix = None if mem.fits else cheapest_fix(job, tokens)
+    return {
+        "job": asdict(job),
+        "memory_gib": {k: v / GIB for k, v in asdict(mem).items()}
+        | {"total": mem.total / GIB, "state": mem.state / GIB},
+        "fits": mem.fits,
+        "fix": fix[0] if fix else None,
+        "fix_memory_gib": memory(fix[1]).total / GIB if fix else None,
+        "speed": asdict(spd),
+        "tokens": tokens,
+        "hours": hours,
+        "usd": usd,
+        "price_per_hour": price(job),
+        "prices_as_of": PRICES_AS_OF,
+    }
+
+
+SWEEP_MODELS = ("7b", "13b", "70b")
+SWEEP_INSTANCES = ("p4de.24xlarge", "p5.48xlarge")
+SWEEP_NODES = (1, 2, 4, 8, 16)
+
+
+def matrix(base: Job, tokens: float) -> list[dict[str, Any]]:
+    """`plan --table`: each model on each instance type at 1..16 nodes, the rest of `base` unchanged; scaling
+    is the per-GPU throughput relative to one node."""
+    rows = []
+    for model in SWEEP_MODELS:
+        for inst in SWEEP_INSTANCES:
+            jobs = [replace(base, model=model, instance_type=inst, nodes=n) for n in SWEEP_NODES]
+            one_node = speed(jobs[0]).tokens_per_s_per_gpu
+            rows += [_sweep_row(job, tokens, one_node) for job in jobs]
+    return rows
+
+
+def _sweep_row(job: Job, tokens: float, one_node: float) -> dict[str, Any]:
+    mem, spd = memory(job), speed(job)
+    hours, usd = cost(job, tokens)
+    return {
+        "model": job.model,
+        "instance_type": job.instance_type,
+        "nodes": job.nodes,
+        "memory_gib": mem.total / GIB,
+        "fits": mem.fits,
+        "tokens_per_s_per_gpu": spd.tokens_per_s_per_gpu,
+        "mfu": spd.mfu,
+        "scaling": spd.tokens_per_s_per_gpu / one_node,
+        "hours": hours,
+        "usd": usd,
+    }

@@ -1,14 +1,15 @@
 """`fsdpctl cluster check`: before any money is spent, ask AWS whether the cluster the settings describe can
-be created. Each check is ok / warn / fail with the fix; the AWS calls go through the `adapters.aws` object."""
+be created. Each check is ok / warn / fail with the fix; the AWS calls go through the `adapters.aws` object.
+"""
 
 from __future__ import annotations
 
-from fsdpctl.adapters.aws import P_INSTANCES_QUOTA, AwsError
-from fsdpctl.doctor import FAIL, OK, WARN, Check
+from fsdpctl.adapters.aws import P_INSTANCES_QUOTA, Aws, AwsError
+from fsdpctl.checks import FAIL, OK, WARN, Check
 from fsdpctl.settings import Config
 
 
-def check_identity(cfg: Config, aws) -> Check:
+def check_identity(cfg: Config, aws: Aws) -> Check:
     try:
         who = aws.identity()
     except AwsError as e:
@@ -23,7 +24,7 @@ def check_identity(cfg: Config, aws) -> Check:
     return Check("credentials", OK, f"account {who['Account']} as {who['Arn']}")
 
 
-def check_offering(cfg: Config, aws) -> Check:
+def check_offering(cfg: Config, aws: Aws) -> Check:
     name = f"{cfg.instance_type} offered"
     try:
         zones = aws.instance_type_zones(cfg.instance_type)
@@ -44,7 +45,7 @@ def check_offering(cfg: Config, aws) -> Check:
     return Check(name, OK, f"offered in {', '.join(zones)}")
 
 
-def check_quota(cfg: Config, aws) -> Check:
+def check_quota(cfg: Config, aws: Aws) -> Check:
     name = "P instance quota"
     try:
         need = aws.vcpus(cfg.instance_type) * cfg.node_count
@@ -66,7 +67,7 @@ def check_quota(cfg: Config, aws) -> Check:
     return Check(name, OK, f"{need} of {quota:.0f} vCPUs")
 
 
-def check_reservation(cfg: Config, aws) -> Check:
+def check_reservation(cfg: Config, aws: Aws) -> Check:
     name = "capacity reservation"
     if not cfg.capacity_reservation_id:
         return Check(name, OK, "none requested (On-Demand capacity is not guaranteed for P instances)")
@@ -90,7 +91,7 @@ def check_reservation(cfg: Config, aws) -> Check:
     return Check(name, OK, detail)
 
 
-def check_existing(cfg: Config, aws) -> Check:
+def check_existing(cfg: Config, aws: Aws) -> Check:
     try:
         cluster = aws.cluster(cfg.cluster_name)
     except AwsError as e:
@@ -105,7 +106,7 @@ def check_existing(cfg: Config, aws) -> Check:
     return Check("cluster name", OK, f"{cfg.cluster_name} is free in {cfg.aws_region}")
 
 
-def run_checks(cfg: Config, aws) -> list[Check]:
+def run_checks(cfg: Config, aws: Aws) -> list[Check]:
     return [
         check(cfg, aws)
         for check in (check_identity, check_offering, check_quota, check_reservation, check_existing)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,19 +123,35 @@ def capture(
     (None: this process's). ToolMissing when the program is absent, ToolTimeout (the process killed) after
     `timeout` seconds."""
     exe = which(argv[0])
+    # its own process group, so that a timeout (or Ctrl-C) also ends what it started: a child left holding
+    # the output pipes would keep us waiting after the program itself was killed
+    with subprocess.Popen(
+        [exe, *argv[1:]],
+        env=env,
+        cwd=cwd,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            _kill_group(proc)
+            raise ToolTimeout(argv, timeout) from e
+        except BaseException:
+            _kill_group(proc)
+            raise
+    return Captured(proc.returncode, stdout, stderr)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
-        p = subprocess.run(
-            [exe, *argv[1:]],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise ToolTimeout(argv, timeout) from e
-    return Captured(p.returncode, p.stdout, p.stderr)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # gone already
+        pass
+    proc.communicate()
 
 
 def spawn(

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fsdpctl.adapters import shell
+    from fsdpctl.checks import Check
     from fsdpctl.settings import Config
 
 err = Console(stderr=True, highlight=False)
@@ -175,13 +176,14 @@ def _show(line: str, also) -> None:
 CHECK_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
 
 
-def report_checks(checks: list, output: Output) -> None:
+def report_checks(checks: list[Check], output: Output) -> None:
     """The table (or -o json) of doctor / cluster check results; exits 1 when any failed."""
     from rich.table import Table
 
+    from fsdpctl.checks import any_failed
     from fsdpctl.errors import ExitCode
 
-    failed = any(c.status == "fail" for c in checks)
+    failed = any_failed(checks)
     if not emit({"checks": [c.as_dict() for c in checks], "ok": not failed}, output):
         t = Table("check", "status", "detail", "fix", box=None, pad_edge=False)
         for c in checks:

@@ -1,9 +1,8 @@
-"""fsdpctl plan"""
+"""fsdpctl plan: the numbers come from `fsdpctl.plan`; this prints them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -11,69 +10,28 @@ from rich.table import Table
 from fsdpctl import plan as P
 from fsdpctl.cli.common import Output, OutputOpt, emit, out, state
 
-if TYPE_CHECKING:
-    from fsdpctl.settings import Config
-
-
-def job_from(cfg: Config, *, mfu: float, price: float | None) -> P.Job:
-    t = cfg.training
-    return P.Job(
-        model=t.model,
-        instance_type=cfg.instance_type,
-        nodes=cfg.job_nodes,
-        gpus_per_node=cfg.gpus,
-        strategy=t.sharding_strategy,
-        precision=t.precision,
-        ac=t.activation_checkpointing,
-        ac_every=t.ac_every,
-        micro_batch=t.micro_batch_size,
-        seq_len=t.seq_len,
-        grad_accum=t.grad_accum_steps,
-        hsdp_shard_size=t.hsdp_shard_size,
-        mfu=mfu,
-        price_per_hour=price,
-    )
-
-
-def report(job: P.Job, tokens: float) -> dict:
-    mem, spd = P.memory(job), P.speed(job)
-    hours, usd = P.cost(job, tokens)
-    fix = None if mem.fits else P.cheapest_fix(job, tokens)
-    return {
-        "job": asdict(job),
-        "memory_gib": {k: v / P.GIB for k, v in asdict(mem).items()}
-        | {"total": mem.total / P.GIB, "state": mem.state / P.GIB},
-        "fits": mem.fits,
-        "fix": fix[0] if fix else None,
-        "fix_memory_gib": P.memory(fix[1]).total / P.GIB if fix else None,
-        "speed": asdict(spd),
-        "tokens": tokens,
-        "hours": hours,
-        "usd": usd,
-        "price_per_hour": P.price(job),
-        "prices_as_of": P.PRICES_AS_OF,
-    }
+MEMORY_ROWS = (
+    ("params", "parameters (fp32 shard)"),
+    ("grads", "gradients (fp32 shard)"),
+    ("optimizer", "AdamW moments (fp32 shard)"),
+    ("activations", "activations held for backward"),
+    ("transient", "gathered layers, recompute, logits, CUDA/NCCL"),
+)
 
 
 def _gib(x: float) -> str:
     return f"{x:,.1f} GiB"
 
 
-def _print_report(r: dict) -> None:
-    j, m, s = r["job"], r["memory_gib"], r["speed"]
+def _print_memory(r: dict[str, Any]) -> None:
+    j, m = r["job"], r["memory_gib"]
     out.print(
         f"[bold]{j['model']}[/] on {j['nodes']} x {j['instance_type']} ({j['gpus_per_node']} GPUs each), "
         f"{j['strategy']}, {j['precision']}, checkpointing {j['ac']}, micro-batch {j['micro_batch']} x "
         f"{j['seq_len']} tokens, accumulation {j['grad_accum']}"
     )
     t = Table("per GPU", "memory", box=None, pad_edge=False)
-    for key, label in (
-        ("params", "parameters (fp32 shard)"),
-        ("grads", "gradients (fp32 shard)"),
-        ("optimizer", "AdamW moments (fp32 shard)"),
-        ("activations", "activations held for backward"),
-        ("transient", "gathered layers, recompute, logits, CUDA/NCCL"),
-    ):
+    for key, label in MEMORY_ROWS:
         t.add_row(label, _gib(m[key]))
     verdict = "[green]FITS[/]" if r["fits"] else "[red]DOES NOT FIT[/]"
     t.add_row("[bold]total[/]", f"[bold]{_gib(m['total'])}[/] of {_gib(m['capacity'])}  {verdict}")
@@ -84,48 +42,43 @@ def _print_report(r: dict) -> None:
             if r["fix"]
             else "no single change fits: use a bigger instance type or more nodes"
         )
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    _print_memory(r)
+    s = r["speed"]
     out.print(
         f"step {s['step_s']:.2f} s (compute {s['compute_s']:.2f} s, communication {s['comm_s']:.2f} s) | "
         f"{s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_s_per_gpu']:,.0f} per GPU) | "
         f"{s['tflops_per_gpu']:.0f} TFLOP/s per GPU, MFU {100 * s['mfu']:.0f}%"
     )
+    time = f"{r['tokens']:.3g} tokens: {r['hours']:,.1f} h"
     if r["usd"] is None:
-        out.print(
-            f"{r['tokens']:.3g} tokens: {r['hours']:,.1f} h; cost unknown: no list price for "
-            f"{j['instance_type']}, pass --price USD/node-hour"
-        )
+        instance = r["job"]["instance_type"]
+        out.print(f"{time}; cost unknown: no list price for {instance}, pass --price USD/node-hour")
     else:
         out.print(
-            f"{r['tokens']:.3g} tokens: {r['hours']:,.1f} h, ${r['usd']:,.0f} on-demand "
+            f"{time}, ${r['usd']:,.0f} on-demand "
             f"(${r['price_per_hour']:.2f}/node-hour, prices as of {r['prices_as_of']})"
         )
 
 
-def matrix(base: P.Job, tokens: float) -> list[dict]:
-    rows = []
-    for model in ("7b", "13b", "70b"):
-        for inst in ("p4de.24xlarge", "p5.48xlarge"):
-            one = None
-            for nodes in (1, 2, 4, 8, 16):
-                job = replace(base, model=model, instance_type=inst, nodes=nodes)
-                mem, spd = P.memory(job), P.speed(job)
-                one = one or spd.tokens_per_s_per_gpu
-                hours, usd = P.cost(job, tokens)
-                rows.append(
-                    {
-                        "model": model,
-                        "instance_type": inst,
-                        "nodes": nodes,
-                        "memory_gib": mem.total / P.GIB,
-                        "fits": mem.fits,
-                        "tokens_per_s_per_gpu": spd.tokens_per_s_per_gpu,
-                        "mfu": spd.mfu,
-                        "scaling": spd.tokens_per_s_per_gpu / one,
-                        "hours": hours,
-                        "usd": usd,
-                    }
-                )
-    return rows
+def _print_matrix(rows: list[dict[str, Any]], tokens: float) -> None:
+    heads = ("model", "node", "n", "GiB/GPU", "fits", "tok/s/GPU", "MFU", "scaling", f"$/{tokens:.0e} tok")
+    t = Table(*heads, box=None, pad_edge=False)
+    for r in rows:
+        t.add_row(
+            r["model"],
+            r["instance_type"].split(".")[0],
+            str(r["nodes"]),
+            f"{r['memory_gib']:.1f}",
+            "yes" if r["fits"] else "[red]no[/]",
+            f"{r['tokens_per_s_per_gpu']:,.0f}",
+            f"{100 * r['mfu']:.0f}%",
+            f"{100 * r['scaling']:.0f}%",
+            f"{r['usd']:,.0f}" if r["usd"] is not None else "-",
+        )
+    out.print(t)
 
 
 def plan(
@@ -164,41 +117,14 @@ def plan(
         "SEQ_LEN": seq_len,
         "GRAD_ACCUM_STEPS": grad_accum,
     }
-    st = state(ctx)
     # planning is about the cluster whatever BACKEND says: GPUs per node come from the instance type
-    cfg = st.config(**{**{k: v for k, v in flags.items() if v is not None}, "BACKEND": "eks"})
-    job = job_from(cfg, mfu=mfu, price=price)
+    cfg = state(ctx).config(**{k: v for k, v in flags.items() if v is not None}, BACKEND="eks")
+    job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
-        rows = matrix(job, tokens)
-        if emit(rows, output):
-            return
-        t = Table(
-            "model",
-            "node",
-            "n",
-            "GiB/GPU",
-            "fits",
-            "tok/s/GPU",
-            "MFU",
-            "scaling",
-            f"$/{tokens:.0e} tok",
-            box=None,
-            pad_edge=False,
-        )
-        for r in rows:
-            t.add_row(
-                r["model"],
-                r["instance_type"].split(".")[0],
-                str(r["nodes"]),
-                f"{r['memory_gib']:.1f}",
-                "yes" if r["fits"] else "[red]no[/]",
-                f"{r['tokens_per_s_per_gpu']:,.0f}",
-                f"{100 * r['mfu']:.0f}%",
-                f"{100 * r['scaling']:.0f}%",
-                f"{r['usd']:,.0f}" if r["usd"] is not None else "-",
-            )
-        out.print(t)
+        rows = P.matrix(job, tokens)
+        if not emit(rows, output):
+            _print_matrix(rows, tokens)
         return
-    r = report(job, tokens)
+    r = P.report(job, tokens)
     if not emit(r, output):
         _print_report(r)
