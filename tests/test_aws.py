@@ -205,3 +205,38 @@ def test_create_and_delete(aws_env, tmp_path):
     )
     refused = runner.invoke(app, ["cluster", "delete"], input="n\n")
     assert refused.exit_code == 2
+
+
+def test_eksctl_command_lines_and_the_tool_environment(tmp_path):
+    from fsdpctl import cluster
+    from fsdpctl.adapters import eksctl
+
+    path = eksctl.write_config(tmp_path, "kind: ClusterConfig\n")
+    assert path == tmp_path / "clusterconfig.yaml" and path.read_text() == "kind: ClusterConfig\n"
+    env = cluster.tool_env(load(dotenv={"AWS_REGION": "eu-west-1", "AWS_PROFILE": "ml"}))
+    assert env == {"AWS_REGION": "eu-west-1", "AWS_PROFILE": "ml"}
+    assert eksctl.cluster_command("create", path, env).argv == [
+        "eksctl",
+        "create",
+        "cluster",
+        "-f",
+        str(path),
+    ]
+    assert eksctl.cluster_command("delete", path, env).shell_line() == (
+        f"AWS_PROFILE=ml AWS_REGION=eu-west-1 eksctl delete cluster -f {path} --wait"
+    )
+    assert cluster.tool_env(load(dotenv={"AWS_REGION": "eu-west-1"})) == {"AWS_REGION": "eu-west-1"}
+    with pytest.raises(ValueError):
+        eksctl.cluster_command("upgrade", path, env)
+
+
+def test_an_aws_error_is_one_line_with_the_credentials_hint(aws_env, monkeypatch):
+    from fsdpctl.adapters.aws import AwsError
+    from fsdpctl.errors import ExitCode, FsdpctlError
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(AwsError) as e:
+        Aws("us-east-1").cluster("fsdp-eks")
+    assert isinstance(e.value, FsdpctlError) and e.value.code == ExitCode.FAILURE
+    assert e.value.aws_code == "EndpointConnectionError" and "AWS_REGION" in e.value.hint

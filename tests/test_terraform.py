@@ -45,12 +45,10 @@ def test_every_root_variable_has_a_description_and_a_default():
     for name, body in variables.items():
         assert body.get("description") and "default" in body, name
     assert all(b.get("description") for b in _variables(TF / "modules/eks-gpu/variables.tf").values())
-    # the EFA count is one number fsdpctl writes from instances.py, not a table of terraform's own: no .tf
-    # file names an instance type other than the default one
+    # the EFA count is one number fsdpctl writes from instances.py, not a table of terraform's own
     assert variables["efa_interfaces"]["type"] == "number" and variables["efa_interfaces"]["default"] is None
-    others = [name for name in INSTANCE_TYPES if name != variables["instance_type"]["default"].strip('"')]
     for tf in TF.rglob("*.tf"):
-        assert not any(name in tf.read_text() for name in others), tf
+        assert not any(name in tf.read_text() for name in INSTANCE_TYPES if name != "p5.48xlarge"), tf
 
 
 @pytest.mark.parametrize("instance", list(INSTANCE_TYPES))
@@ -202,3 +200,32 @@ def test_nodes_get_the_efa_interfaces_the_pods_request(tmp_path):
     )
     runs = 1 + 2 * len(INSTANCE_TYPES)
     assert test.returncode == 0 and f"Success! {runs} passed, 0 failed." in test.stdout, test.stdout[-3000:]
+
+
+def test_the_workdir_keeps_its_state_and_init_uses_the_plugin_mirror(tmp_path, monkeypatch):
+    from fsdpctl.adapters import terraform
+
+    module = tmp_path / "module"
+    (module / ".terraform").mkdir(parents=True)
+    (module / "main.tf").write_text("# module\n")
+    (module / ".terraform" / "cache").write_text("a provider download\n")
+    work = tmp_path / "work"
+    path, text = terraform.prepare(module, work, {"node_count": 2})
+    assert path == work / "fsdpctl.auto.tfvars.json" and json.loads(path.read_text()) == {"node_count": 2}
+    assert text == path.read_text() and (work / "main.tf").is_file() and not (work / ".terraform").exists()
+    (work / "terraform.tfstate").write_text("{state}")
+    terraform.prepare(module, work, {"node_count": 4})
+    assert (work / "terraform.tfstate").read_text() == "{state}"  # a rerun converges, it does not start over
+    assert json.loads(path.read_text()) == {"node_count": 4}
+
+    monkeypatch.delenv("FSDPCTL_TF_PLUGIN_DIR", raising=False)
+    init, destroy = terraform.commands("destroy", work, {"AWS_REGION": "eu-west-1"})
+    assert init.argv == ["terraform", f"-chdir={work}", "init", "-input=false"]
+    assert (
+        destroy.shell_line()
+        == f"AWS_REGION=eu-west-1 terraform -chdir={work} destroy -input=false -auto-approve"
+    )
+    monkeypatch.setenv("FSDPCTL_TF_PLUGIN_DIR", "/opt/tf-plugins")
+    assert terraform.commands("apply", work, {})[0].argv[-1] == "-plugin-dir=/opt/tf-plugins"
+    with pytest.raises(ValueError):
+        terraform.commands("plan", work, {})

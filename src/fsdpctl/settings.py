@@ -216,18 +216,25 @@ class Config(Settings):
         and for the warning when NCCL falls back to sockets."""
         return self.backend == "eks" and self.efa_per_node > 0
 
+    def ecr_registry(self, account: str) -> str:
+        """The ECR registry host of `account` in AWS_REGION."""
+        return f"{account}.dkr.ecr.{self.aws_region}.amazonaws.com"
+
     @property
     def registry(self) -> str:
+        """IMAGE_REGISTRY, else the ECR of AWS_ACCOUNT_ID; '' when neither is set (then STS knows)."""
         if self.image_registry:
             return self.image_registry
-        if self.aws_account_id:
-            return f"{self.aws_account_id}.dkr.ecr.{self.aws_region}.amazonaws.com"
-        return ""
+        return self.ecr_registry(self.aws_account_id) if self.aws_account_id else ""
+
+    def image_uri_in(self, registry: str) -> str:
+        """registry/IMAGE_REPO:IMAGE_TAG (no registry: the bare name)."""
+        name = f"{self.image_repo}:{self.image_tag}"
+        return f"{registry}/{name}" if registry else name
 
     @property
     def image_uri(self) -> str:
-        name = f"{self.image_repo}:{self.image_tag}"
-        return f"{self.registry}/{name}" if self.registry else name
+        return self.image_uri_in(self.registry)
 
     def hf_token_value(self, read_file: Callable[[str], str] | None = None) -> str:
         """The token itself, for the Secret only. `read_file` is injected so this module stays free of I/O."""

@@ -3,20 +3,26 @@ service's own code and message. `AWS_ENDPOINT_URL` (read by boto3 itself) points
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpctl.errors import FsdpctlError
+
+CREDENTIALS_HINT = "check credentials and AWS_REGION (`fsdpctl cluster check`)"
 
 
-class AwsError(RuntimeError):
+class AwsError(FsdpctlError):
     def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
+        super().__init__(f"{code}: {message}", hint=CREDENTIALS_HINT)
+        self.aws_code = code  # the service's error code (`code` is fsdpctl's exit code)
 
 
 # Service Quotas code of "Running On-Demand P instances" (vCPUs), the quota p4de/p5 count against
 P_INSTANCES_QUOTA = ("ec2", "L-417A185B")
 
 
-def _call(fn, **kwargs):
+def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -32,14 +38,16 @@ def _call(fn, **kwargs):
 class Aws:
     region: str
     profile: str = ""
+    _clients: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self):
-        import boto3
-
+    def __post_init__(self) -> None:
+        try:
+            import boto3
+        except ImportError as e:
+            raise FsdpctlError("boto3 is not installed", hint="pip install 'fsdpctl[aws]'") from e
         self.session = boto3.Session(region_name=self.region, profile_name=self.profile or None)
-        self._clients: dict = {}
 
-    def client(self, service: str):
+    def client(self, service: str) -> Any:
         if service not in self._clients:
             self._clients[service] = self.session.client(service)
         return self._clients[service]
@@ -72,7 +80,7 @@ class Aws:
         try:
             return _call(self.client("eks").describe_cluster, name=name)["cluster"]
         except AwsError as e:
-            if e.code == "ResourceNotFoundException":
+            if e.aws_code == "ResourceNotFoundException":
                 return None
             raise
 
@@ -89,7 +97,7 @@ class Aws:
         try:
             return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][0], False
         except AwsError as e:
-            if e.code != "RepositoryNotFoundException":
+            if e.aws_code != "RepositoryNotFoundException":
                 raise
         try:
             repo = _call(
@@ -100,7 +108,7 @@ class Aws:
             )["repository"]
             return repo, True
         except AwsError as e:  # created by someone else in between: theirs is ours
-            if e.code != "RepositoryAlreadyExistsException":
+            if e.aws_code != "RepositoryAlreadyExistsException":
                 raise
             return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][0], False
 

@@ -1,19 +1,23 @@
 """Adapter: the Docker engine, through the `docker` command line (DOCKER_HOST and DOCKER_CONFIG as the user
-has them). Commands are built as `shell.Command`s so that --dry-run prints exactly what would run."""
+has them) and the shell adapter. Commands are built as `shell.Command`s so that --dry-run prints exactly what
+would run."""
 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
-from fsdpctl.adapters.shell import Command, ToolMissing
+from fsdpctl.adapters import shell
+from fsdpctl.adapters.shell import Command
+from fsdpctl.errors import FsdpctlError
 
 DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
+ENGINE_TIMEOUT = 30.0
 
 
-class EngineDown(RuntimeError):
-    pass
+class EngineDown(FsdpctlError):
+    def __init__(self, reason: str):
+        super().__init__(reason, hint="start it (`sudo systemctl start docker`) or point DOCKER_HOST at one")
 
 
 def build_command(tag: str, context: Path, build_args: dict[str, str], network: str = "") -> Command:
@@ -37,17 +41,10 @@ def push_command(uri: str) -> Command:
 def engine_version() -> str:
     """The engine's version; EngineDown with docker's own reason when no engine answers."""
     try:
-        r = subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except FileNotFoundError as e:
-        raise ToolMissing("docker") from e
-    except subprocess.TimeoutExpired as e:
-        raise EngineDown("the Docker engine did not answer within 30 s") from e
-    if r.returncode != 0 or not r.stdout.strip():
+        r = shell.capture(["docker", "version", "--format", "{{.Server.Version}}"], timeout=ENGINE_TIMEOUT)
+    except shell.ToolTimeout as e:
+        raise EngineDown(f"the Docker engine did not answer within {ENGINE_TIMEOUT:.0f} s") from e
+    if r.rc != 0 or not r.stdout.strip():
         reason = (r.stderr.strip().splitlines() or ["no answer"])[-1]
         raise EngineDown(f"the Docker engine is not reachable: {reason}")
     return r.stdout.strip()
@@ -60,6 +57,4 @@ def pushed_digest(line: str) -> str:
 
 
 def image_exists(ref: str) -> bool:
-    return (
-        subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=60).returncode == 0
-    )
+    return shell.capture(["docker", "image", "inspect", ref], timeout=60).rc == 0

@@ -1,81 +1,23 @@
-"""fsdpctl image build|push: the trainer image from docker/Dockerfile, pushed to ECR."""
+"""fsdpctl image build|push: the trainer image from docker/Dockerfile, pushed to ECR (over `fsdpctl.image` and
+the Docker adapter)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpctl.cli.common import ok, out, parse_sets, run_tool, state
-from fsdpctl.errors import BadInput, FsdpctlError
+from fsdpctl.cli.common import DryRunOpt, ok, out, parse_sets, run_tool, state
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     help="The trainer image: build it from docker/Dockerfile, push it to ECR.",
 )
-
-DryRun = Annotated[bool, typer.Option("--dry-run", help="print the commands, run nothing")]
-
-
-def source_root(context: Path | None) -> Path:
-    """The build context: a fsdpctl checkout (the Dockerfile installs the trainer from its sources)."""
-    from fsdpctl.render import data_dir
-
-    root = context
-    if root is None:
-        try:
-            root = data_dir("docker").parent
-        except FileNotFoundError:
-            root = Path(".")
-    if not (root / "docker" / "Dockerfile").is_file() or not (root / "pyproject.toml").is_file():
-        raise BadInput(
-            f"{root.resolve()} is not a fsdpctl source checkout (no docker/Dockerfile + pyproject.toml)",
-            hint="git clone the fsdpctl repository and pass --context PATH_TO_IT",
-        )
-    return root
-
-
-def _aws(cfg):
-    from fsdpctl.cli.cluster_cmd import _aws as make
-
-    return make(cfg)
-
-
-def image_uri(cfg) -> str:
-    """IMAGE_REGISTRY, else the account's ECR (AWS_ACCOUNT_ID, else asked of STS)."""
-    if cfg.registry:
-        return cfg.image_uri
-    from fsdpctl.adapters.aws import AwsError
-
-    try:
-        account = _aws(cfg).identity()["Account"]
-    except AwsError as e:
-        raise FsdpctlError(
-            f"cannot tell the ECR registry: {e}",
-            hint="set AWS_ACCOUNT_ID (or IMAGE_REGISTRY), or fix the credentials",
-        ) from e
-    return f"{account}.dkr.ecr.{cfg.aws_region}.amazonaws.com/{cfg.image_repo}:{cfg.image_tag}"
-
-
-def _engine() -> str:
-    from fsdpctl.adapters import docker, shell
-
-    try:
-        return docker.engine_version()
-    except shell.ToolMissing as e:
-        raise FsdpctlError(str(e), hint=e.hint) from e
-    except docker.EngineDown as e:
-        raise FsdpctlError(
-            str(e), hint="start it (`sudo systemctl start docker`) or point DOCKER_HOST at one"
-        ) from e
-
-
-def _log(name: str) -> Path:
-    from fsdpctl.adapters.local import home
-
-    return home() / "images" / f"{name}.log"
 
 
 @app.command()
@@ -91,92 +33,79 @@ def build(
     ] = None,
     network: Annotated[str, typer.Option("--network", help="network for RUN steps (e.g. host)")] = "",
     context: Annotated[Path | None, typer.Option("--context", help="fsdpctl checkout to build from")] = None,
-    dry_run: DryRun = False,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Build the trainer image and tag it with the URI the manifests use (registry/repo:tag).
 
     Example: fsdpctl image build --build-arg EFA_INSTALLER_VERSION=1.43.2
     """
+    from fsdpctl import image
     from fsdpctl.adapters import docker
 
     cfg = state(ctx).config()
     args = parse_sets(build_arg or [], "--build-arg", "INSTALL_EFA=false")
     if base_image:
         args["BASE_IMAGE"] = base_image
-    uri = image_uri(cfg)
-    cmd = docker.build_command(uri, source_root(context), args, network)
-    if dry_run:
-        out.print(cmd.shell_line(), markup=False)
-        return
-    ok(f"Docker engine {_engine()}")
-    log = _log("build")
-    run_tool(cmd, log, failed="docker build")
-    ok(f"built {uri}; next: fsdpctl image push")
+    uri = image.uri(cfg)
+    cmd = docker.build_command(uri, image.source_root(context), args, network)
+    if not dry_run:
+        ok(f"Docker engine {docker.engine_version()}")
+    run_tool(cmd, image.log("build"), dry_run=dry_run, failed="docker build")
+    if not dry_run:
+        ok(f"built {uri}; next: fsdpctl image push")
 
 
 @app.command()
-def push(ctx: typer.Context, dry_run: DryRun = False) -> None:
+def push(ctx: typer.Context, dry_run: DryRunOpt = False) -> None:
     """Push the built image: the ECR repository is created if missing, docker logs in with a token from
     ecr:GetAuthorizationToken (on stdin, never on the command line). Prints the pushed digest.
 
     Example: fsdpctl image push
     """
+    from fsdpctl import image
     from fsdpctl.adapters import docker
+    from fsdpctl.errors import FsdpctlError
 
     cfg = state(ctx).config()
-    uri = image_uri(cfg)
-    registry = uri.split("/", 1)[0]
-    ecr = cfg.image_login == "ecr"
-    if dry_run:
-        if ecr:
-            out.print(
-                f"# ECR repository {cfg.image_repo} in {cfg.aws_region}: created if missing", markup=False
-            )
-            out.print(
-                docker.login_command(registry, "AWS").shell_line()
-                + "  # token from ecr:GetAuthorizationToken",
-                markup=False,
-            )
-        out.print(docker.push_command(uri).shell_line(), markup=False)
-        return
-    _engine()
-    if not docker.image_exists(uri):
-        raise FsdpctlError(f"no local image {uri}", hint="build it first: fsdpctl image build")
-    if ecr:
-        _ecr_login(cfg, registry)
-    digest = ""
-
-    def seen(line: str) -> None:
-        nonlocal digest
-        digest = docker.pushed_digest(line) or digest
-
-    log = _log("push")
+    uri = image.uri(cfg)
+    if not dry_run:
+        docker.engine_version()
+        if not docker.image_exists(uri):
+            raise FsdpctlError(f"no local image {uri}", hint="build it first: fsdpctl image build")
+    if cfg.image_login == "ecr":
+        _ecr_login(cfg, image.registry_of(uri), dry_run)
+    digests: list[str] = []
     run_tool(
         docker.push_command(uri),
-        log,
-        on_line=seen,
+        image.log("push"),
+        dry_run=dry_run,
+        on_line=lambda line: digests.append(docker.pushed_digest(line)),
         failed=f"docker push {uri}",
         hint="check `docker login` to the registry (IMAGE_LOGIN) and the repository name",
     )
-    ok(f"pushed {uri}")
-    out.print(f"{uri.rsplit(':', 1)[0]}@{digest}" if digest else uri, markup=False)
+    if not dry_run:
+        ok(f"pushed {uri}")
+        out.print(image.pinned(uri, next((d for d in reversed(digests) if d), "")), markup=False)
 
 
-def _ecr_login(cfg, registry: str) -> None:
+def _ecr_login(cfg: Config, registry: str, dry_run: bool) -> None:
+    from fsdpctl import image
     from fsdpctl.adapters import docker
-    from fsdpctl.adapters.aws import AwsError
 
-    aws = _aws(cfg)
-    try:
-        _, created = aws.ecr_repository(cfg.image_repo)
+    if dry_run:
+        out.print(
+            f"# ECR repository {cfg.image_repo} in {cfg.aws_region}: created if missing; docker login reads "
+            "a token from ecr:GetAuthorizationToken on stdin",
+            markup=False,
+        )
+        user, password = "AWS", ""
+    else:
+        created, user, password = image.ecr_login(cfg)
         ok(f"ECR repository {cfg.image_repo} {'created' if created else 'exists'}")
-        user, password = aws.ecr_login()
-    except AwsError as e:
-        raise FsdpctlError(str(e), hint="check credentials and AWS_REGION (`fsdpctl cluster check`)") from e
-    log = _log("login")
     run_tool(
         docker.login_command(registry, user),
-        log,
+        image.log("login"),
+        dry_run=dry_run,
         stdin_text=password,
         failed=f"docker login {registry}",
         hint="IMAGE_REGISTRY must be the ECR registry of the account the credentials belong to",
