@@ -1,10 +1,10 @@
-"""The Kubernetes side (deploy, job run/status/logs/list/wait/stop, cleanup, monitor top) driven through the CLI
-against the API peer of ../shared/TESTING.md: kmock's KubernetesEmulator served over HTTP (tests/kube_peer.py),
-reached by the real `kubernetes` client through a kubeconfig. It has no controllers and no kubelet, so the tests
-play them: they set job conditions and pod status through the API and give pods their log text. Its gaps
-(server-side apply, namespaces, dry-run, service proxy) are filled in kube_peer.py, each as the real API
-behaves. With FSDPCTL_TEST_KUBECONFIG set, test_real_cluster runs the non-destructive part against that
-cluster instead."""
+"""The Kubernetes side (deploy, job run/status/logs/list/wait/stop, cleanup, monitor top) driven through the
+CLI against the API peer of ../shared/TESTING.md: kmock's KubernetesEmulator served over HTTP
+(tests/kube_peer.py), reached by the real `kubernetes` client through a kubeconfig. It has no controllers and
+no kubelet, so the tests play them: they set job conditions and pod status through the API and give pods their
+log text. Its gaps (server-side apply, namespaces, dry-run, service proxy) are filled in kube_peer.py, each as
+the real API behaves. With FSDPCTL_TEST_KUBECONFIG set, test_real_cluster runs the non-destructive part
+against that cluster instead."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def step_line(step: int, max_steps: int = 100, loss: float = 3.5) -> str:
     )
 
 
-# --- deploy ---------------------------------------------------------------------------------------------------
+# --- deploy -------------------------------------------------------------------------------------------------
 
 
 def test_deploy_operator_is_idempotent_and_waits_for_readiness(peer):
@@ -204,7 +204,7 @@ def test_deploy_etcd_times_out_when_nothing_becomes_ready(peer):
 
 
 def test_deploy_monitoring_dry_runs(peer):
-    r = cli("deploy", "monitoring", "--dry-run", "client")
+    r = cli("deploy", "monitoring", "--dry-run")
     assert r.exit_code == 0
     objs = list(yaml.safe_load_all(r.stdout))
     dashboard = json.loads(
@@ -226,12 +226,33 @@ def test_deploy_monitoring_dry_runs(peer):
     assert {"htop", "nvtop", "dcgm-exporter"} <= {
         o["metadata"]["name"] for o in objs if o["kind"] == "DaemonSet"
     }
-    r = cli("deploy", "monitoring", "--dry-run", "server")
+    r = cli("deploy", "monitoring", "--dry-run=server")
     assert r.exit_code == 0 and "accepted by the API server (dry run)" in said(r)
     assert peer.objects("deployments") == [] and "monitoring" not in peer.api.namespaces
 
 
-# --- jobs ------------------------------------------------------------------------------------------------------
+def test_deploy_dry_run_sends_nothing_and_dry_run_server_asks_the_api(peer):
+    """One --dry-run: bare it prints the objects without a request; `--dry-run=server` (also spelled
+    `--dry-run-server`) sends every object as a dryRun=All apply; without it the objects are stored."""
+    r = cli("deploy", "etcd", "--dry-run")
+    assert r.exit_code == 0, r.output
+    kinds = [o["kind"] for o in yaml.safe_load_all(r.stdout)]
+    assert "Deployment" in kinds and f"dry run (client): {len(kinds)} objects; nothing sent" in said(r)
+    assert peer.requests() == [] and peer.objects("deployments") == []
+    for spelling in (["--dry-run=server"], ["--dry-run-server"], ["--dry-run", "--dry-run=server"]):
+        before = len(peer.requests())
+        r = cli("deploy", "etcd", *spelling)
+        assert r.exit_code == 0, (spelling, r.output)
+        assert "objects accepted by the API server (dry run)" in said(r) and "ready" not in said(r)
+        applied = [q for q in peer.requests()[before:] if q.method.value == "PATCH"]
+        assert applied and all(q.params.get("dryRun") == "All" for q in applied), spelling
+    assert peer.objects("deployments") == [] and "fsdp" not in peer.api.namespaces
+    assert cli("deploy", "etcd", "--dry-run", "server").exit_code == 2  # the value needs '='
+    r = cli("deploy", "etcd", "--timeout", "1")
+    assert r.exit_code == 1 and {d["metadata"]["name"] for d in peer.objects("deployments")} == {"etcd"}
+
+
+# --- jobs ---------------------------------------------------------------------------------------------------
 
 
 def test_job_run_needs_the_crd_and_names_the_fix(peer):
@@ -334,7 +355,8 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
 
 
 def test_run_follows_the_job_to_its_end_and_status_watch_stops_there(peer):
-    """`job run` without -d: a progress bar from the leader's step lines until the job's condition says done."""
+    """`job run` without -d: a progress bar from the leader's step lines until the job's condition says
+    done."""
     install_operator(peer)
     k = kube(peer)
 
@@ -491,7 +513,8 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
 
 
 def test_trainjob_deploy_run_and_status(peer):
-    """JOB_KIND=trainjob: Trainer v2.3.0 CRDs + torch-distributed runtime, a TrainJob, its Complete condition."""
+    """JOB_KIND=trainjob: Trainer v2.3.0 CRDs + torch-distributed runtime, a TrainJob, its Complete
+    condition."""
     r = cli("deploy", "operator", "--timeout", "1", JOB_KIND="trainjob")
     assert r.exit_code == 0 and "Kubeflow Trainer (CRDs and runtimes) v2.3.0" in said(r), r.output
     assert "kubeflow-trainer-controller-manager in kubeflow-system is not installed" in said(r)
@@ -574,8 +597,8 @@ def test_real_cluster(monkeypatch, tmp_path):
     monkeypatch.setenv("BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     monkeypatch.setenv("FSDPCTL_MANIFESTS", str(VENDOR))
-    assert cli("deploy", "etcd", "--dry-run", "server").exit_code == 0
-    assert cli("deploy", "monitoring", "--dry-run", "server").exit_code == 0
+    assert cli("deploy", "etcd", "--dry-run=server").exit_code == 0
+    assert cli("deploy", "monitoring", "--dry-run=server").exit_code == 0
     assert cli("deploy", "status").exit_code == 0
     r = cli("job", "list")
     assert r.exit_code == 0 or "CRD" in said(r)

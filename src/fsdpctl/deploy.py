@@ -1,19 +1,28 @@
-"""What `fsdpctl deploy` puts on a cluster: etcd (fsdpctl's template), the job operator (the pinned upstream
-release in templates/releases.yaml, read from a mirror or the cache and checked by sha256) and monitoring
-(fsdpctl's templates). Pure apart from reading files it is pointed at; the command applies the objects."""
+"""What `fsdpctl deploy` puts on a cluster and how: etcd (fsdpctl's template), the job operator (the pinned
+upstream release in templates/releases.yaml, read from a mirror or the cache and checked by sha256) and
+monitoring (fsdpctl's templates). Building the components reads only the files it is pointed at; applying
+them (unless the cluster holds them already), waiting for readiness and reading what is installed go through
+the Kubernetes adapter; `fetch` fills the cache through the download adapter."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fsdpctl import render
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.settings import Config
+
+if TYPE_CHECKING:
+    from fsdpctl.adapters.kube import Kube
 
 COMPONENTS = ("etcd", "operator", "monitoring")
 VERSION_LABEL = "app.kubernetes.io/version"
@@ -38,9 +47,8 @@ class Component:
     version: str
     objects: list[dict]
     ready: list[dict] = field(default_factory=list)  # {kind, namespace, name} that must become ready
-    requires: list[dict] = field(
-        default_factory=list
-    )  # ... installed by other means, with its `install` command
+    # ... and what must be installed by other means, each with the `install` command that does it
+    requires: list[dict] = field(default_factory=list)
 
 
 def releases() -> dict:
@@ -139,3 +147,155 @@ def is_ready(obj: dict | None) -> bool:
             for c in status.get("conditions") or []
         )
     return True
+
+
+# --- on the cluster ----------------------------------------------------------------------------------------
+
+
+def contains(have: Any, want: Any) -> bool:
+    """Every field fsdpctl sets has that value on the server (the server adds its own; those do not count)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and contains(have[k], v) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(have) == len(want) and all(map(contains, have, want))
+    return bool(have == want)
+
+
+def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> dict[str, int]:
+    """Server-side apply of each object unless the cluster already holds exactly it, so that a rerun changes
+    nothing and says so: how many objects were created, configured and left unchanged."""
+    counts = {"created": 0, "configured": 0, "unchanged": 0}
+    for obj in comp.objects:
+        meta = obj["metadata"]
+        current = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+        if current is not None and contains(current, obj):
+            counts["unchanged"] += 1
+            continue
+        kube.apply(obj, dry_run=server_dry_run)
+        counts["configured" if current is not None else "created"] += 1
+    return counts
+
+
+def summary(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+
+
+def _get(kube: Kube, ref: dict[str, str]) -> dict[str, Any] | None:
+    return kube.get("apps/v1", ref["kind"], ref["name"], ref["namespace"])
+
+
+def wait_ready(
+    kube: Kube,
+    name: str,
+    refs: list[dict],
+    timeout: float,
+    on_wait: Callable[[int], None] | None = None,
+    poll: float = 1.0,
+) -> None:
+    """Until every workload in `refs` is ready (`on_wait` hears how many are not yet); after `timeout`
+    seconds an error naming those still not ready."""
+    deadline = time.monotonic() + timeout
+    pending = list(refs)
+    while pending := [r for r in pending if not is_ready(_get(kube, r))]:
+        if time.monotonic() > deadline:
+            names = ", ".join(f"{r['kind']}/{r['name']} in {r['namespace']}" for r in pending)
+            raise FsdpctlError(
+                f"{name}: not ready after {timeout:.0f} s: {names}",
+                hint="kubectl describe the pods (image pulls, node capacity); rerun to keep waiting",
+            )
+        if on_wait:
+            on_wait(len(pending))
+        time.sleep(poll)
+
+
+def requirements(kube: Kube, comp: Component) -> tuple[list[dict], list[dict]]:
+    """What the component needs but fsdpctl does not install, split into (missing, present)."""
+    missing = [r for r in comp.requires if _get(kube, r) is None]
+    return missing, [r for r in comp.requires if r not in missing]
+
+
+def missing_message(comp: Component, req: dict[str, str]) -> str:
+    return (
+        f"{comp.name}: {req['kind']}/{req['name']} in {req['namespace']} is not installed; jobs will stay "
+        f"pending until it is: {req['install']}"
+    )
+
+
+def installed_probes(cfg: Config) -> list[dict[str, str]]:
+    """The workloads whose presence tells what is deployed: etcd, the operator's, monitoring's."""
+    rel = releases()[cfg.job_kind]
+    probes = [{"component": "etcd", "kind": "Deployment", "namespace": cfg.job_namespace, "name": "etcd"}]
+    probes += [
+        {"component": "operator", "kind": r["kind"], "namespace": r["namespace"], "name": r["name"]}
+        for r in rel.get("ready", []) + rel.get("requires", [])
+    ]
+    probes += [
+        {"component": "monitoring", "kind": k, "namespace": cfg.monitoring_namespace, "name": n}
+        for k, n in (("Deployment", "prometheus"), ("Deployment", "grafana"), ("DaemonSet", "dcgm-exporter"))
+    ]
+    return probes
+
+
+def _workload_row(kube: Kube, probe: dict[str, str]) -> dict[str, Any]:
+    obj = _get(kube, probe)
+    version = "-"
+    if obj is not None:
+        image = obj["spec"]["template"]["spec"]["containers"][0]["image"]
+        version = obj["metadata"].get("labels", {}).get(VERSION_LABEL) or image.rsplit(":", 1)[-1]
+    return {
+        "component": probe["component"],
+        "object": f"{probe['kind']}/{probe['name']}",
+        "namespace": probe["namespace"],
+        "installed": obj is not None,
+        "version": version,
+        "ready": is_ready(obj),
+    }
+
+
+def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
+    api, kind = render.job_api(cfg)
+    group, version = api.split("/")
+    crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", f"{kind.lower()}s.{group}")
+    return {
+        "component": "operator",
+        "object": f"CRD {kind.lower()}s.{group}",
+        "namespace": "-",
+        "installed": crd is not None,
+        "version": version,
+        "ready": crd is not None,
+    }
+
+
+def status(kube: Kube, cfg: Config) -> list[dict[str, Any]]:
+    """What is installed, at which version, and whether it is ready: one row per probe and the job CRD."""
+    return [_workload_row(kube, p) for p in installed_probes(cfg)] + [_crd_row(kube, cfg)]
+
+
+# --- the release cache -------------------------------------------------------------------------------------
+
+CACHED, FETCHED, UNPUBLISHED = "cached", "fetched", "unpublished"
+
+
+def fetch(cache: Path, on_file: Callable[[str, str], None]) -> None:
+    """Download each pinned release file that upstream publishes as a single file into `cache`, checking its
+    sha256 before it replaces anything; `on_file(path, CACHED | FETCHED | UNPUBLISHED)` for every file."""
+    from fsdpctl.adapters.download import download
+
+    for rel in releases().values():
+        for entry in rel["files"]:
+            target = cache / entry["path"]
+            if target.is_file() and sha256(target) == entry["sha256"]:
+                on_file(entry["path"], CACHED)
+                continue
+            if not entry.get("url"):
+                on_file(entry["path"], UNPUBLISHED)
+                continue
+            part = download(entry["url"], target.with_suffix(".part"))
+            if sha256(part) != entry["sha256"]:
+                part.unlink()
+                raise FsdpctlError(
+                    f"{entry['url']} does not match the pinned sha256",
+                    hint="report it: the pin is wrong or the download was altered",
+                )
+            os.replace(part, target)
+            on_file(entry["path"], FETCHED)

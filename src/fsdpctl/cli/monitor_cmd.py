@@ -1,58 +1,42 @@
-"""fsdpctl monitor top: GPU use per node and per pod, from Prometheus (DCGM exporter) through the API server."""
+"""fsdpctl monitor top: GPU use per node and per pod, from Prometheus (DCGM exporter) through the API server
+(the queries are `adapters.prometheus`')."""
 
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from fsdpctl.cli.common import Output, OutputOpt, emit, out, state
-from fsdpctl.errors import FsdpctlError
 
 app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Watch GPUs and training from the terminal."
 )
 
-QUERIES = {
-    "util": "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)",
-    "mem_copy": "avg by (Hostname) (DCGM_FI_DEV_MEM_COPY_UTIL)",
-    "power_w": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)",
-    "temp_c": "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)",
-    "xid": "max by (Hostname) (DCGM_FI_DEV_XID_ERRORS)",
-    "gpus": "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)",
-}
-POD_QUERY = 'avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})'
+NODE_COLUMNS = (
+    ("GPUs", "gpus"),
+    ("GPU util %", "util"),
+    ("mem copy %", "mem_copy"),
+    ("power W", "power_w"),
+    ("temp C", "temp_c"),
+    ("XID", "xid"),
+)
 
 
-def query(kube, namespace: str, promql: str) -> list[dict]:
-    from fsdpctl.adapters.kube import KubeError
-
-    try:
-        data = kube.proxy("GET", namespace, "prometheus", 9090, "/api/v1/query", query={"query": promql})
-    except KubeError as e:
-        raise FsdpctlError(
-            f"no metrics source answers (Prometheus in {namespace}: {e.status} {e.reason})",
-            hint="fsdpctl deploy monitoring",
-        ) from e
-    return data.get("data", {}).get("result", [])
-
-
-def snapshot(kube, namespace: str) -> dict:
-    nodes: dict[str, dict] = {}
-    for key, promql in QUERIES.items():
-        for row in query(kube, namespace, promql):
-            nodes.setdefault(row["metric"].get("Hostname", "?"), {})[key] = float(row["value"][1])
-    pods = [
-        {
-            "namespace": r["metric"].get("namespace", "-"),
-            "pod": r["metric"].get("pod", "-"),
-            "util": float(r["value"][1]),
-        }
-        for r in query(kube, namespace, POD_QUERY)
-    ]
-    return {"nodes": [{"node": n, **v} for n, v in sorted(nodes.items())], "pods": pods}
+def _print(snap: dict[str, list[dict[str, Any]]]) -> None:
+    t = Table("node", *(head for head, _ in NODE_COLUMNS))
+    for n in snap["nodes"]:
+        t.add_row(n["node"], *(f"{n[key]:.0f}" if key in n else "-" for _, key in NODE_COLUMNS))
+    out.print(t)
+    if snap["pods"]:
+        p = Table("namespace", "pod", "GPU util %")
+        for row in sorted(snap["pods"], key=lambda r: -r["util"]):
+            p.add_row(row["namespace"], row["pod"], f"{row['util']:.0f}")
+        out.print(p)
+    if not snap["nodes"]:
+        out.print("Prometheus answers but has no DCGM series yet (no GPU node, or the exporter is starting)")
 
 
 @app.command()
@@ -67,34 +51,14 @@ def top(
     Example: fsdpctl monitor top -w
     """
     from fsdpctl import kjobs
+    from fsdpctl.adapters import prometheus
 
     cfg = state(ctx).config()
     kube = kjobs.connect(cfg)
     while True:
-        snap = snapshot(kube, cfg.monitoring_namespace)
+        snap = prometheus.gpu_snapshot(kube, cfg.monitoring_namespace)
         if not emit(snap, output):
-            t = Table("node", "GPUs", "GPU util %", "mem copy %", "power W", "temp C", "XID")
-            for n in snap["nodes"]:
-                fmt = lambda k, f="{:.0f}": f.format(n[k]) if k in n else "-"  # noqa: E731
-                t.add_row(
-                    n["node"],
-                    fmt("gpus"),
-                    fmt("util"),
-                    fmt("mem_copy"),
-                    fmt("power_w"),
-                    fmt("temp_c"),
-                    fmt("xid"),
-                )
-            out.print(t)
-            if snap["pods"]:
-                p = Table("namespace", "pod", "GPU util %")
-                for row in sorted(snap["pods"], key=lambda r: -r["util"]):
-                    p.add_row(row["namespace"], row["pod"], f"{row['util']:.0f}")
-                out.print(p)
-            if not snap["nodes"]:
-                out.print(
-                    "Prometheus answers but has no DCGM series yet (no GPU node, or the exporter is starting)"
-                )
+            _print(snap)
         if not watch:
             return
         time.sleep(5)

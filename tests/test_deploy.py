@@ -1,0 +1,103 @@
+"""fsdpctl.deploy apart from the cluster (the cluster side is in test_kube.py): the diff that makes a rerun a
+no-op, the probes `deploy status` reads, and `fetch` filling the release cache from a real HTTP server on
+127.0.0.1 (each file's sha256 checked before it replaces anything)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+
+import pytest
+
+from fsdpctl import deploy
+from fsdpctl.adapters.download import DownloadError
+from fsdpctl.errors import FsdpctlError
+from fsdpctl.settings import load
+
+
+def test_contains_ignores_what_the_server_adds_and_nothing_else():
+    want = {"metadata": {"name": "etcd", "labels": {"a": "1"}}, "spec": {"ports": [{"port": 2379}]}}
+    have = {
+        "metadata": {"name": "etcd", "labels": {"a": "1"}, "uid": "u-1", "resourceVersion": "7"},
+        "spec": {"ports": [{"port": 2379, "protocol": "TCP"}], "clusterIP": "10.0.0.1"},
+        "status": {},
+    }
+    assert deploy.contains(have, want)
+    assert not deploy.contains({**have, "metadata": {"name": "etcd", "labels": {"a": "2"}}}, want)
+    two_ports = {**have, "spec": {"ports": [{"port": 2379}, {"port": 2380}]}}
+    assert not deploy.contains(two_ports, want)  # a list is compared whole, not as a subset
+    assert not deploy.contains({"metadata": {"name": "etcd"}}, want)
+    assert deploy.contains(3, 3) and not deploy.contains("3", 3)
+
+
+def test_summary_names_only_what_happened():
+    assert deploy.summary({"created": 2, "configured": 0, "unchanged": 12}) == "2 created, 12 unchanged"
+
+
+def test_status_probes_follow_the_job_kind_and_namespaces():
+    v1 = deploy.installed_probes(load(dotenv={"JOB_NAMESPACE": "team-a", "MONITORING_NAMESPACE": "mon"}))
+    assert v1[0] == {"component": "etcd", "kind": "Deployment", "namespace": "team-a", "name": "etcd"}
+    assert {
+        "component": "operator",
+        "kind": "Deployment",
+        "namespace": "kubeflow",
+        "name": "training-operator",
+    } in v1
+    assert {(p["name"], p["namespace"]) for p in v1 if p["component"] == "monitoring"} == {
+        ("prometheus", "mon"),
+        ("grafana", "mon"),
+        ("dcgm-exporter", "mon"),
+    }
+    v2 = deploy.installed_probes(load(dotenv={"JOB_KIND": "trainjob"}))
+    assert [p["name"] for p in v2 if p["component"] == "operator"] == ["kubeflow-trainer-controller-manager"]
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    """A real HTTP server on 127.0.0.1 serving tmp_path/www."""
+    www = tmp_path / "www"
+    www.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(www), **kw)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield www, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_fetch_caches_verified_files_and_names_the_unpublished(upstream, tmp_path, monkeypatch):
+    www, url = upstream
+    (www / "crd.yaml").write_text("kind: CustomResourceDefinition\n")
+    pin = hashlib.sha256(b"kind: CustomResourceDefinition\n").hexdigest()
+    files = [
+        {"path": "rel/crd.yaml", "sha256": pin, "url": f"{url}/crd.yaml"},
+        {"path": "rel/rendered.yaml", "sha256": "0" * 64, "url": ""},
+    ]
+    monkeypatch.setattr(deploy, "releases", lambda: {"trainjob": {"files": files}})
+    cache, said = tmp_path / "cache", []
+    deploy.fetch(cache, lambda path, outcome: said.append((path, outcome)))
+    assert said == [("rel/crd.yaml", deploy.FETCHED), ("rel/rendered.yaml", deploy.UNPUBLISHED)]
+    assert (cache / "rel/crd.yaml").read_text() == "kind: CustomResourceDefinition\n"
+    said.clear()
+    deploy.fetch(cache, lambda path, outcome: said.append((path, outcome)))
+    assert said[0] == ("rel/crd.yaml", deploy.CACHED)
+
+
+def test_fetch_refuses_a_file_that_differs_from_its_pin_and_keeps_nothing(upstream, tmp_path, monkeypatch):
+    www, url = upstream
+    (www / "crd.yaml").write_text("tampered\n")
+    files = [{"path": "rel/crd.yaml", "sha256": "f" * 64, "url": f"{url}/crd.yaml"}]
+    monkeypatch.setattr(deploy, "releases", lambda: {"pytorchjob": {"files": files}})
+    with pytest.raises(FsdpctlError, match="does not match the pinned sha256"):
+        deploy.fetch(tmp_path / "cache", lambda *_: None)
+    assert list((tmp_path / "cache").rglob("*")) == [tmp_path / "cache" / "rel"]
+    files[0]["url"] = f"{url}/missing.yaml"
+    with pytest.raises(DownloadError, match=f"cannot download {url}/missing.yaml: HTTP 404 File not found"):
+        deploy.fetch(tmp_path / "cache", lambda *_: None)
