@@ -1,4 +1,6 @@
-"""Shared fixtures. Peers: real torchrun processes on CPU with gloo; offline assets built by fsdptrain.assets."""
+"""Shared fixtures. Peers: real torchrun processes on CPU with gloo; offline assets built by fsdptrain.assets.
+Every CLI test goes through the `cli` fixture: fsdpctl in a sealed room (its own FSDPCTL_HOME and working dir,
+no setting from the developer's environment, fixed terminal width, no colour)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,117 @@ def torchrun(assets, nproc: int = 2, timeout: int = 300, **settings) -> Run:
     return Run(p.returncode, p.stdout, p.stderr)
 
 
+# ---- the isolated CLI ------------------------------------------------------------------------------------
+
+# the installed console script (what a user runs); `python -m fsdpctl.cli` where the venv has no scripts
+FSDPCTL_EXE = Path(sys.executable).parent / "fsdpctl"
+# machine facts and test switches that may stay; every other FSDPCTL_* variable changes what the CLI does
+KEEP_FSDPCTL_VARS = (
+    "FSDPCTL_SHARED",
+    "FSDPCTL_TF_PLUGIN_DIR",
+    "FSDPCTL_CHECKOV",
+    "FSDPCTL_TEST_",
+    "FSDPCTL_UPDATE_",
+)
+COLUMNS = 200  # wide enough that no error line wraps; click's help still wraps at its own 80
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    output: str  # both streams as a terminal shows them
+    exception: BaseException | None = field(default=None, repr=False)
+
+    @property
+    def said(self) -> str:
+        """The output with runs of whitespace (rich's wrapping) folded to one space."""
+        return " ".join(self.output.split())
+
+
+def invoke(*args: str, input: str | None = None, catch_exceptions: bool = False) -> CliResult:
+    """fsdpctl in this process through click's runner (stdout and stderr apart). An exception fsdpctl does not
+    turn into an exit code fails the test, unless catch_exceptions. Isolated only under the `cli` fixture."""
+    from typer.testing import CliRunner
+
+    from fsdpctl.cli import app
+
+    r = CliRunner().invoke(
+        app, list(args), input=input, catch_exceptions=catch_exceptions, prog_name="fsdpctl"
+    )
+    return CliResult(r.exit_code, r.stdout, r.stderr, r.output, r.exception)
+
+
+class Cli:
+    """The runner the `cli` fixture returns: `cli(*args)` in process, `cli.run(*args)` / `cli.popen(*args)` as
+    the real `fsdpctl` executable (a separate process, as from another terminal)."""
+
+    def __init__(self, home: Path, cwd: Path) -> None:
+        self.home, self.cwd = home, cwd
+
+    def __call__(self, *args: str, input: str | None = None, catch_exceptions: bool = False) -> CliResult:
+        return invoke(*args, input=input, catch_exceptions=catch_exceptions)
+
+    def argv(self, *args: str) -> list[str]:
+        exe = [str(FSDPCTL_EXE)] if FSDPCTL_EXE.exists() else [sys.executable, "-m", "fsdpctl.cli"]
+        return [*exe, *args]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The isolated environment (the fixture already cleaned os.environ) plus `extra`."""
+        return {**os.environ, **extra}
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> CliResult:
+        p = subprocess.run(
+            self.argv(*args),
+            env=self.env(**(env or {})),
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        return CliResult(p.returncode, p.stdout, p.stderr, p.stdout + p.stderr)
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args),
+            env=self.env(**(env or {})),
+            cwd=self.cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+
+def isolate(monkeypatch: pytest.MonkeyPatch, root: Path) -> Cli:
+    """Seal fsdpctl off from this machine's user: FSDPCTL_HOME=root/home, cwd=root (so the only .env is one
+    the test writes), no settings key or FSDPCTL_ENV_FILE from the environment, no colour, a fixed width, and
+    a KUBECONFIG that does not exist (never a developer's real cluster)."""
+    from fsdpctl.settings import setting_keys
+
+    for key in setting_keys():
+        monkeypatch.delenv(key, raising=False)
+    for key in list(os.environ):
+        if key.startswith("FSDPCTL_") and not key.startswith(KEEP_FSDPCTL_VARS):
+            monkeypatch.delenv(key)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", str(COLUMNS))
+    monkeypatch.setenv("LINES", "50")
+    monkeypatch.setenv("FSDPCTL_HOME", str(root / "home"))
+    monkeypatch.setenv("KUBECONFIG", str(root / "no-kubeconfig"))
+    monkeypatch.chdir(root)
+    return Cli(root / "home", root)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """An isolated fsdpctl: see `isolate`. Returns the runner (in process, or the real executable)."""
+    return isolate(monkeypatch, tmp_path)
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """AWS stand-in: moto in server mode on 127.0.0.1, spoken to over HTTP by real boto3 / terraform."""
@@ -136,17 +249,11 @@ def moto_server():
 
 
 @pytest.fixture
-def aws_env(moto_server, monkeypatch, tmp_path):
-    """A clean moto (state reset), fake credentials, and no fsdpctl settings leaking in from the environment."""
-    from fsdpctl.settings import setting_keys
-
+def aws_env(moto_server, cli, monkeypatch):
+    """A clean moto (state reset), fake credentials, on the isolated CLI (the `cli` fixture)."""
     urllib.request.urlopen(urllib.request.Request(moto_server + "/moto-api/reset", method="POST"))
-    for key in setting_keys():
-        monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
     return moto_server

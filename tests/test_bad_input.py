@@ -1,5 +1,7 @@
-"""Bad input, table-driven over every settings key: each bad value gives one line naming the key, the value and
-the fix, exit code 2, and writes nothing. Driven through the real CLI (`manifest -o DIR`, which would write)."""
+"""Bad input, table-driven over every settings key: each bad value gives one line naming the key, the value
+and the fix, exit code 2, and writes nothing. Driven through the real CLI (`manifest --out-dir DIR`, which
+would write), isolated by the `cli` fixture. Each case carries the fix its line must end with; for generated
+cases the allowed values or bounds come from the field's own declaration."""
 
 from __future__ import annotations
 
@@ -7,9 +9,7 @@ import dataclasses
 import typing
 
 import pytest
-from typer.testing import CliRunner
 
-from fsdpctl.cli import app
 from fsdpctl.settings import TRAIN_KEYS_DERIVED, Settings, setting_keys
 from fsdptrain.config import TrainConfig
 
@@ -19,18 +19,34 @@ def _settings_cases():
         key = name.upper()
         ann = f.annotation
         meta = {type(m).__name__: m for m in f.metadata}
+        pattern = next((m.pattern for m in f.metadata if getattr(m, "pattern", None)), None)
         if typing.get_origin(ann) is typing.Literal:
-            yield key, "bogus", "wrong choice"
+            yield (
+                key,
+                "bogus",
+                "wrong choice",
+                "is not allowed: use one of " + ", ".join(typing.get_args(ann)),
+            )
         elif ann is bool:
-            yield key, "maybe", "wrong type"
+            yield key, "maybe", "wrong type", "is not a boolean: use true or false"
         elif ann is int:
-            yield key, "abc", "wrong type"
+            yield key, "abc", "wrong type", "is not a whole number: give one, e.g. 2"
             if "Ge" in meta:
-                yield key, str(meta["Ge"].ge - 1), "below minimum"
+                yield (
+                    key,
+                    str(meta["Ge"].ge - 1),
+                    "below minimum",
+                    f"is too small: use at least {meta['Ge'].ge}",
+                )
             if "Le" in meta:
-                yield key, str(meta["Le"].le + 1), "above maximum"
-        elif ann is str and f.metadata and any(hasattr(m, "pattern") and m.pattern for m in f.metadata):
-            yield key, "Not Valid!", "wrong format"
+                yield (
+                    key,
+                    str(meta["Le"].le + 1),
+                    "above maximum",
+                    f"is too large: use at most {meta['Le'].le}",
+                )
+        elif ann is str and pattern:
+            yield key, "Not Valid!", "wrong format", f"is not valid: it must match {pattern}"
 
 
 def _training_cases():
@@ -39,28 +55,82 @@ def _training_cases():
             continue
         key, kind = f.metadata["env"], type(f.default)
         if f.metadata["choices"]:
-            yield key, "bogus", "wrong choice"
+            yield (
+                key,
+                "bogus",
+                "wrong choice",
+                "is not allowed: use one of " + ", ".join(f.metadata["choices"]),
+            )
         elif kind is bool:
-            yield key, "maybe", "wrong type"
+            yield key, "maybe", "wrong type", "is not valid: give true or false"
         elif kind in (int, float):
-            yield key, "abc", "wrong type"
+            what = "a whole number, e.g. 2" if kind is int else "a number, e.g. 0.001"
+            yield key, "abc", "wrong type", f"is not valid: give {what}"
             if f.metadata["min"] is not None:
-                yield key, str(kind(f.metadata["min"]) - 1), "below minimum"
+                low = f.metadata["min"]
+                yield key, str(kind(low) - 1), "below minimum", f"is too small: use at least {low:g}"
 
 
 CASES = [
     *_settings_cases(),
     *_training_cases(),
-    ("INSTANCE_TYPE", "p3.16xlarge", "unknown instance type"),
-    ("INSTANCE_TYPE", "p5.48XLARGE", "unknown instance type"),
-    ("MODEL", "65b", "unknown model"),
-    ("GPUS_PER_NODE", "9", "more GPUs than the instance has"),
-    ("HSDP_SHARD_SIZE", "3", "world size not divisible by the hybrid group"),
-    ("PRETRAINED", "meta-llama/Llama-2-70b-hf", "gated model without HF token"),
-    ("DATASET", "", "empty data set"),
-    ("IMAGE_TAG", "latest", "unpinned image"),
-    ("GANG_SCHEDULING", "true", "gang scheduling without a gang scheduler"),
-    ("JOB_KIND", "trainjob", "TrainJob with an etcd rendezvous"),
+    (
+        "INSTANCE_TYPE",
+        "p3.16xlarge",
+        "unknown instance type",
+        "is not supported: use one of p4de.24xlarge, p5.48xlarge, p5e.48xlarge",
+    ),
+    (
+        "INSTANCE_TYPE",
+        "p5.48XLARGE",
+        "unknown instance type",
+        "is not supported: use one of p4de.24xlarge, p5.48xlarge, p5e.48xlarge",
+    ),
+    ("MODEL", "65b", "unknown model", "is unknown: use one of 7b, 13b, 70b, tiny, tiny-gqa"),
+    (
+        "GPUS_PER_NODE",
+        "9",
+        "more GPUs than the instance has",
+        "exceeds the 8 GPUs of a p5.48xlarge: use at most 8 (0 = all)",
+    ),
+    (
+        "HSDP_SHARD_SIZE",
+        "3",
+        "world size not divisible by the hybrid group",
+        "does not divide the world size 2: use a divisor of 2 (usually the GPUs per node) "
+        "(world = JOB_NODES 2 x 1 processes per node)",
+    ),
+    (
+        "PRETRAINED",
+        "meta-llama/Llama-2-70b-hf",
+        "gated model without HF token",
+        "is gated on the hub; set HF_TOKEN or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a "
+        "manifest)",
+    ),
+    (
+        "DATASET",
+        "",
+        "empty data set",
+        "is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id",
+    ),
+    (
+        "IMAGE_TAG",
+        "latest",
+        "unpinned image",
+        "is not allowed: pin a version so every pod runs the same image",
+    ),
+    (
+        "GANG_SCHEDULING",
+        "true",
+        "gang scheduling without a gang scheduler",
+        "needs SCHEDULER_NAME (e.g. volcano): the default scheduler does not start pods as a group",
+    ),
+    (
+        "JOB_KIND",
+        "trainjob",
+        "TrainJob with an etcd rendezvous",
+        "the Trainer starts torchrun with a static rendezvous; use RDZV_BACKEND=c10d or JOB_KIND=pytorchjob",
+    ),
 ]
 EXTRA = {
     "HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n",
@@ -70,7 +140,7 @@ EXTRA = {
 
 
 def test_every_key_is_covered():
-    covered = {key for key, _, _ in CASES}
+    covered = {key for key, _, _, _ in CASES}
     free_text = {
         "AWS_PROFILE",
         "HF_TOKEN",
@@ -87,29 +157,25 @@ def test_every_key_is_covered():
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for key in setting_keys():
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
-
+def run(cli, tmp_path):
     def invoke(env_text: str):
         (tmp_path / "bad.env").write_text(env_text)
-        return CliRunner().invoke(app, ["--env-file", "bad.env", "manifest", "-o", "out"])
+        return cli("--env-file", "bad.env", "manifest", "--out-dir", "out")
 
     return invoke
 
 
-@pytest.mark.parametrize("key, value, why", CASES, ids=[f"{k}={v!r}:{w}" for k, v, w in CASES])
-def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, why):
+@pytest.mark.parametrize("key, value, why, fix", CASES, ids=[f"{k}={v!r}:{w}" for k, v, w, _ in CASES])
+def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, why, fix):
     result = run(EXTRA.get(key, "") + f"{key}={value}\n")
     assert result.exit_code == 2, result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     line = errors[0]
     assert key in line and (repr(value) in line or f"{key}={value}" in line), line
-    fix = line.split(":", 2)[-1]
-    assert len(fix.strip()) > 5, line  # something after the value: what is allowed or what to do
+    # after the value, in full: what is allowed or what to do (a long pattern wraps: fold the whitespace)
+    said = " ".join(result.stderr[result.stderr.index(line) :].split())
+    assert said.endswith(" " + fix), said
     assert not (tmp_path / "out").exists() and not (tmp_path / "home").exists()
 
 

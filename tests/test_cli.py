@@ -1,44 +1,23 @@
-"""Every command through typer's CliRunner; the local backend end to end with real torchrun, real etcd
-(Debian etcd-server) and status/logs/stop from separate processes."""
+"""Every command through the isolated `cli` fixture (conftest.py); the local backend end to end with real
+torchrun, real etcd (Debian etcd-server) and status/logs/stop from separate processes; Ctrl-C and --debug on
+the real executable."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from conftest import SHARED
-from fsdpctl.cli import app
 
 CRD_DIR = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4"
 TOKEN = "hf_ZyXwVuTsRqPoNmLkJiHgFeDcBa987654"
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch):
-    """An isolated CLI: its own FSDPCTL_HOME and working dir, no settings leaking in from the environment."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))  # never a developer's real cluster
-    from fsdpctl.settings import setting_keys
-
-    for key in setting_keys():
-        monkeypatch.delenv(key, raising=False)
-    runner = CliRunner()
-
-    def invoke(*args, **kw):
-        return runner.invoke(app, list(args), catch_exceptions=False, **kw)
-
-    return invoke
 
 
 COMMANDS = [
@@ -79,14 +58,16 @@ def test_the_command_surface(cli):
         assert "Example:" in result.stdout, cmd
 
 
-def test_help_imports_nothing_heavy():
+def test_help_imports_nothing_heavy(cli):
     code = (
         "import sys; from typer.testing import CliRunner; from fsdpctl.cli import app;"
         "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0;"
         "r = CliRunner().invoke(app, ['plan', '--model', '7b']); assert r.exit_code == 0;"
         "print([m for m in ('torch', 'transformers', 'boto3', 'kubernetes', 'jinja2') if m in sys.modules])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=cli.env(), cwd=cli.cwd
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -141,7 +122,7 @@ def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
         cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout
         == cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout
     )
-    written = cli("manifest", "-o", "out")
+    written = cli("manifest", "--out-dir", "out")
     assert written.exit_code == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "namespace-fsdp.yaml",
@@ -150,6 +131,23 @@ def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
     assert cli("manifest", "--validate").exit_code == 2  # no --crd-dir
     (tmp_path / "empty").mkdir()
     assert cli("manifest", "--validate", "--crd-dir", str(tmp_path / "empty")).exit_code == 2
+
+
+def test_manifest_output_format_is_yaml_or_json_on_stdout_and_in_files(cli, tmp_path):
+    as_yaml = list(yaml.safe_load_all(cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout))
+    listed = json.loads(cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json").stdout)
+    assert listed == {"apiVersion": "v1", "kind": "List", "items": as_yaml}
+    assert (
+        cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "--output", "yaml").stdout
+        == cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout
+    )
+    written = cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json", "--out-dir", "j")
+    assert written.exit_code == 0 and written.stdout == ""
+    files = sorted((tmp_path / "j").iterdir())
+    assert [p.name for p in files] == ["namespace-fsdp.json", "pytorchjob-fsdp.json"]
+    assert [json.loads(p.read_text()) for p in files] == as_yaml
+    bad = cli("manifest", "-o", "out")  # -o was the directory before --out-dir
+    assert bad.exit_code == 2 and not (tmp_path / "out").exists()
 
 
 def test_job_commands_on_missing_jobs(cli):
@@ -169,6 +167,82 @@ def test_job_run_dry_run_starts_nothing(cli, tmp_path):
     assert not (tmp_path / "home").exists()
 
 
+@pytest.fixture
+def running_job(cli):
+    """A local job every verb sees as Running, with nothing training: its state names a live supervisor (a
+    `sleep` this fixture owns, as the local adapter records its own) and node-0's log has one line."""
+    supervisor = subprocess.Popen(["sleep", "600"])
+    jdir = cli.home / "jobs" / "held"
+    logs = jdir / "logs" / "held-run-1"
+    logs.mkdir(parents=True)
+    (logs / "node-0.log").write_text("hello from node-0\n")
+    state = {
+        "job": "held",
+        "run_id": "held-run-1",
+        "phase": "Running",
+        "created": time.time(),
+        "replicas": 1,
+        "log_dir": str(logs),
+        "checkpoint_dir": str(jdir / "checkpoints"),
+        "supervisor_pid": supervisor.pid,
+        "launchers": [],
+        "stop_requested": False,
+    }
+    (jdir / "state.json").write_text(json.dumps(state))
+    yield "held"
+    supervisor.kill()
+    supervisor.wait()
+
+
+@pytest.mark.parametrize("verb", [["job", "logs", "-f"], ["job", "status", "-w"]], ids=" ".join)
+def test_ctrl_c_on_a_real_process_exits_130_with_one_line(cli, running_job, verb):
+    """SIGINT, as a terminal sends on Ctrl-C, once the command is in its follow loop (it has printed)."""
+    proc = cli.popen(*verb, running_job, env={"PYTHONUNBUFFERED": "1"})
+    try:
+        first = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert first.strip(), stderr
+    assert proc.returncode == 130, stderr
+    assert stderr == "interrupted\n"
+
+
+def test_ctrl_c_in_job_wait_exits_130_with_one_line(cli, running_job, monkeypatch):
+    """`job wait` prints nothing while it waits: the interrupt arrives in its poll (in process: no race)."""
+
+    def ctrl_c(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", ctrl_c)
+    r = cli("job", "wait", running_job)
+    assert (r.exit_code, r.stdout, r.stderr) == (130, "", "interrupted\n")
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--env-file", f"{TOKEN}.env", "config", "show"], "error: --env-file ***.env does not exist"),
+        (["--set", f"MODEL={TOKEN}", "config", "validate"], "error: MODEL='***' is unknown: use one of 7b"),
+    ],
+    ids=["missing env file", "bad setting"],
+)
+def test_debug_adds_a_traceback_and_neither_shows_a_secret(cli, args, line):
+    """The real executable (Python's own exception hook would print a raw message): a bad input that carries
+    a token gives one line and exit 2; --debug adds the traceback above that line and keeps the exit code."""
+    plain = cli.run(*args, env={"HF_TOKEN": TOKEN})
+    debug = cli.run("--debug", *args, env={"HF_TOKEN": TOKEN})
+    assert plain.exit_code == 2 and debug.exit_code == 2, debug.stderr
+    assert "Traceback" not in plain.stderr and plain.stderr.splitlines()[0].startswith(line), plain.stderr
+    assert debug.stderr.startswith("Traceback (most recent call last):\n"), debug.stderr
+    assert debug.stderr.endswith(plain.stderr)  # the same line(s) and hint after the traceback
+    assert line.split("***")[-1].strip() in debug.stderr.split("\nerror:")[0]  # the raised error, masked
+    for r in (plain, debug):
+        assert TOKEN not in r.stdout + r.stderr and r.stdout == ""
+
+
+@pytest.mark.slow
 def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     result = cli("quickstart", "--steps", "8")
     assert result.exit_code == 0, result.stderr
@@ -179,27 +253,13 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     assert status["summary"]["final_loss"] < status["summary"]["first_loss"]
 
 
-def _fsdpctl(*args, env, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-m", "fsdpctl.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=env["FSDPCTL_HOME"],
-    )
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(
     not shutil.which("etcd"), reason="etcd-server not installed (scripts/system-deps installs it)"
 )
-def test_detached_job_over_real_etcd_status_logs_stop_and_resume(tmp_path):
+def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
     """Each step is a separate fsdpctl process, as from another terminal."""
-    env = {
-        **os.environ,
-        "FSDPCTL_HOME": str(tmp_path),
-        "NO_COLOR": "1",
-        "COLUMNS": "200",
+    settings = {
         "HF_TOKEN": TOKEN,
         "RDZV_BACKEND": "etcd",
         "JOB_NAME": "e2e",
@@ -209,37 +269,41 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(tmp_path):
         "PRECISION": "fp32",
         "CHECKPOINT_INTERVAL": "100",
     }
-    started = _fsdpctl("job", "run", "--detach", env=env)
-    assert started.returncode == 0, started.stderr
-    assert _fsdpctl("job", "run", "--detach", env=env).returncode == 1  # same name while running: refused
+
+    def _fsdpctl(*args: str, timeout: float = 60):
+        return cli.run(*args, env=settings, timeout=timeout)
+
+    started = _fsdpctl("job", "run", "--detach")
+    assert started.exit_code == 0, started.stderr
+    assert _fsdpctl("job", "run", "--detach").exit_code == 1  # same name while running: refused
 
     deadline = time.monotonic() + 180
     while True:
-        status = json.loads(_fsdpctl("job", "status", "-o", "json", env=env).stdout)
+        status = json.loads(_fsdpctl("job", "status", "-o", "json").stdout)
         if status["step"] >= 3 or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert status["phase"] == "Running" and status["step"] >= 3, status
     assert status["max_steps"] == 300 and status["eta_s"] > 0
 
-    logs = _fsdpctl("job", "logs", env=env).stdout
+    logs = _fsdpctl("job", "logs").stdout
     assert '{"event":"step"' in logs
-    every = _fsdpctl("job", "logs", "--all", env=env).stdout
+    every = _fsdpctl("job", "logs", "--all").stdout
     assert "[node-0]" in every and "[node-1]" in every
 
-    stopped = _fsdpctl("job", "stop", env=env, timeout=180)
-    assert stopped.returncode == 0 and "Stopped" in stopped.stderr, stopped.stderr
-    assert _fsdpctl("job", "wait", env=env).returncode == 6
-    after_stop = json.loads(_fsdpctl("job", "status", "-o", "json", env=env).stdout)
+    stopped = _fsdpctl("job", "stop", timeout=180)
+    assert stopped.exit_code == 0 and "Stopped" in stopped.stderr, stopped.stderr
+    assert _fsdpctl("job", "wait").exit_code == 6
+    after_stop = json.loads(_fsdpctl("job", "status", "-o", "json").stdout)
     assert after_stop["summary"]["stopped"] is True and after_stop["checkpoint"]
 
-    resumed = _fsdpctl("job", "run", "--detach", env=env)
-    assert resumed.returncode == 0, resumed.stderr
-    assert _fsdpctl("job", "wait", "--timeout", "240", env=env, timeout=300).returncode == 0
-    final = json.loads(_fsdpctl("job", "status", "-o", "json", env=env).stdout)
+    resumed = _fsdpctl("job", "run", "--detach")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert _fsdpctl("job", "wait", "--timeout", "240", timeout=300).exit_code == 0
+    final = json.loads(_fsdpctl("job", "status", "-o", "json").stdout)
     assert final["phase"] == "Succeeded" and final["step"] == 300
     assert final["summary"]["start_step"] == after_stop["step"]
-    assert "resumed from" in _fsdpctl("job", "logs", env=env).stdout
+    assert "resumed from" in _fsdpctl("job", "logs").stdout
     # the token reached the trainer's environment only, never the job's files
     for path in tmp_path.rglob("*"):
         if path.is_file():

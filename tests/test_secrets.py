@@ -3,10 +3,9 @@ or writes: config show, manifests, error messages, job logs and status, and ever
 
 from __future__ import annotations
 
-from typer.testing import CliRunner
+from pathlib import Path
 
-from fsdpctl.cli import app
-from fsdpctl.settings import setting_keys
+import pytest
 
 SECRETS = {
     "HF_TOKEN": "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567",
@@ -15,58 +14,82 @@ SECRETS = {
 }
 
 
-def test_no_secret_in_any_output_or_file(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for key in setting_keys():
-        monkeypatch.delenv(key, raising=False)
+JOB = [
+    "--set",
+    "JOB_NAME=secret",
+    "--set",
+    "MAX_STEPS=4",
+    "--set",
+    "WARMUP_STEPS=1",
+    "--set",
+    "SEQ_LEN=64",
+    "--set",
+    "PRECISION=fp32",
+]
+
+
+def _outputs(cli, monkeypatch, commands) -> list[tuple[list[str], int, str]]:
+    """Each command's exit code and everything it printed, with the secrets in the environment."""
     for key, value in SECRETS.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("NO_COLOR", "1")
-    runner = CliRunner()
-    job = [
-        "--set",
-        "JOB_NAME=secret",
-        "--set",
-        "MAX_STEPS=4",
-        "--set",
-        "WARMUP_STEPS=1",
-        "--set",
-        "SEQ_LEN=64",
-        "--set",
-        "PRECISION=fp32",
-    ]
     outputs = []
-    for args in (
-        ["config", "show"],
-        ["config", "show", "-o", "json"],
-        ["config", "show", "-o", "yaml"],
-        ["manifest"],
-        ["manifest", "-o", "out"],
-        ["--set", "BACKEND=eks", "manifest"],
-        # the token pasted into the wrong key: the error names the key, not the token
-        ["--set", f"MODEL={SECRETS['HF_TOKEN']}", "config", "validate"],
-        ["--set", f"JOB_NAME={SECRETS['AWS_SECRET_ACCESS_KEY']}", "config", "validate"],
-        [*job, "job", "run"],
-        [*job, "job", "status"],
-        [*job, "job", "logs", "--all"],
-        [*job, "job", "status", "-o", "json"],
-        ["job", "list", "-o", "json"],
-    ):
-        result = runner.invoke(app, args)
+    for args in commands:
+        result = cli(*args)
         outputs.append((args, result.exit_code, result.stdout + result.stderr))
-    assert [code for args, code, _ in outputs if args[-1] == "validate"] == [2, 2]
-    assert next(code for args, code, _ in outputs if args[-2:] == ["job", "run"]) == 0
-    assert "HF token set" in next(text for args, _, text in outputs if args[-2:] == ["logs", "--all"])
+    return outputs
+
+
+def _assert_no_secret(outputs, root: Path) -> list[Path]:
     for args, _, text in outputs:
         for key, value in SECRETS.items():
             assert value not in text, (key, args)
-    files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.name == "node-0.log" for p in files) and any(p.name == "pytorchjob-fsdp.yaml" for p in files)
+    files = [p for p in root.rglob("*") if p.is_file()]
     for path in files:
         data = path.read_bytes()
         for key, value in SECRETS.items():
             assert value.encode() not in data, (key, path)
+    return files
+
+
+def test_no_secret_in_settings_manifests_or_errors(cli, tmp_path, monkeypatch):
+    outputs = _outputs(
+        cli,
+        monkeypatch,
+        [
+            ["config", "show"],
+            ["config", "show", "-o", "json"],
+            ["config", "show", "-o", "yaml"],
+            ["manifest"],
+            ["manifest", "--out-dir", "out"],
+            ["--set", "BACKEND=eks", "manifest"],
+            # the token pasted into the wrong key: the error names the key, not the token
+            ["--set", f"MODEL={SECRETS['HF_TOKEN']}", "config", "validate"],
+            ["--set", f"JOB_NAME={SECRETS['AWS_SECRET_ACCESS_KEY']}", "config", "validate"],
+            ["job", "list", "-o", "json"],
+        ],
+    )
+    assert [code for args, code, _ in outputs if args[-1] == "validate"] == [2, 2]
+    files = _assert_no_secret(outputs, tmp_path)
+    assert any(p.name == "pytorchjob-fsdp.yaml" for p in files)
+
+
+@pytest.mark.slow
+def test_no_secret_in_any_output_or_file_of_a_real_local_run(cli, tmp_path, monkeypatch):
+    outputs = _outputs(
+        cli,
+        monkeypatch,
+        [
+            [*JOB, "job", "run"],
+            [*JOB, "job", "status"],
+            [*JOB, "job", "logs", "--all"],
+            [*JOB, "job", "status", "-o", "json"],
+            ["job", "list", "-o", "json"],
+        ],
+    )
+    assert next(code for args, code, _ in outputs if args[-2:] == ["job", "run"]) == 0
+    assert "HF token set" in next(text for args, _, text in outputs if args[-2:] == ["logs", "--all"])
+    files = _assert_no_secret(outputs, tmp_path)
+    assert any(p.name == "node-0.log" for p in files)
 
 
 def test_trainer_sees_the_token_from_env_or_the_mounted_secret_file(tmp_path, monkeypatch):
