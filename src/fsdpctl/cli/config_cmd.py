@@ -1,4 +1,4 @@
-"""fsdpctl config show|validate"""
+"""fsdpctl config show|validate: the values and their sources are `fsdpctl.settings`'."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ app = typer.Typer(
 def _group(key: str) -> str:
     from fsdpctl.settings import Settings, setting_keys
 
-    name = setting_keys()[key]
-    if name in Settings.model_fields:
-        return Settings.model_fields[name].json_schema_extra["group"]
-    return "training"
+    field = Settings.model_fields.get(setting_keys()[key])
+    extra = field.json_schema_extra if field else None
+    return str(extra["group"]) if isinstance(extra, dict) else "training"  # trainer keys have no field here
 
 
 @app.command()
