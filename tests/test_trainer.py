@@ -38,6 +38,7 @@ def _decreased(losses: list[float]) -> bool:
     return sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
 def test_each_strategy_trains_and_loss_decreases(strategy_runs, strategy):
     run = strategy_runs(strategy)
@@ -53,6 +54,7 @@ def test_each_strategy_trains_and_loss_decreases(strategy_runs, strategy):
     assert f"{strategy} mesh" in run.stdout
 
 
+@pytest.mark.slow
 def test_full_shard_holds_half_the_state_of_no_shard(strategy_runs):
     """FSDP2 keeps fp32 sharded params + AdamW moments: with 2 ranks, FULL_SHARD holds ~1/2 of NO_SHARD."""
     full, none = strategy_runs("FULL_SHARD").summary, strategy_runs("NO_SHARD").summary
@@ -76,6 +78,7 @@ def test_hybrid_shard_2x2_on_four_processes(assets):
     assert _decreased(run.losses), run.losses
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_losses(assets, tmp_path):
     full = torchrun(assets, MAX_STEPS=8, CHECKPOINT_DIR=tmp_path / "a", CHECKPOINT_INTERVAL=4)
     assert full.rc == 0, full.stderr[-3000:]
@@ -95,6 +98,7 @@ def test_resume_reproduces_the_uninterrupted_losses(assets, tmp_path):
     assert resumed.losses == full.losses[4:]  # bit for bit on CPU
 
 
+@pytest.mark.slow
 def test_keep_last_k_and_latest_pointer(assets, tmp_path):
     run = torchrun(assets, MAX_STEPS=6, CHECKPOINT_DIR=tmp_path, CHECKPOINT_INTERVAL=2, CHECKPOINT_KEEP=2)
     assert run.rc == 0, run.stderr[-3000:]
@@ -106,6 +110,7 @@ def test_keep_last_k_and_latest_pointer(assets, tmp_path):
     assert again.rc == 0 and again.summary["steps"] == 0 and "resumed from" in again.stdout
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
     """What Kubernetes does on stop: SIGTERM to the workers; they finish the step, checkpoint, exit 0.
     On the way, Prometheus's view: rank 0's /metrics (METRICS_PORT) serves the last logged step."""
@@ -159,6 +164,7 @@ def _scrape(url: str) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow
 def test_export_then_fine_tune_from_it(assets, tmp_path):
     export = tmp_path / "hf"
     base = torchrun(assets, MAX_STEPS=15, EXPORT_DIR=export)
@@ -212,6 +218,7 @@ def test_bad_settings_exit_2_with_one_line_naming_the_field(assets, settings, me
     assert len(lines) == 1 and message in lines[0], p.stderr
 
 
+@pytest.mark.slow
 def test_hsdp_group_must_divide_the_world(assets):
     run = torchrun(assets, SHARDING_STRATEGY="HYBRID_SHARD", HSDP_SHARD_SIZE=3, MAX_STEPS=4)
     assert run.rc != 0
@@ -227,9 +234,11 @@ def test_flags_override_environment(assets):
     assert (cfg.max_steps, cfg.precision, cfg.model) == (7, "fp32", "tiny")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
 def test_plan_memory_estimate_matches_the_measured_allocation(strategy_runs, strategy):
-    """`fsdpctl plan`'s per-rank estimate vs what the trainer measured: sharded state + bytes held for backward."""
+    """`fsdpctl plan`'s per-rank estimate vs what the trainer measured: sharded state + bytes held for
+    backward."""
     from fsdpctl.plan import Job, memory
 
     settings = STRATEGY_RUNS[strategy]
