@@ -36,6 +36,7 @@ It has no controllers and no scheduler: tests set pod and job status themselves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import re
@@ -68,6 +69,7 @@ from kube_peer_rules import (
 )
 
 DISCOVERY = SHARED / "vendor" / "kubernetes-discovery"
+NAMESPACES = re.compile(r"^/api/v1/namespaces/?$")
 ROUTE = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))(?P<rest>(?:/[^/]*)*)$")
 IMMORTAL = ("default", "kube-system", "kube-public")
 HISTORY = 5000  # watch events kept for ?resourceVersion=N
@@ -267,6 +269,26 @@ class KubeApi(kmock.KubernetesScaffold):
                 self.registry.find("", "v1", "namespaces"),
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
             )
+
+    async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """kmock's path parser fails on the bare collection /api/v1/namespaces: that request is parsed here,
+        into the same request log."""
+        if not NAMESPACES.match(raw.path):
+            return await super().__call__(raw)
+        body = await raw.read()
+        request = kmock.Request(
+            id=len(self._requests),
+            raw_request=raw,
+            url=raw.url,
+            method=raw.method,
+            params=dict(raw.query),
+            headers=dict(raw.headers),
+            body=body,
+            text=body.decode(errors="replace"),
+            data=json.loads(body) if body.strip().startswith(b"{") else None,
+        )
+        self._requests.append(request)
+        return await self._handle(request)
 
     @property
     def namespaces(self) -> dict[str, dict]:
@@ -524,6 +546,8 @@ class KubeApi(kmock.KubernetesScaffold):
             return obj
         stored = self.store.put(key, obj)
         self._after_write(res, stored)
+        if meta.get("ownerReferences"):
+            self._schedule_gc()
         return stored
 
     def _after_write(self, res: Served, obj: dict) -> None:
@@ -1150,6 +1174,17 @@ class Peer:
 
 async def _call(fn: Callable[[], Any]) -> Any:
     return fn()
+
+
+@functools.lru_cache(maxsize=16)
+def _documents(path: Path) -> str:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader: the CRDs are megabytes of YAML
+    return json.dumps([d for d in yaml.load_all(path.read_text(), Loader=loader) if d])
+
+
+def documents(path: Path) -> list[dict]:
+    """The YAML documents of a vendored file, a fresh copy each call (read once)."""
+    return json.loads(_documents(path))
 
 
 def wait_for(check: Callable[[], bool], seconds: float = 10) -> None:
