@@ -247,7 +247,10 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     result = cli("quickstart", "--steps", "8")
     assert result.exit_code == 0, result.stderr
     assert "quickstart: Succeeded" in result.stdout
-    assert (tmp_path / "home/jobs/quickstart/checkpoints/quickstart/step-00000008/meta.json").is_file()
+    # checkpoints on the shared volume (SHARED_VOLUME=fsx-claim: one directory every simulated node mounts)
+    assert (tmp_path / "home/volumes/fsx-claim/checkpoints/quickstart/step-00000008/meta.json").is_file()
+    # and nothing half-written left on any node's own disk
+    assert not [p for p in (tmp_path / "home/jobs/quickstart/nodes").rglob("*") if p.is_file()]
     status = json.loads(cli("job", "status", "quickstart", "-o", "json").stdout)
     assert status["phase"] == "Succeeded" and status["step"] == 8 and status["nodes"] == 2
     assert status["summary"]["final_loss"] < status["summary"]["first_loss"]

@@ -99,7 +99,8 @@ def run(
     run_id = run_id or render.new_run_id(cfg.job_name)
     objs = render.render_job(cfg, run_id)
     *infra, job = objs
-    existing = get_job(kube, cfg, cfg.job_name)
+    existing = get_job(kube, cfg, cfg.job_name)  # first: a missing CRD is the first thing to fix
+    require_claims(kube, cfg)
     if existing is not None and not server_dry_run:
         if not replace:
             raise FsdpctlError(
@@ -120,6 +121,24 @@ def run(
         "run_id": run_id,
         "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in [*infra, job]],
     }
+
+
+def require_claims(kube, cfg: Config) -> None:
+    """Refuse before creating anything when a claim the pods mount is missing: the scheduler would leave every
+    pod Pending ('persistentvolumeclaim "..." not found', kube-scheduler's VolumeBinding plugin)."""
+    for key, claim in (("SHARED_VOLUME", cfg.shared_volume), ("CHECKPOINT_PVC", cfg.checkpoint_pvc)):
+        if not claim:
+            continue
+        with calls(cfg, f"checking {key}"):
+            found = kube.get("v1", "PersistentVolumeClaim", claim, cfg.job_namespace)
+        if found is None:
+            raise FsdpctlError(
+                f"{key}={claim!r}: no PersistentVolumeClaim {claim} in namespace {cfg.job_namespace}; "
+                "the pods would stay Pending",
+                hint=f"create it (FSx for Lustre: `fsdpctl deploy storage`), set {key} to an existing "
+                f"claim, or {key}='' for pod-local disks (single node only)",
+                code=ExitCode.BAD_INPUT,
+            )
 
 
 def pods_of(kube, cfg: Config, name: str) -> list[dict]:
@@ -178,7 +197,7 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         "age_s": kstatus.age(job, now),
         "leader": lead["metadata"]["name"] if lead else None,
         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
-        "checkpoint_dir": f"{render.POD_CHECKPOINT_ROOT}/{name}",
+        "checkpoint_dir": render.checkpoint_dir(cfg, name),
         **{k: v for k, v in prog.items() if k != "summary"},
         "summary": prog["summary"],
         "reason": kstatus.failure_reason(job),
@@ -333,8 +352,8 @@ def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]
             backend = job.get("spec", {}).get("elasticPolicy", {}).get("rdzvBackend", "c10d")
             keys = render.rendezvous_keys(backend, run_id)
             done += [f"etcd key {k}" for k in keys]
-            if checkpoints and cfg.checkpoint_pvc:
-                done.append(f"checkpoints {render.POD_CHECKPOINT_ROOT}/{name} on PVC {cfg.checkpoint_pvc}")
+            if checkpoints and cfg.checkpoint_claim:
+                done.append(f"checkpoints {render.checkpoint_dir(cfg, name)} on PVC {cfg.checkpoint_claim}")
             if dry_run:
                 continue
             kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
@@ -343,7 +362,7 @@ def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]
             kube.delete("v1", "Secret", render.secret_name(cfg), cfg.job_namespace)
             for key in keys:
                 _delete_etcd_key(kube, cfg, key)
-            if checkpoints and cfg.checkpoint_pvc:
+            if checkpoints and cfg.checkpoint_claim:
                 kube.create(render.render_checkpoint_cleaner(cfg, name))
     return done
 

@@ -110,16 +110,28 @@ def rendezvous_keys(backend: str, run_id: str) -> list[str]:
     }.get(backend, [])
 
 
+def checkpoint_root(cfg: Config) -> str:
+    """Where the pod keeps checkpoints: the checkpoint volume (CHECKPOINT_PVC, or pod-local without any
+    shared storage), else the shared volume's checkpoints/ directory."""
+    if cfg.checkpoint_pvc or not cfg.shared_volume:
+        return POD_CHECKPOINT_ROOT
+    return f"{cfg.shared_volume_path.rstrip('/')}/checkpoints"
+
+
+def checkpoint_dir(cfg: Config, job_name: str) -> str:
+    return f"{checkpoint_root(cfg)}/{job_name}"
+
+
 def render_checkpoint_cleaner(cfg: Config, job_name: str) -> Obj:
-    """A one-shot pod that removes one job's checkpoint directory from the checkpoint PVC."""
+    """A one-shot pod that removes one job's checkpoint directory from the claim holding checkpoints."""
     return render_template(
         "checkpoint-cleaner.yaml.j2",
         name=f"fsdpctl-clean-{job_name}"[:63],
         namespace=cfg.job_namespace,
-        pvc=cfg.checkpoint_pvc,
+        pvc=cfg.checkpoint_claim,
         image=cfg.image_uri,
-        checkpoint_root=POD_CHECKPOINT_ROOT,
-        path=f"{POD_CHECKPOINT_ROOT}/{job_name}",
+        checkpoint_root=POD_CHECKPOINT_ROOT if cfg.checkpoint_pvc else cfg.shared_volume_path,
+        path=checkpoint_dir(cfg, job_name),
     )[0]
 
 
@@ -152,7 +164,9 @@ def pod_annotations(cfg: Config) -> dict[str, str]:
 
 def pod_env(cfg: Config) -> dict[str, str]:
     env = dict(cfg.train_env())
-    env["CHECKPOINT_DIR"] = f"{POD_CHECKPOINT_ROOT}/{cfg.job_name}"
+    env["CHECKPOINT_DIR"] = checkpoint_dir(cfg, cfg.job_name)
+    if cfg.shared_volume:  # one download of models and tokenizers per job, not one per node
+        env["HF_HOME"] = f"{cfg.shared_volume_path.rstrip('/')}/hf-cache"
     if metrics_port(cfg):
         env["METRICS_PORT"] = str(metrics_port(cfg))
     env.update(COMMON_ENV)
@@ -225,6 +239,8 @@ def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
         gang=cfg.gang_scheduling,
         shm_size=f"{max(8, cfg.gpus * 8) if cfg.backend == 'eks' else 2}Gi",
         checkpoint_pvc=cfg.checkpoint_pvc,
+        shared_volume=cfg.shared_volume,
+        shared_volume_path=cfg.shared_volume_path,
         secret_name=secret_name(cfg),
     )
 

@@ -130,8 +130,19 @@ class Settings(BaseModel):
     checkpoint_pvc: str = _k(
         "",
         "job",
-        "PersistentVolumeClaim for checkpoints (empty: pod-local, lost)",
+        "PersistentVolumeClaim for checkpoints only, mounted at /checkpoints (empty: on SHARED_VOLUME)",
         pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
+    )
+    shared_volume: str = _k(
+        "fsx-claim",
+        "job",
+        "PersistentVolumeClaim every node mounts at SHARED_VOLUME_PATH: data, the Hugging Face cache and "
+        "(unless CHECKPOINT_PVC) checkpoints; local backend: a directory under FSDPCTL_HOME/volumes; "
+        "empty: none",
+        pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
+    )
+    shared_volume_path: str = _k(
+        "/fsx", "job", "where pods mount SHARED_VOLUME", pattern=r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
     )
     hf_token: SecretStr = _k(
         SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out"
@@ -215,6 +226,11 @@ class Config(Settings):
         that has interfaces. The one answer for the pod's EFA request, environment and security context,
         and for the warning when NCCL falls back to sockets."""
         return self.backend == "eks" and self.efa_per_node > 0
+
+    @property
+    def checkpoint_claim(self) -> str:
+        """The claim that holds checkpoints: CHECKPOINT_PVC, else SHARED_VOLUME; '' means pod-local disks."""
+        return self.checkpoint_pvc or self.shared_volume
 
     def ecr_registry(self, account: str) -> str:
         """The ECR registry host of `account` in AWS_REGION."""
@@ -369,6 +385,7 @@ def _cross_checks(cfg: Config) -> list[str]:
         )
     except ConfigError as e:
         errors.append(f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)")
+    errors.extend(_storage_checks(cfg))
     if cfg.job_kind == "trainjob" and cfg.backend == "eks":
         if cfg.rdzv_backend != "c10d":
             errors.append(
@@ -384,6 +401,29 @@ def _cross_checks(cfg: Config) -> list[str]:
         errors.append(
             f"HF_TOKEN is missing: PRETRAINED={t.pretrained!r} is gated on the hub; set HF_TOKEN "
             "or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a manifest)"
+        )
+    return errors
+
+
+def _storage_checks(cfg: Config) -> list[str]:
+    """Checkpoints of a multi-node job need one filesystem: DCP writes each rank's shards on the disk that
+    rank sees and only rank 0 publishes `latest` (torch/distributed/checkpoint/filesystem.py), so on pod-local
+    disks the other nodes keep orphaned partial saves and would each decide alone where to resume."""
+    errors = []
+    if cfg.job_nodes > 1 and not cfg.checkpoint_claim:
+        errors.append(
+            f"JOB_NODES={cfg.job_nodes} with SHARED_VOLUME='' and CHECKPOINT_PVC='': each node would keep "
+            "its own part of every checkpoint on its pod-local disk; set SHARED_VOLUME to a claim every node "
+            "mounts (default fsx-claim; locally a directory), or CHECKPOINT_PVC"
+        )
+    reserved = ("/checkpoints", "/dev/shm", "/var/run/secrets")
+    path = cfg.shared_volume_path.rstrip("/")
+    if cfg.shared_volume and any(
+        path == r or path.startswith(r + "/") or r.startswith(path + "/") for r in reserved
+    ):
+        errors.append(
+            f"SHARED_VOLUME_PATH={cfg.shared_volume_path!r} overlaps a path the pod already mounts "
+            f"({', '.join(reserved)}): use another path, e.g. /fsx"
         )
     return errors
 

@@ -28,10 +28,11 @@ def free_port() -> int:
 class EtcdServer:
     proc: subprocess.Popen
     client_port: int
+    host: str = "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     def healthy(self) -> bool:
         try:
@@ -51,9 +52,15 @@ class EtcdServer:
 
 
 def start(
-    data_dir: Path, *, log_file: Path, timeout: float = 30, client_port: int | None = None
+    data_dir: Path,
+    *,
+    log_file: Path,
+    timeout: float = 30,
+    client_port: int | None = None,
+    host: str = "127.0.0.1",
 ) -> EtcdServer:
-    """Start etcd with the v2 API enabled (torch's etcd backends speak v2) and wait until it is healthy."""
+    """Start etcd with the v2 API enabled (torch's etcd backends speak v2) and wait until it is healthy.
+    Clients reach it on `host` (the local backend's node bridge, or loopback); peers stay on loopback."""
     binary = shutil.which("etcd")
     if not binary:
         raise EtcdError("etcd is not installed: apt-get install etcd-server (or use RDZV_BACKEND=c10d)")
@@ -67,9 +74,9 @@ def start(
         str(data_dir),
         "--enable-v2",
         "--listen-client-urls",
-        f"http://127.0.0.1:{client}",
+        f"http://{host}:{client}",
         "--advertise-client-urls",
-        f"http://127.0.0.1:{client}",
+        f"http://{host}:{client}",
         "--listen-peer-urls",
         f"http://127.0.0.1:{peer}",
         "--initial-advertise-peer-urls",
@@ -79,7 +86,7 @@ def start(
     ]
     # same session as the caller: etcd ends with the supervisor that started it
     proc = shell.spawn(argv, env=dict(os.environ), log=log_file, new_session=False)
-    server = EtcdServer(proc, client)
+    server = EtcdServer(proc, client, host)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

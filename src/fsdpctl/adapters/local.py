@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpctl.adapters import etcd as etcd_adapter
-from fsdpctl.adapters import shell
+from fsdpctl.adapters import netns, shell
 from fsdpctl.files import home, write_atomic
 from fsdptrain import events
 
@@ -76,23 +77,51 @@ class Launch:
     env: dict[str, str]
 
 
-def launches(spec: dict, endpoint: str, environ: dict[str, str]) -> list[Launch]:
-    """Translate the PyTorchJob's worker container into one launcher per replica on this machine."""
-    argv = [sys.executable, "-m", "torch.distributed.run"]
-    for arg in spec["command"][1:]:  # command[0] is `torchrun`
-        argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
-    env = {**environ, **spec["env"]}
-    for key, value in spec["env"].items():  # the pod's /checkpoints volume -> the job's directory
-        if value.startswith(spec["checkpoint_mount"]):
-            env[key] = spec["checkpoint_root"] + value[len(spec["checkpoint_mount"]) :]
+def launches(
+    spec: dict, endpoint: str, environ: dict[str, str], net: netns.Network | None = None
+) -> list[Launch]:
+    """Translate the PyTorchJob's worker container into one launcher per replica on this machine: the pod's
+    command and environment, its volumes mapped to directories (`volume_dirs`), and with `net` its own
+    network namespace and address (torchrun's --local-addr: what a pod's hostname resolves to)."""
     total = spec["replicas"] * spec["nproc_per_node"]
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
-    return [Launch(i, argv, dict(env)) for i in range(spec["replicas"])]
+    out = []
+    for node in range(spec["replicas"]):
+        argv = [sys.executable, "-m", "torch.distributed.run"]
+        for arg in spec["command"][1:]:  # command[0] is `torchrun`
+            argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
+        if net is not None:
+            argv = [*net.exec_prefix(node), *argv[:3], f"--local-addr={net.address(node)}", *argv[3:]]
+        env = {**environ, **_mapped_env(spec, node)}
+        if net is not None:  # gloo binds the address the hostname resolves to, unless told the interface
+            env["GLOO_SOCKET_IFNAME"] = "eth0"
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
+        out.append(Launch(node, argv, env))
+    return out
 
 
-def spec_from_job(job: dict, jdir: Path, checkpoint_mount: str) -> dict:
+def _mapped_env(spec: dict, node: int) -> dict[str, str]:
+    """The container's environment with every path under a volume mount rewritten to that volume's
+    directory for this node (longest mount first, so /fsx/ckpt wins over /fsx)."""
+    mounts = sorted(volume_dirs(spec, node).items(), key=lambda kv: -len(kv[0]))
+    env = dict(spec["env"])
+    for key, value in env.items():
+        for mount, directory in mounts:
+            if value == mount or value.startswith(mount.rstrip("/") + "/"):
+                env[key] = directory + value[len(mount.rstrip("/")) :]
+                break
+    return env
+
+
+def volume_dirs(spec: dict, node: int) -> dict[str, str]:
+    """Pod mount path -> directory on this machine, as the kubelet would give it to that pod: an emptyDir
+    is the node's own (a pod's scratch disk), a PersistentVolumeClaim one directory every node shares."""
+    return {mount: v.replace("{node}", str(node)) for mount, v in spec["volumes"].items()}
+
+
+def spec_from_job(job: dict, jdir: Path) -> dict:
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
-    container = worker["template"]["spec"]["containers"][0]
+    pod = worker["template"]["spec"]
+    container = pod["containers"][0]
     return {
         "job": job["metadata"]["name"],
         "run_id": job["spec"]["elasticPolicy"]["rdzvId"],
@@ -101,19 +130,39 @@ def spec_from_job(job: dict, jdir: Path, checkpoint_mount: str) -> dict:
         "nproc_per_node": int(job["spec"]["nprocPerNode"]),
         "command": container["command"],
         "env": {e["name"]: e["value"] for e in container["env"] if "value" in e},
-        "checkpoint_mount": checkpoint_mount,
-        "checkpoint_root": str(jdir / "checkpoints"),
+        "volumes": _volumes(pod, container, jdir),
+        "grace_s": pod.get("terminationGracePeriodSeconds", STOP_GRACE_S),
     }
 
 
-def start(job: dict, *, checkpoint_mount: str, secret_env: dict[str, str]) -> dict:
+def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
+    """Mount path -> directory template ('{node}' for per-node emptyDirs). In-memory emptyDirs (/dev/shm) and
+    Secrets (the token travels in the environment) are not mapped."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    out = {}
+    for m in container.get("volumeMounts", []):
+        v = volumes.get(m["name"], {})
+        if "persistentVolumeClaim" in v:
+            out[m["mountPath"]] = str(shared_volume_dir(v["persistentVolumeClaim"]["claimName"]))
+        elif "emptyDir" in v and v["emptyDir"].get("medium") != "Memory":
+            out[m["mountPath"]] = str(jdir / "nodes" / "node-{node}" / m["name"])
+    return out
+
+
+def shared_volume_dir(claim: str) -> Path:
+    """A PersistentVolumeClaim on this machine: a directory under FSDPCTL_HOME/volumes that outlives jobs."""
+    return home() / "volumes" / claim
+
+
+def start(job: dict, *, secret_env: dict[str, str]) -> dict:
     """Write the spec and start the detached supervisor; returns the initial state."""
     name = job["metadata"]["name"]
     jdir = job_dir(name)
     if effective_phase(read_state(jdir)) in ACTIVE:
         raise LocalJobError(f"job {name!r} is already running: `fsdpctl job stop` first, or pass --replace")
     jdir.mkdir(parents=True, exist_ok=True)
-    spec = spec_from_job(job, jdir, checkpoint_mount)
+    spec = spec_from_job(job, jdir)
+    shutil.rmtree(jdir / "nodes", ignore_errors=True)  # new pods get new emptyDirs
     log_dir = jdir / "logs" / spec["run_id"]
     log_dir.mkdir(parents=True, exist_ok=True)
     write_json(jdir / "spec.json", spec)
@@ -124,7 +173,7 @@ def start(job: dict, *, checkpoint_mount: str, secret_env: dict[str, str]) -> di
         "created": time.time(),
         "replicas": spec["replicas"],
         "log_dir": str(log_dir),
-        "checkpoint_dir": spec["checkpoint_root"],
+        "checkpoint_dir": _mapped_env(spec, 0).get("CHECKPOINT_DIR"),
         "supervisor_pid": None,
         "launchers": [],
         "stop_requested": False,
@@ -210,24 +259,16 @@ def supervise(jdir: Path) -> int:
     log_dir = Path(state["log_dir"])
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
-    server, procs = None, []
+    server, procs, net = None, [], _network(spec)
     try:
-        if spec["rdzv_backend"] == "c10d":
-            endpoint = f"127.0.0.1:{etcd_adapter.free_port()}"
-        else:
-            server = etcd_adapter.start(jdir / "etcd" / spec["run_id"], log_file=log_dir / "etcd.log")
-            endpoint = server.endpoint
-        for launch in launches(spec, endpoint, dict(os.environ)):
+        if net is not None:
+            netns.create(net, {f"{spec['job']}-worker-0": net.address(0)})
+        server, endpoint = _rendezvous(spec, jdir, log_dir, net)
+        for launch in launches(spec, endpoint, dict(os.environ), net):
             # a session of its own per launcher: its process group is the pod's processes
             procs.append(shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log"))
-        _update(
-            jdir,
-            phase="Running",
-            started=time.time(),
-            rdzv_endpoint=endpoint,
-            launchers=[{"node": i, "pid": p.pid, "rc": None} for i, p in enumerate(procs)],
-        )
-        rcs = _wait_all(procs, stopping, jdir)
+        _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint, **_placement(net, procs))
+        rcs = _wait_all(procs, stopping, jdir, spec.get("grace_s", STOP_GRACE_S))
     except Exception as e:  # recorded for `job status`; the traceback is in supervisor.log
         _terminate(procs, signal.SIGKILL)
         _update(jdir, phase="Failed", finished=time.time(), reason=str(e))
@@ -235,17 +276,60 @@ def supervise(jdir: Path) -> int:
     finally:
         if server:
             server.stop()
-    stopped = stopping["flag"]
-    phase = "Stopped" if stopped else ("Succeeded" if all(rc == 0 for rc in rcs) else "Failed")
-    _update(
-        jdir,
-        phase=phase,
-        finished=time.time(),
-        launchers=[
-            {"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs, strict=True))
-        ],
-    )
+        if net is not None:
+            netns.destroy(net)
+    phase = "Stopped" if stopping["flag"] else ("Succeeded" if all(rc == 0 for rc in rcs) else "Failed")
+    launchers = [
+        {"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs, strict=True))
+    ]
+    _update(jdir, phase=phase, finished=time.time(), launchers=launchers)
     return 0
+
+
+def _network(spec: dict) -> netns.Network | None:
+    """Namespaces when this machine allows them (root, iproute2) and FSDPCTL_LOCAL_NETNS is not 0."""
+    usable, _ = netns.available()
+    if not usable or os.environ.get("FSDPCTL_LOCAL_NETNS", "1") == "0":
+        return None
+    return netns.plan(spec["job"], spec["replicas"])
+
+
+def network_note(state: dict) -> str:
+    """What `job status` says about the nodes' addresses."""
+    return state.get("network") or "loopback"
+
+
+def _rendezvous(
+    spec: dict, jdir: Path, log_dir: Path, net: netns.Network | None
+) -> tuple[etcd_adapter.EtcdServer | None, str]:
+    """(etcd server or None, endpoint). c10d with namespaces: the manifest's own `<job>-worker-0:29400`,
+    which each node's hosts file resolves to node 0 as the operator's Service does; on loopback a free port.
+    etcd: a server on the host side of the nodes' bridge (or loopback)."""
+    if spec["rdzv_backend"] == "c10d":
+        if net is not None:
+            return None, _manifest_endpoint(spec)
+        return None, f"127.0.0.1:{etcd_adapter.free_port()}"
+    host = net.host_address if net else "127.0.0.1"
+    server = etcd_adapter.start(jdir / "etcd" / spec["run_id"], log_file=log_dir / "etcd.log", host=host)
+    return server, server.endpoint
+
+
+def _manifest_endpoint(spec: dict) -> str:
+    return next(a.split("=", 1)[1] for a in spec["command"] if a.startswith("--rdzv-endpoint="))
+
+
+def _placement(net: netns.Network | None, procs: list) -> dict:
+    why = netns.available()[1] or "FSDPCTL_LOCAL_NETNS=0"
+    note = (
+        f"a network namespace per node ({netns.SUBNET_PREFIX}.{net.index}.0/24)"
+        if net
+        else f"loopback ({why})"
+    )
+    launchers = [
+        {"node": i, "pid": p.pid, "rc": None, "address": net.address(i) if net else "127.0.0.1"}
+        for i, p in enumerate(procs)
+    ]
+    return {"network": note, "launchers": launchers}
 
 
 def _terminate(procs, sig) -> None:
@@ -257,14 +341,14 @@ def _terminate(procs, sig) -> None:
                 pass
 
 
-def _wait_all(procs, stopping, jdir: Path) -> list[int]:
+def _wait_all(procs, stopping, jdir: Path, grace_s: float) -> list[int]:
     sent_at = None
     while any(p.poll() is None for p in procs):
         if stopping["flag"] and sent_at is None:
             _update(jdir, phase="Stopping")
             _terminate(procs, signal.SIGTERM)
             sent_at = time.monotonic()
-        if sent_at is not None and time.monotonic() - sent_at > STOP_GRACE_S:
+        if sent_at is not None and time.monotonic() - sent_at > grace_s:
             _terminate(procs, signal.SIGKILL)
         time.sleep(0.2)
     return [p.returncode for p in procs]

@@ -36,14 +36,14 @@ class LocalBackend:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
         try:
-            st = local.start(job, checkpoint_mount=render.POD_CHECKPOINT_ROOT, secret_env=secret_env(cfg))
+            st = local.start(job, secret_env=secret_env(cfg))
         except local.LocalJobError as e:
             raise FsdpctlError(str(e)) from e
         remember(cfg)
         return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")
 
     def _dry_run(self, job: dict[str, Any], run_id: str) -> Started:
-        spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name), render.POD_CHECKPOINT_ROOT)
+        spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
         lines = [
             f"node {launch.node}: " + " ".join(launch.argv)
             for launch in local.launches(spec, "127.0.0.1:<port>", {})
@@ -115,17 +115,21 @@ class LocalBackend:
         return local.effective_phase(local.wait(name, timeout=timeout)) or "Failed"
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
-        """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data."""
+        """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data, node
+        disks; with `checkpoints` also its directory on the shared volume."""
         removed = []
         for st in local.list_jobs():
             if local.effective_phase(st) in local.ACTIVE:
                 continue
-            for child in sorted(local.job_dir(st["job"]).iterdir()):
-                if child.name == "checkpoints" and not checkpoints:
+            doomed = sorted(local.job_dir(st["job"]).iterdir())
+            if checkpoints and st.get("checkpoint_dir"):
+                doomed.append(Path(st["checkpoint_dir"]))
+            for path in doomed:
+                if (path.name == "checkpoints" and not checkpoints) or not path.exists():
                     continue
-                removed.append(str(child))
+                removed.append(str(path))
                 if not dry_run:
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
         return removed
 
 
@@ -149,6 +153,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "leader": leader.stem if leader else None,
         "leader_log": str(leader) if leader else None,
         "checkpoint_dir": st["checkpoint_dir"],
+        "network": local.network_note(st),
         **prog,
         "reason": st.get("reason"),
         "problems": [],
