@@ -923,6 +923,8 @@ class KubeApi(kmock.KubernetesScaffold):
             if fin != list(meta.get("finalizers") or []):
                 self.store.put(key, {**obj, "metadata": {**meta, "finalizers": fin}})
             return
+        if meta.get("deletionGracePeriodSeconds"):
+            return  # a pod in its grace period: the kubelet deletes it (with grace 0) once it has ended
         self.store.remove(key)
         if key[:2] == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self.registry.crds.pop(key[3], None)
