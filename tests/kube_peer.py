@@ -371,11 +371,12 @@ class KubeApi(kmock.KubernetesScaffold):
         verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
         verb = verb or ("watch" if watch else "get" if route.name else "list")
         where = f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
+        named = f' "{route.name}"' if route.name else ""
         raise Reply(
             403,
             "Forbidden",
-            f'{res.qualified} is forbidden: User "tester" cannot {verb} resource "{res.plural}" in API '
-            f'group "{res.group}" {where}',
+            f'{res.qualified}{named} is forbidden: User "tester" cannot {verb} resource "{res.plural}" '
+            f'in API group "{res.group}" {where}',
             {"group": res.group, "kind": res.plural},
         )
 
@@ -403,7 +404,9 @@ class KubeApi(kmock.KubernetesScaffold):
         )
 
     def _json(self, body: dict, code: int = 200, warnings: list[str] | None = None):
-        headers = CIMultiDict(("Warning", f'299 - "{w}"') for w in warnings or [])
+        # RFC 7234 warn-text: a quoted string, its quotes and backslashes escaped
+        quoted = [w.replace("\\", "\\\\").replace('"', '\\"') for w in warnings or []]
+        headers = CIMultiDict(("Warning", f'299 - "{w}"') for w in quoted)
         return aiohttp.web.json_response(body, status=code, headers=headers)
 
     def _key(self, res: Served, namespace: str | None, name: str) -> Key:
@@ -507,7 +510,7 @@ class KubeApi(kmock.KubernetesScaffold):
                 f'{res.qualified_kind} "" is invalid: metadata.name: Required value: name or generateName '
                 "is required",
             )
-        self._lifecycle(res, route.namespace)
+        self._lifecycle(res, route.namespace, meta["name"])
         stored, warnings = self._admit(request, res, obj, mode="create")
         self._check_names(res, stored)
         key = self._key(res, route.namespace, meta["name"])
@@ -554,8 +557,9 @@ class KubeApi(kmock.KubernetesScaffold):
         if res.plural == "customresourcedefinitions" and res.group == "apiextensions.k8s.io":
             self.registry.crds[obj["metadata"]["name"]] = obj  # established at once
 
-    def _lifecycle(self, res: Served, namespace: str | None) -> None:
-        """NamespaceLifecycle admission on create: the namespace must exist and not be terminating."""
+    def _lifecycle(self, res: Served, namespace: str | None, name: str) -> None:
+        """NamespaceLifecycle admission on create: the namespace must exist and not be terminating (the
+        refusal in admission.NewForbidden's words)."""
         if not res.namespaced or namespace is None:
             return
         ns = self.store.objects.get(("", "namespaces", "", namespace))
@@ -570,8 +574,8 @@ class KubeApi(kmock.KubernetesScaffold):
             raise Reply(
                 403,
                 "Forbidden",
-                f"{res.plural} is forbidden: unable to create new content in namespace {namespace} because "
-                "it is being terminated",
+                f'{res.qualified} "{name}" is forbidden: unable to create new content in namespace '
+                f"{namespace} because it is being terminated",
             )
 
     def _check_type(self, res: Served, obj: dict) -> None:
