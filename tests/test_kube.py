@@ -1,10 +1,10 @@
 """The Kubernetes side (deploy, job run/status/logs/list/wait/stop, cleanup, monitor top) driven through the
-CLI against the API peer of ../shared/TESTING.md: kmock's KubernetesEmulator served over HTTP
-(tests/kube_peer.py), reached by the real `kubernetes` client through a kubeconfig. It has no controllers and
-no kubelet, so the tests play them: they set job conditions and pod status through the API and give pods their
-log text. Its gaps (server-side apply, namespaces, dry-run, service proxy) are filled in kube_peer.py, each as
-the real API behaves. With FSDPCTL_TEST_KUBECONFIG set, test_real_cluster runs the non-destructive part
-against that cluster instead."""
+CLI against the API peer (tests/kube_peer.py: an API server on kmock's HTTP machinery that answers as
+kube-apiserver does for discovery, scopes, selectors, resourceVersion, field validation, admission and garbage
+collection; test_kube_peer.py holds it to that), reached by the real `kubernetes` client through a kubeconfig.
+It has no controllers and no kubelet, so the tests play them: they set job conditions and pod status through
+the API and give pods their log text. With FSDPCTL_TEST_KUBECONFIG set, test_real_cluster runs the
+non-destructive part against that cluster instead."""
 
 from __future__ import annotations
 
