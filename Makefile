@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # checkov lives apart: its pins (boto3, packaging) clash with the project's
 CHECKOV := .venv-checkov/bin/checkov
 
-.PHONY: install quickstart test test-fast lint bench
+.PHONY: install quickstart test test-fast golden lint bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,9 +27,15 @@ test: install $(CHECKOV)
 	scripts/system-deps
 	$(PY) -m pytest -q
 
-# the single-process tests: settings, manifests, plan, CLI, Kubernetes and AWS peers (under 2 minutes)
+# everything but the tests marked slow (multi-process runs, real terraform, checkov, docker): settings,
+# manifests, plan, CLI and goldens, Kubernetes and AWS peers (under 2 minutes on 2 cores)
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 -m "not slow"
+
+# rewrite every golden file (--help of each command, main outputs, manifests) after an intended change;
+# review `git diff tests/golden` before committing
+golden: install
+	FSDPCTL_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_golden.py tests/test_manifests.py -k golden
 
 # layering contracts, lint, format, types
 lint: install

@@ -130,6 +130,25 @@ KEEP_FSDPCTL_VARS = (
 COLUMNS = 200  # wide enough that no error line wraps; click's help still wraps at its own 80
 
 
+def _import_the_cli_at_the_fixed_width() -> None:
+    """fsdpctl's rich consoles are made when fsdpctl.cli is first imported and keep the width they found then
+    (in a pytest-xdist worker: 80, whatever the fixture sets later). Import it here, before any test module
+    can, under the fixed width: the same wrapping for every test, alone, in any order, in parallel."""
+    saved = {key: os.environ.get(key) for key in ("COLUMNS", "NO_COLOR")}
+    os.environ.update(COLUMNS=str(COLUMNS), NO_COLOR="1")
+    try:
+        import fsdpctl.cli  # noqa: F401
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_import_the_cli_at_the_fixed_width()
+
+
 @dataclass
 class CliResult:
     exit_code: int

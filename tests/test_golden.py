@@ -6,12 +6,13 @@ tests/golden/ rather than passing unseen.
 - the main outputs: `config show`, `plan` of a named model, `manifest` (the YAML on stdout) and `job status`
   of a finished local job (slow: a real two-node run; times, paths and run ids normalised).
 
-After an intended change, rewrite them all with one command and review the diff:
+After an intended change, rewrite them with one command and review the diff:
 
     FSDPCTL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py -p no:cacheprovider
     git diff tests/golden/
 
-(`-m "not slow"` leaves the job status golden as it is and skips its real run.)
+(`-m "not slow"` leaves the job status golden as it is and skips its real run; `make golden` rewrites these
+and test_manifests' golden manifests together.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import pytest
 GOLDEN = Path(__file__).parent / "golden"
 HELP = GOLDEN / "help"
 UPDATE = bool(os.environ.get("FSDPCTL_UPDATE_GOLDEN"))  # the same switch as test_manifests' goldens
-REGENERATE = "FSDPCTL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py -p no:cacheprovider"
+REGENERATE = (
+    "FSDPCTL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py -p no:cacheprovider"
+    "   (or `make golden`: these and the manifest goldens)"
+)
 
 
 def commands() -> list[tuple[str, ...]]:
