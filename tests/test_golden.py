@@ -89,6 +89,8 @@ def without_the_clock(text: str) -> str:
     text = re.sub(r"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(\.\d+)?Z?", "<TIME>", text)
     text = re.sub(r"\b(\d+h ?)?(\d+m ?)?\d+(\.\d+)?s\b", "<DUR>", text)
     text = re.sub(r"\b\d[\d,]*(\.\d+)? (tokens/s|tok/s)", r"<N> \2", text)
+    # a network namespace per node as root (its /24 moves past those in use), loopback otherwise
+    text = re.sub(r"(?m)^(network\s+).+$", r"\1<NETWORK>", text)
     return re.sub(r"\b(loss\s+)\d+\.\d+", r"\1<LOSS>", text)
 
 
@@ -160,6 +162,7 @@ def test_the_clock_normalisation():
         "loss        5.9931\n"
         "throughput  2,428 tokens/s\n"
         "last step   3.5s ago at 2026-12-03T13:13:59Z\n"
+        "network     a network namespace per node (10.231.40.0/24)\n"
     )
     assert without_the_clock(printed) == (
         "job         golden  (run golden-<RUN-ID>, local)\n"
@@ -168,4 +171,5 @@ def test_the_clock_normalisation():
         "loss        <LOSS>\n"
         "throughput  <N> tokens/s\n"
         "last step   <DUR> ago at <TIME>\n"
+        "network     <NETWORK>\n"
     )
