@@ -253,12 +253,20 @@ def _workload_row(kube: Kube, probe: dict[str, str]) -> dict[str, Any]:
 
 
 def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
+    """The job CRD as discovery serves it: its name is `<plural>.<group>`, the plural the CRD declares."""
+    from fsdpctl.adapters.kube import KubeError
+
     api, kind = render.job_api(cfg)
     group, version = api.split("/")
-    crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", f"{kind.lower()}s.{group}")
+    try:
+        crd: str | None = f"{kube.resource(api, kind).plural}.{group}"
+    except KubeError as e:
+        if e.status != 404:
+            raise
+        crd = None
     return {
         "component": "operator",
-        "object": f"CRD {kind.lower()}s.{group}",
+        "object": f"CRD {crd}" if crd else f"CRD of {kind} ({api})",
         "namespace": "-",
         "installed": crd is not None,
         "version": version,

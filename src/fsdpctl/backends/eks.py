@@ -38,7 +38,12 @@ class EksBackend:
         )
         if server_dry_run:
             lines = [*started["objects"], f"Secret/{render.secret_name(cfg)}"]
-            where = f"the API server accepted {len(lines)} objects"
+            unchecked = self.kube.unchecked
+            where = f"the API server accepted {len(lines) - len(unchecked)} objects" + (
+                f" ({len(unchecked)} not checkable before their namespace exists: {', '.join(unchecked)})"
+                if unchecked
+                else ""
+            )
             return Started(cfg.job_name, started["run_id"], where, lines)
         remember(cfg)
         where = f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}"
