@@ -111,9 +111,19 @@ def test_secrets_are_masked():
 
 
 def test_env_example_documents_every_key_with_its_default():
+    """Every key with its default; the keys a named model sets itself (fsdptrain.config.MODEL_DEFAULT_KEYS)
+    are there commented out as `#KEY=value` with tiny's value: a copy of the file used as .env must leave them
+    to the model, since a key set in .env beats the model's default."""
+    import re
+
     from conftest import ROOT
     from fsdpctl.settings import setting_keys
+    from fsdptrain.config import MODEL_DEFAULT_KEYS
 
-    values = parse_dotenv((ROOT / ".env.example").read_text(), ".env.example")
-    assert set(values) == set(setting_keys())
-    assert redacted(load(dotenv=values)) == redacted(load())
+    text = (ROOT / ".env.example").read_text()
+    values = parse_dotenv(text, ".env.example")
+    per_model = dict(re.findall(r"^#([A-Z][A-Z0-9_]*)=(.*)$", text, re.M))
+    assert set(per_model) == {name.upper() for name in MODEL_DEFAULT_KEYS}
+    assert set(values) | set(per_model) == set(setting_keys()) and not set(values) & set(per_model)
+    assert redacted(load(dotenv={**values, **per_model})) == redacted(load())
+    assert load(dotenv={**values, "MODEL": "7b"}).sources["SEQ_LEN"] == "model default"

@@ -247,6 +247,10 @@ def candidate_fixes(job: Job) -> list[tuple[str, Job]]:
         )
     if job.strategy != "FULL_SHARD":
         out.append(("SHARDING_STRATEGY=FULL_SHARD", replace(job, strategy="FULL_SHARD")))
+    if job.strategy == "HYBRID_SHARD":  # a bigger shard group keeps HSDP's cross-node all-reduce
+        for size in (job.gpus_per_node * k for k in (2, 4, 8, 16)):
+            if job.shard_size < size < job.world and job.world % size == 0:
+                out.append((f"HSDP_SHARD_SIZE={size}", replace(job, hsdp_shard_size=size)))
     for nodes in (2, 4, 8, 16, 32):
         if nodes > job.nodes:
             out.append((f"JOB_NODES={nodes}", replace(job, nodes=nodes)))
@@ -351,3 +355,52 @@ def _sweep_row(job: Job, tokens: float, one_node: float) -> dict[str, Any]:
         "hours": hours,
         "usd": usd,
     }
+
+
+# --- refusing what cannot fit, before anything is created (config validate, manifest, job run) ----------
+
+# What one local trainer process holds besides the model's numbers: the interpreter, torch and gloo (about
+# 0.4 GiB resident for the tiny model on CPU).
+PROCESS_BASE = GIB // 2
+
+
+def fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | None:
+    """One line naming the settings and the cheapest fix when the job cannot fit where it would run: per GPU
+    on the cluster (`memory`), all processes together in this machine's RAM locally; None when it fits."""
+    if cfg.backend == "local":
+        return _host_fit_problem(cfg, ram_bytes)
+    job = job_from(cfg, mfu=0.0, price=None)
+    mem = memory(job)
+    if mem.fits:
+        return None
+    fix = cheapest_fix(job, tokens)
+    group = f", shard group {job.shard_size}" if job.strategy == "HYBRID_SHARD" else ""
+    what = (
+        f"MODEL={job.model} needs {mem.total / GIB:.1f} GiB per GPU, {mem.capacity / GIB:.1f} GiB usable on "
+        f"JOB_NODES={job.nodes} x INSTANCE_TYPE={job.instance_type} "
+        f"(SHARDING_STRATEGY={job.strategy}{group}, MICRO_BATCH_SIZE={job.micro_batch}, "
+        f"SEQ_LEN={job.seq_len}, ACTIVATION_CHECKPOINTING={job.ac})"
+    )
+    if fix is None:
+        return f"{what}: no single change fits: use more nodes or a bigger instance type (see `fsdpctl plan`)"
+    more = f" and NODE_COUNT={fix[1].nodes} (a bigger node group)" if fix[1].nodes > cfg.node_count else ""
+    return f"{what}: set {fix[0]}{more}, the cheapest change that fits (`fsdpctl plan` shows the numbers)"
+
+
+def host_memory(cfg: Config) -> int:
+    """Bytes all the processes of a local job hold together: each its shard of the state, its activations
+    and transients as on a GPU (no CUDA context), and the process itself."""
+    job = replace(job_from(cfg, mfu=0.0, price=None), gpus_per_node=cfg.procs_per_node)
+    mem = memory(job)
+    return cfg.world_size * (mem.total - CUDA_OVERHEAD + PROCESS_BASE)
+
+
+def _host_fit_problem(cfg: Config, ram_bytes: int) -> str | None:
+    need = host_memory(cfg)
+    if need <= ram_bytes:
+        return None
+    return (
+        f"MODEL={cfg.training.model} needs about {need / GIB:.1f} GiB for {cfg.world_size} local processes "
+        f"(JOB_NODES={cfg.job_nodes} x LOCAL_PROCS_PER_NODE={cfg.local_procs_per_node}), this machine has "
+        f"{ram_bytes / GIB:.1f} GiB: use MODEL=tiny here, or BACKEND=eks"
+    )

@@ -19,13 +19,15 @@ from pydantic_core import ErrorDetails
 
 from fsdpctl.errors import SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
-from fsdptrain.config import ConfigError, TrainConfig, parse_value
+from fsdptrain.config import ConfigError, TrainConfig, parse_value, with_model_defaults
 from fsdptrain.shapes import job_mesh_shape
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 GATED_PREFIXES = ("meta-llama/",)
 # Keys the job derives itself rather than taking from the user.
 TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
+# The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set none.
+MODEL_DEFAULT = "model default"
 
 
 def _k(default: Any, group: str, help: str, **constraints: Any) -> Any:
@@ -184,7 +186,8 @@ class Config(Settings):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     training: SkipValidation[TrainConfig] = Field(default_factory=TrainConfig)
-    sources: dict[str, str] = Field(default_factory=dict)  # KEY -> default | .env | env | flag
+    # KEY -> default | model default | .env | env | flag
+    sources: dict[str, str] = Field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
     @classmethod
@@ -362,6 +365,9 @@ def _validate(
             train_values[name] = parse_value(name, value)
         except ConfigError as e:
             errors.append(str(e))
+    train_values, defaulted = with_model_defaults(train_values)  # the named model's, where the user set none
+    key_of = {name: key for key, name in keys.items()}
+    sources.update({key_of[name]: MODEL_DEFAULT for name in defaulted})
     training = TrainConfig(**train_values)  # values that failed to parse were reported above
     errors.extend(training.problems(check_paths=False))
     if errors or settings is None:  # settings is None only when its errors were listed
@@ -426,6 +432,60 @@ def _storage_checks(cfg: Config) -> list[str]:
             f"({', '.join(reserved)}): use another path, e.g. /fsx"
         )
     return errors
+
+
+# A local job beyond this many processes per core spends its time switching between them: the collectives
+# time out before the steps end.
+LOCAL_PROCS_PER_CORE = 4
+
+
+def placement_problems(
+    cfg: Config, *, cores: int, exists: Callable[[str], bool], mounts: Mapping[str, str]
+) -> list[str]:
+    """What cannot be scheduled where the job would run, one line each with the fix (`--force` may run it
+    anyway). The readers are injected, so this stays free of I/O: `cores` of this machine, `exists` for a path
+    on it, `mounts` the pod mount paths the local backend maps to directories here (claim -> FSDPCTL_HOME/
+    volumes/<claim>). Paths inside a cluster's pods cannot be checked from here, so on EKS only the token
+    file (read here, into the Secret) is."""
+    errors = []
+    if cfg.hf_token_file and not cfg.hf_token.get_secret_value() and not exists(cfg.hf_token_file):
+        errors.append(f"HF_TOKEN_FILE={cfg.hf_token_file!r} does not exist: check the path, or set HF_TOKEN")
+    if cfg.backend == "eks":
+        if cfg.job_nodes > cfg.node_count:
+            errors.append(
+                f"JOB_NODES={cfg.job_nodes} exceeds NODE_COUNT={cfg.node_count}, the GPU nodes of the node "
+                f"group: the other pods would stay Pending; set JOB_NODES={cfg.node_count}, or NODE_COUNT="
+                f"{cfg.job_nodes} and grow the node group"
+            )
+        return errors
+    most = LOCAL_PROCS_PER_CORE * cores
+    if cfg.world_size > most:
+        errors.append(
+            f"JOB_NODES={cfg.job_nodes} x LOCAL_PROCS_PER_NODE={cfg.local_procs_per_node} is "
+            f"{cfg.world_size} local processes for this machine's {cores} cores: use at most {most} "
+            f"({LOCAL_PROCS_PER_CORE} per core), or BACKEND=eks"
+        )
+    t = cfg.training
+    for key, value in (("DATASET", t.dataset), ("TOKENIZER", t.tokenizer), ("PRETRAINED", t.pretrained)):
+        if value.startswith(("/", "./", "../", "~")) and not exists(local_path(value, mounts)):
+            where = _mapped(value, mounts)
+            errors.append(f"{key}={value!r} does not exist on this machine{where}: put it there or fix {key}")
+    return errors
+
+
+def local_path(path: str, mounts: Mapping[str, str]) -> str:
+    """Where a pod path is on this machine under the local backend: below a mapped mount (the longest one
+    that holds it), that mount's directory; any other path is the machine's own."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        root = mount.rstrip("/")
+        if path == root or path.startswith(root + "/"):
+            return mounts[mount] + path[len(root) :]
+    return path
+
+
+def _mapped(path: str, mounts: Mapping[str, str]) -> str:
+    here = local_path(path, mounts)
+    return f" (the local backend reads it at {here})" if here != path else ""
 
 
 def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:

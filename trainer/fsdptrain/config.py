@@ -2,6 +2,9 @@
 
 Precedence: command-line flag > environment variable > default. The environment names are the same keys
 that `fsdpctl` writes into `.env` and into the PyTorchJob, so one vocabulary runs from laptop to cluster.
+The named Llama-2 models (7b, 13b, 70b) have defaults of their own for the keys in `MODEL_DEFAULTS`; a key the
+user set always wins. `fsdpctl` applies the same table (`with_model_defaults`), so a pod, `fsdpctl plan` and
+`python -m fsdptrain --model 7b` agree.
 """
 
 from __future__ import annotations
@@ -135,6 +138,70 @@ class TrainConfig:
         return self.tokenizer or self.pretrained or BUILTIN
 
 
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What a named model trains with unless the user says otherwise (see MODEL_DEFAULTS for the sources)."""
+
+    seq_len: int
+    micro_batch_size: int
+    activation_checkpointing: str
+    lr: float  # peak, training from scratch
+    finetune_lr: float  # peak, with PRETRAINED
+    warmup_steps: int  # from scratch; capped at a tenth of MAX_STEPS so a short run still reaches the peak
+
+
+# The tiny models keep the field defaults above (the quickstart and the tests depend on them). Sources:
+# - LR and warmup from scratch: the Llama 2 paper (Touvron et al. 2023, section 2.2 and table 1): AdamW with a
+#   peak of 3e-4 for 7B and 13B and 1.5e-4 for 34B and 70B, 2000 warmup steps, cosine decay to 10% of the
+#   peak (MIN_LR_RATIO 0.1), weight decay 0.1, gradient clipping 1.0 (the field defaults already).
+# - LR when fine-tuning (PRETRAINED set): 1e-4, the default of the FSDP Llama-2 case of
+#   aws-samples/awsome-distributed-training (src/model_utils/arguments.py), 30x below the tiny model's 3e-3;
+#   70B gets half, as the paper halves 70B's pretraining peak. Its warmup: that case's 0.32% of the steps.
+# - SEQ_LEN: the models' 4096-token context (fsdptrain.shapes.MODEL_CONFIGS). MICRO_BATCH_SIZE and
+#   ACTIVATION_CHECKPOINTING: IBM/Meta's fms-fsdp runs of these shapes (its README: 7B batch 2 and 13B batch 1
+#   without checkpointing) and awsome-distributed-training's 70B (models/llama2_70b.txt: batch 1 with
+#   activation checkpointing), the configurations the published FSDP throughput comes from.
+MODEL_DEFAULTS: dict[str, ModelDefaults] = {
+    "7b": ModelDefaults(4096, 2, "none", 3e-4, 1e-4, 2000),
+    "13b": ModelDefaults(4096, 1, "none", 3e-4, 1e-4, 2000),
+    "70b": ModelDefaults(4096, 1, "full", 1.5e-4, 5e-5, 2000),
+}
+FINETUNE_WARMUP_FRACTION = 0.0032
+MODEL_DEFAULT_KEYS = ("seq_len", "micro_batch_size", "activation_checkpointing", "lr", "warmup_steps")
+
+
+def model_defaults(model: str, *, pretrained: str = "", max_steps: int = 30) -> dict[str, Any]:
+    """The named model's defaults (field name -> value); {} for the tiny models and unknown names."""
+    d = MODEL_DEFAULTS.get(model)
+    if d is None:
+        return {}
+    if pretrained:
+        lr, warmup = d.finetune_lr, max(1, round(FINETUNE_WARMUP_FRACTION * max_steps))
+    else:
+        lr, warmup = d.lr, min(d.warmup_steps, max_steps // 10)
+    return {
+        "seq_len": d.seq_len,
+        "micro_batch_size": d.micro_batch_size,
+        "activation_checkpointing": d.activation_checkpointing,
+        "lr": lr,
+        "warmup_steps": warmup,
+    }
+
+
+def with_model_defaults(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`values` (field name -> parsed value, only what the user set) completed with the model's defaults for
+    the keys the user left unset; also returns the names that took a model default."""
+    defaults = TrainConfig()
+    max_steps = values.get("max_steps", defaults.max_steps)
+    found = model_defaults(
+        str(values.get("model", defaults.model)),
+        pretrained=str(values.get("pretrained", defaults.pretrained)),
+        max_steps=max_steps if isinstance(max_steps, int) else defaults.max_steps,
+    )
+    added = [name for name in found if name not in values]
+    return {**values, **{name: found[name] for name in added}}, added
+
+
 def _parse_value(f: dataclasses.Field[Any], raw: str) -> Any:
     kind: type[Any] = type(f.default)
     env = f.metadata["env"]
@@ -167,12 +234,13 @@ def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     )
     fields = dataclasses.fields(TrainConfig)
     for f in fields:
+        per_model = "; 7b/13b/70b: their own" if f.name in MODEL_DEFAULT_KEYS else ""
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             default=None,
             metavar=f.metadata["env"],
-            help=f"{f.metadata['help']} (env {f.metadata['env']}, default {f.default!r})",
+            help=f"{f.metadata['help']} (env {f.metadata['env']}, default {f.default!r}{per_model})",
         )
     args = vars(parser.parse_args(argv))
     values = {}
@@ -180,7 +248,7 @@ def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         raw = args[f.name] if args[f.name] is not None else environ.get(f.metadata["env"])
         if raw is not None:
             values[f.name] = _parse_value(f, raw)
-    return TrainConfig(**values).validate()
+    return TrainConfig(**with_model_defaults(values)[0]).validate()
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -50,6 +50,14 @@ ServerDryRunOpt = Annotated[
     ),
 ]
 DRY_RUN_SPELLINGS = {"--dry-run=server": SERVER_DRY_RUN_FLAG, "--dry-run=client": "--dry-run"}
+# config validate, manifest and job run refuse a job that cannot fit or be scheduled (`admit`); --force runs
+# it anyway, with a warning naming each refusal it overrode.
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="go on although the job does not fit or cannot be scheduled (each refusal is warned)"
+    ),
+]
 
 
 @dataclass
@@ -77,6 +85,33 @@ class AppState:
                 return cfg
             self._config = cfg
         return self._config
+
+
+def admit(cfg: Config, *, force: bool) -> None:
+    """Refuse, before anything is written or created, a job that cannot fit (`plan.fit_problem`) or be
+    scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line each with the
+    fix. With `force`, each refusal becomes a warning and the command goes on. This machine's facts are read
+    here, at the edge: its cores and RAM, its paths, and where the local backend keeps the claims."""
+    from fsdpctl import plan
+    from fsdpctl.adapters.local import shared_volume_dir
+    from fsdpctl.settings import placement_problems
+
+    claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
+    mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
+    problems = placement_problems(
+        cfg, cores=os.cpu_count() or 1, exists=lambda p: Path(p).expanduser().exists(), mounts=mounts
+    )
+    fit = plan.fit_problem(cfg, ram_bytes=_ram_bytes())
+    problems = [fit, *problems] if fit else problems
+    if problems and not force:
+        raise SettingsError(problems)
+    for line in problems:
+        warn(f"--force: going on although {line}")
+
+
+def _ram_bytes() -> int:
+    """This machine's physical memory (POSIX sysconf)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def read_env_file(path: Path) -> dict[str, str]:

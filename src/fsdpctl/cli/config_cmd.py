@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, state
+from fsdpctl.cli.common import ForceOpt, Output, OutputOpt, admit, emit, ok, out, state
 from fsdpctl.redact import redact
 
 app = typer.Typer(
@@ -24,9 +24,15 @@ def _group(key: str) -> str:
     return str(extra["group"]) if isinstance(extra, dict) else "training"  # trainer keys have no field here
 
 
+# where a value came from, as the table shows it: the plain defaults dimmed; a named model's own defaults
+# (fsdptrain.config.MODEL_DEFAULTS) say so, since they differ from what .env.example lists
+UNSET = ("default", "model default")
+
+
 @app.command()
 def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
-    """Every setting with its value and where it came from; secrets are masked.
+    """Every setting with its value and where it came from (default, model default, .env, env, flag);
+    secrets are masked.
 
     Example: fsdpctl --set MODEL=7b config show -o yaml
     """
@@ -44,7 +50,9 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
             _group(key),
             key,
             escape(redact(str(values[key]))),
-            source if source != "default" else "[dim]default[/]",
+            {"default": "[dim]default[/]", "model default": f"model default ({cfg.training.model})"}.get(
+                source, escape(source)
+            ),
         )
     for key, value in derived(cfg).items():
         table.add_row("derived", key, str(value), "[dim]computed[/]")
@@ -52,13 +60,16 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
 
 @app.command()
-def validate(ctx: typer.Context) -> None:
-    """Check every value; each problem is one line naming the key, the value and what is allowed (exit 2).
+def validate(ctx: typer.Context, force: ForceOpt = False) -> None:
+    """Check every value, and that the job fits and can be scheduled where BACKEND runs it (GPU memory on
+    the cluster, JOB_NODES against NODE_COUNT; cores, RAM and paths locally); each problem is one line naming
+    the key, the value and the fix (exit 2).
 
     Example: fsdpctl --env-file prod.env config validate
     """
     cfg = state(ctx).config()
+    admit(cfg, force=force)
     ok(
-        f"{len(cfg.sources)} settings valid ({sum(s != 'default' for s in cfg.sources.values())} set); "
+        f"{len(cfg.sources)} settings valid ({sum(s not in UNSET for s in cfg.sources.values())} set); "
         f"world size {cfg.world_size} on {cfg.backend}"
     )

@@ -12,9 +12,11 @@ from fsdpctl.backends import FINAL, Backend
 from fsdpctl.cli import job_view
 from fsdpctl.cli.common import (
     DryRunOpt,
+    ForceOpt,
     Output,
     OutputOpt,
     ServerDryRunOpt,
+    admit,
     emit,
     end_wait,
     err,
@@ -60,8 +62,10 @@ def run(
         str | None, typer.Option("--run-id", help="rendezvous id (default: a fresh one)")
     ] = None,
     backend: BackendOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Start the job (the same PyTorchJob `fsdpctl manifest` renders) and follow it with a progress bar.
+    A job that does not fit or cannot be scheduled is refused before anything is created, unless --force.
 
     Ctrl-C stops a local job the way Kubernetes does (SIGTERM: the trainer checkpoints first); on a cluster it
     detaches and the job keeps running.
@@ -70,6 +74,7 @@ def run(
     """
     backends.check_name(backend)
     cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}))
+    admit(cfg, force=force)
     be = backends.create(cfg)
     started = be.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)
     if dry_run or server_dry_run:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl.cli.common import ok, out, state
+from fsdpctl.cli.common import ForceOpt, admit, ok, out, state
 
 
 class Format(str, Enum):
@@ -34,10 +34,12 @@ def manifest(
             "--crd-dir", envvar="FSDPCTL_CRD_DIR", help="dir with the PyTorchJob CRD YAML (for --validate)"
         ),
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Render the job's Kubernetes objects (Namespace, etcd if used, PyTorchJob) from the settings.
 
-    The HF token Secret is never printed: `fsdpctl job run` creates it through the API.
+    The HF token Secret is never printed: `fsdpctl job run` creates it through the API. A job that does not
+    fit or cannot be scheduled is refused (exit 2, nothing printed or written) unless --force.
 
     Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl apply
     -f -
@@ -45,6 +47,7 @@ def manifest(
     from fsdpctl import manifests, render
 
     cfg = state(ctx).config()
+    admit(cfg, force=force)
     objs = render.render_job(cfg, run_id or render.stable_run_id(cfg))
     if validate:
         from fsdpctl.validate import KUBERNETES_VERSION
