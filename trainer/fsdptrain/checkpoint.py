@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -208,6 +210,76 @@ def prune(root: Path, *, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def choose_resume(root: Path | None, resume: str) -> Path | None:
+    """Rank 0's decision from RESUME and its view of CHECKPOINT_DIR: auto is `latest`; None: start fresh."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(root) if root else None
+    return Path(resume)
+
+
+def agree_resume(root: Path | None, resume: str) -> Path | None:
+    """Collective: one resume point for the whole job. Rank 0 decides (`choose_resume`) and broadcasts the
+    checkpoint's name with its meta.json; every rank then checks that it sees that same checkpoint whole
+    under its own CHECKPOINT_DIR, and all raise together, naming a rank that does not, before anything is
+    loaded. On per-node disks each rank would otherwise pick its own `latest` and the ranks would hang in
+    DCP's collectives or load mismatched state."""
+    auto = resume == "auto"
+    choice: list[Any] = [None, ""]
+    if dist.get_rank() == 0:
+        path = choose_resume(root, resume)
+        meta = path / META if path is not None else None
+        name = (path.name if auto else resume) if path is not None else None
+        choice = [name, meta.read_text() if meta and meta.is_file() else ""]
+    dist.broadcast_object_list(choice, src=0)
+    if choice[0] is None:
+        return None
+    path = root / choice[0] if auto and root is not None else Path(choice[0])
+    problem = unreadable(path, expected_meta=choice[1])
+    problems: list[tuple[str, str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, (_whereabouts(), str(path), problem) if problem else None)
+    failed = [(rank, p) for rank, p in enumerate(problems) if p]
+    if failed:
+        raise CheckpointError(_unreadable_line(failed, explicit=not auto))
+    return path
+
+
+def unreadable(path: Path, *, expected_meta: str) -> str | None:
+    """Why this rank cannot load the checkpoint at `path` that rank 0 chose (its meta.json is
+    `expected_meta`; '' when rank 0 has none), or None: the same meta.json, DCP's `.metadata` index and
+    every shard file it names."""
+    meta = path / META
+    if not expected_meta or not meta.is_file():
+        return f"no {META}"
+    try:
+        if meta.read_text() != expected_meta:
+            return f"its {META} differs from rank 0's: another save under the same name"
+        index = dcp.FileSystemReader(str(path)).read_metadata()
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as e:  # a missing or damaged index
+        return f"cannot read {e.filename if isinstance(e, OSError) and e.filename else 'its index'}"
+    files = sorted({info.relative_path for info in (index.storage_data or {}).values()})
+    missing = [f for f in files if not (path / f).is_file()]
+    return f"{len(missing)} of {len(files)} shard files missing, e.g. {missing[0]}" if missing else None
+
+
+def _whereabouts() -> str:
+    """This rank's node and host, for error lines (torchrun's GROUP_RANK is the node's rank)."""
+    return f"node {os.environ.get('GROUP_RANK', '0')}, host {socket.gethostname()}"
+
+
+def _unreadable_line(failed: list[tuple[int, tuple[str, str, str]]], *, explicit: bool) -> str:
+    """One line for every rank to print: the first rank that cannot read the checkpoint, where, and why."""
+    rank, (where, path, why) = failed[0]
+    others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
+    if explicit and rank == 0:
+        return f"RESUME={path!r} is not a complete checkpoint ({why}): pick another"
+    return (
+        f"rank {rank} ({where}){others} cannot read checkpoint {path!r} that rank 0 resumes from "
+        f"({why}): every node must see CHECKPOINT_DIR on one shared volume (SHARED_VOLUME or CHECKPOINT_PVC)"
+    )
+
+
 def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
     """Collective. Restores model, optimizer and this rank's RNG; returns the trainer state from meta.json."""
     meta_file = path / META
@@ -215,7 +287,13 @@ def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any
         raise CheckpointError(f"RESUME={str(path)!r} is not a complete checkpoint (no {META}): pick another")
     # pre-filled with the live (sharded) tensors: DCP loads in place into what it is given
     model_state, optim_state = get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)
-    dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+    try:
+        dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+    except dcp.CheckpointException as e:  # raised on every rank: DCP gathers each rank's outcome
+        ranks = ", ".join(str(r) for r in sorted(e.failures))
+        raise CheckpointError(
+            f"loading checkpoint {str(path)!r} failed on rank {ranks} ({_reason(e)})"
+        ) from e
     set_model_state_dict(model, model_state)
     set_optimizer_state_dict(model, optimizer, optim_state)
     meta: dict[str, Any] = json.loads(meta_file.read_text())

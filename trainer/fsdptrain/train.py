@@ -129,7 +129,7 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
     model, hf_config, mesh_shape, ac_layers = build_model(cfg, rt, tokenizer)
     optimizer, scaler = build_optimizer(cfg, model, rt.device)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-    resumed_from = _resume_path(cfg, root)
+    resumed_from = ckpt.agree_resume(root, cfg.resume)  # one decision for every rank
     start_step, consumed = 0, 0
     if resumed_from is not None:
         meta = ckpt.load(resumed_from, model=model, optimizer=optimizer)
@@ -232,14 +232,6 @@ def _with_builtin_assets(cfg: TrainConfig, rt: Runtime) -> TrainConfig:
         dataset=str(corpus) if cfg.dataset == BUILTIN else cfg.dataset,
         tokenizer=str(tok) if cfg.tokenizer_path == BUILTIN else cfg.tokenizer,
     )
-
-
-def _resume_path(cfg: TrainConfig, root: Path | None) -> Path | None:
-    if cfg.resume == "never":
-        return None
-    if cfg.resume == "auto":
-        return ckpt.latest_checkpoint(root) if root else None
-    return Path(cfg.resume)
 
 
 def _hf_token_given() -> bool:
