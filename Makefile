@@ -28,9 +28,10 @@ test: install $(CHECKOV)
 	$(PY) -m pytest -q
 
 # everything but the tests marked slow (multi-process runs, real terraform, checkov, docker): settings,
-# manifests, plan, CLI and goldens, Kubernetes and AWS peers (under 2 minutes on 2 cores)
+# manifests, plan, CLI and goldens, Kubernetes and AWS peers; 4 workers on 2 cores, as the Kubernetes
+# peer tests mostly wait (under 2 minutes)
 test-fast: install
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -n 4 -m "not slow"
 
 # rewrite every golden file (--help of each command, main outputs, manifests) after an intended change;
 # review `git diff tests/golden` before committing
