@@ -145,3 +145,20 @@ def test_the_pod_gets_the_models_values():
         "0.00015",
     )
     assert set(KEYS) <= set(setting_keys())
+
+
+def test_the_plan_table_sweeps_each_model_with_its_own_defaults(cli):
+    """`plan --table` took every model with the tiny model's 128 tokens; now each row is what `plan --model M`
+    says of that model, unless a flag fixes the key for all of them."""
+    rows = json.loads(cli("plan", "--table", "-o", "json").stdout)
+    for model in NAMED:
+        alone = json.loads(cli("plan", "--model", model, "--nodes", "2", "-o", "json").stdout)
+        row = next(
+            r for r in rows if (r["model"], r["instance_type"], r["nodes"]) == (model, "p5.48xlarge", 2)
+        )
+        assert row["tokens_per_s_per_gpu"] == alone["speed"]["tokens_per_s_per_gpu"]
+        assert row["memory_gib"] == alone["memory_gib"]["total"]
+    short = json.loads(cli("plan", "--table", "--seq-len", "512", "-o", "json").stdout)
+    base = P.job_from(load(flags={"BACKEND": "eks", "MODEL": "13b", "SEQ_LEN": "512"}), mfu=0.0, price=None)
+    row = next(r for r in short if (r["model"], r["instance_type"], r["nodes"]) == ("13b", "p5.48xlarge", 2))
+    assert row["memory_gib"] == P.memory(base).total / P.GIB

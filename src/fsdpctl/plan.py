@@ -24,10 +24,13 @@ comm / L.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.settings import MODEL_DEFAULT
+from fsdptrain.config import model_defaults
 from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape, flops_per_token, hsdp_group_size
 
 if TYPE_CHECKING:
@@ -328,16 +331,37 @@ SWEEP_INSTANCES = ("p4de.24xlarge", "p5.48xlarge")
 SWEEP_NODES = (1, 2, 4, 8, 16)
 
 
-def matrix(base: Job, tokens: float) -> list[dict[str, Any]]:
-    """`plan --table`: each model on each instance type at 1..16 nodes, the rest of `base` unchanged; scaling
-    is the per-GPU throughput relative to one node."""
+def matrix(base: Job, tokens: float, per_model: Mapping[str, Job] | None = None) -> list[dict[str, Any]]:
+    """`plan --table`: each model on each instance type at 1..16 nodes, the rest of `base` (or of the model's
+    own in `per_model`, see `sweep_bases`) unchanged; scaling is the per-GPU throughput relative to one
+    node."""
     rows = []
     for model in SWEEP_MODELS:
+        start = (per_model or {}).get(model, replace(base, model=model))
         for inst in SWEEP_INSTANCES:
-            jobs = [replace(base, model=model, instance_type=inst, nodes=n) for n in SWEEP_NODES]
+            jobs = [replace(start, instance_type=inst, nodes=n) for n in SWEEP_NODES]
             one_node = speed(jobs[0]).tokens_per_s_per_gpu
             rows += [_sweep_row(job, tokens, one_node) for job in jobs]
     return rows
+
+
+def sweep_bases(base: Job, cfg: Config) -> dict[str, Job]:
+    """The sweep's job for each model: `base` with the model's own sequence length, micro-batch and
+    checkpointing (fsdptrain.config.MODEL_DEFAULTS) where the user left them to the model, as a job of that
+    MODEL would have them."""
+    left = {key for key, source in cfg.sources.items() if source in ("default", MODEL_DEFAULT)}
+    out = {}
+    for model in SWEEP_MODELS:
+        d = model_defaults(model)
+        job = replace(base, model=model)
+        if "SEQ_LEN" in left:
+            job = replace(job, seq_len=d["seq_len"])
+        if "MICRO_BATCH_SIZE" in left:
+            job = replace(job, micro_batch=d["micro_batch_size"])
+        if "ACTIVATION_CHECKPOINTING" in left:
+            job = replace(job, ac=d["activation_checkpointing"])
+        out[model] = job
+    return out
 
 
 def _sweep_row(job: Job, tokens: float, one_node: float) -> dict[str, Any]:

@@ -97,7 +97,9 @@ def plan(
     tokens: Annotated[float, typer.Option("--tokens", help="tokens to train on, for time and cost")] = 1e9,
     mfu: Annotated[float, typer.Option("--mfu", help="assumed compute MFU (0: per-GPU default)")] = 0.0,
     price: Annotated[float | None, typer.Option("--price", help="USD per node-hour (default: table)")] = None,
-    table: Annotated[bool, typer.Option("--table", help="7B/13B/70B x p4de/p5 x 1..16 nodes")] = False,
+    table: Annotated[
+        bool, typer.Option("--table", help="7B/13B/70B (each with its own defaults) x p4de/p5 x 1..16 nodes")
+    ] = False,
     output: Output = OutputOpt,
 ) -> None:
     """Memory per GPU (FITS / DOES NOT FIT, and the cheapest fix), step time, tokens/s, MFU and cost.
@@ -121,7 +123,7 @@ def plan(
     cfg = state(ctx).config(**{k: v for k, v in flags.items() if v is not None}, BACKEND="eks")
     job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
-        rows = P.matrix(job, tokens)
+        rows = P.matrix(job, tokens, per_model=P.sweep_bases(job, cfg))
         if not emit(rows, output):
             _print_matrix(rows, tokens)
         return
