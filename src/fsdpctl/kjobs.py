@@ -193,7 +193,7 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         "nodes": _replicas(job),
         "nodes_running": by_state.get("Running", 0),
         "pods": by_state,
-        "restarts": kstatus.restarts(pods),
+        "restarts": kstatus.restarts(pods, lines),
         "age_s": kstatus.age(job, now),
         "leader": lead["metadata"]["name"] if lead else None,
         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
@@ -206,6 +206,10 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         "network_warning": net_warning,
     }
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
+    if r["stalled"]:  # the dumps are on the pods' volume: say where
+        r["problems"].append(kstatus.flight_recorder_note(render.nccl_trace_file(cfg, name), None))
+    if r["restarts"] or phase == "Restarting":
+        r["problems"].append(kstatus.on_failure(job["kind"], cfg.max_restarts))
     return r
 
 

@@ -74,11 +74,54 @@ def pods_by_state(pods: list[Obj]) -> dict[str, int]:
     return out
 
 
-def restarts(pods: list[Obj]) -> int:
-    return sum(
-        cs.get("restartCount", 0)
-        for pod in pods
-        for cs in pod.get("status", {}).get("containerStatuses") or []
+# What torch 2.13's elastic agent logs each time it restarts its worker group, after a failure or for a node
+# that joins (torch/distributed/elastic/agent/server/api.py, _invoke_run): one line per agent per restart.
+GROUP_RESTART = "will restart worker group"
+
+
+def restarts(pods: list[Obj], agent_lines: Sequence[str] = ()) -> int:
+    """Restarts of the job, not of its pods. A coordinated restart restarts every pod's container once
+    (OnFailure, as a TrainJob's pods), so the most restarted container counts them, not the sum; torchrun's
+    restarts of the whole group happen inside the containers, and the leader's agent logs each one. A
+    PyTorchJob's pods (restartPolicy ExitCode) are recreated, never restarted in place."""
+    most = max(
+        (
+            cs.get("restartCount", 0)
+            for pod in pods
+            for cs in pod.get("status", {}).get("containerStatuses") or []
+        ),
+        default=0,
+    )
+    return int(most) + sum(GROUP_RESTART in line for line in agent_lines)
+
+
+def on_failure(kind: str, max_restarts: int) -> str:
+    """What the job does after a failure, in words for `job status`, from the sources it relies on."""
+    group = (
+        f"a failed worker restarts the whole worker group on every node (torchrun, c10d rendezvous), up to "
+        f"MAX_RESTARTS={max_restarts} times"
+    )
+    if kind == "TrainJob":
+        return (
+            f"{kind}: {group}; after that, or for a bad setting (exit 2), each pod's container restarts "
+            "in place (restartPolicy OnFailure, JobSet's default) until their restarts add up to the child "
+            "Job's backoffLimit of 6 (batch/v1's default: a TrainJob cannot set it), then the TrainJob fails "
+            "(torch-distributed has no JobSet failurePolicy)"
+        )
+    return (
+        f"{kind}: {group}, then the job fails; a bad setting fails it at once (exit 2 before torchrun; "
+        "restartPolicy ExitCode); a pod killed by a signal is recreated and rejoins"
+    )
+
+
+def flight_recorder_note(where: str, dumps: Sequence[str] | None) -> str:
+    """For a job that hangs: the NCCL flight recorder's dumps (TORCH_NCCL_DUMP_ON_TIMEOUT=1 writes one per
+    rank, `<where><rank>`, when a collective times out); `dumps` None where they cannot be looked for."""
+    if dumps:
+        return "NCCL flight recorder dumps (the last collectives of each rank): " + ", ".join(dumps)
+    seen = "" if dumps is None else "none yet; "
+    return (
+        f"NCCL flight recorder: {seen}a collective that times out leaves one dump per rank at {where}<rank>"
     )
 
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import secrets
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fsdpctl import plan
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
+from fsdptrain.shapes import MODEL_CONFIGS
 
 if TYPE_CHECKING:
     import jinja2
@@ -37,7 +41,36 @@ COMMON_ENV = {
     "PYTHONUNBUFFERED": "1",
     # restarts re-rendezvous reliably only without the shared agent store (seen with c10d/etcd-v2)
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    # torchrun's agent logs its rendezvous result (master_addr: the leader) and each restart of its worker
+    # group at INFO; its loggers default to WARNING (torch/distributed/elastic/utils/logging.py, LOGLEVEL)
+    "LOGLEVEL": "INFO",
 }
+# What the references set on GPU pods (awsome-distributed-training's FSDP fsdp.yaml-template): the caching
+# allocator grows segments instead of fragmenting them, and NCCL's flight recorder keeps the last collectives
+# of every rank and writes them out when one times out (TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank): what hung,
+# where. Inert on CPU (gloo).
+GPU_ENV = {
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+NCCL_TRACE_PREFIX = "nccl_trace_rank_"  # torch's own file name; the rank is appended
+
+# The container's command: fsdptrain.launch checks the trainer's settings on the node and exits 2 on a bad one
+# before torchrun exists (torchrun would restart any failing worker group, exit code 2 included), then
+# becomes torchrun (exec: same process, so the kubelet's SIGTERM reaches torchrun).
+LAUNCH = ["python", "-m", "fsdptrain.launch"]
+
+# Graceful stop. On SIGTERM torchrun forwards it to the workers and SIGKILLs them
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (default 30: torch/distributed/launcher/api.py, run.py
+# --shutdown-timeout), whatever the pod's grace period; the trainer needs that long for its step and its stop
+# checkpoint.
+CHECKPOINT_BYTES_PER_PARAM = 12  # what DCP saves: fp32 parameters (4) and AdamW's two fp32 moments (8)
+# Assumed sustained checkpoint write per node: an FSx for Lustre client on a file system sized for the job
+# (persistent SSD file systems give 125-1000 MB/s per TiB in aggregate). A slower volume: STOP_GRACE_SECONDS.
+WRITE_BYTES_PER_S_PER_NODE = 500 * 10**6
+TORCH_SHUTDOWN_DEFAULT_S = 30  # kept on top of the estimate: process-group teardown, the final event lines
+AGENT_EXIT_S = 30  # torchrun's own exit after its workers', before the kubelet's SIGKILL
 
 
 def data_dir(name: str) -> Path:
@@ -122,6 +155,63 @@ def checkpoint_dir(cfg: Config, job_name: str) -> str:
     return f"{checkpoint_root(cfg)}/{job_name}"
 
 
+def nccl_trace_file(cfg: Config, job_name: str) -> str:
+    """TORCH_NCCL_DEBUG_INFO_TEMP_FILE: the flight recorder writes `<this><rank>` per rank. On the shared
+    volume, where the dumps outlive the pods and one directory holds every node's; without one, on the pod's
+    checkpoint volume."""
+    root = cfg.shared_volume_path.rstrip("/") if cfg.shared_volume else POD_CHECKPOINT_ROOT
+    return f"{root}/nccl-traces/{job_name}/{NCCL_TRACE_PREFIX}"
+
+
+@dataclass(frozen=True)
+class StopTiming:
+    """How long a graceful stop takes: the step in flight plus the stop checkpoint (`expected_s`, estimated),
+    torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT (`shutdown_s`) and the pod's terminationGracePeriodSeconds
+    (`grace_s`), each longer than the one before."""
+
+    expected_s: float
+    shutdown_s: int
+    grace_s: int
+
+
+def checkpoint_bytes_per_node(cfg: Config) -> int:
+    """What one node writes per checkpoint for the named MODEL. DCP writes each replicated shard once
+    (torch/distributed/checkpoint/_dedup_save_plans.py), so whatever the strategy a save is 12 bytes per
+    parameter for the whole job, spread over its nodes."""
+    params = MODEL_CONFIGS[cfg.training.model].num_params()
+    return math.ceil(CHECKPOINT_BYTES_PER_PARAM * params / cfg.job_nodes)
+
+
+def stop_timing(cfg: Config) -> StopTiming:
+    """STOP_GRACE_SECONDS, else twice the expected step + save time on top of torch's 30 s; the pod's grace
+    outlasts it by AGENT_EXIT_S so torchrun, not the kubelet, ends the workers."""
+    step_s = 0.0
+    if cfg.backend == "eks":  # the planner's step time is a GPU's; a local step on CPU is not the question
+        step_s = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).step_s
+    expected = step_s + checkpoint_bytes_per_node(cfg) / WRITE_BYTES_PER_S_PER_NODE
+    shutdown = cfg.stop_grace_seconds or TORCH_SHUTDOWN_DEFAULT_S + math.ceil(2 * expected)
+    return StopTiming(expected, shutdown, shutdown + AGENT_EXIT_S)
+
+
+def rdzv_conf(cfg: Config) -> list[tuple[str, str]]:
+    """torchrun's --rdzv-conf. c10d and etcd-v2 (dynamic rendezvous) read `join_timeout`; the legacy `etcd`
+    handler reads `timeout` instead (torch/distributed/elastic/rendezvous/etcd_rendezvous.py,
+    create_rdzv_handler), which torchrun otherwise sets to 900 (launcher/api.py), so it gets both."""
+    conf = [("join_timeout", str(cfg.rdzv_join_timeout))]
+    if cfg.rdzv_backend == "etcd":
+        conf.append(("timeout", str(cfg.rdzv_join_timeout)))
+    return conf
+
+
+def backoff_limit(cfg: Config) -> int:
+    """runPolicy.backoffLimit. The operator compares it with the SUM of container restarts over the job's
+    running pods (Training Operator v1.9.4 pkg/core/job.go, PastBackoffLimit), so one coordinated restart of
+    every pod costs JOB_NODES: MAX_RESTARTS job-level restarts cost MAX_RESTARTS x JOB_NODES. Under
+    restartPolicy ExitCode pods never restart in place (the operator recreates them), and 0 makes the first
+    failed pod fail the job (pkg/controller.v1/common/job.go: exceedsBackoffLimit)."""
+    return cfg.max_restarts * cfg.job_nodes
+
+
 def render_checkpoint_cleaner(cfg: Config, job_name: str) -> Obj:
     """A one-shot pod that removes one job's checkpoint directory from the claim holding checkpoints."""
     return render_template(
@@ -135,16 +225,41 @@ def render_checkpoint_cleaner(cfg: Config, job_name: str) -> Obj:
     )[0]
 
 
+def _conf_arg(cfg: Config) -> str:
+    return "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf(cfg))
+
+
 def launch_command(cfg: Config, run_id: str) -> list[str]:
+    """The PyTorchJob's container command: the pre-launch check, then torchrun with an elastic rendezvous in
+    which every node's agent restarts the whole worker group after a failure (MAX_RESTARTS times)."""
     backend, host, port = rendezvous(cfg)
     return [
-        "torchrun",
+        *LAUNCH,
         f"--nnodes={cfg.job_nodes}",
         f"--nproc-per-node={cfg.procs_per_node}",
         f"--rdzv-backend={backend}",
         f"--rdzv-endpoint={host}:{port}",
         f"--rdzv-id={run_id}",
-        f"--rdzv-conf=join_timeout={cfg.rdzv_join_timeout}",
+        _conf_arg(cfg),
+        f"--max-restarts={cfg.max_restarts}",
+        "-m",
+        "fsdptrain",
+    ]
+
+
+def trainjob_command(cfg: Config, run_id: str) -> list[str]:
+    """The TrainJob's. The Trainer sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK and
+    PET_MASTER_ADDR/PORT (node 0's pod, `<job>-node-0-0.<job>:29500`; Trainer v2.3.0
+    pkg/runtime/framework/plugins/torch/torch.go) for a static rendezvous, under which a torchrun restart
+    stays on its node while the others wait out the collective timeout. A c10d rendezvous on that endpoint
+    (the kubelet expands $(VAR) from the container's env) lets every node's agent restart the whole group;
+    node 0's agent hosts it (torch's _matches_machine_hostname finds the endpoint's address among its own)."""
+    return [
+        *LAUNCH,
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+        f"--rdzv-id={run_id}",
+        _conf_arg(cfg),
         f"--max-restarts={cfg.max_restarts}",
         "-m",
         "fsdptrain",
@@ -170,6 +285,9 @@ def pod_env(cfg: Config) -> dict[str, str]:
     if metrics_port(cfg):
         env["METRICS_PORT"] = str(metrics_port(cfg))
     env.update(COMMON_ENV)
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(stop_timing(cfg).shutdown_s)
+    env.update(GPU_ENV)
+    env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = nccl_trace_file(cfg, cfg.job_name)
     if cfg.uses_efa:
         env.update(EFA_ENV)
     return env
@@ -191,7 +309,8 @@ def pod_resources(cfg: Config) -> tuple[dict[str, str | int], dict[str, str | in
     limits: dict[str, str | int] = {"nvidia.com/gpu": cfg.gpus, "memory": f"{int(inst.memory_gib * 0.8)}Gi"}
     if cfg.uses_efa:
         limits["vpc.amazonaws.com/efa"] = cfg.efa_per_node
-        limits["hugepages-2Mi"] = "5120Mi"  # what AWS's EFA NCCL manifests request
+    if cfg.hugepages_2mi:  # only where nodes pre-allocate them: a request no node offers stays Pending
+        limits["hugepages-2Mi"] = cfg.hugepages_2mi
     return {**limits, "cpu": str(int(inst.vcpus * 0.9 * cfg.gpus / inst.gpus))}, limits
 
 
@@ -223,8 +342,10 @@ def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
         rdzv_host=host,
         rdzv_port=port,
         rdzv_id=run_id,
-        join_timeout=cfg.rdzv_join_timeout,
+        rdzv_conf=rdzv_conf(cfg),
         max_restarts=cfg.max_restarts,
+        backoff_limit=backoff_limit(cfg),
+        grace_s=stop_timing(cfg).grace_s,
         image=cfg.image_uri,
         command=launch_command(cfg, run_id),
         env=container_env(cfg),
@@ -264,7 +385,7 @@ def render_job(cfg: Config, run_id: str) -> list[Obj]:
     if cfg.rdzv_backend != "c10d":
         objs += render_etcd(cfg)
     if job_api(cfg)[1] == "TrainJob":
-        values["command"] = ["torchrun", f"--max-restarts={cfg.max_restarts}", "-m", "fsdptrain"]
+        values["command"] = trainjob_command(cfg, run_id)
         return objs + render_template("trainjob.yaml.j2", **values)
     return objs + render_template("pytorchjob.yaml.j2", **values)
 

@@ -92,7 +92,23 @@ class Settings(BaseModel):
     local_procs_per_node: int = _k(1, "job", "local backend: processes per simulated node", ge=1, le=64)
     rdzv_backend: Literal["c10d", "etcd", "etcd-v2"] = _k("c10d", "job", "torchrun rendezvous")
     rdzv_join_timeout: int = _k(600, "job", "seconds nodes may take to join the rendezvous", ge=10)
-    max_restarts: int = _k(3, "job", "torchrun restarts of the worker group after a failure", ge=0)
+    max_restarts: int = _k(
+        3, "job", "restarts of the whole job after a failure, whatever the node count (torchrun's)", ge=0
+    )
+    stop_grace_seconds: int = _k(
+        0,
+        "job",
+        "seconds the trainer gets after SIGTERM to finish its step and save (0: from the checkpoint's size)",
+        ge=0,
+        le=86400,
+    )
+    hugepages_2mi: str = _k(
+        "",
+        "job",
+        "hugepages-2Mi each GPU pod requests (AWS's EFA manifests: 5120Mi); only where nodes "
+        "pre-allocate them (empty: none)",
+        pattern=r"^([1-9][0-9]*(Mi|Gi))?$",
+    )
     job_kind: Literal["pytorchjob", "trainjob"] = _k(
         "pytorchjob",
         "job",

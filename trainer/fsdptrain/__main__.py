@@ -1,20 +1,24 @@
-"""`python -m fsdptrain` / `torchrun -m fsdptrain`: settings are checked before torch is even imported."""
+"""`python -m fsdptrain` / `torchrun -m fsdptrain`: settings are checked before torch is even imported.
+
+Exit codes: 0 done (also after SIGTERM, with a checkpoint), 1 failure, 2 bad setting. In a pod,
+`fsdptrain.launch` runs the same checks before torchrun starts, so a bad setting ends there with 2 and is
+never retried; a 2 from here (a setting only a running rank can judge) is retried like any failure.
+"""
 
 import os
 import sys
 
 from fsdptrain.config import ConfigError, from_sources
-from fsdptrain.shapes import job_mesh_shape
+from fsdptrain.launch import check
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = from_sources(argv)
         # checked before any process group exists, so a bad group size fails fast on every rank
-        job_mesh_shape(
-            cfg.sharding_strategy,
-            int(os.environ.get("WORLD_SIZE", "1")),
-            hsdp_shard_size=cfg.hsdp_shard_size,
+        check(
+            cfg,
+            world=int(os.environ.get("WORLD_SIZE", "1")),
             procs_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
     except ConfigError as e:

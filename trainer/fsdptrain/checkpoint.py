@@ -136,6 +136,14 @@ def failpoint_step(environ: Mapping[str, str]) -> int | None:
     return int(step) if name == "kill-during-save" and step.isdigit() else None
 
 
+def failpoint_slow_save(environ: Mapping[str, str]) -> float:
+    """FSDPTRAIN_FAILPOINT=slow-save:SECONDS: every save takes that much longer on every rank, between the
+    shards and their publication, as a large model on a slow volume would. Only the stop tests set it, to
+    prove `job stop` leaves the trainer time to finish its stop checkpoint."""
+    name, _, seconds = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
+    return float(seconds) if name == "slow-save" and seconds.replace(".", "", 1).isdigit() else 0.0
+
+
 def die_on_rank0() -> None:
     if dist.get_rank() == 0:
         os.kill(os.getpid(), signal.SIGKILL)

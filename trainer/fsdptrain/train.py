@@ -119,6 +119,7 @@ class Training:
     tokens_per_step: int  # the whole job's
     gpu: GpuTelemetry
     kill_at_save: int | None  # FSDPTRAIN_FAILPOINT (the fault tests); None in every real run
+    slow_save_s: float = 0.0  # FSDPTRAIN_FAILPOINT=slow-save (the stop tests); 0 in every real run
 
 
 def build(cfg: TrainConfig, rt: Runtime) -> Training:
@@ -159,6 +160,7 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
         tokens_per_step=cfg.micro_batch_size * cfg.seq_len * cfg.grad_accum_steps * rt.world,
         gpu=GpuTelemetry(rt.device),
         kill_at_save=ckpt.failpoint_step(os.environ),
+        slow_save_s=ckpt.failpoint_slow_save(os.environ),
     )
 
 
@@ -412,6 +414,7 @@ def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float) -> str:
     ckpt.stage(root, step=step, model=t.model, optimizer=t.optimizer)
     if step == t.kill_at_save:
         ckpt.die_on_rank0()  # a crash between the shards and their publication
+    time.sleep(t.slow_save_s)  # a slow volume (failpoint; 0 otherwise)
     state = {"consumed": t.loader.consumed, "loss": loss, "model": t.cfg.pretrained or t.cfg.model}
     final = ckpt.publish(root, step=step, trainer_state=state)
     ckpt.prune(root, keep=t.cfg.checkpoint_keep)

@@ -20,14 +20,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fsdpctl import kstatus
 from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns, shell
 from fsdpctl.files import home, write_atomic
 from fsdptrain import events
 
 ACTIVE = ("Pending", "Running", "Stopping")
-STOP_GRACE_S = 120  # the pod's terminationGracePeriodSeconds
+STOP_GRACE_S = 120  # a job rendered without terminationGracePeriodSeconds
 
 
 class LocalJobError(RuntimeError):
@@ -86,8 +88,8 @@ def launches(
     total = spec["replicas"] * spec["nproc_per_node"]
     out = []
     for node in range(spec["replicas"]):
-        argv = [sys.executable, "-m", "torch.distributed.run"]
-        for arg in spec["command"][1:]:  # command[0] is `torchrun`
+        argv = _interpreter(spec["command"])
+        for arg in spec["command"][len(argv) :]:
             argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
         if net is not None:
             argv = [*net.exec_prefix(node), *argv[:3], f"--local-addr={net.address(node)}", *argv[3:]]
@@ -97,6 +99,14 @@ def launches(
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
         out.append(Launch(node, argv, env))
     return out
+
+
+def _interpreter(command: list[str]) -> list[str]:
+    """The command's program as this machine runs it: the image's `python -m MODULE` (the pre-launch check,
+    fsdptrain.launch) or `torchrun` become this interpreter's."""
+    if command[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run"]
+    return [sys.executable, *command[1:3]]  # python -m MODULE
 
 
 def _mapped_env(spec: dict, node: int) -> dict[str, str]:
@@ -132,6 +142,9 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
         "env": {e["name"]: e["value"] for e in container["env"] if "value" in e},
         "volumes": _volumes(pod, container, jdir),
         "grace_s": pod.get("terminationGracePeriodSeconds", STOP_GRACE_S),
+        "restart_policy": worker.get("restartPolicy", "Never"),
+        "max_restarts": job["spec"]["elasticPolicy"].get("maxRestarts", 0),
+        "backoff_limit": job["spec"].get("runPolicy", {}).get("backoffLimit", 0),
     }
 
 
@@ -174,6 +187,8 @@ def start(job: dict, *, secret_env: dict[str, str]) -> dict:
         "replicas": spec["replicas"],
         "log_dir": str(log_dir),
         "checkpoint_dir": _mapped_env(spec, 0).get("CHECKPOINT_DIR"),
+        "nccl_traces": _nccl_traces(spec),
+        "max_restarts": spec["max_restarts"],
         "supervisor_pid": None,
         "launchers": [],
         "stop_requested": False,
@@ -223,9 +238,32 @@ def list_jobs() -> list[dict]:
 
 
 def restarts(state: dict) -> int:
-    """Worker-group failures torchrun's elastic agent reported (it restarts the group while MAX_RESTARTS
-    allows): its "failed (exitcode:" lines, torch 2.13's wording in torch/distributed/elastic/agent."""
-    return sum(f.read_text(errors="replace").count("failed (exitcode:") for f in log_files(state))
+    """Restarts of the job, not of its nodes: every node's agent restarts the group once per job-level
+    restart (and logs kstatus.GROUP_RESTART), a recreated node starts over once; the busiest node counts
+    them all."""
+    relaunched = {lz["node"]: lz.get("relaunches", 0) for lz in state.get("launchers", [])}
+    return max(
+        (
+            f.read_text(errors="replace").count(kstatus.GROUP_RESTART) + relaunched.get(_node_of(f), 0)
+            for f in log_files(state)
+        ),
+        default=0,
+    )
+
+
+def _node_of(log: Path) -> int:
+    return int(log.stem.rpartition("-")[2])
+
+
+def _nccl_traces(spec: dict) -> list[str]:
+    """Each node's TORCH_NCCL_DEBUG_INFO_TEMP_FILE as mapped on this machine (one, on a shared volume)."""
+    found = (_mapped_env(spec, n).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") for n in range(spec["replicas"]))
+    return sorted({t for t in found if t})
+
+
+def nccl_dumps(state: dict) -> list[Path]:
+    """The NCCL flight recorder's dump files (`<prefix><rank>`), written when a collective timed out."""
+    return sorted(d for t in state.get("nccl_traces", []) for d in Path(t).parent.glob(Path(t).name + "*"))
 
 
 def log_files(state: dict) -> list[Path]:
@@ -259,18 +297,19 @@ def supervise(jdir: Path) -> int:
     log_dir = Path(state["log_dir"])
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
-    server, procs, net = None, [], _network(spec)
+    server, pods, net = None, [], _network(spec)
     try:
         if net is not None:
             netns.create(net, {f"{spec['job']}-worker-0": net.address(0)})
         server, endpoint = _rendezvous(spec, jdir, log_dir, net)
-        for launch in launches(spec, endpoint, dict(os.environ), net):
-            # a session of its own per launcher: its process group is the pod's processes
-            procs.append(shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log"))
-        _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint, **_placement(net, procs))
-        rcs = _wait_all(procs, stopping, jdir, spec.get("grace_s", STOP_GRACE_S))
+        # a session of its own per launcher: its process group is the pod's processes
+        pods = [
+            Pod(launch, _spawn(launch, log_dir)) for launch in launches(spec, endpoint, dict(os.environ), net)
+        ]
+        _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint, **_placement(net, pods))
+        failure = _run(pods, stopping, jdir, spec, net)
     except Exception as e:  # recorded for `job status`; the traceback is in supervisor.log
-        _terminate(procs, signal.SIGKILL)
+        _signal(pods, signal.SIGKILL)
         _update(jdir, phase="Failed", finished=time.time(), reason=str(e))
         raise
     finally:
@@ -278,12 +317,97 @@ def supervise(jdir: Path) -> int:
             server.stop()
         if net is not None:
             netns.destroy(net)
-    phase = "Stopped" if stopping["flag"] else ("Succeeded" if all(rc == 0 for rc in rcs) else "Failed")
-    launchers = [
-        {"node": i, "pid": p.pid, "rc": rc} for i, (p, rc) in enumerate(zip(procs, rcs, strict=True))
-    ]
-    _update(jdir, phase=phase, finished=time.time(), launchers=launchers)
+    rcs = [p.proc.returncode for p in pods]
+    ok = failure is None and all(rc == 0 for rc in rcs)
+    phase = "Stopped" if stopping["flag"] else ("Succeeded" if ok else "Failed")
+    _update(jdir, phase=phase, finished=time.time(), reason=failure, **_placement(net, pods))
     return 0
+
+
+@dataclass
+class Pod:
+    """One replica's launcher, as the operator's pod for it: recreated (`relaunches`) when its exit code
+    says so."""
+
+    launch: Launch
+    proc: Any  # subprocess.Popen, through shell.spawn
+    relaunches: int = 0
+    judged: bool = False  # its exit has been acted on
+
+
+def _spawn(launch: Launch, log_dir: Path) -> Any:
+    return shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log")
+
+
+def exit_code(returncode: int) -> int:
+    """A launcher's return code as a container reports it: a death by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def verdict(code: int, policy: str) -> str:
+    """'done', 'recreate' or 'fail': what the Training Operator does with a replica's container exit code
+    under its restartPolicy (v1.9.4 pkg/controller.v1/common/pod.go): ExitCode recreates the pod for 128-255
+    (killed by a signal) and fails the job for 1-127 (pkg/util/train/train_util.go, IsRetryableExitCode);
+    OnFailure and Always retry any; Never none."""
+    if code == 0:
+        return "done"
+    if policy == "ExitCode":
+        return "recreate" if code >= 128 else "fail"
+    return "recreate" if policy in ("OnFailure", "Always") else "fail"
+
+
+def _run(pods: list[Pod], stopping: dict, jdir: Path, spec: dict, net: netns.Network | None) -> str | None:
+    """Until every launcher has ended: recreate the ones the policy retries; after a stop or a permanent
+    failure, SIGTERM each launcher (the kubelet signals the container's first process, torchrun, which
+    forwards it) and SIGKILL every process after the pod's grace period. Returns why the job failed."""
+    failure, sent_at = None, None
+    while True:
+        if sent_at is None:
+            failure = None if stopping["flag"] else _judge(pods, spec, jdir, net)
+            if stopping["flag"] or failure:
+                if stopping["flag"]:
+                    _update(jdir, phase="Stopping")
+                _signal(pods, signal.SIGTERM)
+                sent_at = time.monotonic()
+        elif time.monotonic() - sent_at > spec.get("grace_s", STOP_GRACE_S):
+            _signal(pods, signal.SIGKILL)
+        if all(p.proc.poll() is not None for p in pods):
+            return failure
+        time.sleep(0.2)
+
+
+def _judge(pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None) -> str | None:
+    """Act on launchers that ended since the last look; the reason of a permanent failure, if one is."""
+    for pod in pods:
+        rc = pod.proc.poll()
+        if rc is None or pod.judged:
+            continue
+        code, limit = exit_code(rc), spec.get("backoff_limit", 0)
+        what = verdict(code, spec.get("restart_policy", "Never"))
+        pod.judged = True
+        if what == "recreate" and sum(p.relaunches for p in pods) < limit:
+            _recreate(pod, jdir, code)
+            _update(jdir, **_placement(net, pods))
+        elif what != "done":
+            why = (
+                "1-127 are permanent under restartPolicy ExitCode"
+                if what == "fail"
+                else f"backoffLimit {limit}"
+            )
+            return f"node {pod.launch.node} exited with code {code} ({why})"
+    return None
+
+
+def _recreate(pod: Pod, jdir: Path, code: int) -> None:
+    """A new pod for the replica: fresh emptyDirs, the same log file (marked), the same launch."""
+    node = pod.launch.node
+    shutil.rmtree(jdir / "nodes" / f"node-{node}", ignore_errors=True)
+    log_dir = Path((read_state(jdir) or {})["log_dir"])
+    with open(log_dir / f"node-{node}.log", "a") as log:
+        log.write(
+            f"fsdpctl: node {node} exited with code {code}; recreated, as the operator recreates the pod\n"
+        )
+    pod.proc, pod.relaunches, pod.judged = _spawn(pod.launch, log_dir), pod.relaunches + 1, False
 
 
 def _network(spec: dict) -> netns.Network | None:
@@ -318,7 +442,7 @@ def _manifest_endpoint(spec: dict) -> str:
     return next(a.split("=", 1)[1] for a in spec["command"] if a.startswith("--rdzv-endpoint="))
 
 
-def _placement(net: netns.Network | None, procs: list) -> dict:
+def _placement(net: netns.Network | None, pods: list[Pod]) -> dict:
     why = netns.available()[1] or "FSDPCTL_LOCAL_NETNS=0"
     note = (
         f"a network namespace per node ({netns.SUBNET_PREFIX}.{net.index}.0/24)"
@@ -326,32 +450,30 @@ def _placement(net: netns.Network | None, procs: list) -> dict:
         else f"loopback ({why})"
     )
     launchers = [
-        {"node": i, "pid": p.pid, "rc": None, "address": net.address(i) if net else "127.0.0.1"}
-        for i, p in enumerate(procs)
+        {
+            "node": p.launch.node,
+            "pid": p.proc.pid,
+            "rc": p.proc.returncode,
+            "address": net.address(p.launch.node) if net else "127.0.0.1",
+            "relaunches": p.relaunches,
+        }
+        for p in pods
     ]
     return {"network": note, "launchers": launchers}
 
 
-def _terminate(procs, sig) -> None:
-    for p in procs:
-        if p.poll() is None:
+def _signal(pods: list[Pod], sig: int) -> None:
+    """SIGTERM to each running launcher, as the kubelet sends it to a container's first process; SIGKILL to
+    its whole process group, as the kubelet ends a container after the grace period."""
+    for p in pods:
+        if p.proc.poll() is None:
             try:
-                os.killpg(p.pid, sig)  # the launcher and its workers, as a pod's processes
+                if sig == signal.SIGKILL:
+                    os.killpg(p.proc.pid, sig)
+                else:
+                    os.kill(p.proc.pid, sig)
             except ProcessLookupError:
                 pass
-
-
-def _wait_all(procs, stopping, jdir: Path, grace_s: float) -> list[int]:
-    sent_at = None
-    while any(p.poll() is None for p in procs):
-        if stopping["flag"] and sent_at is None:
-            _update(jdir, phase="Stopping")
-            _terminate(procs, signal.SIGTERM)
-            sent_at = time.monotonic()
-        if sent_at is not None and time.monotonic() - sent_at > grace_s:
-            _terminate(procs, signal.SIGKILL)
-        time.sleep(0.2)
-    return [p.returncode for p in procs]
 
 
 if __name__ == "__main__":

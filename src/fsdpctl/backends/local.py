@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import render
+from fsdpctl import kstatus, render
 from fsdpctl.adapters import local
 from fsdpctl.backends import Started, remember
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -159,6 +159,12 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "problems": [],
     }
     report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
+    if report["stalled"]:  # a hung collective: what the flight recorder wrote, on this machine
+        where = (st.get("nccl_traces") or ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])[0]
+        dumps = [str(d) for d in local.nccl_dumps(st)]
+        report["problems"].append(kstatus.flight_recorder_note(where, dumps))
+    if report["restarts"]:
+        report["problems"].append(kstatus.on_failure("PyTorchJob", st.get("max_restarts", 0)))
     return report
 
 

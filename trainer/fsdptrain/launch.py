@@ -1,0 +1,91 @@
+"""`python -m fsdptrain.launch [torchrun options] -m fsdptrain`: the pod's command. Checks the trainer's
+settings on this node, exits 2 with one line when one is bad, and otherwise becomes torchrun (exec: the same
+process, so the kubelet's SIGTERM reaches torchrun, which forwards it to the workers).
+
+Why before torchrun: its elastic agent restarts the worker group after any worker failure, exit code 2
+included (torch/distributed/elastic/agent/server/api.py, `_invoke_run`), so a setting that can never work
+would cost MAX_RESTARTS tries; a launcher that exits 2 instead fails the PyTorchJob at once under
+`restartPolicy: ExitCode` (1-127 are permanent in the Training Operator). Pure Python until the exec.
+
+    python -m fsdptrain.launch --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \\
+        --rdzv-endpoint=fsdp-worker-0:29400 --rdzv-id=RUN --max-restarts=3 -m fsdptrain
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from fsdptrain.config import ConfigError, TrainConfig, from_sources
+from fsdptrain.shapes import job_mesh_shape
+
+
+def check(cfg: TrainConfig, *, world: int, procs_per_node: int) -> None:
+    """The mesh check every rank repeats at start (fsdptrain.__main__): a group size that does not divide."""
+    job_mesh_shape(
+        cfg.sharding_strategy, world, hsdp_shard_size=cfg.hsdp_shard_size, procs_per_node=procs_per_node
+    )
+
+
+def option(argv: Sequence[str], name: str, environ: Mapping[str, str]) -> str | None:
+    """A torchrun option's value: `--name=V` or `--name V` (either spelling, - or _), else the PET_ variable
+    torchrun falls back to (what the Kubeflow Trainer sets)."""
+    spellings = {f"--{name}", f"--{name.replace('-', '_')}"}
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if key in spellings:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return environ.get("PET_" + name.upper().replace("-", "_"))
+
+
+def sizes(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """(world size, processes per node) when torchrun's options fix them; None for `gpu`/`auto` process
+    counts, which only torchrun resolves (the ranks check then)."""
+    nnodes, nproc = option(argv, "nnodes", environ) or "1", option(argv, "nproc-per-node", environ) or "1"
+    most_nodes = nnodes.rpartition(":")[2]
+    if not (most_nodes.isdigit() and nproc.isdigit()):
+        return None
+    return int(most_nodes) * int(nproc), int(nproc)
+
+
+def trainer_args(argv: Sequence[str]) -> list[str] | None:
+    """The trainer's own flags (after `-m fsdptrain`); None when the command runs something else."""
+    if "-m" in argv:
+        i = list(argv).index("-m")
+        if argv[i + 1 : i + 2] == ["fsdptrain"]:
+            return list(argv[i + 2 :])
+    return None
+
+
+def preflight(argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Raise ConfigError for what the trainer would refuse: every setting, local paths (DATASET, TOKENIZER,
+    PRETRAINED on the pod's volumes) and the mesh; then make the flight recorder's directory."""
+    args = trainer_args(argv)
+    if args is None:
+        return
+    cfg = from_sources(args, environ)
+    world = sizes(argv, environ)
+    if world is not None:
+        check(cfg, world=world[0], procs_per_node=world[1])
+    trace = environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if trace:  # NCCL writes its dumps there but makes no directory
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        preflight(argv, os.environ)
+    except ConfigError as e:
+        print(f"fsdptrain: error: {e} (checked before torchrun: not retried)", file=sys.stderr)
+        return 2
+    except OSError as e:  # the trace directory: worth a line, not a failed job
+        print(f"fsdptrain: warning: no NCCL trace directory ({e.strerror}: {e.filename})", file=sys.stderr)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
