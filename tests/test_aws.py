@@ -9,12 +9,10 @@ import json
 import shutil
 
 import pytest
-from typer.testing import CliRunner
 
 from conftest import SHARED
 from fsdpctl import preflight, render
 from fsdpctl.adapters.aws import Aws
-from fsdpctl.cli import app
 from fsdpctl.settings import load
 
 SCHEMA = SHARED / "vendor" / "eksctl-v0.230.0" / "clusterconfig-v1alpha5.schema.json"
@@ -35,9 +33,8 @@ def make_cluster(name="fsdp-eks", region="us-east-1"):
     )
 
 
-def test_check_against_moto(aws_env):
-    runner = CliRunner()
-    result = runner.invoke(app, ["cluster", "check", "-o", "json"])
+def test_check_against_moto(aws_env, cli):
+    result = cli("cluster", "check", "-o", "json")
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["credentials"]["status"] == "ok" and "123456789012" in checks["credentials"]["detail"]
     assert (
@@ -48,18 +45,15 @@ def test_check_against_moto(aws_env):
     assert checks["cluster name"]["status"] == "ok"
     assert result.exit_code == 0
 
-    bad = runner.invoke(
-        app,
-        [
-            "--set",
-            "AWS_ACCOUNT_ID=111111111111",
-            "--set",
-            "AVAILABILITY_ZONES=us-east-1z",
-            "cluster",
-            "check",
-            "-o",
-            "json",
-        ],
+    bad = cli(
+        "--set",
+        "AWS_ACCOUNT_ID=111111111111",
+        "--set",
+        "AVAILABILITY_ZONES=us-east-1z",
+        "cluster",
+        "check",
+        "-o",
+        "json",
     )
     checks = {c["name"]: c for c in json.loads(bad.stdout)["checks"]}
     assert bad.exit_code == 1
@@ -73,7 +67,7 @@ def test_check_against_moto(aws_env):
     )
 
     make_cluster()
-    again = json.loads(runner.invoke(app, ["cluster", "check", "-o", "json"]).stdout)["checks"]
+    again = json.loads(cli("cluster", "check", "-o", "json").stdout)["checks"]
     assert next(c for c in again if c["name"] == "cluster name")["status"] == "warn"
 
 
@@ -132,11 +126,10 @@ def test_capacity_reservation_with_stubber(aws_env):
     )
 
 
-def test_status_reads_the_cluster_and_node_groups(aws_env):
-    runner = CliRunner()
-    assert runner.invoke(app, ["cluster", "status"]).exit_code == 4
+def test_status_reads_the_cluster_and_node_groups(aws_env, cli):
+    assert cli("cluster", "status").exit_code == 4
     make_cluster()
-    data = json.loads(runner.invoke(app, ["cluster", "status", "-o", "json"]).stdout)
+    data = json.loads(cli("cluster", "status", "-o", "json").stdout)
     assert data["status"] == "ACTIVE"
     assert data["nodegroups"] == [
         {
@@ -148,7 +141,7 @@ def test_status_reads_the_cluster_and_node_groups(aws_env):
             "max": 2,
         }
     ]
-    assert "gpu-p5" in runner.invoke(app, ["cluster", "status"]).stdout
+    assert "gpu-p5" in cli("cluster", "status").stdout
 
 
 @pytest.mark.parametrize(
@@ -182,28 +175,24 @@ def test_clusterconfig_validates_against_eksctls_schema(settings):
 
 
 @pytest.mark.skipif(shutil.which("eksctl") is not None, reason="describes a machine without eksctl")
-def test_create_and_delete(aws_env, tmp_path):
-    runner = CliRunner()
-    dry = runner.invoke(app, ["cluster", "create", "--dry-run"])
+def test_create_and_delete(aws_env, tmp_path, cli):
+    dry = cli("cluster", "create", "--dry-run")
     assert dry.exit_code == 0
     path = tmp_path / "home/clusters/fsdp-eks/clusterconfig.yaml"
     assert f"# AWS_REGION=us-east-1 eksctl create cluster -f {path}" in dry.stdout
     assert path.is_file()
-    missing = runner.invoke(app, ["cluster", "create"])
+    missing = cli("cluster", "create")
     assert (
         missing.exit_code == 1
         and "eksctl is not installed" in missing.stderr
         and "eksctl.io" in missing.stderr
     )
-    assert runner.invoke(app, ["cluster", "delete", "--yes"]).stdout == ""  # nothing to delete: a no-op
+    assert cli("cluster", "delete", "--yes").stdout == ""  # nothing to delete: a no-op
     make_cluster()
-    exists = runner.invoke(app, ["cluster", "create"])
+    exists = cli("cluster", "create")
     assert exists.exit_code == 0 and "already exists (ACTIVE); nothing to do" in exists.stderr
-    assert (
-        f"eksctl delete cluster -f {path} --wait"
-        in runner.invoke(app, ["cluster", "delete", "--dry-run"]).stdout
-    )
-    refused = runner.invoke(app, ["cluster", "delete"], input="n\n")
+    assert f"eksctl delete cluster -f {path} --wait" in cli("cluster", "delete", "--dry-run").stdout
+    refused = cli("cluster", "delete", input="n\n")
     assert refused.exit_code == 2
 
 

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from conftest import isolate
 from fsdpctl import backends
 from fsdpctl.backends.eks import EksBackend
 from fsdpctl.backends.local import LocalBackend
@@ -57,8 +58,7 @@ def test_damaged_records_count_as_none(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("verb", [["run"], ["status"], ["logs"], ["stop"], ["list"], ["wait"]])
 def test_every_job_verb_takes_backend_and_refuses_an_unknown_one(verb, tmp_path, monkeypatch):
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
+    isolate(monkeypatch, tmp_path)
     r = cli("job", *verb, "--backend", "gke")
     assert r.exit_code == 2, r.output
     assert "gke" in r.output and "local or eks" in r.output and "Traceback" not in r.output
@@ -81,11 +81,9 @@ def test_a_job_started_on_eks_is_found_there_by_every_verb(peer, monkeypatch):  
 
 def test_job_run_dry_run_on_the_cluster_contacts_nothing(tmp_path, monkeypatch):
     """A bare --dry-run lists what `run` would send; no kubeconfig is even needed."""
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
-    monkeypatch.chdir(tmp_path)
+    isolate(monkeypatch, tmp_path)  # KUBECONFIG names a file that does not exist
     r = cli("job", "run", "--backend", "eks", "--dry-run")
     assert r.exit_code == 0, r.output
     assert "PyTorchJob/fsdp" in r.output and "Secret/fsdp-hf-token" in r.output
     assert "nothing was created" in said(r)
-    assert not (tmp_path / "started").exists()  # a dry run records nothing
+    assert not (tmp_path / "home" / "started").exists()  # a dry run records nothing

@@ -1,10 +1,10 @@
-"""checkov (offline, --skip-download) over terraform/, docker/ and rendered manifests. Peer: the real checkov
-3.3 in its own virtual environment (`make test` makes .venv-checkov; its pins clash with boto3's), skipped with
-the reason when absent.
+"""checkov (offline, --skip-download) over terraform/, docker/ and rendered manifests. Peer: the real
+checkov 3.3 in its own virtual environment (`make test` makes .venv-checkov; its pins clash with boto3's),
+skipped with the reason when absent.
 
-Offline, checkov reports no severities, so every finding is treated as one to explain: the findings must equal
-ACCEPTED exactly. A new finding fails this test until it is fixed or explained here; a fixed one must leave the
-list. False positives are suppressed where they stand (`checkov:skip` comments saying why)."""
+Offline, checkov reports no severities, so every finding is treated as one to explain: the findings must
+equal ACCEPTED exactly. A new finding fails this test until it is fixed or explained here; a fixed one must
+leave the list. False positives are suppressed where they stand (`checkov:skip` comments saying why)."""
 
 from __future__ import annotations
 
@@ -144,6 +144,7 @@ def _findings(report: list[dict]) -> tuple[set[tuple[str, str]], dict[str, tuple
     return found, summary
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_checkov() is None, reason="checkov not found (make test creates .venv-checkov)")
 def test_checkov_findings_are_all_fixed_or_explained(tmp_path):
     manifests = tmp_path / "manifests"

@@ -17,18 +17,18 @@ from pathlib import Path
 
 import boto3
 import pytest
-from typer.testing import CliRunner
 
+import conftest
 from conftest import ROOT
 from fsdpctl.adapters.aws import Aws
 from fsdpctl.adapters.etcd import free_port
-from fsdpctl.cli import app
 
 MOTO_PASSWORD = "123456789012-auth-token"  # what moto's ECR token decodes to: AWS:<account>-auth-token
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
+    """fsdpctl in process; every test here takes aws_env, which isolates it (conftest's `cli` fixture)."""
+    return conftest.invoke(*args)
 
 
 def said(r) -> str:
@@ -101,7 +101,7 @@ def test_no_engine_is_one_clear_line(aws_env, monkeypatch, tmp_path):
     )
 
 
-# --- the real engine --------------------------------------------------------------------------------------------
+# --- the real engine --------------------------------------------------------------------------------------
 
 
 def _skip_reason() -> str:
@@ -195,7 +195,8 @@ def engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    """docker-registry (distribution 2.8) on 127.0.0.1 with htpasswd auth: user/password = moto's ECR token."""
+    """docker-registry (distribution 2.8) on 127.0.0.1 with htpasswd auth: user/password = moto's ECR
+    token."""
     d = tmp_path_factory.mktemp("registry")
     subprocess.run(
         ["htpasswd", "-Bbc", str(d / "htpasswd"), "AWS", MOTO_PASSWORD], check=True, capture_output=True
@@ -238,7 +239,8 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     monkeypatch.setenv("IMAGE_REGISTRY", registry)
     monkeypatch.setenv("IMAGE_TAG", "it-1")
     uri = f"{registry}/fsdpctl-trainer:it-1"
-    # the offline stand-ins: no CUDA base, no EFA download, no multi-GB torch; the trainer package still installs
+    # the offline stand-ins: no CUDA base, no EFA download, no multi-GB torch; the trainer package still
+    # installs
     r = invoke(
         "image",
         "build",

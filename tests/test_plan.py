@@ -7,10 +7,8 @@ import dataclasses
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from fsdpctl import plan as P
-from fsdpctl.cli import app
 
 
 def job(**kw) -> P.Job:
@@ -60,17 +58,16 @@ def test_throughput_is_in_the_published_range():
     assert 2_500 < a100 < 4_500 and 5_000 < h100 < 9_000
 
 
-def test_plan_command_json_and_table():
-    runner = CliRunner()
-    result = runner.invoke(app, ["plan", "--model", "70b", "--nodes", "1", "--seq-len", "4096", "-o", "json"])
+def test_plan_command_json_and_table(cli):
+    result = cli("plan", "--model", "70b", "--nodes", "1", "--seq-len", "4096", "-o", "json")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["fits"] is False and data["fix"] and data["usd"] > 0 and data["prices_as_of"]
-    text = runner.invoke(app, ["plan", "--model", "70b", "--nodes", "1"]).stdout
+    text = cli("plan", "--model", "70b", "--nodes", "1").stdout
     assert "DOES NOT FIT" in text and "cheapest change that fits" in text
-    rows = json.loads(runner.invoke(app, ["plan", "--table", "-o", "json"]).stdout)
+    rows = json.loads(cli("plan", "--table", "-o", "json").stdout)
     assert len(rows) == 30 and {r["nodes"] for r in rows} == {1, 2, 4, 8, 16}
-    assert runner.invoke(app, ["plan", "--model", "65b"]).exit_code == 2
+    assert cli("plan", "--model", "65b").exit_code == 2
 
 
 def test_job_from_takes_every_number_from_the_settings():

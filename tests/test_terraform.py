@@ -12,11 +12,9 @@ from pathlib import Path
 
 import hcl2
 import pytest
-from typer.testing import CliRunner
 
 from conftest import ROOT
 from fsdpctl import render
-from fsdpctl.cli import app
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 
@@ -68,27 +66,22 @@ def test_terraform_fmt_is_clean():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_dry_run_writes_tfvars_from_the_settings(tmp_path, monkeypatch):
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(
-        app,
-        [
-            "--set",
-            "INSTANCE_TYPE=p4de.24xlarge",
-            "--set",
-            "NODE_COUNT=4",
-            "--set",
-            "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
-            "cluster",
-            "create",
-            "--tool",
-            "terraform",
-            "--dry-run",
-        ],
+def test_dry_run_writes_tfvars_from_the_settings(cli):
+    result = cli(
+        "--set",
+        "INSTANCE_TYPE=p4de.24xlarge",
+        "--set",
+        "NODE_COUNT=4",
+        "--set",
+        "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+        "cluster",
+        "create",
+        "--tool",
+        "terraform",
+        "--dry-run",
     )
     assert result.exit_code == 0, result.stderr
-    work = tmp_path / "clusters/fsdp-eks/terraform"
+    work = cli.home / "clusters/fsdp-eks/terraform"
     tfvars = json.loads((work / "fsdpctl.auto.tfvars.json").read_text())
     assert tfvars["instance_type"] == "p4de.24xlarge" and tfvars["node_count"] == 4
     assert tfvars["availability_zones"] == ["us-west-2a", "us-west-2b"]
@@ -98,25 +91,22 @@ def test_dry_run_writes_tfvars_from_the_settings(tmp_path, monkeypatch):
     assert (work / "modules/eks-gpu/main.tf").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
 )
-def test_validate_and_plan_against_moto(aws_env, tmp_path):
-    runner = CliRunner()
-    result = runner.invoke(
-        app,
-        [
-            "--set",
-            "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
-            "cluster",
-            "create",
-            "--tool",
-            "terraform",
-            "--dry-run",
-        ],
+def test_validate_and_plan_against_moto(aws_env, cli):
+    result = cli(
+        "--set",
+        "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+        "cluster",
+        "create",
+        "--tool",
+        "terraform",
+        "--dry-run",
     )
     assert result.exit_code == 0
-    work = tmp_path / "home/clusters/fsdp-eks/terraform"
+    work = cli.home / "clusters/fsdp-eks/terraform"
     env = {**os.environ, "TF_IN_AUTOMATION": "1"}
 
     def tf(*args):
@@ -170,6 +160,7 @@ run "{name}" {{
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
 )

@@ -37,14 +37,14 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except SettingsError as e:
+            _traceback_if_debug(ctx)
             for line in e.warnings:
                 err.print(f"[yellow]warning:[/] {redact(line)}", markup=True)
             for line in e.lines:
                 err.print("[red]error:[/] " + escape(redact(line)))
             ctx.exit(ExitCode.BAD_INPUT)
         except FsdpctlError as e:
-            if _debug(ctx):
-                raise
+            _traceback_if_debug(ctx)
             err.print("[red]error:[/] " + escape(redact(str(e))))
             if e.hint:
                 err.print("  hint: " + escape(redact(e.hint)))
@@ -57,6 +57,15 @@ class _Group(TyperGroup):
 def _debug(ctx: typer.Context) -> bool:
     obj = ctx.find_root().obj
     return bool(obj and obj.debug)
+
+
+def _traceback_if_debug(ctx: typer.Context) -> None:
+    """--debug: the traceback of the error being handled, masked like every other line (Python's own hook
+    would print a token that reached a message); the one-line error and its exit code follow as without."""
+    if _debug(ctx):
+        import traceback
+
+        sys.stderr.write(redact(traceback.format_exc()))
 
 
 app = typer.Typer(
