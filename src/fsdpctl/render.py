@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from fsdpctl import plan
+from fsdpctl import prestep
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 from fsdptrain.shapes import MODEL_CONFIGS
 
@@ -281,7 +282,7 @@ def pod_env(cfg: Config) -> dict[str, str]:
     env = dict(cfg.train_env())
     env["CHECKPOINT_DIR"] = checkpoint_dir(cfg, cfg.job_name)
     if cfg.shared_volume:  # one download of models and tokenizers per job, not one per node
-        env["HF_HOME"] = f"{cfg.shared_volume_path.rstrip('/')}/hf-cache"
+        env["HF_HOME"] = prestep.hf_home(cfg)
     if metrics_port(cfg):
         env["METRICS_PORT"] = str(metrics_port(cfg))
     env.update(COMMON_ENV)
@@ -348,7 +349,8 @@ def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
         grace_s=stop_timing(cfg).grace_s,
         image=cfg.image_uri,
         command=launch_command(cfg, run_id),
-        env=container_env(cfg),
+        env=container_env(cfg)
+        + [{"name": k, "value": v} for k, v in prestep.trainer_env(cfg, run_id).items()],
         resources=pod_resources(cfg),
         hf_token_dir=HF_TOKEN_DIR,
         checkpoint_root=POD_CHECKPOINT_ROOT,
@@ -384,10 +386,39 @@ def render_job(cfg: Config, run_id: str) -> list[Obj]:
     objs = render_namespace(cfg)
     if cfg.rdzv_backend != "c10d":
         objs += render_etcd(cfg)
+    objs += render_fetch_job(cfg, run_id)
     if job_api(cfg)[1] == "TrainJob":
         values["command"] = trainjob_command(cfg, run_id)
         return objs + render_template("trainjob.yaml.j2", **values)
     return objs + render_template("pytorchjob.yaml.j2", **values)
+
+
+def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
+    """The pre-step (fsdpctl.prestep): a one-shot Job that downloads the job's hub repos onto the shared
+    volume once; none when the job reads nothing from the hub or has no shared volume."""
+    if not prestep.needed(cfg):
+        return []
+    env = [{"name": k, "value": v} for k, v in prestep.fetch_env(cfg).items()]
+    return render_template(
+        "fetch-job.yaml.j2",
+        name=prestep.job_name(cfg.job_name),
+        namespace=cfg.job_namespace,
+        # not fsdpctl.io/job: the job's pods are listed by that label, and this pod is not one of its nodes
+        labels={
+            "app.kubernetes.io/name": "fsdpctl-fetch",
+            "app.kubernetes.io/managed-by": "fsdpctl",
+            prestep.OF_LABEL: cfg.job_name,
+            "fsdpctl.io/run-id": run_id[:63],
+        },
+        image=cfg.image_uri,
+        command=prestep.fetch_command(cfg, run_id),
+        container=prestep.CONTAINER,
+        env=[*env, {"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/HF_TOKEN"}],
+        hf_token_dir=HF_TOKEN_DIR,
+        secret_name=secret_name(cfg),
+        shared_volume=cfg.shared_volume,
+        shared_volume_path=cfg.shared_volume_path,
+    )
 
 
 def render_namespace(cfg: Config) -> list[Obj]:

@@ -62,6 +62,13 @@ class TrainConfig:
         "ACTIVATION_CHECKPOINTING", "none", "recompute activations", choices=AC_MODES
     )
     ac_every: int = _f("AC_EVERY", 2, "with every-k: checkpoint every k-th decoder layer", minimum=1)
+    collective_timeout: int = _f(
+        "COLLECTIVE_TIMEOUT",
+        0,
+        "seconds a collective waits for the slowest rank before the job fails (0: torch's default, "
+        "10 min with NCCL, 30 min with gloo)",
+        minimum=0,
+    )
     # optimisation
     micro_batch_size: int = _f("MICRO_BATCH_SIZE", 2, "sequences per process per micro-step", minimum=1)
     grad_accum_steps: int = _f("GRAD_ACCUM_STEPS", 1, "micro-steps per optimizer step", minimum=1)

@@ -8,6 +8,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TextIO
 
@@ -47,8 +48,11 @@ class Runtime:
             self.metrics_file.flush()
 
 
-def init_distributed() -> Runtime:
-    """The process group over torchrun's environment (NCCL on GPUs, gloo on CPUs); SIGTERM asks to stop."""
+def init_distributed(timeout_s: int = 0) -> Runtime:
+    """The process group over torchrun's environment (NCCL on GPUs, gloo on CPUs); SIGTERM asks to stop.
+    `timeout_s` (COLLECTIVE_TIMEOUT; 0: torch's default) bounds every collective: a rank whose peer is gone
+    or cut off fails after it and torchrun's agent restarts the group, instead of waiting up to 30 minutes."""
+    timeout = timedelta(seconds=timeout_s) if timeout_s else None
     os.environ.setdefault("RANK", "0")  # a plain `python -m fsdptrain` is a world of one
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
@@ -59,12 +63,12 @@ def init_distributed() -> Runtime:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl", device_id=device)
+        dist.init_process_group(backend="nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", timeout=timeout)
     rt = Runtime(dist.get_rank(), local_rank, dist.get_world_size(), local_world, device)
     signal.signal(signal.SIGTERM, lambda *_: setattr(rt, "stop_requested", True))
     return rt

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 def run(cfg: TrainConfig) -> int:
     """Run a validated config in this process (one rank of the job); returns the exit code."""
-    rt = init_distributed()
+    rt = init_distributed(cfg.collective_timeout)
     open_outputs(cfg, rt)
     rt.emit(leader_event(rt))
     try:

@@ -156,6 +156,12 @@ def cut(net: Network, node: int) -> None:
     _ip("link", "set", net.veth(node), "down")
 
 
+def reconnect(net: Network, node: int) -> None:
+    """Undo `cut`: the node's link up again, as after a transient partition; its open TCP connections
+    resume once the kernel retransmits."""
+    _ip("link", "set", net.veth(node), "up")
+
+
 def exists(net: Network) -> bool:
     got = shell.capture(["ip", "netns", "list"], timeout=20)
     names = {line.split()[0] for line in got.stdout.splitlines() if line.strip()}
