@@ -7,10 +7,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fsdpctl import kstatus, render
+from fsdpctl import kstatus, prestep, render
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.progress import progress, records, stalled
 from fsdpctl.settings import Config
+from fsdptrain import fetch
 
 FINAL = {"Succeeded", "Failed"}
 LOG_TAIL = 3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
@@ -99,6 +100,8 @@ def run(
     run_id = run_id or render.new_run_id(cfg.job_name)
     objs = render.render_job(cfg, run_id)
     *infra, job = objs
+    fetch_jobs = [o for o in infra if o["kind"] == "Job"]  # the pre-step: created owned by the job
+    infra = [o for o in infra if o["kind"] != "Job"]
     existing = get_job(kube, cfg, cfg.job_name)  # first: a missing CRD is the first thing to fix
     require_claims(kube, cfg)
     if existing is not None and not server_dry_run:
@@ -113,14 +116,56 @@ def run(
             kube.apply(obj, dry_run=server_dry_run)
         kube.apply(render.render_secret(cfg, token, run_id), dry_run=server_dry_run)
         if server_dry_run:
-            kube.apply(job, dry_run=True)
+            for obj in [*fetch_jobs, job]:
+                kube.apply(obj, dry_run=True)
         else:
-            kube.create(job)
+            for obj in fetch_jobs:
+                _clear_prestep(kube, cfg, obj["metadata"]["name"])
+            created = kube.create(job)
+            for obj in fetch_jobs:
+                kube.create(_owned_by(obj, created))
     return {
         "job": cfg.job_name,
         "run_id": run_id,
-        "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in [*infra, job]],
+        "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in [*infra, *fetch_jobs, job]],
     }
+
+
+def _clear_prestep(kube, cfg: Config, name: str) -> None:
+    """A pre-step Job an older run left (one applied from `fsdpctl manifest`, owned by nothing): a Job's pod
+    template cannot be changed, so it goes before the new one is created."""
+    if kube.delete("batch/v1", "Job", name, cfg.job_namespace, propagation="Background"):
+        _wait_gone(kube, "batch/v1", "Job", name, cfg.job_namespace, 120)
+
+
+def _owned_by(obj: dict, owner: dict) -> dict:
+    """`obj` as a dependent of `owner`: deleting the training job (stop, cleanup, --replace) deletes its
+    pre-step Job and that Job's pod with it (the garbage collector's ownerReferences)."""
+    meta = owner["metadata"]
+    ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"]}
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
+
+
+def prestep_report(kube, cfg: Config, name: str) -> dict | None:
+    """The pre-step Job of job `name`: its phase, and its progress from its pod's log; None without one."""
+    from fsdpctl.adapters.kube import KubeError
+
+    with calls(cfg, f"reading the pre-step of {name}"):
+        fetch_job = kube.get("batch/v1", "Job", prestep.job_name(name), cfg.job_namespace)
+        if fetch_job is None:
+            return None
+        pods = kube.list("v1", "Pod", cfg.job_namespace, {prestep.OF_LABEL: name})
+    lines: list[str] = []
+    if pods:  # the newest: a pod lost and retried by the Job starts over, and says so
+        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
+        try:
+            lines = list(
+                kube.logs(cfg.job_namespace, newest["metadata"]["name"], prestep.CONTAINER, tail=200)
+            )
+        except KubeError:  # not started yet
+            lines = []
+    phase, reason = prestep.job_phase(fetch_job)
+    return prestep.report(fetch.parse(lines), phase, reason)
 
 
 def require_claims(kube, cfg: Config) -> None:
@@ -205,7 +250,10 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         "network": network,
         "network_warning": net_warning,
     }
+    r["prestep"] = prestep_report(kube, cfg, name)
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
+    if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running"):
+        r["stalled"] = False  # no step yet because the trainers wait for the download, not a hang
     if r["stalled"]:  # the dumps are on the pods' volume: say where
         r["problems"].append(kstatus.flight_recorder_note(render.nccl_trace_file(cfg, name), None))
     if r["restarts"] or phase == "Restarting":

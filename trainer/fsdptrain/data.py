@@ -111,7 +111,8 @@ def load_local(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks:
 
 
 class StreamingBlocks:
-    """A hub data set read as a stream (clusters); resume skips the blocks already consumed."""
+    """A hub data set read as a stream (clusters); resume skips the blocks already consumed. With
+    HF_HUB_OFFLINE=1 the stream reads the repo's snapshot in the Hugging Face cache (fsdptrain.fetch)."""
 
     def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
@@ -121,8 +122,12 @@ class StreamingBlocks:
     def _blocks(self) -> Iterator[np.ndarray]:
         import datasets
 
+        from fsdptrain.fetch import local_snapshot
+
+        # offline (the job's pre-step fetched it): the snapshot in the cache, read as the hub repo would be
+        source = local_snapshot(self.cfg.dataset, "dataset") or self.cfg.dataset
         ds = datasets.load_dataset(
-            self.cfg.dataset,
+            source,
             split=self.cfg.dataset_split,
             streaming=True,
             token=os.environ.get("HF_TOKEN") or None,

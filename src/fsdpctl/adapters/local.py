@@ -167,14 +167,17 @@ def shared_volume_dir(claim: str) -> Path:
     return home() / "volumes" / claim
 
 
-def start(job: dict, *, secret_env: dict[str, str]) -> dict:
-    """Write the spec and start the detached supervisor; returns the initial state."""
+def start(job: dict, *, secret_env: dict[str, str], prestep: dict | None = None) -> dict:
+    """Write the spec and start the detached supervisor; returns the initial state. `prestep`: the rendered
+    pre-step Job (fsdpctl.prestep), which the supervisor starts before the launchers."""
     name = job["metadata"]["name"]
     jdir = job_dir(name)
     if effective_phase(read_state(jdir)) in ACTIVE:
         raise LocalJobError(f"job {name!r} is already running: `fsdpctl job stop` first, or pass --replace")
     jdir.mkdir(parents=True, exist_ok=True)
     spec = spec_from_job(job, jdir)
+    if prestep is not None:
+        spec["prestep"] = prestep_spec(prestep, jdir)
     shutil.rmtree(jdir / "nodes", ignore_errors=True)  # new pods get new emptyDirs
     log_dir = jdir / "logs" / spec["run_id"]
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -189,6 +192,7 @@ def start(job: dict, *, secret_env: dict[str, str]) -> dict:
         "checkpoint_dir": _mapped_env(spec, 0).get("CHECKPOINT_DIR"),
         "nccl_traces": _nccl_traces(spec),
         "max_restarts": spec["max_restarts"],
+        "prestep": _prestep_state(spec, log_dir),
         "supervisor_pid": None,
         "launchers": [],
         "stop_requested": False,
@@ -298,6 +302,7 @@ def supervise(jdir: Path) -> int:
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
     server, pods, net = None, [], _network(spec)
+    pre = _start_prestep(spec, log_dir)
     try:
         if net is not None:
             netns.create(net, {f"{spec['job']}-worker-0": net.address(0)})
@@ -317,6 +322,7 @@ def supervise(jdir: Path) -> int:
             server.stop()
         if net is not None:
             netns.destroy(net)
+        _end_prestep(pre)
     rcs = [p.proc.returncode for p in pods]
     ok = failure is None and all(rc == 0 for rc in rcs)
     phase = "Stopped" if stopping["flag"] else ("Succeeded" if ok else "Failed")
@@ -333,6 +339,42 @@ class Pod:
     proc: Any  # subprocess.Popen, through shell.spawn
     relaunches: int = 0
     judged: bool = False  # its exit has been acted on
+
+
+def prestep_spec(job: dict, jdir: Path) -> dict:
+    """The pre-step Job's container as this machine runs it: this interpreter, the container's environment
+    and its --marker file with the shared volume mapped (the launchers' trainers wait for that file)."""
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    command = container["command"]
+    at = command.index("--marker") + 1
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    mapped = _mapped_env(
+        {"env": {**env, "_MARKER": command[at]}, "volumes": _volumes(pod, container, jdir)}, 0
+    )
+    marker = mapped.pop("_MARKER")
+    argv = [sys.executable, *command[1:at], marker, *command[at + 1 :]]  # the image's `python -m ...`
+    return {"argv": argv, "env": mapped, "marker": marker}
+
+
+def _prestep_state(spec: dict, log_dir: Path) -> dict | None:
+    pre = spec.get("prestep")
+    return {"log": str(log_dir / "prestep.log"), "marker": pre["marker"]} if pre else None
+
+
+def _start_prestep(spec: dict, log_dir: Path) -> Any:
+    """Started first, in this machine's own network (a pod on another node, not one of the job's nodes):
+    the launchers' trainers wait for its marker before any process group exists."""
+    pre = spec.get("prestep")
+    if pre is None:
+        return None
+    return shell.spawn(pre["argv"], env={**os.environ, **pre["env"]}, log=log_dir / "prestep.log")
+
+
+def _end_prestep(proc: Any) -> None:
+    if proc is not None and proc.poll() is None:  # the job ended (or was stopped) before it
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
 
 
 def _spawn(launch: Launch, log_dir: Path) -> Any:

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import kstatus, render
+from fsdpctl import kstatus, prestep, render
 from fsdpctl.adapters import local
 from fsdpctl.backends import Started, remember
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.jobs import secret_env
 from fsdpctl.progress import progress, records, stalled
 from fsdpctl.settings import Config
+from fsdptrain import fetch
 
 
 class LocalBackend:
@@ -29,22 +30,24 @@ class LocalBackend:
             raise FsdpctlError("--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks")
         cfg = self.cfg
         run_id = run_id or render.new_run_id(cfg.job_name)
-        job = render.render_job(cfg, run_id)[-1]
+        *infra, job = render.render_job(cfg, run_id)
+        fetch_job = next((o for o in infra if o["kind"] == "Job"), None)  # the download before training
         if dry_run:
-            return self._dry_run(job, run_id)
+            return self._dry_run(job, run_id, fetch_job)
         if replace and local.effective_phase(local.read_state(local.job_dir(cfg.job_name))) in local.ACTIVE:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
         try:
-            st = local.start(job, secret_env=secret_env(cfg))
+            st = local.start(job, secret_env=secret_env(cfg), prestep=fetch_job)
         except local.LocalJobError as e:
             raise FsdpctlError(str(e)) from e
         remember(cfg)
         return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")
 
-    def _dry_run(self, job: dict[str, Any], run_id: str) -> Started:
+    def _dry_run(self, job: dict[str, Any], run_id: str, fetch_job: dict[str, Any] | None) -> Started:
         spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
-        lines = [
+        pre = local.prestep_spec(fetch_job, local.job_dir(self.cfg.job_name)) if fetch_job else None
+        lines = ([f"pre-step: {' '.join(pre['argv'])}"] if pre else []) + [
             f"node {launch.node}: " + " ".join(launch.argv)
             for launch in local.launches(spec, "127.0.0.1:<port>", {})
         ]
@@ -154,11 +157,14 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "leader_log": str(leader) if leader else None,
         "checkpoint_dir": st["checkpoint_dir"],
         "network": local.network_note(st),
+        "prestep": _prestep(st, phase),
         **prog,
         "reason": st.get("reason"),
         "problems": [],
     }
     report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
+    if report["prestep"] and report["prestep"]["phase"] in ("Pending", "Running"):
+        report["stalled"] = False  # no step yet because the trainers wait for the download, not a hang
     if report["stalled"]:  # a hung collective: what the flight recorder wrote, on this machine
         where = (st.get("nccl_traces") or ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])[0]
         dumps = [str(d) for d in local.nccl_dumps(st)]
@@ -166,6 +172,24 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
     if report["restarts"]:
         report["problems"].append(kstatus.on_failure("PyTorchJob", st.get("max_restarts", 0)))
     return report
+
+
+def _prestep(st: dict[str, Any], phase: str | None) -> dict[str, Any] | None:
+    """The pre-step's progress from its log, its outcome from its marker (the file the trainers wait for)."""
+    pre = st.get("prestep")
+    if not pre:
+        return None
+    log = Path(pre["log"])
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    verdict = fetch.read_marker(Path(pre["marker"]))
+    if verdict is not None:
+        return prestep.report(
+            fetch.parse(lines), "Succeeded" if verdict["ok"] else "Failed", verdict["error"]
+        )
+    if phase in local.ACTIVE:
+        return prestep.report(fetch.parse(lines), "Running" if lines else "Pending")
+    last = next((x for x in reversed(lines) if x.strip() and not x.startswith("{")), None)
+    return prestep.report(fetch.parse(lines), "Failed", last or f"ended without a verdict: see {log}")
 
 
 def _chosen_logs(st: dict[str, Any], all_: bool, node: int | None) -> list[Path]:

@@ -110,6 +110,7 @@ def _register() -> None:
         config_cmd,
         deploy_cmd,
         doctor_cmd,
+        hub_cmd,
         image_cmd,
         job_cmd,
         manifest_cmd,
@@ -124,6 +125,8 @@ def _register() -> None:
     app.add_typer(image_cmd.app, name="image")
     app.add_typer(deploy_cmd.app, name="deploy")
     app.add_typer(monitor_cmd.app, name="monitor")
+    app.add_typer(hub_cmd.model_app, name="model")
+    app.add_typer(hub_cmd.data_app, name="data")
     app.command("cleanup")(cleanup_cmd.cleanup)
     app.command("manifest")(manifest_cmd.manifest)
     app.command("quickstart")(quickstart_cmd.quickstart)

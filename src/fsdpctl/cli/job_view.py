@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from fsdpctl import prestep
 from fsdpctl.backends import FINAL, Backend
 from fsdpctl.cli.common import err, ok, out, warn
 from fsdpctl.errors import ExitCode
@@ -61,6 +62,15 @@ def _advance(bar: Any, task: Any, r: dict[str, Any]) -> None:
     if r["max_steps"]:
         info = f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s"
         bar.update(task, description="training", total=r["max_steps"], completed=r["step"], info=info)
+    elif (pre := r.get("prestep")) and pre["phase"] in ("Pending", "Running"):  # trainers wait for it
+        info = prestep.describe(pre).partition(": ")[2]
+        bar.update(
+            task,
+            description="downloading",
+            total=pre["files_total"] or None,
+            completed=pre["files_done"],
+            info=info,
+        )
     else:
         bar.update(task, description=str(r["phase"]).lower())
 
@@ -120,6 +130,8 @@ def status_table(r: dict[str, Any]) -> Table:
     t.add_row("leader", r.get("leader") or "-")
     for row in progress_rows(r):
         t.add_row(*row)
+    if r.get("prestep"):
+        t.add_row("pre-step", prestep.describe(r["prestep"]))
     if r.get("network"):
         t.add_row("network", r["network"])
     t.add_row("checkpoint", r.get("checkpoint") or "-")

@@ -1,0 +1,105 @@
+"""fsdpctl model fetch | data fetch: repos from the Hugging Face Hub into the cache a job reads, ahead of the
+job (fsdpctl.prestep). Pre-staged, the job's own pre-step finds them complete and downloads nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fsdpctl.cli.common import DryRunOpt, err, ok, out, state
+
+model_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Models on the Hugging Face Hub: pre-stage one where jobs read it.",
+)
+data_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Data sets on the Hugging Face Hub: pre-stage one where jobs read it.",
+)
+
+ToOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--to",
+        help="an HF_HOME: the cache goes to DIR/hub (default locally: the shared volume's hf-cache, "
+        "FSDPCTL_HOME/volumes/SHARED_VOLUME/hf-cache, which jobs mount at SHARED_VOLUME_PATH/hf-cache)",
+    ),
+]
+RevisionOpt = Annotated[str, typer.Option("--revision", help="branch, tag or commit")]
+AFTER = (
+    "Files land through temp files renamed into place, and a repo counts as present only when every file "
+    "is: an interrupted fetch is finished by the next one. The token (HF_TOKEN or HF_TOKEN_FILE) is never "
+    "printed."
+)
+
+
+@model_app.command(
+    "fetch",
+    help=f"""Download a model repo (*.safetensors, *.json, tokenizer files) once;
+again: nothing downloaded. Prints the snapshot directory.
+
+{AFTER}
+
+Example: fsdpctl --set HF_TOKEN_FILE=~/.hf-token model fetch meta-llama/Llama-2-7b-hf --to /fsx/hf-cache""",
+)
+def model_fetch(
+    ctx: typer.Context,
+    repo: Annotated[
+        str | None,
+        typer.Argument(help="hub id, namespace/name (default: PRETRAINED, and TOKENIZER if another)"),
+    ] = None,
+    to: ToOpt = None,
+    revision: RevisionOpt = "main",
+    dry_run: DryRunOpt = False,
+) -> None:
+    _fetch(ctx, "model", repo, to, revision, dry_run)
+
+
+@data_app.command(
+    "fetch",
+    help=f"""Download a data set repo (all its files) once; again: nothing downloaded.
+Prints the snapshot directory; the trainer streams DATASET from it when the job runs offline.
+
+{AFTER}
+
+Example: fsdpctl data fetch HuggingFaceFW/fineweb-edu --to /fsx/hf-cache --dry-run""",
+)
+def data_fetch(
+    ctx: typer.Context,
+    repo: Annotated[
+        str | None, typer.Argument(help="hub id of a data set, namespace/name (default: DATASET)")
+    ] = None,
+    to: ToOpt = None,
+    revision: RevisionOpt = "main",
+    dry_run: DryRunOpt = False,
+) -> None:
+    _fetch(ctx, "dataset", repo, to, revision, dry_run)
+
+
+def _fetch(
+    ctx: typer.Context, kind: str, repo: str | None, to: Path | None, revision: str, dry_run: bool
+) -> None:
+    from fsdpctl import prestep
+    from fsdpctl.adapters import hub
+    from fsdpctl.files import home
+    from fsdpctl.jobs import secret_env
+
+    cfg = state(ctx).config()
+    wanted = prestep.command_targets(cfg, kind, repo, revision)
+    dest = prestep.destination(cfg, to, home() / "volumes")
+    token = secret_env(cfg).get("HF_TOKEN", "")
+    err.print(f"{'dry run: ' if dry_run else ''}into {dest / 'hub'}", markup=False)
+    fetched = hub.fetch(
+        wanted,
+        dest,
+        token=token,
+        dry_run=dry_run,
+        on_progress=lambda p: err.print(prestep.progress_line(p), markup=False),
+    )
+    for f in fetched:
+        ok(prestep.result_line(f, dry_run))
+        out.print(f.path, markup=False)
