@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fsdpctl import plan
-from fsdpctl import prestep
+from fsdpctl import plan, prestep
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 from fsdptrain.shapes import MODEL_CONFIGS
 
