@@ -163,7 +163,8 @@ def test_job_commands_on_missing_jobs(cli):
 def test_job_run_dry_run_starts_nothing(cli, tmp_path):
     result = cli("--set", "JOB_NODES=3", "job", "run", "--dry-run")
     assert result.exit_code == 0
-    assert result.stdout.count("torch.distributed.run --nnodes=3 --nproc-per-node=1 --rdzv-backend=c10d") == 3
+    # the container command: fsdptrain.launch checks the settings on the node, then becomes torchrun
+    assert result.stdout.count("-m fsdptrain.launch --nnodes=3 --nproc-per-node=1 --rdzv-backend=c10d") == 3
     assert not (tmp_path / "home").exists()
 
 
