@@ -284,22 +284,28 @@ def cheapest_fix(job: Job, tokens: float) -> tuple[str, Job] | None:
     return min(fitting, key=key)
 
 
+# Job field <- TrainConfig field: the training half of a planned job is the trainer's own settings
+FROM_TRAINING = {
+    "model": "model",
+    "strategy": "sharding_strategy",
+    "precision": "precision",
+    "ac": "activation_checkpointing",
+    "ac_every": "ac_every",
+    "micro_batch": "micro_batch_size",
+    "seq_len": "seq_len",
+    "grad_accum": "grad_accum_steps",
+    "hsdp_shard_size": "hsdp_shard_size",
+}
+
+
 def job_from(cfg: Config, *, mfu: float, price: float | None) -> Job:
     """The job the settings describe, as the planner sees it (`mfu` 0: the GPU's assumed MFU)."""
-    t = cfg.training
+    training: dict[str, Any] = {field: getattr(cfg.training, key) for field, key in FROM_TRAINING.items()}
     return Job(
-        model=t.model,
         instance_type=cfg.instance_type,
         nodes=cfg.job_nodes,
         gpus_per_node=cfg.gpus,
-        strategy=t.sharding_strategy,
-        precision=t.precision,
-        ac=t.activation_checkpointing,
-        ac_every=t.ac_every,
-        micro_batch=t.micro_batch_size,
-        seq_len=t.seq_len,
-        grad_accum=t.grad_accum_steps,
-        hsdp_shard_size=t.hsdp_shard_size,
+        **training,
         mfu=mfu,
         price_per_hour=price,
     )

@@ -36,12 +36,9 @@ def check_offering(cfg: Config, aws: Aws) -> Check:
             name, FAIL, f"not offered in {cfg.aws_region}", "pick a region that has it (us-east-1, us-west-2)"
         )
     if wanted and wanted[0] not in zones:
-        return Check(
-            name,
-            FAIL,
-            f"not offered in {wanted[0]}; offered in {', '.join(zones)}",
-            f"set AVAILABILITY_ZONES to start with one of {', '.join(zones)}",
-        )
+        offered = ", ".join(zones)
+        fix = f"set AVAILABILITY_ZONES to start with one of {offered}"
+        return Check(name, FAIL, f"not offered in {wanted[0]}; offered in {offered}", fix)
     return Check(name, OK, f"offered in {', '.join(zones)}")
 
 
@@ -51,19 +48,12 @@ def check_quota(cfg: Config, aws: Aws) -> Check:
         need = aws.vcpus(cfg.instance_type) * cfg.node_count
         quota = aws.p_instance_quota()
     except AwsError as e:
-        return Check(
-            name,
-            WARN,
-            f"could not read the quota ({e})",
-            f"check Service Quotas {P_INSTANCES_QUOTA[0]}/{P_INSTANCES_QUOTA[1]} by hand",
-        )
+        fix = f"check Service Quotas {P_INSTANCES_QUOTA[0]}/{P_INSTANCES_QUOTA[1]} by hand"
+        return Check(name, WARN, f"could not read the quota ({e})", fix)
     if need > quota:
-        return Check(
-            name,
-            FAIL,
-            f"{cfg.node_count} x {cfg.instance_type} need {need} vCPUs, the quota is {quota:.0f}",
-            f"request an increase of Service Quotas {P_INSTANCES_QUOTA[1]} (Running On-Demand P instances)",
-        )
+        detail = f"{cfg.node_count} x {cfg.instance_type} need {need} vCPUs, the quota is {quota:.0f}"
+        fix = f"request an increase of Service Quotas {P_INSTANCES_QUOTA[1]} (Running On-Demand P instances)"
+        return Check(name, FAIL, detail, fix)
     return Check(name, OK, f"{need} of {quota:.0f} vCPUs")
 
 
