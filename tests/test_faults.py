@@ -196,3 +196,44 @@ def test_unwritable_checkpoint_dir_is_a_clear_error(assets, tmp_path):
     run = torchrun(assets, MAX_STEPS=2, WARMUP_STEPS=1, CHECKPOINT_DIR=tmp_path / "a-file" / "ckpt")
     assert run.rc != 0
     assert "CHECKPOINT_DIR=" in run.stderr and "is not writable (Not a directory)" in run.stderr
+
+
+def test_a_stalled_rank_fails_its_peers_within_collective_timeout(assets, tmp_path):
+    """SIGSTOP freezes rank 1 mid-run, as a hung process or a node that stopped answering would look to its
+    peers. gloo gives up on the collective after the process group's timeout (COLLECTIVE_TIMEOUT, passed to
+    init_process_group), not after torch's default 30 minutes, and rank 0 fails; torchrun's agent then ends
+    the group. Without root this is the check that the setting reaches the process group (test_pods cuts a
+    node's link under network namespaces)."""
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            torchrun_argv(2),
+            env=train_env(assets, MAX_STEPS=400, WARMUP_STEPS=1, COLLECTIVE_TIMEOUT=5),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=ROOT,
+        )
+    try:
+        for line in proc.stdout:  # rank 0's lines: both ranks are past their first collectives
+            if line.startswith('{"event":"step","step":3,'):
+                break
+        workers = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(workers) == 2, workers
+        environ = {int(w): b"\0" + Path(f"/proc/{w}/environ").read_bytes() for w in workers}
+        rank1 = next(pid for pid, env in environ.items() if b"\0RANK=1\0" in env)
+        os.kill(rank1, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        while "Timed out waiting 5000ms" not in err.read_text():
+            assert time.monotonic() - stopped_at < 5 + 25, (
+                "rank 0 still waiting 25 s after COLLECTIVE_TIMEOUT=5"
+            )
+            time.sleep(0.2)
+        os.kill(rank1, signal.SIGCONT)  # so it takes the agent's SIGTERM now, not at the 30 s SIGKILL
+        proc.stdout.read()
+        assert proc.wait(timeout=60) != 0
+    finally:
+        proc.kill()
+        proc.wait()
