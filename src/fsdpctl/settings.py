@@ -22,6 +22,11 @@ from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.config import ConfigError, TrainConfig, parse_value, with_model_defaults
 from fsdptrain.shapes import job_mesh_shape
 
+# value shapes the settings accept
+AZ_LIST = r"^([a-z]{2}(-gov)?-[a-z]+-\d[a-z](,[a-z]{2}(-gov)?-[a-z]+-\d[a-z])*)?$"
+EC2_TYPE = r"^[a-z0-9-]+\.[a-z0-9]+$"
+REGISTRY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$"
+IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 GATED_PREFIXES = ("meta-llama/",)
 # Keys the job derives itself rather than taking from the user.
@@ -56,27 +61,18 @@ class Settings(BaseModel):
         "",
         "cluster",
         "comma-separated AZs; the GPU node group uses the first (empty: eksctl picks)",
-        pattern=r"^([a-z]{2}(-gov)?-[a-z]+-\d[a-z](,[a-z]{2}(-gov)?-[a-z]+-\d[a-z])*)?$",
+        pattern=AZ_LIST,
     )
     kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")
     system_instance_type: str = _k(
-        "m5.xlarge",
-        "cluster",
-        "instance type of the system node group (etcd, operator)",
-        pattern=r"^[a-z0-9-]+\.[a-z0-9]+$",
+        "m5.xlarge", "cluster", "instance type of the system node group (etcd, operator)", pattern=EC2_TYPE
     )
     image_registry: str = _k(
-        "",
-        "image",
-        "registry host[:port] (default: the account's ECR in AWS_REGION)",
-        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$",
+        "", "image", "registry host[:port] (default: the account's ECR in AWS_REGION)", pattern=REGISTRY
     )
     image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     image_tag: str = _k(
-        "0.1.0",
-        "image",
-        "image tag (never 'latest': pods must be reproducible)",
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+        "0.1.0", "image", "image tag (never 'latest': pods must be reproducible)", pattern=IMAGE_TAG
     )
     image_login: Literal["ecr", "none"] = _k(
         "ecr",
