@@ -47,6 +47,8 @@ COMMANDS = [
     ["deploy", "fetch"],
     ["cleanup"],
     ["monitor", "top"],
+    ["model", "fetch"],
+    ["data", "fetch"],
 ]
 
 

@@ -11,6 +11,7 @@ from fsdpctl.cli.common import (
     DryRunOpt,
     Output,
     OutputOpt,
+    command_group,
     emit,
     ok,
     out,
@@ -24,11 +25,7 @@ from fsdpctl.errors import BadInput
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
 
-app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="The EKS cluster: preflight, status, create and delete (eksctl or terraform).",
-)
+app = command_group("The EKS cluster: preflight, status, create and delete (eksctl or terraform).")
 
 ToolOpt = Annotated[str | None, typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")]
 

@@ -34,6 +34,11 @@ class Output(str, Enum):
     yaml = "yaml"
 
 
+def command_group(help: str) -> typer.Typer:
+    """A group of subcommands (`fsdpctl job ...`): bare `fsdpctl job` shows its help; plain-text help."""
+    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=help)
+
+
 OutputOpt = typer.Option("table", "--output", "-o", help="table, json or yaml")
 
 # One --dry-run for every command that changes state: a bare flag. Where the Kubernetes API server can check

@@ -6,14 +6,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fsdpctl.cli.common import ForceOpt, Output, OutputOpt, admit, emit, ok, out, state
+from fsdpctl.cli.common import ForceOpt, Output, OutputOpt, admit, command_group, emit, ok, out, state
 from fsdpctl.redact import redact
 
-app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="Show and check the settings (.env, environment, --set).",
-)
+app = command_group("Show and check the settings (.env, environment, --set).")
 
 
 def _group(key: str) -> str:

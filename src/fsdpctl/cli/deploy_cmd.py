@@ -9,16 +9,26 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from fsdpctl.cli.common import DryRunOpt, Output, OutputOpt, ServerDryRunOpt, emit, err, ok, out, state, warn
+from fsdpctl.cli.common import (
+    DryRunOpt,
+    Output,
+    OutputOpt,
+    ServerDryRunOpt,
+    command_group,
+    emit,
+    err,
+    ok,
+    out,
+    state,
+    warn,
+)
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
     from fsdpctl.deploy import Component
 
-app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="Install etcd, the job operator (PyTorchJob v1 or TrainJob v2) and monitoring on the cluster.",
+app = command_group(
+    "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2) and monitoring on the cluster."
 )
 
 FromOpt = Annotated[

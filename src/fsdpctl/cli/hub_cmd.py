@@ -3,23 +3,16 @@ job (fsdpctl.prestep). Pre-staged, the job's own pre-step finds them complete an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from fsdpctl.cli.common import DryRunOpt, err, ok, out, state
+from fsdpctl.cli.common import DryRunOpt, command_group, err, ok, out, state
 
-model_app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="Models on the Hugging Face Hub: pre-stage one where jobs read it.",
-)
-data_app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="Data sets on the Hugging Face Hub: pre-stage one where jobs read it.",
-)
+model_app = command_group("Models on the Hugging Face Hub: pre-stage one where jobs read it.")
+data_app = command_group("Data sets on the Hugging Face Hub: pre-stage one where jobs read it.")
 
 ToOpt = Annotated[
     Path | None,
@@ -37,47 +30,43 @@ AFTER = (
 )
 
 
-@model_app.command(
-    "fetch",
-    help=f"""Download a model repo (*.safetensors, *.json, tokenizer files) once;
+RepoArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="hub id, namespace/name (default: a model's PRETRAINED and TOKENIZER, a data set's DATASET)"
+    ),
+]
+MODEL_HELP = f"""Download a model repo (*.safetensors, *.json, tokenizer files) once;
 again: nothing downloaded. Prints the snapshot directory.
 
 {AFTER}
 
-Example: fsdpctl --set HF_TOKEN_FILE=~/.hf-token model fetch meta-llama/Llama-2-7b-hf --to /fsx/hf-cache""",
-)
-def model_fetch(
-    ctx: typer.Context,
-    repo: Annotated[
-        str | None,
-        typer.Argument(help="hub id, namespace/name (default: PRETRAINED, and TOKENIZER if another)"),
-    ] = None,
-    to: ToOpt = None,
-    revision: RevisionOpt = "main",
-    dry_run: DryRunOpt = False,
-) -> None:
-    _fetch(ctx, "model", repo, to, revision, dry_run)
-
-
-@data_app.command(
-    "fetch",
-    help=f"""Download a data set repo (all its files) once; again: nothing downloaded.
+Example: fsdpctl --set HF_TOKEN_FILE=~/.hf-token model fetch meta-llama/Llama-2-7b-hf --to /fsx/hf-cache"""
+DATA_HELP = f"""Download a data set repo (all its files) once; again: nothing downloaded.
 Prints the snapshot directory; the trainer streams DATASET from it when the job runs offline.
 
 {AFTER}
 
-Example: fsdpctl data fetch HuggingFaceFW/fineweb-edu --to /fsx/hf-cache --dry-run""",
-)
-def data_fetch(
-    ctx: typer.Context,
-    repo: Annotated[
-        str | None, typer.Argument(help="hub id of a data set, namespace/name (default: DATASET)")
-    ] = None,
-    to: ToOpt = None,
-    revision: RevisionOpt = "main",
-    dry_run: DryRunOpt = False,
-) -> None:
-    _fetch(ctx, "dataset", repo, to, revision, dry_run)
+Example: fsdpctl data fetch HuggingFaceFW/fineweb-edu --to /fsx/hf-cache --dry-run"""
+
+
+def _fetch_command(kind: str) -> Callable[..., None]:
+    """`model fetch` and `data fetch`: one command, told which kind of repo it fetches."""
+
+    def fetch(
+        ctx: typer.Context,
+        repo: RepoArg = None,
+        to: ToOpt = None,
+        revision: RevisionOpt = "main",
+        dry_run: DryRunOpt = False,
+    ) -> None:
+        _fetch(ctx, kind, repo, to, revision, dry_run)
+
+    return fetch
+
+
+model_app.command("fetch", help=MODEL_HELP)(_fetch_command("model"))
+data_app.command("fetch", help=DATA_HELP)(_fetch_command("dataset"))
 
 
 def _fetch(

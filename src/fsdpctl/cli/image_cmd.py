@@ -8,16 +8,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpctl.cli.common import DryRunOpt, ok, out, parse_sets, run_tool, state
+from fsdpctl.cli.common import DryRunOpt, command_group, ok, out, parse_sets, run_tool, state
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
 
-app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="The trainer image: build it from docker/Dockerfile, push it to ECR.",
-)
+app = command_group("The trainer image: build it from docker/Dockerfile, push it to ECR.")
 
 
 @app.command()

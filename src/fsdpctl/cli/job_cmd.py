@@ -17,6 +17,7 @@ from fsdpctl.cli.common import (
     OutputOpt,
     ServerDryRunOpt,
     admit,
+    command_group,
     emit,
     end_wait,
     err,
@@ -26,11 +27,9 @@ from fsdpctl.cli.common import (
 )
 from fsdpctl.redact import redact
 
-app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
-    "of the kubeconfig (KUBE_CONTEXT).",
+app = command_group(
+    "Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
+    "of the kubeconfig (KUBE_CONTEXT)."
 )
 
 NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")

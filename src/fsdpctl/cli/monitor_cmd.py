@@ -9,11 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fsdpctl.cli.common import Output, OutputOpt, emit, out, state
+from fsdpctl.cli.common import Output, OutputOpt, command_group, emit, out, state
 
-app = typer.Typer(
-    no_args_is_help=True, rich_markup_mode=None, help="Watch GPUs and training from the terminal."
-)
+app = command_group("Watch GPUs and training from the terminal.")
 
 NODE_COLUMNS = (
     ("GPUs", "gpus"),
