@@ -29,6 +29,7 @@ from fsdpctl.files import home, write_atomic
 from fsdptrain import events
 
 ACTIVE = ("Pending", "Running", "Stopping")
+POD_MARK = "FSDPCTL_POD"
 STOP_GRACE_S = 120  # a job rendered without terminationGracePeriodSeconds
 
 
@@ -93,12 +94,44 @@ def launches(
             argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
         if net is not None:
             argv = [*net.exec_prefix(node), *argv[:3], f"--local-addr={net.address(node)}", *argv[3:]]
-        env = {**environ, **_mapped_env(spec, node)}
+        env = {**environ, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node)}
         if net is not None:  # gloo binds the address the hostname resolves to, unless told the interface
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
         out.append(Launch(node, argv, env))
     return out
+
+
+def pod_mark(spec: dict, node: int) -> str:
+    """Which pod a process belongs to: every process of node N's launcher inherits it in its environment,
+    torchrun's workers too, though torchrun starts them in sessions of their own. It stands in for the
+    container's cgroup, by which the runtime finds every process of a container it stops."""
+    return f"{spec['job']}/{spec['run_id']}/node-{node}"
+
+
+def pod_processes(mark: str) -> list[int]:
+    """Every live process carrying `mark` (/proc/<pid>/environ): found by identity, not by a PID kept."""
+    want = f"{POD_MARK}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if want in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_pod(mark: str) -> None:
+    """SIGKILL to every process of the pod, wherever it sits (the kubelet ending a container)."""
+    for pid in pod_processes(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _interpreter(command: list[str]) -> list[str]:
@@ -318,6 +351,7 @@ def supervise(jdir: Path) -> int:
         _update(jdir, phase="Failed", finished=time.time(), reason=str(e))
         raise
     finally:
+        _signal(pods, signal.SIGKILL)  # a pod's end leaves none of its processes behind (no orphans)
         if server:
             server.stop()
         if net is not None:
@@ -427,6 +461,7 @@ def _judge(pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None) -
         code, limit = exit_code(rc), spec.get("backoff_limit", 0)
         what = verdict(code, spec.get("restart_policy", "Never"))
         pod.judged = True
+        kill_pod(pod.launch.env[POD_MARK])  # a container that ended takes its processes with it
         if what == "recreate" and sum(p.relaunches for p in pods) < limit:
             _recreate(pod, jdir, code)
             _update(jdir, **_placement(net, pods))
@@ -506,14 +541,14 @@ def _placement(net: netns.Network | None, pods: list[Pod]) -> dict:
 
 def _signal(pods: list[Pod], sig: int) -> None:
     """SIGTERM to each running launcher, as the kubelet sends it to a container's first process; SIGKILL to
-    its whole process group, as the kubelet ends a container after the grace period."""
+    every process of the pod (its mark), as the runtime ends a container after the grace period: workers in
+    sessions of their own and orphans of a launcher that already died included."""
     for p in pods:
-        if p.proc.poll() is None:
+        if sig == signal.SIGKILL:
+            kill_pod(p.launch.env[POD_MARK])
+        elif p.proc.poll() is None:
             try:
-                if sig == signal.SIGKILL:
-                    os.killpg(p.proc.pid, sig)
-                else:
-                    os.kill(p.proc.pid, sig)
+                os.kill(p.proc.pid, sig)
             except ProcessLookupError:
                 pass
 
