@@ -87,3 +87,24 @@ def test_job_run_dry_run_on_the_cluster_contacts_nothing(tmp_path, monkeypatch):
     assert "PyTorchJob/fsdp" in r.output and "Secret/fsdp-hf-token" in r.output
     assert "nothing was created" in said(r)
     assert not (tmp_path / "home" / "started").exists()  # a dry run records nothing
+
+
+@pytest.mark.parametrize("settings", [{}, {"SHARED_VOLUME": "team-fsx"}, {"CHECKPOINT_PVC": "ckpt"}])
+def test_job_run_on_eks_refuses_a_claim_that_does_not_exist(peer, settings):  # noqa: F811
+    """A pod mounting a missing PersistentVolumeClaim stays Pending ('persistentvolumeclaim "..." not found',
+    kube-scheduler's VolumeBinding plugin): `job run` says so before it creates anything."""
+    from test_kube import add_claim, in_fsdp
+
+    install_operator(peer, **settings)  # creates the shared claim the settings name
+    if "CHECKPOINT_PVC" not in settings:
+        k = settings.get("SHARED_VOLUME", "fsx-claim")
+        from fsdpctl.adapters.kube import Kube
+
+        Kube.connect(kubeconfig=str(peer.kubeconfig)).delete("v1", "PersistentVolumeClaim", k, "fsdp")
+    r = cli("job", "run", "-d", **settings)
+    assert r.exit_code == 2, r.output
+    key = "CHECKPOINT_PVC" if "CHECKPOINT_PVC" in settings else "SHARED_VOLUME"
+    assert f"{key}=" in r.output and "no PersistentVolumeClaim" in r.output and "hint:" in r.output
+    assert peer.objects("pytorchjobs") == [] and in_fsdp(peer, "secrets") == []
+    add_claim(peer, "fsdp", settings.get("CHECKPOINT_PVC") or settings.get("SHARED_VOLUME", "fsx-claim"))
+    assert cli("job", "run", "-d", **settings).exit_code == 0
