@@ -276,3 +276,18 @@ def aws_env(moto_server, cli, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     return moto_server
+
+
+def fsdpctl_process(
+    *args: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The real executable as from another terminal, in FSDPCTL_HOME, with no standard input."""
+    return subprocess.run(
+        [sys.executable, "-m", "fsdpctl.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=env["FSDPCTL_HOME"],
+        stdin=subprocess.DEVNULL,
+    )

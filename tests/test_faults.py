@@ -16,20 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, torchrun, torchrun_argv, train_env
+from conftest import fsdpctl_process as fsdpctl
 from fsdptrain import events
 
 pytestmark = pytest.mark.slow
-
-
-def fsdpctl(*args, env, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "fsdpctl.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=env["FSDPCTL_HOME"],
-    )
 
 
 def job_env(home: Path, name: str, **settings) -> dict:

@@ -9,13 +9,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import KEEP_FSDPCTL_VARS
+from conftest import fsdpctl_process as fsdpctl
 from fsdpctl.adapters import netns
 from fsdptrain import events
 
@@ -49,19 +49,6 @@ def sealed_env(home: Path, name: str, **settings: str) -> dict[str, str]:
     }
     home.mkdir(parents=True, exist_ok=True)
     return {**env, "FSDPCTL_HOME": str(home), "NO_COLOR": "1", "JOB_NAME": name, **RUN, **settings}
-
-
-def fsdpctl(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The real executable, as from another terminal."""
-    return subprocess.run(
-        [sys.executable, "-m", "fsdpctl.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=env["FSDPCTL_HOME"],
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def status(env: dict[str, str]) -> dict:
