@@ -54,6 +54,12 @@ def prepare(cfg: Config, verb: str) -> ToolRun:
     return ToolRun(path, text, terraform.commands(tf_verb, tf_dir, tool_env(cfg)), log)
 
 
+def terraform_state(cfg: Config) -> list[str]:
+    """What terraform's state for this cluster holds (resource addresses): a half-failed create leaves its
+    VPC, NAT gateway and KMS key there without any EKS cluster, and only `terraform destroy` removes them."""
+    return terraform.state_resources(workdir(cfg) / "terraform")
+
+
 def connect(cfg: Config) -> Aws:
     from fsdpctl.adapters.aws import Aws
 

@@ -14,6 +14,7 @@ from fsdpctl.adapters.shell import Command
 from fsdpctl.files import write_atomic
 
 VARS_FILE = "fsdpctl.auto.tfvars.json"  # terraform reads *.auto.tfvars.json by itself
+STATE_FILE = "terraform.tfstate"  # the local backend's state, which the module keeps (no backend block)
 PLUGIN_DIR_ENV = "FSDPCTL_TF_PLUGIN_DIR"  # an offline provider mirror, e.g. /opt/tf-plugins
 
 
@@ -38,3 +39,17 @@ def commands(verb: str, workdir: Path, env: dict[str, str]) -> list[Command]:
     init = ["terraform", chdir, "init", "-input=false", *([f"-plugin-dir={plugins}"] if plugins else [])]
     run = ["terraform", chdir, verb, "-input=false", "-auto-approve"]
     return [Command(init, env), Command(run, env)]
+
+
+def state_resources(workdir: Path) -> list[str]:
+    """The addresses of the managed resources terraform's local state in `workdir` holds: what `destroy`
+    would delete. Empty without a state file or after a destroy (the state then lists no resources)."""
+    path = workdir / STATE_FILE
+    if not path.is_file() or not path.read_text().strip():
+        return []
+    state = json.loads(path.read_text())
+    return [
+        ".".join(p for p in (r.get("module", ""), r["type"], r["name"]) if p)
+        for r in state.get("resources", [])
+        if r.get("mode") == "managed" and r.get("instances")
+    ]

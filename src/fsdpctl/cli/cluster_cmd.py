@@ -20,7 +20,7 @@ from fsdpctl.cli.common import (
     state,
     warn,
 )
-from fsdpctl.errors import BadInput
+from fsdpctl.errors import BadInput, FsdpctlError
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
@@ -107,21 +107,51 @@ def delete(
 ) -> None:
     """Delete the EKS cluster (eksctl delete cluster --wait, or terraform destroy). Asks first unless --yes.
 
+    With terraform, destroy runs whenever its state in FSDPCTL_HOME/clusters/<name>/terraform holds resources,
+    also when the EKS cluster is gone (a half-failed create leaves a VPC, NAT gateway and KMS key there).
+
     Example: fsdpctl cluster delete --yes
     """
     from fsdpctl import cluster
 
     cfg = _config(ctx, tool)
     run = cluster.prepare(cfg, "delete")
-    if not dry_run:
-        if not cluster.find(cfg):
-            ok(f"no cluster {cfg.cluster_name} in {cfg.aws_region}; nothing to delete")
-            return
-        if not yes and not typer.confirm(f"Delete cluster {cfg.cluster_name} in {cfg.aws_region}?", err=True):
-            raise BadInput("not confirmed", hint="pass --yes to delete without asking")
+    what = _what_to_delete(cfg, dry_run)
+    if what is None:
+        return
+    if not dry_run and not yes and not typer.confirm(f"Delete {what}?", err=True):
+        raise BadInput("not confirmed", hint="pass --yes to delete without asking")
     for cmd in run.commands:
         run_tool(cmd, run.log, dry_run=dry_run)
     if dry_run:
-        ok("dry run: nothing deleted")
+        ok(f"dry run: would delete {what}; nothing deleted")
     else:
         warn(f"cluster {cfg.cluster_name} deleted; checkpoints on its volumes are gone with it")
+
+
+def _what_to_delete(cfg: Config, dry_run: bool) -> str | None:
+    """What the delete commands would remove, None (said why) when there is nothing. terraform goes by its
+    state alone (read offline, so the dry run tells the truth too); eksctl by the cluster in EKS."""
+    from fsdpctl import cluster
+
+    name = f"cluster {cfg.cluster_name} in {cfg.aws_region}"
+    if cfg.cluster_tool == "terraform":
+        resources = cluster.terraform_state(cfg)
+        state_dir = cluster.workdir(cfg) / "terraform"
+        if resources:
+            shown = ", ".join(resources[:5]) + (", ..." if len(resources) > 5 else "")
+            return f"{name}: {len(resources)} resources in the terraform state in {state_dir} ({shown})"
+        if not dry_run and cluster.find(cfg):
+            raise FsdpctlError(
+                f"{name} exists but the terraform state in {state_dir} holds nothing: terraform destroy "
+                "would delete nothing",
+                hint="delete it with the tool that made it (`--tool eksctl`) or from that state's machine",
+            )
+        ok(f"no terraform state in {state_dir}{'' if dry_run else ' and no ' + name}; nothing to delete")
+        return None
+    if dry_run:
+        return name + " (if it exists)"
+    if not cluster.find(cfg):
+        ok(f"no {name}; nothing to delete")
+        return None
+    return name
