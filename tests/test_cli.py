@@ -41,6 +41,7 @@ COMMANDS = [
     ["image", "push"],
     ["deploy", "etcd"],
     ["deploy", "operator"],
+    ["deploy", "plugins"],
     ["deploy", "monitoring"],
     ["deploy", "all"],
     ["deploy", "status"],

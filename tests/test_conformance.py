@@ -1,8 +1,9 @@
 """Everything fsdpctl creates on a cluster, sent through fsdpctl's own adapter to the peer that answers as
 kube-apiserver (kube_peer.py): every `deploy` component (etcd, the operator as Training Operator v1.9.4 and as
-Trainer v2.3.0, monitoring), the job of both kinds with its namespace and etcd, its Secret and the checkpoint
-cleaner. Each object lands at the path the server's discovery gives, in the scope the real server expects (the
-other scope's path is a 404), passes strict field validation and is stored as sent, nothing pruned.
+Trainer v2.3.0, the NVIDIA and EFA device plugins, monitoring), the job of both kinds with its namespace
+and etcd, its Secret and the checkpoint cleaner. Each object lands at the path the server's discovery gives,
+in the scope the real server expects (the other scope's path is a 404), passes strict field validation and is
+stored as sent, nothing pruned.
 
 The expected paths are computed here, apart from the adapter: from kube-apiserver's discovery documents
 (../shared/vendor/kubernetes-discovery) and from the CRDs in the pinned releases."""
@@ -112,6 +113,8 @@ def test_everything_fsdpctl_creates_lands_where_discovery_says(peer):
     } <= landed
     assert ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime") in landed  # cluster-scoped custom kind
     assert ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") in landed
+    for ds in deploy.plugins(config(), [VENDOR]).objects:  # part of "all", under eksctl's names
+        assert k.get("apps/v1", "DaemonSet", ds["metadata"]["name"], "kube-system") is not None
     cluster = {kind for (api, kind) in landed if not SCOPES[(api, kind)][1]}
     assert {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"} <= cluster
 

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from conftest import SHARED
 from fsdpctl import deploy
 from fsdpctl.adapters.download import DownloadError
 from fsdpctl.errors import FsdpctlError
@@ -51,6 +52,32 @@ def test_status_probes_follow_the_job_kind_and_namespaces():
     }
     v2 = deploy.installed_probes(load(dotenv={"JOB_KIND": "trainjob"}))
     assert [p["name"] for p in v2 if p["component"] == "operator"] == ["kubeflow-trainer-controller-manager"]
+    assert [(p["name"], p["namespace"]) for p in v2 if p["component"] == "plugins"] == [
+        ("nvidia-device-plugin-daemonset", "kube-system"),
+        ("aws-efa-k8s-device-plugin", "kube-system"),
+    ]
+
+
+def test_plugins_are_eksctls_manifests_finished_as_eksctl_does_plus_the_gpu_toleration():
+    """eksctl v0.230.0 pkg/addons/assets/efa-device-plugin.yaml names its image "%s.dkr.ecr.%s.%s/..." (eksctl
+    fills in the EKS image account, the region and the DNS suffix); fsdpctl does the same and adds the GPU
+    taint's toleration that EFADevicePlugin.SetTolerations (pkg/addons/device_plugin.go) leaves out."""
+    cfg = load(dotenv={"AWS_REGION": "eu-west-1"})
+    objs = {o["metadata"]["name"]: o for o in deploy.plugins(cfg, [SHARED / "vendor"]).objects}
+    efa = objs["aws-efa-k8s-device-plugin"]["spec"]["template"]["spec"]
+    assert efa["containers"][0]["image"] == (
+        "602401143452.dkr.ecr.eu-west-1.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.5.4"
+    )
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in efa["tolerations"]
+    assert efa["tolerations"][:2] == [  # eksctl's own stay
+        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+        {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    assert "eks.amazonaws.com/compute-type" in str(efa["affinity"])  # eksctl's affinity kept
+    nvidia = objs["nvidia-device-plugin-daemonset"]["spec"]["template"]["spec"]
+    assert nvidia["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
+    assert nvidia["affinity"] == deploy.gpu_node_affinity()  # eksctl's has none: GPU nodes only
+    assert deploy.eks_image_registry("cn-north-1") == "918309763551.dkr.ecr.cn-north-1.amazonaws.com.cn"
 
 
 @pytest.fixture

@@ -199,8 +199,8 @@ def test_token_goes_only_into_the_secret(schemas):
 
 
 def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
-    """What `fsdpctl deploy etcd|monitoring` applies and what `cleanup --checkpoints` starts, against the
-    Kubernetes OpenAPI; the dashboard queries every metric the issue names, the trainer's included."""
+    """What `fsdpctl deploy etcd|plugins|monitoring` applies and what `cleanup --checkpoints` starts, against
+    the Kubernetes OpenAPI; the dashboard queries every metric the issue names, the trainer's included."""
     import json
 
     from fsdpctl import deploy
@@ -208,6 +208,7 @@ def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
     cfg = eks("p5.48xlarge", "FULL_SHARD", "etcd")
     objs = (
         deploy.etcd(cfg).objects
+        + deploy.plugins(cfg, [SHARED / "vendor"]).objects
         + deploy.monitoring(cfg).objects
         + [render.render_checkpoint_cleaner(cfg, "fsdp")]
     )

@@ -1,6 +1,7 @@
-"""What `fsdpctl deploy` puts on a cluster and how: etcd (fsdpctl's template), the job operator (the pinned
-upstream release in templates/releases.yaml, read from a mirror or the cache and checked by sha256) and
-monitoring (fsdpctl's templates). Building the components reads only the files it is pointed at; applying
+"""What `fsdpctl deploy` puts on a cluster and how: etcd (fsdpctl's template), the job operator and the
+NVIDIA and EFA device plugins (pinned upstream releases in templates/releases.yaml, read from a mirror or the
+cache and checked by sha256; the plugins patched to tolerate fsdpctl's GPU taint) and monitoring (fsdpctl's
+templates). Building the components reads only the files it is pointed at; applying
 them (unless the cluster holds them already), waiting for readiness and reading what is installed go through
 the Kubernetes adapter; `fetch` fills the cache through the download adapter."""
 
@@ -24,10 +25,28 @@ from fsdpctl.settings import Config
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
 
-COMPONENTS = ("etcd", "operator", "monitoring")
+COMPONENTS = ("etcd", "operator", "plugins", "monitoring")
 VERSION_LABEL = "app.kubernetes.io/version"
 PART_OF = "app.kubernetes.io/part-of"
 MONITORING_VERSION = "1"  # of fsdpctl's monitoring bundle; the images inside are pinned in the template
+PLUGINS = "device-plugins"  # its key in templates/releases.yaml
+# The taints fsdpctl puts on its GPU node groups (eksctl/clusterconfig.yaml.j2, terraform/modules/eks-gpu) and
+# the label it gives them: the device plugins must tolerate the first, GPU-only DaemonSets select the second.
+GPU_TAINTS = ({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},)
+GPU_ROLE = ("fsdpctl.io/role", "gpu")
+# The EKS add-on images' registry account (eksctl fills the `%s` of its EFA manifest with
+# `api.EKSResourceAccountID(region)`): 602401143452 except in these regions (AWS, "Amazon container image
+# registries" in the EKS user guide).
+EKS_IMAGE_ACCOUNTS = {
+    "af-south-1": "877085696533",
+    "ap-east-1": "800184023465",
+    "eu-south-1": "590381155156",
+    "me-south-1": "558608220178",
+    "cn-north-1": "918309763551",
+    "cn-northwest-1": "961992271922",
+    "us-gov-west-1": "013241004608",
+    "us-gov-east-1": "151742754352",
+}
 DASHBOARD_METRICS = (
     "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_DEV_MEM_COPY_UTIL",
@@ -94,6 +113,60 @@ def operator(cfg: Config, sources: list[Path]) -> Component:
     )
 
 
+def gpu_node_affinity() -> dict[str, Any]:
+    """GPU nodes by labels EKS 1.33 nodes carry (`nvidia.com/gpu.present` needs GPU Feature Discovery, or
+    nodeadm on kubelet >= 1.35): the kubelet's instance type among fsdpctl's GPU types, or fsdpctl's
+    node-group role."""
+    from fsdpctl.instances import INSTANCE_TYPES
+
+    terms = [
+        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(INSTANCE_TYPES)},
+        {"key": GPU_ROLE[0], "operator": "In", "values": [GPU_ROLE[1]]},
+    ]
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [t]} for t in terms]
+            }
+        }
+    }
+
+
+def eks_image_registry(region: str) -> str:
+    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"{EKS_IMAGE_ACCOUNTS.get(region, '602401143452')}.dkr.ecr.{region}.{suffix}"
+
+
+def _tolerating(pod: dict[str, Any], region: str) -> None:
+    """eksctl's plugin manifests as eksctl itself finishes them, plus what eksctl leaves out: a toleration of
+    every fsdpctl GPU taint (eksctl's EFADevicePlugin.SetTolerations returns nil) and, for the NVIDIA plugin,
+    which has no affinity of its own, GPU nodes only."""
+    tolerations = pod.setdefault("tolerations", [])
+    for taint in GPU_TAINTS:
+        wanted = {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
+        if wanted not in tolerations:
+            tolerations.append(wanted)
+    if "affinity" not in pod:
+        pod["affinity"] = gpu_node_affinity()
+    for c in pod["containers"]:  # eksctl's EFA manifest names its image "%s.dkr.ecr.%s.%s/eks/..."
+        c["image"] = c["image"].replace("%s.dkr.ecr.%s.%s", eks_image_registry(region))
+
+
+def plugins(cfg: Config, sources: list[Path]) -> Component:
+    """The NVIDIA and EFA device plugins as eksctl installs them, under eksctl's names in kube-system: on an
+    eksctl cluster the server-side apply patches eksctl's own DaemonSets, on a terraform cluster it creates
+    them."""
+    rel = releases()[PLUGINS]
+    objs = []
+    for entry in rel["files"]:
+        text = release_file(entry, sources).read_text()
+        for obj in yaml.safe_load_all(text):
+            if obj:
+                _tolerating(obj["spec"]["template"]["spec"], cfg.aws_region)
+                objs.append(obj)
+    return Component("plugins", f"{rel['name']} {rel['version']}", objs, rel["ready"])
+
+
 def etcd(cfg: Config) -> Component:
     objs = render.render_namespace(cfg) + render.render_etcd(cfg)
     return Component(
@@ -112,6 +185,7 @@ def monitoring(cfg: Config) -> Component:
         version=MONITORING_VERSION,
         dashboard=json.dumps(json.loads(dashboard), indent=1),
         job_namespace=cfg.job_namespace,
+        gpu_affinity=gpu_node_affinity(),
     )
     ready = [
         {"kind": o["kind"], "namespace": o["metadata"]["namespace"], "name": o["metadata"]["name"]}
@@ -126,6 +200,7 @@ def components(cfg: Config, which: str, sources: list[Path]) -> list[Component]:
     build = {
         "etcd": lambda: etcd(cfg),
         "operator": lambda: operator(cfg, sources),
+        "plugins": lambda: plugins(cfg, sources),
         "monitoring": lambda: monitoring(cfg),
     }
     return [build[n]() for n in names]
@@ -229,6 +304,7 @@ def installed_probes(cfg: Config) -> list[dict[str, str]]:
         {"component": "operator", "kind": r["kind"], "namespace": r["namespace"], "name": r["name"]}
         for r in rel.get("ready", []) + rel.get("requires", [])
     ]
+    probes += [{"component": "plugins", **r} for r in releases()[PLUGINS]["ready"]]
     probes += [
         {"component": "monitoring", "kind": k, "namespace": cfg.monitoring_namespace, "name": n}
         for k, n in (("Deployment", "prometheus"), ("Deployment", "grafana"), ("DaemonSet", "dcgm-exporter"))

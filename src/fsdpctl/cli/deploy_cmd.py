@@ -1,5 +1,5 @@
-"""fsdpctl deploy etcd|operator|monitoring|all|status|fetch: what the cluster needs before a job runs (the
-components, the diff, the readiness wait and the cache are `fsdpctl.deploy`'s)."""
+"""fsdpctl deploy etcd|operator|plugins|monitoring|all|status|fetch: what the cluster needs before a job
+runs (the components, the diff, the readiness wait and the cache are `fsdpctl.deploy`'s)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from fsdpctl.deploy import Component
 
 app = command_group(
-    "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2) and monitoring on the cluster."
+    "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2), the device plugins and monitoring on the "
+    "cluster."
 )
 
 FromOpt = Annotated[
@@ -101,9 +102,14 @@ HELP = {
     "operator": "The job operator: Training Operator v1.9.4 (JOB_KIND=pytorchjob) or Trainer v2.3.0 CRDs + "
     "runtimes (JOB_KIND=trainjob), from the pinned, sha256-checked release files.\n\n"
     "Example: fsdpctl deploy operator --from ./mirror",
+    "plugins": "The NVIDIA and EFA device plugins (eksctl v0.230.0's manifests, sha256-checked), tolerating "
+    "the GPU taint; on eksctl clusters they patch eksctl's own DaemonSets, on terraform clusters they create "
+    "them.\n\n"
+    "Example: fsdpctl deploy plugins --from ./mirror",
     "monitoring": "DCGM exporter, Prometheus, Grafana (with fsdpctl's dashboard), htop and nvtop.\n\n"
     "Example: fsdpctl deploy monitoring --dry-run=server",
-    "all": "etcd, the operator and monitoring, in that order.\n\nExample: fsdpctl deploy all --timeout 900",
+    "all": "etcd, the operator, the device plugins and monitoring, in that order.\n\n"
+    "Example: fsdpctl deploy all --timeout 900",
 }
 DRY_RUN_NOTE = (
     "\n\n--dry-run prints the objects and sends nothing; --dry-run=server has the API server validate and "

@@ -1,0 +1,251 @@
+"""Where the DaemonSets a job needs would run: every node group fsdpctl renders (eksctl ClusterConfig and
+the terraform module, for p4de, p5 and p5e) as nodes with their labels and taints, and every DaemonSet that
+must run on the GPU nodes (the NVIDIA and EFA device plugins as `fsdpctl deploy plugins` applies them, the
+DCGM exporter, htop and nvtop), matched with the scheduler's rules, implemented here apart from fsdpctl:
+- taints/tolerations: k8s.io/api/core/v1 `Toleration.ToleratesTaint` (toleration.go): an empty effect matches
+  every effect, an empty key with operator Exists matches every taint, Exists ignores the value, Equal (or no
+  operator) compares it; only NoSchedule and NoExecute taints keep a new pod off a node (the TaintToleration
+  filter plugin);
+- node affinity: k8s.io/component-helpers `scheduling/corev1/nodeaffinity` (nodeSelectorTerms are ORed, the
+  matchExpressions of one term ANDed, a term without expressions matches nothing; In, NotIn, Exists,
+  DoesNotExist, Gt, Lt) plus the pod's nodeSelector, every pair of which must match.
+Nodes carry what EKS gives managed node groups: the group's labels and taints (the EKS API's NO_SCHEDULE is
+the node's NoSchedule) and the kubelet's `node.kubernetes.io/instance-type`. Not `nvidia.com/gpu.present`:
+only GPU Feature Discovery or nodeadm for kubelet >= 1.35 set it (amazon-eks-ami
+nodeadm/internal/kubelet/config.go), and clusters default to 1.33."""
+
+from __future__ import annotations
+
+import hcl2
+import pytest
+import yaml
+
+from conftest import ROOT, SHARED
+from fsdpctl import deploy, render
+from fsdpctl.settings import load
+
+VENDOR = SHARED / "vendor"
+INSTANCES = ("p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge")
+BLOCKING = ("NoSchedule", "NoExecute")
+EKS_EFFECTS = {
+    "NO_SCHEDULE": "NoSchedule",
+    "NO_EXECUTE": "NoExecute",
+    "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+}
+
+
+# --- the scheduler's rules ---------------------------------------------------------------------------------
+
+
+def tolerates(toleration: dict, taint: dict) -> bool:
+    if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+        return False
+    if toleration.get("key") and toleration["key"] != taint["key"]:
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    return bool(toleration.get("key")) and toleration.get("value", "") == taint.get("value", "")
+
+
+def expression_matches(expr: dict, labels: dict[str, str]) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+    present = key in labels
+    if op == "In":
+        return present and labels[key] in values
+    if op == "NotIn":
+        return not present or labels[key] not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt"):
+        [bound] = values
+        if not present or not labels[key].lstrip("-").isdigit():
+            return False
+        return int(labels[key]) > int(bound) if op == "Gt" else int(labels[key]) < int(bound)
+    raise AssertionError(f"unknown operator {op}")
+
+
+def affinity_matches(pod: dict, labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required is None:
+        return True
+    return any(
+        bool(term.get("matchExpressions"))
+        and all(expression_matches(e, labels) for e in term["matchExpressions"])
+        for term in required["nodeSelectorTerms"]
+    )
+
+
+def lands(pod: dict, node: dict) -> bool:
+    tolerations = pod.get("tolerations") or []
+    untolerated = [
+        t
+        for t in node["taints"]
+        if t["effect"] in BLOCKING and not any(tolerates(tol, t) for tol in tolerations)
+    ]
+    return not untolerated and affinity_matches(pod, node["labels"])
+
+
+def test_the_rules_themselves():
+    """The matcher can say no: each rule on a case where it fails and one where it holds."""
+    taint = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+    assert tolerates({"operator": "Exists"}, taint)  # empty key + Exists: every taint
+    assert not tolerates({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}, taint)
+    assert tolerates({"key": "nvidia.com/gpu", "value": "true"}, taint)  # no operator means Equal
+    assert not tolerates({"key": "nvidia.com/gpu", "operator": "Equal", "value": "false"}, taint)
+    assert not tolerates({"key": "aws.amazon.com/efa", "operator": "Exists"}, taint)
+    node = {"labels": {"a": "1", "b": "x"}, "taints": [{"key": "k", "effect": "PreferNoSchedule"}]}
+    term = {
+        "matchExpressions": [
+            {"key": "a", "operator": "In", "values": ["1"]},
+            {"key": "c", "operator": "Exists"},
+        ]
+    }
+    pod = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    required["nodeSelectorTerms"] = [term]
+    assert not lands(pod, node)  # AND within a term
+    required["nodeSelectorTerms"] = [term, {"matchExpressions": [{"key": "c", "operator": "DoesNotExist"}]}]
+    assert lands(pod, node)  # OR across terms; a PreferNoSchedule taint does not block
+    required["nodeSelectorTerms"] = [{"matchExpressions": []}]
+    assert not lands(pod, node)
+    assert lands(
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "b", "operator": "NotIn", "values": ["y"]},
+                                    {"key": "a", "operator": "Gt", "values": ["0"]},
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+        node,
+    )
+    assert not lands({"nodeSelector": {"b": "y"}}, node)
+    assert not lands({}, {"labels": {}, "taints": [taint]})
+
+
+# --- the nodes fsdpctl's clusters have ---------------------------------------------------------------------
+
+
+def _node(instance_type: str, labels: dict, taints: list[dict]) -> dict:
+    return {"labels": {**labels, "node.kubernetes.io/instance-type": instance_type}, "taints": taints}
+
+
+def eksctl_nodes(instance: str) -> dict[str, dict]:
+    cc = render.render_clusterconfig(load(dotenv={"INSTANCE_TYPE": instance}))
+    return {
+        g["name"]: _node(g["instanceType"], g.get("labels", {}), g.get("taints", []))
+        for g in cc["managedNodeGroups"]
+    }
+
+
+def _unquote(v: str) -> str:
+    return v.strip('"')
+
+
+def terraform_nodes(instance: str) -> dict[str, dict]:
+    tfvars = render.terraform_vars(load(dotenv={"INSTANCE_TYPE": instance}))
+    module = hcl2.load((ROOT / "terraform/modules/eks-gpu/main.tf").open())
+    groups = {
+        _unquote(name): body
+        for block in module["resource"]
+        for kind, resources in block.items()
+        if _unquote(kind) == "aws_eks_node_group"
+        for name, body in resources.items()
+    }
+    nodes = {}
+    for name, g in groups.items():
+        [itype] = g["instance_types"]
+        assert itype.startswith("${var.") and itype.endswith("}"), itype
+        taints = [
+            {
+                "key": _unquote(t["key"]),
+                "value": _unquote(t["value"]),
+                "effect": EKS_EFFECTS[_unquote(t["effect"])],
+            }
+            for t in g.get("taint", [])
+        ]
+        labels = {_unquote(k): _unquote(v) for k, v in g.get("labels", {}).items()}
+        nodes[name] = _node(tfvars[itype[len("${var.") : -1]], labels, taints)
+    return nodes
+
+
+def cluster_nodes(tool: str, instance: str) -> tuple[dict, dict]:
+    """(GPU node, system node) as the tool's render makes them."""
+    nodes = eksctl_nodes(instance) if tool == "eksctl" else terraform_nodes(instance)
+    [gpu] = [n for n in nodes.values() if n["labels"]["node.kubernetes.io/instance-type"] == instance]
+    [system] = [n for n in nodes.values() if n is not gpu]
+    assert gpu["taints"], "the GPU node group is tainted on both paths"
+    return gpu, system
+
+
+# --- the DaemonSets ----------------------------------------------------------------------------------------
+
+
+def daemonsets() -> dict[str, tuple[dict, bool]]:
+    """name -> (pod spec, GPU nodes only) for what fsdpctl deploys."""
+    cfg = load(flags={"BACKEND": "eks"})
+    objs = deploy.plugins(cfg, [VENDOR]).objects + deploy.monitoring(cfg).objects
+    gpu_only = {"nvidia-device-plugin-daemonset", "aws-efa-k8s-device-plugin", "dcgm-exporter", "nvtop"}
+    out = {
+        o["metadata"]["name"]: (o["spec"]["template"]["spec"], o["metadata"]["name"] in gpu_only)
+        for o in objs
+        if o["kind"] == "DaemonSet"
+    }
+    assert set(out) == gpu_only | {"htop"}
+    return out
+
+
+@pytest.mark.parametrize("tool", ["eksctl", "terraform"])
+@pytest.mark.parametrize("instance", INSTANCES)
+def test_every_daemonset_lands_on_the_gpu_nodes_and_gpu_only_ones_nowhere_else(tool, instance):
+    """Defects 1 and 3 of issue 14 fixed: both device plugins (eksctl v0.230.0 pkg/addons/assets, patched by
+    `deploy.plugins`), the DCGM exporter and nvtop land on the GPU nodes of both tools' renders and not on the
+    system nodes; htop lands on the GPU nodes."""
+    gpu, system = cluster_nodes(tool, instance)
+    assert "nvidia.com/gpu.present" not in gpu["labels"]
+    for name, (pod, gpu_only) in daemonsets().items():
+        assert lands(pod, gpu), f"{name} does not land on the {tool} {instance} GPU nodes"
+        if gpu_only:
+            assert not lands(pod, system), f"{name} lands on the {tool} system nodes"
+
+
+@pytest.mark.parametrize("tool", ["eksctl", "terraform"])
+@pytest.mark.parametrize("instance", INSTANCES)
+def test_eksctls_own_efa_plugin_does_not_reach_the_tainted_gpu_nodes(tool, instance):
+    """Defect 1 of issue 14 as shipped: eksctl v0.230.0's efa-device-plugin.yaml (pkg/addons/assets; its
+    EFADevicePlugin.SetTolerations in pkg/addons/device_plugin.go adds nothing) tolerates only
+    CriticalAddonsOnly and aws.amazon.com/efa, so the GPU nodes never run it; its affinity alone would allow
+    them."""
+    gpu, _ = cluster_nodes(tool, instance)
+    [upstream] = [
+        o
+        for o in yaml.safe_load_all((VENDOR / "eksctl-v0.230.0/addons/efa-device-plugin.yaml").read_text())
+        if o
+    ]
+    pod = upstream["spec"]["template"]["spec"]
+    assert affinity_matches(pod, gpu["labels"])
+    assert not lands(pod, gpu)
+
+
+@pytest.mark.parametrize("instance", INSTANCES)
+def test_the_old_monitoring_selector_lands_nowhere(instance):
+    """Defect 3 of issue 14 as it was: `nodeSelector: nvidia.com/gpu.present=true` matches no node of either
+    render on Kubernetes 1.33 (the label needs GPU Feature Discovery, or nodeadm for kubelet >= 1.35)."""
+    old = {"nodeSelector": {"nvidia.com/gpu.present": "true"}, "tolerations": [{"operator": "Exists"}]}
+    for tool in ("eksctl", "terraform"):
+        assert not any(lands(old, n) for n in cluster_nodes(tool, instance))
