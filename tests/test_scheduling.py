@@ -249,3 +249,102 @@ def test_the_old_monitoring_selector_lands_nowhere(instance):
     old = {"nodeSelector": {"nvidia.com/gpu.present": "true"}, "tolerations": [{"operator": "Exists"}]}
     for tool in ("eksctl", "terraform"):
         assert not any(lands(old, n) for n in cluster_nodes(tool, instance))
+
+
+# --- what the plugins made allocatable, and a Pending pod that lacks it ------------------------------------
+
+
+def _node_obj(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"allocatable": {"cpu": "191450m", **allocatable}},
+    }
+
+
+def test_deploy_status_shows_per_gpu_node_what_the_plugins_made_allocatable(tmp_path):
+    """`deploy status` lists the Nodes (v1 Node, through fsdpctl's adapter and the API peer, status written
+    through the /status subresource as the kubelet does): a p5 node the EFA plugin never reached (defect 1)
+    is not ready and shows vpc.amazonaws.com/efa=0; the system node is not listed."""
+    from fsdpctl.adapters.kube import Kube
+    from kube_peer import Peer
+
+    peer = Peer(tmp_path)
+    try:
+        k = Kube.connect(kubeconfig=str(peer.kubeconfig))
+        p5 = {"node.kubernetes.io/instance-type": "p5.48xlarge", "fsdpctl.io/role": "gpu"}
+        nodes = [
+            _node_obj("gpu-a", p5, {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}),
+            _node_obj("gpu-b", p5, {"nvidia.com/gpu": "8"}),
+            _node_obj("system-a", {"node.kubernetes.io/instance-type": "m5.xlarge"}, {}),
+        ]
+        for node in nodes:
+            k.create(node)
+            k.request("PUT", f"/api/v1/nodes/{node['metadata']['name']}/status", body=node)
+        rows = deploy.status(k, load(flags={"BACKEND": "eks", "INSTANCE_TYPE": "p5.48xlarge"}))
+    finally:
+        peer.close()
+    assert [r for r in rows if r["object"].startswith("Node/")] == [
+        {
+            "component": "plugins",
+            "object": "Node/gpu-a",
+            "namespace": "-",
+            "installed": True,
+            "version": "nvidia.com/gpu=8 vpc.amazonaws.com/efa=32",
+            "ready": True,
+        },
+        {
+            "component": "plugins",
+            "object": "Node/gpu-b",
+            "namespace": "-",
+            "installed": True,
+            "version": "nvidia.com/gpu=8 vpc.amazonaws.com/efa=0",
+            "ready": False,
+        },
+    ]
+    off = deploy.node_rows(nodes, efa=False)
+    assert [(r["object"], r["version"], r["ready"]) for r in off] == [
+        ("Node/gpu-a", "nvidia.com/gpu=8", True),
+        ("Node/gpu-b", "nvidia.com/gpu=8", True),
+    ]
+
+
+def test_a_pending_pod_names_the_plugin_that_would_advertise_what_it_lacks():
+    """The scheduler's own wording (kube-scheduler NodeResourcesFit: "Insufficient <resource>") on a pod
+    that asks for EFA interfaces no node advertises: the problem names the EFA device plugin."""
+    from fsdpctl import kstatus
+
+    message = (
+        "0/3 nodes are available: 1 Insufficient vpc.amazonaws.com/efa, "
+        "2 node(s) didn't match Pod's node affinity/selector."
+    )
+    pod = {
+        "metadata": {"name": "fsdp-run-1-worker-0"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            ],
+        },
+    }
+    [problem] = kstatus.scheduling_problems([pod], {})
+    assert problem.startswith(f"fsdp-run-1-worker-0: Unschedulable: {message}")
+    assert "EFA device plugin (kube-system/aws-efa-k8s-device-plugin)" in problem and "NVIDIA" not in problem
+    assert "fsdpctl deploy plugins" in problem
+    event = {
+        "reason": "FailedScheduling",
+        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+    }
+    [problem] = kstatus.scheduling_problems(
+        [{**pod, "status": {"phase": "Pending"}}], {pod["metadata"]["name"]: [event]}
+    )
+    assert "NVIDIA device plugin" in problem and "EFA" not in problem
+    busy = {
+        "reason": "FailedScheduling",
+        "message": "0/2 nodes are available: 2 node(s) had untolerated taint.",
+    }
+    [problem] = kstatus.scheduling_problems(
+        [{**pod, "status": {"phase": "Pending"}}], {pod["metadata"]["name"]: [busy]}
+    )
+    assert "plugin" not in problem

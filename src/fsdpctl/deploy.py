@@ -34,6 +34,7 @@ PLUGINS = "device-plugins"  # its key in templates/releases.yaml
 # the label it gives them: the device plugins must tolerate the first, GPU-only DaemonSets select the second.
 GPU_TAINTS = ({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},)
 GPU_ROLE = ("fsdpctl.io/role", "gpu")
+GPU_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa")  # what the NVIDIA and EFA plugins advertise
 # The EKS add-on images' registry account (eksctl fills the `%s` of its EFA manifest with
 # `api.EKSResourceAccountID(region)`): 602401143452 except in these regions (AWS, "Amazon container image
 # registries" in the EKS user guide).
@@ -350,9 +351,38 @@ def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
     }
 
 
+def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[dict[str, Any]]:
+    """Per GPU node (fsdpctl's role label or one of its instance types), what the device plugins made
+    allocatable: ready when it offers GPUs and, with EFA on, EFA interfaces."""
+    from fsdpctl.instances import INSTANCE_TYPES
+
+    wanted = GPU_RESOURCES if efa else GPU_RESOURCES[:1]
+    rows = []
+    for node in nodes:
+        labels = node["metadata"].get("labels") or {}
+        gpu_role = labels.get(GPU_ROLE[0]) == GPU_ROLE[1]
+        if not gpu_role and labels.get("node.kubernetes.io/instance-type") not in INSTANCE_TYPES:
+            continue
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        have = {r: str(allocatable.get(r, "0")) for r in wanted}
+        rows.append(
+            {
+                "component": "plugins",
+                "object": f"Node/{node['metadata']['name']}",
+                "namespace": "-",
+                "installed": True,
+                "version": " ".join(f"{r}={n}" for r, n in have.items()),
+                "ready": all(n != "0" for n in have.values()),
+            }
+        )
+    return rows
+
+
 def status(kube: Kube, cfg: Config) -> list[dict[str, Any]]:
-    """What is installed, at which version, and whether it is ready: one row per probe and the job CRD."""
-    return [_workload_row(kube, p) for p in installed_probes(cfg)] + [_crd_row(kube, cfg)]
+    """What is installed, at which version, and whether it is ready: one row per probe, the job CRD and,
+    per GPU node, whether its GPUs and EFA interfaces are allocatable."""
+    rows = [_workload_row(kube, p) for p in installed_probes(cfg)] + [_crd_row(kube, cfg)]
+    return rows + node_rows(kube.list("v1", "Node"), cfg.efa_per_node > 0)
 
 
 # --- the release cache -------------------------------------------------------------------------------------

@@ -157,6 +157,25 @@ def leader(pods: list[Obj], agent_lines: Sequence[str] = ()) -> Obj | None:
     return min(pods, key=lambda p: (rank0_index(p), p["metadata"]["name"]))
 
 
+# The device plugin that advertises each extended resource a job pod requests (`fsdpctl deploy plugins`).
+PLUGIN_OF = {
+    "nvidia.com/gpu": "the NVIDIA device plugin (kube-system/nvidia-device-plugin-daemonset)",
+    "vpc.amazonaws.com/efa": "the EFA device plugin (kube-system/aws-efa-k8s-device-plugin)",
+}
+
+
+def _missing_plugin(message: str) -> str:
+    """The scheduler says `Insufficient <resource>` both when the GPUs are busy and when no node advertises
+    them at all, which is what a device plugin that is not running on the GPU nodes looks like."""
+    named = [p for r, p in PLUGIN_OF.items() if f"Insufficient {r}" in message]
+    if not named:
+        return ""
+    return (
+        f" (if no GPU node offers it, {' and '.join(named)} is not running there: `fsdpctl deploy plugins`, "
+        "`fsdpctl deploy status`)"
+    )
+
+
 def scheduling_problems(pods: list[Obj], events: dict[str, list[Obj]]) -> list[str]:
     """Why pods are not running, in the scheduler's and kubelet's own words (Insufficient nvidia.com/gpu,
     vpc.amazonaws.com/efa, image pull errors)."""
@@ -171,12 +190,13 @@ def scheduling_problems(pods: list[Obj], events: dict[str, list[Obj]]) -> list[s
             continue
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("message"):
-                out.append(f"{name}: {cond.get('reason', 'Unschedulable')}: {cond['message']}")
+                reason = cond.get("reason", "Unschedulable")
+                out.append(f"{name}: {reason}: {cond['message']}{_missing_plugin(cond['message'])}")
                 break
         else:
             for ev in events.get(name, []):
                 if ev.get("reason") in ("FailedScheduling", "Failed", "FailedMount") and ev.get("message"):
-                    out.append(f"{name}: {ev['reason']}: {ev['message']}")
+                    out.append(f"{name}: {ev['reason']}: {ev['message']}{_missing_plugin(ev['message'])}")
                     break
     return out
 
