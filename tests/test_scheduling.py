@@ -348,3 +348,37 @@ def test_a_pending_pod_names_the_plugin_that_would_advertise_what_it_lacks():
         [{**pod, "status": {"phase": "Pending"}}], {pod["metadata"]["name"]: [busy]}
     )
     assert "plugin" not in problem
+
+
+def test_on_an_eksctl_cluster_deploy_plugins_patches_eksctls_own_daemonsets(tmp_path):
+    """The choice for eksctl clusters: fsdpctl applies the plugins under the names eksctl gives them
+    (eksctl v0.230.0 pkg/addons/assets), so the EFA DaemonSet eksctl created (here sent as eksctl sends it,
+    by create) is patched in place by server-side apply, not doubled by a second plugin on the same devices;
+    afterwards it lands on the GPU nodes, and a rerun changes nothing."""
+    from fsdpctl.adapters.kube import Kube
+    from kube_peer import Peer
+
+    cfg = load(flags={"BACKEND": "eks"})
+    [eksctls] = [
+        o
+        for o in yaml.safe_load_all((VENDOR / "eksctl-v0.230.0/addons/efa-device-plugin.yaml").read_text())
+        if o
+    ]
+    for c in eksctls["spec"]["template"]["spec"]["containers"]:  # as eksctl fills in the image
+        c["image"] = c["image"].replace("%s.dkr.ecr.%s.%s", deploy.eks_image_registry(cfg.aws_region))
+    gpu, _ = cluster_nodes("eksctl", "p5.48xlarge")
+    peer = Peer(tmp_path)
+    try:
+        k = Kube.connect(kubeconfig=str(peer.kubeconfig))
+        k.create(eksctls)
+        before = k.get("apps/v1", "DaemonSet", "aws-efa-k8s-device-plugin", "kube-system")
+        assert not lands(before["spec"]["template"]["spec"], gpu)
+        comp = deploy.plugins(cfg, [VENDOR])
+        assert deploy.apply(k, comp) == {"created": 1, "configured": 1, "unchanged": 0}
+        stored = k.list("apps/v1", "DaemonSet", "kube-system")
+        assert deploy.apply(k, comp) == {"created": 0, "configured": 0, "unchanged": 2}
+    finally:
+        peer.close()
+    names = sorted(d["metadata"]["name"] for d in stored)
+    assert names == ["aws-efa-k8s-device-plugin", "nvidia-device-plugin-daemonset"]
+    assert all(lands(d["spec"]["template"]["spec"], gpu) for d in stored)
