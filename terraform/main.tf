@@ -10,6 +10,7 @@ module "eks_gpu" {
   instance_type           = var.instance_type
   node_count              = var.node_count
   capacity_reservation_id = var.capacity_reservation_id
+  capacity_block          = var.capacity_reservation_id != "" && var.capacity_reservation_type == "capacity-block"
   efa_interfaces          = var.efa_enabled ? var.efa_interfaces : 0
   system_instance_type    = var.system_instance_type
   gpu_volume_size         = var.gpu_volume_size

@@ -46,6 +46,16 @@ variable "capacity_reservation_id" {
   default     = ""
 }
 
+variable "capacity_reservation_type" {
+  description = "Type of capacity_reservation_id as EC2 reports it (ReservationType): default (On-Demand Capacity Reservation) or capacity-block (Capacity Blocks for ML: the launch template's market type and the node group's capacity type say so)."
+  type        = string
+  default     = "default"
+  validation {
+    condition     = contains(["default", "capacity-block"], var.capacity_reservation_type)
+    error_message = "capacity_reservation_type: default or capacity-block."
+  }
+}
+
 variable "efa_enabled" {
   description = "Attach EFA interfaces (all the instance type has) to the GPU nodes."
   type        = bool

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -229,3 +230,127 @@ def test_an_aws_error_is_one_line_with_the_credentials_hint(aws_env, monkeypatch
         Aws("us-east-1").cluster("fsdp-eks")
     assert isinstance(e.value, FsdpctlError) and e.value.code == ExitCode.FAILURE
     assert e.value.aws_code == "EndpointConnectionError" and "AWS_REGION" in e.value.hint
+
+
+# Capacity Blocks for ML as EC2 describes them (botocore's ec2 service model, shape CapacityReservation:
+# ReservationType 'capacity-block', State 'scheduled' before StartDate and 'active' until EndDate, then
+# 'expired'; the AWS EC2 user guide, "Capacity Blocks for ML"). moto answers 500, so the Stubber on the real
+# model checks each request and response shape.
+BLOCK_ID = "cr-0123456789abcdef0"
+START = datetime(2026, 12, 10, 11, 30, tzinfo=UTC)
+BLOCK = {
+    "CapacityReservationId": BLOCK_ID,
+    "AvailabilityZone": "us-east-1d",
+    "State": "scheduled",
+    "InstanceType": "p5.48xlarge",
+    "TotalInstanceCount": 4,
+    "AvailableInstanceCount": 0,
+    "ReservationType": "capacity-block",
+    "StartDate": START,
+    "EndDate": START + timedelta(days=7),
+    "EndDateType": "limited",
+    "InstanceMatchCriteria": "targeted",
+    "Tenancy": "default",
+    "InstancePlatform": "Linux/UNIX",
+}
+
+
+def _block_checks(settings: dict[str, str], reservations: list[dict], now: datetime) -> list:
+    cfg = load(environ={"CAPACITY_RESERVATION_ID": BLOCK_ID, **settings})
+    aws = Aws("us-east-1")
+    stub = _stubbed(aws, "ec2")
+    for r in reservations:
+        stub.add_response(
+            "describe_capacity_reservations",
+            {"CapacityReservations": [r]},
+            {"CapacityReservationIds": [BLOCK_ID]},
+        )
+    checks = [preflight.check_reservation(cfg, aws, now=now) for _ in reservations]
+    stub.assert_no_pending_responses()
+    return checks
+
+
+def test_capacity_block_type_az_count_and_window_with_stubber(aws_env):
+    """A p5 Capacity Block (the real DescribeCapacityReservations shape): ok while active with the settings
+    matching it; fails before its start (saying when), after its end, in another AZ, short of NODE_COUNT, and
+    when CAPACITY_RESERVATION_TYPE does not say capacity-block."""
+    block = {"CAPACITY_RESERVATION_TYPE": "capacity-block", "NODE_COUNT": "4"}
+    active = {**BLOCK, "State": "active", "AvailableInstanceCount": 4}
+    during = START + timedelta(hours=2)
+    ok, short = _block_checks(block, [active, {**active, "AvailableInstanceCount": 3}], during)
+    assert ok.status == "ok", ok.detail
+    assert (
+        "Capacity Block, active" in ok.detail and "2026-12-10 11:30 UTC to 2026-12-17 11:30 UTC" in ok.detail
+    )
+    assert short.status == "fail" and "3 instances available, 4 needed" in short.detail
+
+    (early,) = _block_checks(block, [BLOCK], START - timedelta(hours=5))
+    assert early.status == "fail"
+    assert "it starts at 2026-12-10 11:30 UTC (in 5.0 h)" in early.detail and "after 2026-12-10" in early.fix
+    (late,) = _block_checks(block, [{**BLOCK, "State": "expired"}], START + timedelta(days=8))
+    assert late.status == "fail" and "it ended at 2026-12-17 11:30 UTC" in late.detail
+
+    elsewhere = {**block, "AVAILABILITY_ZONES": "us-east-1a,us-east-1b", "NODE_COUNT": "8"}
+    (wrong,) = _block_checks(elsewhere, [active], during)
+    assert "the GPU node group's AZ is us-east-1a, the reservation's us-east-1d" in wrong.detail
+    assert "4 instances available, 8 needed" in wrong.detail
+    assert "AVAILABILITY_ZONES to start with us-east-1d" in wrong.fix
+    (untyped,) = _block_checks({"NODE_COUNT": "4"}, [active], during)
+    assert untyped.status == "fail" and "CAPACITY_RESERVATION_TYPE=capacity-block" in untyped.fix
+    (scheduled_ok,) = _block_checks({**block, "NODE_COUNT": "4"}, [BLOCK], START + timedelta(minutes=1))
+    assert scheduled_ok.status == "ok", scheduled_ok.detail  # the window counts: the state may lag behind it
+
+
+@pytest.mark.parametrize("tool", ["eksctl", "terraform"])
+def test_create_puts_the_gpu_nodes_in_the_capacity_blocks_az(aws_env, cli, monkeypatch, tool):
+    """With AVAILABILITY_ZONES empty `cluster create` reads the block's AZ (Stubber on the real ec2 model:
+    DescribeCapacityReservations, DescribeAvailabilityZones) and the GPU node group goes there: the
+    ClusterConfig validates against eksctl's schema with instanceMarketOptions.marketType capacity-block
+    (eksctl v0.230.0's ManagedNodeGroup.instanceMarketOptions), and terraform's tfvars carry the type."""
+    from fsdpctl import cluster
+
+    aws = Aws("us-east-1")
+    stub = _stubbed(aws, "ec2")
+    stub.add_response(
+        "describe_capacity_reservations",
+        {"CapacityReservations": [BLOCK]},
+        {"CapacityReservationIds": [BLOCK_ID]},
+    )
+    zones = [
+        {"ZoneName": f"us-east-1{c}", "State": "available", "ZoneType": "availability-zone"} for c in "abd"
+    ]
+    zone_filter = [{"Name": "zone-type", "Values": ["availability-zone"]}]
+    stub.add_response("describe_availability_zones", {"AvailabilityZones": zones}, {"Filters": zone_filter})
+    monkeypatch.setattr(cluster, "connect", lambda cfg: aws)
+    block = [
+        "--set",
+        f"CAPACITY_RESERVATION_ID={BLOCK_ID}",
+        "--set",
+        "CAPACITY_RESERVATION_TYPE=capacity-block",
+    ]
+    result = cli(*block, "cluster", "create", "--tool", tool, "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "AVAILABILITY_ZONES=us-east-1d,us-east-1a" in result.stderr
+    stub.assert_no_pending_responses()
+    work = cli.home / "clusters/fsdp-eks"
+    if tool == "terraform":
+        tfvars = json.loads((work / "terraform/fsdpctl.auto.tfvars.json").read_text())
+        assert tfvars["availability_zones"] == ["us-east-1d", "us-east-1a"]
+        assert tfvars["capacity_reservation_type"] == "capacity-block"
+        return
+    import jsonschema
+    import yaml
+
+    obj = yaml.safe_load((work / "clusterconfig.yaml").read_text())
+    assert list(jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).iter_errors(obj)) == []
+    assert obj["availabilityZones"] == ["us-east-1d", "us-east-1a"]
+    gpu = obj["managedNodeGroups"][1]
+    assert gpu["availabilityZones"] == ["us-east-1d"]
+    assert gpu["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert gpu["capacityReservation"]["capacityReservationTarget"]["capacityReservationID"] == BLOCK_ID
+
+
+def test_an_on_demand_reservation_has_no_market_options():
+    obj = render.render_clusterconfig(load(dotenv={"CAPACITY_RESERVATION_ID": BLOCK_ID}))
+    assert "instanceMarketOptions" not in obj["managedNodeGroups"][1]
+    assert render.terraform_vars(load(dotenv={}))["capacity_reservation_type"] == "default"

@@ -222,3 +222,40 @@ def test_the_workdir_keeps_its_state_and_init_uses_the_plugin_mirror(tmp_path, m
     assert terraform.commands("apply", work, {})[0].argv[-1] == "-plugin-dir=/opt/tf-plugins"
     with pytest.raises(ValueError):
         terraform.commands("plan", work, {})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
+)
+def test_plan_launches_a_capacity_block_with_its_market_type(aws_env, cli):
+    """A real `plan` (hashicorp/aws 5.100.0 against moto) of a p5 Capacity Block: the launch template carries
+    instance_market_options.market_type capacity-block and the reservation target, the node group's
+    capacity_type is CAPACITY_BLOCK (the provider's schema for aws_launch_template and aws_eks_node_group;
+    the EKS user guide, "Capacity Blocks for ML" with managed node groups), in the block's AZ."""
+    block = [
+        "--set",
+        "CAPACITY_RESERVATION_ID=cr-0123456789abcdef0",
+        "--set",
+        "CAPACITY_RESERVATION_TYPE=capacity-block",
+        "--set",
+        "AVAILABILITY_ZONES=us-east-1d,us-east-1a",
+    ]
+    assert cli(*block, "cluster", "create", "--tool", "terraform", "--dry-run").exit_code == 0
+    work = cli.home / "clusters/fsdp-eks/terraform"
+    env = {**os.environ, "TF_IN_AUTOMATION": "1"}
+
+    def tf(*args):
+        return subprocess.run(
+            ["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    assert tf("init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}").returncode == 0
+    plan = tf("plan", "-input=false", "-no-color")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert 'market_type = "capacity-block"' in plan.stdout
+    assert 'capacity_type          = "CAPACITY_BLOCK"' in plan.stdout
+    assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
+    assert 'availability_zone                              = "us-east-1d"' in plan.stdout
+    bad = tf("plan", "-input=false", "-no-color", "-var", "capacity_reservation_type=spot")
+    assert bad.returncode == 1 and "capacity_reservation_type: default or capacity-block" in bad.stderr

@@ -60,6 +60,14 @@ def terraform_state(cfg: Config) -> list[str]:
     return terraform.state_resources(workdir(cfg) / "terraform")
 
 
+def reservation_zones(cfg: Config) -> str:
+    """AVAILABILITY_ZONES when the setting is empty and CAPACITY_RESERVATION_ID names a reservation: its AZ
+    first (the GPU node group takes the first), then the region's next one (an EKS cluster needs two)."""
+    aws = connect(cfg)
+    zone = aws.capacity_reservation(cfg.capacity_reservation_id)["AvailabilityZone"]
+    return ",".join([zone, *[z for z in aws.zones() if z != zone][:1]])
+
+
 def connect(cfg: Config) -> Aws:
     from fsdpctl.adapters.aws import Aws
 

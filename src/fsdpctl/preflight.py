@@ -4,6 +4,8 @@ be created. Each check is ok / warn / fail with the fix; the AWS calls go throug
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from fsdpctl.adapters.aws import P_INSTANCES_QUOTA, Aws, AwsError
 from fsdpctl.checks import FAIL, OK, WARN, Check
 from fsdpctl.settings import Config
@@ -57,7 +59,9 @@ def check_quota(cfg: Config, aws: Aws) -> Check:
     return Check(name, OK, f"{need} of {quota:.0f} vCPUs")
 
 
-def check_reservation(cfg: Config, aws: Aws) -> Check:
+def check_reservation(cfg: Config, aws: Aws, now: datetime | None = None) -> Check:
+    """The reservation against the settings: its type (a Capacity Block launches only as market type
+    capacity-block), instance type, AZ (the GPU node group's), count and, for a block, its time window."""
     name = "capacity reservation"
     if not cfg.capacity_reservation_id:
         return Check(name, OK, "none requested (On-Demand capacity is not guaranteed for P instances)")
@@ -65,20 +69,76 @@ def check_reservation(cfg: Config, aws: Aws) -> Check:
         r = aws.capacity_reservation(cfg.capacity_reservation_id)
     except AwsError as e:
         return Check(name, FAIL, str(e), "check CAPACITY_RESERVATION_ID and AWS_REGION")
-    problems = []
-    if r["State"] != "active":
-        problems.append(f"state {r['State']}")
-    if r["InstanceType"] != cfg.instance_type:
-        problems.append(f"it reserves {r['InstanceType']}, not {cfg.instance_type}")
-    if r["AvailableInstanceCount"] < cfg.node_count:
-        problems.append(f"{r['AvailableInstanceCount']} instances available, {cfg.node_count} needed")
+    kind = "Capacity Block" if r.get("ReservationType") == "capacity-block" else "reservation"
     detail = (
-        f"{r['CapacityReservationId']} in {r['AvailabilityZone']}: {r['AvailableInstanceCount']}/"
-        f"{r['TotalInstanceCount']} available"
+        f"{r['CapacityReservationId']} ({kind}, {r['State']}) of {r['InstanceType']} in "
+        f"{r['AvailabilityZone']}: {r['AvailableInstanceCount']}/{r['TotalInstanceCount']} available"
     )
+    if r.get("StartDate") and r.get("EndDate"):
+        detail += f", {_when(r['StartDate'])} to {_when(r['EndDate'])}"
+    problems = _reservation_problems(cfg, r, now or datetime.now(UTC))
     if problems:
-        return Check(name, FAIL, detail + "; " + "; ".join(problems), "fix the reservation or the settings")
+        text, fixes = "; ".join(p for p, _ in problems), "; ".join(dict.fromkeys(f for _, f in problems))
+        return Check(name, FAIL, f"{detail}; {text}", fixes)
     return Check(name, OK, detail)
+
+
+def _when(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _reservation_problems(cfg: Config, r: dict, now: datetime) -> list[tuple[str, str]]:
+    """(what is wrong, the fix) for each way the reservation and the settings disagree."""
+    problems = []
+    rtype, zone = r.get("ReservationType", "default"), r["AvailabilityZone"]
+    if rtype != cfg.capacity_reservation_type:
+        problems.append(
+            (
+                f"it is of type {rtype}, CAPACITY_RESERVATION_TYPE is {cfg.capacity_reservation_type}",
+                f"set CAPACITY_RESERVATION_TYPE={rtype}",
+            )
+        )
+    if r["InstanceType"] != cfg.instance_type:
+        problems.append(
+            (
+                f"it reserves {r['InstanceType']}, not {cfg.instance_type}",
+                f"set INSTANCE_TYPE={r['InstanceType']}",
+            )
+        )
+    wanted = next((z for z in cfg.availability_zones.split(",") if z), zone)
+    if wanted != zone:
+        fix = f"set AVAILABILITY_ZONES to start with {zone} (empty: the reservation's AZ)"
+        problems.append((f"the GPU node group's AZ is {wanted}, the reservation's {zone}", fix))
+    problems += _count_problem(cfg, r) + _window_problem(r, now)
+    return problems
+
+
+def _count_problem(cfg: Config, r: dict) -> list[tuple[str, str]]:
+    # before a block starts nothing is "available" yet: what it will hold is its total
+    active = r["State"] == "active"
+    count = r["AvailableInstanceCount"] if active else r["TotalInstanceCount"]
+    if count >= cfg.node_count:
+        return []
+    what = "instances available" if active else "instances reserved"
+    return [
+        (f"{count} {what}, {cfg.node_count} needed", f"set NODE_COUNT to at most {count} or reserve more")
+    ]
+
+
+def _window_problem(r: dict, now: datetime) -> list[tuple[str, str]]:
+    """A Capacity Block's nodes exist only between its start and end (its dates decide: EC2's state may lag
+    behind them by minutes); any other reservation must be active."""
+    start, end, state = r.get("StartDate"), r.get("EndDate"), r["State"]
+    if (end and end <= now) or state in ("expired", "cancelled"):
+        ended = f"it ended at {_when(end)}" if end else f"it is {state}"
+        return [(ended, "buy a new Capacity Block (or reservation) and set CAPACITY_RESERVATION_ID")]
+    if start and start > now:
+        hours = (start - now).total_seconds() / 3600
+        starts = f"it starts at {_when(start)} (in {hours:.1f} h); no node launches before"
+        return [(starts, f"run `fsdpctl cluster create` after {_when(start)}")]
+    if state != "active" and not (start and state == "scheduled"):
+        return [(f"state {state}", "wait until EC2 reports it active")]
+    return []
 
 
 def check_existing(cfg: Config, aws: Aws) -> Check:

@@ -463,6 +463,8 @@ def render_clusterconfig(cfg: Config) -> Obj:
         node_count=cfg.node_count,
         efa=cfg.efa_enabled,
         capacity_reservation_id=cfg.capacity_reservation_id,
+        capacity_block=bool(cfg.capacity_reservation_id)
+        and cfg.capacity_reservation_type == "capacity-block",
     )[0]
 
 
@@ -481,6 +483,7 @@ def terraform_vars(cfg: Config) -> dict[str, Any]:
         "instance_type": cfg.instance_type,
         "node_count": cfg.node_count,
         "capacity_reservation_id": cfg.capacity_reservation_id,
+        "capacity_reservation_type": cfg.capacity_reservation_type,
         "efa_enabled": cfg.efa_enabled,
         "efa_interfaces": cfg.instance.efa_interfaces,
         "system_instance_type": cfg.system_instance_type,

@@ -54,13 +54,18 @@ class Settings(BaseModel):
     instance_type: str = _k("p5.48xlarge", "cluster", "GPU node type: " + ", ".join(INSTANCE_TYPES))
     node_count: int = _k(2, "cluster", "GPU nodes in the node group", ge=1, le=64)
     capacity_reservation_id: str = _k(
-        "", "cluster", "On-Demand Capacity Reservation (cr-...)", pattern=r"^(cr-[0-9a-f]{17})?$"
+        "", "cluster", "Capacity Reservation or Capacity Block (cr-...)", pattern=r"^(cr-[0-9a-f]{17})?$"
+    )
+    capacity_reservation_type: Literal["default", "capacity-block"] = _k(
+        "default",
+        "cluster",
+        "its ReservationType: default (On-Demand) or capacity-block (Capacity Blocks for ML)",
     )
     efa_enabled: bool = _k(True, "cluster", "use EFA (vpc.amazonaws.com/efa) between nodes")
     availability_zones: str = _k(
         "",
         "cluster",
-        "comma-separated AZs; the GPU node group uses the first (empty: eksctl picks)",
+        "comma-separated AZs; the GPU node group uses the first (empty: the reservation's, or eksctl's)",
         pattern=AZ_LIST,
     )
     kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")

@@ -24,13 +24,14 @@ P_INSTANCES_QUOTA = ("ec2", "L-417A185B")
 
 def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
     from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.parsers import ResponseParserError
 
     try:
         return fn(**kwargs)
     except ClientError as e:
         err = e.response.get("Error", {})
         raise AwsError(err.get("Code", "ClientError"), err.get("Message", str(e))) from e
-    except BotoCoreError as e:
+    except (BotoCoreError, ResponseParserError) as e:  # the latter: an HTML error page (proxy, emulator)
         raise AwsError(type(e).__name__, str(e)) from e
 
 
@@ -75,6 +76,16 @@ class Aws:
     def capacity_reservation(self, reservation_id: str) -> dict:
         r = _call(self.client("ec2").describe_capacity_reservations, CapacityReservationIds=[reservation_id])
         return r["CapacityReservations"][0]
+
+    def zones(self) -> list[str]:
+        """The region's available AZs (no Local or Wavelength Zones), by name."""
+        r = _call(
+            self.client("ec2").describe_availability_zones,
+            Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}],
+        )
+        return sorted(
+            z["ZoneName"] for z in r["AvailabilityZones"] if z.get("State", "available") == "available"
+        )
 
     def cluster(self, name: str) -> dict | None:
         try:

@@ -30,14 +30,40 @@ app = command_group("The EKS cluster: preflight, status, create and delete (eksc
 ToolOpt = Annotated[str | None, typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")]
 
 
-def _config(ctx: typer.Context, tool: str | None) -> Config:
-    return state(ctx).config(**({"CLUSTER_TOOL": tool} if tool else {}))
+def _config(ctx: typer.Context, tool: str | None, **overrides: str) -> Config:
+    return state(ctx).config(**({"CLUSTER_TOOL": tool} if tool else {}), **overrides)
+
+
+def _in_reservation_zone(ctx: typer.Context, cfg: Config, tool: str | None, dry_run: bool) -> Config:
+    """With a reservation and no AVAILABILITY_ZONES, the GPU node group goes in the reservation's AZ (its
+    nodes launch nowhere else). Without an answer from EC2 a real create stops; the dry run says so and
+    keeps the default zones."""
+    from fsdpctl import cluster
+    from fsdpctl.adapters.aws import AwsError
+
+    if cfg.availability_zones or not cfg.capacity_reservation_id:
+        return cfg
+    try:
+        zones = cluster.reservation_zones(cfg)
+    except AwsError as e:
+        if not dry_run:
+            hint = "set AVAILABILITY_ZONES (the reservation's AZ first) or fix the credentials"
+            raise FsdpctlError(
+                f"could not read the AZ of {cfg.capacity_reservation_id}: {e}", hint=hint
+            ) from e
+        warn(
+            f"could not read the AZ of {cfg.capacity_reservation_id} ({e}); the dry run keeps the default AZs"
+        )
+        return cfg
+    ok(f"AVAILABILITY_ZONES={zones}: the GPU node group goes in {cfg.capacity_reservation_id}'s AZ")
+    return _config(ctx, tool, AVAILABILITY_ZONES=zones)
 
 
 @app.command()
 def check(ctx: typer.Context, output: Output = OutputOpt) -> None:
     """Preflight against AWS: credentials, instance type offered in the AZ, P-instance quota, capacity
-    reservation, a cluster of the same name. Exit 1 on any fail.
+    reservation (type, instance type, AZ, count; a Capacity Block's start and end), a cluster of the same
+    name. Exit 1 on any fail.
 
     Example: fsdpctl --set INSTANCE_TYPE=p4de.24xlarge --set CAPACITY_RESERVATION_ID=cr-0123456789abcdef0
     cluster check
@@ -83,7 +109,7 @@ def create(ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False)
     """
     from fsdpctl import cluster
 
-    cfg = _config(ctx, tool)
+    cfg = _in_reservation_zone(ctx, _config(ctx, tool), tool, dry_run)
     run = cluster.prepare(cfg, "create")
     if dry_run:
         out.print(run.text, markup=False, end="")

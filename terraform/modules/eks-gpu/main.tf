@@ -147,6 +147,13 @@ resource "aws_launch_template" "gpu" {
       }
     }
   }
+  # a Capacity Block for ML launches only with this market type (and the node group's CAPACITY_BLOCK)
+  dynamic "instance_market_options" {
+    for_each = var.capacity_block ? ["capacity-block"] : []
+    content {
+      market_type = instance_market_options.value
+    }
+  }
 }
 
 resource "aws_eks_node_group" "gpu" {
@@ -156,7 +163,7 @@ resource "aws_eks_node_group" "gpu" {
   subnet_ids      = [aws_subnet.private[0].id]
   instance_types  = [var.instance_type]
   ami_type        = "AL2023_x86_64_NVIDIA"
-  capacity_type   = "ON_DEMAND" # an On-Demand Capacity Reservation is targeted by the launch template
+  capacity_type   = var.capacity_block ? "CAPACITY_BLOCK" : "ON_DEMAND" # the reservation: in the launch template
   labels          = { "fsdpctl.io/role" = "gpu" }
   taint {
     key    = "nvidia.com/gpu"

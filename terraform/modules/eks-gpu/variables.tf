@@ -34,6 +34,12 @@ variable "capacity_reservation_id" {
   default     = ""
 }
 
+variable "capacity_block" {
+  description = "capacity_reservation_id is a Capacity Block for ML (launched with market type capacity-block)."
+  type        = bool
+  default     = false
+}
+
 variable "efa_interfaces" {
   description = "EFA interfaces per GPU node (0: none, plain ENA)."
   type        = number
