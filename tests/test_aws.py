@@ -354,3 +354,20 @@ def test_an_on_demand_reservation_has_no_market_options():
     obj = render.render_clusterconfig(load(dotenv={"CAPACITY_RESERVATION_ID": BLOCK_ID}))
     assert "instanceMarketOptions" not in obj["managedNodeGroups"][1]
     assert render.terraform_vars(load(dotenv={}))["capacity_reservation_type"] == "default"
+
+
+def test_create_stops_when_the_reservations_az_cannot_be_read(aws_env, cli, monkeypatch):
+    """moto answers describe_capacity_reservations with HTTP 500 (an HTML page): a real create stops before
+    running anything, naming the setting to set; the dry run warns and keeps the default AZs."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    block = [
+        "--set",
+        f"CAPACITY_RESERVATION_ID={BLOCK_ID}",
+        "--set",
+        "CAPACITY_RESERVATION_TYPE=capacity-block",
+    ]
+    real = cli(*block, "cluster", "create", "--tool", "terraform")
+    assert real.exit_code == 1 and f"could not read the AZ of {BLOCK_ID}" in real.stderr
+    assert "AVAILABILITY_ZONES" in real.stderr and not (cli.home / "clusters/fsdp-eks/create.log").exists()
+    dry = cli(*block, "cluster", "create", "--tool", "terraform", "--dry-run")
+    assert dry.exit_code == 0 and "the dry run keeps the default AZs" in dry.stderr
