@@ -42,6 +42,7 @@ COMMANDS = [
     ["deploy", "etcd"],
     ["deploy", "operator"],
     ["deploy", "plugins"],
+    ["deploy", "storage"],
     ["deploy", "monitoring"],
     ["deploy", "all"],
     ["deploy", "status"],

@@ -56,6 +56,10 @@ def test_status_probes_follow_the_job_kind_and_namespaces():
         ("nvidia-device-plugin-daemonset", "kube-system"),
         ("aws-efa-k8s-device-plugin", "kube-system"),
     ]
+    assert [(p["kind"], p["name"]) for p in v2 if p["component"] == "storage"] == [
+        ("Deployment", "fsx-csi-controller"),
+        ("DaemonSet", "fsx-csi-node"),
+    ]
 
 
 def test_plugins_are_eksctls_manifests_finished_as_eksctl_does_plus_the_gpu_toleration():

@@ -1,9 +1,10 @@
-"""What `fsdpctl deploy` puts on a cluster and how: etcd (fsdpctl's template), the job operator and the
-NVIDIA and EFA device plugins (pinned upstream releases in templates/releases.yaml, read from a mirror or the
-cache and checked by sha256; the plugins patched to tolerate fsdpctl's GPU taint) and monitoring (fsdpctl's
-templates). Building the components reads only the files it is pointed at; applying
-them (unless the cluster holds them already), waiting for readiness and reading what is installed go through
-the Kubernetes adapter; `fetch` fills the cache through the download adapter."""
+"""What `fsdpctl deploy` puts on a cluster and how: etcd (fsdpctl's template), the job operator, the NVIDIA
+and EFA device plugins and the FSx for Lustre CSI driver (pinned upstream releases in templates/releases.yaml,
+read from a mirror or the cache and checked by sha256; the plugins patched to tolerate fsdpctl's GPU taint;
+the driver with a static PV and claim of the settings' file system) and monitoring (fsdpctl's templates).
+Building the components reads only the files it is pointed at; applying them (unless the cluster holds them
+already), waiting for readiness and reading what is installed go through the Kubernetes adapter; `fetch`
+fills the cache through the download adapter."""
 
 from __future__ import annotations
 
@@ -25,11 +26,15 @@ from fsdpctl.settings import Config
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
 
-COMPONENTS = ("etcd", "operator", "plugins", "monitoring")
+COMPONENTS = ("etcd", "operator", "plugins", "storage", "monitoring")
 VERSION_LABEL = "app.kubernetes.io/version"
 PART_OF = "app.kubernetes.io/part-of"
 MONITORING_VERSION = "1"  # of fsdpctl's monitoring bundle; the images inside are pinned in the template
 PLUGINS = "device-plugins"  # its key in templates/releases.yaml
+FSX = "fsx-csi-driver"  # likewise
+FSX_DRIVER = "fsx.csi.aws.com"
+# what kustomize's `namespace:` leaves alone in the FSx base: the cluster-scoped kinds
+CLUSTER_SCOPED = {"CSIDriver", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
 # The taints fsdpctl puts on its GPU node groups (eksctl/clusterconfig.yaml.j2, terraform/modules/eks-gpu) and
 # the label it gives them: the device plugins must tolerate the first, GPU-only DaemonSets select the second.
 GPU_TAINTS = ({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},)
@@ -168,6 +173,80 @@ def plugins(cfg: Config, sources: list[Path]) -> Component:
     return Component("plugins", f"{rel['name']} {rel['version']}", objs, rel["ready"])
 
 
+def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """What the FSx base's kustomization (`namespace: kube-system`) does to an object: namespaced objects and
+    ServiceAccount subjects into `namespace`; and, as the server would, no null fields (the chart renders
+    `terminationGracePeriodSeconds:` empty)."""
+
+    def drop_nulls(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: drop_nulls(x) for k, x in v.items() if x is not None}
+        return [drop_nulls(x) for x in v] if isinstance(v, list) else v
+
+    obj = drop_nulls(obj)
+    if obj["kind"] not in CLUSTER_SCOPED:
+        obj["metadata"]["namespace"] = namespace
+    for subject in obj.get("subjects", []):
+        if subject["kind"] == "ServiceAccount":
+            subject["namespace"] = namespace
+    return obj
+
+
+def fsx_volume(cfg: Config) -> list[dict[str, Any]]:
+    """The static PV of FSX_FILE_SYSTEM_ID and the SHARED_VOLUME claim bound to it, as aws-fsx-csi-driver's
+    examples/kubernetes/static_provisioning writes them (empty storageClassName: no provisioner steps in)."""
+    if not cfg.fsx_file_system_id:
+        return []
+    pv_name = f"{cfg.shared_volume}-{cfg.fsx_file_system_id}"
+    size = f"{cfg.fsx_storage_gib}Gi"
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": size},
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteMany"],
+            "mountOptions": ["flock"],
+            "persistentVolumeReclaimPolicy": "Retain",  # deleting the claim never touches the data
+            "storageClassName": "",
+            "claimRef": {"namespace": cfg.job_namespace, "name": cfg.shared_volume},
+            "csi": {
+                "driver": FSX_DRIVER,
+                "volumeHandle": cfg.fsx_file_system_id,
+                "volumeAttributes": {"dnsname": cfg.fsx_dns_name, "mountname": cfg.fsx_mount_name},
+            },
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": cfg.shared_volume, "namespace": cfg.job_namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": size}},
+            "volumeName": pv_name,
+        },
+    }
+    return [pv, pvc]
+
+
+def storage(cfg: Config, sources: list[Path]) -> Component:
+    """The FSx for Lustre CSI driver (its kustomize base, pinned) and, when the settings name a file system,
+    the job namespace, the PV and the SHARED_VOLUME claim on it."""
+    rel = releases()[FSX]
+    objs = []
+    for entry in rel["files"]:
+        for obj in yaml.safe_load_all(release_file(entry, sources).read_text()):
+            if obj:
+                objs.append(_in_namespace(obj, rel["namespace"]))
+    volume = fsx_volume(cfg)
+    if volume:
+        objs += render.render_namespace(cfg) + volume
+    return Component("storage", f"{rel['name']} {rel['version']}", objs, rel["ready"])
+
+
 def etcd(cfg: Config) -> Component:
     objs = render.render_namespace(cfg) + render.render_etcd(cfg)
     return Component(
@@ -202,6 +281,7 @@ def components(cfg: Config, which: str, sources: list[Path]) -> list[Component]:
         "etcd": lambda: etcd(cfg),
         "operator": lambda: operator(cfg, sources),
         "plugins": lambda: plugins(cfg, sources),
+        "storage": lambda: storage(cfg, sources),
         "monitoring": lambda: monitoring(cfg),
     }
     return [build[n]() for n in names]
@@ -306,6 +386,7 @@ def installed_probes(cfg: Config) -> list[dict[str, str]]:
         for r in rel.get("ready", []) + rel.get("requires", [])
     ]
     probes += [{"component": "plugins", **r} for r in releases()[PLUGINS]["ready"]]
+    probes += [{"component": "storage", **r} for r in releases()[FSX]["ready"]]
     probes += [
         {"component": "monitoring", "kind": k, "namespace": cfg.monitoring_namespace, "name": n}
         for k, n in (("Deployment", "prometheus"), ("Deployment", "grafana"), ("DaemonSet", "dcgm-exporter"))

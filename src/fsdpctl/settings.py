@@ -163,6 +163,15 @@ class Settings(BaseModel):
     shared_volume_path: str = _k(
         "/fsx", "job", "where pods mount SHARED_VOLUME", pattern=r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
     )
+    fsx_file_system_id: str = _k(
+        "",
+        "job",
+        "FSx for Lustre file system (fs-...) `deploy storage` binds SHARED_VOLUME to (empty: no PV or claim)",
+        pattern=r"^(fs-[0-9a-f]{8,17})?$",
+    )
+    fsx_dns_name: str = _k("", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)")
+    fsx_mount_name: str = _k("", "job", "its LustreConfiguration.MountName", pattern=r"^[A-Za-z0-9_]*$")
+    fsx_storage_gib: int = _k(1200, "job", "its StorageCapacity in GiB (the PV's capacity)", ge=1)
     hf_token: SecretStr = _k(
         SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out"
     )
@@ -448,7 +457,22 @@ def _storage_checks(cfg: Config) -> list[str]:
             f"SHARED_VOLUME_PATH={cfg.shared_volume_path!r} overlaps a path the pod already mounts "
             f"({', '.join(reserved)}): use another path, e.g. /fsx"
         )
-    return errors
+    return errors + _fsx_checks(cfg)
+
+
+def _fsx_checks(cfg: Config) -> list[str]:
+    """A static FSx PV needs all three of the file system's names (aws-fsx-csi-driver's static_provisioning
+    example: volumeHandle, dnsname, mountname) and a claim to bind."""
+    if not cfg.fsx_file_system_id:
+        return []
+    missing = [k for k in ("fsx_dns_name", "fsx_mount_name", "shared_volume") if not getattr(cfg, k)]
+    if not missing:
+        return []
+    return [
+        f"FSX_FILE_SYSTEM_ID={cfg.fsx_file_system_id} needs {', '.join(m.upper() for m in missing)}: "
+        "the PV mounts the file system by its DNSName and LustreConfiguration.MountName "
+        "(aws fsx describe-file-systems) and SHARED_VOLUME names the claim bound to it"
+    ]
 
 
 # A local job beyond this many processes per core spends its time switching between them: the collectives

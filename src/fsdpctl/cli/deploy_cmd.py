@@ -1,5 +1,5 @@
-"""fsdpctl deploy etcd|operator|plugins|monitoring|all|status|fetch: what the cluster needs before a job
-runs (the components, the diff, the readiness wait and the cache are `fsdpctl.deploy`'s)."""
+"""fsdpctl deploy etcd|operator|plugins|storage|monitoring|all|status|fetch: what the cluster needs before a
+job runs (the components, the diff, the readiness wait and the cache are `fsdpctl.deploy`'s)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from fsdpctl.deploy import Component
 
 app = command_group(
-    "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2), the device plugins and monitoring on the "
-    "cluster."
+    "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2), the device plugins, the FSx CSI driver "
+    "and monitoring on the cluster."
 )
 
 FromOpt = Annotated[
@@ -106,9 +106,13 @@ HELP = {
     "the GPU taint; on eksctl clusters they patch eksctl's own DaemonSets, on terraform clusters they create "
     "them.\n\n"
     "Example: fsdpctl deploy plugins --from ./mirror",
+    "storage": "The FSx for Lustre CSI driver v1.9.0 (aws-fsx-csi-driver chart 1.17.0's kustomize base, "
+    "sha256-checked) and, when FSX_FILE_SYSTEM_ID is set, a static PersistentVolume of that file system "
+    "(FSX_DNS_NAME, FSX_MOUNT_NAME) and the SHARED_VOLUME claim in JOB_NAMESPACE bound to it.\n\n"
+    "Example: fsdpctl deploy storage --from ./mirror",
     "monitoring": "DCGM exporter, Prometheus, Grafana (with fsdpctl's dashboard), htop and nvtop.\n\n"
     "Example: fsdpctl deploy monitoring --dry-run=server",
-    "all": "etcd, the operator, the device plugins and monitoring, in that order.\n\n"
+    "all": "etcd, the operator, the device plugins, storage and monitoring, in that order.\n\n"
     "Example: fsdpctl deploy all --timeout 900",
 }
 DRY_RUN_NOTE = (
