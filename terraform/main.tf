@@ -17,4 +17,6 @@ module "eks_gpu" {
   endpoint_public_access  = var.endpoint_public_access
   public_access_cidrs     = var.public_access_cidrs
   cluster_log_types       = var.cluster_log_types
+  fsx_storage_gib         = var.fsx_storage_gib
+  fsx_throughput          = var.fsx_throughput
 }

@@ -22,3 +22,18 @@ output "gpu_efa_interfaces" {
   description = "EFA interfaces each GPU node has (0: EFA disabled, plain ENA)."
   value       = module.eks_gpu.gpu_efa_interfaces
 }
+
+output "fsx_file_system_id" {
+  description = "FSX_FILE_SYSTEM_ID for `fsdpctl deploy storage` (null: no file system)."
+  value       = module.eks_gpu.fsx_file_system_id
+}
+
+output "fsx_dns_name" {
+  description = "FSX_DNS_NAME for `fsdpctl deploy storage`."
+  value       = module.eks_gpu.fsx_dns_name
+}
+
+output "fsx_mount_name" {
+  description = "FSX_MOUNT_NAME for `fsdpctl deploy storage`."
+  value       = module.eks_gpu.fsx_mount_name
+}

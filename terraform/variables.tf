@@ -101,3 +101,19 @@ variable "cluster_log_types" {
   type        = list(string)
   default     = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 }
+
+variable "fsx_storage_gib" {
+  description = "Shared FSx for Lustre file system in the GPU nodes' subnet, GiB (1200 or a multiple of 2400); 0: none."
+  type        = number
+  default     = 1200
+}
+
+variable "fsx_throughput" {
+  description = "Its PERSISTENT_2 throughput, MB/s per TiB: 125, 250, 500 or 1000."
+  type        = number
+  default     = 250
+  validation {
+    condition     = contains([125, 250, 500, 1000], var.fsx_throughput)
+    error_message = "fsx_throughput must be 125, 250, 500 or 1000 (PERSISTENT_2)."
+  }
+}

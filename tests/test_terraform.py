@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -119,9 +120,30 @@ def test_validate_and_plan_against_moto(aws_env, cli):
     assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
     plan = tf("plan", "-input=false", "-no-color")
     assert plan.returncode == 0, plan.stderr[-2000:]
-    assert "Plan: 28 to add, 0 to change, 0 to destroy." in plan.stdout
+    assert "Plan: 30 to add, 0 to change, 0 to destroy." in plan.stdout
     assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
     assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5
+    _assert_fsx_planned(plan.stdout)
+
+
+def _assert_fsx_planned(plan: str) -> None:
+    """The shared FSx for Lustre file system (FSX_CREATE, default on) in the GPU node group's subnet, behind a
+    security group open on Lustre's ports, TCP 988 and 1018-1023, to the nodes (REFERENCE.md, FSx for Lustre;
+    aws-fsx-csi-driver: the file system must be in the nodes' AZ and subnet)."""
+    fsx = plan[plan.index("module.eks_gpu.aws_fsx_lustre_file_system.shared[0] will be created") :]
+    fsx = fsx[: fsx.index("\n    }\n")]
+    assert re.search(r"storage_capacity\s+= 1200\n", fsx) and re.search(
+        r'deployment_type\s+= "PERSISTENT_2"', fsx
+    )
+    sg = plan[plan.index("module.eks_gpu.aws_security_group.lustre[0] will be created") :]
+    sg = sg[: sg.index("\n    }\n")]
+    ingress = sg[sg.index("+ ingress") : sg.index("+ name ")]
+    ports = [
+        (re.search(r"from_port\s+= (\d+)", b)[1], re.search(r"to_port\s+= (\d+)", b)[1])  # type: ignore[index]
+        for b in ingress.split("+ {")[1:]
+        if re.search(r'protocol\s+= "tcp"', b)
+    ]
+    assert sorted(ports) == [("1018", "1023"), ("988", "988")], sg
 
 
 # A mock AWS provider for `terraform test`: plan-time values only, so a plan runs without any endpoint.
@@ -259,3 +281,27 @@ def test_plan_launches_a_capacity_block_with_its_market_type(aws_env, cli):
     assert 'availability_zone                              = "us-east-1d"' in plan.stdout
     bad = tf("plan", "-input=false", "-no-color", "-var", "capacity_reservation_type=spot")
     assert bad.returncode == 1 and "capacity_reservation_type: default or capacity-block" in bad.stderr
+
+
+def test_the_file_system_sits_in_the_gpu_node_groups_subnet():
+    """Read from the module (a plan only knows the subnet after apply): the FSx for Lustre file system's only
+    subnet is the GPU node group's, so it is in the nodes' AZ (aws-fsx-csi-driver: the file system must be in
+    the nodes' AZ and subnet), and its security group admits the GPU nodes' security groups."""
+    module = hcl2.load((TF / "modules/eks-gpu/main.tf").open())
+    fsx = hcl2.load((TF / "modules/eks-gpu/fsx.tf").open())
+
+    def resource(doc: dict, kind: str, name: str) -> dict:
+        """hcl2 keeps the quotes of block labels: '"aws_eks_node_group"'."""
+        [body] = [
+            b[f'"{kind}"'][f'"{name}"'] for b in doc["resource"] if f'"{name}"' in b.get(f'"{kind}"', {})
+        ]
+        return body
+
+    gpu = resource(module, "aws_eks_node_group", "gpu")
+    fs = resource(fsx, "aws_fsx_lustre_file_system", "shared")
+    assert fs["subnet_ids"] == gpu["subnet_ids"] == ["${aws_subnet.private[0].id}"]
+    template = resource(module, "aws_launch_template", "gpu")
+    node_groups = template["dynamic"][0]['"network_interfaces"']["content"][0]["security_groups"]
+    lustre = resource(fsx, "aws_security_group", "lustre")
+    rules = lustre["dynamic"][0]['"ingress"']["content"][0]
+    assert rules["security_groups"] == node_groups and rules["self"] is True

@@ -487,6 +487,7 @@ def terraform_vars(cfg: Config) -> dict[str, Any]:
         "efa_enabled": cfg.efa_enabled,
         "efa_interfaces": cfg.instance.efa_interfaces,
         "system_instance_type": cfg.system_instance_type,
+        "fsx_storage_gib": cfg.fsx_storage_gib if cfg.fsx_create else 0,
     }
 
 

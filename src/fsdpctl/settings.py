@@ -172,6 +172,12 @@ class Settings(BaseModel):
     fsx_dns_name: str = _k("", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)")
     fsx_mount_name: str = _k("", "job", "its LustreConfiguration.MountName", pattern=r"^[A-Za-z0-9_]*$")
     fsx_storage_gib: int = _k(1200, "job", "its StorageCapacity in GiB (the PV's capacity)", ge=1)
+    fsx_create: bool = _k(
+        True,
+        "cluster",
+        "cluster create --tool terraform makes an FSX_STORAGE_GIB FSx for Lustre file system in the GPU "
+        "nodes' subnet (its id, DNS name and mount name are terraform outputs)",
+    )
     hf_token: SecretStr = _k(
         SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out"
     )

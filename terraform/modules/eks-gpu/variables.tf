@@ -69,3 +69,13 @@ variable "cluster_log_types" {
   description = "EKS control plane logs sent to CloudWatch."
   type        = list(string)
 }
+
+variable "fsx_storage_gib" {
+  description = "FSx for Lustre file system size in GiB (PERSISTENT_2: 1200 or a multiple of 2400); 0: none."
+  type        = number
+}
+
+variable "fsx_throughput" {
+  description = "FSx for Lustre PERSISTENT_2 throughput, MB/s per TiB: 125, 250, 500 or 1000."
+  type        = number
+}
