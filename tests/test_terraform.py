@@ -13,6 +13,7 @@ from pathlib import Path
 
 import hcl2
 import pytest
+import yaml
 
 from conftest import ROOT
 from fsdpctl import render
@@ -124,6 +125,24 @@ def test_validate_and_plan_against_moto(aws_env, cli):
     assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
     assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5
     _assert_fsx_planned(plan.stdout)
+    _assert_raid0_user_data(plan.stdout)
+
+
+def _assert_raid0_user_data(plan: str) -> None:
+    """Local NVMe (REFERENCE.md, last section): the GPU launch template's user data, as the plan shows it
+    (base64), is a MIME multi-part whose application/node.eks.aws part is an AL2023 nodeadm NodeConfig
+    (node.eks.aws/v1alpha1) asking for the instance store as RAID0 (spec.instance.localStorage.strategy)."""
+    import base64
+    import email
+
+    template = plan[plan.index("module.eks_gpu.aws_launch_template.gpu will be created") :]
+    [encoded] = re.findall(r'\+ user_data\s+= "([A-Za-z0-9+/=]+)"', template[: template.index("\n    }\n")])
+    message = email.message_from_string(base64.b64decode(encoded).decode())
+    assert message.is_multipart()
+    [part] = [p for p in message.walk() if p.get_content_type() == "application/node.eks.aws"]
+    node_config = yaml.safe_load(part.get_payload())
+    assert (node_config["apiVersion"], node_config["kind"]) == ("node.eks.aws/v1alpha1", "NodeConfig")
+    assert node_config["spec"] == {"instance": {"localStorage": {"strategy": "RAID0"}}}
 
 
 def _assert_fsx_planned(plan: str) -> None:

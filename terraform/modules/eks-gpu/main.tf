@@ -113,6 +113,7 @@ resource "aws_placement_group" "gpu" {
 
 resource "aws_launch_template" "gpu" {
   name_prefix = "${var.cluster_name}-gpu-"
+  user_data   = base64encode(local.gpu_user_data) # nvme.tf: instance store as RAID0
   placement {
     group_name = aws_placement_group.gpu.name
   }
