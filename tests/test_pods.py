@@ -219,4 +219,6 @@ def test_a_node_cut_off_fails_the_group_within_the_collective_timeout_and_it_res
     final = finish(env)
     resumed_at = assert_resumed_like(env, reference, final)
     assert f"step-{resumed_at:08d}" == last  # the checkpoint that was whole during the cut
-    assert "failed (exitcode: 1)" in (log0.parent / "node-1.log").read_text()  # both nodes restarted
+    # node 1 took part in the new round: its own worker failed, or its agent saw the group change first
+    # ("will restart worker group", torch elastic/agent/server/api.py): either way, a 2nd rendezvous
+    assert (log0.parent / "node-1.log").read_text().count("Rendezvous complete for workers") >= 2
