@@ -86,8 +86,18 @@ def land(peer, k: Kube, obj: dict, create: bool = False) -> None:
     assert wrong.value.status == 404, other
 
 
+FS_ID = "fs-0199e5a63bd90f796"  # upstream's static_provisioning_pv.yaml
+# what adds objects: a hub model (the pre-step Job) and a file system (deploy storage: CSI driver, PV, claim)
+EVERYTHING = {
+    "PRETRAINED": "org/tiny-llama",
+    "FSX_FILE_SYSTEM_ID": FS_ID,
+    "FSX_DNS_NAME": f"{FS_ID}.fsx.us-west-2.amazonaws.com",
+    "FSX_MOUNT_NAME": "abcdefgh",
+}
+
+
 def config(**more: str):
-    settings = {"BACKEND": "eks", "CHECKPOINT_PVC": "fsx-claim", **more}
+    settings = {"BACKEND": "eks", "CHECKPOINT_PVC": "fsx-claim", **EVERYTHING, **more}
     return load(flags=settings)
 
 
@@ -112,6 +122,7 @@ def test_everything_fsdpctl_creates_lands_where_discovery_says(peer):
         ("v1", "Namespace"),
     } <= landed
     assert ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime") in landed  # cluster-scoped custom kind
+    assert {("batch/v1", "Job"), ("v1", "PersistentVolume"), ("storage.k8s.io/v1", "CSIDriver")} <= landed
     assert ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") in landed
     for ds in deploy.plugins(config(), [VENDOR]).objects:  # part of "all", under eksctl's names
         assert k.get("apps/v1", "DaemonSet", ds["metadata"]["name"], "kube-system") is not None
