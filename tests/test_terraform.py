@@ -121,7 +121,7 @@ def test_validate_and_plan_against_moto(aws_env, cli):
     assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
     plan = tf("plan", "-input=false", "-no-color")
     assert plan.returncode == 0, plan.stderr[-2000:]
-    assert "Plan: 30 to add, 0 to change, 0 to destroy." in plan.stdout
+    assert "Plan: 31 to add, 0 to change, 0 to destroy." in plan.stdout  # FSx: file system, its key, SG
     assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
     assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5
     _assert_fsx_planned(plan.stdout)

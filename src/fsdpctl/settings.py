@@ -23,6 +23,7 @@ from fsdptrain.config import ConfigError, TrainConfig, parse_value, with_model_d
 from fsdptrain.shapes import job_mesh_shape
 
 # value shapes the settings accept
+FSX_DNS = r"^(fs-[0-9a-f]{8,17}\.fsx\.[a-z]{2}(-gov)?-[a-z]+-\d\.amazonaws\.com(\.cn)?)?$"
 AZ_LIST = r"^([a-z]{2}(-gov)?-[a-z]+-\d[a-z](,[a-z]{2}(-gov)?-[a-z]+-\d[a-z])*)?$"
 EC2_TYPE = r"^[a-z0-9-]+\.[a-z0-9]+$"
 REGISTRY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$"
@@ -169,7 +170,7 @@ class Settings(BaseModel):
         "FSx for Lustre file system (fs-...) `deploy storage` binds SHARED_VOLUME to (empty: no PV or claim)",
         pattern=r"^(fs-[0-9a-f]{8,17})?$",
     )
-    fsx_dns_name: str = _k("", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)")
+    fsx_dns_name: str = _k("", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)", pattern=FSX_DNS)
     fsx_mount_name: str = _k("", "job", "its LustreConfiguration.MountName", pattern=r"^[A-Za-z0-9_]*$")
     fsx_storage_gib: int = _k(1200, "job", "its StorageCapacity in GiB (the PV's capacity)", ge=1)
     fsx_create: bool = _k(

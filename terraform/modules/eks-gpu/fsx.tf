@@ -27,11 +27,21 @@ resource "aws_security_group" "lustre" {
   }
 }
 
+# encryption at rest under a key of the cluster's own (rotated), as the Secrets are
+resource "aws_kms_key" "fsx" {
+  count                   = var.fsx_storage_gib > 0 ? 1 : 0
+  description             = "${var.cluster_name}: FSx for Lustre encryption at rest"
+  enable_key_rotation     = true
+  deletion_window_in_days = 7
+  policy                  = data.aws_iam_policy_document.secrets_key.json
+}
+
 resource "aws_fsx_lustre_file_system" "shared" {
   count                       = var.fsx_storage_gib > 0 ? 1 : 0
   storage_capacity            = var.fsx_storage_gib
   subnet_ids                  = [aws_subnet.private[0].id] # the GPU node group's subnet
   security_group_ids          = [aws_security_group.lustre[0].id]
+  kms_key_id                  = aws_kms_key.fsx[0].arn
   deployment_type             = "PERSISTENT_2"
   per_unit_storage_throughput = var.fsx_throughput
   data_compression_type       = "LZ4"
