@@ -230,6 +230,7 @@ def test_a_gated_model_with_a_granted_token_from_a_file(cli, hub):
     assert TOKEN not in r.output and (cache(cli) / "models--acme--llama-gated" / "refs" / "main").is_file()
 
 
+@pytest.mark.slow  # starts the fetch program or the trainer as processes of their own
 def test_an_interrupted_download_stays_invisible_until_the_next_fetch_finishes_it(cli, hub):
     hub.cut.add("model.safetensors")  # the connection drops half-way, every time
     r = cli("model", "fetch", MODEL)
@@ -258,6 +259,7 @@ def offline_load(hf_home: Path, what: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # starts the fetch program or the trainer as processes of their own
 def test_data_fetch_then_the_trainer_streams_the_snapshot_offline(cli, hub, assets):
     r = cli("data", "fetch", "org/corpus", "--to", "hf")
     assert r.exit_code == 0, r.output
@@ -301,6 +303,7 @@ def run_fetch(hf_home: Path, marker: Path, **env: str) -> subprocess.CompletedPr
     return subprocess.run(argv, env=full, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # starts the fetch program or the trainer as processes of their own
 def test_the_prestep_program_tells_its_verdict_in_the_marker(hub, tmp_path):
     p = run_fetch(tmp_path / "hf", tmp_path / "ok.json", PRETRAINED=MODEL, DATASET="org/corpus")
     assert p.returncode == 0, p.stderr
@@ -332,6 +335,7 @@ def test_the_wait_is_a_file_poll_without_a_timeout(tmp_path):
         fetch.wait_for_marker(marker, say=said.append)
 
 
+@pytest.mark.slow  # starts the fetch program or the trainer as processes of their own
 def test_without_a_prestep_local_rank_0_downloads_for_its_node_before_any_process_group(hub, tmp_path):
     """`torchrun -m fsdptrain` with a hub id and no pre-step: the node's download runs in a child process
     before the process group, then the trainer is offline."""
