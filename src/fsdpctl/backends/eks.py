@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
-from fsdpctl import kjobs, render
-from fsdpctl.backends import Started, remember
+from fsdpctl import deploy, kjobs, kstatus, render
+from fsdpctl.backends import FINAL, Started, remember
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.jobs import secret_env
 from fsdpctl.settings import Config
@@ -50,7 +50,35 @@ class EksBackend:
         return Started(cfg.job_name, started["run_id"], where)
 
     def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]:
-        return {**kjobs.report(self.kube, self.cfg, name, stall_after), "backend": "eks"}
+        r = {**kjobs.report(self.kube, self.cfg, name, stall_after), "backend": "eks"}
+        if r["phase"] not in FINAL:  # an ended job's pods hold no devices; its nodes may be gone
+            r["gpu_nodes"] = self.gpu_nodes(name)
+            if r["gpu_nodes"] is not None:
+                selector = render.node_selector(self.cfg)
+                r["problems"] += kstatus.node_problems(r["gpu_nodes"], selector)
+        return r
+
+    def gpu_nodes(self, name: str) -> list[dict[str, Any]] | None:
+        """The GPU nodes the job's pods run on or wait for, each with whether the device plugins made the
+        GPUs and EFA interfaces a pod asks for allocatable (deploy status's per-node rows, narrowed to the
+        job). None where this identity may not list nodes (they are cluster-scoped: RBAC often says no)."""
+        from fsdpctl.adapters.kube import KubeError
+
+        pods = kjobs.pods_of(self.kube, self.cfg, name)
+        try:
+            nodes = self.kube.list("v1", "Node")
+        except KubeError as e:
+            if e.status in (401, 403):
+                return None
+            with kjobs.calls(self.cfg, "listing nodes"):
+                raise
+        mine = kstatus.job_nodes(nodes, pods, render.node_selector(self.cfg))
+        limits = render.pod_resources(self.cfg)[1]
+        wants = kstatus.device_requests(pods) or {
+            r: int(n) for r, n in limits.items() if r in kstatus.PLUGIN_OF
+        }
+        rows = deploy.node_rows(mine, efa="vpc.amazonaws.com/efa" in wants)
+        return kstatus.gpu_node_fit(rows, mine, wants, pods)
 
     def logs(
         self, name: str, *, follow: bool, all_: bool, node: int | None, pod: str | None

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fsdpctl import prestep
+from fsdpctl import kstatus, prestep
 from fsdpctl.backends import FINAL, Backend
 from fsdpctl.cli.common import err, ok, out, warn
 from fsdpctl.errors import ExitCode
@@ -91,12 +91,25 @@ def outcome(backend: Backend, name: str, r: dict[str, Any] | None) -> int:
         warn(f"job {name} stopped at step {r['step']}; `fsdpctl job run` resumes from {resume}")
         return ExitCode.JOB_STOPPED
     err.print(f"[red]✗[/] job {name} {r['phase']}" + (f": {redact(r['reason'])}" if r.get("reason") else ""))
+    if r.get("failure"):
+        err.print("  " + redact(failure_line(r["failure"])), markup=False)
     lines = backend.tail(name, FAILURE_LINES)
+    where = (r.get("failure") or {}).get("log") or r.get("leader_log")
     if lines:
-        err.print(f"last lines of {r['leader_log']}:", markup=False)
+        err.print(f"last lines of {where}:" if where else "last lines of its log:", markup=False)
         for line in lines:
             err.print("  " + redact(line), markup=False)
     return ExitCode.JOB_FAILED
+
+
+def failure_line(f: dict[str, Any]) -> str:
+    """Why the job failed in one line: the failing rank's first error line, where it is, and what ended
+    the rank when that differs (torchrun's root cause)."""
+    who = f"rank {f['rank']} on node {f['node']}" if f.get("rank") is not None else f"node {f['node']}"
+    at = f" ({f['log']}:{f['line']})" if f.get("line") else ""
+    error = f.get("error") or "no error line in its log"
+    ended = f"; it ended with {f['raised']}" if f.get("raised") and f["raised"] != f.get("error") else ""
+    return f"{who}: {error}{at}{ended}"
 
 
 def summary_table(r: dict[str, Any]) -> Table:
@@ -134,6 +147,10 @@ def status_table(r: dict[str, Any]) -> Table:
         t.add_row("pre-step", prestep.describe(r["prestep"]))
     if r.get("network"):
         t.add_row("network", r["network"])
+    for i, node in enumerate(r.get("gpu_nodes") or []):
+        t.add_row("GPU nodes" if i == 0 else "", kstatus.describe_node(node))
+    if r.get("failure"):
+        t.add_row("error", failure_line(r["failure"]))
     t.add_row("checkpoint", r.get("checkpoint") or "-")
     t.add_row("leader log", r.get("leader_log") or "-")
     return t
@@ -149,6 +166,8 @@ def print_status(r: dict[str, Any], stall_after: float) -> None:
 
 def list_table(reports: list[dict[str, Any]]) -> Table:
     t = Table("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
+    for column in t.columns[:4]:  # names and run ids are folded on a narrow terminal, never cut
+        column.overflow = "fold"
     for r in reports:
         where = r.get("backend", "-") + (f"/{r['kind']}" if r.get("kind") else "")
         nodes = _nodes_cell(r).split("; pods: ")[-1]
