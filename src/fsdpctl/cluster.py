@@ -4,11 +4,14 @@ create or delete it, and what AWS reports about it. The commands run through the
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl import render
+from fsdpctl import fsx, render
 from fsdpctl.adapters import eksctl, terraform
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
@@ -108,3 +111,169 @@ def _nodegroup(g: dict[str, Any]) -> dict[str, Any]:
         "min": scaling.get("minSize"),
         "max": scaling.get("maxSize"),
     }
+
+
+# ---- the shared FSx for Lustre file system (eksctl: made and deleted here through boto3) ------------------
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """How long and how often `cluster create|delete` polls FSx for a file system's state."""
+
+    limit_s: float
+    poll_s: float
+    sleep: Callable[[float], None] = time.sleep
+
+
+# FSx takes minutes (often 10-20) to make a PERSISTENT_2 file system and some minutes to delete one
+FSX_WAITING = Waiting(limit_s=45 * 60, poll_s=30.0)
+
+
+def gpu_nodegroup(cfg: Config) -> str:
+    return f"gpu-{cfg.instance_type.split('.')[0]}"  # render_clusterconfig's GPU node group name
+
+
+def fsx_plan(cfg: Config, aws: Aws) -> fsx.Plan:
+    """Where the file system goes, read from the cluster and GPU node group eksctl made."""
+    found = aws.cluster(cfg.cluster_name)
+    group = aws.nodegroup(cfg.cluster_name, gpu_nodegroup(cfg)) if found else None
+    if found is None or group is None:
+        what = f"node group {gpu_nodegroup(cfg)} in " if found else ""
+        raise FsdpctlError(
+            f"no {what}cluster {cfg.cluster_name} in {cfg.aws_region}: nowhere to put FSx for Lustre",
+            hint="`fsdpctl cluster create` makes the cluster first",
+        )
+    template = group.get("launchTemplate") or {}
+    groups = aws.launch_template_groups(template) if template.get("id") else []
+    ids = [*found.get("resourcesVpcConfig", {}).get("subnetIds", []), *group.get("subnets", [])]
+    subnets = aws.subnets(list(dict.fromkeys(ids)))
+    return fsx.plan(cfg.cluster_name, cfg.fsx_storage_gib, found, group, subnets, groups)
+
+
+def fsx_placeholder_plan(cfg: Config) -> fsx.Plan:
+    """The plan a dry run shows before eksctl made the cluster: what eksctl will choose is named."""
+    return fsx.Plan(
+        cluster=cfg.cluster_name,
+        vpc_id="<the cluster's VPC>",
+        zone="<the GPU node group's AZ>",
+        subnet_id=f"<a private subnet of node group {gpu_nodegroup(cfg)}>",
+        client_groups=("<the cluster security group>", f"<the security groups of {gpu_nodegroup(cfg)}>"),
+        storage_gib=cfg.fsx_storage_gib,
+    )
+
+
+def fsx_requests(p: fsx.Plan, group_id: str, key_arn: str) -> list[tuple[str, dict[str, Any]]]:
+    """The AWS calls that make the file system, in order (for the dry run)."""
+    alias = fsx.key_alias(p.cluster)
+    return [
+        ("ec2 CreateSecurityGroup", p.security_group_request()),
+        ("ec2 AuthorizeSecurityGroupIngress", p.ingress_request(group_id)),
+        ("kms CreateKey", p.key_request()),
+        ("kms EnableKeyRotation", {"KeyId": "<the new key>"}),
+        ("kms CreateAlias", {"AliasName": alias, "TargetKeyId": "<the new key>"}),
+        ("fsx CreateFileSystem", p.file_system_request(group_id, key_arn)),
+    ]
+
+
+def fsx_of_cluster(cfg: Config, aws: Aws | None = None) -> list[dict[str, Any]]:
+    """The cluster's file systems: tagged for it in FSx (eksctl), in terraform's state (offline)."""
+    if cfg.cluster_tool == "terraform":
+        return terraform_file_systems(workdir(cfg) / "terraform")
+    return [f for f in (aws or connect(cfg)).lustre_file_systems() if fsx.is_ours(f, cfg.cluster_name)]
+
+
+def terraform_file_systems(tf_dir: Path) -> list[dict[str, Any]]:
+    """aws_fsx_lustre_file_system instances in terraform's local state, as FSx names their fields."""
+    path = tf_dir / terraform.STATE_FILE
+    if not path.is_file() or not path.read_text().strip():
+        return []
+    found = []
+    for r in json.loads(path.read_text()).get("resources", []):
+        if r.get("mode") == "managed" and r.get("type") == "aws_fsx_lustre_file_system":
+            for inst in r.get("instances", []):
+                attrs = inst.get("attributes", {})
+                found.append(
+                    {"FileSystemId": attrs.get("id"), "StorageCapacity": attrs.get("storage_capacity")}
+                )
+    return found
+
+
+def ensure_fsx(cfg: Config, say: Say, waiting: Waiting | None = None) -> dict[str, Any]:
+    """The cluster's file system, AVAILABLE: the one tagged for it if there is one (a rerun makes no second),
+    else a new one with its security group and KMS key (each reused when a half-done run left it)."""
+    aws, waiting = connect(cfg), waiting or FSX_WAITING
+    existing = fsx_of_cluster(cfg, aws)
+    if existing:
+        fs = existing[0]
+        say(f"FSx for Lustre {fs['FileSystemId']} of {cfg.cluster_name} exists ({fs.get('Lifecycle')})")
+        return wait_available(aws, fs, say, waiting)
+    p = fsx_plan(cfg, aws)
+    group = aws.security_group(p.vpc_id, fsx.group_name(cfg.cluster_name))
+    if group:
+        aws.authorize_ingress(p.ingress_request(group))  # its rules converge to the plan's
+    else:
+        group = aws.create_security_group(p.security_group_request(), p.ingress_request)
+    alias = fsx.key_alias(cfg.cluster_name)
+    key = aws.kms_key(alias) or aws.create_kms_key(p.key_request(), alias)
+    fs = aws.create_file_system(p.file_system_request(group, key))
+    say(f"creating FSx for Lustre {fs['FileSystemId']} ({p.storage_gib} GiB) in {p.subnet_id} ({p.zone})")
+    return wait_available(aws, fs, say, waiting)
+
+
+def wait_available(aws: Aws, fs: dict[str, Any], say: Say, waiting: Waiting) -> dict[str, Any]:
+    fs_id, waited = fs["FileSystemId"], 0.0
+    while fs.get("Lifecycle") != fsx.READY:
+        if fs.get("Lifecycle") in fsx.FAILED:
+            why = fs.get("FailureDetails", {}).get("Message", "no reason given")
+            raise FsdpctlError(
+                f"FSx for Lustre {fs_id} is {fs['Lifecycle']}: {why}",
+                hint="`fsdpctl cluster delete` removes it; check the subnet and security group, then create",
+            )
+        if waited >= waiting.limit_s:
+            raise FsdpctlError(
+                f"FSx for Lustre {fs_id} is still {fs.get('Lifecycle')} after {waited / 60:.0f} min",
+                hint="run `fsdpctl cluster create` again later: it waits for the same file system",
+            )
+        say(f"FSx for Lustre {fs_id}: {fs.get('Lifecycle') or 'no state yet'} ({waited:.0f} s)")
+        waiting.sleep(waiting.poll_s)
+        waited += waiting.poll_s
+        found = aws.file_system(fs_id)
+        if found is None:
+            raise FsdpctlError(f"FSx for Lustre {fs_id} disappeared while being created", hint="create again")
+        fs = found
+    return fs
+
+
+def delete_fsx(
+    cfg: Config, file_systems: list[dict[str, Any]], say: Say, waiting: Waiting | None = None
+) -> None:
+    """Before `eksctl delete cluster`: the file systems (waiting until FSx has released their network
+    interfaces in the cluster's subnets), then the Lustre security group (its rules name the cluster's
+    security group), then the KMS key is scheduled for deletion. Either left behind makes CloudFormation's
+    delete of eksctl's VPC stack fail with DependencyViolation."""
+    aws, waiting = connect(cfg), waiting or FSX_WAITING
+    for fs in file_systems:
+        aws.delete_file_system(fs["FileSystemId"])
+        say(f"deleting FSx for Lustre {fs['FileSystemId']}")
+    for fs in file_systems:
+        waited = 0.0
+        while aws.file_system(fs["FileSystemId"]) is not None:
+            if waited >= waiting.limit_s:
+                raise FsdpctlError(
+                    f"FSx for Lustre {fs['FileSystemId']} still exists after {waited / 60:.0f} min",
+                    hint="run `fsdpctl cluster delete` again: eksctl cannot delete the VPC before it is gone",
+                )
+            waiting.sleep(waiting.poll_s)
+            waited += waiting.poll_s
+    for group in aws.tagged_security_groups(fsx.TAG_KEY, cfg.cluster_name):
+        aws.delete_security_group(group["GroupId"])
+        say(f"deleted security group {group['GroupId']} ({group.get('GroupName')})")
+    if arn := aws.schedule_key_deletion(fsx.key_alias(cfg.cluster_name), fsx.KMS_DELETION_DAYS):
+        say(f"KMS key {arn} scheduled for deletion in {fsx.KMS_DELETION_DAYS} days")
+
+
+def fsx_leftovers(cfg: Config, aws: Aws | None = None) -> list[str]:
+    """The security groups tagged for the cluster (what delete_fsx removes besides file systems), by id."""
+    return [g["GroupId"] for g in (aws or connect(cfg)).tagged_security_groups(fsx.TAG_KEY, cfg.cluster_name)]

@@ -130,3 +130,129 @@ class Aws:
         data = _call(self.client("ecr").get_authorization_token)["authorizationData"][0]
         user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
         return user, password
+
+    # ---- the shared FSx for Lustre file system of an eksctl cluster (fsdpctl.fsx plans the requests) ----
+
+    def nodegroup(self, cluster: str, name: str) -> dict | None:
+        try:
+            return _call(self.client("eks").describe_nodegroup, clusterName=cluster, nodegroupName=name)[
+                "nodegroup"
+            ]
+        except AwsError as e:
+            if e.aws_code == "ResourceNotFoundException":
+                return None
+            raise
+
+    def subnets(self, ids: list[str]) -> list[dict]:
+        return _call(self.client("ec2").describe_subnets, SubnetIds=ids)["Subnets"] if ids else []
+
+    def launch_template_groups(self, template: dict) -> list[str]:
+        """The security groups a node group's launch template gives its nodes (eksctl: the shared node group,
+        EFA's; on the primary interface when EFA interfaces are listed)."""
+        version = str(template.get("version") or "$Default")
+        r = _call(
+            self.client("ec2").describe_launch_template_versions,
+            LaunchTemplateId=template["id"],
+            Versions=[version],
+        )
+        data = r["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+        groups = list(data.get("SecurityGroupIds", []))
+        for nic in data.get("NetworkInterfaces", []):
+            groups += nic.get("Groups", [])
+        return groups
+
+    def lustre_file_systems(self) -> list[dict]:
+        fsx = self.client("fsx")
+        found: list[dict] = []
+        token: dict[str, str] = {}
+        while True:
+            r = _call(fsx.describe_file_systems, **token)
+            found += [f for f in r["FileSystems"] if f.get("FileSystemType") == "LUSTRE"]
+            if not r.get("NextToken"):
+                return found
+            token = {"NextToken": r["NextToken"]}
+
+    def file_system(self, fs_id: str) -> dict | None:
+        """None once it is gone (FSx answers FileSystemNotFound)."""
+        try:
+            found = _call(self.client("fsx").describe_file_systems, FileSystemIds=[fs_id])["FileSystems"]
+        except AwsError as e:
+            if e.aws_code == "FileSystemNotFound":
+                return None
+            raise
+        return found[0] if found else None
+
+    def create_file_system(self, request: dict) -> dict:
+        return _call(self.client("fsx").create_file_system, **request)["FileSystem"]
+
+    def delete_file_system(self, fs_id: str) -> None:
+        try:
+            _call(self.client("fsx").delete_file_system, FileSystemId=fs_id)
+        except AwsError as e:
+            if e.aws_code != "FileSystemNotFound":
+                raise
+
+    def security_group(self, vpc_id: str, name: str) -> str | None:
+        r = _call(
+            self.client("ec2").describe_security_groups,
+            Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "group-name", "Values": [name]}],
+        )
+        return r["SecurityGroups"][0]["GroupId"] if r["SecurityGroups"] else None
+
+    def tagged_security_groups(self, key: str, value: str) -> list[dict]:
+        r = _call(
+            self.client("ec2").describe_security_groups, Filters=[{"Name": f"tag:{key}", "Values": [value]}]
+        )
+        return r["SecurityGroups"]
+
+    def create_security_group(self, request: dict, ingress: Callable[[str], dict]) -> str:
+        """The group with its ingress rules; rules already there (a rerun) are kept."""
+        group_id = _call(self.client("ec2").create_security_group, **request)["GroupId"]
+        self.authorize_ingress(ingress(group_id))
+        return group_id
+
+    def authorize_ingress(self, request: dict) -> None:
+        try:
+            _call(self.client("ec2").authorize_security_group_ingress, **request)
+        except AwsError as e:
+            if e.aws_code != "InvalidPermission.Duplicate":
+                raise
+
+    def delete_security_group(self, group_id: str) -> None:
+        try:
+            _call(self.client("ec2").delete_security_group, GroupId=group_id)
+        except AwsError as e:
+            if e.aws_code != "InvalidGroup.NotFound":
+                raise
+
+    def kms_key(self, alias: str) -> str | None:
+        """The ARN of the key behind `alias`; None without one or when it is scheduled for deletion."""
+        meta = self._key(alias)
+        return meta["Arn"] if meta else None
+
+    def _key(self, alias: str) -> dict | None:
+        try:
+            meta = _call(self.client("kms").describe_key, KeyId=alias)["KeyMetadata"]
+        except AwsError as e:
+            if e.aws_code == "NotFoundException":
+                return None
+            raise
+        return None if meta.get("KeyState") == "PendingDeletion" else meta
+
+    def create_kms_key(self, request: dict, alias: str) -> str:
+        """A symmetric key with yearly rotation, named by `alias` (how a rerun finds it)."""
+        kms = self.client("kms")
+        meta = _call(kms.create_key, **request)["KeyMetadata"]
+        _call(kms.enable_key_rotation, KeyId=meta["KeyId"])
+        _call(kms.create_alias, AliasName=alias, TargetKeyId=meta["KeyId"])
+        return meta["Arn"]
+
+    def schedule_key_deletion(self, alias: str, days: int) -> str | None:
+        """Schedules the key behind `alias` for deletion and removes the alias; None when there is none."""
+        meta = self._key(alias)
+        if meta is None:
+            return None
+        kms = self.client("kms")
+        _call(kms.schedule_key_deletion, KeyId=meta["KeyId"], PendingWindowInDays=days)
+        _call(kms.delete_alias, AliasName=alias)
+        return meta["Arn"]

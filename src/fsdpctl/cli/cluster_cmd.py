@@ -102,8 +102,10 @@ def _print_status(data: dict[str, Any]) -> None:
 def create(ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False) -> None:
     """Create the EKS cluster with eksctl (rendered ClusterConfig) or terraform (terraform/ + tfvars).
 
-    With eksctl an existing cluster is left alone; terraform converges to the settings. The dry run writes
-    the tool's input and prints it, then the commands.
+    With eksctl an existing cluster is left alone; terraform converges to the settings. With FSX_CREATE both
+    make the shared FSx for Lustre file system: terraform as a resource (its outputs), eksctl's through the
+    AWS API once the cluster is up (one tagged for the cluster is reused), printing the FSX_* settings for
+    `deploy storage`. The dry run writes the tool's input and prints it, then the commands and AWS requests.
 
     Example: fsdpctl cluster create --tool terraform --dry-run
     """
@@ -111,17 +113,55 @@ def create(ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False)
 
     cfg = _in_reservation_zone(ctx, _config(ctx, tool), tool, dry_run)
     run = cluster.prepare(cfg, "create")
+    existing = None
+    fsx_on = cfg.cluster_tool == "eksctl" and cfg.fsx_create
     if dry_run:
         out.print(run.text, markup=False, end="")
     elif cfg.cluster_tool == "eksctl" and (existing := cluster.find(cfg)):
-        ok(f"cluster {cfg.cluster_name} already exists ({existing['status']}); nothing to do")
-        return
-    for cmd in run.commands:
+        then = "its FSx file system next" if fsx_on else "nothing to do"
+        ok(f"cluster {cfg.cluster_name} already exists ({existing['status']}); {then}")
+    for cmd in [] if existing else run.commands:
         run_tool(cmd, run.log, dry_run=dry_run, comment=True, hint="`fsdpctl cluster check` for preflight")
+    if fsx_on and dry_run:
+        _fsx_dry_run(cfg)
+    elif fsx_on:
+        _fsx_create(cfg)
     if dry_run:
         ok(f"dry run: {run.tool_input} written; nothing created")
-    else:
+    elif not existing:
         ok(f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status")
+
+
+def _fsx_dry_run(cfg: Config) -> None:
+    """The AWS requests that would make the file system, as `# ` comments after the ClusterConfig: planned
+    from the cluster when it exists (read only), else with eksctl's future choices named."""
+    import json
+
+    from fsdpctl import cluster
+    from fsdpctl.adapters.aws import AwsError
+
+    plan = cluster.fsx_placeholder_plan(cfg)
+    try:
+        if cluster.find(cfg):
+            if found := cluster.fsx_of_cluster(cfg):
+                ok(f"dry run: FSx for Lustre {found[0]['FileSystemId']} of {cfg.cluster_name} exists; reused")
+                return
+            plan = cluster.fsx_plan(cfg, cluster.connect(cfg))
+    except AwsError as e:
+        warn(f"could not read cluster {cfg.cluster_name} ({e}); the requests name what eksctl will choose")
+    for call, request in cluster.fsx_requests(plan, "<the new security group>", "<the new key's ARN>"):
+        out.print(f"# aws {call} {json.dumps(request)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _fsx_create(cfg: Config) -> None:
+    """The file system, AVAILABLE, and the settings `deploy storage` needs (stdout, .env lines)."""
+    from fsdpctl import cluster, fsx
+
+    fs = cluster.ensure_fsx(cfg, ok)
+    settings = fsx.settings(fs)
+    for key, value in settings.items():
+        out.print(f"{key}={value}", markup=False, highlight=False)
+    ok(f"FSx for Lustre {fs['FileSystemId']} AVAILABLE; add the lines above to .env for `deploy storage`")
 
 
 @app.command()
@@ -135,6 +175,9 @@ def delete(
 
     With terraform, destroy runs whenever its state in FSDPCTL_HOME/clusters/<name>/terraform holds resources,
     also when the EKS cluster is gone (a half-failed create leaves a VPC, NAT gateway and KMS key there).
+    A shared FSx for Lustre file system of the cluster (its data: checkpoints, the HF cache) needs a
+    confirmation of its own; without a terminal only --yes deletes it. With eksctl it is deleted first, then
+    its security group, then the cluster (its network interfaces would stop the VPC's deletion).
 
     Example: fsdpctl cluster delete --yes
     """
@@ -143,16 +186,72 @@ def delete(
     cfg = _config(ctx, tool)
     run = cluster.prepare(cfg, "delete")
     what = _what_to_delete(cfg, dry_run)
-    if what is None:
+    file_systems, groups = _fsx_to_delete(cfg, dry_run)
+    if what is None and not (file_systems or groups):
         return
-    if not dry_run and not yes and not typer.confirm(f"Delete {what}?", err=True):
-        raise BadInput("not confirmed", hint="pass --yes to delete without asking")
-    for cmd in run.commands:
+    if not dry_run and not yes:
+        _confirm_fsx(cfg, file_systems)
+        if what and not typer.confirm(f"Delete {what}?", err=True):
+            raise BadInput("not confirmed", hint="pass --yes to delete without asking")
+    if dry_run:
+        for fs in file_systems:
+            ok(f"dry run: would delete {fsx_summary(fs)}")
+        if groups:
+            ok(f"dry run: would delete security group {', '.join(groups)} and the FSx KMS key (in 7 days)")
+    elif cfg.cluster_tool == "eksctl" and (file_systems or groups):
+        cluster.delete_fsx(cfg, file_systems, ok)
+    for cmd in run.commands if what else []:
         run_tool(cmd, run.log, dry_run=dry_run)
     if dry_run:
-        ok(f"dry run: would delete {what}; nothing deleted")
-    else:
+        ok(f"dry run: would delete {what or 'the file systems above'}; nothing deleted")
+    elif what:
         warn(f"cluster {cfg.cluster_name} deleted; checkpoints on its volumes are gone with it")
+
+
+def fsx_summary(fs: dict[str, Any]) -> str:
+    from fsdpctl import fsx
+
+    return fsx.summary(fs)
+
+
+def _interactive() -> bool:
+    import sys
+
+    return sys.stdin.isatty()
+
+
+def _confirm_fsx(cfg: Config, file_systems: list[dict[str, Any]]) -> None:
+    """A file system's data outlives jobs: its deletion is asked on its own, never taken from piped input."""
+    if not file_systems:
+        return
+    for fs in file_systems:
+        warn(f"cluster {cfg.cluster_name} has {fsx_summary(fs)}")
+    ids = ", ".join(fs["FileSystemId"] for fs in file_systems)
+    if not _interactive():
+        raise BadInput(
+            f"not deleting FSx for Lustre {ids} without a confirmation (no terminal to ask on)",
+            hint="copy off what you need, then pass --yes to delete it with the cluster",
+        )
+    if not typer.confirm(f"Delete FSx for Lustre {ids} and all data on it?", err=True):
+        raise BadInput("FSx deletion not confirmed", hint="copy off what you need, then run again")
+
+
+def _fsx_to_delete(cfg: Config, dry_run: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """The cluster's file systems and (eksctl) the Lustre security groups to remove before eksctl runs. A dry
+    run that cannot reach AWS says so and goes on; a real run stops on the error."""
+    from fsdpctl import cluster
+    from fsdpctl.adapters.aws import AwsError
+
+    if cfg.cluster_tool == "terraform":
+        return cluster.fsx_of_cluster(cfg), []  # destroy deletes them with the rest of the state
+    try:
+        aws = cluster.connect(cfg)
+        return cluster.fsx_of_cluster(cfg, aws), cluster.fsx_leftovers(cfg, aws)
+    except AwsError as e:
+        if not dry_run:
+            raise
+        warn(f"could not list the FSx file systems of {cfg.cluster_name} ({e})")
+        return [], []
 
 
 def _what_to_delete(cfg: Config, dry_run: bool) -> str | None:
