@@ -28,9 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fsdptrain: error: {e}", file=sys.stderr)
         return 2
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     from fsdptrain.train import run
 
-    return run(cfg)
+    # `record` writes an uncaught exception to the TORCHELASTIC_ERROR_FILE torchrun gives each worker, so its
+    # root-cause report (and `fsdpctl job status`) names this rank's error, not "error_file: <N/A>"
+    return record(run)(cfg) or 0
 
 
 if __name__ == "__main__":

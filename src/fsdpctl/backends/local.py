@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -89,8 +90,10 @@ class LocalBackend:
             time.sleep(0.3)
 
     def tail(self, name: str, lines: int) -> list[str]:
-        leader = local.leader_log(self._state(name))
-        return leader.read_text(errors="replace").splitlines()[-lines:] if leader else []
+        """The last lines of the failed node's log, else of the leader's."""
+        st = self._state(name)
+        log = _failed_log(st) or local.leader_log(st)
+        return log.read_text(errors="replace").splitlines()[-lines:] if log else []
 
     def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
         st = self._state(name)
@@ -151,7 +154,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "run_id": st["run_id"],
         "nodes": st["replicas"],
         "nodes_running": alive,
-        "restarts": local.restarts(st),
+        "restarts": _restarts(st),
         "age_s": now - st["created"],
         "leader": leader.stem if leader else None,
         "leader_log": str(leader) if leader else None,
@@ -160,6 +163,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "prestep": _prestep(st, phase),
         **prog,
         "reason": st.get("reason"),
+        "failure": _failure(st) if phase == "Failed" else None,
         "problems": [],
     }
     report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
@@ -172,6 +176,52 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
     if report["restarts"]:
         report["problems"].append(kstatus.on_failure("PyTorchJob", st.get("max_restarts", 0)))
     return report
+
+
+def _restarts(st: dict[str, Any]) -> int:
+    """Restarts of the job, not of its nodes: rendezvous rounds after the first, over every node's log
+    (kstatus.job_restarts); a node recreated that never reached a round still counts once."""
+    logs = [f.read_text(errors="replace").splitlines() for f in local.log_files(st)]
+    relaunched = max((lz.get("relaunches", 0) for lz in st.get("launchers", [])), default=0)
+    return max(kstatus.job_restarts(logs), relaunched)
+
+
+# The supervisor's reason for a failed job names the node it judged (adapters/local.py, _judge).
+FAILED_NODE = re.compile(r"\bnode (\d+) exited with code")
+
+
+def _failed_node(st: dict[str, Any]) -> int | None:
+    """The node whose launcher failed the job: the one the supervisor's reason names, else the first that
+    exited with a code other than 0 (a launcher the supervisor stopped afterwards may have one too)."""
+    if m := FAILED_NODE.search(st.get("reason") or ""):
+        return int(m.group(1))
+    failed = [lz["node"] for lz in st.get("launchers", []) if lz.get("rc") not in (0, None)]
+    return min(failed) if failed else None
+
+
+def _failed_log(st: dict[str, Any]) -> Path | None:
+    if local.effective_phase(st) != "Failed" or (node := _failed_node(st)) is None:
+        return None
+    return next((f for f in local.log_files(st) if f.stem == f"node-{node}"), None)
+
+
+def _failure(st: dict[str, Any]) -> dict[str, Any] | None:
+    """Why the job failed, in the failing rank's words: on the node the supervisor judged, torchrun's root
+    cause (the rank, its error file) and that rank's first error line wherever it is in the node's log."""
+    log = _failed_log(st)
+    if log is None:
+        return None
+    found = kstatus.failure(log.read_text(errors="replace").splitlines(), _read_error_file)
+    return {"node": _failed_node(st), "log": str(log), **found}
+
+
+def _read_error_file(path: str) -> str | None:
+    """A worker's TORCHELASTIC_ERROR_FILE, where torchrun put it on this machine (its log_dir under the
+    temporary directory); None once it is gone."""
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def _prestep(st: dict[str, Any], phase: str | None) -> dict[str, Any] | None:

@@ -26,6 +26,20 @@ if TYPE_CHECKING:
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
+# Off a terminal rich would wrap at 80 columns (or COLUMNS) and fit tables to that: an error, a path or an id
+# would break over lines that grep and log readers cannot join, or be cut with an ellipsis. There nothing
+# wraps and a table takes the width its cells need; on a terminal rich fits the terminal.
+OFF_TERMINAL_WIDTH = 100_000
+
+
+def _unwrapped_off_a_terminal(console: Console) -> None:
+    if not console.is_terminal:
+        console.soft_wrap = True
+        console.size = (OFF_TERMINAL_WIDTH, console.height)
+
+
+_unwrapped_off_a_terminal(err)
+_unwrapped_off_a_terminal(out)
 
 
 class Output(str, Enum):
