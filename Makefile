@@ -31,7 +31,7 @@ test: install $(CHECKOV)
 # manifests, plan, CLI and goldens, Kubernetes and AWS peers; 4 workers on 2 cores, as the Kubernetes
 # peer tests mostly wait (under 2 minutes)
 test-fast: install
-	$(PY) -m pytest -q -n 4 -m "not slow"
+	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not slow"
 
 # rewrite every golden file (--help of each command, main outputs, manifests) after an intended change;
 # review `git diff tests/golden` before committing

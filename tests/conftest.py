@@ -291,3 +291,14 @@ def fsdpctl_process(
         cwd=env["FSDPCTL_HOME"],
         stdin=subprocess.DEVNULL,
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test-fast` runs `--dist loadgroup`: the tests that build the offline assets (tokenizers,
+    transformers, torch) share one worker, and so do the ones on the moto server, so that each of these costs
+    one worker its start-up (seconds of CPU each) instead of all four."""
+    for item in items:
+        if "assets" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("torch"))
+        elif "moto_server" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("moto"))

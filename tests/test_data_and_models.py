@@ -8,27 +8,30 @@ import numpy as np
 import pytest
 
 from fsdptrain.config import ConfigError, TrainConfig
-from fsdptrain.data import Loader, PackedBlocks, load_blocks, load_tokenizer, pack
 from fsdptrain.shapes import MODEL_CONFIGS, mesh_shape
+from lazy import lazy
+
+data = lazy("fsdptrain.data")  # imports torch
+pytestmark = pytest.mark.xdist_group("torch")
 
 
 def test_pack_separates_documents_with_eos_and_drops_the_tail():
-    blocks = pack([[1, 2, 3], [4, 5]], eos_id=0, block=3)
+    blocks = data.pack([[1, 2, 3], [4, 5]], eos_id=0, block=3)
     assert blocks.tolist() == [[1, 2, 3], [0, 4, 5]]  # the trailing EOS is dropped
 
 
 def test_loader_shards_by_rank_and_resumes_at_the_same_position():
-    blocks = PackedBlocks(np.arange(40).reshape(20, 2), seed=0)
-    r0, r1 = (Loader(blocks, rank=r, world=2, micro_batch=3) for r in (0, 1))
+    blocks = data.PackedBlocks(np.arange(40).reshape(20, 2), seed=0)
+    r0, r1 = (data.Loader(blocks, rank=r, world=2, micro_batch=3) for r in (0, 1))
     a0, a1 = r0.next_batch()[0], r1.next_batch()[0]
     assert set(a0[:, 0].tolist()).isdisjoint(a1[:, 0].tolist())  # ranks see different blocks
     expected = r0.next_batch()[0]
-    resumed = Loader(blocks, rank=0, world=2, micro_batch=3, consumed=6)
+    resumed = data.Loader(blocks, rank=0, world=2, micro_batch=3, consumed=6)
     assert resumed.next_batch()[0].tolist() == expected.tolist()
 
 
 def test_loader_wraps_into_a_new_epoch_with_a_new_order():
-    blocks = PackedBlocks(np.arange(8).reshape(4, 2), seed=3)
+    blocks = data.PackedBlocks(np.arange(8).reshape(4, 2), seed=3)
     first, second = blocks.take(0, 4)[:, 0].tolist(), blocks.take(4, 4)[:, 0].tolist()
     assert sorted(first) == sorted(second) == [0, 2, 4, 6]
     assert first != second
@@ -46,12 +49,11 @@ def test_local_jsonl_and_parquet(assets, tmp_path, fmt):
 
         datasets.Dataset.from_list(rows).to_parquet(str(path))
     cfg = TrainConfig(dataset=str(path), tokenizer=str(tok_dir), dataset_text_field="content", seq_len=32)
-    blocks = load_blocks(cfg, load_tokenizer(str(tok_dir)))
+    blocks = data.load_blocks(cfg, data.load_tokenizer(str(tok_dir)))
     assert blocks.blocks.shape[1] == 33 and len(blocks) > 10
     with pytest.raises(ConfigError, match="DATASET_TEXT_FIELD='text' is not a column"):
-        load_blocks(
-            TrainConfig(dataset=str(path), tokenizer=str(tok_dir), seq_len=32), load_tokenizer(str(tok_dir))
-        )
+        cfg = TrainConfig(dataset=str(path), tokenizer=str(tok_dir), seq_len=32)
+        data.load_blocks(cfg, data.load_tokenizer(str(tok_dir)))
 
 
 @pytest.mark.parametrize("name, billions", [("7b", 6.74), ("13b", 13.02), ("70b", 68.98)])

@@ -17,12 +17,15 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed.checkpoint as dcp
 
 from conftest import ROOT, train_env
 from fsdpctl.adapters.etcd import free_port
-from fsdptrain import checkpoint as ckpt
+from lazy import lazy
+
+torch = lazy("torch")
+dcp = lazy("torch.distributed.checkpoint")
+ckpt = lazy("fsdptrain.checkpoint")
+pytestmark = pytest.mark.xdist_group("torch")
 
 
 def _saved(root: Path, step: int, meta: str = '{"step": 1}') -> Path:
