@@ -25,7 +25,8 @@ $(CHECKOV):
 
 test: install $(CHECKOV)
 	scripts/system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not slow"
+	$(PY) -m pytest -q -m slow
 
 # everything but the tests marked slow (multi-process runs, real terraform, checkov, docker): settings,
 # manifests, plan, CLI and goldens, Kubernetes and AWS peers; 4 workers on 2 cores, as the Kubernetes
