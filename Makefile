@@ -23,6 +23,8 @@ $(CHECKOV):
 	python3 -m venv .venv-checkov
 	.venv-checkov/bin/python -m pip install -q checkov==3.3.30
 
+# the fast tests on 4 workers as in test-fast, then the slow ones (multi-process runs with their own timing)
+# one at a time
 test: install $(CHECKOV)
 	scripts/system-deps
 	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not slow"
