@@ -302,6 +302,7 @@ def test_create_makes_it_where_the_gpu_nodes_are_and_a_rerun_makes_no_second(stu
         "FSX_MOUNT_NAME": "abcdefgh",
         "FSX_STORAGE_GIB": "1200",
     }
+    assert made.stdout.splitlines() == [f"{k}={v}" for k, v in printed.items()]  # `>> .env` takes only these
     cfg = load(dotenv=printed)
     assert (cfg.fsx_file_system_id, cfg.fsx_mount_name) == (FS_ID, "abcdefgh")
 

@@ -176,8 +176,9 @@ class Settings(BaseModel):
     fsx_create: bool = _k(
         True,
         "cluster",
-        "cluster create --tool terraform makes an FSX_STORAGE_GIB FSx for Lustre file system in the GPU "
-        "nodes' subnet (its id, DNS name and mount name are terraform outputs)",
+        "cluster create makes an FSX_STORAGE_GIB FSx for Lustre file system in the GPU nodes' subnet "
+        "(terraform: its id, DNS name and mount name are outputs; eksctl: made through the AWS API, the "
+        "FSX_* lines printed)",
     )
     hf_token: SecretStr = _k(
         SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out"
