@@ -4,6 +4,7 @@ no setting from the developer's environment, fixed terminal width, no colour).""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -302,3 +303,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("torch"))
         elif "moto_server" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("moto"))
+
+
+@functools.cache
+def yaml_docs(path: Path) -> tuple:
+    """The non-empty documents of a YAML file, parsed once per worker with libyaml: the vendored CRDs are
+    megabytes, seconds of CPU each for the pure-Python parser."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return tuple(d for d in yaml.load_all(path.read_text(), Loader=loader) if d)

@@ -8,9 +8,8 @@ import json
 import re
 
 import pytest
-import yaml
 
-from conftest import ROOT, SHARED
+from conftest import ROOT, SHARED, yaml_docs
 from fsdpctl import render
 from fsdpctl.settings import load, parse_dotenv, setting_keys
 from fsdpctl.validate import crd_schemas, validate
@@ -65,7 +64,7 @@ def test_the_example_validates_and_renders_what_the_crds_accept(cli, example):
     checked = cli("config", "validate")
     assert checked.exit_code == 0, checked.output
     assert cli("manifest", "--out-dir", "out").exit_code == 0
-    schemas = crd_schemas([doc for crd in CRDS for doc in yaml.safe_load_all(crd.read_text())])
+    schemas = crd_schemas([doc for crd in CRDS for doc in yaml_docs(crd)])
     objs = render.render_job(load(dotenv=example), "example-run-1")
     assert validate(objs, schemas) == []
     job = next(o for o in objs if o["kind"] == "PyTorchJob")

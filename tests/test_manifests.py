@@ -7,9 +7,8 @@ import itertools
 import os
 
 import pytest
-import yaml
 
-from conftest import ROOT, SHARED
+from conftest import ROOT, SHARED, yaml_docs
 from fsdpctl import render
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
@@ -26,7 +25,7 @@ LOCAL_COMBOS = list(itertools.product(STRATEGIES, RDZV))
 
 @pytest.fixture(scope="module")
 def schemas():
-    return crd_schemas([*yaml.safe_load_all(CRD.read_text()), *yaml.safe_load_all(TRAINJOB_CRD.read_text())])
+    return crd_schemas([*yaml_docs(CRD), *yaml_docs(TRAINJOB_CRD)])
 
 
 def eks(instance, strategy, rdzv, **more):
@@ -146,6 +145,10 @@ def test_output_is_deterministic_and_ids_differ_per_run():
             lambda: eks("p5.48xlarge", "HYBRID_SHARD", "etcd", CAPACITY_RESERVATION_ID=""),
         ),
         ("local-c10d", lambda: load(dotenv={})),
+        (  # no shared volume: traces and HF cache on each node's /local scratch (hostPath)
+            "eks-p5-local-scratch",
+            lambda: eks("p5.48xlarge", "FULL_SHARD", "c10d", SHARED_VOLUME="", CHECKPOINT_PVC="ckpt-claim"),
+        ),
         (
             "eks-p5e-trainjob-efa",
             lambda: eks("p5e.48xlarge", "FULL_SHARD", "c10d", JOB_KIND="trainjob", NODE_SELECTOR="team=ml"),

@@ -8,6 +8,7 @@ CRD schemas are given as parsed YAML, so this module reads nothing itself. Valid
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -70,11 +71,22 @@ def _builtin_errors(obj: Obj) -> list[str]:
         import kubernetes_validate
     except ImportError as e:
         raise SchemaError("kubernetes-validate is not installed: pip install 'fsdpctl[validate]'") from e
+    _cache_schemas()
     try:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:
         return [f"{'.'.join(str(p) for p in e.path) or '<root>'}: {e.message}"]
     return []
+
+
+@functools.cache
+def _cache_schemas() -> None:
+    """kubernetes-validate opens and parses its schema and its ~1 MB _definitions.json again for every object
+    (`utils.schema_contents`, called by `utils.validate`): about half of a job's validation. Parsed once per
+    process instead; the parsed schemas are only read (`referencing.Resource.from_contents`)."""
+    from kubernetes_validate import utils
+
+    utils.schema_contents = functools.lru_cache(maxsize=None)(utils.schema_contents)
 
 
 def _is_custom(api_version: str) -> bool:
