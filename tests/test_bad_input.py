@@ -71,6 +71,12 @@ def _training_cases():
                 yield key, str(kind(low) - 1), "below minimum", f"is too small: use at least {low:g}"
 
 
+VPC_FIX = "needs PRIVATE_SUBNET_IDS: set the VPC's private subnets (two or more, in different AZs)"
+SUBNETS_FIX = "names too few subnets: give two or more distinct ones, in different AZs (EKS needs two AZs)"
+ZONES_FIX = (
+    "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: `cluster create` reads "
+    "them from EC2)"
+)
 CASES = [
     *_settings_cases(),
     *_training_cases(),
@@ -131,11 +137,18 @@ CASES = [
         "TrainJob with an etcd rendezvous",
         "the Trainer starts torchrun with a static rendezvous; use RDZV_BACKEND=c10d or JOB_KIND=pytorchjob",
     ),
+    ("VPC_ID", "vpc-0123456789abcdef0", "existing VPC without subnets", VPC_FIX),
+    ("PRIVATE_SUBNET_IDS", "subnet-0123456789abcdef0", "one subnet (eksctl wants two)", SUBNETS_FIX),
+    ("PRIVATE_SUBNET_IDS", "subnet-01234567,subnet-01234567", "the same subnet twice", SUBNETS_FIX),
+    ("AVAILABILITY_ZONES", "us-west-2a", "fewer AZs than subnets", ZONES_FIX),
+    ("AVAILABILITY_ZONES", "us-west-2a,us-west-2a", "one AZ for two subnets", ZONES_FIX),
 ]
 EXTRA = {
     "HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n",
     "GPUS_PER_NODE": "BACKEND=eks\n",
     "JOB_KIND": "BACKEND=eks\nRDZV_BACKEND=etcd\n",
+    "PRIVATE_SUBNET_IDS": "VPC_ID=vpc-0123456789abcdef0\n",
+    "AVAILABILITY_ZONES": "VPC_ID=vpc-0a1b2c3d\nPRIVATE_SUBNET_IDS=subnet-01234567,subnet-89abcdef\n",
 }
 
 
