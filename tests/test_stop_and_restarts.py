@@ -418,7 +418,7 @@ def test_a_killed_node_is_recreated_and_the_job_resumes(tmp_path, monkeypatch):
     report = local_backend._report(state, float("inf"))
     assert report["phase"] == "Succeeded" and report["step"] == 60, report
     assert [lz["relaunches"] for lz in state["launchers"]] == [0, 1]
-    assert 1 <= report["restarts"] <= 2, report
+    assert report["restarts"] == 1, report  # one new rendezvous round of the job, whichever node logged it
     logs = {f.stem: f.read_text() for f in local.log_files(state)}
     assert "exited with code 137; recreated" in logs["node-1"]
     assert any("resumed from" in text for text in logs.values())

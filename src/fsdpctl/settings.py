@@ -41,6 +41,8 @@ EC2_TYPE = r"^[a-z0-9-]+\.[a-z0-9]+$"
 REGISTRY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$"
 IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+VPC = r"^(vpc-[0-9a-f]{8,17})?$"
+SUBNET_LIST = r"^(subnet-[0-9a-f]{8,17}(,subnet-[0-9a-f]{8,17})*)?$"
 # A job's name is a DNS-1035 label (starts with a letter): the Training Operator's webhook refuses any other
 # (pkg/webhooks/pytorch/pytorchjob_webhook.go: NameIsDNS1035Label), and the Services named after its pods are
 # DNS-1035 labels too.
@@ -100,6 +102,19 @@ class Settings(BaseModel):
         "cluster",
         "comma-separated AZs; the GPU node group uses the first (empty: the reservation's, or eksctl's)",
         pattern=AZ_LIST,
+    )
+    vpc_id: str = _k(
+        "",
+        "cluster",
+        "an existing VPC (vpc-...) for the cluster, with PRIVATE_SUBNET_IDS (empty: the tool makes a VPC)",
+        pattern=VPC,
+    )
+    private_subnet_ids: str = _k(
+        "",
+        "cluster",
+        "its private subnets (subnet-...,subnet-...), two or more in different AZs; the GPU node group "
+        "uses the first",
+        pattern=SUBNET_LIST,
     )
     kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")
     system_instance_type: str = _k(
@@ -246,12 +261,42 @@ class Settings(BaseModel):
                 "GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
                 "does not start pods as a group"
             )
+        self._existing_vpc()
         if self.gpus_per_node > self.instance.gpus:
             raise ValueError(
                 f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
                 f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)"
             )
         return self
+
+    def _existing_vpc(self) -> None:
+        """Both or neither; eksctl wants two or more private subnets (MinRequiredSubnets) keyed by AZ, so one
+        per AZ, and AVAILABILITY_ZONES, when set, names each subnet's AZ in order."""
+        subnets, zones = self.subnet_ids, [z for z in self.availability_zones.split(",") if z]
+        if self.vpc_id and not subnets:
+            raise ValueError(
+                f"VPC_ID={self.vpc_id} needs PRIVATE_SUBNET_IDS: set the VPC's private subnets "
+                "(two or more, in different AZs)"
+            )
+        if subnets and not self.vpc_id:
+            raise ValueError(
+                f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} needs VPC_ID: set the VPC they belong to"
+            )
+        if len(subnets) == 1 or len(set(subnets)) != len(subnets):
+            raise ValueError(
+                f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} names too few subnets: give two or more "
+                "distinct ones, in different AZs (EKS needs two AZs)"
+            )
+        if subnets and zones and (len(zones) != len(subnets) or len(set(zones)) != len(zones)):
+            raise ValueError(
+                f"AVAILABILITY_ZONES={self.availability_zones} does not pair with PRIVATE_SUBNET_IDS: "
+                "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: "
+                "`cluster create` reads them from EC2)"
+            )
+
+    @property
+    def subnet_ids(self) -> list[str]:
+        return [s for s in self.private_subnet_ids.split(",") if s]
 
     @property
     def instance(self) -> InstanceType:
