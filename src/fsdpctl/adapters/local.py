@@ -4,42 +4,72 @@ simulated node, as Kubernetes would run one per pod, with the pod's command and 
 A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns the launchers, so
 `job status`, `job logs -f` and `job stop` work from any terminal. Everything lives under the job directory:
 
-    FSDPCTL_HOME/jobs/<job>/state.json        phase, pids, exit codes (written atomically)
+    FSDPCTL_HOME/jobs/<job>/state.json        phase, process identities, exit codes (written atomically)
+    FSDPCTL_HOME/jobs/<job>/lock              flock'ed by the supervisor for its life: one run per job
     FSDPCTL_HOME/jobs/<job>/spec.json         what to launch (no secrets: the token is in the environment)
     FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log
     FSDPCTL_HOME/jobs/<job>/checkpoints/      the pod's /checkpoints volume; survives runs, so runs resume
-    FSDPCTL_HOME/jobs/<job>/hosts/node-N/...  node N's hostPath directories (the /local scratch); survive runs
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import kstatus
+from fsdpctl import files, kstatus
 from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns, shell
 from fsdpctl.files import home, write_atomic
 from fsdptrain import events
 
-ACTIVE = ("Pending", "Running", "Stopping")
+RECORDED_ACTIVE = ("Pending", "Running", "Stopping")
+# Orphaned is never recorded: the supervisor died (SIGKILL, OOM) while processes of its job still live
+ACTIVE = (*RECORDED_ACTIVE, "Orphaned")
 POD_MARK = "FSDPCTL_POD"
+# every process of a job carries its job directory: the job's identity on this machine, so two FSDPCTL_HOMEs
+# (two users, two test workers) with a job of one name never see each other's processes
+JOB_MARK = "FSDPCTL_JOB"
+LOCK = "lock"
 STOP_GRACE_S = 120  # a job rendered without terminationGracePeriodSeconds
+LOCK_WAIT_S = 30  # the supervisor's wait for the `job run` that started it to let go of the lock
+# what a state must hold for any verb to use it; anything else is a damaged file, skipped with a warning
+STATE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "job": str,
+    "run_id": str,
+    "phase": str,
+    "created": (int, float),
+    "replicas": int,
+    "log_dir": str,
+    "checkpoint_dir": (str, type(None)),
+    "launchers": list,
+}
 
 
 class LocalJobError(RuntimeError):
     pass
 
 
+class JobBusy(LocalJobError):
+    """`job run` of a job whose lock is held or some process of which still lives."""
+
+
+class CorruptState(LocalJobError):
+    """A state.json that cannot be read as a job's state (a stray or damaged file)."""
+
+
 def job_dir(job_name: str) -> Path:
-    return home() / "jobs" / job_name
+    return home() / "jobs" / files.job_name(job_name)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -47,10 +77,25 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def read_state(jdir: Path) -> dict | None:
+    """The job's state; None when it has none; CorruptState (naming the file) when it is not a job's state
+    (bad JSON, unreadable, wrong shape, or another job's name: cleanup would delete by it)."""
+    path = jdir / "state.json"
     try:
-        return json.loads((jdir / "state.json").read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return None
+    except (OSError, ValueError) as e:
+        raise CorruptState(f"{path} is not a readable job state ({type(e).__name__})") from e
+    wrong = (
+        [k for k, t in STATE_KEYS.items() if not isinstance(data.get(k, ...), t)]
+        if isinstance(data, dict)
+        else ["(not an object)"]
+    )
+    if not wrong and data["job"] != jdir.name:
+        wrong = [f"job={data['job']!r}"]
+    if wrong:
+        raise CorruptState(f"{path} is not a job's state (bad or missing: {', '.join(wrong)})")
+    return data
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -66,12 +111,172 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def effective_phase(state: dict | None) -> str | None:
-    """The recorded phase, or Failed when the supervisor died without recording an end."""
+    """The recorded phase; when the supervisor died without recording an end, Orphaned while any process
+    of the job lives, else Failed."""
     if state is None:
         return None
-    if state["phase"] in ACTIVE and not pid_alive(state.get("supervisor_pid")):
-        return "Failed"
+    if state["phase"] in RECORDED_ACTIVE and not supervisor_alive(state):
+        return "Orphaned" if job_processes(state["job"]) else "Failed"
     return state["phase"]
+
+
+# ---- process identity: a PID is reused, (boot id, start time, PID) is not --------------------------------
+
+
+def boot_id() -> str:
+    """This boot's random id (proc(5): /proc/sys/kernel/random/boot_id): start times count from boot."""
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def start_ticks(pid: int) -> int | None:
+    """starttime, field 22 of /proc/<pid>/stat (proc(5)): the clock ticks after boot at which the process
+    started. With the boot id it names one process for good, where the PID alone is reused. The command name
+    (field 2) may hold spaces and ')', so fields are counted after its last ')'. None: gone, or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def identity(pid: int) -> dict | None:
+    """What a state records of a process: its PID, start time and boot (as the kubelet and containerd
+    check a container's process by more than its PID)."""
+    start = start_ticks(pid)
+    return None if start is None else {"pid": pid, "start": start, "boot": boot_id()}
+
+
+def same_process(ident: Any) -> bool:
+    """Whether the process recorded as `ident` still lives (not another that was given its PID)."""
+    if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int) or ident["pid"] <= 0:
+        return False
+    return ident.get("boot") == boot_id() and start_ticks(ident["pid"]) == ident.get("start")
+
+
+def supervisor_alive(state: dict) -> bool:
+    """By its recorded identity; a state written before identities were recorded has only a PID, which is
+    trusted for a report but never for a signal (`signal_verified`)."""
+    if "supervisor" in state:
+        return same_process(state["supervisor"])
+    return pid_alive(state.get("supervisor_pid"))
+
+
+def launcher_identity(lz: dict) -> dict:
+    return {"pid": lz.get("pid"), "start": lz.get("start"), "boot": lz.get("boot")}
+
+
+def launchers_alive(state: dict) -> int:
+    """Launchers still the processes recorded (a state without identities: by PID, as before)."""
+    launchers = [lz for lz in state.get("launchers", []) if isinstance(lz, dict)]
+    return sum(
+        same_process(launcher_identity(lz)) if "start" in lz else pid_alive(lz.get("pid")) for lz in launchers
+    )
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return []
+
+
+def marked(match: Callable[[bytes], bool]) -> list[int]:
+    """Every live process (not this one) with an environment entry that `match`es."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            if any(match(var) for var in _environ(int(entry.name))):
+                found.append(int(entry.name))
+    return found
+
+
+def job_mark(job: str) -> bytes:
+    """The environment entry every process of the job carries (inherited from its supervisor)."""
+    return f"{JOB_MARK}={job_dir(job)}".encode()
+
+
+def job_processes(job: str) -> list[int]:
+    """Every live process of the job, whatever its run: supervisor, launchers, workers, etcd, pre-step."""
+    mark = job_mark(job)
+    return marked(lambda var: var == mark)
+
+
+def supervisor_mark(job: str, run_id: str) -> str:
+    return f"{job}/{run_id}/supervisor"
+
+
+def signal_verified(pid: int, sig: int, check: Callable[[], bool]) -> bool:
+    """`sig` to `pid` only if `check()` holds, with no window for PID reuse between the check and the signal:
+    a pidfd (pidfd_open(2)) pins the process that had the PID when it was opened; if that one died and the
+    PID went to another, the check sees the other and fails, or pidfd_send_signal(2) finds the pinned one
+    gone (ESRCH). Without pidfds (Linux < 5.3) the check and kill(2) follow each other. True when sent."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfds here
+        if not check():
+            return False
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    try:
+        if not check():
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _carries(pid: int, entry: bytes) -> bool:
+    return entry in _environ(pid)
+
+
+def signal_marked(pid: int, sig: int, mark: bytes) -> bool:
+    """`sig` to a process found by its mark, if it still carries it (not a process that took its PID)."""
+    return signal_verified(pid, sig, lambda: _carries(pid, mark))
+
+
+def signal_recorded(ident: Any, sig: int, mark: bytes) -> bool:
+    """`sig` to a process recorded in a state, if it is still that process and carries the job's mark."""
+    if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int) or ident["pid"] <= 0:
+        return False
+    pid = ident["pid"]
+    return signal_verified(pid, sig, lambda: same_process(ident) and _carries(pid, mark))
+
+
+@contextmanager
+def job_lock(jdir: Path, wait_s: float = 0, create: bool = True) -> Iterator[bool]:
+    """flock(2) on the job's lock file, waiting up to `wait_s`; yields whether it is held. The kernel drops
+    it when its holder exits however it exits, so a SIGKILLed supervisor leaves no stale lock. Without
+    `create` (a dry run writes nothing) a missing lock file is a lock nobody holds."""
+    if not create and not (jdir / LOCK).exists():
+        yield True
+        return
+    jdir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(jdir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        yield _flock(fd, wait_s)
+    finally:
+        os.close(fd)
+
+
+def _flock(fd: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 @dataclass
@@ -113,26 +318,15 @@ def pod_mark(spec: dict, node: int) -> str:
 def pod_processes(mark: str) -> list[int]:
     """Every live process carrying `mark` (/proc/<pid>/environ): found by identity, not by a PID kept."""
     want = f"{POD_MARK}={mark}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-        if want in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    return marked(lambda var: var == want)
 
 
 def kill_pod(mark: str) -> None:
-    """SIGKILL to every process of the pod, wherever it sits (the kubelet ending a container)."""
+    """SIGKILL to every process of the pod, wherever it sits (the kubelet ending a container); each still
+    carrying the mark when the signal goes (`signal_verified`)."""
+    exact = f"{POD_MARK}={mark}".encode()
     for pid in pod_processes(mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        signal_verified(pid, signal.SIGKILL, partial(_carries, pid, exact))
 
 
 def _interpreter(command: list[str]) -> list[str]:
@@ -183,8 +377,8 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
 
 
 def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
-    """Mount path -> directory template ('{node}' for per-node emptyDirs and hostPaths). In-memory emptyDirs
-    (/dev/shm) and Secrets (the token travels in the environment) are not mapped."""
+    """Mount path -> directory template ('{node}' for per-node emptyDirs). In-memory emptyDirs (/dev/shm) and
+    Secrets (the token travels in the environment) are not mapped."""
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     out = {}
     for m in container.get("volumeMounts", []):
@@ -193,15 +387,7 @@ def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
             out[m["mountPath"]] = str(shared_volume_dir(v["persistentVolumeClaim"]["claimName"]))
         elif "emptyDir" in v and v["emptyDir"].get("medium") != "Memory":
             out[m["mountPath"]] = str(jdir / "nodes" / "node-{node}" / m["name"])
-        elif "hostPath" in v:
-            out[m["mountPath"]] = str(host_dir(jdir, "{node}", v["hostPath"]["path"]))
     return out
-
-
-def host_dir(jdir: Path, node: int | str, path: str) -> Path:
-    """A hostPath (the /local scratch) on simulated node N: that node's own disk, which outlives its pods
-    (unlike nodes/node-N, a pod's emptyDirs, renewed with each pod) and the job's runs, as a node's does."""
-    return jdir / "hosts" / f"node-{node}" / path.lstrip("/")
 
 
 def shared_volume_dir(claim: str) -> Path:
@@ -214,9 +400,24 @@ def start(job: dict, *, secret_env: dict[str, str], prestep: dict | None = None)
     pre-step Job (fsdpctl.prestep), which the supervisor starts before the launchers."""
     name = job["metadata"]["name"]
     jdir = job_dir(name)
-    if effective_phase(read_state(jdir)) in ACTIVE:
-        raise LocalJobError(f"job {name!r} is already running: `fsdpctl job stop` first, or pass --replace")
-    jdir.mkdir(parents=True, exist_ok=True)
+    with job_lock(jdir) as held:
+        if not held:  # a supervisor holds it for its life, or another `job run` is starting this job
+            raise JobBusy(
+                f"job {name!r} is already running: `fsdpctl job stop {name}` first, or pass --replace"
+            )
+        if busy := job_processes(name):
+            raise JobBusy(
+                f"job {name!r} still has {len(busy)} processes running (pids {', '.join(map(str, busy))}): "
+                f"`fsdpctl job stop {name}` ends them"
+            )
+        return _start_locked(job, jdir, secret_env, prestep)
+
+
+def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: dict | None) -> dict:
+    """`start` with the job's lock held and none of its processes alive: whatever state is there is over.
+    The supervisor carries the job's mark from its first instruction, so another `job run` that takes the
+    lock once this one lets go finds it; the supervisor then takes the lock itself."""
+    name = job["metadata"]["name"]
     spec = spec_from_job(job, jdir)
     if prestep is not None:
         spec["prestep"] = prestep_spec(prestep, jdir)
@@ -240,11 +441,12 @@ def start(job: dict, *, secret_env: dict[str, str], prestep: dict | None = None)
         "stop_requested": False,
     }
     write_json(jdir / "state.json", state)
-    env = {**os.environ, **secret_env}
+    marks = {POD_MARK: supervisor_mark(name, spec["run_id"]), JOB_MARK: str(jdir)}
+    env = {**os.environ, **secret_env, **marks}
     argv = [sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)]
-    proc = shell.spawn(argv, env=env, log=log_dir / "supervisor.log")
+    proc = shell.spawn(argv, env=env, log=log_dir / "supervisor.log")  # a session of its own
     state["supervisor_pid"] = proc.pid
-    _update(jdir, supervisor_pid=proc.pid)
+    _update(jdir, supervisor_pid=proc.pid, supervisor=identity(proc.pid))
     return state
 
 
@@ -256,14 +458,61 @@ def _update(jdir: Path, **changes) -> dict:
 
 
 def stop(job_name: str) -> dict | None:
+    """SIGTERM to the supervisor, verified as the one recorded; with the supervisor gone, its orphans are
+    stopped here (`stop_orphans`)."""
     jdir = job_dir(job_name)
     state = read_state(jdir)
     if state is None:
         raise LocalJobError(f"no local job named {job_name!r}: `fsdpctl job list` shows what exists")
-    if effective_phase(state) in ACTIVE:
+    phase = effective_phase(state)
+    if phase in RECORDED_ACTIVE:
         _update(jdir, stop_requested=True)
-        os.kill(state["supervisor_pid"], signal.SIGTERM)
+        if not signal_recorded(state.get("supervisor"), signal.SIGTERM, job_mark(state["job"])):
+            raise LocalJobError(
+                f"job {job_name!r}: the process its state names is not its supervisor (recorded "
+                f"{state.get('supervisor') or state.get('supervisor_pid')}); nothing was signalled"
+            )
+    elif phase == "Orphaned":
+        stop_orphans(jdir, state)
     return read_state(jdir)
+
+
+def stop_orphans(jdir: Path, state: dict) -> None:
+    """The supervisor's part, done by `job stop` once it is gone: SIGTERM to each launcher still the one
+    recorded (every marked process if none is), SIGKILL to every process of the job when they have ended or
+    the pod's grace period is over; the job ends Stopped with none of its processes left."""
+    job = state["job"]
+    mark = job_mark(job)
+    _update(jdir, phase="Stopping", stop_requested=True)
+    launchers = [launcher_identity(lz) for lz in state.get("launchers", []) if isinstance(lz, dict)]
+    termed = [lz for lz in launchers if signal_recorded(lz, signal.SIGTERM, mark)]
+    if not termed:
+        termed = [{"pid": p} for p in job_processes(job) if signal_marked(p, signal.SIGTERM, mark)]
+    deadline = time.monotonic() + _grace(jdir)
+    while time.monotonic() < deadline and any(_carries(t["pid"], mark) for t in termed):
+        time.sleep(0.2)
+    for _ in range(50):  # SIGKILL is not ignorable: the kernel takes a moment at most
+        left = job_processes(job)
+        if not left:
+            break
+        for pid in left:
+            signal_marked(pid, signal.SIGKILL, mark)
+        time.sleep(0.1)
+    _update(jdir, phase="Stopped", finished=time.time(), reason="supervisor gone; its processes stopped")
+
+
+def _grace(jdir: Path) -> float:
+    try:
+        return float(json.loads((jdir / "spec.json").read_text()).get("grace_s", STOP_GRACE_S))
+    except (OSError, ValueError):
+        return STOP_GRACE_S
+
+
+def orphan_note(state: dict) -> str:
+    """What `job status` says of a job whose supervisor is gone while some of its processes live."""
+    running, left = launchers_alive(state), len(job_processes(state["job"]))
+    what = f"{running} launchers still running" if running else f"{left} processes still running"
+    return f"supervisor gone; {what} (orphaned): `fsdpctl job stop {state['job']}` stops them"
 
 
 def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict | None:
@@ -277,10 +526,23 @@ def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict
         time.sleep(poll)
 
 
-def list_jobs() -> list[dict]:
+def list_jobs(skipped: list[str] | None = None) -> list[dict]:
+    """Every job's state. A stray file or a damaged state is one line in `skipped` (naming its path), and
+    every other job is still listed."""
     root = home() / "jobs"
-    states = [read_state(p) for p in sorted(root.iterdir())] if root.is_dir() else []
-    return [s for s in states if s]
+    states, notes = [], skipped if skipped is not None else []
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        if not path.is_dir() or not files.JOB_NAME.fullmatch(path.name):
+            notes.append(f"{path} is not a job directory: skipped")
+            continue
+        try:
+            state = read_state(path)
+        except CorruptState as e:
+            notes.append(f"{e}: skipped")
+            continue
+        if state:
+            states.append(state)
+    return states
 
 
 def restarts(state: dict) -> int:
@@ -340,6 +602,12 @@ def supervise(jdir: Path) -> int:
     state = read_state(jdir)
     if state is None:
         raise LocalJobError(f"{jdir}: no state.json to supervise")
+    # held until this process exits, however it exits: no second run of the job while it lives
+    lock = os.open(jdir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if not _flock(lock, LOCK_WAIT_S):
+        _update(jdir, phase="Failed", finished=time.time(), reason="another process holds the job's lock")
+        return 1
+    _update(jdir, supervisor=identity(os.getpid()))
     log_dir = Path(state["log_dir"])
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
@@ -538,7 +806,7 @@ def _placement(net: netns.Network | None, pods: list[Pod]) -> dict:
     launchers = [
         {
             "node": p.launch.node,
-            "pid": p.proc.pid,
+            **(identity(p.proc.pid) or {"pid": p.proc.pid, "start": None, "boot": None}),
             "rc": p.proc.returncode,
             "address": net.address(p.launch.node) if net else "127.0.0.1",
             "relaunches": p.relaunches,

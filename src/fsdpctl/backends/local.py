@@ -13,6 +13,7 @@ from fsdpctl import kstatus, prestep, render
 from fsdpctl.adapters import local
 from fsdpctl.backends import Started, remember
 from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.files import run_id as checked_run_id
 from fsdpctl.jobs import secret_env
 from fsdpctl.progress import progress, records, stalled
 from fsdpctl.settings import Config
@@ -25,12 +26,13 @@ class LocalBackend:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.notes: list[str] = []  # what list_jobs and cleanup skipped (a stray file, a damaged state)
 
     def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started:
         if server_dry_run:
             raise FsdpctlError("--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks")
         cfg = self.cfg
-        run_id = run_id or render.new_run_id(cfg.job_name)
+        run_id = checked_run_id(run_id) if run_id is not None else render.new_run_id(cfg.job_name)
         *infra, job = render.render_job(cfg, run_id)
         fetch_job = next((o for o in infra if o["kind"] == "Job"), None)  # the download before training
         if dry_run:
@@ -40,6 +42,8 @@ class LocalBackend:
             local.wait(cfg.job_name)
         try:
             st = local.start(job, secret_env=secret_env(cfg), prestep=fetch_job)
+        except local.JobBusy as e:
+            raise FsdpctlError(str(e), code=ExitCode.BAD_INPUT) from e
         except local.LocalJobError as e:
             raise FsdpctlError(str(e)) from e
         remember(cfg)
@@ -56,7 +60,12 @@ class LocalBackend:
         return Started(self.cfg.job_name, run_id, where, lines)
 
     def _state(self, name: str) -> dict[str, Any]:
-        st = local.read_state(local.job_dir(name))
+        try:
+            st = local.read_state(local.job_dir(name))
+        except local.CorruptState as e:
+            raise FsdpctlError(
+                str(e), hint=f"remove {local.job_dir(name)} and run the job again", code=ExitCode.BAD_INPUT
+            ) from e
         if st is None:
             raise FsdpctlError(
                 f"no job named {name!r}",
@@ -102,7 +111,10 @@ class LocalBackend:
             return f"job {name} is not running ({phase}); nothing to stop"
         if dry_run:
             return f"dry run: would send SIGTERM to job {name} (run {st['run_id']}, {st['replicas']} nodes)"
-        local.stop(name)
+        try:
+            local.stop(name)
+        except local.LocalJobError as e:
+            raise FsdpctlError(str(e)) from e
         if not wait:
             return f"job {name}: stopping"
         return f"job {name}: {local.effective_phase(local.wait(name))}"
@@ -114,7 +126,7 @@ class LocalBackend:
         return self.report(name)
 
     def list_jobs(self) -> list[dict[str, Any]]:
-        return [_report(st, float("inf")) for st in local.list_jobs()]
+        return [_report(st, float("inf")) for st in local.list_jobs(self.notes)]
 
     def wait(self, name: str, timeout: float | None) -> str:
         self._state(name)
@@ -124,18 +136,28 @@ class LocalBackend:
         """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data, node
         disks; with `checkpoints` also its directory on the shared volume."""
         removed = []
-        for st in local.list_jobs():
-            if local.effective_phase(st) in local.ACTIVE:
+        for st in local.list_jobs(self.notes):
+            removed += _clean_job(st, checkpoints=checkpoints, dry_run=dry_run)
+        return removed
+
+
+def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[str]:
+    """One ended job's files, with its lock held (no `job run` of it starts meanwhile); none while its
+    supervisor holds the lock or any process of the job lives. The lock file stays: a starter may hold it."""
+    jdir = local.job_dir(st["job"])
+    with local.job_lock(jdir, create=not dry_run) as held:
+        if not held or local.effective_phase(st) in local.ACTIVE or local.job_processes(st["job"]):
+            return []
+        doomed = sorted(p for p in jdir.iterdir() if p.name != local.LOCK)
+        if checkpoints and st.get("checkpoint_dir"):
+            doomed.append(Path(st["checkpoint_dir"]))
+        removed = []
+        for path in doomed:
+            if (path.name == "checkpoints" and not checkpoints) or not path.exists():
                 continue
-            doomed = sorted(local.job_dir(st["job"]).iterdir())
-            if checkpoints and st.get("checkpoint_dir"):
-                doomed.append(Path(st["checkpoint_dir"]))
-            for path in doomed:
-                if (path.name == "checkpoints" and not checkpoints) or not path.exists():
-                    continue
-                removed.append(str(path))
-                if not dry_run:
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+            removed.append(str(path))
+            if not dry_run:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
         return removed
 
 
@@ -146,7 +168,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
     now = time.time()
     prog = progress(records(lines), now)
     phase = local.effective_phase(st)
-    alive = sum(local.pid_alive(lz["pid"]) for lz in st.get("launchers", []))
+    alive = local.launchers_alive(st)
     report = {
         "job": st["job"],
         "backend": "local",
@@ -162,7 +184,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "network": local.network_note(st),
         "prestep": _prestep(st, phase),
         **prog,
-        "reason": st.get("reason"),
+        "reason": local.orphan_note(st) if phase == "Orphaned" else st.get("reason"),
         "failure": _failure(st) if phase == "Failed" else None,
         "problems": [],
     }

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from fsdpctl import backends
-from fsdpctl.cli.common import DryRunOpt, ok, out, state
+from fsdpctl.cli.common import DryRunOpt, ok, out, state, warn
 
 
 def cleanup(
@@ -27,6 +27,8 @@ def cleanup(
     """
     be = backends.create(backends.placed(state(ctx).config(), None, backend))
     removed = be.cleanup(checkpoints=checkpoints, dry_run=dry_run)
+    for note in getattr(be, "notes", ()):  # a stray file or damaged state, skipped: the rest is cleaned
+        warn(note)
     for item in removed:
         out.print(("would remove " if dry_run else "removed ") + item, markup=False)
     kept = "" if checkpoints else "; checkpoints kept"

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends
+from fsdpctl import backends, files
 from fsdpctl.backends import FINAL, Backend
 from fsdpctl.cli import job_view
 from fsdpctl.cli.common import (
@@ -21,10 +21,10 @@ from fsdpctl.cli.common import (
     emit,
     end_wait,
     err,
-    finite,
     ok,
     out,
     state,
+    warn,
 )
 from fsdpctl.redact import redact
 
@@ -43,7 +43,7 @@ BackendOpt = Annotated[
 def _resolve(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
     """The backend holding job NAME: --backend, else the one it was started on, else BACKEND."""
     cfg = state(ctx).config()
-    name = name or cfg.job_name
+    name = files.job_name(name) if name is not None else cfg.job_name  # before any path is built from it
     return backends.create(backends.placed(cfg, name, backend)), name
 
 
@@ -73,6 +73,7 @@ def run(
     Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run --backend local
     """
     backends.check_name(backend)
+    run_id = files.run_id(run_id) if run_id is not None else None
     cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}))
     admit(cfg, force=force)
     be = backends.create(cfg)
@@ -98,8 +99,7 @@ def status(
         bool, typer.Option("--watch", "-w", help="refresh every 2 s until the job ends")
     ] = False,
     stall_after: Annotated[
-        float,
-        typer.Option("--stall-after", help="warn when no step finished for this many s", callback=finite()),
+        float, typer.Option("--stall-after", help="warn when no step finished for this many s")
     ] = 300,
     backend: BackendOpt = None,
 ) -> None:
@@ -164,6 +164,8 @@ def list_(ctx: typer.Context, output: Output = OutputOpt, backend: BackendOpt = 
     """
     be, _ = _resolve(ctx, None, backend or state(ctx).config().backend)
     reports = be.list_jobs()
+    for note in getattr(be, "notes", ()):  # a stray file or damaged state, skipped: every other job is listed
+        warn(note)
     if not emit(reports, output):
         out.print(job_view.list_table(reports))
 
@@ -172,9 +174,7 @@ def list_(ctx: typer.Context, output: Output = OutputOpt, backend: BackendOpt = 
 def wait(
     ctx: typer.Context,
     name: str | None = NameArg,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="seconds (default: no limit)", callback=finite())
-    ] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds (default: no limit)")] = None,
     backend: BackendOpt = None,
 ) -> None:
     """Wait for a job to end; the exit code says how: 0 succeeded, 3 failed, 4 not found, 5 timed out,
