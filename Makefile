@@ -5,7 +5,12 @@ STAMP := $(VENV)/.installed
 # checkov lives apart: its pins (boto3, packaging) clash with the project's
 CHECKOV := .venv-checkov/bin/checkov
 
-.PHONY: install quickstart test test-fast golden lint bench
+# these machines' environment sets PYTHONDONTWRITEBYTECODE: every python process (each xdist worker, each
+# fsdpctl or torchrun process a test starts) would compile the sources and rewrite the tests' asserts again,
+# seconds of CPU each; with it unset the bytecode is kept in __pycache__ (git-ignored)
+unexport PYTHONDONTWRITEBYTECODE
+
+.PHONY: install quickstart test test-fast golden lint bench fuzz
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)

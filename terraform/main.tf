@@ -7,6 +7,8 @@ module "eks_gpu" {
   kubernetes_version      = var.kubernetes_version
   availability_zones      = var.availability_zones
   vpc_cidr                = var.vpc_cidr
+  vpc_id                  = var.vpc_id
+  private_subnet_ids      = var.private_subnet_ids
   instance_type           = var.instance_type
   node_count              = var.node_count
   capacity_reservation_id = var.capacity_reservation_id

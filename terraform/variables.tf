@@ -28,6 +28,18 @@ variable "vpc_cidr" {
   default     = "10.42.0.0/16"
 }
 
+variable "vpc_id" {
+  description = "An existing VPC (vpc-...) for the cluster instead of the one made from vpc_cidr; empty: make one."
+  type        = string
+  default     = ""
+}
+
+variable "private_subnet_ids" {
+  description = "With vpc_id: its private subnets (two or more, in different AZs, with a route out through a NAT gateway or endpoints); the GPU node group and the FSx file system use the first."
+  type        = list(string)
+  default     = []
+}
+
 variable "instance_type" {
   description = "GPU node type: one fsdpctl knows (INSTANCE_TYPES in src/fsdpctl/instances.py)."
   type        = string

@@ -6,12 +6,27 @@ cases the allowed values or bounds come from the field's own declaration."""
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
+import subprocess
+import sys
 import typing
+from pathlib import Path
 
 import pytest
 
-from fsdpctl.settings import TRAIN_KEYS_DERIVED, Settings, setting_keys
+from fsdpctl.settings import (
+    INT64_MAX,
+    INT_MAX,
+    MAX_VALUE_BYTES,
+    TRAIN_KEYS_DERIVED,
+    Settings,
+    setting_keys,
+)
 from fsdptrain.config import TrainConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+from invariants import check_outcome, snapshot  # noqa: E402
 
 
 def _settings_cases():
@@ -71,6 +86,12 @@ def _training_cases():
                 yield key, str(kind(low) - 1), "below minimum", f"is too small: use at least {low:g}"
 
 
+VPC_FIX = "needs PRIVATE_SUBNET_IDS: set the VPC's private subnets (two or more, in different AZs)"
+SUBNETS_FIX = "names too few subnets: give two or more distinct ones, in different AZs (EKS needs two AZs)"
+ZONES_FIX = (
+    "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: `cluster create` reads "
+    "them from EC2)"
+)
 CASES = [
     *_settings_cases(),
     *_training_cases(),
@@ -131,11 +152,18 @@ CASES = [
         "TrainJob with an etcd rendezvous",
         "the Trainer starts torchrun with a static rendezvous; use RDZV_BACKEND=c10d or JOB_KIND=pytorchjob",
     ),
+    ("VPC_ID", "vpc-0123456789abcdef0", "existing VPC without subnets", VPC_FIX),
+    ("PRIVATE_SUBNET_IDS", "subnet-0123456789abcdef0", "one subnet (eksctl wants two)", SUBNETS_FIX),
+    ("PRIVATE_SUBNET_IDS", "subnet-01234567,subnet-01234567", "the same subnet twice", SUBNETS_FIX),
+    ("AVAILABILITY_ZONES", "us-west-2a", "fewer AZs than subnets", ZONES_FIX),
+    ("AVAILABILITY_ZONES", "us-west-2a,us-west-2a", "one AZ for two subnets", ZONES_FIX),
 ]
 EXTRA = {
     "HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n",
     "GPUS_PER_NODE": "BACKEND=eks\n",
     "JOB_KIND": "BACKEND=eks\nRDZV_BACKEND=etcd\n",
+    "PRIVATE_SUBNET_IDS": "VPC_ID=vpc-0123456789abcdef0\n",
+    "AVAILABILITY_ZONES": "VPC_ID=vpc-0a1b2c3d\nPRIVATE_SUBNET_IDS=subnet-01234567,subnet-89abcdef\n",
 }
 
 
@@ -158,17 +186,24 @@ def test_every_key_is_covered():
 
 @pytest.fixture
 def run(cli, tmp_path):
-    def invoke(env_text: str):
+    """`manifest --out-dir out` with the settings file `env_text`, checked by the shared invariants
+    (tests/invariants.py) against snapshots of the whole test directory (FSDPCTL_HOME, out/ and the cwd)."""
+
+    def invoke(env_text: str, *, names: tuple[str, ...] = (), codes=(0, 2)):
         (tmp_path / "bad.env").write_text(env_text)
-        return cli("--env-file", "bad.env", "manifest", "--out-dir", "out")
+        before = snapshot(tmp_path)
+        result = cli("--env-file", "bad.env", "manifest", "--out-dir", "out")
+        check_outcome(
+            result, written_before=before, written_after=snapshot(tmp_path), names=names, allowed_codes=codes
+        )
+        return result
 
     return invoke
 
 
 @pytest.mark.parametrize("key, value, why, fix", CASES, ids=[f"{k}={v!r}:{w}" for k, v, w, _ in CASES])
 def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, why, fix):
-    result = run(EXTRA.get(key, "") + f"{key}={value}\n")
-    assert result.exit_code == 2, result.stdout
+    result = run(EXTRA.get(key, "") + f"{key}={value}\n", names=(key,), codes=(2,))
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     line = errors[0]
@@ -176,7 +211,6 @@ def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, wh
     # after the value, in full: what is allowed or what to do (a long pattern wraps: fold the whitespace)
     said = " ".join(result.stderr[result.stderr.index(line) :].split())
     assert said.endswith(" " + fix), said
-    assert not (tmp_path / "out").exists() and not (tmp_path / "home").exists()
 
 
 @pytest.mark.parametrize(
@@ -187,14 +221,261 @@ def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, wh
     ],
 )
 def test_malformed_env_lines(run, tmp_path, text, expected):
-    result = run(text)
-    assert result.exit_code == 2 and expected in result.stderr
-    assert not (tmp_path / "out").exists()
+    result = run(text, names=("bad.env",), codes=(2,))
+    assert expected in result.stderr
 
 
 def test_unknown_key_warns_with_the_closest_and_still_works(run, tmp_path):
-    result = run("MODLE=7b\nJOB_NODE=4\n")
-    assert result.exit_code == 0
+    result = run("MODLE=7b\nJOB_NODE=4\n", codes=(0,))
     assert "unknown key MODLE: did you mean MODEL?" in result.stderr
     assert "unknown key JOB_NODE: did you mean JOB_NODES?" in result.stderr
     assert (tmp_path / "out" / "pytorchjob-fsdp.yaml").is_file()
+
+
+# ---- classes of values accepted before and failing later (issue 15): each by kind, over every key ----------
+
+NON_FINITE = ("nan", "NaN", "inf", "-inf", "Infinity", "1e400")  # float("1e400") is inf
+
+
+def _float_keys() -> list[str]:
+    train = [f.metadata["env"] for f in dataclasses.fields(TrainConfig) if type(f.default) is float]
+    infra = [name.upper() for name, f in Settings.model_fields.items() if f.annotation is float]
+    return train + infra
+
+
+def _int_keys() -> list[str]:
+    train = [
+        f.metadata["env"]
+        for f in dataclasses.fields(TrainConfig)
+        if type(f.default) is int and f.name not in TRAIN_KEYS_DERIVED
+    ]
+    infra = [name.upper() for name, f in Settings.model_fields.items() if f.annotation is int]
+    return train + infra
+
+
+FLOAT_CASES = [(key, value) for key in _float_keys() for value in NON_FINITE]
+
+
+@pytest.mark.parametrize("key, value", FLOAT_CASES, ids=[f"{k}={v}" for k, v in FLOAT_CASES])
+def test_every_float_key_refuses_nan_and_inf(run, key, value):
+    """NaN and inf parse as floats (Python's float() takes them) and compare False with every bound, so a
+    minimum alone let `LR=nan` validate and render. Refused by the float kind, for every float key."""
+    result = run(f"{key}={value}\n", names=(f"{key}={value!r}",), codes=(2,))
+    assert "is not a finite number" in result.stderr
+
+
+def _int_range_cases():
+    declared = {
+        name.upper(): m.le
+        for name, f in Settings.model_fields.items()
+        for m in f.metadata
+        if hasattr(m, "le")
+    }
+    for key in _int_keys():
+        most = declared.get(key, INT_MAX.get(key, INT64_MAX))
+        yield key, str(most + 1), f"is too large: use at most {most}"
+        yield key, str(2**64), f"is too large: use at most {most}"  # beyond any 64-bit integer
+    yield "SEED", "-1", "is too small: use at least 0"
+    yield "METRICS_PORT", "-1", "is too small: use at least 0"
+
+
+INT_CASES = list(_int_range_cases())
+
+
+@pytest.mark.parametrize("key, value, fix", INT_CASES, ids=[f"{k}={v}" for k, v, _ in INT_CASES])
+def test_every_int_key_has_a_range(run, key, value, fix):
+    """Every whole number fits where it goes: int64 by kind (torch.manual_seed refuses a SEED beyond 2**64-1
+    once the trainer adds its per-shard offset; Kubernetes integer fields are int64), a TCP port at most
+    65535, a timeout within datetime.timedelta's range (torch's process-group timeout is one)."""
+    result = run(f"{key}={value}\n", names=(key,), codes=(2,))
+    assert fix in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("key, value", [("SEED", str(INT64_MAX)), ("METRICS_PORT", "65535")])
+def test_the_largest_whole_number_in_range_is_taken(run, key, value):
+    run(f"{key}={value}\n", codes=(0,))
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "99999"])
+def test_registry_port_is_a_tcp_port(run, port):
+    result = run(f"IMAGE_REGISTRY=registry.example.com:{port}\n", names=("IMAGE_REGISTRY",), codes=(2,))
+    assert "use a TCP port from 1 to 65535" in result.stderr
+
+
+@pytest.mark.parametrize("key", sorted(setting_keys()))
+def test_a_value_too_large_for_execve_is_refused_by_size(run, key):
+    """Every value reaches the trainer as one environment string `KEY=value`; Linux refuses execve with E2BIG
+    for any single string over MAX_ARG_STRLEN, 32 pages = 128 KiB (include/uapi/linux/binfmts.h). Any key's
+    value over MAX_VALUE_BYTES is refused up front, the line giving its size, never the value itself."""
+    value = "a" * (MAX_VALUE_BYTES + 1)
+    result = run(f"{key}={value}\n", names=(key,), codes=(2,))
+    assert f"{key}=<{MAX_VALUE_BYTES + 1} bytes> is too long" in result.stderr
+    assert value[:100] not in result.stderr
+
+
+def test_the_size_limit_is_below_what_execve_takes():
+    """The limit leaves room under MAX_ARG_STRLEN for the key: a real process starts with a value of
+    MAX_VALUE_BYTES in its environment, and the kernel refuses one over 128 KiB (E2BIG)."""
+    ok = subprocess.run(["true"], env={"TOKENIZER": "a" * MAX_VALUE_BYTES})
+    assert ok.returncode == 0
+    with pytest.raises(OSError) as e:
+        subprocess.run(["true"], env={"TOKENIZER": "a" * (128 * 1024)})
+    assert e.value.errno == errno.E2BIG
+
+
+# JOB_NAME: the Training Operator names every pod and its Service `<job>-<replica type>-<index>`
+# (training-operator pkg/core/utils.go GenGeneralName), here `<job>-worker-<n-1>`; its webhook wants the name
+# itself a DNS-1035 label (pkg/webhooks/pytorch/pytorchjob_webhook.go NameIsDNS1035Label: a letter first).
+# A TrainJob's pods are JobSet's `<job>-node-0-<n-1>`. Over index widths up to NODE_COUNT's most (64).
+NAME_CASES = [(kind, nodes) for kind in ("pytorchjob", "trainjob") for nodes in (1, 2, 10, 11, 64)]
+
+
+@pytest.mark.parametrize("kind, nodes", NAME_CASES, ids=[f"{k}-{n}" for k, n in NAME_CASES])
+def test_job_name_leaves_room_for_every_derived_name(run, tmp_path, kind, nodes):
+    middle = "-worker-" if kind == "pytorchjob" else "-node-0-"
+    room = 63 - len(f"{middle}{nodes - 1}")
+    base = f"BACKEND=eks\nJOB_KIND={kind}\nJOB_NODES={nodes}\nNODE_COUNT=64\n"
+    too_long = "j" * (room + 1)
+    result = run(base + f"JOB_NAME={too_long}\n", names=(f"JOB_NAME={too_long!r}",), codes=(2,))
+    assert f"use at most {room} characters" in result.stderr
+    longest = "j" * room
+    run(base + f"JOB_NAME={longest}\n", codes=(0,))
+    import yaml
+
+    for path in (tmp_path / "out").iterdir():
+        for obj in yaml.safe_load_all(path.read_text()):
+            assert len(obj["metadata"]["name"]) <= 63, (path, obj["metadata"]["name"])
+    assert len(f"{longest}{middle}{nodes - 1}") == 63
+
+
+@pytest.mark.parametrize("name", ["1job", "9", "0abc"])
+def test_job_name_starting_with_a_digit_is_refused(run, name):
+    result = run(f"JOB_NAME={name}\n", names=(f"JOB_NAME={name!r}",), codes=(2,))
+    assert "^[a-z]" in result.stderr
+
+
+# NODE_SELECTOR and TOLERATIONS keys and values, as apimachinery's IsQualifiedName and IsValidLabelValue
+# (k8s.io/apimachinery/pkg/util/validation/validation.go) refuse them; each passes the settings' pattern.
+BAD_LABELS = [
+    "-zone=a",  # a name starts with an alphanumeric
+    "zone-=a",  # ... and ends with one
+    "a/=b",  # empty name after the prefix
+    "/a=b",  # empty prefix
+    "Example.COM/zone=a",  # the prefix is a DNS subdomain: lower case
+    "a/b/c=d",  # one slash at most (the prefix 'a/b' is no subdomain)
+    "k" * 64 + "=v",  # a name part has at most 63 characters
+    "k=" + "v" * 64,  # a value has at most 63 characters
+    "k=-v",  # a value starts with an alphanumeric
+    "k=v.",  # ... and ends with one
+    "good=ok,-bad=x",  # every pair is checked
+]
+GOOD_LABELS = [
+    "topology.kubernetes.io/zone=us-west-2a",
+    "node.kubernetes.io/instance-type=p5.48xlarge",
+    "example.com/" + "n" * 63 + "=" + "v" * 63,
+    "a=",
+    "A_b.c=X-y_z.1",
+]
+
+
+@pytest.mark.parametrize("selector", BAD_LABELS)
+def test_node_selector_keys_and_values_follow_the_label_rules(run, selector):
+    run(f"NODE_SELECTOR={selector}\n", names=(f"NODE_SELECTOR={selector!r}",), codes=(2,))
+
+
+@pytest.mark.parametrize("selector", BAD_LABELS)
+def test_toleration_keys_and_values_follow_the_label_rules(run, selector):
+    run(f"TOLERATIONS={selector}:NoSchedule\n", names=("TOLERATIONS",), codes=(2,))
+
+
+@pytest.mark.parametrize("selector", GOOD_LABELS)
+def test_valid_node_selectors_are_taken(run, tmp_path, selector):
+    run(f"BACKEND=eks\nNODE_SELECTOR={selector}\n", codes=(0,))
+    assert "nodeSelector" in (tmp_path / "out" / "pytorchjob-fsdp.yaml").read_text()
+
+
+# ---- the settings file (--env-file) ------------------------------------------------------------------------
+
+
+def _env_file_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """name -> (the --env-file argument, what its line says), each made in tmp_path."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "latin1.env").write_bytes("MODEL=7b\n# caf\xe9\n".encode("latin-1"))
+    (tmp_path / "binary.env").write_bytes(bytes(range(256)))
+    (tmp_path / "plain").write_text("MODEL=7b\n")
+    (tmp_path / "huge.env").write_bytes(b"#" * (2 * 1024 * 1024))
+    return {
+        "directory": ("adir", "--env-file adir is a directory, not a file"),
+        "non-UTF-8 text": ("latin1.env", "--env-file latin1.env is not UTF-8 text"),
+        "binary": ("binary.env", "--env-file binary.env is not UTF-8 text"),
+        "missing, explicit": ("some/dir/.env", "--env-file some/dir/.env does not exist"),
+        "missing, other name": ("missing.env", "--env-file missing.env does not exist"),
+        "below a file": ("plain/.env", "--env-file plain/.env cannot be read: Not a directory"),
+        "too large": ("huge.env", "--env-file huge.env has 2097152 bytes"),
+    }
+
+
+ENV_FILE_CASES = [
+    "directory",
+    "non-UTF-8 text",
+    "binary",
+    "missing, explicit",
+    "missing, other name",
+    "below a file",
+    "too large",
+]
+
+
+@pytest.mark.parametrize("case", ENV_FILE_CASES)
+@pytest.mark.parametrize("how", ["flag", "FSDPCTL_ENV_FILE"])
+def test_env_file_that_is_not_a_readable_text_file(cli, tmp_path, monkeypatch, case, how):
+    """Each file-system situation is one line naming the path, exit 2, nothing written; an explicit path
+    that does not exist is an error (only the default ./.env may be absent), by flag or by variable."""
+    arg, line = _env_file_cases(tmp_path)[case]
+    before = snapshot(tmp_path)
+    if how == "flag":
+        result = cli("--env-file", arg, "manifest", "--out-dir", "out")
+    else:
+        monkeypatch.setenv("FSDPCTL_ENV_FILE", arg)
+        result = cli("manifest", "--out-dir", "out")
+    check_outcome(
+        result, written_before=before, written_after=snapshot(tmp_path), names=(arg,), allowed_codes=(2,)
+    )
+    assert "error: " + line in result.stderr
+
+
+def test_default_env_file_may_be_absent_but_not_a_directory(cli, tmp_path):
+    before = snapshot(tmp_path)
+    result = cli("config", "show")
+    check_outcome(result, written_before=before, written_after=snapshot(tmp_path), allowed_codes=(0,))
+    (tmp_path / ".env").mkdir()
+    before = snapshot(tmp_path)
+    result = cli("config", "show")
+    check_outcome(
+        result, written_before=before, written_after=snapshot(tmp_path), names=(".env",), allowed_codes=(2,)
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifo-default", "socket"])
+def test_env_file_fifo_or_socket_does_not_hang(cli, tmp_path, kind):
+    """open() of a FIFO blocks until a writer opens it: `--env-file FIFO` hung forever. The real executable,
+    with a timeout: the file type is checked before opening, so it answers at once."""
+    import socket
+
+    path = tmp_path / (".env" if kind == "fifo-default" else "settings.env")
+    if kind.startswith("fifo"):
+        os.mkfifo(path)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+    args = () if kind == "fifo-default" else ("--env-file", path.name)
+    before = snapshot(tmp_path)
+    result = cli.run(*args, "manifest", "--out-dir", "out", timeout=60)
+    check_outcome(
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        names=(path.name,),
+        allowed_codes=(2,),
+    )
+    assert "is not a regular file" in result.stderr

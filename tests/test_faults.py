@@ -72,7 +72,7 @@ def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
     text = leader_text(env)
     assert "resumed from" in text
     status = json.loads(fsdpctl("job", "status", "-o", "json", env=env).stdout)
-    assert status["restarts"] >= 1 and status["phase"] == "Succeeded"
+    assert status["restarts"] == 1 and status["phase"] == "Succeeded"  # one restart of the job, both nodes
     got = step_losses(text)
     resumed_at = status["summary"]["start_step"]
     assert resumed_at >= 20 and resumed_at % 20 == 0

@@ -224,6 +224,36 @@ def test_every_daemonset_lands_on_the_gpu_nodes_and_gpu_only_ones_nowhere_else(t
             assert not lands(pod, system), f"{name} lands on the {tool} system nodes"
 
 
+@pytest.mark.parametrize("shared", ["fsx-claim", ""])
+@pytest.mark.parametrize("tool", ["eksctl", "terraform"])
+@pytest.mark.parametrize("instance", INSTANCES)
+def test_the_job_pods_land_on_gpu_nodes_that_make_their_local_scratch(tool, instance, shared):
+    """The worker pod, with the shared volume or with the /local scratch (hostPath) without one, lands on the
+    tool's GPU nodes and not on its system nodes; and the GPU node group is the one whose user data makes that
+    directory (eksctl: preBootstrapCommands; terraform: the GPU launch template's user data, nvme.tf), the
+    system nodes' does not."""
+    cfg = load(
+        dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance, "SHARED_VOLUME": shared, "CHECKPOINT_PVC": "c"}
+    )
+    pod = render.render_job(cfg, "r")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    gpu, system = cluster_nodes(tool, instance)
+    assert lands(pod, gpu) and not lands(pod, system)
+    hosts = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
+    assert hosts == ([] if shared else [render.NODE_SCRATCH_DIR])
+    if tool == "eksctl":
+        groups = render.render_clusterconfig(load(dotenv={"INSTANCE_TYPE": instance}))["managedNodeGroups"]
+        made = {
+            g["name"]: render.NODE_SCRATCH_DIR in "".join(g.get("preBootstrapCommands", [])) for g in groups
+        }
+        assert made == {"system": False, f"gpu-{instance.split('.')[0]}": True}
+    else:
+        module = hcl2.load((ROOT / "terraform/modules/eks-gpu/main.tf").open())
+        templates = [b for b in module["resource"] if '"aws_launch_template"' in b]
+        assert [list(t['"aws_launch_template"']) for t in templates] == [['"gpu"']]  # the system group: none
+        assert "local.gpu_user_data" in templates[0]['"aws_launch_template"']['"gpu"']["user_data"]
+        assert render.NODE_SCRATCH_DIR in (ROOT / "terraform/modules/eks-gpu/nvme.tf").read_text()
+
+
 @pytest.mark.parametrize("tool", ["eksctl", "terraform"])
 @pytest.mark.parametrize("instance", INSTANCES)
 def test_eksctls_own_efa_plugin_does_not_reach_the_tainted_gpu_nodes(tool, instance):

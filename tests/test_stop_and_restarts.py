@@ -221,14 +221,14 @@ def test_status_counts_job_restarts_not_node_failures(tmp_path):
 
 def test_gpu_environment_and_flight_recorder_paths():
     """The references' GPU env (awsome-distributed-training FSDP fsdp.yaml-template): expandable segments and
-    the NCCL flight recorder, dumping where the dumps outlive the pod (the shared volume) or else on the
-    pod's checkpoint volume."""
+    the NCCL flight recorder, dumping where the dumps outlive the pod: the shared volume, or else the node's
+    /local scratch (its instance store, a hostPath)."""
     env = container_env(render.render_job(eks(JOB_NODES="2"), "r")[-1])
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert (env["TORCH_NCCL_TRACE_BUFFER_SIZE"], env["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == ("20000", "1")
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/fsx/nccl-traces/fsdp/nccl_trace_rank_"
     alone = container_env(render.render_job(eks(JOB_NODES="1", SHARED_VOLUME=""), "r")[-1])
-    assert alone["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/checkpoints/nccl-traces/fsdp/nccl_trace_rank_"
+    assert alone["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/local/nccl-traces/fsdp/nccl_trace_rank_"
 
 
 def test_join_timeout_reaches_the_legacy_etcd_handler(monkeypatch):
@@ -418,7 +418,7 @@ def test_a_killed_node_is_recreated_and_the_job_resumes(tmp_path, monkeypatch):
     report = local_backend._report(state, float("inf"))
     assert report["phase"] == "Succeeded" and report["step"] == 60, report
     assert [lz["relaunches"] for lz in state["launchers"]] == [0, 1]
-    assert 1 <= report["restarts"] <= 2, report
+    assert report["restarts"] == 1, report  # one new rendezvous round of the job, whichever node logged it
     logs = {f.stem: f.read_text() for f in local.log_files(state)}
     assert "exited with code 137; recreated" in logs["node-1"]
     assert any("resumed from" in text for text in logs.values())

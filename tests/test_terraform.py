@@ -318,9 +318,57 @@ def test_the_file_system_sits_in_the_gpu_node_groups_subnet():
 
     gpu = resource(module, "aws_eks_node_group", "gpu")
     fs = resource(fsx, "aws_fsx_lustre_file_system", "shared")
-    assert fs["subnet_ids"] == gpu["subnet_ids"] == ["${aws_subnet.private[0].id}"]
+    assert fs["subnet_ids"] == gpu["subnet_ids"] == ["${local.private_subnet_ids[0]}"]
     template = resource(module, "aws_launch_template", "gpu")
     node_groups = template["dynamic"][0]['"network_interfaces"']["content"][0]["security_groups"]
     lustre = resource(fsx, "aws_security_group", "lustre")
     rules = lustre["dynamic"][0]['"ingress"']["content"][0]
     assert rules["security_groups"] == node_groups and rules["self"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
+)
+def test_plan_in_an_existing_vpc_makes_no_network_and_uses_its_subnets(aws_env, cli):
+    """VPC_ID and PRIVATE_SUBNET_IDS of a VPC made in moto (its subnets' AZs read by `cluster create` from
+    DescribeSubnets): a real `plan` makes no VPC, subnet, gateway, route table or default-group rules (15
+    fewer resources than with a VPC of its own), puts the cluster, both node groups and the FSx file system
+    in the given subnets (the GPU nodes and FSx in the first) and opens Lustre's egress to the VPC's own CIDR,
+    read by the aws_vpc data source. A single subnet fails the module's precondition."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnets = [
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
+        for i, z in enumerate(["us-east-1b", "us-east-1a"])
+    ]
+    keys = ["--set", f"VPC_ID={vpc}", "--set", f"PRIVATE_SUBNET_IDS={','.join(subnets)}"]
+    assert cli(*keys, "cluster", "create", "--tool", "terraform", "--dry-run").exit_code == 0
+    work = cli.home / "clusters/fsdp-eks/terraform"
+    env = {**os.environ, "TF_IN_AUTOMATION": "1"}
+
+    def tf(*args):
+        return subprocess.run(
+            ["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    assert tf("init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}").returncode == 0
+    valid = tf("validate", "-no-color")
+    assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
+    plan = tf("plan", "-input=false", "-no-color")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "Plan: 16 to add, 0 to change, 0 to destroy." in plan.stdout
+    for made in ("aws_vpc.", "aws_subnet.", "aws_nat_gateway.", "aws_route_table", "aws_default_security"):
+        assert f"module.eks_gpu.{made}" not in plan.stdout, made
+    lists = [
+        sorted(re.findall(r'"(subnet-\w+)"', b))
+        for b in re.findall(r"subnet_ids\s+= \[(.*?)\]", plan.stdout, re.S)
+    ]
+    # the cluster and the system nodes in both; the GPU nodes and FSx in the first
+    assert sorted(lists) == [[subnets[0]], [subnets[0]], sorted(subnets), sorted(subnets)], lists
+    sg = plan.stdout[plan.stdout.index("module.eks_gpu.aws_security_group.lustre[0] will be created") :]
+    assert '"10.9.0.0/16"' in sg[: sg.index("\n    }\n")]
+    one = tf("plan", "-input=false", "-no-color", "-var", f'private_subnet_ids=["{subnets[0]}"]')
+    assert one.returncode == 1 and "two or more subnets of vpc_id" in one.stderr

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpctl import fsx, render
 from fsdpctl.adapters import eksctl, terraform
-from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.settings import Config
 
@@ -69,6 +69,36 @@ def reservation_zones(cfg: Config) -> str:
     aws = connect(cfg)
     zone = aws.capacity_reservation(cfg.capacity_reservation_id)["AvailabilityZone"]
     return ",".join([zone, *[z for z in aws.zones() if z != zone][:1]])
+
+
+def subnet_zones(cfg: Config) -> str:
+    """AVAILABILITY_ZONES of an existing VPC: the AZ of each of PRIVATE_SUBNET_IDS, in their order, as EC2
+    describes them (DescribeSubnets)."""
+    return zones_of_subnets(cfg, connect(cfg).subnets(cfg.subnet_ids))
+
+
+def zones_of_subnets(cfg: Config, described: list[dict[str, Any]]) -> str:
+    """The check of `subnet_zones` on EC2's Subnets: every subnet in VPC_ID, one per AZ (eksctl keys them by
+    AZ), and AVAILABILITY_ZONES, when set, naming those AZs in the same order."""
+    by_id = {s["SubnetId"]: s for s in described}
+    fix = "give the private subnets of VPC_ID, one per AZ (`aws ec2 describe-subnets --filters Name=vpc-id,"
+    fix += f"Values={cfg.vpc_id}`)"
+    for subnet in cfg.subnet_ids:
+        found = by_id.get(subnet)
+        if found is None or found["VpcId"] != cfg.vpc_id:
+            where = f"is in {found['VpcId']}" if found else "was not found"
+            raise BadInput(f"PRIVATE_SUBNET_IDS: {subnet} {where}, not in VPC_ID={cfg.vpc_id}", hint=fix)
+    zones = [by_id[s]["AvailabilityZone"] for s in cfg.subnet_ids]
+    if len(set(zones)) != len(zones):
+        raise BadInput(
+            f"PRIVATE_SUBNET_IDS={cfg.private_subnet_ids}: two subnets share an AZ ({zones})", hint=fix
+        )
+    if cfg.availability_zones and cfg.availability_zones != ",".join(zones):
+        raise BadInput(
+            f"AVAILABILITY_ZONES={cfg.availability_zones}: PRIVATE_SUBNET_IDS are in {','.join(zones)}",
+            hint=f"set AVAILABILITY_ZONES={','.join(zones)} or leave it empty",
+        )
+    return ",".join(zones)
 
 
 def connect(cfg: Config) -> Aws:

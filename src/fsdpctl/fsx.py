@@ -94,8 +94,8 @@ class Plan:
 
     def file_system_request(self, group_id: str, kms_key_id: str) -> dict[str, Any]:
         return {
-            # FSx's idempotency token: a retried create returns the same file system instead of a second
-            "ClientRequestToken": f"fsdpctl-{self.cluster}"[:63],
+            # no ClientRequestToken: botocore fills a fresh one per call (idempotencyToken in the model),
+            # covering its own retries; a fixed one would hand a re-create after a delete the old file system
             "FileSystemType": "LUSTRE",
             "FileSystemTypeVersion": LUSTRE_VERSION,
             "StorageCapacity": self.storage_gib,

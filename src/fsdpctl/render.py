@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from fsdpctl import plan, prestep
+from fsdpctl.errors import BadInput
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 from fsdptrain.shapes import MODEL_CONFIGS
 
@@ -55,6 +56,33 @@ GPU_ENV = {
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
 }
 NCCL_TRACE_PREFIX = "nccl_trace_rank_"  # torch's own file name; the rank is appended
+
+# Local NVMe. nodeadm (AL2023) turns the instance store into one RAID0 array when its NodeConfig says
+# spec.instance.localStorage.strategy: RAID0, by running setup-local-disks, which mounts the array at
+# $MNT_DIR/0 (MNT_DIR=/mnt/k8s-disks) and bind-mounts the kubelet's and containerd's directories onto it
+# (amazon-eks-ami: nodeadm/internal/system/local_disk.go, templates/al2023/runtime/bin/setup-local-disks).
+# Both tools put this NodeConfig in the GPU nodes' user data (eksctl: overrideBootstrapCommand; terraform:
+# modules/eks-gpu/nvme.tf).
+NODE_CONFIG_RAID0 = {
+    "apiVersion": "node.eks.aws/v1alpha1",
+    "kind": "NodeConfig",
+    "spec": {"instance": {"localStorage": {"strategy": "RAID0"}}},
+}
+# The /local scratch: a directory on that array, which job pods mount (hostPath) when there is no shared
+# volume. nodeadm mounts the array in its run phase, after cloud-init has run the user data's scripts
+# (nodeadm-run.service: After=cloud-final.service), so a script cannot simply mkdir it: the script gives the
+# kubelet a drop-in that makes it, world-writable and sticky as /tmp (non-root pods write there too), each
+# time the kubelet starts (after the array is mounted); `-`: never a reason for the kubelet not to start.
+NODE_SCRATCH_DIR = "/mnt/k8s-disks/0/local"
+POD_SCRATCH = "/local"
+SCRATCH_DROP_IN = "/etc/systemd/system/kubelet.service.d/90-fsdpctl-local.conf"
+SCRATCH_SCRIPT = f"""mkdir -p {SCRATCH_DROP_IN.rsplit("/", 1)[0]}
+cat > {SCRATCH_DROP_IN} <<'EOF'
+[Service]
+ExecStartPre=-/usr/bin/install -d -m 1777 {NODE_SCRATCH_DIR}
+EOF
+systemctl daemon-reload
+"""
 
 # The container's command: fsdptrain.launch checks the trainer's settings on the node and exits 2 on a bad one
 # before torchrun exists (torchrun would restart any failing worker group, exit code 2 included), then
@@ -157,10 +185,18 @@ def checkpoint_dir(cfg: Config, job_name: str) -> str:
 
 def nccl_trace_file(cfg: Config, job_name: str) -> str:
     """TORCH_NCCL_DEBUG_INFO_TEMP_FILE: the flight recorder writes `<this><rank>` per rank. On the shared
-    volume, where the dumps outlive the pods and one directory holds every node's; without one, on the pod's
-    checkpoint volume."""
-    root = cfg.shared_volume_path.rstrip("/") if cfg.shared_volume else POD_CHECKPOINT_ROOT
+    volume, where one directory holds every node's; without one, on each node's /local scratch. Either way
+    the dumps outlive the pod that wrote them."""
+    root = cfg.shared_volume_path.rstrip("/") if cfg.shared_volume else POD_SCRATCH
     return f"{root}/nccl-traces/{job_name}/{NCCL_TRACE_PREFIX}"
+
+
+def scratch(cfg: Config) -> dict[str, str] | None:
+    """The node's /local scratch the pods mount (hostPath: the node's own RAID0, kept across pods and
+    jobs): only without a shared volume, which holds the traces and the HF cache otherwise."""
+    if cfg.shared_volume:
+        return None
+    return {"path": NODE_SCRATCH_DIR, "mount": POD_SCRATCH}
 
 
 @dataclass(frozen=True)
@@ -280,8 +316,9 @@ def pod_annotations(cfg: Config) -> dict[str, str]:
 def pod_env(cfg: Config) -> dict[str, str]:
     env = dict(cfg.train_env())
     env["CHECKPOINT_DIR"] = checkpoint_dir(cfg, cfg.job_name)
-    if cfg.shared_volume:  # one download of models and tokenizers per job, not one per node
-        env["HF_HOME"] = prestep.hf_home(cfg)
+    # with a shared volume one download of models and tokenizers per job; else one per node, kept on its
+    # /local scratch for the next job
+    env["HF_HOME"] = prestep.hf_home(cfg) if cfg.shared_volume else f"{POD_SCRATCH}/hf-cache"
     if metrics_port(cfg):
         env["METRICS_PORT"] = str(metrics_port(cfg))
     env.update(COMMON_ENV)
@@ -363,6 +400,7 @@ def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
         checkpoint_pvc=cfg.checkpoint_pvc,
         shared_volume=cfg.shared_volume,
         shared_volume_path=cfg.shared_volume_path,
+        scratch=scratch(cfg),
         secret_name=secret_name(cfg),
     )
 
@@ -449,8 +487,17 @@ def render_secret(cfg: Config, token: str, run_id: str) -> Obj:
 
 
 def render_clusterconfig(cfg: Config) -> Obj:
-    """The eksctl ClusterConfig for the cluster the settings describe."""
+    """The eksctl ClusterConfig for the cluster the settings describe. An existing VPC's subnets are keyed by
+    their AZs (eksctl's vpc.subnets.private.<az>.id), which AVAILABILITY_ZONES names in the same order
+    (`cluster create` reads them from EC2 when it is empty)."""
     zones = [z for z in cfg.availability_zones.split(",") if z]
+    if cfg.subnet_ids and not zones:
+        raise BadInput(
+            f"PRIVATE_SUBNET_IDS={cfg.private_subnet_ids}: eksctl keys subnets by AZ, and AVAILABILITY_ZONES "
+            "is empty",
+            hint="set AVAILABILITY_ZONES to each subnet's AZ in the same order, or run `fsdpctl cluster "
+            "create`, which reads them from EC2",
+        )
     return render_template(
         "clusterconfig.yaml.j2",
         cluster_name=cfg.cluster_name,
@@ -465,6 +512,10 @@ def render_clusterconfig(cfg: Config) -> Obj:
         capacity_reservation_id=cfg.capacity_reservation_id,
         capacity_block=bool(cfg.capacity_reservation_id)
         and cfg.capacity_reservation_type == "capacity-block",
+        vpc_id=cfg.vpc_id,
+        private_subnets=dict(zip(zones, cfg.subnet_ids, strict=True)) if cfg.subnet_ids else {},
+        node_config=yaml.safe_dump(NODE_CONFIG_RAID0, sort_keys=False),
+        scratch_script=SCRATCH_SCRIPT,
     )[0]
 
 
@@ -480,6 +531,8 @@ def terraform_vars(cfg: Config) -> dict[str, Any]:
         "cluster_name": cfg.cluster_name,
         "kubernetes_version": cfg.kubernetes_version,
         "availability_zones": zones,
+        "vpc_id": cfg.vpc_id,
+        "private_subnet_ids": cfg.subnet_ids,
         "instance_type": cfg.instance_type,
         "node_count": cfg.node_count,
         "capacity_reservation_id": cfg.capacity_reservation_id,

@@ -10,15 +10,27 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import io
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, SkipValidation, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SkipValidation,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
-from fsdpctl.errors import SettingsError
+from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.validate import LABEL_MAX, label_value_problem, qualified_name_problem
 from fsdptrain.config import ConfigError, TrainConfig, parse_value, with_model_defaults
 from fsdptrain.shapes import job_mesh_shape
 
@@ -29,6 +41,27 @@ EC2_TYPE = r"^[a-z0-9-]+\.[a-z0-9]+$"
 REGISTRY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?)?$"
 IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+VPC = r"^(vpc-[0-9a-f]{8,17})?$"
+SUBNET_LIST = r"^(subnet-[0-9a-f]{8,17}(,subnet-[0-9a-f]{8,17})*)?$"
+# A job's name is a DNS-1035 label (starts with a letter): the Training Operator's webhook refuses any other
+# (pkg/webhooks/pytorch/pytorchjob_webhook.go: NameIsDNS1035Label), and the Services named after its pods are
+# DNS-1035 labels too.
+DNS_1035_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Every value travels to the trainer as an environment string `KEY=value`; Linux refuses execve with E2BIG for
+# any one string over MAX_ARG_STRLEN (32 pages = 128 KiB: include/uapi/linux/binfmts.h). Half of that leaves
+# room for the key and for the other values; anything longer is a paste gone wrong, not a setting.
+MAX_VALUE_BYTES = 64 * 1024
+TOKEN_FILE_HINT = "put the token (hf_...) alone in the file, or set HF_TOKEN"
+# Whole numbers end up in C int64 fields (torch.manual_seed adds per-shard offsets to SEED and refuses beyond
+# 2**64-1; Kubernetes int64 fields; timedelta(seconds=...) for the timeouts): one range for all, tighter
+# ranges where the value has one of its own.
+INT64_MAX = 2**63 - 1
+TIMEDELTA_MAX_SECONDS = 999_999_999 * 86_400  # datetime.timedelta.max, in whole days
+INT_MAX = {
+    "METRICS_PORT": 65535,  # a TCP port (0: off)
+    "COLLECTIVE_TIMEOUT": TIMEDELTA_MAX_SECONDS,  # torch's init_process_group(timeout=timedelta(...))
+    "RDZV_JOIN_TIMEOUT": TIMEDELTA_MAX_SECONDS,  # torchrun's rendezvous join_timeout, a timedelta too
+}
 GATED_PREFIXES = ("meta-llama/",)
 # Keys the job derives itself rather than taking from the user.
 TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
@@ -43,7 +76,8 @@ def _k(default: Any, group: str, help: str, **constraints: Any) -> Any:
 class Settings(BaseModel):
     """Everything but training: each field's env/.env key is its name in capitals."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and inf are no setting's value: a float key refuses them by its kind, whatever it is
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     aws_region: str = _k("us-west-2", "aws", "AWS region", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
     aws_account_id: str = _k(
@@ -69,6 +103,19 @@ class Settings(BaseModel):
         "comma-separated AZs; the GPU node group uses the first (empty: the reservation's, or eksctl's)",
         pattern=AZ_LIST,
     )
+    vpc_id: str = _k(
+        "",
+        "cluster",
+        "an existing VPC (vpc-...) for the cluster, with PRIVATE_SUBNET_IDS (empty: the tool makes a VPC)",
+        pattern=VPC,
+    )
+    private_subnet_ids: str = _k(
+        "",
+        "cluster",
+        "its private subnets (subnet-...,subnet-...), two or more in different AZs; the GPU node group "
+        "uses the first",
+        pattern=SUBNET_LIST,
+    )
     kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")
     system_instance_type: str = _k(
         "m5.xlarge", "cluster", "instance type of the system node group (etcd, operator)", pattern=EC2_TYPE
@@ -87,7 +134,9 @@ class Settings(BaseModel):
         "ecr:GetAuthorizationToken) or none (docker is logged in already)",
     )
     backend: Literal["local", "eks"] = _k("local", "job", "where `job run` runs: this machine or the cluster")
-    job_name: str = _k("fsdp", "job", "job name (a DNS label)", pattern=DNS_LABEL)
+    job_name: str = _k(
+        "fsdp", "job", "job name (a DNS-1035 label: starts with a letter)", pattern=DNS_1035_LABEL
+    )
     job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
     job_nodes: int = _k(2, "job", "nodes (pods) in the job; local: simulated nodes", ge=1, le=1024)
     gpus_per_node: int = _k(0, "job", "GPUs per pod (0: all the instance has)", ge=0)
@@ -185,6 +234,17 @@ class Settings(BaseModel):
     )
     hf_token_file: str = _k("", "secrets", "file holding the HF token (instead of HF_TOKEN)")
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int_in_range(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every whole number within its range by kind (INT_MAX, else int64), whether or not its field
+        declares a maximum."""
+        if isinstance(value, int) and not isinstance(value, bool) and info.field_name:
+            most = INT_MAX.get(info.field_name.upper(), INT64_MAX)
+            if value > most:
+                raise ValueError(f"is too large: use at most {most}")
+        return value
+
     @model_validator(mode="after")
     def _instance_known(self) -> Settings:
         if self.image_tag == "latest":
@@ -201,12 +261,42 @@ class Settings(BaseModel):
                 "GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
                 "does not start pods as a group"
             )
+        self._existing_vpc()
         if self.gpus_per_node > self.instance.gpus:
             raise ValueError(
                 f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
                 f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)"
             )
         return self
+
+    def _existing_vpc(self) -> None:
+        """Both or neither; eksctl wants two or more private subnets (MinRequiredSubnets) keyed by AZ, so one
+        per AZ, and AVAILABILITY_ZONES, when set, names each subnet's AZ in order."""
+        subnets, zones = self.subnet_ids, [z for z in self.availability_zones.split(",") if z]
+        if self.vpc_id and not subnets:
+            raise ValueError(
+                f"VPC_ID={self.vpc_id} needs PRIVATE_SUBNET_IDS: set the VPC's private subnets "
+                "(two or more, in different AZs)"
+            )
+        if subnets and not self.vpc_id:
+            raise ValueError(
+                f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} needs VPC_ID: set the VPC they belong to"
+            )
+        if len(subnets) == 1 or len(set(subnets)) != len(subnets):
+            raise ValueError(
+                f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} names too few subnets: give two or more "
+                "distinct ones, in different AZs (EKS needs two AZs)"
+            )
+        if subnets and zones and (len(zones) != len(subnets) or len(set(zones)) != len(zones)):
+            raise ValueError(
+                f"AVAILABILITY_ZONES={self.availability_zones} does not pair with PRIVATE_SUBNET_IDS: "
+                "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: "
+                "`cluster create` reads them from EC2)"
+            )
+
+    @property
+    def subnet_ids(self) -> list[str]:
+        return [s for s in self.private_subnet_ids.split(",") if s]
 
     @property
     def instance(self) -> InstanceType:
@@ -217,7 +307,7 @@ class Config(Settings):
     """Settings + training values + derived numbers, as every command sees them. A subclass of Settings, so
     `cfg.job_name` is a typed field (no `__getattr__`); built by `load()` from already-validated parts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False)
 
     training: SkipValidation[TrainConfig] = Field(default_factory=TrainConfig)
     # KEY -> default | model default | .env | env | flag
@@ -293,9 +383,19 @@ class Config(Settings):
         """The token itself, for the Secret only. `read_file` is injected so this module stays free of I/O."""
         if self.hf_token.get_secret_value():
             return self.hf_token.get_secret_value()
-        if self.hf_token_file and read_file:
-            return read_file(self.hf_token_file).strip()
-        return ""
+        if not (self.hf_token_file and read_file):
+            return ""
+        where = f"HF_TOKEN_FILE={self.hf_token_file!r}"
+        try:
+            token = read_file(self.hf_token_file).strip()
+        except UnicodeDecodeError as e:  # a binary file: say where, never what
+            raise BadInput(
+                f"{where} is not text (byte {e.start} is not UTF-8)", hint=TOKEN_FILE_HINT
+            ) from None
+        # it becomes an environment string and an HTTP header: printable, one word, a sane size
+        if len(token) > MAX_VALUE_BYTES or not (token.isprintable() and token.isascii()) or " " in token:
+            raise BadInput(f"{where} does not hold one token (printable, no spaces)", hint=TOKEN_FILE_HINT)
+        return token
 
     def train_env(self) -> dict[str, str]:
         """The trainer's settings as environment variables (what the pod gets), all keys, stable order."""
@@ -383,7 +483,8 @@ def load(
 def _validate(
     raw: dict[str, str], keys: dict[str, str], sources: dict[str, str], warnings: tuple[str, ...]
 ) -> Config:
-    errors: list[str] = []
+    errors = _raw_problems(raw)
+    raw = {k: v for k, v in raw.items() if not any(line.startswith(k + "=") for line in errors)}
     infra = {keys[k]: v for k, v in raw.items() if keys[k] in Settings.model_fields}
     settings = None
     try:
@@ -399,6 +500,11 @@ def _validate(
             train_values[name] = parse_value(name, value)
         except ConfigError as e:
             errors.append(str(e))
+            continue
+        problem = _kind_problem(key, value, train_values[name])
+        if problem:
+            errors.append(problem)
+            del train_values[name]
     train_values, defaulted = with_model_defaults(train_values)  # the named model's, where the user set none
     key_of = {name: key for key, name in keys.items()}
     sources.update({key_of[name]: MODEL_DEFAULT for name in defaulted})
@@ -413,8 +519,83 @@ def _validate(
     return cfg
 
 
-def _cross_checks(cfg: Config) -> list[str]:
+def _raw_problems(raw: Mapping[str, str]) -> list[str]:
+    """What no value of any key may be, before its kind is looked at: longer than MAX_VALUE_BYTES (the line
+    names the size, not the value), or holding a NUL byte (no environment string can carry one: execve
+    ends it there)."""
     errors = []
+    for key, value in raw.items():
+        size = len(value.encode("utf-8", "surrogateescape"))
+        if size > MAX_VALUE_BYTES:
+            errors.append(
+                f"{key}=<{size} bytes> is too long: use at most {MAX_VALUE_BYTES} bytes (each value reaches "
+                "the trainer as one environment string, which Linux caps at 128 KiB: E2BIG)"
+            )
+        elif "\x00" in value:
+            errors.append(
+                f"{key}={value!r} holds a NUL byte: remove it (no environment string can carry one)"
+            )
+    return errors
+
+
+def _kind_problem(key: str, raw: str, value: Any) -> str | None:
+    """The same rules by kind for the trainer's keys as Settings has for its own: a float is finite, a whole
+    number within INT_MAX (else int64)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key}={raw!r} is not a finite number: give one, e.g. 0.001"
+    if isinstance(value, int) and not isinstance(value, bool):
+        most = INT_MAX.get(key, INT64_MAX)
+        if value > most:
+            return f"{key}={raw!r} is too large: use at most {most}"
+    return None
+
+
+def _name_problems(cfg: Config) -> list[str]:
+    """The names Kubernetes derives from JOB_NAME must stay DNS labels (at most 63 characters): the
+    Training Operator names each pod, and the Service in front of it, `<job>-<replica type>-<index>`
+    (pkg/core/utils.go GenGeneralName: `<job>-worker-<n-1>` here, every node a Worker); a TrainJob's pods
+    get JobSet's hostname `<job>-node-0-<n-1>` (Kubeflow Trainer v2.3.0, see render.trainjob_command)."""
+    middle = "-worker-" if cfg.job_kind == "pytorchjob" else "-node-0-"
+    longest = f"{cfg.job_name}{middle}{cfg.job_nodes - 1}"
+    if len(longest) <= LABEL_MAX:
+        return []
+    room = LABEL_MAX - (len(longest) - len(cfg.job_name))
+    return [
+        f"JOB_NAME={cfg.job_name!r} is too long for JOB_NODES={cfg.job_nodes}: its last pod and Service "
+        f"{longest!r} would have {len(longest)} characters, over the {LABEL_MAX} of a DNS label; use at most "
+        f"{room} characters"
+    ]
+
+
+def _label_problems(cfg: Config) -> list[str]:
+    """NODE_SELECTOR and TOLERATIONS keys and values as the API server checks labels and taints."""
+    errors = []
+    pairs = [
+        ("NODE_SELECTOR", cfg.node_selector, k, v) for k, v in parse_node_selector(cfg.node_selector).items()
+    ]
+    pairs += [
+        ("TOLERATIONS", cfg.tolerations, t["key"], t.get("value", ""))
+        for t in parse_tolerations(cfg.tolerations)
+    ]
+    for setting, text, key, value in pairs:
+        problem = qualified_name_problem(key)
+        if problem:
+            errors.append(f"{setting}={text!r}: key {key!r} is not a Kubernetes label key: {problem}")
+        problem = label_value_problem(value)
+        if problem:
+            errors.append(f"{setting}={text!r}: value {value!r} is not a Kubernetes label value: {problem}")
+    return errors
+
+
+def _registry_problems(cfg: Config) -> list[str]:
+    _, colon, port = cfg.image_registry.rpartition(":")
+    if colon and not 1 <= int(port) <= 65535:
+        return [f"IMAGE_REGISTRY={cfg.image_registry!r} has port {port}: use a TCP port from 1 to 65535"]
+    return []
+
+
+def _cross_checks(cfg: Config) -> list[str]:
+    errors = [*_name_problems(cfg), *_label_problems(cfg), *_registry_problems(cfg)]
     t = cfg.training
     try:
         job_mesh_shape(
@@ -562,6 +743,10 @@ def _explain(err: ErrorDetails) -> str:
         return f"is too small: use at least {ctx['ge']}"
     if kind == "less_than_equal":
         return f"is too large: use at most {ctx['le']}"
+    if kind == "value_error":  # a field validator's own words
+        return re.sub(r"^Value error, ", "", err["msg"])
+    if kind == "finite_number":
+        return "is not a finite number: give one, e.g. 0.001"
     return f"is not valid: {err['msg']}"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,3 +111,35 @@ def validate(objs: Iterable[Obj], schemas: dict[tuple[str, str], Obj]) -> list[s
             errs = _builtin_errors(obj)
         problems += [f"{where}: {e}" for e in errs]
     return problems
+
+
+# Kubernetes names and labels, as apimachinery checks them (k8s.io/apimachinery/pkg/util/validation/
+# validation.go: IsQualifiedName, IsValidLabelValue, IsDNS1123Subdomain): a label key is an optional DNS
+# subdomain prefix and `/`, then a name of at most 63 characters; a value at most 63, possibly empty.
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_MAX = 63
+SUBDOMAIN_MAX = 253
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why `key` is no valid label (or taint) key, or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not prefix:
+        return "its prefix before '/' is empty"
+    if prefix and (len(prefix) > SUBDOMAIN_MAX or not _DNS_1123_SUBDOMAIN.match(prefix)):
+        return f"its prefix {prefix!r} is not a DNS subdomain (lower case, digits, '-', '.'; at most 253)"
+    if len(name) > LABEL_MAX:
+        return f"its name part has {len(name)} characters, over {LABEL_MAX}"
+    if not _LABEL_NAME.match(name):
+        return "its name part must start and end with a letter or digit (between them also - _ .)"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why `value` is no valid label (or taint) value, or None."""
+    if len(value) > LABEL_MAX:
+        return f"it has {len(value)} characters, over {LABEL_MAX}"
+    if value and not _LABEL_NAME.match(value):
+        return "it must start and end with a letter or digit (between them also - _ .)"
+    return None

@@ -3,11 +3,15 @@ The caller checks what arrived (its sha256) before it uses it."""
 
 from __future__ import annotations
 
+import http.client
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from fsdpctl.errors import FsdpctlError
+
+NETWORK_HINT = "check the network (or a proxy), or fill the cache from a mirror (--from)"
 
 
 class DownloadError(FsdpctlError):
@@ -15,18 +19,38 @@ class DownloadError(FsdpctlError):
 
 
 def download(url: str, dest: Path, *, timeout: float = 60) -> Path:
-    """The body of `url` written to `dest` (its folder created); DownloadError naming the URL and the reason
-    when it cannot be read."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    """The body of `url` written to `dest`; DownloadError naming the URL and the reason when it cannot be read
+    or written. All or nothing: the body is read whole before anything is written, then written beside
+    `dest` and renamed onto it, so an offline machine, a dropped connection or a full disk leaves neither a
+    half file nor a folder this call made."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
-            dest.write_bytes(r.read())
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        reason = (
-            f"HTTP {e.code} {e.reason}" if isinstance(e, urllib.error.HTTPError) else getattr(e, "reason", e)
-        )
+            body = r.read()
+    # URLError (DNS, refused, HTTP status), socket timeouts and resets (OSError), a body cut short
+    # (http.client.IncompleteRead: an HTTPException, not an OSError), a URL urllib cannot parse (ValueError)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise DownloadError(f"cannot download {url}: {_reason(e)}", hint=NETWORK_HINT) from e
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(body)
+        os.replace(tmp, dest)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        for folder in made:  # deepest first: only the folders this call made, and only if left empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise DownloadError(
-            f"cannot download {url}: {reason}",
-            hint="check the network (or a proxy), or fill the cache from a mirror (--from)",
+            f"cannot write {dest}: {e.strerror or e}", hint="free some space or fix the folder's permissions"
         ) from e
     return dest
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason}"
+    reason = getattr(e, "reason", None) or e
+    return getattr(reason, "strerror", None) or str(reason) or type(reason).__name__

@@ -9,6 +9,7 @@ A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns 
     FSDPCTL_HOME/jobs/<job>/spec.json         what to launch (no secrets: the token is in the environment)
     FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log
     FSDPCTL_HOME/jobs/<job>/checkpoints/      the pod's /checkpoints volume; survives runs, so runs resume
+    FSDPCTL_HOME/jobs/<job>/hosts/node-N/...  node N's hostPath directories (the /local scratch); survive runs
 """
 
 from __future__ import annotations
@@ -377,8 +378,8 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
 
 
 def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
-    """Mount path -> directory template ('{node}' for per-node emptyDirs). In-memory emptyDirs (/dev/shm) and
-    Secrets (the token travels in the environment) are not mapped."""
+    """Mount path -> directory template ('{node}' for per-node emptyDirs and hostPaths). In-memory emptyDirs
+    (/dev/shm) and Secrets (the token travels in the environment) are not mapped."""
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     out = {}
     for m in container.get("volumeMounts", []):
@@ -387,7 +388,15 @@ def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
             out[m["mountPath"]] = str(shared_volume_dir(v["persistentVolumeClaim"]["claimName"]))
         elif "emptyDir" in v and v["emptyDir"].get("medium") != "Memory":
             out[m["mountPath"]] = str(jdir / "nodes" / "node-{node}" / m["name"])
+        elif "hostPath" in v:
+            out[m["mountPath"]] = str(host_dir(jdir, "{node}", v["hostPath"]["path"]))
     return out
+
+
+def host_dir(jdir: Path, node: int | str, path: str) -> Path:
+    """A hostPath (the /local scratch) on simulated node N: that node's own disk, which outlives its pods
+    (unlike nodes/node-N, a pod's emptyDirs, renewed with each pod) and the job's runs, as a node's does."""
+    return jdir / "hosts" / f"node-{node}" / path.lstrip("/")
 
 
 def shared_volume_dir(claim: str) -> Path:

@@ -100,7 +100,13 @@ def root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
 ) -> None:
     """Settings come from flags > environment > .env > defaults; `fsdpctl config show` says which won."""
-    ctx.obj = AppState(env_file=env_file, flags=parse_sets(set_ or []), debug=debug)
+    given = ctx.get_parameter_source("env_file")
+    ctx.obj = AppState(
+        env_file=env_file,
+        env_file_given=given is not None and given.name != "DEFAULT",
+        flags=parse_sets(set_ or []),
+        debug=debug,
+    )
 
 
 def _register() -> None:

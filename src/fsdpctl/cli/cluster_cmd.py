@@ -59,6 +59,29 @@ def _in_reservation_zone(ctx: typer.Context, cfg: Config, tool: str | None, dry_
     return _config(ctx, tool, AVAILABILITY_ZONES=zones)
 
 
+def _in_subnet_zones(ctx: typer.Context, cfg: Config, tool: str | None, dry_run: bool) -> Config:
+    """An existing VPC's subnets checked against EC2 (in VPC_ID, one per AZ, in AVAILABILITY_ZONES' order)
+    and their AZs as AVAILABILITY_ZONES, which the ClusterConfig keys them by. Without an answer from EC2
+    only a dry run with AVAILABILITY_ZONES set goes on."""
+    from fsdpctl import cluster
+    from fsdpctl.adapters.aws import AwsError
+
+    if not cfg.subnet_ids:
+        return cfg
+    try:
+        zones = cluster.subnet_zones(cfg)
+    except AwsError as e:
+        if not (dry_run and cfg.availability_zones):
+            hint = "set AVAILABILITY_ZONES (each subnet's AZ, in order) for a dry run, or fix the credentials"
+            raise FsdpctlError(f"could not read the subnets of {cfg.vpc_id}: {e}", hint=hint) from e
+        warn(
+            f"could not read the subnets of {cfg.vpc_id} ({e}); the dry run takes AVAILABILITY_ZONES as given"
+        )
+        return cfg
+    ok(f"AVAILABILITY_ZONES={zones}: the AZs of PRIVATE_SUBNET_IDS in {cfg.vpc_id}")
+    return _config(ctx, tool, AVAILABILITY_ZONES=zones)
+
+
 @app.command()
 def check(ctx: typer.Context, output: Output = OutputOpt) -> None:
     """Preflight against AWS: credentials, instance type offered in the AZ, P-instance quota, capacity
@@ -111,7 +134,7 @@ def create(ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False)
     """
     from fsdpctl import cluster
 
-    cfg = _in_reservation_zone(ctx, _config(ctx, tool), tool, dry_run)
+    cfg = _in_reservation_zone(ctx, _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run), tool, dry_run)
     run = cluster.prepare(cfg, "create")
     existing = None
     fsx_on = cfg.cluster_tool == "eksctl" and cfg.fsx_create
@@ -138,6 +161,7 @@ def _fsx_dry_run(cfg: Config) -> None:
     import json
 
     from fsdpctl import cluster
+    from fsdpctl.adapters.aws import AwsError
 
     plan = cluster.fsx_placeholder_plan(cfg)
     try:
@@ -146,10 +170,8 @@ def _fsx_dry_run(cfg: Config) -> None:
                 ok(f"dry run: FSx for Lustre {found[0]['FileSystemId']} of {cfg.cluster_name} exists; reused")
                 return
             plan = cluster.fsx_plan(cfg, cluster.connect(cfg))
-    except FsdpctlError as e:  # AWS unreachable, or a cluster the plan cannot place it in: a real run stops
-        warn(
-            f"could not plan from cluster {cfg.cluster_name} ({e}); the requests name what eksctl will choose"
-        )
+    except AwsError as e:
+        warn(f"could not read cluster {cfg.cluster_name} ({e}); the requests name what eksctl will choose")
     for call, request in cluster.fsx_requests(plan, "<the new security group>", "<the new key's ARN>"):
         out.print(f"# aws {call} {json.dumps(request)}", markup=False, highlight=False, soft_wrap=True)
 
@@ -184,7 +206,7 @@ def delete(
     """
     from fsdpctl import cluster
 
-    cfg = _config(ctx, tool)
+    cfg = _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run)  # eksctl's input keys them by AZ
     run = cluster.prepare(cfg, "delete")
     what = _what_to_delete(cfg, dry_run)
     file_systems, groups = _fsx_to_delete(cfg, dry_run)

@@ -4,7 +4,9 @@ and the -o json/yaml output."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -82,6 +84,8 @@ ForceOpt = Annotated[
 @dataclass
 class AppState:
     env_file: Path
+    # named by --env-file or FSDPCTL_ENV_FILE: it must exist; the default ./.env may be absent
+    env_file_given: bool = False
     flags: dict[str, str] = field(default_factory=dict)
     debug: bool = False
     _config: Config | None = None
@@ -93,7 +97,7 @@ class AppState:
         flags = {**self.flags, **{k: str(v) for k, v in overrides.items() if v is not None}}
         if self._config is None or overrides:
             cfg = load(
-                dotenv=read_env_file(self.env_file),
+                dotenv=read_env_file(self.env_file, given=self.env_file_given),
                 environ=os.environ,
                 flags=flags,
                 dotenv_name=str(self.env_file),
@@ -133,14 +137,86 @@ def _ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    if not path.exists():
-        if path.name != ".env":  # the default may be absent; an explicit --env-file may not
-            raise BadInput(f"--env-file {path} does not exist", hint="create it from .env.example")
-        return {}
+# A settings file is a few KB; anything far larger is not one (and would be read whole into memory).
+ENV_FILE_MAX_BYTES = 1024 * 1024
+
+
+def read_env_file(path: Path, *, given: bool = True) -> dict[str, str]:
+    """The KEY=VALUE lines of the settings file. `given`: named by the user, so it must exist (the default
+    .env may be absent). Anything but a readable UTF-8 regular file is one line naming the path, exit 2: the
+    file type is checked before opening (open() on a FIFO blocks until a writer comes: a hang), and again on
+    the opened descriptor, opened without blocking, so a swap between the two cannot hang it either."""
     from fsdpctl.settings import parse_dotenv
 
-    return parse_dotenv(path.read_text(), str(path))
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if not given:
+            return {}
+        raise BadInput(f"--env-file {path} does not exist", hint="create it from .env.example") from None
+    except OSError as e:  # a file where a folder should be, permissions, a link loop, a name too long
+        raise BadInput(f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT) from None
+    _check_env_file_kind(path, st)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise BadInput(f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT) from None
+    with os.fdopen(fd, "rb") as f:
+        _check_env_file_kind(path, os.fstat(fd))
+        try:
+            data = f.read(ENV_FILE_MAX_BYTES + 1)
+        except OSError as e:  # EISDIR, EIO
+            raise BadInput(f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(
+            f"--env-file {path} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})",
+            hint="save it as UTF-8 KEY=VALUE lines",
+        ) from None
+    return parse_dotenv(text, str(path))
+
+
+_ENV_FILE_HINT = "name a readable KEY=VALUE file (see .env.example)"
+
+
+def _check_env_file_kind(path: Path, st: os.stat_result) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise BadInput(
+            f"--env-file {path} is a directory, not a file", hint=f"name the file, e.g. {path}/.env"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(
+            f"--env-file {path} is not a regular file (a FIFO, socket or device would be waited on)",
+            hint=_ENV_FILE_HINT,
+        )
+    if st.st_size > ENV_FILE_MAX_BYTES:
+        raise BadInput(
+            f"--env-file {path} has {st.st_size} bytes: a settings file has at most {ENV_FILE_MAX_BYTES}",
+            hint=_ENV_FILE_HINT,
+        )
+
+
+def finite(
+    *, minimum: float = 0.0, maximum: float | None = None, above: bool = False
+) -> Callable[[typer.Context, typer.CallbackParam, float | None], float | None]:
+    """The callback of every float option (`typer.Option(..., callback=finite())`): the value is a finite
+    number within [minimum, maximum] (above: strictly above minimum), else one line naming the option,
+    exit 2. Without it click takes `nan` and `inf` as floats: `--timeout nan` would wait forever."""
+
+    def check(ctx: typer.Context, param: typer.CallbackParam, value: float | None) -> float | None:
+        if value is None or ctx.resilient_parsing:
+            return value
+        low_ok = value > minimum if above else value >= minimum
+        if math.isfinite(value) and low_ok and (maximum is None or value <= maximum):
+            return value
+        span = f"above {minimum:g}" if above else f"of at least {minimum:g}"
+        if maximum is not None:
+            span = f"from {minimum:g} to {maximum:g}"
+        name = max(param.opts, key=len) if param.opts else str(param.name)
+        raise BadInput(f"{name} {value!r} is not valid: give a finite number {span}")
+
+    return check
 
 
 def parse_sets(items: list[str], flag: str = "--set", example: str = "MODEL=7b") -> dict[str, str]:

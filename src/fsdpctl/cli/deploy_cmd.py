@@ -17,6 +17,7 @@ from fsdpctl.cli.common import (
     command_group,
     emit,
     err,
+    finite,
     ok,
     out,
     state,
@@ -36,7 +37,9 @@ FromOpt = Annotated[
     Path | None,
     typer.Option("--from", envvar="FSDPCTL_MANIFESTS", help="mirror directory of the pinned upstream files"),
 ]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds to wait until everything is ready")]
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", help="seconds to wait until everything is ready", callback=finite())
+]
 
 
 def sources(mirror: Path | None) -> list[Path]:

@@ -21,6 +21,7 @@ from fsdpctl.cli.common import (
     emit,
     end_wait,
     err,
+    finite,
     ok,
     out,
     state,
@@ -99,7 +100,8 @@ def status(
         bool, typer.Option("--watch", "-w", help="refresh every 2 s until the job ends")
     ] = False,
     stall_after: Annotated[
-        float, typer.Option("--stall-after", help="warn when no step finished for this many s")
+        float,
+        typer.Option("--stall-after", help="warn when no step finished for this many s", callback=finite()),
     ] = 300,
     backend: BackendOpt = None,
 ) -> None:
@@ -174,7 +176,9 @@ def list_(ctx: typer.Context, output: Output = OutputOpt, backend: BackendOpt = 
 def wait(
     ctx: typer.Context,
     name: str | None = NameArg,
-    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds (default: no limit)")] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="seconds (default: no limit)", callback=finite())
+    ] = None,
     backend: BackendOpt = None,
 ) -> None:
     """Wait for a job to end; the exit code says how: 0 succeeded, 3 failed, 4 not found, 5 timed out,

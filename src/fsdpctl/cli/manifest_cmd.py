@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -9,6 +10,7 @@ from typing import Annotated
 import typer
 
 from fsdpctl.cli.common import ForceOpt, admit, ok, out, state
+from fsdpctl.errors import BadInput, FsdpctlError
 
 
 class Format(str, Enum):
@@ -57,5 +59,31 @@ def manifest(
     if out_dir is None:
         out.print(manifests.text(objs, output.value), end="", markup=False)
         return
-    for path in manifests.write_dir(objs, out_dir, output.value):
+    for path in _write_dir(objs, out_dir, output.value):
         ok(f"wrote {path}")
+
+
+def _write_dir(objs: list[dict], out_dir: Path, fmt: str) -> list[Path]:
+    """manifests.write_dir (all files or none), its OSError as one line naming --out-dir, exit 2 (exit 1 for
+    a full disk: not the input's fault); the folders it made for them removed again when it failed."""
+    from fsdpctl import manifests
+
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
+    try:
+        return manifests.write_dir(objs, out_dir, fmt)
+    except OSError as e:
+        for folder in made:  # deepest first, and only while empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise FsdpctlError(
+                f"--out-dir {out_dir}: no space left on its device; nothing was written",
+                hint="free some space there, or choose another --out-dir",
+            ) from None
+        if out_dir.exists() and not out_dir.is_dir() or e.errno == errno.ENOTDIR:
+            why = "is not a directory (a file is in the way)"
+        else:
+            why = f"cannot be written: {e.strerror}"
+        raise BadInput(f"--out-dir {out_dir} {why}", hint="name a directory you can write") from None

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from fsdpctl import plan as P
-from fsdpctl.cli.common import Output, OutputOpt, emit, out, state
+from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
 
 MEMORY_ROWS = (
     ("params", "parameters (fp32 shard)"),
@@ -94,9 +94,18 @@ def plan(
     micro_batch: Annotated[int | None, typer.Option("--micro-batch")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
     grad_accum: Annotated[int | None, typer.Option("--grad-accum")] = None,
-    tokens: Annotated[float, typer.Option("--tokens", help="tokens to train on, for time and cost")] = 1e9,
-    mfu: Annotated[float, typer.Option("--mfu", help="assumed compute MFU (0: per-GPU default)")] = 0.0,
-    price: Annotated[float | None, typer.Option("--price", help="USD per node-hour (default: table)")] = None,
+    tokens: Annotated[
+        float,
+        typer.Option("--tokens", help="tokens to train on, for time and cost", callback=finite(above=True)),
+    ] = 1e9,
+    mfu: Annotated[
+        float,
+        typer.Option("--mfu", help="assumed compute MFU (0: per-GPU default)", callback=finite(maximum=1.0)),
+    ] = 0.0,
+    price: Annotated[
+        float | None,
+        typer.Option("--price", help="USD per node-hour (default: table)", callback=finite()),
+    ] = None,
     table: Annotated[
         bool, typer.Option("--table", help="7B/13B/70B (each with its own defaults) x p4de/p5 x 1..16 nodes")
     ] = False,

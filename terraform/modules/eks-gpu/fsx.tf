@@ -5,7 +5,7 @@ resource "aws_security_group" "lustre" {
   count       = var.fsx_storage_gib > 0 ? 1 : 0
   name        = "${var.cluster_name}-lustre"
   description = "FSx for Lustre: TCP 988 and 1018-1023 from the nodes and between the file servers"
-  vpc_id      = aws_vpc.this.id
+  vpc_id      = local.vpc_id
   dynamic "ingress" {
     for_each = [[988, 988], [1018, 1023]]
     content {
@@ -23,7 +23,7 @@ resource "aws_security_group" "lustre" {
     from_port   = 0
     to_port     = 0
     protocol    = "-1"
-    cidr_blocks = [var.vpc_cidr]
+    cidr_blocks = [local.vpc_cidr]
   }
 }
 
@@ -39,7 +39,7 @@ resource "aws_kms_key" "fsx" {
 resource "aws_fsx_lustre_file_system" "shared" {
   count                       = var.fsx_storage_gib > 0 ? 1 : 0
   storage_capacity            = var.fsx_storage_gib
-  subnet_ids                  = [aws_subnet.private[0].id] # the GPU node group's subnet
+  subnet_ids                  = [local.private_subnet_ids[0]] # the GPU node group's subnet
   security_group_ids          = [aws_security_group.lustre[0].id]
   kms_key_id                  = aws_kms_key.fsx[0].arn
   deployment_type             = "PERSISTENT_2"

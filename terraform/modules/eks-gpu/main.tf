@@ -48,7 +48,7 @@ resource "aws_eks_cluster" "this" {
   version  = var.kubernetes_version
   role_arn = aws_iam_role.cluster.arn
   vpc_config {
-    subnet_ids              = aws_subnet.private[*].id
+    subnet_ids              = local.private_subnet_ids
     endpoint_private_access = true
     endpoint_public_access  = var.endpoint_public_access
     public_access_cidrs     = var.public_access_cidrs
@@ -93,7 +93,7 @@ resource "aws_eks_node_group" "system" {
   cluster_name    = aws_eks_cluster.this.name
   node_group_name = "system"
   node_role_arn   = aws_iam_role.node.arn
-  subnet_ids      = aws_subnet.private[*].id
+  subnet_ids      = local.private_subnet_ids
   instance_types  = [var.system_instance_type]
   labels          = { "fsdpctl.io/role" = "system" }
   scaling_config {
@@ -161,7 +161,7 @@ resource "aws_eks_node_group" "gpu" {
   cluster_name    = aws_eks_cluster.this.name
   node_group_name = "gpu-${split(".", var.instance_type)[0]}"
   node_role_arn   = aws_iam_role.node.arn
-  subnet_ids      = [aws_subnet.private[0].id]
+  subnet_ids      = [local.private_subnet_ids[0]]
   instance_types  = [var.instance_type]
   ami_type        = "AL2023_x86_64_NVIDIA"
   capacity_type   = var.capacity_block ? "CAPACITY_BLOCK" : "ON_DEMAND" # the reservation: in the launch template

@@ -14,8 +14,20 @@ variable "availability_zones" {
 }
 
 variable "vpc_cidr" {
-  description = "VPC CIDR."
+  description = "VPC CIDR (of the VPC made here)."
   type        = string
+}
+
+variable "vpc_id" {
+  description = "An existing VPC to use instead of making one; empty: make one."
+  type        = string
+  default     = ""
+}
+
+variable "private_subnet_ids" {
+  description = "With vpc_id: its private subnets for the cluster and the nodes; the GPU nodes use the first."
+  type        = list(string)
+  default     = []
 }
 
 variable "instance_type" {
