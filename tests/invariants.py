@@ -76,8 +76,15 @@ def _entry(path: Path) -> Entry:
 
 
 def written(before: Snapshot, after: Snapshot) -> list[Path]:
-    """Paths new in `after`, or changed (kind, size or mtime) since `before`; sorted."""
-    return sorted(p for p, e in after.items() if before.get(p) != e)
+    """Paths new in `after`, or changed since `before` (a file: kind, size or mtime; a directory: only its
+    kind, as a temp entry made and removed again changes its mtime, not what it holds); sorted."""
+    return sorted(p for p, e in after.items() if not _same(before.get(p), e))
+
+
+def _same(old: Entry | None, new: Entry) -> bool:
+    if old is None or old.kind != new.kind:
+        return False
+    return new.kind == "dir" or old == new
 
 
 def error_lines(stderr: str) -> list[str]:

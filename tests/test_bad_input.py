@@ -479,3 +479,206 @@ def test_env_file_fifo_or_socket_does_not_hang(cli, tmp_path, kind):
         allowed_codes=(2,),
     )
     assert "is not a regular file" in result.stderr
+
+
+# ---- where output goes: manifest --out-dir ----------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 1 MiB tmpfs this test mounts (root only), unmounted in teardown: a real full disk, a real read-only
+    file system."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mounted = []
+
+    def mount(name: str, *options: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        opts = ",".join(("size=1m", *options))
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in reversed(mounted):
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def _manifest_into(cli, tmp_path, out: str, *, codes, names=()):
+    before = snapshot(tmp_path)
+    result = cli("manifest", "--out-dir", out)
+    check_outcome(
+        result, written_before=before, written_after=snapshot(tmp_path), names=names, allowed_codes=codes
+    )
+    return result
+
+
+@pytest.mark.parametrize("out", ["taken", "taken/below", "taken/below/deeper"])
+def test_manifest_out_dir_where_a_file_is(cli, tmp_path, out):
+    (tmp_path / "taken").write_text("a file the user keeps\n")
+    result = _manifest_into(cli, tmp_path, out, codes=(2,), names=(f"--out-dir {out}",))
+    assert "is not a directory (a file is in the way)" in result.stderr
+    assert (tmp_path / "taken").read_text() == "a file the user keeps\n"
+
+
+def test_manifest_out_dir_on_a_read_only_file_system(cli, tmp_path, tmpfs):
+    ro = tmpfs("ro", "ro")
+    result = _manifest_into(cli, tmp_path, f"{ro.name}/out", codes=(2,), names=("--out-dir ro/out",))
+    assert "cannot be written: Read-only file system" in result.stderr
+
+
+def test_manifest_out_dir_unwritable_for_a_user(cli, tmp_path):
+    """EACCES as an ordinary user sees it (root passes permission bits: skipped there, the read-only file
+    system above stands in)."""
+    if os.geteuid() == 0:
+        pytest.skip("root writes through permission bits")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    result = _manifest_into(cli, tmp_path, "locked/out", codes=(2,), names=("--out-dir locked/out",))
+    assert "Permission denied" in result.stderr
+
+
+@pytest.mark.parametrize("out", ["full", "full/new/deeper"])
+def test_manifest_out_dir_on_a_full_disk(cli, tmp_path, tmpfs, out):
+    """ENOSPC on a real 1 MiB tmpfs filled up: exit 1 (the disk, not the input), one line, and nothing left
+    behind: no half file, no temp directory, no folder the command made."""
+    full = tmpfs("full")
+    with open(full / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    result = _manifest_into(cli, tmp_path, out, codes=(1,), names=(f"--out-dir {out}",))
+    assert "no space left on its device; nothing was written" in result.stderr
+    assert sorted(p.name for p in full.iterdir()) == ["filler"]
+
+
+# ---- float options: one shared callback (cli/common.finite) ---------------------------------------------
+
+FLOAT_OPTIONS = [
+    (("plan",), "--mfu", "from 0 to 1"),
+    (("plan",), "--tokens", "above 0"),
+    (("plan",), "--price", "of at least 0"),
+    (("job", "wait", "fsdp"), "--timeout", "of at least 0"),
+    (("job", "status", "fsdp"), "--stall-after", "of at least 0"),
+    (("deploy", "operator"), "--timeout", "of at least 0"),
+]
+BAD_FLOATS = ["nan", "inf", "-inf", "-1", "1e400"]
+
+
+@pytest.mark.parametrize("value", BAD_FLOATS)
+@pytest.mark.parametrize(
+    "argv, option, span", FLOAT_OPTIONS, ids=[" ".join((*a, o)) for a, o, _ in FLOAT_OPTIONS]
+)
+def test_float_options_take_only_finite_numbers_in_range(cli, tmp_path, argv, option, span, value):
+    """click parses `nan` and `inf` as floats; `job wait --timeout nan` waited forever. Every float option
+    goes through one callback: one line naming the option, exit 2, before anything runs."""
+    before = snapshot(tmp_path)
+    result = cli(*argv, option, value)
+    check_outcome(
+        result, written_before=before, written_after=snapshot(tmp_path), names=(option,), allowed_codes=(2,)
+    )
+    assert f"give a finite number {span}" in result.stderr
+
+
+@pytest.mark.parametrize("option, value", [("--mfu", "1.5"), ("--tokens", "0")])
+def test_plan_bounds_beyond_the_sign(cli, tmp_path, option, value):
+    before = snapshot(tmp_path)
+    result = cli("plan", option, value)
+    check_outcome(
+        result, written_before=before, written_after=snapshot(tmp_path), names=(option,), allowed_codes=(2,)
+    )
+
+
+def test_plan_takes_finite_values_in_range(cli, tmp_path):
+    before = snapshot(tmp_path)
+    result = cli("plan", "--mfu", "0.4", "--tokens", "1e9", "--price", "0", "-o", "json")
+    check_outcome(result, written_before=before, written_after=snapshot(tmp_path), allowed_codes=(0,))
+    assert "NaN" not in result.stdout and "Infinity" not in result.stdout
+
+
+# ---- outside systems out of reach ------------------------------------------------------------------------
+
+
+def test_deploy_fetch_offline_is_one_line_and_leaves_no_folder(cli, tmp_path, monkeypatch):
+    """Offline as urllib sees it: every request goes to a proxy on a port nothing listens on (ECONNREFUSED,
+    urllib's URLError), whatever the network of the machine running the test."""
+    from fsdpctl.adapters.etcd import free_port
+
+    proxy = f"http://127.0.0.1:{free_port()}"
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, proxy)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    before = snapshot(tmp_path)
+    result = cli("deploy", "fetch")
+    check_outcome(
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        names=("https://",),
+        allowed_codes=(1,),
+    )
+    assert "cannot download https://" in result.stderr and "  hint: check the network" in result.stderr
+
+
+@pytest.mark.parametrize("command", [("cluster", "create"), ("cluster", "delete", "--yes")])
+def test_cluster_without_aws_credentials_is_one_line_with_a_hint(cli, tmp_path, monkeypatch, command):
+    """botocore's NoCredentialsError (no keys in the environment, no shared files, no instance metadata) is
+    one line and a hint, exit 1, never a traceback. (cluster create writes its tool input, clusterconfig.yaml,
+    before the first AWS call: not checked here for 'writes nothing'.)"""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    result = cli(*command)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: NoCredentialsError: Unable to locate credentials"], result.stderr
+    hint = result.stderr.splitlines()[result.stderr.splitlines().index(errors[0]) + 1]
+    assert hint.startswith("  hint: check credentials")
+
+
+@pytest.mark.parametrize(
+    "content, line",
+    [
+        (bytes(range(256)), "is not text (byte 128 is not UTF-8)"),
+        (b"hf_" + b"a" * 30 + b"\0tail", "does not hold one token"),
+        (b"hf_one hf_two\n", "does not hold one token"),
+    ],
+    ids=["binary", "NUL inside", "two words"],
+)
+def test_hf_token_file_that_is_not_one_token(cli, tmp_path, content, line):
+    """The token file is read at the last moment (the Secret, the launchers' environment): a binary or
+    garbled file is one line naming HF_TOKEN_FILE, exit 2, no job started and nothing written; its
+    content never shown."""
+    token_file = tmp_path / "token"
+    token_file.write_bytes(content)
+    before = snapshot(tmp_path)
+    result = cli(
+        "--set",
+        f"HF_TOKEN_FILE={token_file}",
+        "--set",
+        "JOB_NODES=1",
+        "--set",
+        "MAX_STEPS=1",
+        "--set",
+        "WARMUP_STEPS=0",
+        "job",
+        "run",
+    )
+    check_outcome(
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        secrets=("hf_" + "a" * 30, "hf_one", "hf_two"),
+        names=("HF_TOKEN_FILE",),
+        allowed_codes=(2,),
+    )
+    assert line in result.stderr

@@ -127,3 +127,47 @@ def test_env_example_documents_every_key_with_its_default():
     assert set(values) | set(per_model) == set(setting_keys()) and not set(values) & set(per_model)
     assert redacted(load(dotenv={**values, **per_model})) == redacted(load())
     assert load(dotenv={**values, "MODEL": "7b"}).sources["SEQ_LEN"] == "model default"
+
+
+def test_label_rules_match_apimachinery():
+    """k8s.io/apimachinery/pkg/util/validation/validation.go: IsQualifiedName (an optional DNS-1123 subdomain
+    prefix of at most 253, then a name of at most 63 that starts and ends alphanumeric, with - _ . between)
+    and IsValidLabelValue (the same as the name, possibly empty). Boundaries at 63/64 and 253/254."""
+    from fsdpctl.validate import label_value_problem, qualified_name_problem
+
+    valid = ["a", "a" * 63, "A.b-c_d", "example.com/a", ("a" * 63 + ".") * 3 + "b" * 61 + "/n"]
+    invalid = [
+        "",
+        "a" * 64,
+        "-a",
+        "a-",
+        "/a",
+        "a/",
+        "Ex.com/a",
+        "a/b/c",
+        ("a" * 63 + ".") * 3 + "b" * 62 + "/n",
+    ]
+    assert len(valid[-1].split("/")[0]) == 253 and len(invalid[-1].split("/")[0]) == 254
+    assert [k for k in valid if qualified_name_problem(k)] == []
+    assert [k for k in invalid if not qualified_name_problem(k)] == []
+    assert [v for v in ["", "a", "v" * 63, "A-b_c.1"] if label_value_problem(v)] == []
+    assert [v for v in ["v" * 64, "-v", "v.", "a b", "a/b"] if not label_value_problem(v)] == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_training_floats_are_finite_by_kind(value):
+    with pytest.raises(SettingsError) as e:
+        load(dotenv={"LR": value, "WEIGHT_DECAY": value})
+    assert e.value.lines == [
+        f"LR={value!r} is not a finite number: give one, e.g. 0.001",
+        f"WEIGHT_DECAY={value!r} is not a finite number: give one, e.g. 0.001",
+    ]
+
+
+def test_a_huge_value_is_reported_by_its_size_not_echoed():
+    with pytest.raises(SettingsError) as e:
+        load(dotenv={"DATASET_SPLIT": "x" * 70_000})
+    assert e.value.lines == [
+        "DATASET_SPLIT=<70000 bytes> is too long: use at most 65536 bytes (each value reaches the trainer "
+        "as one environment string, which Linux caps at 128 KiB: E2BIG)"
+    ]
