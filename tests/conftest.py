@@ -167,14 +167,29 @@ class CliResult:
 def invoke(*args: str, input: str | None = None, catch_exceptions: bool = False) -> CliResult:
     """fsdpctl in this process through click's runner (stdout and stderr apart). An exception fsdpctl does not
     turn into an exit code fails the test, unless catch_exceptions. Isolated only under the `cli` fixture."""
-    from typer.testing import CliRunner
+    from typer import testing
 
     from fsdpctl.cli import app
 
-    r = CliRunner().invoke(
+    testing._get_command = _command  # type: ignore[attr-defined]
+    r = testing.CliRunner().invoke(
         app, list(args), input=input, catch_exceptions=catch_exceptions, prog_name="fsdpctl"
     )
     return CliResult(r.exit_code, r.stdout, r.stderr, r.output, r.exception)
+
+
+_COMMANDS: dict[int, tuple[object, object]] = {}
+
+
+def _command(app):
+    """typer's click command for `app`, built once per worker as a real `fsdpctl` process builds it once:
+    typer builds it again on every CliRunner.invoke (the parameters of ~30 commands from their signatures),
+    which was most of the CPU of a short in-process command."""
+    import typer.main
+
+    if id(app) not in _COMMANDS:
+        _COMMANDS[id(app)] = (app, typer.main.get_command(app))
+    return _COMMANDS[id(app)][1]
 
 
 class Cli:
