@@ -178,7 +178,7 @@ subnet_st = st.fixed_dictionaries(
 )
 
 
-@hsettings(max_examples=200, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@hsettings(max_examples=100, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(subnet_st, max_size=8), st.lists(st.sampled_from(["sg-a", "sg-b", "sg-c"]), max_size=4))
 def test_the_plan_puts_it_in_a_private_subnet_of_the_gpu_node_group(specs, template_groups):
     """Over generated VPC layouts (subnets public or private, in the cluster's VPC or not, the node group's or
@@ -425,6 +425,16 @@ def test_dry_run_prints_the_requests_and_creates_nothing(aws_env, cli):
     assert lustre_groups() == [] and key_state() is None
     assert boto3.client("fsx", region_name=REGION).describe_file_systems()["FileSystems"] == []
     assert "nothing created" in after.stderr
+
+    eks = boto3.client("eks", region_name=REGION)
+    eks.create_cluster(name="bare", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={})
+    bare = ("--set", "CLUSTER_NAME=bare", "cluster", "create", *EKSCTL)
+    dry = cli(*bare, "--dry-run")
+    assert dry.exit_code == 0 and "no node group gpu-p5 in cluster bare" in dry.stderr
+    assert "<a private subnet of node group gpu-p5>" in dry.stdout
+    real = cli(*bare)  # no GPU node group: one line, exit 1, nothing made
+    assert real.exit_code == 1 and "no node group gpu-p5 in cluster bare" in real.stderr
+    assert "Traceback" not in real.stderr and lustre_groups("bare") == [] and key_state("bare") is None
 
 
 # ---- cluster delete ----------------------------------------------------------------------------------------

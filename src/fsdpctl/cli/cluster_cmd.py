@@ -161,7 +161,6 @@ def _fsx_dry_run(cfg: Config) -> None:
     import json
 
     from fsdpctl import cluster
-    from fsdpctl.adapters.aws import AwsError
 
     plan = cluster.fsx_placeholder_plan(cfg)
     try:
@@ -170,8 +169,10 @@ def _fsx_dry_run(cfg: Config) -> None:
                 ok(f"dry run: FSx for Lustre {found[0]['FileSystemId']} of {cfg.cluster_name} exists; reused")
                 return
             plan = cluster.fsx_plan(cfg, cluster.connect(cfg))
-    except AwsError as e:
-        warn(f"could not read cluster {cfg.cluster_name} ({e}); the requests name what eksctl will choose")
+    except FsdpctlError as e:  # AWS unreachable, or a cluster the plan cannot place it in: a real run stops
+        warn(
+            f"could not plan from cluster {cfg.cluster_name} ({e}); the requests name what eksctl will choose"
+        )
     for call, request in cluster.fsx_requests(plan, "<the new security group>", "<the new key's ARN>"):
         out.print(f"# aws {call} {json.dumps(request)}", markup=False, highlight=False, soft_wrap=True)
 
