@@ -562,7 +562,7 @@ def test_manifest_out_dir_on_a_full_disk(cli, tmp_path, tmpfs, out):
 FLOAT_OPTIONS = [
     (("plan",), "--mfu", "from 0 to 1"),
     (("plan",), "--tokens", "above 0"),
-    (("plan",), "--price", "of at least 0"),
+    (("plan",), "--price", "from 0 to 1e+06"),
     (("job", "wait", "fsdp"), "--timeout", "of at least 0"),
     (("job", "status", "fsdp"), "--stall-after", "of at least 0"),
     (("deploy", "operator"), "--timeout", "of at least 0"),
@@ -585,8 +585,12 @@ def test_float_options_take_only_finite_numbers_in_range(cli, tmp_path, argv, op
     assert f"give a finite number {span}" in result.stderr
 
 
-@pytest.mark.parametrize("option, value", [("--mfu", "1.5"), ("--tokens", "0")])
+@pytest.mark.parametrize(
+    "option, value", [("--mfu", "1.5"), ("--tokens", "0"), ("--tokens", "1e308"), ("--price", "1e308")]
+)
 def test_plan_bounds_beyond_the_sign(cli, tmp_path, option, value):
+    """Beyond the sign: an MFU is a fraction; tokens and prices have maxima far past any real run that keep
+    time and cost finite (1e308 tokens printed `$inf`)."""
     before = snapshot(tmp_path)
     result = cli("plan", option, value)
     check_outcome(

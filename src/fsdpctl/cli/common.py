@@ -212,7 +212,7 @@ def finite(
             return value
         span = f"above {minimum:g}" if above else f"of at least {minimum:g}"
         if maximum is not None:
-            span = f"from {minimum:g} to {maximum:g}"
+            span = f"above {minimum:g}, at most {maximum:g}" if above else f"from {minimum:g} to {maximum:g}"
         name = max(param.opts, key=len) if param.opts else str(param.name)
         raise BadInput(f"{name} {value!r} is not valid: give a finite number {span}")
 

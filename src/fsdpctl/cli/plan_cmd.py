@@ -10,6 +10,11 @@ from rich.table import Table
 from fsdpctl import plan as P
 from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
 
+# Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama 3 trained
+# on 15e12 tokens; a p5.48xlarge lists at about $55 per hour.
+MAX_TOKENS = 1e18
+MAX_PRICE = 1e6
+
 MEMORY_ROWS = (
     ("params", "parameters (fp32 shard)"),
     ("grads", "gradients (fp32 shard)"),
@@ -96,7 +101,11 @@ def plan(
     grad_accum: Annotated[int | None, typer.Option("--grad-accum")] = None,
     tokens: Annotated[
         float,
-        typer.Option("--tokens", help="tokens to train on, for time and cost", callback=finite(above=True)),
+        typer.Option(
+            "--tokens",
+            help="tokens to train on, for time and cost",
+            callback=finite(above=True, maximum=MAX_TOKENS),
+        ),
     ] = 1e9,
     mfu: Annotated[
         float,
@@ -104,7 +113,9 @@ def plan(
     ] = 0.0,
     price: Annotated[
         float | None,
-        typer.Option("--price", help="USD per node-hour (default: table)", callback=finite()),
+        typer.Option(
+            "--price", help="USD per node-hour (default: table)", callback=finite(maximum=MAX_PRICE)
+        ),
     ] = None,
     table: Annotated[
         bool, typer.Option("--table", help="7B/13B/70B (each with its own defaults) x p4de/p5 x 1..16 nodes")
