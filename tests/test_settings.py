@@ -171,3 +171,31 @@ def test_a_huge_value_is_reported_by_its_size_not_echoed():
         "DATASET_SPLIT=<70000 bytes> is too long: use at most 65536 bytes (each value reaches the trainer "
         "as one environment string, which Linux caps at 128 KiB: E2BIG)"
     ]
+
+
+def test_a_nul_byte_is_no_value():
+    """No environment string can carry a NUL (execve ends the string there; Python refuses it outright)."""
+    import subprocess
+
+    with pytest.raises(ValueError, match="embedded null byte"):
+        subprocess.run(["true"], env={"TOKENIZER": "a\x00b"})
+    with pytest.raises(SettingsError) as e:
+        load(dotenv={"TOKENIZER": "a\x00b"})
+    assert e.value.lines == [
+        "TOKENIZER='a\\x00b' holds a NUL byte: remove it (no environment string can carry one)"
+    ]
+
+
+def test_timeout_bounds_are_what_timedelta_holds():
+    """COLLECTIVE_TIMEOUT and RDZV_JOIN_TIMEOUT become datetime.timedelta(seconds=...) in torch: the largest
+    accepted value makes one; a day more overflows it."""
+    import datetime
+
+    from fsdpctl.settings import INT_MAX, TIMEDELTA_MAX_SECONDS
+
+    assert datetime.timedelta(seconds=TIMEDELTA_MAX_SECONDS) <= datetime.timedelta.max
+    with pytest.raises(OverflowError):
+        datetime.timedelta(seconds=TIMEDELTA_MAX_SECONDS + 86_400)
+    assert INT_MAX["COLLECTIVE_TIMEOUT"] == INT_MAX["RDZV_JOIN_TIMEOUT"] == TIMEDELTA_MAX_SECONDS
+    cfg = load(dotenv={"COLLECTIVE_TIMEOUT": str(TIMEDELTA_MAX_SECONDS)})
+    assert cfg.training.collective_timeout == TIMEDELTA_MAX_SECONDS
