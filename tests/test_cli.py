@@ -239,7 +239,8 @@ def test_debug_adds_a_traceback_and_neither_shows_a_secret(cli, args, line):
     plain = cli.run(*args, env={"HF_TOKEN": TOKEN})
     debug = cli.run("--debug", *args, env={"HF_TOKEN": TOKEN})
     assert plain.exit_code == 2 and debug.exit_code == 2, debug.stderr
-    assert "Traceback" not in plain.stderr and plain.stderr.splitlines()[0].startswith(line), plain.stderr
+    first_error = next(s for s in plain.stderr.splitlines() if s.startswith("error:"))
+    assert "Traceback" not in plain.stderr and first_error.startswith(line), plain.stderr
     assert debug.stderr.startswith("Traceback (most recent call last):\n"), debug.stderr
     assert debug.stderr.endswith(plain.stderr)  # the same line(s) and hint after the traceback
     assert line.split("***")[-1].strip() in debug.stderr.split("\nerror:")[0]  # the raised error, masked

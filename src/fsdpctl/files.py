@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from fsdpctl.errors import BadInput
+from fsdpctl.redact import redact
 
 # A job name becomes a directory (and, on a cluster, a DNS label): a Kubernetes DNS-1123 label, so no '/',
 # '..' or NUL walks out of FSDPCTL_HOME. A run id becomes a directory too (logs/<run-id>), and the rdzv id.
@@ -54,7 +55,7 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_text(redact(text))  # no secret is ever written, whatever key it was pasted into
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fsdpctl.errors import BadInput
+from fsdpctl.redact import remember
 from fsdpctl.settings import Config
 
 
@@ -18,4 +19,5 @@ def _read_file(path: str) -> str:
 def secret_env(cfg: Config) -> dict[str, str]:
     """HF_TOKEN for the local launchers' environment or the EKS Secret; empty when no token is set."""
     token = cfg.hf_token_value(_read_file)
+    remember(token)  # a token from HF_TOKEN_FILE is masked like one from HF_TOKEN
     return {"HF_TOKEN": token} if token else {}

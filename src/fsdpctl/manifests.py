@@ -13,6 +13,7 @@ from typing import Any
 
 from fsdpctl import render
 from fsdpctl.errors import BadInput, FsdpctlError
+from fsdpctl.redact import redact_obj
 
 Obj = dict[str, Any]
 FORMATS = ("yaml", "json")
@@ -20,7 +21,7 @@ FORMATS = ("yaml", "json")
 
 def text(objs: list[Obj], fmt: str = "yaml") -> str:
     if fmt == "json":
-        return json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}, indent=2) + "\n"
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": redact_obj(objs)}, indent=2) + "\n"
     return render.to_yaml(objs)
 
 
@@ -37,7 +38,7 @@ def write_dir(objs: list[Obj], out_dir: Path, fmt: str = "yaml") -> list[Path]:
         names = []
         for obj in objs:
             name = file_name(obj, fmt)
-            body = json.dumps(obj, indent=2) + "\n" if fmt == "json" else render.to_yaml([obj])
+            body = json.dumps(redact_obj(obj), indent=2) + "\n" if fmt == "json" else render.to_yaml([obj])
             (tmp / name).write_text(body)
             names.append(name)
         for name in names:

@@ -1,10 +1,21 @@
-"""Secrets never reach a terminal or a file: the values of known secret variables, and anything shaped like a
-Hugging Face token or an AWS access key, are masked in whatever fsdpctl prints."""
+"""Secrets never reach a terminal or a file. One function, `redact`, masks them in whatever fsdpctl prints
+(both consoles, click's usage errors, `--debug` tracebacks) and writes (manifests, tool logs, state files):
+the values of the known secret variables, the secrets the loaded settings hold (`remember`), and anything
+shaped like a token, whichever key it was pasted into.
+
+The shapes are the issuers' own formats: Hugging Face user access tokens are `hf_` and 34 letters and digits
+(huggingface_hub's docs, "User access tokens"); AWS access key ids are `AKIA` (long-term) or `ASIA`
+(temporary) and 16 upper-case letters and digits (IAM user guide, "Understanding unique ID prefixes"), their
+secret keys 40 base64 characters, matched only beside an AWS key name so a sha256 pin or an image digest is
+never masked; GitHub tokens are `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_` and 36 characters, or `github_pat_...`
+(GitHub docs, "About authentication to GitHub", token formats). Generic high-entropy strings are not matched:
+the manifests fsdpctl writes are full of sha256 digests that are not secret."""
 
 from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 SECRET_ENV = (
     "HF_TOKEN",
@@ -13,14 +24,56 @@ SECRET_ENV = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SESSION_TOKEN",
 )
-SHAPES = (re.compile(r"hf_[A-Za-z0-9]{20,}"), re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"))
+# what each shape is called in the warning about a secret pasted into a key that is not secret
+KINDS = {
+    "a Hugging Face token": re.compile(r"hf_[A-Za-z0-9]{20,}"),
+    "an AWS access key id": re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])"),
+    "a GitHub token": re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
+}
+# an AWS secret access key: 40 base64 characters after a name that says so (aws_secret_access_key = ...,
+# "SecretAccessKey": "...", AWS_SECRET_ACCESS_KEY=...), within a few characters of it
+AWS_SECRET = re.compile(
+    r"(?i)(aws.{0,24}?secret.{0,24}?|secret.?access.?key.{0,8}?)([=:\s'\"]+)([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
+)
+SHAPES = tuple(KINDS.values())
 MASK = "***"
+# secrets fsdpctl learned from its settings (HF_TOKEN from .env or --set, the HF_TOKEN_FILE content)
+_remembered: set[str] = set()
+SHORTEST = 8  # a shorter value would mask ordinary words ("true", a port) all over the output
+
+
+def remember(*values: str) -> None:
+    """Mask these values from now on, wherever they appear (secrets that came from a file or a flag)."""
+    _remembered.update(v.strip() for v in values if v and len(v.strip()) >= SHORTEST)
 
 
 def redact(text: str, extra: tuple[str, ...] = ()) -> str:
-    for value in (*extra, *(os.environ.get(k, "") for k in SECRET_ENV)):
-        if value and len(value) >= 8:
-            text = text.replace(value, MASK)
+    """`text` with every known secret and every secret-shaped value replaced by ***."""
+    known = {*extra, *_remembered, *(os.environ.get(k, "") for k in SECRET_ENV)}
+    for value in sorted((v for v in known if v and len(v) >= SHORTEST), key=len, reverse=True):
+        text = text.replace(value, MASK)
     for shape in SHAPES:
         text = shape.sub(MASK, text)
-    return text
+    return AWS_SECRET.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
+
+
+def secret_kind(value: str) -> str | None:
+    """What kind of secret `value` holds or looks like ('a Hugging Face token'), or None."""
+    for kind, shape in KINDS.items():
+        if shape.search(value):
+            return kind
+    if AWS_SECRET.search(value):
+        return "an AWS secret access key"
+    return None
+
+
+def redact_obj(obj: Any) -> Any:
+    """`obj` (a manifest, a -o json/yaml document) with every string masked, keys too: mask before
+    serialising, since a bare *** in YAML text would read as an alias."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {redact_obj(k): redact_obj(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_obj(v) for v in obj]
+    return obj

@@ -18,6 +18,7 @@ import yaml
 
 from fsdpctl import plan, prestep
 from fsdpctl.errors import BadInput
+from fsdpctl.redact import redact_obj
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 from fsdptrain.shapes import MODEL_CONFIGS
 
@@ -426,8 +427,12 @@ def render_job(cfg: Config, run_id: str) -> list[Obj]:
     objs += render_fetch_job(cfg, run_id)
     if job_api(cfg)[1] == "TrainJob":
         values["command"] = trainjob_command(cfg, run_id)
-        return objs + render_template("trainjob.yaml.j2", **values)
-    return objs + render_template("pytorchjob.yaml.j2", **values)
+        objs += render_template("trainjob.yaml.j2", **values)
+    else:
+        objs += render_template("pytorchjob.yaml.j2", **values)
+    # a token pasted into a key that is not secret (TOKENIZER, IMAGE_TAG) is masked here, once, for every
+    # path the objects take: printed, written, applied, or run by the local backend (settings warned)
+    return [redact_obj(o) for o in objs]
 
 
 def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
@@ -546,7 +551,9 @@ def terraform_vars(cfg: Config) -> dict[str, Any]:
 
 def to_yaml(objs: list[Obj]) -> str:
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when present: same output, faster
-    return yaml.dump_all(objs, Dumper=dumper, sort_keys=False, default_flow_style=False, width=120)
+    return yaml.dump_all(
+        redact_obj(objs), Dumper=dumper, sort_keys=False, default_flow_style=False, width=120
+    )
 
 
 def file_name(obj: Obj) -> str:

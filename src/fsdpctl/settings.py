@@ -30,6 +30,7 @@ from pydantic_core import ErrorDetails
 
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.redact import MASK, SECRET_ENV, redact, secret_kind
 from fsdpctl.validate import LABEL_MAX, label_value_problem, qualified_name_problem
 from fsdptrain.config import ConfigError, TrainConfig, parse_value, with_model_defaults
 from fsdptrain.shapes import job_mesh_shape
@@ -63,6 +64,8 @@ INT_MAX = {
     "RDZV_JOIN_TIMEOUT": TIMEDELTA_MAX_SECONDS,  # torchrun's rendezvous join_timeout, a timedelta too
 }
 GATED_PREFIXES = ("meta-llama/",)
+# keys whose value is a secret (masked by `redacted`, never written)
+SECRET_KEYS = ("HF_TOKEN",)
 # Keys the job derives itself rather than taking from the user.
 TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
 # The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set none.
@@ -442,13 +445,36 @@ def parse_dotenv(text: str, origin: str = ".env") -> dict[str, str]:
     values, bad = {}, []
     for binding in parse_stream(io.StringIO(text)):
         if binding.error:
-            line = binding.original.string.strip()
+            line = _masked_line(binding.original.string.strip())  # masked, then cut: no part of a secret
             bad.append(f"{origin} line {binding.original.line}: cannot parse {line[:40]!r}: write KEY=VALUE")
         elif binding.key:
             values[binding.key] = binding.value or ""
     if bad:
         raise SettingsError(bad)
     return values
+
+
+def _masked_line(line: str) -> str:
+    """A .env line as an error may quote it: secret-shaped values masked, and the whole value of a secret key
+    (HF_TOKEN="abc... with its quote unclosed has no shape to recognise)."""
+    key, sep, _ = line.partition("=")
+    if sep and key.strip().removeprefix("export ").strip() in (*SECRET_ENV, *SECRET_KEYS):
+        return f"{key}={MASK}"
+    return redact(line)
+
+
+def secret_warnings(raw: Mapping[str, str], sources: Mapping[str, str]) -> list[str]:
+    """A token pasted into a key that is not secret (TOKENIZER, IMAGE_TAG, DATASET_SPLIT) would reach the
+    manifests and the pods' environment in clear: every output masks it, and this warning names the key."""
+    found = []
+    for key, value in raw.items():
+        kind = None if key in SECRET_KEYS else secret_kind(value)
+        if kind:
+            found.append(
+                f"{key} ({sources.get(key, 'default')}) looks like {kind}: masked in every output, so the "
+                "job gets ***; put secrets in HF_TOKEN or HF_TOKEN_FILE"
+            )
+    return found
 
 
 def load(
@@ -477,6 +503,7 @@ def load(
                 raise SettingsError(
                     [f"--set {key}: unknown key" + (f": did you mean {close[0]}?" if close else "")]
                 )
+    warnings.extend(secret_warnings(raw, sources))
     return _validate(raw, keys, sources, tuple(warnings))
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpctl.errors import FsdpctlError
+from fsdpctl.redact import redact
 
 INSTALL_HINTS = {
     "eksctl": "install eksctl: https://eksctl.io/installation/ (a single binary; `eksctl version` to check)",
@@ -94,7 +95,7 @@ def run(
     exe = which(cmd.argv[0])
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a") as log:
-        log.write(f"$ {cmd.shell_line()}\n")
+        log.write(redact(f"$ {cmd.shell_line()}\n"))
         log.flush()
         with subprocess.Popen(
             [exe, *cmd.argv[1:]],
@@ -110,7 +111,7 @@ def run(
                 proc.stdin.write(stdin_text or "")
                 proc.stdin.close()
             for line in proc.stdout:
-                log.write(line)
+                log.write(redact(line))
                 if on_line:
                     on_line(line.rstrip("\n"))
             return proc.wait()

@@ -6,6 +6,7 @@ need them, so `fsdpctl --help` starts fast.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from typer._click.exceptions import ClickException
 from typer.core import TyperGroup
 
 from fsdpctl import __version__
@@ -28,10 +30,24 @@ class _Group(TyperGroup):
     """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with
     --debug."""
 
-    def main(self, args=None, *a, **kw):
-        """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse."""
-        argv = list(sys.argv[1:] if args is None else args)
-        return super().main([DRY_RUN_SPELLINGS.get(arg, arg) for arg in argv], *a, **kw)
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **kw):
+        """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse. click's own usage
+        errors quote the value they refused (`Invalid value for '--nodes': 'hf_...'`): they are shown
+        masked, as every other line."""
+        argv = [DRY_RUN_SPELLINGS.get(arg, arg) for arg in (sys.argv[1:] if args is None else args)]
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **kw)
+        try:
+            rv = super().main(argv, prog_name, complete_var, False, **kw)
+        except ClickException as e:
+            shown = io.StringIO()
+            e.show(file=shown)
+            sys.stderr.write(redact(shown.getvalue()))
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            sys.stderr.write("Aborted!\n")
+            sys.exit(ExitCode.FAILURE)
+        sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
 
     def invoke(self, ctx):  # click's Context (typer vendors its own click)
         try:
@@ -52,6 +68,13 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             err.print("interrupted")
             ctx.exit(ExitCode.INTERRUPTED)
+        except (typer.Exit, typer.Abort, ClickException):
+            raise
+        except Exception as e:  # a defect: still one masked line, and the traceback only with --debug
+            _traceback_if_debug(ctx)
+            err.print("[red]error:[/] " + escape(redact(f"internal error: {type(e).__name__}: {e}")))
+            err.print("  hint: rerun with --debug for the traceback and report it")
+            ctx.exit(ExitCode.FAILURE)
 
 
 def _debug(ctx: typer.Context) -> bool:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from fsdpctl.errors import BadInput, SettingsError
-from fsdpctl.redact import redact
+from fsdpctl.redact import redact, redact_obj, remember
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,8 +26,21 @@ if TYPE_CHECKING:
     from fsdpctl.checks import Check
     from fsdpctl.settings import Config
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False, soft_wrap=True)
+
+class _MaskingConsole(Console):
+    """A console that masks secrets (fsdpctl.redact) in everything it writes: strings before rich wraps
+    them (so a token is never split across lines out of the mask's reach), and the rendered text again
+    (tables, panels, anything built from parts)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(redact(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+    def _render_buffer(self, buffer: Any) -> str:
+        return redact(super()._render_buffer(buffer))
+
+
+err = _MaskingConsole(stderr=True, highlight=False)
+out = _MaskingConsole(highlight=False, soft_wrap=True)
 # Off a terminal rich would wrap at 80 columns (or COLUMNS) and fit tables to that: an error, a path or an id
 # would break over lines that grep and log readers cannot join, or be cut with an ellipsis. There nothing
 # wraps and a table takes the width its cells need; on a terminal rich fits the terminal.
@@ -102,6 +115,7 @@ class AppState:
                 flags=flags,
                 dotenv_name=str(self.env_file),
             )
+            remember(cfg.hf_token.get_secret_value())  # masked wherever it shows, whatever its shape
             for w in cfg.warnings:
                 warn(w)
             if overrides:
@@ -256,13 +270,13 @@ def end_wait(name: str, phase: str) -> None:
 def emit(data: Any, output: Output) -> bool:
     """Print data as json/yaml to stdout and return True; False means the caller prints its table."""
     if output == Output.json:
-        out.print(redact(json.dumps(data, default=str, indent=2)), markup=False, highlight=False)
+        out.print(json.dumps(redact_obj(data), default=str, indent=2), markup=False, highlight=False)
         return True
     if output == Output.yaml:
         import yaml
 
         out.print(
-            redact(yaml.safe_dump(data, sort_keys=False, default_flow_style=False)), end="", markup=False
+            yaml.safe_dump(redact_obj(data), sort_keys=False, default_flow_style=False), end="", markup=False
         )
         return True
     return False
