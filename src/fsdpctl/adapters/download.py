@@ -24,7 +24,8 @@ def download(url: str, dest: Path, *, timeout: float = 60) -> Path:
     `dest` and renamed onto it, so an offline machine, a dropped connection or a full disk leaves neither a
     half file nor a folder this call made."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        # an opener per call, not urlopen's global one: that one keeps the proxies of its first use
+        with urllib.request.build_opener().open(url, timeout=timeout) as r:
             body = r.read()
     # URLError (DNS, refused, HTTP status), socket timeouts and resets (OSError), a body cut short
     # (http.client.IncompleteRead: an HTTPException, not an OSError), a URL urllib cannot parse (ValueError)
