@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpctl.errors import FsdpctlError
+from fsdpctl.errors import BadInput, FsdpctlError
 
 CREDENTIALS_HINT = "check credentials and AWS_REGION (`fsdpctl cluster check`)"
 
@@ -46,7 +46,15 @@ class Aws:
             import boto3
         except ImportError as e:
             raise FsdpctlError("boto3 is not installed", hint="pip install 'fsdpctl[aws]'") from e
-        self.session = boto3.Session(region_name=self.region, profile_name=self.profile or None)
+        from botocore.exceptions import ProfileNotFound
+
+        try:
+            self.session = boto3.Session(region_name=self.region, profile_name=self.profile or None)
+        except ProfileNotFound as e:  # boto3 looks the profile up at once, in ~/.aws/config and credentials
+            raise BadInput(
+                f"AWS_PROFILE={self.profile!r} is not a profile in the AWS config or credentials file",
+                hint="`aws configure list-profiles` lists them; set one, or unset AWS_PROFILE",
+            ) from e
 
     def client(self, service: str) -> Any:
         if service not in self._clients:
