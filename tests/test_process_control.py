@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsdpctl import files
-from fsdpctl.adapters import local
+from fsdpctl.adapters import local, netns
 from fsdpctl.backends import local as local_backend
 from fsdpctl.errors import BadInput
 
@@ -49,7 +49,9 @@ WITH_WORKER = (
 def fake_job(name: str = "fsdp", code: str = SLEEPER, replicas: int = 2, grace: int = 5) -> dict:
     """A PyTorchJob as render.render_job shapes it, whose container is a short Python program instead of
     torchrun: the real supervisor runs it, one launcher per replica, with the pod's mark."""
-    container = {"command": ["python", "-c", code], "env": [], "volumeMounts": []}
+    # the endpoint argument as the manifest has it (rewritten per node; a Python program ignores it)
+    command = ["python", "-c", code, f"--rdzv-endpoint={name}-worker-0:29400"]
+    container = {"command": command, "env": [], "volumeMounts": []}
     return {
         "metadata": {"name": name},
         "spec": {
@@ -323,6 +325,24 @@ def test_a_killed_supervisors_launchers_are_reported_refused_and_stopped(home):
     _running("fsdp", 2)
     local.stop("fsdp")
     assert local.wait("fsdp", timeout=30)["phase"] == "Stopped"
+
+
+@pytest.mark.skipif(not netns.available()[0], reason="no network namespace per node here (root, iproute2)")
+def test_job_stop_of_orphans_also_removes_their_network_namespaces(home, monkeypatch):
+    """With a network namespace per node, a SIGKILLed supervisor also leaves its namespaces and bridge (its
+    teardown never ran), and the next `job run` of the job would fail on `ip netns add` (File exists):
+    `job stop` removes them after the processes. A job name of this test's own: namespaces are global."""
+    monkeypatch.delenv("FSDPCTL_LOCAL_NETNS")
+    name = f"orph-{os.getpid()}"
+    local.start(fake_job(name=name, replicas=2, grace=2), secret_env={})
+    state = _running(name, 2)
+    net = netns.Network(state["net_index"], name, 2)
+    assert netns.exists(net)
+    os.kill(state["supervisor"]["pid"], signal.SIGKILL)
+    _until(lambda: not local.same_process(state["supervisor"]))
+    assert local.effective_phase(local.read_state(local.job_dir(name))) == "Orphaned"
+    local.stop(name)
+    assert local.job_processes(name) == [] and not netns.exists(net)
 
 
 def test_job_run_through_the_cli_is_refused_while_an_orphan_lives(home):

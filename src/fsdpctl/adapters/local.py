@@ -507,6 +507,8 @@ def stop_orphans(jdir: Path, state: dict) -> None:
         for pid in left:
             signal_marked(pid, signal.SIGKILL, mark)
         time.sleep(0.1)
+    if isinstance(state.get("net_index"), int):  # the namespaces and bridge its `finally` did not remove
+        netns.destroy(netns.Network(state["net_index"], job, state["replicas"]))
     _update(jdir, phase="Stopped", finished=time.time(), reason="supervisor gone; its processes stopped")
 
 
@@ -822,7 +824,7 @@ def _placement(net: netns.Network | None, pods: list[Pod]) -> dict:
         }
         for p in pods
     ]
-    return {"network": note, "launchers": launchers}
+    return {"network": note, "net_index": net.index if net else None, "launchers": launchers}
 
 
 def _signal(pods: list[Pod], sig: int) -> None:
