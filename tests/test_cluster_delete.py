@@ -80,6 +80,8 @@ def test_delete_goes_by_the_state_without_a_cluster(aws_env, cli):
     dry = cli("cluster", "delete", "--tool", "terraform", "--dry-run")
     assert dry.exit_code == 0 and "destroy" not in dry.stdout and "nothing to delete" in dry.stderr
 
+    assert not state_dir.exists()  # nothing to delete: no tool input written either
+    state_dir.mkdir(parents=True)
     (state_dir / "terraform.tfstate").write_text(json.dumps(CRAFTED_STATE))
     dry = cli("cluster", "delete", "--tool", "terraform", "--dry-run")
     assert dry.exit_code == 0, dry.stderr

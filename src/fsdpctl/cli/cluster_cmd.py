@@ -208,11 +208,12 @@ def delete(
     from fsdpctl import cluster
 
     cfg = _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run)  # eksctl's input keys them by AZ
-    run = cluster.prepare(cfg, "delete")
     what = _what_to_delete(cfg, dry_run)
     file_systems, groups = _fsx_to_delete(cfg, dry_run)
     if what is None and not (file_systems or groups):
         return
+    # the tool's input is written once AWS has answered: a lookup that fails leaves nothing behind
+    run = cluster.prepare(cfg, "delete")
     if not dry_run and not yes:
         _confirm_fsx(cfg, file_systems)
         if what and not typer.confirm(f"Delete {what}?", err=True):
