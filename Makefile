@@ -46,6 +46,13 @@ test-fast: install
 golden: install
 	FSDPCTL_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_golden.py tests/test_manifests.py -k golden
 
+# the CLI fuzzer with a longer budget than CI's (FSDPCTL_TEST_FUZZ_EXAMPLES cases, default 5000, about 20 minutes on
+# 2 cores): every case runs, and every distinct failure is listed at the end (FSDPCTL_TEST_FUZZ_COLLECT)
+FUZZ_EXAMPLES ?= 5000
+fuzz: install
+	FSDPCTL_TEST_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FSDPCTL_TEST_FUZZ_COLLECT=1 $(PY) -m pytest -q -s -p no:cacheprovider \
+		tests/test_fuzz.py -k test_fuzz_cli
+
 # layering contracts, lint, format, types
 lint: install
 	$(VENV)/bin/lint-imports
