@@ -619,3 +619,17 @@ def test_found_an_aws_profile_that_does_not_exist_is_one_line_naming_it(cli, tmp
     # a dry run plans without AWS where it must: it warns with the same words and goes on
     result = cli("--set", "AWS_PROFILE=no-such-profile", "cluster", "create", "--dry-run")
     assert result.exit_code == 0 and said in result.stderr, result.stderr
+
+
+def test_found_fsdpctl_home_on_a_read_only_file_system_is_one_line_naming_the_path(cli, mounts, monkeypatch):
+    """mkdir(2) on a read-only mount fails with EROFS, for root too (mount(8) `ro`); `cluster create
+    --dry-run` (which writes the eksctl input under FSDPCTL_HOME) let that OSError escape as an internal
+    error. Now any OSError with a path is one line naming it, exit 1."""
+    if mounts.read_only is None:
+        pytest.skip("a read-only mount needs root and mount(8)")
+    monkeypatch.setenv("FSDPCTL_HOME", str(mounts.read_only / "home"))
+    result = cli("cluster", "create", "--dry-run")
+    assert result.exit_code == 1, result.stderr
+    error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert error.startswith(f"error: cannot write or read {mounts.read_only / 'home'}: Read-only file system")
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr

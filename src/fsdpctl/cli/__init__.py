@@ -26,6 +26,13 @@ from fsdpctl.redact import redact
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
+# an OSError that reaches the CLI with a path: a read-only or full file system, permissions, a file where a
+# directory should be (FSDPCTL_HOME's, an output path's)
+OS_HINT = (
+    "check that path (free space, permissions, a read-only file system), or point FSDPCTL_HOME elsewhere"
+)
+
+
 class _Group(TyperGroup):
     """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with
     --debug."""
@@ -72,6 +79,12 @@ class _Group(TyperGroup):
             raise
         except Exception as e:  # a defect: still one masked line, and the traceback only with --debug
             _traceback_if_debug(ctx)
+            if isinstance(e, OSError) and e.filename:  # the file system said no: the path and its reason
+                err.print(
+                    "[red]error:[/] " + escape(redact(f"cannot write or read {e.filename}: {e.strerror}"))
+                )
+                err.print("  hint: " + OS_HINT)
+                ctx.exit(ExitCode.FAILURE)
             err.print("[red]error:[/] " + escape(redact(f"internal error: {type(e).__name__}: {e}")))
             err.print("  hint: rerun with --debug for the traceback and report it")
             ctx.exit(ExitCode.FAILURE)
