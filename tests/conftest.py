@@ -170,7 +170,9 @@ def invoke(*args: str, input: str | None = None, catch_exceptions: bool = False)
     from typer import testing
 
     from fsdpctl.cli import app
+    from fsdpctl.redact import forget
 
+    forget()  # each run starts as a new process would: no secret remembered from an earlier one
     testing._get_command = _command  # type: ignore[attr-defined]
     r = testing.CliRunner().invoke(
         app, list(args), input=input, catch_exceptions=catch_exceptions, prog_name="fsdpctl"

@@ -47,6 +47,12 @@ def remember(*values: str) -> None:
     _remembered.update(v.strip() for v in values if v and len(v.strip()) >= SHORTEST)
 
 
+def forget() -> None:
+    """Forget the remembered secrets: a new run of fsdpctl in the same process (the tests' in-process
+    runner) starts as a fresh process does, masking only what its own settings hold."""
+    _remembered.clear()
+
+
 def redact(text: str, extra: tuple[str, ...] = ()) -> str:
     """`text` with every known secret and every secret-shaped value replaced by ***."""
     known = {*extra, *_remembered, *(os.environ.get(k, "") for k in SECRET_ENV)}
