@@ -73,3 +73,6 @@ def test_every_launcher_carries_its_pods_mark():
     }
     marks = [launch.env[local.POD_MARK] for launch in local.launches(spec, "127.0.0.1:1", {})]
     assert marks == ["j/r1/node-0", "j/r1/node-1", "j/r1/node-2"]
+    home = {local.JOB_MARK: "/home/a/jobs/j"}  # the supervisor's: the job's directory in this FSDPCTL_HOME
+    marks = [launch.env[local.POD_MARK] for launch in local.launches(spec, "127.0.0.1:1", home)]
+    assert marks == [f"/home/a/jobs/j/r1/node-{n}" for n in range(3)]

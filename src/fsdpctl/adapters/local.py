@@ -301,7 +301,7 @@ def launches(
             argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
         if net is not None:
             argv = [*net.exec_prefix(node), *argv[:3], f"--local-addr={net.address(node)}", *argv[3:]]
-        env = {**environ, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node)}
+        env = {**environ, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node, environ.get(JOB_MARK))}
         if net is not None:  # gloo binds the address the hostname resolves to, unless told the interface
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
@@ -309,11 +309,13 @@ def launches(
     return out
 
 
-def pod_mark(spec: dict, node: int) -> str:
+def pod_mark(spec: dict, node: int, job_dir: str | None = None) -> str:
     """Which pod a process belongs to: every process of node N's launcher inherits it in its environment,
     torchrun's workers too, though torchrun starts them in sessions of their own. It stands in for the
-    container's cgroup, by which the runtime finds every process of a container it stops."""
-    return f"{spec['job']}/{spec['run_id']}/node-{node}"
+    container's cgroup, by which the runtime finds every process of a container it stops. It begins with
+    the job's directory where the supervisor has one (its JOB_MARK), so that cutting node 0 of a job in one
+    FSDPCTL_HOME never kills node 0 of a job of the same name in another (two users, two test workers)."""
+    return f"{job_dir or spec['job']}/{spec['run_id']}/node-{node}"
 
 
 def pod_processes(mark: str) -> list[int]:
