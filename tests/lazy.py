@@ -19,6 +19,8 @@ class Lazy:
         return importlib.import_module(self._name)
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):  # pytest's collection probes every module-level name (__test__, _pytest...)
+            raise AttributeError(attr)
         return getattr(self._module(), attr)
 
 
