@@ -217,6 +217,27 @@ def test_job_stop_never_signals_an_unrelated_process_that_took_the_pid(home, how
         sleeper.wait()
 
 
+def test_ctrl_c_on_a_job_whose_supervisor_is_not_the_one_recorded_is_one_line(home):
+    """Ctrl-C while following (`LocalBackend.interrupt`) stops the job as `job stop` does: where the state's
+    supervisor is a live process without the job's mark, nothing is signalled and the error is fsdpctl's
+    own one line, not an unexpected exception."""
+    from fsdpctl.backends.local import LocalBackend
+    from fsdpctl.errors import FsdpctlError
+    from fsdpctl.settings import load
+
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        ident = _until(lambda: local.identity(sleeper.pid))
+        _plant(home.home, ident, [{"node": 0, **ident}])
+        with pytest.raises(FsdpctlError, match="nothing was signalled") as raised:
+            LocalBackend(load()).interrupt("fsdp")
+        assert raised.value.hint and "job status fsdp" in raised.value.hint
+        assert sleeper.poll() is None, "the unrelated process was signalled"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 # ---- one run per job: the lock ----------------------------------------------------------------------------
 
 

@@ -121,7 +121,10 @@ class LocalBackend:
 
     def interrupt(self, name: str) -> dict[str, Any] | None:
         """Ctrl-C while following stops the job as Kubernetes would (SIGTERM: the trainer checkpoints)."""
-        local.stop(name)
+        try:
+            local.stop(name)
+        except local.LocalJobError as e:  # e.g. a supervisor that is not the one recorded: signalled nothing
+            raise FsdpctlError(str(e), hint=f"`fsdpctl job status {name}`") from e
         local.wait(name)
         return self.report(name)
 
