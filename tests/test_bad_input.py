@@ -633,8 +633,8 @@ def test_deploy_fetch_offline_is_one_line_and_leaves_no_folder(cli, tmp_path, mo
 @pytest.mark.parametrize("command", [("cluster", "create"), ("cluster", "delete", "--yes")])
 def test_cluster_without_aws_credentials_is_one_line_with_a_hint(cli, tmp_path, monkeypatch, command):
     """botocore's NoCredentialsError (no keys in the environment, no shared files, no instance metadata) is
-    one line and a hint, exit 1, never a traceback. (cluster create writes its tool input, clusterconfig.yaml,
-    before the first AWS call: not checked here for 'writes nothing'.)"""
+    one line and a hint, exit 1, never a traceback, and nothing written (the tool's input, clusterconfig.yaml,
+    only once AWS has answered)."""
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
@@ -643,6 +643,7 @@ def test_cluster_without_aws_credentials_is_one_line_with_a_hint(cli, tmp_path, 
     result = cli(*command)
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
+    assert not (cli.home / "clusters").exists() or not any((cli.home / "clusters").rglob("*"))
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: NoCredentialsError: Unable to locate credentials"], result.stderr
     hint = result.stderr.splitlines()[result.stderr.splitlines().index(errors[0]) + 1]

@@ -135,12 +135,13 @@ def create(ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False)
     from fsdpctl import cluster
 
     cfg = _in_reservation_zone(ctx, _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run), tool, dry_run)
-    run = cluster.prepare(cfg, "create")
-    existing = None
     fsx_on = cfg.cluster_tool == "eksctl" and cfg.fsx_create
+    # AWS asked before the tool's input is written: a create that cannot reach AWS leaves nothing behind
+    existing = cluster.find(cfg) if cfg.cluster_tool == "eksctl" and not dry_run else None
+    run = cluster.prepare(cfg, "create")
     if dry_run:
         out.print(run.text, markup=False, end="")
-    elif cfg.cluster_tool == "eksctl" and (existing := cluster.find(cfg)):
+    elif existing:
         then = "its FSx file system next" if fsx_on else "nothing to do"
         ok(f"cluster {cfg.cluster_name} already exists ({existing['status']}); {then}")
     for cmd in [] if existing else run.commands:
