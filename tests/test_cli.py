@@ -253,6 +253,9 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     result = cli("quickstart", "--steps", "8")
     assert result.exit_code == 0, result.stderr
     assert "quickstart: Succeeded" in result.stdout
+    from fsdpctl.cli.quickstart_cmd import next_commands
+
+    assert result.stdout.endswith(next_commands("quickstart"))  # what to run next, with this job's name
     # checkpoints on the shared volume (SHARED_VOLUME=fsx-claim: one directory every simulated node mounts)
     assert (tmp_path / "home/volumes/fsx-claim/checkpoints/quickstart/step-00000008/meta.json").is_file()
     # and nothing half-written left on any node's own disk

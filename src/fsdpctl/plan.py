@@ -24,7 +24,7 @@ comm / L.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -337,16 +337,23 @@ SWEEP_INSTANCES = ("p4de.24xlarge", "p5.48xlarge")
 SWEEP_NODES = (1, 2, 4, 8, 16)
 
 
-def matrix(base: Job, tokens: float, per_model: Mapping[str, Job] | None = None) -> list[dict[str, Any]]:
-    """`plan --table`: each model on each instance type at 1..16 nodes, the rest of `base` (or of the model's
-    own in `per_model`, see `sweep_bases`) unchanged; scaling is the per-GPU throughput relative to one
-    node."""
+def matrix(
+    base: Job,
+    tokens: float,
+    per_model: Mapping[str, Job] | None = None,
+    *,
+    models: Sequence[str] = SWEEP_MODELS,
+    nodes: Sequence[int] = SWEEP_NODES,
+) -> list[dict[str, Any]]:
+    """`plan --table`: each of `models` on each instance type at each of `nodes`, the rest of `base` (or of
+    the model's own in `per_model`, see `sweep_bases`) unchanged; scaling is the per-GPU throughput relative
+    to one node (computed even when 1 is not among `nodes`, so a row reads the same in any selection)."""
     rows = []
-    for model in SWEEP_MODELS:
+    for model in models:
         start = (per_model or {}).get(model, replace(base, model=model))
         for inst in SWEEP_INSTANCES:
-            jobs = [replace(start, instance_type=inst, nodes=n) for n in SWEEP_NODES]
-            one_node = speed(jobs[0]).tokens_per_s_per_gpu
+            one_node = speed(replace(start, instance_type=inst, nodes=1)).tokens_per_s_per_gpu
+            jobs = [replace(start, instance_type=inst, nodes=n) for n in nodes]
             rows += [_sweep_row(job, tokens, one_node) for job in jobs]
     return rows
 

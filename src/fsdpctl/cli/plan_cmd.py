@@ -118,7 +118,12 @@ def plan(
         ),
     ] = None,
     table: Annotated[
-        bool, typer.Option("--table", help="7B/13B/70B (each with its own defaults) x p4de/p5 x 1..16 nodes")
+        bool,
+        typer.Option(
+            "--table",
+            help="7B/13B/70B (each with its own defaults) x p4de/p5 x 1..16 nodes; --model and --nodes pick "
+            "only those rows",
+        ),
     ] = False,
     output: Output = OutputOpt,
 ) -> None:
@@ -143,7 +148,14 @@ def plan(
     cfg = state(ctx).config(**{k: v for k, v in flags.items() if v is not None}, BACKEND="eks")
     job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
-        rows = P.matrix(job, tokens, per_model=P.sweep_bases(job, cfg))
+        # --model and --nodes narrow the sweep to their rows; without them it spans every model and size
+        rows = P.matrix(
+            job,
+            tokens,
+            per_model=P.sweep_bases(job, cfg),
+            models=(job.model,) if model is not None else P.SWEEP_MODELS,
+            nodes=(job.nodes,) if nodes is not None else P.SWEEP_NODES,
+        )
         if not emit(rows, output):
             _print_matrix(rows, tokens)
         return

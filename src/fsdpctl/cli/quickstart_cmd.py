@@ -8,7 +8,7 @@ import typer
 
 from fsdpctl import backends
 from fsdpctl.cli import job_view
-from fsdpctl.cli.common import ok, state
+from fsdpctl.cli.common import ok, out, state
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process, CPU.
 # fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
@@ -27,6 +27,19 @@ QUICKSTART = {
     "CHECKPOINT_INTERVAL": "10",
     "RESUME": "never",
 }
+
+
+def next_commands(job_name: str) -> str:
+    """What to run after the quickstart, with its job's name: the job is not the default JOB_NAME ('fsdp'),
+    so a bare `fsdpctl job status` finds nothing."""
+    rows = (
+        (f"fsdpctl job status {job_name}", "its steps, loss, tokens/s and checkpoint"),
+        (f"fsdpctl job logs {job_name} --all", "every node's log, each line prefixed with its node"),
+        ("fsdpctl job list", "every job fsdpctl knows, with its phase"),
+        ("fsdpctl plan --model 7b", "memory, speed and cost of Llama-2 7B on a GPU cluster"),
+    )
+    width = max(len(cmd) for cmd, _ in rows)
+    return "next:\n" + "".join(f"  {cmd:<{width}}  # {why}\n" for cmd, why in rows)
 
 
 def quickstart(
@@ -55,4 +68,6 @@ def quickstart(
         f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
         f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; {started.where}"
     )
-    raise typer.Exit(job_view.outcome(be, started.job, job_view.follow(be, started.job)))
+    code = job_view.outcome(be, started.job, job_view.follow(be, started.job))
+    out.print(next_commands(started.job), end="", markup=False)
+    raise typer.Exit(code)
