@@ -237,9 +237,9 @@ class Cli:
 
 
 def isolate(monkeypatch: pytest.MonkeyPatch, root: Path) -> Cli:
-    """Seal fsdpctl off from this machine's user: FSDPCTL_HOME=root/home, cwd=root (so the only .env is one
-    the test writes), no settings key or FSDPCTL_ENV_FILE from the environment, no colour, a fixed width, and
-    a KUBECONFIG that does not exist (never a developer's real cluster)."""
+    """Seal fsdpctl off from this machine's user: FSDPCTL_HOME=root/home (XDG_STATE_HOME=root/state), cwd=root
+    (so the only .env is one the test writes), no settings key or FSDPCTL_ENV_FILE from the environment, no
+    colour, a fixed width, and a KUBECONFIG that does not exist (never a developer's real cluster)."""
     from fsdpctl.settings import setting_keys
 
     for key in setting_keys():
@@ -252,6 +252,9 @@ def isolate(monkeypatch: pytest.MonkeyPatch, root: Path) -> Cli:
     monkeypatch.setenv("COLUMNS", str(COLUMNS))
     monkeypatch.setenv("LINES", "50")
     monkeypatch.setenv("FSDPCTL_HOME", str(root / "home"))
+    # where a test unsets FSDPCTL_HOME, the default (XDG_STATE_HOME/fsdpctl) is still under root: never the
+    # user's real ~/.local/state
+    monkeypatch.setenv("XDG_STATE_HOME", str(root / "state"))
     monkeypatch.setenv("KUBECONFIG", str(root / "no-kubeconfig"))
     monkeypatch.chdir(root)
     return Cli(root / "home", root)

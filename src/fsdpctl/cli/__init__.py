@@ -10,15 +10,15 @@ import io
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from typer._click.exceptions import ClickException
+from typer._click.exceptions import ClickException, UsageError
 from typer.core import TyperGroup
 
 from fsdpctl import __version__
-from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, err, parse_sets
+from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, err, parse_sets, warn
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
 
@@ -43,9 +43,9 @@ class _Group(TyperGroup):
         masked, as every other line."""
         argv = [DRY_RUN_SPELLINGS.get(arg, arg) for arg in (sys.argv[1:] if args is None else args)]
         if not standalone_mode:
-            return super().main(argv, prog_name, complete_var, standalone_mode, **kw)
+            return super().main(_sets_first(self, argv), prog_name, complete_var, standalone_mode, **kw)
         try:
-            rv = super().main(argv, prog_name, complete_var, False, **kw)
+            rv = super().main(_sets_first(self, argv), prog_name, complete_var, False, **kw)
         except ClickException as e:
             shown = io.StringIO()
             e.show(file=shown)
@@ -90,6 +90,54 @@ class _Group(TyperGroup):
             ctx.exit(ExitCode.FAILURE)
 
 
+SET_OPTS = ("--set", "-s")
+
+
+def _takes_value(cmd: Any, arg: str) -> bool:
+    """Whether `arg` is an option of `cmd` that consumes the next argument (`--nodes 2`, not `--dry-run`)."""
+    for param in getattr(cmd, "params", []):
+        if arg in getattr(param, "opts", ()) and not (param.is_flag or param.count):
+            return True
+    return False
+
+
+def _sets_first(root: Any, argv: list[str]) -> list[str]:
+    """`--set KEY=VALUE` (or `-s`) anywhere on the line, moved before the first subcommand where the root
+    group parses it: `fsdpctl plan --set SEQ_LEN=2048` is `fsdpctl --set SEQ_LEN=2048 plan`, one parser and
+    one validation for every command. Order among the --set is kept (the last of a key wins, as before). The
+    walk follows click's own reading: a value of another option (`--run-id --set`) and everything after
+    `--` stay where they are; no subcommand has a `--set` or `-s` of its own (tests/test_set_anywhere.py)."""
+    cmd, at, i = root, None, 0
+    head, moved = list(argv), []
+    while i < len(head):
+        arg = head[i]
+        if arg == "--":
+            break
+        if at is not None and (arg in SET_OPTS or arg.startswith("--set=")):
+            take = 1 if "=" in arg else 2
+            if i + take > len(head):  # as click says of a --set before the subcommand
+                raise UsageError(f"Option '{arg}' requires an argument.")
+            moved += head[i : i + take]
+            del head[i : i + take]
+            continue
+        if at is not None and arg.startswith("-s") and not arg.startswith("--") and len(arg) > 2:
+            moved += ["-s", arg[2:]]  # -sKEY=VALUE: click's attached short-option value
+            del head[i]
+            continue
+        if arg.startswith("-"):
+            i += 2 if "=" not in arg and _takes_value(cmd, arg) else 1
+            continue
+        sub = getattr(cmd, "commands", {}).get(arg)
+        if sub is None:  # a positional argument of a command: keep walking its options
+            i += 1
+            continue
+        at = i if at is None else at
+        cmd, i = sub, i + 1
+    if at is None or not moved:
+        return argv
+    return [*head[:at], *moved, *head[at:]]
+
+
 def _debug(ctx: typer.Context) -> bool:
     obj = ctx.find_root().obj
     return bool(obj and obj.debug)
@@ -129,7 +177,10 @@ def root(
     set_: Annotated[
         list[str] | None,
         typer.Option(
-            "--set", "-s", metavar="KEY=VALUE", help="override a setting (repeatable); beats env and .env"
+            "--set",
+            "-s",
+            metavar="KEY=VALUE",
+            help="override a setting (repeatable, before or after the subcommand); beats env and .env",
         ),
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
@@ -137,6 +188,10 @@ def root(
 ) -> None:
     """Settings come from flags > environment > .env > defaults; `fsdpctl config show` says which won."""
     given = ctx.get_parameter_source("env_file")
+    from fsdpctl.files import old_home_notice
+
+    if notice := old_home_notice():
+        warn(notice)
     ctx.obj = AppState(
         env_file=env_file,
         env_file_given=given is not None and given.name != "DEFAULT",
