@@ -287,7 +287,8 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
 
     started = _fsdpctl("job", "run", "--detach")
     assert started.exit_code == 0, started.stderr
-    assert _fsdpctl("job", "run", "--detach").exit_code == 1  # same name while running: refused
+    again = _fsdpctl("job", "run", "--detach")  # same name while running: refused (README: exit 2, one line)
+    assert again.exit_code == 2 and "is already running" in again.stderr, again.output
 
     deadline = time.monotonic() + 180
     while True:
