@@ -562,6 +562,19 @@ def test_fsdpctl_home_naming_a_file_is_one_line(home, monkeypatch, tmp_path, bel
     assert target.read_text() == "x"
 
 
+@pytest.mark.parametrize("below", ["", "sub"], ids=["the loop", "under the loop"])
+def test_fsdpctl_home_through_a_symlink_loop_is_one_line(home, monkeypatch, tmp_path, below):
+    """A symlink loop (a -> b -> a) where FSDPCTL_HOME points: pathlib's resolve() raises (RuntimeError up to
+    Python 3.12, ELOOP after); found by the CLI fuzzer as an internal error of `deploy all --dry-run`."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "a" / below) if below else str(tmp_path / "a"))
+    for args in (["job", "list"], ["deploy", "all", "--dry-run"], ["--debug", "cleanup"]):
+        r = home(*args)
+        assert r.exit_code == 2 and "internal error" not in r.output, (args, r.output)
+        assert "FSDPCTL_HOME=" in r.said and "cannot be resolved" in r.said, (args, r.output)
+
+
 # ---- a real run ------------------------------------------------------------------------------------------
 
 

@@ -35,7 +35,13 @@ def home() -> Path:
     input when it (or the nearest part of it that exists) is not a directory: every path under it would fail
     later, half-written."""
     raw = os.environ.get("FSDPCTL_HOME") or str(default_home())
-    path = Path(raw).resolve()
+    try:
+        path = Path(raw).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError up to Python 3.12, then ELOOP
+        raise BadInput(
+            f"FSDPCTL_HOME={raw!r} cannot be resolved ({e})",
+            hint="point FSDPCTL_HOME at a directory (a symlink that leads to one), or unset it",
+        ) from e
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         where = "" if existing == path else f": {existing} is a file"
