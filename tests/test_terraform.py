@@ -367,7 +367,7 @@ def test_plan_in_an_existing_vpc_makes_no_network_and_uses_its_subnets(aws_env, 
         for b in re.findall(r"subnet_ids\s+= \[(.*?)\]", plan.stdout, re.S)
     ]
     # the cluster and the system nodes in both; the GPU nodes and FSx in the first
-    assert sorted(lists) == [[subnets[0]], [subnets[0]], sorted(subnets), sorted(subnets)], lists
+    assert sorted(lists) == sorted([[subnets[0]], [subnets[0]], sorted(subnets), sorted(subnets)]), lists
     sg = plan.stdout[plan.stdout.index("module.eks_gpu.aws_security_group.lustre[0] will be created") :]
     assert '"10.9.0.0/16"' in sg[: sg.index("\n    }\n")]
     one = tf("plan", "-input=false", "-no-color", "-var", f'private_subnet_ids=["{subnets[0]}"]')
