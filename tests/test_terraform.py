@@ -93,6 +93,21 @@ def test_dry_run_writes_tfvars_from_the_settings(cli):
     assert (work / "modules/eks-gpu/main.tf").is_file()
 
 
+def _initialized(work):
+    """`terraform` in the cluster's work dir (init from the plugin mirror, then validate, both asserted)."""
+    env = {**os.environ, "TF_IN_AUTOMATION": "1"}
+
+    def tf(*args):
+        return subprocess.run(
+            ["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    assert tf("init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}").returncode == 0
+    valid = tf("validate", "-no-color")
+    assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
+    return tf
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
@@ -108,17 +123,7 @@ def test_validate_and_plan_against_moto(aws_env, cli):
         "--dry-run",
     )
     assert result.exit_code == 0
-    work = cli.home / "clusters/fsdp-eks/terraform"
-    env = {**os.environ, "TF_IN_AUTOMATION": "1"}
-
-    def tf(*args):
-        return subprocess.run(
-            ["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True, timeout=300
-        )
-
-    assert tf("init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}").returncode == 0
-    valid = tf("validate", "-no-color")
-    assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
+    tf = _initialized(cli.home / "clusters/fsdp-eks/terraform")
     plan = tf("plan", "-input=false", "-no-color")
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "Plan: 31 to add, 0 to change, 0 to destroy." in plan.stdout  # FSx: file system, its key, SG
@@ -346,17 +351,7 @@ def test_plan_in_an_existing_vpc_makes_no_network_and_uses_its_subnets(aws_env, 
     ]
     keys = ["--set", f"VPC_ID={vpc}", "--set", f"PRIVATE_SUBNET_IDS={','.join(subnets)}"]
     assert cli(*keys, "cluster", "create", "--tool", "terraform", "--dry-run").exit_code == 0
-    work = cli.home / "clusters/fsdp-eks/terraform"
-    env = {**os.environ, "TF_IN_AUTOMATION": "1"}
-
-    def tf(*args):
-        return subprocess.run(
-            ["terraform", f"-chdir={work}", *args], env=env, capture_output=True, text=True, timeout=300
-        )
-
-    assert tf("init", "-input=false", "-no-color", f"-plugin-dir={PLUGINS}").returncode == 0
-    valid = tf("validate", "-no-color")
-    assert valid.returncode == 0 and "The configuration is valid" in valid.stdout
+    tf = _initialized(cli.home / "clusters/fsdp-eks/terraform")
     plan = tf("plan", "-input=false", "-no-color")
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "Plan: 16 to add, 0 to change, 0 to destroy." in plan.stdout
