@@ -20,6 +20,9 @@ STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("bf16", "fp16", "fp32")
 AC_MODES = ("none", "full", "every-k")
 DATASET_FORMATS = ("auto", "text", "json", "parquet")
+WANDB_MODES = ("online", "offline", "disabled")
+# what each optional key needs installed, and the extra that brings it
+TRACKER_PACKAGES = {"TENSORBOARD_DIR": ("tensorboard", "trackers"), "WANDB_PROJECT": ("wandb", "trackers")}
 BUILTIN = "builtin"  # the offline corpus + tokenizer of fsdptrain.assets
 
 
@@ -100,6 +103,23 @@ class TrainConfig:
         "serve Prometheus metrics (tokens/s, loss, MFU) on this port from rank 0 (0: off)",
         minimum=0,
     )
+    tensorboard_dir: str = _f(
+        "TENSORBOARD_DIR",
+        "",
+        "write TensorBoard scalars of each logged step under DIR/<run id> (rank 0; needs fsdpctl[trackers]; "
+        "empty: off)",
+    )
+    wandb_project: str = _f(
+        "WANDB_PROJECT",
+        "",
+        "log each logged step to this Weights & Biases project (rank 0; needs fsdpctl[trackers]; empty: off)",
+    )
+    wandb_mode: str = _f(
+        "WANDB_MODE",
+        "online",
+        "W&B mode: online, offline (files under WANDB_DIR, `wandb sync` later) or disabled",
+        choices=WANDB_MODES,
+    )
     deterministic: bool = _f("DETERMINISTIC", True, "deterministic algorithms (CPU: always)")
 
     def validate(self, *, check_paths: bool = True) -> TrainConfig:
@@ -138,6 +158,8 @@ class TrainConfig:
             local = value.startswith(("/", "./", "../", "~"))
             if check_paths and local and not os.path.exists(os.path.expanduser(value)):
                 found.append(f"{key}={value!r} does not exist: check the path or mount")
+        if check_paths:  # this machine runs the trainer: what the keys set need must be installed here
+            found += missing_packages(self)
         return found
 
     @property
@@ -258,4 +280,21 @@ def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     return TrainConfig(**with_model_defaults(values)[0]).validate()
 
 
+def missing_packages(cfg: TrainConfig) -> list[str]:
+    """One line per tracker key that is set while its package is not installed (checked without importing
+    it): the run is refused before it starts instead of failing at its first step."""
+    import importlib.util
+
+    found = []
+    for key, (package, extra) in TRACKER_PACKAGES.items():
+        value = getattr(cfg, _BY_ENV[key].name)
+        if value and importlib.util.find_spec(package) is None:
+            found.append(
+                f"{key}={value!r} needs the {package} package, which is not installed: "
+                f"pip install 'fsdpctl[{extra}]' (or unset {key})"
+            )
+    return found
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_BY_ENV = {f.metadata["env"]: f for f in dataclasses.fields(TrainConfig)}

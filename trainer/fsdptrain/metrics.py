@@ -130,48 +130,39 @@ PROMETHEUS_GAUGES = {
 }
 
 
-def prometheus_text(record: dict) -> str:
-    """The Prometheus text exposition (format 0.0.4) of one step record; unknown values are left out."""
-    lines = []
-    for name, (key, help_text) in PROMETHEUS_GAUGES.items():
-        value = record.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {float(value)!r}"]
-    return "\n".join(lines) + "\n"
+class _LatestStep:
+    """A prometheus_client collector of the latest logged step: one gauge per PROMETHEUS_GAUGES name whose
+    value this run measured (a CPU has no MFU: no `fsdptrain_mfu` rather than a made-up 0)."""
+
+    def __init__(self) -> None:
+        self.record: dict = {}
+
+    def collect(self):  # prometheus_client's Collector protocol (registry.py)
+        from prometheus_client.core import GaugeMetricFamily
+
+        record = self.record
+        for name, (key, help_text) in PROMETHEUS_GAUGES.items():
+            value = record.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield GaugeMetricFamily(name, help_text, value=float(value))
 
 
 class PrometheusExporter:
-    """GET /metrics on `port` from a daemon thread (rank 0): what Prometheus scrapes from the pod annotation
-    fsdpctl writes. A port already taken costs the metrics, never the run."""
+    """GET /metrics on `port` (rank 0): prometheus_client's own server (start_http_server, a daemon thread)
+    over a registry of this run's gauges only, what Prometheus scrapes from the pod annotation fsdpctl
+    writes. A port already taken raises OSError here: the caller logs it, the run goes on."""
 
     def __init__(self, port: int):
-        import http.server
-        import threading
+        from prometheus_client import CollectorRegistry, start_http_server
 
-        exporter = self
-        self.record: dict = {}
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - the http.server API
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                body = prometheus_text(exporter.record).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):  # scrapes every 15 s would drown the training log
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("", port), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="metrics").start()
+        self.collector = _LatestStep()
+        self.registry = CollectorRegistry(auto_describe=False)  # not the global one: no process_* series
+        self.registry.register(self.collector)
+        self.server, self.thread = start_http_server(port, registry=self.registry)
+        self.port: int = self.server.server_address[1]
 
     def update(self, record: dict) -> None:
-        self.record = dict(record)
+        self.collector.record = dict(record)
 
     def close(self) -> None:
         self.server.shutdown()

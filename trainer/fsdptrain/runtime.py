@@ -1,5 +1,6 @@
 """This process's place in the job (rank, device, process group) and rank 0's outputs: the human log, the
-event lines (fsdptrain.events), the metrics file and the Prometheus endpoint."""
+event lines (fsdptrain.events), the metrics file, the Prometheus endpoint and the trackers (TensorBoard,
+W&B)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from fsdptrain import events
 from fsdptrain.config import TrainConfig
 from fsdptrain.metrics import PrometheusExporter
+from fsdptrain.trackers import Trackers, open_trackers
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Runtime:
     device: torch.device
     metrics_file: TextIO | None = None  # METRICS_FILE, rank 0: a copy of the event lines
     exporter: PrometheusExporter | None = None  # METRICS_PORT, rank 0
+    trackers: Trackers | None = None  # TENSORBOARD_DIR, WANDB_PROJECT, rank 0
     stop_requested: bool = False  # set by SIGTERM; the ranks agree on it once per step
 
     def log(self, msg: str) -> None:
@@ -41,6 +44,10 @@ class Runtime:
             return
         if self.exporter is not None and isinstance(event, events.Step):
             self.exporter.update(events.as_record(event))
+        if self.trackers is not None and isinstance(event, events.Step):
+            self.trackers.step(event)
+        if self.trackers is not None and isinstance(event, events.Checkpoint):
+            self.trackers.flush()  # a checkpoint (also SIGTERM's) has every step before it on disk
         line = events.to_line(event)
         print(line, flush=True)
         if self.metrics_file is not None:
@@ -98,7 +105,16 @@ def open_outputs(cfg: TrainConfig, rt: Runtime) -> None:
             )
 
 
+def start_trackers(cfg: TrainConfig, rt: Runtime, start_step: int) -> None:
+    """Rank 0's TensorBoard writer and W&B run, once the step the run resumes after is known."""
+    if rt.rank == 0 and (cfg.tensorboard_dir or cfg.wandb_project):
+        warn = lambda m: rt.log(f"warning: {m}")  # noqa: E731 - one line, in the human log
+        rt.trackers = open_trackers(cfg, start_step=start_step, world=rt.world, warn=warn)
+
+
 def close_outputs(rt: Runtime) -> None:
+    if rt.trackers is not None:
+        rt.trackers.close()
     if rt.exporter is not None:
         rt.exporter.close()
     if rt.metrics_file is not None:

@@ -38,7 +38,14 @@ from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.metrics import GpuTelemetry, SavedActivations, local_state_bytes, memory_stats, peak_tflops
 from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config
 from fsdptrain.parallel import build_mesh, parallelize
-from fsdptrain.runtime import Runtime, close_outputs, init_distributed, leader_event, open_outputs
+from fsdptrain.runtime import (
+    Runtime,
+    close_outputs,
+    init_distributed,
+    leader_event,
+    open_outputs,
+    start_trackers,
+)
 from fsdptrain.shapes import flops_per_token
 
 if TYPE_CHECKING:
@@ -70,6 +77,7 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     _set_up_torch(cfg)
     t = build(cfg, rt)
     rt.log(_banner(t, rt))
+    start_trackers(t.cfg, rt, t.start_step)
     outcome = loop(t, rt)
     return finish(t, rt, outcome)
 
