@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# the CPU wheel of torch first: a bare `torch` would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,test,aws,k8s,lint]'
+	$(PY) -m pip install -q -e '.[train,trackers,plot,test,aws,k8s,lint]'
 	touch $@
 
 install: $(STAMP)

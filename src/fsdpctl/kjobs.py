@@ -216,6 +216,13 @@ def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[
     return first, lines
 
 
+def leader_events(kube, cfg: Config, name: str) -> list:
+    """The events of the leader pod's whole log (not only the LOG_TAIL lines `report` reads)."""
+    require_job(kube, cfg, name)
+    lead, _ = find_leader(kube, cfg, pods_of(kube, cfg, name))
+    return records(log_lines(kube, cfg, lead["metadata"]["name"], tail=None)) if lead else []
+
+
 def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job: dict | None = None) -> dict:
     job = job or require_job(kube, cfg, name)
     pods = pods_of(kube, cfg, name)

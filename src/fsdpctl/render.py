@@ -184,6 +184,22 @@ def checkpoint_dir(cfg: Config, job_name: str) -> str:
     return f"{checkpoint_root(cfg)}/{job_name}"
 
 
+def tensorboard_dir(cfg: Config, job_name: str) -> str | None:
+    """TENSORBOARD_DIR as the pods get it: the user's directory (on the shared volume: settings check it) plus
+    the job's name, so `fsdpctl job tensorboard NAME` shows this job's runs (the trainer adds the run id);
+    None when TensorBoard is off."""
+    root = cfg.training.tensorboard_dir.rstrip("/")
+    return f"{root}/{job_name}" if root else None
+
+
+def wandb_dir(cfg: Config, job_name: str) -> str | None:
+    """WANDB_DIR for a job with WANDB_PROJECT: on the shared volume, where an offline run's files outlive
+    the pod (`wandb sync` reads them there); None without one (W&B's default, the working directory)."""
+    if not cfg.training.wandb_project or not cfg.shared_volume:
+        return None
+    return f"{cfg.shared_volume_path.rstrip('/')}/wandb/{job_name}"
+
+
 def nccl_trace_file(cfg: Config, job_name: str) -> str:
     """TORCH_NCCL_DEBUG_INFO_TEMP_FILE: the flight recorder writes `<this><rank>` per rank. On the shared
     volume, where one directory holds every node's; without one, on each node's /local scratch. Either way
@@ -317,6 +333,10 @@ def pod_annotations(cfg: Config) -> dict[str, str]:
 def pod_env(cfg: Config) -> dict[str, str]:
     env = dict(cfg.train_env())
     env["CHECKPOINT_DIR"] = checkpoint_dir(cfg, cfg.job_name)
+    if tb := tensorboard_dir(cfg, cfg.job_name):
+        env["TENSORBOARD_DIR"] = tb
+    if wdir := wandb_dir(cfg, cfg.job_name):
+        env["WANDB_DIR"] = wdir
     # with a shared volume one download of models and tokenizers per job; else one per node, kept on its
     # /local scratch for the next job
     env["HF_HOME"] = prestep.hf_home(cfg) if cfg.shared_volume else f"{POD_SCRATCH}/hf-cache"

@@ -673,7 +673,24 @@ def _storage_checks(cfg: Config) -> list[str]:
             f"SHARED_VOLUME_PATH={cfg.shared_volume_path!r} overlaps a path the pod already mounts "
             f"({', '.join(reserved)}): use another path, e.g. /fsx"
         )
-    return errors + _fsx_checks(cfg)
+    return errors + _fsx_checks(cfg) + _tensorboard_checks(cfg)
+
+
+def _tensorboard_checks(cfg: Config) -> list[str]:
+    """TENSORBOARD_DIR is a path in the pods: absolute, and on the shared volume when there is one, where the
+    event files outlive the pods and `fsdpctl job tensorboard` finds them (locally: its directory)."""
+    value = cfg.training.tensorboard_dir
+    shared = cfg.shared_volume_path.rstrip("/")
+    if not value:
+        return []
+    if not value.startswith("/"):
+        return [f"TENSORBOARD_DIR={value!r} is not an absolute path: use e.g. {shared}/tensorboard"]
+    if cfg.shared_volume and not value.startswith(shared + "/"):
+        return [
+            f"TENSORBOARD_DIR={value!r} is not on the shared volume (SHARED_VOLUME_PATH={shared}): the event "
+            f"files would vanish with each pod; use e.g. {shared}/tensorboard"
+        ]
+    return []
 
 
 def _fsx_checks(cfg: Config) -> list[str]:

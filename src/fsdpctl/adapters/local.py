@@ -444,6 +444,7 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
         "replicas": spec["replicas"],
         "log_dir": str(log_dir),
         "checkpoint_dir": _mapped_env(spec, 0).get("CHECKPOINT_DIR"),
+        "tensorboard_dir": _mapped_env(spec, 0).get("TENSORBOARD_DIR") or None,
         "nccl_traces": _nccl_traces(spec),
         "max_restarts": spec["max_restarts"],
         "prestep": _prestep_state(spec, log_dir),

@@ -16,9 +16,11 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.redact import redact
@@ -28,6 +30,7 @@ INSTALL_HINTS = {
     "terraform": "install terraform >= 1.6: https://developer.hashicorp.com/terraform/install",
     "docker": "install Docker (Debian: apt-get install docker.io) and start the engine",
     "etcd": "apt-get install etcd-server (or use RDZV_BACKEND=c10d)",
+    "tensorboard": "pip install 'fsdpctl[trackers]' (it brings the tensorboard command)",
 }
 
 
@@ -71,6 +74,19 @@ def which(program: str) -> str:
     if exe is None:
         raise ToolMissing(Path(program).name)
     return exe
+
+
+def replace_process(argv: list[str]) -> NoReturn:
+    """This process becomes `argv` (os.execv): a long-running tool (TensorBoard) owns the terminal, its
+    Ctrl-C and the exit code. The program is looked up beside this Python first (its virtual environment's
+    bin/, where pip put it), then on PATH."""
+    here = str(Path(sys.executable).parent)
+    exe = shutil.which(argv[0], path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+    if exe is None:
+        raise ToolMissing(argv[0])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(exe, [exe, *argv[1:]])
 
 
 def run(

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
 from fsdpctl.settings import Config
+from fsdptrain import events
 
 # A job in one of these phases has ended; any other phase (Pending, Running, Stopping, Restarting, Created)
 # may still change.
@@ -52,6 +53,15 @@ class Backend(Protocol):
     ) -> Iterator[str]: ...
 
     def tail(self, name: str, lines: int) -> list[str]: ...
+
+    def history(self, name: str) -> list[events.Event]:
+        """Every event line of the leader's whole log (this run's): what `job plot` draws."""
+        ...
+
+    def tensorboard_dir(self, name: str) -> str | None:
+        """Where the job's TensorBoard event files are (local: on this machine; eks: in the pods), None when
+        it was started without TENSORBOARD_DIR."""
+        ...
 
     def stop(self, name: str, *, wait: bool, dry_run: bool) -> str: ...
 

@@ -12,6 +12,7 @@ from fsdpctl.backends import FINAL, Started, remember
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.jobs import secret_env
 from fsdpctl.settings import Config
+from fsdptrain import events
 
 
 class EksBackend:
@@ -94,6 +95,12 @@ class EksBackend:
     def tail(self, name: str, lines: int) -> list[str]:
         leader = self.report(name).get("leader")
         return kjobs.log_lines(self.kube, self.cfg, leader, tail=lines) if leader else []
+
+    def history(self, name: str) -> list[events.Event]:
+        return kjobs.leader_events(self.kube, self.cfg, name)
+
+    def tensorboard_dir(self, name: str) -> str | None:
+        return render.tensorboard_dir(self.cfg, name)
 
     def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
         job = kjobs.get_job(self.kube, self.cfg, name)

@@ -17,7 +17,8 @@ from fsdpctl.files import run_id as checked_run_id
 from fsdpctl.jobs import secret_env
 from fsdpctl.progress import progress, records, stalled
 from fsdpctl.settings import Config
-from fsdptrain import fetch
+from fsdptrain import events, fetch
+from fsdptrain.config import missing_packages
 
 
 class LocalBackend:
@@ -37,6 +38,8 @@ class LocalBackend:
         fetch_job = next((o for o in infra if o["kind"] == "Job"), None)  # the download before training
         if dry_run:
             return self._dry_run(job, run_id, fetch_job)
+        if missing := missing_packages(cfg.training):  # the trainers run in this environment
+            raise FsdpctlError(missing[0], code=ExitCode.BAD_INPUT)
         if replace and local.effective_phase(local.read_state(local.job_dir(cfg.job_name))) in local.ACTIVE:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
@@ -103,6 +106,14 @@ class LocalBackend:
         st = self._state(name)
         log = _failed_log(st) or local.leader_log(st)
         return log.read_text(errors="replace").splitlines()[-lines:] if log else []
+
+    def history(self, name: str) -> list[events.Event]:
+        leader = local.leader_log(self._state(name))
+        return records(leader.read_text(errors="replace").splitlines()) if leader else []
+
+    def tensorboard_dir(self, name: str) -> str | None:
+        found = self._state(name).get("tensorboard_dir")
+        return str(found) if found else None
 
     def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
         st = self._state(name)

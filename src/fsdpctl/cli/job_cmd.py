@@ -104,9 +104,17 @@ def status(
         typer.Option("--stall-after", help="warn when no step finished for this many s", callback=finite()),
     ] = 300,
     backend: BackendOpt = None,
+    plot: Annotated[
+        bool | None,
+        typer.Option(
+            "--plot/--no-plot",
+            help="draw loss and tokens/s over steps below the table (default: only on a terminal)",
+        ),
+    ] = None,
 ) -> None:
     """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job; on a cluster also
     pods by state, the leader pod, why pods are Pending, and the network path NCCL took (EFA or sockets).
+    On a terminal (or with --plot) the loss and tokens/s curves follow the table; never with -o json/yaml.
 
     Example: fsdpctl job status -o json
     """
@@ -115,6 +123,8 @@ def status(
         r = be.report(name, stall_after)
         if not emit(r, output):
             job_view.print_status(r, stall_after)
+            if job_view.want_plot(plot):
+                job_view.print_curves(be.history(name))
         if not watch or r["phase"] in FINAL:
             return
         time.sleep(2)
@@ -188,3 +198,10 @@ def wait(
     """
     be, name = _resolve(ctx, name, backend)
     end_wait(name, be.wait(name, timeout))
+
+
+# `job plot` and `job tensorboard` (pictures of a job) live in their own module
+from fsdpctl.cli import job_plot_cmd  # noqa: E402
+
+app.command()(job_plot_cmd.plot)
+app.command()(job_plot_cmd.tensorboard)

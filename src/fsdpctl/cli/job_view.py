@@ -164,6 +164,24 @@ def print_status(r: dict[str, Any], stall_after: float) -> None:
         warn(hung_warning(stall_after))
 
 
+def want_plot(flag: bool | None) -> bool:
+    """--plot/--no-plot, else curves only on a terminal: off one (a pipe, a file) the output stays the
+    table's lines, for grep."""
+    return flag if flag is not None else out.is_terminal
+
+
+PLOT_MAX_WIDTH = 120
+
+
+def print_curves(recs: list[Any]) -> None:
+    """Loss and tokens/s over the steps of the leader's log (plotext); nothing before two steps."""
+    from fsdpctl.plots import steps_of, terminal_plot
+
+    steps = steps_of(recs)
+    if len(steps) >= 2:
+        out.print(terminal_plot(steps, width=min(out.width, PLOT_MAX_WIDTH)), markup=False, highlight=False)
+
+
 def list_table(reports: list[dict[str, Any]]) -> Table:
     t = Table("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
     for column in t.columns[:4]:  # names and run ids are folded on a narrow terminal, never cut

@@ -46,6 +46,12 @@ def quickstart(
     ctx: typer.Context,
     nodes: Annotated[int, typer.Option("--nodes", help="simulated nodes (one torchrun launcher each)")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="optimizer steps")] = 30,
+    plot: Annotated[
+        bool | None,
+        typer.Option(
+            "--plot/--no-plot", help="draw loss and tokens/s over steps at the end (default: on a terminal)"
+        ),
+    ] = None,
 ) -> None:
     """Train a tiny Llama with FSDP on this machine: 2 simulated nodes, real torchrun rendezvous, checkpoints.
 
@@ -69,5 +75,7 @@ def quickstart(
         f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; {started.where}"
     )
     code = job_view.outcome(be, started.job, job_view.follow(be, started.job))
+    if job_view.want_plot(plot):
+        job_view.print_curves(be.history(started.job))
     out.print(next_commands(started.job), end="", markup=False)
     raise typer.Exit(code)

@@ -1,0 +1,128 @@
+"""fsdpctl job plot|tensorboard: pictures of a job, from its step lines and its TensorBoard event files.
+Registered on the `job` group by job_cmd."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fsdpctl import backends, files
+from fsdpctl.backends import Backend
+from fsdpctl.cli.common import ok, out, state
+from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
+
+NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
+BackendOpt = Annotated[
+    str | None,
+    typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
+]
+TENSORBOARD_PORT = 6006  # TensorBoard's own default
+
+
+def _resolve(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
+    """As `job status` resolves it: --backend, else where the job was started, else BACKEND."""
+    cfg = state(ctx).config()
+    name = files.job_name(name) if name is not None else cfg.job_name
+    return backends.create(backends.placed(cfg, name, backend)), name
+
+
+def plot(
+    ctx: typer.Context,
+    name: str | None = NameArg,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="the PNG to write (default: ./NAME-steps.png)")
+    ] = None,
+    backend: BackendOpt = None,
+) -> None:
+    """Write a PNG of loss, learning rate, tokens/s and MFU over steps, from the leader's step lines of the
+    job's current run (local: its log; eks: the leader pod's log). Exit 2 when no step finished yet.
+
+    Example: fsdpctl job plot quickstart --out loss.png
+    """
+    from fsdpctl import plots
+
+    be, name = _resolve(ctx, name, backend)
+    path = out_file or Path(f"{name}-steps.png")
+    if path.suffix.lower() != ".png":
+        raise BadInput(f"--out {path} is not a .png file", hint=f"name the file e.g. {path.stem}.png")
+    if path.is_dir():
+        raise BadInput(f"--out {path} is a directory", hint=f"name a file in it, e.g. {path / name}.png")
+    steps = plots.steps_of(be.history(name))
+    if not steps:
+        raise FsdpctlError(
+            f"job {name} has no finished step yet: nothing to plot",
+            hint=f"`fsdpctl job status {name}` shows its phase",
+            code=ExitCode.BAD_INPUT,
+        )
+    plots.write_png(steps, path, title=f"{name}: steps {steps[0].step}..{steps[-1].step}")
+    ok(f"wrote {path} ({len(steps)} steps, {steps[0].step}..{steps[-1].step})")
+
+
+def tensorboard(
+    ctx: typer.Context,
+    name: str | None = NameArg,
+    port: Annotated[int, typer.Option("--port", help="TensorBoard's port", min=1, max=65535)] = (
+        TENSORBOARD_PORT
+    ),
+    print_only: Annotated[
+        bool, typer.Option("--print-only", help="print the command instead of running it")
+    ] = False,
+    backend: BackendOpt = None,
+) -> None:
+    """TensorBoard on the job's event files (TENSORBOARD_DIR/<job>, one TensorBoard run per run of the job).
+    Local: runs `tensorboard --logdir DIR` on this machine (Ctrl-C ends it). EKS: the files are on the shared
+    volume, which only pods mount: prints how to serve them from a pod and reach it with kubectl port-forward.
+
+    Example: fsdpctl job tensorboard quickstart --port 6007
+    """
+    be, name = _resolve(ctx, name, backend)
+    logdir = be.tensorboard_dir(name)
+    if logdir is None:
+        raise BadInput(
+            f"job {name} was started without TENSORBOARD_DIR: it wrote no TensorBoard events",
+            hint="set TENSORBOARD_DIR (e.g. --set TENSORBOARD_DIR=/fsx/tensorboard) and run the job again",
+        )
+    argv = ["tensorboard", "--logdir", logdir, "--port", str(port)]
+    if be.name == "eks":
+        _print_eks_hint(ctx, name, argv)
+        return
+    if print_only:
+        out.print(shlex.join(argv), markup=False, highlight=False)
+        return
+    if not Path(logdir).is_dir():
+        raise FsdpctlError(
+            f"{logdir} does not exist yet: job {name} has logged no step",
+            hint=f"`fsdpctl job status {name}`; TensorBoard can start once a step is logged",
+        )
+    from fsdpctl.adapters import shell
+
+    ok(f"TensorBoard on {logdir}: http://localhost:{port}/ (Ctrl-C ends it)")
+    sys.stdout.flush()
+    shell.replace_process(argv)
+
+
+def _print_eks_hint(ctx: typer.Context, name: str, argv: list[str]) -> None:
+    """The event files live on the claim the pods mount; this machine has no view of it. The honest way
+    there: TensorBoard in a pod that mounts the claim, reached through a port-forward."""
+    cfg = state(ctx).config()
+    port = argv[-1]
+    ns = cfg.job_namespace
+    out.print(
+        f"# the events are on PersistentVolumeClaim {cfg.shared_volume or '-'} (mounted at "
+        f"{cfg.shared_volume_path} in the job's pods); serve them from a pod that mounts it, e.g. the "
+        "job's image:",
+        markup=False,
+        highlight=False,
+    )
+    out.print(
+        f"#   in that pod: {shlex.join([*argv, '--bind_all'])}\n"
+        f"kubectl -n {ns} port-forward pod/<that pod> {port}:{port}\n"
+        f"# then open http://localhost:{port}/ (or copy the directory off the volume and run "
+        f"`tensorboard --logdir` here)",
+        markup=False,
+        highlight=False,
+    )
