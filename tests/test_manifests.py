@@ -224,7 +224,7 @@ def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
         for t in p.get("targets", [])
     ]
     assert all(any(m in e for e in exprs) for m in deploy.DASHBOARD_METRICS)
-    from fsdptrain.metrics import PROMETHEUS_GAUGES
+    from fsdptrain.prometheus import PROMETHEUS_GAUGES
 
     trainer_metrics = {m for m in deploy.DASHBOARD_METRICS if m.startswith("fsdptrain_")}
     assert trainer_metrics <= set(PROMETHEUS_GAUGES)  # the dashboard reads what the trainer serves

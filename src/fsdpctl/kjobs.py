@@ -216,6 +216,27 @@ def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[
     return first, lines
 
 
+def container_env(job: dict) -> dict[str, str]:
+    """The plain `value` env entries of the job's pod template (PyTorchJob or TrainJob: wherever in the
+    object a container's env list is)."""
+    found: dict[str, str] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "env" and isinstance(value, list):
+                    plain = [e for e in value if isinstance(e, dict) and "value" in e]
+                    found.update({e["name"]: e["value"] for e in plain})
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(job)
+    return found
+
+
 def leader_events(kube, cfg: Config, name: str) -> list:
     """The events of the leader pod's whole log (not only the LOG_TAIL lines `report` reads)."""
     require_job(kube, cfg, name)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from fsdptrain import events
 from fsdptrain.config import TrainConfig
-from fsdptrain.metrics import PrometheusExporter
+from fsdptrain.prometheus import PrometheusExporter
 from fsdptrain.trackers import Trackers, open_trackers
 
 

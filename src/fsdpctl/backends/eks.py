@@ -100,7 +100,9 @@ class EksBackend:
         return kjobs.leader_events(self.kube, self.cfg, name)
 
     def tensorboard_dir(self, name: str) -> str | None:
-        return render.tensorboard_dir(self.cfg, name)
+        """As the job on the cluster has it (its pods' TENSORBOARD_DIR), whatever the settings say now."""
+        env = kjobs.container_env(kjobs.require_job(self.kube, self.cfg, name))
+        return env.get("TENSORBOARD_DIR") or None
 
     def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
         job = kjobs.get_job(self.kube, self.cfg, name)

@@ -47,10 +47,10 @@ def plot(
 
     be, name = _resolve(ctx, name, backend)
     path = out_file or Path(f"{name}-steps.png")
-    if path.suffix.lower() != ".png":
-        raise BadInput(f"--out {path} is not a .png file", hint=f"name the file e.g. {path.stem}.png")
     if path.is_dir():
         raise BadInput(f"--out {path} is a directory", hint=f"name a file in it, e.g. {path / name}.png")
+    if path.suffix.lower() != ".png":
+        raise BadInput(f"--out {path} is not a .png file", hint=f"name the file e.g. {path.stem}.png")
     steps = plots.steps_of(be.history(name))
     if not steps:
         raise FsdpctlError(
