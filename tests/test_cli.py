@@ -67,7 +67,9 @@ def test_help_imports_nothing_heavy(cli):
         "import sys; from typer.testing import CliRunner; from fsdpctl.cli import app;"
         "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0;"
         "r = CliRunner().invoke(app, ['plan', '--model', '7b']); assert r.exit_code == 0;"
-        "print([m for m in ('torch', 'transformers', 'boto3', 'kubernetes', 'jinja2') if m in sys.modules])"
+        "heavy = ('torch', 'transformers', 'boto3', 'kubernetes', 'jinja2', 'matplotlib', 'plotext', 'wandb',"
+        " 'tensorboard', 'prometheus_client');"
+        "print([m for m in heavy if m in sys.modules])"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=cli.env(), cwd=cli.cwd

@@ -153,6 +153,28 @@ def test_job_status_of_a_finished_local_job(cli):
     check(GOLDEN / "cli" / "job-status-local.txt", without_the_clock(normalised(r.stdout, cli.cwd)))
 
 
+def test_status_curves_of_a_fixed_run():
+    """The loss and tokens/s curves `job status --plot` draws (plotext) for a fixed run, 30 steps of a
+    decaying loss and a periodic throughput, at a fixed size: the drawing frozen, whatever the terminal."""
+    import math
+
+    from fsdpctl.plots import terminal_plot
+    from fsdptrain.events import Step
+
+    steps = [
+        Step(
+            step=s,
+            max_steps=30,
+            loss=round(6.3 * math.exp(-s / 12) + 2, 4),
+            step_time_s=0.5,
+            time=0.0,
+            tokens_per_s=round(1000 + 300 * math.sin(s / 3), 1),
+        )
+        for s in range(1, 31)
+    ]
+    check(GOLDEN / "cli" / "job-status-curves.txt", terminal_plot(steps, width=100, height=24) + "\n")
+
+
 def test_the_clock_normalisation():
     """The normalisation of test_job_status_of_a_finished_local_job, on a status as fsdpctl prints it."""
     printed = (

@@ -324,7 +324,7 @@ def test_a_short_local_job_writes_tensorboard_wandb_and_a_png(cli, tmp_path):
             config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
     assert sorted(history) == sorted(logged)
     assert all(history[s]["train/loss"] == logged[s]["loss"] for s in logged)
-    assert config["MODEL"]["value"] == "tiny" and config["RUN_ID"]["value"] == status["run_id"]
+    assert config["MODEL"] == "tiny" and config["RUN_ID"] == status["run_id"] and config["MAX_STEPS"] == 5
     for f in (volume / "wandb").rglob("*"):
         assert not f.is_file() or TOKEN.encode() not in f.read_bytes(), f
 

@@ -152,16 +152,16 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
 
 
 def _scrape(url: str) -> dict[str, float]:
-    """Prometheus text format -> {metric: value} (gauges without labels, as the trainer serves them)."""
+    """{metric: value} of the trainer's gauges (no labels), parsed by prometheus_client's own parser
+    (text_string_to_metric_families), as Prometheus would read the text format 0.0.4."""
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
-    return {
-        name: float(value)
-        for name, value in (line.split() for line in text.splitlines() if line and not line.startswith("#"))
-    }
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.type == "gauge"}
 
 
 @pytest.mark.slow
