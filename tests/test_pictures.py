@@ -337,3 +337,60 @@ def test_a_short_local_job_writes_tensorboard_wandb_and_a_png(cli, tmp_path):
     assert "loss by step" not in cli("job", "status", "pics").stdout  # off a terminal: the table only
     r = cli("job", "tensorboard", "pics", "--print-only")
     assert r.stdout.strip() == f"tensorboard --logdir {volume / 'tensorboard' / 'pics'} --port 6006"
+
+
+def test_a_failing_tracker_warns_once_and_the_others_go_on():
+    """A tracker whose disk filled (OSError ENOSPC from its writes) is dropped after one warning line; the
+    other tracker keeps every step, and nothing is raised into the training loop."""
+    import errno
+
+    class Disk:
+        def __init__(self, name: str, full_at: int | None):
+            self.name, self.full_at, self.logged = name, full_at, []
+
+        def log(self, step: int, values) -> None:
+            if self.full_at is not None and step >= self.full_at:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.logged.append(step)
+
+        def flush(self) -> None:
+            self.log(self.logged[-1] + 1 if self.logged else 0, {})
+
+        def close(self) -> None:
+            pass
+
+    from fsdptrain.trackers import Trackers
+
+    warned: list[str] = []
+    full, fine = Disk("tensorboard", full_at=3), Disk("wandb", full_at=None)
+    trackers = Trackers([full, fine], warned.append)
+    for n in range(1, 6):
+        trackers.step(step(n))
+    trackers.flush()
+    trackers.close()
+    assert fine.logged[:5] == [1, 2, 3, 4, 5] and full.logged == [1, 2]
+    assert warned == ["tensorboard: OSError: [Errno 28] No space left on device; training goes on without it"]
+
+
+@pytest.mark.xdist_group("torch")
+def test_a_restarted_attempt_continues_the_tensorboard_step_axis(tmp_path):
+    """torchrun restarts a failed attempt of the same run (same run id, same directory) from its last
+    checkpoint: the TensorBoard writer opens with purge_step = the first step it redoes, so TensorBoard
+    drops what the failed attempt logged from there on (SummaryWriter(purge_step=...): a SessionLog.START
+    event at that step; EventAccumulator purges the older events at or after it) and one curve remains."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fsdptrain.trackers import TensorBoard
+
+    first = TensorBoard(tmp_path, purge_step=None)
+    for n in range(1, 6):  # died after step 5; the last checkpoint was step 3
+        first.log(n, {"train/loss": 10.0 + n})
+    first.close()
+    again = TensorBoard(tmp_path, purge_step=4)
+    for n in range(4, 8):
+        again.log(n, {"train/loss": float(n)})
+    again.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("train/loss")]
+    assert got == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 4.0), (5, 5.0), (6, 6.0), (7, 7.0)]
