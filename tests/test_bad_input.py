@@ -157,6 +157,14 @@ CASES = [
     ("PRIVATE_SUBNET_IDS", "subnet-01234567,subnet-01234567", "the same subnet twice", SUBNETS_FIX),
     ("AVAILABILITY_ZONES", "us-west-2a", "fewer AZs than subnets", ZONES_FIX),
     ("AVAILABILITY_ZONES", "us-west-2a,us-west-2a", "one AZ for two subnets", ZONES_FIX),
+    (
+        "TENSORBOARD_DIR",
+        "/tmp/tb",
+        "TensorBoard events off the shared volume",
+        "is not on the shared volume (SHARED_VOLUME_PATH=/fsx): the event files would vanish with each pod; "
+        "use e.g. /fsx/tensorboard",
+    ),
+    ("WANDB_MODE", "cloud", "unknown W&B mode", "is not allowed: use one of online, offline, disabled"),
 ]
 EXTRA = {
     "HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n",
@@ -179,6 +187,7 @@ def test_every_key_is_covered():
         "RESUME",
         "EXPORT_DIR",
         "KUBE_CONTEXT",
+        "WANDB_PROJECT",
     }  # any string is a valid value
     assert set(setting_keys()) - covered == free_text
     assert len(CASES) >= 60
