@@ -238,6 +238,15 @@ def test_job_plot_on_eks_reads_the_leader_pods_whole_log(peer, tmp_path):  # noq
     assert "kubectl -n fsdp port-forward pod/<that pod> 6006:6006" in r.stdout
 
 
+def test_job_plot_without_matplotlib_names_the_extra(cli, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n))
+    r = cli("job", "plot", "nojob")
+    assert r.exit_code == 1 and "needs matplotlib" in r.stderr and "pip install 'fsdpctl[plot]'" in r.stderr
+
+
 def test_job_plot_refuses_what_is_not_a_png_file(cli, tmp_path):
     for out, why in (("x.txt", "is not a .png file"), (str(tmp_path), "is a directory")):
         r = cli("job", "plot", "nojob", "--out", out)

@@ -82,6 +82,8 @@ def write_png(steps: Sequence[events.Step], path: Path, title: str) -> None:
             ax.grid(alpha=0.3)
         else:
             ax.text(0.5, 0.5, f"no data: {panel.why_empty}", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

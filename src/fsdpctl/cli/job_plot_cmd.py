@@ -43,8 +43,14 @@ def plot(
 
     Example: fsdpctl job plot quickstart --out loss.png
     """
+    import importlib.util
+
     from fsdpctl import plots
 
+    if importlib.util.find_spec("matplotlib") is None:  # an optional extra: say so before reading anything
+        raise FsdpctlError(
+            "`job plot` needs matplotlib, which is not installed", hint="pip install 'fsdpctl[plot]'"
+        )
     be, name = _resolve(ctx, name, backend)
     path = out_file or Path(f"{name}-steps.png")
     if path.is_dir():
