@@ -606,13 +606,13 @@ def with_sources(
     """Error lines with where each named value came from, after the value: `SEED='abc' (environment
     FSDPCTL_SEED) is not ...`. The key a line starts with is its subject, so it is always annotated; a key
     named further on only where the text after its `=` is its value as given (one of `shown[key]`), so a
-    suggested fix (`set JOB_NODES=2`) is not. Plain defaults need no annotation."""
+    suggested fix (`set JOB_NODES=2`) is not. Defaults need no annotation (a model's only as the subject)."""
     return [_with_sources(line, shown, sources, model) for line in lines]
 
 
 # KEY= where KEY is a whole word (not the tail of another key, nor inside a path)
 _KEY_AT = re.compile(r"(?<![A-Za-z0-9_/.-])([A-Z][A-Z0-9_]*)=")
-# a value as the lines write it: a Python repr of a string, a <size>, or a run up to a space or a comma
+# a value as the lines write it: a Python repr of a string, a <size>, or a run up to a space or a parenthesis
 _VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|<[^>]*>|[^\s()]*")
 
 
@@ -623,7 +623,9 @@ def _with_sources(
     for m in _KEY_AT.finditer(line):
         key = m.group(1)
         source = sources.get(key, "default")
-        if key in done or source == "default" or m.start() < at:
+        # a model's default is named where the line is about it, a default among others like any default
+        unset = source == "default" or (source == MODEL_DEFAULT and m.start() != 0)
+        if key in done or unset or m.start() < at:
             continue
         value = _VALUE.match(line, m.end())
         end = value.end() if value else m.end()
