@@ -131,6 +131,12 @@ KEEP_FSDPCTL_VARS = (
 COLUMNS = 200  # wide enough that no error line wraps; click's help still wraps at its own 80
 
 
+def prefixed(settings: dict[str, str]) -> dict[str, str]:
+    """Settings as the environment gives them to fsdpctl: FSDPCTL_<KEY> (it reads no plain name but HF_TOKEN,
+    AWS_REGION and AWS_PROFILE, whose own tools share them)."""
+    return {f"FSDPCTL_{key}": str(value) for key, value in settings.items()}
+
+
 def _import_the_cli_at_the_fixed_width() -> None:
     """fsdpctl's rich consoles are made when fsdpctl.cli is first imported and keep the width they found then
     (in a pytest-xdist worker: 80, whatever the fixture sets later). Import it here, before any test module

@@ -82,7 +82,7 @@ def _stubbed(aws: Aws, service: str):
 
 def test_quota_check_with_stubber_on_the_real_service_model(aws_env):
     """moto has no Service Quotas data: the request we send is checked against the real model."""
-    cfg = load(environ={"NODE_COUNT": "2"})
+    cfg = load(environ={"FSDPCTL_NODE_COUNT": "2"})
     aws = Aws("us-east-1")
     stub = _stubbed(aws, "service-quotas")
     for value in (96.0, 1152.0):
@@ -101,7 +101,7 @@ def test_quota_check_with_stubber_on_the_real_service_model(aws_env):
 
 def test_capacity_reservation_with_stubber(aws_env):
     """moto answers 500 to describe_capacity_reservations, so the real model's Stubber stands in."""
-    cfg = load(environ={"CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0", "INSTANCE_TYPE": "p4de.24xlarge"})
+    cfg = load(flags={"CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0", "INSTANCE_TYPE": "p4de.24xlarge"})
     aws = Aws("us-east-1")
     stub = _stubbed(aws, "ec2")
     base = {
@@ -256,7 +256,7 @@ BLOCK = {
 
 
 def _block_checks(settings: dict[str, str], reservations: list[dict], now: datetime) -> list:
-    cfg = load(environ={"CAPACITY_RESERVATION_ID": BLOCK_ID, **settings})
+    cfg = load(flags={"CAPACITY_RESERVATION_ID": BLOCK_ID, **settings})
     aws = Aws("us-east-1")
     stub = _stubbed(aws, "ec2")
     for r in reservations:

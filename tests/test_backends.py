@@ -67,7 +67,7 @@ def test_every_job_verb_takes_backend_and_refuses_an_unknown_one(verb, tmp_path,
 def test_a_job_started_on_eks_is_found_there_by_every_verb(peer, monkeypatch):  # noqa: F811
     """`job run --backend eks -d` with BACKEND=local: status, logs, stop and wait look on the cluster."""
     install_operator(peer)
-    monkeypatch.setenv("BACKEND", "local")
+    monkeypatch.setenv("FSDPCTL_BACKEND", "local")
     r = cli("job", "run", "--backend", "eks", "-d")
     assert r.exit_code == 0, r.output
     status = json.loads(cli("job", "status", "-o", "json").stdout)

@@ -212,11 +212,14 @@ def run(cli, tmp_path):
 
 @pytest.mark.parametrize("key, value, why, fix", CASES, ids=[f"{k}={v!r}:{w}" for k, v, w, _ in CASES])
 def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, why, fix):
-    result = run(EXTRA.get(key, "") + f"{key}={value}\n", names=(key,), codes=(2,))
+    text = EXTRA.get(key, "") + f"{key}={value}\n"
+    result = run(text, names=(key,), codes=(2,))
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     line = errors[0]
     assert key in line and (repr(value) in line or f"{key}={value}" in line), line
+    # ... and where the value came from, right after it: the file as given and the key's line in it
+    assert f"{key}=" in line and f" (bad.env line {text.count(chr(10))})" in line, line
     # after the value, in full: what is allowed or what to do (a long pattern wraps: fold the whitespace)
     said = " ".join(result.stderr[result.stderr.index(line) :].split())
     assert said.endswith(" " + fix), said
@@ -318,7 +321,7 @@ def test_a_value_too_large_for_execve_is_refused_by_size(run, key):
     value over MAX_VALUE_BYTES is refused up front, the line giving its size, never the value itself."""
     value = "a" * (MAX_VALUE_BYTES + 1)
     result = run(f"{key}={value}\n", names=(key,), codes=(2,))
-    assert f"{key}=<{MAX_VALUE_BYTES + 1} bytes> is too long" in result.stderr
+    assert f"{key}=<{MAX_VALUE_BYTES + 1} bytes> (bad.env line 1) is too long" in result.stderr
     assert value[:100] not in result.stderr
 
 

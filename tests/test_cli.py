@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from conftest import SHARED
+from conftest import SHARED, prefixed
 
 CRD_DIR = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4"
 TOKEN = "hf_ZyXwVuTsRqPoNmLkJiHgFeDcBa987654"
@@ -80,13 +80,17 @@ def test_help_imports_nothing_heavy(cli):
 def test_config_show_masks_secrets_and_names_sources(cli, tmp_path, monkeypatch):
     (tmp_path / ".env").write_text("MODEL=13b\nJOB_NODES=4\n")
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("JOB_NODES", "6")
+    monkeypatch.setenv("FSDPCTL_JOB_NODES", "6")
+    monkeypatch.setenv("SEQ_LEN", "abc")  # a plain name: another program's, not read
     result = cli("--set", "SEQ_LEN=512", "config", "show", "-o", "json")
     assert result.exit_code == 0
     data = json.loads(result.stdout)
-    assert data["settings"]["MODEL"] == "13b" and data["sources"]["MODEL"] == ".env"
-    assert data["settings"]["JOB_NODES"] == 6 and data["sources"]["JOB_NODES"] == "env"
-    assert data["settings"]["SEQ_LEN"] == 512 and data["sources"]["SEQ_LEN"] == "flag"
+    assert data["settings"]["MODEL"] == "13b" and data["sources"]["MODEL"] == ".env line 1"
+    assert (
+        data["settings"]["JOB_NODES"] == 6 and data["sources"]["JOB_NODES"] == "environment FSDPCTL_JOB_NODES"
+    )
+    assert data["settings"]["SEQ_LEN"] == 512 and data["sources"]["SEQ_LEN"] == "--set"
+    assert data["sources"]["HF_TOKEN"] == "environment HF_TOKEN"
     assert data["settings"]["HF_TOKEN"] == "***"
     for fmt in ("table", "yaml"):
         shown = cli("config", "show", "-o", fmt)
@@ -98,8 +102,8 @@ def test_config_validate_reports_every_bad_value_with_exit_2(cli, tmp_path):
     (tmp_path / "bad.env").write_text("JOB_NODES=zero\nPRECISION=int4\nSHARDING_STRATEGIE=FULL_SHARD\n")
     result = cli("--env-file", "bad.env", "config", "validate")
     assert result.exit_code == 2
-    assert "JOB_NODES='zero' is not a whole number" in result.stderr
-    assert "PRECISION='int4' is not allowed: use one of bf16, fp16, fp32" in result.stderr
+    assert "JOB_NODES='zero' (bad.env line 1) is not a whole number" in result.stderr
+    assert "PRECISION='int4' (bad.env line 2) is not allowed: use one of bf16, fp16, fp32" in result.stderr
     assert "did you mean SHARDING_STRATEGY?" in result.stderr
     assert cli("--env-file", "missing.env", "config", "validate").exit_code == 2
     assert cli("--set", "NOEQUALS", "config", "validate").exit_code == 2
@@ -231,7 +235,10 @@ def test_ctrl_c_in_job_wait_exits_130_with_one_line(cli, running_job, monkeypatc
     "args, line",
     [
         (["--env-file", f"{TOKEN}.env", "config", "show"], "error: --env-file ***.env does not exist"),
-        (["--set", f"MODEL={TOKEN}", "config", "validate"], "error: MODEL='***' is unknown: use one of 7b"),
+        (
+            ["--set", f"MODEL={TOKEN}", "config", "validate"],
+            "error: MODEL='***' (--set) is unknown: use one of",
+        ),
     ],
     ids=["missing env file", "bad setting"],
 )
@@ -274,14 +281,18 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
 def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
     """Each step is a separate fsdpctl process, as from another terminal."""
     settings = {
-        "HF_TOKEN": TOKEN,
-        "RDZV_BACKEND": "etcd",
-        "JOB_NAME": "e2e",
-        "MAX_STEPS": "300",
-        "SEQ_LEN": "64",
-        "WARMUP_STEPS": "2",
-        "PRECISION": "fp32",
-        "CHECKPOINT_INTERVAL": "100",
+        "HF_TOKEN": TOKEN,  # read plain, as huggingface_hub reads it
+        **prefixed(
+            {
+                "RDZV_BACKEND": "etcd",
+                "JOB_NAME": "e2e",
+                "MAX_STEPS": "300",
+                "SEQ_LEN": "64",
+                "WARMUP_STEPS": "2",
+                "PRECISION": "fp32",
+                "CHECKPOINT_INTERVAL": "100",
+            }
+        ),
     }
 
     def _fsdpctl(*args: str, timeout: float = 60):

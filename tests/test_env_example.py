@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, SHARED, yaml_docs
+from conftest import ROOT, SHARED, prefixed, yaml_docs
 from fsdpctl import render
 from fsdpctl.settings import load, parse_dotenv, setting_keys
 from fsdpctl.validate import crd_schemas, validate
@@ -89,17 +89,17 @@ def test_the_example_validates_and_renders_what_the_crds_accept(cli, example):
 def test_the_example_runs_on_the_local_backend(cli, example, assets):
     """The local backend maps the claim to FSDPCTL_HOME/volumes/fsx-claim for every simulated node, so the
     example's DATASET=/fsx/data/corpus.jsonl is read from there; a corpus not yet copied is refused first."""
-    missing = cli.run("job", "run", env=ON_THIS_MACHINE)
+    missing = cli.run("job", "run", env=prefixed(ON_THIS_MACHINE))
     assert missing.exit_code == 2, missing.output
     corpus_here = cli.home / "volumes" / "fsx-claim" / "data" / "corpus.jsonl"
     said = " ".join(missing.output.split())
-    assert "DATASET='/fsx/data/corpus.jsonl' does not exist on this machine" in said
+    assert "DATASET='/fsx/data/corpus.jsonl' (.env line " in said and "does not exist on this machine" in said
     assert f"(the local backend reads it at {corpus_here})" in said
     corpus_here.parent.mkdir(parents=True)
     lines = [line for line in assets[0].read_text().splitlines() if line.strip()]
     corpus_here.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
 
-    ran = cli.run("job", "run", env=ON_THIS_MACHINE, timeout=300)
+    ran = cli.run("job", "run", env=prefixed(ON_THIS_MACHINE), timeout=300)
     assert ran.exit_code == 0, ran.output[-3000:]
     status = json.loads(cli.run("job", "status", "example", "-o", "json").stdout)
     assert status["phase"] == "Succeeded" and status["step"] == 4 and status["nodes"] == 2

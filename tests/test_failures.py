@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import prefixed
 from fsdpctl import kstatus
 
 LOG_PREFIX = "I1203 16:28:44.072000 5339 torch/distributed/elastic/agent/server/api.py:553] "
@@ -170,7 +171,7 @@ def test_a_rank_that_raises_is_named_with_its_error_and_a_2_node_restart_counts_
     data = cli.home / "volumes/fsx-claim/data"
     data.mkdir(parents=True)
     (data / "bad.jsonl").write_text('not json at all\n{"text": 1}\n')
-    env = {"SEQ_LEN": "64", "PRECISION": "fp32", "JOB_NAME": "bad", "MAX_RESTARTS": "1"}
+    env = prefixed({"SEQ_LEN": "64", "PRECISION": "fp32", "JOB_NAME": "bad", "MAX_RESTARTS": "1"})
     r = cli.run("--set", "DATASET=/fsx/data/bad.jsonl", "job", "run", env=env, timeout=240)
     assert r.exit_code == 3, r.output
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("  rank ")]
@@ -200,7 +201,7 @@ def test_a_failed_run_says_why_in_one_line_under_a_300_character_path(tmp_path, 
     c = isolate(monkeypatch, deep)
     home = str(c.home)
     assert len(home) >= 300
-    env = {"SEQ_LEN": "64", "PRECISION": "fp32", "JOB_NAME": "nodata"}
+    env = prefixed({"SEQ_LEN": "64", "PRECISION": "fp32", "JOB_NAME": "nodata"})
     r = c.run("--set", "DATASET=/fsx/data/none.jsonl", "job", "run", "--force", env=env, timeout=120)
     assert r.exit_code == 3, r.output
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("  node ")]

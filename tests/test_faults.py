@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, torchrun, torchrun_argv, train_env
+from conftest import ROOT, prefixed, torchrun, torchrun_argv, train_env
 from conftest import fsdpctl_process as fsdpctl
 from fsdptrain import events
 
@@ -27,15 +27,19 @@ def job_env(home: Path, name: str, **settings) -> dict:
         **os.environ,
         "FSDPCTL_HOME": str(home),
         "NO_COLOR": "1",
-        "JOB_NAME": name,
-        "SEQ_LEN": "64",
-        "PRECISION": "fp32",
-        "MAX_STEPS": "120",
-        "WARMUP_STEPS": "2",
-        "CHECKPOINT_INTERVAL": "20",
-        "MAX_RESTARTS": "2",
+        **prefixed(
+            {
+                "JOB_NAME": name,
+                "SEQ_LEN": "64",
+                "PRECISION": "fp32",
+                "MAX_STEPS": "120",
+                "WARMUP_STEPS": "2",
+                "CHECKPOINT_INTERVAL": "20",
+                "MAX_RESTARTS": "2",
+            }
+        ),
     }
-    env.update({k: str(v) for k, v in settings.items()})
+    env.update(prefixed({k: str(v) for k, v in settings.items()}))
     return env
 
 

@@ -103,8 +103,9 @@ def test_config_validate_refuses_exactly_what_does_not_fit_and_the_fix_passes(
     if fits:
         return
     [line] = errors(r)
-    assert line.startswith(f"MODEL={model} needs ") and f"INSTANCE_TYPE={instance}" in line, line
-    assert f"JOB_NODES={nodes}" in line and f"SHARDING_STRATEGY={strategy}" in line, line
+    # each value named with where it came from (here --set)
+    assert line.startswith(f"MODEL={model} (--set) needs ") and f"INSTANCE_TYPE={instance} (--set)" in line
+    assert f"JOB_NODES={nodes} (--set)" in line and f"SHARDING_STRATEGY={strategy} (--set)" in line, line
     if "no single change fits" in line:
         return
     again = cli(*sets({**values, **fix_of(line)}), "config", "validate")
@@ -120,7 +121,7 @@ def test_the_issues_examples_are_refused_with_their_fix(cli):
     assert "shard group 8" in line and "set SHARDING_STRATEGY=FULL_SHARD" in line, line
     one = cli(*sets(eks("70b", "p4de.24xlarge", 1, "FULL_SHARD")), "config", "validate")
     [line] = errors(one)
-    assert one.exit_code == 2 and "JOB_NODES=1 x INSTANCE_TYPE=p4de.24xlarge" in line
+    assert one.exit_code == 2 and "JOB_NODES=1 (--set) x INSTANCE_TYPE=p4de.24xlarge (--set)" in line
     assert "set JOB_NODES=4 and NODE_COUNT=4" in line, line
 
 
@@ -136,26 +137,27 @@ def test_refused_manifest_writes_nothing_and_force_writes_it_loudly(cli, tmp_pat
     assert forced.exit_code == 0, forced.output
     said = warnings(forced)
     assert len(said) == 2 and all(w.startswith("--force: going on although ") for w in said)
-    assert any("MODEL=70b needs" in w for w in said)
-    assert any("JOB_NODES=2 exceeds NODE_COUNT=1" in w for w in said)
+    assert any("MODEL=70b (--set) needs" in w for w in said)
+    assert any("JOB_NODES=2 (--set) exceeds NODE_COUNT=1 (--set)" in w for w in said)
     assert (tmp_path / "out" / "pytorchjob-fsdp.yaml").is_file()
 
 
 def test_job_run_is_refused_before_anything_is_created(cli):
     """On the cluster (a dry run contacts nothing: the refusal comes first) and locally (no job directory)."""
     refused = cli(*sets(eks("70b", "p5.48xlarge", 1, "FULL_SHARD")), "job", "run", "--dry-run")
-    assert refused.exit_code == 2 and refused.stdout == "" and "MODEL=70b needs" in refused.stderr
+    assert refused.exit_code == 2 and refused.stdout == "" and "MODEL=70b (--set) needs" in refused.stderr
     forced = cli(*sets(eks("70b", "p5.48xlarge", 1, "FULL_SHARD")), "job", "run", "--dry-run", "--force")
     assert forced.exit_code == 0 and "PyTorchJob/fsdp" in forced.stdout and "--force" in forced.stderr
     local = cli("--set=DATASET=/fsx/data/missing.jsonl", "job", "run", "--detach")
-    assert local.exit_code == 2 and "DATASET='/fsx/data/missing.jsonl' does not exist" in local.stderr
+    assert local.exit_code == 2 and "DATASET='/fsx/data/missing.jsonl' (--set) does not exist" in local.stderr
     assert not (cli.home / "jobs").exists()
 
 
 def test_config_validate_force_warns_and_passes(cli):
     r = cli(*sets(eks("13b", "p5.48xlarge", 2, "FULL_SHARD", JOB_NODES="4")), "config", "validate", "--force")
     assert r.exit_code == 0 and warnings(r) == [
-        "--force: going on although JOB_NODES=4 exceeds NODE_COUNT=2, the GPU nodes of the node group: the "
+        "--force: going on although JOB_NODES=4 (--set) exceeds NODE_COUNT=2 (--set), the GPU nodes of the "
+        "node group: the "
         "other pods would stay Pending; set JOB_NODES=2, or NODE_COUNT=4 and grow the node group"
     ]
 
@@ -170,7 +172,8 @@ def test_job_nodes_against_node_count_on_eks_only(cli, job_nodes, node_count):
     assert r.exit_code == (2 if job_nodes > node_count else 0), r.output
     if job_nodes > node_count:
         assert errors(r) == [
-            f"JOB_NODES={job_nodes} exceeds NODE_COUNT={node_count}, the GPU nodes of the node group: the "
+            f"JOB_NODES={job_nodes} (--set) exceeds NODE_COUNT={node_count} (--set), the GPU nodes of the "
+            "node group: the "
             f"other pods would stay Pending; set JOB_NODES={node_count}, or NODE_COUNT={job_nodes} and grow "
             "the node group"
         ]
@@ -189,8 +192,8 @@ def test_local_processes_against_this_machines_cores(cli, extra):
     assert r.exit_code == (2 if nodes > most else 0), r.output
     if nodes > most:
         assert errors(r) == [
-            f"JOB_NODES={nodes} x LOCAL_PROCS_PER_NODE=1 is {nodes} local processes for this machine's "
-            f"{CORES} cores: use at most {most} (4 per core), or BACKEND=eks"
+            f"JOB_NODES={nodes} (--set) x LOCAL_PROCS_PER_NODE=1 is {nodes} local processes for this "
+            f"machine's {CORES} cores: use at most {most} (4 per core), or BACKEND=eks"
         ]
 
 
@@ -202,7 +205,9 @@ def test_local_memory_against_this_machines_ram(cli, model):
     assert r.exit_code == (2 if need > RAM else 0), r.output
     if need > RAM:
         [line] = errors(r)
-        assert line.startswith(f"MODEL={model} needs about {need / GIB:.1f} GiB for 2 local processes")
+        assert line.startswith(
+            f"MODEL={model} (--set) needs about {need / GIB:.1f} GiB for 2 local processes"
+        )
         assert line.endswith("use MODEL=tiny here, or BACKEND=eks")
     assert model != "tiny" or need < 2 * GIB
 
@@ -222,8 +227,8 @@ def test_local_paths_map_through_the_shared_volume(cli):
     r = cli(f"--set=DATASET={path}", "config", "validate")
     here = cli.home / "volumes" / "fsx-claim" / "data" / "corpus.jsonl"
     assert r.exit_code == 2 and errors(r) == [
-        f"DATASET={path!r} does not exist on this machine (the local backend reads it at {here}): put it "
-        "there or fix DATASET"
+        f"DATASET={path!r} (--set) does not exist on this machine (the local backend reads it at {here}): "
+        "put it there or fix DATASET"
     ]
     assert not cli.home.exists()  # checking creates nothing
     here.parent.mkdir(parents=True)
@@ -241,7 +246,7 @@ def test_local_paths_map_through_the_shared_volume(cli):
 def test_local_paths_outside_any_volume_are_the_machines_own(cli, tmp_path, key):
     missing = cli(f"--set={key}=./nowhere/x", "config", "validate")
     assert missing.exit_code == 2 and errors(missing) == [
-        f"{key}='./nowhere/x' does not exist on this machine: put it there or fix {key}"
+        f"{key}='./nowhere/x' (--set) does not exist on this machine: put it there or fix {key}"
     ]
     (tmp_path / "there").mkdir()
     assert cli(f"--set={key}={tmp_path / 'there'}", "config", "validate").exit_code == 0
@@ -253,7 +258,7 @@ def test_a_missing_token_file_is_refused_on_both_backends(cli, tmp_path, backend
     """The token file is read on this machine (into the environment or the Secret), whatever the backend."""
     r = cli(f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=~/no-such-token", "config", "validate")
     assert r.exit_code == 2 and errors(r) == [
-        "HF_TOKEN_FILE='~/no-such-token' does not exist: check the path, or set HF_TOKEN"
+        "HF_TOKEN_FILE='~/no-such-token' (--set) does not exist: check the path, or set HF_TOKEN"
     ]
     token = tmp_path / "token"
     token.write_text("hf_x\n")

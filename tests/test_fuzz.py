@@ -369,7 +369,7 @@ def cases(draw, root: Path, mounts: Mounts) -> Case:
             value = draw(for_key(key))
         channel = draw(st.sampled_from(("dotenv", "env", "set")))
         if channel == "env" and "\x00" not in value:
-            environ[key] = value
+            environ[f"FSDPCTL_{key}"] = value
         elif channel == "set" or "\x00" in value and channel == "env":
             sets += ["--set", f"{key}={value}"]
         else:

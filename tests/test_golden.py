@@ -141,6 +141,19 @@ def test_main_outputs(cli, name, args):
     check(GOLDEN / "cli" / name, normalised(r.stdout, cli.cwd))
 
 
+def test_config_show_names_every_kind_of_source(cli, monkeypatch):
+    """Each kind of source as `config show` prints it: `.env line N`, `environment FSDPCTL_<KEY>`, the plain
+    names read by their own tools (`environment AWS_REGION`), `--set`, `model default (7b)`; a stray plain
+    name (SEED=abc) is no source at all."""
+    (cli.cwd / ".env").write_text("# team settings\nMODEL=7b\n\nexport JOB_NODES=4\nSEED=1\n")
+    monkeypatch.setenv("FSDPCTL_SEED", "7")
+    monkeypatch.setenv("SEED", "abc")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    r = cli("--set", "PRECISION=fp32", "config", "show")
+    assert (r.exit_code, r.stderr) == (0, ""), r.output
+    check(GOLDEN / "cli" / "config-show-sources.txt", normalised(r.stdout, cli.cwd))
+
+
 @pytest.mark.slow
 def test_job_status_of_a_finished_local_job(cli):
     """A real local run (two simulated nodes, torchrun on CPU) to its end, then `job status` of it."""

@@ -236,8 +236,8 @@ def registry(tmp_path_factory):
 def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypatch):
     for key, value in engine.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("IMAGE_REGISTRY", registry)
-    monkeypatch.setenv("IMAGE_TAG", "it-1")
+    monkeypatch.setenv("FSDPCTL_IMAGE_REGISTRY", registry)
+    monkeypatch.setenv("FSDPCTL_IMAGE_TAG", "it-1")
     uri = f"{registry}/fsdpctl-trainer:it-1"
     # the offline stand-ins: no CUDA base, no EFA download, no multi-GB torch; the trainer package still
     # installs

@@ -37,7 +37,7 @@ def peer(tmp_path, monkeypatch):
     isolate(monkeypatch, tmp_path)  # the `cli` fixture's sealed room: own home and cwd, no settings from env
     p = Peer(tmp_path)
     monkeypatch.setenv("KUBECONFIG", str(p.kubeconfig))
-    monkeypatch.setenv("BACKEND", "eks")
+    monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_MANIFESTS", str(VENDOR))
     yield p
     p.close()
@@ -606,7 +606,7 @@ def test_real_cluster(monkeypatch, tmp_path):
     """The same commands against a real API server; only server-side dry runs and reads, nothing is left."""
     isolate(monkeypatch, tmp_path)
     monkeypatch.setenv("KUBECONFIG", os.environ["FSDPCTL_TEST_KUBECONFIG"])
-    monkeypatch.setenv("BACKEND", "eks")
+    monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_MANIFESTS", str(VENDOR))
     assert cli("deploy", "etcd", "--dry-run=server").exit_code == 0
     assert cli("deploy", "monitoring", "--dry-run=server").exit_code == 0

@@ -26,7 +26,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import ROOT, SHARED
+from conftest import ROOT, SHARED, prefixed
 from fsdpctl import render
 from fsdpctl.adapters import local
 from fsdpctl.instances import INSTANCE_TYPES
@@ -197,14 +197,18 @@ def test_a_two_node_local_job_keeps_its_traces_and_hf_cache_on_each_nodes_scratc
 
     assert hub.endpoint  # the fixture is what serves MODEL
     settings = {
-        **NO_SHARED,
-        "PRETRAINED": MODEL,
-        "DATASET": str(assets[0]),
-        "MAX_STEPS": "2",
-        "SEQ_LEN": "32",
-        "PRECISION": "fp32",
-        "WARMUP_STEPS": "1",
-        "JOB_NODES": "2",
+        **prefixed(
+            {
+                **NO_SHARED,
+                "PRETRAINED": MODEL,
+                "DATASET": str(assets[0]),
+                "MAX_STEPS": "2",
+                "SEQ_LEN": "32",
+                "PRECISION": "fp32",
+                "WARMUP_STEPS": "1",
+                "JOB_NODES": "2",
+            }
+        ),
         "HF_ENDPOINT": hub.endpoint,
         # loopback: the Hub peer listens on this namespace's 127.0.0.1, which a node's namespace cannot reach
         "FSDPCTL_LOCAL_NETNS": "0",

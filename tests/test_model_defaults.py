@@ -83,10 +83,16 @@ def test_a_key_the_user_set_wins_from_every_layer(layer, key):
     value = {"SEQ_LEN": "1024", "MICRO_BATCH_SIZE": "3", "ACTIVATION_CHECKPOINTING": "every-k"}.get(key, "7")
     if key == "LR":
         value = "2e-05"
-    cfg = load(**{layer: {"MODEL": "13b", key: value}})
+    given = {"MODEL": "13b", key: value}
+    if layer == "environ":  # the environment's names are prefixed
+        given = {f"FSDPCTL_{k}": v for k, v in given.items()}
+    cfg = load(**{layer: given})
     field = {f.metadata["env"]: f.name for f in dataclasses.fields(TrainConfig)}[key]
     assert str(getattr(cfg.training, field)) == value
-    assert cfg.sources[key] == {"dotenv": ".env", "environ": "env", "flags": "flag"}[layer]
+    assert (
+        cfg.sources[key]
+        == {"dotenv": ".env", "environ": f"environment FSDPCTL_{key}", "flags": "--set"}[layer]
+    )
     assert {cfg.sources[k] for k in KEYS if k != key} == {MODEL_DEFAULT}
 
 
@@ -94,12 +100,12 @@ def test_config_show_says_the_model_chose(cli):
     r = cli("--set", "MODEL=70b", "config", "show", "-o", "json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert {data["sources"][k] for k in KEYS} == {MODEL_DEFAULT} and data["sources"]["MODEL"] == "flag"
+    assert {data["sources"][k] for k in KEYS} == {MODEL_DEFAULT} and data["sources"]["MODEL"] == "--set"
     assert data["settings"]["SEQ_LEN"] == 4096 and data["settings"]["LR"] == 1.5e-4
     table = cli("--set", "MODEL=70b", "--set", "LR=1e-4", "config", "show").stdout
     rows = {line.split()[1]: line for line in table.splitlines()[1:] if line.split()}
     assert rows["SEQ_LEN"].rstrip().endswith("model default (70b)")
-    assert rows["LR"].rstrip().endswith("flag") and rows["MAX_STEPS"].rstrip().endswith("default")
+    assert rows["LR"].rstrip().endswith("--set") and rows["MAX_STEPS"].rstrip().endswith("default")
     validated = cli("--set", "MODEL=7b", "--set", "BACKEND=eks", "config", "validate")
     assert validated.exit_code == 0 and "(2 set)" in validated.stderr  # model defaults are not "set"
 

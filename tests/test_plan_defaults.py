@@ -54,10 +54,9 @@ def test_a_value_the_user_set_wins_over_the_models(cli, monkeypatch, model, wher
     args: list[str] = ["--model", model]
     if where == "flag":
         args += ["--seq-len", str(seq), "--micro-batch", str(mb)]
-    elif where == "env":  # the plain name and the prefixed one: whichever the settings read, it is set
-        for prefix in ("", "FSDPCTL_"):
-            monkeypatch.setenv(f"{prefix}SEQ_LEN", str(seq))
-            monkeypatch.setenv(f"{prefix}MICRO_BATCH_SIZE", str(mb))
+    elif where == "env":
+        monkeypatch.setenv("FSDPCTL_SEQ_LEN", str(seq))
+        monkeypatch.setenv("FSDPCTL_MICRO_BATCH_SIZE", str(mb))
     else:
         (cli.cwd / ".env").write_text(f"SEQ_LEN={seq}\nMICRO_BATCH_SIZE={mb}\n")
     job = planned(cli, *args)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import KEEP_FSDPCTL_VARS
+from conftest import KEEP_FSDPCTL_VARS, prefixed
 from conftest import fsdpctl_process as fsdpctl
 from fsdpctl.adapters import netns
 from fsdptrain import events
@@ -48,7 +48,12 @@ def sealed_env(home: Path, name: str, **settings: str) -> dict[str, str]:
         if k not in keys and not (k.startswith("FSDPCTL_") and not k.startswith(KEEP_FSDPCTL_VARS))
     }
     home.mkdir(parents=True, exist_ok=True)
-    return {**env, "FSDPCTL_HOME": str(home), "NO_COLOR": "1", "JOB_NAME": name, **RUN, **settings}
+    return {
+        **env,
+        "FSDPCTL_HOME": str(home),
+        "NO_COLOR": "1",
+        **prefixed({"JOB_NAME": name, **RUN, **settings}),
+    }
 
 
 def status(env: dict[str, str]) -> dict:
@@ -56,7 +61,9 @@ def status(env: dict[str, str]) -> dict:
 
 
 def state(env: dict[str, str]) -> dict:
-    return json.loads((Path(env["FSDPCTL_HOME"]) / "jobs" / env["JOB_NAME"] / "state.json").read_text())
+    return json.loads(
+        (Path(env["FSDPCTL_HOME"]) / "jobs" / env["FSDPCTL_JOB_NAME"] / "state.json").read_text()
+    )
 
 
 def step_losses(env: dict[str, str]) -> dict[int, float]:
@@ -75,7 +82,7 @@ def wait_for_step(env: dict[str, str], step: int, within: float = 180) -> None:
 
 
 def _latest_step(env: dict[str, str]) -> int:
-    logs = Path(env["FSDPCTL_HOME"]) / "jobs" / env["JOB_NAME"] / "logs"
+    logs = Path(env["FSDPCTL_HOME"]) / "jobs" / env["FSDPCTL_JOB_NAME"] / "logs"
     lines = [
         line for log in logs.glob("*/node-*.log") for line in log.read_text(errors="replace").splitlines()
     ]
@@ -141,7 +148,7 @@ def test_two_nodes_on_pod_local_disks_are_refused_before_anything_starts(cli):
     with exit 2, and nothing exists afterwards: no job directory, no volume, no namespace."""
     result = cli("--set", "JOB_NAME=podlocal", "--set", "SHARED_VOLUME=", "job", "run")
     assert result.exit_code == 2, result.output
-    assert "JOB_NODES=2 with SHARED_VOLUME='' and CHECKPOINT_PVC=''" in result.said
+    assert "JOB_NODES=2 with SHARED_VOLUME='' (--set) and CHECKPOINT_PVC=''" in result.said
     assert not cli.home.exists() or not any(cli.home.iterdir()), list(cli.home.rglob("*"))
     if NETNS:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

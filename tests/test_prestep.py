@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, invoke
+from conftest import ROOT, invoke, prefixed
 from fsdpctl import prestep, render
 from fsdpctl.settings import load
 from fsdpctl.validate import validate
@@ -474,7 +474,7 @@ def test_a_two_node_job_downloads_once_before_training_and_trains_offline(cli, h
 
     watcher = threading.Thread(target=hub_goes_down_at_the_marker, daemon=True)
     watcher.start()
-    env = {**settings, "HF_ENDPOINT": hub.endpoint}
+    env = {**prefixed(settings), "HF_ENDPOINT": hub.endpoint}
     try:
         started = cli.run("job", "run", "--detach", env=env)
         assert started.exit_code == 0, started.output

@@ -186,7 +186,7 @@ def test_a_token_in_a_free_text_key_is_masked_everywhere_and_named(cli, tmp_path
         if channel == "dotenv":
             (tmp_path / ".env").write_text(f"{key}={token}\n")
         elif channel == "env":
-            monkeypatch.setenv(key, token)
+            monkeypatch.setenv(f"FSDPCTL_{key}", token)
         else:
             head = ["--set", f"{key}={token}"]
         for args in PATHS:
@@ -200,7 +200,7 @@ def test_a_token_in_a_free_text_key_is_masked_everywhere_and_named(cli, tmp_path
             if args == ["config", "show"]:
                 assert f"warning: {key} " in result.stderr, (key, channel, result.stderr)
         (tmp_path / ".env").unlink(missing_ok=True)
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.delenv(f"FSDPCTL_{key}", raising=False)
 
 
 def test_a_debug_traceback_is_masked(cli, monkeypatch):

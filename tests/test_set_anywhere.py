@@ -170,15 +170,15 @@ def test_a_set_after_the_command_beats_environment_and_env_file(cli, monkeypatch
     """Precedence is unchanged: `config show --set SEQ_LEN=2048` wins over the environment and .env, and
     config show names the flag as the source, exactly as with --set first."""
     if where == "env":
-        monkeypatch.setenv("SEQ_LEN", "512")
+        monkeypatch.setenv("FSDPCTL_SEQ_LEN", "512")
     else:
         (cli.cwd / ".env").write_text("SEQ_LEN=512\n")
     after = _shown(cli, "config", "show", "-o", "json", "--set", "SEQ_LEN=2048")
     before = _shown(cli, "--set", "SEQ_LEN=2048", "config", "show", "-o", "json")
     assert after == before
-    assert after["settings"]["SEQ_LEN"] == 2048 and after["sources"]["SEQ_LEN"] == "flag"
+    assert after["settings"]["SEQ_LEN"] == 2048 and after["sources"]["SEQ_LEN"] == "--set"
     untouched = _shown(cli, "config", "show", "-o", "json")
-    assert untouched["settings"]["SEQ_LEN"] == 512 and untouched["sources"]["SEQ_LEN"] != "flag"
+    assert untouched["settings"]["SEQ_LEN"] == 512 and untouched["sources"]["SEQ_LEN"] != "--set"
 
 
 def test_the_last_set_of_a_key_wins_wherever_it_stands(cli):

@@ -8,13 +8,20 @@ from fsdpctl.settings import SettingsError, derived, load, parse_dotenv, redacte
 
 
 def test_precedence_flag_over_env_over_dotenv_over_default():
+    """The environment counts under FSDPCTL_ only: the plain JOB_NODES and MODEL beside them are ignored."""
     cfg = load(
         dotenv={"MODEL": "13b", "JOB_NODES": "4", "SEQ_LEN": "256"},
-        environ={"MODEL": "7b", "JOB_NODES": "8", "UNRELATED": "x"},
+        environ={
+            "FSDPCTL_MODEL": "7b",
+            "FSDPCTL_JOB_NODES": "8",
+            "JOB_NODES": "x",
+            "MODEL": "",
+            "OTHER": "x",
+        },
         flags={"MODEL": "70b"},
     )
-    assert cfg.training.model == "70b" and cfg.sources["MODEL"] == "flag"
-    assert cfg.job_nodes == 8 and cfg.sources["JOB_NODES"] == "env"
+    assert cfg.training.model == "70b" and cfg.sources["MODEL"] == "--set"
+    assert cfg.job_nodes == 8 and cfg.sources["JOB_NODES"] == "environment FSDPCTL_JOB_NODES"
     assert cfg.training.seq_len == 256 and cfg.sources["SEQ_LEN"] == ".env"
     assert cfg.training.precision == "bf16" and cfg.sources["PRECISION"] == "default"
 
@@ -78,7 +85,8 @@ def test_bad_values_give_one_line_naming_key_value_and_fix(values, line):
     with pytest.raises(SettingsError) as e:
         load(dotenv=values)
     assert len(e.value.lines) == 1
-    assert line in e.value.lines[0]
+    # the value the line is about is named with its source: here .env (a dict given as such has no lines)
+    assert line in e.value.lines[0].replace(" (.env)", "", 1) and " (.env) " in e.value.lines[0]
 
 
 def test_every_problem_is_reported_at_once():
@@ -159,8 +167,8 @@ def test_training_floats_are_finite_by_kind(value):
     with pytest.raises(SettingsError) as e:
         load(dotenv={"LR": value, "WEIGHT_DECAY": value})
     assert e.value.lines == [
-        f"LR={value!r} is not a finite number: give one, e.g. 0.001",
-        f"WEIGHT_DECAY={value!r} is not a finite number: give one, e.g. 0.001",
+        f"LR={value!r} (.env) is not a finite number: give one, e.g. 0.001",
+        f"WEIGHT_DECAY={value!r} (.env) is not a finite number: give one, e.g. 0.001",
     ]
 
 
@@ -168,8 +176,8 @@ def test_a_huge_value_is_reported_by_its_size_not_echoed():
     with pytest.raises(SettingsError) as e:
         load(dotenv={"DATASET_SPLIT": "x" * 70_000})
     assert e.value.lines == [
-        "DATASET_SPLIT=<70000 bytes> is too long: use at most 65536 bytes (each value reaches the trainer "
-        "as one environment string, which Linux caps at 128 KiB: E2BIG)"
+        "DATASET_SPLIT=<70000 bytes> (.env) is too long: use at most 65536 bytes (each value reaches the "
+        "trainer as one environment string, which Linux caps at 128 KiB: E2BIG)"
     ]
 
 
@@ -182,7 +190,7 @@ def test_a_nul_byte_is_no_value():
     with pytest.raises(SettingsError) as e:
         load(dotenv={"TOKENIZER": "a\x00b"})
     assert e.value.lines == [
-        "TOKENIZER='a\\x00b' holds a NUL byte: remove it (no environment string can carry one)"
+        "TOKENIZER='a\\x00b' (.env) holds a NUL byte: remove it (no environment string can carry one)"
     ]
 
 

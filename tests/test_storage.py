@@ -169,7 +169,7 @@ def test_deploy_storage_dry_run_prints_the_objects(cli, monkeypatch):
     """`fsdpctl deploy storage --dry-run --from <mirror>` prints the driver, the PV and the claim, sends
     nothing."""
     for key, value in {"BACKEND": "eks", **FS}.items():
-        monkeypatch.setenv(key, value)
+        monkeypatch.setenv(f"FSDPCTL_{key}", value)
     result = cli("deploy", "storage", "--dry-run", "--from", str(SHARED / "vendor"))
     assert result.exit_code == 0, result.output
     kinds = [o["kind"] for o in yaml.safe_load_all(result.stdout) if o]

@@ -19,6 +19,7 @@ from typing import Any
 
 SECRET_ENV = (
     "HF_TOKEN",
+    "FSDPCTL_HF_TOKEN",  # the setting under fsdpctl's environment prefix (settings.ENV_PREFIX)
     "HUGGING_FACE_HUB_TOKEN",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_ACCESS_KEY_ID",

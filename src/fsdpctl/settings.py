@@ -1,5 +1,10 @@
 """Settings: one typed object, loaded once, with the precedence flags > environment > .env > defaults.
 
+The environment is read only under the FSDPCTL_ prefix (FSDPCTL_MODEL; a stray SEED or MODEL= in a shell is
+someone else's), except the few keys whose own tools read the plain name with the same meaning (SHARED_ENV);
+.env is fsdpctl's own file and takes the plain names. Each value's source is kept, and every error line names
+it (`.env line 3`, `environment FSDPCTL_SEED`, `--set`, `--model`).
+
 Infrastructure keys (AWS, cluster, image, job) are declared here; training keys (MODEL, SHARDING_STRATEGY,
 ...) are the trainer's own (`fsdptrain.config.TrainConfig`), so both read one vocabulary and one validator.
 Pure: reads no file and no environment itself; `load()` is handed the layers.
@@ -68,6 +73,29 @@ GATED_PREFIXES = ("meta-llama/",)
 SECRET_KEYS = ("HF_TOKEN",)
 # Keys the job derives itself rather than taking from the user.
 TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
+# The environment's settings: FSDPCTL_<KEY>. The plain names are the trainer's (pods get MODEL=, SEED=): in a
+# user's shell they belong to something else, and are not read.
+ENV_PREFIX = "FSDPCTL_"
+# ...except these, which their own tools read by the plain name with the same meaning: huggingface_hub
+# (HF_TOKEN), the AWS SDKs and CLI (AWS_REGION, AWS_PROFILE). FSDPCTL_<KEY> wins when both are set.
+SHARED_ENV = ("HF_TOKEN", "AWS_REGION", "AWS_PROFILE")
+# FSDPCTL_ variables that are fsdpctl's own, not settings (an unknown FSDPCTL_ variable is warned about):
+# the state and .env paths, the offline mirrors, the local backend's switch and its process marks, and the
+# test suite's switches (FSDPCTL_TEST_*, FSDPCTL_UPDATE_GOLDEN).
+OWN_ENV = (
+    "FSDPCTL_HOME",
+    "FSDPCTL_ENV_FILE",
+    "FSDPCTL_CRD_DIR",
+    "FSDPCTL_MANIFESTS",
+    "FSDPCTL_TF_PLUGIN_DIR",
+    "FSDPCTL_LOCAL_NETNS",
+    "FSDPCTL_POD",
+    "FSDPCTL_JOB",
+    "FSDPCTL_SHARED",
+    "FSDPCTL_CHECKOV",
+    "FSDPCTL_UPDATE_GOLDEN",
+)
+OWN_ENV_PREFIXES = ("FSDPCTL_TEST_",)
 # The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set none.
 MODEL_DEFAULT = "model default"
 
@@ -313,7 +341,7 @@ class Config(Settings):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False)
 
     training: SkipValidation[TrainConfig] = Field(default_factory=TrainConfig)
-    # KEY -> default | model default | .env | env | flag
+    # KEY -> default | model default | <.env path> line N | environment FSDPCTL_<KEY> | --set | --<option>
     sources: dict[str, str] = Field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -438,17 +466,32 @@ def setting_keys() -> dict[str, str]:
     return keys
 
 
-def parse_dotenv(text: str, origin: str = ".env") -> dict[str, str]:
+class Dotenv(dict[str, str]):
+    """A .env file's KEY -> value, with the line each key was last set on (`lines`): errors name it."""
+
+    def __init__(
+        self, values: Mapping[str, str] | None = None, lines: Mapping[str, int] | None = None
+    ) -> None:
+        super().__init__(values or {})
+        self.lines = dict(lines or {})
+
+
+def parse_dotenv(text: str, origin: str = ".env") -> Dotenv:
     """KEY=VALUE lines (python-dotenv's grammar); a line it cannot parse is an error, not a silent skip."""
     from dotenv.parser import parse_stream
 
-    values, bad = {}, []
+    values, bad = Dotenv(), []
     for binding in parse_stream(io.StringIO(text)):
+        # python-dotenv's Binding.original.line is where the binding's text starts, blank lines before its
+        # key included (dotenv/parser.py parse_binding reads leading whitespace into the binding)
+        start = binding.original.string
+        line = binding.original.line + start[: len(start) - len(start.lstrip())].count("\n")
         if binding.error:
-            line = _masked_line(binding.original.string.strip())  # masked, then cut: no part of a secret
-            bad.append(f"{origin} line {binding.original.line}: cannot parse {line[:40]!r}: write KEY=VALUE")
+            shown = _masked_line(start.strip())  # masked, then cut: no part of a secret
+            bad.append(f"{origin} line {line}: cannot parse {shown[:40]!r}: write KEY=VALUE")
         elif binding.key:
             values[binding.key] = binding.value or ""
+            values.lines[binding.key] = line
     if bad:
         raise SettingsError(bad)
     return values
@@ -483,28 +526,129 @@ def load(
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, str] | None = None,
     dotenv_name: str = ".env",
+    set_by: Mapping[str, str] | None = None,
 ) -> Config:
-    """Merge the layers (later wins) and validate everything; raises SettingsError listing every problem."""
+    """Merge the layers (later wins) and validate everything; raises SettingsError listing every problem, each
+    line naming where its value came from. `environ` is the process environment as it is (only FSDPCTL_<KEY>
+    and SHARED_ENV are read from it); `set_by`: the command option that set a flag's key (default --set)."""
     keys = setting_keys()
     raw: dict[str, str] = {}
     sources = {key: "default" for key in keys}
-    warnings = []
-    for key in dotenv or {}:
+    warnings = _dotenv_warnings(dotenv or {}, keys, dotenv_name)
+    env_values, env_sources, env_warnings = environment_settings(environ or {}, keys)
+    warnings.extend(env_warnings)
+    lines = getattr(dotenv, "lines", {})
+    for key, value in (dotenv or {}).items():
+        if key in keys:
+            raw[key] = value
+            sources[key] = f"{dotenv_name} line {lines[key]}" if key in lines else dotenv_name
+    for key, value in env_values.items():
+        raw[key], sources[key] = value, env_sources[key]
+    for key, value in (flags or {}).items():
         if key not in keys:
             close = difflib.get_close_matches(key, keys, n=1)
-            hint = f": did you mean {close[0]}?" if close else ": it is ignored"
-            warnings.append(f"{dotenv_name}: unknown key {key}{hint}")
-    for layer, values in ((dotenv_name, dotenv or {}), ("env", environ or {}), ("flag", flags or {})):
-        for key, value in values.items():
-            if key in keys:
-                raw[key], sources[key] = value, layer
-            elif layer == "flag":
-                close = difflib.get_close_matches(key, keys, n=1)
-                raise SettingsError(
-                    [f"--set {key}: unknown key" + (f": did you mean {close[0]}?" if close else "")]
-                )
+            hint = f": did you mean {close[0]}?" if close else ""
+            raise SettingsError([f"--set {key}: unknown key{hint}"])
+        raw[key], sources[key] = value, (set_by or {}).get(key, "--set")
     warnings.extend(secret_warnings(raw, sources))
-    return _validate(raw, keys, sources, tuple(warnings))
+    try:
+        return _validate(raw, keys, sources, tuple(warnings))
+    except SettingsError as e:
+        shown = {key: (value, repr(value)) for key, value in raw.items()}
+        raise SettingsError(with_sources(e.lines, shown, sources, raw.get("MODEL", "")), e.warnings) from None
+
+
+def _dotenv_warnings(dotenv: Mapping[str, str], keys: Mapping[str, str], name: str) -> list[str]:
+    """A key of .env that is no setting: named with its line and the key it was likely meant to be (the plain
+    name, for a FSDPCTL_<KEY> copied from the environment's spelling)."""
+    warnings, lines = [], getattr(dotenv, "lines", {})
+    for key in dotenv:
+        if key in keys:
+            continue
+        where = f"{name} line {lines[key]}" if key in lines else name
+        plain = key.removeprefix(ENV_PREFIX)
+        if key != plain and plain in keys:
+            hint = f": did you mean {plain}? ({name} takes the plain names; FSDPCTL_ is the environment's)"
+        else:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f": did you mean {close[0]}?" if close else ": it is ignored"
+        warnings.append(f"{where}: unknown key {key}{hint}")
+    return warnings
+
+
+def environment_settings(
+    environ: Mapping[str, str], keys: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """The settings the process environment gives: KEY -> value and KEY -> source (`environment VAR`), read
+    from FSDPCTL_<KEY> and, for SHARED_ENV, the plain name (FSDPCTL_<KEY> wins); and a warning for each
+    FSDPCTL_ variable that is neither a setting nor fsdpctl's own (OWN_ENV), with the name it may mean."""
+    values, sources, warnings = {}, {}, []
+    for key in SHARED_ENV:
+        if key in environ:
+            values[key], sources[key] = environ[key], f"environment {key}"
+    known = [ENV_PREFIX + key for key in keys] + list(OWN_ENV)
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        key = var.removeprefix(ENV_PREFIX)
+        if key in keys:
+            values[key], sources[key] = environ[var], f"environment {var}"
+        elif var not in OWN_ENV and not var.startswith(OWN_ENV_PREFIXES):
+            close = difflib.get_close_matches(var, known, n=1)
+            hint = f": did you mean {close[0]}?" if close else ": it is ignored"
+            warnings.append(f"environment: unknown variable {var}{hint}")
+    return values, sources, warnings
+
+
+def with_sources(
+    lines: list[str], shown: Mapping[str, tuple[str, ...]], sources: Mapping[str, str], model: str
+) -> list[str]:
+    """Error lines with where each named value came from, after the value: `SEED='abc' (environment
+    FSDPCTL_SEED) is not ...`. The key a line starts with is its subject, so it is always annotated; a key
+    named further on only where the text after its `=` is its value as given (one of `shown[key]`), so a
+    suggested fix (`set JOB_NODES=2`) is not. Defaults need no annotation (a model's only as the subject)."""
+    return [_with_sources(line, shown, sources, model) for line in lines]
+
+
+# KEY= where KEY is a whole word (not the tail of another key, nor inside a path)
+_KEY_AT = re.compile(r"(?<![A-Za-z0-9_/.-])([A-Z][A-Z0-9_]*)=")
+# a value as the lines write it: a Python repr of a string, a <size>, or a run up to a space or a parenthesis
+_VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|<[^>]*>|[^\s()]*")
+
+
+def _with_sources(
+    line: str, shown: Mapping[str, tuple[str, ...]], sources: Mapping[str, str], model: str
+) -> str:
+    out, at, done = [], 0, set()
+    for m in _KEY_AT.finditer(line):
+        key = m.group(1)
+        source = sources.get(key, "default")
+        # a model's default is named where the line is about it, a default among others like any default
+        unset = source == "default" or (source == MODEL_DEFAULT and m.start() != 0)
+        if key in done or unset or m.start() < at:
+            continue
+        value = _VALUE.match(line, m.end())
+        end = value.end() if value else m.end()
+        text = line[m.end() : end].rstrip(":.,;")
+        end = m.end() + len(text)
+        if m.start() != 0 and text not in shown.get(key, ()):
+            continue
+        done.add(key)
+        where = f"model default for {model}" if source == MODEL_DEFAULT else source
+        out.append(line[at:end] + f" ({where})")
+        at = end
+    return "".join(out) + line[at:]
+
+
+def config_shown(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """How lines built from a loaded Config may write each key's value (str, repr, a bool in lower case)."""
+    values = redacted(cfg)
+    return {key: (str(v), repr(v), str(v).lower()) for key, v in values.items()}
+
+
+def annotate(lines: list[str], cfg: Config) -> list[str]:
+    """`with_sources` for lines built from a loaded Config (placement and fit problems)."""
+    return with_sources(lines, config_shown(cfg), cfg.sources, cfg.training.model)
 
 
 def _validate(

@@ -14,6 +14,7 @@ A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -33,6 +34,7 @@ from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns, shell
 from fsdpctl.files import home, write_atomic
 from fsdptrain import events
+from fsdptrain.config import TrainConfig
 
 RECORDED_ACTIVE = ("Pending", "Running", "Stopping")
 # Orphaned is never recorded: the supervisor died (SIGKILL, OOM) while processes of its job still live
@@ -42,6 +44,8 @@ POD_MARK = "FSDPCTL_POD"
 # (two users, two test workers) with a job of one name never see each other's processes
 JOB_MARK = "FSDPCTL_JOB"
 LOCK = "lock"
+# every environment variable the trainer reads a setting from (MODEL, SEED, ..., CHECKPOINT_DIR, METRICS_FILE)
+TRAINER_ENV = frozenset(f.metadata["env"] for f in dataclasses.fields(TrainConfig))
 STOP_GRACE_S = 120  # a job rendered without terminationGracePeriodSeconds
 LOCK_WAIT_S = 30  # the supervisor's wait for the `job run` that started it to let go of the lock
 # what a state must hold for any verb to use it; anything else is a damaged file, skipped with a warning
@@ -292,7 +296,9 @@ def launches(
 ) -> list[Launch]:
     """Translate the PyTorchJob's worker container into one launcher per replica on this machine: the pod's
     command and environment, its volumes mapped to directories (`volume_dirs`), and with `net` its own
-    network namespace and address (torchrun's --local-addr: what a pod's hostname resolves to)."""
+    network namespace and address (torchrun's --local-addr: what a pod's hostname resolves to). As in a
+    pod, the trainer's keys are only the container's: a SEED=abc or METRICS_FILE= of the user's shell is
+    dropped."""
     total = spec["replicas"] * spec["nproc_per_node"]
     out = []
     for node in range(spec["replicas"]):
@@ -301,7 +307,8 @@ def launches(
             argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
         if net is not None:
             argv = [*net.exec_prefix(node), *argv[:3], f"--local-addr={net.address(node)}", *argv[3:]]
-        env = {**environ, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node, environ.get(JOB_MARK))}
+        inherited = {k: v for k, v in environ.items() if k not in TRAINER_ENV}
+        env = {**inherited, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node, environ.get(JOB_MARK))}
         if net is not None:  # gloo binds the address the hostname resolves to, unless told the interface
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))

@@ -31,7 +31,9 @@ ToolOpt = Annotated[str | None, typer.Option("--tool", help="eksctl or terraform
 
 
 def _config(ctx: typer.Context, tool: str | None, **overrides: str) -> Config:
-    return state(ctx).config(**({"CLUSTER_TOOL": tool} if tool else {}), **overrides)
+    # AVAILABILITY_ZONES is only ever overridden with the AZs EC2 reported (the reservation's, the subnets')
+    set_by = {"CLUSTER_TOOL": "--tool", "AVAILABILITY_ZONES": "EC2"}
+    return state(ctx).config(**({"CLUSTER_TOOL": tool} if tool else {}), **overrides, set_by=set_by)
 
 
 def _in_reservation_zone(ctx: typer.Context, cfg: Config, tool: str | None, dry_run: bool) -> Config:

@@ -20,7 +20,7 @@ from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import redact, redact_obj, remember
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from fsdpctl.adapters import shell
     from fsdpctl.checks import Check
@@ -102,22 +102,29 @@ class AppState:
     flags: dict[str, str] = field(default_factory=dict)
     debug: bool = False
     _config: Config | None = None
+    # each warning once per command, however often the settings are loaded (with overrides)
+    _warned: set[str] = field(default_factory=set)
 
-    def config(self, **overrides: Any) -> Config:
-        """Load once: flags (--set and command options) > environment > .env > defaults."""
+    def config(self, *, set_by: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Load once: flags (--set and command options) > environment > .env > defaults. `set_by`: the
+        command option that set each override (`--model`), which errors and `config show` name."""
         from fsdpctl.settings import load
 
-        flags = {**self.flags, **{k: str(v) for k, v in overrides.items() if v is not None}}
+        given = {k: str(v) for k, v in overrides.items() if v is not None}
+        flags = {**self.flags, **given}
         if self._config is None or overrides:
             cfg = load(
                 dotenv=read_env_file(self.env_file, given=self.env_file_given),
                 environ=os.environ,
                 flags=flags,
                 dotenv_name=str(self.env_file),
+                set_by={k: (set_by or {}).get(k, "flag") for k in given},
             )
             remember(cfg.hf_token.get_secret_value())  # masked wherever it shows, whatever its shape
             for w in cfg.warnings:
-                warn(w)
+                if w not in self._warned:
+                    self._warned.add(w)
+                    warn(w)
             if overrides:
                 return cfg
             self._config = cfg
@@ -131,7 +138,7 @@ def admit(cfg: Config, *, force: bool) -> None:
     here, at the edge: its cores and RAM, its paths, and where the local backend keeps the claims."""
     from fsdpctl import plan
     from fsdpctl.adapters.local import shared_volume_dir
-    from fsdpctl.settings import placement_problems
+    from fsdpctl.settings import annotate, placement_problems
 
     claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
     mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
@@ -139,7 +146,7 @@ def admit(cfg: Config, *, force: bool) -> None:
         cfg, cores=os.cpu_count() or 1, exists=lambda p: Path(p).expanduser().exists(), mounts=mounts
     )
     fit = plan.fit_problem(cfg, ram_bytes=_ram_bytes())
-    problems = [fit, *problems] if fit else problems
+    problems = annotate([fit, *problems] if fit else problems, cfg)  # each value with where it came from
     if problems and not force:
         raise SettingsError(problems)
     for line in problems:
@@ -155,7 +162,7 @@ def _ram_bytes() -> int:
 ENV_FILE_MAX_BYTES = 1024 * 1024
 
 
-def read_env_file(path: Path, *, given: bool = True) -> dict[str, str]:
+def read_env_file(path: Path, *, given: bool = True) -> Mapping[str, str]:
     """The KEY=VALUE lines of the settings file. `given`: named by the user, so it must exist (the default
     .env may be absent). Anything but a readable UTF-8 regular file is one line naming the path, exit 2: the
     file type is checked before opening (open() on a FIFO blocks until a writer comes: a hang), and again on

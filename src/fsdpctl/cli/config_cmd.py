@@ -27,8 +27,8 @@ UNSET = ("default", "model default")
 
 @app.command()
 def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
-    """Every setting with its value and where it came from (default, model default, .env, env, flag);
-    secrets are masked.
+    """Every setting with its value and where it came from (default, model default, .env line N,
+    environment FSDPCTL_<KEY>, --set or the command option); secrets are masked.
 
     Example: fsdpctl --set MODEL=7b config show -o yaml
     """

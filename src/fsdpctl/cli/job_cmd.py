@@ -75,7 +75,7 @@ def run(
     """
     backends.check_name(backend)
     run_id = files.run_id(run_id) if run_id is not None else None
-    cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}))
+    cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}), set_by={"BACKEND": "--backend"})
     admit(cfg, force=force)
     be = backends.create(cfg)
     started = be.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)

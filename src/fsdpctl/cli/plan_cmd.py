@@ -86,6 +86,21 @@ def _print_matrix(rows: list[dict[str, Any]], tokens: float) -> None:
     out.print(t)
 
 
+# the option that sets each key, as errors and sources name it
+PLAN_OPTIONS = {
+    "MODEL": "--model",
+    "INSTANCE_TYPE": "--instance-type",
+    "JOB_NODES": "--nodes",
+    "SHARDING_STRATEGY": "--strategy",
+    "PRECISION": "--precision",
+    "ACTIVATION_CHECKPOINTING": "--ac",
+    "MICRO_BATCH_SIZE": "--micro-batch",
+    "SEQ_LEN": "--seq-len",
+    "GRAD_ACCUM_STEPS": "--grad-accum",
+    "BACKEND": "plan (always eks)",
+}
+
+
 def plan(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Option("--model", help="7b, 13b, 70b, tiny")] = None,
@@ -145,7 +160,9 @@ def plan(
         "GRAD_ACCUM_STEPS": grad_accum,
     }
     # planning is about the cluster whatever BACKEND says: GPUs per node come from the instance type
-    cfg = state(ctx).config(**{k: v for k, v in flags.items() if v is not None}, BACKEND="eks")
+    cfg = state(ctx).config(
+        **{k: v for k, v in flags.items() if v is not None}, BACKEND="eks", set_by=PLAN_OPTIONS
+    )
     job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
         # --model and --nodes narrow the sweep to their rows; without them it spans every model and size

@@ -67,7 +67,9 @@ def quickstart(
         "WARMUP_STEPS": str(min(5, steps)),
         **st.flags,
     }
-    cfg = st.config(**flags)
+    options = {"JOB_NODES": "--nodes", "MAX_STEPS": "--steps", "WARMUP_STEPS": "--steps"}
+    set_by = {**dict.fromkeys(QUICKSTART, "quickstart"), **options, **dict.fromkeys(st.flags, "--set")}
+    cfg = st.config(**flags, set_by=set_by)
     be = backends.create(cfg)
     started = be.run(run_id=None, replace=True, dry_run=False, server_dry_run=False)
     ok(
