@@ -115,9 +115,9 @@ def test_a_tracker_key_without_its_package_is_one_line_before_training(cli, monk
 @pytest.mark.parametrize(
     "value, problem",
     [
-        ("tb", "TENSORBOARD_DIR='tb' is not an absolute path: use e.g. /fsx/tensorboard"),
-        ("/tmp/tb", "TENSORBOARD_DIR='/tmp/tb' is not on the shared volume (SHARED_VOLUME_PATH=/fsx)"),
-        ("/fsxother/tb", "TENSORBOARD_DIR='/fsxother/tb' is not on the shared volume"),
+        ("tb", "TENSORBOARD_DIR='tb' (--set) is not an absolute path: use e.g. /fsx/tensorboard"),
+        ("/tmp/tb", "TENSORBOARD_DIR='/tmp/tb' (--set) is not on the shared volume (SHARED_VOLUME_PATH=/fsx)"),
+        ("/fsxother/tb", "TENSORBOARD_DIR='/fsxother/tb' (--set) is not on the shared volume"),
     ],
 )
 def test_tensorboard_dir_off_the_shared_volume_is_refused(cli, value, problem):
