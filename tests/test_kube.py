@@ -406,10 +406,10 @@ def test_logs_leader_one_pod_all_pods_and_follow(peer):
     r = cli("job", "logs", "--pod", "fsdp-worker-1", "-f")
     assert r.stdout.splitlines() == ["worker line"]
     r = cli("job", "logs", "--all", "-f")
-    assert sorted(r.stdout.splitlines()) == [
-        "[fsdp-worker-0] leader line",
-        "[fsdp-worker-0] master_addr=fsdp-worker-0",
-        "[fsdp-worker-1] worker line",
+    assert sorted(r.stdout.splitlines()) == [  # kubectl logs --prefix: [pod/NAME/CONTAINER]
+        "[pod/fsdp-worker-0/pytorch] leader line",
+        "[pod/fsdp-worker-0/pytorch] master_addr=fsdp-worker-0",
+        "[pod/fsdp-worker-1/pytorch] worker line",
     ]
     r = cli("job", "logs", "--pod", "nope")
     assert r.exit_code == 1 and "has no pod 'nope'" in said(r)
