@@ -10,7 +10,7 @@ import typer
 
 from fsdpctl import backends, crilog, files
 from fsdpctl.backends import FINAL, Backend
-from fsdpctl.cli import job_view
+from fsdpctl.cli import completion, job_view
 from fsdpctl.cli.common import (
     DryRunOpt,
     ForceOpt,
@@ -36,7 +36,7 @@ app = command_group(
     "of the kubeconfig (KUBE_CONTEXT)."
 )
 
-NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
+NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
 BackendOpt = Annotated[
     str | None,
     typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
@@ -175,7 +175,8 @@ def logs(
             out.print(json.dumps(redact_obj(job_view.log_record(line))), markup=False, highlight=False)
         else:
             text = job_view.log_text(line, prefix=all_, timestamps=timestamps)
-            out.print(redact(text), markup=False, highlight=False)
+            if text is not None:
+                out.print(redact(text), markup=False, highlight=False)
 
 
 def _log_window(tail: int | None, since: str | None) -> tuple[int | None, float | None]:

@@ -222,10 +222,18 @@ def list_table(reports: list[dict[str, Any]]) -> Table:
     return t
 
 
-def log_text(line: LogLine, *, prefix: bool, timestamps: bool) -> str:
-    """A log line as `job logs` prints it: a trainer event as its short human line, anything else as printed;
-    then, as kubectl writes them, the source first (--prefix) and the time (--timestamps)."""
+# events the trainer follows with a human line of its own (fsdptrain/train.py: `step N/M | loss ...`,
+# `summary: ...`): `job logs` shows that line instead of a second one
+HUMAN_TWIN = (events.Step, events.Summary)
+
+
+def log_text(line: LogLine, *, prefix: bool, timestamps: bool) -> str | None:
+    """A log line as `job logs` prints it (None: not printed): a trainer event as a short human line, or not
+    at all where the trainer printed one for it; anything else as printed; then, as kubectl writes them, the
+    source first (--prefix) and the time (--timestamps)."""
     event = next(events.parse([line.text]), None)
+    if isinstance(event, HUMAN_TWIN):
+        return None
     text = describe(event) if event is not None else line.text
     if timestamps:
         text = f"{crilog.rfc3339(line.time) if line.time is not None else '-'} {text}"
