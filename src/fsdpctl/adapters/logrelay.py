@@ -26,8 +26,14 @@ def relay(log: str, fds: dict[int, str]) -> None:
         sel.register(fd, selectors.EVENT_READ)
 
     def write(fd: int, data: bytes, tag: str) -> None:
-        text = data.decode(errors="replace")
-        os.write(out, crilog.format_line(time.time(), fds[fd], text, tag).encode())
+        """One line, or a line longer than crilog.MAX_LINE as P pieces (containerd: maxLen) then the rest."""
+        now = time.time()
+        while len(data) > crilog.MAX_LINE:
+            piece, data = data[: crilog.MAX_LINE], data[crilog.MAX_LINE :]
+            os.write(
+                out, crilog.format_line(now, fds[fd], piece.decode(errors="replace"), crilog.PARTIAL).encode()
+            )
+        os.write(out, crilog.format_line(now, fds[fd], data.decode(errors="replace"), tag).encode())
 
     while sel.get_map():
         for key, _ in sel.select():
@@ -42,7 +48,7 @@ def relay(log: str, fds: dict[int, str]) -> None:
             *whole, buf = buf.split(b"\n")
             for line in whole:
                 write(fd, line, crilog.FULL)
-            while len(buf) >= crilog.MAX_LINE:
+            while len(buf) >= crilog.MAX_LINE:  # that long without a newline: a piece out, as containerd does
                 write(fd, buf[: crilog.MAX_LINE], crilog.PARTIAL)
                 buf = buf[crilog.MAX_LINE :]
             pending[fd] = buf
