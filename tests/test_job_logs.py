@@ -375,8 +375,9 @@ def test_run_dry_run_json_is_the_started_object(cli):
 
 def protocol(words: str, shell_: str) -> dict[str, str]:
     """The environment a shell's completion script gives fsdpctl: typer's protocol
-    (typer/_completion_shared.py, _completion_classes.py) is `_FSDPCTL_COMPLETE=complete_bash` with COMP_WORDS/COMP_CWORD as the bash script
-    sets them (the word being completed last), `complete_zsh` with _TYPER_COMPLETE_ARGS."""
+    (typer/_completion_shared.py, _completion_classes.py) is `_FSDPCTL_COMPLETE=complete_bash` with
+    COMP_WORDS/COMP_CWORD as the bash script sets them (the word being completed last), `complete_zsh` with
+    _TYPER_COMPLETE_ARGS."""
     if shell_ == "bash":
         cword = str(len(words.split(" ")) - 1)
         return {"COMP_WORDS": words, "COMP_CWORD": cword, "_FSDPCTL_COMPLETE": "complete_bash"}
