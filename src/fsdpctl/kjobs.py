@@ -344,7 +344,7 @@ def logs(
     pod: str | None,
     all_pods: bool,
     tail: int | None = None,
-    since: float | None = None,
+    since_s: float | None = None,
 ) -> Iterator[LogLine]:
     """The chosen pods' lines with their times: tail and since are the API's tailLines and sinceSeconds (whole
     seconds, rounded up as kubectl does), times from ?timestamps=true."""
@@ -366,9 +366,9 @@ def logs(
         raise FsdpctlError(
             f"job {name} has no pods yet", hint="`fsdpctl job status` shows why (Pending reasons)"
         )
-    since_s = max(1, math.ceil(time.time() - since)) if since is not None else None
+    since_whole = math.ceil(since_s) if since_s is not None else None
     where = [{"pod": p["metadata"]["name"], "container": _container(cfg)} for p in chosen]
-    streams = [(w, _stream(kube, cfg, w, follow, tail, since_s)) for w in where]
+    streams = [(w, _stream(kube, cfg, w, follow, tail, since_whole)) for w in where]
     if len(streams) == 1 or not follow:  # kubectl prints pod after pod unless it follows them
         for _, stream in streams:
             yield from stream

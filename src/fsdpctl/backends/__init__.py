@@ -58,10 +58,10 @@ class Backend(Protocol):
         node: int | None,
         pod: str | None,
         tail: int | None = None,
-        since: float | None = None,
+        since_s: float | None = None,
     ) -> Iterator[LogLine]:
-        """The chosen logs' lines: per node or pod its last `tail` lines, those written at or after `since`
-        (epoch seconds), as PodLogOptions tailLines and sinceSeconds choose them; with `follow`, then what
+        """The chosen logs' lines: per node or pod its last `tail` lines, those of the last `since_s` seconds,
+        as PodLogOptions tailLines and sinceSeconds choose them; with `follow`, then what
         comes until the job ends."""
         ...
 

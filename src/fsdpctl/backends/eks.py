@@ -89,7 +89,7 @@ class EksBackend:
         node: int | None,
         pod: str | None,
         tail: int | None = None,
-        since: float | None = None,
+        since_s: float | None = None,
     ) -> Iterator[LogLine]:
         if node is not None:
             pod = f"{name}-worker-{node}" if self.cfg.job_kind == "pytorchjob" else None
@@ -98,7 +98,7 @@ class EksBackend:
                     "--node applies to PyTorchJob pods", hint="use --pod NAME (see job status)"
                 )
         return kjobs.logs(
-            self.kube, self.cfg, name, follow=follow, pod=pod, all_pods=all_, tail=tail, since=since
+            self.kube, self.cfg, name, follow=follow, pod=pod, all_pods=all_, tail=tail, since_s=since_s
         )
 
     def tail(self, name: str, lines: int) -> list[str]:

@@ -86,7 +86,7 @@ class LocalBackend:
         node: int | None,
         pod: str | None,
         tail: int | None = None,
-        since: float | None = None,
+        since_s: float | None = None,
     ) -> Iterator[LogLine]:
         if pod is not None:
             raise FsdpctlError("--pod names a pod on a cluster", hint="locally, use --node N")
@@ -97,6 +97,7 @@ class LocalBackend:
                 f"job {name!r} has no such log yet", hint="`fsdpctl job status` shows its nodes"
             )
         readers = {f: _Follower(f) for f in files}
+        since = time.time() - since_s if since_s is not None else None  # the kubelet's now - sinceSeconds
         first = True
         while True:
             active = local.effective_phase(self._state(name)) in local.ACTIVE

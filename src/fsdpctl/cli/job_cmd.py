@@ -169,8 +169,7 @@ def logs(
     if output not in ("text", "json"):
         raise BadInput(f"--output {output!r} is not a log format", hint="use text or json")
     be, name = _resolve(ctx, name, backend)
-    since_t = time.time() - since_s if since_s is not None else None
-    for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since=since_t):
+    for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s):
         if output == "json":
             out.print(json.dumps(redact_obj(job_view.log_record(line))), markup=False, highlight=False)
         else:
