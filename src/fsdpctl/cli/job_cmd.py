@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -41,6 +42,13 @@ BackendOpt = Annotated[
     str | None,
     typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
 ]
+
+
+class LogFormat(str, Enum):
+    """`job logs -o`: lines for people, or one JSON object per line."""
+
+    text = "text"
+    json = "json"
 
 
 def _resolve(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
@@ -155,22 +163,21 @@ def logs(
         bool, typer.Option("--timestamps", help="each line after its time (RFC 3339, nanoseconds, UTC)")
     ] = False,
     output: Annotated[
-        str, typer.Option("--output", "-o", help="text, or json: one object per line")
-    ] = "text",
+        LogFormat, typer.Option("--output", "-o", help="text, or json: one object per line")
+    ] = LogFormat.text,
     backend: BackendOpt = None,
 ) -> None:
     """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them, as `kubectl logs`
-    shows a pod's: the trainer's JSON event lines as short human lines (`step 12/50 loss 3.2101 ...`); with
-    `-o json` one JSON object per line for machines (node or pod, time, and the event's fields or the text).
+    shows a pod's. The trainer's JSON event lines are not shown raw: a step or summary only as the human line
+    the trainer prints with it, a leader or checkpoint event as a short line. `-o json`: one JSON object per
+    line for machines (node or pod, time, and the event's fields or the text).
 
     Example: fsdpctl job logs -f --all --tail 20 --since 5m --timestamps
     """
     tail, since_s = _log_window(tail, since)
-    if output not in ("text", "json"):
-        raise BadInput(f"--output {output!r} is not a log format", hint="use text or json")
     be, name = _resolve(ctx, name, backend)
     for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s):
-        if output == "json":
+        if output == LogFormat.json:
             out.print(json.dumps(redact_obj(job_view.log_record(line))), markup=False, highlight=False)
         else:
             text = job_view.log_text(line, prefix=all_, timestamps=timestamps)
@@ -218,13 +225,16 @@ def list_(
     backend: BackendOpt = None,
     phase: Annotated[
         list[str] | None,
-        typer.Option("--phase", help="only jobs in this phase (repeat, or a comma list; any case)"),
+        typer.Option(
+            "--phase", metavar="PHASE", help="only jobs in this phase (repeat, or a comma list; any case)"
+        ),
     ] = None,
     selector: Annotated[
         str | None,
         typer.Option(
             "--selector",
             "-l",
+            metavar="KEY=VALUE,...",
             help="only jobs whose labels match: key=value, key!=value, comma separated (all must hold)",
         ),
     ] = None,
