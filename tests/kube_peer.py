@@ -31,7 +31,8 @@ implemented (here, in kube_peer_discovery.py and kube_peer_rules.py):
 - list items of built-in kinds without apiVersion/kind (kubernetes/kubernetes#3030), RBAC 403 wording.
 And, as before, what tests play instead of the cluster's other parts: pod logs from `peer.api.logs` (there is
 no kubelet: the peer applies tailLines, sinceSeconds, sinceTime and timestamps as the kubelet does, to lines
-with their own CRI times or the time they were stored), Service proxies to handlers the tests register (e.g. a real etcd), `forbidden` plurals.
+with their own CRI times or the time they were stored), Service proxies to handlers the tests register (e.g. a
+real etcd), `forbidden` plurals.
 It has no controllers and no scheduler: tests set pod and job status themselves."""
 
 from __future__ import annotations
