@@ -30,7 +30,9 @@ implemented (here, in kube_peer_discovery.py and kube_peer_rules.py):
   objects;
 - list items of built-in kinds without apiVersion/kind (kubernetes/kubernetes#3030), RBAC 403 wording.
 And, as before, what tests play instead of the cluster's other parts: pod logs from `peer.api.logs` (there is
-no kubelet), Service proxies to handlers the tests register (e.g. a real etcd), `forbidden` plurals.
+no kubelet: the peer applies tailLines, sinceSeconds, sinceTime and timestamps as the kubelet does, to lines
+with their own CRI times or the time they were stored), Service proxies to handlers the tests register (e.g. a
+real etcd), `forbidden` plurals.
 It has no controllers and no scheduler: tests set pod and job status themselves."""
 
 from __future__ import annotations
@@ -259,7 +261,7 @@ class KubeApi(kmock.KubernetesScaffold):
         self.aggregated = (
             True  # serve aggregated discovery (Kubernetes 1.26+); False: only the plain documents
         )
-        self.logs: dict[tuple[str, str], str] = {}
+        self.logs: dict[tuple[str, str], str] = PodLogs()
         self.proxies: dict[tuple[str, str, int], Callable[[str, str, dict, bytes], tuple[int, bytes]]] = {}
         self.forbidden: set[str] = set()  # plurals this user may not touch (RBAC): 403, as the real API says
         self.applied: dict[tuple[Key, str], dict] = {}  # (object, field manager) -> its last applied config
@@ -992,9 +994,7 @@ class KubeApi(kmock.KubernetesScaffold):
             )
         if container and container not in names:
             raise Reply(400, "BadRequest", f"container {container} is not valid for pod {route.name}")
-        text = self.logs.get((route.namespace or "", route.name or ""), "")
-        if request.params.get("tailLines"):
-            text = "".join(text.splitlines(keepends=True)[-int(request.params["tailLines"]) :])
+        text = _kubelet_log(self.logs.lines((route.namespace or "", route.name or "")), request.params)
         if request.params.get("follow") != "true":
             return aiohttp.web.Response(text=text, content_type="text/plain")
         resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -1020,6 +1020,64 @@ class KubeApi(kmock.KubernetesScaffold):
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
+
+# a line of a container's log file as the runtime writes it (CRI log format: containerd pkg/cri/io/logger.go)
+_CRI_LINE = re.compile(r"(\S+) (stdout|stderr) ([A-Z:]+) ?(.*)")
+
+
+def _rfc3339_parse(text: str) -> float:
+    head, _, frac = text.rstrip("Z").partition(".")
+    whole = datetime.fromisoformat(head + "+00:00").timestamp()
+    return whole + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+class PodLogs(dict):
+    """The kubelet's side of pod logs: the text a test stores for (namespace, pod) is the container's log. A
+    line in the CRI log format keeps its own time (as the kubelet reads the runtime's file); any other line is
+    stamped with the time it was stored, as the runtime stamps each line when it reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored_at: dict[tuple[str, str], float] = {}
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.stored_at[key] = time.time()
+
+    def lines(self, key) -> list[tuple[float, str]]:
+        out = []
+        for raw in self.get(key, "").splitlines():
+            m = _CRI_LINE.fullmatch(raw)
+            try:
+                out.append((_rfc3339_parse(m.group(1)), m.group(4)) if m else (self.stored_at[key], raw))
+            except ValueError:
+                out.append((self.stored_at[key], raw))
+        return out
+
+
+def _kubelet_log(lines: list[tuple[float, str]], params) -> str:
+    """PodLogOptions as the kubelet applies them (pkg/kubelet/kuberuntime/logs/logs.go, ReadLogs and
+    NewLogOptions): the last tailLines lines, then those at or after now - sinceSeconds or sinceTime
+    (the later), each after its time in RFC3339NanoFixed and a space with timestamps=true."""
+    if params.get("tailLines") is not None:
+        n = int(params["tailLines"])
+        lines = lines[-n:] if n > 0 else []
+    since = 0.0
+    if params.get("sinceSeconds"):
+        since = time.time() - int(params["sinceSeconds"])
+    if params.get("sinceTime"):
+        since = max(since, _rfc3339_parse(params["sinceTime"]))
+    stamp = params.get("timestamps") == "true"
+    return "".join(
+        (_rfc3339_fixed(t) + " " if stamp else "") + text + "\n" for t, text in lines if t >= since
+    )
+
+
+def _rfc3339_fixed(t: float) -> str:
+    """Go's types.RFC3339NanoFixed in UTC: nine fraction digits, "Z"."""
+    whole = int(t)
+    nanos = min(round((t - whole) * 1e9), 999_999_999)
+    return datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{nanos:09d}Z"
 
 
 def _body(request) -> dict:

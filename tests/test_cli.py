@@ -5,6 +5,7 @@ the real executable."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -272,6 +273,27 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     status = json.loads(cli("job", "status", "quickstart", "-o", "json").stdout)
     assert status["phase"] == "Succeeded" and status["step"] == 8 and status["nodes"] == 2
     assert status["summary"]["final_loss"] < status["summary"]["first_loss"]
+    _logs_of_a_real_job(cli, "quickstart", result.stdout)
+
+
+def _logs_of_a_real_job(cli, job: str, shown: str) -> None:
+    """`job logs` options on the logs the relay wrote for real torchrun launchers (kubectl logs semantics:
+    tests/test_job_logs.py names the sources)."""
+    plain = cli("job", "logs", job).stdout.splitlines()
+    assert plain and not any(line.startswith('{"event"') for line in plain)  # human lines only
+    assert any(line.startswith("step     8/8 |") for line in plain) and "leader: node rank 0" in "\n".join(
+        plain
+    )
+    every = cli("job", "logs", job, "--all", "--tail", "3", "--timestamps").stdout.splitlines()
+    assert len(every) == 6 and {line.split(" ")[0] for line in every} == {"[node-0]", "[node-1]"}
+    stamps = [line.split(" ")[1] for line in every]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z", t) for t in stamps), every
+    assert cli("job", "logs", job, "--since", "1h").stdout.splitlines() == plain  # it ran a minute ago
+    time.sleep(1.1)
+    assert cli("job", "logs", job, "--since", "1s").stdout == ""  # ended over a second ago
+    records = [json.loads(x) for x in cli("job", "logs", job, "-o", "json").stdout.splitlines()]
+    steps = [r["event"]["step"] for r in records if r.get("event", {}).get("event") == "step"]
+    assert steps == list(range(1, 9)) and all(r["node"] == "node-0" and r["time"] for r in records)
 
 
 @pytest.mark.slow
@@ -313,7 +335,7 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
     assert status["max_steps"] == 300 and status["eta_s"] > 0
 
     logs = _fsdpctl("job", "logs").stdout
-    assert '{"event":"step"' in logs
+    assert re.search(r"(?m)^step +\d+/300 \| loss", logs) and '{"event"' not in logs
     every = _fsdpctl("job", "logs", "--all").stdout
     assert "[node-0]" in every and "[node-1]" in every
 

@@ -406,13 +406,62 @@ def test_logs_leader_one_pod_all_pods_and_follow(peer):
     r = cli("job", "logs", "--pod", "fsdp-worker-1", "-f")
     assert r.stdout.splitlines() == ["worker line"]
     r = cli("job", "logs", "--all", "-f")
-    assert sorted(r.stdout.splitlines()) == [
-        "[fsdp-worker-0] leader line",
-        "[fsdp-worker-0] master_addr=fsdp-worker-0",
-        "[fsdp-worker-1] worker line",
+    assert sorted(r.stdout.splitlines()) == [  # kubectl logs --prefix: [pod/NAME/CONTAINER]
+        "[pod/fsdp-worker-0/pytorch] leader line",
+        "[pod/fsdp-worker-0/pytorch] master_addr=fsdp-worker-0",
+        "[pod/fsdp-worker-1/pytorch] worker line",
     ]
     r = cli("job", "logs", "--pod", "nope")
     assert r.exit_code == 1 and "has no pod 'nope'" in said(r)
+
+
+def test_logs_options_reach_the_api_as_pod_log_options(peer):
+    """--tail, --since and the times: kubectl's flags map to PodLogOptions tailLines and sinceSeconds (whole
+    seconds, rounded up: kubectl's logs.go), and fsdpctl always asks timestamps=true so that --timestamps and
+    -o json have each line's time; the lines printed are what the kubelet chose (tests/kube_peer.py)."""
+    from fsdpctl import crilog
+
+    install_operator(peer)
+    assert cli("job", "run", "-d").exit_code == 0
+    k = kube(peer)
+    now = time.time()
+    old, new = now - 3600, now - 5
+    step = (
+        '{"event":"step","step":2,"max_steps":4,"loss":3.5,"step_time_s":1.0,"time":1.0,"tokens_per_s":9.0}'
+    )
+    log0 = "".join(
+        crilog.format_line(t, "stdout", x) for t, x in [(old, "old line"), (new, step), (new, "new")]
+    )
+    add_pod(k, peer, "fsdp", 0, log=log0)
+    add_pod(
+        k,
+        peer,
+        "fsdp",
+        1,
+        log=crilog.format_line(old, "stderr", "w old") + crilog.format_line(new, "stdout", "w new"),
+    )
+    before = len(peer.requests())
+    r = cli("job", "logs", "--all", "--since", "90s", "--tail", "5", "--timestamps")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [
+        f"[pod/fsdp-worker-0/pytorch] {crilog.rfc3339(new)} new",  # the step event: the trainer's own line
+        f"[pod/fsdp-worker-1/pytorch] {crilog.rfc3339(new)} w new",
+    ]
+    asked = [q.params for q in peer.requests()[before:] if str(q.url).split("?")[0].endswith("/log")]
+    assert [(q.get("tailLines"), q.get("sinceSeconds"), q.get("timestamps")) for q in asked][-2:] == [
+        ("5", "90", "true"),
+        ("5", "90", "true"),
+    ]
+    records = [json.loads(x) for x in cli("job", "logs", "-o", "json").stdout.splitlines()]
+    assert records[1] == {
+        "pod": "fsdp-worker-0",
+        "container": "pytorch",
+        "time": crilog.rfc3339(new),
+        "event": {**json.loads(step), "lr": None, "grad_norm": None, "data_wait_frac": None,
+                  "tokens_per_s_per_device": None, "tflops_per_device": None, "mfu": None},
+    }  # fmt: skip
+    assert [x["text"] for x in records if "text" in x] == ["old line", "new"]
+    assert cli("job", "logs", "--tail", "1").stdout == "new\n"
 
 
 @pytest.mark.parametrize("outcome, code", [("Succeeded", 0), ("Failed", 3), ("deleted", 6)])

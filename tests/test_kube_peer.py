@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -716,6 +718,31 @@ def test_lists_of_built_in_kinds_carry_no_type_on_their_items(peer):
     item = http(peer, "GET", "/api/v1/namespaces/team/pods").body["items"][0]
     assert "kind" not in item and "apiVersion" not in item
     assert http(peer, "GET", "/api/v1/namespaces/team/pods/p").body["kind"] == "Pod"
+
+
+def test_pod_logs_options_as_the_kubelet_applies_them(peer):
+    """PodLogOptions as pkg/kubelet/kuberuntime/logs/logs.go applies them to the runtime's file: tailLines
+    first, then since = the later of now - sinceSeconds and sinceTime; timestamps=true puts each line's time
+    (RFC3339NanoFixed) and a space in front. Stored CRI lines keep their own times; plain lines get the time
+    they were stored."""
+    namespace(peer, "team")
+    pod(peer, "p")
+    now = time.time()
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    stamp = [datetime.fromtimestamp(now - age, UTC).strftime(fmt) + ".5Z" for age in (3600, 600, 5)]
+    peer.api.logs[("team", "p")] = "".join(f"{t} stdout F line {i}\n" for i, t in enumerate(stamp))
+    url = "/api/v1/namespaces/team/pods/p/log"
+    assert http(peer, "GET", url).body == "line 0\nline 1\nline 2\n"
+    assert http(peer, "GET", url, tailLines="2").body == "line 1\nline 2\n"
+    assert http(peer, "GET", url, tailLines="0").body == ""
+    assert http(peer, "GET", url, sinceSeconds="1200").body == "line 1\nline 2\n"
+    assert http(peer, "GET", url, sinceSeconds="1200", tailLines="1").body == "line 2\n"
+    since_time = datetime.fromtimestamp(now - 60, UTC).strftime(fmt) + "Z"
+    assert http(peer, "GET", url, sinceSeconds="7200", sinceTime=since_time).body == "line 2\n"
+    stamped = http(peer, "GET", url, timestamps="true", tailLines="1").body
+    assert stamped == stamp[2][:-3] + ".500000000Z line 2\n"
+    peer.api.logs[("team", "p")] = "plain\n"
+    assert http(peer, "GET", url, sinceSeconds="5").body == "plain\n"  # stored just now
 
 
 def test_rbac_denials_and_pod_logs_in_the_servers_words(peer):

@@ -3,11 +3,13 @@ Kubernetes adapter; what the objects mean is read by the pure `kstatus` and `pro
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fsdpctl import kstatus, prestep, render
+from fsdpctl import crilog, kstatus, prestep, render
+from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.progress import progress, records, stalled
 from fsdpctl.settings import Config
@@ -277,6 +279,7 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         "problems": kstatus.scheduling_problems(pods, events),
         "network": network,
         "network_warning": net_warning,
+        "labels": dict(labels),
     }
     r["prestep"] = prestep_report(kube, cfg, name)
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
@@ -360,7 +363,19 @@ def wait(kube, cfg: Config, name: str, timeout: float | None) -> str:
                 return "Stopped"
 
 
-def logs(kube, cfg: Config, name: str, *, follow: bool, pod: str | None, all_pods: bool) -> Iterator[str]:
+def logs(
+    kube,
+    cfg: Config,
+    name: str,
+    *,
+    follow: bool,
+    pod: str | None,
+    all_pods: bool,
+    tail: int | None = None,
+    since_s: float | None = None,
+) -> Iterator[LogLine]:
+    """The chosen pods' lines with their times: tail and since are the API's tailLines and sinceSeconds (whole
+    seconds, rounded up as kubectl does), times from ?timestamps=true."""
     require_job(kube, cfg, name)
     pods = pods_of(kube, cfg, name)
     if pod:
@@ -379,31 +394,54 @@ def logs(kube, cfg: Config, name: str, *, follow: bool, pod: str | None, all_pod
         raise FsdpctlError(
             f"job {name} has no pods yet", hint="`fsdpctl job status` shows why (Pending reasons)"
         )
-    if len(chosen) == 1:
-        yield from kube.logs(cfg.job_namespace, chosen[0]["metadata"]["name"], _container(cfg), follow=follow)
+    since_whole = math.ceil(since_s) if since_s is not None else None
+    where = [{"pod": p["metadata"]["name"], "container": _container(cfg)} for p in chosen]
+    streams = [(w, _stream(kube, cfg, w, follow, tail, since_whole)) for w in where]
+    if len(streams) == 1 or not follow:  # kubectl prints pod after pod unless it follows them
+        for _, stream in streams:
+            yield from stream
         return
-    yield from _interleave(kube, cfg, [p["metadata"]["name"] for p in chosen], follow)
+    yield from _interleave(streams)
 
 
-def _interleave(kube, cfg: Config, names: list[str], follow: bool) -> Iterator[str]:
-    """Every pod's lines, prefixed with the pod, as they arrive (a thread per stream)."""
+def _stream(
+    kube, cfg: Config, where: dict[str, str], follow: bool, tail: int | None, since_s: int | None
+) -> Iterator[LogLine]:
+    for raw in kube.logs(
+        cfg.job_namespace,
+        where["pod"],
+        where["container"],
+        follow=follow,
+        tail=tail,
+        since_seconds=since_s,
+        timestamps=True,
+    ):
+        stamp, _, text = raw.partition(" ")
+        try:
+            yield LogLine(where, text, crilog.parse_time(stamp))
+        except ValueError:  # no time in front (not a kubelet's answer to timestamps=true): the line whole
+            yield LogLine(where, raw)
+
+
+def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iterator[LogLine]:
+    """Every pod's lines as they arrive (a thread per stream)."""
     import queue
     import threading
 
     q: queue.Queue = queue.Queue()
 
-    def pump(pod: str) -> None:
+    def pump(where: dict[str, str], stream: Iterator[LogLine]) -> None:
         try:
-            for line in kube.logs(cfg.job_namespace, pod, _container(cfg), follow=follow):
-                q.put(f"[{pod}] {line}")
+            for line in stream:
+                q.put(line)
         except Exception as e:  # noqa: BLE001 - one pod's stream ending badly must not stop the others
-            q.put(f"[{pod}] (log stream ended: {e})")
+            q.put(LogLine(where, f"(log stream ended: {e})"))
         finally:
             q.put(None)
 
-    for pod in names:
-        threading.Thread(target=pump, args=(pod,), daemon=True).start()
-    open_streams = len(names)
+    for where, stream in streams:
+        threading.Thread(target=pump, args=(where, stream), daemon=True).start()
+    open_streams = len(streams)
     while open_streams:
         item = q.get()
         if item is None:

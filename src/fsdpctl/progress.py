@@ -89,3 +89,23 @@ def fmt_duration(seconds: float | None) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def describe(event: events.Event) -> str:
+    """One trainer event as the short human line `job logs` prints for its JSON line."""
+    if isinstance(event, events.Step):
+        extra = f" MFU {event.mfu:.1%}" if event.mfu else ""
+        return (
+            f"step {event.step}/{event.max_steps} loss {event.loss:.4f} {event.tokens_per_s:.0f} tokens/s "
+            f"{event.step_time_s:.2f} s/step{extra}"
+        )
+    if isinstance(event, events.Checkpoint):
+        return f"checkpoint at step {event.step}: {event.path}"
+    if isinstance(event, events.Leader):
+        return f"leader: node rank {event.node_rank} on {event.hostname}, {event.world} processes"
+    what = "stopped" if event.stopped else "done"
+    return (
+        f"{what}: {event.steps} steps (from step {event.start_step}), loss {event.first_loss:.4f} -> "
+        f"{event.final_loss:.4f}, {event.tokens_per_s:.0f} tokens/s"
+        + (f", checkpoint {event.checkpoint}" if event.checkpoint else "")
+    )

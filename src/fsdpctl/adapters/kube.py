@@ -414,13 +414,23 @@ class Kube:
         return self.request("GET", self.path("v1", "Event", namespace), query=query).get("items", [])
 
     def logs(
-        self, namespace: str, pod: str, container: str = "", follow: bool = False, tail: int | None = None
+        self,
+        namespace: str,
+        pod: str,
+        container: str = "",
+        follow: bool = False,
+        tail: int | None = None,
+        since_seconds: int | None = None,
+        timestamps: bool = False,
     ) -> Iterator[str]:
-        """The pod's log line by line; with `follow`, until the container ends."""
+        """The pod's log line by line; with `follow`, until the container ends. PodLogOptions: tailLines,
+        sinceSeconds, timestamps (each line then starts with its RFC 3339 time and a space)."""
         query = {
             "container": container or None,
             "follow": "true" if follow else None,
-            "tailLines": str(tail) if tail else None,
+            "tailLines": str(tail) if tail is not None else None,
+            "sinceSeconds": str(since_seconds) if since_seconds is not None else None,
+            "timestamps": "true" if timestamps else None,
         }
         # no read timeout: a training step may print nothing for many minutes
         url = self.path("v1", "Pod", namespace, pod, "log")

@@ -7,7 +7,7 @@ A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns 
     FSDPCTL_HOME/jobs/<job>/state.json        phase, process identities, exit codes (written atomically)
     FSDPCTL_HOME/jobs/<job>/lock              flock'ed by the supervisor for its life: one run per job
     FSDPCTL_HOME/jobs/<job>/spec.json         what to launch (no secrets: the token is in the environment)
-    FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log
+    FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log   a pod's output, each line stamped (CRI log format, crilog)
     FSDPCTL_HOME/jobs/<job>/checkpoints/      the pod's /checkpoints volume; survives runs, so runs resume
     FSDPCTL_HOME/jobs/<job>/hosts/node-N/...  node N's hostPath directories (the /local scratch); survive runs
 """
@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import files, kstatus
+from fsdpctl import crilog, files, kstatus
 from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns, shell
 from fsdpctl.files import home, write_atomic
@@ -458,6 +458,7 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
         "supervisor_pid": None,
         "launchers": [],
         "stop_requested": False,
+        "labels": job["metadata"].get("labels", {}),  # the PyTorchJob's, for `job list -l`
     }
     write_json(jdir / "state.json", state)
     marks = {POD_MARK: supervisor_mark(name, spec["run_id"]), JOB_MARK: str(jdir)}
@@ -573,7 +574,7 @@ def restarts(state: dict) -> int:
     relaunched = {lz["node"]: lz.get("relaunches", 0) for lz in state.get("launchers", [])}
     return max(
         (
-            f.read_text(errors="replace").count(kstatus.GROUP_RESTART) + relaunched.get(_node_of(f), 0)
+            sum(kstatus.GROUP_RESTART in line for line in crilog.texts(f)) + relaunched.get(_node_of(f), 0)
             for f in log_files(state)
         ),
         default=0,
@@ -605,10 +606,7 @@ def leader_log(state: dict) -> Path | None:
     event wins."""
     files = log_files(state)
     named = [
-        (e.time, f)
-        for f in files
-        for e in events.parse(f.read_text(errors="replace").splitlines())
-        if isinstance(e, events.Leader)
+        (e.time, f) for f in files for e in events.parse(crilog.texts(f)) if isinstance(e, events.Leader)
     ]
     if named:
         return max(named)[1]
@@ -655,6 +653,7 @@ def supervise(jdir: Path) -> int:
         if net is not None:
             netns.destroy(net)
         _end_prestep(pre)
+    _drain(pods)
     rcs = [p.proc.returncode for p in pods]
     ok = failure is None and all(rc == 0 for rc in rcs)
     phase = "Stopped" if stopping["flag"] else ("Succeeded" if ok else "Failed")
@@ -700,7 +699,9 @@ def _start_prestep(spec: dict, log_dir: Path) -> Any:
     pre = spec.get("prestep")
     if pre is None:
         return None
-    return shell.spawn(pre["argv"], env={**os.environ, **pre["env"]}, log=log_dir / "prestep.log")
+    return shell.spawn(
+        pre["argv"], env={**os.environ, **pre["env"]}, log=log_dir / "prestep.log", stamped=True
+    )
 
 
 def _end_prestep(proc: Any) -> None:
@@ -710,7 +711,23 @@ def _end_prestep(proc: Any) -> None:
 
 
 def _spawn(launch: Launch, log_dir: Path) -> Any:
-    return shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log")
+    return shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log", stamped=True)
+
+
+RELAY_DRAIN_S = 10
+
+
+def _drain(pods: list[Pod]) -> None:
+    """Wait for each pod's log relay to write what its pipes still hold (its processes are gone, so it
+    ends), so that the job's end is recorded after its last line: readers of an ended job see it all."""
+    deadline = time.monotonic() + RELAY_DRAIN_S
+    for pod in pods:
+        relay = getattr(pod.proc, "relay", None)
+        if relay is not None:
+            try:
+                relay.wait(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - a relay held open by a stray process: the job ends anyway
+                pass
 
 
 def exit_code(returncode: int) -> int:
@@ -778,10 +795,9 @@ def _recreate(pod: Pod, jdir: Path, code: int) -> None:
     node = pod.launch.node
     shutil.rmtree(jdir / "nodes" / f"node-{node}", ignore_errors=True)
     log_dir = Path((read_state(jdir) or {})["log_dir"])
-    with open(log_dir / f"node-{node}.log", "a") as log:
-        log.write(
-            f"fsdpctl: node {node} exited with code {code}; recreated, as the operator recreates the pod\n"
-        )
+    with open(log_dir / f"node-{node}.log", "a") as log:  # one write: the old relay may still be appending
+        note = f"fsdpctl: node {node} exited with code {code}; recreated, as the operator recreates the pod"
+        log.write(crilog.format_line(time.time(), "stdout", note))
     pod.proc, pod.relaunches, pod.judged = _spawn(pod.launch, log_dir), pod.relaunches + 1, False
 
 

@@ -178,11 +178,16 @@ def spawn(
     log: Path | None = None,
     cwd: Path | None = None,
     new_session: bool = True,
+    stamped: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start a process that outlives this call; the caller waits for it or stops it. `env` is its whole
     environment; stdin is /dev/null, stdout and stderr are appended to `log` (discarded without one);
-    `new_session` detaches it from the terminal's signals (Ctrl-C stops fsdpctl, not the job)."""
+    `new_session` detaches it from the terminal's signals (Ctrl-C stops fsdpctl, not the job). `stamped`: the
+    output goes through a log relay that writes each line in the CRI log format with its time, as a container
+    runtime does (fsdpctl.adapters.logrelay); the relay is the returned process's `relay` attribute."""
     exe = which(argv[0])
+    if stamped and log is not None:
+        return _spawn_relayed([exe, *argv[1:]], env=env, log=log, cwd=cwd, new_session=new_session)
     with open(log, "ab") if log is not None else open(os.devnull, "wb") as sink:
         return subprocess.Popen(
             [exe, *argv[1:]],
@@ -193,3 +198,44 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=new_session,
         )
+
+
+# what the relay needs from this environment to import fsdpctl; nothing else (no secrets, no pod marks: the
+# relay is the runtime's, not the pod's; it ends when the pod's last process closes the pipes)
+RELAY_ENV = ("PATH", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "LANG", "LC_ALL", "HOME")
+
+
+def _spawn_relayed(
+    argv: list[str], *, env: dict[str, str], log: Path, cwd: Path | None, new_session: bool
+) -> subprocess.Popen[bytes]:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "fsdpctl.adapters.logrelay", str(log), str(err_r)],
+            env={k: v for k, v in os.environ.items() if k in RELAY_ENV},
+            stdin=out_r,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(err_r,),
+            start_new_session=True,
+        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=new_session,
+            )
+        except BaseException:
+            relay.kill()
+            relay.wait()
+            raise
+    finally:  # the children hold their ends now: the relay sees EOF once the process and its children end
+        for fd in (out_r, out_w, err_r, err_w):
+            os.close(fd)
+    proc.relay = relay  # type: ignore[attr-defined]
+    return proc

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fsdpctl.crilog import LogLine
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
 from fsdpctl.settings import Config
@@ -24,6 +25,7 @@ FINAL = frozenset({"Succeeded", "Failed", "Stopped"})
 NAMES = ("local", "eks")
 # What a record keeps besides the backend: the settings that say where on that backend the job lives.
 PLACEMENT_KEYS = ("job_namespace", "job_kind", "kube_context")
+__all__ = ["LogLine"]  # a job's log line, defined with the log format (fsdpctl.crilog)
 
 
 @dataclass
@@ -49,8 +51,20 @@ class Backend(Protocol):
     def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]: ...
 
     def logs(
-        self, name: str, *, follow: bool, all_: bool, node: int | None, pod: str | None
-    ) -> Iterator[str]: ...
+        self,
+        name: str,
+        *,
+        follow: bool,
+        all_: bool,
+        node: int | None,
+        pod: str | None,
+        tail: int | None = None,
+        since_s: float | None = None,
+    ) -> Iterator[LogLine]:
+        """The chosen logs' lines: per node or pod its last `tail` lines, those of the last `since_s` seconds,
+        as PodLogOptions tailLines and sinceSeconds choose them; with `follow`, then what
+        comes until the job ends."""
+        ...
 
     def tail(self, name: str, lines: int) -> list[str]: ...
 

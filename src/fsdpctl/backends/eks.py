@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from fsdpctl import deploy, kjobs, kstatus, render
-from fsdpctl.backends import FINAL, Started, remember
+from fsdpctl.backends import FINAL, LogLine, Started, remember
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.jobs import secret_env
 from fsdpctl.settings import Config
@@ -82,15 +82,25 @@ class EksBackend:
         return kstatus.gpu_node_fit(rows, mine, wants, pods)
 
     def logs(
-        self, name: str, *, follow: bool, all_: bool, node: int | None, pod: str | None
-    ) -> Iterator[str]:
+        self,
+        name: str,
+        *,
+        follow: bool,
+        all_: bool,
+        node: int | None,
+        pod: str | None,
+        tail: int | None = None,
+        since_s: float | None = None,
+    ) -> Iterator[LogLine]:
         if node is not None:
             pod = f"{name}-worker-{node}" if self.cfg.job_kind == "pytorchjob" else None
             if pod is None:
                 raise FsdpctlError(
                     "--node applies to PyTorchJob pods", hint="use --pod NAME (see job status)"
                 )
-        return kjobs.logs(self.kube, self.cfg, name, follow=follow, pod=pod, all_pods=all_)
+        return kjobs.logs(
+            self.kube, self.cfg, name, follow=follow, pod=pod, all_pods=all_, tail=tail, since_s=since_s
+        )
 
     def tail(self, name: str, lines: int) -> list[str]:
         leader = self.report(name).get("leader")
@@ -118,7 +128,10 @@ class EksBackend:
         return None
 
     def list_jobs(self) -> list[dict[str, Any]]:
-        return [{**r, "backend": "eks"} for r in kjobs.list_jobs(self.kube, self.cfg)]
+        return [
+            {**r, "backend": "eks", "labels": {**r.get("labels", {}), "fsdpctl.io/backend": "eks"}}
+            for r in kjobs.list_jobs(self.kube, self.cfg)
+        ]
 
     def wait(self, name: str, timeout: float | None) -> str:
         return kjobs.wait(self.kube, self.cfg, name, timeout)

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import kstatus, prestep, render
+from fsdpctl import crilog, kstatus, prestep, render
 from fsdpctl.adapters import local
-from fsdpctl.backends import Started, remember
+from fsdpctl.backends import LogLine, Started, remember
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import run_id as checked_run_id
 from fsdpctl.jobs import secret_env
@@ -81,8 +81,16 @@ class LocalBackend:
         return _report(self._state(name), stall_after)
 
     def logs(
-        self, name: str, *, follow: bool, all_: bool, node: int | None, pod: str | None
-    ) -> Iterator[str]:
+        self,
+        name: str,
+        *,
+        follow: bool,
+        all_: bool,
+        node: int | None,
+        pod: str | None,
+        tail: int | None = None,
+        since_s: float | None = None,
+    ) -> Iterator[LogLine]:
         if pod is not None:
             raise FsdpctlError("--pod names a pod on a cluster", hint="locally, use --node N")
         st = self._state(name)
@@ -91,12 +99,17 @@ class LocalBackend:
             raise FsdpctlError(
                 f"job {name!r} has no such log yet", hint="`fsdpctl job status` shows its nodes"
             )
-        offsets = dict.fromkeys(files, 0)
+        readers = {f: _Follower(f) for f in files}
+        since = time.time() - since_s if since_s is not None else None  # the kubelet's now - sinceSeconds
+        first = True
         while True:
             active = local.effective_phase(self._state(name)) in local.ACTIVE
-            for f in files:
-                chunk, offsets[f] = _read_from(f, offsets[f])
-                yield from (f"[{f.stem}] {line}" if all_ else line for line in chunk.splitlines())
+            for f, reader in readers.items():
+                found = reader.read(final=not (follow and active))
+                if first:  # the kubelet's choice applies to what is there when asked; the rest is new
+                    found = crilog.select(found, tail=tail, since=since)
+                yield from (LogLine({"node": f.stem}, line.text, line.time) for line in found)
+            first = False
             if not follow or not active:
                 return
             time.sleep(0.3)
@@ -105,7 +118,7 @@ class LocalBackend:
         """The last lines of the failed node's log, else of the leader's."""
         st = self._state(name)
         log = _failed_log(st) or local.leader_log(st)
-        return log.read_text(errors="replace").splitlines()[-lines:] if log else []
+        return crilog.texts(log)[-lines:] if log else []
 
     def history(self, name: str) -> list[events.Event]:
         leader = local.leader_log(self._state(name))
@@ -178,7 +191,7 @@ def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[
 def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
     """Everything `status` shows, from the state file and the leader's log."""
     leader = local.leader_log(st)
-    lines = leader.read_text(errors="replace").splitlines() if leader else []
+    lines = crilog.texts(leader) if leader else []
     now = time.time()
     prog = progress(records(lines), now)
     phase = local.effective_phase(st)
@@ -201,6 +214,12 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "reason": local.orphan_note(st) if phase == "Orphaned" else st.get("reason"),
         "failure": _failure(st) if phase == "Failed" else None,
         "problems": [],
+        "labels": {
+            "fsdpctl.io/job": st["job"],
+            "fsdpctl.io/run-id": st["run_id"],
+            **st.get("labels", {}),
+            "fsdpctl.io/backend": "local",
+        },
     }
     report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
     if report["prestep"] and report["prestep"]["phase"] in ("Pending", "Running"):
@@ -217,7 +236,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
 def _restarts(st: dict[str, Any]) -> int:
     """Restarts of the job, not of its nodes: rendezvous rounds after the first, over every node's log
     (kstatus.job_restarts); a node recreated that never reached a round still counts once."""
-    logs = [f.read_text(errors="replace").splitlines() for f in local.log_files(st)]
+    logs = [crilog.texts(f) for f in local.log_files(st)]
     relaunched = max((lz.get("relaunches", 0) for lz in st.get("launchers", [])), default=0)
     return max(kstatus.job_restarts(logs), relaunched)
 
@@ -247,7 +266,7 @@ def _failure(st: dict[str, Any]) -> dict[str, Any] | None:
     log = _failed_log(st)
     if log is None:
         return None
-    found = kstatus.failure(log.read_text(errors="replace").splitlines(), _read_error_file)
+    found = kstatus.failure(crilog.texts(log), _read_error_file)
     return {"node": _failed_node(st), "log": str(log), **found}
 
 
@@ -266,7 +285,7 @@ def _prestep(st: dict[str, Any], phase: str | None) -> dict[str, Any] | None:
     if not pre:
         return None
     log = Path(pre["log"])
-    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    lines = crilog.texts(log)
     verdict = fetch.read_marker(Path(pre["marker"]))
     if verdict is not None:
         return prestep.report(
@@ -287,8 +306,24 @@ def _chosen_logs(st: dict[str, Any], all_: bool, node: int | None) -> list[Path]
     return [leader] if leader else []
 
 
-def _read_from(path: Path, offset: int) -> tuple[str, int]:
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        chunk = fh.read()
-    return chunk.decode(errors="replace"), offset + len(chunk)
+class _Follower:
+    """Reads a log file as it grows: whole lines only, a line still being written (no newline yet, or the
+    partial pieces before its last) held for the next read, unless `final` (nothing more will come)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.carry = path, 0, b""
+
+    def read(self, *, final: bool) -> list[crilog.Line]:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            chunk = self.carry + fh.read()
+        self.offset += len(chunk) - len(self.carry)
+        whole, _, rest = chunk.rpartition(b"\n")
+        if final:
+            whole, rest = chunk, b""
+        raws = whole.decode(errors="replace").splitlines()
+        found, held = crilog.complete(raws)
+        if final:
+            return [*found, *crilog.lines(held)]
+        self.carry = "".join(f"{r}\n" for r in held).encode() + rest
+        return found

@@ -18,6 +18,7 @@ from typer._click.exceptions import ClickException, UsageError
 from typer.core import TyperGroup
 
 from fsdpctl import __version__
+from fsdpctl.cli import completion
 from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, err, parse_sets, warn
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
@@ -55,6 +56,13 @@ class _Group(TyperGroup):
             sys.stderr.write("Aborted!\n")
             sys.exit(ExitCode.FAILURE)
         sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
+
+    def _main_shell_completion(self, ctx_args, prog_name, complete_var=None):
+        """Completion (`_FSDPCTL_COMPLETE` set): `--set` values complete wherever --set stands."""
+        from fsdpctl.cli import completion
+
+        completion.hook_set_anywhere()
+        return super()._main_shell_completion(ctx_args, prog_name, complete_var)
 
     def invoke(self, ctx):  # click's Context (typer vendors its own click)
         try:
@@ -181,6 +189,7 @@ def root(
             "-s",
             metavar="KEY=VALUE",
             help="override a setting (repeatable, before or after the subcommand); beats env and .env",
+            autocompletion=completion.settings,
         ),
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,

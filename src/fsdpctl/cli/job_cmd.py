@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
+from enum import Enum
 from typing import Annotated
 
 import typer
 
-from fsdpctl import backends, files
+from fsdpctl import backends, crilog, files
 from fsdpctl.backends import FINAL, Backend
-from fsdpctl.cli import job_view
+from fsdpctl.cli import completion, job_view
 from fsdpctl.cli.common import (
     DryRunOpt,
     ForceOpt,
@@ -27,18 +29,26 @@ from fsdpctl.cli.common import (
     state,
     warn,
 )
-from fsdpctl.redact import redact
+from fsdpctl.errors import BadInput
+from fsdpctl.redact import redact, redact_obj
 
 app = command_group(
     "Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
     "of the kubeconfig (KUBE_CONTEXT)."
 )
 
-NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
+NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
 BackendOpt = Annotated[
     str | None,
     typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
 ]
+
+
+class LogFormat(str, Enum):
+    """`job logs -o`: lines for people, or one JSON object per line."""
+
+    text = "text"
+    json = "json"
 
 
 def _resolve(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
@@ -64,12 +74,16 @@ def run(
     ] = None,
     backend: BackendOpt = None,
     force: ForceOpt = False,
+    output: Output = OutputOpt,
 ) -> None:
     """Start the job (the same PyTorchJob `fsdpctl manifest` renders) and follow it with a progress bar.
     A job that does not fit or cannot be scheduled is refused before anything is created, unless --force.
 
     Ctrl-C stops a local job the way Kubernetes does (SIGTERM: the trainer checkpoints first); on a cluster it
     detaches and the job keeps running.
+
+    With -o json (or yaml) stdout gets one object: job, run_id, backend, where; a followed run adds `report`,
+    the final `job status` report (null when detached), once the job ends. Messages stay on stderr.
 
     Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run --backend local
     """
@@ -79,16 +93,22 @@ def run(
     admit(cfg, force=force)
     be = backends.create(cfg)
     started = be.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)
+    what = {"job": started.job, "run_id": started.run_id, "backend": be.name, "where": started.where}
     if dry_run or server_dry_run:
-        for line in started.dry_run_lines:
-            out.print(line, markup=False)
+        if not emit({**what, "dry_run": True, "objects": started.dry_run_lines}, output):
+            for line in started.dry_run_lines:
+                out.print(line, markup=False)
         ok(f"dry run: {started.where}; nothing was created")
         return
     ok(f"started job {started.job} (run {started.run_id}) on {be.name}: {started.where}")
     if detach:
         err.print(f"  next: fsdpctl job status {started.job}   fsdpctl job logs -f {started.job}")
+        emit(what, output)
         return
-    raise typer.Exit(job_view.outcome(be, started.job, job_view.follow(be, started.job)))
+    final = job_view.follow(be, started.job)
+    code = job_view.outcome(be, started.job, final, table=output == Output.table)
+    emit({**what, "report": final}, output)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -135,20 +155,57 @@ def logs(
     ctx: typer.Context,
     name: str | None = NameArg,
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
-    all_: Annotated[bool, typer.Option("--all", help="every node, each line prefixed with its node")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="every node (pod), each line prefixed with [node-N] ([pod/NAME/C])")
+    ] = False,
     node: Annotated[
         int | None, typer.Option("--node", help="one node's log (local; eks: worker pod N)")
     ] = None,
     pod: Annotated[str | None, typer.Option("--pod", help="one pod's log (eks)")] = None,
+    tail: Annotated[
+        int | None,
+        typer.Option("--tail", help="the last N lines of each node or pod (-1: all); with -f, then follow"),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="only lines of the last 10s, 5m, 2h, 1h30m")
+    ] = None,
+    timestamps: Annotated[
+        bool, typer.Option("--timestamps", help="each line after its time (RFC 3339, nanoseconds, UTC)")
+    ] = False,
+    output: Annotated[
+        LogFormat, typer.Option("--output", "-o", help="text, or json: one object per line")
+    ] = LogFormat.text,
     backend: BackendOpt = None,
 ) -> None:
-    """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them.
+    """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them, as `kubectl logs`
+    shows a pod's. The trainer's JSON event lines are not shown raw: a step or summary only as the human line
+    the trainer prints with it, a leader or checkpoint event as a short line. `-o json`: one JSON object per
+    line for machines (node or pod, time, and the event's fields or the text).
 
-    Example: fsdpctl job logs -f --all
+    Example: fsdpctl job logs -f --all --tail 20 --since 5m --timestamps
     """
+    tail, since_s = _log_window(tail, since)
     be, name = _resolve(ctx, name, backend)
-    for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod):
-        out.print(redact(line), markup=False, highlight=False)
+    for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s):
+        if output == LogFormat.json:
+            out.print(json.dumps(redact_obj(job_view.log_record(line))), markup=False, highlight=False)
+        else:
+            text = job_view.log_text(line, prefix=all_, timestamps=timestamps)
+            if text is not None:
+                out.print(redact(text), markup=False, highlight=False)
+
+
+def _log_window(tail: int | None, since: str | None) -> tuple[int | None, float | None]:
+    """--tail and --since as kubectl checks them: a tail of -1 or more (-1: all), a positive duration."""
+    if tail is not None and tail < -1:
+        raise BadInput(f"--tail {tail} is below -1", hint="use a number of lines, or -1 for all")
+    if since is None:
+        return (None if tail == -1 else tail), None
+    try:
+        seconds = crilog.since_seconds(since)
+    except ValueError:
+        raise BadInput(f"--since {since!r} is not a duration", hint="use e.g. 10s, 5m, 2h or 1h30m") from None
+    return (None if tail == -1 else tail), seconds
 
 
 @app.command()
@@ -158,24 +215,49 @@ def stop(
     wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="wait until the job has stopped")] = True,
     dry_run: DryRunOpt = False,
     backend: BackendOpt = None,
+    output: Output = OutputOpt,
 ) -> None:
     """Stop a job: SIGTERM reaches the trainer, which saves a checkpoint and exits. Idempotent. On a cluster
-    the job is deleted with foreground propagation (its pods first).
+    the job is deleted with foreground propagation (its pods first). -o json: {job, result, dry_run}.
 
     Example: fsdpctl job stop
     """
     be, name = _resolve(ctx, name, backend)
-    ok(be.stop(name, wait=wait_, dry_run=dry_run))
+    result = be.stop(name, wait=wait_, dry_run=dry_run)
+    ok(result)
+    emit({"job": name, "result": result, "dry_run": dry_run}, output)
 
 
 @app.command("list")
-def list_(ctx: typer.Context, output: Output = OutputOpt, backend: BackendOpt = None) -> None:
-    """All jobs with their phase and progress.
+def list_(
+    ctx: typer.Context,
+    output: Output = OutputOpt,
+    backend: BackendOpt = None,
+    phase: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--phase", metavar="PHASE", help="only jobs in this phase (repeat, or a comma list; any case)"
+        ),
+    ] = None,
+    selector: Annotated[
+        str | None,
+        typer.Option(
+            "--selector",
+            "-l",
+            metavar="KEY=VALUE,...",
+            help="only jobs whose labels match: key=value, key!=value, comma separated (all must hold)",
+        ),
+    ] = None,
+) -> None:
+    """Jobs of one backend (--backend, else BACKEND) with their phase and progress. A job's labels are its
+    PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id, app.kubernetes.io/...) plus fsdpctl.io/backend.
 
-    Example: fsdpctl job list -o json
+    Example: fsdpctl job list --phase running,pending -l fsdpctl.io/job=fsdp -o json
     """
+    phases = job_view.phase_filter(phase or [])
+    reqs = job_view.label_selector(selector) if selector else []
     be, _ = _resolve(ctx, None, backend or state(ctx).config().backend)
-    reports = be.list_jobs()
+    reports = [r for r in be.list_jobs() if job_view.selected(r, phases, reqs)]
     for note in getattr(be, "notes", ()):  # a stray file or damaged state, skipped: every other job is listed
         warn(note)
     if not emit(reports, output):
@@ -190,14 +272,21 @@ def wait(
         float | None, typer.Option("--timeout", help="seconds (default: no limit)", callback=finite())
     ] = None,
     backend: BackendOpt = None,
+    output: Output = OutputOpt,
 ) -> None:
     """Wait for a job to end; the exit code says how: 0 succeeded, 3 failed, 4 not found, 5 timed out,
-    6 stopped.
+    6 stopped. -o json: {job, phase, exit_code} on stdout.
 
     Example: fsdpctl job wait --timeout 3600 && echo trained
     """
     be, name = _resolve(ctx, name, backend)
-    end_wait(name, be.wait(name, timeout))
+    phase = be.wait(name, timeout)
+    try:
+        end_wait(name, phase)
+    except typer.Exit as e:  # the code end_wait chose, said on stdout too
+        emit({"job": name, "phase": phase, "exit_code": e.exit_code}, output)
+        raise
+
 
 
 # `job plot` and `job tensorboard` (pictures of a job) live in their own module

@@ -3,17 +3,19 @@ job list and the outcome with its exit code. Shared by `job` and `quickstart`.""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from rich.table import Table
 
-from fsdpctl import kstatus, prestep
-from fsdpctl.backends import FINAL, Backend
+from fsdpctl import crilog, kstatus, prestep
+from fsdpctl.backends import FINAL, Backend, LogLine
 from fsdpctl.cli.common import err, ok, out, warn
-from fsdpctl.errors import ExitCode
-from fsdpctl.progress import fmt_duration, hung_warning, progress_rows, step_and_loss
+from fsdpctl.errors import BadInput, ExitCode
+from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
+from fsdptrain import events
 
 PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
 FAILURE_LINES = 15
@@ -75,12 +77,13 @@ def _advance(bar: Any, task: Any, r: dict[str, Any]) -> None:
         bar.update(task, description=str(r["phase"]).lower())
 
 
-def outcome(backend: Backend, name: str, r: dict[str, Any] | None) -> int:
-    """The last screen of a followed job and the exit code that tells how it ended."""
+def outcome(backend: Backend, name: str, r: dict[str, Any] | None, table: bool = True) -> int:
+    """The last screen of a followed job and the exit code that tells how it ended (`table`: its summary
+    table on stdout; off when stdout carries JSON)."""
     if r is None:
         ok(f"detached; job {name} keeps running (`fsdpctl job stop {name}` stops it)")
         return ExitCode.OK
-    if r.get("summary"):
+    if r.get("summary") and table:
         out.print(summary_table(r))
     if r["phase"] == "Succeeded":
         loss = f": loss {r['loss']:.4f} at step {r['step']}" if r.get("loss") is not None else ""
@@ -182,6 +185,48 @@ def print_curves(recs: list[Any]) -> None:
         out.print(terminal_plot(steps, width=min(out.width, PLOT_MAX_WIDTH)), markup=False, highlight=False)
 
 
+# every phase a job can be reported in (local adapter's and kstatus.phase's), for `job list --phase`
+PHASES = (
+    "Pending", "Created", "Running", "Restarting", "Suspended", "Stopping", "Succeeded", "Failed", "Stopped",
+    "Orphaned",
+)  # fmt: skip
+
+
+def phase_filter(values: list[str]) -> set[str]:
+    """--phase values (repeated or comma lists, any case) as phase names; BadInput naming the known ones."""
+    known = {p.lower(): p for p in PHASES}
+    chosen = set()
+    for value in (v.strip() for vs in values for v in vs.split(",")):
+        if value.lower() not in known:
+            raise BadInput(f"--phase {value!r} is not a job phase", hint="use one of " + ", ".join(PHASES))
+        chosen.add(known[value.lower()])
+    return chosen
+
+
+def label_selector(text: str) -> list[tuple[str, str, str]]:
+    """An equality-based label selector as kubectl takes it (`key=value`, `key==value`, `key!=value`, comma
+    separated: all must hold; apimachinery pkg/labels/selector.go), as (key, op, value) requirements."""
+    reqs = []
+    for part in (p.strip() for p in text.split(",")):
+        op = next((o for o in ("!=", "==", "=") if o in part), None)
+        key, value = part.split(op, 1) if op else (part, "")
+        if op is None or not key.strip() or not re.fullmatch(r"[-A-Za-z0-9_./]+", key.strip()):
+            raise BadInput(
+                f"--selector {text!r}: {part!r} is not key=value",
+                hint="use key=value[,key2!=value2], e.g. -l fsdpctl.io/job=fsdp",
+            )
+        reqs.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
+    return reqs
+
+
+def selected(r: dict[str, Any], phases: set[str], reqs: list[tuple[str, str, str]]) -> bool:
+    """Whether a job report passes --phase and --selector (a missing label is != any value, as in kubectl)."""
+    labels = r.get("labels") or {}
+    if phases and r["phase"] not in phases:
+        return False
+    return all((labels.get(k) == v) == (op == "=") for k, op, v in reqs)
+
+
 def list_table(reports: list[dict[str, Any]]) -> Table:
     t = Table("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
     for column in t.columns[:4]:  # names and run ids are folded on a narrow terminal, never cut
@@ -193,3 +238,30 @@ def list_table(reports: list[dict[str, Any]]) -> Table:
             r["job"], where, r["phase"], r["run_id"], nodes, *step_and_loss(r), fmt_duration(r["age_s"])
         )
     return t
+
+
+# events the trainer follows with a human line of its own (fsdptrain/train.py: `step N/M | loss ...`,
+# `summary: ...`): `job logs` shows that line instead of a second one
+HUMAN_TWIN = (events.Step, events.Summary)
+
+
+def log_text(line: LogLine, *, prefix: bool, timestamps: bool) -> str | None:
+    """A log line as `job logs` prints it (None: not printed): a trainer event as a short human line, or not
+    at all where the trainer printed one for it; anything else as printed; then, as kubectl writes them, the
+    source first (--prefix) and the time (--timestamps)."""
+    event = next(events.parse([line.text]), None)
+    if isinstance(event, HUMAN_TWIN):
+        return None
+    text = describe(event) if event is not None else line.text
+    if timestamps:
+        text = f"{crilog.rfc3339(line.time) if line.time is not None else '-'} {text}"
+    return f"{line.prefix} {text}" if prefix else text
+
+
+def log_record(line: LogLine) -> dict[str, Any]:
+    """A log line for `job logs -o json`: where it comes from, its time (RFC 3339, null when unknown) and
+    either the trainer event it holds (`event`: the event's own fields) or the line as printed (`text`)."""
+    event = next(events.parse([line.text]), None)
+    when = crilog.rfc3339(line.time) if line.time is not None else None
+    body = {"event": events.as_record(event)} if event is not None else {"text": line.text}
+    return {**line.where, "time": when, **body}

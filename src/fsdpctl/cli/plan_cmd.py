@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from fsdpctl import plan as P
+from fsdpctl.cli import completion
 from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama 3 trained
@@ -103,7 +104,9 @@ PLAN_OPTIONS = {
 
 def plan(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", help="7b, 13b, 70b, tiny")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="7b, 13b, 70b, tiny", autocompletion=completion.model_names)
+    ] = None,
     instance_type: Annotated[str | None, typer.Option("--instance-type")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes")] = None,
     strategy: Annotated[str | None, typer.Option("--strategy", help="FULL_SHARD ... NO_SHARD")] = None,
