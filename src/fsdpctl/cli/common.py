@@ -255,6 +255,22 @@ def ok(msg: str) -> None:
     err.print(f"[green]✓[/] {msg}")
 
 
+def confirm(question: str, *, refused: str, hint: str) -> None:
+    """Ask on stderr and read one line of stdin: "y"/"yes" goes on; anything else, and no answer at all (end
+    of input: a closed or empty pipe), is refused before anything changed, one line and exit 2 either way.
+    click's confirm would turn end of input into Abort (exit 1) and a bare Enter into its default; Ctrl-C
+    stays an interrupt (130)."""
+    import sys
+
+    err.print(f"{question} [y/N]: ", end="", markup=False)
+    answer = sys.stdin.readline()
+    if not answer:
+        err.print()
+        raise BadInput(f"{refused}: no answer (end of input)", hint=hint)
+    if answer.strip().lower() not in ("y", "yes"):
+        raise BadInput(f"{refused}: answered {answer.strip()[:20]!r}", hint=hint)
+
+
 def end_wait(name: str, phase: str) -> None:
     """`job wait`'s last line and exit code from the phase it ended in; anything not final is a timeout."""
     from fsdpctl.errors import ExitCode
@@ -292,17 +308,20 @@ def run_tool(
     failed: str = "",
     hint: str | None = None,
     comment: bool = False,
+    shown: list[str] | None = None,
 ) -> None:
     """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and logged;
     an error naming the log when it fails (`failed`: what to call it, default its first words). With `dry_run`
     the shell adapter runs nothing and the command line goes to stdout (as a `# ` comment with `comment`:
-    after a YAML or JSON document there)."""
+    after a YAML or JSON document there); with `shown` it goes there instead (a -o json document's
+    `commands`)."""
     from fsdpctl.adapters import shell
     from fsdpctl.errors import FsdpctlError
 
     if dry_run:
         prefix = "# " if comment else ""
-        shell.run(cmd, log_file=log, dry_run=True, on_line=lambda s: out.print(prefix + s, markup=False))
+        say = shown.append if shown is not None else lambda s: out.print(prefix + s, markup=False)
+        shell.run(cmd, log_file=log, dry_run=True, on_line=say)
         return
     words = " ".join(a for a in cmd.argv[1:3] if not a.startswith("-"))
     with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
