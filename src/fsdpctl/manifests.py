@@ -76,14 +76,13 @@ def write_dir(objs: list[Obj], out_dir: Path, fmt: str = "yaml", job: str = "") 
     bodies = {file_name(obj, fmt): _body(obj, fmt).encode() for obj in objs}
     out_dir.mkdir(parents=True, exist_ok=True)
     ours = read_index(out_dir / index_name(job))
-    theirs = {
-        (name, digest)
-        for index in out_dir.glob(".fsdpctl-*.sha256")
-        for name, digest in read_index(index).items()
-    }
+    others = [read_index(i) for i in out_dir.glob(".fsdpctl-*.sha256") if i.name != index_name(job)]
+    theirs = {(name, digest) for index in [ours, *others] for name, digest in index.items()}
+    # a file another job's index lists too (their common Namespace) is theirs still: never stale
+    stale = {n: d for n, d in ours.items() if n not in bodies and not any(n in o for o in others)}
     for name, body in bodies.items():
-        have = _file_sha(out_dir / name) if os.path.lexists(out_dir / name) else None
-        if os.path.lexists(out_dir / name) and have not in {
+        path = out_dir / name
+        if os.path.lexists(path) and _file_sha(path) not in {
             _sha256(body),
             *(d for n, d in theirs if n == name),
         }:
@@ -100,7 +99,7 @@ def write_dir(objs: list[Obj], out_dir: Path, fmt: str = "yaml", job: str = "") 
         (tmp / "index").write_text(index)
         for name in bodies:
             os.replace(tmp / name, out_dir / name)
-        removed, kept = _remove_stale(out_dir, {n: d for n, d in ours.items() if n not in bodies})
+        removed, kept = _remove_stale(out_dir, stale)
         os.replace(tmp / "index", out_dir / index_name(job))  # last: a crash before it leaves the old list
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -264,8 +264,9 @@ def confirm(question: str, *, refused: str, hint: str) -> None:
 
     err.print(f"{question} [y/N]: ", end="", markup=False)
     answer = sys.stdin.readline()
-    if not answer:
+    if not answer or not sys.stdin.isatty():  # no terminal echoed the Enter: the next line starts anew
         err.print()
+    if not answer:
         raise BadInput(f"{refused}: no answer (end of input)", hint=hint)
     if answer.strip().lower() not in ("y", "yes"):
         raise BadInput(f"{refused}: answered {answer.strip()[:20]!r}", hint=hint)

@@ -28,7 +28,7 @@ def manifest(
         Path | None,
         typer.Option(
             "--out-dir",
-            help="write one file per object here (all or none); an earlier render's files of the job go",
+            help="write one file per object here (all or none); the job's stale files go",
         ),
     ] = None,
     run_id: Annotated[
