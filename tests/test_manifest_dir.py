@@ -17,6 +17,7 @@ FileExtensions .json .yaml .yml; hidden names are not skipped), so the index mus
 from __future__ import annotations
 
 import hashlib
+import os
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -112,7 +113,24 @@ def test_a_foreign_file_in_the_way_is_refused_and_nothing_changes(cli, tmp_path)
             names=("pytorchjob-fsdp.yaml",),
         )
         assert "--out-dir" in error_lines(refused.stderr)[0]
-    (out / "pytorchjob-fsdp.yaml").unlink()
+    spot = out / "pytorchjob-fsdp.yaml"
+    makers = {
+        "fifo": os.mkfifo,  # never opened: open(2) of a FIFO waits for a writer (fifo(7))
+        "link": lambda p: p.symlink_to(out / "namespace-fsdp.yaml"),  # to fsdpctl's bytes, still a link
+        "dir": os.mkdir,
+    }
+    for make in makers.values():
+        if spot.is_dir() and not spot.is_symlink():
+            spot.rmdir()
+        else:
+            spot.unlink()
+        make(spot)
+        before = snapshot(out)
+        refused = _render(out, etcd)
+        assert refused.exit_code == ExitCode.BAD_INPUT, refused.output
+        assert "pytorchjob-fsdp.yaml is in the way" in refused.stderr
+        assert snapshot(out) == before
+    spot.rmdir()
     (out / manifests.index_name("fsdp")).unlink()  # as before the index: same bytes are fsdpctl's
     assert _render(out, etcd).exit_code == 0
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +55,13 @@ def _sha256(data: bytes) -> str:
 
 
 def _file_sha(path: Path) -> str | None:
+    """The sha256 of a regular file (not followed through a link: fsdpctl writes none); None for anything
+    else, which is never fsdpctl's (a FIFO is not opened: its open(2) would wait for a writer)."""
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
         return _sha256(path.read_bytes())
-    except (FileNotFoundError, IsADirectoryError):
+    except OSError:  # gone, or unreadable: not a file fsdpctl can vouch for
         return None
 
 
