@@ -147,3 +147,31 @@ def test_a_job_that_already_exists_on_eks_is_2(peer):  # noqa: F811
         assert r.exit_code == ExitCode.BAD_INPUT, r.output
         assert "job fsdp already exists" in error_lines(r.stderr)[0], r.stderr
     assert len(peer.objects("pytorchjobs")) == 1
+
+
+def test_clicks_abort_is_a_refusal_or_an_interrupt(capsys):
+    """click raises Abort for end of input or Ctrl-C in its own prompts and parsing (core.py `main`: `except
+    (EOFError, KeyboardInterrupt): raise Abort()`), which its standalone main exits 1 with (`Aborted!`).
+    fsdpctl's group (fsdpctl.cli._Group) makes the first a refusal, 2, and the second an interrupt, 130."""
+    import typer
+
+    from fsdpctl.cli import _Group
+
+    def raising(cause: BaseException):
+        tiny = typer.Typer(cls=_Group)
+
+        @tiny.command()
+        def ask() -> None:
+            raise typer.Abort() from cause
+
+        @tiny.command()
+        def other() -> None:  # two commands: a group, as fsdpctl's root is
+            pass
+
+        return tiny
+
+    for cause, code, said in ((EOFError(), 2, "no answer"), (KeyboardInterrupt(), 130, "interrupted")):
+        with pytest.raises(SystemExit) as ended:
+            raising(cause)(["ask"], prog_name="fsdpctl")
+        assert ended.value.code == code
+        assert said in capsys.readouterr().err
