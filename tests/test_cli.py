@@ -136,6 +136,7 @@ def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
     written = cli("manifest", "--out-dir", "out")
     assert written.exit_code == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        ".fsdpctl-fsdp.sha256",  # what fsdpctl wrote for the job (tests/test_manifest_dir.py)
         "namespace-fsdp.yaml",
         "pytorchjob-fsdp.yaml",
     ]
@@ -154,7 +155,7 @@ def test_manifest_output_format_is_yaml_or_json_on_stdout_and_in_files(cli, tmp_
     )
     written = cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json", "--out-dir", "j")
     assert written.exit_code == 0 and written.stdout == ""
-    files = sorted((tmp_path / "j").iterdir())
+    files = sorted(p for p in (tmp_path / "j").iterdir() if p.suffix == ".json")
     assert [p.name for p in files] == ["namespace-fsdp.json", "pytorchjob-fsdp.json"]
     assert [json.loads(p.read_text()) for p in files] == as_yaml
     bad = cli("manifest", "-o", "out")  # -o was the directory before --out-dir

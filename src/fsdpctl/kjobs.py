@@ -111,6 +111,7 @@ def run(
             raise FsdpctlError(
                 f"job {cfg.job_name} already exists ({kstatus.phase(existing)})",
                 hint="`fsdpctl job run --replace` replaces it; `fsdpctl job stop` removes it",
+                code=ExitCode.BAD_INPUT,  # refused before anything changed, as a local job already running
             )
         stop(kube, cfg, cfg.job_name, wait=True)
     with calls(cfg, f"starting job {cfg.job_name}"):

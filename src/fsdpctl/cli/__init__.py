@@ -52,9 +52,12 @@ class _Group(TyperGroup):
             e.show(file=shown)
             sys.stderr.write(redact(shown.getvalue()))
             sys.exit(e.exit_code)
-        except typer.Abort:
-            sys.stderr.write("Aborted!\n")
-            sys.exit(ExitCode.FAILURE)
+        except typer.Abort as e:  # click's: Ctrl-C or end of input while it parsed or prompted
+            if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+                sys.stderr.write("interrupted\n")
+                sys.exit(ExitCode.INTERRUPTED)
+            sys.stderr.write("error: aborted: no answer (end of input)\n")
+            sys.exit(ExitCode.BAD_INPUT)
         sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
 
     def _main_shell_completion(self, ctx_args, prog_name, complete_var=None):

@@ -12,6 +12,7 @@ from fsdpctl.cli.common import (
     Output,
     OutputOpt,
     command_group,
+    confirm,
     emit,
     ok,
     out,
@@ -124,7 +125,9 @@ def _print_status(data: dict[str, Any]) -> None:
 
 
 @app.command()
-def create(ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False) -> None:
+def create(
+    ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False, output: Output = OutputOpt
+) -> None:
     """Create the EKS cluster with eksctl (rendered ClusterConfig) or terraform (terraform/ + tfvars).
 
     With eksctl an existing cluster is left alone; terraform converges to the settings. With FSX_CREATE both
@@ -141,26 +144,34 @@ def create(ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False)
     # AWS asked before the tool's input is written: a create that cannot reach AWS leaves nothing behind
     existing = cluster.find(cfg) if cfg.cluster_tool == "eksctl" and not dry_run else None
     run = cluster.prepare(cfg, "create")
-    if dry_run:
+    table = output == Output.table
+    done = "would create" if dry_run else "exists" if existing else "created"
+    report: dict[str, Any] = {"dry_run": "client" if dry_run else "none", "cluster": cfg.cluster_name}
+    report |= {"tool": cfg.cluster_tool, "tool_input": str(run.tool_input), "action": done, "commands": []}
+    if dry_run and table:
         out.print(run.text, markup=False, end="")
     elif existing:
         then = "its FSx file system next" if fsx_on else "nothing to do"
         ok(f"cluster {cfg.cluster_name} already exists ({existing['status']}); {then}")
     for cmd in [] if existing else run.commands:
-        run_tool(cmd, run.log, dry_run=dry_run, comment=True, hint="`fsdpctl cluster check` for preflight")
+        shown = None if table else report["commands"]
+        hint = "`fsdpctl cluster check` for preflight"
+        run_tool(cmd, run.log, dry_run=dry_run, comment=True, hint=hint, shown=shown)
     if fsx_on and dry_run:
-        _fsx_dry_run(cfg)
+        report["aws_requests"] = _fsx_dry_run(cfg, table)
     elif fsx_on:
-        _fsx_create(cfg)
+        report["fsx_settings"] = _fsx_create(cfg, table)
+    emit(report, output)
     if dry_run:
         ok(f"dry run: {run.tool_input} written; nothing created")
     elif not existing:
         ok(f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status")
 
 
-def _fsx_dry_run(cfg: Config) -> None:
-    """The AWS requests that would make the file system, as `# ` comments after the ClusterConfig: planned
-    from the cluster when it exists (read only), else with eksctl's future choices named."""
+def _fsx_dry_run(cfg: Config, table: bool) -> list[dict[str, Any]]:
+    """The AWS requests that would make the file system, as `# ` comments after the ClusterConfig (`table`)
+    and returned: planned from the cluster when it exists (read only), else with eksctl's future choices
+    named."""
     import json
 
     from fsdpctl import cluster
@@ -170,25 +181,29 @@ def _fsx_dry_run(cfg: Config) -> None:
         if cluster.find(cfg):
             if found := cluster.fsx_of_cluster(cfg):
                 ok(f"dry run: FSx for Lustre {found[0]['FileSystemId']} of {cfg.cluster_name} exists; reused")
-                return
+                return []
             plan = cluster.fsx_plan(cfg, cluster.connect(cfg))
     except FsdpctlError as e:  # AWS unreachable, or a cluster the plan cannot place it in: a real run stops
         warn(
             f"could not plan from cluster {cfg.cluster_name} ({e}); the requests name what eksctl will choose"
         )
-    for call, request in cluster.fsx_requests(plan, "<the new security group>", "<the new key's ARN>"):
+    requests = cluster.fsx_requests(plan, "<the new security group>", "<the new key's ARN>")
+    for call, request in requests if table else []:
         out.print(f"# aws {call} {json.dumps(request)}", markup=False, highlight=False, soft_wrap=True)
+    return [{"call": call, "request": request} for call, request in requests]
 
 
-def _fsx_create(cfg: Config) -> None:
+def _fsx_create(cfg: Config, table: bool) -> dict[str, str]:
     """The file system, AVAILABLE, and the settings `deploy storage` needs (stdout, .env lines)."""
     from fsdpctl import cluster, fsx
 
     fs = cluster.ensure_fsx(cfg, ok)
     settings = fsx.settings(fs)
-    for key, value in settings.items():
+    for key, value in settings.items() if table else []:
         out.print(f"{key}={value}", markup=False, highlight=False)
-    ok(f"FSx for Lustre {fs['FileSystemId']} AVAILABLE; add the lines above to .env for `deploy storage`")
+    where = "the lines above" if table else "fsx_settings"
+    ok(f"FSx for Lustre {fs['FileSystemId']} AVAILABLE; add {where} to .env for `deploy storage`")
+    return settings
 
 
 @app.command()
@@ -197,6 +212,7 @@ def delete(
     tool: ToolOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
     dry_run: DryRunOpt = False,
+    output: Output = OutputOpt,
 ) -> None:
     """Delete the EKS cluster (eksctl delete cluster --wait, or terraform destroy). Asks first unless --yes.
 
@@ -213,14 +229,18 @@ def delete(
     cfg = _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run)  # eksctl's input keys them by AZ
     what = _what_to_delete(cfg, dry_run)
     file_systems, groups = _fsx_to_delete(cfg, dry_run)
+    report: dict[str, Any] = {"dry_run": "client" if dry_run else "none", "cluster": cfg.cluster_name}
+    report |= {"tool": cfg.cluster_tool, "cluster_deleted": bool(what), "what": what, "commands": []}
+    report |= {"file_systems": [fs["FileSystemId"] for fs in file_systems], "security_groups": groups}
     if what is None and not (file_systems or groups):
+        emit(report, output)
         return
     # the tool's input is written once AWS has answered: a lookup that fails leaves nothing behind
     run = cluster.prepare(cfg, "delete")
     if not dry_run and not yes:
         _confirm_fsx(cfg, file_systems)
-        if what and not typer.confirm(f"Delete {what}?", err=True):
-            raise BadInput("not confirmed", hint="pass --yes to delete without asking")
+        if what:
+            confirm(f"Delete {what}?", refused="not confirmed", hint="pass --yes to delete without asking")
     if dry_run:
         for fs in file_systems:
             ok(f"dry run: would delete {fsx_summary(fs)}")
@@ -229,7 +249,8 @@ def delete(
     elif cfg.cluster_tool == "eksctl" and (file_systems or groups):
         cluster.delete_fsx(cfg, file_systems, ok)
     for cmd in run.commands if what else []:
-        run_tool(cmd, run.log, dry_run=dry_run)
+        run_tool(cmd, run.log, dry_run=dry_run, shown=None if output == Output.table else report["commands"])
+    emit(report, output)
     if dry_run:
         ok(f"dry run: would delete {what or 'the file systems above'}; nothing deleted")
     elif what:
@@ -260,8 +281,11 @@ def _confirm_fsx(cfg: Config, file_systems: list[dict[str, Any]]) -> None:
             f"not deleting FSx for Lustre {ids} without a confirmation (no terminal to ask on)",
             hint="copy off what you need, then pass --yes to delete it with the cluster",
         )
-    if not typer.confirm(f"Delete FSx for Lustre {ids} and all data on it?", err=True):
-        raise BadInput("FSx deletion not confirmed", hint="copy off what you need, then run again")
+    confirm(
+        f"Delete FSx for Lustre {ids} and all data on it?",
+        refused="FSx deletion not confirmed",
+        hint="copy off what you need, then run again",
+    )
 
 
 def _fsx_to_delete(cfg: Config, dry_run: bool) -> tuple[list[dict[str, Any]], list[str]]:

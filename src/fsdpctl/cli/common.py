@@ -262,6 +262,23 @@ def ok(msg: str) -> None:
     err.print(f"[green]✓[/] {msg}")
 
 
+def confirm(question: str, *, refused: str, hint: str) -> None:
+    """Ask on stderr and read one line of stdin: "y"/"yes" goes on; anything else, and no answer at all (end
+    of input: a closed or empty pipe), is refused before anything changed, one line and exit 2 either way.
+    click's confirm would turn end of input into Abort (exit 1) and a bare Enter into its default; Ctrl-C
+    stays an interrupt (130)."""
+    import sys
+
+    err.print(f"{question} [y/N]: ", end="", markup=False)
+    answer = sys.stdin.readline()
+    if not answer or not sys.stdin.isatty():  # no terminal echoed the Enter: the next line starts anew
+        err.print()
+    if not answer:
+        raise BadInput(f"{refused}: no answer (end of input)", hint=hint)
+    if answer.strip().lower() not in ("y", "yes"):
+        raise BadInput(f"{refused}: answered {answer.strip()[:20]!r}", hint=hint)
+
+
 def end_wait(name: str, phase: str) -> None:
     """`job wait`'s last line and exit code from the phase it ended in; anything not final is a timeout."""
     from fsdpctl.errors import ExitCode
@@ -275,18 +292,20 @@ def end_wait(name: str, phase: str) -> None:
 
 
 def emit(data: Any, output: Output) -> bool:
-    """Print data as json/yaml to stdout and return True; False means the caller prints its table."""
+    """Print data as json/yaml to stdout and return True; False means the caller prints its table. The
+    document is masked (its values, then its text) and written as it is: rich would lay out a deploy's
+    1.5 MB of CRDs line by line for seconds, and has nothing to wrap or colour in it."""
     if output == Output.json:
-        out.print(json.dumps(redact_obj(data), default=str, indent=2), markup=False, highlight=False)
-        return True
-    if output == Output.yaml:
+        text = json.dumps(redact_obj(data), default=str, indent=2) + "\n"
+    elif output == Output.yaml:
         import yaml
 
-        out.print(
-            yaml.safe_dump(redact_obj(data), sort_keys=False, default_flow_style=False), end="", markup=False
-        )
-        return True
-    return False
+        text = yaml.safe_dump(redact_obj(data), sort_keys=False, default_flow_style=False)
+    else:
+        return False
+    out.file.write(redact(text))
+    out.file.flush()
+    return True
 
 
 def run_tool(
@@ -299,18 +318,23 @@ def run_tool(
     failed: str = "",
     hint: str | None = None,
     comment: bool = False,
+    shown: list[str] | None = None,
 ) -> None:
     """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and logged;
     an error naming the log when it fails (`failed`: what to call it, default its first words). With `dry_run`
     the shell adapter runs nothing and the command line goes to stdout (as a `# ` comment with `comment`:
-    after a YAML or JSON document there)."""
+    after a YAML or JSON document there); with `shown` it goes there instead, and a real run's command
+    line too (a -o json document's `commands`: what ran, or would)."""
     from fsdpctl.adapters import shell
     from fsdpctl.errors import FsdpctlError
 
     if dry_run:
         prefix = "# " if comment else ""
-        shell.run(cmd, log_file=log, dry_run=True, on_line=lambda s: out.print(prefix + s, markup=False))
+        say = shown.append if shown is not None else lambda s: out.print(prefix + s, markup=False)
+        shell.run(cmd, log_file=log, dry_run=True, on_line=say)
         return
+    if shown is not None:
+        shown.append(cmd.shell_line())
     words = " ".join(a for a in cmd.argv[1:3] if not a.startswith("-"))
     with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
         rc = shell.run(cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line))

@@ -56,15 +56,37 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
 
 @app.command()
-def validate(ctx: typer.Context, force: ForceOpt = False) -> None:
+def validate(ctx: typer.Context, force: ForceOpt = False, output: Output = OutputOpt) -> None:
     """Check every value, and that the job fits and can be scheduled where BACKEND runs it (GPU memory on
     the cluster, JOB_NODES against NODE_COUNT; cores, RAM and paths locally); each problem is one line naming
     the key, the value and the fix (exit 2).
 
+    With -o json/yaml stdout gets {ok, problems, warnings, ...} as data; the lines and the exit code stay.
+
     Example: fsdpctl --env-file prod.env config validate
     """
-    cfg = state(ctx).config()
-    admit(cfg, force=force)
+    from fsdpctl.errors import SettingsError
+
+    warnings: tuple[str, ...] = ()
+    try:
+        cfg = state(ctx).config()
+        warnings = cfg.warnings
+        admit(cfg, force=force)
+    except SettingsError as e:  # the lines go to stderr as without -o (fsdpctl.cli._Group), exit 2
+        emit({"ok": False, "problems": e.lines, "warnings": [*warnings, *e.warnings]}, output)
+        raise
+    emit(
+        {
+            "ok": True,
+            "problems": [],
+            "warnings": list(cfg.warnings),
+            "settings": len(cfg.sources),
+            "set": sum(s not in UNSET for s in cfg.sources.values()),
+            "world_size": cfg.world_size,
+            "backend": cfg.backend,
+        },
+        output,
+    )
     ok(
         f"{len(cfg.sources)} settings valid ({sum(s not in UNSET for s in cfg.sources.values())} set); "
         f"world size {cfg.world_size} on {cfg.backend}"

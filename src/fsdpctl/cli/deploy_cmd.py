@@ -48,15 +48,22 @@ def sources(mirror: Path | None) -> list[Path]:
     return [p for p in (mirror, home() / "manifests") if p is not None]
 
 
-def _deploy(ctx: typer.Context, which: str, dry_run: str, mirror: Path | None, timeout: float) -> None:
-    """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks them)."""
+def _deploy(
+    ctx: typer.Context, which: str, dry_run: str, mirror: Path | None, timeout: float, output: Output
+) -> None:
+    """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks them).
+    With -o json/yaml stdout gets one document (README "JSON output"), the messages stay on stderr."""
     from fsdpctl import deploy, kjobs, render
 
     cfg = state(ctx).config()
     comps = deploy.components(cfg, which, sources(mirror))
+    report: list[dict[str, Any]] = []
+    mode = dry_run or "none"  # kubectl's --dry-run values: none, client, server
     if dry_run == "client":
-        out.print(render.to_yaml([o for c in comps for o in c.objects]), markup=False, end="")
-        ok(f"dry run (client): {sum(len(c.objects) for c in comps)} objects; nothing sent")
+        objs = [o for c in comps for o in c.objects]
+        if not emit(_document(mode, [_row(c, objects=c.objects) for c in comps]), output):
+            out.print(render.to_yaml(objs), markup=False, end="")
+        ok(f"dry run (client): {len(objs)} objects; nothing sent")
         return
     kube = kjobs.connect(cfg)
     for comp in comps:
@@ -64,6 +71,7 @@ def _deploy(ctx: typer.Context, which: str, dry_run: str, mirror: Path | None, t
             counts = deploy.apply(kube, comp, server_dry_run=dry_run == "server")
         if dry_run == "server":
             ok(f"{comp.name} ({comp.version}): {_dry_run_verdict(len(comp.objects), kube.unchecked)}")
+            report.append(_row(comp, **counts, unchecked=list(kube.unchecked)))
             kube.unchecked.clear()
             continue
         ok(f"{comp.name} ({comp.version}): {deploy.summary(counts)}")
@@ -73,6 +81,18 @@ def _deploy(ctx: typer.Context, which: str, dry_run: str, mirror: Path | None, t
             warn(deploy.missing_message(comp, req))
         if present:
             _wait_ready(kube, comp, present, timeout)
+        report.append(
+            _row(comp, **counts, ready=True, missing=[deploy.missing_message(comp, r) for r in missing])
+        )
+    emit(_document(mode, report), output)
+
+
+def _row(comp: Component, **what: Any) -> dict[str, Any]:
+    return {"component": comp.name, "version": comp.version, **what}
+
+
+def _document(dry_run: str, components: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"dry_run": dry_run, "components": components}
 
 
 def _dry_run_verdict(total: int, unchecked: list[str]) -> str:
@@ -131,9 +151,10 @@ def _component_command(which: str) -> Any:
         server_dry_run: ServerDryRunOpt = False,
         mirror: FromOpt = None,
         timeout: TimeoutOpt = 600,
+        output: Output = OutputOpt,
     ) -> None:
         mode = "server" if server_dry_run else "client" if dry_run else ""
-        _deploy(ctx, which, mode, mirror, timeout)
+        _deploy(ctx, which, mode, mirror, timeout, output)
 
     summary, example = HELP[which].split("\n\n")
     command.__doc__ = summary + DRY_RUN_NOTE + "\n\n" + example
@@ -167,7 +188,7 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
 
 @app.command()
-def fetch(ctx: typer.Context) -> None:
+def fetch(ctx: typer.Context, output: Output = OutputOpt) -> None:
     """Download the pinned release files that upstream publishes as single files into the cache, checking
     each sha256; the others are named with the command that renders them.
 
@@ -176,10 +197,14 @@ def fetch(ctx: typer.Context) -> None:
     from fsdpctl import deploy
     from fsdpctl.files import home
 
+    files: list[dict[str, str]] = []
+
     def said(path: str, outcome: str) -> None:
+        files.append({"path": path, "outcome": outcome})
         if outcome == deploy.UNPUBLISHED:
             warn(f"{path}: upstream has no single file; render it into a mirror (templates/releases.yaml)")
         else:
             ok(f"{path}: {'cached' if outcome == deploy.CACHED else 'fetched and verified'}")
 
     deploy.fetch(home() / "manifests", said)
+    emit({"dry_run": "none", "files": files}, output)

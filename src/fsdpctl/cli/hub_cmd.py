@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl.cli.common import DryRunOpt, command_group, err, ok, out, state
+from fsdpctl.cli.common import DryRunOpt, Output, OutputOpt, command_group, emit, err, ok, out, state
 
 model_app = command_group("Models on the Hugging Face Hub: pre-stage one where jobs read it.")
 data_app = command_group("Data sets on the Hugging Face Hub: pre-stage one where jobs read it.")
@@ -59,8 +59,9 @@ def _fetch_command(kind: str) -> Callable[..., None]:
         to: ToOpt = None,
         revision: RevisionOpt = "main",
         dry_run: DryRunOpt = False,
+        output: Output = OutputOpt,
     ) -> None:
-        _fetch(ctx, kind, repo, to, revision, dry_run)
+        _fetch(ctx, kind, repo, to, revision, dry_run, output)
 
     return fetch
 
@@ -70,7 +71,13 @@ data_app.command("fetch", help=DATA_HELP)(_fetch_command("dataset"))
 
 
 def _fetch(
-    ctx: typer.Context, kind: str, repo: str | None, to: Path | None, revision: str, dry_run: bool
+    ctx: typer.Context,
+    kind: str,
+    repo: str | None,
+    to: Path | None,
+    revision: str,
+    dry_run: bool,
+    output: Output = Output.table,
 ) -> None:
     from fsdpctl import prestep
     from fsdpctl.adapters import hub
@@ -91,4 +98,12 @@ def _fetch(
     )
     for f in fetched:
         ok(prestep.result_line(f, dry_run))
-        out.print(f.path, markup=False)
+    repos = [
+        {"repo": f.target.repo_id, "kind": f.target.kind, "revision": f.target.revision, "sha": f.sha}
+        | {"path": f.path, "files": len(f.files), "bytes": f.bytes_total, "missing": len(f.missing)}
+        | {"bytes_missing": f.bytes_missing}
+        for f in fetched
+    ]
+    if not emit({"dry_run": "client" if dry_run else "none", "hf_home": str(dest), "repos": repos}, output):
+        for f in fetched:
+            out.print(f.path, markup=False)

@@ -8,7 +8,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpctl.cli.common import DryRunOpt, command_group, ok, out, parse_sets, run_tool, state
+from fsdpctl.cli.common import (
+    DryRunOpt,
+    Output,
+    OutputOpt,
+    command_group,
+    emit,
+    ok,
+    out,
+    parse_sets,
+    run_tool,
+    state,
+)
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
@@ -30,6 +41,7 @@ def build(
     network: Annotated[str, typer.Option("--network", help="network for RUN steps (e.g. host)")] = "",
     context: Annotated[Path | None, typer.Option("--context", help="fsdpctl checkout to build from")] = None,
     dry_run: DryRunOpt = False,
+    output: Output = OutputOpt,
 ) -> None:
     """Build the trainer image and tag it with the URI the manifests use (registry/repo:tag).
 
@@ -46,13 +58,15 @@ def build(
     cmd = docker.build_command(uri, image.source_root(context), args, network)
     if not dry_run:
         ok(f"Docker engine {docker.engine_version()}")
-    run_tool(cmd, image.log("build"), dry_run=dry_run, failed="docker build")
+    shown: list[str] | None = None if output == Output.table else []
+    run_tool(cmd, image.log("build"), dry_run=dry_run, failed="docker build", shown=shown)
+    emit({"dry_run": "client" if dry_run else "none", "image": uri, "commands": shown}, output)
     if not dry_run:
         ok(f"built {uri}; next: fsdpctl image push")
 
 
 @app.command()
-def push(ctx: typer.Context, dry_run: DryRunOpt = False) -> None:
+def push(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = OutputOpt) -> None:
     """Push the built image: the ECR repository is created if missing, docker logs in with a token from
     ecr:GetAuthorizationToken (on stdin, never on the command line). Prints the pushed digest.
 
@@ -68,8 +82,9 @@ def push(ctx: typer.Context, dry_run: DryRunOpt = False) -> None:
         docker.engine_version()
         if not docker.image_exists(uri):
             raise FsdpctlError(f"no local image {uri}", hint="build it first: fsdpctl image build")
+    shown: list[str] | None = None if output == Output.table else []
     if cfg.image_login == "ecr":
-        _ecr_login(cfg, image.registry_of(uri), dry_run)
+        _ecr_login(cfg, image.registry_of(uri), dry_run, shown)
     digests: list[str] = []
     run_tool(
         docker.push_command(uri),
@@ -78,22 +93,32 @@ def push(ctx: typer.Context, dry_run: DryRunOpt = False) -> None:
         on_line=lambda line: digests.append(docker.pushed_digest(line)),
         failed=f"docker push {uri}",
         hint="check `docker login` to the registry (IMAGE_LOGIN) and the repository name",
+        shown=shown,
     )
+    pinned = "" if dry_run else image.pinned(uri, next((d for d in reversed(digests) if d), ""))
+    if not emit(
+        {"dry_run": "client" if dry_run else "none", "image": uri, "pinned": pinned, "commands": shown},
+        output,
+    ):
+        if not dry_run:
+            out.print(pinned, markup=False)
     if not dry_run:
         ok(f"pushed {uri}")
-        out.print(image.pinned(uri, next((d for d in reversed(digests) if d), "")), markup=False)
 
 
-def _ecr_login(cfg: Config, registry: str, dry_run: bool) -> None:
+def _ecr_login(cfg: Config, registry: str, dry_run: bool, shown: list[str] | None) -> None:
     from fsdpctl import image
     from fsdpctl.adapters import docker
 
     if dry_run:
-        out.print(
+        note = (
             f"# ECR repository {cfg.image_repo} in {cfg.aws_region}: created if missing; docker login reads "
-            "a token from ecr:GetAuthorizationToken on stdin",
-            markup=False,
+            "a token from ecr:GetAuthorizationToken on stdin"
         )
+        if shown is None:
+            out.print(note, markup=False)
+        else:
+            shown.append(note)
         user, password = "AWS", ""
     else:
         created, user, password = image.ecr_login(cfg)
@@ -105,4 +130,5 @@ def _ecr_login(cfg: Config, registry: str, dry_run: bool) -> None:
         stdin_text=password,
         failed=f"docker login {registry}",
         hint="IMAGE_REGISTRY must be the ECR registry of the account the credentials belong to",
+        shown=shown,
     )

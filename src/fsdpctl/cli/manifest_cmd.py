@@ -5,12 +5,15 @@ from __future__ import annotations
 import errno
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpctl.cli.common import ForceOpt, admit, ok, out, state
+from fsdpctl.cli.common import ForceOpt, admit, ok, out, state, warn
 from fsdpctl.errors import BadInput, FsdpctlError
+
+if TYPE_CHECKING:
+    from fsdpctl import manifests
 
 
 class Format(str, Enum):
@@ -22,7 +25,11 @@ def manifest(
     ctx: typer.Context,
     output: Annotated[Format, typer.Option("--output", "-o", help="yaml or json")] = Format.yaml,
     out_dir: Annotated[
-        Path | None, typer.Option("--out-dir", help="write one file per object here (all or none)")
+        Path | None,
+        typer.Option(
+            "--out-dir",
+            help="write one file per object here (all or none); the job's stale files go",
+        ),
     ] = None,
     run_id: Annotated[
         str | None, typer.Option("--run-id", help="rendezvous id (default: a hash of the settings)")
@@ -59,24 +66,31 @@ def manifest(
     if out_dir is None:
         out.print(manifests.text(objs, output.value), end="", markup=False)
         return
-    for path in _write_dir(objs, out_dir, output.value):
+    done = _write_dir(objs, out_dir, output.value, cfg.job_name)
+    for path in done.files:
         ok(f"wrote {path}")
+    for path in done.removed:
+        ok(f"removed {path} (an earlier render's, not in this one)")
+    for path in done.kept:
+        warn(f"kept {path}: an earlier render wrote it, and it was changed since; remove it if stale")
 
 
-def _write_dir(objs: list[dict], out_dir: Path, fmt: str) -> list[Path]:
+def _write_dir(objs: list[dict], out_dir: Path, fmt: str, job: str) -> manifests.Written:
     """manifests.write_dir (all files or none), its OSError as one line naming --out-dir, exit 2 (exit 1 for
     a full disk: not the input's fault); the folders it made for them removed again when it failed."""
     from fsdpctl import manifests
 
     made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:
-        return manifests.write_dir(objs, out_dir, fmt)
-    except OSError as e:
+        return manifests.write_dir(objs, out_dir, fmt, job)
+    except (OSError, BadInput) as e:
         for folder in made:  # deepest first, and only while empty
             try:
                 folder.rmdir()
             except OSError:
                 break
+        if isinstance(e, BadInput):
+            raise
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise FsdpctlError(
                 f"--out-dir {out_dir}: no space left on its device; nothing was written",
