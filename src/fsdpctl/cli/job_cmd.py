@@ -9,7 +9,7 @@ import typer
 
 from fsdpctl import backends, files
 from fsdpctl.backends import FINAL, Backend
-from fsdpctl.cli import job_view
+from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.common import (
     DryRunOpt,
     ForceOpt,
@@ -188,3 +188,6 @@ def wait(
     """
     be, name = _resolve(ctx, name, backend)
     end_wait(name, be.wait(name, timeout))
+
+
+job_record_cmd.register(app)  # describe, rerun, diff: a run's record (after the verbs above in the help)
