@@ -47,9 +47,9 @@ def _cfg(backend: str = "local", token: str = TOKEN, **flags: str):
     return load(environ={"HF_TOKEN": token} if token else {}, flags={"BACKEND": backend, **flags})
 
 
-def _rec(cfg, run_id: str = "job-1", code: dict | None = None):
+def _rec(cfg, run_id: str = "job-1", code: dict | None = None, image: dict | None = None):
     return record.build(
-        cfg, run_id=run_id, code=code or CODE, image=None, created=1.0, secret_name="fsdp-hf-token"
+        cfg, run_id=run_id, code=code or CODE, image=image, created=1.0, secret_name="fsdp-hf-token"
     )
 
 
@@ -95,11 +95,12 @@ def test_a_token_pasted_into_another_key_is_masked_in_the_record():
 
 @pytest.mark.parametrize("part", record.MADE)
 def test_the_id_covers_what_made_the_run_and_nothing_learnt_later(part):
-    rec = _rec(_cfg())
+    rec = _rec(_cfg("eks"), image={"uri": "r/fsdpctl-trainer:0.1.0", "digest": None})
     assert record.problem(rec) is None and rec["id"] == rec["hash"][: record.ID_CHARS]
     changed = {**rec, part: {"changed": True}}
     assert record.digest(changed) != rec["hash"] and record.problem(changed)  # a tampered record is refused
     later = {**rec, "trainer": {"torch": "x"}, "manifests": "kind: X", "sources": {}, "created": 9.0}
+    later["image"] = {**rec["image"], "digest": "sha256:" + "0" * 64}  # learnt from a pod: same run
     assert record.digest(later) == rec["hash"] and record.problem(later) is None
 
 

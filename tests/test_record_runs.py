@@ -1,5 +1,5 @@
 """Run records of real local jobs (torchrun on CPU, gloo): a run, its rerun from the record, a rerun with one
-setting changed, and a rerun refused because the data changed. One test, so the three short runs are shared."""
+setting changed, and a rerun refused because the data changed. One test: the three short runs are shared."""
 
 from __future__ import annotations
 

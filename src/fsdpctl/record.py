@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fsdpctl.redact import MASK, secret_kind
@@ -71,6 +71,8 @@ def secret_refs(cfg: Config, secret_name: str) -> dict[str, str]:
 def digest(rec: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of the parts of `rec` that made the run."""
     made = {k: rec.get(k) for k in MADE}
+    if made["image"] is not None:  # the reference the run asked for; the digest is learnt from its pods
+        made["image"] = {"uri": made["image"].get("uri")}
     return hashlib.sha256(json.dumps(made, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -315,7 +317,7 @@ def from_config_map(cm: Mapping[str, Any]) -> dict[str, Any]:
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def image_digest(pods: list[Mapping[str, Any]], container: str) -> tuple[str, str] | None:
+def image_digest(pods: Sequence[Mapping[str, Any]], container: str) -> tuple[str, str] | None:
     """(digest, pod) from the first pod whose `container` reports one: the kubelet's
     status.containerStatuses[].imageID is the image the runtime actually pulled (e.g.
     `<registry>/<repo>@sha256:...`, or `docker-pullable://...@sha256:...` under dockershim), whatever tag

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def fingerprint(source: str, path: str | None = None) -> dict[str, Any]:
     }
 
 
-def difference(recorded: dict[str, Any] | None, now: dict[str, Any] | None) -> str | None:
+def difference(recorded: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> str | None:
     """How two fingerprints of one input differ, in words; None when they agree (or either is unknown)."""
     if not recorded or not now or not recorded.get("local") or not now.get("local"):
         return None

@@ -209,40 +209,34 @@ def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
     return record.drift(rec, code=code_version(), data=data), unchecked
 
 
-def _settings_for(ctx: typer.Context, rec: dict[str, Any], sets: list[str]) -> Config:
-    """The record's settings (the .env it reproduces), under --set (global and this command's); the
-    secrets from where this command runs, as `job run` takes them."""
+def _settings_for(ctx: typer.Context, rec: dict[str, Any]) -> Config:
+    """The record's settings (the .env it reproduces) under --set (anywhere on the line: the root group
+    takes them); the secrets from where this command runs, as `job run` takes them."""
     flags = dict(state(ctx).flags)
-    for item in sets:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise BadInput(f"--set {item!r} is not KEY=VALUE", hint="e.g. --set LR=0.001")
-        flags[key] = value
     current = state(ctx).config()
-    secrets = {}
-    if current.hf_token.get_secret_value():
-        secrets["HF_TOKEN"] = current.hf_token.get_secret_value()
     env = dict(rec["settings"])
-    if "HF_TOKEN_FILE" in env and not env["HF_TOKEN_FILE"] and current.hf_token_file:
+    if current.hf_token.get_secret_value():  # the record holds where it was, never the value
+        env["HF_TOKEN"] = current.hf_token.get_secret_value()
+    if not env.get("HF_TOKEN_FILE") and current.hf_token_file:
         env["HF_TOKEN_FILE"] = current.hf_token_file
-    cfg = load(dotenv=env, environ=secrets, flags=flags, dotenv_name=f"record {rec['id']}")
+    cfg = load(dotenv=env, flags=flags, dotenv_name=f"record {rec['id']}")
     # a recorded value keeps saying where it first came from, through reruns of reruns
-    first = {k: rec["sources"].get(k, "default") for k in env}
+    first = {k: rec["sources"].get(k, "default") for k in rec["settings"]}
     sources = {
         k: (first[k] if first[k].startswith("record ") else f"record {rec['id']}: {first[k]}")
-        if v == f"record {rec['id']}"
+        if v == f"record {rec['id']}" and k in first
         else v
         for k, v in cfg.sources.items()
     }
+    for key in ("HF_TOKEN", "HF_TOKEN_FILE"):
+        if env.get(key) and not rec["settings"].get(key):
+            sources[key] = current.sources.get(key, "default")
     return cfg.model_copy(update={"sources": sources})
 
 
 def rerun(
     ctx: typer.Context,
     name: Annotated[str | None, NameArg] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="KEY=VALUE over the recorded settings (repeatable)")
-    ] = None,
     allow_drift: Annotated[
         bool, typer.Option("--allow-drift", help="run although the code or data differ from the record's")
     ] = False,
@@ -252,7 +246,8 @@ def rerun(
     backend: BackendOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Start a run again from its record: the recorded settings (with --set over them) and a new run id.
+    """Start a run again from its record: the recorded settings (with any --set KEY=VALUE over them) and a
+    new run id.
     Refused, with what differs, when the code (version, commit, uncommitted changes) or the data and
     tokenizer files (their fingerprints) are not what the record says, unless --allow-drift. Like `job
     run`, a job that kept checkpoints resumes from them unless RESUME=never.
@@ -260,7 +255,7 @@ def rerun(
     Example: fsdpctl job rerun fsdp-1a2b3c4d-5e6f7a --set MAX_STEPS=100
     """
     got = load_record(ctx, name, backend)
-    cfg = _settings_for(ctx, got.rec, set_ or [])
+    cfg = _settings_for(ctx, got.rec)
     drifted, unchecked = _drift(got.rec, cfg)
     if drifted and not allow_drift:
         raise BadInput(
