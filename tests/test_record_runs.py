@@ -1,5 +1,6 @@
 """Run records of real local jobs (torchrun on CPU, gloo): a run, its rerun from the record, a rerun with one
-setting changed, and a rerun refused because the data changed. One test: the three short runs are shared."""
+setting changed, and a rerun refused because the data changed. One test: the three short runs are shared.
+A tracked file of the checkout edited while it runs is code drift, and the rerun is refused: as it should."""
 
 from __future__ import annotations
 

@@ -188,10 +188,8 @@ def drift(
             found.append(f"code: {key} was {was.get(key)}, now {code.get(key)}")
     if was.get("commit") and was.get("commit") == code.get("commit"):
         if (was.get("dirty"), was.get("diff_sha256")) != (code.get("dirty"), code.get("diff_sha256")):
-            found.append(
-                "code: the checkout's uncommitted changes differ from the recorded run's "
-                f"(dirty {was.get('dirty')}, now {code.get('dirty')})"
-            )
+            then, now = (_changes(c) for c in (was, code))
+            found.append(f"code: the checkout's uncommitted changes (git diff HEAD) were {then}, now {now}")
     recorded = (rec.get("image") or {}).get("digest")
     if recorded and image_digest and recorded != image_digest:
         found.append(f"image: {(rec.get('image') or {}).get('uri')} was {recorded}, now {image_digest}")
@@ -201,6 +199,10 @@ def drift(
         if change:
             found.append(f"{name} ({then.get('source') if then else '?'}): {change}")
     return found
+
+
+def _changes(code: Mapping[str, Any]) -> str:
+    return f"sha256 {str(code.get('diff_sha256'))[:12]}" if code.get("dirty") else "none"
 
 
 # ---- diff ------------------------------------------------------------------------------------------------

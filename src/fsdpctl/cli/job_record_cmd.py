@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from fsdpctl import backends, files, record, record_store
+from fsdpctl import backends, files
 from fsdpctl.cli import job_view
 from fsdpctl.cli.common import ForceOpt, admit, err, ok, out, state, warn
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
-from fsdpctl.settings import Config, load
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 FORMATS = ("table", "json", "env")
 NameArg = typer.Argument(help="job name (its newest run), run id or record id (default: JOB_NAME)")
@@ -56,6 +58,8 @@ def _local_log(rec: dict[str, Any]) -> list[str]:
 
 
 def _from_this_machine(name: str) -> Loaded | None:
+    from fsdpctl import record, record_store
+
     rec = record_store.find(name)
     if rec is None:
         return None
@@ -71,6 +75,8 @@ def _from_this_machine(name: str) -> Loaded | None:
 
 def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Loaded:
     """The record NAME means (see the module's doc); exit 4 with the fix when there is none."""
+    from fsdpctl import record, record_store
+
     cfg = state(ctx).config()
     name = name if name is not None else cfg.job_name
     if not files.RUN_ID.fullmatch(name):
@@ -119,6 +125,8 @@ def describe(
 
     Example: fsdpctl job describe -o env > run.env
     """
+    from fsdpctl import record
+
     _format(output)
     got = load_record(ctx, name, backend)
     for line in got.problems:
@@ -132,6 +140,8 @@ def describe(
 
 
 def _describe_table(rec: dict[str, Any], where: str) -> Table:
+    from fsdpctl import record
+
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column(overflow="fold")
@@ -188,6 +198,7 @@ def _local_inputs(cfg: Config) -> dict[str, str]:
 
 def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
     """(what differs from the record, what could not be checked here)."""
+    from fsdpctl import record
     from fsdpctl.adapters.git import code_version
     from fsdptrain.fingerprint import fingerprint
 
@@ -212,6 +223,8 @@ def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
 def _settings_for(ctx: typer.Context, rec: dict[str, Any]) -> Config:
     """The record's settings (the .env it reproduces) under --set (anywhere on the line: the root group
     takes them); the secrets from where this command runs, as `job run` takes them."""
+    from fsdpctl.settings import load
+
     flags = dict(state(ctx).flags)
     current = state(ctx).config()
     env = dict(rec["settings"])
@@ -290,6 +303,8 @@ def diff(
 
     Example: fsdpctl job diff fsdp-1a2b3c4d-5e6f7a fsdp-1a2b3d00-8c9d0e
     """
+    from fsdpctl import record
+
     if output not in ("table", "json"):
         raise BadInput(f"--output {output!r} is not a format of this command", hint="use table or json")
     one, two = load_record(ctx, a, backend), load_record(ctx, b, backend)
