@@ -57,6 +57,16 @@ def save(rec: dict[str, Any]) -> Path:
     return where
 
 
+def discard(where: Path) -> None:
+    """The record of a run that did not start, and the directories made for it alone."""
+    where.unlink(missing_ok=True)
+    for parent in (where.parent, root(), home()):
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            return
+
+
 def read(where: Path) -> dict[str, Any]:
     try:
         rec = json.loads(where.read_text())

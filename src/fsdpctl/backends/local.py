@@ -41,15 +41,16 @@ class LocalBackend:
         if replace and local.effective_phase(local.read_state(local.job_dir(cfg.job_name))) in local.ACTIVE:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
+        secrets = secret_env(cfg)  # a token file that is not one token: refused before anything is written
         # the record is on disk before any process of the run starts; gone again if none does
         saved = record_store.save({**rec, "manifests": render.to_yaml([*infra, job])})
         try:
-            st = local.start(job, secret_env=secret_env(cfg), prestep=fetch_job)
+            st = local.start(job, secret_env=secrets, prestep=fetch_job)
         except local.JobBusy as e:
-            saved.unlink(missing_ok=True)
+            record_store.discard(saved)
             raise FsdpctlError(str(e), code=ExitCode.BAD_INPUT) from e
         except local.LocalJobError as e:
-            saved.unlink(missing_ok=True)
+            record_store.discard(saved)
             raise FsdpctlError(str(e)) from e
         remember(cfg)
         return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")
