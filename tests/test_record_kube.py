@@ -95,9 +95,26 @@ def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_des
     assert record.resolved_settings(load(dotenv=parse_dotenv(text))) == rec["settings"]
     assert TOKEN not in d.output + table.output + text
 
+    # a rerun from the record: a new run id and record, the ConfigMap now the new job's
+    rerun = cli("job", "rerun", "fsdp", "--replace", "-d", MAX_STEPS="60")
+    assert rerun.exit_code == 0, rerun.output
+    assert "data: the cluster's volume cannot be read from here" in rerun.said  # said, not guessed
+    [job2] = peer.objects("pytorchjobs")
+    [cm] = [c for c in in_fsdp(peer, "configmaps") if c["metadata"]["name"] == "fsdp-record"]
+    new = record.from_config_map(cm)
+    assert (
+        new["run_id"] != rec["run_id"] and job2["metadata"]["annotations"][record.ANNOTATION] == new["hash"]
+    )
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == job2["metadata"]["uid"] != job["metadata"]["uid"]
+    assert new["sources"]["LR"] == f"record {rec['id']}: flag" and new["sources"]["MAX_STEPS"] == "flag"
+    d = cli("job", "diff", rec["run_id"], new["run_id"], "-o", "json")
+    assert json.loads(d.stdout)["settings"] == {"MAX_STEPS": ["50", "60"]}, d.output
+    assert TOKEN not in rerun.output + json.dumps(cm)
+
     # the record goes with its job (ownerReferences: the garbage collector deletes the dependent)
     assert cli("job", "stop", "fsdp").exit_code == 0
     wait_for(lambda: "fsdp-record" not in [c["metadata"]["name"] for c in in_fsdp(peer, "configmaps")], 20)
     # this machine's copy stays, with what was learnt
     again = cli("job", "describe", rec["run_id"], "-o", "json")
     assert again.exit_code == 0 and json.loads(again.stdout)["image"]["digest"] == DIGEST
+    assert cli("job", "describe", "fsdp").exit_code == 0  # the newest run's copy, its job gone

@@ -256,6 +256,9 @@ def rerun(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")
     ] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="stop a running job of the same name first")
+    ] = False,
     backend: BackendOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -279,7 +282,7 @@ def rerun(
         warn(line)
     admit(cfg, force=force)
     be = backends.create(cfg)
-    started = be.run(run_id=None, replace=False, dry_run=False, server_dry_run=False)
+    started = be.run(run_id=None, replace=replace, dry_run=False, server_dry_run=False)
     ok(f"started job {started.job} (run {started.run_id}) on {be.name}, from record {got.rec['id']}")
     if detach:
         then = got.rec["run_id"]
