@@ -154,7 +154,9 @@ def test_drift_names_the_code_and_the_data_that_differ(tmp_path):
     rec = {**_rec(_cfg()), "trainer": {"dataset": fp, "tokenizer": {"source": "t", "local": False}}}
     assert record.drift(rec, code=CODE, data={"dataset": fp}) == []
     dirty = {**CODE, "dirty": True, "diff_sha256": "f" * 64}
-    assert record.drift(rec, code=dirty, data={})[0].startswith("code: the checkout's uncommitted changes")
+    assert record.drift(rec, code=dirty, data={}) == [
+        "code: uncommitted changes (git diff HEAD) were none, now sha256 ffffffffffff"
+    ]
     assert record.drift(rec, code={**CODE, "commit": "c" * 40}, data={}) == [
         f"code: commit was {'a' * 40}, now {'c' * 40}"
     ]

@@ -188,16 +188,16 @@ def drift(
             found.append(f"code: {key} was {was.get(key)}, now {code.get(key)}")
     if was.get("commit") and was.get("commit") == code.get("commit"):
         if (was.get("dirty"), was.get("diff_sha256")) != (code.get("dirty"), code.get("diff_sha256")):
-            then, now = (_changes(c) for c in (was, code))
-            found.append(f"code: the checkout's uncommitted changes (git diff HEAD) were {then}, now {now}")
+            before, after = _changes(was), _changes(code)
+            found.append(f"code: uncommitted changes (git diff HEAD) were {before}, now {after}")
     recorded = (rec.get("image") or {}).get("digest")
     if recorded and image_digest and recorded != image_digest:
         found.append(f"image: {(rec.get('image') or {}).get('uri')} was {recorded}, now {image_digest}")
-    for name, now in data.items():
-        then = (rec.get("trainer") or {}).get(name)
-        change = fingerprint.difference(then, now)
+    for name, fp_now in data.items():
+        fp_then = (rec.get("trainer") or {}).get(name)
+        change = fingerprint.difference(fp_then, fp_now)
         if change:
-            found.append(f"{name} ({then.get('source') if then else '?'}): {change}")
+            found.append(f"{name} ({fp_then.get('source') if fp_then else '?'}): {change}")
     return found
 
 
