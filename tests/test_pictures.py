@@ -116,7 +116,10 @@ def test_a_tracker_key_without_its_package_is_one_line_before_training(cli, monk
     "value, problem",
     [
         ("tb", "TENSORBOARD_DIR='tb' (--set) is not an absolute path: use e.g. /fsx/tensorboard"),
-        ("/tmp/tb", "TENSORBOARD_DIR='/tmp/tb' (--set) is not on the shared volume (SHARED_VOLUME_PATH=/fsx)"),
+        (
+            "/tmp/tb",
+            "TENSORBOARD_DIR='/tmp/tb' (--set) is not on the shared volume (SHARED_VOLUME_PATH=/fsx)",
+        ),
         ("/fsxother/tb", "TENSORBOARD_DIR='/fsxother/tb' (--set) is not on the shared volume"),
     ],
 )

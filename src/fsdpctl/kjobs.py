@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fsdpctl import crilog, kstatus, prestep, render
+from fsdpctl import record as run_record
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.progress import progress, records, stalled
@@ -95,13 +96,24 @@ def require_job(kube, cfg: Config, name: str) -> dict:
 
 
 def run(
-    kube, cfg: Config, *, run_id: str | None, replace: bool, token: str, server_dry_run: bool = False
+    kube,
+    cfg: Config,
+    *,
+    run_id: str | None,
+    replace: bool,
+    token: str,
+    server_dry_run: bool = False,
+    record: dict | None = None,
 ) -> dict:
     """Namespace (+ etcd) applied, the Secret applied, the job created. A job of the same name is refused
-    unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint)."""
+    unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint). With a run `record`
+    (fsdpctl.record) the job carries its hash and the ConfigMap <job>-record, owned by the job, holds it."""
     run_id = run_id or render.new_run_id(cfg.job_name)
-    objs = render.render_job(cfg, run_id)
+    objs = render.render_job(cfg, run_id, record["id"] if record else "")
     *infra, job = objs
+    if record is not None:
+        job = run_record.annotated(job, record)
+        record = {**record, "manifests": render.to_yaml([*infra, job])}
     fetch_jobs = [o for o in infra if o["kind"] == "Job"]  # the pre-step: created owned by the job
     infra = [o for o in infra if o["kind"] != "Job"]
     existing = get_job(kube, cfg, cfg.job_name)  # first: a missing CRD is the first thing to fix
@@ -127,9 +139,12 @@ def run(
             created = kube.create(job)
             for obj in fetch_jobs:
                 kube.create(_owned_by(obj, created))
+            if record is not None:
+                kube.apply(_owned_by(run_record.config_map(record, cfg.job_namespace), created))
     return {
         "job": cfg.job_name,
         "run_id": run_id,
+        "record": record,
         "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in [*infra, *fetch_jobs, job]],
     }
 
@@ -502,3 +517,38 @@ def _delete_etcd_key(kube, cfg: Config, key: str) -> None:
     except KubeError as e:
         if e.status not in (404, 503):  # 503: no etcd running, nothing kept
             raise
+
+
+def record_of(kube, cfg: Config, name: str) -> tuple[dict | None, list[str], list[str]]:
+    """(the run record of job `name` from its ConfigMap, the leader's log lines, problems). What the cluster
+    learnt since the start (the image digest its pods report, the trainer's `start` event) is merged and
+    written back into the ConfigMap, so it stays once the pods are gone. (None, [], []) without a
+    ConfigMap."""
+    from fsdpctl.adapters.kube import KubeError
+
+    with calls(cfg, f"reading the run record of {name}"):
+        cm = kube.get("v1", "ConfigMap", run_record.config_map_name(name), cfg.job_namespace)
+    if cm is None:
+        return None, [], []
+    try:
+        rec = run_record.from_config_map(cm)
+    except ValueError as e:
+        raise FsdpctlError(f"ConfigMap {run_record.config_map_name(name)} holds no run record ({e})") from e
+    job = get_job(kube, cfg, name)
+    cm_name = run_record.config_map_name(name)
+    damaged = run_record.problem(rec)
+    problems = [f"ConfigMap {cm_name}: the record {damaged}"] if damaged else []
+    if job is None:
+        return rec, [], [*problems, f"job {name} is gone: the record is as it was last read"]
+    if (job["metadata"].get("annotations") or {}).get(run_record.ANNOTATION) != rec.get("hash"):
+        problems.append(f"job {name}'s {run_record.ANNOTATION} annotation does not match ConfigMap {cm_name}")
+    pods = pods_of(kube, cfg, name)
+    _, lines = find_leader(kube, cfg, pods)
+    digest = run_record.image_digest(pods, _container(cfg))
+    now = run_record.learnt(run_record.with_digest(rec, digest), lines)
+    if now != rec and not problems:
+        try:  # worth keeping, not worth failing for: a user who may read but not write ConfigMaps
+            kube.apply(_owned_by(run_record.config_map(now, cfg.job_namespace), job))
+        except KubeError as e:
+            problems.append(f"the learnt facts were not saved in the ConfigMap: {e}")
+    return now, lines, problems

@@ -20,6 +20,7 @@ from fsdpctl import plan, prestep
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact_obj
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
+from fsdptrain.events import RECORD_ENV
 from fsdptrain.shapes import MODEL_CONFIGS
 
 if TYPE_CHECKING:
@@ -437,10 +438,13 @@ def job_api(cfg: Config) -> tuple[str, str]:
     return JOB_KINDS["pytorchjob" if cfg.backend == "local" else cfg.job_kind]
 
 
-def render_job(cfg: Config, run_id: str) -> list[Obj]:
+def render_job(cfg: Config, run_id: str, record_id: str = "") -> list[Obj]:
     """Namespace, etcd (with an etcd rendezvous) and the job: everything but the Secret. The job comes
-    last."""
+    last. `record_id`: the run record's (fsdpctl.record), which the trainer echoes into its summary and
+    checkpoints."""
     values = job_values(cfg, run_id)
+    if record_id:
+        values["env"] = [*values["env"], {"name": RECORD_ENV, "value": record_id}]
     objs = render_namespace(cfg)
     if cfg.rdzv_backend != "c10d":
         objs += render_etcd(cfg)

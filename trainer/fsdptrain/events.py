@@ -7,6 +7,7 @@ Rank 0 prints one compact JSON object per line, `{"event":KIND,...}`, between th
     {"event":"step","step":10,"max_steps":100,"loss":3.21,...}
     {"event":"checkpoint","step":20,"path":"/checkpoints/job/step-00000020"}
     {"event":"summary","steps":100,"start_step":0,"final_loss":2.9,...}
+    {"event":"start","record_id":"3f9c...","torch":"2.6.0",...,"dataset":{...},"tokenizer":{...}}
 
 `to_line` writes one; `parse` reads a log back, skipping every other line, a line cut by a crash mid-write,
 an event kind it does not know (a newer trainer's) and fields it does not know.
@@ -20,6 +21,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 PREFIX = '{"event"'
+# The id of the run record fsdpctl wrote for this run (fsdpctl.record): set in the pods' environment, echoed
+# by the trainer's start and summary lines and kept in every checkpoint's meta.json.
+RECORD_ENV = "FSDPTRAIN_RECORD_ID"
 # "not measured here" (a CPU has no allocator counters, no NVML): such a field is left out of the line
 _OPTIONAL = {"omit_if_none": True}
 
@@ -88,10 +92,30 @@ class Summary:
     checkpoint: str | None
     export: str | None
     stopped: bool  # ended by SIGTERM
+    record_id: str | None = field(default=None, metadata=_OPTIONAL)  # RECORD_ENV; none outside fsdpctl
 
 
-Event = Leader | Step | Checkpoint | Summary
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary)}
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """Printed once by rank 0 after the build: what the run is made of as the trainer sees it (library
+    versions, the data and tokenizer it reads). fsdpctl merges it into the run's record."""
+
+    kind: ClassVar[str] = "start"
+    record_id: str  # RECORD_ENV; '' when not started by fsdpctl
+    python: str
+    torch: str
+    transformers: str
+    cuda: str | None  # torch.version.cuda: None on a CPU build
+    nccl: str | None  # torch.cuda.nccl.version(): None without CUDA
+    device: str
+    start_step: int  # 0 for a fresh run; the checkpoint's step when resumed
+    dataset: dict[str, Any]  # fsdptrain.fingerprint
+    tokenizer: dict[str, Any]
+    time: float
+
+
+Event = Leader | Step | Checkpoint | Summary | Start
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start)}
 
 
 def as_record(event: Event) -> dict[str, Any]:

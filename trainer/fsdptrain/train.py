@@ -77,6 +77,10 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     _set_up_torch(cfg)
     t = build(cfg, rt)
     rt.log(_banner(t, rt))
+    if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
+        from fsdptrain.provenance import start_event
+
+        rt.emit(start_event(t.cfg, rt.device, t.start_step))
     start_trackers(t.cfg, rt, t.start_step)
     outcome = loop(t, rt)
     return finish(t, rt, outcome)
@@ -424,6 +428,7 @@ def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float) -> str:
         ckpt.die_on_rank0()  # a crash between the shards and their publication
     time.sleep(t.slow_save_s)  # a slow volume (failpoint; 0 otherwise)
     state = {"consumed": t.loader.consumed, "loss": loss, "model": t.cfg.pretrained or t.cfg.model}
+    state["record_id"] = os.environ.get(events.RECORD_ENV) or None  # which run made this checkpoint
     final = ckpt.publish(root, step=step, trainer_state=state)
     ckpt.prune(root, keep=t.cfg.checkpoint_keep)
     return str(final)
@@ -509,4 +514,5 @@ def _summary(t: Training, rt: Runtime, out: Outcome, export: Path | None) -> eve
         checkpoint=out.checkpoint,
         export=str(export) if export else None,
         stopped=out.stopped,
+        record_id=os.environ.get(events.RECORD_ENV) or None,
     )

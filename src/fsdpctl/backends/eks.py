@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
-from fsdpctl import deploy, kjobs, kstatus, render
+from fsdpctl import deploy, kjobs, kstatus, record_store, render
 from fsdpctl.backends import FINAL, LogLine, Started, remember
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.jobs import secret_env
@@ -34,9 +34,19 @@ class EksBackend:
             lines = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
             return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines)
         token = secret_env(cfg).get("HF_TOKEN", "")
+        run_id = run_id or render.new_run_id(cfg.job_name)
+        rec = None if server_dry_run else record_store.new(cfg, run_id)
         started = kjobs.run(
-            self.kube, cfg, run_id=run_id, replace=replace, token=token, server_dry_run=server_dry_run
+            self.kube,
+            cfg,
+            run_id=run_id,
+            replace=replace,
+            token=token,
+            server_dry_run=server_dry_run,
+            record=rec,
         )
+        if rec is not None:  # this machine's copy: the ConfigMap goes when its job does
+            record_store.save(started["record"])
         if server_dry_run:
             lines = [*started["objects"], f"Secret/{render.secret_name(cfg)}"]
             unchecked = self.kube.unchecked

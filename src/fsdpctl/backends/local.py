@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import crilog, kstatus, prestep, render
+from fsdpctl import crilog, kstatus, prestep, record_store, render
 from fsdpctl.adapters import local
 from fsdpctl.backends import LogLine, Started, remember
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -34,20 +34,26 @@ class LocalBackend:
             raise FsdpctlError("--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks")
         cfg = self.cfg
         run_id = checked_run_id(run_id) if run_id is not None else render.new_run_id(cfg.job_name)
-        *infra, job = render.render_job(cfg, run_id)
+        rec = record_store.new(cfg, run_id) if not dry_run else None
+        *infra, job = render.render_job(cfg, run_id, rec["id"] if rec else "")
         fetch_job = next((o for o in infra if o["kind"] == "Job"), None)  # the download before training
-        if dry_run:
+        if dry_run or rec is None:
             return self._dry_run(job, run_id, fetch_job)
         if missing := missing_packages(cfg.training):  # the trainers run in this environment
             raise FsdpctlError(missing[0], code=ExitCode.BAD_INPUT)
         if replace and local.effective_phase(local.read_state(local.job_dir(cfg.job_name))) in local.ACTIVE:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
+        secrets = secret_env(cfg)  # a token file that is not one token: refused before anything is written
+        # the record is on disk before any process of the run starts; gone again if none does
+        saved = record_store.save({**rec, "manifests": render.to_yaml([*infra, job])})
         try:
-            st = local.start(job, secret_env=secret_env(cfg), prestep=fetch_job)
+            st = local.start(job, secret_env=secrets, prestep=fetch_job)
         except local.JobBusy as e:
+            record_store.discard(saved)
             raise FsdpctlError(str(e), code=ExitCode.BAD_INPUT) from e
         except local.LocalJobError as e:
+            record_store.discard(saved)
             raise FsdpctlError(str(e)) from e
         remember(cfg)
         return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")

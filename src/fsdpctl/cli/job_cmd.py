@@ -11,7 +11,7 @@ import typer
 
 from fsdpctl import backends, crilog, files
 from fsdpctl.backends import FINAL, Backend
-from fsdpctl.cli import completion, job_view
+from fsdpctl.cli import completion, job_record_cmd, job_view
 from fsdpctl.cli.common import (
     DryRunOpt,
     ForceOpt,
@@ -288,9 +288,10 @@ def wait(
         raise
 
 
-
 # `job plot` and `job tensorboard` (pictures of a job) live in their own module
 from fsdpctl.cli import job_plot_cmd  # noqa: E402
 
 app.command()(job_plot_cmd.plot)
 app.command()(job_plot_cmd.tensorboard)
+
+job_record_cmd.register(app)  # describe, rerun, diff: a run's record (after the verbs above in the help)

@@ -1,0 +1,361 @@
+"""Run records: what made a run, written when it starts, so it can be shown, compared and started again.
+
+Pure: the record is a dict built from the Config and from facts the edges gathered (the code version from
+git, the image, the rendered manifests, the trainer's `start` event). Its id is a short hash of what made
+the run (`made`): the job and run id, where it ran, the fully resolved settings, the code and the image
+reference. What is learnt or derived later is kept beside it, not hashed: where each value came from, the
+manifests (rendered from the hashed part and the id), the image digest the pods report, and the trainer's
+library versions and data fingerprints.
+
+Secrets are references, never values: HF_TOKEN is recorded as where the token lives (the Kubernetes Secret,
+or the environment of `job run`), and a value of any key that looks like a secret is masked as every output
+masks it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fsdpctl.redact import MASK, secret_kind
+from fsdpctl.settings import SECRET_KEYS, Config, Settings, setting_keys
+from fsdptrain import events, fingerprint
+
+KIND = "fsdpctl.io/run-record"
+VERSION = 1
+ID_CHARS = 12  # 48 bits: distinct for every run anyone keeps
+# the parts of a record the id covers; the rest is provenance or learnt after the start
+MADE = ("kind", "version", "job", "run_id", "backend", "settings", "code", "image")
+# a .env value written without quotes: python-dotenv's unquoted grammar takes it as is (no '#', space, quote)
+BARE = re.compile(r"[A-Za-z0-9_./:,=@+%-]+")
+# keys that say where a run lives, not how it trains: `job diff` of two runs names them apart (`placement`)
+PLACEMENT = ("JOB_NAME", "BACKEND", "JOB_NAMESPACE", "KUBE_CONTEXT")
+
+
+def value_text(value: Any) -> str:
+    """A setting's value as its .env string: booleans as true/false (both Settings and the trainer read
+    them), everything else as str() (floats keep repr's round trip)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def resolved_settings(cfg: Config) -> dict[str, str]:
+    """Every key fsdpctl reads, fully resolved (defaults and model defaults included), as .env strings; the
+    secret keys are left out (see `secret_refs`), and any other value shaped like a secret is masked."""
+    out = {}
+    train = cfg.train_env()
+    for key, name in setting_keys().items():
+        if key in SECRET_KEYS:
+            continue
+        value = value_text(getattr(cfg, name)) if name in Settings.model_fields else train[key]
+        out[key] = MASK if secret_kind(value) else value
+    return out
+
+
+def secret_refs(cfg: Config, secret_name: str) -> dict[str, str]:
+    """Where each secret of the run lives, in words: never its value. Empty when the run has none."""
+    if not (cfg.hf_token.get_secret_value() or cfg.hf_token_file):
+        return {}
+    given = (
+        f"HF_TOKEN_FILE={cfg.hf_token_file}"
+        if not cfg.hf_token.get_secret_value()
+        else f"HF_TOKEN ({cfg.sources.get('HF_TOKEN', 'env')})"
+    )
+    if cfg.backend == "eks":
+        return {"HF_TOKEN": f"<secret: Kubernetes Secret {secret_name}, key HF_TOKEN; from {given}>"}
+    return {"HF_TOKEN": f"<secret: the environment of `job run`; from {given}>"}
+
+
+def digest(rec: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of the parts of `rec` that made the run."""
+    made = {k: rec.get(k) for k in MADE}
+    if made["image"] is not None:  # the reference the run asked for; the digest is learnt from its pods
+        made["image"] = {"uri": made["image"].get("uri")}
+    return hashlib.sha256(json.dumps(made, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def build(
+    cfg: Config,
+    *,
+    run_id: str,
+    code: dict[str, Any],
+    image: dict[str, Any] | None,
+    created: float,
+    secret_name: str,
+) -> dict[str, Any]:
+    """The record of a run about to start (no manifests yet: they are rendered with its id)."""
+    rec: dict[str, Any] = {
+        "kind": KIND,
+        "version": VERSION,
+        "job": cfg.job_name,
+        "run_id": run_id,
+        "backend": cfg.backend,
+        "settings": resolved_settings(cfg),
+        "code": code,
+        "image": image,
+        "created": created,
+        "sources": {k: cfg.sources.get(k, "default") for k in setting_keys()},
+        "secrets": secret_refs(cfg, secret_name),
+        "trainer": None,  # the trainer's `start` event, merged when read back
+        "manifests": None,
+    }
+    rec["hash"] = digest(rec)
+    rec["id"] = rec["hash"][:ID_CHARS]
+    return rec
+
+
+def problem(rec: Any) -> str | None:
+    """Why `rec` is not a run record fsdpctl can use (wrong shape, or its parts no longer match its hash)."""
+    if not isinstance(rec, dict) or rec.get("kind") != KIND or not isinstance(rec.get("settings"), dict):
+        return "is not a run record"
+    if rec.get("version") != VERSION:
+        return f"is a version {rec.get('version')} run record; this fsdpctl reads version {VERSION}"
+    if rec.get("hash") != digest(rec) or rec.get("id") != str(rec.get("hash"))[:ID_CHARS]:
+        return "was changed after it was written: its hash no longer matches what it records"
+    return None
+
+
+def with_start(rec: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
+    """`rec` with the trainer's `start` event (versions, data fingerprints), when the event is this run's."""
+    if start.get("record_id") != rec["id"]:
+        return rec
+    return {**rec, "trainer": {k: v for k, v in start.items() if k not in ("event", "record_id")}}
+
+
+# ---- .env ------------------------------------------------------------------------------------------------
+
+
+def quoted(value: str) -> str:
+    """A value as python-dotenv reads it back unchanged: bare when it can be, else single-quoted with its
+    backslashes and quotes escaped (the only escapes of dotenv's single-quoted grammar: \\\\ and \\')."""
+    if BARE.fullmatch(value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def env_text(rec: Mapping[str, Any]) -> str:
+    """The record as a .env that reproduces the run: every resolved setting with where it came from, the
+    secrets as comments saying where they live (set them again where you run it)."""
+    lines = [
+        f"# fsdpctl run record {rec['id']}: job {rec['job']}, run {rec['run_id']}, backend {rec['backend']}",
+        f"# code: {code_text(rec.get('code'))}",
+    ]
+    if rec.get("image"):
+        lines.append(f"# image: {image_text(rec['image'])}")
+    for key, value in rec["settings"].items():
+        lines.append(f"{key}={quoted(value)}  # {rec.get('sources', {}).get(key, 'default')}")
+    for key, ref in rec.get("secrets", {}).items():
+        lines.append(f"# {key}={ref}")
+    return "\n".join(lines) + "\n"
+
+
+def code_text(code: Mapping[str, Any] | None) -> str:
+    if not code:
+        return "unknown"
+    commit = code.get("commit")
+    where = (
+        f"commit {commit[:12]}" + (" (dirty)" if code.get("dirty") else "")
+        if commit
+        else "not a git checkout"
+    )
+    return f"fsdpctl {code.get('fsdpctl')}, fsdptrain {code.get('fsdptrain')}, {where}"
+
+
+def image_text(image: Mapping[str, Any]) -> str:
+    digest_ = image.get("digest")
+    return f"{image.get('uri')} @ {digest_}" if digest_ else f"{image.get('uri')} (digest unknown)"
+
+
+# ---- rerun: what changed since ---------------------------------------------------------------------------
+
+
+def drift(
+    rec: Mapping[str, Any],
+    *,
+    code: Mapping[str, Any],
+    data: Mapping[str, Mapping[str, Any] | None],
+    image_digest: str | None = None,
+) -> list[str]:
+    """Why a rerun would not run what the record ran, one line each: the code (version, commit, local
+    changes), the image digest (when both are known), the data or tokenizer files (`data`: the fingerprints
+    computed now, by input name). Empty when nothing that can be checked differs."""
+    found = []
+    was = rec.get("code") or {}
+    for key in ("fsdpctl", "fsdptrain", "commit"):
+        if was.get(key) != code.get(key):
+            found.append(f"code: {key} was {was.get(key)}, now {code.get(key)}")
+    if was.get("commit") and was.get("commit") == code.get("commit"):
+        if (was.get("dirty"), was.get("diff_sha256")) != (code.get("dirty"), code.get("diff_sha256")):
+            before, after = _changes(was), _changes(code)
+            found.append(f"code: uncommitted changes (git diff HEAD) were {before}, now {after}")
+    recorded = (rec.get("image") or {}).get("digest")
+    if recorded and image_digest and recorded != image_digest:
+        found.append(f"image: {(rec.get('image') or {}).get('uri')} was {recorded}, now {image_digest}")
+    for name, fp_now in data.items():
+        fp_then = (rec.get("trainer") or {}).get(name)
+        change = fingerprint.difference(fp_then, fp_now)
+        if change:
+            found.append(f"{name} ({fp_then.get('source') if fp_then else '?'}): {change}")
+    return found
+
+
+def _changes(code: Mapping[str, Any]) -> str:
+    return f"sha256 {str(code.get('diff_sha256'))[:12]}" if code.get("dirty") else "none"
+
+
+# ---- diff ------------------------------------------------------------------------------------------------
+
+
+def versions(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The versions a record names: fsdpctl's code, the image, and the trainer's libraries."""
+    code, trainer = rec.get("code") or {}, rec.get("trainer") or {}
+    image = rec.get("image") or {}
+    return {
+        "fsdpctl": code.get("fsdpctl"),
+        "fsdptrain": code.get("fsdptrain"),
+        "commit": code.get("commit"),
+        "dirty": code.get("dirty"),
+        "image": image.get("uri"),
+        "image_digest": image.get("digest"),
+        **{k: trainer.get(k) for k in ("python", "torch", "transformers", "cuda", "nccl")},
+    }
+
+
+def data_of(rec: Mapping[str, Any]) -> dict[str, Any]:
+    trainer = rec.get("trainer") or {}
+    return {name: (trainer.get(name) or {}).get("digest") for name in ("dataset", "tokenizer")}
+
+
+def _changed(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, list[Any]]:
+    return {k: [a.get(k), b.get(k)] for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """What differs between two runs, each part only where it differs: the settings that change training,
+    the placement keys (job name, backend, namespace), the versions, and the data fingerprints."""
+    settings = _changed(a["settings"], b["settings"])
+    return {
+        "a": {"id": a["id"], "job": a["job"], "run_id": a["run_id"]},
+        "b": {"id": b["id"], "job": b["job"], "run_id": b["run_id"]},
+        "settings": {k: v for k, v in settings.items() if k not in PLACEMENT},
+        "placement": {k: v for k, v in settings.items() if k in PLACEMENT},
+        "versions": _changed(versions(a), versions(b)),
+        "data": _changed(data_of(a), data_of(b)),
+    }
+
+
+def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[dict[str, Any]]:
+    """One row per step either run logged: step, loss A, loss B (None where a run has no such step)."""
+    return [{"step": s, "a": a.get(s), "b": b.get(s)} for s in sorted(a.keys() | b.keys())]
+
+
+# ---- on a cluster: the job's annotation and the ConfigMap <job>-record ------------------------------------
+
+ANNOTATION = "fsdpctl.io/record-hash"
+# "The data stored in a ConfigMap cannot exceed 1 MiB" (kubernetes.io/docs/concepts/configuration/configmap):
+# the manifests, the largest part, are left out of a record that would not fit, and the ConfigMap says so
+CONFIG_MAP_MAX_BYTES = 1024 * 1024
+METADATA_ROOM = 16 * 1024  # labels, annotations, ownerReferences: the rest of the object
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-record"
+
+
+def annotated(job: dict[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The job object carrying its record's hash (what `job describe` checks the ConfigMap against)."""
+    meta = job["metadata"]
+    return {
+        **job,
+        "metadata": {**meta, "annotations": {**meta.get("annotations", {}), ANNOTATION: rec["hash"]}},
+    }
+
+
+def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """The ConfigMap holding `rec`: record.json (without the manifests), settings.env, manifests.yaml."""
+    body = {k: v for k, v in rec.items() if k != "manifests"}
+    data = {
+        "record.json": json.dumps(body, indent=1, sort_keys=True, default=str),
+        "settings.env": env_text(rec),
+        "manifests.yaml": rec.get("manifests") or "",
+    }
+    size = sum(len(k) + len(v.encode()) for k, v in data.items())
+    if size > CONFIG_MAP_MAX_BYTES - METADATA_ROOM:
+        del data["manifests.yaml"]
+        data["manifests.note"] = (
+            f"left out: the record with its manifests is {size} bytes, over a ConfigMap's 1 MiB; "
+            "`fsdpctl job describe` on the machine that started the run shows them"
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": config_map_name(rec["job"]),
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/managed-by": "fsdpctl",
+                "fsdpctl.io/record-of": rec["job"],
+                "fsdpctl.io/run-id": rec["run_id"][:63],
+            },
+            "annotations": {ANNOTATION: rec["hash"]},
+        },
+        "data": data,
+    }
+
+
+def from_config_map(cm: Mapping[str, Any]) -> dict[str, Any]:
+    """The record a ConfigMap holds (ValueError when it holds none)."""
+    data = cm.get("data") or {}
+    rec = json.loads(data.get("record.json", "null"))
+    if not isinstance(rec, dict):
+        raise ValueError("no record.json")
+    return {**rec, "manifests": data.get("manifests.yaml")}
+
+
+# ---- what a run's log and pods add -----------------------------------------------------------------------
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def image_digest(pods: Sequence[Mapping[str, Any]], container: str) -> tuple[str, str] | None:
+    """(digest, pod) from the first pod whose `container` reports one: the kubelet's
+    status.containerStatuses[].imageID is the image the runtime actually pulled (e.g.
+    `<registry>/<repo>@sha256:...`, or `docker-pullable://...@sha256:...` under dockershim), whatever tag
+    the pod spec named."""
+    for pod in pods:
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            found = DIGEST.search(str(status.get("imageID") or ""))
+            if status.get("name") == container and found:
+                return found.group(0), pod["metadata"]["name"]
+    return None
+
+
+def with_digest(rec: dict[str, Any], found: tuple[str, str] | None) -> dict[str, Any]:
+    if found is None or rec.get("image") is None or rec["image"].get("digest"):
+        return rec
+    digest_, pod = found
+    return {**rec, "image": {**rec["image"], "digest": digest_, "digest_from": f"pod {pod} status"}}
+
+
+def learnt(rec: dict[str, Any], log: list[str]) -> dict[str, Any]:
+    """`rec` with this run's `start` event from the leader's log, when it is there."""
+    for e in events.parse(log):
+        if isinstance(e, events.Start) and e.record_id == rec["id"]:
+            return with_start(rec, events.as_record(e))
+    return rec
+
+
+def losses(log: list[str]) -> dict[int, float]:
+    """Step -> loss of a run, from its leader's log: the summary's every-step losses when it finished (the
+    step lines come only every LOG_INTERVAL), else the step lines; the latest wins where a restart repeats
+    a step."""
+    parsed = list(events.parse(log))
+    out: dict[int, float] = {}
+    for e in parsed:
+        if isinstance(e, events.Step):
+            out[e.step] = e.loss
+        elif isinstance(e, events.Summary):
+            out.update({e.start_step + 1 + i: loss for i, loss in enumerate(e.losses)})
+    return out
