@@ -106,7 +106,7 @@ def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_des
         new["run_id"] != rec["run_id"] and job2["metadata"]["annotations"][record.ANNOTATION] == new["hash"]
     )
     assert cm["metadata"]["ownerReferences"][0]["uid"] == job2["metadata"]["uid"] != job["metadata"]["uid"]
-    assert new["sources"]["LR"] == f"record {rec['id']}: flag" and new["sources"]["MAX_STEPS"] == "flag"
+    assert new["sources"]["LR"] == f"record {rec['id']}: --set" and new["sources"]["MAX_STEPS"] == "--set"
     d = cli("job", "diff", rec["run_id"], new["run_id"], "-o", "json")
     assert json.loads(d.stdout)["settings"] == {"MAX_STEPS": ["50", "60"]}, d.output
     assert TOKEN not in rerun.output + json.dumps(cm)

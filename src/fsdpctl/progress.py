@@ -103,6 +103,12 @@ def describe(event: events.Event) -> str:
         return f"checkpoint at step {event.step}: {event.path}"
     if isinstance(event, events.Leader):
         return f"leader: node rank {event.node_rank} on {event.hostname}, {event.world} processes"
+    if isinstance(event, events.Start):
+        cuda = f"CUDA {event.cuda}, NCCL {event.nccl}" if event.cuda else "no CUDA"
+        return (
+            f"start: torch {event.torch}, transformers {event.transformers}, {cuda} on {event.device}, "
+            f"from step {event.start_step}" + (f", record {event.record_id}" if event.record_id else "")
+        )
     what = "stopped" if event.stopped else "done"
     return (
         f"{what}: {event.steps} steps (from step {event.start_step}), loss {event.first_loss:.4f} -> "
