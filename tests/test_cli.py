@@ -275,6 +275,12 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     assert status["phase"] == "Succeeded" and status["step"] == 8 and status["nodes"] == 2
     assert status["summary"]["final_loss"] < status["summary"]["first_loss"]
     _logs_of_a_real_job(cli, "quickstart", result.stdout)
+    # -o json: one document on stdout (the final report and the next commands); the progress stays on stderr
+    r = cli("quickstart", "--steps", "2", "--nodes", "1", "-o", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == doc["exit_code"] == 0 and doc["job"] == "quickstart", r.output
+    assert doc["report"]["phase"] == "Succeeded" and doc["report"]["step"] == 2
+    assert doc["next"][0] == "fsdpctl job status quickstart"
 
 
 def _logs_of_a_real_job(cli, job: str, shown: str) -> None:

@@ -410,8 +410,15 @@ def test_completion_of_job_names_setting_keys_values_and_models(cli, monkeypatch
     def got(words: str) -> list[str]:
         return complete(cli, monkeypatch, words)
 
-    for verb in ("status", "logs", "stop", "wait"):
-        assert got(f"fsdpctl job {verb} ") == [*some_jobs, "on-eks"]
+    import typer.main
+
+    from fsdpctl.cli import app
+
+    job = typer.main.get_command(app).commands["job"]
+    verbs = [v for v, c in job.commands.items() if any(p.param_type_name == "argument" for p in c.params)]
+    assert {"status", "logs", "stop", "wait", "plot", "describe", "diff"} <= set(verbs)
+    for verb in verbs:  # every job verb that takes a job: its first argument offers the jobs
+        assert got(f"fsdpctl job {verb} ") == [*some_jobs, "on-eks"], verb
     assert got("fsdpctl job logs -f job-") == some_jobs
     assert got("fsdpctl job logs on") == ["on-eks"]
     assert got("fsdpctl --set BACK") == ["BACKEND="]

@@ -21,8 +21,8 @@ from test_kube import cli as kcli
 
 # covered by a test of its own, at a cost this file does not want to pay again: doctor imports torch and
 # runs its probes (tests/test_doctor.py parses its -o json); monitor top needs a running job
-# (tests/test_kube.py::test_monitor_top)
-ELSEWHERE = {("doctor",), ("monitor", "top")}
+# (tests/test_kube.py::test_monitor_top); quickstart trains (tests/test_cli.py, slow, parses its -o json)
+ELSEWHERE = {("doctor",), ("monitor", "top"), ("quickstart",)}
 # what the tests below run in a situation of its own
 NAMED = {
     *[("config", c) for c in ("show", "validate")],

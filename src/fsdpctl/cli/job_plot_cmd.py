@@ -12,10 +12,11 @@ import typer
 
 from fsdpctl import backends, files
 from fsdpctl.backends import Backend
+from fsdpctl.cli import completion
 from fsdpctl.cli.common import ok, out, state
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
-NameArg = typer.Argument(None, help="job name (default: JOB_NAME)")
+NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
 BackendOpt = Annotated[
     str | None,
     typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),

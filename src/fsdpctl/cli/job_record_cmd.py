@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from fsdpctl import backends, files
-from fsdpctl.cli import job_view
+from fsdpctl.cli import completion, job_view
 from fsdpctl.cli.common import ForceOpt, admit, err, ok, out, state, warn
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from fsdpctl.settings import Config
 
 FORMATS = ("table", "json", "env")
-NameArg = typer.Argument(help="job name (its newest run), run id or record id (default: JOB_NAME)")
+NameArg = typer.Argument(
+    help="job name (its newest run), run id or record id (default: JOB_NAME)",
+    autocompletion=completion.job_names,
+)
 BackendOpt = Annotated[
     str | None,
     typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
@@ -296,8 +299,10 @@ def rerun(
 
 def diff(
     ctx: typer.Context,
-    a: Annotated[str, typer.Argument(help="a run: job name, run id or record id")],
-    b: Annotated[str, typer.Argument(help="the other run")],
+    a: Annotated[
+        str, typer.Argument(help="a run: job name, run id or record id", autocompletion=completion.job_names)
+    ],
+    b: Annotated[str, typer.Argument(help="the other run", autocompletion=completion.job_names)],
     output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     backend: BackendOpt = None,
 ) -> None:

@@ -8,7 +8,7 @@ import typer
 
 from fsdpctl import backends
 from fsdpctl.cli import job_view
-from fsdpctl.cli.common import ok, out, state
+from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, state
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process, CPU.
 # fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
@@ -29,15 +29,19 @@ QUICKSTART = {
 }
 
 
-def next_commands(job_name: str) -> str:
-    """What to run after the quickstart, with its job's name: the job is not the default JOB_NAME ('fsdp'),
-    so a bare `fsdpctl job status` finds nothing."""
-    rows = (
+def next_rows(job_name: str) -> tuple[tuple[str, str], ...]:
+    return (
         (f"fsdpctl job status {job_name}", "its steps, loss, tokens/s and checkpoint"),
         (f"fsdpctl job logs {job_name} --all", "every node's log, each line prefixed with its node"),
         ("fsdpctl job list", "every job fsdpctl knows, with its phase"),
         ("fsdpctl plan --model 7b", "memory, speed and cost of Llama-2 7B on a GPU cluster"),
     )
+
+
+def next_commands(job_name: str) -> str:
+    """What to run after the quickstart, with its job's name: the job is not the default JOB_NAME ('fsdp'),
+    so a bare `fsdpctl job status` finds nothing."""
+    rows = next_rows(job_name)
     width = max(len(cmd) for cmd, _ in rows)
     return "next:\n" + "".join(f"  {cmd:<{width}}  # {why}\n" for cmd, why in rows)
 
@@ -52,12 +56,13 @@ def quickstart(
             "--plot/--no-plot", help="draw loss and tokens/s over steps at the end (default: on a terminal)"
         ),
     ] = None,
+    output: Output = OutputOpt,
 ) -> None:
     """Train a tiny Llama with FSDP on this machine: 2 simulated nodes, real torchrun rendezvous, checkpoints.
 
     No cloud, GPU, download or .env needed. --set still overrides any setting.
 
-    Example: fsdpctl quickstart --steps 60
+    Example: fsdpctl quickstart --steps 60   (-o json: the final report and the next commands)
     """
     st = state(ctx)
     flags = {
@@ -77,6 +82,12 @@ def quickstart(
         f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; {started.where}"
     )
     code = job_view.outcome(be, started.job, job_view.follow(be, started.job))
+    # -o json|yaml: the job's final report and the next commands as one document (progress stays on stderr)
+    report = {"job": started.job, "run_id": started.run_id, "exit_code": code}
+    if emit(
+        {**report, "report": be.report(started.job), "next": [c for c, _ in next_rows(started.job)]}, output
+    ):
+        raise typer.Exit(code)
     if job_view.want_plot(plot):
         job_view.print_curves(be.history(started.job))
     out.print(next_commands(started.job), end="", markup=False)
