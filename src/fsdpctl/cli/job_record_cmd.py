@@ -6,7 +6,6 @@ record id; on a cluster a job name reads the ConfigMap <job>-record, anything el
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,7 +14,7 @@ from rich.table import Table
 
 from fsdpctl import backends, files
 from fsdpctl.cli import completion, job_view
-from fsdpctl.cli.common import ForceOpt, admit, err, ok, out, state, warn
+from fsdpctl.cli.common import ForceOpt, Output, admit, emit, err, ok, out, state, warn
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:
@@ -135,7 +134,7 @@ def describe(
     for line in got.problems:
         warn(line)
     if output == "json":
-        out.print(json.dumps(got.rec, indent=2, default=str), markup=False, highlight=False)
+        emit(got.rec, Output.json)
     elif output == "env":
         out.print(record.env_text(got.rec), end="", markup=False, highlight=False)
     else:
@@ -321,7 +320,7 @@ def diff(
     d = record.diff(one.rec, two.rec)
     d["losses"] = record.side_by_side(one.losses, two.losses)
     if output == "json":
-        out.print(json.dumps(d, indent=2, default=str), markup=False, highlight=False)
+        emit(d, Output.json)  # masked, written whole, as every -o json
         return
     out.print(f"A: record {d['a']['id']} (job {d['a']['job']}, run {d['a']['run_id']})", markup=False)
     out.print(f"B: record {d['b']['id']} (job {d['b']['job']}, run {d['b']['run_id']})", markup=False)
