@@ -339,3 +339,12 @@ def yaml_docs(path: Path) -> tuple:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return tuple(d for d in yaml.load_all(path.read_text(), Loader=loader) if d)
+
+
+def logged_events(json_lines: str) -> list:
+    """The trainer's events in `fsdpctl job logs -o json` output (one object per log line; an event line's
+    object holds the event under "event"): plain `job logs` shows human lines, not the JSON ones."""
+    from fsdptrain import events
+
+    objs = [json.loads(line) for line in json_lines.splitlines() if line.strip()]
+    return list(events.parse(json.dumps(o["event"]) for o in objs if isinstance(o.get("event"), dict)))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, prefixed, torchrun, torchrun_argv, train_env
+from conftest import ROOT, logged_events, prefixed, torchrun, torchrun_argv, train_env
 from conftest import fsdpctl_process as fsdpctl
 from fsdptrain import events
 
@@ -43,9 +43,11 @@ def job_env(home: Path, name: str, **settings) -> dict:
     return env
 
 
-def step_losses(log_text: str) -> dict[int, float]:
-    """Loss per step; after a restart the resumed attempt's lines replace the first attempt's."""
-    return {e.step: e.loss for e in events.parse(log_text.splitlines()) if isinstance(e, events.Step)}
+def step_losses(env) -> dict[int, float]:
+    """Loss per step of the leader's log (`job logs -o json`: plain `job logs` prints human lines); after a
+    restart the resumed attempt's lines replace the first attempt's."""
+    text = fsdpctl("job", "logs", "-o", "json", env=env).stdout
+    return {e.step: e.loss for e in logged_events(text) if isinstance(e, events.Step)}
 
 
 def leader_text(env) -> str:
@@ -58,7 +60,7 @@ def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
     trainer resumes from the last checkpoint; the losses after it equal an uninterrupted run's."""
     ref = job_env(tmp_path, "ref")
     assert fsdpctl("job", "run", env=ref, timeout=300).returncode == 0
-    expected = step_losses(leader_text(ref))
+    expected = step_losses(ref)
 
     env = job_env(tmp_path, "killed")
     assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
@@ -77,7 +79,7 @@ def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
     assert "resumed from" in text
     status = json.loads(fsdpctl("job", "status", "-o", "json", env=env).stdout)
     assert status["restarts"] == 1 and status["phase"] == "Succeeded"  # one restart of the job, both nodes
-    got = step_losses(text)
+    got = step_losses(env)
     resumed_at = status["summary"]["start_step"]
     assert resumed_at >= 20 and resumed_at % 20 == 0
     for step in range(resumed_at + 1, 121):

@@ -310,8 +310,8 @@ def test_a_short_local_job_writes_tensorboard_wandb_and_a_png(cli, tmp_path):
     run = cli(*(f"--set={kv}" for kv in sets), "job", "run")
     assert run.exit_code == 0, run.output
     status = json.loads(cli("job", "status", "pics", "-o", "json").stdout)
-    lines = [json.loads(x) for x in cli("job", "logs", "pics").stdout.splitlines() if x.startswith('{"event')]
-    logged = {r["step"]: r for r in lines if r["event"] == "step"}
+    lines = [json.loads(x) for x in cli("job", "logs", "pics", "-o", "json").stdout.splitlines()]
+    logged = {r["event"]["step"]: r["event"] for r in lines if r.get("event", {}).get("event") == "step"}
     assert sorted(logged) == [2, 4, 5]  # every LOG_INTERVAL and the last
 
     volume = cli.home / "volumes" / "fsx-claim"

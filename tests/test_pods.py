@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import KEEP_FSDPCTL_VARS, prefixed
+from conftest import KEEP_FSDPCTL_VARS, logged_events, prefixed
 from conftest import fsdpctl_process as fsdpctl
+from fsdpctl import crilog
 from fsdpctl.adapters import netns
 from fsdptrain import events
 
@@ -68,8 +69,8 @@ def state(env: dict[str, str]) -> dict:
 
 def step_losses(env: dict[str, str]) -> dict[int, float]:
     """Loss per step from the leader's log; a resumed attempt's lines replace the first attempt's."""
-    text = fsdpctl("job", "logs", env=env).stdout
-    return {e.step: e.loss for e in events.parse(text.splitlines()) if isinstance(e, events.Step)}
+    text = fsdpctl("job", "logs", "-o", "json", env=env).stdout  # plain `job logs` prints human lines
+    return {e.step: e.loss for e in logged_events(text) if isinstance(e, events.Step)}
 
 
 def wait_for_step(env: dict[str, str], step: int, within: float = 180) -> None:
@@ -84,7 +85,9 @@ def wait_for_step(env: dict[str, str], step: int, within: float = 180) -> None:
 def _latest_step(env: dict[str, str]) -> int:
     logs = Path(env["FSDPCTL_HOME"]) / "jobs" / env["FSDPCTL_JOB_NAME"] / "logs"
     lines = [
-        line for log in logs.glob("*/node-*.log") for line in log.read_text(errors="replace").splitlines()
+        line
+        for log in logs.glob("*/node-*.log")
+        for line in crilog.texts(log)  # the relay's CRI format
     ]
     return max((e.step for e in events.parse(lines) if isinstance(e, events.Step)), default=0)
 

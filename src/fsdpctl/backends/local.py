@@ -128,7 +128,7 @@ class LocalBackend:
 
     def history(self, name: str) -> list[events.Event]:
         leader = local.leader_log(self._state(name))
-        return records(leader.read_text(errors="replace").splitlines()) if leader else []
+        return records(crilog.texts(leader)) if leader else []  # the relay's CRI lines, as text
 
     def tensorboard_dir(self, name: str) -> str | None:
         found = self._state(name).get("tensorboard_dir")

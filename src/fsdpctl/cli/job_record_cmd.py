@@ -53,10 +53,11 @@ def register(app: typer.Typer) -> None:
 def _local_log(rec: dict[str, Any]) -> list[str]:
     """The leader's lines of a local run: its node logs under the job directory (the leader alone prints
     events, so all nodes' lines together hold just its)."""
+    from fsdpctl import crilog
     from fsdpctl.adapters.local import job_dir
 
     logs = sorted((job_dir(rec["job"]) / "logs" / rec["run_id"]).glob("node-*.log"))
-    return [line for p in logs for line in p.read_text(errors="replace").splitlines()]
+    return [line for p in logs for line in crilog.texts(p)]  # the relay's CRI lines, as text
 
 
 def _from_this_machine(name: str) -> Loaded | None:
