@@ -300,9 +300,12 @@ def rerun(
 def diff(
     ctx: typer.Context,
     a: Annotated[
-        str, typer.Argument(help="a run: job name, run id or record id", autocompletion=completion.job_names)
+        str,
+        typer.Argument(
+            metavar="A", help="a run: job name, run id or record id", autocompletion=completion.job_names
+        ),
     ],
-    b: Annotated[str, typer.Argument(help="the other run", autocompletion=completion.job_names)],
+    b: Annotated[str, typer.Argument(metavar="B", help="the other run", autocompletion=completion.job_names)],
     output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     backend: BackendOpt = None,
 ) -> None:
