@@ -199,7 +199,7 @@ def test_export_then_fine_tune_from_it(assets, tmp_path):
         ({"WARMUP_STEPS": "50", "MAX_STEPS": "10"}, "WARMUP_STEPS=50 exceeds MAX_STEPS=10"),
         ({"DATASET": ""}, "DATASET='' is empty"),
         ({"DATASET": "/nonexistent/data.txt"}, "DATASET='/nonexistent/data.txt' does not exist"),
-        ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not valid: give true or false"),
+        ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not allowed: use one of auto, true, false"),
     ],
 )
 def test_bad_settings_exit_2_with_one_line_naming_the_field(assets, settings, message):
