@@ -508,6 +508,7 @@ def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
     """EXPORT_DIR (unless stopped early), then the summary."""
     export = None
     if t.cfg.export_dir and not out.stopped:
+        t.hf_config.use_cache = True  # the exported model is for inference; training ran without one
         export = ckpt.export_hf(
             Path(t.cfg.export_dir), model=t.model, config=t.hf_config, tokenizer=t.tokenizer
         )
