@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -171,6 +172,8 @@ def test_export_then_fine_tune_from_it(assets, tmp_path):
     assert base.rc == 0, base.stderr[-3000:]
     assert base.summary["export"] == str(export)
     assert (export / "model.safetensors").is_file() and (export / "config.json").is_file()
+    # trained without a KV cache, exported for inference with one (transformers' LlamaConfig default)
+    assert json.loads((export / "config.json").read_text())["use_cache"] is True
 
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -199,7 +202,7 @@ def test_export_then_fine_tune_from_it(assets, tmp_path):
         ({"WARMUP_STEPS": "50", "MAX_STEPS": "10"}, "WARMUP_STEPS=50 exceeds MAX_STEPS=10"),
         ({"DATASET": ""}, "DATASET='' is empty"),
         ({"DATASET": "/nonexistent/data.txt"}, "DATASET='/nonexistent/data.txt' does not exist"),
-        ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not valid: give true or false"),
+        ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not allowed: use one of auto, true, false"),
     ],
 )
 def test_bad_settings_exit_2_with_one_line_naming_the_field(assets, settings, message):

@@ -18,11 +18,17 @@ from typing import Any
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("bf16", "fp16", "fp32")
-AC_MODES = ("none", "full", "every-k")
+AC_MODES = ("none", "full", "every-k", "selective")
+AUTO_ON_OFF = ("auto", "on", "off")
+DETERMINISTIC_MODES = ("auto", "true", "false")
 DATASET_FORMATS = ("auto", "text", "json", "parquet")
 WANDB_MODES = ("online", "offline", "disabled")
 # what each optional key needs installed, and the extra that brings it
-TRACKER_PACKAGES = {"TENSORBOARD_DIR": ("tensorboard", "trackers"), "WANDB_PROJECT": ("wandb", "trackers")}
+OPTIONAL_PACKAGES = {
+    "TENSORBOARD_DIR": ("tensorboard", "trackers"),
+    "WANDB_PROJECT": ("wandb", "trackers"),
+    "FLOAT8": ("torchao", "float8"),
+}
 BUILTIN = "builtin"  # the offline corpus + tokenizer of fsdptrain.assets
 
 
@@ -62,9 +68,25 @@ class TrainConfig:
     )
     precision: str = _f("PRECISION", "bf16", "parameter/compute dtype", choices=PRECISIONS)
     activation_checkpointing: str = _f(
-        "ACTIVATION_CHECKPOINTING", "none", "recompute activations", choices=AC_MODES
+        "ACTIVATION_CHECKPOINTING",
+        "none",
+        "recompute activations: full (every layer), every-k, selective (every layer, keeping matmul outputs)",
+        choices=AC_MODES,
     )
     ac_every: int = _f("AC_EVERY", 2, "with every-k: checkpoint every k-th decoder layer", minimum=1)
+    fsdp_prefetch: int = _f(
+        "FSDP_PREFETCH",
+        1,
+        "all-gather the next N decoder layers ahead in forward and backward (0: FSDP2's implicit order)",
+        minimum=0,
+    )
+    compile: bool = _f("COMPILE", False, "torch.compile each decoder layer (the first steps compile)")
+    float8: bool = _f(
+        "FLOAT8",
+        False,
+        "float8 training of the decoder's linear layers through torchao (needs fsdpctl[float8] and a GPU "
+        "of compute capability 8.9+: H100/H200/L40S)",
+    )
     collective_timeout: int = _f(
         "COLLECTIVE_TIMEOUT",
         0,
@@ -81,6 +103,12 @@ class TrainConfig:
     min_lr_ratio: float = _f("MIN_LR_RATIO", 0.1, "cosine floor as a fraction of LR", minimum=0.0)
     warmup_steps: int = _f("WARMUP_STEPS", 5, "linear warmup steps", minimum=0)
     weight_decay: float = _f("WEIGHT_DECAY", 0.1, "AdamW weight decay", minimum=0.0)
+    fused_optimizer: str = _f(
+        "FUSED_OPTIMIZER",
+        "auto",
+        "fused AdamW kernel: auto (on with CUDA, foreach elsewhere), on, off (foreach)",
+        choices=AUTO_ON_OFF,
+    )
     grad_clip: float = _f("GRAD_CLIP", 1.0, "max global grad norm (0: off)", minimum=0.0)
     seed: int = _f("SEED", 1234, "seed for init, data order and RNG", minimum=0)
     # checkpoints
@@ -120,7 +148,13 @@ class TrainConfig:
         "W&B mode: online, offline (files under WANDB_DIR, `wandb sync` later) or disabled",
         choices=WANDB_MODES,
     )
-    deterministic: bool = _f("DETERMINISTIC", True, "deterministic algorithms (CPU: always)")
+    deterministic: str = _f(
+        "DETERMINISTIC",
+        "auto",
+        "torch deterministic algorithms: auto (on for CPU, off with CUDA, where they slow kernels), "
+        "true, false",
+        choices=DETERMINISTIC_MODES,
+    )
 
     def validate(self, *, check_paths: bool = True) -> TrainConfig:
         """Raise on the first problem; `check_paths` also checks local paths
@@ -159,7 +193,10 @@ class TrainConfig:
             if check_paths and local and not os.path.exists(os.path.expanduser(value)):
                 found.append(f"{key}={value!r} does not exist: check the path or mount")
         if check_paths:  # this machine runs the trainer: what the keys set need must be installed here
-            found += missing_packages(self)
+            gpu = float8_refusal(*local_gpu()) if self.float8 else None
+            # the GPU comes first: installing torchao would not help a machine that cannot run float8
+            found += [gpu] if gpu else []
+            found += [line for line in missing_packages(self) if not (gpu and line.startswith("FLOAT8="))]
         return found
 
     @property
@@ -280,13 +317,52 @@ def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     return TrainConfig(**with_model_defaults(values)[0]).validate()
 
 
+def resolve_deterministic(setting: str, device_type: str) -> bool:
+    """DETERMINISTIC: auto is on for CPU (the tests compare losses bit for bit) and off with CUDA, whose
+    deterministic kernels are slower (torch's reproducibility notes; torchtitan leaves them off too)."""
+    return setting == "true" or (setting == "auto" and device_type != "cuda")
+
+
+def resolve_fused_optimizer(setting: str, device_type: str) -> bool:
+    """FUSED_OPTIMIZER: auto takes AdamW's fused kernel with CUDA (one kernel for all parameters, torch's
+    fastest implementation there) and foreach elsewhere."""
+    return setting == "on" or (setting == "auto" and device_type == "cuda")
+
+
+FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9) and Hopper (9.0) onwards
+
+
+def float8_refusal(device: str, capability: tuple[int, int] | None) -> str | None:
+    """FLOAT8=true's one-line refusal on a machine without float8 tensor cores; None where it can run.
+    `device` names what this process trains on, `capability` is its CUDA compute capability (None: no GPU)."""
+    if capability is not None and capability >= FLOAT8_MIN_CAPABILITY:
+        return None
+    has = device if capability is None else f"{device} (compute capability {capability[0]}.{capability[1]})"
+    return (
+        f"FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L40S) and this "
+        f"process has {has}: unset FLOAT8 or run on such a GPU"
+    )
+
+
+def local_gpu() -> tuple[str, tuple[int, int] | None]:
+    """This process's device for `float8_refusal`: torchrun's LOCAL_RANK GPU, or the CPU. Asks the CUDA
+    driver only (no process group exists yet)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (cpu)", None
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), (major, minor)
+
+
 def missing_packages(cfg: TrainConfig) -> list[str]:
-    """One line per tracker key that is set while its package is not installed (checked without importing
-    it): the run is refused before it starts instead of failing at its first step."""
+    """One line per optional key (trackers, FLOAT8) that is set while its package is not installed (checked
+    without importing it): the run is refused before it starts instead of failing at its first step."""
     import importlib.util
 
     found = []
-    for key, (package, extra) in TRACKER_PACKAGES.items():
+    for key, (package, extra) in OPTIONAL_PACKAGES.items():
         value = getattr(cfg, _BY_ENV[key].name)
         if value and importlib.util.find_spec(package) is None:
             found.append(

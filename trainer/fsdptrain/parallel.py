@@ -1,4 +1,6 @@
-"""FSDP2 sharding, mixed precision and activation checkpointing, as in torchtitan's `parallelize`.
+"""FSDP2 sharding, mixed precision, activation checkpointing, per-layer compile and float8, as in
+torchtitan's `parallelize` (torchtitan/models/llama3/infra/parallelize.py): float8 first, then activation
+checkpointing, then compile, then FSDP.
 
 The four FSDP1 strategies users know map onto FSDP2 like this:
 - FULL_SHARD: 1-D mesh over all ranks, parameters resharded after forward.
@@ -9,6 +11,10 @@ The four FSDP1 strategies users know map onto FSDP2 like this:
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,24 +36,102 @@ def build_mesh(
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
+# Selective (op-level) activation checkpointing keeps these ops' outputs and recomputes the cheap rest
+# (norms, activations, RoPE): torchtitan's `_save_list` (torchtitan/distributed/activation_checkpoint.py),
+# less its tensor-parallel and MoE entries, which this trainer does not use.
+SAC_SAVE_OPS = (
+    "aten.mm.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten.max.default",  # float8's amax: cheap to keep, a reduction over a whole tensor to recompute
+)
+# the backend COMPILE uses; the CPU tests set aot_eager (same graphs, no C++ build) to stay within seconds
+COMPILE_BACKEND_ENV = "FSDPTRAIN_COMPILE_BACKEND"
+
+
+def _op(name: str) -> Any:
+    """torch.ops.aten.<op>.<overload> by name; None where this torch build lacks it."""
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op, None), overload, None)
+
+
+def sac_policy() -> Callable[..., Any]:
+    """torchtitan's op-level policy: save the outputs of SAC_SAVE_OPS, except every second matmul of a layer
+    (recomputing half the matmuls costs little and halves what they hold); recompute everything else."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = {op for op in map(_op, SAC_SAVE_OPS) if op is not None}
+    mm = torch.ops.aten.mm.default
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func == mm:
+            # counted separately in forward and in the recompute, so both take the same decisions
+            key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
+            count = getattr(policy, key, 0) + 1
+            setattr(policy, key, count)
+            if count % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _selective_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(sac_policy())
+
+
 def apply_activation_checkpointing(model: nn.Module, *, mode: str, every: int) -> int:
-    """Wrap decoder layers in non-reentrant checkpointing; returns how many were wrapped."""
+    """Wrap decoder layers in non-reentrant checkpointing; returns how many were wrapped. `selective`
+    wraps every layer but keeps the matmul outputs (SAC_SAVE_OPS), so backward recomputes only cheap ops."""
     if mode == "none":
         return 0
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     layers = decoder_layers(model)
-    step = 1 if mode == "full" else every
+    step = every if mode == "every-k" else 1
+    extra = {"context_fn": _selective_context} if mode == "selective" else {}
     wrapped = 0
     for i in range(0, len(layers), step):
-        layers[i] = checkpoint_wrapper(layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        layers[i] = checkpoint_wrapper(layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
         wrapped += 1
     return wrapped
 
 
-def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: str) -> None:
-    """fully_shard each decoder layer, then the root (embeddings, final norm, head)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def apply_compile(model: nn.Module) -> None:
+    """torch.compile each decoder layer in place (torchtitan's `apply_compile`): the layers share one code
+    object, so they compile once; `Module.compile` keeps the parameter names, hence the checkpoints."""
+    backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
+    for layer in decoder_layers(model):
+        layer.compile(backend=backend)
+
+
+def float8_filter(module: nn.Module, fqn: str) -> bool:
+    """Which linear layers float8 trains: the decoder's, not the output head (torchtitan keeps `output` in
+    high precision), and only shapes float8 matmuls take (both dimensions multiples of 16)."""
+    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "lm_head":
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def apply_float8(model: nn.Module) -> int:
+    """Swap the decoder's nn.Linear for torchao's Float8Linear (dynamic tensorwise scaling, torchao's
+    default recipe); returns how many were swapped. FLOAT8's GPU and package were checked at start."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model, module_filter_fn=float8_filter)
+    return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def apply_fsdp(
+    model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: str, prefetch: int = 1
+) -> None:
+    """fully_shard each decoder layer, then the root (embeddings, final norm, head); with `prefetch` > 0,
+    each layer also names the next `prefetch` layers whose all-gather starts before its own compute."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
     reshard = strategy != "SHARD_GRAD_OP"
@@ -56,12 +140,40 @@ def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: 
         # the last layer's params are needed again right away in backward: no point resharding them
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and i < len(layers) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if prefetch:
+        set_prefetch([layer for layer in layers if isinstance(layer, FSDPModule)], prefetch)
+
+
+def set_prefetch(layers: list[Any], n: int) -> None:
+    """Explicit FSDP2 prefetch (torch's FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch, as
+    in torch's FSDP2 example): forward runs the layers in order, backward in reverse."""
+    for i, layer in enumerate(layers):
+        ahead = layers[i + 1 : i + 1 + n]
+        behind = layers[max(0, i - n) : i][::-1]
+        if ahead:
+            layer.set_modules_to_forward_prefetch(ahead)
+        if behind:
+            layer.set_modules_to_backward_prefetch(behind)
 
 
 def parallelize(
-    model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: str, ac_mode: str, ac_every: int
+    model: nn.Module,
+    *,
+    mesh: DeviceMesh,
+    strategy: str,
+    precision: str,
+    ac_mode: str,
+    ac_every: int,
+    compile: bool = False,
+    float8: bool = False,
+    prefetch: int = 1,
 ) -> int:
-    """Activation checkpointing, then FSDP2, in place; returns how many layers recompute activations."""
+    """Float8, activation checkpointing, compile, then FSDP2, in place; returns how many layers recompute
+    activations."""
+    if float8:
+        apply_float8(model)
     wrapped = apply_activation_checkpointing(model, mode=ac_mode, every=ac_every)
-    apply_fsdp(model, mesh=mesh, strategy=strategy, precision=precision)
+    if compile:
+        apply_compile(model)
+    apply_fsdp(model, mesh=mesh, strategy=strategy, precision=precision, prefetch=prefetch)
     return wrapped

@@ -33,7 +33,13 @@ from torch.distributed.tensor import DTensor
 
 from fsdptrain import checkpoint as ckpt
 from fsdptrain import events
-from fsdptrain.config import BUILTIN, ConfigError, TrainConfig
+from fsdptrain.config import (
+    BUILTIN,
+    ConfigError,
+    TrainConfig,
+    resolve_deterministic,
+    resolve_fused_optimizer,
+)
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.metrics import GpuTelemetry, SavedActivations, local_state_bytes, memory_stats, peak_tflops
 from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config
@@ -74,7 +80,7 @@ def run(cfg: TrainConfig) -> int:
 
 def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     """Build, train to MAX_STEPS (or until SIGTERM), export; returns the summary rank 0 printed."""
-    _set_up_torch(cfg)
+    _set_up_torch(cfg, rt.device)
     t = build(cfg, rt)
     rt.log(_banner(t, rt))
     if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
@@ -86,14 +92,14 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     return finish(t, rt, outcome)
 
 
-def _set_up_torch(cfg: TrainConfig) -> None:
+def _set_up_torch(cfg: TrainConfig, device: torch.device) -> None:
     import datasets
 
     datasets.disable_progress_bars()
     # init is seeded per shard coordinate (build_model), so DTensor's CPU RNG caveat does not apply
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     torch.manual_seed(cfg.seed)
-    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    torch.use_deterministic_algorithms(resolve_deterministic(cfg.deterministic, device.type), warn_only=True)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -186,6 +192,9 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Modul
         config = AutoConfig.from_pretrained(str(path))
     else:
         config = llama_config(cfg.model, vocab_size=max(len(tokenizer), MODEL_CONFIGS[cfg.model].vocab))
+    # no KV cache in training: it is never read, and selective checkpointing's recompute would find the
+    # keys of the forward already in it (a different op sequence, which torch.utils.checkpoint refuses)
+    config.use_cache = False
     model = build_meta_model(config)
     mesh = build_mesh(
         rt.device.type,
@@ -201,6 +210,9 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Modul
         precision=cfg.precision,
         ac_mode=cfg.activation_checkpointing,
         ac_every=cfg.ac_every,
+        compile=cfg.compile,
+        float8=cfg.float8,
+        prefetch=cfg.fsdp_prefetch,
     )
     # replicas (HSDP/NO_SHARD) must start identical, shards must differ: seed by position in the shard dim
     shard_coord = mesh.get_local_rank("shard") if mesh.ndim == 2 else mesh.get_local_rank()
@@ -214,9 +226,16 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Modul
 def build_optimizer(
     cfg: TrainConfig, model: nn.Module, device: torch.device
 ) -> tuple[torch.optim.Optimizer, ShardedGradScaler | None]:
-    """AdamW over the sharded parameters; a loss scaler for fp16 (bf16 and fp32 need none)."""
+    """AdamW over the sharded parameters (fused or foreach: FUSED_OPTIMIZER); a loss scaler for fp16 (bf16
+    and fp32 need none)."""
+    fused = resolve_fused_optimizer(cfg.fused_optimizer, device.type)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=True
+        model.parameters(),
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay,
+        fused=fused,
+        foreach=not fused,  # torch refuses both at once
     )
     if cfg.precision != "fp16":
         return optimizer, None
@@ -262,8 +281,20 @@ def _banner(t: Training, rt: Runtime) -> str:
         f"{cfg.sharding_strategy} mesh {t.mesh_shape}, {cfg.precision}, "
         f"activation checkpointing {ac}, world {rt.world} on {rt.device.type}, "
         f"{t.tokens_per_step} tokens/step, steps {t.start_step + 1}..{cfg.max_steps}"
+        + "".join(f", {lever}" for lever in _levers(cfg, rt.device))
         + (", HF token set" if _hf_token_given() else "")
     )
+
+
+def _levers(cfg: TrainConfig, device: torch.device) -> list[str]:
+    """The speed settings this run took, for the banner."""
+    on = {
+        "compiled layers": cfg.compile,
+        "float8 linears": cfg.float8,
+        "fused AdamW": resolve_fused_optimizer(cfg.fused_optimizer, device.type),
+        "deterministic": resolve_deterministic(cfg.deterministic, device.type),
+    }
+    return [name for name, taken in on.items() if taken] + [f"FSDP prefetch {cfg.fsdp_prefetch}"]
 
 
 # ---- the loop --------------------------------------------------------------------------------------------
@@ -477,6 +508,7 @@ def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
     """EXPORT_DIR (unless stopped early), then the summary."""
     export = None
     if t.cfg.export_dir and not out.stopped:
+        t.hf_config.use_cache = True  # the exported model is for inference; training ran without one
         export = ckpt.export_hf(
             Path(t.cfg.export_dir), model=t.model, config=t.hf_config, tokenizer=t.tokenizer
         )

@@ -1,0 +1,217 @@
+"""The trainer's GPU levers (issue 17): COMPILE, FUSED_OPTIMIZER, DETERMINISTIC, ACTIVATION_CHECKPOINTING=
+selective, FLOAT8, FSDP_PREFETCH. Each one that a CPU can run is checked against the default run under real
+torchrun (gloo); FLOAT8, which needs a Hopper/Ada GPU, is checked for its refusal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import torchrun, train_env
+from fsdptrain.config import (
+    ConfigError,
+    TrainConfig,
+    float8_refusal,
+    from_sources,
+    resolve_deterministic,
+    resolve_fused_optimizer,
+)
+
+DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
+
+
+@pytest.mark.parametrize("device", DEVICE_TYPES)
+def test_deterministic_auto_is_on_for_cpu_tests_and_off_with_cuda(device):
+    """torch's reproducibility notes: deterministic CUDA kernels are slower, so auto leaves them off with
+    CUDA; every other device (the CPU tests compare losses exactly) keeps them on. true/false always win."""
+    assert resolve_deterministic("auto", device) is (device != "cuda")
+    assert resolve_deterministic("true", device) is True
+    assert resolve_deterministic("false", device) is False
+
+
+@pytest.mark.parametrize("device", DEVICE_TYPES)
+def test_fused_adamw_auto_only_with_cuda(device):
+    assert resolve_fused_optimizer("auto", device) is (device == "cuda")
+    assert resolve_fused_optimizer("on", device) is True
+    assert resolve_fused_optimizer("off", device) is False
+
+
+def test_lever_defaults_and_choices():
+    cfg = TrainConfig()
+    assert (cfg.compile, cfg.float8, cfg.fused_optimizer, cfg.deterministic, cfg.fsdp_prefetch) == (
+        False,
+        False,
+        "auto",
+        "auto",
+        1,
+    )
+    env = {"ACTIVATION_CHECKPOINTING": "selective", "COMPILE": "on", "FUSED_OPTIMIZER": "off"}
+    parsed = from_sources([], {**env, "DETERMINISTIC": "false", "FSDP_PREFETCH": "0"})
+    assert (parsed.activation_checkpointing, parsed.compile) == ("selective", True)
+    assert (parsed.fused_optimizer, parsed.deterministic, parsed.fsdp_prefetch) == ("off", "false", 0)
+    for key, bad, says in [
+        ("FUSED_OPTIMIZER", "yes", "FUSED_OPTIMIZER='yes' is not allowed: use one of auto, on, off"),
+        ("DETERMINISTIC", "on", "DETERMINISTIC='on' is not allowed: use one of auto, true, false"),
+        ("FSDP_PREFETCH", "-1", "FSDP_PREFETCH=-1 is too small: use at least 0"),
+        ("COMPILE", "maybe", "COMPILE='maybe' is not valid: give true or false"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{says}"):
+            from_sources([], {key: bad})
+
+
+@pytest.mark.parametrize(
+    "device, capability, runs",
+    [
+        ("no CUDA GPU (cpu)", None, False),
+        ("NVIDIA A100-SXM4-80GB", (8, 0), False),
+        ("NVIDIA A10G", (8, 6), False),
+        ("NVIDIA L40S", (8, 9), True),
+        ("NVIDIA H100 80GB HBM3", (9, 0), True),
+        ("NVIDIA H200", (9, 0), True),
+        ("NVIDIA B200", (10, 0), True),
+    ],
+)
+def test_float8_runs_only_from_compute_capability_8_9(device, capability, runs):
+    """torchao's float8 training needs float8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on
+    (torchao/float8/README.md); the refusal is one line naming the key, the device and the fix."""
+    line = float8_refusal(device, capability)
+    assert (line is None) is runs
+    if line is not None:
+        assert line.startswith("FLOAT8=true needs a CUDA GPU of compute capability 8.9") and "\n" not in line
+        assert device in line and line.endswith("unset FLOAT8 or run on such a GPU")
+
+
+def test_float8_refused_on_this_cpu_with_one_line_and_exit_2(assets):
+    """The trainer as torchrun starts it: refused before any process group exists."""
+    p = subprocess.run(
+        [sys.executable, "-m", "fsdptrain"],
+        env=train_env(assets, FLOAT8="true", CUDA_VISIBLE_DEVICES=""),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [
+        "fsdptrain: error: FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer "
+        "(H100, H200, L40S) and this process has no CUDA GPU (cpu): unset FLOAT8 or run on such a GPU"
+    ]
+    assert '{"event"' not in p.stdout  # nothing started
+
+
+class _Layer:
+    def __init__(self, i: int) -> None:
+        self.i, self.forward, self.backward = i, [], []
+
+    def set_modules_to_forward_prefetch(self, modules):
+        self.forward = [m.i for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules):
+        self.backward = [m.i for m in modules]
+
+
+@pytest.mark.parametrize("layers", [1, 2, 4, 7])
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_prefetch_names_the_next_layers_in_the_order_each_pass_runs_them(layers, n):
+    """FSDP2's explicit prefetch (torch.distributed.fsdp.FSDPModule.set_modules_to_forward_prefetch and
+    set_modules_to_backward_prefetch; torch's FSDP2 example example.py): forward runs layers 0..L-1, backward
+    L-1..0, so layer i prefetches i+1..i+n in forward and i-1..i-n in backward, none past the ends."""
+    from fsdptrain.parallel import set_prefetch
+
+    made = [_Layer(i) for i in range(layers)]
+    set_prefetch(made, n)
+    for layer in made:
+        i = layer.i
+        assert layer.forward == list(range(i + 1, min(layers, i + 1 + n)))
+        assert layer.backward == list(range(i - 1, max(-1, i - 1 - n), -1))
+
+
+def test_float8_converts_decoder_linears_not_the_head():
+    """torchtitan keeps the output projection in high precision and float8 matmuls need dimensions that are
+    multiples of 16 (torchao's module_filter_fn convention: (module, fqn) -> convert?)."""
+    from torch import nn
+
+    from fsdptrain.parallel import float8_filter
+
+    assert float8_filter(nn.Linear(4096, 11008, bias=False), "model.layers.0.mlp.up_proj")  # 7b
+    assert not float8_filter(nn.Linear(128, 344, bias=False), "model.layers.0.mlp.up_proj")  # tiny: 344
+    assert not float8_filter(nn.Linear(128, 512, bias=False), "lm_head")
+    assert not float8_filter(nn.Linear(100, 128), "model.layers.0.self_attn.q_proj")
+    assert not float8_filter(nn.Embedding(512, 128), "model.embed_tokens")
+
+
+@pytest.mark.slow
+def test_selective_checkpointing_keeps_matmuls_and_the_gradients():
+    """Selective (op-level) activation checkpointing as torchtitan's `selective` op mode
+    (torchtitan/distributed/activation_checkpoint.py; torch.utils.checkpoint.
+    create_selective_checkpoint_contexts): backward recomputes fewer matmuls than full checkpointing (every
+    second one is saved) and the gradients are those of no checkpointing. Counted with a TorchDispatchMode
+    over backward."""
+    import copy
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import LlamaForCausalLM
+
+    from fsdptrain.models import llama_config
+    from fsdptrain.parallel import apply_activation_checkpointing
+
+    class CountMM(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func == torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    config = llama_config("tiny")
+    config.use_cache, config.num_hidden_layers = False, 2  # no KV cache, as the trainer builds it
+    base = LlamaForCausalLM(config)
+    tokens = torch.randint(0, config.vocab_size, (2, 32))
+
+    def backward(mode: str) -> tuple[int, torch.Tensor]:
+        model = copy.deepcopy(base)
+        assert apply_activation_checkpointing(model, mode=mode, every=1) == (0 if mode == "none" else 2)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        with CountMM() as counter:
+            loss.backward()
+        return counter.count, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    (none, g_none), (full, g_full), (sel, g_sel) = backward("none"), backward("full"), backward("selective")
+    # a layer's forward has 7 matmuls (q, k, v, o, gate, up, down). Full recomputes 6 of them per layer:
+    # torch's non-reentrant checkpoint stops recomputing once every saved tensor is back, and down's output is
+    # saved by nothing. Selective keeps the 1st, 3rd, 5th and 7th and recomputes the other 3.
+    assert (full - none, sel - none) == (2 * 6, 2 * 3)
+    torch.testing.assert_close(g_sel, g_none, rtol=0, atol=0)
+    torch.testing.assert_close(g_full, g_none, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_cpu_levers_together_give_the_default_losses(assets):
+    """One run with every lever a CPU can run (per-layer compile, fused AdamW, selective checkpointing,
+    FSDP2 prefetch of 2 layers, deterministic on) against a plain run (FSDP_PREFETCH=0: FSDP2's implicit
+    order), both 2 processes, fp32, 4 steps. Tolerance: rtol 1e-4 on each loss. Prefetch, checkpointing and
+    determinism change no arithmetic; the fused AdamW kernel (torch/optim/adamw.py _fused_adamw) orders its
+    float ops differently than foreach (last bits), and COMPILE runs here with
+    FSDPTRAIN_COMPILE_BACKEND=aot_eager (dynamo + AOTAutograd, the same aten ops; inductor compiles C++ per
+    graph, minutes on these CPUs). On a GPU inductor's fused kernels and bf16 differ more: that is the GPU
+    check's tolerance, not this one."""
+    default = torchrun(assets, MAX_STEPS=4, WARMUP_STEPS=1, FSDP_PREFETCH=0)
+    levers = torchrun(
+        assets,
+        MAX_STEPS=4,
+        WARMUP_STEPS=1,
+        COMPILE="true",
+        FSDPTRAIN_COMPILE_BACKEND="aot_eager",
+        FUSED_OPTIMIZER="on",
+        ACTIVATION_CHECKPOINTING="selective",
+        FSDP_PREFETCH=2,
+        DETERMINISTIC="true",
+    )
+    assert default.rc == 0, default.stderr[-3000:]
+    assert levers.rc == 0, levers.stderr[-3000:]
+    assert "compiled layers, fused AdamW, deterministic, FSDP prefetch 2" in levers.stdout
+    assert "activation checkpointing selective (4 layers)" in levers.stdout
+    assert len(default.losses) == len(levers.losses) == 4
+    assert levers.losses == pytest.approx(default.losses, rel=1e-4)
