@@ -289,8 +289,8 @@ def bare_main() -> int:
     with torch.device(dev):
         model = LlamaForCausalLM(cfg)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for i, layer in enumerate(model.model.layers):
-        model.model.layers[i] = torch.compile(layer)
+    for layer in model.model.layers:  # as torchtitan: compile each block in place, then shard it
+        layer.compile()
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
