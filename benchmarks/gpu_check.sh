@@ -11,7 +11,8 @@
 #   4. Llama-2-7B-shaped throughput (7B's layer, 8 of its 32 layers, seq 4096, bf16, batch 1): the trainer's
 #      defaults, then each lever's other values (COMPILE, FUSED_OPTIMIZER, DETERMINISTIC,
 #      ACTIVATION_CHECKPOINTING none/selective/full, FLOAT8, FSDP_PREFETCH); a key `python -m fsdptrain
-#      --help` does not list is reported "lever not available", FLOAT8 without torchao "skipped"
+#      --help` does not list, or a value it refuses (exit 2), is reported as not available, FLOAT8 without
+#      torchao "skipped"; the bare loop (5) runs right after the baseline so the time budget never drops it
 #   5. side by side, a bare FSDP2 + torch.compile loop on the same shape: torchtitan is not installed on the
 #      GPU machine and nothing can be fetched there (carry it as a wheel in .whl/ to add it)
 #   6. one markdown table: config, tokens/s, MFU, peak memory GiB, status

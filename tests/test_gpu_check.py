@@ -8,6 +8,7 @@ fsdptrain.config.from_sources)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import random
@@ -146,22 +147,44 @@ def test_the_table_has_a_row_per_record_and_five_cells_each():
 
 def test_levers_come_from_the_trainers_own_help(capsys):
     """`python -m fsdptrain --help` is argparse's help of fsdptrain.config.from_sources; every setting shows
-    as '(env KEY, default ...)'."""
+    as '(env KEY, default VALUE' (wrapped where argparse wraps it)."""
+    from fsdptrain.config import TrainConfig
+
     with pytest.raises(SystemExit):
         from_sources(["--help"], environ={})
     keys = G.available_keys(capsys.readouterr().out)
-    assert {"MODEL", "SEQ_LEN", "ACTIVATION_CHECKPOINTING", "DETERMINISTIC"} <= keys
+    fields = {f.metadata["env"]: f.default for f in dataclasses.fields(TrainConfig)}
+    assert set(keys) == set(fields)
+    assert all(keys[k] == str(v).lower() for k, v in fields.items())
     runs = G.lever_runs(keys, have_torchao=False)
     by_name = {name: (settings, skip) for name, settings, skip in runs}
+    assert len(runs) == sum(len(v) for v in G.LEVERS.values())
     for key, values in G.LEVERS.items():
         for value in values:
             settings, skip = by_name[f"7b-8l {key}={value}"]
             if key not in keys:
                 assert skip == "skipped: lever not available in this trainer" and not settings
+            elif keys[key] == value:
+                assert skip.startswith("skipped: the trainer's default") and not settings
             elif key == "FLOAT8" and value == "true":
                 assert skip == "skipped: torchao not installed"
             else:
                 assert settings == {key: value} and not skip
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lever_runs_for_generated_trainers(seed):
+    """Whatever subset of the levers a trainer lists, and whatever its defaults: one row per lever value,
+    each either run with exactly that setting or skipped with a reason."""
+    rng = random.Random(seed)
+    keys = {k: rng.choice(v) for k, v in G.LEVERS.items() if rng.random() < 0.6}
+    runs = G.lever_runs(keys, have_torchao=rng.random() < 0.5)
+    assert len({name for name, _, _ in runs}) == len(runs) == sum(len(v) for v in G.LEVERS.values())
+    for name, settings, skip in runs:
+        assert bool(skip) != bool(settings)
+        if settings:
+            ((key, value),) = settings.items()
+            assert key in keys and keys[key] != value and name.endswith(f"{key}={value}")
 
 
 def test_an_unknown_mode_is_refused():
