@@ -12,13 +12,23 @@ HSDP_SHARD_SIZE; NO_SHARD: 1), p = bytes of the compute dtype (2 for bf16/fp16, 
 - GPU only: the layers FSDP gathers ahead (2 layers' parameters at p, their gradients at 4 bytes), one layer's
   recomputed activations under checkpointing, the logits' temporaries (6 V per token), and 2 GiB for the CUDA
   context and NCCL buffers.
-Step time: compute = 6 N' T_gpu (+2 N' T_gpu per checkpointed share: the recomputed forward) / (peak x assumed
-MFU); communication = all-gathers of p N per forward and backward of every micro-batch (one under
-SHARD_GRAD_OP), one fp32 reduce-scatter per step, and under HYBRID/NO_SHARD an fp32 all-reduce across
-replicas; a ring moves (n-1)/n of the data over the slowest link it crosses: NVLink inside a node, the node's
-EFA bandwidth across nodes, at 80% of line rate (see `_bandwidth`). FSDP overlaps the two; the first
-all-gather and last reduce-scatter (1/L of the communication) cannot be hidden: step = max(compute, comm) +
-comm / L.
+Step time (the speed model, `SpeedModel`; one set of global parameters, checked against published runs in
+`fsdpctl.published` and BENCHMARKS.md "Planner against published numbers"):
+- compute = tokens x (6 N' + attention + 2 N' per recomputed share of the layers) / (peak x efficiency);
+  efficiency = matmul efficiency of the GPU generation / (1 + k x (peak FLOP/s / HBM bytes/s) / hidden): the
+  memory-bound work (norms, rotary, SwiGLU, softmax) grows as hidden per token while matmuls grow as hidden^2,
+  and costs more where a GPU has fewer bytes of HBM bandwidth per FLOP (H100 vs A100, as IBM/Meta note).
+- checkpointing recomputes the forward of the checkpointed layers: all under full, one in k under every-k,
+  SELECTIVE_SHARE of the layer under selective (per-op SAC recomputes about every other matmul).
+- communication = all-gathers of p N per forward and backward of every micro-batch (one under SHARD_GRAD_OP),
+  one fp32 reduce-scatter per step, and under HYBRID/NO_SHARD an fp32 all-reduce across replicas; a ring
+  moves (n-1)/n of the data over the slowest link it crosses: NVLink inside a node, the node's EFA bandwidth
+  across nodes, at the collective efficiency of line rate (see `_bandwidth`). FSDP overlaps the two; the
+  first all-gather and last reduce-scatter (1/L of the communication) cannot be hidden: max(compute, comm) +
+  comm / L.
+- stragglers: every collective waits for the slowest node, so a step over n nodes whose per-node times
+  vary with relative deviation sigma takes about (1 + sigma x sqrt(2 ln n)) of one node's (the leading
+  term of the expected maximum of n Gaussians); on one node the GPUs share a clock domain and NVLink.
 """
 
 from __future__ import annotations
@@ -39,10 +49,40 @@ if TYPE_CHECKING:
 GIB = 1024**3
 CUDA_OVERHEAD = 2 * GIB
 USABLE = 0.95  # of the card's memory, the rest is the driver's and the allocator's fragmentation
-LINK_EFFICIENCY = 0.8
-# Compute-bound MFU to assume for Llama-2 FSDP without torch.compile: IBM/Meta's published figures
-# (PyTorch blog, 2024-03): 7B 57% on A100, 37% on H100. Override with --mfu.
-ASSUMED_MFU = {"A100": 0.55, "H100": 0.38, "H200": 0.40}
+# HBM bandwidth per GPU, bytes/s (NVIDIA datasheets: A100 80GB SXM 2.0 TB/s, H100 SXM 3.35, H200 4.8).
+HBM_BYTES_PER_S = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}
+
+
+@dataclass(frozen=True)
+class SpeedModel:
+    """The speed model's global parameters: one set for every job and every published row (no per-row fits).
+
+    Where each value comes from (BENCHMARKS.md shows every row against it):
+    - matmul_efficiency: share of the dense bf16 peak a large GEMM reaches, per GPU generation. A100 ~0.9
+      and H100 ~0.7 are what cuBLAS bf16 GEMMs reach (H200 measured here: 788 of 989 TFLOP/s, 0.80); the
+      values are set so that the 70B rows (the largest matmuls) of IBM/Meta's table come out right.
+    - membound_k: the memory-bound term's weight, set by the trend of IBM/Meta's HFU from 7B to 70B.
+    - link_efficiency: collective bus bandwidth / line rate (nccl-tests: ~40 GB/s bus on 400 Gbps p4d).
+    - straggler_sigma: relative per-node step-time deviation, set by the one published scaling figure (AWS,
+      87% at 16 p5 nodes); it is the only number that moves scaling when communication is hidden.
+    - selective_share: recomputed share of a layer's forward under selective checkpointing (torchtitan's
+      per-op SAC recomputes every other matmul; IBM/Meta's "selective" checkpoints every other block).
+    """
+
+    matmul_efficiency: Mapping[str, float]
+    membound_k: float
+    link_efficiency: float
+    straggler_sigma: float
+    selective_share: float
+
+
+SPEED_MODEL = SpeedModel(
+    matmul_efficiency={"A100": 0.90, "H100": 0.69, "H200": 0.69},
+    membound_k=9.6,
+    link_efficiency=0.8,
+    straggler_sigma=0.064,
+    selective_share=0.5,
+)
 # On-demand Linux prices in us-east-1, USD per instance-hour, as AWS listed them after its June 2025 GPU price
 # cut; check the EC2 pricing page before relying on them. None: unknown, pass --price.
 PRICES_AS_OF = "2025-06 (us-east-1, on-demand)"
@@ -57,13 +97,13 @@ class Job:
     gpus_per_node: int
     strategy: str
     precision: str
-    ac: str  # none | full | every-k
+    ac: str  # none | full | every-k | selective
     ac_every: int
     micro_batch: int
     seq_len: int
     grad_accum: int = 1
     hsdp_shard_size: int = 0
-    mfu: float = 0.0  # 0: ASSUMED_MFU of the GPU
+    mfu: float = 0.0  # 0: the speed model's compute efficiency for the GPU and model
     price_per_hour: float | None = None  # None: PRICE_PER_HOUR
 
     @property
@@ -93,6 +133,8 @@ class Job:
     def checkpointed_layers(self) -> int:
         if self.ac == "none":
             return 0
+        if self.ac == "selective":  # for memory: about half a layer's activations are recomputed
+            return round(self.shape.layers * SPEED_MODEL.selective_share)
         return self.shape.layers if self.ac == "full" else math.ceil(self.shape.layers / self.ac_every)
 
 
@@ -175,15 +217,14 @@ class Speed:
     tflops_per_gpu: float
 
 
-def _bandwidth(job: Job, group: int) -> float:
+def _bandwidth(job: Job, group: int, inst: InstanceType, model: SpeedModel) -> float:
     """Bus bandwidth (bytes/s) of a ring over `group` GPUs: NVLink inside a node; across nodes each ring
     crosses a node's NICs once per direction, so the node's whole EFA bandwidth bounds it (nccl-tests show
     ~40 GB/s bus bandwidth on 400 Gbps p4d)."""
-    inst = job.instance
     nvlink = inst.nvlink_gbps * 1e9
     if group <= job.gpus_per_node:
-        return nvlink * LINK_EFFICIENCY
-    return min(nvlink, inst.network_gbps / 8 * 1e9) * LINK_EFFICIENCY
+        return nvlink * model.link_efficiency
+    return min(nvlink, inst.network_gbps / 8 * 1e9) * model.link_efficiency
 
 
 def _ring(size_bytes: float, group: int, bw: float, all_reduce: bool = False) -> float:
@@ -192,25 +233,44 @@ def _ring(size_bytes: float, group: int, bw: float, all_reduce: bool = False) ->
     return (2 if all_reduce else 1) * (group - 1) / group * size_bytes / bw
 
 
-def speed(job: Job) -> Speed:
-    s, inst = job.shape, job.instance
+def compute_efficiency(gpu: str, precision: str, hidden: int, model: SpeedModel = SPEED_MODEL) -> float:
+    """Achieved share of the peak on a Llama layer of width `hidden` (see the module docstring)."""
+    peak = PEAK_TFLOPS[gpu][precision] * 1e12
+    return model.matmul_efficiency[gpu] / (1 + model.membound_k * peak / HBM_BYTES_PER_S[gpu] / hidden)
+
+
+def recomputed_share(job: Job, model: SpeedModel = SPEED_MODEL) -> float:
+    """Share of the layers' forward computed twice under the job's activation checkpointing."""
+    if job.ac == "selective":
+        return model.selective_share
+    return job.checkpointed_layers() / job.shape.layers
+
+
+def straggler_factor(nodes: int, model: SpeedModel = SPEED_MODEL) -> float:
+    """Expected slowest-of-`nodes` step time over one node's: 1 + sigma sqrt(2 ln n)."""
+    return 1 + model.straggler_sigma * math.sqrt(2 * math.log(nodes)) if nodes > 1 else 1.0
+
+
+def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None = None) -> Speed:
+    """The step of `job` on `inst` (default: its instance type's), under the speed model's parameters."""
+    s, inst = job.shape, inst or job.instance
     n = s.num_params()
     matmul_params = n - s.vocab * s.hidden
     fpt = flops_per_token(n, s.vocab * s.hidden, s.layers, s.hidden, job.seq_len)
-    recompute = job.checkpointed_layers() / s.layers * 2 * matmul_params
+    recompute = recomputed_share(job, model) * 2 * matmul_params
     tokens_gpu = job.micro_batch * job.seq_len * job.grad_accum
     peak = PEAK_TFLOPS[inst.gpu][job.precision] * 1e12
-    mfu = job.mfu or ASSUMED_MFU[inst.gpu]
-    compute = tokens_gpu * (fpt + recompute) / (peak * mfu)
+    eff = job.mfu or compute_efficiency(inst.gpu, job.precision, s.hidden, model)
+    compute = tokens_gpu * (fpt + recompute) / (peak * eff)
 
     shard = job.shard_size
-    bw_shard = _bandwidth(job, shard)
+    bw_shard = _bandwidth(job, shard, inst, model)
     gathers = 1 if job.strategy == "SHARD_GRAD_OP" else 2
     comm = job.grad_accum * gathers * _ring(job.p * n, shard, bw_shard) + _ring(4 * n, shard, bw_shard)
     replicas = job.world // shard
     if replicas > 1:
-        comm += _ring(4 * n / shard, replicas, _bandwidth(job, job.world), all_reduce=True)
-    step = max(compute, comm) + comm / s.layers
+        comm += _ring(4 * n / shard, replicas, _bandwidth(job, job.world, inst, model), all_reduce=True)
+    step = (max(compute, comm) + comm / s.layers) * straggler_factor(job.nodes, model)
     tokens_step = tokens_gpu * job.world
     achieved = tokens_gpu * fpt / step
     return Speed(
