@@ -47,7 +47,8 @@ def test_a_rerun_from_the_record_trains_the_same_losses_and_diff_names_the_one_c
     a = _json(cli("job", "describe", "rec", "-o", "json"))
     assert a["trainer"]["torch"] and a["trainer"]["cuda"] is None and a["trainer"]["start_step"] == 0
     assert a["trainer"]["dataset"]["digest"] and a["trainer"]["tokenizer"]["local"]
-    assert a["sources"]["MAX_STEPS"] == "run.env" and "HF_TOKEN" in a["secrets"]
+    where = f"run.env line {3 + list(SHORT).index('MAX_STEPS')}"  # after HF_TOKEN and DATASET
+    assert a["sources"]["MAX_STEPS"] == where and "HF_TOKEN" in a["secrets"]
 
     # the .env of the record is the run: loaded back, the same resolved settings
     text = cli("job", "describe", a["run_id"], "-o", "env").stdout
@@ -57,7 +58,7 @@ def test_a_rerun_from_the_record_trains_the_same_losses_and_diff_names_the_one_c
     assert again.exit_code == 0, again.output
     b = _json(cli("job", "describe", "rec", "-o", "json"))
     assert b["run_id"] != a["run_id"] and b["id"] != a["id"] and b["settings"] == a["settings"]
-    assert b["sources"]["MAX_STEPS"] == f"record {a['id']}: run.env"
+    assert b["sources"]["MAX_STEPS"] == f"record {a['id']}: {where}"
     same = _json(cli("job", "diff", a["run_id"], b["run_id"], "-o", "json"))
     assert same["settings"] == {} and same["versions"] == {} and same["data"] == {}
     assert [r["step"] for r in same["losses"]] == [1, 2, 3]
