@@ -112,7 +112,7 @@ def plan(
     strategy: Annotated[str | None, typer.Option("--strategy", help="FULL_SHARD ... NO_SHARD")] = None,
     precision: Annotated[str | None, typer.Option("--precision")] = None,
     ac: Annotated[
-        str | None, typer.Option("--ac", help="activation checkpointing: none, full, every-k")
+        str | None, typer.Option("--ac", help="activation checkpointing: none, full, every-k, selective")
     ] = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
