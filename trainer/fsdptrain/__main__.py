@@ -10,7 +10,7 @@ import sys
 
 from fsdptrain.config import ConfigError, from_sources
 from fsdptrain.fetch import before_process_group
-from fsdptrain.launch import check
+from fsdptrain.launch import check, check_device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
             world=int(os.environ.get("WORLD_SIZE", "1")),
             procs_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
+        check_device(cfg)
         # hub downloads done (or waited for) before any process group: no collective, so no timeout
         hub = {"PRETRAINED": cfg.pretrained, "TOKENIZER": cfg.tokenizer, "DATASET": cfg.dataset}
         before_process_group(hub, os.environ)

@@ -193,10 +193,9 @@ class TrainConfig:
             if check_paths and local and not os.path.exists(os.path.expanduser(value)):
                 found.append(f"{key}={value!r} does not exist: check the path or mount")
         if check_paths:  # this machine runs the trainer: what the keys set need must be installed here
-            gpu = float8_refusal(*local_gpu()) if self.float8 else None
-            # the GPU comes first: installing torchao would not help a machine that cannot run float8
-            found += [gpu] if gpu else []
-            found += [line for line in missing_packages(self) if not (gpu and line.startswith("FLOAT8="))]
+            # FLOAT8's package is judged after its GPU (fsdptrain.launch.check_device, where torch may be
+            # imported): installing torchao would not help a machine that cannot run float8
+            found += [line for line in missing_packages(self) if not line.startswith("FLOAT8=")]
         return found
 
     @property
@@ -342,18 +341,6 @@ def float8_refusal(device: str, capability: tuple[int, int] | None) -> str | Non
         f"FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L40S) and this "
         f"process has {has}: unset FLOAT8 or run on such a GPU"
     )
-
-
-def local_gpu() -> tuple[str, tuple[int, int] | None]:
-    """This process's device for `float8_refusal`: torchrun's LOCAL_RANK GPU, or the CPU. Asks the CUDA
-    driver only (no process group exists yet)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA GPU (cpu)", None
-    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    major, minor = torch.cuda.get_device_capability(index)
-    return torch.cuda.get_device_name(index), (major, minor)
 
 
 def missing_packages(cfg: TrainConfig) -> list[str]:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fsdptrain.config import ConfigError, TrainConfig, from_sources
+from fsdptrain.config import ConfigError, TrainConfig, float8_refusal, from_sources, missing_packages
 from fsdptrain.shapes import job_mesh_shape
 
 
@@ -27,6 +27,29 @@ def check(cfg: TrainConfig, *, world: int, procs_per_node: int) -> None:
     job_mesh_shape(
         cfg.sharding_strategy, world, hsdp_shard_size=cfg.hsdp_shard_size, procs_per_node=procs_per_node
     )
+
+
+def check_device(cfg: TrainConfig) -> None:
+    """What only the rank's own device can judge, before any process group: FLOAT8 needs float8 tensor cores
+    (the GPU first: installing torchao would not help a machine without them), then torchao."""
+    if not cfg.float8:
+        return
+    gpu = float8_refusal(*local_gpu())
+    missing = [line for line in missing_packages(cfg) if line.startswith("FLOAT8=")]
+    if gpu or missing:
+        raise ConfigError(gpu or missing[0])
+
+
+def local_gpu() -> tuple[str, tuple[int, int] | None]:
+    """This process's device for `float8_refusal`: torchrun's LOCAL_RANK GPU, or the CPU. Asks the CUDA
+    driver only (no process group exists yet)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (cpu)", None
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), (major, minor)
 
 
 def option(argv: Sequence[str], name: str, environ: Mapping[str, str]) -> str | None:
