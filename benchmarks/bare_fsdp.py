@@ -4,7 +4,8 @@
         MICRO_BATCH PRECISION [MODEL_DIR]
 
 The same Hugging Face LlamaForCausalLM as fsdptrain (the tiny config, or MODEL_DIR's config.json, the
-~10M one benchmarks/run.py writes), fully_shard per decoder layer then the root, AdamW (foreach, the
+~10M one benchmarks/run.py writes), fully_shard per decoder layer then the root as fsdptrain shards it
+(FULL_SHARD: the last layer not resharded after forward), AdamW (foreach, the
 trainer's betas and weight decay), gradient clipping at 1.0 as the trainer's default, the same packed
 blocks of SEQ_LEN+1 tokens. No metrics, no logging, no loss all-reduce, no host sync but the loop's own.
 Prints one JSON line: {"peer": "bare", "tokens_per_s": ...}, counted as the trainer counts its summary:
@@ -52,8 +53,10 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (world,))
     model = LlamaForCausalLM(config)
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        # the layout fsdptrain.parallel.apply_fsdp makes: the last layer stays gathered for backward
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
     tok = AutoTokenizer.from_pretrained(tok_dir)

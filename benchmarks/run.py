@@ -283,6 +283,36 @@ def startup(repeats: int = 10) -> dict:
     return out
 
 
+def bare_section(bare: dict, steps: int, rounds: int) -> list[str]:
+    """BENCHMARKS.md's "Trainer vs a bare fully_shard loop" section."""
+    fmt = lambda xs: ", ".join(f"{x:,.0f}" for x in xs)  # noqa: E731
+    lines = [
+        "",
+        f"## Trainer vs a bare fully_shard loop (2 processes gloo, fp32, batch {BATCH} x {SEQ} tokens, "
+        f"{steps} steps, first step left out; median of {rounds} alternating rounds)",
+        "",
+        "| model | fsdptrain tokens/s | bare loop tokens/s | ratio (median of rounds) | ratio per round |"
+        " fsdptrain rounds | bare rounds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size, b in bare.items():
+        lines.append(
+            f"| {'tiny' if size == 'tiny' else 'Llama'} {b['params'] / 1e6:.2f}M | {b['ours']:,.0f} | "
+            f"{b['bare']:,.0f} | {b['ratio']:.2f} | {', '.join(f'{r:.2f}' for r in b['ratios'])} | "
+            f"{fmt(b['ours_all'])} | {fmt(b['bare_all'])} |"
+        )
+    return lines + [
+        "",
+        "The bare loop (`benchmarks/bare_fsdp.py`) is the same Hugging Face Llama sharded the same way "
+        "(fully_shard per decoder layer and the root), AdamW, clipping at 1.0, the same blocks, and nothing "
+        "else. fsdptrain logs every 10 steps (LOG_INTERVAL=10): the loss and gradient norm stay on the "
+        "device between logged steps and are read in one all-reduce and one host sync, batches are built "
+        "on a background thread, and the step events are made only when read. Rounds run one at a time on a "
+        "machine that may be shared: the per-round ratio (the two runs back to back) is steadier than either "
+        "column, and the ratio is the median of those.",
+    ]
+
+
 def write_report(tp: dict, bare: dict, mem: dict, st: dict, args) -> str:
     cpu = next(
         (
@@ -337,31 +367,8 @@ def write_report(tp: dict, bare: dict, mem: dict, st: dict, args) -> str:
         "in bf16) and CPU autocast for accelerate (only some ops in bf16); on a CPU without bf16 units, "
         "bf16 matmuls are several times slower than fp32, so the fp32 row is the like-for-like one.",
     ]
-    fmt = lambda xs: ", ".join(f"{x:,.0f}" for x in xs)  # noqa: E731
+    lines += bare_section(bare, args.steps, args.bare_rounds)
     lines += [
-        "",
-        f"## Trainer vs a bare fully_shard loop (2 processes gloo, fp32, batch {BATCH} x {SEQ} tokens, "
-        f"{args.steps} steps, first step left out; median of {args.bare_rounds} alternating rounds)",
-        "",
-        "| model | fsdptrain tokens/s | bare loop tokens/s | ratio (median of rounds) | ratio per round |"
-        " fsdptrain rounds | bare rounds |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for size, b in bare.items():
-        lines.append(
-            f"| {'tiny' if size == 'tiny' else 'Llama'} {b['params'] / 1e6:.2f}M | {b['ours']:,.0f} | "
-            f"{b['bare']:,.0f} | {b['ratio']:.2f} | {', '.join(f'{r:.2f}' for r in b['ratios'])} | "
-            f"{fmt(b['ours_all'])} | {fmt(b['bare_all'])} |"
-        )
-    lines += [
-        "",
-        "The bare loop (`benchmarks/bare_fsdp.py`) is the same Hugging Face Llama, fully_shard per "
-        "decoder layer and the root, AdamW, clipping at 1.0, the same blocks, and nothing else. fsdptrain "
-        "logs every 10 steps (LOG_INTERVAL=10): the loss and gradient norm stay on the device between "
-        "logged steps and are read in one all-reduce and one host sync, batches are built on a background "
-        "thread, and the step events are made only when read. Rounds run one at a time on a machine that "
-        "may be shared: the per-round ratio (the two runs back to back) is steadier than either column; "
-        "(the two runs back to back) is steadier than either column.",
         "",
         "## 2. Per-rank memory by strategy (2 ranks; sharded params + grads + AdamW state, plus bytes held "
         "for backward)",
@@ -412,6 +419,7 @@ def main() -> None:
     if args.only_bare:
         bare = against_bare(args.bare_rounds, args.steps)
         print(json.dumps(bare, indent=1))
+        print("\n".join(bare_section(bare, args.steps, args.bare_rounds)))
         return
     print("throughput ...", flush=True)
     tp = throughput(args.rounds, args.steps)
