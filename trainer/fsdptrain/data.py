@@ -8,6 +8,8 @@ resumed from a checkpoint sees exactly the data the uninterrupted run would have
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +165,14 @@ def load_blocks(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks | StreamingBlo
 
 
 class Loader:
-    """Hands each rank its micro-batch and tracks the global position."""
+    """Hands each rank its micro-batch and tracks the global position.
+
+    With `prefetch` > 0 a background thread builds the next batches (indexing, slicing, pinning on CUDA)
+    while the main thread trains; they are the batches the synchronous loader gives, in the same order,
+    and `consumed` counts only those the main thread took, so a checkpoint's position is unchanged.
+    An error in the thread is raised by `next_batch`; `close` stops the thread (also on SIGTERM's
+    orderly stop: the trainer closes it in a `finally`), and it is a daemon so it never holds up an exit.
+    """
 
     def __init__(
         self,
@@ -173,17 +182,83 @@ class Loader:
         world: int,
         micro_batch: int,
         consumed: int = 0,
+        prefetch: int = 0,
+        pin_memory: bool = False,
     ) -> None:
         self.blocks, self.rank, self.world, self.micro_batch = blocks, rank, world, micro_batch
         self.consumed = consumed
+        self.prefetch, self.pin_memory = prefetch, pin_memory
+        self._queue: queue.Queue[tuple[int, Any]] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_at(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, labels) when `consumed` blocks have been taken by all ranks together."""
         if isinstance(self.blocks, StreamingBlocks):
             # each rank reads the same stream and keeps its own slice of every global micro-batch
-            rows = self.blocks.take(self.consumed, self.micro_batch * self.world)
+            rows = self.blocks.take(consumed, self.micro_batch * self.world)
             rows = rows[self.rank * self.micro_batch : (self.rank + 1) * self.micro_batch]
         else:
-            rows = self.blocks.take(self.consumed + self.rank * self.micro_batch, self.micro_batch)
-        self.consumed += self.micro_batch * self.world
+            rows = self.blocks.take(consumed + self.rank * self.micro_batch, self.micro_batch)
         t = torch.from_numpy(rows)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        inputs, labels = t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        if self.pin_memory:  # page-locked: the copy to the GPU can then overlap compute (non_blocking)
+            inputs, labels = inputs.pin_memory(), labels.pin_memory()
+        return inputs, labels
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.prefetch <= 0:
+            batch = self.batch_at(self.consumed)
+        else:
+            batch = self._take_prefetched()
+        self.consumed += self.micro_batch * self.world
+        return batch
+
+    def _take_prefetched(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._thread is None:
+            self._queue = queue.Queue(maxsize=self.prefetch)
+            self._thread = threading.Thread(
+                target=self._produce, args=(self.consumed,), name="fsdptrain-loader", daemon=True
+            )
+            self._thread.start()
+        assert self._queue is not None
+        while True:
+            try:
+                position, item = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the data loading thread ended without a batch") from None
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        if position != self.consumed:  # the thread and the main thread disagree on the data position
+            raise RuntimeError(f"loader thread at position {position}, trainer at {self.consumed}")
+        return item
+
+    def _produce(self, position: int) -> None:
+        assert self._queue is not None
+        step = self.micro_batch * self.world
+        while not self._stop.is_set():
+            try:
+                item: Any = self.batch_at(position)
+            except BaseException as e:  # handed to the main thread, which raises it
+                item = e
+            while not self._stop.is_set():
+                try:
+                    self._queue.put((position, item), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+            position += step
+
+    def close(self) -> None:
+        """Stop and join the background thread (if any); the position stays where the trainer is."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._queue = None
+        self._stop = threading.Event()

@@ -88,7 +88,10 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
 
         rt.emit(start_event(t.cfg, rt.device, t.start_step))
     start_trackers(t.cfg, rt, t.start_step)
-    outcome = loop(t, rt)
+    try:
+        outcome = loop(t, rt)
+    finally:  # the data thread goes with the loop, also on an error or SIGTERM's stop
+        t.loader.close()
     return finish(t, rt, outcome)
 
 
@@ -138,6 +141,7 @@ class Training:
     gpu: GpuTelemetry
     kill_at_save: int | None  # FSDPTRAIN_FAILPOINT (the fault tests); None in every real run
     slow_save_s: float = 0.0  # FSDPTRAIN_FAILPOINT=slow-save (the stop tests); 0 in every real run
+    control_group: Any = None  # where ranks agree to stop: a gloo group on GPUs, None (the default) on CPU
 
 
 def build(cfg: TrainConfig, rt: Runtime) -> Training:
@@ -163,7 +167,13 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
         optimizer=optimizer,
         scaler=scaler,
         loader=Loader(
-            blocks, rank=rt.rank, world=rt.world, micro_batch=cfg.micro_batch_size, consumed=consumed
+            blocks,
+            rank=rt.rank,
+            world=rt.world,
+            micro_batch=cfg.micro_batch_size,
+            consumed=consumed,
+            prefetch=2,  # batches built on a background thread while the step runs
+            pin_memory=rt.device.type == "cuda",
         ),
         checkpoint_root=root,
         start_step=start_step,
@@ -179,6 +189,8 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
         gpu=GpuTelemetry(rt.device),
         kill_at_save=ckpt.failpoint_step(os.environ),
         slow_save_s=ckpt.failpoint_slow_save(os.environ),
+        # collective: every rank makes it here, in the same order
+        control_group=dist.new_group(backend="gloo") if rt.device.type == "cuda" else None,
     )
 
 
@@ -314,11 +326,18 @@ class Outcome:
 
 def loop(t: Training, rt: Runtime) -> Outcome:
     """Steps start_step+1..MAX_STEPS; logs every LOG_INTERVAL, checkpoints every CHECKPOINT_INTERVAL, at the
-    end and when SIGTERM arrives (then stops)."""
+    end and when SIGTERM arrives (then stops).
+
+    A step leaves its loss and gradient norm on the device; they are read (one all-reduce, one host
+    sync) only when something needs them: a logged step, a checkpoint, the run's first step (timed on its
+    own: it pays the warm-up) and the last. Every step still gets its full event in the history."""
     cfg = t.cfg
     out = Outcome(history=[], checkpoint=str(t.resumed_from) if t.resumed_from else None)
+    pending: list[StepResult] = []
+    since = time.perf_counter()  # the start of the steps not read yet
     for step in range(t.start_step + 1, cfg.max_steps + 1):
-        measure = SavedActivations() if step == t.start_step + 1 else None
+        first = step == t.start_step + 1
+        measure = SavedActivations() if first else None
         result = _train_step(
             step=step,
             cfg=cfg,
@@ -331,28 +350,36 @@ def loop(t: Training, rt: Runtime) -> Outcome:
         )
         if measure is not None and result.state_bytes is not None:
             out.state_bytes, out.activation_bytes = result.state_bytes, measure.bytes
-        event = _step_event(t, rt, step, result)
-        out.history.append(event)
-        out.stopped = _agree_stop(rt)
-        if step % cfg.log_interval == 0 or step == cfg.max_steps or out.stopped:
+        pending.append(result)
+        out.stopped = _agree_stop(rt, t.control_group)
+        log_due = step % cfg.log_interval == 0 or step == cfg.max_steps or out.stopped
+        save_due = t.checkpoint_root is not None and _checkpoint_due(cfg, step, out.stopped)
+        if not (first or log_due or save_due):
+            continue
+        out.history += _read_steps(t, rt, pending, since)
+        pending = []
+        event = out.history[-1]
+        if log_due:
             rt.emit(event)
             rt.log(_human(event))
-        if t.checkpoint_root is not None and _checkpoint_due(cfg, step, out.stopped):
-            out.checkpoint = _save_checkpoint(t, t.checkpoint_root, step=step, loss=result.loss)
+        if t.checkpoint_root is not None and save_due:
+            out.checkpoint = _save_checkpoint(t, t.checkpoint_root, step=step, loss=event.loss)
             rt.emit(events.Checkpoint(step=step, path=out.checkpoint))
         if out.stopped:
             rt.log(f"SIGTERM: stopped at step {step}, checkpoint {out.checkpoint}")
             break
+        since = time.perf_counter()  # logging and checkpointing are not step time
     return out
 
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: float  # the mean over ranks
-    grad_norm: float
-    step_time_s: float
+    """One step as the device left it: nothing here has been read back to the host."""
+
+    step: int
+    loss_sum: torch.Tensor  # this rank's loss (summed over micro-batches, each divided by their count)
+    grad_norm: torch.Tensor  # the global norm before clipping, the same on every rank
     data_wait_s: float
-    finished_at: float  # wall clock
     state_bytes: dict[str, int] | None  # when measured: the run's first step
 
 
@@ -367,11 +394,10 @@ def _train_step(
     loader: Loader,
     measure: SavedActivations | None = None,
 ) -> StepResult:
-    """One optimizer step over GRAD_ACCUM_STEPS micro-batches. With `measure` (the run's first step) it also
-    counts the activations saved for backward and this rank's sharded state."""
+    """One optimizer step over GRAD_ACCUM_STEPS micro-batches, without a host sync. With `measure` (the run's
+    first step) it also counts the activations saved for backward and this rank's sharded state."""
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
-    t0 = time.perf_counter()
     loss_sum, data_wait = _forward_backward(
         cfg=cfg, rt=rt, model=model, scaler=scaler, loader=loader, measure=measure
     )
@@ -379,13 +405,11 @@ def _train_step(
     # grads and optimizer state both exist only here, between the step and zero_grad
     state_bytes = local_state_bytes(model, optimizer) if measure is not None else None
     optimizer.zero_grad(set_to_none=True)
-    loss = _mean_over_ranks(loss_sum, rt)
     return StepResult(
-        loss=loss,
-        grad_norm=float(grad_norm),
-        step_time_s=time.perf_counter() - t0,
+        step=step,
+        loss_sum=loss_sum,
+        grad_norm=grad_norm.detach().reshape(()).float(),
         data_wait_s=data_wait,
-        finished_at=time.time(),
         state_bytes=state_bytes,
     )
 
@@ -434,16 +458,43 @@ def _clip_and_step(
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def _mean_over_ranks(loss_sum: torch.Tensor, rt: Runtime) -> float:
+def _read_steps(t: Training, rt: Runtime, pending: list[StepResult], since: float) -> list[events.Step]:
+    """The pending steps' events: the losses averaged over ranks in one all-reduce, then losses and norms
+    read back in one host sync. Their time is the wall time since `since` shared evenly: a step's own time
+    is not known without a sync per step (on a GPU the host runs ahead), their sum is."""
+    losses = torch.stack([r.loss_sum for r in pending])
     on_gpu = rt.device.type == "cuda"
-    dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if on_gpu else dist.ReduceOp.SUM)
-    return loss_sum.item() / (1 if on_gpu else rt.world)  # gloo has no AVG
+    dist.all_reduce(losses, op=dist.ReduceOp.AVG if on_gpu else dist.ReduceOp.SUM)  # gloo has no AVG
+    values = torch.cat([losses, torch.stack([r.grad_norm for r in pending])]).tolist()  # the one sync
+    elapsed = time.perf_counter() - since
+    finished_at = time.time()
+    n = len(pending)
+    step_time = elapsed / n
+    data_wait_frac = sum(r.data_wait_s for r in pending) / elapsed
+    measured = {**memory_stats(rt.device), **t.gpu.read()}  # at the read: peaks so far, telemetry now
+    return [
+        _step_event(
+            t,
+            rt,
+            r.step,
+            loss=values[i] / (1 if on_gpu else rt.world),
+            grad_norm=values[n + i],
+            step_time_s=step_time,
+            data_wait_frac=data_wait_frac,
+            finished_at=finished_at - (n - 1 - i) * step_time,
+            measured=measured,
+        )
+        for i, r in enumerate(pending)
+    ]
 
 
-def _agree_stop(rt: Runtime) -> bool:
-    """SIGTERM reaches ranks at different moments: stop together at the first step any rank saw it."""
-    flag = torch.tensor([1 if rt.stop_requested else 0], device=rt.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+def _agree_stop(rt: Runtime, group: dist.ProcessGroup | None) -> bool:
+    """SIGTERM reaches ranks at different moments: stop together at the first step any rank saw it. On a
+    GPU the flag goes over a CPU (gloo) group, so agreeing waits for no kernel: not a host sync."""
+    flag = torch.tensor([1 if rt.stop_requested else 0])
+    if group is None:  # CPU: the default group is gloo already
+        flag = flag.to(rt.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item())
 
 
@@ -465,25 +516,35 @@ def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float) -> str:
     return str(final)
 
 
-def _step_event(t: Training, rt: Runtime, step: int, r: StepResult) -> events.Step:
-    tokens_per_s = t.tokens_per_step / r.step_time_s
+def _step_event(
+    t: Training,
+    rt: Runtime,
+    step: int,
+    *,
+    loss: float,
+    grad_norm: float,
+    step_time_s: float,
+    data_wait_frac: float,
+    finished_at: float,
+    measured: dict[str, float],
+) -> events.Step:
+    tokens_per_s = t.tokens_per_step / step_time_s
     per_device = tokens_per_s / rt.world
     tflops = per_device * t.flops_per_token / 1e12
     return events.Step(
         step=step,
         max_steps=t.cfg.max_steps,
-        loss=r.loss,
+        loss=loss,
         lr=lr_at(step, t.cfg),
-        grad_norm=r.grad_norm,
-        step_time_s=r.step_time_s,
-        data_wait_frac=r.data_wait_s / r.step_time_s,
-        time=r.finished_at,
+        grad_norm=grad_norm,
+        step_time_s=step_time_s,
+        data_wait_frac=data_wait_frac,
+        time=finished_at,
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_device=per_device,
         tflops_per_device=tflops,
         mfu=tflops / t.peak_tflops if t.peak_tflops else None,
-        **memory_stats(rt.device),
-        **t.gpu.read(),
+        **measured,
     )
 
 
