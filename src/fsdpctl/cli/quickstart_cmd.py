@@ -81,7 +81,7 @@ def quickstart(
         f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
         f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; {started.where}"
     )
-    code = job_view.outcome(be, started.job, job_view.follow(be, started.job))
+    code = job_view.outcome(be, started.job, job_view.follow(be, started.job), table=output == Output.table)
     # -o json|yaml: the job's final report and the next commands as one document (progress stays on stderr)
     report = {"job": started.job, "run_id": started.run_id, "exit_code": code}
     if emit(
