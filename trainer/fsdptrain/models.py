@@ -26,6 +26,23 @@ def llama_config(name: str, vocab_size: int | None = None):
     )
 
 
+# Training runs without a KV cache, and then transformers' create_causal_mask looks for packed sequences in
+# the position ids with a data-dependent `.all()` (masking_utils.find_packed_sequence_indices): a host sync in
+# every forward. Registered as an attention function of its own (transformers' AttentionInterface), not as a
+# mask function, SDPA gets no mask (create_causal_mask returns None for an implementation without a mask
+# function) and runs with is_causal=True, as stock "sdpa" does when nothing is padded: same numbers, no sync.
+CAUSAL_SDPA = "fsdptrain_causal_sdpa"
+
+
+def use_causal_sdpa(config) -> None:
+    """Train with CAUSAL_SDPA (fsdptrain's loader never pads: every sequence is full and causal)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    config._attn_implementation = CAUSAL_SDPA
+
+
 def build_meta_model(config) -> nn.Module:
     """Build the model without allocating weights; `init_weights` fills each rank's shard later."""
     from transformers import LlamaForCausalLM

@@ -42,7 +42,7 @@ from fsdptrain.config import (
 )
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.metrics import GpuTelemetry, SavedActivations, local_state_bytes, memory_stats, peak_tflops
-from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config
+from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config, use_causal_sdpa
 from fsdptrain.parallel import build_mesh, parallelize
 from fsdptrain.runtime import (
     Runtime,
@@ -207,6 +207,7 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Modul
     # no KV cache in training: it is never read, and selective checkpointing's recompute would find the
     # keys of the forward already in it (a different op sequence, which torch.utils.checkpoint refuses)
     config.use_cache = False
+    use_causal_sdpa(config)  # SDPA without transformers' per-forward packed-sequence check (a host sync)
     model = build_meta_model(config)
     mesh = build_mesh(
         rt.device.type,
@@ -570,6 +571,7 @@ def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
     export = None
     if t.cfg.export_dir and not out.stopped:
         t.hf_config.use_cache = True  # the exported model is for inference; training ran without one
+        t.hf_config._attn_implementation = "sdpa"  # transformers' own, not the training-only registration
         export = ckpt.export_hf(
             Path(t.cfg.export_dir), model=t.model, config=t.hf_config, tokenizer=t.tokenizer
         )
