@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from fsdpctl.adapters import shell
+    from fsdpctl.backends import Backend
     from fsdpctl.checks import Check
     from fsdpctl.settings import Config
 
@@ -92,6 +93,24 @@ ForceOpt = Annotated[
         "--force", help="go on although the job does not fit or cannot be scheduled (each refusal is warned)"
     ),
 ]
+
+
+# The options and the name resolution every job verb shares (job_cmd, job_plot_cmd, job_record_cmd)
+BackendOpt = Annotated[
+    str | None,
+    typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
+]
+DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")]
+ReplaceOpt = Annotated[bool, typer.Option("--replace", help="stop a running job of the same name first")]
+
+
+def resolve_job(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
+    """The backend holding job NAME: --backend, else the one it was started on, else BACKEND."""
+    from fsdpctl import backends, files
+
+    cfg = state(ctx).config()
+    name = files.job_name(name) if name is not None else cfg.job_name  # before any path is built from it
+    return backends.create(backends.placed(cfg, name, backend)), name
 
 
 @dataclass

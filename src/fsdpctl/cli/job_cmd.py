@@ -10,13 +10,16 @@ from typing import Annotated
 import typer
 
 from fsdpctl import backends, crilog, files
-from fsdpctl.backends import FINAL, Backend
+from fsdpctl.backends import FINAL
 from fsdpctl.cli import completion, job_record_cmd, job_view
 from fsdpctl.cli.common import (
+    BackendOpt,
+    DetachOpt,
     DryRunOpt,
     ForceOpt,
     Output,
     OutputOpt,
+    ReplaceOpt,
     ServerDryRunOpt,
     admit,
     command_group,
@@ -26,6 +29,7 @@ from fsdpctl.cli.common import (
     finite,
     ok,
     out,
+    resolve_job,
     state,
     warn,
 )
@@ -38,10 +42,6 @@ app = command_group(
 )
 
 NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
-BackendOpt = Annotated[
-    str | None,
-    typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
-]
 
 
 class LogFormat(str, Enum):
@@ -51,22 +51,11 @@ class LogFormat(str, Enum):
     json = "json"
 
 
-def _resolve(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
-    """The backend holding job NAME: --backend, else the one it was started on, else BACKEND."""
-    cfg = state(ctx).config()
-    name = files.job_name(name) if name is not None else cfg.job_name  # before any path is built from it
-    return backends.create(backends.placed(cfg, name, backend)), name
-
-
 @app.command()
 def run(
     ctx: typer.Context,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")
-    ] = False,
-    replace: Annotated[
-        bool, typer.Option("--replace", help="stop a running job of the same name first")
-    ] = False,
+    detach: DetachOpt = False,
+    replace: ReplaceOpt = False,
     dry_run: DryRunOpt = False,
     server_dry_run: ServerDryRunOpt = False,
     run_id: Annotated[
@@ -138,7 +127,7 @@ def status(
 
     Example: fsdpctl job status -o json
     """
-    be, name = _resolve(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend)
     while True:
         r = be.report(name, stall_after)
         if not emit(r, output):
@@ -185,7 +174,7 @@ def logs(
     Example: fsdpctl job logs -f --all --tail 20 --since 5m --timestamps
     """
     tail, since_s = _log_window(tail, since)
-    be, name = _resolve(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend)
     for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s):
         if output == LogFormat.json:
             out.print(json.dumps(redact_obj(job_view.log_record(line))), markup=False, highlight=False)
@@ -222,7 +211,7 @@ def stop(
 
     Example: fsdpctl job stop
     """
-    be, name = _resolve(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend)
     result = be.stop(name, wait=wait_, dry_run=dry_run)
     ok(result)
     emit({"job": name, "result": result, "dry_run": dry_run}, output)
@@ -256,7 +245,7 @@ def list_(
     """
     phases = job_view.phase_filter(phase or [])
     reqs = job_view.label_selector(selector) if selector else []
-    be, _ = _resolve(ctx, None, backend or state(ctx).config().backend)
+    be, _ = resolve_job(ctx, None, backend or state(ctx).config().backend)
     reports = [r for r in be.list_jobs() if job_view.selected(r, phases, reqs)]
     for note in getattr(be, "notes", ()):  # a stray file or damaged state, skipped: every other job is listed
         warn(note)
@@ -279,7 +268,7 @@ def wait(
 
     Example: fsdpctl job wait --timeout 3600 && echo trained
     """
-    be, name = _resolve(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend)
     phase = be.wait(name, timeout)
     try:
         end_wait(name, phase)

@@ -10,25 +10,12 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends, files
-from fsdpctl.backends import Backend
 from fsdpctl.cli import completion
-from fsdpctl.cli.common import ok, out, state
+from fsdpctl.cli.common import BackendOpt, ok, out, resolve_job, state
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
-BackendOpt = Annotated[
-    str | None,
-    typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
-]
 TENSORBOARD_PORT = 6006  # TensorBoard's own default
-
-
-def _resolve(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
-    """As `job status` resolves it: --backend, else where the job was started, else BACKEND."""
-    cfg = state(ctx).config()
-    name = files.job_name(name) if name is not None else cfg.job_name
-    return backends.create(backends.placed(cfg, name, backend)), name
 
 
 def plot(
@@ -52,7 +39,7 @@ def plot(
         raise FsdpctlError(
             "`job plot` needs matplotlib, which is not installed", hint="pip install 'fsdpctl[plot]'"
         )
-    be, name = _resolve(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend)
     path = out_file or Path(f"{name}-steps.png")
     if path.is_dir():
         raise BadInput(f"--out {path} is a directory", hint=f"name a file in it, e.g. {path / name}.png")
@@ -86,7 +73,7 @@ def tensorboard(
 
     Example: fsdpctl job tensorboard quickstart --port 6007
     """
-    be, name = _resolve(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend)
     logdir = be.tensorboard_dir(name)
     if logdir is None:
         raise BadInput(

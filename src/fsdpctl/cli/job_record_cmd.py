@@ -14,7 +14,20 @@ from rich.table import Table
 
 from fsdpctl import backends, files
 from fsdpctl.cli import completion, job_view
-from fsdpctl.cli.common import ForceOpt, Output, admit, emit, err, ok, out, state, warn
+from fsdpctl.cli.common import (
+    BackendOpt,
+    DetachOpt,
+    ForceOpt,
+    Output,
+    ReplaceOpt,
+    admit,
+    emit,
+    err,
+    ok,
+    out,
+    state,
+    warn,
+)
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:
@@ -25,10 +38,6 @@ NameArg = typer.Argument(
     help="job name (its newest run), run id or record id (default: JOB_NAME)",
     autocompletion=completion.job_names,
 )
-BackendOpt = Annotated[
-    str | None,
-    typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
-]
 
 
 @dataclass
@@ -256,12 +265,8 @@ def rerun(
     allow_drift: Annotated[
         bool, typer.Option("--allow-drift", help="run although the code or data differ from the record's")
     ] = False,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")
-    ] = False,
-    replace: Annotated[
-        bool, typer.Option("--replace", help="stop a running job of the same name first")
-    ] = False,
+    detach: DetachOpt = False,
+    replace: ReplaceOpt = False,
     backend: BackendOpt = None,
     force: ForceOpt = False,
 ) -> None:
