@@ -28,7 +28,8 @@ def _config(p: Prediction) -> str:
     what = "scaling 16 vs 1 node" if pt.metric == "scaling" else "tok/s/GPU"
     return (
         f"Llama 2 {pt.model.upper()}, {gpus} x {inst.gpu} ({pt.nodes} nodes, {inst.network_gbps} Gbps), "
-        f"seq {pt.seq_len}, batch {pt.micro_batch}, AC {pt.ac}, {pt.strategy}, bf16; {what}"
+        f"seq {pt.seq_len}, batch {pt.micro_batch}, AC {pt.ac}, {pt.strategy}, bf16, {pt.reduce_dtype} "
+        f"reduce; {what}"
     )
 
 
@@ -63,9 +64,16 @@ def section() -> str:
         f"- memory-bound weight k = {m.membound_k} (efficiency = matmul efficiency / (1 + k x peak/HBM "
         f"bandwidth / hidden); HBM: {hbm})",
         f"- collective efficiency (bus bandwidth / line rate, NVLink and EFA) = {m.link_efficiency}",
-        f"- straggler sigma = {m.straggler_sigma} (a step over n nodes takes 1 + sigma sqrt(2 ln n) of "
+        f"- straggler sigma = {m.straggler_sigma} (compute over n nodes takes 1 + sigma sqrt(2 ln n) of "
         "one node's)",
         f"- selective checkpointing recomputes {m.selective_share:.0%} of a layer's forward",
+        "",
+        "The model's form, the same for every row (`plan.speed`): overlap per phase as IBM/Meta's blog "
+        'describes it (appendix "Communication computation overlap"): the forward hides the all-gathers '
+        "but the first layer's, the backward hides the next all-gathers and the gradient reduction but the "
+        "last layer's; the straggler factor scales the compute inside each phase, not the collectives; "
+        "gradients are reduced in each row's reduce dtype (IBM/Meta: bf16, fms-fsdp's bfSixteen; torchtitan: "
+        "fp32, its MixedPrecisionPolicy; fsdptrain and `fsdpctl plan`: fp32).",
         "",
         "Which rows set which parameter: the matmul efficiencies follow from the 70B rows, k from the "
         "7B-to-70B trend, sigma from the AWS scaling row (its only witness: that row is matched by "

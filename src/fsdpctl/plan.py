@@ -21,14 +21,24 @@ Step time (the speed model, `SpeedModel`; one set of global parameters, checked 
 - checkpointing recomputes the forward of the checkpointed layers: all under full, one in k under every-k,
   SELECTIVE_SHARE of the layer under selective (per-op SAC recomputes about every other matmul).
 - communication = all-gathers of p N per forward and backward of every micro-batch (one under SHARD_GRAD_OP),
-  one fp32 reduce-scatter per step, and under HYBRID/NO_SHARD an fp32 all-reduce across replicas; a ring
-  moves (n-1)/n of the data over the slowest link it crosses: NVLink inside a node, the node's EFA bandwidth
-  across nodes, at the collective efficiency of line rate (see `_bandwidth`). FSDP overlaps the two; the
-  first all-gather and last reduce-scatter (1/L of the communication) cannot be hidden: max(compute, comm) +
-  comm / L.
-- stragglers: every collective waits for the slowest node, so a step over n nodes whose per-node times
+  one reduce-scatter per step in the job's reduce dtype (`Job.reduce_dtype`: fp32 as fsdptrain's
+  MixedPrecisionPolicy and torchtitan's; bf16 as fms-fsdp's bfSixteen), and under HYBRID/NO_SHARD an
+  all-reduce across replicas in the same dtype; a ring moves (n-1)/n of the data over the slowest link it
+  crosses: NVLink inside a node, the node's EFA bandwidth across nodes, at the collective efficiency of line
+  rate (see `_bandwidth`).
+- overlap, per phase (IBM/Meta's blog, appendix "Communication computation overlap": the gathers overlap
+  the forward; the next unit's gather and the gradient scatter overlap the backward; HSDP's all-reduce only
+  the backward): forward of a micro-batch = g / L + max(forward, g (1 - 1/L)) (the first layer's gather
+  cannot be hidden); backward = max(backward, g), and on the last micro-batch max(backward, g + r (1 - 1/L))
+  + r / L (nor the last layer's reduction), with g one gather, r the reduction, forward a third of the
+  6 N' + attention FLOPs and backward the rest plus the recompute. A step is never faster than its compute
+  or its communication alone, nor slower than the two one after the other.
+- stragglers: every collective waits for the slowest node, so compute over n nodes whose per-node times
   vary with relative deviation sigma takes about (1 + sigma x sqrt(2 ln n)) of one node's (the leading
-  term of the expected maximum of n Gaussians); on one node the GPUs share a clock domain and NVLink.
+  term of the expected maximum of n Gaussians); on one node the GPUs share a clock domain and NVLink. The
+  factor scales the compute inside each phase, not the communication: a slow node's extra compute is
+  absorbed while the network is the bottleneck, and the collectives' own speed at scale is the link
+  efficiency.
 """
 
 from __future__ import annotations
@@ -63,8 +73,8 @@ class SpeedModel:
       values are set so that the 70B rows (the largest matmuls) of IBM/Meta's table come out right.
     - membound_k: the memory-bound term's weight, set by the trend of IBM/Meta's HFU from 7B to 70B.
     - link_efficiency: collective bus bandwidth / line rate (nccl-tests: ~40 GB/s bus on 400 Gbps p4d).
-    - straggler_sigma: relative per-node step-time deviation, set by the one published scaling figure (AWS,
-      87% at 16 p5 nodes); it is the only number that moves scaling when communication is hidden.
+    - straggler_sigma: relative per-node compute-time deviation, set by the one published scaling figure
+      (AWS, 87% at 16 p5 nodes); it is the only number that moves scaling when communication is hidden.
     - selective_share: recomputed share of a layer's forward under selective checkpointing (torchtitan's
       per-op SAC recomputes every other matmul; IBM/Meta's "selective" checkpoints every other block).
     """
@@ -105,6 +115,8 @@ class Job:
     hsdp_shard_size: int = 0
     mfu: float = 0.0  # 0: the speed model's compute efficiency for the GPU and model
     price_per_hour: float | None = None  # None: PRICE_PER_HOUR
+    # gradients are reduced in this dtype: fsdptrain's MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    reduce_dtype: str = "fp32"
 
     @property
     def shape(self) -> ModelShape:
@@ -129,6 +141,10 @@ class Job:
     @property
     def p(self) -> int:
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def reduce_bytes(self) -> int:
+        return 4 if self.reduce_dtype == "fp32" else 2
 
     def checkpointed_layers(self) -> int:
         if self.ac == "none":
@@ -258,19 +274,35 @@ def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None =
     matmul_params = n - s.vocab * s.hidden
     fpt = flops_per_token(n, s.vocab * s.hidden, s.layers, s.hidden, job.seq_len)
     recompute = recomputed_share(job, model) * 2 * matmul_params
-    tokens_gpu = job.micro_batch * job.seq_len * job.grad_accum
+    tokens_mb = job.micro_batch * job.seq_len
+    tokens_gpu = tokens_mb * job.grad_accum
     peak = PEAK_TFLOPS[inst.gpu][job.precision] * 1e12
     eff = job.mfu or compute_efficiency(inst.gpu, job.precision, s.hidden, model)
-    compute = tokens_gpu * (fpt + recompute) / (peak * eff)
+    # one micro-batch: the forward is a third of the training FLOPs, the backward the rest plus the recompute
+    forward = tokens_mb * fpt / 3 / (peak * eff)
+    backward = tokens_mb * (2 * fpt / 3 + recompute) / (peak * eff)
+    compute = job.grad_accum * (forward + backward)
 
     shard = job.shard_size
     bw_shard = _bandwidth(job, shard, inst, model)
-    gathers = 1 if job.strategy == "SHARD_GRAD_OP" else 2
-    comm = job.grad_accum * gathers * _ring(job.p * n, shard, bw_shard) + _ring(4 * n, shard, bw_shard)
+    gather = _ring(job.p * n, shard, bw_shard)
+    back_gather = 0.0 if job.strategy == "SHARD_GRAD_OP" else gather  # SHARD_GRAD_OP keeps them gathered
+    reduce = _ring(job.reduce_bytes * n, shard, bw_shard)
     replicas = job.world // shard
     if replicas > 1:
-        comm += _ring(4 * n / shard, replicas, _bandwidth(job, job.world, inst, model), all_reduce=True)
-    step = (max(compute, comm) + comm / s.layers) * straggler_factor(job.nodes, model)
+        world_bw = _bandwidth(job, job.world, inst, model)
+        reduce += _ring(job.reduce_bytes * n / shard, replicas, world_bw, all_reduce=True)
+    comm = job.grad_accum * (gather + back_gather) + reduce
+
+    lag = straggler_factor(job.nodes, model)  # on the compute only: see the module docstring
+    hidden = 1 - 1 / s.layers  # the first layer's gather and the last layer's reduction cannot overlap
+    fwd_phase = gather / s.layers + max(forward * lag, gather * hidden)
+    step = (
+        job.grad_accum * fwd_phase
+        + (job.grad_accum - 1) * max(backward * lag, back_gather)
+        + max(backward * lag, back_gather + reduce * hidden)
+        + reduce / s.layers
+    )
     tokens_step = tokens_gpu * job.world
     achieved = tokens_gpu * fpt / step
     return Speed(

@@ -35,8 +35,10 @@ class Cluster:
 CLUSTERS = {
     "ibm-a100": Cluster(A100_400G),
     "ibm-h100": Cluster(H100_800G),
-    # torchtitan's page gives no interconnect: assumed the same 400 Gbps class as IBM/Meta's A100 cluster
-    "titan-a100": Cluster(A100_400G, "interconnect not stated; 400 Gbps assumed"),
+    # torchtitan's page gives no interconnect. Its multi-node launcher of the same days
+    # (multinode_trainer.slurm at 395a526) is "optimized for AWS with EFA", sets FI_PROVIDER=efa "for A100"
+    # and 96 CPUs a task (a p4d/p4de node's vCPUs): AWS's A100 nodes, 400 Gbps EFA.
+    "titan-a100": Cluster(A100_400G, "interconnect not stated; 400 Gbps EFA inferred from its AWS launcher"),
     "p5": Cluster(INSTANCE_TYPES["p5.48xlarge"]),
 }
 
@@ -59,6 +61,7 @@ class Point:
     published: float
     note: str = ""
     known_miss: str = ""  # why the model cannot reach this row honestly (empty: it must be within 10%)
+    reduce_dtype: str = "fp32"  # the dtype the source's mixed-precision policy reduces gradients in
 
     def job(self) -> Job:
         inst = CLUSTERS[self.cluster].inst
@@ -74,6 +77,7 @@ class Point:
             micro_batch=self.micro_batch,
             seq_len=self.seq_len,
             hsdp_shard_size=inst.gpus,
+            reduce_dtype=self.reduce_dtype,
         )
 
 
@@ -91,7 +95,9 @@ def _ibm(model: str, gpu: str, ac: str, tps: float, strategy: str) -> Point:
         strategy,
         "tokens_per_s_per_gpu",
         tps,
-        "bf16, no torch.compile, SDPA flash attention",
+        "bf16, no torch.compile, SDPA flash attention; gradients reduced in bf16 (fms-fsdp's default "
+        "mixed_precision=True picks its bfSixteen policy, reduce_dtype=torch.bfloat16)",
+        reduce_dtype="bf16",
     )
 
 
@@ -114,12 +120,13 @@ def _titan(key: str, model: str, mb: int, ac: str, wps: float, known_miss: str =
 
 
 POINTS: tuple[Point, ...] = (
-    # IBM/Meta Table 1 (batch 2 per GPU, seq 4k); fms-fsdp's README: HSDP for 7B/13B, FSDP for 70B
+    # IBM/Meta Table 1 (batch 2 per GPU, seq 4k); fms-fsdp's README of the blog's day (5e522b4, 2024-03-13),
+    # the same numbers per model: HSDP for 7B, FSDP for 13B and 70B (its 13B HSDP row was batch 1, 1700 tok/s)
     _ibm("7b", "A100", "none", 3700, "HYBRID_SHARD"),
-    _ibm("13b", "A100", "selective", 1800, "HYBRID_SHARD"),
+    _ibm("13b", "A100", "selective", 1800, "FULL_SHARD"),
     _ibm("70b", "A100", "full", 370, "FULL_SHARD"),
     _ibm("7b", "H100", "none", 7500, "HYBRID_SHARD"),
-    _ibm("13b", "H100", "selective", 3800, "HYBRID_SHARD"),
+    _ibm("13b", "H100", "selective", 3800, "FULL_SHARD"),
     _ibm("70b", "H100", "full", 800, "FULL_SHARD"),
     _titan("titan-13b-none", "13b", 2, "none", 2162),
     _titan("titan-13b-sel-layer", "13b", 2, "selective", 1914),
@@ -130,9 +137,15 @@ POINTS: tuple[Point, ...] = (
         1,
         "selective",
         355,
-        "batch 1 because batch 2 OOMs (its footnote): at one 4k sequence per GPU the model has 70B's "
-        "all-gathers exposed on a 400 Gbps cluster (-26%) or hidden on a faster one (+15%); the page "
-        "gives no interconnect, and memory-pressure slowdown near OOM is not modelled",
+        "batch 1 because batch 2 OOMs (its footnote); at one 4k sequence per GPU the step is "
+        "communication-bound in both phases: two bf16 "
+        "all-gathers of 138 GB and torchtitan's fp32 reduce-scatter (MixedPrecisionPolicy(reduce_dtype="
+        "torch.float32) at 395a526) of 276 GB take 13.6 s at 40 GB/s (400 Gbps x 0.8), against 8.9 s of "
+        "compute (10.0 s with the straggler term); the published 355 tok/s is an 11.5 s step, which needs "
+        "47 GB/s, 0.94 of EFA's line rate (0.85 to come within 10%), above the 0.8 nccl-tests show on p4d, "
+        "or a bf16 reduce-scatter (+9% if it were, but the source's was fp32). The same page's Llama 3 70B "
+        "at batch 1 with full checkpointing (331 tok/s, a 12.4 s step) points the same way; the page "
+        "states no network",
     ),
     _titan("titan-70b-full", "70b", 2, "full", 353),
     Point(
