@@ -41,6 +41,7 @@ from fsdptrain.config import (
     resolve_fused_optimizer,
 )
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
+from fsdptrain.hostmem import keep_host_memory
 from fsdptrain.metrics import GpuTelemetry, SavedActivations, local_state_bytes, memory_stats, peak_tflops
 from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config, use_causal_sdpa
 from fsdptrain.parallel import build_mesh, parallelize
@@ -80,9 +81,9 @@ def run(cfg: TrainConfig) -> int:
 
 def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     """Build, train to MAX_STEPS (or until SIGTERM), export; returns the summary rank 0 printed."""
-    _set_up_torch(cfg, rt.device)
+    kept = _set_up_torch(cfg, rt.device)
     t = build(cfg, rt)
-    rt.log(_banner(t, rt))
+    rt.log(_banner(t, rt) + (", host malloc kept between steps" if kept else ""))
     if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
         from fsdptrain.provenance import start_event
 
@@ -95,7 +96,9 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     return finish(t, rt, outcome)
 
 
-def _set_up_torch(cfg: TrainConfig, device: torch.device) -> None:
+def _set_up_torch(cfg: TrainConfig, device: torch.device) -> bool:
+    """Seeds, warnings, deterministic mode; on the CPU also malloc's thresholds (fsdptrain.hostmem). Returns
+    whether those were set."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -103,6 +106,7 @@ def _set_up_torch(cfg: TrainConfig, device: torch.device) -> None:
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     torch.manual_seed(cfg.seed)
     torch.use_deterministic_algorithms(resolve_deterministic(cfg.deterministic, device.type), warn_only=True)
+    return device.type == "cpu" and keep_host_memory()
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
