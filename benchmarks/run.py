@@ -128,22 +128,39 @@ def mid_model(where: Path) -> tuple[Path, int]:
     return where, sum(p.numel() for p in model.parameters())
 
 
-def run_bare(steps: int, corpus: str, tok: str, precision: str, model_dir: Path | None) -> dict:
+def run_bare(
+    steps: int, corpus: str, tok: str, precision: str, model_dir: Path | None, env: dict | None = None
+) -> dict:
     script = ROOT / "benchmarks" / "bare_fsdp.py"
     argv = [str(script), corpus, tok, str(steps), str(SEQ), str(BATCH), precision]
     argv += [str(model_dir)] if model_dir else []
-    p = sh([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *argv])
+    p = sh([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *argv], env)
     for line in p.stdout.splitlines():
         if line.startswith('{"peer"'):
             return json.loads(line)
     raise RuntimeError(f"bare loop failed: {(p.stderr or p.stdout)[-1500:]}")
 
 
+def fsdptrains_malloc() -> dict[str, str]:
+    """The glibc malloc thresholds fsdptrain sets on the CPU (fsdptrain.hostmem), as the variables that set
+    them for a whole process: the bare loop run under the same allocator settings."""
+    sys.path.insert(0, str(ROOT / "trainer"))
+    from fsdptrain import hostmem
+
+    return {
+        "MALLOC_MMAP_THRESHOLD_": str(hostmem.MMAP_THRESHOLD),
+        "MALLOC_TRIM_THRESHOLD_": str(hostmem.TRIM_THRESHOLD),
+        "MALLOC_TOP_PAD_": str(hostmem.TOP_PAD),
+    }
+
+
 def against_bare(rounds: int, steps: int) -> dict:
-    """fsdptrain (logging every 10 steps, as a run would) and the bare loop, fp32, alternating rounds."""
+    """fsdptrain (logging every 10 steps, as a run would), the bare loop, and the bare loop under fsdptrain's
+    malloc thresholds, fp32, alternating rounds."""
     import tempfile
 
     corpus, tok = assets()
+    malloc = fsdptrains_malloc()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         mid_dir, mid_params = mid_model(Path(tmp) / "llama-10m")
@@ -155,6 +172,7 @@ def against_bare(rounds: int, steps: int) -> dict:
             runs = {
                 "ours": lambda e=model_env: run_ours(steps, PRECISION="fp32", LOG_INTERVAL=10, **e),
                 "bare": lambda d=model_dir: run_bare(steps, corpus, tok, "fp32", d),
+                "bare_malloc": lambda d=model_dir: run_bare(steps, corpus, tok, "fp32", d, malloc),
             }
             got: dict[str, list[float]] = {name: [] for name in runs}
             for r in range(rounds):
@@ -162,12 +180,15 @@ def against_bare(rounds: int, steps: int) -> dict:
                     got[name].append(runs[name]()["tokens_per_s"])
                     print(f"  {size} round {r + 1}: {name} {got[name][-1]:,.0f} tokens/s", flush=True)
             ratios = [o / b for o, b in zip(got["ours"], got["bare"], strict=True)]
+            same_malloc = [o / b for o, b in zip(got["ours"], got["bare_malloc"], strict=True)]
             out[size] = {
                 "params": 0.92e6 if size == "tiny" else mid_params,
                 **{k: statistics.median(v) for k, v in got.items()},
                 **{f"{k}_all": v for k, v in got.items()},
                 "ratio": statistics.median(ratios),
                 "ratios": ratios,
+                "ratio_same_malloc": statistics.median(same_malloc),
+                "ratios_same_malloc": same_malloc,
             }
     return out
 
@@ -292,14 +313,17 @@ def bare_section(bare: dict, steps: int, rounds: int) -> list[str]:
         f"{steps} steps, first step left out; median of {rounds} alternating rounds)",
         "",
         "| model | fsdptrain tokens/s | bare loop tokens/s | ratio (median of rounds) | ratio per round |"
-        " fsdptrain rounds | bare rounds |",
-        "|---|---|---|---|---|---|---|",
+        " bare loop, fsdptrain's malloc: tokens/s | ratio | ratio per round |"
+        " fsdptrain rounds | bare rounds | bare, fsdptrain's malloc, rounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    per_round = lambda xs: ", ".join(f"{r:.2f}" for r in xs)  # noqa: E731
     for size, b in bare.items():
         lines.append(
             f"| {'tiny' if size == 'tiny' else 'Llama'} {b['params'] / 1e6:.2f}M | {b['ours']:,.0f} | "
-            f"{b['bare']:,.0f} | {b['ratio']:.2f} | {', '.join(f'{r:.2f}' for r in b['ratios'])} | "
-            f"{fmt(b['ours_all'])} | {fmt(b['bare_all'])} |"
+            f"{b['bare']:,.0f} | {b['ratio']:.2f} | {per_round(b['ratios'])} | {b['bare_malloc']:,.0f} | "
+            f"{b['ratio_same_malloc']:.2f} | {per_round(b['ratios_same_malloc'])} | "
+            f"{fmt(b['ours_all'])} | {fmt(b['bare_all'])} | {fmt(b['bare_malloc_all'])} |"
         )
     return lines + [
         "",
@@ -308,8 +332,14 @@ def bare_section(bare: dict, steps: int, rounds: int) -> list[str]:
         "else. fsdptrain logs every 10 steps (LOG_INTERVAL=10): the loss and gradient norm stay on the "
         "device between logged steps and are read in one all-reduce and one host sync, batches are built "
         "on a background thread, and the step events are made only when read. Rounds run one at a time on a "
-        "machine that may be shared: the per-round ratio (the two runs back to back) is steadier than either "
+        "machine that may be shared: the per-round ratio (the runs back to back) is steadier than either "
         "column, and the ratio is the median of those.",
+        "",
+        "On the CPU fsdptrain fixes glibc malloc's thresholds (`fsdptrain.hostmem`): left to move with the "
+        "process's history, they made a step's freed buffers go back to the kernel and be page-faulted in "
+        "again, which cost fsdptrain 10-20% at ~10M parameters (twice the bare loop's minor faults) and "
+        "made either program's speed change from run to run. The third column runs the bare loop under the "
+        "same thresholds (glibc's MALLOC_*_ variables), so the like-for-like ratio is there too.",
     ]
 
 
