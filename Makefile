@@ -28,18 +28,18 @@ $(CHECKOV):
 	python3 -m venv .venv-checkov
 	.venv-checkov/bin/python -m pip install -q checkov==3.3.30
 
-# the fast tests on 4 workers as in test-fast, then the slow ones (multi-process runs with their own timing)
+# the fast tests on 2 workers as in test-fast, then the slow ones (multi-process runs with their own timing)
 # one at a time
 test: install $(CHECKOV)
 	scripts/system-deps
-	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 	$(PY) -m pytest -q -m slow
 
 # everything but the tests marked slow (multi-process runs, real terraform, checkov, docker): settings,
-# manifests, plan, CLI and goldens, Kubernetes and AWS peers; 4 workers on 2 cores, as the Kubernetes
-# peer tests mostly wait (under 2 minutes)
+# manifests, plan, CLI and goldens, Kubernetes and AWS peers; 2 workers on 2 cores (under 2 minutes; 4
+# workers, once faster while the Kubernetes peer tests mostly waited, took 125 s against 106-120 s)
 test-fast: install
-	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 # rewrite every golden file (--help of each command, main outputs, manifests) after an intended change;
 # review `git diff tests/golden` before committing
