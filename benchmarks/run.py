@@ -147,11 +147,7 @@ def fsdptrains_malloc() -> dict[str, str]:
     sys.path.insert(0, str(ROOT / "trainer"))
     from fsdptrain import hostmem
 
-    return {
-        "MALLOC_MMAP_THRESHOLD_": str(hostmem.MMAP_THRESHOLD),
-        "MALLOC_TRIM_THRESHOLD_": str(hostmem.TRIM_THRESHOLD),
-        "MALLOC_TOP_PAD_": str(hostmem.TOP_PAD),
-    }
+    return hostmem.environment()
 
 
 def against_bare(rounds: int, steps: int) -> dict:

@@ -24,8 +24,19 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 MMAP_THRESHOLD = 32 * 1024**2
 TRIM_THRESHOLD = 1024**3  # free memory at the heap top is kept up to this (a step's peak, in practice)
 TOP_PAD = 64 * 1024**2  # grow the heap in steps this large rather than page by page
+# what is set: (mallopt parameter, the variable that sets it for a whole process, value)
+THRESHOLDS = (
+    (M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD),
+    (M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD),
+    (M_TOP_PAD, "MALLOC_TOP_PAD_", TOP_PAD),
+)
 # the user's own malloc settings, which win: glibc's variables, its tunables, or another allocator
-USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+USER_SETTINGS = (*(name for _, name, _ in THRESHOLDS), "MALLOC_MMAP_MAX_")
+
+
+def environment() -> dict[str, str]:
+    """The same thresholds as glibc's variables: for another program run under fsdptrain's settings."""
+    return {name: str(value) for _, name, value in THRESHOLDS}
 
 
 def user_choice(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
@@ -56,5 +67,4 @@ def keep_host_memory(environ: dict[str, str] | os._Environ[str] = os.environ) ->
     libc = glibc()
     if libc is None or user_choice(environ) is not None:
         return False
-    settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD))
-    return all(libc.mallopt(param, value) == 1 for param, value in settings)
+    return all(libc.mallopt(param, value) == 1 for param, _, value in THRESHOLDS)

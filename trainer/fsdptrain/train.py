@@ -83,7 +83,7 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     """Build, train to MAX_STEPS (or until SIGTERM), export; returns the summary rank 0 printed."""
     kept = _set_up_torch(cfg, rt.device)
     t = build(cfg, rt)
-    rt.log(_banner(t, rt) + (", host malloc kept between steps" if kept else ""))
+    rt.log(_banner(t, rt, host_malloc_kept=kept))
     if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
         from fsdptrain.provenance import start_event
 
@@ -290,7 +290,7 @@ def _hf_token_given() -> bool:
     return bool(os.environ.get("HF_TOKEN")) or os.path.isfile(os.environ.get("HF_TOKEN_PATH", ""))
 
 
-def _banner(t: Training, rt: Runtime) -> str:
+def _banner(t: Training, rt: Runtime, *, host_malloc_kept: bool) -> str:
     cfg = t.cfg
     ac = "off" if t.ac_layers == 0 else f"{cfg.activation_checkpointing} ({t.ac_layers} layers)"
     return (
@@ -298,20 +298,22 @@ def _banner(t: Training, rt: Runtime) -> str:
         f"{cfg.sharding_strategy} mesh {t.mesh_shape}, {cfg.precision}, "
         f"activation checkpointing {ac}, world {rt.world} on {rt.device.type}, "
         f"{t.tokens_per_step} tokens/step, steps {t.start_step + 1}..{cfg.max_steps}"
-        + "".join(f", {lever}" for lever in _levers(cfg, rt.device))
+        + "".join(f", {lever}" for lever in _levers(cfg, rt.device, host_malloc_kept))
         + (", HF token set" if _hf_token_given() else "")
     )
 
 
-def _levers(cfg: TrainConfig, device: torch.device) -> list[str]:
-    """The speed settings this run took, for the banner."""
+def _levers(cfg: TrainConfig, device: torch.device, host_malloc_kept: bool) -> list[str]:
+    """The speed settings this run took, for the banner (whether malloc's thresholds were set is known only
+    once fsdptrain.hostmem tried)."""
     on = {
         "compiled layers": cfg.compile,
         "float8 linears": cfg.float8,
         "fused AdamW": resolve_fused_optimizer(cfg.fused_optimizer, device.type),
         "deterministic": resolve_deterministic(cfg.deterministic, device.type),
     }
-    return [name for name, taken in on.items() if taken] + [f"FSDP prefetch {cfg.fsdp_prefetch}"]
+    taken = [name for name, took in on.items() if took] + [f"FSDP prefetch {cfg.fsdp_prefetch}"]
+    return taken + (["host malloc kept between steps"] if host_malloc_kept else [])
 
 
 # ---- the loop --------------------------------------------------------------------------------------------
