@@ -137,7 +137,8 @@ def test_a_failed_job_frees_the_nodes_its_other_pods_still_hold(settings):
     controller compares with are pkg/apis/kubeflow.org/v1/common_types.go's All, Running and None."""
     job = render.render_job(load(dotenv=settings), "r")[-1]
     policy = job["spec"]["runPolicy"]["cleanPodPolicy"]
-    crd = yaml.safe_load((VENDOR / "kubeflow-training-operator-v1.9.4/kubeflow.org_pytorchjobs.yaml").read_text())
+    crd_file = VENDOR / "kubeflow-training-operator-v1.9.4/kubeflow.org_pytorchjobs.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     field = schema["properties"]["spec"]["properties"]["runPolicy"]["properties"]["cleanPodPolicy"]
     assert field["type"] == "string" and policy in ("All", "Running", "None")

@@ -467,9 +467,9 @@ def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iter
 
 
 def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]:
-    """Finished jobs, their pods (cleanPodPolicy Running keeps the finished ones for their logs), their Secret and their
-    rendezvous keys in etcd; checkpoints only with `checkpoints` (a short pod removes the job's directory on
-    the PVC). Returns what was (or, dry, would be) removed."""
+    """Finished jobs, their pods (cleanPodPolicy Running keeps the finished ones for their logs), their
+    Secret and their rendezvous keys in etcd; checkpoints only with `checkpoints` (a short pod removes the
+    job's directory on the PVC). Returns what was (or, dry, would be) removed."""
     api, kind = render.job_api(cfg)
     done: list[str] = []
     with calls(cfg, "cleaning up"):
