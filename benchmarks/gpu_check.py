@@ -6,6 +6,11 @@ Modes (gpu_check.sh calls them; each trainer run is `torchrun --standalone --npr
     python benchmarks/gpu_check.py train               # (under torchrun) fsdptrain with the 7b-8l shape added
     python benchmarks/gpu_check.py bare                # (under torchrun) bare FSDP2 + torch.compile loop
 Importable without torch (tests/test_gpu_check.py unit-tests the parsing and the table writer on CPU).
+
+GPU_CHECK_REHEARSE=cpu runs `all` on the CPU build instead: a 2-layer shape of 7B's vocabulary, fp32, gloo, no
+compile in the bare loop, every row otherwise as on the GPU. tests/test_gpu_check.py rehearses it that way, so
+a bug in this script (a lever value the trainer refuses, a resume that finds no checkpoint) shows here and
+not in the GPU machine's 15 minutes.
 """
 
 from __future__ import annotations
@@ -29,11 +34,16 @@ SHAPE_ARGS = (4096, 8, 32, 32, 11008, 32000, 4096)
 SEQ_LEN = 4096
 STEPS = 12
 WARM = 4  # steps left out of the means: allocation, autotuning, compile
+REHEARSE = os.environ.get("GPU_CHECK_REHEARSE") == "cpu"
+if (
+    REHEARSE
+):  # the same rows on the CPU build, ~2.5 min on 2 cores: (hidden, layers, heads, kv, MLP, vocab, ctx)
+    SHAPE_ARGS, SEQ_LEN, STEPS, WARM = (64, 2, 4, 4, 128, 32000, 256), 64, 4, 2
 BUDGET_S = float(os.environ.get("GPU_CHECK_BUDGET_S", 400))  # the whole run stays under 8 minutes
 # lever key -> values to try; the trainer's default runs as the baseline row, each other value once
 LEVERS: dict[str, tuple[str, ...]] = {
     "COMPILE": ("false", "true"),
-    "FUSED_OPTIMIZER": ("false", "true"),
+    "FUSED_OPTIMIZER": ("on", "off"),  # the trainer's choices: auto (on with CUDA), on, off
     "DETERMINISTIC": ("false", "true"),
     "ACTIVATION_CHECKPOINTING": ("none", "selective", "full"),
     "FLOAT8": ("false", "true"),
@@ -138,7 +148,8 @@ def _env(extra: Mapping[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "trainer"), env.get("PYTHONPATH", "")])
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    env.update({"DATASET": "builtin", "LOG_INTERVAL": "1", "PRECISION": "bf16"})
+    precision = "fp32" if REHEARSE else "bf16"
+    env.update({"DATASET": "builtin", "LOG_INTERVAL": "1", "PRECISION": precision})
     env.update(extra)
     return env
 
@@ -279,9 +290,11 @@ def bare_main() -> int:
 
     from fsdptrain.shapes import PEAK_TFLOPS, flops_per_token
 
-    dist.init_process_group("nccl")
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    torch.cuda.set_device(dev)
+    cuda = not REHEARSE
+    dist.init_process_group("nccl" if cuda else "gloo")
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
     h, layers, heads, kv, inter, vocab, ctx = SHAPE_ARGS
     seq, steps = int(os.environ.get("SEQ_LEN", SEQ_LEN)), int(os.environ.get("MAX_STEPS", STEPS))
     cfg = LlamaConfig(
@@ -296,27 +309,31 @@ def bare_main() -> int:
     )
     with torch.device(dev):
         model = LlamaForCausalLM(cfg)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if cuda else torch.float32, reduce_dtype=torch.float32
+    )
     for layer in model.model.layers:  # as torchtitan: compile each block in place, then shard it
-        layer.compile()
+        if cuda:  # (the rehearsal leaves inductor's C++ build out)
+            layer.compile()
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, foreach=not cuda)
     n = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(n, vocab * h, layers, h, seq)
-    name = torch.cuda.get_device_name(dev)
+    name = torch.cuda.get_device_name(dev) if cuda else "cpu"
     gpu = next((g for g in PEAK_TFLOPS if g in name), None)
     peak = PEAK_TFLOPS[gpu]["bf16"] * 1e12 if gpu else None
     out = open(os.environ["METRICS_FILE"], "w")  # noqa: SIM115 - one file for the whole loop
     for step in range(1, steps + 1):
         x = torch.randint(0, vocab, (1, seq), device=dev)
-        torch.cuda.synchronize()
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        sync()
         t0 = time.perf_counter()
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
         rec = {
             "event": "step",
@@ -324,7 +341,7 @@ def bare_main() -> int:
             "loss": loss.item(),
             "tokens_per_s": seq / dt,
             "mfu": seq * fpt / dt / peak if peak else None,
-            "mem_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2**30,
+            "mem_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None,
         }
         out.write(json.dumps(rec) + "\n")
         out.flush()

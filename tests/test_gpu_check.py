@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import random
 import re
 import subprocess
@@ -189,3 +190,50 @@ def test_lever_runs_for_generated_trainers(seed):
 
 def test_an_unknown_mode_is_refused():
     assert G.main(["nope"]) == 2
+
+
+@pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in G.LEVERS.items() for v in vs])
+def test_every_lever_value_is_one_the_trainer_takes(key, value):
+    """A value the trainer's parser refuses (FUSED_OPTIMIZER takes auto/on/off, not true/false) would turn the
+    lever's row into 'not offered' on the GPU and measure nothing: each value must pass fsdptrain.config's
+    own parsing and validation (FLOAT8's device check comes later, in fsdptrain.launch.check_device)."""
+    cfg = from_sources([], environ={key: value, "MODEL": "7b"})
+    field = next(f for f in dataclasses.fields(cfg) if f.metadata["env"] == key)
+    assert str(getattr(cfg, field.name)).lower() == value
+
+
+@pytest.mark.slow
+def test_a_cpu_rehearsal_runs_every_row(tmp_path):
+    """`gpu_check.py all` end to end on the CPU build (GPU_CHECK_REHEARSE=cpu: a 2-layer shape, fp32, gloo,
+    real torchrun and the real trainer): every strategy's smoke row and the resume row pass, the bare loop and
+    every lever row measure tokens/s, and only what needs a GPU or torchao (FLOAT8=true) is skipped; the table
+    lands in OUT. The GPU path differs only in the shape, bf16, NCCL and the bare loop's compile."""
+    env = {**os.environ, "GPU_CHECK_REHEARSE": "cpu", "GPU_CHECK_BUDGET_S": "400", "OUT": str(tmp_path)}
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "all", str(tmp_path / "w")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")
+        for line in (tmp_path / "gpu_check.md").read_text().splitlines()[2:]
+    }
+    statuses = {name: cells[-1].rstrip(" |") for name, cells in rows.items()}
+    smoke = [n for n in rows if n.startswith("smoke tiny ")]
+    assert sorted(s.split()[-1] for s in smoke) == sorted(G.SMOKE_STRATEGIES)
+    assert statuses["resume: from step 4 to 8"].startswith("ok (steps 5-8"), statuses
+    lever_rows = [n for n in rows if n.startswith("7b-8l ") and "=" in n]
+    assert len(lever_rows) == sum(len(v) for v in G.LEVERS.values())
+    for name, status in statuses.items():
+        if name == "7b-8l FLOAT8=true":
+            assert status.startswith("skipped:"), status
+        elif status.startswith("skipped:"):
+            assert "the trainer's default" in status, (name, status)
+        else:
+            assert status.startswith("ok"), (name, status)
+            if name.startswith(("7b-8l", "bare")):
+                assert float(rows[name][1].replace(",", "")) > 0, rows[name]

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import SHARED
+from conftest import SHARED, yaml_docs
 from fsdpctl import kstatus, render
 from fsdpctl.adapters import local
 from fsdpctl.backends import local as local_backend
@@ -138,7 +137,7 @@ def test_a_failed_job_frees_the_nodes_its_other_pods_still_hold(settings):
     job = render.render_job(load(dotenv=settings), "r")[-1]
     policy = job["spec"]["runPolicy"]["cleanPodPolicy"]
     crd_file = VENDOR / "kubeflow-training-operator-v1.9.4/kubeflow.org_pytorchjobs.yaml"
-    crd = yaml.safe_load(crd_file.read_text())
+    (crd,) = yaml_docs(crd_file)
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     field = schema["properties"]["spec"]["properties"]["runPolicy"]["properties"]["cleanPodPolicy"]
     assert field["type"] == "string" and policy in ("All", "Running", "None")

@@ -103,6 +103,8 @@ def hook_set_anywhere() -> None:
     from typer._click.shell_completion import CompletionItem, ShellComplete
 
     original = ShellComplete.get_completions
+    if getattr(original, "fsdpctl_hook", False):  # once per process: a second wrapper would wrap the first
+        return
 
     def get_completions(self: Any, args: list[str], incomplete: str) -> list[Any]:
         found = set_values(args, incomplete)
@@ -110,4 +112,5 @@ def hook_set_anywhere() -> None:
             return original(self, args, incomplete)
         return [CompletionItem(v) for v in found]
 
+    get_completions.fsdpctl_hook = True  # type: ignore[attr-defined]
     ShellComplete.get_completions = get_completions  # type: ignore[method-assign]
