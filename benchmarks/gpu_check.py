@@ -35,9 +35,8 @@ SEQ_LEN = 4096
 STEPS = 12
 WARM = 4  # steps left out of the means: allocation, autotuning, compile
 REHEARSE = os.environ.get("GPU_CHECK_REHEARSE") == "cpu"
-if (
-    REHEARSE
-):  # the same rows on the CPU build, ~2.5 min on 2 cores: (hidden, layers, heads, kv, MLP, vocab, ctx)
+# the same rows on the CPU build, ~2.5 min on 2 cores: (hidden, layers, heads, kv, MLP, vocab, ctx)
+if REHEARSE:
     SHAPE_ARGS, SEQ_LEN, STEPS, WARM = (64, 2, 4, 4, 128, 32000, 256), 64, 4, 2
 BUDGET_S = float(os.environ.get("GPU_CHECK_BUDGET_S", 400))  # the whole run stays under 8 minutes
 # lever key -> values to try; the trainer's default runs as the baseline row, each other value once
