@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -239,7 +240,18 @@ class Cli:
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
+            preexec_fn=_terminal_signals,
         )
+
+
+def _terminal_signals() -> None:
+    """In the child before exec: SIGINT and SIGQUIT as a terminal's foreground job has them. A shell without
+    job control (`cmd &`, a test run started in the background) starts its children with both ignored (POSIX
+    2.11 Signals and Error Handling), exec keeps an ignored signal ignored, and CPython then installs no
+    KeyboardInterrupt handler: the Ctrl-C test waited out its 60 s on a process that could not see the
+    signal (reproduced: `(pytest -k ctrl_c_on_a_real &)` fails without this, passes with it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def isolate(monkeypatch: pytest.MonkeyPatch, root: Path) -> Cli:
