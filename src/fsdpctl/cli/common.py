@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from fsdpctl.cli import completion
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import redact, redact_obj, remember
 
@@ -100,6 +101,7 @@ BackendOpt = Annotated[
     str | None,
     typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
 ]
+NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
 DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")]
 ReplaceOpt = Annotated[bool, typer.Option("--replace", help="stop a running job of the same name first")]
 

@@ -11,12 +11,13 @@ import typer
 
 from fsdpctl import backends, crilog, files
 from fsdpctl.backends import FINAL
-from fsdpctl.cli import completion, job_record_cmd, job_view
+from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.common import (
     BackendOpt,
     DetachOpt,
     DryRunOpt,
     ForceOpt,
+    NameArg,
     Output,
     OutputOpt,
     ReplaceOpt,
@@ -40,8 +41,6 @@ app = command_group(
     "Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
     "of the kubeconfig (KUBE_CONTEXT)."
 )
-
-NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
 
 
 class LogFormat(str, Enum):

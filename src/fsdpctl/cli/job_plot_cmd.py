@@ -10,11 +10,9 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl.cli import completion
-from fsdpctl.cli.common import BackendOpt, ok, out, resolve_job, state
+from fsdpctl.cli.common import BackendOpt, NameArg, ok, out, resolve_job, state
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
-NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
 TENSORBOARD_PORT = 6006  # TensorBoard's own default
 
 
