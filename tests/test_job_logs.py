@@ -161,6 +161,55 @@ def test_relay_stamps_each_line_as_a_container_runtime_does(tmp_path, die):
     assert times == sorted(times) and abs(times[0] - time.time()) < 30
 
 
+def _straddling_lines(rng: random.Random) -> list[bytes]:
+    """Output lines whose multi-byte characters (2, 3 and 4 bytes) fall across the 16 KiB cuts at every
+    offset, with a carriage return (a progress bar), a byte that is not UTF-8 and short lines between."""
+    found = []
+    for char in ("é", "✓", "😀"):
+        raw = char.encode()
+        for cut in range(1, len(raw)):  # the cut falls after `cut` bytes of the character
+            for pieces in (1, 2):
+                head = "a" * (crilog.MAX_LINE * pieces - cut)
+                found.append(head.encode() + raw + rng.choice([b"", b"tail \r 50%", b"\xff end"]))
+    found += [b"short \xc3", b"progress 10%\rprogress 20%", "日本語".encode() * 3000]
+    rng.shuffle(found)
+    return found
+
+
+def test_relayed_long_lines_keep_every_character_cut_by_a_piece(tmp_path):
+    """containerd (pkg/cri/io/logger.go) cuts a long line at max_container_log_line_size BYTES and writes the
+    pieces raw, and the kubelet's reader (kuberuntime/logs/logs.go) joins the pieces' bytes, so a character
+    cut in two is whole again; lines end only at a newline (a \\r stays in its line). Real process, real
+    relay; read back whole (`crilog.read`) and as `job logs -f` follows it, a few bytes at a time: each line
+    is its bytes decoded once (not UTF-8 replaced by U+FFFD), none split, none lost."""
+    from fsdpctl.backends.local import _Follower
+
+    rng = random.Random(11)
+    out = _straddling_lines(rng)
+    data = tmp_path / "out.bin"
+    data.write_bytes(b"".join(line + b"\n" for line in out))
+    code = f"import sys; sys.stdout.buffer.write(open({str(data)!r}, 'rb').read())"
+    log = tmp_path / "node-0.log"
+    proc = shell.spawn([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin"}, log=log, stamped=True)
+    proc.wait(timeout=30)
+    proc.relay.wait(timeout=30)
+    want = [line.decode("utf-8", "replace") for line in out]
+    assert [x.text for x in crilog.read(log)] == want
+    assert sum(" P " in r[:45] for r in log.read_bytes().split(b"\n")[:-1] for r in [r.decode("latin-1")]) > 6
+    # a follower that sees the file grow in arbitrary byte steps, cuts inside characters included
+    whole, grown = log.read_bytes(), tmp_path / "grown.log"
+    grown.write_bytes(b"")
+    follower, seen, at = _Follower(grown), [], 0
+    while at < len(whole):
+        step = rng.randrange(1, 40000)
+        with open(grown, "ab") as fh:
+            fh.write(whole[at : at + step])
+        at += step
+        seen += follower.read(final=False)
+    seen += follower.read(final=True)
+    assert [x.text for x in seen] == want
+
+
 # --- job logs on a local job with a fixed log --------------------------------------------------------------
 
 

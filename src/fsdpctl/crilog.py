@@ -80,6 +80,34 @@ def format_line(t: float, stream: str, text: str, tag: str = FULL) -> str:
     return f"{rfc3339(t)} {stream} {tag} {text}\n"
 
 
+def format_bytes(t: float, stream: str, data: bytes, tag: str = FULL) -> bytes:
+    """`format_line` of the program's bytes as they came: containerd splits a long line at 16 KiB of bytes,
+    not of characters, and writes each piece raw, so a character cut in two is whole again once the pieces
+    are joined (decoding each piece alone would turn both halves into U+FFFD for good)."""
+    return f"{rfc3339(t)} {stream} {tag} ".encode() + data + b"\n"
+
+
+def raw_lines(data: bytes) -> list[str]:
+    """A log file's bytes as its raw lines: split at newlines only (a program's \\r stays in its line, as
+    containerd splits), each byte kept (undecodable ones as surrogates) so that the pieces of a line join
+    byte for byte before `lines` decodes them."""
+    text = data.decode("utf-8", "surrogateescape")
+    if not text:
+        return []
+    return text.removesuffix("\n").split("\n")
+
+
+def raw_bytes(raws: Iterable[str]) -> bytes:
+    """`raw_lines` back to the file's bytes, each line with its newline."""
+    return "".join(f"{r}\n" for r in raws).encode("utf-8", "surrogateescape")
+
+
+def _text(joined: str) -> str:
+    """A whole line's text: its bytes decoded, what is not UTF-8 replaced (U+FFFD), as the kubelet's reader
+    hands on the bytes and a terminal shows them."""
+    return joined.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def parse_line(raw: str) -> tuple[Line, bool]:
     """(the line, whether it is a partial piece) of one line of a log file, without its newline."""
     m = _CRI.match(raw)
@@ -100,19 +128,19 @@ def lines(raws: Iterable[str]) -> Iterator[Line]:
         line, partial = parse_line(raw)
         pieces.append(line)
         if not partial:
-            yield Line("".join(p.text for p in pieces), pieces[0].time, pieces[0].stream)
+            yield Line(_text("".join(p.text for p in pieces)), pieces[0].time, pieces[0].stream)
             pieces = []
     if pieces:  # a log that ends mid-line (the writer was killed): what there is
-        yield Line("".join(p.text for p in pieces), pieces[0].time, pieces[0].stream)
+        yield Line(_text("".join(p.text for p in pieces)), pieces[0].time, pieces[0].stream)
 
 
 def read(path: Path) -> list[Line]:
     """Every line of a log file; none when it is not there (yet)."""
     try:
-        text = path.read_text(errors="replace")
+        data = path.read_bytes()
     except OSError:
         return []
-    return list(lines(text.splitlines()))
+    return list(lines(raw_lines(data)))
 
 
 def texts(path: Path) -> list[str]:

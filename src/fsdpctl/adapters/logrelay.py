@@ -30,10 +30,8 @@ def relay(log: str, fds: dict[int, str]) -> None:
         now = time.time()
         while len(data) > crilog.MAX_LINE:
             piece, data = data[: crilog.MAX_LINE], data[crilog.MAX_LINE :]
-            os.write(
-                out, crilog.format_line(now, fds[fd], piece.decode(errors="replace"), crilog.PARTIAL).encode()
-            )
-        os.write(out, crilog.format_line(now, fds[fd], data.decode(errors="replace"), tag).encode())
+            os.write(out, crilog.format_bytes(now, fds[fd], piece, crilog.PARTIAL))
+        os.write(out, crilog.format_bytes(now, fds[fd], data, tag))
 
     while sel.get_map():
         for key, _ in sel.select():

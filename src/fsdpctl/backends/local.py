@@ -327,9 +327,8 @@ class _Follower:
         whole, _, rest = chunk.rpartition(b"\n")
         if final:
             whole, rest = chunk, b""
-        raws = whole.decode(errors="replace").splitlines()
-        found, held = crilog.complete(raws)
+        found, held = crilog.complete(crilog.raw_lines(whole))
         if final:
             return [*found, *crilog.lines(held)]
-        self.carry = "".join(f"{r}\n" for r in held).encode() + rest
+        self.carry = crilog.raw_bytes(held) + rest
         return found
