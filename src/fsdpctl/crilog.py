@@ -123,15 +123,19 @@ def parse_line(raw: str) -> tuple[Line, bool]:
 def lines(raws: Iterable[str]) -> Iterator[Line]:
     """The lines of a log's raw lines, partial pieces joined to the line they start (its time is the first
     piece's, as the runtime read it first)."""
-    pieces: list[Line] = []
+    held: dict[str, list[Line]] = {}  # stream -> its pieces so far: the other stream's lines may come between
     for raw in raws:
         line, partial = parse_line(raw)
+        pieces = held.setdefault(line.stream, [])
         pieces.append(line)
         if not partial:
-            yield Line(_text("".join(p.text for p in pieces)), pieces[0].time, pieces[0].stream)
-            pieces = []
-    if pieces:  # a log that ends mid-line (the writer was killed): what there is
-        yield Line(_text("".join(p.text for p in pieces)), pieces[0].time, pieces[0].stream)
+            yield _joined(held.pop(line.stream))
+    # a log that ends mid-line (the writer was killed, or its last line had no newline): what there is
+    yield from (_joined(pieces) for pieces in held.values())
+
+
+def _joined(pieces: list[Line]) -> Line:
+    return Line(_text("".join(p.text for p in pieces)), pieces[0].time, pieces[0].stream)
 
 
 def read(path: Path) -> list[Line]:
@@ -176,9 +180,12 @@ def complete(raws: list[str]) -> tuple[list[Line], list[str]]:
     partial pieces of a line whose last piece has not come yet (the kubelet waits the same way)."""
     done: list[Line] = []
     held: list[str] = []
+    open_: set[str] = set()  # the streams in the middle of a line
     for raw in raws:
         held.append(raw)
-        if not parse_line(raw)[1]:
+        line, partial = parse_line(raw)
+        (open_.add if partial else open_.discard)(line.stream)
+        if not open_:  # (the other stream's lines behind an open one wait with it: the order stays)
             done.extend(lines(held))
             held = []
     return done, held

@@ -18,7 +18,8 @@ from fsdpctl import crilog
 def relay(log: str, fds: dict[int, str]) -> None:
     """Until both pipes are closed: each whole line written at once (O_APPEND), so readers never see half of
     one unless this process is killed mid-write; a line longer than crilog.MAX_LINE goes out in P pieces;
-    what is left at the end without a newline is written as a line (containerd's F at EOF)."""
+    a CR LF ending is dropped like a LF one (containerd's readLine); what is left at the end without a newline
+    is written as a P piece, as redirectLogs does at EOF (readers show it whole once no more can come)."""
     out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sel = selectors.DefaultSelector()
     pending = dict.fromkeys(fds, b"")
@@ -40,12 +41,12 @@ def relay(log: str, fds: dict[int, str]) -> None:
             if not chunk:
                 sel.unregister(fd)
                 if pending[fd]:
-                    write(fd, pending[fd], crilog.FULL)
+                    write(fd, pending[fd], crilog.PARTIAL)
                 continue
             buf = pending[fd] + chunk
             *whole, buf = buf.split(b"\n")
             for line in whole:
-                write(fd, line, crilog.FULL)
+                write(fd, line.removesuffix(b"\r"), crilog.FULL)
             while len(buf) >= crilog.MAX_LINE:  # that long without a newline: a piece out, as containerd does
                 write(fd, buf[: crilog.MAX_LINE], crilog.PARTIAL)
                 buf = buf[crilog.MAX_LINE :]
