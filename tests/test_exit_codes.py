@@ -113,8 +113,11 @@ def _terraform_state(cli) -> None:
 def test_a_declined_prompt_is_2_however_it_is_declined(answer, cli):
     """`cluster delete` (terraform, a state with resources: read offline, no AWS needed) asks; "n", an
     empty line, anything but y/yes and no answer at all (end of input: an empty pipe, or no stdin) are all
-    the same refusal, exit 2, with --debug too. End of input says so instead of click's bare `Aborted!`."""
+    the same refusal, exit 2, with --debug too. End of input says so instead of click's bare `Aborted!`.
+    A refusal writes nothing: the cluster's directory (terraform's state and the variables it was made with)
+    is byte for byte as it was."""
     _terraform_state(cli)
+    before = tree(cli.home / "clusters")
     for debug in ((), ("--debug",)):
         r = invoke(*debug, "cluster", "delete", "--tool", "terraform", input=answer)
         assert r.exit_code == ExitCode.BAD_INPUT, r.output
@@ -122,6 +125,11 @@ def test_a_declined_prompt_is_2_however_it_is_declined(answer, cli):
         assert line.startswith("error: not confirmed"), r.stderr
         assert ("no answer" in line) == (not answer), line
         assert "Aborted" not in r.output and "destroy" not in r.stdout
+        assert tree(cli.home / "clusters") == before
+
+
+def tree(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_a_job_already_running_locally_is_2(cli):

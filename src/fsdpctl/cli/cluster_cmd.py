@@ -235,12 +235,13 @@ def delete(
     if what is None and not (file_systems or groups):
         emit(report, output)
         return
-    # the tool's input is written once AWS has answered: a lookup that fails leaves nothing behind
-    run = cluster.prepare(cfg, "delete")
     if not dry_run and not yes:
         _confirm_fsx(cfg, file_systems)
         if what:
             confirm(f"Delete {what}?", refused="not confirmed", hint="pass --yes to delete without asking")
+    # the tool's input is written once AWS has answered and the user has: a lookup that fails or a "no"
+    # leaves the cluster's directory as it was (terraform's variables there are the ones it was made with)
+    run = cluster.prepare(cfg, "delete")
     if dry_run:
         for fs in file_systems:
             ok(f"dry run: would delete {fsx_summary(fs)}")
