@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -155,7 +156,40 @@ def test_two_nodes_on_pod_local_disks_are_refused_before_anything_starts(cli):
     assert not cli.home.exists() or not any(cli.home.iterdir()), list(cli.home.rglob("*"))
     if NETNS:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert "fsdpctl-podlocal-" not in listed
+        assert not re.search(r"fsdpctl-\d+-podlocal-", listed), listed
+
+
+@needs_netns
+def test_two_jobs_of_one_name_get_their_own_networks_and_tear_down_only_theirs(monkeypatch):
+    """Job "twin" run from two homes (or users) at once, the second having looked for free subnets before
+    the first made its bridge: real iproute2 as root, where `ip link add` of an existing link fails with
+    File exists (the kernel's RTM_NEWLINK under NLM_F_EXCL, which `ip link add` sets). The second moves to
+    the next subnet instead of failing, and its teardown (or its failure's) never removes the first's
+    bridge or namespaces: every name carries the subnet's index, not only the job's name."""
+    tried: list[int] = []
+    real_create, bridges = netns.create, netns._bridges
+
+    def create(net, names=None):
+        tried.append(net.index)
+        real_create(net, names)
+
+    monkeypatch.setattr(netns, "create", create)
+    first = netns.claim("twin", 2, {"twin-worker-0": 0})
+    try:
+        monkeypatch.setattr(netns, "_bridges", set)  # it looked before the first's bridge existed
+        second = netns.claim("twin", 2, {"twin-worker-0": 0})
+        try:
+            assert tried[:2] == [first.index, first.index] and second.index != first.index, tried
+            ours, theirs = ({net.namespace(n) for n in range(2)} for net in (first, second))
+            assert not ours & theirs
+            hosts = (netns.ETC_NETNS / second.namespace(1) / "hosts").read_text()
+            assert f"{second.address(0)} twin-worker-0" in hosts.splitlines()
+        finally:
+            netns.destroy(second)
+        assert netns.exists(first) and first.index in bridges()
+    finally:
+        netns.destroy(first)
+    assert not netns.exists(first)
 
 
 @pytest.mark.slow

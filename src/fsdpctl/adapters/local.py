@@ -630,11 +630,11 @@ def supervise(jdir: Path) -> int:
     log_dir = Path(state["log_dir"])
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
-    server, pods, net = None, [], _network(spec)
+    server, pods, net = None, [], None
     pre = _start_prestep(spec, log_dir)
     try:
-        if net is not None:
-            netns.create(net, {f"{spec['job']}-worker-0": net.address(0)})
+        if _wants_network():
+            net = netns.claim(spec["job"], spec["replicas"], {f"{spec['job']}-worker-0": 0})
         server, endpoint = _rendezvous(spec, jdir, log_dir, net)
         # a session of its own per launcher: its process group is the pod's processes
         pods = [
@@ -801,12 +801,10 @@ def _recreate(pod: Pod, jdir: Path, code: int) -> None:
     pod.proc, pod.relaunches, pod.judged = _spawn(pod.launch, log_dir), pod.relaunches + 1, False
 
 
-def _network(spec: dict) -> netns.Network | None:
+def _wants_network() -> bool:
     """Namespaces when this machine allows them (root, iproute2) and FSDPCTL_LOCAL_NETNS is not 0."""
     usable, _ = netns.available()
-    if not usable or os.environ.get("FSDPCTL_LOCAL_NETNS", "1") == "0":
-        return None
-    return netns.plan(spec["job"], spec["replicas"])
+    return usable and os.environ.get("FSDPCTL_LOCAL_NETNS", "1") != "0"
 
 
 def network_note(state: dict) -> str:

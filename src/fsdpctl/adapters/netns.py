@@ -5,7 +5,11 @@ the address of replica 0, which the other replicas use as MASTER_ADDR and rendez
 root with iproute2, each node runs under `ip netns exec` in a namespace joined to a per-job bridge:
 
     host: bridge fsbr<i>  10.231.<i>.1/24   (etcd, when used, listens here)
-    node N: namespace fsdpctl-<job>-<N>, veth fsv<i>n<N> <-> eth0 inside, 10.231.<i>.<10+N>/24
+    node N: namespace fsdpctl-<i>-<job>-<N>, veth fsv<i>n<N> <-> eth0 inside, 10.231.<i>.<10+N>/24
+
+The bridge is the job's claim on its index <i>: creating it fails while another job (another FSDPCTL_HOME,
+another user, a second `job run` at the same moment) holds it, and every other name carries <i>, so two
+jobs of the same name never share or tear down each other's namespaces.
 
 so what breaks on a cluster because nodes do not share an address (a store bound to 127.0.0.1, a rendezvous
 endpoint of `localhost`) breaks here too, and a test can cut one node's link (`ip link set ... down`). The
@@ -34,6 +38,10 @@ class NetnsError(RuntimeError):
     pass
 
 
+class BridgeTaken(NetnsError):
+    """The index's bridge exists: another job claimed the subnet since `plan` looked."""
+
+
 def available() -> tuple[bool, str]:
     """(usable, why not): root and the `ip` tool."""
     if os.geteuid() != 0:
@@ -60,7 +68,7 @@ class Network:
         return f"{SUBNET_PREFIX}.{self.index}.1"
 
     def namespace(self, node: int) -> str:
-        return f"fsdpctl-{self.job}-{node}"
+        return f"fsdpctl-{self.index}-{self.job}-{node}"  # the index: a same-named job elsewhere has another
 
     def veth(self, node: int) -> str:
         return f"fsv{self.index}n{node}"  # at most 15 characters: fsv250n199
@@ -97,12 +105,30 @@ def _bridges() -> set[int]:
     return {int(n[4:]) for n in names if n.startswith("fsbr") and n[4:].isdigit()}
 
 
-def create(net: Network, names: dict[str, str] | None = None) -> None:
+def claim(job: str, nodes: int, names: dict[str, int] | None = None) -> Network:
+    """`plan` then `create`, moving past an index whose bridge another job made in between (the bridge is
+    the claim: `ip link add` fails with File exists for the second of two jobs that planned the same one)."""
+    taken = _bridges()
+    while True:
+        net = plan(job, nodes, taken)  # raises once all 250 are taken
+        try:
+            create(net, names)
+            return net
+        except BridgeTaken:
+            taken.add(net.index)
+
+
+def create(net: Network, names: dict[str, int] | None = None) -> None:
     """Bridge, then one namespace per node with its veth, address and loopback up, and its own /etc/hosts;
-    undone on failure. `names` (host name -> address) go into every node's hosts file, as cluster DNS would
-    answer them (`<job>-worker-0` -> node 0)."""
+    undone on failure (never another job's bridge: BridgeTaken when it exists). `names` (host name -> node)
+    go into every node's hosts file, as cluster DNS would answer them (`<job>-worker-0` -> node 0)."""
     try:
         _ip("link", "add", net.bridge, "type", "bridge")
+    except NetnsError as e:
+        if "File exists" in str(e):
+            raise BridgeTaken(f"{net.bridge} exists: subnet {net.host_address}/24 is another job's") from e
+        raise
+    try:
         _ip("addr", "add", f"{net.host_address}/24", "dev", net.bridge)
         _ip("link", "set", net.bridge, "up")
         for node in range(net.nodes):
@@ -113,12 +139,12 @@ def create(net: Network, names: dict[str, str] | None = None) -> None:
         raise
 
 
-def _write_hosts(net: Network, node: int, names: dict[str, str]) -> None:
+def _write_hosts(net: Network, node: int, names: dict[str, int]) -> None:
     """`ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts (ip-netns(8)): inside, this
     machine's hostname resolves to the node's own address, as a pod's hostname resolves to its pod IP;
     torchrun's c10d backend decides whether it hosts the store by that lookup."""
     lines = ["127.0.0.1 localhost", f"{net.address(node)} {socket.gethostname()}"]
-    lines += [f"{address} {name}" for name, address in names.items()]
+    lines += [f"{net.address(other)} {name}" for name, other in names.items()]
     hosts = ETC_NETNS / net.namespace(node) / "hosts"
     hosts.parent.mkdir(parents=True, exist_ok=True)
     hosts.write_text("\n".join(lines) + "\n")
