@@ -84,6 +84,9 @@ def _training_cases():
             if f.metadata["min"] is not None:
                 low = f.metadata["min"]
                 yield key, str(kind(low) - 1), "below minimum", f"is too small: use at least {low:g}"
+            if f.metadata["max"] is not None:
+                high = f.metadata["max"]
+                yield key, str(kind(high) + 1), "above maximum", f"is too large: use at most {high:g}"
 
 
 VPC_FIX = "needs PRIVATE_SUBNET_IDS: set the VPC's private subnets (two or more, in different AZs)"

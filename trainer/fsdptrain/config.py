@@ -37,11 +37,16 @@ class ConfigError(ValueError):
 
 
 def _f(
-    env: str, default: Any, help: str, *, choices: Sequence[str] = (), minimum: float | None = None
+    env: str,
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[str] = (),
+    minimum: float | None = None,
+    maximum: float | None = None,
 ) -> Any:  # Any: the field's declared type is the one that counts
-    return field(
-        default=default, metadata={"env": env, "help": help, "choices": tuple(choices), "min": minimum}
-    )
+    meta = {"env": env, "help": help, "choices": tuple(choices), "min": minimum, "max": maximum}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,9 @@ class TrainConfig:
     seq_len: int = _f("SEQ_LEN", 128, "tokens per sequence", minimum=8)
     max_steps: int = _f("MAX_STEPS", 30, "optimizer steps to run", minimum=1)
     lr: float = _f("LR", 3e-3, "peak learning rate", minimum=0.0)
-    min_lr_ratio: float = _f("MIN_LR_RATIO", 0.1, "cosine floor as a fraction of LR", minimum=0.0)
+    min_lr_ratio: float = _f(  # above 1 the "decay" would climb past the peak
+        "MIN_LR_RATIO", 0.1, "cosine floor as a fraction of LR (0 to 1)", minimum=0.0, maximum=1.0
+    )
     warmup_steps: int = _f("WARMUP_STEPS", 5, "linear warmup steps", minimum=0)
     weight_decay: float = _f("WEIGHT_DECAY", 0.1, "AdamW weight decay", minimum=0.0)
     fused_optimizer: str = _f(
@@ -171,11 +178,13 @@ class TrainConfig:
         found = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            env, choices, minimum = f.metadata["env"], f.metadata["choices"], f.metadata["min"]
+            env, choices, minimum, maximum = (f.metadata[k] for k in ("env", "choices", "min", "max"))
             if choices and value not in choices:
                 found.append(f"{env}={value!r} is not allowed: use one of {', '.join(choices)}")
             elif minimum is not None and value < minimum:
                 found.append(f"{env}={value!r} is too small: use at least {minimum:g}")
+            elif maximum is not None and value > maximum:
+                found.append(f"{env}={value!r} is too large: use at most {maximum:g}")
         if self.model not in MODEL_CONFIGS:
             found.append(f"MODEL={self.model!r} is unknown: use one of {', '.join(MODEL_CONFIGS)}")
         if self.warmup_steps > self.max_steps and not any(
