@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import re
 from pathlib import Path
 
@@ -205,11 +206,42 @@ def test_local_memory_against_this_machines_ram(cli, model):
     assert r.exit_code == (2 if need > RAM else 0), r.output
     if need > RAM:
         [line] = errors(r)
+        cfg_t = cfg.training
         assert line.startswith(
-            f"MODEL={model} (--set) needs about {need / GIB:.1f} GiB for 2 local processes"
+            f"MODEL={model} (--set) at SEQ_LEN={cfg_t.seq_len} x MICRO_BATCH_SIZE={cfg_t.micro_batch_size} "
+            f"needs about {need / GIB:.1f} GiB for 2 local processes"
         )
         assert line.endswith("use MODEL=tiny here, or BACKEND=eks")
     assert model != "tiny" or need < 2 * GIB
+
+
+def test_the_one_change_a_local_memory_error_names_fits():
+    """Generated settings against a generated amount of RAM they do not fit in: the change the line names
+    (MODEL=tiny, a lower SEQ_LEN, MICRO_BATCH_SIZE=1), applied alone, fits; it is never the value already
+    set (SEQ_LEN=100000000 on the tiny model was told to `use MODEL=tiny`); and a line that names none is
+    right that none of them fits."""
+    rng = random.Random(17)
+    for _ in range(150):
+        flags = {
+            "MODEL": rng.choice(["tiny", "7b", "13b"]),
+            "SEQ_LEN": str(rng.choice([64, 512, 4096, 65536, 1 << 20])),
+            "MICRO_BATCH_SIZE": str(rng.choice([1, 2, 8, 64])),
+        }
+        cfg = load(flags=flags)
+        ram = int(P.host_memory(cfg) * rng.uniform(0.001, 0.99))
+        line = P.fit_problem(cfg, ram_bytes=ram) or ""
+        fixed = re.search(r": (use MODEL=tiny|lower SEQ_LEN to (\d+)|set MICRO_BATCH_SIZE=1|no single)", line)
+        assert fixed, line
+        change = {
+            "use MODEL=tiny": {"MODEL": "tiny"},
+            "set MICRO_BATCH_SIZE=1": {"MICRO_BATCH_SIZE": "1"},
+        }.get(fixed.group(1), {"SEQ_LEN": fixed.group(2)} if fixed.group(2) else {})
+        if not change:
+            tries = [{"MODEL": "tiny"}, {"SEQ_LEN": "8"}, {"MICRO_BATCH_SIZE": "1"}]
+            assert all(P.host_memory(load(flags={**flags, **t})) > ram for t in tries), (flags, ram)
+            continue
+        assert all(flags[k] != v for k, v in change.items()), (flags, line)
+        assert P.host_memory(load(flags={**flags, **change})) <= ram, (flags, change, ram)
 
 
 def test_local_memory_is_every_process_together():

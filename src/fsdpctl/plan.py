@@ -516,10 +516,10 @@ def fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | No
     return f"{what}: set {fix[0]}{more}, the cheapest change that fits (`fsdpctl plan` shows the numbers)"
 
 
-def host_memory(cfg: Config) -> int:
+def host_memory(cfg: Config, **change: Any) -> int:
     """Bytes all the processes of a local job hold together: each its shard of the state, its activations
-    and transients as on a GPU (no CUDA context), and the process itself."""
-    job = replace(job_from(cfg, mfu=0.0, price=None), gpus_per_node=cfg.procs_per_node)
+    and transients as on a GPU (no CUDA context), and the process itself. `change`: Job fields to try."""
+    job = replace(job_from(cfg, mfu=0.0, price=None), gpus_per_node=cfg.procs_per_node, **change)
     mem = memory(job)
     return cfg.world_size * (mem.total - CUDA_OVERHEAD + PROCESS_BASE)
 
@@ -528,8 +528,26 @@ def _host_fit_problem(cfg: Config, ram_bytes: int) -> str | None:
     need = host_memory(cfg)
     if need <= ram_bytes:
         return None
+    t = cfg.training
     return (
-        f"MODEL={cfg.training.model} needs about {need / GIB:.1f} GiB for {cfg.world_size} local processes "
-        f"(JOB_NODES={cfg.job_nodes} x LOCAL_PROCS_PER_NODE={cfg.local_procs_per_node}), this machine has "
-        f"{ram_bytes / GIB:.1f} GiB: use MODEL=tiny here, or BACKEND=eks"
+        f"MODEL={t.model} at SEQ_LEN={t.seq_len} x MICRO_BATCH_SIZE={t.micro_batch_size} needs about "
+        f"{need / GIB:.1f} GiB for {cfg.world_size} local processes (JOB_NODES={cfg.job_nodes} x "
+        f"LOCAL_PROCS_PER_NODE={cfg.local_procs_per_node}), this machine has {ram_bytes / GIB:.1f} GiB: "
+        f"{_host_fix(cfg, ram_bytes)}"
     )
+
+
+def _host_fix(cfg: Config, ram_bytes: int) -> str:
+    """The first single change that fits here, in the order a user would try them: the tiny model (when
+    another one is set), then a shorter sequence, then one sequence per micro-batch; else the cluster."""
+    t = cfg.training
+    if t.model != "tiny" and host_memory(cfg, model="tiny") <= ram_bytes:
+        return "use MODEL=tiny here, or BACKEND=eks"
+    seq = t.seq_len
+    while seq > 8:
+        seq = max(8, seq // 2)
+        if host_memory(cfg, seq_len=seq) <= ram_bytes:
+            return f"lower SEQ_LEN to {seq} here, or BACKEND=eks"
+    if t.micro_batch_size > 1 and host_memory(cfg, micro_batch=1) <= ram_bytes:
+        return "set MICRO_BATCH_SIZE=1 here, or BACKEND=eks"
+    return "no single change fits this machine: use BACKEND=eks (or fewer, smaller local processes)"
