@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
+import re
+import string
 
 import pytest
 
 from conftest import ROOT, SHARED, yaml_docs
-from fsdpctl import render
+from fsdpctl import files, record, render
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 from fsdpctl.validate import crd_schemas, validate
@@ -233,3 +236,46 @@ def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
     port = template["metadata"]["annotations"]["prometheus.io/port"]
     env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
     assert env["METRICS_PORT"] == port == "9101"
+
+
+# apimachinery pkg/util/validation/validation.go: a label value is at most 63 characters of
+# (([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?; an object's name a DNS-1123 subdomain (IsDNS1123Subdomain)
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _run_ids(rng: random.Random):
+    """Run ids `job run --run-id` takes (files.RUN_ID), every length, with '-', '_' and '.' at character 63
+    (where a bare [:63] cut them) and anywhere else."""
+    inner = string.ascii_letters + string.digits + "-_."
+    for length in [1, 2, 62, 63, 64, 65, 100, 127, 128] + [rng.randrange(1, 129) for _ in range(30)]:
+        body = [rng.choice(inner) for _ in range(length)]
+        body[0], body[-1] = rng.choice(string.ascii_letters), rng.choice(string.digits)
+        if length > 64:
+            body[62] = rng.choice("-_.")
+        run_id = "".join(body).replace("..", "a.")
+        assert files.RUN_ID.fullmatch(run_id), run_id
+        yield run_id
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_every_label_and_name_from_a_run_id_or_job_name_is_one_the_api_server_takes(kind):
+    """Generated run ids and the longest job names JOB_NODES allows: every label value on every object the
+    job brings (its objects, the checkpoint cleaner, the run record's ConfigMap) is a valid label value and
+    every name a DNS-1123 subdomain, as the API server's ValidateObjectMeta checks them; a run id longer
+    than 63 characters is cut to one that still ends in a letter or digit."""
+    rng = random.Random(23)
+    for run_id, job in zip(_run_ids(rng), itertools.cycle(["a" * 47 + "-bcdef", "b" * 52 + "1", "fsdp"])):
+        cfg = eks("p5.48xlarge", "FULL_SHARD", "c10d", JOB_KIND=kind, JOB_NAME=job)
+        rec = record.build(cfg, run_id=run_id, code={}, image=None, created=0.0, secret_name="s")
+        objs = [
+            *render.render_job(cfg, run_id),
+            render.render_checkpoint_cleaner(cfg, job),
+            record.config_map({**rec, "id": "r1", "hash": "h"}, cfg.job_namespace),
+        ]
+        for obj in objs:
+            meta = obj["metadata"]
+            assert DNS_SUBDOMAIN.fullmatch(meta["name"]) and len(meta["name"]) <= 253, meta["name"]
+            for key, value in meta.get("labels", {}).items():
+                assert LABEL_VALUE.fullmatch(value) and len(value) <= 63, (obj["kind"], key, value)
+        assert objs[-1]["metadata"]["labels"]["fsdpctl.io/run-id"] == run_id[:63].rstrip("-_.")

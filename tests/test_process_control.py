@@ -517,12 +517,17 @@ def test_a_job_name_that_is_a_path_is_bad_input_before_any_path_is_built(home, v
     assert not home.home.exists() and not outside.exists()
 
 
-@pytest.mark.parametrize("run_id", ["../../..", "a/b", "..", ".hidden", "x\x00", "a" * 129, "-x"], ids=repr)
-def test_a_run_id_that_is_a_path_is_bad_input(home, run_id):
-    r = home("job", "run", "--dry-run", f"--run-id={run_id}")
+@pytest.mark.parametrize("command", [["job", "run", "--dry-run"], ["manifest"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "run_id", ["../../..", "a/b", "..", ".hidden", "x\x00", "a" * 129, "-x", "", "a b"], ids=repr
+)
+def test_a_run_id_that_is_a_path_is_bad_input(home, run_id, command):
+    """`manifest --run-id` took any text (a space, or nothing at all, went into the rendezvous id and a label
+    value the API server refuses); it takes what `job run --run-id` takes."""
+    r = home(*command, f"--run-id={run_id}")
     assert r.exit_code == 2 and _one_line(r.stderr), r.output
     assert "--run-id" in r.said and "not a valid run id" in r.said
-    assert not home.home.exists()
+    assert not home.home.exists() and not r.stdout
 
 
 @settings(max_examples=300, deadline=None)

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fsdpctl import render
 from fsdpctl.redact import MASK, secret_kind
 from fsdpctl.settings import SECRET_KEYS, Config, Settings, setting_keys
 from fsdptrain import events, fingerprint
@@ -297,7 +298,7 @@ def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
             "labels": {
                 "app.kubernetes.io/managed-by": "fsdpctl",
                 "fsdpctl.io/record-of": rec["job"],
-                "fsdpctl.io/run-id": rec["run_id"][:63],
+                "fsdpctl.io/run-id": render.label_value(rec["run_id"]),
             },
             "annotations": {ANNOTATION: rec["hash"]},
         },

@@ -142,12 +142,19 @@ def stable_run_id(cfg: Config) -> str:
     return f"{cfg.job_name[:40]}-{digest[:10]}"
 
 
+def label_value(text: str) -> str:
+    """At most 63 characters that still end in a letter or digit, as a label value (and a DNS label) must
+    (apimachinery pkg/util/validation IsValidLabelValue): a bare [:63] of a 64-128 character run id could end
+    in '-', '_' or '.', and the API server would refuse the whole object."""
+    return text[:63].rstrip("-_.")
+
+
 def labels(cfg: Config, run_id: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "fsdpctl-job",
         "app.kubernetes.io/managed-by": "fsdpctl",
         "fsdpctl.io/job": cfg.job_name,
-        "fsdpctl.io/run-id": run_id[:63],
+        "fsdpctl.io/run-id": label_value(run_id),
     }
 
 
@@ -270,7 +277,7 @@ def render_checkpoint_cleaner(cfg: Config, job_name: str) -> Obj:
     """A one-shot pod that removes one job's checkpoint directory from the claim holding checkpoints."""
     return render_template(
         "checkpoint-cleaner.yaml.j2",
-        name=f"fsdpctl-clean-{job_name}"[:63],
+        name=label_value(f"fsdpctl-clean-{job_name}"),
         namespace=cfg.job_namespace,
         pvc=cfg.checkpoint_claim,
         image=cfg.image_uri,
@@ -474,7 +481,7 @@ def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
             "app.kubernetes.io/name": "fsdpctl-fetch",
             "app.kubernetes.io/managed-by": "fsdpctl",
             prestep.OF_LABEL: cfg.job_name,
-            "fsdpctl.io/run-id": run_id[:63],
+            "fsdpctl.io/run-id": label_value(run_id),
         },
         image=cfg.image_uri,
         command=prestep.fetch_command(cfg, run_id),
