@@ -410,6 +410,11 @@ def test_list_filters_refuse_unknown_phases_and_bad_selectors(cli, some_jobs):
     for bad in ("team", "=a", "a b=c", "team=a,"):
         r = cli("job", "list", "-l", bad)
         assert r.exit_code == 2 and "is not key=value" in r.stderr and r.stdout == "", (bad, r.output)
+    # values the selector parser refuses (pkg/labels/selector.go parse -> validateLabelValue): kubectl
+    # fails on them, a local list used to show an empty table
+    for bad in ("a=b=c", "team=a b", "team=-a", "team=a.", "team=" + "x" * 64, "team!=ä"):
+        r = cli("job", "list", "-l", bad)
+        assert r.exit_code == 2 and "is not a label value" in r.stderr and r.stdout == "", (bad, r.output)
 
 
 def test_list_with_a_filter_whole_output(cli, some_jobs):

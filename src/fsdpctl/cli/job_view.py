@@ -203,6 +203,10 @@ def phase_filter(values: list[str]) -> set[str]:
     return chosen
 
 
+# apimachinery pkg/util/validation IsValidLabelValue, which pkg/labels' selector parser applies to each value
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
 def label_selector(text: str) -> list[tuple[str, str, str]]:
     """An equality-based label selector as kubectl takes it (`key=value`, `key==value`, `key!=value`, comma
     separated: all must hold; apimachinery pkg/labels/selector.go), as (key, op, value) requirements."""
@@ -214,6 +218,12 @@ def label_selector(text: str) -> list[tuple[str, str, str]]:
             raise BadInput(
                 f"--selector {text!r}: {part!r} is not key=value",
                 hint="use key=value[,key2!=value2], e.g. -l fsdpctl.io/job=fsdp",
+            )
+        if len(value.strip()) > 63 or not LABEL_VALUE.fullmatch(value.strip()):  # the parser's own check
+            raise BadInput(
+                f"--selector {text!r}: {value.strip()!r} is not a label value",
+                hint="a value is at most 63 letters, digits, '-', '_' or '.', starting and ending with a "
+                "letter or digit (or empty)",
             )
         reqs.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
     return reqs
