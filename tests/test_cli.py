@@ -5,6 +5,7 @@ the real executable."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -178,6 +179,19 @@ def test_job_run_dry_run_starts_nothing(cli, tmp_path):
     # the container command: fsdptrain.launch checks the settings on the node, then becomes torchrun
     assert result.stdout.count("-m fsdptrain.launch --nnodes=3 --nproc-per-node=1 --rdzv-backend=c10d") == 3
     assert not (tmp_path / "home").exists()
+
+
+def test_quickstart_dry_run_starts_nothing_and_an_unfit_one_is_refused(cli):
+    """Every command that changes state has --dry-run: the quickstart's shows its launchers and leaves no
+    job directory; a quickstart this machine cannot hold (more than 4 processes per core) is refused as
+    `job run` refuses it, exit 2, nothing started."""
+    result = cli("quickstart", "--dry-run", "--nodes", "3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("-m fsdptrain.launch --nnodes=3 --nproc-per-node=1") == 3
+    assert "nothing was created" in result.stderr and not cli.home.exists()
+    refused = cli("quickstart", "--nodes", str(4 * (os.cpu_count() or 1) + 1))
+    assert refused.exit_code == 2 and "local processes for this machine's" in refused.stderr, refused.output
+    assert not cli.home.exists()
 
 
 @pytest.fixture

@@ -83,10 +83,7 @@ def run(
     started = be.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)
     what = {"job": started.job, "run_id": started.run_id, "backend": be.name, "where": started.where}
     if dry_run or server_dry_run:
-        if not emit({**what, "dry_run": True, "objects": started.dry_run_lines}, output):
-            for line in started.dry_run_lines:
-                out.print(line, markup=False)
-        ok(f"dry run: {started.where}; nothing was created")
+        job_view.dry_run_done(what, started.dry_run_lines, output)
         return
     ok(f"started job {started.job} (run {started.run_id}) on {be.name}: {started.where}")
     if detach:

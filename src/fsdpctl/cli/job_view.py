@@ -11,7 +11,7 @@ from rich.table import Table
 
 from fsdpctl import crilog, kstatus, prestep
 from fsdpctl.backends import FINAL, Backend, LogLine
-from fsdpctl.cli.common import err, ok, out, warn
+from fsdpctl.cli.common import Output, emit, err, ok, out, warn
 from fsdpctl.errors import BadInput, ExitCode
 from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
@@ -201,6 +201,15 @@ def phase_filter(values: list[str]) -> set[str]:
             raise BadInput(f"--phase {value!r} is not a job phase", hint="use one of " + ", ".join(PHASES))
         chosen.add(known[value.lower()])
     return chosen
+
+
+def dry_run_done(what: dict[str, Any], lines: list[str], output: Output) -> None:
+    """What a dry run of `job run` (or `quickstart`) would start: its objects or launch lines on stdout (one
+    object with -o json/yaml), then one line saying nothing was created."""
+    if not emit({**what, "dry_run": True, "objects": lines}, output):
+        for line in lines:
+            out.print(line, markup=False)
+    ok(f"dry run: {what['where']}; nothing was created")
 
 
 # apimachinery pkg/util/validation IsValidLabelValue, which pkg/labels' selector parser applies to each value

@@ -8,7 +8,7 @@ import typer
 
 from fsdpctl import backends
 from fsdpctl.cli import job_view
-from fsdpctl.cli.common import Output, OutputOpt, emit, ok, out, state
+from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, admit, emit, ok, out, state
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process, CPU.
 # fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
@@ -56,11 +56,14 @@ def quickstart(
             "--plot/--no-plot", help="draw loss and tokens/s over steps at the end (default: on a terminal)"
         ),
     ] = None,
+    dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
     output: Output = OutputOpt,
 ) -> None:
     """Train a tiny Llama with FSDP on this machine: 2 simulated nodes, real torchrun rendezvous, checkpoints.
 
-    No cloud, GPU, download or .env needed. --set still overrides any setting.
+    No cloud, GPU, download or .env needed. --set still overrides any setting. A run this machine cannot
+    hold (too many processes for its cores, a model over its RAM) is refused as `job run` refuses it.
 
     Example: fsdpctl quickstart --steps 60   (-o json: the final report and the next commands)
     """
@@ -75,8 +78,13 @@ def quickstart(
     options = {"JOB_NODES": "--nodes", "MAX_STEPS": "--steps", "WARMUP_STEPS": "--steps"}
     set_by = {**dict.fromkeys(QUICKSTART, "quickstart"), **options, **dict.fromkeys(st.flags, "--set")}
     cfg = st.config(**flags, set_by=set_by)
+    admit(cfg, force=force)
     be = backends.create(cfg)
-    started = be.run(run_id=None, replace=True, dry_run=False, server_dry_run=False)
+    started = be.run(run_id=None, replace=True, dry_run=dry_run, server_dry_run=False)
+    if dry_run:  # (a running quickstart is replaced only by a real run)
+        what = {"job": started.job, "run_id": started.run_id, "backend": be.name, "where": started.where}
+        job_view.dry_run_done(what, started.dry_run_lines, output)
+        return
     ok(
         f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
         f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; {started.where}"
