@@ -18,7 +18,8 @@
 #   6. one markdown table: config, tokens/s, MFU, peak memory GiB, status
 # Environment (/work/.library/device/README.md, KINDS.md): python3 3.12 with torch 2.11 CUDA 13, transformers
 # 5.x, safetensors, tokenizers, numpy, rich, typer, pyyaml are installed there. fsdptrain with DATASET=builtin
-# imports only torch and transformers (`datasets` only for hub/parquet datasets), so nothing must be
+# imports only torch and transformers (`datasets` only for json/parquet/hub datasets; the slow test
+# test_a_cpu_rehearsal_runs_every_row runs every row with only that machine's packages), so nothing must be
 # carried; benchmarks/gpu_check_wheels.txt lists the optional wheels (torchao for FLOAT8, torchtitan).
 set -uo pipefail
 cd "$(dirname "$0")/.."

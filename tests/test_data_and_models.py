@@ -56,6 +56,38 @@ def test_local_jsonl_and_parquet(assets, tmp_path, fmt):
         data.load_blocks(cfg, data.load_tokenizer(str(tok_dir)))
 
 
+def test_text_rows_without_datasets_are_the_rows_datasets_gives(tmp_path):
+    """A text file (the builtin sample is one) is read without `datasets`, which the GPU machine lacks:
+    generated files (CRLF, lone CR, form feeds, U+2028, empty lines, no final newline, several files), read
+    by the real `datasets.load_dataset("text")` in chunks down to a few characters (its Text builder's
+    `chunksize`, so lines and CR LF pairs fall across chunk ends), give exactly its rows; a file that is
+    not UTF-8 is one ConfigError."""
+    import random
+
+    import datasets
+
+    rng = random.Random(9)
+    pieces = ["word", "é✓", " ", "\n", "\r\n", "\r", "\x0c", "\u2028", "\x85", "\n\n", "\t"]
+    for case in range(12):
+        files = []
+        for i in range(rng.randrange(1, 4)):
+            size = rng.randrange(0, 300)
+            text = "".join(rng.choice(pieces) for _ in range(size))
+            path = tmp_path / f"c{case}-{i}.txt"
+            path.write_bytes(text.encode())
+            files.append(str(path))
+        chunk = rng.choice([1, 7, 64, 10 << 20])
+        cache = str(tmp_path / "hf")
+        want = datasets.load_dataset(
+            "text", data_files=files, split="train", cache_dir=cache, chunksize=chunk
+        )
+        assert data.read_text_rows(files) == want["text"], case
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 3\): save it as UTF-8"):
+        data.read_text_rows([str(bad)])
+
+
 @pytest.mark.parametrize(
     "name, billions",  # 70B (grouped-query attention) in `make test-fast`; ~7 s of CPU each
     [

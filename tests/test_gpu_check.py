@@ -38,6 +38,80 @@ def _module():
 
 G = _module()
 
+# The Python distributions of the GPU machine's image (nvidia-h200, 'cuda'), as the device library listed
+# them on 2026-11-17 (/work/.library/device/KINDS.md, "Python packages already there"; nothing can be
+# fetched there): what gpu_check.sh may import without carrying a wheel. `datasets` is not among them.
+GPU_MACHINE_PACKAGES = frozenset(
+    """
+    absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+    certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings
+    cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils
+    execnet filelock flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet
+    httpcore httpx huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax
+    jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning
+    lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib
+    mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind
+    narwhals networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti
+    nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand
+    nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink
+    nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript opencv-python-headless optax
+    opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft pillow pip
+    pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments
+    pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout
+    pytest-xdist python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors
+    scikit-build-core scikit-image scikit-learn scipy seaborn sentencepiece sentence-transformers
+    setuptools shellingham simplejson six sortedcontainers statsmodels sympy tabulate tensorboard
+    tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz torch
+    torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton
+    typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash
+    yarl zipp
+    """.split()
+)
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def gpu_machine_python(tmp: Path) -> Path:
+    """A Python with only the GPU machine's packages, the most real peer of that machine's Python that runs
+    here: a fresh venv (no pip) whose site-packages links, from this one, each entry that a distribution in
+    GPU_MACHINE_PACKAGES owns (by the distributions' RECORD files), so a package missing there is missing
+    here too, for torchrun's workers as well (they run sys.executable), and an optional import finds
+    nothing, as it would there."""
+    import sysconfig
+    import venv
+    from importlib.metadata import distributions
+
+    from packaging.requirements import Requirement
+
+    here = {_normal(d.metadata["Name"] or ""): d for d in distributions()}
+    # what those packages need is there too (their versions there may need other things than ours here)
+    allowed, todo = set(), [_normal(n) for n in GPU_MACHINE_PACKAGES]
+    while todo:
+        name = todo.pop()
+        if name in allowed or name not in here:
+            continue
+        allowed.add(name)
+        for text in here[name].requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(_normal(req.name))
+    tops = {file.parts[0] for name in allowed for file in here[name].files or []}
+    env = tmp / "gpu-machine-venv"
+    venv.create(env, with_pip=False, symlinks=True)
+    python = env / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if entry.name in tops:
+            (Path(site) / entry.name).symlink_to(entry)
+    return python
+
 
 def test_bash_syntax():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
@@ -205,12 +279,15 @@ def test_every_lever_value_is_one_the_trainer_takes(key, value):
 @pytest.mark.slow
 def test_a_cpu_rehearsal_runs_every_row(tmp_path):
     """`gpu_check.py all` end to end on the CPU build (GPU_CHECK_REHEARSE=cpu: a 2-layer shape, fp32, gloo,
-    real torchrun and the real trainer): every strategy's smoke row and the resume row pass, the bare loop and
+    real torchrun and the real trainer), in a Python holding only the GPU machine's packages
+    (`gpu_machine_python`: it caught every trainer row importing `datasets`, which that machine lacks):
+    every strategy's smoke row and the resume row pass, the bare loop and
     every lever row measure tokens/s, and only what needs a GPU or torchao (FLOAT8=true) is skipped; the table
     lands in OUT. The GPU path differs only in the shape, bf16, NCCL and the bare loop's compile."""
     env = {**os.environ, "GPU_CHECK_REHEARSE": "cpu", "GPU_CHECK_BUDGET_S": "400", "OUT": str(tmp_path)}
+    python = gpu_machine_python(tmp_path)  # `datasets`, pydantic, ... are not there
     p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "all", str(tmp_path / "w")],
+        [python, str(ROOT / "benchmarks" / "gpu_check.py"), "all", str(tmp_path / "w")],
         env=env,
         capture_output=True,
         text=True,

@@ -91,17 +91,49 @@ class PackedBlocks:
         return np.stack([self.blocks[perms[i // n][i % n]] for i in range(start, start + count)])
 
 
-def load_local(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks:
+def _datasets() -> Any:
+    """The `datasets` package, imported only for a file or hub dataset (the builtin sample needs none: a GPU
+    machine with torch and transformers alone trains on it), its progress bars off (log lines say it)."""
     import datasets
 
-    fmt = detect_format(cfg.dataset, cfg.dataset_format)
-    ds = datasets.load_dataset(fmt, data_files=_data_files(cfg.dataset), split="train")
-    if cfg.dataset_text_field not in ds.column_names:
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def read_text_rows(files: Sequence[str]) -> list[str]:
+    """The rows `datasets.load_dataset("text", ...)` gives, without `datasets` (the builtin sample then needs
+    only torch and transformers, as on the GPU machine): its Text builder (datasets 5.2
+    packaged_modules/text) reads each file as UTF-8 with universal newlines (CR LF and CR become LF) and
+    makes one row per LF-ended line, the LF dropped; other line separators (U+2028, form feed) stay."""
+    rows: list[str] = []
+    for name in files:
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+            rows += text.removesuffix("\n").split("\n") if text else []
+        except UnicodeDecodeError as e:
+            where = f"DATASET file {name!r} is not UTF-8 text (byte {e.start})"
+            raise ConfigError(f"{where}: save it as UTF-8") from None
+    return rows
+
+
+def _column(cfg: TrainConfig, fmt: str, files: list[str]) -> list[Any]:
+    if fmt == "text":
+        columns, rows = ["text"], read_text_rows(files) if cfg.dataset_text_field == "text" else []
+    else:
+        ds = _datasets().load_dataset(fmt, data_files=files, split="train")
+        columns = ds.column_names
+        rows = ds[cfg.dataset_text_field] if cfg.dataset_text_field in columns else []
+    if cfg.dataset_text_field not in columns:
         raise ConfigError(
             f"DATASET_TEXT_FIELD={cfg.dataset_text_field!r} is not a column of {cfg.dataset!r}: "
-            f"use one of {', '.join(ds.column_names)}"
+            f"use one of {', '.join(columns)}"
         )
-    texts = [t for t in ds[cfg.dataset_text_field] if t and t.strip()]
+    return rows
+
+
+def load_local(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks:
+    fmt = detect_format(cfg.dataset, cfg.dataset_format)
+    texts = [t for t in _column(cfg, fmt, _data_files(cfg.dataset)) if t and t.strip()]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     blocks = pack(ids, tokenizer.eos_token_id, cfg.seq_len + 1)
     if len(blocks) == 0:
@@ -122,9 +154,9 @@ class StreamingBlocks:
         self._next_index = 0
 
     def _blocks(self) -> Iterator[np.ndarray]:
-        import datasets
-
         from fsdptrain.fetch import local_snapshot
+
+        datasets = _datasets()
 
         # offline (the job's pre-step fetched it): the snapshot in the cache, read as the hub repo would be
         source = local_snapshot(self.cfg.dataset, "dataset") or self.cfg.dataset

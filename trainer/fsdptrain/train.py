@@ -99,9 +99,6 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
 def _set_up_torch(cfg: TrainConfig, device: torch.device) -> bool:
     """Seeds, warnings, deterministic mode; on the CPU also malloc's thresholds (fsdptrain.hostmem). Returns
     whether those were set."""
-    import datasets
-
-    datasets.disable_progress_bars()
     # init is seeded per shard coordinate (build_model), so DTensor's CPU RNG caveat does not apply
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     torch.manual_seed(cfg.seed)
