@@ -89,11 +89,24 @@ def running(peer: HubPeer | None = None) -> Iterator[HubPeer]:
     peer.server = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=peer.server.serve_forever, daemon=True)
     thread.start()
+    fresh_hub_client()
     try:
         yield peer
     finally:
         peer.down()
         thread.join(timeout=10)
+        fresh_hub_client()
+
+
+def fresh_hub_client() -> None:
+    """huggingface_hub keeps one HTTP client per process (utils/_http.py, get_session), made with the proxy
+    variables of the moment of its first request: one made under another in-process test's environment (the
+    fuzzer points HTTP proxies at a closed port) sent this peer's requests there (ConnectError). Closed, the
+    next request makes a new one from the environment as it is now."""
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import close_session
+
+        close_session()
 
 
 class _Server(ThreadingHTTPServer):

@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 
 from conftest import invoke, isolate
 from fsdpctl.redact import MASK, SHAPES
+from hub_peer import fresh_hub_client
 from invariants import DOCUMENTED, JOB_WAIT, check_outcome, snapshot
 
 # ---- what there is to fuzz, enumerated -----------------------------------------------------------------
@@ -435,6 +436,7 @@ def sealed(case: Case, root: Path) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        fresh_hub_client()  # a client made under the case's proxies would outlive it
 
 
 class Hang(Exception):
