@@ -323,9 +323,9 @@ def bare_main() -> int:
     gpu = next((g for g in PEAK_TFLOPS if g in name), None)
     peak = PEAK_TFLOPS[gpu]["bf16"] * 1e12 if gpu else None
     out = open(os.environ["METRICS_FILE"], "w")  # noqa: SIM115 - one file for the whole loop
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for step in range(1, steps + 1):
         x = torch.randint(0, vocab, (1, seq), device=dev)
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
         sync()
         t0 = time.perf_counter()
         loss = model(input_ids=x, labels=x).loss

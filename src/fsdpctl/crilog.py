@@ -77,14 +77,18 @@ def parse_time(text: str) -> float:
 
 def format_line(t: float, stream: str, text: str, tag: str = FULL) -> str:
     """One CRI log line with its newline (containerd writes RFC3339Nano; RFC3339NanoFixed reads the same)."""
-    return f"{rfc3339(t)} {stream} {tag} {text}\n"
+    return f"{_head(t, stream, tag)}{text}\n"
 
 
 def format_bytes(t: float, stream: str, data: bytes, tag: str = FULL) -> bytes:
     """`format_line` of the program's bytes as they came: containerd splits a long line at 16 KiB of bytes,
     not of characters, and writes each piece raw, so a character cut in two is whole again once the pieces
     are joined (decoding each piece alone would turn both halves into U+FFFD for good)."""
-    return f"{rfc3339(t)} {stream} {tag} ".encode() + data + b"\n"
+    return _head(t, stream, tag).encode() + data + b"\n"
+
+
+def _head(t: float, stream: str, tag: str) -> str:
+    return f"{rfc3339(t)} {stream} {tag} "
 
 
 def raw_lines(data: bytes) -> list[str]:

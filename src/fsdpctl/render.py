@@ -20,6 +20,7 @@ from fsdpctl import plan, prestep
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact_obj
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
+from fsdpctl.validate import LABEL_MAX
 from fsdptrain.events import RECORD_ENV
 from fsdptrain.shapes import MODEL_CONFIGS
 
@@ -146,7 +147,7 @@ def label_value(text: str) -> str:
     """At most 63 characters that still end in a letter or digit, as a label value (and a DNS label) must
     (apimachinery pkg/util/validation IsValidLabelValue): a bare [:63] of a 64-128 character run id could end
     in '-', '_' or '.', and the API server would refuse the whole object."""
-    return text[:63].rstrip("-_.")
+    return text[:LABEL_MAX].rstrip("-_.")
 
 
 def labels(cfg: Config, run_id: str) -> dict[str, str]:

@@ -81,7 +81,7 @@ def run(
     admit(cfg, force=force)
     be = backends.create(cfg)
     started = be.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)
-    what = {"job": started.job, "run_id": started.run_id, "backend": be.name, "where": started.where}
+    what = job_view.started_object(be, started)
     if dry_run or server_dry_run:
         job_view.dry_run_done(what, started.dry_run_lines, output)
         return

@@ -10,11 +10,12 @@ from typing import Any
 from rich.table import Table
 
 from fsdpctl import crilog, kstatus, prestep
-from fsdpctl.backends import FINAL, Backend, LogLine
+from fsdpctl.backends import FINAL, Backend, LogLine, Started
 from fsdpctl.cli.common import Output, emit, err, ok, out, warn
 from fsdpctl.errors import BadInput, ExitCode
 from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
+from fsdpctl.validate import label_value_problem
 from fsdptrain import events
 
 PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
@@ -203,6 +204,11 @@ def phase_filter(values: list[str]) -> set[str]:
     return chosen
 
 
+def started_object(backend: Backend, started: Started) -> dict[str, Any]:
+    """What `job run` and `quickstart` say they started (-o json): job, run_id, backend, where."""
+    return {"job": started.job, "run_id": started.run_id, "backend": backend.name, "where": started.where}
+
+
 def dry_run_done(what: dict[str, Any], lines: list[str], output: Output) -> None:
     """What a dry run of `job run` (or `quickstart`) would start: its objects or launch lines on stdout (one
     object with -o json/yaml), then one line saying nothing was created."""
@@ -210,10 +216,6 @@ def dry_run_done(what: dict[str, Any], lines: list[str], output: Output) -> None
         for line in lines:
             out.print(line, markup=False)
     ok(f"dry run: {what['where']}; nothing was created")
-
-
-# apimachinery pkg/util/validation IsValidLabelValue, which pkg/labels' selector parser applies to each value
-LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 def label_selector(text: str) -> list[tuple[str, str, str]]:
@@ -228,9 +230,9 @@ def label_selector(text: str) -> list[tuple[str, str, str]]:
                 f"--selector {text!r}: {part!r} is not key=value",
                 hint="use key=value[,key2!=value2], e.g. -l fsdpctl.io/job=fsdp",
             )
-        if len(value.strip()) > 63 or not LABEL_VALUE.fullmatch(value.strip()):  # the parser's own check
+        if why := label_value_problem(value.strip()):  # the selector parser checks each value so
             raise BadInput(
-                f"--selector {text!r}: {value.strip()!r} is not a label value",
+                f"--selector {text!r}: {value.strip()!r} is not a label value ({why})",
                 hint="a value is at most 63 letters, digits, '-', '_' or '.', starting and ending with a "
                 "letter or digit (or empty)",
             )

@@ -82,8 +82,7 @@ def quickstart(
     be = backends.create(cfg)
     started = be.run(run_id=None, replace=True, dry_run=dry_run, server_dry_run=False)
     if dry_run:  # (a running quickstart is replaced only by a real run)
-        what = {"job": started.job, "run_id": started.run_id, "backend": be.name, "where": started.where}
-        job_view.dry_run_done(what, started.dry_run_lines, output)
+        job_view.dry_run_done(job_view.started_object(be, started), started.dry_run_lines, output)
         return
     ok(
         f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
