@@ -4,19 +4,28 @@ torchrun (gloo); FLOAT8, which needs a Hopper/Ada GPU, is checked for its refusa
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import torchrun, train_env
 from fsdptrain.config import (
+    AC_MODES,
     ConfigError,
     TrainConfig,
     float8_refusal,
     from_sources,
     resolve_deterministic,
     resolve_fused_optimizer,
+)
+from fsdptrain.levers import (
+    GarbageCollection,
+    float8_warning,
+    resolve_activation_checkpointing,
+    resolve_compile,
 )
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
@@ -41,24 +50,145 @@ def test_fused_adamw_auto_only_with_cuda(device):
 def test_lever_defaults_and_choices():
     cfg = TrainConfig()
     assert (cfg.compile, cfg.float8, cfg.fused_optimizer, cfg.deterministic, cfg.fsdp_prefetch) == (
-        False,
+        "auto",
         False,
         "auto",
         "auto",
         1,
     )
+    assert (cfg.float8_recipe, cfg.gc_interval, cfg.sdpa_backends) == (
+        "tensorwise",
+        50,
+        "cudnn,flash,efficient,math",
+    )
     env = {"ACTIVATION_CHECKPOINTING": "selective", "COMPILE": "on", "FUSED_OPTIMIZER": "off"}
     parsed = from_sources([], {**env, "DETERMINISTIC": "false", "FSDP_PREFETCH": "0"})
-    assert (parsed.activation_checkpointing, parsed.compile) == ("selective", True)
+    assert (parsed.activation_checkpointing, parsed.compile) == ("selective", "true")
     assert (parsed.fused_optimizer, parsed.deterministic, parsed.fsdp_prefetch) == ("off", "false", 0)
     for key, bad, says in [
         ("FUSED_OPTIMIZER", "yes", "FUSED_OPTIMIZER='yes' is not allowed: use one of auto, on, off"),
         ("DETERMINISTIC", "on", "DETERMINISTIC='on' is not allowed: use one of auto, true, false"),
         ("FSDP_PREFETCH", "-1", "FSDP_PREFETCH=-1 is too small: use at least 0"),
-        ("COMPILE", "maybe", "COMPILE='maybe' is not valid: give true or false"),
+        ("COMPILE", "maybe", "COMPILE='maybe' is not allowed: use one of auto, true, false"),
+        (
+            "FLOAT8_RECIPE",
+            "blockwise",
+            "FLOAT8_RECIPE='blockwise' is not allowed: use one of tensorwise, rowwise",
+        ),
+        ("GC_INTERVAL", "-1", "GC_INTERVAL=-1 is too small: use at least 0"),
+        ("SDPA_BACKENDS", "flash,fast", "SDPA_BACKENDS='flash,fast' is not allowed: give an order of cudnn"),
+        ("SDPA_BACKENDS", "flash,flash", "SDPA_BACKENDS='flash,flash' names a kernel twice"),
+        ("SDPA_BACKENDS", "", "SDPA_BACKENDS='' is not allowed"),
     ]:
-        with pytest.raises(ConfigError, match=f"^{says}"):
+        with pytest.raises(ConfigError, match=f"^{re.escape(says)}"):
             from_sources([], {key: bad})
+
+
+@pytest.mark.parametrize(
+    "word", ["1", "yes", "on", "true", "TRUE", " On ", "0", "no", "off", "false", "False"]
+)
+def test_compile_keeps_the_words_its_boolean_took(word):
+    """COMPILE was a true/false switch: every word the boolean parser took still means the same."""
+    want = "true" if word.strip().lower() in ("1", "yes", "on", "true") else "false"
+    assert from_sources([], {"COMPILE": word}).compile == want
+
+
+COMPILE_SETTINGS = ("auto", "true", "false")
+COMPILERS = ("", "/usr/bin/gcc", "clang")
+
+
+@pytest.mark.parametrize("setting", COMPILE_SETTINGS)
+@pytest.mark.parametrize("device", DEVICE_TYPES)
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_compile_auto_is_on_with_cuda_and_a_compiler_only(setting, device, compiler):
+    """COMPILE=auto: on with CUDA where Triton can build its launchers (a C compiler and Python's headers,
+    triton/runtime/build.py), off on every other device and without a compiler; true/false always win. Every
+    decision names its reason in one line, which the banner and the start event carry."""
+    choice = resolve_compile(setting, device, compiler)
+    if setting != "auto":
+        assert choice.on is (setting == "true") and choice.why == f"COMPILE={setting}"
+    else:
+        assert choice.on is (device == "cuda" and bool(compiler))
+        assert choice.why.startswith("COMPILE=auto: ") and "\n" not in choice.why
+        if device == "cuda" and not compiler:
+            assert "gcc" in choice.why and "python3-dev" in choice.why  # the fix is named
+        if choice.on:
+            assert compiler in choice.why
+
+
+def test_triton_compiler_follows_tritons_own_search(tmp_path, monkeypatch):
+    """triton/runtime/build.py `_build`: CC if set, else gcc, else clang; the launcher includes Python.h, so
+    without the headers there is nothing Triton can build either."""
+    import sysconfig
+
+    from fsdptrain import levers
+
+    monkeypatch.setattr(levers.shutil, "which", lambda name: f"/usr/bin/{name}" if name != "clang" else None)
+    have_headers = (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
+    assert levers.triton_compiler({}) == ("/usr/bin/gcc" if have_headers else "")
+    assert levers.triton_compiler({"CC": "cc"}) == ("cc" if have_headers else "")
+    monkeypatch.setattr(levers.shutil, "which", lambda name: None)
+    assert levers.triton_compiler({}) == ""
+    assert levers.triton_compiler({"CC": "/nonexistent/cc"}) == ""
+    headerless = {"include": str(tmp_path)}  # an interpreter without python3-dev
+    monkeypatch.setattr(levers.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(levers.sysconfig, "get_paths", lambda **_: headerless)
+    assert levers.triton_compiler({}) == ""
+
+
+@pytest.mark.parametrize("mode", AC_MODES)
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_selective_checkpointing_is_op_level_only_compiled(mode, compiled, every):
+    """Op-level selective checkpointing runs its policy in Python on every aten op when eager (it lost to
+    full checkpointing on an H200, shared/gpu/2026-12-04/ANALYSIS.md section 1); without compile it becomes
+    layer-level, every 2nd layer, torchtitan v0.2's default (job_config.py selective_ac_option="2"), with a
+    note. Every other mode, and selective when compiled, is applied as set."""
+    got = resolve_activation_checkpointing(mode, every, compiled)
+    if mode == "selective" and not compiled:
+        assert (got.mode, got.every) == ("every-k", 2) and got.note.startswith("ACTIVATION_CHECKPOINTING=")
+        assert "\n" not in got.note
+    else:
+        assert (got.mode, got.every, got.note) == (mode, every, "")
+
+
+@pytest.mark.parametrize("float8", [True, False])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_float8_without_compile_runs_with_the_measured_warning(float8, compiled):
+    """FLOAT8 runs compiled under COMPILE=auto on its GPUs; with compile off it still runs (numerics
+    debugging) but says what it costs, quoting the H200's eager float8 against eager bf16."""
+    warning = float8_warning(float8, compiled)
+    assert bool(warning) is (float8 and not compiled)
+    if warning:
+        assert warning.startswith("FLOAT8=true without compile: ") and "0.52x" in warning
+
+
+def test_gc_control_disables_the_automatic_collector_and_collects_every_n_steps(monkeypatch):
+    """torchtitan/tools/utils.py GarbageCollection (gc_freq=50): automatic collection off for the run, a
+    generation-1 collection at every N-th step (not step 1), Python's collector back on at the end; 0 leaves
+    Python's own collector alone."""
+    import gc
+
+    from fsdptrain import levers
+
+    collected: list[int] = []
+    monkeypatch.setattr(levers.gc, "collect", lambda generation=2: collected.append(generation) or 0)
+    assert gc.isenabled()
+    control = GarbageCollection(5)
+    try:
+        assert not gc.isenabled() and collected == [1]  # one at the start, as torchtitan
+        for step in range(1, 21):
+            control.step(step)
+        assert collected == [1, 1, 1, 1, 1] and control.policy == "gc every 5 steps"
+    finally:
+        control.close()
+    assert gc.isenabled()
+    collected.clear()
+    off = GarbageCollection(0)
+    for step in range(1, 21):
+        off.step(step)
+    off.close()
+    assert gc.isenabled() and collected == [] and off.policy == "gc automatic"
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdptrain.levers import sdpa_problem
+
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("bf16", "fp16", "fp32")
 AC_MODES = ("none", "full", "every-k", "selective")
 AUTO_ON_OFF = ("auto", "on", "off")
 DETERMINISTIC_MODES = ("auto", "true", "false")
+COMPILE_MODES = ("auto", "true", "false")
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+# COMPILE was a true/false switch: the words a boolean took still mean what they meant
+BOOL_WORDS = {"1": "true", "yes": "true", "on": "true", "true": "true"}
+BOOL_WORDS |= {"0": "false", "no": "false", "off": "false", "false": "false"}
 DATASET_FORMATS = ("auto", "text", "json", "parquet")
 WANDB_MODES = ("online", "offline", "disabled")
 # what each optional key needs installed, and the extra that brings it
@@ -44,8 +51,10 @@ def _f(
     choices: Sequence[str] = (),
     minimum: float | None = None,
     maximum: float | None = None,
+    aliases: Mapping[str, str] | None = None,
 ) -> Any:  # Any: the field's declared type is the one that counts
-    meta = {"env": env, "help": help, "choices": tuple(choices), "min": minimum, "max": maximum}
+    meta: dict[str, Any] = {"env": env, "help": help, "choices": tuple(choices), "min": minimum}
+    meta.update(max=maximum, aliases=dict(aliases or {}))
     return field(default=default, metadata=meta)
 
 
@@ -75,7 +84,8 @@ class TrainConfig:
     activation_checkpointing: str = _f(
         "ACTIVATION_CHECKPOINTING",
         "none",
-        "recompute activations: full (every layer), every-k, selective (every layer, keeping matmul outputs)",
+        "recompute activations: full (every layer), every-k, selective (compiled: every layer, keeping "
+        "matmul outputs; without compile: every 2nd layer)",
         choices=AC_MODES,
     )
     ac_every: int = _f("AC_EVERY", 2, "with every-k: checkpoint every k-th decoder layer", minimum=1)
@@ -85,12 +95,38 @@ class TrainConfig:
         "all-gather the next N decoder layers ahead in forward and backward (0: FSDP2's implicit order)",
         minimum=0,
     )
-    compile: bool = _f("COMPILE", False, "torch.compile each decoder layer (the first steps compile)")
+    compile: str = _f(
+        "COMPILE",
+        "auto",
+        "torch.compile each decoder layer: auto (on with CUDA where Triton finds a C compiler and Python's "
+        "headers, off elsewhere), true, false",
+        choices=COMPILE_MODES,
+        aliases=BOOL_WORDS,
+    )
     float8: bool = _f(
         "FLOAT8",
         False,
         "float8 training of the decoder's linear layers through torchao (needs fsdpctl[float8] and a GPU "
-        "of compute capability 8.9+: H100/H200/L40S)",
+        "of compute capability 8.9+: H100/H200/L40S; runs compiled unless COMPILE=false)",
+    )
+    float8_recipe: str = _f(
+        "FLOAT8_RECIPE",
+        "tensorwise",
+        "float8 scaling: tensorwise (one scale per tensor: torchao's fastest; on several GPUs FSDP "
+        "all-gathers the weights in float8) or rowwise (a scale per row: more accurate, all-gathers in bf16)",
+        choices=FLOAT8_RECIPES,
+    )
+    sdpa_backends: str = _f(
+        "SDPA_BACKENDS",
+        "cudnn,flash,efficient,math",
+        "attention kernels in priority order (torchtitan's: cuDNN first); the one that runs is logged",
+    )
+    gc_interval: int = _f(
+        "GC_INTERVAL",
+        50,
+        "Python's automatic garbage collection off, one collection every N steps (torchtitan's gc_freq); "
+        "0: Python's own",
+        minimum=0,
     )
     collective_timeout: int = _f(
         "COLLECTIVE_TIMEOUT",
@@ -191,6 +227,8 @@ class TrainConfig:
             line.startswith(("MAX_STEPS=", "WARMUP_STEPS=")) for line in found
         ):
             found.append(f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it")
+        if problem := sdpa_problem(self.sdpa_backends):
+            found.append(problem)
         if not self.dataset:
             found.append("DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id")
         for key, value in (
@@ -279,6 +317,7 @@ def with_model_defaults(values: Mapping[str, Any]) -> tuple[dict[str, Any], list
 def _parse_value(f: dataclasses.Field[Any], raw: str) -> Any:
     kind: type[Any] = type(f.default)
     env = f.metadata["env"]
+    raw = f.metadata["aliases"].get(raw.strip().lower(), raw)
     try:
         if kind is bool:
             lowered = raw.strip().lower()

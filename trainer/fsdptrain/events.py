@@ -112,6 +112,9 @@ class Start:
     dataset: dict[str, Any]  # fsdptrain.fingerprint
     tokenizer: dict[str, Any]
     time: float
+    # how the speed settings resolved here, each with its reason (fsdptrain.levers): compile, activation
+    # checkpointing, float8, the attention kernel, the garbage collector
+    levers: dict[str, str] = field(default_factory=dict)
 
 
 Event = Leader | Step | Checkpoint | Summary | Start

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,17 +84,21 @@ class GpuTelemetry:
 
 
 class SavedActivations:
-    """Bytes autograd holds for backward at the end of forward (`with` block, then `measure()`).
+    """Bytes held for backward at the end of forward (`with` block, then `measure()`): what dominates memory
+    besides the sharded state, and what `fsdpctl plan` estimates.
 
-    CPUs have no allocator counter like `torch.cuda.max_memory_allocated`; this measures what dominates
-    memory besides the sharded state, and it is what `fsdpctl plan` estimates. Storages are read when
-    forward has finished, so parameters FSDP already resharded (freed) count zero; ones it kept
-    unsharded for backward count, as they occupy memory.
+    On CUDA, the allocator's growth over the forward (`torch.cuda.memory_allocated` after minus before): it
+    sees everything, also the tensors that checkpointing's own hooks keep (op-level selective checkpointing
+    caches matmul outputs where saved-tensor hooks cannot see them). A CPU has no such counter: there the
+    storages autograd's saved-tensor hooks receive are counted, read when forward has finished, so
+    parameters FSDP already resharded (freed) count zero and ones it kept unsharded count.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self._storages: dict[int, torch.UntypedStorage] = {}
         self.bytes = 0
+        self._cuda = device if device is not None and device.type == "cuda" else None
+        self._before = 0
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, nn.Parameter):
@@ -105,12 +111,19 @@ class SavedActivations:
 
     def measure(self) -> int:
         """Call after forward, before backward; drops the references so backward frees as usual."""
-        self.bytes = sum(s.nbytes() for s in self._storages.values())
+        if self._cuda is not None:
+            self.bytes = max(0, torch.cuda.memory_allocated(self._cuda) - self._before)
+        else:
+            self.bytes = sum(s.nbytes() for s in self._storages.values())
         self._storages.clear()
         return self.bytes
 
     def __enter__(self) -> SavedActivations:
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        if self._cuda is not None:  # the allocator counts: no hooks in the way of the forward
+            self._hooks: Any = contextlib.nullcontext()
+            self._before = torch.cuda.memory_allocated(self._cuda)
+        else:
+            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
 

@@ -82,3 +82,55 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     if not isinstance(layers, nn.ModuleList):
         raise TypeError(f"{type(model).__name__}.model.layers is a {type(layers).__name__}, not a ModuleList")
     return layers
+
+
+# SDPA_BACKENDS' names -> torch.nn.attention.SDPBackend members, and the aten op each kernel dispatches to
+SDPA_MEMBERS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+SDPA_OPS = {
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_efficient_attention": "efficient",
+    "_scaled_dot_product_fused_attention_overrideable": "fused (device's own)",
+}
+
+
+def sdpa_priority(order: str):
+    """SDPA_BACKENDS as torch's kernel priority, for a `with` block around the run: torch takes the first
+    kernel in this order that supports the inputs (torch.nn.attention.sdpa_kernel with set_priority=True,
+    as torchtitan's ScaledDotProductAttention). Process-wide, so compiled layers see it when they trace."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [getattr(SDPBackend, SDPA_MEMBERS[n.strip()]) for n in order.split(",")]
+    rest = [getattr(SDPBackend, m) for m in SDPA_MEMBERS.values() if getattr(SDPBackend, m) not in backends]
+    return sdpa_kernel(backends + rest, set_priority=True)  # every kernel stays allowed, in this order
+
+
+def attention_kernel(config, device: torch.device, dtype: torch.dtype, batch: int, seq: int) -> str:
+    """The SDPA kernel torch picks for the model's attention: one causal SDPA forward on one layer's shapes
+    (q, k, v of batch x heads x seq x head_dim, requiring grad as in training) under a dispatch mode that
+    sees which aten kernel ran. Asked once at start: compiled layers hide their ops from such a mode."""
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ran: list[str] = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ran.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    heads = config.num_attention_heads
+    shape = (batch, heads, seq, config.hidden_size // heads)
+    try:
+        q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        with Seen():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    except (RuntimeError, torch.OutOfMemoryError) as e:  # asking must never cost the run
+        return f"unknown ({type(e).__name__})"
+    return next((SDPA_OPS[op] for op in ran if op in SDPA_OPS), "math")

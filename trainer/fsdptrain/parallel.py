@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -86,7 +86,8 @@ def _selective_context() -> Any:
 
 def apply_activation_checkpointing(model: nn.Module, *, mode: str, every: int) -> int:
     """Wrap decoder layers in non-reentrant checkpointing; returns how many were wrapped. `selective`
-    wraps every layer but keeps the matmul outputs (SAC_SAVE_OPS), so backward recomputes only cheap ops."""
+    wraps every layer but keeps the matmul outputs (SAC_SAVE_OPS), so backward recomputes only cheap ops:
+    op-level, for compiled layers (fsdptrain.levers.resolve_activation_checkpointing)."""
     if mode == "none":
         return 0
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
@@ -117,13 +118,47 @@ def float8_filter(module: nn.Module, fqn: str) -> bool:
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def apply_float8(model: nn.Module) -> int:
-    """Swap the decoder's nn.Linear for torchao's Float8Linear (dynamic tensorwise scaling, torchao's
-    default recipe); returns how many were swapped. FLOAT8's GPU and package were checked at start."""
+def shard_degree(mesh: DeviceMesh) -> int:
+    """How many ranks share each parameter's shards: the mesh's last ("shard") dimension (1 under
+    NO_SHARD, the group under HYBRID_SHARD)."""
+    return mesh.size(mesh.ndim - 1)
+
+
+def float8_config(recipe: str, shards: int) -> Any:
+    """torchao's Float8LinearConfig for FLOAT8_RECIPE, as torchtitan v0.2 builds it
+    (torchtitan/components/quantization/float8.py Float8LinearConverter): tensorwise with FSDP's all-gather
+    of the weights in float8 when they are sharded over several ranks (`shards` > 1: half bf16's bytes;
+    the scales are precomputed after each optimizer step, `float8_after_step`), or torchao's rowwise
+    recipe, whose communication stays in high precision."""
+    from torchao.float8 import Float8LinearConfig
+
+    if recipe == "rowwise":
+        # torchtitan sets this with rowwise (pytorch/pytorch#150859: inductor's casts must round as eager's)
+        import torch._inductor.config
+
+        torch._inductor.config.emulate_precision_casts = True
+        return Float8LinearConfig.from_recipe_name("rowwise")
+    return Float8LinearConfig(enable_fsdp_float8_all_gather=shards > 1)
+
+
+def apply_float8(model: nn.Module, *, recipe: str = "tensorwise", shards: int = 1) -> int:
+    """Swap the decoder's nn.Linear for torchao's Float8Linear (float8_config); returns how many were
+    swapped. FLOAT8's GPU and package were checked at start."""
     from torchao.float8 import convert_to_float8_training
 
-    convert_to_float8_training(model, module_filter_fn=float8_filter)
+    convert_to_float8_training(model, config=float8_config(recipe, shards), module_filter_fn=float8_filter)
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def float8_after_step(recipe: str, shards: int) -> Callable[[nn.Module], None] | None:
+    """What runs after each optimizer step: with float8 all-gather (tensorwise, sharded over several
+    ranks), one fused amax over all the sharded weights for the next forward's scales (torchao
+    `precompute_float8_dynamic_scale_for_fsdp`, torchtitan's post-optimizer hook); None otherwise."""
+    if recipe != "tensorwise" or shards <= 1:
+        return None
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    return cast(Callable[[nn.Module], None], precompute_float8_dynamic_scale_for_fsdp)
 
 
 def apply_fsdp(
@@ -166,12 +201,13 @@ def parallelize(
     ac_every: int,
     compile: bool = False,
     float8: bool = False,
+    float8_recipe: str = "tensorwise",
     prefetch: int = 1,
 ) -> int:
     """Float8, activation checkpointing, compile, then FSDP2, in place; returns how many layers recompute
-    activations."""
+    activations. `ac_mode` and `compile` are resolved already (fsdptrain.levers)."""
     if float8:
-        apply_float8(model)
+        apply_float8(model, recipe=float8_recipe, shards=shard_degree(mesh))
     wrapped = apply_activation_checkpointing(model, mode=ac_mode, every=ac_every)
     if compile:
         apply_compile(model)

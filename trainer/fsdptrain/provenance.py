@@ -44,8 +44,11 @@ def _files_of(value: str, kind: str) -> str | None:
         return None
 
 
-def start_event(cfg: TrainConfig, device: torch.device, start_step: int) -> events.Start:
-    """`cfg` with DATASET/TOKENIZER already resolved (builtin -> the asset files)."""
+def start_event(
+    cfg: TrainConfig, device: torch.device, start_step: int, levers: dict[str, str] | None = None
+) -> events.Start:
+    """`cfg` with DATASET/TOKENIZER already resolved (builtin -> the asset files); `levers`: how the speed
+    settings resolved (fsdptrain.levers)."""
     import transformers
 
     return events.Start(
@@ -60,4 +63,5 @@ def start_event(cfg: TrainConfig, device: torch.device, start_step: int) -> even
         dataset=fingerprint(cfg.dataset, _files_of(cfg.dataset, "dataset")),
         tokenizer=fingerprint(cfg.tokenizer_path, _files_of(cfg.tokenizer_path, "model")),
         time=time.time(),
+        levers=dict(levers or {}),
     )

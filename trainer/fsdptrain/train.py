@@ -42,9 +42,26 @@ from fsdptrain.config import (
 )
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.hostmem import keep_host_memory
+from fsdptrain.levers import (
+    Checkpointing,
+    Choice,
+    GarbageCollection,
+    float8_warning,
+    resolve_activation_checkpointing,
+    resolve_compile,
+    triton_compiler,
+)
 from fsdptrain.metrics import GpuTelemetry, SavedActivations, local_state_bytes, memory_stats, peak_tflops
-from fsdptrain.models import MODEL_CONFIGS, build_meta_model, init_weights, llama_config, use_causal_sdpa
-from fsdptrain.parallel import build_mesh, parallelize
+from fsdptrain.models import (
+    MODEL_CONFIGS,
+    attention_kernel,
+    build_meta_model,
+    init_weights,
+    llama_config,
+    sdpa_priority,
+    use_causal_sdpa,
+)
+from fsdptrain.parallel import DTYPES, build_mesh, float8_after_step, parallelize, shard_degree
 from fsdptrain.runtime import (
     Runtime,
     close_outputs,
@@ -82,18 +99,23 @@ def run(cfg: TrainConfig) -> int:
 def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
     """Build, train to MAX_STEPS (or until SIGTERM), export; returns the summary rank 0 printed."""
     kept = _set_up_torch(cfg, rt.device)
-    t = build(cfg, rt)
-    rt.log(_banner(t, rt, host_malloc_kept=kept))
-    if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
-        from fsdptrain.provenance import start_event
+    with sdpa_priority(cfg.sdpa_backends):  # for the whole run: compiled layers read it when they trace
+        t = build(cfg, rt)
+        rt.log(_banner(t, rt, host_malloc_kept=kept))
+        for line in _lever_lines(t):
+            rt.log(line)
+        if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
+            from fsdptrain.provenance import start_event
 
-        rt.emit(start_event(t.cfg, rt.device, t.start_step))
-    start_trackers(t.cfg, rt, t.start_step)
-    try:
-        outcome = loop(t, rt)
-    finally:  # the data thread goes with the loop, also on an error or SIGTERM's stop
-        t.loader.close()
-    return finish(t, rt, outcome)
+            rt.emit(start_event(t.cfg, rt.device, t.start_step, levers=t.levers))
+        start_trackers(t.cfg, rt, t.start_step)
+        gc_control = GarbageCollection(cfg.gc_interval, rt.log)
+        try:
+            outcome = loop(t, rt, gc_control)
+        finally:  # the data thread goes with the loop, also on an error or SIGTERM's stop
+            t.loader.close()
+            gc_control.close()
+        return finish(t, rt, outcome)
 
 
 def _set_up_torch(cfg: TrainConfig, device: torch.device) -> bool:
@@ -135,6 +157,10 @@ class Training:
     resumed_from: Path | None
     mesh_shape: tuple[int, ...]
     ac_layers: int  # decoder layers that recompute activations
+    compiled: Choice  # COMPILE as resolved on this device (fsdptrain.levers)
+    checkpointing: Checkpointing  # ACTIVATION_CHECKPOINTING as applied
+    levers: dict[str, str]  # each resolved lever with its reason: the banner's lines and the start event's
+    after_step: Any  # float8's scale precompute after each optimizer step (a callable), or None
     n_params: int
     flops_per_token: int
     peak_tflops: float | None  # per device; None: unknown, no MFU
@@ -150,7 +176,11 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
     cfg = _with_builtin_assets(cfg, rt)
     tokenizer = load_tokenizer(cfg.tokenizer_path)
     blocks = load_blocks(cfg, tokenizer)
-    model, hf_config, mesh_shape, ac_layers = build_model(cfg, rt, tokenizer)
+    compiled = resolve_compile(
+        cfg.compile, rt.device.type, triton_compiler() if rt.device.type == "cuda" else ""
+    )
+    checkpointing = resolve_activation_checkpointing(cfg.activation_checkpointing, cfg.ac_every, compiled.on)
+    model, hf_config, mesh, ac_layers = build_model(cfg, rt, tokenizer, compiled.on, checkpointing)
     optimizer, scaler = build_optimizer(cfg, model, rt.device)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     resumed_from = ckpt.agree_resume(root, cfg.resume)  # one decision for every rank
@@ -179,8 +209,12 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
         checkpoint_root=root,
         start_step=start_step,
         resumed_from=resumed_from,
-        mesh_shape=mesh_shape,
+        mesh_shape=tuple(mesh.shape),
         ac_layers=ac_layers,
+        compiled=compiled,
+        checkpointing=checkpointing,
+        levers=_levers_resolved(cfg, rt, hf_config, compiled, checkpointing, ac_layers),
+        after_step=float8_after_step(cfg.float8_recipe, shard_degree(mesh)) if cfg.float8 else None,
         n_params=n_params,
         flops_per_token=flops_per_token(
             n_params, embed_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.seq_len
@@ -195,9 +229,11 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
     )
 
 
-def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Module, Any, tuple[int, ...], int]:
+def build_model(
+    cfg: TrainConfig, rt: Runtime, tokenizer: Any, compiled: bool, checkpointing: Checkpointing
+) -> tuple[nn.Module, Any, Any, int]:
     """Meta-device model -> sharded -> materialised shard by shard -> weights (fresh or pretrained).
-    Returns (model, its transformers config, mesh shape, layers with activation checkpointing)."""
+    Returns (model, its transformers config, the device mesh, layers with activation checkpointing)."""
     from transformers import AutoConfig
 
     if cfg.pretrained:
@@ -222,10 +258,11 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Modul
         mesh=mesh,
         strategy=cfg.sharding_strategy,
         precision=cfg.precision,
-        ac_mode=cfg.activation_checkpointing,
-        ac_every=cfg.ac_every,
-        compile=cfg.compile,
+        ac_mode=checkpointing.mode,
+        ac_every=checkpointing.every,
+        compile=compiled,
         float8=cfg.float8,
+        float8_recipe=cfg.float8_recipe,
         prefetch=cfg.fsdp_prefetch,
     )
     # replicas (HSDP/NO_SHARD) must start identical, shards must differ: seed by position in the shard dim
@@ -234,7 +271,7 @@ def build_model(cfg: TrainConfig, rt: Runtime, tokenizer: Any) -> tuple[nn.Modul
     init_weights(model, config, rt.device)
     if cfg.pretrained:
         ckpt.load_pretrained(path, model=model)
-    return model, config, tuple(mesh.shape), ac_layers
+    return model, config, mesh, ac_layers
 
 
 def build_optimizer(
@@ -289,28 +326,72 @@ def _hf_token_given() -> bool:
 
 def _banner(t: Training, rt: Runtime, *, host_malloc_kept: bool) -> str:
     cfg = t.cfg
-    ac = "off" if t.ac_layers == 0 else f"{cfg.activation_checkpointing} ({t.ac_layers} layers)"
+    ac = "off" if t.ac_layers == 0 else f"{t.checkpointing.mode} ({t.ac_layers} layers)"
     return (
         f"fsdptrain: model {cfg.pretrained or cfg.model} ({t.n_params / 1e6:.2f}M params), "
         f"{cfg.sharding_strategy} mesh {t.mesh_shape}, {cfg.precision}, "
         f"activation checkpointing {ac}, world {rt.world} on {rt.device.type}, "
         f"{t.tokens_per_step} tokens/step, steps {t.start_step + 1}..{cfg.max_steps}"
-        + "".join(f", {lever}" for lever in _levers(cfg, rt.device, host_malloc_kept))
+        + "".join(f", {lever}" for lever in _levers(t, rt.device, host_malloc_kept))
         + (", HF token set" if _hf_token_given() else "")
     )
 
 
-def _levers(cfg: TrainConfig, device: torch.device, host_malloc_kept: bool) -> list[str]:
+def _levers(t: Training, device: torch.device, host_malloc_kept: bool) -> list[str]:
     """The speed settings this run took, for the banner (whether malloc's thresholds were set is known only
     once fsdptrain.hostmem tried)."""
+    cfg = t.cfg
     on = {
-        "compiled layers": cfg.compile,
+        "compiled layers": t.compiled.on,
         "float8 linears": cfg.float8,
         "fused AdamW": resolve_fused_optimizer(cfg.fused_optimizer, device.type),
         "deterministic": resolve_deterministic(cfg.deterministic, device.type),
     }
     taken = [name for name, took in on.items() if took] + [f"FSDP prefetch {cfg.fsdp_prefetch}"]
     return taken + (["host malloc kept between steps"] if host_malloc_kept else [])
+
+
+def _levers_resolved(
+    cfg: TrainConfig,
+    rt: Runtime,
+    hf_config: Any,
+    compiled: Choice,
+    checkpointing: Checkpointing,
+    ac_layers: int,
+) -> dict[str, str]:
+    """Each lever's decision and its reason, for the human log and the start event (fsdptrain.levers)."""
+    ac = f"{checkpointing.mode}, {ac_layers} layers" if ac_layers else "off"
+    if checkpointing.note:  # the warning line says why
+        ac += f" (ACTIVATION_CHECKPOINTING={cfg.activation_checkpointing} without compile: layer-level)"
+    found = {
+        "compile": f"{'on' if compiled.on else 'off'} ({compiled.why})",
+        "activation_checkpointing": ac,
+        "attention": attention_kernel(
+            hf_config, rt.device, DTYPES[cfg.precision], cfg.micro_batch_size, cfg.seq_len
+        )
+        + f" (SDPA_BACKENDS={cfg.sdpa_backends})",
+        "gc": f"every {cfg.gc_interval} steps" if cfg.gc_interval else "automatic",
+    }
+    if cfg.float8:
+        found["float8"] = f"{cfg.float8_recipe}" + (
+            f" (warning: {float8_warning(cfg.float8, compiled.on)})" if not compiled.on else ""
+        )
+    return found
+
+
+def _lever_lines(t: Training) -> list[str]:
+    """The human lines of the resolved levers; a choice the user should act on as a warning line."""
+    lines = [f"levers: compile {t.levers['compile']}; attention {t.levers['attention']}"]
+    lines.append(
+        f"levers: activation checkpointing {t.levers['activation_checkpointing']}; gc {t.levers['gc']}"
+    )
+    if t.checkpointing.note:
+        lines.append(f"warning: {t.checkpointing.note}")
+    if warning := float8_warning(t.cfg.float8, t.compiled.on):
+        lines.append(f"warning: {warning}")
+    if not t.compiled.on and t.cfg.compile == "auto" and t.compiled.why.startswith("COMPILE=auto: off, "):
+        lines.append(f"warning: {t.compiled.why}")
+    return lines
 
 
 # ---- the loop --------------------------------------------------------------------------------------------
@@ -328,7 +409,7 @@ class Outcome:
     activation_bytes: int = 0
 
 
-def loop(t: Training, rt: Runtime) -> Outcome:
+def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) -> Outcome:
     """Steps start_step+1..MAX_STEPS; logs every LOG_INTERVAL, checkpoints every CHECKPOINT_INTERVAL, at the
     end and when SIGTERM arrives (then stops).
 
@@ -341,7 +422,7 @@ def loop(t: Training, rt: Runtime) -> Outcome:
     since = time.perf_counter()  # the start of the steps not read yet
     for step in range(t.start_step + 1, cfg.max_steps + 1):
         first = step == t.start_step + 1
-        measure = SavedActivations() if first else None
+        measure = SavedActivations(rt.device) if first else None
         result = _train_step(
             step=step,
             cfg=cfg,
@@ -351,7 +432,10 @@ def loop(t: Training, rt: Runtime) -> Outcome:
             scaler=t.scaler,
             loader=t.loader,
             measure=measure,
+            after_step=t.after_step,
         )
+        if gc_control is not None:
+            gc_control.step(step)
         if measure is not None and result.state_bytes is not None:
             out.state_bytes, out.activation_bytes = result.state_bytes, measure.bytes
         pending.append(result)
@@ -397,6 +481,7 @@ def _train_step(
     scaler: ShardedGradScaler | None,
     loader: Loader,
     measure: SavedActivations | None = None,
+    after_step: Any = None,
 ) -> StepResult:
     """One optimizer step over GRAD_ACCUM_STEPS micro-batches, without a host sync. With `measure` (the run's
     first step) it also counts the activations saved for backward and this rank's sharded state."""
@@ -406,6 +491,8 @@ def _train_step(
         cfg=cfg, rt=rt, model=model, scaler=scaler, loader=loader, measure=measure
     )
     grad_norm = _clip_and_step(cfg, model, optimizer, scaler)
+    if after_step is not None:  # float8: the next forward's weight scales, while the weights are fresh
+        after_step(model)
     # grads and optimizer state both exist only here, between the step and zero_grad
     state_bytes = local_state_bytes(model, optimizer) if measure is not None else None
     optimizer.zero_grad(set_to_none=True)
