@@ -168,6 +168,19 @@ CASES = [
         "use e.g. /fsx/tensorboard",
     ),
     ("WANDB_MODE", "cloud", "unknown W&B mode", "is not allowed: use one of online, offline, disabled"),
+    (
+        "SDPA_BACKENDS",
+        "flash,fast",
+        "an unknown attention kernel",
+        "is not allowed: give an order of cudnn, flash, efficient, math separated by commas, "
+        "e.g. cudnn,flash,efficient,math",
+    ),
+    (
+        "SDPA_BACKENDS",
+        "math,math",
+        "a kernel named twice",
+        "names a kernel twice: give each once, e.g. cudnn,flash,efficient,math",
+    ),
 ]
 EXTRA = {
     "HSDP_SHARD_SIZE": "SHARDING_STRATEGY=HYBRID_SHARD\n",

@@ -294,6 +294,33 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1000", "fsdpctl", "0.1.0"]  # non-root, the CLI and the trainer installed
+    # COMPILE=auto needs what Triton builds its launchers with (a C compiler, Python.h: triton/runtime/build.py)
+    # and inductor's CPU kernels need g++: a compiled function runs in the image, as its own user, with this
+    # machine's CPU torch (Python 3.11 here and in the bookworm base) mounted read-only, no network
+    import torch
+
+    site = Path(torch.__file__).resolve().parent.parent
+    code = (
+        "import torch; from fsdptrain.levers import triton_compiler; "
+        "f = torch.compile(lambda x: torch.sin(x) * 2 + 1); x = torch.randn(64); "
+        "assert torch.allclose(f(x), torch.sin(x) * 2 + 1); print('compiled with', triton_compiler())"
+    )
+    env_args = ["-e", "PYTHONPATH=/hostsite", "-e", "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor"]
+    compiled = docker(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        f"{site}:/hostsite:ro",
+        *env_args,
+        pinned,
+        "python",
+        "-c",
+        code,
+    )
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert compiled.stdout.strip() == "compiled with /usr/bin/gcc", compiled.stdout
 
     r = invoke("image", "push")
     assert r.exit_code == 1 and f"no local image {uri}" in said(r) and "fsdpctl image build" in said(r)

@@ -347,3 +347,60 @@ def test_cpu_levers_together_give_the_default_losses(assets):
     assert "activation checkpointing selective (4 layers)" in levers.stdout
     assert len(default.losses) == len(levers.losses) == 4
     assert levers.losses == pytest.approx(default.losses, rel=1e-4)
+
+
+@pytest.mark.parametrize("order", ["cudnn,flash,efficient,math", "math,flash", "flash", "efficient,cudnn"])
+def test_sdpa_backends_is_torchs_kernel_priority_while_the_run_lasts(order):
+    """SDPA_BACKENDS sets torch's kernel priority for the run (torch.nn.attention.sdpa_kernel with
+    set_priority=True, as torchtitan's ScaledDotProductAttention): the named kernels first, in order, then the
+    others, every one still allowed; torch's own order is back afterwards."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from fsdptrain.models import SDPA_MEMBERS, sdpa_priority
+
+    before = torch._C._get_sdp_priority_order()
+    named = [int(getattr(SDPBackend, SDPA_MEMBERS[n])) for n in order.split(",")]
+    with sdpa_priority(order):
+        inside = list(torch._C._get_sdp_priority_order())
+        assert inside[: len(named)] == named and sorted(inside) == sorted(before)
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch._C._get_sdp_priority_order() == before
+
+
+def test_the_attention_kernel_that_runs_is_named():
+    """The start event names the kernel torch picked for the model's attention shapes, seen by a dispatch
+    mode on one SDPA forward (compiled layers hide their ops, so it is asked once at start). On this CPU:
+    the CPU flash kernel, and math where torch is allowed nothing else."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fsdptrain.models import attention_kernel, llama_config
+
+    config = llama_config("tiny")
+    probe = lambda: attention_kernel(config, torch.device("cpu"), torch.float32, 2, 64)  # noqa: E731
+    assert probe() == "flash (cpu)"
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert probe() == "math"
+
+
+def test_activation_bytes_come_from_the_cuda_allocator_where_there_is_one(monkeypatch):
+    """On CUDA the bytes held for backward are the allocator's growth over the forward
+    (torch.cuda.memory_allocated): saved-tensor hooks cannot see what checkpointing's own hooks keep, and
+    eager selective and full both reported the same 927 MB on the H200 (ANALYSIS.md section 1). The CPU
+    keeps counting the storages autograd saves. The allocator is stood in for here (no GPU in CI)."""
+    import torch
+
+    from fsdptrain.metrics import SavedActivations
+
+    allocated = iter([1000, 1000 + 123_456])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(allocated))
+    with SavedActivations(torch.device("cuda", 0)) as m:
+        x = torch.ones(10, requires_grad=True)
+        (x * x).sum()
+    assert m.measure() == 123_456
+    with SavedActivations(torch.device("cpu")) as cpu:
+        y = torch.ones(1000, requires_grad=True)
+        z = (y * y).sum()
+    assert cpu.measure() == 1000 * 4  # y, saved once for the product's backward (x*x saves it twice)
+    z.backward()

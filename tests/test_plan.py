@@ -103,7 +103,28 @@ def test_job_from_takes_every_number_from_the_settings():
         hsdp_shard_size=cfg.training.hsdp_shard_size,
         mfu=0.3,
         price_per_hour=12.5,
+        compiled=True,  # COMPILE=auto compiles on the GPU nodes
     )
+
+
+@pytest.mark.parametrize("setting", ["auto", "true", "false"])
+@pytest.mark.parametrize("instance", ["p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge"])
+def test_compiled_layers_speed_up_the_planned_compute_by_the_h200_measurement(setting, instance):
+    """COMPILE=auto (and true) plans compiled layers: on H100/H200 the compute efficiency is the eager one
+    times the H200's measured step-time ratio (136.9 ms eager / 118.6 ms compiled, medians, Llama-2-7B's layer
+    x 8: shared/gpu/2026-12-04/ANALYSIS.md section 0); A100 has no compiled measurement and keeps 1.0;
+    COMPILE=false plans eager. The published rows (all eager) are untouched: Job.compiled defaults off."""
+    from fsdpctl.settings import load
+
+    cfg = load(dotenv={"BACKEND": "eks", "MODEL": "7b", "INSTANCE_TYPE": instance, "COMPILE": setting})
+    planned = P.job_from(cfg, mfu=0.0, price=None)
+    assert planned.compiled is (setting != "false")
+    eager = P.speed(dataclasses.replace(planned, compiled=False))
+    compiled = P.speed(dataclasses.replace(planned, compiled=True))
+    gain = P.COMPILE_GAIN.get(P.INSTANCE_TYPES[instance].gpu, 1.0)
+    assert compiled.compute_s == pytest.approx(eager.compute_s / gain)
+    assert gain == (1.0 if instance.startswith("p4de") else pytest.approx(1.154, abs=1e-3))
+    assert P.Job.__dataclass_fields__["compiled"].default is False
 
 
 def test_report_is_the_models_numbers_in_gib_hours_and_usd():

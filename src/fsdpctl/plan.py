@@ -97,6 +97,13 @@ SPEED_MODEL = SpeedModel(
 # cut; check the EC2 pricing page before relying on them. None: unknown, pass --price.
 PRICES_AS_OF = "2025-06 (us-east-1, on-demand)"
 PRICE_PER_HOUR = {"p4de.24xlarge": 27.45, "p5.48xlarge": 55.04, "p5e.48xlarge": None}
+# Compiled decoder layers (COMPILE, auto in the image) against eager, as a factor on the compute efficiency:
+# the trainer on one H200, Llama-2-7B's layer x 8, seq 4096, bf16, micro-batch 1, medians of steps 5-12:
+# 136.9 ms eager, 118.6 ms compiled (shared/gpu/2026-12-04/ANALYSIS.md section 0; BENCHMARKS.md "GPU"). The
+# same factor for the H100 (same Hopper SMs, less HBM bandwidth for the memory-bound work compile fuses: if
+# anything it gains more); none for the A100, where no compiled step was measured. The published rows the
+# speed model is checked against ran eager (fsdpctl.published), so they keep a factor of 1.
+COMPILE_GAIN = {"H100": 136.9 / 118.6, "H200": 136.9 / 118.6}
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ class Job:
     grad_accum: int = 1
     hsdp_shard_size: int = 0
     mfu: float = 0.0  # 0: the speed model's compute efficiency for the GPU and model
+    compiled: bool = False  # COMPILE on: the compute efficiency times COMPILE_GAIN on the GPUs measured
     price_per_hour: float | None = None  # None: PRICE_PER_HOUR
     # gradients are reduced in this dtype: fsdptrain's MixedPrecisionPolicy(reduce_dtype=torch.float32)
     reduce_dtype: str = "fp32"
@@ -277,7 +285,9 @@ def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None =
     tokens_mb = job.micro_batch * job.seq_len
     tokens_gpu = tokens_mb * job.grad_accum
     peak = PEAK_TFLOPS[inst.gpu][job.precision] * 1e12
-    eff = job.mfu or compute_efficiency(inst.gpu, job.precision, s.hidden, model)
+    eff = job.mfu or compute_efficiency(inst.gpu, job.precision, s.hidden, model) * (
+        COMPILE_GAIN.get(inst.gpu, 1.0) if job.compiled else 1.0
+    )
     # one micro-batch: the forward is a third of the training FLOPs, the backward the rest plus the recompute
     forward = tokens_mb * fpt / 3 / (peak * eff)
     backward = tokens_mb * (2 * fpt / 3 + recompute) / (peak * eff)
@@ -400,6 +410,8 @@ def job_from(cfg: Config, *, mfu: float, price: float | None) -> Job:
         **training,
         mfu=mfu,
         price_per_hour=price,
+        # COMPILE=auto compiles on the GPU nodes: the image has the C compiler and headers Triton needs
+        compiled=cfg.training.compile != "false",
     )
 
 
