@@ -294,7 +294,8 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1000", "fsdpctl", "0.1.0"]  # non-root, the CLI and the trainer installed
-    # COMPILE=auto needs what Triton builds its launchers with (a C compiler, Python.h: triton/runtime/build.py)
+    # COMPILE=auto needs what Triton builds its launchers with (a C compiler and Python.h, per
+    # triton/runtime/build.py)
     # and inductor's CPU kernels need g++: a compiled function runs in the image, as its own user, with this
     # machine's CPU torch (Python 3.11 here and in the bookworm base) mounted read-only, no network
     import torch
