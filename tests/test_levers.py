@@ -404,3 +404,36 @@ def test_activation_bytes_come_from_the_cuda_allocator_where_there_is_one(monkey
         z = (y * y).sum()
     assert cpu.measure() == 1000 * 4  # y, saved once for the product's backward (x*x saves it twice)
     z.backward()
+
+
+def test_float8_config_is_torchtitans_recipe_per_sharding(tmp_path):
+    """torchtitan v0.2.2 Float8LinearConverter (torchtitan/components/quantization/float8.py): tensorwise
+    all-gathers the weights in float8 only when they are sharded (dp_shard > 1) and then precomputes the
+    scales after each optimizer step (torchao precompute_float8_dynamic_scale_for_fsdp); rowwise is torchao's
+    recipe (axiswise scales), communicates in high precision and precomputes nothing. The conversion swaps
+    the decoder's linears and leaves the head. Real torchao 0.18 on the CPU (its float8 kernels need a GPU,
+    the config and the module swap do not), in a subprocess: torchao registers things in torch at import."""
+    code = """
+from fsdptrain.parallel import apply_float8, float8_after_step, float8_config
+from fsdptrain.models import llama_config
+from transformers import LlamaForCausalLM
+import torch
+assert float8_config("tensorwise", 8).enable_fsdp_float8_all_gather
+assert not float8_config("tensorwise", 1).enable_fsdp_float8_all_gather
+rowwise = float8_config("rowwise", 8)
+assert not rowwise.enable_fsdp_float8_all_gather
+assert str(rowwise.cast_config_weight.scaling_granularity).endswith("AXISWISE")
+assert float8_after_step("tensorwise", 8).__name__ == "precompute_float8_dynamic_scale_for_fsdp"
+assert float8_after_step("tensorwise", 1) is None and float8_after_step("rowwise", 8) is None
+config = llama_config("tiny")
+config.hidden_size, config.intermediate_size, config.num_attention_heads = 128, 256, 4
+model = LlamaForCausalLM(config)
+swapped = apply_float8(model, recipe="tensorwise", shards=2)
+assert swapped == 7 * config.num_hidden_layers, swapped
+assert type(model.lm_head).__name__ == "Linear"
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    if "No module named 'torchao'" in p.stderr:
+        pytest.fail("torchao is a test dependency (pyproject's test extra): reinstall with make install")
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
