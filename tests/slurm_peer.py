@@ -1,0 +1,389 @@
+"""The Slurm peer: a real cluster of Debian's slurm-wlm 22.05 on this machine, started and torn down
+by the tests (`running()`, or a fixture built on it), for the Slurm backend (issue 32).
+
+    munged     one per node and one for the controller, as on a cluster, sharing the test's own
+               key; each is found at the path AuthInfo=socket= names (see `NODE_BOOT`)
+    slurmctld  this machine's network namespace and a UTS namespace of its own (host name
+               `slurmctl`), reached at the nodes' bridge address 10.231.<i>.1 on a free port
+    slurmd N   network namespace N of `fsdpctl.adapters.netns`, as the local backend's nodes
+               (bridge, veth, 10.231.<i>.<10+N>, an /etc/hosts naming every node), and a UTS
+               namespace of its own, host name `node<N>`: slurmd finds its NodeName by that name,
+               and what it starts (slurmstepd, the batch script, srun's tasks) inherits both
+
+Every file (slurm.conf, cgroup.conf, state, spool, logs, pid files) lives in the test's directory
+and SLURM_CONF points the client commands (`Cluster.command`) at it; only munge's key and sockets
+need a directory of their own (munged wants its socket's directories searchable by all, up to /).
+No slurmdbd, so no `sacct`: `scontrol show job` (a finished job is kept for MinJobAge=300 s) and the
+jobs' output files are the record.
+Bounded in time: every wait has a deadline, and the daemons get SIGTERM when the test process dies
+(PR_SET_PDEATHSIG). Teardown stops the daemons by their pid files, kills what is left in each node's
+namespace (steps, tasks) and removes the namespaces and links. Without root, iproute2, util-linux or
+the packages, `available()` says why in one line and `running()` skips with it.
+
+The configuration follows slurm.conf(5) of Slurm 22.05 (SchedMD/slurm, tag slurm-22-05-8-1,
+doc/man/man5/slurm.conf.5); each choice that shapes what a test sees says why where it is made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from fsdpctl.adapters import netns
+
+CONTROLLER = "slurmctl"
+PARTITION = "train"
+PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol")
+PROGRAMS += ("sinfo", "scancel", "unshare", "nsenter", "setpriv", "mount")
+START_TIMEOUT = 60.0  # until every node is idle; ~2 s on this loaded 2-core machine
+STOP_GRACE = 10.0  # SIGTERM to SIGKILL
+# slurmctld pings a node every SlurmdTimeout/3 and sets it DOWN once its last answer is older than
+# SlurmdTimeout (slurmctld/controller.c:_slurmctld_background, ping_nodes.c:ping_nodes); measured
+# here, a killed node is NOT_RESPONDING after ~7 s and DOWN after ~15 s. Short for a test, long
+# enough that a node slowed by the test's own load is not taken for dead.
+SLURMD_TIMEOUT = 6
+# a requeued batch job may start again cred_expire + 1 s after its requeue (job_mgr.c:
+# batch_requeue_fini sets its begin_time; slurm.conf(5) AuthInfo: it "also controls how long a
+# requeued job must wait before starting again"); default 120 s, the least slurm_cred.c takes 5
+CRED_EXPIRE = 5
+T = TypeVar("T")
+# A node's boot, in its network namespace and the mount namespace `ip netns exec` makes for it: its
+# own munged, then slurmd. One munged per node as on a cluster: munged refuses a credential already
+# decoded "on this host" (munged(8) DESCRIPTION, NOTES), while a launch message forwarded from node
+# to node carries one credential, which Slurm accepts replayed only when built for several slurmds
+# on one host (src/plugins/auth/munge/auth_munge.c, MULTIPLE_SLURMD; Debian's is not). Seen here
+# with one munged for all: a step failing "Unable to send "ok" to slurmd". Each node's munged is
+# bound over the socket directory slurm.conf names, in that node's mount namespace only, so slurmd,
+# slurmstepd and srun on the node find their node's munged. setpriv --pdeathsig: munged goes when
+# its node's slurmd does.
+NODE_BOOT = r"""
+set -e
+hostname "$1"
+mount --bind "$2" "$3"
+setpriv --pdeathsig TERM munged -F --socket="$3/munge.socket" --key-file="$4" --pid-file="$5" \
+    --seed-file="$2/munged.seed" 2>>"$6" &
+tries=0
+until [ -S "$3/munge.socket" ]; do
+    tries=$((tries + 1)); [ "$tries" -le 300 ] || exit 1; sleep 0.1
+done
+exec slurmd -D
+"""
+
+
+def available() -> tuple[bool, str]:
+    """(usable, why not): root and iproute2 (netns.available), util-linux, munge, slurm-wlm."""
+    usable, why = netns.available()
+    if not usable:
+        return False, f"no Slurm cluster here: {why}"
+    missing = [p for p in PROGRAMS if shutil.which(p) is None]
+    if missing:
+        return False, f"no Slurm cluster here: {', '.join(missing)} missing (scripts/system-deps)"
+    return True, ""
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """One `scontrol -o show job|node` record: `Key=value` fields separated by spaces, where a value
+    may hold spaces (a node's `Reason=Not responding [root@...]`): a field starts at ` Key=`."""
+    fields = re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line.strip())
+    pairs = (f.split("=", 1) for f in fields if "=" in f)
+    return {key: value.strip() for key, value in pairs}
+
+
+@dataclass
+class Cluster:
+    """A running cluster: its directory, the nodes' network, its daemons, its client commands."""
+
+    root: Path
+    net: netns.Network
+    munge_dir: Path
+    port: int
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"node{n}" for n in range(self.net.nodes)]
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This environment without SLURM_* (a developer's own cluster), with SLURM_CONF; sbatch
+        passes it on to the job (--export=ALL), so `scontrol` and `srun` in a script find it."""
+        keep = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+        return keep | {"SLURM_CONF": str(self.conf)}
+
+    # ---- client commands ----
+    def command(
+        self, *argv: str, timeout: float = 30, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """A client command (sinfo, sbatch, scontrol...) on this machine, against the cluster."""
+        got = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and got.returncode != 0:
+            why = got.stderr.strip()
+            raise AssertionError(f"{' '.join(argv)}: rc {got.returncode}: {why}\n{self.logs()}")
+        return got
+
+    def sbatch(self, script: str | Path, *options: str) -> int:
+        """Submit a batch script; its job id (`sbatch --parsable` prints `id[;cluster]`)."""
+        out = self.command("sbatch", "--parsable", *options, str(script)).stdout
+        return int(out.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        return parse_record(self.command("scontrol", "-o", "show", "job", str(job_id)).stdout)
+
+    def node(self, name: str) -> dict[str, str]:
+        return parse_record(self.command("scontrol", "-o", "show", "node", name).stdout)
+
+    def hostnames(self, expression: str) -> list[str]:
+        """A host list expression (`node[0-1]`) expanded by `scontrol show hostnames`."""
+        return self.command("scontrol", "show", "hostnames", expression).stdout.split()
+
+    def idle(self) -> list[str]:
+        """The nodes sinfo lists as idle (`-N`: a line per node; `%T`: the long state name)."""
+        out = self.command("sinfo", "-h", "-N", "-o", "%N %T").stdout.split()
+        rows = zip(out[::2], out[1::2], strict=True)
+        return sorted(name for name, state in rows if state == "idle")
+
+    def wait_for(self, check: Callable[[], T], what: str, timeout: float = 60) -> T:
+        """Poll `check` until it returns something true; past `timeout`, fail naming `what`."""
+        deadline = time.monotonic() + timeout
+        while not (got := check()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout:g} s\n{self.logs()}")
+            time.sleep(0.3)
+        return got
+
+    def logs(self, lines: int = 25) -> str:
+        """The last lines of every daemon's log, and its stderr where it died before opening it."""
+        found = {p.stem: p for p in (self.root / "log").glob("*.stderr") if p.stat().st_size}
+        found |= {p.stem: p for p in (self.root / "log").glob("*.log")}
+        return "\n".join(
+            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+            for p in sorted(found.values())
+        )
+
+    # ---- the daemons ----
+    def pid_file(self, daemon: str) -> Path:
+        return self.root / "run" / f"{daemon}.pid"
+
+    def start_node(self, node: int) -> None:
+        """slurmd of node N in its network namespace and a new UTS namespace named node<N>. slurmd
+        registers as the NodeName of its host name (slurmd.c:_read_config, fatal "Unable to
+        determine this slurmd's NodeName" otherwise); `-N NAME` instead would need a build with
+        --enable-multiple-slurmd (slurmd(8))."""
+        name = self.names[node]
+        own = self.munge_dir / name  # this node's munged: its socket (bound over `run`) and seed
+        own.mkdir(mode=0o755, exist_ok=True)
+        for stale in own.glob("munge.socket*"):  # a killed node's
+            stale.unlink()
+        log = self.root / "log" / f"munged-{name}.log"
+        args = [name, own, self.munge_dir / "run", self.munge_dir / "munge.key"]
+        args += [self.pid_file(f"munged-{name}"), log]
+        boot = ["unshare", "--uts", "--", "sh", "-c", NODE_BOOT, "boot", *map(str, args)]
+        self._spawn(f"slurmd-{name}", [*self.net.exec_prefix(node), *boot])
+
+    def kill_node(self, node: int) -> None:
+        """A power loss: SIGKILL to every process in the node's network namespace (slurmd,
+        slurmstepd, the job's tasks)."""
+        for pid in self.pids_in(node):
+            _signal(pid, signal.SIGKILL)
+
+    def pids_in(self, node: int) -> list[int]:
+        """Every process in the node's network namespace (`ip netns pids`)."""
+        argv = ["ip", "netns", "pids", self.net.namespace(node)]
+        got = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        return [int(p) for p in got.stdout.split()]
+
+    def _spawn(self, daemon: str, argv: list[str]) -> None:
+        """A daemon in the foreground (-D, -F): this process's child, so it dies with it."""
+        with open(self.root / "log" / f"{daemon}.stderr", "ab") as err:
+            self.procs[daemon] = subprocess.Popen(
+                argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+
+    def _start(self) -> None:
+        munge = self.munge_dir
+        key, sock = munge / "munge.key", munge / "run" / "munge.socket"
+        (munge / "run").mkdir(mode=0o755)
+        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, timeout=20)
+        files = [f"--pid-file={self.pid_file('munged')}", f"--seed-file={munge / 'munged.seed'}"]
+        self._spawn("munged", ["munged", "-F", f"--socket={sock}", f"--key-file={key}", *files])
+        self.wait_for(sock.exists, "munged's socket", timeout=20)
+        named = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', CONTROLLER]
+        self._spawn("slurmctld", [*named, "slurmctld", "-D"])
+        for node in range(self.net.nodes):
+            self.start_node(node)
+        self.wait_for(lambda: self.idle() == self.names, "every node idle", timeout=START_TIMEOUT)
+
+    def stop(self) -> None:
+        """Every daemon by its pid file (SIGTERM, SIGKILL after STOP_GRACE), then whatever is left
+        in the nodes' namespaces (the steps and tasks of a killed slurmd); never raises."""
+        daemons = [f"{d}-{name}" for name in self.names for d in ("slurmd", "munged")]
+        daemons += ["slurmctld", "munged"]
+        _terminate([p for d in daemons if (p := daemon_pid(self.pid_file(d), d.split("-")[0]))])
+        for node in range(self.net.nodes):
+            _terminate(self.pids_in(node))
+        for proc in self.procs.values():  # reaped: the pid files were the way to stop them
+            try:
+                proc.wait(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def daemon_pid(path: Path, program: str) -> int | None:
+    """The pid in a pid file while that process is still `program` (a killed node's file stays,
+    and its pid may be another process's by now)."""
+    try:
+        pid = int(path.read_text().split()[0])
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if Path(argv0.decode(errors="replace")).name == program else None
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (a child that exited and is not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process goes (PR_SET_PDEATHSIG survives
+    exec, and `ip netns exec`, `unshare`, `sh -c 'exec'` exec in place), so a killed pytest leaves
+    no daemon holding the namespaces. A session of its own: the terminal's Ctrl-C is the test's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    os.setsid()
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _terminate(pids: list[int]) -> None:
+    living = [p for p in pids if _signal(p, signal.SIGTERM)]
+    deadline = time.monotonic() + STOP_GRACE
+    while living and time.monotonic() < deadline:
+        time.sleep(0.2)
+        living = [p for p in living if alive(p)]
+    for p in living:
+        _signal(p, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _write_conf(cluster: Cluster) -> None:
+    root, net = cluster.root, cluster.net
+    for sub in ("state", "log", "run", *(f"spool/{name}" for name in cluster.names)):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "plugstack.conf").write_text("")  # not /etc/slurm's: no SPANK plugin of this machine
+    # `ip netns exec` mounts a fresh sysfs (ip-netns(8)), so /sys/fs/cgroup is empty on a node;
+    # slurmd 22.05 initializes its cgroup plugin whatever the others (slurmd.c:_slurmd_init,
+    # cgroup_g_init) and autodetection fails there (common/cgroup.c:autodetect_cgroup_version).
+    # Naming the plugin skips the detection; nothing uses it with proctrack/linuxproc and
+    # task/none. cgroup.conf is read from beside slurm.conf.
+    (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+    cpus = os.cpu_count() or 1
+    nodes = "\n".join(
+        f"NodeName={name} NodeAddr={net.address(n)} CPUs={cpus} State=UNKNOWN"
+        for n, name in enumerate(cluster.names)
+    )
+    cluster.conf.write_text(f"""\
+ClusterName=fsdpctl
+# slurmctld starts only where its host name is SlurmctldHost (controller.c:_controller_index):
+# the name of its UTS namespace, and the address the nodes reach it at
+SlurmctldHost={CONTROLLER}({net.host_address})
+SlurmctldPort={cluster.port}
+SlurmdPort=6818
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={cluster.munge_dir / "run" / "munge.socket"},cred_expire={CRED_EXPIRE}
+StateSaveLocation={root / "state"}
+# %n: the node's name, so the slurmds sharing one file system keep their files apart
+SlurmdSpoolDir={root / "spool"}/%n
+SlurmctldPidFile={root / "run" / "slurmctld.pid"}
+SlurmdPidFile={root / "run"}/slurmd-%n.pid
+SlurmctldLogFile={root / "log" / "slurmctld.log"}
+SlurmdLogFile={root / "log"}/slurmd-%n.log
+PlugStackConfig={root / "plugstack.conf"}
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+# the main scheduling loop every 2 s (default 60): a submit or a job's end starts a pass of its
+# own, a begin time passing does not, so a requeued job waited up to a minute after its BeginTime
+SchedulerParameters=sched_interval=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+# a node set DOWN for not responding is back in service when its slurmd registers again
+ReturnToService=1
+# batch jobs may be requeued (node failure, scontrol requeue) unless submitted --no-requeue
+JobRequeue=1
+SlurmdTimeout={SLURMD_TIMEOUT}
+MessageTimeout=5
+# SIGTERM to SIGKILL when a job is cancelled or out of time (default 30 s)
+KillWait=2
+InactiveLimit=0
+# a finished job stays in `scontrol show job` this long: without accounting, its only record
+MinJobAge=300
+{nodes}
+PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+
+
+@contextmanager
+def running(root: Path, nodes: int = 2) -> Iterator[Cluster]:
+    """A cluster of `nodes` simulated nodes, all idle; on exit its daemons are stopped and its
+    namespaces and links gone."""
+    usable, why = available()
+    if not usable:
+        pytest.skip(why)
+    munge_dir = Path(tempfile.mkdtemp(prefix="fsdpctl-munge-"))
+    munge_dir.chmod(0o755)  # munged wants its socket's directories searchable by all, up to /
+    net = netns.claim("slurm", nodes, {f"node{n}": n for n in range(nodes)})
+    cluster = Cluster(root, net, munge_dir, _free_port())
+    try:
+        _write_conf(cluster)
+        cluster._start()
+        yield cluster
+    finally:
+        cluster.stop()
+        netns.destroy(net)
+        shutil.rmtree(munge_dir, ignore_errors=True)
