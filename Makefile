@@ -44,7 +44,7 @@ test-fast: install
 # rewrite every golden file (--help of each command, main outputs, manifests) after an intended change;
 # review `git diff tests/golden` before committing
 golden: install
-	FSDPCTL_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_golden.py tests/test_manifests.py -k golden
+	FSDPCTL_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests -m "not slow" -k golden
 
 # the CLI fuzzer with a longer budget than CI's (FSDPCTL_TEST_FUZZ_EXAMPLES cases, default 5000, about 20 minutes on
 # 2 cores): every case runs, and every distinct failure is listed at the end (FSDPCTL_TEST_FUZZ_COLLECT)
