@@ -8,7 +8,7 @@ never retried; a 2 from here (a setting only a running rank can judge) is retrie
 import os
 import sys
 
-from fsdptrain.config import ConfigError, from_sources
+from fsdptrain.config import ConfigError, from_sources, print_error
 from fsdptrain.fetch import before_process_group
 from fsdptrain.launch import check, check_device
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         hub = {"PRETRAINED": cfg.pretrained, "TOKENIZER": cfg.tokenizer, "DATASET": cfg.dataset}
         before_process_group(hub, os.environ)
     except ConfigError as e:
-        print(f"fsdptrain: error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 2
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -21,7 +21,7 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +40,30 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-META = "meta.json"
-LATEST = "latest"
+from fsdptrain.config import ConfigError
+from fsdptrain.resume import (
+    LATEST,
+    META,
+    candidates,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_name,
+)
+
+__all__ = ["LATEST", "META", "complete_checkpoints", "latest_checkpoint", "step_name"]
+REASON_CHARS = 300  # a cause longer than this is cut at a word, never mid-word, and says so
 
 
 class CheckpointError(RuntimeError):
     pass
 
 
-def step_name(step: int) -> str:
-    return f"step-{step:08d}"
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint that is there but does not load (a shard cut short, bytes changed): `reason` says how."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -86,23 +100,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (a dir without meta.json is an interrupted save)."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step-*") if (p / META).is_file())
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    pointer = root / LATEST
-    if pointer.is_file():
-        candidate = root / pointer.read_text().strip()
-        if (candidate / META).is_file():
-            return candidate
-    done = complete_checkpoints(root)
-    return done[-1] if done else None
-
-
 def _prepare(root: Path, tmp: Path) -> str | None:
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -125,7 +122,24 @@ def _reason(e: BaseException) -> str:
     text = getattr(e, "strerror", None) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
     if "unexpected pos" in text:  # torch's zip writer after a short write(): ENOSPC, EFBIG, quota
         text = "short write: the disk is full or a file-size limit was hit"
-    return text[:200]
+    return shortened(text)
+
+
+def shortened(text: str, most: int = REASON_CHARS) -> str:
+    """`text` whole when short; else its first sentences that fit, or its words that fit and an ellipsis:
+    never cut inside a word (torch's zip reader says its cause first: "failed finding central directory")."""
+    text = " ".join(text.split())
+    if len(text) <= most:
+        return text
+    sentences = text.split(". ")
+    kept = ""
+    for s in sentences:
+        if len(kept) + len(s) + 2 > most:
+            break
+        kept += s + ". "
+    if kept:
+        return kept.rstrip()
+    return text[: most - 1].rsplit(" ", 1)[0] + "…"
 
 
 def failpoint_step(environ: Mapping[str, str]) -> int | None:
@@ -142,6 +156,14 @@ def failpoint_slow_save(environ: Mapping[str, str]) -> float:
     prove `job stop` leaves the trainer time to finish its stop checkpoint."""
     name, _, seconds = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
     return float(seconds) if name == "slow-save" and seconds.replace(".", "", 1).isdigit() else 0.0
+
+
+def failpoint_hold(environ: Mapping[str, str]) -> int | None:
+    """FSDPTRAIN_FAILPOINT=hold-until-stop:STEP: every rank waits after step STEP until its SIGTERM comes,
+    so a `job stop` sent once STEP shows ends the run at step STEP+1 whatever the machine's speed. Only the
+    walk-through test sets it, to freeze its output; no real run does."""
+    name, _, step = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
+    return int(step) if name == "hold-until-stop" and step.isdigit() else None
 
 
 def die_on_rank0() -> None:
@@ -210,47 +232,119 @@ def publish(root: Path, *, step: int, trainer_state: dict[str, Any]) -> Path:
     return final
 
 
-def prune(root: Path, *, keep: int) -> None:
-    """Rank 0 removes all but the newest `keep` complete checkpoints, and what a re-save replaced."""
+def prune(root: Path, *, keep: int, spare: Path | None = None) -> None:
+    """Rank 0 removes all but the newest `keep` complete checkpoints, and what a re-save replaced; never
+    `spare`, the checkpoint this run resumed from: its record names it as where the run started, and a
+    rerun starts there again."""
     if dist.get_rank() != 0:
         return
     for old in [*root.glob(".old-step-*"), *complete_checkpoints(root)[:-keep]]:
-        shutil.rmtree(old, ignore_errors=True)
+        if spare is None or old != spare:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def choose_resume(root: Path | None, resume: str) -> Path | None:
-    """Rank 0's decision from RESUME and its view of CHECKPOINT_DIR: auto is `latest`; None: start fresh."""
-    if resume == "never":
+    """Rank 0's first choice from RESUME and its view of CHECKPOINT_DIR (auto: `latest`); None: afresh."""
+    wanted = candidates(root, resume)
+    return wanted[0] if wanted else None
+
+
+Check = Callable[[dict[str, Any], str], "str | None"]
+
+
+def resume(
+    root: Path | None,
+    resume: str,
+    *,
+    model: nn.Module,
+    optimizer: Optimizer,
+    check: Check = lambda meta, where: None,
+    log: Callable[[str], None] = print,
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """Collective: restore the one checkpoint the whole job resumes, (its path, its meta.json), or (None,
+    None) for a fresh start. Rank 0 names its candidates (`candidates`: with RESUME=auto `latest`, then each
+    older complete one) with their meta.json; `check(meta, where)` may refuse one (a run with other settings,
+    a step at MAX_STEPS: ConfigError on every rank). A candidate rank 0 itself cannot read whole, or one that
+    fails to load on any rank, is damaged: RESUME=auto falls back to the next and says so; a checkpoint
+    another rank does not see at all is a volume problem, never a fallback. An explicit RESUME path is that
+    one or an error."""
+    auto, skipped = resume == "auto", []
+    for name, meta_text in _agreed(root, resume):
+        path = root / name if auto and root is not None else Path(name)
+        meta = _meta(meta_text)
+        if meta is not None and (refusal := check(meta, str(path))):
+            raise ConfigError(refusal)
+        failed = _unreadable_anywhere(path, meta_text)
+        if failed and not (auto and failed[0][0] == 0):
+            raise CheckpointError(_unreadable_line(failed, explicit=not auto))
+        if failed:
+            skipped.append(f"{name} ({failed[0][1][2]})")
+            continue
+        try:
+            loaded = load(path, model=model, optimizer=optimizer)
+        except DamagedCheckpoint as e:
+            if not auto:
+                raise
+            skipped.append(f"{name} ({e.reason})")
+            continue
+        if skipped:
+            log(f"checkpoint {'; '.join(skipped)} is damaged: resumed from {name}, the newest intact one")
+        return path, loaded
+    if skipped:
+        raise CheckpointError(
+            f"no intact checkpoint under CHECKPOINT_DIR={str(root)!r}: {'; '.join(skipped)}; remove the "
+            "damaged ones, or RESUME=never to start afresh"
+        )
+    return None, None
+
+
+def _meta(text: str) -> dict[str, Any] | None:
+    try:
+        meta = json.loads(text) if text else None
+    except ValueError:
         return None
-    if resume == "auto":
-        return latest_checkpoint(root) if root else None
-    return Path(resume)
+    return meta if isinstance(meta, dict) else None
+
+
+def _agreed(root: Path | None, resume: str) -> list[tuple[str, str]]:
+    """Rank 0's candidates, (name, meta.json text: '' when it has none), broadcast to every rank: one resume
+    point for the whole job, whatever each rank's own view of CHECKPOINT_DIR."""
+    listed: list[Any] = [[]]
+    if dist.get_rank() == 0:
+        auto = resume == "auto"
+        listed = [[(p.name if auto else str(p), _text(p / META)) for p in candidates(root, resume)]]
+    dist.broadcast_object_list(listed, src=0)
+    return [tuple(c) for c in listed[0]]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _unreadable_anywhere(path: Path, meta_text: str) -> list[tuple[int, tuple[str, str, str]]]:
+    """Collective: (rank, (where, path, why)) of every rank that cannot read `path` whole."""
+    problem = unreadable(path, expected_meta=meta_text)
+    problems: list[tuple[str, str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, (_whereabouts(), str(path), problem) if problem else None)
+    return [(rank, p) for rank, p in enumerate(problems) if p]
 
 
 def agree_resume(root: Path | None, resume: str) -> Path | None:
-    """Collective: one resume point for the whole job. Rank 0 decides (`choose_resume`) and broadcasts the
-    checkpoint's name with its meta.json; every rank then checks that it sees that same checkpoint whole
-    under its own CHECKPOINT_DIR, and all raise together, naming a rank that does not, before anything is
-    loaded. On per-node disks each rank would otherwise pick its own `latest` and the ranks would hang in
-    DCP's collectives or load mismatched state."""
+    """Collective: the checkpoint the whole job resumes, checked but not loaded (see `resume`): rank 0
+    decides, every rank checks that it sees that same checkpoint whole under its own CHECKPOINT_DIR, and all
+    raise together, naming a rank that does not. On per-node disks each rank would otherwise pick its own
+    `latest` and the ranks would hang in DCP's collectives or load mismatched state."""
     auto = resume == "auto"
-    choice: list[Any] = [None, ""]
-    if dist.get_rank() == 0:
-        path = choose_resume(root, resume)
-        meta = path / META if path is not None else None
-        name = (path.name if auto else resume) if path is not None else None
-        choice = [name, meta.read_text() if meta and meta.is_file() else ""]
-    dist.broadcast_object_list(choice, src=0)
-    if choice[0] is None:
-        return None
-    path = root / choice[0] if auto and root is not None else Path(choice[0])
-    problem = unreadable(path, expected_meta=choice[1])
-    problems: list[tuple[str, str, str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, (_whereabouts(), str(path), problem) if problem else None)
-    failed = [(rank, p) for rank, p in enumerate(problems) if p]
-    if failed:
-        raise CheckpointError(_unreadable_line(failed, explicit=not auto))
-    return path
+    for name, meta_text in _agreed(root, resume)[:1]:
+        path = root / name if auto and root is not None else Path(name)
+        failed = _unreadable_anywhere(path, meta_text)
+        if failed:
+            raise CheckpointError(_unreadable_line(failed, explicit=not auto))
+        return path
+    return None
 
 
 def unreadable(path: Path, *, expected_meta: str) -> str | None:
@@ -299,8 +393,8 @@ def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
     except dcp.CheckpointException as e:  # raised on every rank: DCP gathers each rank's outcome
         ranks = ", ".join(str(r) for r in sorted(e.failures))
-        raise CheckpointError(
-            f"loading checkpoint {str(path)!r} failed on rank {ranks} ({_reason(e)})"
+        raise DamagedCheckpoint(
+            f"loading checkpoint {str(path)!r} failed on rank {ranks} ({_reason(e)})", _reason(e)
         ) from e
     set_model_state_dict(model, model_state)
     set_optimizer_state_dict(model, optimizer, optim_state)

@@ -43,6 +43,30 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming the key, the value and what is allowed."""
 
 
+# pipe(7): a write(2) of at most PIPE_BUF bytes to a pipe is atomic, never interleaved with another's; the
+# ranks of a node share their launcher's stderr pipe, so each error line is one write below that size
+PIPE_BUF = 4096
+
+
+def print_error(message: str, suffix: str = "") -> None:
+    """`fsdptrain: error: MESSAGE` on stderr in one write(2): print() writes the text and its newline apart,
+    and two ranks failing together glued their lines into one. A message too long for one atomic write is
+    cut at a word, marked with an ellipsis."""
+    import sys
+
+    line = " ".join(f"fsdptrain: error: {message}{suffix}".split())
+    data = line.encode("utf-8", "replace")
+    if len(data) >= PIPE_BUF:
+        data = data[: PIPE_BUF - 8].rsplit(b" ", 1)[0] + " …".encode()
+    sys.stderr.flush()
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream with no descriptor (captured): its own write
+        sys.stderr.write(data.decode() + "\n")
+        return
+    os.write(fd, data + b"\n")
+
+
 def _f(
     env: str,
     default: Any,
@@ -161,6 +185,12 @@ class TrainConfig:
     )
     checkpoint_keep: int = _f("CHECKPOINT_KEEP", 2, "keep the last K checkpoints", minimum=1)
     resume: str = _f("RESUME", "auto", "auto: resume from the latest checkpoint; never; or a checkpoint path")
+    allow_setting_changes: bool = _f(
+        "ALLOW_SETTING_CHANGES",
+        False,
+        "resume a checkpoint saved with other settings that change the math (precision, model, sharding, "
+        "LR schedule, MAX_STEPS, sequence length, batch); refused otherwise",
+    )
     export_dir: str = _f("EXPORT_DIR", "", "write a consolidated HF safetensors model here at the end")
     # telemetry
     log_interval: int = _f("LOG_INTERVAL", 1, "log every N steps", minimum=1)
@@ -302,14 +332,18 @@ def model_defaults(model: str, *, pretrained: str = "", max_steps: int = 30) -> 
 
 def with_model_defaults(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """`values` (field name -> parsed value, only what the user set) completed with the model's defaults for
-    the keys the user left unset; also returns the names that took a model default."""
+    the keys the user left unset; also returns the names that took a model default. The warmup a user left
+    unset is at most MAX_STEPS (`MAX_STEPS=3` just works), as the named models cap theirs at a tenth."""
     defaults = TrainConfig()
     max_steps = values.get("max_steps", defaults.max_steps)
+    max_steps = max_steps if isinstance(max_steps, int) else defaults.max_steps
     found = model_defaults(
         str(values.get("model", defaults.model)),
         pretrained=str(values.get("pretrained", defaults.pretrained)),
-        max_steps=max_steps if isinstance(max_steps, int) else defaults.max_steps,
+        max_steps=max_steps,
     )
+    if "warmup_steps" not in found and defaults.warmup_steps > max_steps >= 0:
+        found["warmup_steps"] = max_steps
     added = [name for name in found if name not in values]
     return {**values, **{name: found[name] for name in added}}, added
 

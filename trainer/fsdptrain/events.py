@@ -8,6 +8,7 @@ Rank 0 prints one compact JSON object per line, `{"event":KIND,...}`, between th
     {"event":"checkpoint","step":20,"path":"/checkpoints/job/step-00000020"}
     {"event":"summary","steps":100,"start_step":0,"final_loss":2.9,...}
     {"event":"start","record_id":"3f9c...","torch":"2.6.0",...,"dataset":{...},"tokenizer":{...}}
+    {"event":"stage","stage":"loading data","time":1718000001.0}
 
 `to_line` writes one; `parse` reads a log back, skipping every other line, a line cut by a crash mid-write,
 an event kind it does not know (a newer trainer's) and fields it does not know.
@@ -115,10 +116,22 @@ class Start:
     # how the speed settings resolved here, each with its reason (fsdptrain.levers): compile, activation
     # checkpointing, float8, the attention kernel, the garbage collector
     levers: dict[str, str] = field(default_factory=dict)
+    # the checkpoint it resumed, as this trainer's CHECKPOINT_DIR names it; None: a fresh start
+    resumed_from: str | None = field(default=None, metadata=_OPTIONAL)
 
 
-Event = Leader | Step | Checkpoint | Summary | Start
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start)}
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """Printed by rank 0 as it starts each part of the build (between the leader and start lines), so a
+    reader can say what a run does before its first step instead of nothing for a minute."""
+
+    kind: ClassVar[str] = "stage"
+    stage: str  # "loading data", "building the model", "loading checkpoint step-00000020"
+    time: float
+
+
+Event = Leader | Step | Checkpoint | Summary | Start | Stage
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start, Stage)}
 
 
 def as_record(event: Event) -> dict[str, Any]:

@@ -18,7 +18,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fsdptrain.config import ConfigError, TrainConfig, float8_refusal, from_sources, missing_packages
+from fsdptrain.config import (
+    ConfigError,
+    TrainConfig,
+    float8_refusal,
+    from_sources,
+    missing_packages,
+    print_error,
+)
+from fsdptrain.resume import first_problem
 from fsdptrain.shapes import job_mesh_shape
 
 
@@ -84,7 +92,8 @@ def trainer_args(argv: Sequence[str]) -> list[str] | None:
 
 def preflight(argv: Sequence[str], environ: Mapping[str, str]) -> None:
     """Raise ConfigError for what the trainer would refuse: every setting, local paths (DATASET, TOKENIZER,
-    PRETRAINED on the pod's volumes) and the mesh; then make the flight recorder's directory."""
+    PRETRAINED on the pod's volumes), the mesh and the checkpoint it would resume (fsdptrain.resume); then
+    make the flight recorder's directory."""
     args = trainer_args(argv)
     if args is None:
         return
@@ -92,6 +101,10 @@ def preflight(argv: Sequence[str], environ: Mapping[str, str]) -> None:
     world = sizes(argv, environ)
     if world is not None:
         check(cfg, world=world[0], procs_per_node=world[1])
+        # the checkpoint it would resume, as this node sees it: refused here, a refusal is not retried
+        root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        if refusal := first_problem(root, cfg, world[0]):
+            raise ConfigError(refusal)
     trace = environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if trace:  # NCCL writes its dumps there but makes no directory
         Path(trace).parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         preflight(argv, os.environ)
     except ConfigError as e:
-        print(f"fsdptrain: error: {e} (checked before torchrun: not retried)", file=sys.stderr)
+        print_error(str(e), " (checked before torchrun: not retried)")
         return 2
     except OSError as e:  # the trace directory: worth a line, not a failed job
         print(f"fsdptrain: warning: no NCCL trace directory ({e.strerror}: {e.filename})", file=sys.stderr)

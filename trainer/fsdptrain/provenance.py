@@ -45,10 +45,15 @@ def _files_of(value: str, kind: str) -> str | None:
 
 
 def start_event(
-    cfg: TrainConfig, device: torch.device, start_step: int, levers: dict[str, str] | None = None
+    cfg: TrainConfig,
+    device: torch.device,
+    start_step: int,
+    levers: dict[str, str] | None = None,
+    resumed_from: Path | None = None,
 ) -> events.Start:
     """`cfg` with DATASET/TOKENIZER already resolved (builtin -> the asset files); `levers`: how the speed
-    settings resolved (fsdptrain.levers)."""
+    settings resolved (fsdptrain.levers); `resumed_from`: the checkpoint the run started from (a rerun starts
+    there again), None for a fresh start."""
     import transformers
 
     return events.Start(
@@ -60,6 +65,7 @@ def start_event(
         nccl=_nccl(),
         device=device.type,
         start_step=start_step,
+        resumed_from=str(resumed_from) if resumed_from is not None else None,
         dataset=fingerprint(cfg.dataset, _files_of(cfg.dataset, "dataset")),
         tokenizer=fingerprint(cfg.tokenizer_path, _files_of(cfg.tokenizer_path, "model")),
         time=time.time(),

@@ -105,11 +105,12 @@ def open_outputs(cfg: TrainConfig, rt: Runtime) -> None:
             )
 
 
-def start_trackers(cfg: TrainConfig, rt: Runtime, start_step: int) -> None:
-    """Rank 0's TensorBoard writer and W&B run, once the step the run resumes after is known."""
+def start_trackers(cfg: TrainConfig, rt: Runtime, start_step: int, rid: str | None = None) -> None:
+    """Rank 0's TensorBoard writer and W&B run, once the step the run resumes after is known; `rid`: the
+    tracker run to write (that of the run whose checkpoint this one continues)."""
     if rt.rank == 0 and (cfg.tensorboard_dir or cfg.wandb_project):
         warn = lambda m: rt.log(f"warning: {m}")  # noqa: E731 - one line, in the human log
-        rt.trackers = open_trackers(cfg, start_step=start_step, world=rt.world, warn=warn)
+        rt.trackers = open_trackers(cfg, start_step=start_step, world=rt.world, warn=warn, rid=rid)
 
 
 def close_outputs(rt: Runtime) -> None:

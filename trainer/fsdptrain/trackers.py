@@ -156,10 +156,13 @@ class Trackers:
         self.trackers = []
 
 
-def open_trackers(cfg: TrainConfig, *, start_step: int, world: int, warn: Callable[[str], None]) -> Trackers:
-    """The trackers the config asks for (rank 0 only). One that cannot start (W&B online without a login)
-    is a warning; the run goes on."""
-    rid = run_id()
+def open_trackers(
+    cfg: TrainConfig, *, start_step: int, world: int, warn: Callable[[str], None], rid: str | None = None
+) -> Trackers:
+    """The trackers the config asks for (rank 0 only), under the tracker run `rid` (default: this run's
+    id; a run that continues a job's checkpoint continues the run that saved it: one curve across
+    resumes). One that cannot start (W&B online without a login) is a warning; the run goes on."""
+    rid = rid or run_id()
     found = Trackers([], warn)
     opened: list[Tracker] = []
     if cfg.tensorboard_dir:

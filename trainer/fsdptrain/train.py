@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -37,6 +36,7 @@ from fsdptrain.config import (
     BUILTIN,
     ConfigError,
     TrainConfig,
+    print_error,
     resolve_deterministic,
     resolve_fused_optimizer,
 )
@@ -62,6 +62,8 @@ from fsdptrain.models import (
     use_causal_sdpa,
 )
 from fsdptrain.parallel import DTYPES, build_mesh, float8_after_step, parallelize, shard_degree
+from fsdptrain.resume import math_settings
+from fsdptrain.resume import problem as resume_problem
 from fsdptrain.runtime import (
     Runtime,
     close_outputs,
@@ -85,10 +87,10 @@ def run(cfg: TrainConfig) -> int:
         train(cfg, rt)
         return 0
     except ConfigError as e:
-        print(f"fsdptrain: error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 2
     except ckpt.CheckpointError as e:
-        print(f"fsdptrain: error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 1
     finally:
         close_outputs(rt)
@@ -107,8 +109,8 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
         if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
             from fsdptrain.provenance import start_event
 
-            rt.emit(start_event(t.cfg, rt.device, t.start_step, levers=t.levers))
-        start_trackers(t.cfg, rt, t.start_step)
+            rt.emit(start_event(t.cfg, rt.device, t.start_step, levers=t.levers, resumed_from=t.resumed_from))
+        start_trackers(t.cfg, rt, t.start_step, t.tracker_run)
         gc_control = GarbageCollection(cfg.gc_interval, rt.log)
         try:
             outcome = loop(t, rt, gc_control)
@@ -168,26 +170,38 @@ class Training:
     gpu: GpuTelemetry
     kill_at_save: int | None  # FSDPTRAIN_FAILPOINT (the fault tests); None in every real run
     slow_save_s: float = 0.0  # FSDPTRAIN_FAILPOINT=slow-save (the stop tests); 0 in every real run
+    hold_at: int | None = None  # FSDPTRAIN_FAILPOINT=hold-until-stop (the walk-through test); else None
+    # the TensorBoard/W&B run it writes: that of the run whose checkpoint it continues (RESUME=auto), else its
+    # own id; kept in each checkpoint it saves, so a job's curve is one across stops and resumes
+    tracker_run: str = ""
     control_group: Any = None  # where ranks agree to stop: a gloo group on GPUs, None (the default) on CPU
 
 
 def build(cfg: TrainConfig, rt: Runtime) -> Training:
     """Data, the sharded model (fresh or pretrained), optimizer, and a checkpoint's state to resume from."""
     cfg = _with_builtin_assets(cfg, rt)
+    rt.emit(events.Stage(stage="loading data", time=time.time()))
     tokenizer = load_tokenizer(cfg.tokenizer_path)
     blocks = load_blocks(cfg, tokenizer)
     compiled = resolve_compile(
         cfg.compile, rt.device.type, triton_compiler() if rt.device.type == "cuda" else ""
     )
     checkpointing = resolve_activation_checkpointing(cfg.activation_checkpointing, cfg.ac_every, compiled.on)
+    rt.emit(events.Stage(stage="building the model", time=time.time()))
     model, hf_config, mesh, ac_layers = build_model(cfg, rt, tokenizer, compiled.on, checkpointing)
     optimizer, scaler = build_optimizer(cfg, model, rt.device)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-    resumed_from = ckpt.agree_resume(root, cfg.resume)  # one decision for every rank
-    start_step, consumed = 0, 0
+    rt.emit(events.Stage(stage="choosing a checkpoint to resume", time=time.time()))
+    resumed_from, meta = ckpt.resume(  # one decision for every rank
+        root,
+        cfg.resume,
+        model=model,
+        optimizer=optimizer,
+        check=lambda meta, where: resume_problem(meta, cfg, rt.world, where=where),
+        log=rt.log,
+    )
+    start_step, consumed = (meta["step"], meta["consumed"]) if meta is not None else (0, 0)
     if resumed_from is not None:
-        meta = ckpt.load(resumed_from, model=model, optimizer=optimizer)
-        start_step, consumed = meta["step"], meta["consumed"]
         rt.log(f"resumed from {resumed_from} at step {start_step}")
     n_params, embed_params = _param_counts(model)
     return Training(
@@ -224,9 +238,20 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
         gpu=GpuTelemetry(rt.device),
         kill_at_save=ckpt.failpoint_step(os.environ),
         slow_save_s=ckpt.failpoint_slow_save(os.environ),
+        hold_at=ckpt.failpoint_hold(os.environ),
+        tracker_run=_tracker_run(cfg, meta),
         # collective: every rank makes it here, in the same order
         control_group=dist.new_group(backend="gloo") if rt.device.type == "cuda" else None,
     )
+
+
+def _tracker_run(cfg: TrainConfig, meta: dict[str, Any] | None) -> str:
+    """The checkpoint's tracker run when this run continues the job's own line (RESUME=auto); an explicit
+    RESUME (a rerun, a run started from a chosen checkpoint) is a curve of its own."""
+    from fsdptrain.trackers import run_id
+
+    kept = meta.get("tracker_run") if meta is not None and cfg.resume == "auto" else None
+    return kept if isinstance(kept, str) and kept else run_id()
 
 
 def build_model(
@@ -456,6 +481,8 @@ def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) 
         if out.stopped:
             rt.log(f"SIGTERM: stopped at step {step}, checkpoint {out.checkpoint}")
             break
+        if step == t.hold_at:
+            _hold_until_stop(rt)
         since = time.perf_counter()  # logging and checkpointing are not step time
     return out
 
@@ -579,6 +606,13 @@ def _read_steps(t: Training, rt: Runtime, pending: list[StepResult], since: floa
     ]
 
 
+def _hold_until_stop(rt: Runtime, most_s: float = 600) -> None:
+    """The hold-until-stop failpoint: wait (bounded) for this rank's SIGTERM before the next step."""
+    deadline = time.monotonic() + most_s
+    while not rt.stop_requested and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _agree_stop(rt: Runtime, group: dist.ProcessGroup | None) -> bool:
     """SIGTERM reaches ranks at different moments: stop together at the first step any rank saw it. On a
     GPU the flag goes over a CPU (gloo) group, so agreeing waits for no kernel: not a host sync."""
@@ -602,8 +636,11 @@ def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float) -> str:
     time.sleep(t.slow_save_s)  # a slow volume (failpoint; 0 otherwise)
     state = {"consumed": t.loader.consumed, "loss": loss, "model": t.cfg.pretrained or t.cfg.model}
     state["record_id"] = os.environ.get(events.RECORD_ENV) or None  # which run made this checkpoint
+    # what the steps computed: a run resumes this only with the same (fsdptrain.resume)
+    state["settings"] = math_settings(t.cfg, dist.get_world_size())
+    state["tracker_run"] = t.tracker_run
     final = ckpt.publish(root, step=step, trainer_state=state)
-    ckpt.prune(root, keep=t.cfg.checkpoint_keep)
+    ckpt.prune(root, keep=t.cfg.checkpoint_keep, spare=t.resumed_from)
     return str(final)
 
 
