@@ -80,9 +80,15 @@ def test_a_job_started_on_eks_is_found_there_by_every_verb(peer, monkeypatch):  
 
 
 def test_job_run_dry_run_on_the_cluster_contacts_nothing(tmp_path, monkeypatch):
-    """A bare --dry-run lists what `run` would send; no kubeconfig is even needed."""
+    """A bare --dry-run lists what `run` would send; no kubeconfig is even needed. An image without a
+    registry (neither AWS_ACCOUNT_ID nor IMAGE_REGISTRY: the bare name, which the kubelet pulls from Docker
+    Hub) is refused, dry run or not, in one line naming both keys."""
     isolate(monkeypatch, tmp_path)  # KUBECONFIG names a file that does not exist
-    r = cli("job", "run", "--backend", "eks", "--dry-run")
+    bare = cli("job", "run", "--backend", "eks", "--dry-run")
+    assert bare.exit_code == 2 and "has no registry" in said(bare) and "IMAGE_REGISTRY" in said(bare), (
+        bare.output
+    )
+    r = cli("--set", "AWS_ACCOUNT_ID=123456789012", "job", "run", "--backend", "eks", "--dry-run")
     assert r.exit_code == 0, r.output
     assert "PyTorchJob/fsdp" in r.output and "Secret/fsdp-hf-token" in r.output
     assert "nothing was created" in said(r)

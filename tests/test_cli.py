@@ -167,7 +167,7 @@ def test_job_commands_on_missing_jobs(cli):
     assert cli("job", "status", "nope").exit_code == 4
     assert cli("job", "wait", "nope").exit_code == 4
     assert cli("job", "list", "-o", "json").stdout.strip() == "[]"
-    result = cli("job", "run", "--backend", "eks")
+    result = cli("--set", "AWS_ACCOUNT_ID=123456789012", "job", "run", "--backend", "eks")
     assert result.exit_code == 1 and "no Kubernetes cluster to talk to" in result.stderr
     assert "hint: aws eks update-kubeconfig --name fsdp-eks --region us-west-2" in result.stderr
     assert cli("job", "run", "--backend", "gke").exit_code == 2

@@ -37,6 +37,7 @@ def eks(model: str, instance: str, nodes: int, strategy: str, **more: str) -> di
         "JOB_NODES": str(nodes),
         "NODE_COUNT": str(nodes),
         "SHARDING_STRATEGY": strategy,
+        "AWS_ACCOUNT_ID": "123456789012",  # an image with a registry: `job run` on EKS refuses one without
         **more,
     }
 

@@ -433,7 +433,7 @@ def test_stop_and_wait_say_json_on_stdout_and_keep_their_exit_codes(cli, ended_j
     assert json.loads(stop.stdout) == {
         "job": "fixed",
         "result": "job fixed is not running (Succeeded); nothing to stop",
-        "dry_run": False,
+        "dry_run": "none",  # kubectl's --dry-run values, as every document says it
     }
     wait = cli("job", "wait", ended_job, "-o", "json")
     assert wait.exit_code == 0 and json.loads(wait.stdout) == {
@@ -450,7 +450,7 @@ def test_run_dry_run_json_is_the_started_object(cli):
     r = cli("--set", "JOB_NODES=2", "job", "run", "--dry-run", "-o", "json")
     assert r.exit_code == 0, r.output
     said = json.loads(r.stdout)
-    assert said["job"] == "fsdp" and said["backend"] == "local" and said["dry_run"] is True
+    assert said["job"] == "fsdp" and said["backend"] == "local" and said["dry_run"] == "client"
     assert len([o for o in said["objects"] if o.startswith("node ")]) == 2
     assert "nothing was created" in r.stderr
 

@@ -39,8 +39,12 @@ def peer(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(p.kubeconfig))
     monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_MANIFESTS", str(VENDOR))
+    monkeypatch.setenv("FSDPCTL_IMAGE_REGISTRY", REGISTRY)  # a job's image must name one (EksBackend.run)
     yield p
     p.close()
+
+
+REGISTRY = "registry.example.com:5000"
 
 
 def cli(*args: str, **env):
@@ -549,7 +553,7 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
         assert "would remove PyTorchJob/fsdp" in said(r) and "would remove Pod/fsdp-worker-0" in said(r)
         assert "etcd key /torch/elastic/rendezvous/" in said(r) and len(peer.objects("pytorchjobs")) == 1
 
-        r = cli("cleanup", **settings)
+        r = cli("cleanup", "--yes", **settings)
         assert r.exit_code == 0 and "checkpoints kept" in said(r), r.output
         assert (
             peer.objects("pytorchjobs") == []
@@ -562,7 +566,7 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
 
         assert cli("job", "run", "-d", **settings).exit_code == 0
         set_condition(k, peer.objects("pytorchjobs")[0], "Failed", "OOM")
-        r = cli("cleanup", "--checkpoints", **settings)
+        r = cli("cleanup", "--checkpoints", "--yes", **settings)
         assert r.exit_code == 0, r.output
         [cleaner] = peer.objects("pods")
         assert cleaner["spec"]["containers"][0]["command"] == ["rm", "-rf", "/checkpoints/fsdp"]
@@ -657,6 +661,7 @@ def test_real_cluster(monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", os.environ["FSDPCTL_TEST_KUBECONFIG"])
     monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_MANIFESTS", str(VENDOR))
+    monkeypatch.setenv("FSDPCTL_IMAGE_REGISTRY", REGISTRY)  # a job's image must name one (EksBackend.run)
     assert cli("deploy", "etcd", "--dry-run=server").exit_code == 0
     assert cli("deploy", "monitoring", "--dry-run=server").exit_code == 0
     assert cli("deploy", "status").exit_code == 0

@@ -340,7 +340,7 @@ def test_a_killed_supervisors_launchers_are_reported_refused_and_stopped(home):
 
     with pytest.raises(local.JobBusy, match="still has 4 processes running"):
         local.start(fake_job(code=WITH_WORKER), secret_env={})
-    assert home("cleanup").said.count("removed") == 0  # a live job's files are kept
+    assert home("cleanup", "--yes").said.count("removed") == 0  # a live job's files are kept
 
     stopped = home("job", "stop", "fsdp")
     assert stopped.exit_code == 0 and "Stopped" in stopped.said, stopped.output
@@ -463,7 +463,7 @@ def test_list_and_cleanup_skip_stray_files_and_damaged_states_and_go_on(home):
     for name in [*DAMAGED, "notes.txt"]:
         assert any(str(jobs / name) in w for w in warnings), (name, warnings)
 
-    cleaned = home("cleanup")
+    cleaned = home("cleanup", "--yes")
     assert cleaned.exit_code == 0, cleaned.output
     assert not (jobs / "good-a" / "state.json").exists() and not (jobs / "good-b" / "logs").exists()
     for name in DAMAGED:
@@ -487,7 +487,7 @@ def test_cleanup_never_deletes_a_live_jobs_files(home):
     orphan = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
     try:
         _until(lambda: local.job_processes("orphaned"))
-        for args in (["cleanup", "--dry-run"], ["cleanup", "--checkpoints"]):
+        for args in (["cleanup", "--dry-run"], ["cleanup", "--checkpoints", "--yes"]):
             r = home(*args)
             assert r.exit_code == 0, r.output
             assert "ended" in r.said and "starting" not in r.said and "orphaned" not in r.said

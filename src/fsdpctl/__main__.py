@@ -1,3 +1,3 @@
-from fsdpctl.cli import main
+from fsdpctl.entry import main
 
 main()

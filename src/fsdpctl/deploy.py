@@ -477,12 +477,13 @@ def status(kube: Kube, cfg: Config) -> list[dict[str, Any]]:
 
 # --- the release cache -------------------------------------------------------------------------------------
 
-CACHED, FETCHED, UNPUBLISHED = "cached", "fetched", "unpublished"
+CACHED, FETCHED, UNPUBLISHED, WOULD_FETCH = "cached", "fetched", "unpublished", "would fetch"
 
 
-def fetch(cache: Path, on_file: Callable[[str, str], None]) -> None:
+def fetch(cache: Path, on_file: Callable[[str, str], None], dry_run: bool = False) -> None:
     """Download each pinned release file that upstream publishes as a single file into `cache`, checking its
-    sha256 before it replaces anything; `on_file(path, CACHED | FETCHED | UNPUBLISHED)` for every file."""
+    sha256 before it replaces anything; `on_file(path, CACHED | FETCHED | UNPUBLISHED | WOULD_FETCH)` for
+    every file (`dry_run`: nothing downloaded or written, what would be is WOULD_FETCH)."""
     from fsdpctl.adapters.download import download
 
     for rel in releases().values():
@@ -493,6 +494,9 @@ def fetch(cache: Path, on_file: Callable[[str, str], None]) -> None:
                 continue
             if not entry.get("url"):
                 on_file(entry["path"], UNPUBLISHED)
+                continue
+            if dry_run:
+                on_file(entry["path"], WOULD_FETCH)
                 continue
             part = download(entry["url"], target.with_suffix(".part"))
             if sha256(part) != entry["sha256"]:

@@ -12,7 +12,7 @@ from fsdpctl import crilog, kstatus, prestep, render
 from fsdpctl import record as run_record
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.progress import progress, records, stalled
+from fsdpctl.progress import progress, records, stage, stalled
 from fsdpctl.settings import Config
 from fsdptrain import fetch
 
@@ -298,6 +298,8 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         "labels": dict(labels),
     }
     r["prestep"] = prestep_report(kube, cfg, name)
+    if not prog["max_steps"]:  # before the first step: how far the start got (the leader pod's lines)
+        r["stage"] = stage(records(lines), None, r["nodes"])
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
     if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running"):
         r["stalled"] = False  # no step yet because the trainers wait for the download, not a hang
@@ -305,6 +307,9 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         r["problems"].append(kstatus.flight_recorder_note(render.nccl_trace_file(cfg, name), None))
     if r["restarts"] or phase == "Restarting":
         r["problems"].append(kstatus.on_failure(job["kind"], cfg.max_restarts))
+    gave_up = kstatus.root_cause(lines) is not None
+    if spent := kstatus.budget_spent(phase, r["restarts"], cfg.max_restarts, gave_up):
+        r["reason"] = f"{spent}: {r['reason']}" if r["reason"] else spent
     return r
 
 

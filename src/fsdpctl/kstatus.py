@@ -461,3 +461,71 @@ def failure(lines: Sequence[str], read: Callable[[str], str | None]) -> dict[str
         "line": found[0] + 1 if found else None,
         "raised": raised,
     }
+
+
+# --- how a launcher ended, from what it printed (its supervisor died and took its exit code along) ----------
+
+# torchrun's agent, torch/distributed/elastic/agent/server/api.py (_invoke_run): on SUCCEEDED it logs this and
+# waits at the exit barrier, then run.py's main returns (exit 0); when it gives up it raises ChildFailedError,
+# whose root cause block (ROOT_CAUSE) the launcher prints before exiting 1; on SIGTERM its handler
+# (multiprocessing/api.py, _terminate_process_handler) raises SignalException, which ends the launcher.
+AGENT_SUCCEEDED = "worker group successfully finished"
+AGENT_SIGNALLED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+NOT_RETRIED = "(checked before torchrun: not retried)"  # fsdptrain.launch's one line, exit 2
+
+
+def launcher_outcome(lines: Sequence[str]) -> str | None:
+    """'succeeded', 'failed' or 'signalled' from one node's launcher output; None when it ended without
+    saying (a SIGKILL, an OOM kill, a node gone) or has not ended."""
+    for line in reversed(lines):
+        if AGENT_SUCCEEDED in line:
+            return "succeeded"
+        if line.strip() == ROOT_CAUSE or (line.startswith(OWN_ERROR) and NOT_RETRIED in line):
+            return "failed"
+        if AGENT_SIGNALLED.search(line):
+            return "signalled"
+    return None
+
+
+def ended(outcomes: Sequence[str | None], stopped: bool | None, stop_requested: bool) -> tuple[str, str]:
+    """(phase, reason) of a job whose processes all ended with nobody left to judge their exit codes, from
+    what they printed: each launcher's `launcher_outcome` (by node), and the trainer's summary (`stopped`:
+    True after SIGTERM, False when it trained to the end, None without one). A failure wins; then a stop;
+    then the end of training; anything else ended without saying how."""
+    failed = [n for n, o in enumerate(outcomes) if o == "failed"]
+    if failed:
+        return "Failed", f"node {failed[0]} exited with code 1 (torchrun gave up; read from its log)"
+    if stopped or (stop_requested and stopped is None and "signalled" in outcomes):
+        return "Stopped", "stopped (read from the trainer's log)"
+    if stopped is False or (outcomes and all(o == "succeeded" for o in outcomes)):
+        return "Succeeded", "trained to the end (read from the trainer's log)"
+    silent = [n for n, o in enumerate(outcomes) if o is None]
+    who = f"node {silent[0]}" if silent else "the job"
+    return "Failed", f"{who} ended without saying how (killed by a signal?), with no supervisor to see it"
+
+
+def budget_spent(phase: str | None, restarts: int, max_restarts: int, gave_up: bool) -> str | None:
+    """What a failed job's reason says first when torchrun's agent gave up (`gave_up`: its root cause block
+    is in the log) after using every restart: the restarts ran out, not just the last failure. The agent
+    restarts the group while `_remaining_restarts > 0` and then stops (torch/distributed/elastic/agent/
+    server/api.py, _invoke_run), so that is MAX_RESTARTS restarts, MAX_RESTARTS + 1 failed attempts."""
+    if phase != "Failed" or not gave_up or max_restarts <= 0 or restarts < max_restarts:
+        return None
+    return (
+        f"MAX_RESTARTS={max_restarts} spent: {max_restarts + 1} attempts failed, {max_restarts} restarts "
+        "used; the last failure is below"
+    )
+
+
+# torch's Python log records as its default handler formats them, glog style (torch/_logging/_internal.py,
+# TorchLogsFormatter.format: `[rank<N>]:` when a group exists, level letter, MMDD HH:MM:SS.micro, pid,
+# path:line]) and c10's C++ ones (c10/util/Logging.cpp: `[W1204 18:47:57.241436884 socket.cpp:207] ...`):
+# torchrun's agent, the rendezvous and c10d talking, not the trainer
+TORCH_LOG = re.compile(r"^(\[rank\d+\]:)?[A-Z]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
+C10_LOG = re.compile(r"^\[[A-Z]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\]")
+
+
+def from_torch(text: str) -> bool:
+    """Whether a log line is torch's or torchrun's own logging (`job logs --trainer-only` leaves it out):
+    the trainer's lines, its errors and every traceback stay."""
+    return bool(TORCH_LOG.match(text) or C10_LOG.match(text))

@@ -15,6 +15,51 @@ def records(lines: Iterable[str]) -> list[events.Event]:
     return list(events.parse(lines))
 
 
+def across_runs(runs: Sequence[Sequence[events.Event]]) -> list[events.Event]:
+    """The events of a job's runs, oldest first, as one curve: each run's steps from where it started (its
+    `start` event's step) on replace what the runs before it logged after that step; the last run's events
+    are all kept (its summary, its checkpoints). A run with no start event (it never trained) adds nothing
+    but its steps."""
+    merged: list[events.Event] = []
+    for i, run in enumerate(runs):
+        start = next((e.start_step for e in run if isinstance(e, events.Start)), None)
+        if start is not None:
+            merged = [e for e in merged if not (isinstance(e, events.Step) and e.step > start)]
+        last = i == len(runs) - 1
+        merged += [e for e in run if last or isinstance(e, events.Step)]
+    return merged
+
+
+def run_outcome(recs: Sequence[events.Event], phase: str | None = None) -> str:
+    """How a run ended, in words, from its trainer's events; `phase`: the job's phase when this is its
+    current run (what the processes did), else the run is over and its events say all there is."""
+    steps = [e.step for e in recs if isinstance(e, events.Step)]
+    summary = next((e for e in reversed(recs) if isinstance(e, events.Summary)), None)
+    at = f" at step {max(steps)}" if steps else " before its first step"
+    if phase is not None and (phase == "Failed" or summary is None):
+        return f"{phase}{at}"  # its processes' own verdict, the job's phase
+    if summary is not None:
+        return f"{'Stopped' if summary.stopped else 'Succeeded'} at step {summary.start_step + summary.steps}"
+    return f"ended without a summary{at} (failed or killed)"
+
+
+RENDEZVOUS_JOIN = "Rendezvous'ing worker group"  # torchrun's agent entering a round (elastic agent api.py)
+
+
+def stage(recs: Sequence[events.Event], joined: int | None, nodes: int) -> str:
+    """What a run does before its first step, from its trainer's events and, before those, how many nodes'
+    agents entered the rendezvous (`joined`; None where their logs cannot be read)."""
+    start = next((e for e in reversed(recs) if isinstance(e, events.Start)), None)
+    if start is not None:
+        return f"first step (after step {start.start_step})" if start.start_step else "first step"
+    built = next((e for e in reversed(recs) if isinstance(e, events.Stage)), None)
+    if built is not None:
+        return built.stage
+    if any(isinstance(e, events.Leader) for e in recs):
+        return "process group ready"
+    return f"rendezvous {joined}/{nodes}" if joined is not None else "waiting for the rendezvous"
+
+
 def progress(recs: Sequence[events.Event], now: float) -> Progress:
     steps = [r for r in recs if isinstance(r, events.Step)]
     summary = next((r for r in reversed(recs) if isinstance(r, events.Summary)), None)
@@ -61,16 +106,16 @@ def hung_warning(stall_after: float) -> str:
 def progress_rows(r: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The progress lines of `job status`, from a report holding `progress()`'s fields."""
     if not r["max_steps"]:
-        return [("progress", "no step finished yet")]
+        return [("progress", r.get("stage") or "no step finished yet")]
+    ended = r.get("phase") in ("Succeeded", "Failed", "Stopped")  # nothing left to estimate
+    eta = "" if ended else f", ETA {fmt_duration(r['eta_s'])}"
     return [
-        (
-            "progress",
-            f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%), ETA {fmt_duration(r['eta_s'])}",
-        ),
+        ("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%){eta}"),
         ("loss", f"{r['loss']:.4f}"),
         (
             "throughput",
-            f"{r['tokens_per_s']:.0f} tokens/s" + (f", MFU {r['mfu']:.1%}" if r.get("mfu") else ""),
+            f"{r['tokens_per_s']:.0f} tokens/s (last step)"
+            + (f", MFU {r['mfu']:.1%}" if r.get("mfu") else ""),
         ),
         ("last step", f"{fmt_duration(r['last_progress_s'])} ago"),
     ]
@@ -103,6 +148,8 @@ def describe(event: events.Event) -> str:
         return f"checkpoint at step {event.step}: {event.path}"
     if isinstance(event, events.Leader):
         return f"leader: node rank {event.node_rank} on {event.hostname}, {event.world} processes"
+    if isinstance(event, events.Stage):
+        return f"stage: {event.stage}"
     if isinstance(event, events.Start):
         cuda = f"CUDA {event.cuda}, NCCL {event.nccl}" if event.cuda else "no CUDA"
         return (

@@ -32,8 +32,9 @@ ID_CHARS = 12  # 48 bits: distinct for every run anyone keeps
 MADE = ("kind", "version", "job", "run_id", "backend", "settings", "code", "image")
 # a .env value written without quotes: python-dotenv's unquoted grammar takes it as is (no '#', space, quote)
 BARE = re.compile(r"[A-Za-z0-9_./:,=@+%-]+")
-# keys that say where a run lives, not how it trains: `job diff` of two runs names them apart (`placement`)
-PLACEMENT = ("JOB_NAME", "BACKEND", "JOB_NAMESPACE", "KUBE_CONTEXT")
+# keys that say where a run lives and starts, not how it trains: `job diff` of two runs names them apart
+# (`placement`); a rerun differs from its run in these alone (its own checkpoint directory, its start point)
+PLACEMENT = ("JOB_NAME", "BACKEND", "JOB_NAMESPACE", "KUBE_CONTEXT", "CHECKPOINT_SUBDIR", "RESUME")
 
 
 def value_text(value: Any) -> str:
@@ -150,6 +151,55 @@ def env_text(rec: Mapping[str, Any]) -> str:
     for key, ref in rec.get("secrets", {}).items():
         lines.append(f"# {key}={ref}")
     return "\n".join(lines) + "\n"
+
+
+def not_default(rec: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """KEY -> (value, where it came from) for every setting that did not come from its plain default (a
+    rerun's `record <id>: default` is still a default)."""
+    sources = rec.get("sources", {})
+    chosen = {k: sources.get(k, "default") for k in rec["settings"]}
+    return {k: (v, chosen[k]) for k, v in rec["settings"].items() if first_source(chosen[k]) != "default"}
+
+
+def first_source(source: str) -> str:
+    """Where a value first came from: `record 3f9c...: .env line 3` is `.env line 3`."""
+    while source.startswith("record ") and ": " in source:
+        source = source.split(": ", 1)[1]
+    return source
+
+
+def start_text(trainer: Mapping[str, Any], short: bool = False) -> str:
+    """Where the run started, as its trainer said: afresh, or the checkpoint it resumed (`short`: by its
+    name, without the directory)."""
+    if resumed := trainer.get("resumed_from"):
+        where = str(resumed).rstrip("/").rpartition("/")[2] if short else resumed
+        return f"from checkpoint {where} (step {trainer.get('start_step')})"
+    return "afresh (step 0)" if not trainer.get("start_step") else f"from step {trainer['start_step']}"
+
+
+def history_rows(runs: Sequence[Mapping[str, Any]], outcomes: Mapping[str, str]) -> list[dict[str, Any]]:
+    """`job history`: one row per run record, oldest first: run id, record id, when it started (UTC),
+    where it started, the settings (placement keys too) that differ from the run before, how it ended
+    (`outcomes` by run id; a run whose output is gone: unknown)."""
+    import time
+
+    rows: list[dict[str, Any]] = []
+    before: Mapping[str, Any] | None = None
+    for rec in runs:
+        changed = _changed(before["settings"], rec["settings"]) if before is not None else {}
+        trainer = rec.get("trainer")
+        rows.append(
+            {
+                "run_id": rec["run_id"],
+                "record": rec["id"],
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.get("created", 0))),
+                "from": start_text(trainer, short=True) if trainer else "never trained (no start line)",
+                "changed": changed,
+                "outcome": outcomes.get(rec["run_id"], "unknown: its output is gone"),
+            }
+        )
+        before = rec
+    return rows
 
 
 def code_text(code: Mapping[str, Any] | None) -> str:

@@ -190,7 +190,10 @@ def checkpoint_root(cfg: Config) -> str:
 
 
 def checkpoint_dir(cfg: Config, job_name: str) -> str:
-    return f"{checkpoint_root(cfg)}/{job_name}"
+    """The job's checkpoints, or a run's own below them (CHECKPOINT_SUBDIR: a rerun's, so that it neither
+    resumes nor overwrites the job's)."""
+    sub = f"/{cfg.checkpoint_subdir}" if cfg.checkpoint_subdir else ""
+    return f"{checkpoint_root(cfg)}/{job_name}{sub}"
 
 
 def tensorboard_dir(cfg: Config, job_name: str) -> str | None:

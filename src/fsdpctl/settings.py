@@ -37,7 +37,7 @@ from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdpctl.redact import MASK, SECRET_ENV, redact, secret_kind
 from fsdpctl.validate import LABEL_MAX, label_value_problem, qualified_name_problem
-from fsdptrain.config import ConfigError, TrainConfig, parse_value, with_model_defaults
+from fsdptrain.config import MODEL_DEFAULTS, ConfigError, TrainConfig, parse_value, with_model_defaults
 from fsdptrain.shapes import job_mesh_shape
 
 # value shapes the settings accept
@@ -98,6 +98,7 @@ OWN_ENV = (
 OWN_ENV_PREFIXES = ("FSDPCTL_TEST_",)
 # The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set none.
 MODEL_DEFAULT = "model default"
+CAPPED_DEFAULT = "default, at most MAX_STEPS"  # WARMUP_STEPS of a run shorter than its default warmup
 
 
 def _k(default: Any, group: str, help: str, **constraints: Any) -> Any:
@@ -232,6 +233,13 @@ class Settings(BaseModel):
         "job",
         "PersistentVolumeClaim for checkpoints only, mounted at /checkpoints (empty: on SHARED_VOLUME)",
         pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
+    )
+    checkpoint_subdir: str = _k(
+        "",
+        "job",
+        "a checkpoint directory of the run's own under the job's (`job rerun` sets reruns/<run id>); empty: "
+        "the job's own, which every `job run` of it resumes",
+        pattern=r"^([A-Za-z0-9_-][A-Za-z0-9_.-]*(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*)?$",
     )
     shared_volume: str = _k(
         "fsx-claim",
@@ -606,7 +614,8 @@ def with_sources(
     """Error lines with where each named value came from, after the value: `SEED='abc' (environment
     FSDPCTL_SEED) is not ...`. The key a line starts with is its subject, so it is always annotated; a key
     named further on only where the text after its `=` is its value as given (one of `shown[key]`), so a
-    suggested fix (`set JOB_NODES=2`) is not. Defaults need no annotation (a model's only as the subject)."""
+    suggested fix (`set JOB_NODES=2`) is not. A default (a model's too) is named only as the subject: a line
+    about a value nobody set says so (`WARMUP_STEPS=5 (default) exceeds ...`)."""
     return [_with_sources(line, shown, sources, model) for line in lines]
 
 
@@ -623,8 +632,8 @@ def _with_sources(
     for m in _KEY_AT.finditer(line):
         key = m.group(1)
         source = sources.get(key, "default")
-        # a model's default is named where the line is about it, a default among others like any default
-        unset = source == "default" or (source == MODEL_DEFAULT and m.start() != 0)
+        # a default is named where the line is about it; among others it needs no word
+        unset = source in ("default", MODEL_DEFAULT) and m.start() != 0
         if key in done or unset or m.start() < at:
             continue
         value = _VALUE.match(line, m.end())
@@ -678,7 +687,8 @@ def _validate(
             del train_values[name]
     train_values, defaulted = with_model_defaults(train_values)  # the named model's, where the user set none
     key_of = {name: key for key, name in keys.items()}
-    sources.update({key_of[name]: MODEL_DEFAULT for name in defaulted})
+    named = train_values.get("model", TrainConfig.model) in MODEL_DEFAULTS  # else only the capped warmup
+    sources.update({key_of[name]: MODEL_DEFAULT if named else CAPPED_DEFAULT for name in defaulted})
     training = TrainConfig(**train_values)  # values that failed to parse were reported above
     errors.extend(training.problems(check_paths=False))
     if errors or settings is None:  # settings is None only when its errors were listed
@@ -884,7 +894,13 @@ def placement_problems(
             f"({LOCAL_PROCS_PER_CORE} per core), or BACKEND=eks"
         )
     t = cfg.training
-    for key, value in (("DATASET", t.dataset), ("TOKENIZER", t.tokenizer), ("PRETRAINED", t.pretrained)):
+    paths = (
+        ("DATASET", t.dataset),
+        ("TOKENIZER", t.tokenizer),
+        ("PRETRAINED", t.pretrained),
+        ("RESUME", t.resume),
+    )
+    for key, value in paths:
         if value.startswith(("/", "./", "../", "~")) and not exists(local_path(value, mounts)):
             where = _mapped(value, mounts)
             errors.append(f"{key}={value!r} does not exist on this machine{where}: put it there or fix {key}")

@@ -33,7 +33,7 @@ from fsdpctl import crilog, files, kstatus
 from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns, shell
 from fsdpctl.files import home, write_atomic
-from fsdptrain import events
+from fsdptrain import events, resume
 from fsdptrain.config import TrainConfig
 
 RECORDED_ACTIVE = ("Pending", "Running", "Stopping")
@@ -116,13 +116,101 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def effective_phase(state: dict | None) -> str | None:
-    """The recorded phase; when the supervisor died without recording an end, Orphaned while any process
-    of the job lives, else Failed."""
+    """The recorded phase; when the supervisor died without recording an end, Orphaned while a process of
+    the job's pods lives, else the end its processes' output tells (`ended`)."""
     if state is None:
         return None
     if state["phase"] in RECORDED_ACTIVE and not supervisor_alive(state):
-        return "Orphaned" if job_processes(state["job"]) else "Failed"
+        return "Orphaned" if pods_alive(state) else ended(state)[0]
     return state["phase"]
+
+
+def pods_alive(state: dict) -> bool:
+    """Whether any process of the job's pods (its launchers, their workers) lives. etcd and the pre-step,
+    which serve the pods and end with them, carry the supervisor's pod mark (they inherit its environment)."""
+    prefix = f"{POD_MARK}=".encode()
+
+    def of_a_pod(pid: int) -> bool:
+        marks = [v for v in _environ(pid) if v.startswith(prefix)]
+        return any(not v.endswith(b"/supervisor") for v in marks)
+
+    return any(of_a_pod(pid) for pid in job_processes(state["job"]))
+
+
+def ended(state: dict) -> tuple[str, str]:
+    """(phase, reason) of a job whose supervisor died, from what its processes did: each launcher's last
+    words and the trainer's summary (kstatus.ended)."""
+    logs = {_node_of(f): crilog.texts(f) for f in log_files(state)}
+    outcomes = [kstatus.launcher_outcome(logs.get(n, [])) for n in range(state["replicas"])]
+    summary = next(
+        (e for lines in logs.values() for e in events.parse(lines) if isinstance(e, events.Summary)), None
+    )
+    stopped = summary.stopped if summary is not None else None
+    return kstatus.ended(outcomes, stopped, bool(state.get("stop_requested")))
+
+
+def settle(state: dict | None) -> dict | None:
+    """A job whose supervisor died and whose pods all ended is over: whoever sees it first does what the
+    supervisor's end would have (`_ended_by_reader`). Any other state is returned as it is."""
+    if state is None or state["phase"] not in RECORDED_ACTIVE or supervisor_alive(state) or pods_alive(state):
+        return state
+    return _ended_by_reader(job_dir(state["job"]))
+
+
+def _ended_by_reader(jdir: Path) -> dict | None:
+    """Under the job's lock (one reader settles; a `job run` starting meanwhile holds it and wins): the end
+    its processes' output tells is recorded (state.json no longer says Running), the processes that served
+    its pods (etcd, the pre-step) are stopped, and its network and temp dirs removed."""
+    with job_lock(jdir, create=False) as held:
+        state = read_state(jdir)
+        if not held or state is None or state["phase"] not in RECORDED_ACTIVE or supervisor_alive(state):
+            return state
+        phase, reason = ended(state)
+        end_leftovers(state)
+        return _update(jdir, phase=phase, finished=time.time(), reason=f"supervisor gone; {reason}")
+
+
+def leftovers(state: dict) -> list[str]:
+    """What an ended job left outside its files that `end_leftovers` removes, in words (cleanup lists it)."""
+    found = [f"process {pid} of job {state['job']}" for pid in job_processes(state["job"])]
+    if isinstance(state.get("net_index"), int):
+        net = netns.Network(state["net_index"], state["job"], state["replicas"])
+        if netns.exists(net):
+            found.append(
+                f"network of job {state['job']}: bridge {net.bridge}, namespaces {net.namespace(0)}.."
+            )
+    return found
+
+
+def end_leftovers(state: dict) -> None:
+    """What an ended job may have left: processes of it (etcd, the pre-step: SIGTERM, then SIGKILL), its
+    nodes' network namespaces, bridge, veths and /etc/netns entries, its launchers' temp dirs."""
+    job, mark = state["job"], job_mark(state["job"])
+    for pid in job_processes(job):
+        signal_marked(pid, signal.SIGTERM, mark)
+    for _ in range(50):
+        if not (left := job_processes(job)):
+            break
+        time.sleep(0.1)
+        for pid in left:
+            signal_marked(pid, signal.SIGKILL, mark)
+    if isinstance(state.get("net_index"), int):
+        net = netns.Network(state["net_index"], job, state["replicas"])
+        if netns.exists(net):
+            netns.destroy(net)
+    remove_temp_dirs(job_dir(job), state["replicas"])
+
+
+def temp_dir(jdir: Path, node: int | str) -> Path:
+    """Node N's launcher's TMPDIR: torchrun makes its `torchelastic_*` log dir there (tempfile.mkdtemp in
+    torch/distributed/elastic/multiprocessing/api.py, DefaultLogsSpecs, never removed by torch), as in a
+    pod's /tmp, which goes with its container. Under the node's pod-local disk."""
+    return jdir / "nodes" / f"node-{node}" / "tmp"
+
+
+def remove_temp_dirs(jdir: Path, replicas: int) -> None:
+    for node in range(replicas):
+        shutil.rmtree(temp_dir(jdir, node), ignore_errors=True)
 
 
 # ---- process identity: a PID is reused, (boot id, start time, PID) is not --------------------------------
@@ -309,6 +397,8 @@ def launches(
             argv = [*net.exec_prefix(node), *argv[:3], f"--local-addr={net.address(node)}", *argv[3:]]
         inherited = {k: v for k, v in environ.items() if k not in TRAINER_ENV}
         env = {**inherited, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node, environ.get(JOB_MARK))}
+        if spec.get("tmp"):  # the pod's /tmp: its own, under the job, removed when the job ends
+            env["TMPDIR"] = spec["tmp"].replace("{node}", str(node))
         if net is not None:  # gloo binds the address the hostname resolves to, unless told the interface
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
@@ -360,6 +450,16 @@ def _mapped_env(spec: dict, node: int) -> dict[str, str]:
     return env
 
 
+def resume_refusal(spec: dict, training: TrainConfig, world: int) -> str | None:
+    """Why the run `spec` describes must not resume the checkpoint it would (fsdptrain.resume: at or past
+    MAX_STEPS, saved with other settings), judged here with CHECKPOINT_DIR and RESUME as node 0 sees them:
+    `job run` refuses it before anything starts, as the pre-launch check would on every node."""
+    env = _mapped_env(spec, 0)
+    root = Path(env["CHECKPOINT_DIR"]) if env.get("CHECKPOINT_DIR") else None
+    mapped = dataclasses.replace(training, resume=env.get("RESUME", training.resume))
+    return resume.first_problem(root, mapped, world)
+
+
 def volume_dirs(spec: dict, node: int) -> dict[str, str]:
     """Pod mount path -> directory on this machine, as the kubelet would give it to that pod: an emptyDir
     is the node's own (a pod's scratch disk), a PersistentVolumeClaim one directory every node shares."""
@@ -383,6 +483,7 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
         "restart_policy": worker.get("restartPolicy", "Never"),
         "max_restarts": job["spec"]["elasticPolicy"].get("maxRestarts", 0),
         "backoff_limit": job["spec"].get("runPolicy", {}).get("backoffLimit", 0),
+        "tmp": str(temp_dir(jdir, "{node}")),
     }
 
 
@@ -523,6 +624,11 @@ def stop_orphans(jdir: Path, state: dict) -> None:
     _update(jdir, phase="Stopped", finished=time.time(), reason="supervisor gone; its processes stopped")
 
 
+def grace_s(job: str) -> float:
+    """The pod's terminationGracePeriodSeconds the job was started with."""
+    return _grace(job_dir(job))
+
+
 def _grace(jdir: Path) -> float:
     try:
         return float(json.loads((jdir / "spec.json").read_text()).get("grace_s", STOP_GRACE_S))
@@ -540,7 +646,7 @@ def orphan_note(state: dict) -> str:
 def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict | None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        state = read_state(job_dir(job_name))
+        state = settle(read_state(job_dir(job_name)))
         if effective_phase(state) not in ACTIVE:
             return state
         if deadline is not None and time.monotonic() > deadline:
@@ -558,7 +664,7 @@ def list_jobs(skipped: list[str] | None = None) -> list[dict]:
             notes.append(f"{path} is not a job directory: skipped")
             continue
         try:
-            state = read_state(path)
+            state = settle(read_state(path))
         except CorruptState as e:
             notes.append(f"{e}: skipped")
             continue
@@ -653,6 +759,7 @@ def supervise(jdir: Path) -> int:
         if net is not None:
             netns.destroy(net)
         _end_prestep(pre)
+        remove_temp_dirs(jdir, spec["replicas"])
     _drain(pods)
     rcs = [p.proc.returncode for p in pods]
     ok = failure is None and all(rc == 0 for rc in rcs)
@@ -711,6 +818,8 @@ def _end_prestep(proc: Any) -> None:
 
 
 def _spawn(launch: Launch, log_dir: Path) -> Any:
+    if launch.env.get("TMPDIR"):
+        Path(launch.env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     return shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log", stamped=True)
 
 

@@ -8,7 +8,7 @@ one it has. A job remembers the backend it was started on (a small record under 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,12 +72,19 @@ class Backend(Protocol):
         """Every event line of the leader's whole log (this run's): what `job plot` draws."""
         ...
 
+    def outcomes(self, name: str) -> dict[str, str]:
+        """run id -> how that run of the job ended, in words (`progress.run_outcome`), for the runs whose
+        output this backend can still read (local: every run's logs; eks: the current run's pods)."""
+        ...
+
     def tensorboard_dir(self, name: str) -> str | None:
         """Where the job's TensorBoard event files are (local: on this machine; eks: in the pods), None when
         it was started without TENSORBOARD_DIR."""
         ...
 
-    def stop(self, name: str, *, wait: bool, dry_run: bool) -> str: ...
+    def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
+        """Stop the job; with `wait`, until it has ended, saying through `say` what it waits for."""
+        ...
 
     def interrupt(self, name: str) -> dict[str, Any] | None: ...
 

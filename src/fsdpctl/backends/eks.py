@@ -3,14 +3,15 @@ Kubernetes adapter. Connects on first use, so building one costs nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
 from fsdpctl import deploy, kjobs, kstatus, record_store, render
 from fsdpctl.backends import FINAL, LogLine, Started, remember
-from fsdpctl.errors import FsdpctlError
+from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.jobs import secret_env
+from fsdpctl.progress import run_outcome
 from fsdpctl.settings import Config
 from fsdptrain import events
 
@@ -28,6 +29,13 @@ class EksBackend:
 
     def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started:
         cfg = self.cfg
+        if not cfg.registry:  # a bare image name is pulled from Docker Hub, where the trainer image is not
+            raise BadInput(
+                f"the job's image {cfg.image_uri!r} has no registry: its pods would look for it on Docker "
+                "Hub and stay in ImagePullBackOff",
+                hint="set AWS_ACCOUNT_ID (its ECR in AWS_REGION, where `fsdpctl image push` puts it) or "
+                "IMAGE_REGISTRY",
+            )
         if dry_run and not server_dry_run:  # what would be sent; the cluster is not contacted
             run_id = run_id or render.new_run_id(cfg.job_name)
             objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
@@ -119,17 +127,24 @@ class EksBackend:
     def history(self, name: str) -> list[events.Event]:
         return kjobs.leader_events(self.kube, self.cfg, name)
 
+    def outcomes(self, name: str) -> dict[str, str]:
+        """The current run's only: the pods of earlier runs went with their jobs."""
+        r = self.report(name)
+        return {r["run_id"]: run_outcome(self.history(name), r["phase"])}
+
     def tensorboard_dir(self, name: str) -> str | None:
         """As the job on the cluster has it (its pods' TENSORBOARD_DIR), whatever the settings say now."""
         env = kjobs.container_env(kjobs.require_job(self.kube, self.cfg, name))
         return env.get("TENSORBOARD_DIR") or None
 
-    def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
+    def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
         job = kjobs.get_job(self.kube, self.cfg, name)
         if job is None:
             return f"no job {name} in {self.cfg.job_namespace}; nothing to stop"
         if dry_run:
             return f"dry run: would delete {job['kind']} {name} (pods get SIGTERM and checkpoint)"
+        if wait and say is not None:
+            say(f"deleting {job['kind']} {name}: waiting for its pods to checkpoint and end (foreground)")
         kjobs.stop(self.kube, self.cfg, name, wait=wait)
         return f"job {name}: {'stopped and deleted' if wait else 'stopping'}"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,15 @@ from fsdpctl.backends import LogLine, Started, remember
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import run_id as checked_run_id
 from fsdpctl.jobs import secret_env
-from fsdpctl.progress import progress, records, stalled
+from fsdpctl.progress import (
+    RENDEZVOUS_JOIN,
+    across_runs,
+    progress,
+    records,
+    run_outcome,
+    stage,
+    stalled,
+)
 from fsdpctl.settings import Config
 from fsdptrain import events, fetch
 from fsdptrain.config import missing_packages
@@ -38,12 +46,14 @@ class LocalBackend:
         *infra, job = render.render_job(cfg, run_id, rec["id"] if rec else "")
         fetch_job = next((o for o in infra if o["kind"] == "Job"), None)  # the download before training
         if dry_run or rec is None:
+            self._refuse_resume(job)
             return self._dry_run(job, run_id, fetch_job)
         if missing := missing_packages(cfg.training):  # the trainers run in this environment
             raise FsdpctlError(missing[0], code=ExitCode.BAD_INPUT)
         if replace and local.effective_phase(local.read_state(local.job_dir(cfg.job_name))) in local.ACTIVE:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
+        self._refuse_resume(job)  # after a --replace stop: its stop checkpoint is the one resumed
         secrets = secret_env(cfg)  # a token file that is not one token: refused before anything is written
         # the record is on disk before any process of the run starts; gone again if none does
         saved = record_store.save({**rec, "manifests": render.to_yaml([*infra, job])})
@@ -58,6 +68,13 @@ class LocalBackend:
         remember(cfg)
         return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")
 
+    def _refuse_resume(self, job: dict[str, Any]) -> None:
+        """Exit 2, nothing written, when the run would resume a checkpoint it must not (see
+        local.resume_refusal); the same line the trainer's pre-launch check would give on each node."""
+        spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
+        if refusal := local.resume_refusal(spec, self.cfg.training, self.cfg.world_size):
+            raise FsdpctlError(refusal, code=ExitCode.BAD_INPUT)
+
     def _dry_run(self, job: dict[str, Any], run_id: str, fetch_job: dict[str, Any] | None) -> Started:
         spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
         pre = local.prestep_spec(fetch_job, local.job_dir(self.cfg.job_name)) if fetch_job else None
@@ -70,7 +87,7 @@ class LocalBackend:
 
     def _state(self, name: str) -> dict[str, Any]:
         try:
-            st = local.read_state(local.job_dir(name))
+            st = local.settle(local.read_state(local.job_dir(name)))  # a job that ended unseen is ended now
         except local.CorruptState as e:
             raise FsdpctlError(
                 str(e), hint=f"remove {local.job_dir(name)} and run the job again", code=ExitCode.BAD_INPUT
@@ -127,27 +144,41 @@ class LocalBackend:
         return crilog.texts(log)[-lines:] if log else []
 
     def history(self, name: str) -> list[events.Event]:
-        leader = local.leader_log(self._state(name))
-        return records(crilog.texts(leader)) if leader else []  # the relay's CRI lines, as text
+        """The job's whole curve: the runs that continued its checkpoints, each from where it started."""
+        st = self._state(name)
+        return across_runs([_run_events(d) for d in _lineage(st)])
+
+    def outcomes(self, name: str) -> dict[str, str]:
+        st = self._state(name)
+        root, phase = Path(st["log_dir"]).parent, local.effective_phase(st)
+        found = {d.name: run_outcome(_run_events(d)) for d in sorted(root.iterdir()) if d.is_dir()}
+        return {**found, st["run_id"]: run_outcome(_run_events(Path(st["log_dir"])), phase)}
 
     def tensorboard_dir(self, name: str) -> str | None:
         found = self._state(name).get("tensorboard_dir")
         return str(found) if found else None
 
-    def stop(self, name: str, *, wait: bool, dry_run: bool) -> str:
+    def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
         st = self._state(name)
         phase = local.effective_phase(st)
         if phase not in local.ACTIVE:
             return f"job {name} is not running ({phase}); nothing to stop"
         if dry_run:
             return f"dry run: would send SIGTERM to job {name} (run {st['run_id']}, {st['replicas']} nodes)"
+        at = _report(st, float("inf"))["step"]
         try:
             local.stop(name)
         except local.LocalJobError as e:
             raise FsdpctlError(str(e)) from e
         if not wait:
             return f"job {name}: stopping"
-        return f"job {name}: {local.effective_phase(local.wait(name))}"
+        said = None
+        while local.effective_phase(st) in local.ACTIVE:
+            if say is not None and (note := _stop_note(st, at)) != said:
+                say(note)
+                said = note
+            st = local.wait(name, timeout=0.5) or st
+        return f"job {name}: {local.effective_phase(st)}"
 
     def interrupt(self, name: str) -> dict[str, Any] | None:
         """Ctrl-C while following stops the job as Kubernetes would (SIGTERM: the trainer checkpoints)."""
@@ -174,6 +205,21 @@ class LocalBackend:
         return removed
 
 
+def _stop_note(st: dict[str, Any], at: int) -> str:
+    """What a stopping job waits for now: the trainer's stop checkpoint (the step in flight finishes first),
+    then its launchers' exit; the pod's grace period after which every process gets SIGKILL."""
+    r = _report(st, float("inf"))
+    grace = f"SIGKILL after the {local.grace_s(st['job']):.0f} s grace period"
+    saved = r["summary"] is not None and r["summary"].get("stopped")
+    if saved:
+        return (
+            f"stop checkpoint written ({r['checkpoint']}); waiting for {r['nodes_running']} launchers to exit"
+        )
+    if r["max_steps"]:
+        return f"waiting for step {max(r['step'], at) + 1} to finish and its stop checkpoint ({grace})"
+    return f"waiting for the launchers to exit: no step trained yet ({grace})"
+
+
 def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[str]:
     """One ended job's files, with its lock held (no `job run` of it starts meanwhile); none while its
     supervisor holds the lock or any process of the job lives. The lock file stays: a starter may hold it."""
@@ -181,10 +227,13 @@ def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[
     with local.job_lock(jdir, create=not dry_run) as held:
         if not held or local.effective_phase(st) in local.ACTIVE or local.job_processes(st["job"]):
             return []
+        left = local.leftovers(st)  # outside its directory: a network its supervisor did not tear down
+        if not dry_run:
+            local.end_leftovers(st)
         doomed = sorted(p for p in jdir.iterdir() if p.name != local.LOCK)
         if checkpoints and st.get("checkpoint_dir"):
             doomed.append(Path(st["checkpoint_dir"]))
-        removed = []
+        removed = left
         for path in doomed:
             if (path.name == "checkpoints" and not checkpoints) or not path.exists():
                 continue
@@ -192,6 +241,28 @@ def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[
             if not dry_run:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         return removed
+
+
+def _run_events(log_dir: Path) -> list[events.Event]:
+    """A run's trainer events: only the leader (global rank 0) prints them, so every node's log together
+    holds just its (the relay's CRI lines, as text)."""
+    return records(line for f in sorted(log_dir.glob("node-*.log")) for line in crilog.texts(f))
+
+
+def _lineage(st: dict[str, Any]) -> list[Path]:
+    """The log directories of the job's runs up to the current one that kept their checkpoints where it
+    does (its CHECKPOINT_SUBDIR: a rerun's curve is its own), oldest first by their records."""
+    runs = {r["run_id"]: r for r in record_store.of_job(st["job"])}
+    current = runs.get(st["run_id"])
+    line = (current or {}).get("settings", {}).get("CHECKPOINT_SUBDIR", "")
+    kept = [
+        r
+        for r in runs.values()
+        if r["settings"].get("CHECKPOINT_SUBDIR", "") == line
+        and r.get("created", 0) <= (current or {}).get("created", float("inf"))
+    ]
+    dirs = [Path(st["log_dir"]).parent / r["run_id"] for r in kept if r["run_id"] != st["run_id"]]
+    return [d for d in dirs if d.is_dir()] + [Path(st["log_dir"])]
 
 
 def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
@@ -227,6 +298,9 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
             "fsdpctl.io/backend": "local",
         },
     }
+    if not prog["max_steps"]:  # before the first step: how far the start got
+        joined = sum(any(RENDEZVOUS_JOIN in x for x in crilog.texts(f)) for f in local.log_files(st))
+        report["stage"] = stage(records(lines), joined, st["replicas"])
     report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
     if report["prestep"] and report["prestep"]["phase"] in ("Pending", "Running"):
         report["stalled"] = False  # no step yet because the trainers wait for the download, not a hang
@@ -236,6 +310,9 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         report["problems"].append(kstatus.flight_recorder_note(where, dumps))
     if report["restarts"]:
         report["problems"].append(kstatus.on_failure("PyTorchJob", st.get("max_restarts", 0)))
+    gave_up = bool(report["failure"] and report["failure"].get("exitcode") is not None)
+    if spent := kstatus.budget_spent(phase, report["restarts"], st.get("max_restarts", 0), gave_up):
+        report["reason"] = f"{spent}; {report['reason']}" if report["reason"] else spent
     return report
 
 

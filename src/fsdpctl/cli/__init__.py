@@ -73,7 +73,7 @@ class _Group(TyperGroup):
         except SettingsError as e:
             _traceback_if_debug(ctx)
             for line in e.warnings:
-                err.print(f"[yellow]warning:[/] {redact(line)}", markup=True)
+                err.print("[yellow]warning:[/] " + escape(redact(line)))
             for line in e.lines:
                 err.print("[red]error:[/] " + escape(redact(line)))
             ctx.exit(ExitCode.BAD_INPUT)
@@ -247,4 +247,13 @@ _register()
 
 
 def main() -> None:
-    sys.exit(app(prog_name="fsdpctl"))
+    """The executable: the click command is built first (typer reads every command's signature, under the
+    starting one-line Ctrl-C handler of fsdpctl.entry when it runs there), then Ctrl-C is Python's
+    KeyboardInterrupt again, which every command turns into one line and 130 (_Group.invoke)."""
+    import signal
+
+    import typer.main
+
+    command = typer.main.get_command(app)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(command(prog_name="fsdpctl"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from fsdpctl.cli.common import (
     DryRunOpt,
     Output,
     OutputOpt,
+    PlainTable,
     command_group,
     confirm,
     emit,
@@ -117,7 +117,7 @@ def _print_status(data: dict[str, Any]) -> None:
     out.print(
         f"cluster {data['name']}: {data['status']} (Kubernetes {data['version']}) {data['endpoint'] or ''}"
     )
-    t = Table("node group", "status", "instance types", "desired", "min", "max")
+    t = PlainTable("node group", "status", "instance types", "desired", "min", "max")
     for g in data["nodegroups"]:
         sizes = (str(g["desired"]), str(g["min"]), str(g["max"]))
         t.add_row(g["name"], g["status"], ", ".join(g["instance_types"] or []), *sizes)

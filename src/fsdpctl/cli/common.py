@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from fsdpctl.cli import completion
 from fsdpctl.errors import BadInput, SettingsError
@@ -57,6 +59,27 @@ def _unwrapped_off_a_terminal(console: Console) -> None:
 
 _unwrapped_off_a_terminal(err)
 _unwrapped_off_a_terminal(out)
+
+
+class PlainTable(Table):
+    """A table whose text cells are shown as they are. rich reads a str cell as markup: a log line, a path
+    or a setting holding `[...]` (gloo's `[/__w/...]`, `[rank0]:`) would vanish in part or raise MarkupError.
+    Here a str is plain text by construction; a cell styled on purpose is passed as a `Text`. Off a terminal
+    (a pipe, a file) it has no box: plain columns for grep and awk."""
+
+    def __init__(self, *headers: Any, **kwargs: Any) -> None:
+        if not out.is_terminal:
+            kwargs["box"] = None
+            kwargs.setdefault("pad_edge", False)
+        super().__init__(*headers, **kwargs)
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+
+def styled(text: str, style: str) -> Text:
+    """A cell in a style of its own (a phase in its colour), its text still plain."""
+    return Text(text, style=style)
 
 
 class Output(str, Enum):
@@ -279,8 +302,13 @@ def warn(msg: str) -> None:
     err.print("[yellow]warning:[/] " + escape(redact(msg)))
 
 
+def note(msg: str) -> None:
+    """A line of progress on stderr, as it is (no markup, no colour)."""
+    err.print(msg, markup=False, highlight=False)
+
+
 def ok(msg: str) -> None:
-    err.print(f"[green]✓[/] {msg}")
+    err.print("[green]✓[/] " + escape(msg))
 
 
 def confirm(question: str, *, refused: str, hint: str) -> None:
@@ -312,16 +340,34 @@ def end_wait(name: str, phase: str) -> None:
     raise typer.Exit(code)
 
 
+def plain(data: Any) -> Any:
+    """`data` as a document may carry it: every string masked (redact_obj) and every float that is not a
+    number (NaN, inf: a run with no step, a diverged loss) as null. Python's json writes them as `NaN`,
+    which is not JSON (RFC 8259 section 6: "Numeric values that cannot be represented ... such as Infinity
+    and NaN are not permitted"), and strict parsers (jq, JSON.parse, Go's encoding/json) refuse it."""
+    return _finite(redact_obj(data))
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
 def emit(data: Any, output: Output) -> bool:
     """Print data as json/yaml to stdout and return True; False means the caller prints its table. The
     document is masked (its values, then its text) and written as it is: rich would lay out a deploy's
     1.5 MB of CRDs line by line for seconds, and has nothing to wrap or colour in it."""
     if output == Output.json:
-        text = json.dumps(redact_obj(data), default=str, indent=2) + "\n"
+        text = json.dumps(plain(data), default=str, indent=2, allow_nan=False) + "\n"
     elif output == Output.yaml:
         import yaml
 
-        text = yaml.safe_dump(redact_obj(data), sort_keys=False, default_flow_style=False)
+        text = yaml.safe_dump(plain(data), sort_keys=False, default_flow_style=False)
     else:
         return False
     out.file.write(redact(text))
@@ -374,16 +420,14 @@ CHECK_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
 
 def report_checks(checks: list[Check], output: Output) -> None:
     """The table (or -o json) of doctor / cluster check results; exits 1 when any failed."""
-    from rich.table import Table
-
     from fsdpctl.checks import any_failed
     from fsdpctl.errors import ExitCode
 
     failed = any_failed(checks)
     if not emit({"checks": [c.as_dict() for c in checks], "ok": not failed}, output):
-        t = Table("check", "status", "detail", "fix", box=None, pad_edge=False)
+        t = PlainTable("check", "status", "detail", "fix", box=None, pad_edge=False)
         for c in checks:
-            t.add_row(c.name, f"[{CHECK_STYLE[c.status]}]{c.status}[/]", c.detail, c.fix)
+            t.add_row(c.name, styled(c.status, CHECK_STYLE[c.status]), c.detail, c.fix)
         out.print(t)
     raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
 

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from fsdpctl.cli.common import (
     DryRunOpt,
     Output,
     OutputOpt,
+    PlainTable,
     ServerDryRunOpt,
     command_group,
     emit,
@@ -21,6 +21,7 @@ from fsdpctl.cli.common import (
     ok,
     out,
     state,
+    styled,
     warn,
 )
 
@@ -179,18 +180,19 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
         rows = deploy.status(kube, cfg)
     if emit(rows, output):
         return
-    t = Table("component", "object", "namespace", "installed", "version", "ready")
+    t = PlainTable("component", "object", "namespace", "installed", "version", "ready")
     for r in rows:
-        installed = "yes" if r["installed"] else "[red]no[/]"
-        ready = "[green]yes[/]" if r["ready"] else "[yellow]no[/]"
+        installed = "yes" if r["installed"] else styled("no", "red")
+        ready = styled("yes", "green") if r["ready"] else styled("no", "yellow")
         t.add_row(r["component"], r["object"], r["namespace"], installed, r["version"], ready)
     out.print(t)
 
 
 @app.command()
-def fetch(ctx: typer.Context, output: Output = OutputOpt) -> None:
+def fetch(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = OutputOpt) -> None:
     """Download the pinned release files that upstream publishes as single files into the cache, checking
-    each sha256; the others are named with the command that renders them.
+    each sha256; the others are named with the command that renders them. --dry-run: what is cached and
+    what would be downloaded, nothing fetched.
 
     Example: fsdpctl deploy fetch
     """
@@ -204,7 +206,8 @@ def fetch(ctx: typer.Context, output: Output = OutputOpt) -> None:
         if outcome == deploy.UNPUBLISHED:
             warn(f"{path}: upstream has no single file; render it into a mirror (templates/releases.yaml)")
         else:
-            ok(f"{path}: {'cached' if outcome == deploy.CACHED else 'fetched and verified'}")
+            word = {deploy.CACHED: "cached", deploy.WOULD_FETCH: "would be fetched"}
+            ok(f"{path}: {word.get(outcome, 'fetched and verified')}")
 
-    deploy.fetch(home() / "manifests", said)
-    emit({"dry_run": "none", "files": files}, output)
+    deploy.fetch(home() / "manifests", said, dry_run=dry_run)
+    emit({"dry_run": "client" if dry_run else "none", "files": files}, output)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from fsdpctl.cli.common import CHECK_STYLE, Output, OutputOpt, err, report_checks, state
 
@@ -28,14 +29,10 @@ def doctor(
     cfg = state(ctx).config()
     demand, checkpoints = D.targets(cfg)
 
-    def show(c: D.Check) -> None:  # live progress on stderr while a table is coming
-        err.print(f"[{CHECK_STYLE[c.status]}]{c.status:>7}[/] {c.name}", highlight=False)
+    def show(c: D.Check) -> None:  # live progress on stderr, whatever stdout carries (a table, -o json)
+        err.print(f"[{CHECK_STYLE[c.status]}]{c.status:>7}[/] " + escape(c.name), highlight=False)
 
     checks = D.run_checks(
-        cfg,
-        demand_tokens_per_s=demand,
-        checkpoint_path=checkpoints,
-        collectives=collectives,
-        on_check=show if output == Output.table else None,
+        cfg, demand_tokens_per_s=demand, checkpoint_path=checkpoints, collectives=collectives, on_check=show
     )
     report_checks(checks, output)

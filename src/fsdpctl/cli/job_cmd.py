@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends, crilog, files
+from fsdpctl import backends, crilog, files, kstatus
 from fsdpctl.backends import FINAL
 from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.common import (
@@ -26,16 +26,17 @@ from fsdpctl.cli.common import (
     command_group,
     emit,
     end_wait,
-    err,
     finite,
+    note,
     ok,
     out,
+    plain,
     resolve_job,
     state,
     warn,
 )
 from fsdpctl.errors import BadInput
-from fsdpctl.redact import redact, redact_obj
+from fsdpctl.redact import redact
 
 app = command_group(
     "Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
@@ -80,20 +81,15 @@ def run(
     cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}), set_by={"BACKEND": "--backend"})
     admit(cfg, force=force)
     be = backends.create(cfg)
-    started = be.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)
-    what = job_view.started_object(be, started)
-    if dry_run or server_dry_run:
-        job_view.dry_run_done(what, started.dry_run_lines, output)
-        return
-    ok(f"started job {started.job} (run {started.run_id}) on {be.name}: {started.where}")
-    if detach:
-        err.print(f"  next: fsdpctl job status {started.job}   fsdpctl job logs -f {started.job}")
-        emit(what, output)
-        return
-    final = job_view.follow(be, started.job)
-    code = job_view.outcome(be, started.job, final, table=output == Output.table)
-    emit({**what, "report": final}, output)
-    raise typer.Exit(code)
+    job_view.launch(
+        be,
+        run_id=run_id,
+        replace=replace,
+        dry_run=dry_run,
+        server_dry_run=server_dry_run,
+        detach=detach,
+        output=output,
+    )
 
 
 @app.command()
@@ -160,6 +156,12 @@ def logs(
     output: Annotated[
         LogFormat, typer.Option("--output", "-o", help="text, or json: one object per line")
     ] = LogFormat.text,
+    trainer_only: Annotated[
+        bool,
+        typer.Option(
+            "--trainer-only", help="leave out torch's and torchrun's own logging (agent, rendezvous, c10d)"
+        ),
+    ] = False,
     backend: BackendOpt = None,
 ) -> None:
     """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them, as `kubectl logs`
@@ -172,8 +174,12 @@ def logs(
     tail, since_s = _log_window(tail, since)
     be, name = resolve_job(ctx, name, backend)
     for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s):
+        if trainer_only and kstatus.from_torch(line.text):
+            continue
         if output == LogFormat.json:
-            out.print(json.dumps(redact_obj(job_view.log_record(line))), markup=False, highlight=False)
+            out.print(
+                json.dumps(plain(job_view.log_record(line)), allow_nan=False), markup=False, highlight=False
+            )
         else:
             text = job_view.log_text(line, prefix=all_, timestamps=timestamps)
             if text is not None:
@@ -208,9 +214,9 @@ def stop(
     Example: fsdpctl job stop
     """
     be, name = resolve_job(ctx, name, backend)
-    result = be.stop(name, wait=wait_, dry_run=dry_run)
+    result = be.stop(name, wait=wait_, dry_run=dry_run, say=lambda line: note(f"waiting: {line}"))
     ok(result)
-    emit({"job": name, "result": result, "dry_run": dry_run}, output)
+    emit({"job": name, "result": result, "dry_run": job_view.dry_run_word(dry_run)}, output)
 
 
 @app.command("list")
@@ -243,8 +249,8 @@ def list_(
     reqs = job_view.label_selector(selector) if selector else []
     be, _ = resolve_job(ctx, None, backend or state(ctx).config().backend)
     reports = [r for r in be.list_jobs() if job_view.selected(r, phases, reqs)]
-    for note in getattr(be, "notes", ()):  # a stray file or damaged state, skipped: every other job is listed
-        warn(note)
+    for skipped in getattr(be, "notes", ()):  # a stray file or damaged state: every other job is listed
+        warn(skipped)
     if not emit(reports, output):
         out.print(job_view.list_table(reports))
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl.cli.common import BackendOpt, NameArg, ok, out, resolve_job, state
+from fsdpctl.cli.common import BackendOpt, DryRunOpt, NameArg, ok, out, resolve_job, state
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 TENSORBOARD_PORT = 6006  # TensorBoard's own default
@@ -22,10 +22,12 @@ def plot(
     out_file: Annotated[
         Path | None, typer.Option("--out", help="the PNG to write (default: ./NAME-steps.png)")
     ] = None,
+    dry_run: DryRunOpt = False,
     backend: BackendOpt = None,
 ) -> None:
-    """Write a PNG of loss, learning rate, tokens/s and MFU over steps, from the leader's step lines of the
-    job's current run (local: its log; eks: the leader pod's log). Exit 2 when no step finished yet.
+    """Write a PNG of loss, learning rate, tokens/s and MFU over steps, from the leader's step lines: locally
+    the job's whole curve across its stops and resumes (each run from the step it resumed), on EKS the
+    current run's leader pod. Exit 2 when no step finished yet. --dry-run: say what it would draw.
 
     Example: fsdpctl job plot quickstart --out loss.png
     """
@@ -50,6 +52,9 @@ def plot(
             hint=f"`fsdpctl job status {name}` shows its phase",
             code=ExitCode.BAD_INPUT,
         )
+    if dry_run:
+        ok(f"dry run: would write {path} ({len(steps)} steps, {steps[0].step}..{steps[-1].step})")
+        return
     plots.write_png(steps, path, title=f"{name}: steps {steps[0].step}..{steps[-1].step}")
     ok(f"wrote {path} ({len(steps)} steps, {steps[0].step}..{steps[-1].step})")
 

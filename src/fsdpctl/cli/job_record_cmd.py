@@ -7,6 +7,7 @@ record id; on a cluster a job name reads the ConfigMap <job>-record, anything el
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -17,13 +18,14 @@ from fsdpctl.cli import completion, job_view
 from fsdpctl.cli.common import (
     BackendOpt,
     DetachOpt,
+    DryRunOpt,
     ForceOpt,
     Output,
+    OutputOpt,
+    PlainTable,
     ReplaceOpt,
     admit,
     emit,
-    err,
-    ok,
     out,
     state,
     warn,
@@ -31,11 +33,20 @@ from fsdpctl.cli.common import (
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:
+    from rich.console import Group
+
     from fsdpctl.settings import Config
 
 FORMATS = ("table", "json", "env")
 NameArg = typer.Argument(
     help="job name (its newest run), run id or record id (default: JOB_NAME)",
+    autocompletion=completion.job_names,
+)
+
+
+JobArg = typer.Argument(help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
+ResumeArg = typer.Argument(
+    help="job name (default: JOB_NAME), or a run id to continue that run's own checkpoints",
     autocompletion=completion.job_names,
 )
 
@@ -52,6 +63,8 @@ class Loaded:
 
 def register(app: typer.Typer) -> None:
     app.command()(describe)
+    app.command()(history)
+    app.command()(resume)
     app.command()(rerun)
     app.command()(diff)
 
@@ -151,10 +164,13 @@ def describe(
         out.print(_describe_table(got.rec, got.where))
 
 
-def _describe_table(rec: dict[str, Any], where: str) -> Table:
+def _describe_table(rec: dict[str, Any], where: str) -> Group:
+    """The run in a few rows, then one `KEY value source` row per setting not at its plain default."""
+    from rich.console import Group
+
     from fsdpctl import record
 
-    t = Table(show_header=False, box=None, pad_edge=False)
+    t = PlainTable(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column(overflow="fold")
     t.add_row("record", f"{rec['id']} ({where})")
@@ -168,25 +184,70 @@ def _describe_table(rec: dict[str, Any], where: str) -> Table:
         t.add_row("trainer", f"{libs}, CUDA {trainer['cuda'] or '-'}, NCCL {trainer['nccl'] or '-'}")
         for key in ("dataset", "tokenizer"):
             t.add_row(key, _fingerprint_text(trainer[key]))
+        t.add_row("started", record.start_text(trainer))
     else:
         t.add_row("trainer", "not started yet (its start line has not been read)")
-    chosen = {k: v for k, v in rec["settings"].items() if rec["sources"].get(k, "default") != "default"}
-    t.add_row(
-        "settings",
-        f"{len(rec['settings'])} keys; not defaults: "
-        + ", ".join(f"{k}={v} ({rec['sources'][k]})" for k, v in chosen.items())
-        if chosen
-        else f"{len(rec['settings'])} keys, all defaults",
-    )
     for key, ref in rec.get("secrets", {}).items():
         t.add_row(key, ref)
-    return t
+    chosen = record.not_default(rec)
+    t.add_row("settings", f"{len(rec['settings'])} keys; {len(chosen)} not at their default:")
+    rows = PlainTable(show_header=False, box=None, pad_edge=False)
+    for _ in range(3):
+        rows.add_column(overflow="fold")
+    for key, (value, source) in chosen.items():
+        rows.add_row(f"  {key}", value, source)
+    return Group(t, rows)
 
 
 def _fingerprint_text(fp: dict[str, Any]) -> str:
     if not fp.get("local"):
         return f"{fp['source']} (no files here to fingerprint: read from the hub)"
     return f"{fp['source']}: {fp['files']} files, {fp['bytes']} bytes, sha256 {fp['digest'][:16]}"
+
+
+# ---- history ---------------------------------------------------------------------------------------------
+
+
+def history(
+    ctx: typer.Context,
+    name: Annotated[str | None, JobArg] = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table, json or yaml")] = Output.table,
+    backend: BackendOpt = None,
+) -> None:
+    """Every run of a job this machine recorded, oldest first: its run id and record, when it started, where
+    it started (afresh, or the checkpoint it resumed), the settings that differ from the run before it, and
+    how it ended (from its trainer's lines; runs whose logs are gone say so).
+
+    Example: fsdpctl job history fsdp -o json
+    """
+    from fsdpctl import record, record_store
+
+    cfg = state(ctx).config()
+    job = files.job_name(name) if name is not None else cfg.job_name
+    runs = record_store.of_job(job)
+    if not runs:
+        raise FsdpctlError(
+            f"no recorded run of job {job!r} on this machine",
+            hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` records every run",
+            code=ExitCode.JOB_NOT_FOUND,
+        )
+    try:
+        ended = backends.create(backends.placed(cfg, job, backend)).outcomes(job)
+    except FsdpctlError:  # the job's state is gone (cleaned up): the records still tell the runs
+        ended = {}
+    rows = record.history_rows(runs, ended)
+    if not emit(rows, output):
+        out.print(_history_table(rows))
+
+
+def _history_table(rows: list[dict[str, Any]]) -> PlainTable:
+    t = PlainTable(
+        "run", "record", "started", "from", "settings changed", "outcome", box=None, pad_edge=False
+    )
+    for r in rows:
+        changed = ", ".join(f"{k}={_shown(v)}" for k, (_, v) in r["changed"].items()) or "-"
+        t.add_row(r["run_id"], r["record"], r["started"], r["from"], changed, r["outcome"])
+    return t
 
 
 # ---- rerun -----------------------------------------------------------------------------------------------
@@ -232,19 +293,24 @@ def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
     return record.drift(rec, code=code_version(), data=data), unchecked
 
 
-def _settings_for(ctx: typer.Context, rec: dict[str, Any]) -> Config:
+def _settings_for(
+    ctx: typer.Context, rec: dict[str, Any], derived: dict[str, str] | None = None, by: str = ""
+) -> Config:
     """The record's settings (the .env it reproduces) under --set (anywhere on the line: the root group
-    takes them); the secrets from where this command runs, as `job run` takes them."""
+    takes them); the secrets from where this command runs, as `job run` takes them. `derived`: what the
+    command `by` sets itself (a rerun's start point and checkpoint directory), under the user's --set."""
     from fsdpctl.settings import load
 
-    flags = dict(state(ctx).flags)
+    user = dict(state(ctx).flags)
+    mine = {k: v for k, v in (derived or {}).items() if k not in user}
+    flags = {**mine, **user}
     current = state(ctx).config()
     env = dict(rec["settings"])
     if current.hf_token.get_secret_value():  # the record holds where it was, never the value
         env["HF_TOKEN"] = current.hf_token.get_secret_value()
     if not env.get("HF_TOKEN_FILE") and current.hf_token_file:
         env["HF_TOKEN_FILE"] = current.hf_token_file
-    cfg = load(dotenv=env, flags=flags, dotenv_name=f"record {rec['id']}")
+    cfg = load(dotenv=env, flags=flags, dotenv_name=f"record {rec['id']}", set_by=dict.fromkeys(mine, by))
     # a recorded value keeps saying where it first came from, through reruns of reruns
     first = {k: rec["sources"].get(k, "default") for k in rec["settings"]}
     sources = {
@@ -267,19 +333,24 @@ def rerun(
     ] = False,
     detach: DetachOpt = False,
     replace: ReplaceOpt = False,
+    dry_run: DryRunOpt = False,
     backend: BackendOpt = None,
     force: ForceOpt = False,
+    output: Output = OutputOpt,
 ) -> None:
-    """Start a run again from its record: the recorded settings (with any --set KEY=VALUE over them) and a
-    new run id.
-    Refused, with what differs, when the code (version, commit, uncommitted changes) or the data and
-    tokenizer files (their fingerprints) are not what the record says, unless --allow-drift. Like `job
-    run`, a job that kept checkpoints resumes from them unless RESUME=never.
+    """Reproduce a run from its record: its settings (with any --set KEY=VALUE over them), a new run id, the
+    start the run had (afresh, or the checkpoint it resumed: RESUME) and a checkpoint directory of its own
+    (CHECKPOINT_SUBDIR=reruns/<run id>), so it trains the same steps with the same losses and never touches
+    the job's checkpoints. Refused, with what differs, when the code (version, commit, uncommitted changes)
+    or the data and tokenizer files (their fingerprints) are not what the record says, unless --allow-drift.
 
-    Example: fsdpctl job rerun fsdp-1a2b3c4d-5e6f7a --set MAX_STEPS=100
+    Example: fsdpctl job rerun fsdp-1a2b3c4d-5e6f7a   (then: fsdpctl job diff A B)
     """
+    from fsdpctl import render
+
     got = load_record(ctx, name, backend)
-    cfg = _settings_for(ctx, got.rec)
+    run_id = render.new_run_id(got.rec["job"])
+    cfg = _settings_for(ctx, got.rec, _rerun_start(ctx, got.rec, run_id), "job rerun")
     drifted, unchecked = _drift(got.rec, cfg)
     if drifted and not allow_drift:
         raise BadInput(
@@ -289,14 +360,105 @@ def rerun(
     for line in [*drifted, *unchecked]:
         warn(line)
     admit(cfg, force=force)
-    be = backends.create(cfg)
-    started = be.run(run_id=None, replace=replace, dry_run=False, server_dry_run=False)
-    ok(f"started job {started.job} (run {started.run_id}) on {be.name}, from record {got.rec['id']}")
-    if detach:
-        then = got.rec["run_id"]
-        err.print(f"  next: fsdpctl job status {started.job}   fsdpctl job diff {then} {started.run_id}")
+    job_view.launch(
+        backends.create(cfg),
+        run_id=run_id,
+        replace=replace,
+        dry_run=dry_run,
+        detach=detach,
+        output=output,
+        said=f", from record {got.rec['id']}",
+        then=f"fsdpctl job diff {got.rec['run_id']} {run_id}",
+    )
+
+
+def _rerun_start(ctx: typer.Context, rec: dict[str, Any], run_id: str) -> dict[str, str]:
+    """RESUME and CHECKPOINT_SUBDIR of a rerun: where the recorded run started, as its trainer said (the
+    checkpoint it resumed, found where the run kept them; never: afresh), and a directory of its own."""
+    from fsdpctl import render
+
+    start = {"CHECKPOINT_SUBDIR": f"reruns/{run_id}"}
+    trainer = rec.get("trainer") or {}
+    if not trainer:
+        if rec["settings"].get("RESUME") == "never":
+            return {**start, "RESUME": "never"}
+        raise BadInput(
+            f"record {rec['id']} does not say where its run started (its trainer's start line was never "
+            "read: it failed before training, or its logs are gone)",
+            hint="--set RESUME=never reruns it afresh",
+        )
+    if not trainer.get("start_step"):
+        return {**start, "RESUME": "never"}
+    from fsdptrain.resume import step_name
+
+    resumed = trainer.get("resumed_from")
+    name = Path(resumed).name if resumed else step_name(trainer["start_step"])
+    then = _settings_for(ctx, rec)  # where the recorded run kept its checkpoints
+    return {**start, "RESUME": f"{render.checkpoint_dir(then, then.job_name)}/{name}"}
+
+
+def resume(
+    ctx: typer.Context,
+    name: Annotated[str | None, ResumeArg] = None,
+    detach: DetachOpt = False,
+    replace: ReplaceOpt = False,
+    dry_run: DryRunOpt = False,
+    backend: BackendOpt = None,
+    force: ForceOpt = False,
+    output: Output = OutputOpt,
+) -> None:
+    """Continue a stopped (or failed) job from its newest checkpoint with the settings of its own record,
+    not those of today's .env: a new run id, RESUME=auto. --set KEY=VALUE goes over them; one that changes
+    the math (precision, model, sharding, LR schedule, MAX_STEPS, sequence length, batch) is refused unless
+    ALLOW_SETTING_CHANGES=true, as is a job already at MAX_STEPS.
+
+    Example: fsdpctl job resume fsdp -d
+    """
+    got = load_record(ctx, name, backend)
+    rec = _main_line(got.rec) if name is None or name == got.rec["job"] else got.rec
+    cfg = _settings_for(ctx, rec, {"RESUME": "auto"}, "job resume")
+    admit(cfg, force=force)
+    _has_a_checkpoint(cfg)
+    job_view.launch(
+        backends.create(cfg),
+        run_id=None,
+        replace=replace,
+        dry_run=dry_run,
+        detach=detach,
+        output=output,
+        said=f", resumed with the settings of record {rec['id']}",
+    )
+
+
+def _main_line(rec: dict[str, Any]) -> dict[str, Any]:
+    """For a job named by its name: the newest run that kept its checkpoints in the job's own directory (a
+    rerun keeps its own: `job resume RUN_ID` continues that one)."""
+    from fsdpctl import record_store
+
+    if not rec["settings"].get("CHECKPOINT_SUBDIR"):
+        return rec
+    own = [r for r in record_store.of_job(rec["job"]) if not r["settings"].get("CHECKPOINT_SUBDIR")]
+    return own[-1] if own else rec
+
+
+def _has_a_checkpoint(cfg: Config) -> None:
+    """A local job with nothing to resume is refused (exit 2): `job run` starts it. On a cluster the volume
+    is the pods' to read: the trainer starts afresh there when it finds none, and says so."""
+    if cfg.backend != "local":
         return
-    raise typer.Exit(job_view.outcome(be, started.job, job_view.follow(be, started.job)))
+    from fsdpctl import render
+    from fsdpctl.adapters.local import shared_volume_dir
+    from fsdpctl.settings import local_path
+    from fsdptrain.resume import latest_checkpoint
+
+    claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
+    mounts = {p: str(shared_volume_dir(c)) for p, c in claims.items() if c}
+    where = local_path(render.checkpoint_dir(cfg, cfg.job_name), mounts)
+    if latest_checkpoint(Path(where)) is None:
+        raise BadInput(
+            f"job {cfg.job_name} has no checkpoint to resume in {where}",
+            hint=f"`fsdpctl job run` starts it; `fsdpctl job history {cfg.job_name}` shows its runs",
+        )
 
 
 # ---- diff ------------------------------------------------------------------------------------------------
@@ -339,8 +501,12 @@ def diff(
             continue
         out.print(f"{part}:", markup=False)
         for key, (x, y) in d[part].items():
-            out.print(f"  {key}: {x} -> {y}", markup=False, highlight=False)
+            out.print(f"  {key}: {_shown(x)} -> {_shown(y)}", markup=False, highlight=False)
     out.print(_loss_table(d["losses"]))
+
+
+def _shown(value: Any) -> str:
+    return "(empty)" if value in ("", None) else str(value)
 
 
 def _loss_table(rows: list[dict[str, Any]]) -> Table:

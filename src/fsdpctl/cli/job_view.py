@@ -7,11 +7,12 @@ import re
 import time
 from typing import Any
 
-from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
 
 from fsdpctl import crilog, kstatus, prestep
 from fsdpctl.backends import FINAL, Backend, LogLine, Started
-from fsdpctl.cli.common import Output, emit, err, ok, out, warn
+from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, styled, warn
 from fsdpctl.errors import BadInput, ExitCode
 from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
@@ -33,38 +34,44 @@ def follow(backend: Backend, name: str) -> dict[str, Any] | None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", markup=False, style="bold"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
+        TextColumn("{task.fields[count]}", markup=False),  # step/max once known; nothing before
+        TextColumn("{task.fields[info]}", markup=False),  # from logs: never markup
         TimeElapsedColumn(),
     )
     warned: set[str] = set()
     try:
         with Progress(*columns, console=err) as bar:
-            task = bar.add_task("starting", total=None, info="")
+            task = bar.add_task("starting", total=None, info="", count="")
             while True:
                 r = backend.report(name)
                 for line in warnings(r):
                     if line not in warned:
                         warned.add(line)
-                        bar.console.print(f"[yellow]warning:[/] {redact(line)}")
+                        bar.console.print("[yellow]warning:[/] " + escape(redact(line)))
                 _advance(bar, task, r)
                 if r["phase"] in FINAL:
                     return r
                 time.sleep(backend.poll_s)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # one line in the end, whatever the job was doing (the spinner goes)
         what = (
             "stopping (SIGTERM: the trainer saves a checkpoint)" if backend.name == "local" else "detaching"
         )
-        err.print(f"interrupted: {what} ...")
-        return backend.interrupt(name)
+        with err.status(f"interrupted: {what} ..."):
+            stopped = backend.interrupt(name)
+        return {**stopped, "interrupted": True} if stopped is not None else None
 
 
 def _advance(bar: Any, task: Any, r: dict[str, Any]) -> None:
+    """The bar from a report: training (step/max, loss, last step's tokens/s), the pre-step's download, or
+    the stage a starting run is in (rendezvous 1/2, loading data, building the model, first step)."""
     if r["max_steps"]:
         info = f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s"
-        bar.update(task, description="training", total=r["max_steps"], completed=r["step"], info=info)
+        count = f"{r['step']}/{r['max_steps']}"
+        bar.update(
+            task, description="training", total=r["max_steps"], completed=r["step"], info=info, count=count
+        )
     elif (pre := r.get("prestep")) and pre["phase"] in ("Pending", "Running"):  # trainers wait for it
         info = prestep.describe(pre).partition(": ")[2]
         bar.update(
@@ -73,7 +80,10 @@ def _advance(bar: Any, task: Any, r: dict[str, Any]) -> None:
             total=pre["files_total"] or None,
             completed=pre["files_done"],
             info=info,
+            count=f"{pre['files_done']}/{pre['files_total']}" if pre["files_total"] else "",
         )
+    elif r["phase"] == "Running" and r.get("stage"):
+        bar.update(task, description=r["stage"])
     else:
         bar.update(task, description=str(r["phase"]).lower())
 
@@ -91,10 +101,14 @@ def outcome(backend: Backend, name: str, r: dict[str, Any] | None, table: bool =
         ok(f"job {name} succeeded{loss}" + (f"; logs: {r['leader_log']}" if r.get("leader_log") else ""))
         return ExitCode.OK
     if r["phase"] == "Stopped":
-        resume = r.get("checkpoint") or "the start"
-        warn(f"job {name} stopped at step {r['step']}; `fsdpctl job run` resumes from {resume}")
+        said = "interrupted: " if r.get("interrupted") else ""
+        if r.get("checkpoint"):
+            warn(f"{said}job {name} stopped at step {r['step']}; `fsdpctl job resume {name}` continues it")
+        else:
+            warn(f"{said}job {name} stopped before its first checkpoint; `fsdpctl job run` starts it again")
         return ExitCode.JOB_STOPPED
-    err.print(f"[red]✗[/] job {name} {r['phase']}" + (f": {redact(r['reason'])}" if r.get("reason") else ""))
+    reason = f": {redact(r['reason'])}" if r.get("reason") else ""
+    err.print("[red]✗[/] " + escape(f"job {name} {r['phase']}{reason}"))
     if r.get("failure"):
         err.print("  " + redact(failure_line(r["failure"])), markup=False)
     lines = backend.tail(name, FAILURE_LINES)
@@ -116,14 +130,18 @@ def failure_line(f: dict[str, Any]) -> str:
     return f"{who}: {error}{at}{ended}"
 
 
-def summary_table(r: dict[str, Any]) -> Table:
+def summary_table(r: dict[str, Any]) -> PlainTable:
     s = r["summary"]
-    t = Table(title=f"{r['job']}: {r['phase']}", show_header=False)
+    t = PlainTable(title=Text(f"{r['job']}: {r['phase']}"), show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value", overflow="fold")  # paths are shown whole, folded, never cut
     t.add_row("steps", f"{s['start_step'] + s['steps']} (this run {s['steps']})")
-    t.add_row("loss", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}")
-    t.add_row("tokens/s", f"{s['tokens_per_s']:.0f} ({s['tokens_per_s_per_device']:.0f} per process)")
+    trained = s["steps"] and all(isinstance(s[k], float) for k in ("first_loss", "final_loss"))
+    t.add_row("loss", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}" if trained else "- (no step trained)")
+    t.add_row(
+        "tokens/s",
+        f"{s['tokens_per_s']:.0f} mean of this run ({s['tokens_per_s_per_device']:.0f} per process)",
+    )
     state_mib = (s["param_bytes"] + s["optim_bytes"]) / 2**20
     t.add_row("state per rank", f"{state_mib:.2f} MiB (params + optimizer)")
     t.add_row("checkpoint", str(s["checkpoint"]))
@@ -137,12 +155,12 @@ def _nodes_cell(r: dict[str, Any]) -> str:
     return f"{r['nodes_running']}/{r['nodes']} running"
 
 
-def status_table(r: dict[str, Any]) -> Table:
-    t = Table(show_header=False, box=None, pad_edge=False)
+def status_table(r: dict[str, Any]) -> PlainTable:
+    t = PlainTable(show_header=False, box=None, pad_edge=False)
     kind = f"{r['kind']} " if r.get("kind") else ""
     t.add_row("job", f"{kind}{r['job']}  (run {r['run_id']}, {r.get('backend', '-')})")
     reason = f"  ({r['reason']})" if r.get("reason") else ""
-    t.add_row("phase", f"[{PHASE_COLOR.get(r['phase'], 'yellow')}]{r['phase']}[/]{reason}")
+    t.add_row("phase", styled(r["phase"], PHASE_COLOR.get(r["phase"], "yellow")) + Text(reason))
     t.add_row("nodes", f"{_nodes_cell(r)}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}")
     t.add_row("leader", r.get("leader") or "-")
     for row in progress_rows(r):
@@ -209,13 +227,54 @@ def started_object(backend: Backend, started: Started) -> dict[str, Any]:
     return {"job": started.job, "run_id": started.run_id, "backend": backend.name, "where": started.where}
 
 
-def dry_run_done(what: dict[str, Any], lines: list[str], output: Output) -> None:
+def dry_run_word(dry_run: bool, server: bool = False) -> str:
+    """A document's `dry_run`: kubectl's --dry-run values, none, client or server, in every command."""
+    return "server" if server else ("client" if dry_run else "none")
+
+
+def dry_run_done(what: dict[str, Any], lines: list[str], output: Output, server: bool = False) -> None:
     """What a dry run of `job run` (or `quickstart`) would start: its objects or launch lines on stdout (one
     object with -o json/yaml), then one line saying nothing was created."""
-    if not emit({**what, "dry_run": True, "objects": lines}, output):
+    if not emit({**what, "dry_run": dry_run_word(True, server), "objects": lines}, output):
         for line in lines:
             out.print(line, markup=False)
     ok(f"dry run: {what['where']}; nothing was created")
+
+
+def launch(
+    backend: Backend,
+    *,
+    run_id: str | None,
+    replace: bool,
+    dry_run: bool,
+    detach: bool,
+    output: Output,
+    server_dry_run: bool = False,
+    said: str = "",
+    then: str = "",
+) -> None:
+    """Start the job (`job run`, `rerun`, `resume`), then follow it to its end, or return at once when
+    detached; exits with the code its end calls for. `said`: what the started line adds; `then`: the next
+    command a detached start suggests besides `job status`. -o json/yaml: one document on stdout."""
+    import typer
+
+    started = backend.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)
+    what = started_object(backend, started)
+    if dry_run or server_dry_run:
+        dry_run_done(what, started.dry_run_lines, output, server_dry_run)
+        return
+    what["dry_run"] = "none"
+    ok(f"started job {started.job} (run {started.run_id}) on {backend.name}{said}: {started.where}")
+    if detach:
+        err.print(
+            f"  next: fsdpctl job status {started.job}   {then or f'fsdpctl job logs -f {started.job}'}"
+        )
+        emit(what, output)
+        return
+    final = follow(backend, started.job)
+    code = outcome(backend, started.job, final, table=output == Output.table)
+    emit({**what, "report": final}, output)
+    raise typer.Exit(code)
 
 
 def label_selector(text: str) -> list[tuple[str, str, str]]:
@@ -248,8 +307,8 @@ def selected(r: dict[str, Any], phases: set[str], reqs: list[tuple[str, str, str
     return all((labels.get(k) == v) == (op == "=") for k, op, v in reqs)
 
 
-def list_table(reports: list[dict[str, Any]]) -> Table:
-    t = Table("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
+def list_table(reports: list[dict[str, Any]]) -> PlainTable:
+    t = PlainTable("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
     for column in t.columns[:4]:  # names and run ids are folded on a narrow terminal, never cut
         column.overflow = "fold"
     for r in reports:

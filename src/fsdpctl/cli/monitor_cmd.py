@@ -7,9 +7,8 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from fsdpctl.cli.common import Output, OutputOpt, command_group, emit, out, state
+from fsdpctl.cli.common import Output, OutputOpt, PlainTable, command_group, emit, out, state
 
 app = command_group("Watch GPUs and training from the terminal.")
 
@@ -24,12 +23,12 @@ NODE_COLUMNS = (
 
 
 def _print(snap: dict[str, list[dict[str, Any]]]) -> None:
-    t = Table("node", *(head for head, _ in NODE_COLUMNS))
+    t = PlainTable("node", *(head for head, _ in NODE_COLUMNS))
     for n in snap["nodes"]:
         t.add_row(n["node"], *(f"{n[key]:.0f}" if key in n else "-" for _, key in NODE_COLUMNS))
     out.print(t)
     if snap["pods"]:
-        p = Table("namespace", "pod", "GPU util %")
+        p = PlainTable("namespace", "pod", "GPU util %")
         for row in sorted(snap["pods"], key=lambda r: -r["util"]):
             p.add_row(row["namespace"], row["pod"], f"{row['util']:.0f}")
         out.print(p)
