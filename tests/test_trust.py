@@ -567,7 +567,7 @@ def test_status_of_a_stopping_job_names_what_stop_waits_for(home):
     until(lambda: _report(local.read_state(local.job_dir("stopw")), float("inf"))["step"] >= 1)
     r = home("job", "stop", "stopw")
     assert r.exit_code == 0 and "Stopped" in r.said, r.output
-    assert "waiting: " in r.stderr and ("stop checkpoint" in r.stderr or "launchers to exit" in r.stderr)
+    assert "waiting: step " in r.stderr and "to finish and its stop checkpoint" in r.stderr, r.stderr
 
 
 # ---- 6. checkpoint errors: the first sentences, one write per line ----------------------------------------

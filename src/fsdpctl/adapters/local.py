@@ -621,6 +621,7 @@ def stop_orphans(jdir: Path, state: dict) -> None:
         time.sleep(0.1)
     if isinstance(state.get("net_index"), int):  # the namespaces and bridge its `finally` did not remove
         netns.destroy(netns.Network(state["net_index"], job, state["replicas"]))
+    remove_temp_dirs(jdir, state["replicas"])
     _update(jdir, phase="Stopped", finished=time.time(), reason="supervisor gone; its processes stopped")
 
 

@@ -206,18 +206,17 @@ class LocalBackend:
 
 
 def _stop_note(st: dict[str, Any], at: int) -> str:
-    """What a stopping job waits for now: the trainer's stop checkpoint (the step in flight finishes first),
-    then its launchers' exit; the pod's grace period after which every process gets SIGKILL."""
+    """What a stopping job waits for now (`job stop` prints it after `waiting: `): the trainer's stop
+    checkpoint (the step in flight finishes first), then its launchers' exit; the pod's grace period after
+    which every process gets SIGKILL."""
     r = _report(st, float("inf"))
     grace = f"SIGKILL after the {local.grace_s(st['job']):.0f} s grace period"
-    saved = r["summary"] is not None and r["summary"].get("stopped")
-    if saved:
-        return (
-            f"stop checkpoint written ({r['checkpoint']}); waiting for {r['nodes_running']} launchers to exit"
-        )
+    if r["summary"] is not None and r["summary"].get("stopped"):
+        left = f"{r['nodes_running']} launcher" + ("" if r["nodes_running"] == 1 else "s")
+        return f"{left} to exit (stop checkpoint written: {r['checkpoint']})"
     if r["max_steps"]:
-        return f"waiting for step {max(r['step'], at) + 1} to finish and its stop checkpoint ({grace})"
-    return f"waiting for the launchers to exit: no step trained yet ({grace})"
+        return f"step {at + 1} to finish and its stop checkpoint ({grace})"  # the one SIGTERM came in
+    return f"the launchers to exit: no step trained yet ({grace})"
 
 
 def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[str]:

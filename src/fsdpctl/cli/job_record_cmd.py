@@ -82,6 +82,19 @@ def _local_log(rec: dict[str, Any]) -> list[str]:
     return [line for p in logs for line in crilog.texts(p)]  # the relay's CRI lines, as text
 
 
+def _learnt(rec: dict[str, Any]) -> dict[str, Any]:
+    """A local run's record with its trainer's start line from its logs, kept once read (the logs may be
+    cleaned up); any other record as it is."""
+    from fsdpctl import record, record_store
+
+    if rec["backend"] != "local" or rec.get("trainer"):
+        return rec
+    now = record.learnt(rec, _local_log(rec))
+    if now != rec:
+        record_store.save(now)
+    return now
+
+
 def _from_this_machine(name: str) -> Loaded | None:
     from fsdpctl import record, record_store
 
@@ -224,7 +237,7 @@ def history(
 
     cfg = state(ctx).config()
     job = files.job_name(name) if name is not None else cfg.job_name
-    runs = record_store.of_job(job)
+    runs = [_learnt(rec) for rec in record_store.of_job(job)]
     if not runs:
         raise FsdpctlError(
             f"no recorded run of job {job!r} on this machine",
