@@ -65,7 +65,11 @@ def test_a_failing_driver_fails_the_check_and_the_command(fake_bin, cli):
     )
     result = cli("doctor", "--no-collectives", "-o", "json")
     assert result.exit_code == 1
-    assert json.loads(result.stdout)["ok"] is False
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False
+    # -o json: the document alone on stdout, each check's line on stderr as it finishes (it used to be silent)
+    shown = [line.split(None, 1) for line in result.stderr.splitlines()]
+    assert [name for _, name in shown] == [c["name"] for c in doc["checks"]], result.stderr
 
 
 def test_gpus_seen_by_the_driver_but_not_by_a_cpu_torch(fake_bin):

@@ -152,7 +152,7 @@ def test_two_nodes_on_pod_local_disks_are_refused_before_anything_starts(cli):
     with exit 2, and nothing exists afterwards: no job directory, no volume, no namespace."""
     result = cli("--set", "JOB_NAME=podlocal", "--set", "SHARED_VOLUME=", "job", "run")
     assert result.exit_code == 2, result.output
-    assert "JOB_NODES=2 with SHARED_VOLUME='' (--set) and CHECKPOINT_PVC=''" in result.said
+    assert "JOB_NODES=2 (default) with SHARED_VOLUME='' (--set) and CHECKPOINT_PVC=''" in result.said
     assert not cli.home.exists() or not any(cli.home.iterdir()), list(cli.home.rglob("*"))
     if NETNS:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -167,7 +167,7 @@ class LocalBackend:
             return f"dry run: would send SIGTERM to job {name} (run {st['run_id']}, {st['replicas']} nodes)"
         at = _report(st, float("inf"))["step"]
         try:
-            local.stop(name)
+            st = local.stop(name) or st  # an orphaned job's stop is done here, by the time it returns
         except local.LocalJobError as e:
             raise FsdpctlError(str(e)) from e
         if not wait:

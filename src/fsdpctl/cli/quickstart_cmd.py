@@ -90,7 +90,7 @@ def quickstart(
     )
     code = job_view.outcome(be, started.job, job_view.follow(be, started.job), table=output == Output.table)
     # -o json|yaml: the job's final report and the next commands as one document (progress stays on stderr)
-    report = {"job": started.job, "run_id": started.run_id, "exit_code": code}
+    report = {"job": started.job, "run_id": started.run_id, "dry_run": "none", "exit_code": code}
     if emit(
         {**report, "report": be.report(started.job), "next": [c for c, _ in next_rows(started.job)]}, output
     ):
