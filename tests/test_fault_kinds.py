@@ -55,8 +55,9 @@ def _step(name: str) -> int:
 
 
 def _nothing_left(name: str, state: dict) -> None:
-    """No process of the job, no network of it, no temp dir of its launchers."""
-    assert local.job_processes(name) == []
+    """No process of the job (its supervisor exits right after it records the end), no network of it, no
+    temp dir of its launchers."""
+    until(lambda: local.job_processes(name) == [], timeout=30)
     if isinstance(state.get("net_index"), int):
         assert not netns.exists(netns.Network(state["net_index"], name, state["replicas"]))
     assert not any(local.temp_dir(local.job_dir(name), n).exists() for n in range(state["replicas"]))
