@@ -57,7 +57,13 @@ def test_a_rerun_from_the_record_trains_the_same_losses_and_diff_names_the_one_c
     again = cli(*env, "job", "rerun", a["run_id"])
     assert again.exit_code == 0, again.output
     b = _json(cli("job", "describe", "rec", "-o", "json"))
-    assert b["run_id"] != a["run_id"] and b["id"] != a["id"] and b["settings"] == a["settings"]
+    assert b["run_id"] != a["run_id"] and b["id"] != a["id"]
+    # the same settings but where a rerun lives and starts: a directory of its own, the start of its run
+    assert {k: v for k, v in b["settings"].items() if k not in record.PLACEMENT} == {
+        k: v for k, v in a["settings"].items() if k not in record.PLACEMENT
+    }
+    assert b["settings"]["CHECKPOINT_SUBDIR"] == f"reruns/{b['run_id']}"
+    assert b["settings"]["RESUME"] == "never"  # its run started afresh
     assert b["sources"]["MAX_STEPS"] == f"record {a['id']}: {where}"
     same = _json(cli("job", "diff", a["run_id"], b["run_id"], "-o", "json"))
     assert same["settings"] == {} and same["versions"] == {} and same["data"] == {}
@@ -67,7 +73,7 @@ def test_a_rerun_from_the_record_trains_the_same_losses_and_diff_names_the_one_c
     # the summary and the checkpoint name the record of the run that made them
     status = _json(cli("job", "status", "rec", "-o", "json"))
     assert status["summary"]["record_id"] == b["id"]
-    meta = tmp_path / "home/volumes/fsx-claim/checkpoints/rec/step-00000003/meta.json"
+    meta = tmp_path / f"home/volumes/fsx-claim/checkpoints/rec/reruns/{b['run_id']}/step-00000003/meta.json"
     assert json.loads(meta.read_text())["record_id"] == b["id"]
 
     changed = cli(*env, "job", "rerun", a["id"], "--set", "LR=0.002")
