@@ -526,6 +526,13 @@ def test_a_job_whose_supervisor_was_killed_ends_as_its_processes_did(home, monke
     local.start(fake_job(name, steps=30, step_s=0.1, end="succeed"), secret_env={})
     state = running(name)
     net = netns.Network(state["net_index"], name, 2)
+    try:
+        _judged_from_the_launchers(home, name, state, net)
+    finally:  # namespaces are the machine's: never left behind, whatever failed
+        netns.destroy(net)
+
+
+def _judged_from_the_launchers(home, name: str, state: dict, net: netns.Network) -> None:
     assert netns.exists(net)
     kill_supervisor(state)
     assert said_everywhere(home, name)["phase"] == "Orphaned"
