@@ -160,8 +160,9 @@ class Cluster:
         rows = zip(out[::2], out[1::2], strict=True)
         return sorted(name for name, state in rows if state == "idle")
 
-    def wait_for(self, check: Callable[[], T], what: str, timeout: float = 60) -> T:
-        """Poll `check` until it returns something true; past `timeout`, fail naming `what`."""
+    def wait_for(self, check: Callable[[], T], what: str, timeout: float = 180) -> T:
+        """Poll `check` until it returns something true; past `timeout` (generous: a loaded 2-core CI machine
+        slows slurmctld and slurmd), fail naming `what`."""
         deadline = time.monotonic() + timeout
         while not (got := check()):
             if time.monotonic() > deadline:

@@ -177,7 +177,10 @@ def test_a_rank_that_raises_is_named_with_its_error_and_a_2_node_restart_counts_
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("  rank ")]
     assert "ValueError: Unexpected character found when decoding" in line, line
     assert "node-" in line and ".log:" in line
-    assert "it ended with DatasetGenerationError: An error occurred while generating the dataset" in line
+    assert (
+        "it ended with " in line
+        and "DatasetGenerationError: An error occurred while generating the dataset" in line
+    )
     s = json.loads(cli.run("job", "status", "bad", "-o", "json").stdout)
     assert s["phase"] == "Failed" and s["restarts"] == 1, s
     f = s["failure"]

@@ -166,7 +166,8 @@ def test_disk_full_during_a_checkpoint_is_a_clear_error(assets, tmp_path):
     """The kernel refuses writes past RLIMIT_FSIZE (EFBIG), the same failure path as ENOSPC for DCP."""
     good = torchrun(assets, MAX_STEPS=4, CHECKPOINT_DIR=tmp_path)
     assert good.rc == 0
-    env = train_env(assets, MAX_STEPS=8, CHECKPOINT_DIR=tmp_path)
+    # a longer run from the step-4 save (another LR schedule: allowed explicitly, fsdptrain.resume)
+    env = train_env(assets, MAX_STEPS=8, CHECKPOINT_DIR=tmp_path, ALLOW_SETTING_CHANGES="true")
     p = subprocess.run(
         torchrun_argv(2),
         env=env,

@@ -4,6 +4,7 @@ torchrun (gloo); FLOAT8, which needs a Hopper/Ada GPU, is checked for its refusa
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -406,18 +407,34 @@ def test_activation_bytes_come_from_the_cuda_allocator_where_there_is_one(monkey
     z.backward()
 
 
+@pytest.mark.slow
 def test_float8_config_is_torchtitans_recipe_per_sharding(tmp_path):
     """torchtitan v0.2.2 Float8LinearConverter (torchtitan/components/quantization/float8.py): tensorwise
     all-gathers the weights in float8 only when they are sharded (dp_shard > 1) and then precomputes the
     scales after each optimizer step (torchao precompute_float8_dynamic_scale_for_fsdp); rowwise is torchao's
     recipe (axiswise scales), communicates in high precision and precomputes nothing. The conversion swaps
-    the decoder's linears and leaves the head. Real torchao 0.18 on the CPU (its float8 kernels need a GPU,
-    the config and the module swap do not), in a subprocess: torchao registers things in torch at import."""
+    the decoder's linears and leaves the head. Real torchao 0.18 (the version benchmarks/gpu_check_wheels.txt
+    carries to the GPU) on the CPU: its float8 kernels need a GPU, the config and the module swap do not. It
+    is installed from PyPI into a folder of this test's own, not the project's venv: transformers imports
+    torchao whenever it is installed (quantizer_torchao), which would cost every trainer start here."""
+    site = tmp_path / "torchao"
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--target",
+        str(site),
+        "torchao==0.18.0",
+    ]
+    installed = subprocess.run(pip, capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
     code = """
 from fsdptrain.parallel import apply_float8, float8_after_step, float8_config
 from fsdptrain.models import llama_config
 from transformers import LlamaForCausalLM
-import torch
 assert float8_config("tensorwise", 8).enable_fsdp_float8_all_gather
 assert not float8_config("tensorwise", 1).enable_fsdp_float8_all_gather
 rowwise = float8_config("rowwise", 8)
@@ -433,7 +450,6 @@ assert swapped == 7 * config.num_hidden_layers, swapped
 assert type(model.lm_head).__name__ == "Linear"
 print("ok")
 """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    if "No module named 'torchao'" in p.stderr:
-        pytest.fail("torchao is a test dependency (pyproject's test extra): reinstall with make install")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]

@@ -134,7 +134,9 @@ def test_a_node_that_lacks_rank_0s_checkpoint_fails_the_job_with_one_line_naming
     shutil.copytree(saved_job, node1)
     shutil.rmtree(node1 / "step-00000004")
     (node1 / ckpt.LATEST).write_text("step-00000002")
-    runs = _nodes(assets, [saved_job, node1], MAX_STEPS=6, CHECKPOINT_INTERVAL=2)
+    runs = _nodes(
+        assets, [saved_job, node1], MAX_STEPS=6, CHECKPOINT_INTERVAL=2, ALLOW_SETTING_CHANGES="true"
+    )
     assert [r.returncode for r in runs] == [1, 1], runs[1].stderr[-3000:]
     line = (
         f"fsdptrain: error: rank 1 (node 1, host {socket.gethostname()}) cannot read checkpoint "

@@ -71,7 +71,7 @@ def _script(cluster, name: str, body: str) -> str:
     return str(path)
 
 
-def _until(cluster, job_id: int, *states: str, timeout: float = 60) -> dict[str, str]:
+def _until(cluster, job_id: int, *states: str, timeout: float = 180) -> dict[str, str]:
     """The job's `scontrol show job` record once its JobState is one of `states`."""
 
     def reached() -> dict[str, str] | None:

@@ -159,10 +159,10 @@ def counting(name):
 for name in ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "numpy"):
     counting(name)
 loop = T.loop
-def counted_loop(t, rt):
+def counted_loop(t, rt, *rest):
     in_loop[0] = True
     try:
-        return loop(t, rt)
+        return loop(t, rt, *rest)
     finally:
         in_loop[0] = False
         print("SYNCS " + json.dumps(dict(counts)), flush=True)

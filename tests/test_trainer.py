@@ -106,9 +106,11 @@ def test_keep_last_k_and_latest_pointer(assets, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000004", "step-00000006"]
     assert (tmp_path / "latest").read_text() == "step-00000006"
     assert not list(tmp_path.glob(".tmp-*"))
-    # RESUME=auto on a finished run: nothing left to do, the latest checkpoint is picked up
+    # RESUME=auto on a finished run: the latest checkpoint is picked up, and refused: nothing is left to
+    # train (fsdptrain.resume), one line, before any step
     again = torchrun(assets, MAX_STEPS=6, CHECKPOINT_DIR=tmp_path)
-    assert again.rc == 0 and again.summary["steps"] == 0 and "resumed from" in again.stdout
+    assert again.rc != 0 and not again.events("step"), again.stderr[-3000:]
+    assert "it is at or past MAX_STEPS=6 (nothing is left to train)" in again.stderr
 
 
 @pytest.mark.slow
