@@ -60,6 +60,22 @@ def _settings_cases():
                     "above maximum",
                     f"is too large: use at most {meta['Le'].le}",
                 )
+        elif ann is float:
+            yield key, "abc", "wrong type", "is not a number: give one, e.g. 30"
+            if "Ge" in meta:
+                yield (
+                    key,
+                    str(meta["Ge"].ge / 2),
+                    "below minimum",
+                    f"is too small: use at least {meta['Ge'].ge}",
+                )
+            if "Le" in meta:
+                yield (
+                    key,
+                    str(meta["Le"].le + 1),
+                    "above maximum",
+                    f"is too large: use at most {meta['Le'].le}",
+                )
         elif ann is str and pattern:
             yield key, "Not Valid!", "wrong format", f"is not valid: it must match {pattern}"
 

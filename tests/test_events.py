@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 from fsdpctl import progress
 from fsdpctl.adapters import local
@@ -96,20 +97,24 @@ def test_progress_reads_the_typed_events():
     assert empty["step"] == 0 and empty["max_steps"] is None and not math.isnan(empty["percent"])
 
 
-def _node_logs(tmp_path, *texts: str) -> dict:
+def _node_logs(logs: Path, *texts: str) -> dict:
+    """Node logs where the local backend keeps a run's (FSDPCTL_HOME/jobs/<job>/logs/<run-id>)."""
+    logs.mkdir(parents=True, exist_ok=True)
     for i, text in enumerate(texts):
-        (tmp_path / f"node-{i}.log").write_text(text)
-    return {"log_dir": str(tmp_path)}
+        (logs / f"node-{i}.log").write_text(text)
+    return {"job": "j", "run_id": "r", "log_dir": str(logs)}
 
 
-def test_local_leader_is_the_node_whose_log_names_it(tmp_path):
-    assert local.leader_log({"log_dir": str(tmp_path)}) is None
+def test_local_leader_is_the_node_whose_log_names_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
+    logs = tmp_path / "jobs" / "j" / "logs" / "r"
+    assert local.leader_log({"job": "j", "run_id": "r", "log_dir": str(logs)}) is None
     # no leader event yet (still in the rendezvous): node 0
-    state = _node_logs(tmp_path, "waiting\n", "waiting\n")
-    assert local.leader_log(state) == tmp_path / "node-0.log"
-    state = _node_logs(tmp_path, "agent\n", "agent\n" + events.to_line(LEADER) + "\n")
-    assert local.leader_log(state) == tmp_path / "node-1.log"
+    state = _node_logs(logs, "waiting\n", "waiting\n")
+    assert local.leader_log(state) == logs / "node-0.log"
+    state = _node_logs(logs, "agent\n", "agent\n" + events.to_line(LEADER) + "\n")
+    assert local.leader_log(state) == logs / "node-1.log"
     # after an elastic restart the group ranks are assigned anew: the latest leader event wins
     moved = events.Leader(node_rank=0, hostname="job-worker-0", world=4, time=LEADER.time + 60)
-    state = _node_logs(tmp_path, events.to_line(moved) + "\n", events.to_line(LEADER) + "\n")
-    assert local.leader_log(state) == tmp_path / "node-0.log"
+    state = _node_logs(logs, events.to_line(moved) + "\n", events.to_line(LEADER) + "\n")
+    assert local.leader_log(state) == logs / "node-0.log"

@@ -190,8 +190,9 @@ def _plant(home_dir: Path, supervisor: dict, launchers: list[dict], name: str = 
 def test_job_stop_never_signals_an_unrelated_process_that_took_the_pid(home, how):
     """A live `sleep` (not fsdpctl's) holds the PID a stale state.json names as supervisor and launcher:
     `job stop` and `job status` leave it running. With a start time or boot id that differs it is another
-    process (the job is Failed, nothing to stop); with the very identity, or a PID alone, the job's mark is
-    missing from its environment and nothing is signalled (one line, exit 1)."""
+    process; with the very identity it lacks the job's mark, so it is not the job's either (issue 29: a
+    process is the job's only when it proves it): the job is Failed, nothing to stop. With a PID alone (a
+    state of an older fsdpctl) nothing is signalled (one line, exit 1)."""
     sleeper = subprocess.Popen(["sleep", "120"])
     try:
         ident = _until(lambda: local.identity(sleeper.pid))
@@ -206,7 +207,7 @@ def test_job_stop_never_signals_an_unrelated_process_that_took_the_pid(home, how
         status = home("job", "status", "fsdp")
         time.sleep(0.2)
         assert sleeper.poll() is None, "the unrelated process was signalled"
-        if how in ("start time off by one", "another boot"):
+        if how != "PID only (an older state)":
             assert stopped.exit_code == 0 and "nothing to stop" in stopped.said, stopped.output
             assert "Failed" in status.said
         else:
@@ -219,8 +220,9 @@ def test_job_stop_never_signals_an_unrelated_process_that_took_the_pid(home, how
 
 def test_ctrl_c_on_a_job_whose_supervisor_is_not_the_one_recorded_is_one_line(home):
     """Ctrl-C while following (`LocalBackend.interrupt`) stops the job as `job stop` does: where the state's
-    supervisor is a live process without the job's mark, nothing is signalled and the error is fsdpctl's
-    own one line, not an unexpected exception."""
+    supervisor is a live process known by its PID alone (an older state), nothing is signalled and the
+    error is fsdpctl's own one line, not an unexpected exception; where it names a live process by its full
+    identity but that process lacks the job's mark, the job is Failed and nothing is signalled either."""
     from fsdpctl.backends.local import LocalBackend
     from fsdpctl.errors import FsdpctlError
     from fsdpctl.settings import load
@@ -228,10 +230,13 @@ def test_ctrl_c_on_a_job_whose_supervisor_is_not_the_one_recorded_is_one_line(ho
     sleeper = subprocess.Popen(["sleep", "120"])
     try:
         ident = _until(lambda: local.identity(sleeper.pid))
-        _plant(home.home, ident, [{"node": 0, **ident}])
+        _plant(home.home, {"pid": sleeper.pid}, [{"node": 0, "pid": sleeper.pid}])
         with pytest.raises(FsdpctlError, match="nothing was signalled") as raised:
             LocalBackend(load()).interrupt("fsdp")
         assert raised.value.hint and "job status fsdp" in raised.value.hint
+        shutil.rmtree(home.home / "jobs")
+        _plant(home.home, ident, [{"node": 0, **ident}])
+        assert LocalBackend(load()).interrupt("fsdp")["phase"] == "Failed"
         assert sleeper.poll() is None, "the unrelated process was signalled"
     finally:
         sleeper.kill()
@@ -374,15 +379,16 @@ def test_job_stop_of_orphans_also_removes_their_network_namespaces(home, monkeyp
 
 
 def test_job_run_through_the_cli_is_refused_while_an_orphan_lives(home):
-    """A process carrying the job's mark (a launcher whose supervisor is gone, planted): `job run` exits 2
-    with one line naming the job and how to end it, and starts nothing."""
+    """A process carrying the job's mark but no state that proves it the job's (planted: the variable is
+    all it has): `job run` exits 2 with one line naming the job, the pids and that fsdpctl signals none of
+    them (they are not proven its own, so `job stop` would not end them), and starts nothing."""
     env = {**os.environ, local.POD_MARK: "fsdp/old-run/node-0", local.JOB_MARK: str(local.job_dir("fsdp"))}
     orphan = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, start_new_session=True)
     try:
         _until(lambda: local.job_processes("fsdp") == [orphan.pid])
         r = home("job", "run", "-d")
         assert r.exit_code == 2 and _one_line(r.stderr), r.output
-        assert "still has 1 processes running" in r.said and "fsdpctl job stop fsdp" in r.said
+        assert f"(pids {orphan.pid})" in r.said and "signals none of them" in r.said
         assert local.job_processes("fsdp") == [orphan.pid]
         assert not (home.home / "jobs" / "fsdp" / "state.json").exists()
     finally:

@@ -99,7 +99,9 @@ def test_the_id_covers_what_made_the_run_and_nothing_learnt_later(part):
     assert record.problem(rec) is None and rec["id"] == rec["hash"][: record.ID_CHARS]
     changed = {**rec, part: {"changed": True}}
     assert record.digest(changed) != rec["hash"] and record.problem(changed)  # a tampered record is refused
-    later = {**rec, "trainer": {"torch": "x"}, "manifests": "kind: X", "sources": {}, "created": 9.0}
+    fp = {"source": "builtin", "local": False}
+    trainer = {"python": "3", "torch": "x", "transformers": "5", "dataset": fp, "tokenizer": fp}
+    later = {**rec, "trainer": trainer, "manifests": "kind: X", "sources": {}, "created": 9.0}
     later["image"] = {**rec["image"], "digest": "sha256:" + "0" * 64}  # learnt from a pod: same run
     assert record.digest(later) == rec["hash"] and record.problem(later) is None
 

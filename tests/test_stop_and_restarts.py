@@ -207,13 +207,14 @@ def test_torchrun_option_parsing_follows_the_trainer_env():
     assert launch.trainer_args(["--nnodes=2", "-m", "other"]) is None
 
 
-def _state(tmp_path: Path, logs: dict[int, str], relaunches: dict[int, int] | None = None) -> dict:
-    log_dir = tmp_path / "logs"
+def _state(home: Path, logs: dict[int, str], relaunches: dict[int, int] | None = None) -> dict:
+    """A state whose node logs are where the local backend keeps them (FSDPCTL_HOME must be `home`)."""
+    log_dir = home / "jobs" / "j" / "logs" / "r"
     log_dir.mkdir(parents=True, exist_ok=True)
     for node, text in logs.items():
         (log_dir / f"node-{node}.log").write_text(text)
     launchers = [{"node": n, "pid": 0, "rc": 1, "relaunches": (relaunches or {}).get(n, 0)} for n in logs]
-    return {"log_dir": str(log_dir), "launchers": launchers}
+    return {"job": "j", "run_id": "r", "log_dir": str(log_dir), "launchers": launchers}
 
 
 def _agent_attempts(attempts: int, max_restarts: int) -> str:
@@ -228,12 +229,14 @@ def _agent_attempts(attempts: int, max_restarts: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_status_counts_job_restarts_not_node_failures(tmp_path):
+def test_status_counts_job_restarts_not_node_failures(tmp_path, monkeypatch):
     """MAX_RESTARTS=3 on 2 nodes, every attempt failing: 4 attempts x 2 nodes = 8 'failed (exitcode' lines,
     which `job status` used to report as 8 restarts. Each node's agent logged 3 group restarts: the job
     restarted 3 times. A recreated node (its launcher killed) counts once more on that node."""
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     state = _state(tmp_path, {0: _agent_attempts(4, 3), 1: _agent_attempts(4, 3)})
     assert local.restarts(state) == 3
+    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "b"))
     state = _state(tmp_path / "b", {0: _agent_attempts(1, 3), 1: ""}, {1: 1})
     assert local.restarts(state) == 1  # node 1 recreated once, node 0's agent restarted the group once
     pods = [
@@ -311,8 +314,8 @@ def test_status_names_the_flight_recorder_dumps_of_a_hung_local_job(tmp_path, mo
     spec = local.spec_from_job(render.render_job(cfg, "r")[-1], tmp_path / "jobs/fsdp")
     prefix = local._nccl_traces(spec)
     assert prefix == [str(tmp_path / "volumes/fsx-claim/nccl-traces/fsdp/nccl_trace_rank_")]
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
+    log_dir = tmp_path / "jobs" / "fsdp" / "logs" / "r"
+    log_dir.mkdir(parents=True)
     (log_dir / "node-0.log").write_text("")
     state = {
         "job": "fsdp",

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdpctl import files
+from fsdpctl import files, statefile
 from fsdpctl.adapters import local
 from test_process_control import fake_job
 
@@ -44,7 +44,7 @@ def user(cli, monkeypatch, tmp_path):
 
 
 def _ended_job(root: Path, name: str) -> None:
-    """A finished job's state (every key local.STATE_KEYS asks for) in the state directory `root`."""
+    """A finished job's state (every key fsdpctl.statefile requires) in the state directory `root`."""
     jdir = root / "jobs" / name
     state = {
         "job": name,
@@ -56,7 +56,7 @@ def _ended_job(root: Path, name: str) -> None:
         "checkpoint_dir": None,
         "launchers": [],
     }
-    assert set(state) >= set(local.STATE_KEYS)
+    assert set(state) >= set(statefile.REQUIRED)
     files.write_atomic(jdir / "state.json", json.dumps(state))
 
 

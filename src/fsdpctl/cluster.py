@@ -104,7 +104,7 @@ def zones_of_subnets(cfg: Config, described: list[dict[str, Any]]) -> str:
 def connect(cfg: Config) -> Aws:
     from fsdpctl.adapters.aws import Aws
 
-    return Aws(cfg.aws_region, cfg.aws_profile)
+    return Aws(cfg.aws_region, cfg.aws_profile, cfg.request_timeout)
 
 
 def find(cfg: Config) -> dict[str, Any] | None:

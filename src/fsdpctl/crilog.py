@@ -142,12 +142,26 @@ def _joined(pieces: list[Line]) -> Line:
     return Line(_text("".join(p.text for p in pieces)), pieces[0].time, pieces[0].stream)
 
 
+# A log is read whole by `job status` and the failure readers; one far larger than any run writes (a 300 MiB
+# sparse file, a link to /dev/zero) is read from its last this many bytes, with a warning.
+READ_MAX = 64 * 1024 * 1024
+
+
 def read(path: Path) -> list[Line]:
-    """Every line of a log file; none when it is not there (yet)."""
+    """Every line of a log file; none when it is not there (yet). A log that is not a regular file (a FIFO,
+    a link, a directory) is skipped with a warning naming it, and one over READ_MAX is read from its end
+    (fsdpctl.files: never opened in a way that blocks, never read without a bound)."""
+    from fsdpctl import files
+
     try:
-        data = path.read_bytes()
-    except OSError:
+        data, cut = files.read_tail(path, READ_MAX)
+    except FileNotFoundError:
         return []
+    except OSError as e:
+        files.skipped(path, files.why(e))
+        return []
+    if cut:
+        files.skipped(path, f"is over {READ_MAX >> 20} MiB", f"only its last {READ_MAX >> 20} MiB read")
     return list(lines(raw_lines(data)))
 
 

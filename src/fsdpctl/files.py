@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
+import stat
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact
@@ -93,6 +99,172 @@ def run_id(value: str) -> str:
             hint="use letters, digits, '-', '_' and '.', at most 128 characters, no '..'",
         )
     return value
+
+
+# ---- reading back what fsdpctl wrote: untrusted input ---------------------------------------------------
+#
+# A file under FSDPCTL_HOME may since have become anything: a FIFO (open(2) for reading blocks until a writer
+# comes: fifo(7)), a link to /dev/zero (a read that never ends), a directory, a file too big to be one
+# fsdpctl wrote. fsdpctl writes regular files only (write_atomic) and makes no links, so it reads them back
+# as such: opened without following a link and without blocking, checked on the descriptor (no window for a
+# swap between a check and the open), and read up to a limit.
+
+STATE_MAX_BYTES = 16 * 1024 * 1024  # a state, spec, record or placement: kilobytes (a record with manifests)
+KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+class NotOurs(OSError):
+    """What is at a path fsdpctl wrote a regular file to is something else now (or far too big to be its
+    own). An OSError, so the readers that take an unreadable file as damaged take this one too; `why`
+    says what it is, in words."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(errno.EINVAL, why, str(path))
+        self.why = why
+
+
+class Skipped(UserWarning):
+    """A damaged file a reader skipped and went on without (a log that is a FIFO): a Python warning where
+    no command listens; the CLI prints each as one `warning:` line naming the file (`on_skipped`)."""
+
+
+def _python_warning(line: str) -> None:
+    warnings.warn(Skipped(line), stacklevel=4)
+
+
+_sink: Callable[[str], None] = _python_warning
+_said: set[str] = set()
+
+
+def on_skipped(sink: Callable[[str], None]) -> None:
+    """Where `skipped` lines go from now on (the CLI: its warning line), each once."""
+    global _sink
+    _sink = sink
+    _said.clear()
+
+
+def skipped(path: Path | str, why: str, done: str = "skipped") -> None:
+    """Say once that the file at `path` {why}, and what the reader did without it."""
+    line = f"{path} {why}: {done}"
+    if line not in _said:
+        _said.add(line)
+        _sink(line)
+
+
+def why(e: BaseException) -> str:
+    """What was wrong with a file, in words, for a line that names it."""
+    if isinstance(e, NotOurs):
+        return e.why
+    if isinstance(e, UnicodeDecodeError):
+        return f"is not UTF-8 text (byte {e.start})"
+    if isinstance(e, ValueError):
+        return "is not valid JSON (cut short, or not fsdpctl's)"
+    if isinstance(e, OSError):
+        return f"cannot be read ({e.strerror or type(e).__name__})"
+    return f"cannot be read ({type(e).__name__})"
+
+
+def open_regular(path: Path, *, follow_links: bool = False) -> BinaryIO:
+    """`path` opened for reading if it is a regular file; NotOurs naming what it is otherwise. A file of
+    fsdpctl's (under FSDPCTL_HOME) is also refused when a symbolic link leads to it (fsdpctl makes none);
+    `follow_links`: a file the user named (a token file may well be a link)."""
+    if not follow_links:
+        _no_link_from(_home_of(path), path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow_links:
+            raise NotOurs(path, "is a symbolic link, not the file fsdpctl wrote there") from None
+        raise
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        raise NotOurs(path, f"is {KINDS.get(kind, 'not a regular file')}, not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path, limit: int = STATE_MAX_BYTES, *, follow_links: bool = False) -> bytes:
+    """The bytes of a regular file (see `open_regular`); NotOurs when it is over `limit` bytes."""
+    with open_regular(path, follow_links=follow_links) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        raise NotOurs(
+            path, f"is {max(size, len(data))} bytes, over the {limit} any file fsdpctl writes there has"
+        )
+    return data
+
+
+def read_json(path: Path, limit: int = STATE_MAX_BYTES) -> Any:
+    """A JSON file fsdpctl wrote: its document, parsed with NaN and Infinity refused (fsdpctl writes
+    neither); OSError (NotOurs) or ValueError (not UTF-8, not JSON) otherwise."""
+    return json.loads(read_regular(path, limit).decode("utf-8"), parse_constant=_no_constant)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_tail(path: Path, limit: int) -> tuple[bytes, bool]:
+    """The last `limit` bytes of a regular file (from the first line that starts in them), and whether
+    that is less than the whole file: what a log reader takes of a log of any size."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= limit:
+            return f.read(limit), False
+        f.seek(size - limit)
+        data = f.read(limit)
+    return data[data.find(b"\n") + 1 :] if b"\n" in data else b"", True
+
+
+def _home_of(path: Path) -> Path | None:
+    try:
+        root = home()
+    except BadInput:
+        return None
+    return root if path.is_relative_to(root) else None
+
+
+def _no_link_from(root: Path | None, path: Path) -> None:
+    """No symbolic link on the way from `root` down to `path` (fsdpctl makes none): a job directory or a
+    log directory linked elsewhere is not fsdpctl's to read or delete through."""
+    if root is None or not path.is_relative_to(root):
+        return
+    at = root
+    for part in path.relative_to(root).parts[:-1]:
+        at = at / part
+        try:
+            if stat.S_ISLNK(os.lstat(at).st_mode):
+                raise NotOurs(path, f"is reached through {at}, a symbolic link fsdpctl did not make")
+        except FileNotFoundError:
+            return
+
+
+def kind_of(path: Path) -> str:
+    """What is at `path`, in words (not following a link): 'a FIFO', 'a regular file', ..."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    return "a regular file" if stat.S_ISREG(mode) else KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def reached_without_link(path: Path, root: Path) -> bool:
+    """Whether `path` (itself included) is reached from `root` without a symbolic link."""
+    try:
+        _no_link_from(root, path / "x")
+    except NotOurs:
+        return False
+    return True
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -36,7 +36,7 @@ def uri(cfg: Config) -> str:
     from fsdpctl.adapters.aws import Aws, AwsError
 
     try:
-        account = Aws(cfg.aws_region, cfg.aws_profile).identity()["Account"]
+        account = Aws(cfg.aws_region, cfg.aws_profile, cfg.request_timeout).identity()["Account"]
     except AwsError as e:
         raise FsdpctlError(
             f"cannot tell the ECR registry: {e}",
@@ -59,7 +59,7 @@ def ecr_login(cfg: Config) -> tuple[bool, str, str]:
     when missing, the password is an ecr:GetAuthorizationToken token (valid 12 hours)."""
     from fsdpctl.adapters.aws import Aws
 
-    aws = Aws(cfg.aws_region, cfg.aws_profile)
+    aws = Aws(cfg.aws_region, cfg.aws_profile, cfg.request_timeout)
     _, created = aws.ecr_repository(cfg.image_repo)
     user, password = aws.ecr_login()
     return created, user, password

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import remember
 from fsdpctl.settings import Config
 
+TOKEN_FILE_MAX = 64 * 1024  # a token is tens of bytes
+
 
 def _read_file(path: str) -> str:
+    """The token file's text: a regular file, opened without blocking (a FIFO there is refused, not waited
+    on) and read up to a bound (a link to /dev/zero ends there)."""
     try:
-        return Path(path).expanduser().read_text()
+        data = files.read_regular(Path(path).expanduser(), TOKEN_FILE_MAX, follow_links=True)
     except OSError as e:
-        raise BadInput(f"HF_TOKEN_FILE={path!r} cannot be read ({e.strerror})", hint="fix the path") from e
+        raise BadInput(f"HF_TOKEN_FILE={path!r} {files.why(e)}", hint="fix the path") from e
+    return data.decode("utf-8")
 
 
 def secret_env(cfg: Config) -> dict[str, str]:

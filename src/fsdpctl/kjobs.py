@@ -27,7 +27,7 @@ def connect(cfg: Config):
     except ImportError as e:
         raise FsdpctlError("the kubernetes client is not installed", hint="pip install 'fsdpctl[k8s]'") from e
     try:
-        return Kube.connect(cfg.kube_context)
+        return Kube.connect(cfg.kube_context, timeout=cfg.request_timeout)
     except NoCluster as e:
         raise FsdpctlError(f"no Kubernetes cluster to talk to: {e}", hint=_cluster_hint(cfg)) from e
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fsdpctl import render
+from fsdpctl.files import JOB_NAME, RUN_ID
 from fsdpctl.redact import MASK, secret_kind
 from fsdpctl.settings import SECRET_KEYS, Config, Settings, setting_keys
 from fsdptrain import events, fingerprint
@@ -109,14 +111,57 @@ def build(
 
 
 def problem(rec: Any) -> str | None:
-    """Why `rec` is not a run record fsdpctl can use (wrong shape, or its parts no longer match its hash)."""
+    """Why `rec` is not a run record fsdpctl can use (wrong shape, its parts no longer match its hash, or a
+    part a reader uses is not of its type: a record is read back from a file anyone may have changed)."""
     if not isinstance(rec, dict) or rec.get("kind") != KIND or not isinstance(rec.get("settings"), dict):
         return "is not a run record"
     if rec.get("version") != VERSION:
         return f"is a version {rec.get('version')} run record; this fsdpctl reads version {VERSION}"
     if rec.get("hash") != digest(rec) or rec.get("id") != str(rec.get("hash"))[:ID_CHARS]:
         return "was changed after it was written: its hash no longer matches what it records"
-    return None
+    wrong = [key for key, ok in _PARTS.items() if not ok(rec.get(key))]
+    return f"is not a run record fsdpctl wrote (bad: {', '.join(wrong)})" if wrong else None
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+
+
+def _plain(v: Any) -> bool:
+    """An object of strings, numbers, booleans and nulls (the code and image parts)."""
+    scalar = (str, int, float, bool, type(None))
+    return v is None or (isinstance(v, dict) and all(isinstance(x, scalar) for x in v.values()))
+
+
+def _trainer(v: Any) -> bool:
+    """The trainer's start event as merged (`with_start`): versions as text, the two fingerprints."""
+    if v is None:
+        return True
+    if not isinstance(v, dict) or not all(
+        isinstance(v.get(k), str) for k in ("python", "torch", "transformers")
+    ):
+        return False
+    optional = all(isinstance(v.get(k), str | None) for k in ("cuda", "nccl"))
+    return optional and all(fingerprint.well_formed(v.get(k)) for k in ("dataset", "tokenizer"))
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_PARTS: dict[str, Callable[[Any], bool]] = {
+    "job": lambda v: isinstance(v, str) and bool(JOB_NAME.fullmatch(v)),
+    "run_id": lambda v: isinstance(v, str) and bool(RUN_ID.fullmatch(v)) and ".." not in v,
+    "backend": lambda v: v in ("local", "eks"),
+    "settings": _strings,
+    "sources": _strings,
+    "secrets": _strings,
+    "created": _finite_number,
+    "code": _plain,
+    "image": _plain,
+    "trainer": _trainer,
+    "manifests": lambda v: v is None or isinstance(v, str),
+}
 
 
 def with_start(rec: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ Beside the jobs directory, not in it: `cleanup` removes an ended job's files, an
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -68,38 +69,72 @@ def discard(where: Path) -> None:
 
 
 def read(where: Path) -> dict[str, Any]:
+    """The record in file `where`; BadInput naming the file when it is not one this fsdpctl wrote there:
+    not a regular file (read without following a link or blocking: fsdpctl.files), too big, not JSON,
+    another version's, changed since (its hash), or the record of another job or run than its path says."""
     try:
-        rec = json.loads(where.read_text())
+        rec = files.read_json(where)
     except (OSError, ValueError) as e:
-        raise BadInput(f"run record {where} cannot be read ({type(e).__name__})", hint="remove it") from e
+        raise BadInput(f"run record {where} {files.why(e)}", hint="remove it") from e
     problem = record.problem(rec)
+    if not problem and (rec["job"], rec["run_id"]) != (where.parent.name, where.stem):
+        problem = f"is the record of job {rec['job']} run {rec['run_id']}, not of the path it is at"
     if problem:
         raise BadInput(f"{where} {problem}", hint="remove it, or run the job again for a new record")
     return rec
 
 
-def of_job(job: str) -> list[dict[str, Any]]:
-    """Every run record of job `job` on this machine, oldest first (damaged ones skipped)."""
+def of_job(job: str, damaged: list[BadInput] | None = None) -> list[dict[str, Any]]:
+    """Every run record of job `job` on this machine, oldest first; damaged ones skipped (into `damaged`,
+    newest last, when given)."""
     found = []
-    for p in sorted((root() / job).glob("*.json")) if files.JOB_NAME.fullmatch(job) else []:
+    where = root() / job
+    if (
+        files.JOB_NAME.fullmatch(job)
+        and os.path.lexists(where)
+        and (where.is_symlink() or not where.is_dir())
+    ):
+        files.skipped(where, f"is {files.kind_of(where)}, not the directory of job {job}'s records")
+        return []
+    for p in sorted(where.glob("*.json")) if files.JOB_NAME.fullmatch(job) else []:
         try:
             found.append(read(p))
-        except BadInput:
-            continue
-    return sorted(found, key=lambda r: r.get("created", 0))
+        except BadInput as e:
+            (damaged if damaged is not None else []).append(e)
+    return sorted(found, key=lambda r: r["created"])
 
 
 def find(name: str) -> dict[str, Any] | None:
-    """The record `name` means: a run id or a record id (any job), else the newest run of job `name`."""
+    """The record `name` means: the newest run of job `name` (a job's own name wins over another job's run
+    id or record that happens to equal it), else a run id or a record id (any job). A job whose every
+    record is damaged is that damage, one line naming the newest file (not "no record")."""
+    damaged: list[BadInput] = []
+    runs = of_job(name, damaged)
+    if runs:
+        return runs[-1]
+    if damaged:
+        raise damaged[-1]
+    dirs = _job_dirs()
     if files.RUN_ID.fullmatch(name) and ".." not in name:
-        for p in sorted(root().glob(f"*/{name}.json")):
-            return read(p)
-    for p in sorted(root().glob("*/*.json")) if len(name) == record.ID_CHARS else []:
+        for d in dirs:  # lexists: a link or a FIFO where the record was is named, not passed over
+            if os.path.lexists(d / f"{name}.json"):
+                return read(d / f"{name}.json")
+    for p in (p for d in dirs for p in sorted(d.glob("*.json"))) if len(name) == record.ID_CHARS else []:
         try:
             rec = read(p)
         except BadInput:
             continue
         if rec["id"] == name:
             return rec
-    runs = of_job(name)
-    return runs[-1] if runs else None
+    return None
+
+
+def _job_dirs() -> list[Path]:
+    """The directories of records/, one per job; anything else there is said once and passed over."""
+    found = []
+    for entry in sorted(root().iterdir()) if root().is_dir() else []:
+        if entry.is_symlink() or not entry.is_dir():
+            files.skipped(entry, f"is {files.kind_of(entry)}, not a directory of run records")
+        else:
+            found.append(entry)
+    return found

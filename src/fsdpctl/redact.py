@@ -38,6 +38,19 @@ AWS_SECRET = re.compile(
 )
 SHAPES = tuple(KINDS.values())
 MASK = "***"
+# A password in a URL's userinfo (RFC 3986 section 3.2.1, `scheme://user:password@host`; the RFC itself calls
+# the form deprecated because the password shows wherever the URL does): DATASET=https://u:p@host/...,
+# s3://KEY:SECRET@bucket, an AWS_ENDPOINT_URL or HF_ENDPOINT with credentials. The user and host stay.
+URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@'\"<>]*):([^/\s@'\"<>]+)@")
+# A secret named by its key wherever it is written `KEY=value`, `KEY: value` or `KEY:value` (a .env line or
+# a --set pasted wrong, a log line, an error quoting its input): the value, whatever its shape, when it is
+# a token's length (16 or more characters: fsdpctl's own words after the name, `environment HF_TOKEN` in
+# config show's sources, are shorter). A value that starts with `<`, `*` or `$` is a reference or already
+# masked (the run record's `<secret: ...>`).
+NAMED_SECRET = re.compile(
+    r"(?<![A-Za-z0-9_])((?:FSDPCTL_)?(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN))"
+    r"(['\"]?\s*[:=]+\s*['\"]?)([^\s'\"<*$][^\s'\"]{15,})"
+)
 # secrets fsdpctl learned from its settings (HF_TOKEN from .env or --set, the HF_TOKEN_FILE content)
 _remembered: set[str] = set()
 SHORTEST = 8  # a shorter value would mask ordinary words ("true", a port) all over the output
@@ -61,6 +74,8 @@ def redact(text: str, extra: tuple[str, ...] = ()) -> str:
         text = text.replace(value, MASK)
     for shape in SHAPES:
         text = shape.sub(MASK, text)
+    text = URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{MASK}@" if m.group(2) != MASK else m.group(0), text)
+    text = NAMED_SECRET.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
     return AWS_SECRET.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
 
 
@@ -71,7 +86,16 @@ def secret_kind(value: str) -> str | None:
             return kind
     if AWS_SECRET.search(value):
         return "an AWS secret access key"
+    if any(m.group(2) != MASK for m in URL_PASSWORD.finditer(value)):
+        return "a URL with a password"
     return None
+
+
+def leaks(text: str) -> list[str]:
+    """The secret-shaped values still in `text` (what tests grep every output and file for): tokens, and
+    passwords in URLs that are not masked."""
+    found = [m.group(0) for shape in SHAPES for m in shape.finditer(text)]
+    return found + [m.group(2) for m in URL_PASSWORD.finditer(text) if m.group(2) != MASK]
 
 
 def redact_obj(obj: Any) -> Any:

@@ -91,6 +91,7 @@ OWN_ENV = (
     "FSDPCTL_LOCAL_NETNS",
     "FSDPCTL_POD",
     "FSDPCTL_JOB",
+    "FSDPCTL_RUN",
     "FSDPCTL_SHARED",
     "FSDPCTL_CHECKOV",
     "FSDPCTL_UPDATE_GOLDEN",
@@ -116,6 +117,14 @@ class Settings(BaseModel):
         "", "aws", "12-digit account id (default registry: its ECR)", pattern=r"^(\d{12})?$"
     )
     aws_profile: str = _k("", "aws", "AWS CLI profile to use")
+    request_timeout: float = _k(
+        30.0,
+        "aws",
+        "seconds to wait for an answer from AWS, the Kubernetes API or the Hub (per request; a profile's "
+        "credential_process and a kubeconfig's exec plugin too); then fail naming what did not answer",
+        ge=0.1,
+        le=3600,
+    )
     cluster_name: str = _k("fsdp-eks", "cluster", "EKS cluster name", pattern=r"^[a-zA-Z][-a-zA-Z0-9]{0,99}$")
     cluster_tool: Literal["eksctl", "terraform"] = _k("eksctl", "cluster", "what creates the cluster")
     instance_type: str = _k("p5.48xlarge", "cluster", "GPU node type: " + ", ".join(INSTANCE_TYPES))
@@ -505,25 +514,55 @@ def parse_dotenv(text: str, origin: str = ".env") -> Dotenv:
     return values
 
 
+# the name a line (or a --set) starts with, however what follows is written: KEY=, KEY:, KEY value
+_LEADING_KEY = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)")
+
+
 def _masked_line(line: str) -> str:
-    """A .env line as an error may quote it: secret-shaped values masked, and the whole value of a secret key
-    (HF_TOKEN="abc... with its quote unclosed has no shape to recognise)."""
-    key, sep, _ = line.partition("=")
-    if sep and key.strip().removeprefix("export ").strip() in (*SECRET_ENV, *SECRET_KEYS):
-        return f"{key}={MASK}"
+    """A .env line (or --set) as an error may quote it: secret-shaped values masked, and everything after a
+    secret's own name, whatever separates them (HF_TOKEN="abc... with its quote unclosed, `HF_TOKEN abc`,
+    `HF_TOKEN:abc`: the value has no shape to recognise, its place says it)."""
+    m = _LEADING_KEY.match(line)
+    if m and m.group(1).removeprefix(ENV_PREFIX) in (*SECRET_ENV, *SECRET_KEYS) and line[m.end() :].strip():
+        return f"{line[: m.end()]} {MASK}"
     return redact(line)
 
 
+def masked_line(line: str) -> str:
+    return _masked_line(line)
+
+
+def _shown_key(key: str) -> str:
+    """A .env key as a warning may name it: python-dotenv takes `HF_TOKEN:abc` (no `=`) as a key with no
+    value, so a key that is not a name shows only up to where it stops being one."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", key):
+        return key
+    m = _LEADING_KEY.match(key)
+    head = m.group(1) if m else ""
+    return f"{head}... ({len(key) - len(head)} more characters, not a name)"
+
+
 def secret_warnings(raw: Mapping[str, str], sources: Mapping[str, str]) -> list[str]:
-    """A token pasted into a key that is not secret (TOKENIZER, IMAGE_TAG, DATASET_SPLIT) would reach the
-    manifests and the pods' environment in clear: every output masks it, and this warning names the key."""
+    """A token pasted into a key that is not secret (TOKENIZER, IMAGE_TAG, DATASET_SPLIT), or a URL with a
+    password (DATASET=https://user:pass@host/...), would reach the manifests and the pods' environment in
+    clear: every output masks it, and this warning names the key. HF_TOKEN and HF_TOKEN_FILE both set: the
+    file is never read, and this says so (which one wins)."""
     found = []
+    if raw.get("HF_TOKEN") and raw.get("HF_TOKEN_FILE"):
+        found.append(
+            f"HF_TOKEN_FILE ({sources.get('HF_TOKEN_FILE', 'default')}) is not read: HF_TOKEN "
+            f"({sources.get('HF_TOKEN', 'default')}) is set too, and wins; unset one of them"
+        )
     for key, value in raw.items():
         kind = None if key in SECRET_KEYS else secret_kind(value)
+        fix = (
+            "so the job gets *** for the password too: give the job its credentials another way"
+            if kind == "a URL with a password"
+            else "so the job gets ***; put secrets in HF_TOKEN or HF_TOKEN_FILE"
+        )
         if kind:
             found.append(
-                f"{key} ({sources.get(key, 'default')}) looks like {kind}: masked in every output, so the "
-                "job gets ***; put secrets in HF_TOKEN or HF_TOKEN_FILE"
+                f"{key} ({sources.get(key, 'default')}) looks like {kind}: masked in every output, {fix}"
             )
     return found
 
@@ -575,6 +614,11 @@ def _dotenv_warnings(dotenv: Mapping[str, str], keys: Mapping[str, str], name: s
             continue
         where = f"{name} line {lines[key]}" if key in lines else name
         plain = key.removeprefix(ENV_PREFIX)
+        if _shown_key(key) != key:  # `HF_TOKEN:value`, `HF_TOKEN value`: the value must not be echoed
+            head = _shown_key(key).split("...")[0]
+            hint = f": write {head}=VALUE" if head.removeprefix(ENV_PREFIX) in keys else ": it is ignored"
+            warnings.append(f"{where}: unknown key {_shown_key(key)}{hint}")
+            continue
         if key != plain and plain in keys:
             hint = f": did you mean {plain}? ({name} takes the plain names; FSDPCTL_ is the environment's)"
         else:
@@ -941,17 +985,24 @@ def _explain(err: ErrorDetails) -> str:
         return f"is not valid: it must match {ctx['pattern']}"
     if kind == "int_parsing":
         return "is not a whole number: give one, e.g. 2"
+    if kind == "float_parsing":
+        return "is not a number: give one, e.g. 30"
     if kind == "bool_parsing":
         return "is not a boolean: use true or false"
     if kind == "greater_than_equal":
-        return f"is too small: use at least {ctx['ge']}"
+        return f"is too small: use at least {_bound(ctx['ge'])}"
     if kind == "less_than_equal":
-        return f"is too large: use at most {ctx['le']}"
+        return f"is too large: use at most {_bound(ctx['le'])}"
     if kind == "value_error":  # a field validator's own words
         return re.sub(r"^Value error, ", "", err["msg"])
     if kind == "finite_number":
         return "is not a finite number: give one, e.g. 0.001"
     return f"is not valid: {err['msg']}"
+
+
+def _bound(x: Any) -> Any:
+    """A bound as a person writes it: 3600, not the 3600.0 a float field makes of it."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
 def redacted(cfg: Config) -> dict[str, Any]:

@@ -17,9 +17,12 @@ an event kind it does not know (a newer trainer's) and fields it does not know.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
+
+from fsdptrain import fingerprint
 
 PREFIX = '{"event"'
 # The id of the run record fsdpctl wrote for this run (fsdpctl.record): set in the pods' environment, echoed
@@ -145,15 +148,52 @@ def to_line(event: Event) -> str:
     return json.dumps(as_record(event), separators=(",", ":"))
 
 
+# A line is read back from a log anyone may have written into: each field must have its declared type
+# before a reader does arithmetic with it. Times, rates and counts are finite; a loss may be NaN or inf
+# (a diverged run prints what it computed).
+MAY_DIVERGE = frozenset({"loss", "grad_norm", "final_loss", "first_loss", "losses", "mfu"})
+POSITIVE = frozenset({"max_steps", "world"})  # divided by
+
+
+def _typed(name: str, declared: str, value: Any) -> bool:
+    """Whether `value` fits the field's declared type (the annotation's text: these dataclasses are
+    declared under `from __future__ import annotations`)."""
+    if value is None:
+        return declared.endswith("| None")
+    base = declared.removesuffix(" | None")
+    finite = name in MAY_DIVERGE or _finite(value)
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or name not in POSITIVE)
+    if base == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool) and finite
+    if base == "str":
+        return isinstance(value, str)
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "list[float]":
+        return isinstance(value, list) and all(_typed(name, "float", v) for v in value)
+    return isinstance(value, dict)  # dict[str, Any]
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def from_record(record: Mapping[str, Any]) -> Event | None:
-    """The typed event of one decoded line; None for an unknown kind or a line missing a required field."""
+    """The typed event of one decoded line; None for an unknown kind, a line missing a required field, or
+    one whose fields are not of their types (a damaged or foreign line: skipped like a cut one)."""
     kind = record.get("event")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         return None
-    known = {f.name for f in fields(cls)}
+    declared = {f.name: str(f.type) for f in fields(cls)}
+    values = {k: v for k, v in record.items() if k in declared}
+    if not all(_typed(k, declared[k], v) for k, v in values.items()):
+        return None
+    if cls is Start and not all(fingerprint.well_formed(values.get(k)) for k in ("dataset", "tokenizer")):
+        return None
     try:
-        return cls(**{k: v for k, v in record.items() if k in known})
+        return cls(**values)
     except TypeError:  # a required field is missing
         return None
 

@@ -203,9 +203,46 @@ def explain(e: Exception, target: Target, *, token_given: bool, endpoint: str | 
     if status == 401:
         return FetchError(f"{what}: the hub refused the token (invalid or expired)", permanent=True)
     where = endpoint or "huggingface.co"
+    if "Timeout" in type(e).__name__:  # httpx's ConnectTimeout, ReadTimeout, ...: past the deadline
+        return FetchError(
+            f"{what}: the hub ({where}) did not answer in time ({type(e).__name__})", permanent=False
+        )
     return FetchError(
         f"{what}: the hub ({where}) failed: {type(e).__name__} {status or ''}".rstrip(), permanent=False
     )
+
+
+class _Deadline:
+    """An httpx request hook: every timeout a request left unset (huggingface_hub's own client is made
+    with `timeout=None`, and HfApi.repo_info and list_repo_tree pass `timeout=None` on: no deadline at all)
+    becomes `seconds`. The timeouts travel in request.extensions["timeout"], which the transport reads
+    after the request hooks ran (httpx Client._send_handling_redirects)."""
+
+    seconds: float | None = None
+
+    def __call__(self, request: Any) -> None:
+        if self.seconds is None:
+            return
+        given = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {
+            k: self.seconds if given.get(k) is None else given[k]
+            for k in ("connect", "read", "write", "pool")
+        }
+
+
+_DEADLINE = _Deadline()
+
+
+def hub_deadline(seconds: float) -> None:
+    """Every request huggingface_hub sends from now on (on its shared client: `get_session`) waits at most
+    `seconds` to connect and for each read."""
+    from huggingface_hub import get_session
+
+    _DEADLINE.seconds = seconds
+    session = get_session()
+    hooks = session.event_hooks
+    if _DEADLINE not in hooks.get("request", []):
+        session.event_hooks = {**hooks, "request": [*hooks.get("request", []), _DEADLINE]}
 
 
 def download(

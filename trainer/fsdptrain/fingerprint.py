@@ -56,6 +56,25 @@ def fingerprint(source: str, path: str | None = None) -> dict[str, Any]:
     }
 
 
+def well_formed(fp: Any) -> bool:
+    """Whether `fp` has the shape `fingerprint` returns (what a reader of a log or a record may rely on)."""
+    if (
+        not isinstance(fp, dict)
+        or not isinstance(fp.get("source"), str)
+        or not isinstance(fp.get("local"), bool)
+    ):
+        return False
+    if not fp["local"]:
+        return True
+    counts = all(isinstance(fp.get(k), int) and not isinstance(fp.get(k), bool) for k in ("files", "bytes"))
+    listed = fp.get("listed", [])
+    entries = isinstance(listed, list) and all(
+        isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("size"), int)
+        for e in listed
+    )
+    return counts and isinstance(fp.get("digest"), str) and entries
+
+
 def difference(recorded: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> str | None:
     """How two fingerprints of one input differ, in words; None when they agree (or either is unknown)."""
     if not recorded or not now or not recorded.get("local") or not now.get("local"):

@@ -6,15 +6,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
+from fsdpctl.adapters import shell
 from fsdpctl.errors import BadInput, FsdpctlError
 
 CREDENTIALS_HINT = "check credentials and AWS_REGION (`fsdpctl cluster check`)"
 
 
+SILENT_HINT = "check the network and AWS_ENDPOINT_URL, or give it longer (REQUEST_TIMEOUT)"
+
+
 class AwsError(FsdpctlError):
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}", hint=CREDENTIALS_HINT)
+    def __init__(self, code: str, message: str, hint: str = CREDENTIALS_HINT):
+        super().__init__(f"{code}: {message}", hint=hint)
         self.aws_code = code  # the service's error code (`code` is fsdpctl's exit code)
 
 
@@ -23,7 +28,7 @@ P_INSTANCES_QUOTA = ("ec2", "L-417A185B")
 
 
 def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
     from botocore.parsers import ResponseParserError
 
     try:
@@ -31,25 +36,42 @@ def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
     except ClientError as e:
         err = e.response.get("Error", {})
         raise AwsError(err.get("Code", "ClientError"), err.get("Message", str(e))) from e
+    except (ConnectTimeoutError, ReadTimeoutError) as e:  # names the endpoint URL that did not answer
+        raise AwsError(type(e).__name__, f"{e} (no answer within REQUEST_TIMEOUT)", SILENT_HINT) from e
     except (BotoCoreError, ResponseParserError) as e:  # the latter: an HTML error page (proxy, emulator)
         raise AwsError(type(e).__name__, str(e)) from e
+    except shell.Overdue as e:  # the profile's credential_process
+        raise AwsError("CredentialRetrievalError", f"{e} (REQUEST_TIMEOUT)") from None
+
+
+# botocore's own default is 60 s to connect and 60 s per read, each retried up to 4 times (legacy mode): a
+# silent endpoint held a command for ten minutes. With a deadline of its own a request is tried twice.
+RETRIES = {"total_max_attempts": 2, "mode": "standard"}
 
 
 @dataclass
 class Aws:
     region: str
     profile: str = ""
+    timeout: float = 30  # REQUEST_TIMEOUT: each connect, each read, the profile's credential_process
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
+    _silent: set[str] = field(default_factory=set, repr=False)  # endpoints that did not answer once
 
     def __post_init__(self) -> None:
         try:
             import boto3
+            import botocore.session
         except ImportError as e:
             raise FsdpctlError("boto3 is not installed", hint="pip install 'fsdpctl[aws]'") from e
         from botocore.exceptions import ProfileNotFound
 
         try:
-            self.session = boto3.Session(region_name=self.region, profile_name=self.profile or None)
+            self.botocore = botocore.session.Session(profile=self.profile or None)
+            self.session = boto3.Session(region_name=self.region, botocore_session=self.botocore)
+            self.botocore.get_scoped_config()  # the profile is looked up here, as boto3.Session did
+            _bound_credential_process(self.botocore, self.timeout, self.profile or "default")
+            self.botocore.register("after-call-error", self._note_silence)
+            self.botocore.register("before-send", self._fail_fast)
         except ProfileNotFound as e:  # boto3 looks the profile up at once, in ~/.aws/config and credentials
             raise BadInput(
                 f"AWS_PROFILE={self.profile!r} is not a profile in the AWS config or credentials file",
@@ -57,9 +79,38 @@ class Aws:
             ) from e
 
     def client(self, service: str) -> Any:
+        """A client whose every request has a deadline: `connect_timeout` and `read_timeout` (botocore's
+        Config, "the time in seconds till a timeout exception is thrown when attempting to make a
+        connection / read from a connection"), retried as RETRIES says unless the user set
+        AWS_MAX_ATTEMPTS or AWS_RETRY_MODE (environment or profile), which win."""
+        from botocore.config import Config
+
         if service not in self._clients:
-            self._clients[service] = self.session.client(service)
+            user_set = any(self.botocore.get_config_variable(v) for v in ("max_attempts", "retry_mode"))
+            config = Config(
+                connect_timeout=self.timeout,
+                read_timeout=self.timeout,
+                **({} if user_set else {"retries": RETRIES}),
+            )
+            # credentials are resolved here (the profile's credential_process runs): errors as _call's
+            self._clients[service] = _call(self.session.client, service_name=service, config=config)
         return self._clients[service]
+
+    def _note_silence(self, exception: BaseException | None = None, **_: Any) -> None:
+        """botocore's after-call-error event (client.py _make_request): an endpoint that did not answer."""
+        from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+        if isinstance(exception, ConnectTimeoutError | ReadTimeoutError):
+            self._silent.add(urlsplit(str(exception.kwargs.get("endpoint_url", ""))).netloc)
+
+    def _fail_fast(self, request: Any = None, **_: Any) -> None:
+        """botocore's before-send event (endpoint.py): a request to an endpoint that already did not answer
+        in this command fails at once with the same error, rather than after another deadline (`cluster
+        check` asks five things of one endpoint)."""
+        from botocore.exceptions import ReadTimeoutError
+
+        if request is not None and urlsplit(request.url).netloc in self._silent:
+            raise ReadTimeoutError(endpoint_url=request.url)
 
     def identity(self) -> dict:
         return _call(self.client("sts").get_caller_identity)
@@ -264,3 +315,14 @@ class Aws:
         _call(kms.schedule_key_deletion, KeyId=meta["KeyId"], PendingWindowInDays=days)
         _call(kms.delete_alias, AliasName=alias)
         return meta["Arn"]
+
+
+def _bound_credential_process(session: Any, timeout: float, profile: str) -> None:
+    """botocore runs a profile's `credential_process` and waits for it with no timeout
+    (credentials.py, ProcessProvider._retrieve_credentials_using: `p.communicate()`); a helper that never
+    returns (a login prompt nobody answers, a hung SSO helper) held every AWS command. Its Popen is given
+    a deadline (the provider takes the Popen it uses as `popen`)."""
+    provider = session.get_component("credential_provider").get_provider("custom-process")
+    if provider is not None:
+        what = f"the credential_process of AWS profile {profile!r}"
+        provider._popen = shell.bounded_popen(timeout, what)

@@ -53,5 +53,7 @@ def download(url: str, dest: Path, *, timeout: float = 60) -> Path:
 def _reason(e: BaseException) -> str:
     if isinstance(e, urllib.error.HTTPError):
         return f"HTTP {e.code} {e.reason}"
+    if isinstance(getattr(e, "reason", e), TimeoutError):  # socket.timeout: the deadline passed
+        return "no answer in time (REQUEST_TIMEOUT)"
     reason = getattr(e, "reason", None) or e
     return getattr(reason, "strerror", None) or str(reason) or type(reason).__name__

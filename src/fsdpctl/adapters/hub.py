@@ -19,6 +19,7 @@ def fetch(
     token: str,
     dry_run: bool,
     on_progress: Callable[[Progress], None],
+    timeout: float = 30,
 ) -> list[Fetched]:
     """Each repo into the cache HF_HOME/hub (HF_ENDPOINT: another hub or a mirror). A wrong id or a missing
     or refused token: exit 2, with nothing written; an unreachable hub: exit 1 (run again: what is complete
@@ -27,8 +28,9 @@ def fetch(
         import huggingface_hub  # noqa: F401 - only to say what is missing
     except ImportError as e:
         raise FsdpctlError("huggingface_hub is not installed", hint="pip install 'fsdpctl[train]'") from e
-    from fsdptrain.fetch import fetch_all
+    from fsdptrain.fetch import fetch_all, hub_deadline
 
+    hub_deadline(timeout)  # REQUEST_TIMEOUT: a hub that accepts and never answers is one line, exit 1
     try:
         return fetch_all(
             wanted,

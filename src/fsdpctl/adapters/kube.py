@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpctl.adapters import shell
+
 FIELD_MANAGER = "fsdpctl"
 # aggregated discovery (apidiscovery.k8s.io v2, GA in Kubernetes 1.30; v2beta1 from 1.26): one answer for all
 # groups; a server without it answers the plain APIGroupList to the last entry
@@ -220,6 +222,7 @@ def selector(labels: dict[str, str]) -> str:
 class Kube:
     api: Any  # kubernetes.client.ApiClient
     context: str = ""
+    timeout: float = 30  # REQUEST_TIMEOUT: to connect, and for each answer (a follow stream: its headers)
     discovery: Discovery = field(init=False, repr=False)
     # objects a server dry run could not check: their namespace or CRD comes from the same dry run, which
     # creates nothing (kubernetes/kubernetes#83562)
@@ -231,26 +234,31 @@ class Kube:
         self.discovery = Discovery(lambda url, accept: self.request("GET", url, accept=accept))
 
     @classmethod
-    def connect(cls, context: str = "", kubeconfig: str | None = None) -> Kube:
-        """From the kubeconfig ($KUBECONFIG or ~/.kube/config), else the pod's service account."""
-        from kubernetes import config
+    def connect(cls, context: str = "", kubeconfig: str | None = None, timeout: float = 30) -> Kube:
+        """From the kubeconfig ($KUBECONFIG or ~/.kube/config), else the pod's service account. Every
+        request has a deadline (`timeout`, REQUEST_TIMEOUT), and so has the kubeconfig's exec plugin."""
+        from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
 
         # read $KUBECONFIG now: the client computes its default path once, at import
         kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
+        conf = client.Configuration()
+        _bound_exec_plugin(timeout)
         try:
-            api = config.new_client_from_config(config_file=kubeconfig, context=context or None)
+            config.load_kube_config(
+                config_file=kubeconfig, context=context or None, client_configuration=conf
+            )
         except ConfigException as e:
             try:
-                config.load_incluster_config()
+                config.load_incluster_config(client_configuration=conf)
             except ConfigException:
                 raise NoCluster(str(e).splitlines()[0]) from e
-            from kubernetes import client
-
-            api = client.ApiClient()
         except FileNotFoundError as e:
             raise NoCluster(f"kubeconfig not found: {e.filename}") from e
-        return cls(api, context)
+        except shell.Overdue as e:
+            raise NoCluster(f"the kubeconfig's exec plugin: {e} (REQUEST_TIMEOUT)") from None
+        conf.retries = _retries()
+        return cls(client.ApiClient(configuration=conf), context, timeout)
 
     @property
     def server(self) -> str:
@@ -291,9 +299,14 @@ class Kube:
         content_type: str = "application/json",
         accept: str = "application/json, */*",
         stream: bool = False,
-        timeout: float | None = 60,
+        timeout: float | None = None,
+        follow: bool = False,
     ):
-        """One HTTP call; the parsed JSON answer, or the open response when `stream`."""
+        """One HTTP call; the parsed JSON answer, or the open response when `stream`. It waits at most
+        self.timeout to connect and `timeout` (default self.timeout) for each read, as kubectl gives up
+        after its --request-timeout (the client's `_request_timeout`: a (connect, read) pair becomes
+        urllib3's Timeout); a `follow` stream (`logs -f`) waits for its headers only, then as long as the
+        container is quiet."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -308,13 +321,17 @@ class Kube:
                 body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
-                _request_timeout=(10, timeout) if stream and timeout else timeout,
+                _request_timeout=(self.timeout, timeout or self.timeout),
                 _return_http_data_only=True,
             )
         except ApiException as e:
             raise _kube_error(e.status, e.reason, e.body) from e
         except HTTPError as e:
-            raise NoCluster(f"cannot reach the Kubernetes API at {self.server}: {e}") from e
+            raise NoCluster(_unreachable(self.server, e, timeout or self.timeout)) from e
+        except shell.Overdue as e:  # the exec plugin, run again to refresh an expired token
+            raise NoCluster(f"the kubeconfig's exec plugin: {e} (REQUEST_TIMEOUT)") from None
+        if follow:
+            _no_read_deadline(resp)
         if stream:
             return resp
         data = resp.data
@@ -432,9 +449,9 @@ class Kube:
             "sinceSeconds": str(since_seconds) if since_seconds is not None else None,
             "timestamps": "true" if timestamps else None,
         }
-        # no read timeout: a training step may print nothing for many minutes
+        # following: no read deadline once it answered (a training step may print nothing for minutes)
         url = self.path("v1", "Pod", namespace, pod, "log")
-        resp = self.request("GET", url, query=query, stream=True, timeout=None)
+        resp = self.request("GET", url, query=query, stream=True, follow=follow)
         try:
             yield from (line.decode("utf-8", errors="replace") for line in _lines(resp))
         finally:
@@ -471,6 +488,44 @@ class Kube:
         """A request to a Service through the API server's proxy (etcd, Prometheus): no port-forward."""
         url = self.path("v1", "Service", namespace, f"{service}:{port}", "proxy") + "/" + rest.lstrip("/")
         return self.request(method, url, query=query)
+
+
+def _retries() -> Any:
+    """urllib3's retries for every request: a refused or failed connection is tried again (twice), a
+    request that was sent and never answered is not (its deadline has passed once already); the client's
+    default was urllib3's Retry(3), each a full read timeout more."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=2, connect=2, read=0, status=0, other=0, redirect=5, raise_on_status=False)
+
+
+def _unreachable(server: str, e: Exception, read_s: float) -> str:
+    from urllib3.exceptions import MaxRetryError, TimeoutError
+
+    reason = e.reason if isinstance(e, MaxRetryError) else e
+    if isinstance(reason, TimeoutError):
+        return f"the Kubernetes API at {server} did not answer within {read_s:g} s (REQUEST_TIMEOUT)"
+    return f"cannot reach the Kubernetes API at {server}: {e}"
+
+
+def _no_read_deadline(resp: Any) -> None:
+    """Clear the read deadline of an answered stream's socket (urllib3 set it for the headers)."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is not None:
+        sock.settimeout(None)
+
+
+def _bound_exec_plugin(timeout: float) -> None:
+    """The kubernetes client runs a kubeconfig's exec credential plugin (`aws eks get-token`) and waits
+    for it with no timeout (config/exec_provider.py, ExecProvider.run: `process.communicate()`), also when it
+    refreshes an expired token mid-command. Its `subprocess` is given a Popen with a deadline."""
+    import subprocess
+    import types
+
+    from kubernetes.config import exec_provider
+
+    bounded = shell.bounded_popen(timeout, "the exec plugin")
+    exec_provider.subprocess = types.SimpleNamespace(Popen=bounded, PIPE=subprocess.PIPE)
 
 
 def _lines(resp) -> Iterator[bytes]:

@@ -15,11 +15,15 @@ A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
+import glob
 import json
 import os
+import secrets
 import shutil
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import crilog, files, kstatus
+from fsdpctl import crilog, files, kstatus, statefile
 from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns, shell
 from fsdpctl.files import home, write_atomic
@@ -43,22 +47,14 @@ POD_MARK = "FSDPCTL_POD"
 # every process of a job carries its job directory: the job's identity on this machine, so two FSDPCTL_HOMEs
 # (two users, two test workers) with a job of one name never see each other's processes
 JOB_MARK = "FSDPCTL_JOB"
+# and every process of one run the run's own random token (its state's `mark`): a copied FSDPCTL_JOB is not
+# enough to be taken for the job's
+RUN_MARK = "FSDPCTL_RUN"
 LOCK = "lock"
 # every environment variable the trainer reads a setting from (MODEL, SEED, ..., CHECKPOINT_DIR, METRICS_FILE)
 TRAINER_ENV = frozenset(f.metadata["env"] for f in dataclasses.fields(TrainConfig))
 STOP_GRACE_S = 120  # a job rendered without terminationGracePeriodSeconds
 LOCK_WAIT_S = 30  # the supervisor's wait for the `job run` that started it to let go of the lock
-# what a state must hold for any verb to use it; anything else is a damaged file, skipped with a warning
-STATE_KEYS: dict[str, type | tuple[type, ...]] = {
-    "job": str,
-    "run_id": str,
-    "phase": str,
-    "created": (int, float),
-    "replicas": int,
-    "log_dir": str,
-    "checkpoint_dir": (str, type(None)),
-    "launchers": list,
-}
 
 
 class LocalJobError(RuntimeError):
@@ -82,25 +78,30 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def read_state(jdir: Path) -> dict | None:
-    """The job's state; None when it has none; CorruptState (naming the file) when it is not a job's state
-    (bad JSON, unreadable, wrong shape, or another job's name: cleanup would delete by it)."""
+    """The job's state; None when it has none; CorruptState (naming the file) when it is not this job's
+    state: not a regular file (a FIFO, a link, a directory), too big, not UTF-8 JSON, the wrong shape
+    (fsdpctl.statefile), a newer version's, or another job's (cleanup deletes by it)."""
     path = jdir / "state.json"
     try:
-        data = json.loads(path.read_text())
+        data = files.read_json(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise CorruptState(f"{path} is not a readable job state ({type(e).__name__})") from e
-    wrong = (
-        [k for k, t in STATE_KEYS.items() if not isinstance(data.get(k, ...), t)]
-        if isinstance(data, dict)
-        else ["(not an object)"]
-    )
-    if not wrong and data["job"] != jdir.name:
-        wrong = [f"job={data['job']!r}"]
-    if wrong:
-        raise CorruptState(f"{path} is not a job's state (bad or missing: {', '.join(wrong)})")
+        raise CorruptState(f"{path} {files.why(e)}") from e
+    if problem := statefile.problem(data, jdir.name):
+        raise CorruptState(f"{path} {problem}")
     return data
+
+
+def log_dir(state: dict) -> Path:
+    """The run's log directory, derived (never the path the file records: it may be damaged or another
+    home's)."""
+    return statefile.log_dir(home(), state)
+
+
+def in_home(state: dict, recorded: str | None) -> Path | None:
+    """A path the state records, if it is in this FSDPCTL_HOME (or was in the home the job ran from)."""
+    return statefile.in_home(home(), state, recorded)
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -134,7 +135,7 @@ def pods_alive(state: dict) -> bool:
         marks = [v for v in _environ(pid) if v.startswith(prefix)]
         return any(not v.endswith(b"/supervisor") for v in marks)
 
-    return any(of_a_pod(pid) for pid in job_processes(state["job"]))
+    return any(of_a_pod(pid) for pid in owned_processes(state))
 
 
 def ended(state: dict) -> tuple[str, str]:
@@ -172,7 +173,7 @@ def _ended_by_reader(jdir: Path) -> dict | None:
 
 def leftovers(state: dict) -> list[str]:
     """What an ended job left outside its files that `end_leftovers` removes, in words (cleanup lists it)."""
-    found = [f"process {pid} of job {state['job']}" for pid in job_processes(state["job"])]
+    found = [f"process {pid} of job {state['job']}" for pid in owned_processes(state)]
     if isinstance(state.get("net_index"), int):
         net = netns.Network(state["net_index"], state["job"], state["replicas"])
         if netns.exists(net):
@@ -185,15 +186,15 @@ def leftovers(state: dict) -> list[str]:
 def end_leftovers(state: dict) -> None:
     """What an ended job may have left: processes of it (etcd, the pre-step: SIGTERM, then SIGKILL), its
     nodes' network namespaces, bridge, veths and /etc/netns entries, its launchers' temp dirs."""
-    job, mark = state["job"], job_mark(state["job"])
-    for pid in job_processes(job):
-        signal_marked(pid, signal.SIGTERM, mark)
+    job = state["job"]
+    for pid in owned_processes(state):  # only what proves to be the run's (`is_ours`)
+        signal_owned(pid, signal.SIGTERM, state)
     for _ in range(50):
-        if not (left := job_processes(job)):
+        if not (left := owned_processes(state)):
             break
         time.sleep(0.1)
         for pid in left:
-            signal_marked(pid, signal.SIGKILL, mark)
+            signal_owned(pid, signal.SIGKILL, state)
     if isinstance(state.get("net_index"), int):
         net = netns.Network(state["net_index"], job, state["replicas"])
         if netns.exists(net):
@@ -226,10 +227,10 @@ def start_ticks(pid: int) -> int | None:
     started. With the boot id it names one process for good, where the PID alone is reused. The command name
     (field 2) may hold spaces and ')', so fields are counted after its last ')'. None: gone, or a zombie."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    fields = stat.rpartition(")")[2].split()
+    fields = text.rpartition(")")[2].split()
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
@@ -248,10 +249,13 @@ def same_process(ident: Any) -> bool:
 
 
 def supervisor_alive(state: dict) -> bool:
-    """By its recorded identity; a state written before identities were recorded has only a PID, which is
-    trusted for a report but never for a signal (`signal_verified`)."""
+    """By its recorded identity, and only while that process proves to be the job's (`is_ours`): a state
+    naming some other live process (a PID reused, or a state copied or edited) has no supervisor alive. A
+    state written before identities were recorded has only a PID, which is trusted for a report but never
+    for a signal (`signal_verified`)."""
     if "supervisor" in state:
-        return same_process(state["supervisor"])
+        ident = state["supervisor"]
+        return same_process(ident) and is_ours(ident["pid"], state)
     return pid_alive(state.get("supervisor_pid"))
 
 
@@ -263,7 +267,10 @@ def launchers_alive(state: dict) -> int:
     """Launchers still the processes recorded (a state without identities: by PID, as before)."""
     launchers = [lz for lz in state.get("launchers", []) if isinstance(lz, dict)]
     return sum(
-        same_process(launcher_identity(lz)) if "start" in lz else pid_alive(lz.get("pid")) for lz in launchers
+        same_process(launcher_identity(lz)) and is_ours(lz["pid"], state)
+        if "start" in lz
+        else pid_alive(lz.get("pid"))
+        for lz in launchers
     )
 
 
@@ -290,9 +297,46 @@ def job_mark(job: str) -> bytes:
 
 
 def job_processes(job: str) -> list[int]:
-    """Every live process of the job, whatever its run: supervisor, launchers, workers, etcd, pre-step."""
+    """Every live process carrying the job's mark, whatever its run: supervisor, launchers, workers, etcd,
+    pre-step, and anything that inherited the variable some other way. Enough to hold back (`job run` is
+    refused, `cleanup` keeps the files), never to signal: that takes `owned_processes`."""
     mark = job_mark(job)
     return marked(lambda var: var == mark)
+
+
+def run_mark(state: dict) -> bytes | None:
+    """The environment entry of the run's own random token (`mark` in its state), which only processes
+    descended from its supervisor carry; None for a state written before runs had one."""
+    return f"{RUN_MARK}={state['mark']}".encode() if state.get("mark") else None
+
+
+def is_ours(pid: int, state: dict) -> bool:
+    """Whether live process `pid` is proven a process of the run `state` records, as runc tells a
+    container's init from a process that took its PID by its start time (libcontainer's
+    InitProcessStartTime, /proc/<pid>/stat field 22) and the kubelet's runtime finds a container's
+    processes by a membership only its descendants inherit (its cgroup): it started on this boot, no
+    earlier than the run's supervisor (its recorded identity), and carries the job's mark and the run's
+    own token. A variable copied into an unrelated process, or a process older than the run, is not the
+    job's; a state with no supervisor identity proves nothing."""
+    sup = state.get("supervisor")
+    if not isinstance(sup, dict) or sup.get("boot") != boot_id() or not isinstance(sup.get("start"), int):
+        return False
+    started = start_ticks(pid)
+    if started is None or started < sup["start"]:
+        return False
+    env = _environ(pid)
+    token = run_mark(state)
+    return job_mark(state["job"]) in env and (token is None or token in env)
+
+
+def owned_processes(state: dict) -> list[int]:
+    """The live processes proven the run's (`is_ours`): what `job stop` may signal."""
+    return [pid for pid in job_processes(state["job"]) if is_ours(pid, state)]
+
+
+def signal_owned(pid: int, sig: int, state: dict) -> bool:
+    """`sig` to `pid` if it is (still, through a pidfd: `signal_verified`) a process of the run."""
+    return signal_verified(pid, sig, lambda: is_ours(pid, state))
 
 
 def supervisor_mark(job: str, run_id: str) -> str:
@@ -336,12 +380,12 @@ def signal_marked(pid: int, sig: int, mark: bytes) -> bool:
     return signal_verified(pid, sig, lambda: _carries(pid, mark))
 
 
-def signal_recorded(ident: Any, sig: int, mark: bytes) -> bool:
-    """`sig` to a process recorded in a state, if it is still that process and carries the job's mark."""
+def signal_recorded(ident: Any, sig: int, state: dict) -> bool:
+    """`sig` to a process recorded in a state, if it is still that process and proven the run's."""
     if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int) or ident["pid"] <= 0:
         return False
     pid = ident["pid"]
-    return signal_verified(pid, sig, lambda: same_process(ident) and _carries(pid, mark))
+    return signal_verified(pid, sig, lambda: same_process(ident) and is_ours(pid, state))
 
 
 @contextmanager
@@ -349,15 +393,29 @@ def job_lock(jdir: Path, wait_s: float = 0, create: bool = True) -> Iterator[boo
     """flock(2) on the job's lock file, waiting up to `wait_s`; yields whether it is held. The kernel drops
     it when its holder exits however it exits, so a SIGKILLed supervisor leaves no stale lock. Without
     `create` (a dry run writes nothing) a missing lock file is a lock nobody holds."""
-    if not create and not (jdir / LOCK).exists():
+    if not create and not os.path.lexists(jdir / LOCK):
         yield True
         return
     jdir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(jdir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_lock(jdir / LOCK)
     try:
         yield _flock(fd, wait_s)
     finally:
         os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file, made if missing; CorruptState when something else is there (a link, which O_CREAT
+    would follow to create its target wherever it points; a FIFO; a directory)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        what = "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+        raise CorruptState(f"{path} {what}, not the lock file fsdpctl made") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptState(f"{path} is not a regular file, not the lock file fsdpctl made")
+    return fd
 
 
 def _flock(fd: int, wait_s: float) -> bool:
@@ -525,11 +583,28 @@ def start(job: dict, *, secret_env: dict[str, str], prestep: dict | None = None)
                 f"job {name!r} is already running: `fsdpctl job stop {name}` first, or pass --replace"
             )
         if busy := job_processes(name):
-            raise JobBusy(
-                f"job {name!r} still has {len(busy)} processes running (pids {', '.join(map(str, busy))}): "
-                f"`fsdpctl job stop {name}` ends them"
-            )
+            raise JobBusy(_busy_note(name, jdir, busy))
         return _start_locked(job, jdir, secret_env, prestep)
+
+
+def _busy_note(name: str, jdir: Path, busy: list[int]) -> str:
+    """Why `job run` waits: processes of the job's last run (`job stop` ends them), or processes that carry
+    the job's mark without being proven its own (fsdpctl signals none of those: the user ends them)."""
+    try:
+        last = read_state(jdir)
+    except CorruptState:
+        last = None
+    owned = set(owned_processes(last)) if last else set()
+    pids = ", ".join(map(str, busy))
+    if owned >= set(busy):
+        return (
+            f"job {name!r} still has {len(busy)} processes running (pids {pids}): "
+            f"`fsdpctl job stop {name}` ends them"
+        )
+    return (
+        f"job {name!r}: {len(busy)} processes carry its mark {JOB_MARK}={jdir} (pids {pids}) but are not "
+        "proven its own, so fsdpctl signals none of them: end them yourself, then run it again"
+    )
 
 
 def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: dict | None) -> dict:
@@ -545,8 +620,10 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
     log_dir.mkdir(parents=True, exist_ok=True)
     write_json(jdir / "spec.json", spec)
     state = {
+        "version": statefile.VERSION,
         "job": name,
         "run_id": spec["run_id"],
+        "mark": secrets.token_hex(16),  # the run's own token: its processes inherit it (`is_ours`)
         "phase": "Pending",
         "created": time.time(),
         "replicas": spec["replicas"],
@@ -562,7 +639,7 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
         "labels": job["metadata"].get("labels", {}),  # the PyTorchJob's, for `job list -l`
     }
     write_json(jdir / "state.json", state)
-    marks = {POD_MARK: supervisor_mark(name, spec["run_id"]), JOB_MARK: str(jdir)}
+    marks = {POD_MARK: supervisor_mark(name, spec["run_id"]), JOB_MARK: str(jdir), RUN_MARK: state["mark"]}
     env = {**os.environ, **secret_env, **marks}
     argv = [sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)]
     proc = shell.spawn(argv, env=env, log=log_dir / "supervisor.log")  # a session of its own
@@ -587,12 +664,12 @@ def stop(job_name: str) -> dict | None:
         raise LocalJobError(f"no local job named {job_name!r}: `fsdpctl job list` shows what exists")
     phase = effective_phase(state)
     if phase in RECORDED_ACTIVE:
-        _update(jdir, stop_requested=True)
-        if not signal_recorded(state.get("supervisor"), signal.SIGTERM, job_mark(state["job"])):
+        if not signal_recorded(state.get("supervisor"), signal.SIGTERM, state):
             raise LocalJobError(
-                f"job {job_name!r}: the process its state names is not its supervisor (recorded "
-                f"{state.get('supervisor') or state.get('supervisor_pid')}); nothing was signalled"
+                f"job {job_name!r}: {jdir / 'state.json'} names a process that is not the job's supervisor "
+                f"(recorded {state.get('supervisor') or state.get('supervisor_pid')}); nothing was signalled"
             )
+        _update(jdir, stop_requested=True)
     elif phase == "Orphaned":
         stop_orphans(jdir, state)
     return read_state(jdir)
@@ -600,24 +677,23 @@ def stop(job_name: str) -> dict | None:
 
 def stop_orphans(jdir: Path, state: dict) -> None:
     """The supervisor's part, done by `job stop` once it is gone: SIGTERM to each launcher still the one
-    recorded (every marked process if none is), SIGKILL to every process of the job when they have ended or
-    the pod's grace period is over; the job ends Stopped with none of its processes left."""
+    recorded (every process proven the run's if none is: `is_ours`), SIGKILL to every process of the run
+    when they have ended or the pod's grace period is over; the job ends Stopped with none of them left."""
     job = state["job"]
-    mark = job_mark(job)
     _update(jdir, phase="Stopping", stop_requested=True)
     launchers = [launcher_identity(lz) for lz in state.get("launchers", []) if isinstance(lz, dict)]
-    termed = [lz for lz in launchers if signal_recorded(lz, signal.SIGTERM, mark)]
+    termed = [lz for lz in launchers if signal_recorded(lz, signal.SIGTERM, state)]
     if not termed:
-        termed = [{"pid": p} for p in job_processes(job) if signal_marked(p, signal.SIGTERM, mark)]
+        termed = [{"pid": p} for p in owned_processes(state) if signal_owned(p, signal.SIGTERM, state)]
     deadline = time.monotonic() + _grace(jdir)
-    while time.monotonic() < deadline and any(_carries(t["pid"], mark) for t in termed):
+    while time.monotonic() < deadline and any(is_ours(t["pid"], state) for t in termed):
         time.sleep(0.2)
     for _ in range(50):  # SIGKILL is not ignorable: the kernel takes a moment at most
-        left = job_processes(job)
+        left = owned_processes(state)
         if not left:
             break
         for pid in left:
-            signal_marked(pid, signal.SIGKILL, mark)
+            signal_owned(pid, signal.SIGKILL, state)
         time.sleep(0.1)
     if isinstance(state.get("net_index"), int):  # the namespaces and bridge its `finally` did not remove
         netns.destroy(netns.Network(state["net_index"], job, state["replicas"]))
@@ -631,15 +707,18 @@ def grace_s(job: str) -> float:
 
 
 def _grace(jdir: Path) -> float:
+    """The pod's grace period from the job's spec (a damaged spec: the default)."""
     try:
-        return float(json.loads((jdir / "spec.json").read_text()).get("grace_s", STOP_GRACE_S))
-    except (OSError, ValueError):
+        grace = files.read_json(jdir / "spec.json").get("grace_s", STOP_GRACE_S)
+    except (OSError, ValueError, AttributeError):
         return STOP_GRACE_S
+    ok = isinstance(grace, (int, float)) and not isinstance(grace, bool) and 0 <= grace <= 86_400
+    return float(grace) if ok else STOP_GRACE_S
 
 
 def orphan_note(state: dict) -> str:
     """What `job status` says of a job whose supervisor is gone while some of its processes live."""
-    running, left = launchers_alive(state), len(job_processes(state["job"]))
+    running, left = launchers_alive(state), len(owned_processes(state))
     what = f"{running} launchers still running" if running else f"{left} processes still running"
     return f"supervisor gone; {what} (orphaned): `fsdpctl job stop {state['job']}` stops them"
 
@@ -661,7 +740,7 @@ def list_jobs(skipped: list[str] | None = None) -> list[dict]:
     root = home() / "jobs"
     states, notes = [], skipped if skipped is not None else []
     for path in sorted(root.iterdir()) if root.is_dir() else []:
-        if not path.is_dir() or not files.JOB_NAME.fullmatch(path.name):
+        if path.is_symlink() or not path.is_dir() or not files.JOB_NAME.fullmatch(path.name):
             notes.append(f"{path} is not a job directory: skipped")
             continue
         try:
@@ -699,12 +778,14 @@ def _nccl_traces(spec: dict) -> list[str]:
 
 
 def nccl_dumps(state: dict) -> list[Path]:
-    """The NCCL flight recorder's dump files (`<prefix><rank>`), written when a collective timed out."""
-    return sorted(d for t in state.get("nccl_traces", []) for d in Path(t).parent.glob(Path(t).name + "*"))
+    """The NCCL flight recorder's dump files (`<prefix><rank>`), written when a collective timed out: looked
+    for only in this home (a prefix a state names elsewhere is not the job's)."""
+    prefixes = [p for p in (in_home(state, t) for t in state.get("nccl_traces", [])) if p is not None]
+    return sorted(d for t in prefixes for d in t.parent.glob(glob.escape(t.name) + "*"))
 
 
 def log_files(state: dict) -> list[Path]:
-    return sorted(Path(state["log_dir"]).glob("node-*.log"))
+    return sorted(log_dir(state).glob("node-*.log"))
 
 
 def leader_log(state: dict) -> Path | None:
@@ -724,28 +805,28 @@ def leader_log(state: dict) -> Path | None:
 
 
 def supervise(jdir: Path) -> int:
-    spec = json.loads((jdir / "spec.json").read_text())
+    spec = files.read_json(jdir / "spec.json")
     state = read_state(jdir)
     if state is None:
         raise LocalJobError(f"{jdir}: no state.json to supervise")
     # held until this process exits, however it exits: no second run of the job while it lives
-    lock = os.open(jdir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = _open_lock(jdir / LOCK)
     if not _flock(lock, LOCK_WAIT_S):
         _update(jdir, phase="Failed", finished=time.time(), reason="another process holds the job's lock")
         return 1
     _update(jdir, supervisor=identity(os.getpid()))
-    log_dir = Path(state["log_dir"])
+    logs = log_dir(state)
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
     server, pods, net = None, [], None
-    pre = _start_prestep(spec, log_dir)
+    pre = _start_prestep(spec, logs)
     try:
         if _wants_network():
             net = netns.claim(spec["job"], spec["replicas"], {f"{spec['job']}-worker-0": 0})
-        server, endpoint = _rendezvous(spec, jdir, log_dir, net)
+        server, endpoint = _rendezvous(spec, jdir, logs, net)
         # a session of its own per launcher: its process group is the pod's processes
         pods = [
-            Pod(launch, _spawn(launch, log_dir)) for launch in launches(spec, endpoint, dict(os.environ), net)
+            Pod(launch, _spawn(launch, logs)) for launch in launches(spec, endpoint, dict(os.environ), net)
         ]
         _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint, **_placement(net, pods))
         failure = _run(pods, stopping, jdir, spec, net)
@@ -904,11 +985,12 @@ def _recreate(pod: Pod, jdir: Path, code: int) -> None:
     """A new pod for the replica: fresh emptyDirs, the same log file (marked), the same launch."""
     node = pod.launch.node
     shutil.rmtree(jdir / "nodes" / f"node-{node}", ignore_errors=True)
-    log_dir = Path((read_state(jdir) or {})["log_dir"])
-    with open(log_dir / f"node-{node}.log", "a") as log:  # one write: the old relay may still be appending
+    state = read_state(jdir)
+    logs = log_dir(state) if state else jdir / "logs"
+    with open(logs / f"node-{node}.log", "a") as log:  # one write: the old relay may still be appending
         note = f"fsdpctl: node {node} exited with code {code}; recreated, as the operator recreates the pod"
         log.write(crilog.format_line(time.time(), "stdout", note))
-    pod.proc, pod.relaunches, pod.judged = _spawn(pod.launch, log_dir), pod.relaunches + 1, False
+    pod.proc, pod.relaunches, pod.judged = _spawn(pod.launch, logs), pod.relaunches + 1, False
 
 
 def _wants_network() -> bool:

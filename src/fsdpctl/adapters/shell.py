@@ -239,3 +239,35 @@ def _spawn_relayed(
             os.close(fd)
     proc.relay = relay  # type: ignore[attr-defined]
     return proc
+
+
+# ---- processes a library starts for fsdpctl ----------------------------------------------------------------
+
+
+class Overdue(BaseException):
+    """A process a library started did not end within its deadline. A BaseException: the kubernetes client
+    runs its exec plugin inside `except Exception` (kube_config.py `_load_from_exec_plugin`), which would turn
+    a hang into a log line and a request without credentials; this one reaches the adapter that gave the
+    deadline, which says it in fsdpctl's words."""
+
+    def __init__(self, what: str, deadline: float):
+        super().__init__(f"{what} did not finish within {deadline:g} s")
+        self.what, self.deadline = what, deadline
+
+
+def bounded_popen(deadline: float, what: str) -> type[subprocess.Popen]:
+    """A Popen for a library that starts a helper process and waits on it with no timeout of its own:
+    botocore's ProcessProvider (`credential_process`: `p.communicate()`) and the kubernetes client's
+    ExecProvider (a kubeconfig's exec plugin, e.g. `aws eks get-token`: `process.communicate()`). Its
+    communicate waits at most `deadline` seconds, then kills the helper and raises Overdue."""
+
+    class Bounded(subprocess.Popen):
+        def communicate(self, input=None, timeout=None):  # noqa: A002 - Popen's own signature
+            try:
+                return super().communicate(input, deadline if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                super().communicate()
+                raise Overdue(what, deadline) from None
+
+    return Bounded

@@ -8,15 +8,18 @@ one it has. A job remembers the backend it was started on (a small record under 
 from __future__ import annotations
 
 import json
+import re
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fsdpctl import files
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
-from fsdpctl.settings import Config
+from fsdpctl.settings import DNS_LABEL, Config, Settings
 from fsdptrain import events
 
 # A job in one of these phases has ended; any other phase (Pending, Running, Stopping, Restarting, Created)
@@ -122,14 +125,35 @@ def remember(cfg: Config) -> None:
 
 
 def recorded(job: str) -> dict[str, str] | None:
-    """The placement `run` recorded for this job name, if any (a damaged record counts as none)."""
+    """The placement `run` recorded for this job name, if any. A damaged record (not a regular file, not
+    JSON, not its shape: read as fsdpctl.files reads back what it wrote) counts as none, with a warning
+    naming it: the verb then looks where BACKEND says."""
+    path = _record_path(job)
     try:
-        data = json.loads(_record_path(job).read_text())
-    except (OSError, ValueError):
+        data = files.read_json(path, limit=PLACEMENT_MAX_BYTES)
+    except FileNotFoundError:
         return None
-    if not isinstance(data, dict) or data.get("backend") not in NAMES:
+    except (OSError, ValueError) as e:
+        files.skipped(path, files.why(e), "ignored (the job is looked for at BACKEND)")
+        return None
+    if not _placement_ok(data):
+        files.skipped(path, "is not a placement fsdpctl wrote", "ignored (the job is looked for at BACKEND)")
         return None
     return {k: str(data[k]) for k in ("backend", *PLACEMENT_KEYS) if k in data}
+
+
+PLACEMENT_MAX_BYTES = 64 * 1024  # four short strings
+
+
+def _placement_ok(data: Any) -> bool:
+    """The shape `remember` writes, each value one the settings would take (they go into API paths)."""
+    if not isinstance(data, dict) or data.get("backend") not in NAMES:
+        return False
+    if not all(isinstance(data[k], str) for k in PLACEMENT_KEYS if k in data):
+        return False
+    kinds = typing.get_args(Settings.model_fields["job_kind"].annotation)
+    namespace_ok = re.fullmatch(DNS_LABEL, data.get("job_namespace", "fsdp")) is not None
+    return namespace_ok and data.get("job_kind", kinds[0]) in kinds
 
 
 def placed(cfg: Config, job: str | None, flag: str | None) -> Config:

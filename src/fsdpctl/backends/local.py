@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -9,10 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import crilog, kstatus, prestep, record_store, render
+from fsdpctl import crilog, files, kstatus, prestep, record_store, render, statefile
 from fsdpctl.adapters import local
 from fsdpctl.backends import LogLine, Started, remember
 from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.files import home
 from fsdpctl.files import run_id as checked_run_id
 from fsdpctl.jobs import secret_env
 from fsdpctl.progress import (
@@ -36,6 +38,7 @@ class LocalBackend:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.notes: list[str] = []  # what list_jobs and cleanup skipped (a stray file, a damaged state)
+        self.history_source = ""  # the log `history` read
 
     def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started:
         if server_dry_run:
@@ -50,7 +53,7 @@ class LocalBackend:
             return self._dry_run(job, run_id, fetch_job)
         if missing := missing_packages(cfg.training):  # the trainers run in this environment
             raise FsdpctlError(missing[0], code=ExitCode.BAD_INPUT)
-        if replace and local.effective_phase(local.read_state(local.job_dir(cfg.job_name))) in local.ACTIVE:
+        if replace and local.effective_phase(self._state_or_none(cfg.job_name)) in local.ACTIVE:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
         self._refuse_resume(job)  # after a --replace stop: its stop checkpoint is the one resumed
@@ -59,7 +62,7 @@ class LocalBackend:
         saved = record_store.save({**rec, "manifests": render.to_yaml([*infra, job])})
         try:
             st = local.start(job, secret_env=secrets, prestep=fetch_job)
-        except local.JobBusy as e:
+        except (local.JobBusy, local.CorruptState) as e:  # running, or its lock is not a file fsdpctl made
             record_store.discard(saved)
             raise FsdpctlError(str(e), code=ExitCode.BAD_INPUT) from e
         except local.LocalJobError as e:
@@ -85,13 +88,17 @@ class LocalBackend:
         where = f"{spec['replicas']} launchers x {spec['nproc_per_node']} processes"
         return Started(self.cfg.job_name, run_id, where, lines)
 
-    def _state(self, name: str) -> dict[str, Any]:
+    def _state_or_none(self, name: str) -> dict[str, Any] | None:
+        """The job's state; None when it has none; a damaged one is one line naming it, exit 2."""
         try:
-            st = local.settle(local.read_state(local.job_dir(name)))  # a job that ended unseen is ended now
+            return local.settle(local.read_state(local.job_dir(name)))  # ended unseen: ended now
         except local.CorruptState as e:
             raise FsdpctlError(
                 str(e), hint=f"remove {local.job_dir(name)} and run the job again", code=ExitCode.BAD_INPUT
             ) from e
+
+    def _state(self, name: str) -> dict[str, Any]:
+        st = self._state_or_none(name)
         if st is None:
             raise FsdpctlError(
                 f"no job named {name!r}",
@@ -117,12 +124,10 @@ class LocalBackend:
         if pod is not None:
             raise FsdpctlError("--pod names a pod on a cluster", hint="locally, use --node N")
         st = self._state(name)
-        files = _chosen_logs(st, all_, node)
-        if not files:
-            raise FsdpctlError(
-                f"job {name!r} has no such log yet", hint="`fsdpctl job status` shows its nodes"
-            )
-        readers = {f: _Follower(f) for f in files}
+        chosen = _chosen_logs(st, all_, node)
+        if not chosen:
+            raise _no_logs(name, local.log_dir(st))
+        readers = {f: _Follower(f) for f in chosen}
         since = time.time() - since_s if since_s is not None else None  # the kubelet's now - sinceSeconds
         first = True
         while True:
@@ -146,16 +151,26 @@ class LocalBackend:
     def history(self, name: str) -> list[events.Event]:
         """The job's whole curve: the runs that continued its checkpoints, each from where it started."""
         st = self._state(name)
+        self.history_source = str(local.log_dir(st))  # what `job plot` names when it finds no step
         return across_runs([_run_events(d) for d in _lineage(st)])
 
     def outcomes(self, name: str) -> dict[str, str]:
         st = self._state(name)
-        root, phase = Path(st["log_dir"]).parent, local.effective_phase(st)
-        found = {d.name: run_outcome(_run_events(d)) for d in sorted(root.iterdir()) if d.is_dir()}
-        return {**found, st["run_id"]: run_outcome(_run_events(Path(st["log_dir"])), phase)}
+        logs, phase = local.log_dir(st), local.effective_phase(st)
+        found = {d.name: run_outcome(_run_events(d)) for d in sorted(logs.parent.iterdir()) if d.is_dir()}
+        return {**found, st["run_id"]: run_outcome(_run_events(logs), phase)}
 
     def tensorboard_dir(self, name: str) -> str | None:
-        found = self._state(name).get("tensorboard_dir")
+        st = self._state(name)
+        recorded = st.get("tensorboard_dir")
+        found = local.in_home(st, recorded)
+        if recorded and found is None:  # TensorBoard would be run on whatever the file names
+            raise FsdpctlError(
+                f"{local.job_dir(name) / 'state.json'} names TensorBoard directory {recorded!r}, which is "
+                "not in FSDPCTL_HOME",
+                hint=f"its events are under {local.shared_volume_dir('<claim>')}/...; run the job again",
+                code=ExitCode.BAD_INPUT,
+            )
         return str(found) if found else None
 
     def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
@@ -201,7 +216,10 @@ class LocalBackend:
         disks; with `checkpoints` also its directory on the shared volume."""
         removed = []
         for st in local.list_jobs(self.notes):
-            removed += _clean_job(st, checkpoints=checkpoints, dry_run=dry_run)
+            try:
+                removed += _clean_job(st, checkpoints=checkpoints, dry_run=dry_run, notes=self.notes)
+            except local.CorruptState as e:  # its lock is not a file fsdpctl made: nothing of it is touched
+                self.notes.append(f"{e}: skipped")
         return removed
 
 
@@ -219,9 +237,12 @@ def _stop_note(st: dict[str, Any], at: int) -> str:
     return f"the launchers to exit: no step trained yet ({grace})"
 
 
-def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[str]:
+def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool, notes: list[str]) -> list[str]:
     """One ended job's files, with its lock held (no `job run` of it starts meanwhile); none while its
-    supervisor holds the lock or any process of the job lives. The lock file stays: a starter may hold it."""
+    supervisor holds the lock or any process of the job lives. The lock file stays: a starter may hold it.
+    What goes is derived, never read from the state (README "What cleanup may delete"): the entries of
+    the job's own directory (a link among them is removed, never followed) and, with `checkpoints`, the
+    checkpoint directory fsdpctl derives for the job (fsdpctl.statefile.checkpoint_dir)."""
     jdir = local.job_dir(st["job"])
     with local.job_lock(jdir, create=not dry_run) as held:
         if not held or local.effective_phase(st) in local.ACTIVE or local.job_processes(st["job"]):
@@ -230,16 +251,38 @@ def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[
         if not dry_run:
             local.end_leftovers(st)
         doomed = sorted(p for p in jdir.iterdir() if p.name != local.LOCK)
-        if checkpoints and st.get("checkpoint_dir"):
-            doomed.append(Path(st["checkpoint_dir"]))
-        removed = left
-        for path in doomed:
-            if (path.name == "checkpoints" and not checkpoints) or not path.exists():
-                continue
-            removed.append(str(path))
-            if not dry_run:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-        return removed
+        doomed = [p for p in doomed if checkpoints or p.name != "checkpoints"]
+        if checkpoints:
+            doomed += _checkpoints_of(st, notes)
+        for path in doomed if not dry_run else []:
+            _remove(path)
+        return left + [str(p) for p in doomed]
+
+
+def _checkpoints_of(st: dict[str, Any], notes: list[str]) -> list[Path]:
+    """The job's checkpoint directory, if the state names the one fsdpctl derives for it and it is reached
+    without a link; anything else it names is kept, with a note."""
+    recorded = st.get("checkpoint_dir")
+    found = statefile.checkpoint_dir(home(), st)
+    if found is not None and files.reached_without_link(found, home()) and found.is_dir():
+        return [found]
+    if recorded and found is None:
+        notes.append(
+            f"{local.job_dir(st['job']) / 'state.json'} names checkpoint directory {recorded!r}, not the one "
+            f"fsdpctl makes for job {st['job']} in FSDPCTL_HOME: kept"
+        )
+    elif found is not None and found.exists() and not files.reached_without_link(found, home()):
+        notes.append(f"{found} is reached through a symbolic link fsdpctl did not make: kept")
+    return []
+
+
+def _remove(path: Path) -> None:
+    """A file, a link (itself, never what it points to) or a directory tree (rmtree never follows a link
+    inside it); gone already is fine."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
 
 
 def _run_events(log_dir: Path) -> list[events.Event]:
@@ -260,8 +303,9 @@ def _lineage(st: dict[str, Any]) -> list[Path]:
         if r["settings"].get("CHECKPOINT_SUBDIR", "") == line
         and r.get("created", 0) <= (current or {}).get("created", float("inf"))
     ]
-    dirs = [Path(st["log_dir"]).parent / r["run_id"] for r in kept if r["run_id"] != st["run_id"]]
-    return [d for d in dirs if d.is_dir()] + [Path(st["log_dir"])]
+    logs = local.log_dir(st)  # derived, never the path the state records
+    dirs = [logs.parent / r["run_id"] for r in kept if r["run_id"] != st["run_id"]]
+    return [d for d in dirs if d.is_dir() and not d.is_symlink()] + [logs]
 
 
 def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
@@ -283,7 +327,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "age_s": now - st["created"],
         "leader": leader.stem if leader else None,
         "leader_log": str(leader) if leader else None,
-        "checkpoint_dir": st["checkpoint_dir"],
+        "checkpoint_dir": _checkpoint_shown(st),
         "network": local.network_note(st),
         "prestep": _prestep(st, phase),
         **prog,
@@ -313,6 +357,32 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
     if spent := kstatus.budget_spent(phase, report["restarts"], st.get("max_restarts", 0), gave_up):
         report["reason"] = f"{spent}; {report['reason']}" if report["reason"] else spent
     return report
+
+
+def _no_logs(name: str, logs: Path) -> FsdpctlError:
+    """No log to show: the log directory is not there yet (exit 1), or something else is in its place
+    (exit 2), named either way."""
+    if os.path.lexists(logs) and (logs.is_symlink() or not logs.is_dir()):
+        return FsdpctlError(
+            f"{logs} is not the job's log directory (it is {files.kind_of(logs)})",
+            hint=f"remove it; `fsdpctl job run` of {name} writes new logs",
+            code=ExitCode.BAD_INPUT,
+        )
+    if not files.reached_without_link(logs, home()):
+        return FsdpctlError(
+            f"{logs} is reached through a symbolic link fsdpctl did not make",
+            hint="remove the link",
+            code=ExitCode.BAD_INPUT,
+        )
+    return FsdpctlError(
+        f"job {name!r} has no such log yet in {logs}", hint="`fsdpctl job status` shows its nodes"
+    )
+
+
+def _checkpoint_shown(st: dict[str, Any]) -> str | None:
+    """The checkpoint directory as it is in this home (a copied home's own), else as recorded."""
+    found = local.in_home(st, st["checkpoint_dir"])
+    return str(found) if found else st["checkpoint_dir"]
 
 
 def _restarts(st: dict[str, Any]) -> int:
@@ -352,11 +422,15 @@ def _failure(st: dict[str, Any]) -> dict[str, Any] | None:
     return {"node": _failed_node(st), "log": str(log), **found}
 
 
+ERROR_FILE_MAX = 1024 * 1024  # torch's error file holds one exception and its traceback
+
+
 def _read_error_file(path: str) -> str | None:
     """A worker's TORCHELASTIC_ERROR_FILE, where torchrun put it on this machine (its log_dir under the
-    temporary directory); None once it is gone."""
+    temporary directory); None once it is gone. Its path comes from a log: read only if it is a regular
+    file of an error file's size (never a FIFO, a link, a device)."""
     try:
-        return Path(path).read_text(errors="replace")
+        return files.read_regular(Path(path), ERROR_FILE_MAX).decode("utf-8", "replace")
     except OSError:
         return None
 
@@ -366,9 +440,9 @@ def _prestep(st: dict[str, Any], phase: str | None) -> dict[str, Any] | None:
     pre = st.get("prestep")
     if not pre:
         return None
-    log = Path(pre["log"])
+    log = local.log_dir(st) / "prestep.log"
     lines = crilog.texts(log)
-    verdict = fetch.read_marker(Path(pre["marker"]))
+    verdict = _marker(local.in_home(st, pre["marker"]))
     if verdict is not None:
         return prestep.report(
             fetch.parse(lines), "Succeeded" if verdict["ok"] else "Failed", verdict["error"]
@@ -377,6 +451,25 @@ def _prestep(st: dict[str, Any], phase: str | None) -> dict[str, Any] | None:
         return prestep.report(fetch.parse(lines), "Running" if lines else "Pending")
     last = next((x for x in reversed(lines) if x.strip() and not x.startswith("{")), None)
     return prestep.report(fetch.parse(lines), "Failed", last or f"ended without a verdict: see {log}")
+
+
+def _marker(path: Path | None) -> dict[str, Any] | None:
+    """The pre-step's verdict (fsdptrain.fetch.write_marker): None while there is none, or when what is
+    there is not one (a marker outside this home, not a regular file, not its shape) - said once."""
+    if path is None:
+        return None
+    try:
+        found = files.read_json(path, limit=1024 * 1024)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        files.skipped(path, files.why(e))
+        return None
+    ok = isinstance(found, dict) and isinstance(found.get("ok"), bool)
+    if not ok or not isinstance(found.get("error"), str | None):
+        files.skipped(path, "is not the pre-step's marker")
+        return None
+    return found
 
 
 def _chosen_logs(st: dict[str, Any], all_: bool, node: int | None) -> list[Path]:
@@ -393,12 +486,19 @@ class _Follower:
     partial pieces before its last) held for the next read, unless `final` (nothing more will come)."""
 
     def __init__(self, path: Path):
-        self.path, self.offset, self.carry = path, 0, b""
+        self.path, self.offset, self.carry, self.damaged = path, 0, b"", False
 
     def read(self, *, final: bool) -> list[crilog.Line]:
-        with open(self.path, "rb") as fh:
-            fh.seek(self.offset)
-            chunk = self.carry + fh.read()
+        if self.damaged:
+            return []
+        try:
+            chunk = self.carry + self._new_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as e:  # not a regular file (a FIFO, a link): said once, then left alone
+            self.damaged = True
+            files.skipped(self.path, files.why(e))
+            return []
         self.offset += len(chunk) - len(self.carry)
         whole, _, rest = chunk.rpartition(b"\n")
         if final:
@@ -408,3 +508,16 @@ class _Follower:
             return [*found, *crilog.lines(held)]
         self.carry = crilog.raw_bytes(held) + rest
         return found
+
+    def _new_bytes(self) -> bytes:
+        """What was written since the last read, at most crilog.READ_MAX (the first read of a log over it
+        starts that far from its end, at a line)."""
+        with files.open_regular(self.path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if self.offset == 0 and size > crilog.READ_MAX:
+                fh.seek(size - crilog.READ_MAX)
+                fh.readline()
+                self.offset = fh.tell()
+                files.skipped(self.path, f"is over {crilog.READ_MAX >> 20} MiB", "only its end shown")
+            fh.seek(self.offset)
+            return fh.read(crilog.READ_MAX)

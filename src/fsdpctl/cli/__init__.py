@@ -86,6 +86,10 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             err.print("interrupted")
             ctx.exit(ExitCode.INTERRUPTED)
+        except _overdue() as e:  # a helper process past its deadline that no adapter turned into a line
+            _traceback_if_debug(ctx)
+            err.print("[red]error:[/] " + escape(redact(f"{e} (REQUEST_TIMEOUT)")))
+            ctx.exit(ExitCode.FAILURE)
         except (typer.Exit, typer.Abort, ClickException):
             raise
         except Exception as e:  # a defect: still one masked line, and the traceback only with --debug
@@ -99,6 +103,13 @@ class _Group(TyperGroup):
             err.print("[red]error:[/] " + escape(redact(f"internal error: {type(e).__name__}: {e}")))
             err.print("  hint: rerun with --debug for the traceback and report it")
             ctx.exit(ExitCode.FAILURE)
+
+
+def _overdue() -> type[BaseException]:
+    """fsdpctl.adapters.shell.Overdue, imported only when an exception is being matched."""
+    from fsdpctl.adapters.shell import Overdue
+
+    return Overdue
 
 
 SET_OPTS = ("--set", "-s")
@@ -200,8 +211,9 @@ def root(
 ) -> None:
     """Settings come from flags > environment > .env > defaults; `fsdpctl config show` says which won."""
     given = ctx.get_parameter_source("env_file")
-    from fsdpctl.files import old_home_notice
+    from fsdpctl.files import old_home_notice, on_skipped
 
+    on_skipped(warn)  # a damaged file a reader went on without: one warning line naming it
     if notice := old_home_notice():
         warn(notice)
     ctx.obj = AppState(

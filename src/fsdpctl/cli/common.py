@@ -109,6 +109,20 @@ ServerDryRunOpt = Annotated[
     ),
 ]
 DRY_RUN_SPELLINGS = {"--dry-run=server": SERVER_DRY_RUN_FLAG, "--dry-run=client": "--dry-run"}
+
+
+def dry_run_mode(client: bool, server: bool) -> str:
+    """'' (none), 'client' or 'server'; both given is refused (exit 2) rather than one picked in silence,
+    as kubectl takes one --dry-run value."""
+    if client and server:
+        raise BadInput(
+            "--dry-run and --dry-run=server were both given",
+            hint="give one: --dry-run prints what would be sent, --dry-run=server has the API server check "
+            "it",
+        )
+    return "server" if server else "client" if client else ""
+
+
 # config validate, manifest and job run refuse a job that cannot fit or be scheduled (`admit`); --force runs
 # it anyway, with a warning naming each refusal it overrode.
 ForceOpt = Annotated[
@@ -285,11 +299,13 @@ def finite(
 
 
 def parse_sets(items: list[str], flag: str = "--set", example: str = "MODEL=7b") -> dict[str, str]:
+    from fsdpctl.settings import masked_line
+
     flags = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"{flag} {item!r} is not KEY=VALUE", hint=f"e.g. {flag} {example}")
+        if not sep or not key:  # quoted masked: `HF_TOKEN value` or `HF_TOKEN:value` holds a secret by place
+            raise BadInput(f"{flag} {masked_line(item)!r} is not KEY=VALUE", hint=f"e.g. {flag} {example}")
         flags[key.strip()] = value
     return flags
 

@@ -15,6 +15,7 @@ from fsdpctl.cli.common import (
     PlainTable,
     ServerDryRunOpt,
     command_group,
+    dry_run_mode,
     emit,
     err,
     finite,
@@ -154,8 +155,7 @@ def _component_command(which: str) -> Any:
         timeout: TimeoutOpt = 600,
         output: Output = OutputOpt,
     ) -> None:
-        mode = "server" if server_dry_run else "client" if dry_run else ""
-        _deploy(ctx, which, mode, mirror, timeout, output)
+        _deploy(ctx, which, dry_run_mode(dry_run, server_dry_run), mirror, timeout, output)
 
     summary, example = HELP[which].split("\n\n")
     command.__doc__ = summary + DRY_RUN_NOTE + "\n\n" + example

@@ -95,6 +95,7 @@ def _fetch(
         token=token,
         dry_run=dry_run,
         on_progress=lambda p: err.print(prestep.progress_line(p), markup=False),
+        timeout=cfg.request_timeout,
     )
     for f in fetched:
         ok(prestep.result_line(f, dry_run))

@@ -24,6 +24,7 @@ from fsdpctl.cli.common import (
     ServerDryRunOpt,
     admit,
     command_group,
+    dry_run_mode,
     emit,
     end_wait,
     finite,
@@ -77,6 +78,7 @@ def run(
     Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run --backend local
     """
     backends.check_name(backend)
+    dry_run_mode(dry_run, server_dry_run)
     run_id = files.run_id(run_id) if run_id is not None else None
     cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}), set_by={"BACKEND": "--backend"})
     admit(cfg, force=force)

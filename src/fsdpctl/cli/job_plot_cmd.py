@@ -47,8 +47,9 @@ def plot(
         raise BadInput(f"--out {path} is not a .png file", hint=f"name the file e.g. {path.stem}.png")
     steps = plots.steps_of(be.history(name))
     if not steps:
+        source = getattr(be, "history_source", "")  # the log it read, where the backend says
         raise FsdpctlError(
-            f"job {name} has no finished step yet: nothing to plot",
+            f"job {name} has no finished step yet{f' in {source}' if source else ''}: nothing to plot",
             hint=f"`fsdpctl job status {name}` shows its phase",
             code=ExitCode.BAD_INPUT,
         )

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from fsdpctl.settings import Config
 
-FORMATS = ("table", "json", "env")
+FORMATS = ("table", "json", "yaml", "env")
 NameArg = typer.Argument(
     help="job name (its newest run), run id or record id (default: JOB_NAME)",
     autocompletion=completion.job_names,
@@ -144,7 +144,9 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
 
 def _format(output: str) -> str:
     if output not in FORMATS:
-        raise BadInput(f"--output {output!r} is not a format of this command", hint="use table, json or env")
+        raise BadInput(
+            f"--output {output!r} is not a format of this command", hint="use table, json, yaml or env"
+        )
     return output
 
 
@@ -154,7 +156,7 @@ def _format(output: str) -> str:
 def describe(
     ctx: typer.Context,
     name: Annotated[str | None, NameArg] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table, json or env")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, json, yaml or env")] = "table",
     backend: BackendOpt = None,
 ) -> None:
     """What made a run: its resolved settings with where each came from, the code version, the image (by
@@ -169,8 +171,8 @@ def describe(
     got = load_record(ctx, name, backend)
     for line in got.problems:
         warn(line)
-    if output == "json":
-        emit(got.rec, Output.json)
+    if output in ("json", "yaml"):
+        emit(got.rec, Output(output))
     elif output == "env":
         out.print(record.env_text(got.rec), end="", markup=False, highlight=False)
     else:

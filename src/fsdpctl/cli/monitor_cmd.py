@@ -53,7 +53,8 @@ def top(
     cfg = state(ctx).config()
     kube = kjobs.connect(cfg)
     while True:
-        snap = prometheus.gpu_snapshot(kube, cfg.monitoring_namespace)
+        with kjobs.calls(cfg, "monitor top"):  # an unreachable or silent API server: one line naming it
+            snap = prometheus.gpu_snapshot(kube, cfg.monitoring_namespace)
         if not emit(snap, output):
             _print(snap)
         if not watch:
