@@ -164,7 +164,7 @@ def _run(cli, tmp_path, monkeypatch, examples: int) -> None:
 
 def test_generated_secrets_in_every_place_are_never_shown_or_written(cli, tmp_path, monkeypatch):
     """The fast lane's share of generated cases (the slow lane runs more)."""
-    _run(cli, tmp_path, monkeypatch, 25)
+    _run(cli, tmp_path, monkeypatch, 12)
 
 
 @pytest.mark.slow

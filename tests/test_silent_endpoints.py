@@ -110,7 +110,8 @@ def _kubeconfig(path: Path, server: str, exec_plugin: list[str] | None = None) -
     return path
 
 
-HANG = [sys.executable, "-c", "import time; time.sleep(600)"]
+# a helper that never returns; its own words, so that the test finds it and only it among the processes
+HANG = [sys.executable, "-c", f"import time; time.sleep(600)  # silent-endpoints {os.getpid()}"]
 
 
 @dataclass(frozen=True)
@@ -294,10 +295,10 @@ def test_every_command_returns_when_the_credential_helpers_never_return(silent, 
 @pytest.mark.parametrize(
     "args",
     [
-        ("cluster", "status"),
+        pytest.param(("cluster", "status"), marks=pytest.mark.slow),
         ("job", "list"),
         ("deploy", "status"),
-        ("model", "fetch", "org/model", "--to", "hf"),
+        pytest.param(("model", "fetch", "org/model", "--to", "hf"), marks=pytest.mark.slow),
     ],
     ids=" ".join,
 )

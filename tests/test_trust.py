@@ -194,8 +194,9 @@ def _start(step: int, resumed: str | None) -> dict:
         "device": "cpu",
         "start_step": step,
         "resumed_from": resumed,
-        "dataset": {},
-        "tokenizer": {},
+        # a fingerprint as fsdptrain.fingerprint makes one (a record's parts are checked when read back)
+        "dataset": {"source": "builtin", "local": False},
+        "tokenizer": {"source": "builtin", "local": False},
         "time": 0.0,
     }
 
