@@ -73,6 +73,8 @@ def verbs() -> list[tuple[str, ...]]:
         ("job", "describe", "alpha", "-o", "json"),
         ("job", "describe", "alpha-run-1", "-o", "env"),
         ("job", "diff", "alpha", "beta"),
+        ("job", "history", "alpha", "-o", "json"),
+        ("job", "resume", "alpha", "--dry-run"),
         ("job", "rerun", "alpha", "--dry-run", "--allow-drift"),
         ("job", "plot", "alpha", "--out", PNG),
         ("job", "tensorboard", "alpha", "--print-only"),

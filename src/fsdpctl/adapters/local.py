@@ -242,7 +242,10 @@ def identity(pid: int) -> dict | None:
 
 
 def same_process(ident: Any) -> bool:
-    """Whether the process recorded as `ident` still lives (not another that was given its PID)."""
+    """Whether the process recorded as `ident` still lives (not another that was given its PID): psutil's
+    Process.is_running compares (pid, create time) for the same reason before it sends a signal, and runc
+    keeps its init's start time (libcontainer BaseState.InitProcessStartTime, "clock cycles since boot
+    time") to tell that process from a later one with its PID."""
     if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int) or ident["pid"] <= 0:
         return False
     return ident.get("boot") == boot_id() and start_ticks(ident["pid"]) == ident.get("start")

@@ -151,13 +151,16 @@ class LocalBackend:
     def history(self, name: str) -> list[events.Event]:
         """The job's whole curve: the runs that continued its checkpoints, each from where it started."""
         st = self._state(name)
-        self.history_source = str(local.log_dir(st))  # what `job plot` names when it finds no step
+        # what `job plot` names when it finds no step: the current run's leader log, else its log directory
+        self.history_source = str(local.leader_log(st) or local.log_dir(st))
         return across_runs([_run_events(d) for d in _lineage(st)])
 
     def outcomes(self, name: str) -> dict[str, str]:
         st = self._state(name)
         logs, phase = local.log_dir(st), local.effective_phase(st)
-        found = {d.name: run_outcome(_run_events(d)) for d in sorted(logs.parent.iterdir()) if d.is_dir()}
+        ours = logs.parent.is_dir() and files.reached_without_link(logs.parent, home())
+        runs = sorted(logs.parent.iterdir()) if ours else []
+        found = {d.name: run_outcome(_run_events(d)) for d in runs if d.is_dir() and not d.is_symlink()}
         return {**found, st["run_id"]: run_outcome(_run_events(logs), phase)}
 
     def tensorboard_dir(self, name: str) -> str | None:

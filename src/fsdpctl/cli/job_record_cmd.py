@@ -239,7 +239,12 @@ def history(
 
     cfg = state(ctx).config()
     job = files.job_name(name) if name is not None else cfg.job_name
-    runs = [_learnt(rec) for rec in record_store.of_job(job)]
+    damaged: list[BadInput] = []
+    runs = [_learnt(rec) for rec in record_store.of_job(job, damaged)]
+    for e in damaged:  # one warning each; the other runs are listed
+        warn(f"{e}: skipped")
+    if not runs and damaged:  # every record of the job is damaged: that, named, not "no run" (exit 2)
+        raise damaged[-1]
     if not runs:
         raise FsdpctlError(
             f"no recorded run of job {job!r} on this machine",
