@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import re
 import threading
+import urllib.parse
 
 import pytest
 
@@ -79,9 +81,49 @@ def test_plugins_are_eksctls_manifests_finished_as_eksctl_does_plus_the_gpu_tole
     ]
     assert "eks.amazonaws.com/compute-type" in str(efa["affinity"])  # eksctl's affinity kept
     nvidia = objs["nvidia-device-plugin-daemonset"]["spec"]["template"]["spec"]
-    assert nvidia["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
+    assert nvidia["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.19.3"  # the tag's file
     assert nvidia["affinity"] == deploy.gpu_node_affinity()  # eksctl's has none: GPU nodes only
     assert deploy.eks_image_registry("cn-north-1") == "918309763551.dkr.ecr.cn-north-1.amazonaws.com.cn"
+
+
+VERSION = re.compile(r"v?(\d+\.\d+\.\d+)")
+
+
+def _sums() -> dict[str, str]:
+    lines = (SHARED / "vendor/SHA256SUMS").read_text().splitlines()
+    return {path.removeprefix("./"): digest for digest, path in (line.split() for line in lines if line)}
+
+
+@pytest.mark.parametrize(
+    "pinned",
+    [f for rel in deploy.releases().values() for f in rel["files"]],
+    ids=lambda f: f["path"],
+)
+def test_every_pin_is_what_its_url_serves_at_its_tag(pinned):
+    """Issue 27, defect 5. A pin names a file by URL and sha256; fsdpctl downloads the URL and refuses any
+    other bytes, so the pin must be the sha256 of what that URL serves. The vendored copy in ../shared/vendor
+    is the upstream tag's own file (eksctl-io/eksctl tag v0.230.0 = commit 5e725db6f743,
+    pkg/addons/assets/nvidia-device-plugin.yaml: NVIDIA device plugin v0.19.3, sha256 3b298ec5...; the pin
+    325835e0... was a later untagged commit's v0.20.0 file, which a download from the tag's URL never
+    matches). For every pinned file: its sha256 is the vendored copy's (SHA256SUMS), the URL's file name is
+    the vendored file's, and the URL's ref is the tag the vendored folder is named after (kubeflow/trainer
+    v2.3.0, eksctl v0.230.0, aws-fsx-csi-driver helm-chart-...-1.17.0). Kustomize-rendered files (no URL)
+    are held to their vendored sha256 alone."""
+    sums = _sums()
+    assert sums[pinned["path"]] == pinned["sha256"], "the pin is not the vendored upstream file"
+    assert hashlib.sha256((SHARED / "vendor" / pinned["path"]).read_bytes()).hexdigest() == pinned["sha256"]
+    if not pinned["url"]:
+        return
+    url = urllib.parse.urlsplit(pinned["url"])
+    assert url.scheme == "https" and url.netloc == "raw.githubusercontent.com", pinned["url"]
+    _owner, _repo, ref, *path = url.path.lstrip("/").split("/")
+    assert path[-1] == pinned["path"].rsplit("/", 1)[1], "the URL names another file than the vendored one"
+    folder = pinned["path"].split("/", 1)[0]
+    assert VERSION.search(ref) and VERSION.search(folder), (ref, folder)
+    assert VERSION.search(ref).group(1) == VERSION.search(folder).group(1), (
+        f"the URL's ref {ref} is not the tag of the vendored copy {folder}"
+    )
+    assert ref not in ("main", "master"), "a branch serves whatever it holds today: pin a tag"
 
 
 @pytest.fixture
