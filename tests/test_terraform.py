@@ -126,11 +126,27 @@ def test_validate_and_plan_against_moto(aws_env, cli):
     tf = _initialized(cli.home / "clusters/fsdp-eks/terraform")
     plan = tf("plan", "-input=false", "-no-color")
     assert plan.returncode == 0, plan.stderr[-2000:]
-    assert "Plan: 31 to add, 0 to change, 0 to destroy." in plan.stdout  # FSx: file system, its key, SG
+    # FSx: file system, its key, SG; no placement group with a reservation (below)
+    assert "Plan: 30 to add, 0 to change, 0 to destroy." in plan.stdout
     assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
+    _assert_no_new_placement_group(plan.stdout)
+    free = tf("plan", "-input=false", "-no-color", "-var", "capacity_reservation_id=")
+    assert free.returncode == 0, free.stderr[-2000:]
+    assert "module.eks_gpu.aws_placement_group.gpu[0] will be created" in free.stdout
+    assert re.search(r'strategy\s+= "cluster"', free.stdout) and "Plan: 31 to add" in free.stdout
     assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5
     _assert_fsx_planned(plan.stdout)
     _assert_raid0_user_data(plan.stdout)
+
+
+def _assert_no_new_placement_group(plan: str) -> None:
+    """Issue 27, defect 8. With a capacity reservation or Capacity Block targeted, no placement group is made
+    and the launch template names none: the reservation's instances are placed already (eksctl v0.230.0
+    pkg/cfn/builder/managed_launch_template.go, makeLaunchTemplateData, makes its NodeGroupPlacementGroup
+    only when `mng.Placement == nil && mng.CapacityReservation == nil`)."""
+    assert "aws_placement_group" not in plan
+    template = plan[plan.index("module.eks_gpu.aws_launch_template.gpu will be created") :]
+    assert "+ placement {" not in template[: template.index("\n    }\n")]
 
 
 def _assert_raid0_user_data(plan: str) -> None:
@@ -301,6 +317,13 @@ def test_plan_launches_a_capacity_block_with_its_market_type(aws_env, cli):
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert 'market_type = "capacity-block"' in plan.stdout
     assert 'capacity_type          = "CAPACITY_BLOCK"' in plan.stdout
+    _assert_no_new_placement_group(plan.stdout)
+    # eksctl v0.230.0 pkg/cfn/builder/managed_nodegroup.go: with market type capacity-block the instance type
+    # goes in the launch template (`launchTemplateData.InstanceType = instanceTypes[0]`), not the node group
+    template = plan.stdout[plan.stdout.index("module.eks_gpu.aws_launch_template.gpu will be created") :]
+    assert re.search(r'\+ instance_type\s+= "p5.48xlarge"', template[: template.index("\n    }\n")])
+    group = plan.stdout[plan.stdout.index("module.eks_gpu.aws_eks_node_group.gpu will be created") :]
+    assert "p5.48xlarge" not in group[: group.index("\n    }\n")]  # instance_types: (known after apply)
     assert 'capacity_reservation_id = "cr-0123456789abcdef0"' in plan.stdout
     assert 'availability_zone                              = "us-east-1d"' in plan.stdout
     bad = tf("plan", "-input=false", "-no-color", "-var", "capacity_reservation_type=spot")
@@ -325,7 +348,8 @@ def test_the_file_system_sits_in_the_gpu_node_groups_subnet():
     fs = resource(fsx, "aws_fsx_lustre_file_system", "shared")
     assert fs["subnet_ids"] == gpu["subnet_ids"] == ["${local.private_subnet_ids[0]}"]
     template = resource(module, "aws_launch_template", "gpu")
-    node_groups = template["dynamic"][0]['"network_interfaces"']["content"][0]["security_groups"]
+    [interfaces] = [d['"network_interfaces"'] for d in template["dynamic"] if '"network_interfaces"' in d]
+    node_groups = interfaces["content"][0]["security_groups"]
     lustre = resource(fsx, "aws_security_group", "lustre")
     rules = lustre["dynamic"][0]['"ingress"']["content"][0]
     assert rules["security_groups"] == node_groups and rules["self"] is True

@@ -105,8 +105,13 @@ resource "aws_eks_node_group" "system" {
 }
 
 # GPU nodes close together (placement group), with every EFA interface listed: card 0 carries the primary ENA
-# traffic too (device index 0), the others are EFA-only (device index 1).
+# traffic too (device index 0), the others are EFA-only (device index 1). Not when a capacity reservation or
+# Capacity Block is targeted: its instances are placed already, and a new group would only make EC2 look for
+# capacity the reservation does not hold. eksctl does the same (v0.230.0 pkg/cfn/builder/
+# managed_launch_template.go, makeLaunchTemplateData: a placement group only if `mng.Placement == nil &&
+# mng.CapacityReservation == nil`, "A reservation should already be created with a placement group").
 resource "aws_placement_group" "gpu" {
+  count    = var.capacity_reservation_id == "" ? 1 : 0
   name     = "${var.cluster_name}-gpu"
   strategy = "cluster"
 }
@@ -114,8 +119,15 @@ resource "aws_placement_group" "gpu" {
 resource "aws_launch_template" "gpu" {
   name_prefix = "${var.cluster_name}-gpu-"
   user_data   = base64encode(local.gpu_user_data) # nvme.tf: instance store as RAID0
-  placement {
-    group_name = aws_placement_group.gpu.name
+  # a Capacity Block names its instance type in the launch template, not the node group (eksctl v0.230.0
+  # pkg/cfn/builder/managed_nodegroup.go: `launchTemplateData.InstanceType = instanceTypes[0]` when the
+  # market type is capacity-block, InstanceTypes otherwise)
+  instance_type = var.capacity_block ? var.instance_type : null
+  dynamic "placement" {
+    for_each = aws_placement_group.gpu
+    content {
+      group_name = placement.value.name
+    }
   }
   metadata_options {
     http_tokens = "required"
@@ -162,7 +174,7 @@ resource "aws_eks_node_group" "gpu" {
   node_group_name = "gpu-${split(".", var.instance_type)[0]}"
   node_role_arn   = aws_iam_role.node.arn
   subnet_ids      = [local.private_subnet_ids[0]]
-  instance_types  = [var.instance_type]
+  instance_types  = var.capacity_block ? null : [var.instance_type] # a block's: in the launch template
   ami_type        = "AL2023_x86_64_NVIDIA"
   capacity_type   = var.capacity_block ? "CAPACITY_BLOCK" : "ON_DEMAND" # the reservation: in the launch template
   labels          = { "fsdpctl.io/role" = "gpu" }
