@@ -114,3 +114,32 @@ def test_job_run_on_eks_refuses_a_claim_that_does_not_exist(peer, settings):  # 
     assert peer.objects("pytorchjobs") == [] and in_fsdp(peer, "secrets") == []
     add_claim(peer, "fsdp", settings.get("CHECKPOINT_PVC") or settings.get("SHARED_VOLUME", "fsx-claim"))
     assert cli("job", "run", "-d", **settings).exit_code == 0
+
+
+def test_job_run_on_eks_refuses_a_claim_smaller_than_what_the_job_keeps(peer):  # noqa: F811
+    """Issue 27, defect 3, on the cluster: `job run` reads the bound claim's capacity
+    (status.capacity.storage, the PV's: the FSx file system's size) and refuses, before creating anything,
+    a job that keeps more there than it holds: 7B with CHECKPOINT_KEEP=2 keeps three checkpoints of ~75
+    GiB; a 200Gi claim is one line (exit 2) naming the claim and the size that fits; a 1200Gi one runs."""
+    from test_kube import in_fsdp, kube
+
+    install_operator(peer)
+    k = kube(peer)
+
+    def capacity(size: str) -> None:
+        k.request(
+            "PATCH",
+            k.path("v1", "PersistentVolumeClaim", "fsdp", "fsx-claim", "status"),
+            content_type="application/merge-patch+json",
+            body={"status": {"phase": "Bound", "capacity": {"storage": size}}},
+        )
+
+    capacity("200Gi")
+    r = cli("job", "run", "-d", MODEL="7b")
+    assert r.exit_code == 2, r.output
+    [line] = [x for x in r.output.splitlines() if x.startswith("error:")]
+    assert "PersistentVolumeClaim fsx-claim (200Gi) holds 200.0 GiB" in line
+    assert "FSX_STORAGE_GIB=1200" in line
+    assert peer.objects("pytorchjobs") == [] and in_fsdp(peer, "secrets") == []
+    capacity("1200Gi")
+    assert cli("job", "run", "-d", MODEL="7b").exit_code == 0

@@ -125,13 +125,13 @@ def test_env_example_documents_every_key_with_its_default():
     import re
 
     from conftest import ROOT
-    from fsdpctl.settings import setting_keys
+    from fsdpctl.settings import DERIVED_KEYS, setting_keys
     from fsdptrain.config import MODEL_DEFAULT_KEYS
 
     text = (ROOT / ".env.example").read_text()
     values = parse_dotenv(text, ".env.example")
     per_model = dict(re.findall(r"^#([A-Z][A-Z0-9_]*)=(.*)$", text, re.M))
-    assert set(per_model) == {name.upper() for name in MODEL_DEFAULT_KEYS}
+    assert set(per_model) == {name.upper() for name in MODEL_DEFAULT_KEYS} | set(DERIVED_KEYS)
     assert set(values) | set(per_model) == set(setting_keys()) and not set(values) & set(per_model)
     assert redacted(load(dotenv={**values, **per_model})) == redacted(load())
     assert load(dotenv={**values, "MODEL": "7b"}).sources["SEQ_LEN"] == "model default"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED, yaml_docs
-from fsdpctl import kstatus, render
+from fsdpctl import kstatus, render, volume
 from fsdpctl.adapters import local
 from fsdpctl.backends import local as local_backend
 from fsdpctl.settings import load
@@ -87,7 +87,7 @@ def test_torchrun_waits_for_the_stop_checkpoint_of_a_70b_job():
     given = torchrun_shutdown_timeout(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"))
     assert given > 2 * write_s_at_1gbps
     timing = render.stop_timing(cfg)
-    write_s = render.checkpoint_bytes_per_node(cfg) / render.WRITE_BYTES_PER_S_PER_NODE
+    write_s = volume.checkpoint_bytes(cfg) / volume.write_rate(cfg)  # the whole save at FSx's aggregate rate
     assert given == timing.shutdown_s >= 2 * timing.expected_s > 2 * write_s
     grace = worker(job)["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace == timing.grace_s >= given + render.AGENT_EXIT_S
@@ -97,8 +97,9 @@ def test_stop_grace_seconds_overrides_and_small_jobs_keep_torchs_floor():
     assert render.stop_timing(eks(STOP_GRACE_SECONDS="900")).shutdown_s == 900
     tiny = render.stop_timing(load(dotenv={}))  # local, tiny model: a few MB per save
     assert tiny.shutdown_s == render.TORCH_SHUTDOWN_DEFAULT_S + 1 and tiny.grace_s > tiny.shutdown_s
-    bigger = [render.stop_timing(eks(JOB_NODES=str(n), MODEL="70b")).shutdown_s for n in (32, 16, 8)]
-    assert bigger == sorted(bigger)  # fewer nodes, more bytes per node, more time
+    # FSx's throughput is the file system's, for all its clients together: more nodes save no faster
+    saves = {volume.save_seconds(eks(JOB_NODES=str(n), MODEL="70b")) for n in (32, 16, 8)}
+    assert len(saves) == 1
 
 
 # ---- 5. restart budget -----------------------------------------------------------------------------------

@@ -179,7 +179,9 @@ def fsx_plan(cfg: Config, aws: Aws) -> fsx.Plan:
     groups = aws.launch_template_groups(template) if template.get("id") else []
     ids = [*found.get("resourcesVpcConfig", {}).get("subnetIds", []), *group.get("subnets", [])]
     subnets = aws.subnets(list(dict.fromkeys(ids)))
-    return fsx.plan(cfg.cluster_name, cfg.fsx_storage_gib, found, group, subnets, groups)
+    return fsx.plan(
+        cfg.cluster_name, cfg.fsx_storage_gib, found, group, subnets, groups, cfg.fsx_throughput_per_tib
+    )
 
 
 def fsx_placeholder_plan(cfg: Config) -> fsx.Plan:
@@ -191,6 +193,7 @@ def fsx_placeholder_plan(cfg: Config) -> fsx.Plan:
         subnet_id=f"<a private subnet of node group {gpu_nodegroup(cfg)}>",
         client_groups=("<the cluster security group>", f"<the security groups of {gpu_nodegroup(cfg)}>"),
         storage_gib=cfg.fsx_storage_gib,
+        throughput_per_tib=cfg.fsx_throughput_per_tib,
     )
 
 

@@ -66,6 +66,7 @@ class Plan:
     subnet_id: str
     client_groups: tuple[str, ...]  # the nodes' security groups (the cluster's, the launch template's)
     storage_gib: int
+    throughput_per_tib: int = THROUGHPUT_MB_PER_TIB  # FSX_THROUGHPUT_PER_TIB
 
     def security_group_request(self) -> dict[str, Any]:
         return {
@@ -106,7 +107,7 @@ class Plan:
             "Tags": tags(self.cluster),
             "LustreConfiguration": {
                 "DeploymentType": DEPLOYMENT_TYPE,
-                "PerUnitStorageThroughput": THROUGHPUT_MB_PER_TIB,
+                "PerUnitStorageThroughput": self.throughput_per_tib,
                 "DataCompressionType": COMPRESSION,
             },
         }
@@ -119,6 +120,7 @@ def plan(
     nodegroup: Mapping[str, Any],
     subnets: Sequence[Mapping[str, Any]],
     launch_template_groups: Sequence[str] = (),
+    throughput_per_tib: int = THROUGHPUT_MB_PER_TIB,
 ) -> Plan:
     """The file system's place: a private subnet (no public IPs on launch) of the GPU node group in the
     cluster's VPC, the first by AZ then id (eksctl puts an EFA node group in one AZ; the CSI driver mounts
@@ -151,6 +153,7 @@ def plan(
         subnet_id=private[0]["SubnetId"],
         client_groups=tuple(dict.fromkeys(groups)),
         storage_gib=storage_gib,
+        throughput_per_tib=throughput_per_tib,
     )
 
 

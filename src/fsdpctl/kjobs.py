@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fsdpctl import crilog, kstatus, prestep, render
+from fsdpctl import crilog, kstatus, prestep, render, volume
 from fsdpctl import record as run_record
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -202,6 +202,19 @@ def require_claims(kube, cfg: Config) -> None:
                 f"claim, or {key}='' for pod-local disks (single node only)",
                 code=ExitCode.BAD_INPUT,
             )
+        if key == "SHARED_VOLUME" and (problem := claim_capacity_problem(cfg, found)):
+            raise FsdpctlError(problem, code=ExitCode.BAD_INPUT)
+
+
+def claim_capacity_problem(cfg: Config, claim: dict) -> str | None:
+    """The bound claim's capacity as the cluster reports it (status.capacity.storage: the PV's, the FSx file
+    system's size) against what the job keeps there; a claim not bound yet says nothing."""
+    given = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+    capacity = volume.quantity_bytes(str(given)) if given else None
+    if capacity is None:
+        return None
+    name = claim["metadata"]["name"]
+    return volume.capacity_problem(cfg, capacity, f"PersistentVolumeClaim {name} ({given})")
 
 
 def pods_of(kube, cfg: Config, name: str) -> list[dict]:

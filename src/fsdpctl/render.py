@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fsdpctl import plan, prestep
+from fsdpctl import plan, prestep, volume
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact_obj
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
@@ -95,11 +95,8 @@ LAUNCH = ["python", "-m", "fsdptrain.launch"]
 # Graceful stop. On SIGTERM torchrun forwards it to the workers and SIGKILLs them
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (default 30: torch/distributed/launcher/api.py, run.py
 # --shutdown-timeout), whatever the pod's grace period; the trainer needs that long for its step and its stop
-# checkpoint.
-CHECKPOINT_BYTES_PER_PARAM = 12  # what DCP saves: fp32 parameters (4) and AdamW's two fp32 moments (8)
-# Assumed sustained checkpoint write per node: an FSx for Lustre client on a file system sized for the job
-# (persistent SSD file systems give 125-1000 MB/s per TiB in aggregate). A slower volume: STOP_GRACE_SECONDS.
-WRITE_BYTES_PER_S_PER_NODE = 500 * 10**6
+# checkpoint, which goes to the volume at the file system's aggregate throughput (fsdpctl.volume).
+CHECKPOINT_BYTES_PER_PARAM = volume.CHECKPOINT_BYTES_PER_PARAM
 TORCH_SHUTDOWN_DEFAULT_S = 30  # kept on top of the estimate: process-group teardown, the final event lines
 AGENT_EXIT_S = 30  # torchrun's own exit after its workers', before the kubelet's SIGKILL
 
@@ -247,13 +244,19 @@ def checkpoint_bytes_per_node(cfg: Config) -> int:
     return math.ceil(CHECKPOINT_BYTES_PER_PARAM * params / cfg.job_nodes)
 
 
+def step_seconds(cfg: Config) -> float:
+    """The planner's step time on the cluster (a GPU's); 0 locally, where a CPU step is not the question."""
+    if cfg.backend != "eks":
+        return 0.0
+    return plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).step_s
+
+
 def stop_timing(cfg: Config) -> StopTiming:
     """STOP_GRACE_SECONDS, else twice the expected step + save time on top of torch's 30 s; the pod's grace
-    outlasts it by AGENT_EXIT_S so torchrun, not the kubelet, ends the workers."""
-    step_s = 0.0
-    if cfg.backend == "eks":  # the planner's step time is a GPU's; a local step on CPU is not the question
-        step_s = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).step_s
-    expected = step_s + checkpoint_bytes_per_node(cfg) / WRITE_BYTES_PER_S_PER_NODE
+    outlasts it by AGENT_EXIT_S so torchrun, not the kubelet, ends the workers. The save is the whole
+    checkpoint over the volume's aggregate throughput (volume.save_seconds): every node writes at once
+    through the same file servers, so more nodes do not make it faster."""
+    expected = step_seconds(cfg) + volume.save_seconds(cfg)
     shutdown = cfg.stop_grace_seconds or TORCH_SHUTDOWN_DEFAULT_S + math.ceil(2 * expected)
     return StopTiming(expected, shutdown, shutdown + AGENT_EXIT_S)
 
@@ -581,6 +584,7 @@ def terraform_vars(cfg: Config) -> dict[str, Any]:
         "efa_interfaces": cfg.instance.efa_interfaces,
         "system_instance_type": cfg.system_instance_type,
         "fsx_storage_gib": cfg.fsx_storage_gib if cfg.fsx_create else 0,
+        "fsx_throughput": cfg.fsx_throughput_per_tib,
     }
 
 

@@ -33,6 +33,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from fsdpctl import volume
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdpctl.redact import MASK, SECRET_ENV, redact, secret_kind
@@ -100,6 +101,10 @@ OWN_ENV_PREFIXES = ("FSDPCTL_TEST_",)
 # The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set none.
 MODEL_DEFAULT = "model default"
 CAPPED_DEFAULT = "default, at most MAX_STEPS"  # WARMUP_STEPS of a run shorter than its default warmup
+# The source of a value computed from other settings because the user set none (FSX_STORAGE_GIB: sized for
+# what the job keeps on the volume, fsdpctl.volume); .env.example leaves these keys commented out too.
+DERIVED = "derived"
+DERIVED_KEYS = ("FSX_STORAGE_GIB",)
 
 
 def _k(default: Any, group: str, help: str, **constraints: Any) -> Any:
@@ -269,7 +274,20 @@ class Settings(BaseModel):
     )
     fsx_dns_name: str = _k("", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)", pattern=FSX_DNS)
     fsx_mount_name: str = _k("", "job", "its LustreConfiguration.MountName", pattern=r"^[A-Za-z0-9_]*$")
-    fsx_storage_gib: int = _k(1200, "job", "its StorageCapacity in GiB (the PV's capacity)", ge=1)
+    fsx_storage_gib: int = _k(
+        1200,
+        "job",
+        "its StorageCapacity in GiB (the PV's capacity); unset: sized for what the job keeps there (MODEL, "
+        "CHECKPOINT_KEEP, PRETRAINED, EXPORT_DIR): 1200, 2400 or a multiple of 2400",
+        ge=1,
+    )
+    fsx_throughput_per_tib: int = _k(
+        250,
+        "job",
+        "its PerUnitStorageThroughput, MB/s per TiB (PERSISTENT_2: 125, 250, 500, 1000): with the size, how "
+        "fast checkpoints are written, which sets the stop grace",
+        ge=1,
+    )
     fsx_create: bool = _k(
         True,
         "cluster",
@@ -677,7 +695,7 @@ def _with_sources(
         key = m.group(1)
         source = sources.get(key, "default")
         # a default is named where the line is about it; among others it needs no word
-        unset = source in ("default", MODEL_DEFAULT) and m.start() != 0
+        unset = source in ("default", MODEL_DEFAULT, DERIVED) and m.start() != 0
         if key in done or unset or m.start() < at:
             continue
         value = _VALUE.match(line, m.end())
@@ -687,7 +705,9 @@ def _with_sources(
         if m.start() != 0 and text not in shown.get(key, ()):
             continue
         done.add(key)
-        where = f"model default for {model}" if source == MODEL_DEFAULT else source
+        where = {MODEL_DEFAULT: f"model default for {model}", DERIVED: f"derived for MODEL={model}"}.get(
+            source, source
+        )
         out.append(line[at:end] + f" ({where})")
         at = end
     return "".join(out) + line[at:]
@@ -738,6 +758,10 @@ def _validate(
     if errors or settings is None:  # settings is None only when its errors were listed
         raise SettingsError(errors, warnings)
     cfg = Config.of(settings, training, sources, warnings)
+    if "FSX_STORAGE_GIB" not in raw:  # sized for what this job keeps on the volume (fsdpctl.volume)
+        sources["FSX_STORAGE_GIB"] = DERIVED
+        sized = settings.model_copy(update={"fsx_storage_gib": volume.default_fsx_gib(cfg)})
+        cfg = Config.of(sized, training, sources, warnings)
     errors = _cross_checks(cfg)
     if errors:
         raise SettingsError(errors, warnings)
@@ -893,7 +917,13 @@ def _tensorboard_checks(cfg: Config) -> list[str]:
 
 def _fsx_checks(cfg: Config) -> list[str]:
     """A static FSx PV needs all three of the file system's names (aws-fsx-csi-driver's static_provisioning
-    example: volumeHandle, dnsname, mountname) and a claim to bind."""
+    example: volumeHandle, dnsname, mountname) and a claim to bind. PERSISTENT_2 takes four throughputs
+    (CreateFileSystem LustreConfiguration.PerUnitStorageThroughput)."""
+    if cfg.fsx_throughput_per_tib not in volume.FSX_THROUGHPUTS:
+        return [
+            f"FSX_THROUGHPUT_PER_TIB={cfg.fsx_throughput_per_tib} is not a PERSISTENT_2 throughput: use one "
+            f"of {', '.join(map(str, volume.FSX_THROUGHPUTS))} (MB/s per TiB)"
+        ]
     if not cfg.fsx_file_system_id:
         return []
     missing = [k for k in ("fsx_dns_name", "fsx_mount_name", "shared_volume") if not getattr(cfg, k)]

@@ -194,7 +194,7 @@ def admit(cfg: Config, *, force: bool) -> None:
     scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line each with the
     fix. With `force`, each refusal becomes a warning and the command goes on. This machine's facts are read
     here, at the edge: its cores and RAM, its paths, and where the local backend keeps the claims."""
-    from fsdpctl import plan
+    from fsdpctl import plan, render, volume
     from fsdpctl.adapters.local import shared_volume_dir
     from fsdpctl.settings import annotate, placement_problems
 
@@ -204,11 +204,66 @@ def admit(cfg: Config, *, force: bool) -> None:
         cfg, cores=os.cpu_count() or 1, exists=lambda p: Path(p).expanduser().exists(), mounts=mounts
     )
     fit = plan.fit_problem(cfg, ram_bytes=_ram_bytes())
-    problems = annotate([fit, *problems] if fit else problems, cfg)  # each value with where it came from
+    problems = [fit, *problems] if fit else problems
+    if room := _volume_problem(cfg):
+        problems.append(room)
+    problems = annotate(problems, cfg)  # each value with where it came from
     if problems and not force:
         raise SettingsError(problems)
     for line in problems:
         warn(f"--force: going on although {line}")
+    if cfg.backend == "eks" and (slow := volume.interval_warning(cfg, render.step_seconds(cfg))):
+        warn(slow)
+
+
+def _volume_problem(cfg: Config) -> str | None:
+    """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file system on
+    the cluster; locally the free space of the disk under FSDPCTL_HOME/volumes/<claim> plus what this job's
+    checkpoints already take there (they are counted in the need)."""
+    from fsdpctl import render, volume
+    from fsdpctl.adapters.local import shared_volume_dir
+
+    if cfg.backend == "eks" or not cfg.shared_volume:
+        return volume.fsx_problem(cfg)
+    where = shared_volume_dir(cfg.shared_volume)
+    free = _free_bytes(where)
+    if free is None:
+        return None
+    ours = settings_path_local(render.checkpoint_dir(cfg, cfg.job_name), cfg, where)
+    return volume.capacity_problem(
+        cfg,
+        free + _bytes_under(ours),
+        f"the local volume {where} (the free space of its disk)",
+        fix=f"free space there or mount a larger disk at {where}",
+    )
+
+
+def settings_path_local(path: str, cfg: Config, where: Path) -> Path:
+    """A pod path on the shared volume as the local backend keeps it (under `where`)."""
+    return where / path.removeprefix(cfg.shared_volume_path.rstrip("/")).lstrip("/")
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or would: its nearest
+    existing parent)."""
+    for at in (path, *path.parents):
+        try:
+            st = os.statvfs(at)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def _bytes_under(path: Path) -> int:
+    total = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def _ram_bytes() -> int:

@@ -22,7 +22,7 @@ def _group(key: str) -> str:
 
 # where a value came from, as the table shows it: the plain defaults dimmed; a named model's own defaults
 # (fsdptrain.config.MODEL_DEFAULTS) say so, since they differ from what .env.example lists
-UNSET = ("default", "model default")
+UNSET = ("default", "model default", "derived")
 
 
 @app.command()
@@ -46,9 +46,11 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
             _group(key),
             key,
             escape(redact(str(values[key]))),
-            {"default": "[dim]default[/]", "model default": f"model default ({cfg.training.model})"}.get(
-                source, escape(source)
-            ),
+            {
+                "default": "[dim]default[/]",
+                "model default": f"model default ({cfg.training.model})",
+                "derived": f"derived ({cfg.training.model})",
+            }.get(source, escape(source)),
         )
     for key, value in derived(cfg).items():
         table.add_row("derived", key, str(value), "[dim]computed[/]")

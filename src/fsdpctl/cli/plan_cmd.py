@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from fsdpctl import plan as P
+from fsdpctl import render, volume
 from fsdpctl.cli import completion
 from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
 
@@ -52,6 +54,8 @@ def _print_memory(r: dict[str, Any]) -> None:
 
 def _print_report(r: dict[str, Any]) -> None:
     _print_memory(r)
+    if "volume" in r:
+        _print_volume(r["volume"])
     s = r["speed"]
     out.print(
         f"step {s['step_s']:.2f} s (compute {s['compute_s']:.2f} s, communication {s['comm_s']:.2f} s) | "
@@ -67,6 +71,22 @@ def _print_report(r: dict[str, Any]) -> None:
             f"{time}, ${r['usd']:,.0f} on-demand "
             f"(${r['price_per_hour']:.2f}/node-hour, prices as of {r['prices_as_of']})"
         )
+
+
+def _print_volume(v: dict[str, Any]) -> None:
+    """The shared volume: what the job keeps there against FSX_STORAGE_GIB, how fast a save goes."""
+    verdict = "[green]FITS[/]" if v["fits"] else "[red]DOES NOT FIT[/]"
+    fix = "" if v["fits"] else f": set FSX_STORAGE_GIB={v['size_that_fits_gib']}"
+    out.print(
+        f"shared volume: {_gib(v['need_gib'])} ({v['holds']}) on FSX_STORAGE_GIB={v['fsx_storage_gib']}  "
+        f"{verdict}{fix}"
+    )
+    out.print(
+        f"one save {v['save_s']:,.0f} s at {v['write_mb_per_s']:,.0f} MB/s (the file system's, all nodes "
+        f"together) | stop grace {v['stop_grace_s']:,} s"
+    )
+    if v["warning"]:
+        out.print(f"[yellow]warning:[/] {escape(v['warning'])}")
 
 
 def _print_matrix(rows: list[dict[str, Any]], tokens: float) -> None:
@@ -145,7 +165,8 @@ def plan(
     ] = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Memory per GPU (FITS / DOES NOT FIT, and the cheapest fix), step time, tokens/s, MFU and cost.
+    """Memory per GPU (FITS / DOES NOT FIT, and the cheapest fix), step time, tokens/s, MFU and cost; the
+    shared volume's need against FSX_STORAGE_GIB, one save's time and the stop grace.
 
     Uses the same settings as the job; the flags vary them. The model behind the numbers is in the README.
 
@@ -180,5 +201,7 @@ def plan(
             _print_matrix(rows, tokens)
         return
     r = P.report(job, tokens)
+    grace = {"stop_grace_s": render.stop_timing(cfg).shutdown_s}
+    r["volume"] = volume.report(cfg, r["speed"]["step_s"]) | grace
     if not emit(r, output):
         _print_report(r)

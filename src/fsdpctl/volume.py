@@ -1,0 +1,217 @@
+"""The shared volume as the job uses it (pure): what the job writes there, how big the FSx for Lustre file
+system must be to hold it, and how fast the job can write to it.
+
+What one job keeps on its shared volume (SHARED_VOLUME, at SHARED_VOLUME_PATH):
+- checkpoints, unless CHECKPOINT_PVC holds them: 12 bytes per parameter each (fp32 weights and AdamW's two
+  fp32 moments; DCP writes each replicated shard once, torch/distributed/checkpoint/_dedup_save_plans.py).
+  The trainer prunes to CHECKPOINT_KEEP only after the next one is published (fsdptrain.checkpoint.prune), so
+  CHECKPOINT_KEEP + 1 exist at once during every save;
+- the Hugging Face cache when PRETRAINED is a hub repo: the pre-step downloads its safetensors, 2 bytes per
+  parameter (Llama 2's hub checkpoints are fp16);
+- EXPORT_DIR when it is on the volume: the full fp32 state dict as safetensors, 4 bytes per parameter, and
+  a second copy while a new export is written beside the old one before the rename
+  (fsdptrain.checkpoint.export_hf);
+- the data set, whose size fsdpctl does not know (a hub data set is streamed, a local one you copied there).
+
+FSx for Lustre: a PERSISTENT_2 SSD file system holds 1200 GiB, 2400 GiB or a multiple of 2400 GiB
+(CreateFileSystem, StorageCapacity) and writes at PerUnitStorageThroughput MB/s per TiB of capacity, for
+all its clients together (FSx for Lustre User Guide, "Aggregate file system performance"): the default
+1200 GiB at 250 MB/s/TiB is about 293 MB/s for every node of the job at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fsdptrain.fetch import is_hub_id
+from fsdptrain.shapes import MODEL_CONFIGS
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
+
+GIB = 1024**3
+TIB = 1024 * GIB
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 parameters (4) and AdamW's two fp32 moments (8)
+HUB_BYTES_PER_PARAM = 2  # the hub's Llama 2 safetensors are fp16
+EXPORT_BYTES_PER_PARAM = 4  # export_hf writes the fp32 full state dict
+# Lustre stripes files over its OSTs and a write fails with ENOSPC once the OST it lands on is full, before
+# the file system as a whole is: the need is sized to fill at most this much of the capacity.
+FILL_AT_MOST = 0.9
+FSX_FIRST_GIB, FSX_STEP_GIB = 1200, 2400  # PERSISTENT_2 SSD: 1200, 2400, then multiples of 2400
+FSX_THROUGHPUTS = (125, 250, 500, 1000)  # PERSISTENT_2 PerUnitStorageThroughput, MB/s per TiB
+
+
+@dataclass(frozen=True)
+class Need:
+    """Bytes the job keeps on its shared volume at the worst moment (during a save), by part."""
+
+    checkpoint: int  # one checkpoint
+    checkpoints: int  # how many exist at once on the volume (0: they are elsewhere)
+    cache: int  # the hub weights the pre-step downloads
+    export: int  # EXPORT_DIR, both copies while one replaces the other
+    unknown: tuple[str, ...] = ()  # what the volume also holds that fsdpctl cannot size
+
+    @property
+    def total(self) -> int:
+        return self.checkpoint * self.checkpoints + self.cache + self.export
+
+    def parts(self) -> str:
+        """'3 checkpoints of 770.9 GiB (CHECKPOINT_KEEP=2 + the one being saved), 128.5 GiB of hub weights'"""
+        found = []
+        if self.checkpoints:
+            found.append(
+                f"{self.checkpoints} checkpoints of {gib(self.checkpoint)} (CHECKPOINT_KEEP="
+                f"{self.checkpoints - 1} + the one being saved)"
+            )
+        if self.cache:
+            found.append(f"{gib(self.cache)} of hub weights (PRETRAINED)")
+        if self.export:
+            found.append(f"{gib(self.export)} for EXPORT_DIR (the new export beside the old)")
+        return ", ".join(found) or "nothing fsdpctl can size"
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def params(cfg: Config) -> int:
+    return MODEL_CONFIGS[cfg.training.model].num_params()
+
+
+def checkpoint_bytes(cfg: Config) -> int:
+    """One checkpoint of the whole job (every node's part together)."""
+    return CHECKPOINT_BYTES_PER_PARAM * params(cfg)
+
+
+def on_volume(cfg: Config, path: str) -> bool:
+    root = cfg.shared_volume_path.rstrip("/")
+    return bool(cfg.shared_volume) and (path == root or path.startswith(root + "/"))
+
+
+def need(cfg: Config) -> Need:
+    """What the job keeps on SHARED_VOLUME (nothing without one)."""
+    if not cfg.shared_volume:
+        return Need(0, 0, 0, 0)
+    t = cfg.training
+    keeps = 0 if cfg.checkpoint_pvc else t.checkpoint_keep + 1
+    cache = HUB_BYTES_PER_PARAM * params(cfg) if is_hub_id(t.pretrained) else 0
+    export = 2 * EXPORT_BYTES_PER_PARAM * params(cfg) if t.export_dir and on_volume(cfg, t.export_dir) else 0
+    unknown = [f"DATASET={t.dataset}"] if is_hub_id(t.dataset) or on_volume(cfg, t.dataset) else []
+    return Need(checkpoint_bytes(cfg), keeps, cache, export, tuple(unknown))
+
+
+def fsx_size_gib(need_bytes: int) -> int:
+    """The smallest PERSISTENT_2 capacity that holds `need_bytes` filled to FILL_AT_MOST at most."""
+    want = need_bytes / FILL_AT_MOST / GIB
+    if want <= FSX_FIRST_GIB:
+        return FSX_FIRST_GIB
+    return FSX_STEP_GIB * math.ceil(want / FSX_STEP_GIB)
+
+
+def default_fsx_gib(cfg: Config) -> int:
+    """FSX_STORAGE_GIB when unset: sized for what this job keeps there (`need`)."""
+    return fsx_size_gib(need(cfg).total)
+
+
+def throughput(storage_gib: int, per_tib: int) -> float:
+    """Bytes per second the whole file system writes, all clients together."""
+    return storage_gib / 1024 * per_tib * 1e6
+
+
+def write_rate(cfg: Config) -> float:
+    """Bytes per second a checkpoint goes to its volume: the FSX_STORAGE_GIB file system's aggregate
+    throughput. A CHECKPOINT_PVC, whose size and kind the settings do not give, is taken to be a file system
+    of the same kind just big enough for the checkpoints it keeps."""
+    if cfg.checkpoint_pvc:
+        keeps = cfg.training.checkpoint_keep + 1
+        return throughput(fsx_size_gib(keeps * checkpoint_bytes(cfg)), cfg.fsx_throughput_per_tib)
+    return throughput(cfg.fsx_storage_gib, cfg.fsx_throughput_per_tib)
+
+
+def save_seconds(cfg: Config) -> float:
+    """How long one save takes: the whole checkpoint over the volume's aggregate throughput, whatever the
+    node count (every node writes its part at once, through the same servers)."""
+    return checkpoint_bytes(cfg) / write_rate(cfg)
+
+
+def capacity_problem(cfg: Config, capacity_bytes: int, where: str, fix: str = "") -> str | None:
+    """One line when the volume (`where`: what gave its capacity) cannot hold what the job keeps there, with
+    the size that fits and `fix` (default: a file system of that size)."""
+    n = need(cfg)
+    if not n.total or n.total <= capacity_bytes * FILL_AT_MOST:
+        return None
+    more = f"; plus {', '.join(n.unknown)}, not counted" if n.unknown else ""
+    size = fsx_size_gib(n.total)
+    fix = fix or f"set FSX_STORAGE_GIB={size} (a new file system, or grow this one to {size} GiB)"
+    return (
+        f"{where} holds {gib(capacity_bytes)}, and MODEL={cfg.training.model} keeps {gib(n.total)} on it "
+        f"({n.parts()}{more}), over {FILL_AT_MOST:.0%} of it: {fix}, lower CHECKPOINT_KEEP, or put "
+        "checkpoints on CHECKPOINT_PVC"
+    )
+
+
+def fsx_problem(cfg: Config) -> str | None:
+    """The FSX_STORAGE_GIB file system against the job, on the cluster (locally the volume is a directory:
+    its disk's free space is checked where it is read; on the cluster `job run` also reads the claim's)."""
+    if cfg.backend != "eks":
+        return None
+    return capacity_problem(cfg, cfg.fsx_storage_gib * GIB, f"FSX_STORAGE_GIB={cfg.fsx_storage_gib}")
+
+
+_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIX.update({"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18})
+
+
+def quantity_bytes(text: str) -> int | None:
+    """A resource.Quantity (apimachinery pkg/api/resource/quantity.go: binary Ki..Ei, decimal k..E, plain or
+    exponent numbers) in bytes; None when it is not one."""
+    text = text.strip()
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, scale = text[: -len(suffix)], _SUFFIX[suffix]
+            break
+    else:
+        number, scale = text, 1
+    try:
+        value = float(number)
+    except ValueError:
+        return None
+    return int(value * scale) if math.isfinite(value) and value >= 0 else None
+
+
+def interval_warning(cfg: Config, step_s: float) -> str | None:
+    """When saving takes longer than the training between two saves: the job would spend more time saving
+    than training (the trainer saves synchronously)."""
+    interval = cfg.training.checkpoint_interval
+    if not interval or step_s <= 0:
+        return None
+    save_s, train_s = save_seconds(cfg), interval * step_s
+    if save_s <= train_s:
+        return None
+    rate = write_rate(cfg) / 1e6
+    steps = math.ceil(save_s / step_s)
+    return (
+        f"CHECKPOINT_INTERVAL={interval}: each save of {gib(checkpoint_bytes(cfg))} takes about "
+        f"{save_s:.0f} s at {rate:.0f} MB/s (FSX_STORAGE_GIB={cfg.fsx_storage_gib} x FSX_THROUGHPUT_PER_TIB="
+        f"{cfg.fsx_throughput_per_tib}), longer than the {train_s:.0f} s of training it protects: set "
+        f"CHECKPOINT_INTERVAL={steps} or more, or a faster file system"
+    )
+
+
+def report(cfg: Config, step_s: float) -> dict[str, object]:
+    """What `plan` says about the shared volume: the need against FSX_STORAGE_GIB, the rate, one save."""
+    n = need(cfg)
+    problem = fsx_problem(cfg)
+    return {
+        "need_gib": n.total / GIB,
+        "holds": n.parts(),
+        "not_counted": list(n.unknown),
+        "fsx_storage_gib": cfg.fsx_storage_gib,
+        "fits": problem is None,
+        "size_that_fits_gib": fsx_size_gib(n.total),
+        "write_mb_per_s": write_rate(cfg) / 1e6,
+        "save_s": save_seconds(cfg),
+        "warning": interval_warning(cfg, step_s),
+    }

@@ -1,0 +1,183 @@
+"""The shared volume against what the job writes there (issue 27, defects 3 and 6): its size (FSx for Lustre
+PERSISTENT_2 capacities, FSx API CreateFileSystem StorageCapacity: 1200 GiB, 2400 GiB and increments of 2400
+GiB), its rate (PerUnitStorageThroughput is MB/s per TiB for the whole file system, all clients together:
+FSx for Lustre User Guide, "Aggregate file system performance"), what the trainer keeps there
+(fsdptrain.checkpoint: `prune` keeps CHECKPOINT_KEEP after `publish`, so one more exists during a save; DCP
+writes each replicated shard once, torch/distributed/checkpoint/_dedup_save_plans.py), and the preflight
+that refuses a volume too small. Peers: the settings loader and the CLI in process; the Kubernetes API peer
+(kmock) for the claim's capacity `job run` reads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import invoke
+from fsdpctl import render, volume
+from fsdpctl.errors import SettingsError
+from fsdpctl.settings import load
+from fsdptrain.shapes import MODEL_CONFIGS
+
+GIB = 1024**3
+EKS = {"BACKEND": "eks", "AWS_ACCOUNT_ID": "123456789012", "INSTANCE_TYPE": "p5.48xlarge"}
+
+
+def valid_fsx(gib: int) -> bool:
+    return gib == 1200 or (gib >= 2400 and gib % 2400 == 0)
+
+
+jobs = st.fixed_dictionaries(
+    {
+        "MODEL": st.sampled_from(["tiny", "7b", "13b", "70b"]),
+        "CHECKPOINT_KEEP": st.integers(1, 6).map(str),
+        "PRETRAINED": st.sampled_from(["", "meta-llama/Llama-2-7b-hf"]),
+        "EXPORT_DIR": st.sampled_from(["", "/fsx/export", "/elsewhere/export"]),
+        "FSX_THROUGHPUT_PER_TIB": st.sampled_from(["125", "250", "500", "1000"]),
+    }
+)
+
+
+def cluster(job: dict[str, str], **more: str):
+    """On 16 p5 nodes, where 70B fits in GPU memory; a hub PRETRAINED needs a token."""
+    token = {"HF_TOKEN": "hf_" + "x" * 34} if job.get("PRETRAINED") else {}
+    return load(dotenv={**EKS, "JOB_NODES": "16", "NODE_COUNT": "16", **job, **token, **more})
+
+
+def test_the_default_file_system_holds_a_70b_jobs_checkpoints():
+    """A 70B checkpoint is 12 bytes per parameter, ~771 GiB; with CHECKPOINT_KEEP=2 three exist during the
+    third save: ~2313 GiB, which the old fixed default of 1200 GiB could not hold (the second save filled it).
+    The default is now sized from the model: 4800 GiB, and says where it came from."""
+    cfg = cluster({"MODEL": "70b"})
+    ckpt = 12 * MODEL_CONFIGS["70b"].num_params()
+    assert 770 * GIB < ckpt < 772 * GIB
+    assert volume.need(cfg).total == 3 * ckpt
+    assert cfg.fsx_storage_gib == 4800 and cfg.sources["FSX_STORAGE_GIB"] == "derived"
+    assert cfg.fsx_storage_gib * GIB * volume.FILL_AT_MOST >= 3 * ckpt
+    assert load(dotenv={}).fsx_storage_gib == 1200  # the tiny model keeps a few MB
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(job=jobs)
+def test_the_derived_size_is_a_valid_fsx_size_that_holds_the_job(job):
+    """Whatever the model, keep count, hub weights and export: the derived FSX_STORAGE_GIB is a size FSx
+    accepts, holds the need within FILL_AT_MOST, and is the smallest such size."""
+    cfg = cluster(job)
+    need = volume.need(cfg).total
+    size = cfg.fsx_storage_gib
+    assert valid_fsx(size), size
+    assert need <= size * GIB * volume.FILL_AT_MOST
+    smaller = 1200 if size == 2400 else size - 2400
+    assert size == 1200 or need > smaller * GIB * volume.FILL_AT_MOST
+    assert volume.fsx_problem(cfg) is None
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(job=jobs, short=st.integers(1, 2400))
+def test_a_file_system_too_small_is_refused_with_the_size_that_fits(cli, job, short):
+    """Preflight (`config validate`, `job run`, `manifest`): FSX_STORAGE_GIB below what the job keeps is
+    one line naming both sizes and the size that fits, exit 2, before anything is created; that size
+    passes."""
+    fits = cluster(job).fsx_storage_gib
+    need = volume.need(cluster(job)).total
+    given_gib = max(1, min(fits - 1, math.floor(need / GIB / volume.FILL_AT_MOST) - short))
+    if given_gib * GIB * volume.FILL_AT_MOST >= need:
+        return  # only a few MB to keep: any size holds it
+    r = invoke(*sets(cluster_env(job, given_gib)), "config", "validate")
+    assert r.exit_code == 2, r.output
+    line = next(x for x in r.output.splitlines() if "FSX_STORAGE_GIB=" in x)
+    assert f"FSX_STORAGE_GIB={given_gib} " in line and f"set FSX_STORAGE_GIB={fits} " in line
+    assert "Traceback" not in r.output
+    ok = invoke(*sets(cluster_env(job, fits)), "config", "validate")
+    assert ok.exit_code == 0, ok.output
+
+
+def sets(values: dict[str, str]) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+def cluster_env(job: dict[str, str], gib: int) -> dict[str, str]:
+    token = {"HF_TOKEN": "hf_" + "x" * 34} if job.get("PRETRAINED") else {}
+    return {**EKS, "JOB_NODES": "16", "NODE_COUNT": "16", **job, **token, "FSX_STORAGE_GIB": str(gib)}
+
+
+def test_the_stop_grace_follows_the_file_systems_aggregate_throughput():
+    """Issue 27, defect 6: FSx's throughput is the file system's, capacity x PerUnitStorageThroughput, for all
+    nodes at once: 1200 GiB at 250 MB/s/TiB is ~293 MB/s. The old grace assumed 500 MB/s per node (8 GB/s for
+    16 nodes) and gave a 70B job 248 s for a save that takes ~47 minutes on such a file system; torchrun's
+    SIGKILL would have cut every stop checkpoint."""
+    cfg = cluster({"MODEL": "70b"}, FSX_STORAGE_GIB="1200")  # --force's case: the user kept the old size
+    rate = volume.write_rate(cfg)
+    assert 292e6 < rate < 294e6
+    save_s = 12 * MODEL_CONFIGS["70b"].num_params() / rate
+    assert 2800 < save_s < 2850
+    timing = render.stop_timing(cfg)
+    assert timing.shutdown_s >= 2 * save_s and timing.grace_s > timing.shutdown_s
+    job = render.render_job(cfg, "r")[-1]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(timing.shutdown_s)
+    assert pod["terminationGracePeriodSeconds"] == timing.grace_s
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    nodes=st.sampled_from([2, 4, 8, 16]),
+    size=st.sampled_from([1200, 2400, 4800, 9600]),
+    per_tib=st.sampled_from([125, 250, 500, 1000]),
+)
+def test_a_save_takes_the_checkpoint_over_the_aggregate_rate_whatever_the_node_count(nodes, size, per_tib):
+    cfg = cluster({"MODEL": "13b"}, JOB_NODES=str(nodes), FSX_STORAGE_GIB=str(size),
+                  FSX_THROUGHPUT_PER_TIB=str(per_tib))  # fmt: skip
+    expected = 12 * MODEL_CONFIGS["13b"].num_params() / (size / 1024 * per_tib * 1e6)
+    assert volume.save_seconds(cfg) == pytest.approx(expected)
+    assert render.stop_timing(cfg).expected_s >= expected
+
+
+def test_a_save_slower_than_the_interval_it_protects_is_warned(cli):
+    """7B on the default 1200 GiB: a save of ~75 GiB at ~293 MB/s takes ~276 s, while 10 steps of ~1 s are
+    what it protects; `config validate` warns with the interval that would not (exit 0: a choice, not an
+    error), `plan` says the same, and an interval long enough or saving only at the end says nothing."""
+    env = {f"FSDPCTL_{k}": v for k, v in {**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": "10"}.items()}
+    r = cli.run("config", "validate", env=env)
+    assert r.exit_code == 0, r.output
+    [warning] = [line for line in r.output.splitlines() if "CHECKPOINT_INTERVAL=10" in line]
+    assert warning.startswith("warning: ") and "longer than the" in warning
+    cfg = load(dotenv={**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": "10"})
+    step_s = render.step_seconds(cfg)
+    enough = math.ceil(volume.save_seconds(cfg) / step_s)
+    assert f"set CHECKPOINT_INTERVAL={enough} or more" in warning
+    assert volume.interval_warning(load(dotenv={**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": str(enough)}),
+                                   step_s) is None  # fmt: skip
+    assert volume.interval_warning(load(dotenv={**EKS, "MODEL": "7b"}), step_s) is None  # at the end only
+    plan = cli.run("plan", "--model", "7b", "-o", "json", env={"FSDPCTL_CHECKPOINT_INTERVAL": "10"})
+    import json
+
+    v = json.loads(plan.stdout)["volume"]
+    assert v["warning"] and v["fits"] and v["save_s"] == pytest.approx(volume.save_seconds(cfg))
+
+
+def test_a_throughput_fsx_does_not_offer_is_refused():
+    with pytest.raises(SettingsError) as e:
+        load(dotenv={"FSX_THROUGHPUT_PER_TIB": "300"})
+    assert e.value.lines == [
+        "FSX_THROUGHPUT_PER_TIB=300 (.env) is not a PERSISTENT_2 throughput: use one of 125, 250, 500, 1000 "
+        "(MB/s per TiB)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1200Gi", 1200 * GIB), ("4800Gi", 4800 * GIB), ("1Ti", 1024 * GIB), ("500G", 500 * 10**9),
+     ("12e3", 12000), ("2Ki", 2048), ("x", None), ("-1Gi", None)],
+)  # fmt: skip
+def test_quantities_as_apimachinery_reads_them(text, expected):
+    """k8s.io/apimachinery pkg/api/resource/quantity.go suffixes: binary Ki..Ei, decimal k..E, exponents."""
+    assert volume.quantity_bytes(text) == expected
