@@ -57,6 +57,7 @@ import kmock
 import yaml
 from multidict import CIMultiDict
 
+import kube_peer_kubelet as kubelet
 from conftest import SHARED
 from kube_peer_discovery import Registry, Served, accepts_aggregated
 from kube_peer_rules import (
@@ -558,6 +559,18 @@ class KubeApi(kmock.KubernetesScaffold):
     def _after_write(self, res: Served, obj: dict) -> None:
         if res.plural == "customresourcedefinitions" and res.group == "apiextensions.k8s.io":
             self.registry.crds[obj["metadata"]["name"]] = obj  # established at once
+        if res.plural == "pods" and res.group == "" and kubelet.stop_requested(obj):
+            asyncio.get_running_loop().call_later(0.1, self._pod_stops, obj["metadata"]["namespace"],
+                                                  obj["metadata"]["name"])  # fmt: skip
+
+    def _pod_stops(self, namespace: str, name: str) -> None:
+        """The kubelet's part of `fsdpctl job stop`, later, as a sync of the pod would do it
+        (kube_peer_kubelet): the annotation reaches the trainer through its downward API file, the trainer
+        saves and ends, and the kubelet reports the container's exit code."""
+        key = ("", "pods", namespace, name)
+        pod = self.store.objects.get(key)
+        if pod is not None and kubelet.stop_requested(pod):
+            self.store.put(key, kubelet.after_stop_request(pod))
 
     def _lifecycle(self, res: Served, namespace: str | None, name: str) -> None:
         """NamespaceLifecycle admission on create: the namespace must exist and not be terminating (the

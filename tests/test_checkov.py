@@ -77,16 +77,33 @@ ACCEPTED = {
     (
         "CKV_K8S_22",
         "DaemonSet.*",
-    ): "dcgm-exporter writes its DCGM state, htop/nvtop install their tool at start",
+    ): "dcgm-exporter writes its DCGM state",
     ("CKV_K8S_17", "DaemonSet.*top"): "hostPID is the point of htop/nvtop: the node's processes",
-    ("CKV_K8S_23", "DaemonSet.*top"): "root: apt-get at start and reading every process of the node",
-    ("CKV_K8S_40", "DaemonSet.*top"): "root, as above",
-    ("CKV_K8S_37", "DaemonSet.*top"): "apt-get needs root's default capabilities; NET_RAW is dropped",
+    ("CKV_K8S_40", "DaemonSet.*top"): "uid 1000, the trainer image's user (it ships htop and nvtop)",
     ("CKV_K8S_8", "DaemonSet.*top"): "an idle shell for kubectl exec: nothing to probe",
     ("CKV_K8S_9", "DaemonSet.*top"): "serves no traffic",
+    # the pre-step (a batch Job): its volume-prep makes the job's directories on the claims, then the download
+    ("CKV2_K8S_6", "Pod.fsdp-fetch"): "no NetworkPolicy: the download reaches the hub (or HF_ENDPOINT); the "
+    "namespace is the job's own",
+    (
+        "CKV_K8S_22",
+        "Job.fsdp-fetch",
+    ): "writable root for the download: huggingface_hub keeps its locks and temp "
+    "files under HOME too; volume-prep's root is read-only",
+    (
+        "CKV_K8S_25",
+        "Job.fsdp-fetch",
+    ): "volume-prep adds CHOWN, FOWNER and DAC_OVERRIDE (all else dropped): a new "
+    "FSx file system's root is root's, 0755, and the kubelet applies no fsGroup to it",
+    ("CKV_K8S_40", "Job.fsdp-fetch"): "uid 1000, the image's user, which the job's directories are made for",
+    (
+        "CKV_K8S_23",
+        "Pod.fsdpctl-clean-*",
+    ): "root with DAC_OVERRIDE and FOWNER only: EFA trainers write as root",
+    ("CKV_K8S_25", "Pod.fsdpctl-clean-*"): "adds DAC_OVERRIDE and FOWNER (all else dropped), as above",
     ("CKV_K8S_8", "Pod.fsdpctl-clean-*"): "a one-shot rm: nothing to probe",
     ("CKV_K8S_9", "Pod.fsdpctl-clean-*"): "serves no traffic",
-    ("CKV_K8S_40", "Pod.fsdpctl-clean-*"): "uid 1000, the trainer's, which owns the checkpoint files",
+    ("CKV_K8S_40", "Pod.fsdpctl-clean-*"): "root, as above",
 }
 
 

@@ -128,7 +128,15 @@ def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.stderr
     kinds = [o["kind"] for o in yaml.safe_load_all(result.stdout)]
-    assert kinds == ["Namespace", "Deployment", "Service", "NetworkPolicy", "PyTorchJob"]
+    assert kinds == [
+        "Namespace",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+        "Job",
+        "PodDisruptionBudget",
+        "PyTorchJob",
+    ]
     assert TOKEN not in result.stdout
     assert (
         cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout
@@ -138,12 +146,20 @@ def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
     assert written.exit_code == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         ".fsdpctl-fsdp.sha256",  # what fsdpctl wrote for the job (tests/test_manifest_dir.py)
+        "job-fsdp-fetch.yaml",
         "namespace-fsdp.yaml",
+        "poddisruptionbudget-fsdp.yaml",
         "pytorchjob-fsdp.yaml",
     ]
     assert cli("manifest", "--validate").exit_code == 2  # no --crd-dir
     (tmp_path / "empty").mkdir()
     assert cli("manifest", "--validate", "--crd-dir", str(tmp_path / "empty")).exit_code == 2
+
+
+def render_file_name(obj: dict) -> str:
+    from fsdpctl import render
+
+    return render.file_name(obj)
 
 
 def test_manifest_output_format_is_yaml_or_json_on_stdout_and_in_files(cli, tmp_path):
@@ -157,8 +173,14 @@ def test_manifest_output_format_is_yaml_or_json_on_stdout_and_in_files(cli, tmp_
     written = cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json", "--out-dir", "j")
     assert written.exit_code == 0 and written.stdout == ""
     files = sorted(p for p in (tmp_path / "j").iterdir() if p.suffix == ".json")
-    assert [p.name for p in files] == ["namespace-fsdp.json", "pytorchjob-fsdp.json"]
-    assert [json.loads(p.read_text()) for p in files] == as_yaml
+    assert [p.name for p in files] == [
+        "job-fsdp-fetch.json",  # the pre-step: volume-prep of the claim
+        "namespace-fsdp.json",
+        "poddisruptionbudget-fsdp.json",
+        "pytorchjob-fsdp.json",
+    ]
+    by_name = {render_file_name(o): o for o in as_yaml}
+    assert {p.name.replace(".json", ".yaml"): json.loads(p.read_text()) for p in files} == by_name
     bad = cli("manifest", "-o", "out")  # -o was the directory before --out-dir
     assert bad.exit_code == 2 and not (tmp_path / "out").exists()
 
@@ -283,8 +305,10 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     assert result.stdout.endswith(next_commands("quickstart"))  # what to run next, with this job's name
     # checkpoints on the shared volume (SHARED_VOLUME=fsx-claim: one directory every simulated node mounts)
     assert (tmp_path / "home/volumes/fsx-claim/checkpoints/quickstart/step-00000008/meta.json").is_file()
-    # and nothing half-written left on any node's own disk
-    assert not [p for p in (tmp_path / "home/jobs/quickstart/nodes").rglob("*") if p.is_file()]
+    # and nothing half-written left on any node's own disk (the kubelet's downward API file of the pod's
+    # annotations is the kubelet's, not the job's)
+    nodes = tmp_path / "home/jobs/quickstart/nodes"
+    assert not [p for p in nodes.rglob("*") if p.is_file() and p.parent.name != "podinfo"]
     status = json.loads(cli("job", "status", "quickstart", "-o", "json").stdout)
     assert status["phase"] == "Succeeded" and status["step"] == 8 and status["nodes"] == 2
     assert status["summary"]["final_loss"] < status["summary"]["first_loss"]

@@ -91,6 +91,8 @@ def without_the_clock(text: str) -> str:
     text = re.sub(r"\b\d[\d,]*(\.\d+)? (tokens/s|tok/s)", r"<N> \2", text)
     # a network namespace per node as root (its /24 moves past those in use), loopback otherwise
     text = re.sub(r"(?m)^(network\s+).+$", r"\1<NETWORK>", text)
+    # the pods' uid where this machine lets them reach the interpreter, else this user and why
+    text = re.sub(r"(?m)^(user\s+).+$", r"\1<USER>", text)
     return re.sub(r"\b(loss\s+)\d+\.\d+", r"\1<LOSS>", text)
 
 

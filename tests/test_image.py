@@ -254,6 +254,8 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
         "TORCH_VERSION=",
         "--build-arg",
         "EXTRAS=",
+        "--build-arg",
+        "MONITORING_TOOLS=htop",  # Debian bookworm's main has no nvtop
     )
     assert r.exit_code == 0, r.output
     assert f"built {uri}" in said(r)

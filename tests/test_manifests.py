@@ -59,7 +59,8 @@ def test_every_eks_combination_validates(schemas, instance, strategy, rdzv):
     assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     assert job["spec"]["elasticPolicy"]["rdzvBackend"] == rdzv
     assert job["spec"]["elasticPolicy"]["rdzvId"] == "fsdp-run-1"
-    assert {"etcd"} <= {o["metadata"]["name"] for o in objs} if rdzv != "c10d" else len(objs) == 2
+    # with the pre-step (volume-prep of the claim) and the PodDisruptionBudget
+    assert {"etcd"} <= {o["metadata"]["name"] for o in objs} if rdzv != "c10d" else len(objs) == 4
 
 
 @pytest.mark.parametrize("strategy, rdzv", LOCAL_COMBOS)
@@ -80,7 +81,7 @@ def test_every_trainjob_combination_validates(schemas, instance, strategy):
         TOLERATIONS="dedicated=gpu:NoSchedule",
     )
     objs = render.render_job(cfg, "fsdp-run-1")
-    assert [o["kind"] for o in objs] == ["Namespace", "TrainJob"]
+    assert [o["kind"] for o in objs] == ["Namespace", "Job", "PodDisruptionBudget", "TrainJob"]
     assert validate(objs, schemas) == []
     spec = objs[-1]["spec"]
     assert spec["runtimeRef"]["name"] == "torch-distributed" and spec["trainer"]["numNodes"] == 16

@@ -114,13 +114,26 @@ def assert_resumed_like(env: dict[str, str], reference: dict[int, float], final:
     return resumed_at
 
 
+def children(pid: int) -> list[int]:
+    return [
+        int(p)
+        for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    ]
+
+
+def workers_of(launcher: int) -> list[int]:
+    """The trainer processes of a pod: the launcher (fsdptrain.launch, the container's first process) runs
+    torchrun as its child, whose children are the workers."""
+    return [w for torchrun in children(launcher) for w in children(torchrun)]
+
+
 def kill_node(pid: int) -> None:
     """SIGKILL to every process of one simulated node, as when its machine dies: the launcher's process group
     and each worker's own session (torchrun starts workers with start_new_session, torch/distributed/elastic/
     multiprocessing/subprocess_handler), so killing the launcher's group alone would leave them training."""
-    workers = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    workers = workers_of(pid)
     assert workers, f"launcher {pid} has no worker"
-    for group in [pid, *map(int, workers)]:
+    for group in [pid, *workers]:
         os.killpg(group, signal.SIGKILL)
 
 
@@ -201,7 +214,7 @@ def test_one_node_on_its_own_disk_resumes_every_rank_from_the_same_checkpoint(tm
     assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
     wait_for_step(env, 12)
     launcher = state(env)["launchers"][0]["pid"]
-    workers = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split()
+    workers = workers_of(launcher)
     assert len(workers) == 2, workers
     os.kill(int(workers[1]), signal.SIGKILL)
     final = finish(env)

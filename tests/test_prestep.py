@@ -127,7 +127,8 @@ def test_the_prestep_job_validates_and_the_workers_wait_for_its_marker(schemas, 
     cfg = cfg()
     objs = render.render_job(cfg, "run-7")
     assert validate(objs, schemas) == []
-    *_, fetch_job, job = objs
+    *_, fetch_job, pdb, job = objs
+    assert pdb["kind"] == "PodDisruptionBudget"
     assert (fetch_job["apiVersion"], fetch_job["kind"], fetch_job["metadata"]["name"]) == (
         "batch/v1",
         "Job",
@@ -145,9 +146,11 @@ def test_the_prestep_job_validates_and_the_workers_wait_for_its_marker(schemas, 
     assert env["HF_TOKEN_PATH"].startswith(render.HF_TOKEN_DIR) and TOKEN not in render.to_yaml(objs)
     # its pod is not one of the job's nodes (those are listed by fsdpctl.io/job)
     assert "fsdpctl.io/job" not in fetch_job["spec"]["template"]["metadata"]["labels"]
-    # a wrong id or no access (exit 2), or a hub still down after retries (1): the Job fails at once
-    [rule, disruption] = fetch_job["spec"]["podFailurePolicy"]["rules"]
+    # a wrong id or no access (exit 2), or a hub still down after retries (1): the Job fails at once; so does
+    # a volume its first container cannot prepare
+    [rule, prep, disruption] = fetch_job["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [1, 2]
+    assert prep["onExitCodes"] == {"containerName": "volume-prep", "operator": "In", "values": [1]}
     assert disruption["action"] == "Ignore" and pod["restartPolicy"] == "Never"
     # every worker waits for the marker, then never touches the hub
     text = json.dumps(job)
@@ -156,14 +159,26 @@ def test_the_prestep_job_validates_and_the_workers_wait_for_its_marker(schemas, 
     assert json.dumps({"name": "HF_HOME", "value": "/fsx/hf-cache"}) in text
 
 
-def test_no_prestep_without_a_hub_repo_or_a_shared_volume():
+def test_without_a_hub_repo_the_prestep_only_prepares_the_volume():
+    """Every job whose pods mount a claim gets the pre-step for its first container (volume-prep), which makes
+    the job's directories before anything of the job writes; without a hub repo it downloads nothing, the
+    workers stay online, and they wait for it no longer than its pod takes to start."""
     for cfg in (load(dotenv={}), eks(), eks(PRETRAINED="/fsx/models/llama", DATASET="/fsx/data/c.jsonl")):
-        kinds = [o["kind"] for o in render.render_job(cfg, "r")]
-        assert "Job" not in kinds and "HF_HUB_OFFLINE" not in json.dumps(render.render_job(cfg, "r"))
-    # no shared volume: no disk the pre-step and the pods share; the trainer downloads per node, before any
-    # process group (fsdptrain.fetch.before_process_group)
+        objs = render.render_job(cfg, "r")
+        [pre] = [o for o in objs if o["kind"] == "Job"]
+        env = {e["name"]: e["value"] for e in pre["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert not {"PRETRAINED", "TOKENIZER", "DATASET"} & set(env)
+        assert "HF_HUB_OFFLINE" not in json.dumps(objs) and fetch.MARKER_ENV in json.dumps(objs[-1])
+        wait = json.dumps({"name": fetch.WAIT_ENV, "value": str(prestep.PREP_ONLY_WAIT_S)})
+        assert wait in json.dumps(objs[-1])
+    # no claim at all (one node, pod-local disks): nothing to prepare, no disk the pre-step and the pods
+    # share; the trainer downloads per node, before any process group (fsdptrain.fetch.before_process_group)
     single = eks(JOB_NODES="1", SHARED_VOLUME="", PRETRAINED=GATED, HF_TOKEN=TOKEN)
-    assert [o["kind"] for o in render.render_job(single, "r")] == ["Namespace", "PyTorchJob"]
+    assert [o["kind"] for o in render.render_job(single, "r")] == [
+        "Namespace",
+        "PodDisruptionBudget",
+        "PyTorchJob",
+    ]
 
 
 # ---- fsdpctl model fetch / data fetch -------------------------------------------------------------------
@@ -320,7 +335,11 @@ def test_the_prestep_program_tells_its_verdict_in_the_marker(hub, tmp_path):
     assert p.returncode == 1 and "failed" in fetch.read_marker(tmp_path / "down.json")["error"]
 
 
-def test_the_wait_is_a_file_poll_without_a_timeout(tmp_path):
+def test_the_wait_is_a_file_poll_with_a_deadline(tmp_path):
+    """No collective (a download of 138 GB outlasts any collective timeout) but a deadline (issue 27, defect
+    1): a pre-step that could not write its marker (EACCES on a root-owned volume) left every trainer waiting
+    with its GPUs held, forever. The deadline (PRESTEP_TIMEOUT, rendered as FSDPTRAIN_FETCH_WAIT_S) fails the
+    pod with one line naming it, exit 2 from the launcher: the job fails instead."""
     marker, said, clock = tmp_path / "m.json", [], [0.0]
 
     def sleep(s: float) -> None:  # the marker turns up after three hours of polling
@@ -328,8 +347,15 @@ def test_the_wait_is_a_file_poll_without_a_timeout(tmp_path):
         if clock[0] >= 3 * 3600:
             fetch.write_marker(marker, error=None, fetched=[])
 
-    record = fetch.wait_for_marker(marker, say=said.append, clock=lambda: clock[0], sleep=sleep)
+    wait = dict(say=said.append, clock=lambda: clock[0], sleep=sleep)
+    record = fetch.wait_for_marker(marker, timeout_s=4 * 3600, **wait)
     assert record["ok"] and len(said) == 3 * 60  # said at once, then once a minute, for 3 hours
+    marker.unlink()
+    clock[0] = 0.0
+    with pytest.raises(ConfigError, match=r"gave no result in 1800 s \(PRESTEP_TIMEOUT\): no marker"):
+        fetch.wait_for_marker(marker, timeout_s=1800, **wait)
+    assert 1800 <= clock[0] < 1800 + 5  # gave up at the deadline, not before, not much after
+    assert fetch.wait_timeout({fetch.WAIT_ENV: "900"}) == 900 and fetch.wait_timeout({}) == 7200
     fetch.write_marker(marker, error="PRETRAINED='x/y' is a gated repo: set HF_TOKEN", fetched=[])
     with pytest.raises(ConfigError, match="gated repo"):
         fetch.wait_for_marker(marker, say=said.append)

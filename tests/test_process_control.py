@@ -599,8 +599,9 @@ def test_a_real_runs_supervisor_killed_then_status_run_and_stop(home, monkeypatc
     from fsdpctl.settings import load
 
     cfg = load(dotenv={"SEQ_LEN": "64", "PRECISION": "fp32", "WARMUP_STEPS": "2", "MAX_STEPS": "100000"})
-    job = render.render_job(cfg, render.new_run_id(cfg.job_name))[-1]
-    local.start(job, secret_env={})
+    *infra, job = render.render_job(cfg, render.new_run_id(cfg.job_name))
+    prestep = next(o for o in infra if o["kind"] == "Job")  # it prepares the claim the trainers wait on
+    local.start(job, secret_env={}, prestep=prestep)
     name = cfg.job_name
     _until(
         lambda: local_backend._report(local.read_state(local.job_dir(name)), float("inf"))["step"] >= 1,

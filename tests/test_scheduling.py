@@ -169,7 +169,10 @@ def terraform_nodes(instance: str) -> dict[str, dict]:
     }
     nodes = {}
     for name, g in groups.items():
-        [itype] = g["instance_types"]
+        # the GPU group names its type unless a Capacity Block's launch template does (issue 27, defect 8):
+        # `${var.capacity_block ? null : [var.instance_type]}` here, without a block
+        types = g["instance_types"]
+        [itype] = [f"${{{types.rpartition('[')[2].rstrip(']}')}}}"] if isinstance(types, str) else types
         assert itype.startswith("${var.") and itype.endswith("}"), itype
         taints = [
             {

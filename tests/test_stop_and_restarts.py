@@ -170,11 +170,11 @@ def test_operator_exit_code_verdicts_as_the_supervisor_applies_them():
 def test_a_bad_setting_ends_before_torchrun(monkeypatch, tmp_path, capsys):
     """The container command runs fsdptrain.launch: a setting that can never work exits 2 there, so torchrun
     (whose agent restarts the worker group after any failure, exit 2 included: torch/distributed/elastic/
-    agent/server/api.py _invoke_run) never starts; a good one becomes torchrun with the same arguments."""
+    agent/server/api.py _invoke_run) never starts; a good one runs torchrun with the same arguments."""
     from fsdptrain import launch
 
     execs = []
-    monkeypatch.setattr(os, "execv", lambda exe, argv: execs.append(argv))
+    monkeypatch.setattr(launch, "run_torchrun", lambda argv, environ: execs.append(argv) or 0)
     cfg = load(dotenv={"JOB_NODES": "2", "SHARED_VOLUME": "fsx-claim"})
     command = render.launch_command(cfg, "r")
     args = command[3:]
@@ -193,7 +193,7 @@ def test_a_bad_setting_ends_before_torchrun(monkeypatch, tmp_path, capsys):
 
     monkeypatch.delenv("HSDP_SHARD_SIZE")
     launch.main(args)
-    assert execs and execs[0][1:3] == ["-m", "torch.distributed.run"] and execs[0][3:] == args
+    assert execs and execs[0] == args
     assert (tmp_path / "traces/job").is_dir()  # NCCL makes no directory for its dumps
 
 
@@ -293,7 +293,8 @@ def test_join_timeout_reaches_the_legacy_etcd_handler(monkeypatch):
     conf = {c["key"]: c["value"] for c in job["spec"]["elasticPolicy"]["rdzvConf"]}
     assert conf == {"join_timeout": "1800", "timeout": "1800"}
     c10d = eks(RDZV_JOIN_TIMEOUT="1800")
-    assert render.rdzv_conf(c10d) == [("join_timeout", "1800")]  # dynamic rendezvous reads join_timeout
+    # dynamic rendezvous reads join_timeout; the TCPStore client's wait is read_timeout (test_first_run.py)
+    assert render.rdzv_conf(c10d) == [("join_timeout", "1800"), ("read_timeout", "1800")]
 
 
 def test_hugepages_only_when_asked():
@@ -386,7 +387,11 @@ def _start(tmp_path: Path, monkeypatch, **settings: str) -> dict:
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
     base = {"SEQ_LEN": "64", "PRECISION": "fp32", "WARMUP_STEPS": "2", "JOB_NAME": "t"}
     cfg = load(dotenv={**base, **settings})
-    return local.start(render.render_job(cfg, render.new_run_id(cfg.job_name))[-1], secret_env={})
+    objs = render.render_job(cfg, render.new_run_id(cfg.job_name))
+    prestep = next(
+        (o for o in objs if o["kind"] == "Job"), None
+    )  # it prepares the claim the trainers wait on
+    return local.start(objs[-1], secret_env={}, prestep=prestep)
 
 
 def _wait_step(name: str, step: int, timeout: float = 180) -> None:

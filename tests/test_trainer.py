@@ -115,12 +115,18 @@ def test_keep_last_k_and_latest_pointer(assets, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
-    """What Kubernetes does on stop: SIGTERM to the workers; they finish the step, checkpoint, exit 0.
-    On the way, Prometheus's view: rank 0's /metrics (METRICS_PORT) serves the last logged step."""
+    """What Kubernetes does on `fsdpctl job stop`: the stop annotation in the pods' downward API file
+    (fsdptrain.disruption), then SIGTERM to the workers; they finish the step, checkpoint, exit 0. (Without
+    the annotation a SIGTERM is an eviction: test_lifecycle.py.) On the way, Prometheus's view: rank 0's
+    /metrics (METRICS_PORT) serves the last logged step."""
     from fsdpctl.adapters.etcd import free_port
+    from fsdpctl.adapters.kubelet import write_annotations
+    from fsdptrain import disruption
 
     port = free_port()
     env = train_env(assets, MAX_STEPS=10_000, CHECKPOINT_DIR=tmp_path, LOG_INTERVAL=1, METRICS_PORT=port)
+    (tmp_path / "podinfo").mkdir()
+    env[disruption.STOP_FILE_ENV] = str(tmp_path / "podinfo" / "annotations")
     proc = subprocess.Popen(
         torchrun_argv(2), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
@@ -139,16 +145,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
         assert len(workers) == 2
+        write_annotations(str(tmp_path / "podinfo"), {disruption.STOP_ANNOTATION: "now"})
         for pid in workers:
             os.kill(int(pid), signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    assert "SIGTERM: stopped at step" in out
+    assert "stop requested (fsdpctl job stop): stopped at step" in out
     run = Run(0, out, err)
     stopped_at = run.summary
-    assert stopped_at["stopped"] is True
+    assert stopped_at["stopped"] is True and stopped_at["stop_reason"] == "stop"
     latest = (tmp_path / "latest").read_text()
     assert (tmp_path / latest / "meta.json").is_file()
     assert int(latest.split("-")[1]) >= 3

@@ -275,6 +275,7 @@ def monitoring(cfg: Config) -> Component:
         dashboard=json.dumps(json.loads(dashboard), indent=1),
         job_namespace=cfg.job_namespace,
         gpu_affinity=gpu_node_affinity(),
+        tools_image=cfg.image_uri,
     )
     ready = [
         {"kind": o["kind"], "namespace": o["metadata"]["namespace"], "name": o["metadata"]["name"]}

@@ -16,7 +16,7 @@ from fsdpctl.progress import progress, records, stage, stalled
 from fsdpctl.settings import Config
 from fsdptrain import fetch
 
-FINAL = {"Succeeded", "Failed"}
+FINAL = {"Succeeded", "Failed", "Stopped"}
 LOG_TAIL = 3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
 
 
@@ -114,8 +114,9 @@ def run(
     if record is not None:
         job = run_record.annotated(job, record)
         record = {**record, "manifests": render.to_yaml([*infra, job])}
-    fetch_jobs = [o for o in infra if o["kind"] == "Job"]  # the pre-step: created owned by the job
-    infra = [o for o in infra if o["kind"] != "Job"]
+    # the pre-step and the disruption budget: created owned by the job, so they go with it
+    fetch_jobs = [o for o in infra if o["kind"] in DEPENDENTS]
+    infra = [o for o in infra if o["kind"] not in DEPENDENTS]
     existing = get_job(kube, cfg, cfg.job_name)  # first: a missing CRD is the first thing to fix
     require_claims(kube, cfg)
     if existing is not None and not server_dry_run:
@@ -135,7 +136,7 @@ def run(
                 kube.apply(obj, dry_run=True)
         else:
             for obj in fetch_jobs:
-                _clear_prestep(kube, cfg, obj["metadata"]["name"])
+                _clear_prestep(kube, cfg, obj)
             created = kube.create(job)
             for obj in fetch_jobs:
                 kube.create(_owned_by(obj, created))
@@ -149,11 +150,15 @@ def run(
     }
 
 
-def _clear_prestep(kube, cfg: Config, name: str) -> None:
-    """A pre-step Job an older run left (one applied from `fsdpctl manifest`, owned by nothing): a Job's pod
-    template cannot be changed, so it goes before the new one is created."""
-    if kube.delete("batch/v1", "Job", name, cfg.job_namespace, propagation="Background"):
-        _wait_gone(kube, "batch/v1", "Job", name, cfg.job_namespace, 120)
+DEPENDENTS = ("Job", "PodDisruptionBudget")
+
+
+def _clear_prestep(kube, cfg: Config, obj: dict) -> None:
+    """A pre-step Job or budget an older run left (one applied from `fsdpctl manifest`, owned by nothing): a
+    Job's pod template cannot be changed, so it goes before the new one is created."""
+    api, kind, name = obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
+    if kube.delete(api, kind, name, cfg.job_namespace, propagation="Background"):
+        _wait_gone(kube, api, kind, name, cfg.job_namespace, 120)
 
 
 def _owned_by(obj: dict, owner: dict) -> dict:
@@ -314,8 +319,8 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
     if not prog["max_steps"]:  # before the first step: how far the start got (the leader pod's lines)
         r["stage"] = stage(records(lines), None, r["nodes"])
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
-    if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running"):
-        r["stalled"] = False  # no step yet because the trainers wait for the download, not a hang
+    if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running") and not r["step"]:
+        r["stalled"] = False  # no step yet because the trainers wait for the pre-step, not a hang
     if r["stalled"]:  # the dumps are on the pods' volume: say where
         r["problems"].append(kstatus.flight_recorder_note(render.nccl_trace_file(cfg, name), None))
     if r["restarts"] or phase == "Restarting":
@@ -340,17 +345,64 @@ def list_jobs(kube, cfg: Config) -> list[dict]:
     return [report(kube, cfg, j["metadata"]["name"], job=j) for j in jobs]
 
 
+# The kubelet rewrites a pod's downward API files on its next sync of the pod (syncFrequency: 1 minute by
+# default, plus its pod cache), so a stop annotation reaches the trainers within about a minute.
+STOP_NOTICE_S = 90
+
+
 def stop(kube, cfg: Config, name: str, wait: bool = True, timeout: float = 300) -> bool:
-    """Delete with foreground propagation: the pods get SIGTERM (the trainer checkpoints) before the job goes.
-    False when there was nothing to stop."""
+    """Ask the trainers to stop, then delete the job with foreground propagation. The stop request is the
+    annotation fsdpctl.io/stop on each running pod, which the trainers read through their downward API
+    file (fsdptrain.disruption): they checkpoint and exit 0, where a SIGTERM alone reads as an eviction
+    (checkpoint, come back). The pods get their grace plus the kubelet's refresh before the job is deleted
+    and whatever still runs gets SIGTERM. False when there was nothing to stop."""
     api, kind = render.job_api(cfg)
     with calls(cfg, f"stopping job {name}"):
+        if kube.get(api, kind, name, cfg.job_namespace) is None:
+            return False
+        if request_stop(kube, cfg, name) and wait:
+            _wait_pods_ended(kube, cfg, name, render.stop_timing(cfg).grace_s + STOP_NOTICE_S)
         gone = not kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
         if gone:
             return False
         if wait:
             _wait_gone(kube, api, kind, name, cfg.job_namespace, timeout)
     return True
+
+
+def request_stop(kube, cfg: Config, name: str) -> list[str]:
+    """The stop annotation on the job (`status` and `wait` then say Stopped, not Succeeded) and on every
+    running pod of it (its trainers read it); the pods annotated."""
+    from fsdpctl.adapters.kube import KubeError
+
+    stamp = {
+        "metadata": {
+            "annotations": {render.STOP_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        }
+    }
+    api, kind = render.job_api(cfg)
+    kube.merge_patch(api, kind, name, cfg.job_namespace, stamp)
+    running = [p["metadata"]["name"] for p in pods_of(kube, cfg, name) if _running(p)]
+    done = []
+    for pod in running:
+        try:
+            kube.merge_patch("v1", "Pod", pod, cfg.job_namespace, stamp)
+            done.append(pod)
+        except KubeError as e:
+            if e.status != 404:  # one that ended meanwhile needs no request
+                raise
+    return done
+
+
+def _running(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Running", "Pending")
+
+
+def _wait_pods_ended(kube, cfg: Config, name: str, timeout: float) -> None:
+    """Until none of the job's pods runs (their trainers saved and exited), at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_running(p) for p in pods_of(kube, cfg, name)):
+        time.sleep(2)
 
 
 def _wait_gone(kube, api: str, kind: str, name: str, namespace: str, timeout: float) -> None:

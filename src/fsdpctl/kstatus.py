@@ -33,9 +33,21 @@ def parse_time(text: str | None) -> float | None:
 
 def phase(job: Obj) -> str:
     """From the job's conditions, the latest true one wins: Succeeded, Failed, Running, Restarting, Created or
-    Pending. TrainJob says Complete for Succeeded; a job being deleted is Stopping."""
-    if job.get("metadata", {}).get("deletionTimestamp"):
+    Pending. TrainJob says Complete for Succeeded; a job being deleted is Stopping, and one `job stop` asked
+    to stop (its annotation fsdpctl.io/stop) is Stopping until it ends, then Stopped: its trainers exit 0
+    after their stop checkpoint, which the operator reads as success."""
+    meta = job.get("metadata", {})
+    if meta.get("deletionTimestamp"):
         return "Stopping"
+    if STOP_ANNOTATION in (meta.get("annotations") or {}):
+        return "Stopped" if _conditions_phase(job) in ("Succeeded", "Failed") else "Stopping"
+    return _conditions_phase(job)
+
+
+STOP_ANNOTATION = "fsdpctl.io/stop"  # fsdptrain.disruption.STOP_ANNOTATION
+
+
+def _conditions_phase(job: Obj) -> str:
     conds = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
     names = {
         "Complete": "Succeeded",

@@ -1,4 +1,14 @@
-"""The pre-step: a job's one download from the Hugging Face Hub, before any process group exists.
+"""The pre-step: a job's one preparation of its volumes and its one download from the Hugging Face Hub, before
+any process group exists.
+
+Its first container (`volume-prep`, fsdptrain.volumes) runs as root and does only that: it makes the
+directories the job writes to on its claims, owned by the trainer's uid, since a new FSx for Lustre file
+system's root is root's with mode 0755 and the kubelet never applies fsGroup to an FSx claim (the driver's
+fsGroupPolicy ReadWriteOnceWithFSType): without it the download and the non-root trainers got EACCES. The
+trainers wait for the pre-step's marker whenever there is a claim, so nothing of the job writes before the
+directories are ready; an init container on every worker pod was not possible, since a TrainJob's
+runtimePatches may not add one with a command (Trainer v2.3.0's TrainJob CRD: initContainers take env,
+name, securityContext and volumeMounts only).
 
 Why not the ranks themselves: local rank 0 of every node would download (16 copies of 138 GB for 70B on 16
 nodes) while the other ranks wait in a barrier under the collective timeout (10 minutes), which a download
@@ -23,12 +33,25 @@ from typing import Any
 
 from fsdpctl.errors import BadInput
 from fsdpctl.settings import Config
-from fsdptrain.fetch import MARKER_ENV, MODEL_PATTERNS, TOKENIZER_PATTERNS, Fetched, Progress, Target
+from fsdptrain.fetch import (
+    MARKER_ENV,
+    MODEL_PATTERNS,
+    TOKENIZER_PATTERNS,
+    WAIT_ENV,
+    Fetched,
+    Progress,
+    Target,
+)
 from fsdptrain.fetch import targets as fetch_targets
 
 CONTAINER = "fetch"
+PREP_CONTAINER = "volume-prep"
 OF_LABEL = "fsdpctl.io/prestep-of"  # on the Job and its pod: the job it downloads for
 SETTING_KEYS = ("PRETRAINED", "TOKENIZER", "DATASET")
+CHECKPOINT_MOUNT = "/checkpoints"  # where pods mount CHECKPOINT_PVC (render.POD_CHECKPOINT_ROOT)
+TRAINER_UID = 1000  # the image's `trainer` user (docker/Dockerfile), the pods' runAsUser and fsGroup
+# how long the trainers wait for a pre-step with nothing to download: its pod's scheduling and image pull
+PREP_ONLY_WAIT_S = 900
 
 
 def targets(cfg: Config) -> list[Target]:
@@ -38,6 +61,12 @@ def targets(cfg: Config) -> list[Target]:
 
 
 def needed(cfg: Config) -> bool:
+    """Whenever a pod mounts a claim: its directories are prepared first (and hub repos downloaded)."""
+    return bool(cfg.shared_volume or cfg.checkpoint_pvc)
+
+
+def downloads(cfg: Config) -> bool:
+    """Whether the pre-step downloads anything: hub repos, onto the shared volume."""
     return bool(cfg.shared_volume) and bool(targets(cfg))
 
 
@@ -51,21 +80,36 @@ def job_name(job: str) -> str:
 
 
 def marker(cfg: Config, run_id: str) -> str:
-    """One per run: a restarted run waits for its own pre-step, never for an older run's verdict."""
-    return f"{hf_home(cfg)}/.fsdpctl/prestep/{run_id}.json"
+    """One per run: a restarted run waits for its own pre-step, never for an older run's verdict. On the
+    shared volume (in the HF cache), else on the checkpoint claim."""
+    root = hf_home(cfg) if cfg.shared_volume else CHECKPOINT_MOUNT
+    return f"{root}/.fsdpctl/prestep/{run_id}.json"
 
 
 def trainer_env(cfg: Config, run_id: str) -> dict[str, str]:
-    """What the workers add to their environment when a pre-step downloads for them."""
+    """What the workers add to their environment when a pre-step runs before them: its marker, how long to
+    wait for it (PRESTEP_TIMEOUT when it downloads; a preparation alone takes the time its pod needs to start)
+    and, when it downloads, offline mode."""
     if not needed(cfg):
         return {}
-    return {MARKER_ENV: marker(cfg, run_id), "HF_HUB_OFFLINE": "1"}
+    wait = cfg.prestep_timeout if downloads(cfg) else min(cfg.prestep_timeout, PREP_ONLY_WAIT_S)
+    env = {MARKER_ENV: marker(cfg, run_id), WAIT_ENV: str(wait)}
+    return env | ({"HF_HUB_OFFLINE": "1"} if downloads(cfg) else {})
 
 
 def fetch_env(cfg: Config) -> dict[str, str]:
     """The pre-step container's environment (the token comes as the Secret's file, HF_TOKEN_PATH)."""
     train = cfg.train_env()
-    return {"HF_HOME": hf_home(cfg), **{k: train[k] for k in SETTING_KEYS}, "PYTHONUNBUFFERED": "1"}
+    repos = {k: train[k] for k in SETTING_KEYS} if downloads(cfg) else {}
+    home = {"HF_HOME": hf_home(cfg)} if cfg.shared_volume else {}
+    return {**home, **repos, "PYTHONUNBUFFERED": "1"}
+
+
+def prep_command(shares: list[str], dirs: list[str]) -> list[str]:
+    """The volume-prep container's command (fsdptrain.volumes): each claim's mount point group-writable,
+    the job's directories owned by the trainer's uid."""
+    owner = f"{TRAINER_UID}:{TRAINER_UID}"
+    return ["python", "-m", "fsdptrain.volumes", "--owner", owner, *(f"--share={s}" for s in shares), *dirs]
 
 
 def fetch_command(cfg: Config, run_id: str) -> list[str]:

@@ -21,6 +21,7 @@ from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact_obj
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 from fsdpctl.validate import LABEL_MAX
+from fsdptrain import disruption
 from fsdptrain.events import RECORD_ENV
 from fsdptrain.shapes import MODEL_CONFIGS
 
@@ -32,9 +33,13 @@ Obj = dict[str, Any]  # a Kubernetes object (or any YAML mapping) as parsed
 HF_TOKEN_DIR = (
     "/var/run/secrets/fsdpctl/hf-token"  # the Secret as a file: huggingface_hub reads HF_TOKEN_PATH
 )
+PODINFO_DIR = "/etc/fsdpctl/pod"  # the downward API volume: the pod's annotations, where a stop request shows
+STOP_ANNOTATION = disruption.STOP_ANNOTATION
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # 3.6 dropped the v2 API torch's etcd rendezvous uses
 C10D_PORT, ETCD_PORT = 29400, 2379
-POD_CHECKPOINT_ROOT = "/checkpoints"  # where every pod mounts the checkpoint volume; jobs write below it
+POD_CHECKPOINT_ROOT = (
+    prestep.CHECKPOINT_MOUNT
+)  # where every pod mounts the checkpoint volume; jobs write below
 DEFAULT_METRICS_PORT = 9101  # beside DCGM's 9400 and node-exporter's 9100
 
 # NCCL over EFA through aws-ofi-nccl; NCCL_DEBUG=INFO makes the chosen transport visible in the logs.
@@ -264,8 +269,20 @@ def stop_timing(cfg: Config) -> StopTiming:
 def rdzv_conf(cfg: Config) -> list[tuple[str, str]]:
     """torchrun's --rdzv-conf. c10d and etcd-v2 (dynamic rendezvous) read `join_timeout`; the legacy `etcd`
     handler reads `timeout` instead (torch/distributed/elastic/rendezvous/etcd_rendezvous.py,
-    create_rdzv_handler), which torchrun otherwise sets to 900 (launcher/api.py), so it gets both."""
+    create_rdzv_handler), which torchrun otherwise sets to 900 (launcher/api.py), so it gets both.
+
+    c10d also gets `read_timeout`, as long as the join timeout. A node's agent that does not host the store
+    connects to it as a TCPStore client that retries only for `read_timeout` (default 60 s: torch
+    c10d_rendezvous_backend.py, _create_tcp_store), and `join_timeout` does not cover that wait: a node that
+    starts more than a minute before the one hosting the store (worker 0, or node 0 of a TrainJob) exited 1,
+    which the operator takes as permanent. Nodes start minutes apart on a real cluster: pulling a ~20 GB CUDA
+    image onto a fresh p5, a node still joining the node group, the FSx mount. With both at RDZV_JOIN_TIMEOUT
+    (600 s unless set) one number bounds the start skew a job tolerates, whichever node is late. It also
+    bounds a store operation against a store host that hangs without closing its socket (one that dies
+    closes it, and the client fails at once), which is no worse: the join would time out then too."""
     conf = [("join_timeout", str(cfg.rdzv_join_timeout))]
+    if cfg.rdzv_backend == "c10d":
+        conf.append(("read_timeout", str(cfg.rdzv_join_timeout)))
     if cfg.rdzv_backend == "etcd":
         conf.append(("timeout", str(cfg.rdzv_join_timeout)))
     return conf
@@ -363,7 +380,18 @@ def pod_env(cfg: Config) -> dict[str, str]:
     env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = nccl_trace_file(cfg, cfg.job_name)
     if cfg.uses_efa:
         env.update(EFA_ENV)
+    env[disruption.STOP_FILE_ENV] = f"{PODINFO_DIR}/annotations"
     return env
+
+
+def starts_env(cfg: Config, run_id: str) -> dict[str, str]:
+    """The run's torchrun start budget (fsdptrain.disruption.record_start): the ledger beside the job's
+    checkpoints (a claim every pod mounts, when there is one) and JOB_NODES first starts plus MAX_RESTARTS
+    restarts of every node, the same count as runPolicy.backoffLimit, which under ExitCode never trips."""
+    return {
+        disruption.STARTS_DIR_ENV: f"{checkpoint_dir(cfg, cfg.job_name)}/.fsdpctl/starts/{run_id}",
+        disruption.STARTS_MAX_ENV: str(cfg.job_nodes + backoff_limit(cfg)),
+    }
 
 
 def container_env(cfg: Config) -> list[dict[str, str]]:
@@ -422,7 +450,11 @@ def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
         image=cfg.image_uri,
         command=launch_command(cfg, run_id),
         env=container_env(cfg)
-        + [{"name": k, "value": v} for k, v in prestep.trainer_env(cfg, run_id).items()],
+        + [
+            {"name": k, "value": v}
+            for k, v in (prestep.trainer_env(cfg, run_id) | starts_env(cfg, run_id)).items()
+        ],
+        podinfo_dir=PODINFO_DIR,
         resources=pod_resources(cfg),
         hf_token_dir=HF_TOKEN_DIR,
         checkpoint_root=POD_CHECKPOINT_ROOT,
@@ -453,9 +485,9 @@ def job_api(cfg: Config) -> tuple[str, str]:
 
 
 def render_job(cfg: Config, run_id: str, record_id: str = "") -> list[Obj]:
-    """Namespace, etcd (with an etcd rendezvous) and the job: everything but the Secret. The job comes
-    last. `record_id`: the run record's (fsdpctl.record), which the trainer echoes into its summary and
-    checkpoints."""
+    """Namespace, etcd (with an etcd rendezvous), the pre-step, the PodDisruptionBudget and the job:
+    everything but the Secret. The job comes last. `record_id`: the run record's (fsdpctl.record), which the
+    trainer echoes into its summary and checkpoints."""
     values = job_values(cfg, run_id)
     if record_id:
         values["env"] = [*values["env"], {"name": RECORD_ENV, "value": record_id}]
@@ -463,6 +495,7 @@ def render_job(cfg: Config, run_id: str, record_id: str = "") -> list[Obj]:
     if cfg.rdzv_backend != "c10d":
         objs += render_etcd(cfg)
     objs += render_fetch_job(cfg, run_id)
+    objs += render_pdb(cfg, run_id)
     if job_api(cfg)[1] == "TrainJob":
         values["command"] = trainjob_command(cfg, run_id)
         objs += render_template("trainjob.yaml.j2", **values)
@@ -473,11 +506,37 @@ def render_job(cfg: Config, run_id: str, record_id: str = "") -> list[Obj]:
     return [redact_obj(o) for o in objs]
 
 
+def prep_dirs(cfg: Config, job_name: str, run_id: str) -> tuple[list[str], list[str]]:
+    """(mount points, directories) the pre-step's volume-prep makes ready for the trainer's uid: every claim's
+    root, and each directory of the job there: its checkpoints, the HF cache and the pre-step's marker, the
+    flight recorder's dumps, TensorBoard's and W&B's files, EXPORT_DIR's parent (the export is written beside
+    it, then renamed)."""
+    shares = [
+        p
+        for p, on in ((cfg.shared_volume_path, cfg.shared_volume), (POD_CHECKPOINT_ROOT, cfg.checkpoint_pvc))
+        if on
+    ]
+    dirs = [
+        checkpoint_root(cfg),
+        checkpoint_dir(cfg, job_name),
+        prestep.marker(cfg, run_id).rsplit("/", 1)[0],
+    ]
+    if cfg.shared_volume:
+        dirs += [prestep.hf_home(cfg), nccl_trace_file(cfg, job_name).rsplit("/", 1)[0]]
+    dirs += [d for d in (tensorboard_dir(cfg, job_name), wandb_dir(cfg, job_name)) if d]
+    export = cfg.training.export_dir.rstrip("/")
+    if export and any(export.startswith(s.rstrip("/") + "/") for s in shares):
+        dirs.append(export.rsplit("/", 1)[0])
+    mounted = [d for d in dict.fromkeys(dirs) if any(d.startswith(s.rstrip("/") + "/") for s in shares)]
+    return shares, sorted(mounted)
+
+
 def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
-    """The pre-step (fsdpctl.prestep): a one-shot Job that downloads the job's hub repos onto the shared
-    volume once; none when the job reads nothing from the hub or has no shared volume."""
+    """The pre-step (fsdpctl.prestep): a one-shot Job that prepares the job's claims (root, nothing else) and
+    downloads its hub repos onto the shared volume once; none when the pods mount no claim."""
     if not prestep.needed(cfg):
         return []
+    shares, dirs = prep_dirs(cfg, cfg.job_name, run_id)
     env = [{"name": k, "value": v} for k, v in prestep.fetch_env(cfg).items()]
     return render_template(
         "fetch-job.yaml.j2",
@@ -493,11 +552,29 @@ def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
         image=cfg.image_uri,
         command=prestep.fetch_command(cfg, run_id),
         container=prestep.CONTAINER,
+        prep_container=prestep.PREP_CONTAINER,
+        prep_command=prestep.prep_command(shares, dirs),
+        deadline_s=cfg.prestep_timeout,
         env=[*env, {"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/HF_TOKEN"}],
         hf_token_dir=HF_TOKEN_DIR,
         secret_name=secret_name(cfg),
         shared_volume=cfg.shared_volume,
         shared_volume_path=cfg.shared_volume_path,
+        checkpoint_pvc=cfg.checkpoint_pvc,
+        checkpoint_root=POD_CHECKPOINT_ROOT,
+    )
+
+
+def render_pdb(cfg: Config, run_id: str) -> list[Obj]:
+    """The PodDisruptionBudget of the job's pods (templates/pdb.yaml.j2): one voluntary eviction at a time."""
+    selector = {"fsdpctl.io/job": cfg.job_name, "fsdpctl.io/run-id": label_value(run_id)}
+    return render_template(
+        "pdb.yaml.j2",
+        job_name=cfg.job_name,
+        namespace=cfg.job_namespace,
+        labels=labels(cfg, run_id),
+        min_available=max(0, cfg.job_nodes - 1),
+        selector=selector,
     )
 
 

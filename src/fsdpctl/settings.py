@@ -90,6 +90,8 @@ OWN_ENV = (
     "FSDPCTL_MANIFESTS",
     "FSDPCTL_TF_PLUGIN_DIR",
     "FSDPCTL_LOCAL_NETNS",
+    "FSDPCTL_LOCAL_RUN_AS",
+    "FSDPCTL_LOCAL_START_DELAYS",
     "FSDPCTL_POD",
     "FSDPCTL_JOB",
     "FSDPCTL_RUN",
@@ -198,6 +200,14 @@ class Settings(BaseModel):
         "seconds the trainer gets after SIGTERM to finish its step and save (0: from the checkpoint's size)",
         ge=0,
         le=86400,
+    )
+    prestep_timeout: int = _k(
+        7200,
+        "job",
+        "seconds the trainers wait for the pre-step (volume preparation, hub downloads) before the job fails "
+        "with its reason; the pre-step Job's activeDeadlineSeconds",
+        ge=10,
+        le=7 * 86400,
     )
     hugepages_2mi: str = _k(
         "",

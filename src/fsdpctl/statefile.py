@@ -84,7 +84,7 @@ OPTIONAL: dict[str, Check] = {
     "tensorboard_dir": _opt(_str),
     "nccl_traces": _list(_str),
     "max_restarts": _count,
-    "prestep": _opt(_obj({"log": _str, "marker": _str}, required=("log", "marker"))),
+    "prestep": _opt(_obj({"log": _str, "marker": _str, "rc": _opt(_int)}, required=("log", "marker"))),
     "supervisor_pid": _opt(lambda v: _int(v) and v > 0),
     "supervisor": _opt(_obj(_IDENTITY, required=("pid",))),
     "mark": _str,
@@ -96,6 +96,7 @@ OPTIONAL: dict[str, Check] = {
     "network": _str,
     "net_index": _opt(_count),
     "reason": _opt(_str),
+    "identity": _opt(_str),  # the user the pods run as (adapters/kubelet.as_user), for `job status`
 }
 
 

@@ -73,7 +73,8 @@ class Need:
 
 
 def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """Bytes as GiB, or MiB below one GiB (a tiny model's checkpoint is a few MB)."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB or n == 0 else f"{n / 2**20:.1f} MiB"
 
 
 def params(cfg: Config) -> int:

@@ -95,7 +95,9 @@ class Summary:
     mem_peak_rss_gib: float | None = field(default=None, metadata=_OPTIONAL)
     checkpoint: str | None
     export: str | None
-    stopped: bool  # ended by SIGTERM
+    stopped: bool  # ended before MAX_STEPS: a stop request or a disruption
+    # why it stopped (fsdptrain.disruption): "stop" (fsdpctl job stop) or "disrupted" (SIGTERM: pod evicted)
+    stop_reason: str | None = field(default=None, metadata=_OPTIONAL)
     record_id: str | None = field(default=None, metadata=_OPTIONAL)  # RECORD_ENV; none outside fsdpctl
 
 

@@ -396,19 +396,38 @@ def read_marker(path: Path) -> dict[str, Any] | None:
         return None
 
 
+WAIT_ENV = "FSDPTRAIN_FETCH_WAIT_S"  # how long a trainer waits for the pre-step's marker (PRESTEP_TIMEOUT)
+DEFAULT_WAIT_S = 7200.0
+
+
+def wait_timeout(environ: Mapping[str, str]) -> float:
+    value = environ.get(WAIT_ENV, "")
+    try:
+        return float(value) if float(value) > 0 else DEFAULT_WAIT_S
+    except ValueError:
+        return DEFAULT_WAIT_S
+
+
 def wait_for_marker(
     path: Path,
     *,
     say: Callable[[str], None],
+    timeout_s: float = DEFAULT_WAIT_S,
     poll_s: float = 2.0,
     say_every_s: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """Until the marker exists: a plain file poll, no collective, no timeout. A failed download is a
-    ConfigError (exit 2: retrying the trainer cannot fix a wrong repo id or a missing token)."""
+    """Until the marker exists: a plain file poll, no collective, up to `timeout_s`. A failed download, or
+    none within the deadline (a pre-step that died before it could write the marker, or could not write it:
+    a volume the download cannot write to), is a ConfigError (exit 2: retrying the trainer cannot fix it)."""
     start, next_say = clock(), clock()
     while (record := read_marker(path)) is None:
+        if clock() - start >= timeout_s:
+            raise ConfigError(
+                f"the download before training gave no result in {timeout_s:.0f} s (PRESTEP_TIMEOUT): no "
+                f"marker {path}; `fsdpctl job status` shows the pre-step and `fsdpctl job logs` its log"
+            )
         if clock() >= next_say:
             say(f"fsdptrain: waiting for the download before training ({clock() - start:.0f} s): {path}")
             next_say = clock() + say_every_s
@@ -427,10 +446,10 @@ def before_process_group(values: Mapping[str, str], environ: MutableMapping[str,
         if environ.get("RANK", "0") == "0":
             print(msg, flush=True)
 
-    if environ.get(MARKER_ENV):
-        wait_for_marker(Path(environ[MARKER_ENV]), say=say)
-        environ["HF_HUB_OFFLINE"] = "1"
-        return
+    if environ.get(MARKER_ENV):  # the job's pre-step: it prepared the volumes, and downloaded if it could
+        wait_for_marker(Path(environ[MARKER_ENV]), say=say, timeout_s=wait_timeout(environ))
+        if environ.get("HF_HUB_OFFLINE") == "1":  # fsdpctl sets it when the pre-step downloads for the job
+            return
     if environ.get("HF_HUB_OFFLINE") == "1" or not targets(values):
         return
     marker = hub_cache(environ) / ".fsdptrain-fetch" / _attempt_id(environ)
@@ -504,16 +523,36 @@ def main(argv: list[str] | None = None) -> int:
         )
     except FetchError as e:
         print(f"fsdptrain.fetch: error: {e}", file=sys.stderr, flush=True)
-        if args.marker:
-            write_marker(args.marker, error=str(e), fetched=[])
+        _tell(args.marker, error=str(e), fetched=[])
         return 2 if e.permanent else 1
+    except OSError as e:  # the cache cannot be written: one line, and the trainers told if the marker can be
+        print(f"fsdptrain.fetch: error: {_unwritable(e, hub_cache(env))}", file=sys.stderr, flush=True)
+        _tell(args.marker, error=_unwritable(e, hub_cache(env)), fetched=[])
+        return 1
     except BaseException as e:  # a bug or a signal: still tell the waiting trainers, then fail loudly
-        if args.marker:
-            write_marker(args.marker, error=f"{type(e).__name__}: {e}", fetched=[])
+        _tell(args.marker, error=f"{type(e).__name__}: {e}", fetched=[])
         raise
-    if args.marker:
-        write_marker(args.marker, error=None, fetched=fetched)
-    return 0
+    return 0 if _tell(args.marker, error=None, fetched=fetched) else 1
+
+
+def _unwritable(e: OSError, cache: Path) -> str:
+    return (
+        f"cannot write {e.filename or cache} ({e.strerror or e}): the shared volume's directories must be "
+        "writable by this pod's user (fsdpctl prepares them: volume-prep)"
+    )
+
+
+def _tell(marker: Path | None, *, error: str | None, fetched: list[Fetched]) -> bool:
+    """Write the marker the trainers wait for; one line instead of a traceback when that cannot be done
+    (they then wait until their deadline, PRESTEP_TIMEOUT, and fail with it)."""
+    if marker is None:
+        return True
+    try:
+        write_marker(marker, error=error, fetched=fetched)
+        return True
+    except OSError as e:
+        print(f"fsdptrain.fetch: error: {_unwritable(e, marker.parent)}", file=sys.stderr, flush=True)
+        return False
 
 
 def parse(lines: Iterable[str]) -> list[dict[str, Any]]:

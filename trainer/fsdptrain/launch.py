@@ -1,6 +1,8 @@
 """`python -m fsdptrain.launch [torchrun options] -m fsdptrain`: the pod's command. Checks the trainer's
-settings on this node, exits 2 with one line when one is bad, and otherwise becomes torchrun (exec: the same
-process, so the kubelet's SIGTERM reaches torchrun, which forwards it to the workers).
+settings on this node, exits 2 with one line when one is bad, waits for the job's pre-step (with a deadline),
+and otherwise runs torchrun as its child, forwarding the kubelet's SIGTERM to it, and turns the way torchrun
+ended into the pod's exit code (fsdptrain.disruption.pod_exit): an evicted pod exits 143 so that the operator
+recreates it, the other nodes start torchrun again to rejoin, a stop request exits 0.
 
 Why before torchrun: its elastic agent restarts the worker group after any worker failure, exit code 2
 included (torch/distributed/elastic/agent/server/api.py, `_invoke_run`), so a setting that can never work
@@ -14,10 +16,15 @@ would cost MAX_RESTARTS tries; a launcher that exits 2 instead fails the PyTorch
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from fsdptrain import disruption, fetch
 from fsdptrain.config import (
     ConfigError,
     TrainConfig,
@@ -110,17 +117,129 @@ def preflight(argv: Sequence[str], environ: Mapping[str, str]) -> None:
         Path(trace).parent.mkdir(parents=True, exist_ok=True)
 
 
+def with_store_host(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """`is_host` in the c10d --rdzv-conf from the node's rank when the Kubeflow Trainer gives one
+    (PET_NODE_RANK, the pod's Job completion index: Trainer v2.3.0 pkg/runtime/framework/plugins/torch/
+    torch.go): node 0 hosts the rendezvous store, the others connect. Without it torchrun guesses by matching
+    the endpoint against this machine's names and addresses (c10d_rendezvous_backend._create_tcp_store,
+    utils._matches_machine_hostname), and the endpoint `<job>-node-0-0.<job>` is not node 0's hostname: the
+    guess hangs on DNS answering for the headless Service when the agent starts. A PyTorchJob's elastic pods
+    get no PET_NODE_RANK, and worker 0's hostname is its endpoint's host: torchrun's guess holds there."""
+    rank = environ.get("PET_NODE_RANK", "")
+    if option(argv, "rdzv-backend", environ) != "c10d" or not rank.isdigit():
+        return list(argv)
+    out, host = [], f"is_host={'true' if int(rank) == 0 else 'false'}"
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if key in ("--rdzv-conf", "--rdzv_conf") and eq and "is_host=" not in value:
+            arg = f"{key}={value},{host}" if value else f"{key}={host}"
+        out.append(arg)
+    if option(argv, "rdzv-conf", {}) is None:  # none given: add one before the trainer's own arguments
+        at = out.index("-m") if "-m" in out else len(out)
+        out.insert(at, f"--rdzv-conf={host}")
+    return out
+
+
+def wait_for_prestep(environ: Mapping[str, str]) -> None:
+    """The job's pre-step marker (fsdpctl.prestep), once per pod and before torchrun: a failed download, or
+    none within FSDPTRAIN_FETCH_WAIT_S, is a ConfigError, so the pod exits 2 and the job fails with that line,
+    instead of every GPU waiting for a marker that will never come (a pre-step that could not write it)."""
+    if environ.get(fetch.MARKER_ENV):
+        say = lambda msg: print(msg, flush=True)  # noqa: E731 - one line
+        fetch.wait_for_marker(Path(environ[fetch.MARKER_ENV]), say=say, timeout_s=fetch.wait_timeout(environ))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         preflight(argv, os.environ)
+        wait_for_prestep(os.environ)
     except ConfigError as e:
         print_error(str(e), " (checked before torchrun: not retried)")
         return 2
     except OSError as e:  # the trace directory: worth a line, not a failed job
         print(f"fsdptrain: warning: no NCCL trace directory ({e.strerror}: {e.filename})", file=sys.stderr)
     sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv])
+    return run_torchrun(with_store_host(argv, os.environ), os.environ)
+
+
+def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
+    """torchrun as this process's child, started again after another node's disruption (within the run's
+    start budget); returns the pod's exit code (disruption.pod_exit)."""
+    signalled: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        signalled.append(signum)
+        if child:
+            _signal(child[0], signum)
+
+    child: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    note = os.path.join(tempfile.mkdtemp(prefix="fsdptrain-launch-"), "note.json")
+    env = {**environ, disruption.NOTE_ENV: note}
+    while True:
+        if refusal := disruption.record_start(environ, socket.gethostname()):
+            print(f"fsdptrain: error: {refusal}", file=sys.stderr, flush=True)
+            return 1
+        child[:] = [_spawn(argv, env)]
+        rc = _wait(child[0], note, signalled)
+        verdict = disruption.pod_exit(
+            rc,
+            signalled=bool(signalled),
+            note=disruption.read_note(note),
+            stopping=disruption.stop_requested(environ),
+        )
+        if verdict != disruption.RESTART:
+            return verdict
+        print("fsdptrain: another node was disrupted: starting torchrun again to rejoin", flush=True)
+        os.unlink(note)
+
+
+def _spawn(argv: list[str], env: Mapping[str, str]) -> int:
+    """torchrun in a child process (fork + exec: the trainer's launcher keeps no subprocess machinery)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # what the trainer writes on the shared volume stays writable by the group (fsdptrain.volumes
+            # makes the job's directories setgid for the trainer's group): a root-run pod's checkpoints (EFA
+            # pods run as root) can be pruned by a later non-root run and removed by `cleanup --checkpoints`
+            os.umask(0o002)
+            os.execve(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv], dict(env))
+        finally:
+            os._exit(127)
+    return pid
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _wait(pid: int, note: str, signalled: list[int]) -> int:
+    """torchrun's return code (negative: the signal that killed it), reaping any orphan meanwhile (this is
+    PID 1 in the pod). When the trainer leaves a disruption note while this pod was not signalled, torchrun
+    is asked to end at once: left alone, its agent would restart the worker group on its own, against a
+    rendezvous whose store may be gone with an evicted node."""
+    asked = False
+    while True:
+        try:
+            done, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 1
+        except InterruptedError:
+            continue
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        if done == 0:
+            if not asked and not signalled and (disruption.read_note(note) or {}).get("kind"):
+                _signal(pid, signal.SIGTERM)
+                asked = True
+            time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ class Runtime:
     local_world: int
     device: torch.device
     metrics_file: TextIO | None = None  # METRICS_FILE, rank 0: a copy of the event lines
-    exporter: PrometheusExporter | None = None  # METRICS_PORT, rank 0
+    exporter: PrometheusExporter | None = None  # METRICS_PORT, local rank 0 of every node
     trackers: Trackers | None = None  # TENSORBOARD_DIR, WANDB_PROJECT, rank 0
     stop_requested: bool = False  # set by SIGTERM; the ranks agree on it once per step
 
@@ -39,11 +39,12 @@ class Runtime:
             print(msg, flush=True)
 
     def emit(self, event: events.Event) -> None:
-        """One event line (machine-read by `fsdpctl job status`), rank 0 only."""
-        if self.rank != 0:
-            return
+        """One event line (machine-read by `fsdpctl job status`), rank 0 only; every node's exporter takes the
+        step (each rank knows the job's averaged loss and times after `_read_steps`)."""
         if self.exporter is not None and isinstance(event, events.Step):
             self.exporter.update(events.as_record(event))
+        if self.rank != 0:
+            return
         if self.trackers is not None and isinstance(event, events.Step):
             self.trackers.step(event)
         if self.trackers is not None and isinstance(event, events.Checkpoint):
@@ -89,13 +90,13 @@ def _free_port() -> int:
 
 
 def open_outputs(cfg: TrainConfig, rt: Runtime) -> None:
-    """Rank 0's METRICS_FILE and METRICS_PORT. A port already taken costs the metrics, never the run."""
-    if rt.rank != 0:
-        return
-    if cfg.metrics_file:
+    """Rank 0's METRICS_FILE; METRICS_PORT on local rank 0 of every node: Prometheus scrapes every pod of the
+    job (the pod template's prometheus.io/scrape annotation, the same on all), and a node whose port answered
+    nothing was a target down for the whole run. A port already taken costs the metrics, never the run."""
+    if rt.rank == 0 and cfg.metrics_file:
         Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
         rt.metrics_file = open(cfg.metrics_file, "a")  # for the whole run: closed by close_outputs
-    if cfg.metrics_port:
+    if cfg.metrics_port and rt.local_rank == 0:
         try:
             rt.exporter = PrometheusExporter(cfg.metrics_port)
             rt.log(f"metrics: http://0.0.0.0:{rt.exporter.port}/metrics")

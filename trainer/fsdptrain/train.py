@@ -8,8 +8,9 @@
     # N nodes: what the PyTorchJob runs, settings from the environment (MODEL, SHARDING_STRATEGY, ...)
     torchrun --nnodes N --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 -m fsdptrain
 
-Every setting: `python -m fsdptrain --help`. Exit codes: 0 done (also after SIGTERM, with a checkpoint),
-1 failure, 2 bad setting. Rank 0 prints human lines and event lines (fsdptrain.events) for fsdpctl.
+Every setting: `python -m fsdptrain --help`. Exit codes: 0 done (also after `fsdpctl job stop`, with a
+checkpoint), 1 failure, 2 bad setting, 75 disrupted (SIGTERM: checkpointed, to be resumed; see
+fsdptrain.disruption). Rank 0 prints human lines and event lines (fsdptrain.events) for fsdpctl.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,7 +33,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from fsdptrain import checkpoint as ckpt
-from fsdptrain import events
+from fsdptrain import disruption, events
 from fsdptrain.config import (
     BUILTIN,
     ConfigError,
@@ -84,13 +86,15 @@ def run(cfg: TrainConfig) -> int:
     open_outputs(cfg, rt)
     rt.emit(leader_event(rt))
     try:
-        train(cfg, rt)
-        return 0
+        summary = train(cfg, rt)
+        return _ended(rt, summary)
     except ConfigError as e:
         print_error(str(e))
         return 2
     except ckpt.CheckpointError as e:
         print_error(str(e))
+        # a full or unwritable volume: the same save would fail on every retry (fsdptrain.disruption)
+        disruption.write_note(os.environ, "failed", error=str(e))
         return 1
     finally:
         close_outputs(rt)
@@ -98,8 +102,22 @@ def run(cfg: TrainConfig) -> int:
             dist.destroy_process_group()
 
 
+DISRUPTED_EXIT = 75  # EX_TEMPFAIL: checkpointed, not done; the pod's launcher decides what comes next
+
+
+def _ended(rt: Runtime, summary: events.Summary) -> int:
+    """0, unless the run was disrupted: then the launcher gets a note and the worker exits non-zero, since a
+    0 from any worker pod would mark the whole elastic PyTorchJob Succeeded (fsdptrain.disruption)."""
+    if summary.stop_reason != "disrupted":
+        return 0
+    if rt.local_rank == 0:
+        disruption.write_note(os.environ, "disrupted", step=summary.start_step + summary.steps)
+    return DISRUPTED_EXIT
+
+
 def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
-    """Build, train to MAX_STEPS (or until SIGTERM), export; returns the summary rank 0 printed."""
+    """Build, train to MAX_STEPS (or until a stop request or a disruption), export; returns the summary rank
+    0 printed."""
     kept = _set_up_torch(cfg, rt.device)
     with sdpa_priority(cfg.sdpa_backends):  # for the whole run: compiled layers read it when they trace
         t = build(cfg, rt)
@@ -426,7 +444,8 @@ def _lever_lines(t: Training) -> list[str]:
 class Outcome:
     history: list[events.Step]
     checkpoint: str | None  # the newest one this run wrote, or the one it resumed from
-    stopped: bool = False  # by SIGTERM
+    stopped: bool = False  # before MAX_STEPS: asked to, or disrupted
+    reason: int = disruption.NONE  # why (fsdptrain.disruption: STOP or DISRUPTED)
     # measured on the run's first step: this rank's sharded state, and the activations saved for backward
     state_bytes: dict[str, int] = field(
         default_factory=lambda: {"param_bytes": 0, "grad_bytes": 0, "optim_bytes": 0}
@@ -436,7 +455,7 @@ class Outcome:
 
 def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) -> Outcome:
     """Steps start_step+1..MAX_STEPS; logs every LOG_INTERVAL, checkpoints every CHECKPOINT_INTERVAL, at the
-    end and when SIGTERM arrives (then stops).
+    end and when a stop request or a disruption arrives (then stops).
 
     A step leaves its loss and gradient norm on the device; they are read (one all-reduce, one host
     sync) only when something needs them: a logged step, a checkpoint, the run's first step (timed on its
@@ -445,6 +464,7 @@ def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) 
     out = Outcome(history=[], checkpoint=str(t.resumed_from) if t.resumed_from else None)
     pending: list[StepResult] = []
     since = time.perf_counter()  # the start of the steps not read yet
+    trained_since = since  # the end of the last save
     for step in range(t.start_step + 1, cfg.max_steps + 1):
         first = step == t.start_step + 1
         measure = SavedActivations(rt.device) if first else None
@@ -464,7 +484,8 @@ def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) 
         if measure is not None and result.state_bytes is not None:
             out.state_bytes, out.activation_bytes = result.state_bytes, measure.bytes
         pending.append(result)
-        out.stopped = _agree_stop(rt, t.control_group)
+        out.reason = _agree_end(rt, t.control_group)
+        out.stopped = out.reason != disruption.NONE
         log_due = step % cfg.log_interval == 0 or step == cfg.max_steps or out.stopped
         save_due = t.checkpoint_root is not None and _checkpoint_due(cfg, step, out.stopped)
         if not (first or log_due or save_due):
@@ -476,10 +497,13 @@ def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) 
             rt.emit(event)
             rt.log(_human(event))
         if t.checkpoint_root is not None and save_due:
+            began = time.perf_counter()
             out.checkpoint = _save_checkpoint(t, t.checkpoint_root, step=step, loss=event.loss)
             rt.emit(events.Checkpoint(step=step, path=out.checkpoint))
+            _warn_if_slower_than_training(rt, cfg, step, time.perf_counter() - began, began - trained_since)
+            trained_since = time.perf_counter()
         if out.stopped:
-            rt.log(f"SIGTERM: stopped at step {step}, checkpoint {out.checkpoint}")
+            rt.log(f"{disruption.describe(out.reason)}: stopped at step {step}, checkpoint {out.checkpoint}")
             break
         if step == t.hold_at:
             _hold_until_stop(rt)
@@ -613,14 +637,27 @@ def _hold_until_stop(rt: Runtime, most_s: float = 600) -> None:
         time.sleep(0.05)
 
 
-def _agree_stop(rt: Runtime, group: dist.ProcessGroup | None) -> bool:
-    """SIGTERM reaches ranks at different moments: stop together at the first step any rank saw it. On a
+def _agree_end(rt: Runtime, group: dist.ProcessGroup | None) -> int:
+    """A stop request and SIGTERM reach ranks at different moments: end together at the first step any rank
+    saw one, for the strongest reason seen (fsdptrain.disruption: a stop request beats a disruption). On a
     GPU the flag goes over a CPU (gloo) group, so agreeing waits for no kernel: not a host sync."""
-    flag = torch.tensor([1 if rt.stop_requested else 0])
+    flag = torch.tensor([disruption.local_reason(rt.stop_requested, os.environ)])
     if group is None:  # CPU: the default group is gloo already
         flag = flag.to(rt.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    return bool(flag.item())
+    return int(flag.item())
+
+
+def _warn_if_slower_than_training(
+    rt: Runtime, cfg: TrainConfig, step: int, save_s: float, train_s: float
+) -> None:
+    """A periodic save that takes longer than the training it protects: the job spends more time saving
+    than training (the volume's aggregate throughput is too low for the checkpoint; `fsdpctl plan`)."""
+    if cfg.checkpoint_interval and step != cfg.max_steps and save_s > train_s > 0:
+        rt.log(
+            f"warning: checkpoint at step {step} took {save_s:.0f} s, longer than the {train_s:.0f} s of "
+            f"training since the last one: raise CHECKPOINT_INTERVAL or use a faster volume"
+        )
 
 
 def _checkpoint_due(cfg: TrainConfig, step: int, stopped: bool) -> bool:
@@ -702,6 +739,7 @@ def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
         export = ckpt.export_hf(
             Path(t.cfg.export_dir), model=t.model, config=t.hf_config, tokenizer=t.tokenizer
         )
+        _hold_until_published(rt)
     summary = _summary(t, rt, out, export)
     rt.emit(summary)
     rt.log(
@@ -709,6 +747,28 @@ def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
         f"{summary.tokens_per_s:.0f} tokens/s | checkpoint {out.checkpoint or 'none'}"
     )
     return summary
+
+
+EXPORT_WAIT = timedelta(hours=4)  # rank 0 writing a 70B export (280 GB) to a slow volume
+EXPORT_KEY = "fsdptrain/export-published"
+
+
+def _hold_until_published(rt: Runtime) -> None:
+    """Every rank stays until rank 0 has published the export. Rank 0 writes it alone after the gather; a
+    rank that exits meanwhile ends its pod with 0, and the Training Operator marks an elastic PyTorchJob
+    Succeeded once any worker pod succeeded (v1.9.4 pkg/controller.v1/pytorch/pytorchjob_controller.go,
+    UpdateJobStatus) and then deletes the pods still running under cleanPodPolicy Running
+    (pkg/controller.v1/common/job.go, DeletePodsAndServices): rank 0's, mid-export. The wait is on the
+    process group's store, with its own deadline, not a collective under the collective timeout; the barrier
+    after it keeps rank 0 (the store's host) until every rank has seen the key."""
+    if rt.world == 1:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    if rt.rank == 0:
+        store.set(EXPORT_KEY, "1")
+    else:
+        store.wait([EXPORT_KEY], EXPORT_WAIT)
+    dist.barrier()
 
 
 def _summary(t: Training, rt: Runtime, out: Outcome, export: Path | None) -> events.Summary:
@@ -736,5 +796,6 @@ def _summary(t: Training, rt: Runtime, out: Outcome, export: Path | None) -> eve
         checkpoint=out.checkpoint,
         export=str(export) if export else None,
         stopped=out.stopped,
+        stop_reason={disruption.STOP: "stop", disruption.DISRUPTED: "disrupted"}.get(out.reason),
         record_id=os.environ.get(events.RECORD_ENV) or None,
     )

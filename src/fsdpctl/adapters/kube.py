@@ -390,6 +390,15 @@ class Kube:
         self._remember(obj, dry_run)
         return answer
 
+    def merge_patch(self, api_version: str, kind: str, name: str, namespace: str | None, patch: dict) -> dict:
+        """A JSON merge patch (RFC 7386) of one object, e.g. an annotation; 404 when it is gone."""
+        return self.request(
+            "PATCH",
+            self.path(api_version, kind, namespace, name),
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+
     def _remember(self, obj: dict, dry_run: bool) -> None:
         """A CRD resolves its kinds from its spec from now on; a dry-run Namespace or CRD exists for nothing
         that follows in the same dry run."""

@@ -35,7 +35,7 @@ from typing import Any
 
 from fsdpctl import crilog, files, kstatus, statefile
 from fsdpctl.adapters import etcd as etcd_adapter
-from fsdpctl.adapters import netns, shell
+from fsdpctl.adapters import kubelet, netns, shell
 from fsdpctl.files import home, write_atomic
 from fsdptrain import events, resume
 from fsdptrain.config import TrainConfig
@@ -438,24 +438,30 @@ class Launch:
     node: int
     argv: list[str]
     env: dict[str, str]
+    cwd: str | None = None  # the container's working directory when it runs as another user
 
 
 def launches(
-    spec: dict, endpoint: str, environ: dict[str, str], net: netns.Network | None = None
+    spec: dict,
+    endpoint: str,
+    environ: dict[str, str],
+    net: netns.Network | None = None,
+    user: list[str] | None = None,
 ) -> list[Launch]:
     """Translate the PyTorchJob's worker container into one launcher per replica on this machine: the pod's
     command and environment, its volumes mapped to directories (`volume_dirs`), and with `net` its own
     network namespace and address (torchrun's --local-addr: what a pod's hostname resolves to). As in a
     pod, the trainer's keys are only the container's: a SEED=abc or METRICS_FILE= of the user's shell is
-    dropped."""
+    dropped. `user`: the argv prefix that runs the container as its securityContext's user
+    (kubelet.as_user), who gets a home of its own in the pod's directory, as an image has one."""
     total = spec["replicas"] * spec["nproc_per_node"]
     out = []
     for node in range(spec["replicas"]):
         argv = _interpreter(spec["command"])
         for arg in spec["command"][len(argv) :]:
             argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
-        if net is not None:
-            argv = [*net.exec_prefix(node), *argv[:3], f"--local-addr={net.address(node)}", *argv[3:]]
+        local_addr = [f"--local-addr={net.address(node)}"] if net is not None else []
+        argv = [*(net.exec_prefix(node) if net else []), *(user or []), *argv[:3], *local_addr, *argv[3:]]
         inherited = {k: v for k, v in environ.items() if k not in TRAINER_ENV}
         env = {**inherited, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node, environ.get(JOB_MARK))}
         if spec.get("tmp"):  # the pod's /tmp: its own, under the job, removed when the job ends
@@ -463,8 +469,16 @@ def launches(
         if net is not None:  # gloo binds the address the hostname resolves to, unless told the interface
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
-        out.append(Launch(node, argv, env))
+        home = pod_home(spec, node) if user else None
+        if home:
+            env["HOME"] = home
+        out.append(Launch(node, argv, env, home))
     return out
+
+
+def pod_home(spec: dict, node: int) -> str:
+    """The home of a pod's user on its node: in the pod's own directory, so fresh with every pod."""
+    return str(Path(spec["pod_root"].replace("{node}", str(node))) / "home")
 
 
 def pod_mark(spec: dict, node: int, job_dir: str | None = None) -> str:
@@ -532,6 +546,11 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
     pod = worker["template"]["spec"]
     container = pod["containers"][0]
     return {
+        "volume_kinds": _volume_kinds(pod, container),
+        "pod_root": str(jdir / "nodes" / "node-{node}"),
+        "run_as": kubelet.run_as(pod, container),
+        "annotations": worker["template"].get("metadata", {}).get("annotations", {}),
+        "elastic": "elasticPolicy" in job["spec"],
         "job": job["metadata"]["name"],
         "run_id": job["spec"]["elasticPolicy"]["rdzvId"],
         "rdzv_backend": job["spec"]["elasticPolicy"]["rdzvBackend"],
@@ -549,19 +568,30 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
 
 
 def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
-    """Mount path -> directory template ('{node}' for per-node emptyDirs and hostPaths). In-memory emptyDirs
-    (/dev/shm) and Secrets (the token travels in the environment) are not mapped."""
+    """Mount path -> directory template ('{node}' for per-node emptyDirs, downward API volumes and
+    hostPaths). In-memory emptyDirs (/dev/shm) and Secrets (the token travels in the environment) are not
+    mapped."""
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     out = {}
     for m in container.get("volumeMounts", []):
         v = volumes.get(m["name"], {})
         if "persistentVolumeClaim" in v:
             out[m["mountPath"]] = str(shared_volume_dir(v["persistentVolumeClaim"]["claimName"]))
-        elif "emptyDir" in v and v["emptyDir"].get("medium") != "Memory":
+        elif ("emptyDir" in v and v["emptyDir"].get("medium") != "Memory") or "downwardAPI" in v:
             out[m["mountPath"]] = str(jdir / "nodes" / "node-{node}" / m["name"])
         elif "hostPath" in v:
             out[m["mountPath"]] = str(host_dir(jdir, "{node}", v["hostPath"]["path"]))
     return out
+
+
+def _volume_kinds(pod: dict, container: dict) -> dict[str, str]:
+    """Mount path -> the kind of volume behind it (persistentVolumeClaim, emptyDir, hostPath, ...)."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    kinds = {}
+    for m in container.get("volumeMounts", []):
+        v = volumes.get(m["name"], {})
+        kinds[m["mountPath"]] = next((k for k in v if k != "name"), "")
+    return kinds
 
 
 def host_dir(jdir: Path, node: int | str, path: str) -> Path:
@@ -822,17 +852,23 @@ def supervise(jdir: Path) -> int:
     stopping = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(flag=True))
     server, pods, net = None, [], None
-    pre = _start_prestep(spec, logs)
+    _make_claims(spec)
+    user, why = kubelet.as_user(spec.get("run_as"), _needs(spec, jdir))
+    _update(jdir, identity=_identity_note(spec.get("run_as"), user, why))
+    pre = _start_prestep(spec, jdir, logs, user)
     try:
         if _wants_network():
             net = netns.claim(spec["job"], spec["replicas"], {f"{spec['job']}-worker-0": 0})
         server, endpoint = _rendezvous(spec, jdir, logs, net)
         # a session of its own per launcher: its process group is the pod's processes
+        delays, now = start_delays(os.environ.get(START_DELAYS_ENV, "")), time.monotonic()
         pods = [
-            Pod(launch, _spawn(launch, logs)) for launch in launches(spec, endpoint, dict(os.environ), net)
+            Pod(launch, None, start_at=now + delays.get(launch.node, 0.0))
+            for launch in launches(spec, endpoint, dict(os.environ), net, user)
         ]
+        _start_due(pods, spec, logs)
         _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint, **_placement(net, pods))
-        failure = _run(pods, stopping, jdir, spec, net)
+        phase, reason = _run(pods, stopping, jdir, spec, net, pre)
     except Exception as e:  # recorded for `job status`; the traceback is in supervisor.log
         _signal(pods, signal.SIGKILL)
         _update(jdir, phase="Failed", finished=time.time(), reason=str(e))
@@ -846,53 +882,163 @@ def supervise(jdir: Path) -> int:
         _end_prestep(pre)
         remove_temp_dirs(jdir, spec["replicas"])
     _drain(pods)
-    rcs = [p.proc.returncode for p in pods]
-    ok = failure is None and all(rc == 0 for rc in rcs)
-    phase = "Stopped" if stopping["flag"] else ("Succeeded" if ok else "Failed")
-    _update(jdir, phase=phase, finished=time.time(), reason=failure, **_placement(net, pods))
+    _update(jdir, phase=phase, finished=time.time(), reason=reason, **_placement(net, pods))
     return 0
+
+
+START_DELAYS_ENV = "FSDPCTL_LOCAL_START_DELAYS"  # NODE=SECONDS[,...]: pods that start late, as on a cluster
+
+
+def start_delays(text: str) -> dict[int, float]:
+    """`1=20,3=5`: node 1's pod starts 20 s after the others, node 3's 5 s (an image still pulling, a node
+    still joining the node group, a slow volume mount); a malformed item is ignored."""
+    found = {}
+    for item in filter(None, text.split(",")):
+        node, _, seconds = item.partition("=")
+        try:
+            found[int(node)] = max(0.0, float(seconds))
+        except ValueError:
+            continue
+    return found
 
 
 @dataclass
 class Pod:
     """One replica's launcher, as the operator's pod for it: recreated (`relaunches`) when its exit code
-    says so."""
+    says so; started at `start_at` (monotonic), evicted when `kill_at` is set (SIGKILL then)."""
 
     launch: Launch
-    proc: Any  # subprocess.Popen, through shell.spawn
+    proc: Any  # subprocess.Popen, through shell.spawn; None until the pod starts
     relaunches: int = 0
     judged: bool = False  # its exit has been acted on
+    start_at: float = 0.0
+    kill_at: float | None = None  # an eviction's end of grace
+    evicted: bool = False
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _make_claims(spec: dict) -> None:
+    """Each claim the pods mount, as a new FSx file system's root (kubelet.make_claim)."""
+    for mount, kind in spec.get("volume_kinds", {}).items():
+        if kind == "persistentVolumeClaim" and mount in spec["volumes"]:
+            kubelet.make_claim(Path(spec["volumes"][mount]))
+
+
+def _needs(spec: dict, jdir: Path) -> list[str]:
+    """What a pod's user must reach: the interpreter and the packages the trainer imports, the job's
+    directory (its pods' volumes), the claims, and every existing absolute path its environment names."""
+    import importlib.util
+
+    import fsdptrain
+
+    torch = importlib.util.find_spec("torch")
+    found = [sys.executable, sys.prefix, str(Path(fsdptrain.__file__).parent), str(jdir)]
+    if torch is not None and torch.origin:
+        found.append(str(Path(torch.origin).parent))
+    found += list(spec.get("volumes", {}).values())
+    found += [v for v in _mapped_env(spec, 0).values() if v.startswith("/") and Path(v).exists()]
+    return [f for f in dict.fromkeys(found) if "{node}" not in f]
+
+
+def _identity_note(run_as: list[int] | None, user: list[str], why: str | None) -> str:
+    """What `job status` says about the user the pods run as."""
+    if not run_as:
+        return "this machine's user (the pods name no other)"
+    uid, gid = run_as
+    if user:
+        return f"uid {uid}:{gid}, as the pods' securityContext says"
+    return f"this machine's user, not uid {uid} ({why})"
+
+
+def _prepare_pod(spec: dict, node: int, stop_at: str | None = None) -> None:
+    """What the kubelet makes before a pod's containers start: its volumes' directories, the downward API
+    file of its annotations (with the stop request, once `job stop` asked), its user's home."""
+    dirs = volume_dirs(spec, node)
+    kubelet.make_pod_dirs(dirs, spec.get("volume_kinds", {}))
+    annotations = {**spec.get("annotations", {}), **({STOP_ANNOTATION: stop_at} if stop_at else {})}
+    for mount, kind in spec.get("volume_kinds", {}).items():
+        if kind == "downwardAPI" and mount in dirs:
+            kubelet.write_annotations(dirs[mount], annotations)
+    home = Path(pod_home(spec, node))
+    home.mkdir(parents=True, exist_ok=True)
+    if spec.get("run_as") and os.geteuid() == 0:
+        os.chown(home, *spec["run_as"])
+
+
+STOP_ANNOTATION = "fsdpctl.io/stop"  # fsdptrain.disruption.STOP_ANNOTATION
+
+
+def evict(job_name: str, node: int) -> None:
+    """Evict node `node`'s pod, as a drain does: the supervisor's "kubelet" sends the pod's first process
+    SIGTERM and SIGKILLs what is left after terminationGracePeriodSeconds; the operator's rule then decides
+    (exit 143 is retryable: the pod is made again)."""
+    requests = job_dir(job_name) / "evict"
+    requests.mkdir(parents=True, exist_ok=True)
+    (requests / f"node-{node}").touch()
 
 
 def prestep_spec(job: dict, jdir: Path) -> dict:
-    """The pre-step Job's container as this machine runs it: this interpreter, the container's environment
-    and its --marker file with the shared volume mapped (the launchers' trainers wait for that file)."""
+    """The pre-step Job's containers as this machine runs them: this interpreter, each container's
+    environment and its paths with the claims mapped: volume-prep's directories (`init`, run as root before
+    the rest), then the download with its --marker file (the launchers' trainers wait for that file)."""
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     command = container["command"]
     at = command.index("--marker") + 1
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    mapped = _mapped_env(
-        {"env": {**env, "_MARKER": command[at]}, "volumes": _volumes(pod, container, jdir)}, 0
-    )
+    volumes = _volumes(pod, container, jdir)
+    mapped = _mapped_env({"env": {**env, "_MARKER": command[at]}, "volumes": volumes}, 0)
     marker = mapped.pop("_MARKER")
     argv = [sys.executable, *command[1:at], marker, *command[at + 1 :]]  # the image's `python -m ...`
-    return {"argv": argv, "env": mapped, "marker": marker}
+    spec: dict[str, Any] = {
+        "argv": argv,
+        "env": mapped,
+        "marker": marker,
+        "run_as": kubelet.run_as(pod, container),
+    }
+    for init in pod.get("initContainers", []):
+        init_volumes = _volumes(pod, init, jdir)
+        args = [_mapped_arg(a, init_volumes) for a in init["command"][3:]]
+        spec["init"] = {"argv": [sys.executable, *init["command"][1:3], *args], "name": init["name"]}
+    return spec
+
+
+def _mapped_arg(arg: str, volumes: dict[str, str]) -> str:
+    """A command argument that is a pod path (or `--flag=path`) with its mount mapped to its directory."""
+    flag, eq, value = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
+    mapped = _mapped_env({"env": {"_": value}, "volumes": volumes}, 0)["_"]
+    return f"{flag}{eq}{mapped}"
 
 
 def _prestep_state(spec: dict, log_dir: Path) -> dict | None:
     pre = spec.get("prestep")
-    return {"log": str(log_dir / "prestep.log"), "marker": pre["marker"]} if pre else None
+    return {"log": str(log_dir / "prestep.log"), "marker": pre["marker"], "rc": None} if pre else None
 
 
-def _start_prestep(spec: dict, log_dir: Path) -> Any:
+def _start_prestep(spec: dict, jdir: Path, log_dir: Path, user: list[str]) -> Any:
     """Started first, in this machine's own network (a pod on another node, not one of the job's nodes):
-    the launchers' trainers wait for its marker before any process group exists."""
+    its volume-prep as root, then, when that succeeded, its download as the pod's user; the launchers'
+    trainers wait for its marker before any process group exists. A volume-prep that fails fails the pod
+    (its podFailurePolicy FailJob): the download never starts, and the trainers wait out their deadline."""
     pre = spec.get("prestep")
     if pre is None:
         return None
+    log = log_dir / "prestep.log"
+    if "init" in pre:
+        init = shell.spawn(pre["init"]["argv"], env=dict(os.environ), log=log, stamped=True)
+        if init.wait() != 0:
+            _update(jdir, prestep={**(_prestep_state(spec, log_dir) or {}), "rc": init.returncode})
+            return None
+    fetch_user = user if pre.get("run_as") == spec.get("run_as") else []
+    env = {**os.environ, **pre["env"]}
+    if fetch_user:
+        env["HOME"] = str(Path(log_dir) / "prestep-home")
+        Path(env["HOME"]).mkdir(exist_ok=True)
+        os.chown(env["HOME"], *pre["run_as"])
     return shell.spawn(
-        pre["argv"], env={**os.environ, **pre["env"]}, log=log_dir / "prestep.log", stamped=True
+        [*fetch_user, *pre["argv"]], env=env, log=log, stamped=True, cwd=Path(env.get("HOME", "."))
     )
 
 
@@ -903,9 +1049,21 @@ def _end_prestep(proc: Any) -> None:
 
 
 def _spawn(launch: Launch, log_dir: Path) -> Any:
-    if launch.env.get("TMPDIR"):
+    if launch.env.get("TMPDIR"):  # the pod's /tmp: any user of the pod writes there, as in /tmp
         Path(launch.env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-    return shell.spawn(launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log", stamped=True)
+        os.chmod(launch.env["TMPDIR"], 0o1777)
+    cwd = Path(launch.cwd) if launch.cwd else None
+    return shell.spawn(
+        launch.argv, env=launch.env, log=log_dir / f"node-{launch.node}.log", stamped=True, cwd=cwd
+    )
+
+
+def _start_due(pods: list[Pod], spec: dict, logs: Path, stop_at: str | None = None) -> None:
+    """Start the pods whose time has come (a late node's pod waits for its start_at)."""
+    for pod in pods:
+        if pod.proc is None and time.monotonic() >= pod.start_at:
+            _prepare_pod(spec, pod.launch.node, stop_at)
+            pod.proc = _spawn(pod.launch, logs)
 
 
 RELAY_DRAIN_S = 10
@@ -916,7 +1074,7 @@ def _drain(pods: list[Pod]) -> None:
     ends), so that the job's end is recorded after its last line: readers of an ended job see it all."""
     deadline = time.monotonic() + RELAY_DRAIN_S
     for pod in pods:
-        relay = getattr(pod.proc, "relay", None)
+        relay = getattr(pod.proc, "relay", None) if pod.proc is not None else None
         if relay is not None:
             try:
                 relay.wait(max(0.0, deadline - time.monotonic()))
@@ -941,59 +1099,144 @@ def verdict(code: int, policy: str) -> str:
     return "recreate" if policy in ("OnFailure", "Always") else "fail"
 
 
-def _run(pods: list[Pod], stopping: dict, jdir: Path, spec: dict, net: netns.Network | None) -> str | None:
-    """Until every launcher has ended: recreate the ones the policy retries; after a stop or a permanent
-    failure, SIGTERM each launcher (the kubelet signals the container's first process, torchrun, which
-    forwards it) and SIGKILL every process after the pod's grace period. Returns why the job failed."""
-    failure, sent_at = None, None
+# Not the operator's: it recreates a pod that dies by a signal without bound (backoffLimit counts restarts
+# in place, none under ExitCode: v1.9.4 pkg/core/job.go, PastBackoffLimit); the pods bound themselves through
+# their start ledger (fsdptrain.disruption.record_start). This only keeps a broken local run from looping.
+RECREATE_CAP = 100
+
+
+def _run(
+    pods: list[Pod], stopping: dict, jdir: Path, spec: dict, net: netns.Network | None, pre: Any = None
+) -> tuple[str, str | None]:
+    """Until every launcher has ended: start late pods, evict the ones asked for, recreate the ones the
+    operator's policy retries; once the job is decided (a stop, a permanent failure, or success: a finished
+    job's running pods are deleted, cleanPodPolicy Running), SIGTERM each launcher (the kubelet signals the
+    container's first process, the launcher, which forwards it to torchrun) and SIGKILL every process after
+    the pod's grace period. A stop first puts the stop annotation in every pod's downward API file (the
+    trainers then read the SIGTERM as a stop, not an eviction). Returns (phase, reason)."""
+    outcome: tuple[str, str | None] | None = None
+    sent_at, stop_at = None, None
     while True:
-        if sent_at is None:
-            failure = None if stopping["flag"] else _judge(pods, spec, jdir, net)
-            if stopping["flag"] or failure:
-                if stopping["flag"]:
-                    _update(jdir, phase="Stopping")
+        if outcome is None:
+            _start_due(pods, spec, jdir / "logs" / spec["run_id"], stop_at)
+            _evictions(pods, jdir, spec)
+            _prestep_ended(pre, jdir)
+            if stopping["flag"]:
+                stop_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                _request_stop(pods, spec, stop_at)
+                _update(jdir, phase="Stopping")
+                outcome = ("Stopped", None)
+            else:
+                outcome = _judge(pods, spec, jdir, net)
+            if outcome is not None:
                 _signal(pods, signal.SIGTERM)
                 sent_at = time.monotonic()
-        elif time.monotonic() - sent_at > spec.get("grace_s", STOP_GRACE_S):
+        elif time.monotonic() - (sent_at or 0) > spec.get("grace_s", STOP_GRACE_S):
             _signal(pods, signal.SIGKILL)
-        if all(p.proc.poll() is not None for p in pods):
-            return failure
+        if outcome is not None and not any(p.running() for p in pods):
+            return outcome
         time.sleep(0.2)
 
 
-def _judge(pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None) -> str | None:
-    """Act on launchers that ended since the last look; the reason of a permanent failure, if one is."""
+def _request_stop(pods: list[Pod], spec: dict, stop_at: str) -> None:
+    """`job stop` through the pods' annotations, as on a cluster: the kubelet rewrites each running pod's
+    downward API file with fsdpctl.io/stop (here at once, where a kubelet takes up to its sync period)."""
+    annotations = {**spec.get("annotations", {}), STOP_ANNOTATION: stop_at}
     for pod in pods:
-        rc = pod.proc.poll()
+        if pod.proc is None:
+            continue
+        for mount, kind in spec.get("volume_kinds", {}).items():
+            if kind == "downwardAPI":
+                kubelet.write_annotations(volume_dirs(spec, pod.launch.node)[mount], annotations)
+
+
+def _evictions(pods: list[Pod], jdir: Path, spec: dict) -> None:
+    """The kubelet's part of an eviction (`evict`): SIGTERM to the pod's first process at once, SIGKILL to
+    every process of the pod when terminationGracePeriodSeconds has passed."""
+    requests = jdir / "evict"
+    for request in sorted(requests.glob("node-*")) if requests.is_dir() else []:
+        request.unlink(missing_ok=True)
+        node = int(request.name.rpartition("-")[2])
+        pod = next((p for p in pods if p.launch.node == node), None)
+        if pod is not None and pod.running() and pod.kill_at is None:
+            pod.evicted, pod.kill_at = True, time.monotonic() + spec.get("grace_s", STOP_GRACE_S)
+            _log_note(jdir, node, f"fsdpctl: node {node} evicted (SIGTERM; SIGKILL after the pod's grace)")
+            os.kill(pod.proc.pid, signal.SIGTERM)
+    for pod in pods:
+        if pod.kill_at is not None and time.monotonic() > pod.kill_at and pod.running():
+            kill_pod(pod.launch.env[POD_MARK])
+
+
+def _prestep_ended(pre: Any, jdir: Path) -> None:
+    """Record the pre-step's exit code once it ended (`job status` shows a failed one)."""
+    if pre is not None and pre.poll() is not None and not getattr(pre, "recorded", False):
+        pre.recorded = True
+        state = read_state(jdir) or {}
+        if state.get("prestep"):
+            _update(jdir, prestep={**state["prestep"], "rc": pre.returncode})
+
+
+def _judge(
+    pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None
+) -> tuple[str, str | None] | None:
+    """Act on launchers that ended since the last look, as the Training Operator v1.9.4 does with a worker
+    pod's exit code under its restartPolicy: (phase, reason) once the job is decided. Any worker that
+    succeeded makes an elastic PyTorchJob Succeeded (pkg/controller.v1/pytorch/pytorchjob_controller.go,
+    UpdateJobStatus); a non-retryable code fails it; a retryable one recreates the pod, and backoffLimit 0
+    fails the job at the first failed pod (pkg/controller.v1/common/job.go, exceedsBackoffLimit)."""
+    done = 0
+    for pod in pods:
+        rc = pod.proc.poll() if pod.proc is not None else None
         if rc is None or pod.judged:
+            done += pod.judged and pod.proc is not None and pod.proc.returncode == 0
             continue
         code, limit = exit_code(rc), spec.get("backoff_limit", 0)
         what = verdict(code, spec.get("restart_policy", "Never"))
         pod.judged = True
         kill_pod(pod.launch.env[POD_MARK])  # a container that ended takes its processes with it
-        if what == "recreate" and sum(p.relaunches for p in pods) < limit:
+        if what == "done":
+            done += 1
+            if spec.get("elastic") or done == len(pods):
+                return "Succeeded", None
+        elif what == "recreate" and limit > 0 and sum(p.relaunches for p in pods) < RECREATE_CAP:
             _recreate(pod, jdir, code)
             _update(jdir, **_placement(net, pods))
-        elif what != "done":
+        else:
             why = (
                 "1-127 are permanent under restartPolicy ExitCode"
                 if what == "fail"
                 else f"backoffLimit {limit}"
             )
-            return f"node {pod.launch.node} exited with code {code} ({why})"
+            return "Failed", f"node {pod.launch.node} exited with code {code} ({why})"
     return None
 
 
-def _recreate(pod: Pod, jdir: Path, code: int) -> None:
-    """A new pod for the replica: fresh emptyDirs, the same log file (marked), the same launch."""
-    node = pod.launch.node
-    shutil.rmtree(jdir / "nodes" / f"node-{node}", ignore_errors=True)
+def _log_note(jdir: Path, node: int, note: str) -> None:
     state = read_state(jdir)
     logs = log_dir(state) if state else jdir / "logs"
     with open(logs / f"node-{node}.log", "a") as log:  # one write: the old relay may still be appending
-        note = f"fsdpctl: node {node} exited with code {code}; recreated, as the operator recreates the pod"
         log.write(crilog.format_line(time.time(), "stdout", note))
+
+
+def _recreate(pod: Pod, jdir: Path, code: int) -> None:
+    """A new pod for the replica: fresh emptyDirs, the same log file (marked), the same launch. An evicted
+    pod's replacement lands on another node (its own was drained), whose disk has none of the old one's
+    hostPath files (the /local scratch): only the claims carry over."""
+    node = pod.launch.node
+    shutil.rmtree(jdir / "nodes" / f"node-{node}", ignore_errors=True)
+    if pod.evicted:
+        shutil.rmtree(jdir / "hosts" / f"node-{node}", ignore_errors=True)
+    why = "evicted, " if pod.evicted else ""
+    _log_note(
+        jdir,
+        node,
+        f"fsdpctl: node {node} {why}exited with code {code}; recreated, as the operator recreates the pod",
+    )
+    _prepare_pod(files.read_json(jdir / "spec.json"), node)
+    state = read_state(jdir)
+    logs = log_dir(state) if state else jdir / "logs"
     pod.proc, pod.relaunches, pod.judged = _spawn(pod.launch, logs), pod.relaunches + 1, False
+    pod.kill_at, pod.evicted = None, False
 
 
 def _wants_network() -> bool:
@@ -1036,14 +1279,21 @@ def _placement(net: netns.Network | None, pods: list[Pod]) -> dict:
     launchers = [
         {
             "node": p.launch.node,
-            **(identity(p.proc.pid) or {"pid": p.proc.pid, "start": None, "boot": None}),
-            "rc": p.proc.returncode,
+            **_launcher_identity(p),
+            "rc": p.proc.returncode if p.proc is not None else None,
             "address": net.address(p.launch.node) if net else "127.0.0.1",
             "relaunches": p.relaunches,
         }
         for p in pods
     ]
     return {"network": note, "net_index": net.index if net else None, "launchers": launchers}
+
+
+def _launcher_identity(p: Pod) -> dict:
+    """The launcher's identity for the state; a pod not started yet (a late node) has none."""
+    if p.proc is None:
+        return {"pid": None, "start": None, "boot": None}
+    return identity(p.proc.pid) or {"pid": p.proc.pid, "start": None, "boot": None}
 
 
 def _signal(pods: list[Pod], sig: int) -> None:
@@ -1053,7 +1303,7 @@ def _signal(pods: list[Pod], sig: int) -> None:
     for p in pods:
         if sig == signal.SIGKILL:
             kill_pod(p.launch.env[POD_MARK])
-        elif p.proc.poll() is None:
+        elif p.running():
             try:
                 os.kill(p.proc.pid, sig)
             except ProcessLookupError:

@@ -332,6 +332,7 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "leader_log": str(leader) if leader else None,
         "checkpoint_dir": _checkpoint_shown(st),
         "network": local.network_note(st),
+        "identity": st.get("identity"),
         "prestep": _prestep(st, phase),
         **prog,
         "reason": local.orphan_note(st) if phase == "Orphaned" else st.get("reason"),
@@ -348,8 +349,8 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         joined = sum(any(RENDEZVOUS_JOIN in x for x in crilog.texts(f)) for f in local.log_files(st))
         report["stage"] = stage(records(lines), joined, st["replicas"])
     report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
-    if report["prestep"] and report["prestep"]["phase"] in ("Pending", "Running"):
-        report["stalled"] = False  # no step yet because the trainers wait for the download, not a hang
+    if report["prestep"] and report["prestep"]["phase"] in ("Pending", "Running") and not report["step"]:
+        report["stalled"] = False  # no step yet because the trainers wait for the pre-step, not a hang
     if report["stalled"]:  # a hung collective: what the flight recorder wrote, on this machine
         where = (st.get("nccl_traces") or ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])[0]
         dumps = [str(d) for d in local.nccl_dumps(st)]
@@ -450,9 +451,9 @@ def _prestep(st: dict[str, Any], phase: str | None) -> dict[str, Any] | None:
         return prestep.report(
             fetch.parse(lines), "Succeeded" if verdict["ok"] else "Failed", verdict["error"]
         )
-    if phase in local.ACTIVE:
-        return prestep.report(fetch.parse(lines), "Running" if lines else "Pending")
     last = next((x for x in reversed(lines) if x.strip() and not x.startswith("{")), None)
+    if phase in local.ACTIVE and pre.get("rc") in (None, 0):
+        return prestep.report(fetch.parse(lines), "Running" if lines else "Pending")
     return prestep.report(fetch.parse(lines), "Failed", last or f"ended without a verdict: see {log}")
 
 

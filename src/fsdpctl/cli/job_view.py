@@ -169,6 +169,8 @@ def status_table(r: dict[str, Any]) -> PlainTable:
         t.add_row("pre-step", prestep.describe(r["prestep"]))
     if r.get("network"):
         t.add_row("network", r["network"])
+    if r.get("identity"):
+        t.add_row("user", r["identity"])
     for i, node in enumerate(r.get("gpu_nodes") or []):
         t.add_row("GPU nodes" if i == 0 else "", kstatus.describe_node(node))
     if r.get("failure"):

@@ -1,0 +1,141 @@
+"""How a run ends before MAX_STEPS, and what its pod's exit code then tells the controllers.
+
+Two reasons, told apart by what the trainer reads, never by the signal alone:
+- **stop**: `fsdpctl job stop` puts the annotation `fsdpctl.io/stop` on the job's pods; the kubelet writes the
+  pod's annotations into a downward API file (FSDPTRAIN_STOP_FILE) and every rank reads it once per step.
+  The ranks checkpoint and exit 0: the job ends Stopped.
+- **disruption**: SIGTERM without that annotation: the pod is evicted (a drain, a node repair, a managed
+  node group update, a Spot or Capacity Block end). torchrun forwards the signal to the workers; the ranks
+  checkpoint and end *without* success, because a PyTorchJob with an elasticPolicy is marked Succeeded as
+  soon as any worker pod succeeds (Training Operator v1.9.4
+  pkg/controller.v1/pytorch/pytorchjob_controller.go, UpdateJobStatus). Local rank 0 of each node leaves a
+  note (FSDPTRAIN_EXIT_NOTE) for the pod's launcher (fsdptrain.launch), which starts torchrun again on the
+  nodes that were not evicted, and exits 128+15 on the evicted one: a code the operator retries by
+  recreating the pod (pkg/util/train/train_util.go, IsRetryableExitCode: >= 128), where torchrun itself
+  exits 1 on SIGTERM (torch/distributed/elastic/agent/server/api.py, `run`: SignalException re-raised),
+  which ExitCode makes permanent. The job comes back and resumes from the checkpoint it just wrote.
+
+A third note, **failed**, says no restart can help (the volume is full or not writable): the launcher ends
+the pod with 1 at once instead of letting torchrun retry the same save MAX_RESTARTS times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+STOP_FILE_ENV = "FSDPTRAIN_STOP_FILE"  # the pod's annotations as the kubelet writes them (downward API)
+STOP_ANNOTATION = "fsdpctl.io/stop"
+NOTE_ENV = "FSDPTRAIN_EXIT_NOTE"  # a file the pod's launcher reads after torchrun ends
+# agreed across ranks with MAX: a stop request wins over a disruption seen at the same step
+NONE, DISRUPTED, STOP = 0, 1, 2
+RETRYABLE_EXIT = 128 + signal.SIGTERM  # what a container killed by SIGTERM reports
+# the downward API's annotations file: one `key="value"` line per annotation, the value quoted as Go's %q
+_LINE = re.compile(r'^(?P<key>[^=\s]+)="(?P<value>.*)"$')
+
+
+def pod_annotations(path: str) -> dict[str, str]:
+    """The pod's annotations from the downward API file; {} when it is missing or unreadable."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    found = (_LINE.match(line) for line in text.splitlines())
+    return {m["key"]: m["value"] for m in found if m}
+
+
+def stop_requested(environ: Mapping[str, str]) -> bool:
+    path = environ.get(STOP_FILE_ENV, "")
+    return bool(path) and STOP_ANNOTATION in pod_annotations(path)
+
+
+def local_reason(signalled: bool, environ: Mapping[str, str]) -> int:
+    """This rank's reason to end now: a stop request (whether or not a signal came with it), else a SIGTERM
+    (a disruption), else none."""
+    if stop_requested(environ):
+        return STOP
+    return DISRUPTED if signalled else NONE
+
+
+def describe(reason: int) -> str:
+    return {STOP: "stop requested (fsdpctl job stop)", DISRUPTED: "disrupted (SIGTERM: pod evicted)"}.get(
+        reason, "none"
+    )
+
+
+def write_note(environ: Mapping[str, str], kind: str, **detail: Any) -> None:
+    """Tell the pod's launcher why the run ended (kind: disrupted or failed). Written whole (a rename), by
+    every rank that knows, since any of them may be the last one the launcher waits for."""
+    path = environ.get(NOTE_ENV)
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"kind": kind, **detail}, f)
+        os.replace(tmp, path)
+    except OSError:  # the launcher then goes by the exit code alone
+        pass
+
+
+def read_note(path: str) -> dict[str, Any] | None:
+    try:
+        note = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
+# ---- what the pod's launcher does when torchrun ends ----------------------------------------------------
+
+RESTART = -1  # `pod_exit`: start torchrun again in this pod
+
+
+def pod_exit(rc: int, *, signalled: bool, note: dict[str, Any] | None, stopping: bool) -> int:
+    """The pod's exit code once torchrun ended with `rc` (negative: killed by that signal), or RESTART.
+    `signalled`: the kubelet sent this pod SIGTERM; `note`: what the trainer left; `stopping`: the stop
+    annotation is there. Under restartPolicy ExitCode the operator recreates a pod that exits 128-255 and
+    fails the job on 1-127 (Training Operator v1.9.4 pkg/controller.v1/common/pod.go, ReconcilePods)."""
+    if stopping and (signalled or rc == 0):
+        return 0  # asked to stop: torchrun's own 1 on SIGTERM is no failure of the job
+    if signalled:
+        return RETRYABLE_EXIT  # evicted: the operator recreates this pod, the job resumes
+    if note and note.get("kind") == "failed":
+        return 1  # no restart can help: fail the job now
+    if note and note.get("kind") == "disrupted":
+        return RESTART  # another node was evicted: rejoin with a fresh agent (and store)
+    return 128 - rc if rc < 0 else rc  # as a container runtime reports a death by signal
+
+
+STARTS_DIR_ENV = "FSDPTRAIN_STARTS_DIR"  # the run's ledger of torchrun starts, on the shared volume
+STARTS_MAX_ENV = "FSDPTRAIN_STARTS_MAX"  # JOB_NODES x (1 + MAX_RESTARTS)
+
+
+def record_start(environ: Mapping[str, str], who: str) -> str | None:
+    """Count a torchrun start of this run in its ledger (a file per start, in a directory every pod sees);
+    the line that refuses it when the job has started more often than its budget. Under restartPolicy
+    ExitCode a pod that dies by a signal is recreated without bound (the operator's backoffLimit counts the
+    restarts of running containers, and with ExitCode pods never restart in place: v1.9.4 pkg/core/job.go,
+    PastBackoffLimit), so the pods bound themselves: JOB_NODES first starts plus MAX_RESTARTS restarts of
+    every node. None: within budget, or no ledger (a plain torchrun, or a volume it cannot write to)."""
+    folder, most = environ.get(STARTS_DIR_ENV, ""), environ.get(STARTS_MAX_ENV, "")
+    if not folder or not most.isdigit():
+        return None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        Path(folder, f"{who}-{os.getpid()}-{time.time_ns()}").touch()
+        count = len(os.listdir(folder))
+    except OSError:
+        return None
+    if count <= int(most):
+        return None
+    return (
+        f"this run has started torchrun {count} times, over its budget of {most} (JOB_NODES x (1 + "
+        "MAX_RESTARTS)): not starting again; `fsdpctl job logs --all` shows why it kept failing"
+    )
