@@ -200,10 +200,12 @@ def env_text(rec: Mapping[str, Any]) -> str:
 
 def not_default(rec: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """KEY -> (value, where it came from) for every setting that did not come from its plain default (a
-    rerun's `record <id>: default` is still a default)."""
+    rerun's `record <id>: default` is still a default, and so is a value derived from the others when unset,
+    such as FSX_STORAGE_GIB)."""
     sources = rec.get("sources", {})
     chosen = {k: sources.get(k, "default") for k in rec["settings"]}
-    return {k: (v, chosen[k]) for k, v in rec["settings"].items() if first_source(chosen[k]) != "default"}
+    automatic = ("default", "derived")
+    return {k: (v, chosen[k]) for k, v in rec["settings"].items() if first_source(chosen[k]) not in automatic}
 
 
 def first_source(source: str) -> str:
