@@ -147,11 +147,12 @@ import collections, json, sys, torch
 import fsdptrain.train as T
 counts = collections.Counter()
 in_loop = [False]
+AGREE = T._agree_end.__code__  # renamed? this fails loudly instead of counting the flag as a sync
 def counting(name):
     original = getattr(torch.Tensor, name)
     def wrapper(self, *a, **k):
         code = sys._getframe(1).f_code
-        if in_loop[0] and code.co_name != "_agree_stop":  # the stop flag: a CPU tensor on GPUs too
+        if in_loop[0] and code is not AGREE:  # the stop flag: a CPU tensor over a gloo group on GPUs too
             where = code.co_filename.split("site-packages/")[-1].split("fsdptrain/")[-1]
             counts[f"{name} {where}:{code.co_name}"] += 1
         return original(self, *a, **k)
