@@ -30,12 +30,17 @@ $(CHECKOV):
 	python3 -m venv .venv-checkov
 	.venv-checkov/bin/python -m pip install -q checkov==3.3.30
 
-# the fast tests on 2 workers as in test-fast, then the slow ones (multi-process runs with their own timing)
-# one at a time
+# the fast tests on 2 workers as in test-fast, then the slow ones in two processes at once: the multi-process
+# runs one at a time, and beside them the ones that wait on docker, terraform or endpoints (tests/conftest.py
+# SLOW_BESIDE), whose report follows; it fails if either fails
 test: install $(CHECKOV)
 	scripts/system-deps
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
-	$(PY) -m pytest -q -m slow
+	@beside=$$(mktemp); \
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and beside" >$$beside 2>&1 & pid=$$!; \
+	$(PY) -m pytest -q -m "slow and not beside"; serial=$$?; \
+	wait $$pid; besides=$$?; echo "== the slow tests run beside (exit $$besides) =="; cat $$beside; rm -f $$beside; \
+	test $$serial = 0 && test $$besides = 0
 
 # everything but the tests marked slow (multi-process runs, real terraform, checkov, docker): settings,
 # manifests, plan, CLI and goldens, Kubernetes and AWS peers; 2 workers on 2 cores (under 2 minutes; 4
