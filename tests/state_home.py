@@ -105,7 +105,7 @@ FAILURE = [
 def build(home: Path) -> None:
     """Both jobs, ended, under `home` (FSDPCTL_HOME must already be `home`; loopback nodes)."""
     from fsdpctl import backends, crilog, record, record_store, render
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
     from fsdpctl.settings import load
 
     assert os.environ["FSDPCTL_HOME"] == str(home) and os.environ.get("FSDPCTL_LOCAL_NETNS") == "0"

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import isolate
 from fsdpctl import backends
-from fsdpctl.backends.eks import EksBackend
-from fsdpctl.backends.local import LocalBackend
+from fsdpctl.backends.eks.backend import EksBackend
+from fsdpctl.backends.local.backend import LocalBackend
 from fsdpctl.settings import load
 from test_kube import cli, install_operator, peer, said  # noqa: F401  (peer is a fixture)
 

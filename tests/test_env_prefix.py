@@ -64,7 +64,7 @@ def test_a_local_jobs_trainer_gets_the_jobs_values_not_the_shells(cli, tmp_path)
     pod, every key the trainer reads (fsdptrain.config.TrainConfig's env names) is the container's only. A
     stray SEED=abc or MODEL= cannot reach a trainer, nor METRICS_FILE, which the container does not set."""
     from fsdpctl import render
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
     from fsdptrain.config import TrainConfig
 
     cfg = load()

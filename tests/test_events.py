@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fsdpctl import progress
-from fsdpctl.adapters import local
+from fsdpctl.backends.local import engine as local
 from fsdptrain import events
 
 STEP = events.Step(

@@ -136,7 +136,7 @@ def test_a_job_already_running_locally_is_2(cli):
     """A second start of a local job whose lock another `job run` (or its supervisor) holds: flock(2) locks
     belong to the open file description, so a lock held here through its own open() is refused to the
     command as a lock held by another process would be."""
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
     from fsdpctl.cli.quickstart_cmd import QUICKSTART
 
     sets = [a for k, v in QUICKSTART.items() for a in ("--set", f"{k}={v}")]

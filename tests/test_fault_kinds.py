@@ -35,8 +35,9 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import logged_events
-from fsdpctl.adapters import local, netns
-from fsdpctl.backends.local import _report
+from fsdpctl.adapters import netns
+from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local.backend import _report
 from fsdptrain import events
 from test_trust import fake_job, kill_supervisor, running, said_everywhere, until
 

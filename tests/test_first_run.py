@@ -303,7 +303,7 @@ def test_the_stop_request_is_the_pods_annotation_the_trainer_reads(tmp_path):
     """`job stop` annotates the pods (fsdpctl.io/stop); the kubelet writes a pod's annotations into its
     downward API volume as `key="value"` lines (kubernetes pkg/fieldpath/fieldpath.go, FormatMap), which every
     rank reads each step: with the annotation a SIGTERM is a stop, without it an eviction."""
-    from fsdpctl.adapters import kubelet
+    from fsdpctl.backends.local import kubelet
     from fsdptrain import disruption
 
     pod = render.render_job(eks(), "r")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]

@@ -213,7 +213,7 @@ def test_relayed_long_lines_keep_every_character_cut_by_a_piece(tmp_path):
     cut in two is whole again; lines end only at a newline (a \\r stays in its line). Real process, real
     relay; read back whole (`crilog.read`) and as `job logs -f` follows it, a few bytes at a time: each line
     is its bytes decoded once (not UTF-8 replaced by U+FFFD), none split, none lost."""
-    from fsdpctl.backends.local import _Follower
+    from fsdpctl.backends.local.backend import _Follower
 
     rng = random.Random(11)
     out = _straddling_lines(rng)

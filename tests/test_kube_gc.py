@@ -8,8 +8,9 @@ from __future__ import annotations
 import threading
 
 from conftest import SHARED
-from fsdpctl import kjobs, render
+from fsdpctl import render
 from fsdpctl.adapters.kube import Kube
+from fsdpctl.backends.eks import engine as kjobs
 from fsdpctl.settings import load
 from kube_peer import Peer, documents, wait_for
 

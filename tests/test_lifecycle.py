@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 import kube_peer_kubelet as rules
 from conftest import FSDPCTL_EXE, prefixed
 from fsdpctl import crilog, render
-from fsdpctl.adapters import local
+from fsdpctl.backends.local import engine as local
 from fsdptrain import disruption, events
 from test_kube import peer  # noqa: F401  (a fixture)
 
@@ -142,7 +142,7 @@ def interpreter_reachable() -> Iterator[int | None]:
     if not ROOT or not shutil.which("setpriv"):
         yield None
         return
-    from fsdpctl.adapters import kubelet
+    from fsdpctl.backends.local import kubelet
 
     blocked = kubelet.unreachable(Path(sys.executable), 1000, 1000)
     changed = None

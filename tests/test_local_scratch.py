@@ -28,7 +28,7 @@ import yaml
 
 from conftest import ROOT, SHARED, prefixed
 from fsdpctl import render
-from fsdpctl.adapters import local
+from fsdpctl.backends.local import engine as local
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 from fsdpctl.validate import validate

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from fsdpctl.adapters import local
+from fsdpctl.backends.local import engine as local
 
 # a launcher that starts a "worker" in a session of its own, prints its pid and waits
 LAUNCHER = (

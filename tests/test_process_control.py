@@ -33,8 +33,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsdpctl import files
-from fsdpctl.adapters import local, netns
-from fsdpctl.backends import local as local_backend
+from fsdpctl.adapters import netns
+from fsdpctl.backends.local import backend as local_backend
+from fsdpctl.backends.local import engine as local
 from fsdpctl.errors import BadInput
 
 SLEEPER = "import time; time.sleep(120)"
@@ -223,7 +224,7 @@ def test_ctrl_c_on_a_job_whose_supervisor_is_not_the_one_recorded_is_one_line(ho
     supervisor is a live process known by its PID alone (an older state), nothing is signalled and the
     error is fsdpctl's own one line, not an unexpected exception; where it names a live process by its full
     identity but that process lacks the job's mark, the job is Failed and nothing is signalled either."""
-    from fsdpctl.backends.local import LocalBackend
+    from fsdpctl.backends.local.backend import LocalBackend
     from fsdpctl.errors import FsdpctlError
     from fsdpctl.settings import load
 
@@ -284,7 +285,7 @@ def test_two_runs_of_one_job_at_the_same_moment_start_exactly_one(home):
 RACER = """
 import sys, time
 from pathlib import Path
-from fsdpctl.adapters import local
+from fsdpctl.backends.local import engine as local
 job = {job!r}
 go = Path(sys.argv[1])
 while not go.exists():

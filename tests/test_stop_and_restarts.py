@@ -15,8 +15,8 @@ import pytest
 
 from conftest import SHARED, yaml_docs
 from fsdpctl import kstatus, render, volume
-from fsdpctl.adapters import local
-from fsdpctl.backends import local as local_backend
+from fsdpctl.backends.local import backend as local_backend
+from fsdpctl.backends.local import engine as local
 from fsdpctl.settings import load
 
 VENDOR = SHARED / "vendor"

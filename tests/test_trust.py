@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 
 from conftest import ROOT
 from fsdpctl import crilog, kstatus, progress, record
-from fsdpctl.adapters import local, netns
+from fsdpctl.adapters import netns
+from fsdpctl.backends.local import engine as local
 from fsdptrain import events
 from fsdptrain.config import TrainConfig
 from fsdptrain.resume import MATH_KEYS, candidates, math_settings, problem, step_name
@@ -569,7 +570,7 @@ def test_a_job_whose_supervisor_died_is_failed_only_when_its_processes_say_so(ho
 
 def test_status_of_a_stopping_job_names_what_stop_waits_for(home):
     """`job stop` says what it waits for: the step in flight and its stop checkpoint, then the launchers."""
-    from fsdpctl.backends.local import _report
+    from fsdpctl.backends.local.backend import _report
 
     local.start(fake_job("stopw", steps=200, step_s=0.3, end="succeed"), secret_env={})
     running("stopw")

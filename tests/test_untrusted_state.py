@@ -322,7 +322,7 @@ def broken(
 
 
 def _alive(ident: dict) -> bool:
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
 
     return local.same_process(ident)
 
@@ -348,7 +348,7 @@ def template(tmp_path_factory) -> Iterator[Path]:
 @pytest.fixture
 def decoy() -> Iterator[dict]:
     """A live process that is no job's: hostile states name its exact identity; it must outlive them all."""
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
 
     proc = subprocess.Popen(["sleep", "600"])
     deadline = time.monotonic() + 10
@@ -745,7 +745,7 @@ def _sleeper(env: dict[str, str] | None = None) -> subprocess.Popen:
 
 
 def _identity_of(proc: subprocess.Popen) -> dict:
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
 
     deadline = time.monotonic() + 10
     while (ident := local.identity(proc.pid)) is None or not local._environ(proc.pid):
@@ -762,7 +762,7 @@ def test_job_stop_signals_only_processes_that_prove_they_are_the_jobs(template, 
     a process whose only tie is an inherited FSDPCTL_JOB; one with both marks but started before the run's
     supervisor; the decoy, named by its exact identity as supervisor and launcher. A process that proves
     itself (both marks, started after the supervisor) is stopped, and the job ends Stopped."""
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
 
     with world(template, room, decoy, 1) as w:
         jdir = w.home / "jobs" / "alpha"
@@ -829,7 +829,7 @@ def test_describe_takes_yaml_and_rerun_takes_dry_run_as_the_readme_promises(temp
     would start (the launchers) and writes nothing: no record, no job directory, no process."""
     import yaml
 
-    from fsdpctl.adapters import local
+    from fsdpctl.backends.local import engine as local
 
     with world(template, room, decoy, 1) as w:
         as_json = _run_ok("job", "describe", "alpha", "-o", "json")

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsdpctl import files, statefile
-from fsdpctl.adapters import local
+from fsdpctl.backends.local import engine as local
 from test_process_control import fake_job
 
 NOTICE = "FSDPCTL_HOME=./.fsdpctl"

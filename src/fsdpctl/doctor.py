@@ -45,7 +45,7 @@ def targets(cfg: Config) -> tuple[float, Path]:
 
         demand = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).tokens_per_s_per_gpu
         return demand, Path(cfg.training.checkpoint_dir or render.POD_CHECKPOINT_ROOT)
-    from fsdpctl.adapters.local import job_dir
+    from fsdpctl.backends.local.engine import job_dir
 
     return LOCAL_DEMAND, job_dir(cfg.job_name) / "checkpoints"
 

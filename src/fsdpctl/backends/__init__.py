@@ -101,10 +101,10 @@ class Backend(Protocol):
 def create(cfg: Config) -> Backend:
     """The implementation for cfg.backend; imports only what that backend needs (no kubernetes locally)."""
     if cfg.backend == "eks":
-        from fsdpctl.backends.eks import EksBackend
+        from fsdpctl.backends.eks.backend import EksBackend
 
         return EksBackend(cfg)
-    from fsdpctl.backends.local import LocalBackend
+    from fsdpctl.backends.local.backend import LocalBackend
 
     return LocalBackend(cfg)
 

@@ -195,7 +195,7 @@ def admit(cfg: Config, *, force: bool) -> None:
     fix. With `force`, each refusal becomes a warning and the command goes on. This machine's facts are read
     here, at the edge: its cores and RAM, its paths, and where the local backend keeps the claims."""
     from fsdpctl import plan, render, volume
-    from fsdpctl.adapters.local import shared_volume_dir
+    from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import annotate, placement_problems
 
     claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
@@ -221,7 +221,7 @@ def _volume_problem(cfg: Config) -> str | None:
     the cluster; locally the free space of the disk under FSDPCTL_HOME/volumes/<claim> plus what this job's
     checkpoints already take there (they are counted in the need)."""
     from fsdpctl import render, volume
-    from fsdpctl.adapters.local import shared_volume_dir
+    from fsdpctl.backends.local.engine import shared_volume_dir
 
     if cfg.backend == "eks" or not cfg.shared_volume:
         return volume.fsx_problem(cfg)

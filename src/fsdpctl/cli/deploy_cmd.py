@@ -55,7 +55,8 @@ def _deploy(
 ) -> None:
     """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks them).
     With -o json/yaml stdout gets one document (README "JSON output"), the messages stay on stderr."""
-    from fsdpctl import deploy, kjobs, render
+    from fsdpctl import deploy, render
+    from fsdpctl.backends.eks import engine as kjobs
 
     cfg = state(ctx).config()
     comps = deploy.components(cfg, which, sources(mirror))
@@ -172,7 +173,8 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
     Example: fsdpctl deploy status -o json
     """
-    from fsdpctl import deploy, kjobs
+    from fsdpctl import deploy
+    from fsdpctl.backends.eks import engine as kjobs
 
     cfg = state(ctx).config()
     kube = kjobs.connect(cfg)

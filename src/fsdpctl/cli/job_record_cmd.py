@@ -76,7 +76,7 @@ def _local_log(rec: dict[str, Any]) -> list[str]:
     """The leader's lines of a local run: its node logs under the job directory (the leader alone prints
     events, so all nodes' lines together hold just its)."""
     from fsdpctl import crilog
-    from fsdpctl.adapters.local import job_dir
+    from fsdpctl.backends.local.engine import job_dir
 
     logs = sorted((job_dir(rec["job"]) / "logs" / rec["run_id"]).glob("node-*.log"))
     return [line for p in logs for line in crilog.texts(p)]  # the relay's CRI lines, as text
@@ -122,7 +122,7 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
     job = name if files.JOB_NAME.fullmatch(name) else None
     placed = backends.placed(cfg, job, backend)
     if placed.backend == "eks" and job is not None:
-        from fsdpctl import kjobs
+        from fsdpctl.backends.eks import engine as kjobs
 
         kube = kjobs.connect(placed)
         rec, lines, problems = kjobs.record_of(kube, placed, job)
@@ -276,7 +276,7 @@ def _history_table(rows: list[dict[str, Any]]) -> PlainTable:
 def _local_inputs(cfg: Config) -> dict[str, str]:
     """Where the trainer of a local run finds DATASET and TOKENIZER on this machine: builtin -> the asset
     cache the trainer makes (fsdptrain.assets), a pod path under a mapped claim -> that directory."""
-    from fsdpctl.adapters.local import shared_volume_dir
+    from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import local_path
     from fsdptrain.assets import default_cache
     from fsdptrain.config import BUILTIN
@@ -467,7 +467,7 @@ def _has_a_checkpoint(cfg: Config) -> None:
     if cfg.backend != "local":
         return
     from fsdpctl import render
-    from fsdpctl.adapters.local import shared_volume_dir
+    from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import local_path
     from fsdptrain.resume import latest_checkpoint
 

@@ -47,8 +47,8 @@ def top(
 
     Example: fsdpctl monitor top -w
     """
-    from fsdpctl import kjobs
     from fsdpctl.adapters import prometheus
+    from fsdpctl.backends.eks import engine as kjobs
 
     cfg = state(ctx).config()
     kube = kjobs.connect(cfg)

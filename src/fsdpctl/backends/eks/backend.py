@@ -1,4 +1,4 @@
-"""The EKS backend: PyTorchJob or TrainJob on the cluster of the kubeconfig, through `kjobs` and the
+"""The EKS backend: PyTorchJob or TrainJob on the cluster of the kubeconfig, through `engine` and the
 Kubernetes adapter. Connects on first use, so building one costs nothing."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
-from fsdpctl import deploy, kjobs, kstatus, record_store, render
+from fsdpctl import deploy, kstatus, record_store, render
 from fsdpctl.backends import FINAL, LogLine, Started, remember
+from fsdpctl.backends.eks import engine as kjobs
 from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.jobs import secret_env
 from fsdpctl.progress import run_outcome

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl import crilog, files, kstatus, prestep, record_store, render, statefile
-from fsdpctl.adapters import local
 from fsdpctl.backends import LogLine, Started, remember
+from fsdpctl.backends.local import engine as local
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.files import run_id as checked_run_id

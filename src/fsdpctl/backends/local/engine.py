@@ -1,7 +1,7 @@
 """Adapter: the local backend. Runs a rendered PyTorchJob on this machine, one torchrun launcher per
 simulated node, as Kubernetes would run one per pod, with the pod's command and environment.
 
-A detached supervisor process (`python -m fsdpctl.adapters.local JOB_DIR`) owns the launchers, so
+A detached supervisor process (`python -m fsdpctl.backends.local JOB_DIR`) owns the launchers, so
 `job status`, `job logs -f` and `job stop` work from any terminal. Everything lives under the job directory:
 
     FSDPCTL_HOME/jobs/<job>/state.json        phase, process identities, exit codes (written atomically)
@@ -35,7 +35,8 @@ from typing import Any
 
 from fsdpctl import crilog, files, kstatus, statefile
 from fsdpctl.adapters import etcd as etcd_adapter
-from fsdpctl.adapters import kubelet, netns, shell
+from fsdpctl.adapters import netns, shell
+from fsdpctl.backends.local import kubelet
 from fsdpctl.files import home, write_atomic
 from fsdptrain import events, resume
 from fsdptrain.config import TrainConfig
@@ -674,7 +675,7 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
     write_json(jdir / "state.json", state)
     marks = {POD_MARK: supervisor_mark(name, spec["run_id"]), JOB_MARK: str(jdir), RUN_MARK: state["mark"]}
     env = {**os.environ, **secret_env, **marks}
-    argv = [sys.executable, "-m", "fsdpctl.adapters.local", str(jdir)]
+    argv = [sys.executable, "-m", "fsdpctl.backends.local", str(jdir)]
     proc = shell.spawn(argv, env=env, log=log_dir / "supervisor.log")  # a session of its own
     state["supervisor_pid"] = proc.pid
     _update(jdir, supervisor_pid=proc.pid, supervisor=identity(proc.pid))
@@ -1308,7 +1309,3 @@ def _signal(pods: list[Pod], sig: int) -> None:
                 os.kill(p.proc.pid, sig)
             except ProcessLookupError:
                 pass
-
-
-if __name__ == "__main__":
-    sys.exit(supervise(Path(sys.argv[1])))

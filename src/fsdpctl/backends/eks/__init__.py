@@ -1,0 +1,1 @@
+"""BACKEND=eks: the job as a PyTorchJob or TrainJob on the cluster of the kubeconfig."""
