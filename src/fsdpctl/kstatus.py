@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from fsdpctl.reports import FINAL, Phase, RankFailure
 
 MASTER_ADDR = re.compile(r"master_addr=([^\s,]+)")
 # NCCL's transport choice, printed with NCCL_DEBUG=INFO: the OFI plugin over EFA, or plain sockets
@@ -31,43 +34,47 @@ def parse_time(text: str | None) -> float | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
 
-def phase(job: Obj) -> str:
+def phase(job: Obj) -> Phase:
     """From the job's conditions, the latest true one wins: Succeeded, Failed, Running, Restarting, Created or
     Pending. TrainJob says Complete for Succeeded; a job being deleted is Stopping, and one `job stop` asked
     to stop (its annotation fsdpctl.io/stop) is Stopping until it ends, then Stopped: its trainers exit 0
     after their stop checkpoint, which the operator reads as success."""
     meta = job.get("metadata", {})
     if meta.get("deletionTimestamp"):
-        return "Stopping"
+        return Phase.STOPPING
     if STOP_ANNOTATION in (meta.get("annotations") or {}):
-        return "Stopped" if _conditions_phase(job) in ("Succeeded", "Failed") else "Stopping"
+        return Phase.STOPPED if _conditions_phase(job) in FINAL else Phase.STOPPING
     return _conditions_phase(job)
 
 
 STOP_ANNOTATION = "fsdpctl.io/stop"  # fsdptrain.disruption.STOP_ANNOTATION
 
 
-def _conditions_phase(job: Obj) -> str:
+# the condition types of the Training Operator (v1.9.4 pkg/apis/kubeflow.org/v1 JobConditionType) and of a
+# TrainJob (Complete); any other is not a phase of the job
+_CONDITIONS = {
+    "Complete": Phase.SUCCEEDED,
+    "Succeeded": Phase.SUCCEEDED,
+    "Failed": Phase.FAILED,
+    "Running": Phase.RUNNING,
+    "Restarting": Phase.RESTARTING,
+    "Created": Phase.CREATED,
+    "Suspended": Phase.SUSPENDED,
+}
+
+
+def _conditions_phase(job: Obj) -> Phase:
     conds = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
-    names = {
-        "Complete": "Succeeded",
-        "Succeeded": "Succeeded",
-        "Failed": "Failed",
-        "Running": "Running",
-        "Restarting": "Restarting",
-        "Created": "Created",
-        "Suspended": "Suspended",
-    }
     for final in ("Succeeded", "Complete", "Failed"):
         if any(c["type"] == final for c in conds):
-            return names[final]
-    if conds:
-        latest = max(conds, key=lambda c: c.get("lastTransitionTime") or "")
-        kind = str(latest["type"])
-        return names.get(kind, kind)
+            return _CONDITIONS[final]
+    known = [c for c in conds if c["type"] in _CONDITIONS]
+    if known:
+        latest = max(known, key=lambda c: c.get("lastTransitionTime") or "")
+        return _CONDITIONS[latest["type"]]
     if any(j.get("active") for j in job.get("status", {}).get("jobsStatus") or []):
-        return "Running"  # TrainJob: no Running condition, its child jobs say it
-    return "Pending"
+        return Phase.RUNNING  # TrainJob: no Running condition, its child jobs say it
+    return Phase.PENDING
 
 
 def failure_reason(job: Obj) -> str | None:
@@ -451,7 +458,7 @@ def first_error(lines: Sequence[str], rank: int | None = None) -> tuple[int, str
     return None
 
 
-def failure(lines: Sequence[str], read: Callable[[str], str | None]) -> dict[str, Any]:
+def failure(lines: Sequence[str], read: Callable[[str], str | None]) -> RankFailure:
     """Why a node's launcher failed, from its log: torchrun's root cause (the failing rank, and through
     `read` its error file), that rank's first error line wherever it is in the log (its index), and the
     message that ended the rank when it says more than that line."""
@@ -499,21 +506,32 @@ def launcher_outcome(lines: Sequence[str]) -> str | None:
     return None
 
 
-def ended(outcomes: Sequence[str | None], stopped: bool | None, stop_requested: bool) -> tuple[str, str]:
-    """(phase, reason) of a job whose processes all ended with nobody left to judge their exit codes, from
+@dataclass(frozen=True)
+class Ended:
+    """How a job ended: its phase, why in words, and the node whose failure decided it (None: no node did)."""
+
+    phase: Phase
+    reason: str | None
+    failed_node: int | None = None
+
+
+def ended(outcomes: Sequence[str | None], stopped: bool | None, stop_requested: bool) -> Ended:
+    """How a job whose processes all ended with nobody left to judge their exit codes, from
     what they printed: each launcher's `launcher_outcome` (by node), and the trainer's summary (`stopped`:
     True after SIGTERM, False when it trained to the end, None without one). A failure wins; then a stop;
     then the end of training; anything else ended without saying how."""
     failed = [n for n, o in enumerate(outcomes) if o == "failed"]
     if failed:
-        return "Failed", f"node {failed[0]} exited with code 1 (torchrun gave up; read from its log)"
+        why = f"node {failed[0]} exited with code 1 (torchrun gave up; read from its log)"
+        return Ended(Phase.FAILED, why, failed[0])
     if stopped or (stop_requested and stopped is None and "signalled" in outcomes):
-        return "Stopped", "stopped (read from the trainer's log)"
+        return Ended(Phase.STOPPED, "stopped (read from the trainer's log)")
     if stopped is False or (outcomes and all(o == "succeeded" for o in outcomes)):
-        return "Succeeded", "trained to the end (read from the trainer's log)"
+        return Ended(Phase.SUCCEEDED, "trained to the end (read from the trainer's log)")
     silent = [n for n, o in enumerate(outcomes) if o is None]
     who = f"node {silent[0]}" if silent else "the job"
-    return "Failed", f"{who} ended without saying how (killed by a signal?), with no supervisor to see it"
+    why = f"{who} ended without saying how (killed by a signal?), with no supervisor to see it"
+    return Ended(Phase.FAILED, why)
 
 
 def budget_spent(phase: str | None, restarts: int, max_restarts: int, gave_up: bool) -> str | None:

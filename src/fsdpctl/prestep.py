@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl.errors import BadInput
+from fsdpctl.reports import PrestepReport
 from fsdpctl.settings import Config
 from fsdptrain.fetch import (
     MARKER_ENV,
@@ -183,24 +184,28 @@ def counts(files_done: int, files_total: int, bytes_done: int, bytes_total: int)
 # ---- job status -------------------------------------------------------------------------------------------
 
 
-def report(records: list[dict[str, Any]], phase: str, reason: str | None = None) -> dict[str, Any]:
+def report(records: list[dict[str, Any]], phase: str, reason: str | None = None) -> PrestepReport:
     """What `job status` says about the pre-step: its phase (Pending, Running, Succeeded, Failed) and the
     totals of its repos' last `fetch` lines."""
-    totals = {k: sum(int(r.get(k) or 0) for r in records) for k in _COUNTS}
+
+    def total(key: str) -> int:
+        return sum(int(r.get(key) or 0) for r in records)
+
     failed = [r for r in records if r.get("state") == "failed"]
     error = failed[-1].get("error") if failed else reason
     return {
         "phase": "Failed" if failed else phase,
         "repos": [str(r.get("repo")) for r in records],
-        **totals,
+        "files_done": total("files_done"),
+        "files_total": total("files_total"),
+        "bytes_done": total("bytes_done"),
+        "bytes_total": total("bytes_total"),
+        "downloaded_bytes": total("downloaded_bytes"),
         "error": error if (failed or phase == "Failed") else None,
     }
 
 
-_COUNTS = ("files_done", "files_total", "bytes_done", "bytes_total", "downloaded_bytes")
-
-
-def describe(p: dict[str, Any]) -> str:
+def describe(p: PrestepReport) -> str:
     """One status row: 'Running: 3/7 files, 1.2 GiB of 13.5 GiB (org/name)'."""
     repos = f" ({', '.join(p['repos'])})" if p.get("repos") else ""
     if p["phase"] == "Failed":

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from fsdpctl.reports import FINAL, Phase, Progress
 from fsdptrain import events
-
-Progress = dict[str, Any]  # the fields `job status` shows and prints as JSON
 
 
 def records(lines: Iterable[str]) -> list[events.Event]:
@@ -80,23 +79,23 @@ def progress(recs: Sequence[events.Event], now: float) -> Progress:
     last = steps[-1]
     recent = steps[-10:]
     step_time = sum(r.step_time_s for r in recent) / len(recent)
-    out.update(
-        step=last.step,
-        max_steps=last.max_steps,
-        percent=100.0 * last.step / last.max_steps,
-        loss=last.loss,
-        tokens_per_s=last.tokens_per_s,
-        mfu=last.mfu,
-        eta_s=(last.max_steps - last.step) * step_time,
-        last_progress_s=max(0.0, now - last.time),
-    )
-    return out
+    return {
+        **out,
+        "step": last.step,
+        "max_steps": last.max_steps,
+        "percent": 100.0 * last.step / last.max_steps,
+        "loss": last.loss,
+        "tokens_per_s": last.tokens_per_s,
+        "mfu": last.mfu,
+        "eta_s": (last.max_steps - last.step) * step_time,
+        "last_progress_s": max(0.0, now - last.time),
+    }
 
 
 def stalled(phase: str, prog: Progress, idle_s: float | None, stall_after: float) -> bool:
     """Running with no step finished for `stall_after` s (counted from the start until the first step)."""
     stale = prog["last_progress_s"] if prog["step"] else idle_s
-    return phase == "Running" and stale is not None and stale > stall_after
+    return phase == Phase.RUNNING and stale is not None and stale > stall_after
 
 
 def hung_warning(stall_after: float) -> str:
@@ -107,7 +106,7 @@ def progress_rows(r: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The progress lines of `job status`, from a report holding `progress()`'s fields."""
     if not r["max_steps"]:
         return [("progress", r.get("stage") or "no step finished yet")]
-    ended = r.get("phase") in ("Succeeded", "Failed", "Stopped")  # nothing left to estimate
+    ended = r.get("phase") in FINAL  # nothing left to estimate
     eta = "" if ended else f", ETA {fmt_duration(r['eta_s'])}"
     return [
         ("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%){eta}"),

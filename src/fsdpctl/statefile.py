@@ -19,9 +19,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fsdpctl.files import RUN_ID
+from fsdpctl.reports import Phase
 
 VERSION = 1  # written into every state; a state of a later version is refused, not misread
-PHASES = ("Pending", "Running", "Stopping", "Succeeded", "Failed", "Stopped")
+# the phases a supervisor records (Orphaned never is: it is what a reader sees when the supervisor died)
+PHASES = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING, Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED)
 MAX_REPLICAS = 100_000
 
 Check = Callable[[Any], bool]
@@ -96,6 +98,7 @@ OPTIONAL: dict[str, Check] = {
     "network": _str,
     "net_index": _opt(_count),
     "reason": _opt(_str),
+    "failed_node": _opt(_count),  # the node whose exit failed the job (the supervisor's verdict)
     "identity": _opt(_str),  # the user the pods run as (adapters/kubelet.as_user), for `job status`
 }
 

@@ -19,16 +19,14 @@ from fsdpctl import files
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
+from fsdpctl.reports import FINAL, Report, Waited
 from fsdpctl.settings import DNS_LABEL, Config, Settings
 from fsdptrain import events
 
-# A job in one of these phases has ended; any other phase (Pending, Running, Stopping, Restarting, Created)
-# may still change.
-FINAL = frozenset({"Succeeded", "Failed", "Stopped"})
 NAMES = ("local", "eks")
 # What a record keeps besides the backend: the settings that say where on that backend the job lives.
 PLACEMENT_KEYS = ("job_namespace", "job_kind", "kube_context")
-__all__ = ["LogLine"]  # a job's log line, defined with the log format (fsdpctl.crilog)
+__all__ = ["FINAL", "LogLine"]  # a job's log line, defined with the log format (fsdpctl.crilog)
 
 
 @dataclass
@@ -42,16 +40,14 @@ class Started:
 
 
 class Backend(Protocol):
-    """A place where jobs run. Reports are plain dicts with the keys of `fsdpctl.progress.progress()` plus
-    job, phase, run_id, nodes, nodes_running, restarts, age_s, leader, leader_log, checkpoint_dir, reason,
-    problems, stalled; a backend adds its own (EKS: kind, pods, network)."""
+    """A place where jobs run. Every answer has one shape whichever backend gives it (fsdpctl.reports)."""
 
     name: str
     poll_s: float
 
     def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started: ...
 
-    def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]: ...
+    def report(self, name: str, stall_after: float = float("inf")) -> Report: ...
 
     def logs(
         self,
@@ -89,11 +85,11 @@ class Backend(Protocol):
         """Stop the job; with `wait`, until it has ended, saying through `say` what it waits for."""
         ...
 
-    def interrupt(self, name: str) -> dict[str, Any] | None: ...
+    def interrupt(self, name: str) -> Report | None: ...
 
-    def list_jobs(self) -> list[dict[str, Any]]: ...
+    def list_jobs(self) -> list[Report]: ...
 
-    def wait(self, name: str, timeout: float | None) -> str: ...
+    def wait(self, name: str, timeout: float | None) -> Waited: ...
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]: ...
 

@@ -420,6 +420,8 @@ def plain(data: Any) -> Any:
 
 
 def _finite(data: Any) -> Any:
+    if isinstance(data, Enum):  # a Phase: its text (YAML's safe dumper knows no str subclass)
+        return data.value
     if isinstance(data, float):
         return data if math.isfinite(data) else None
     if isinstance(data, dict):

@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 
 from fsdpctl import backends, crilog, files, kstatus
-from fsdpctl.backends import FINAL
 from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.common import (
     BackendOpt,
@@ -38,6 +37,7 @@ from fsdpctl.cli.common import (
 )
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact
+from fsdpctl.reports import FINAL
 
 app = command_group(
     "Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "

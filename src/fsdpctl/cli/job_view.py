@@ -11,11 +11,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from fsdpctl import crilog, kstatus, prestep
-from fsdpctl.backends import FINAL, Backend, LogLine, Started
+from fsdpctl.backends import Backend, LogLine, Started
 from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, styled, warn
 from fsdpctl.errors import BadInput, ExitCode
 from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
+from fsdpctl.reports import FINAL, Failure, Phase, Report
 from fsdpctl.validate import label_value_problem
 from fsdptrain import events
 
@@ -23,12 +24,13 @@ PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stoppe
 FAILURE_LINES = 15
 
 
-def warnings(r: dict[str, Any]) -> list[str]:
+def warnings(r: Report) -> list[str]:
     """What the report says is wrong now: Pending reasons, an EFA fallback."""
-    return [*r.get("problems", []), *([r["network_warning"]] if r.get("network_warning") else [])]
+    net = r.get("network_warning")
+    return [*r["problems"], *([net] if net else [])]
 
 
-def follow(backend: Backend, name: str) -> dict[str, Any] | None:
+def follow(backend: Backend, name: str) -> Report | None:
     """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C does what
     the backend does with it (local: stop with a checkpoint; cluster: detach, returning None)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -63,7 +65,7 @@ def follow(backend: Backend, name: str) -> dict[str, Any] | None:
         return {**stopped, "interrupted": True} if stopped is not None else None
 
 
-def _advance(bar: Any, task: Any, r: dict[str, Any]) -> None:
+def _advance(bar: Any, task: Any, r: Report) -> None:
     """The bar from a report: training (step/max, loss, last step's tokens/s), the pre-step's download, or
     the stage a starting run is in (rendezvous 1/2, loading data, building the model, first step)."""
     if r["max_steps"]:
@@ -88,7 +90,7 @@ def _advance(bar: Any, task: Any, r: dict[str, Any]) -> None:
         bar.update(task, description=str(r["phase"]).lower())
 
 
-def outcome(backend: Backend, name: str, r: dict[str, Any] | None, table: bool = True) -> int:
+def outcome(backend: Backend, name: str, r: Report | None, table: bool = True) -> int:
     """The last screen of a followed job and the exit code that tells how it ended (`table`: its summary
     table on stdout; off when stdout carries JSON)."""
     if r is None:
@@ -107,12 +109,12 @@ def outcome(backend: Backend, name: str, r: dict[str, Any] | None, table: bool =
         else:
             warn(f"{said}job {name} stopped before its first checkpoint; `fsdpctl job run` starts it again")
         return ExitCode.JOB_STOPPED
-    reason = f": {redact(r['reason'])}" if r.get("reason") else ""
+    reason = f": {redact(r['reason'])}" if r["reason"] else ""
     err.print("[red]✗[/] " + escape(f"job {name} {r['phase']}{reason}"))
-    if r.get("failure"):
-        err.print("  " + redact(failure_line(r["failure"])), markup=False)
+    if failure := r.get("failure"):
+        err.print("  " + redact(failure_line(failure)), markup=False)
     lines = backend.tail(name, FAILURE_LINES)
-    where = (r.get("failure") or {}).get("log") or r.get("leader_log")
+    where = failure["log"] if failure else r.get("leader_log")
     if lines:
         err.print(f"last lines of {where}:" if where else "last lines of its log:", markup=False)
         for line in lines:
@@ -120,7 +122,7 @@ def outcome(backend: Backend, name: str, r: dict[str, Any] | None, table: bool =
     return ExitCode.JOB_FAILED
 
 
-def failure_line(f: dict[str, Any]) -> str:
+def failure_line(f: Failure) -> str:
     """Why the job failed in one line: the failing rank's first error line, where it is, and what ended
     the rank when that differs (torchrun's root cause)."""
     who = f"rank {f['rank']} on node {f['node']}" if f.get("rank") is not None else f"node {f['node']}"
@@ -130,8 +132,9 @@ def failure_line(f: dict[str, Any]) -> str:
     return f"{who}: {error}{at}{ended}"
 
 
-def summary_table(r: dict[str, Any]) -> PlainTable:
-    s = r["summary"]
+def summary_table(r: Report) -> PlainTable:
+    """The trainer's summary of a run that ended (`outcome` shows it only then)."""
+    s = r["summary"] or {}
     t = PlainTable(title=Text(f"{r['job']}: {r['phase']}"), show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value", overflow="fold")  # paths are shown whole, folded, never cut
@@ -148,14 +151,14 @@ def summary_table(r: dict[str, Any]) -> PlainTable:
     return t
 
 
-def _nodes_cell(r: dict[str, Any]) -> str:
+def _nodes_cell(r: Report) -> str:
     if "pods" in r:
         pods = ", ".join(f"{n} {s.lower()}" for s, n in sorted(r["pods"].items())) or "no pods yet"
         return f"{r['nodes']} wanted; pods: {pods}"
     return f"{r['nodes_running']}/{r['nodes']} running"
 
 
-def status_table(r: dict[str, Any]) -> PlainTable:
+def status_table(r: Report) -> PlainTable:
     t = PlainTable(show_header=False, box=None, pad_edge=False)
     kind = f"{r['kind']} " if r.get("kind") else ""
     t.add_row("job", f"{kind}{r['job']}  (run {r['run_id']}, {r.get('backend', '-')})")
@@ -165,22 +168,22 @@ def status_table(r: dict[str, Any]) -> PlainTable:
     t.add_row("leader", r.get("leader") or "-")
     for row in progress_rows(r):
         t.add_row(*row)
-    if r.get("prestep"):
-        t.add_row("pre-step", prestep.describe(r["prestep"]))
+    if pre := r.get("prestep"):
+        t.add_row("pre-step", prestep.describe(pre))
     if r.get("network"):
         t.add_row("network", r["network"])
     if r.get("identity"):
         t.add_row("user", r["identity"])
     for i, node in enumerate(r.get("gpu_nodes") or []):
         t.add_row("GPU nodes" if i == 0 else "", kstatus.describe_node(node))
-    if r.get("failure"):
-        t.add_row("error", failure_line(r["failure"]))
+    if failure := r.get("failure"):
+        t.add_row("error", failure_line(failure))
     t.add_row("checkpoint", r.get("checkpoint") or "-")
     t.add_row("leader log", r.get("leader_log") or "-")
     return t
 
 
-def print_status(r: dict[str, Any], stall_after: float) -> None:
+def print_status(r: Report, stall_after: float) -> None:
     out.print(status_table(r))
     for line in warnings(r):
         warn(line)
@@ -206,14 +209,10 @@ def print_curves(recs: list[Any]) -> None:
         out.print(terminal_plot(steps, width=min(out.width, PLOT_MAX_WIDTH)), markup=False, highlight=False)
 
 
-# every phase a job can be reported in (local adapter's and kstatus.phase's), for `job list --phase`
-PHASES = (
-    "Pending", "Created", "Running", "Restarting", "Suspended", "Stopping", "Succeeded", "Failed", "Stopped",
-    "Orphaned",
-)  # fmt: skip
+PHASES = tuple(Phase)  # every phase a job can be reported in, for `job list --phase`
 
 
-def phase_filter(values: list[str]) -> set[str]:
+def phase_filter(values: list[str]) -> set[Phase]:
     """--phase values (repeated or comma lists, any case) as phase names; BadInput naming the known ones."""
     known = {p.lower(): p for p in PHASES}
     chosen = set()
@@ -301,7 +300,7 @@ def label_selector(text: str) -> list[tuple[str, str, str]]:
     return reqs
 
 
-def selected(r: dict[str, Any], phases: set[str], reqs: list[tuple[str, str, str]]) -> bool:
+def selected(r: Report, phases: set[Phase], reqs: list[tuple[str, str, str]]) -> bool:
     """Whether a job report passes --phase and --selector (a missing label is != any value, as in kubectl)."""
     labels = r.get("labels") or {}
     if phases and r["phase"] not in phases:
@@ -309,7 +308,7 @@ def selected(r: dict[str, Any], phases: set[str], reqs: list[tuple[str, str, str
     return all((labels.get(k) == v) == (op == "=") for k, op, v in reqs)
 
 
-def list_table(reports: list[dict[str, Any]]) -> PlainTable:
+def list_table(reports: list[Report]) -> PlainTable:
     t = PlainTable("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
     for column in t.columns[:4]:  # names and run ids are folded on a narrow terminal, never cut
         column.overflow = "fold"

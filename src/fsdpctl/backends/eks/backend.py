@@ -8,11 +8,12 @@ from functools import cached_property
 from typing import Any
 
 from fsdpctl import deploy, kstatus, record_store, render
-from fsdpctl.backends import FINAL, LogLine, Started, remember
+from fsdpctl.backends import LogLine, Started, remember
 from fsdpctl.backends.eks import engine as kjobs
 from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.jobs import secret_env
 from fsdpctl.progress import run_outcome
+from fsdpctl.reports import FINAL, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import events
 
@@ -69,8 +70,8 @@ class EksBackend:
         where = f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}"
         return Started(cfg.job_name, started["run_id"], where)
 
-    def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]:
-        r = {**kjobs.report(self.kube, self.cfg, name, stall_after), "backend": "eks"}
+    def report(self, name: str, stall_after: float = float("inf")) -> Report:
+        r = kjobs.report(self.kube, self.cfg, name, stall_after)
         if r["phase"] not in FINAL:  # an ended job's pods hold no devices; its nodes may be gone
             r["gpu_nodes"] = self.gpu_nodes(name)
             if r["gpu_nodes"] is not None:
@@ -149,17 +150,15 @@ class EksBackend:
         kjobs.stop(self.kube, self.cfg, name, wait=wait)
         return f"job {name}: {'stopped and deleted' if wait else 'stopping'}"
 
-    def interrupt(self, name: str) -> dict[str, Any] | None:
+    def interrupt(self, name: str) -> Report | None:
         """Ctrl-C while following a cluster job detaches: the job is the cluster's, it keeps running."""
         return None
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        return [
-            {**r, "backend": "eks", "labels": {**r.get("labels", {}), "fsdpctl.io/backend": "eks"}}
-            for r in kjobs.list_jobs(self.kube, self.cfg)
-        ]
+    def list_jobs(self) -> list[Report]:
+        rows = kjobs.list_jobs(self.kube, self.cfg)
+        return [{**r, "labels": {**r["labels"], "fsdpctl.io/backend": "eks"}} for r in rows]
 
-    def wait(self, name: str, timeout: float | None) -> str:
+    def wait(self, name: str, timeout: float | None) -> Waited:
         return kjobs.wait(self.kube, self.cfg, name, timeout)
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:

@@ -13,10 +13,10 @@ from fsdpctl import record as run_record
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.progress import progress, records, stage, stalled
+from fsdpctl.reports import FINAL, TIMEOUT, Phase, PrestepReport, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import fetch
 
-FINAL = {"Succeeded", "Failed", "Stopped"}
 LOG_TAIL = 3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
 
 
@@ -169,7 +169,7 @@ def _owned_by(obj: dict, owner: dict) -> dict:
     return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
 
 
-def prestep_report(kube, cfg: Config, name: str) -> dict | None:
+def prestep_report(kube, cfg: Config, name: str) -> PrestepReport | None:
     """The pre-step Job of job `name`: its phase, and its progress from its pod's log; None without one."""
     from fsdpctl.adapters.kube import KubeError
 
@@ -280,7 +280,9 @@ def leader_events(kube, cfg: Config, name: str) -> list:
     return records(log_lines(kube, cfg, lead["metadata"]["name"], tail=None)) if lead else []
 
 
-def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job: dict | None = None) -> dict:
+def report(
+    kube, cfg: Config, name: str, stall_after: float = float("inf"), job: dict | None = None
+) -> Report:
     job = job or require_job(kube, cfg, name)
     pods = pods_of(kube, cfg, name)
     lead, lines = find_leader(kube, cfg, pods)
@@ -294,8 +296,9 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
     phase = kstatus.phase(job)
     labels = job.get("metadata", {}).get("labels", {})
     by_state = kstatus.pods_by_state(pods)
-    r = {
+    r: Report = {
         "job": name,
+        "backend": "eks",
         "kind": job["kind"],
         "phase": phase,
         "run_id": labels.get("fsdpctl.io/run-id", "-"),
@@ -307,15 +310,15 @@ def report(kube, cfg: Config, name: str, stall_after: float = float("inf"), job:
         "leader": lead["metadata"]["name"] if lead else None,
         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
         "checkpoint_dir": render.checkpoint_dir(cfg, name),
-        **{k: v for k, v in prog.items() if k != "summary"},
-        "summary": prog["summary"],
+        **prog,
         "reason": kstatus.failure_reason(job),
         "problems": kstatus.scheduling_problems(pods, events),
         "network": network,
         "network_warning": net_warning,
         "labels": dict(labels),
+        "prestep": prestep_report(kube, cfg, name),
+        "stalled": False,
     }
-    r["prestep"] = prestep_report(kube, cfg, name)
     if not prog["max_steps"]:  # before the first step: how far the start got (the leader pod's lines)
         r["stage"] = stage(records(lines), None, r["nodes"])
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
@@ -338,7 +341,7 @@ def _replicas(job: dict) -> int:
     return spec.get("trainer", {}).get("numNodes", 1)
 
 
-def list_jobs(kube, cfg: Config) -> list[dict]:
+def list_jobs(kube, cfg: Config) -> list[Report]:
     api, kind = render.job_api(cfg)
     with calls(cfg, "listing jobs"):
         jobs = kube.list(api, kind, cfg.job_namespace, {"app.kubernetes.io/managed-by": "fsdpctl"})
@@ -420,7 +423,7 @@ def _wait_gone(kube, api: str, kind: str, name: str, namespace: str, timeout: fl
                 return
 
 
-def wait(kube, cfg: Config, name: str, timeout: float | None) -> str:
+def wait(kube, cfg: Config, name: str, timeout: float | None) -> Waited:
     """The job's final phase, following it through watch events; 'Timeout' when `timeout` passes first and
     'Stopped' when it is deleted while waited for."""
     api, kind = render.job_api(cfg)
@@ -433,20 +436,20 @@ def wait(kube, cfg: Config, name: str, timeout: float | None) -> str:
                 return phase
             left = deadline - time.monotonic()
             if left <= 0:
-                return "Timeout"
+                return TIMEOUT
             for event, obj in kube.watch(
                 api, kind, cfg.job_namespace, {"fsdpctl.io/job": name}, timeout=max(1, int(min(60, left)))
             ):
                 if obj["metadata"]["name"] != name:
                     continue
                 if event == "DELETED":
-                    return "Stopped"
+                    return Phase.STOPPED
                 job = obj
                 if kstatus.phase(job) in FINAL:
                     return kstatus.phase(job)
             job = kube.get(api, kind, name, cfg.job_namespace)
             if job is None:
-                return "Stopped"
+                return Phase.STOPPED
 
 
 def logs(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from fsdpctl.progress import (
     stage,
     stalled,
 )
+from fsdpctl.reports import Failure, Phase, PrestepReport, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import events, fetch
 from fsdptrain.config import missing_packages
@@ -107,7 +107,7 @@ class LocalBackend:
             )
         return st
 
-    def report(self, name: str, stall_after: float = float("inf")) -> dict[str, Any]:
+    def report(self, name: str, stall_after: float = float("inf")) -> Report:
         return _report(self._state(name), stall_after)
 
     def logs(
@@ -198,7 +198,7 @@ class LocalBackend:
             st = local.wait(name, timeout=0.5) or st
         return f"job {name}: {local.effective_phase(st)}"
 
-    def interrupt(self, name: str) -> dict[str, Any] | None:
+    def interrupt(self, name: str) -> Report | None:
         """Ctrl-C while following stops the job as Kubernetes would (SIGTERM: the trainer checkpoints)."""
         try:
             local.stop(name)
@@ -207,12 +207,12 @@ class LocalBackend:
         local.wait(name)
         return self.report(name)
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[Report]:
         return [_report(st, float("inf")) for st in local.list_jobs(self.notes)]
 
-    def wait(self, name: str, timeout: float | None) -> str:
+    def wait(self, name: str, timeout: float | None) -> Waited:
         self._state(name)
-        return local.effective_phase(local.wait(name, timeout=timeout)) or "Failed"
+        return local.effective_phase(local.wait(name, timeout=timeout)) or Phase.FAILED
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
         """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data, node
@@ -311,15 +311,15 @@ def _lineage(st: dict[str, Any]) -> list[Path]:
     return [d for d in dirs if d.is_dir() and not d.is_symlink()] + [logs]
 
 
-def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
+def _report(st: dict[str, Any], stall_after: float) -> Report:
     """Everything `status` shows, from the state file and the leader's log."""
     leader = local.leader_log(st)
     lines = crilog.texts(leader) if leader else []
     now = time.time()
     prog = progress(records(lines), now)
-    phase = local.effective_phase(st)
+    phase = local.phase_of(st)
     alive = local.launchers_alive(st)
-    report = {
+    report: Report = {
         "job": st["job"],
         "backend": "local",
         "phase": phase,
@@ -334,9 +334,10 @@ def _report(st: dict[str, Any], stall_after: float) -> dict[str, Any]:
         "network": local.network_note(st),
         "identity": st.get("identity"),
         "prestep": _prestep(st, phase),
+        "stalled": False,
         **prog,
-        "reason": local.orphan_note(st) if phase == "Orphaned" else st.get("reason"),
-        "failure": _failure(st) if phase == "Failed" else None,
+        "reason": local.orphan_note(st) if phase == Phase.ORPHANED else st.get("reason"),
+        "failure": _failure(st) if phase == Phase.FAILED else None,
         "problems": [],
         "labels": {
             "fsdpctl.io/job": st["job"],
@@ -397,33 +398,30 @@ def _restarts(st: dict[str, Any]) -> int:
     return max(kstatus.job_restarts(logs), relaunched)
 
 
-# The supervisor's reason for a failed job names the node it judged (adapters/local.py, _judge).
-FAILED_NODE = re.compile(r"\bnode (\d+) exited with code")
-
-
 def _failed_node(st: dict[str, Any]) -> int | None:
-    """The node whose launcher failed the job: the one the supervisor's reason names, else the first that
-    exited with a code other than 0 (a launcher the supervisor stopped afterwards may have one too)."""
-    if m := FAILED_NODE.search(st.get("reason") or ""):
-        return int(m.group(1))
+    """The node whose launcher failed the job: the one the supervisor judged (its state's `failed_node`),
+    else the first that exited with a code other than 0 (a launcher the supervisor stopped afterwards may
+    have one too)."""
+    if st.get("failed_node") is not None:
+        return int(st["failed_node"])
     failed = [lz["node"] for lz in st.get("launchers", []) if lz.get("rc") not in (0, None)]
     return min(failed) if failed else None
 
 
 def _failed_log(st: dict[str, Any]) -> Path | None:
-    if local.effective_phase(st) != "Failed" or (node := _failed_node(st)) is None:
+    if local.effective_phase(st) != Phase.FAILED or (node := _failed_node(st)) is None:
         return None
     return next((f for f in local.log_files(st) if f.stem == f"node-{node}"), None)
 
 
-def _failure(st: dict[str, Any]) -> dict[str, Any] | None:
+def _failure(st: dict[str, Any]) -> Failure | None:
     """Why the job failed, in the failing rank's words: on the node the supervisor judged, torchrun's root
     cause (the rank, its error file) and that rank's first error line wherever it is in the node's log."""
     log = _failed_log(st)
     if log is None:
         return None
     found = kstatus.failure(crilog.texts(log), _read_error_file)
-    return {"node": _failed_node(st), "log": str(log), **found}
+    return {**found, "node": _failed_node(st), "log": str(log)}
 
 
 ERROR_FILE_MAX = 1024 * 1024  # torch's error file holds one exception and its traceback
@@ -439,7 +437,7 @@ def _read_error_file(path: str) -> str | None:
         return None
 
 
-def _prestep(st: dict[str, Any], phase: str | None) -> dict[str, Any] | None:
+def _prestep(st: dict[str, Any], phase: str | None) -> PrestepReport | None:
     """The pre-step's progress from its log, its outcome from its marker (the file the trainers wait for)."""
     pre = st.get("prestep")
     if not pre:

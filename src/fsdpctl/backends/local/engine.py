@@ -38,12 +38,13 @@ from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns, shell
 from fsdpctl.backends.local import kubelet
 from fsdpctl.files import home, write_atomic
+from fsdpctl.reports import Phase
 from fsdptrain import events, resume
 from fsdptrain.config import TrainConfig
 
-RECORDED_ACTIVE = ("Pending", "Running", "Stopping")
+RECORDED_ACTIVE = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING)
 # Orphaned is never recorded: the supervisor died (SIGKILL, OOM) while processes of its job still live
-ACTIVE = (*RECORDED_ACTIVE, "Orphaned")
+ACTIVE = (*RECORDED_ACTIVE, Phase.ORPHANED)
 POD_MARK = "FSDPCTL_POD"
 # every process of a job carries its job directory: the job's identity on this machine, so two FSDPCTL_HOMEs
 # (two users, two test workers) with a job of one name never see each other's processes
@@ -117,14 +118,17 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
-def effective_phase(state: dict | None) -> str | None:
+def effective_phase(state: dict | None) -> Phase | None:
+    """`phase_of` the state; None without one."""
+    return None if state is None else phase_of(state)
+
+
+def phase_of(state: dict) -> Phase:
     """The recorded phase; when the supervisor died without recording an end, Orphaned while a process of
     the job's pods lives, else the end its processes' output tells (`ended`)."""
-    if state is None:
-        return None
     if state["phase"] in RECORDED_ACTIVE and not supervisor_alive(state):
-        return "Orphaned" if pods_alive(state) else ended(state)[0]
-    return state["phase"]
+        return Phase.ORPHANED if pods_alive(state) else ended(state).phase
+    return Phase(state["phase"])
 
 
 def pods_alive(state: dict) -> bool:
@@ -139,8 +143,8 @@ def pods_alive(state: dict) -> bool:
     return any(of_a_pod(pid) for pid in owned_processes(state))
 
 
-def ended(state: dict) -> tuple[str, str]:
-    """(phase, reason) of a job whose supervisor died, from what its processes did: each launcher's last
+def ended(state: dict) -> kstatus.Ended:
+    """How a job whose supervisor died ended, from what its processes did: each launcher's last
     words and the trainer's summary (kstatus.ended)."""
     logs = {_node_of(f): crilog.texts(f) for f in log_files(state)}
     outcomes = [kstatus.launcher_outcome(logs.get(n, [])) for n in range(state["replicas"])]
@@ -167,9 +171,15 @@ def _ended_by_reader(jdir: Path) -> dict | None:
         state = read_state(jdir)
         if not held or state is None or state["phase"] not in RECORDED_ACTIVE or supervisor_alive(state):
             return state
-        phase, reason = ended(state)
+        end = ended(state)
         end_leftovers(state)
-        return _update(jdir, phase=phase, finished=time.time(), reason=f"supervisor gone; {reason}")
+        return _update(
+            jdir,
+            phase=end.phase,
+            finished=time.time(),
+            reason=f"supervisor gone; {end.reason}",
+            failed_node=end.failed_node,
+        )
 
 
 def leftovers(state: dict) -> list[str]:
@@ -658,7 +668,7 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
         "job": name,
         "run_id": spec["run_id"],
         "mark": secrets.token_hex(16),  # the run's own token: its processes inherit it (`is_ours`)
-        "phase": "Pending",
+        "phase": Phase.PENDING,
         "created": time.time(),
         "replicas": spec["replicas"],
         "log_dir": str(log_dir),
@@ -704,7 +714,7 @@ def stop(job_name: str) -> dict | None:
                 f"(recorded {state.get('supervisor') or state.get('supervisor_pid')}); nothing was signalled"
             )
         _update(jdir, stop_requested=True)
-    elif phase == "Orphaned":
+    elif phase == Phase.ORPHANED:
         stop_orphans(jdir, state)
     return read_state(jdir)
 
@@ -714,7 +724,7 @@ def stop_orphans(jdir: Path, state: dict) -> None:
     recorded (every process proven the run's if none is: `is_ours`), SIGKILL to every process of the run
     when they have ended or the pod's grace period is over; the job ends Stopped with none of them left."""
     job = state["job"]
-    _update(jdir, phase="Stopping", stop_requested=True)
+    _update(jdir, phase=Phase.STOPPING, stop_requested=True)
     launchers = [launcher_identity(lz) for lz in state.get("launchers", []) if isinstance(lz, dict)]
     termed = [lz for lz in launchers if signal_recorded(lz, signal.SIGTERM, state)]
     if not termed:
@@ -732,7 +742,7 @@ def stop_orphans(jdir: Path, state: dict) -> None:
     if isinstance(state.get("net_index"), int):  # the namespaces and bridge its `finally` did not remove
         netns.destroy(netns.Network(state["net_index"], job, state["replicas"]))
     remove_temp_dirs(jdir, state["replicas"])
-    _update(jdir, phase="Stopped", finished=time.time(), reason="supervisor gone; its processes stopped")
+    _update(jdir, phase=Phase.STOPPED, finished=time.time(), reason="supervisor gone; its processes stopped")
 
 
 def grace_s(job: str) -> float:
@@ -846,7 +856,7 @@ def supervise(jdir: Path) -> int:
     # held until this process exits, however it exits: no second run of the job while it lives
     lock = _open_lock(jdir / LOCK)
     if not _flock(lock, LOCK_WAIT_S):
-        _update(jdir, phase="Failed", finished=time.time(), reason="another process holds the job's lock")
+        _update(jdir, phase=Phase.FAILED, finished=time.time(), reason="another process holds the job's lock")
         return 1
     _update(jdir, supervisor=identity(os.getpid()))
     logs = log_dir(state)
@@ -868,11 +878,13 @@ def supervise(jdir: Path) -> int:
             for launch in launches(spec, endpoint, dict(os.environ), net, user)
         ]
         _start_due(pods, spec, logs)
-        _update(jdir, phase="Running", started=time.time(), rdzv_endpoint=endpoint, **_placement(net, pods))
-        phase, reason = _run(pods, stopping, jdir, spec, net, pre)
+        _update(
+            jdir, phase=Phase.RUNNING, started=time.time(), rdzv_endpoint=endpoint, **_placement(net, pods)
+        )
+        end = _run(pods, stopping, jdir, spec, net, pre)
     except Exception as e:  # recorded for `job status`; the traceback is in supervisor.log
         _signal(pods, signal.SIGKILL)
-        _update(jdir, phase="Failed", finished=time.time(), reason=str(e))
+        _update(jdir, phase=Phase.FAILED, finished=time.time(), reason=str(e))
         raise
     finally:
         _signal(pods, signal.SIGKILL)  # a pod's end leaves none of its processes behind (no orphans)
@@ -883,7 +895,14 @@ def supervise(jdir: Path) -> int:
         _end_prestep(pre)
         remove_temp_dirs(jdir, spec["replicas"])
     _drain(pods)
-    _update(jdir, phase=phase, finished=time.time(), reason=reason, **_placement(net, pods))
+    _update(
+        jdir,
+        phase=end.phase,
+        finished=time.time(),
+        reason=end.reason,
+        failed_node=end.failed_node,
+        **_placement(net, pods),
+    )
     return 0
 
 
@@ -1108,14 +1127,14 @@ RECREATE_CAP = 100
 
 def _run(
     pods: list[Pod], stopping: dict, jdir: Path, spec: dict, net: netns.Network | None, pre: Any = None
-) -> tuple[str, str | None]:
+) -> kstatus.Ended:
     """Until every launcher has ended: start late pods, evict the ones asked for, recreate the ones the
     operator's policy retries; once the job is decided (a stop, a permanent failure, or success: a finished
     job's running pods are deleted, cleanPodPolicy Running), SIGTERM each launcher (the kubelet signals the
     container's first process, the launcher, which forwards it to torchrun) and SIGKILL every process after
     the pod's grace period. A stop first puts the stop annotation in every pod's downward API file (the
-    trainers then read the SIGTERM as a stop, not an eviction). Returns (phase, reason)."""
-    outcome: tuple[str, str | None] | None = None
+    trainers then read the SIGTERM as a stop, not an eviction). Returns how the job ended."""
+    outcome: kstatus.Ended | None = None
     sent_at, stop_at = None, None
     while True:
         if outcome is None:
@@ -1125,8 +1144,8 @@ def _run(
             if stopping["flag"]:
                 stop_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 _request_stop(pods, spec, stop_at)
-                _update(jdir, phase="Stopping")
-                outcome = ("Stopped", None)
+                _update(jdir, phase=Phase.STOPPING)
+                outcome = kstatus.Ended(Phase.STOPPED, None)
             else:
                 outcome = _judge(pods, spec, jdir, net)
             if outcome is not None:
@@ -1177,11 +1196,9 @@ def _prestep_ended(pre: Any, jdir: Path) -> None:
             _update(jdir, prestep={**state["prestep"], "rc": pre.returncode})
 
 
-def _judge(
-    pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None
-) -> tuple[str, str | None] | None:
+def _judge(pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None) -> kstatus.Ended | None:
     """Act on launchers that ended since the last look, as the Training Operator v1.9.4 does with a worker
-    pod's exit code under its restartPolicy: (phase, reason) once the job is decided. Any worker that
+    pod's exit code under its restartPolicy: how the job ended, once it is decided. Any worker that
     succeeded makes an elastic PyTorchJob Succeeded (pkg/controller.v1/pytorch/pytorchjob_controller.go,
     UpdateJobStatus); a non-retryable code fails it; a retryable one recreates the pod, and backoffLimit 0
     fails the job at the first failed pod (pkg/controller.v1/common/job.go, exceedsBackoffLimit)."""
@@ -1198,7 +1215,7 @@ def _judge(
         if what == "done":
             done += 1
             if spec.get("elastic") or done == len(pods):
-                return "Succeeded", None
+                return kstatus.Ended(Phase.SUCCEEDED, None)
         elif what == "recreate" and limit > 0 and sum(p.relaunches for p in pods) < RECREATE_CAP:
             _recreate(pod, jdir, code)
             _update(jdir, **_placement(net, pods))
@@ -1208,7 +1225,8 @@ def _judge(
                 if what == "fail"
                 else f"backoffLimit {limit}"
             )
-            return "Failed", f"node {pod.launch.node} exited with code {code} ({why})"
+            reason = f"node {pod.launch.node} exited with code {code} ({why})"
+            return kstatus.Ended(Phase.FAILED, reason, pod.launch.node)
     return None
 
 
