@@ -380,7 +380,8 @@ def test_any_log_line_goes_through_every_view_as_it_is(cli, text):
         cri(1.0e9, "  rank      : 0 (local_rank: 0)", "stderr"),
         cri(1.0e9, "  exitcode  : 1 (pid: 1)", "stderr"),
     ]
-    _planted(cli.home, "mk", ["".join(log)], phase="Failed", reason=f"node 0 exited with code 1 {marked}")
+    why = f"node 0 exited with code 1 {marked}"
+    _planted(cli.home, "mk", ["".join(log)], phase="Failed", reason=why, failed_node=0)
     _plant_record(cli.home, "mk", "mk-run", {"DATASET_TEXT_FIELD": marked[:60] or "x"}, 1.0)
     for args in (
         ("job", "status", "mk"),
@@ -635,6 +636,7 @@ def test_a_failed_job_that_used_every_restart_says_the_budget_is_spent(cli, max_
         ["".join(cri(1.0e9, x, "stderr") for x in lines)],
         phase="Failed",
         reason="node 0 exited with code 1 (1-127 are permanent under restartPolicy ExitCode)",
+        failed_node=0,
         max_restarts=max_restarts,
     )
     r = _strict(cli("job", "status", "budget", "-o", "json").stdout)
