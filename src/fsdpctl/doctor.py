@@ -40,7 +40,7 @@ class Facts:
 def targets(cfg: Config) -> tuple[float, Path]:
     """What the data loader must keep up with (tokens/s per process) and where checkpoints will be written: on
     EKS the planned step and the pod's checkpoint mount; locally the quickstart's rate and the job's dir."""
-    if cfg.backend == "eks":
+    if cfg.target.gpus:
         from fsdpctl import plan, render
 
         demand = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).tokens_per_s_per_gpu

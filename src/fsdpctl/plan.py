@@ -508,7 +508,7 @@ PROCESS_BASE = GIB // 2
 def fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | None:
     """One line naming the settings and the cheapest fix when the job cannot fit where it would run: per GPU
     on the cluster (`memory`), all processes together in this machine's RAM locally; None when it fits."""
-    if cfg.backend == "local":
+    if not cfg.target.gpus:
         return _host_fit_problem(cfg, ram_bytes)
     job = job_from(cfg, mfu=0.0, price=None)
     mem = memory(job)

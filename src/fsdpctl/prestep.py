@@ -141,9 +141,9 @@ def destination(cfg: Config, to: Path | None, volumes: Path) -> Path:
     backend mounts at SHARED_VOLUME_PATH."""
     if to is not None:
         return to.expanduser().resolve()
-    if cfg.backend == "local" and cfg.shared_volume:
+    if cfg.target.on_this_machine and cfg.shared_volume:
         return volumes / cfg.shared_volume / "hf-cache"
-    where = "on the cluster" if cfg.backend == "eks" else "without SHARED_VOLUME"
+    where = "without SHARED_VOLUME" if cfg.target.on_this_machine else f"on {cfg.target.where}"
     raise BadInput(
         f"no directory to fetch into {where}",
         hint="give --to DIR (an HF_HOME, e.g. the shared volume mounted here: --to /fsx/hf-cache)",

@@ -25,6 +25,7 @@ from fsdpctl import render
 from fsdpctl.files import JOB_NAME, RUN_ID
 from fsdpctl.redact import MASK, secret_kind
 from fsdpctl.settings import SECRET_KEYS, Config, Settings, setting_keys
+from fsdpctl.targets import NAMES
 from fsdptrain import events, fingerprint
 
 KIND = "fsdpctl.io/run-record"
@@ -67,7 +68,7 @@ def secret_refs(cfg: Config, secret_name: str) -> dict[str, str]:
         if not cfg.hf_token.get_secret_value()
         else f"HF_TOKEN ({cfg.sources.get('HF_TOKEN', 'env')})"
     )
-    if cfg.backend == "eks":
+    if cfg.target.kubernetes:
         return {"HF_TOKEN": f"<secret: Kubernetes Secret {secret_name}, key HF_TOKEN; from {given}>"}
     return {"HF_TOKEN": f"<secret: the environment of `job run`; from {given}>"}
 
@@ -152,7 +153,7 @@ def _finite_number(v: Any) -> bool:
 _PARTS: dict[str, Callable[[Any], bool]] = {
     "job": lambda v: isinstance(v, str) and bool(JOB_NAME.fullmatch(v)),
     "run_id": lambda v: isinstance(v, str) and bool(RUN_ID.fullmatch(v)) and ".." not in v,
-    "backend": lambda v: v in ("local", "eks"),
+    "backend": lambda v: v in NAMES,
     "settings": _strings,
     "sources": _strings,
     "secrets": _strings,

@@ -35,7 +35,7 @@ def new(cfg: Config, run_id: str) -> dict[str, Any]:
     from fsdpctl.adapters.git import code_version
 
     image = None
-    if cfg.backend == "eks":
+    if cfg.target.image:
         image = {
             "uri": cfg.image_uri,
             "digest": None,

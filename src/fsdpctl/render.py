@@ -9,6 +9,7 @@ import math
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,11 +23,12 @@ from fsdpctl.redact import redact_obj
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
 from fsdpctl.validate import LABEL_MAX
 from fsdptrain import disruption
-from fsdptrain.events import RECORD_ENV
 from fsdptrain.shapes import MODEL_CONFIGS
 
 if TYPE_CHECKING:
     import jinja2
+
+    from fsdpctl.jobspec import JobSpec, Resources
 
 Obj = dict[str, Any]  # a Kubernetes object (or any YAML mapping) as parsed
 
@@ -250,8 +252,8 @@ def checkpoint_bytes_per_node(cfg: Config) -> int:
 
 
 def step_seconds(cfg: Config) -> float:
-    """The planner's step time on the cluster (a GPU's); 0 locally, where a CPU step is not the question."""
-    if cfg.backend != "eks":
+    """The planner's step time on GPUs; 0 for CPU processes, where a CPU step is not the question."""
+    if not cfg.target.gpus:
         return 0.0
     return plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).step_s
 
@@ -354,11 +356,10 @@ def trainjob_command(cfg: Config, run_id: str) -> list[str]:
 def metrics_port(cfg: Config) -> int:
     """On a cluster the trainer always serves /metrics for Prometheus (METRICS_PORT, else 9101); locally only
     when asked."""
-    return cfg.training.metrics_port or (DEFAULT_METRICS_PORT if cfg.backend == "eks" else 0)
+    return cfg.training.metrics_port or (DEFAULT_METRICS_PORT if cfg.target.kubernetes else 0)
 
 
-def pod_annotations(cfg: Config) -> dict[str, str]:
-    port = metrics_port(cfg)
+def pod_annotations(port: int) -> dict[str, str]:
     return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port)} if port else {}
 
 
@@ -396,33 +397,35 @@ def starts_env(cfg: Config, run_id: str) -> dict[str, str]:
 
 def container_env(cfg: Config) -> list[dict[str, str]]:
     """The container's env list: `pod_env`, then where huggingface_hub finds the token Secret's file."""
-    env = [{"name": name, "value": value} for name, value in pod_env(cfg).items()]
-    return [*env, {"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/HF_TOKEN"}]
+    return _container_env(pod_env(cfg))
 
 
-def pod_resources(cfg: Config) -> tuple[dict[str, str | int], dict[str, str | int]]:
-    """(requests, limits). GPU pods request most of the node's CPUs but set no CPU limit: CFS throttling of
-    the data-loading threads would stall the GPUs."""
-    if cfg.backend == "local":
-        res: dict[str, str | int] = {"cpu": str(cfg.procs_per_node), "memory": "4Gi"}
-        return res, res
-    inst = cfg.instance
-    limits: dict[str, str | int] = {"nvidia.com/gpu": cfg.gpus, "memory": f"{int(inst.memory_gib * 0.8)}Gi"}
-    if cfg.uses_efa:
-        limits["vpc.amazonaws.com/efa"] = cfg.efa_per_node
-    if cfg.hugepages_2mi:  # only where nodes pre-allocate them: a request no node offers stays Pending
-        limits["hugepages-2Mi"] = cfg.hugepages_2mi
-    return {**limits, "cpu": str(int(inst.vcpus * 0.9 * cfg.gpus / inst.gpus))}, limits
+def _container_env(env: Mapping[str, str]) -> list[dict[str, str]]:
+    listed = [{"name": name, "value": value} for name, value in env.items()]
+    return [*listed, {"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/HF_TOKEN"}]
+
+
+def pod_resources(res: Resources) -> tuple[dict[str, str | int], dict[str, str | int]]:
+    """(requests, limits) of the pod, from the spec's `Resources`."""
+    if res.cpu_limit:
+        both: dict[str, str | int] = {"cpu": str(res.cpus), "memory": f"{res.memory_gib}Gi"}
+        return both, both
+    limits: dict[str, str | int] = {"nvidia.com/gpu": res.gpus, "memory": f"{res.memory_gib}Gi"}
+    if res.efa:
+        limits["vpc.amazonaws.com/efa"] = res.efa
+    if res.hugepages_2mi:  # only where nodes pre-allocate them: a request no node offers stays Pending
+        limits["hugepages-2Mi"] = res.hugepages_2mi
+    return {**limits, "cpu": str(res.cpus)}, limits
 
 
 def node_selector(cfg: Config) -> dict[str, str]:
-    if cfg.backend != "eks":
+    if not cfg.target.gpus:
         return {}
     return {"node.kubernetes.io/instance-type": cfg.instance_type, **parse_node_selector(cfg.node_selector)}
 
 
 def tolerations(cfg: Config) -> list[dict[str, str]]:
-    if cfg.backend != "eks":
+    if not cfg.target.gpus:
         return []
     return [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -430,45 +433,43 @@ def tolerations(cfg: Config) -> list[dict[str, str]]:
     ]
 
 
-def job_values(cfg: Config, run_id: str) -> dict[str, Any]:
-    """What pytorchjob.yaml.j2, trainjob.yaml.j2 and their shared pod.j2 read."""
-    backend, host, port = rendezvous(cfg)
+def job_values(spec: JobSpec, cfg: Config) -> dict[str, Any]:
+    """What pytorchjob.yaml.j2, trainjob.yaml.j2 and their shared pod.j2 read: the spec, and from `cfg`
+    only what is Kubernetes' own (namespace, scheduler, node selector, tolerations)."""
+    rdzv, st = spec.rendezvous, spec.storage
+    env = _container_env(spec.env)
     return dict(
-        job_name=cfg.job_name,
+        job_name=spec.name,
         namespace=cfg.job_namespace,
-        labels=labels(cfg, run_id),
-        nproc_per_node=cfg.procs_per_node,
-        nodes=cfg.job_nodes,
-        rdzv_backend=backend,
-        rdzv_host=host,
-        rdzv_port=port,
-        rdzv_id=run_id,
-        rdzv_conf=rdzv_conf(cfg),
-        max_restarts=cfg.max_restarts,
-        backoff_limit=backoff_limit(cfg),
-        grace_s=stop_timing(cfg).grace_s,
-        image=cfg.image_uri,
-        command=launch_command(cfg, run_id),
-        env=container_env(cfg)
-        + [
-            {"name": k, "value": v}
-            for k, v in (prestep.trainer_env(cfg, run_id) | starts_env(cfg, run_id)).items()
-        ],
+        labels=dict(spec.labels),
+        nproc_per_node=spec.procs_per_node,
+        nodes=spec.nodes,
+        rdzv_backend=rdzv.backend,
+        rdzv_host=rdzv.host,
+        rdzv_port=rdzv.port,
+        rdzv_id=spec.run_id,
+        rdzv_conf=list(rdzv.conf),
+        max_restarts=spec.restart.max_restarts,
+        backoff_limit=spec.restart.backoff_limit,
+        grace_s=spec.stop.grace_s,
+        image=spec.image,
+        command=list(spec.command),
+        env=env + [{"name": k, "value": v} for k, v in spec.run_env.items()],
         podinfo_dir=PODINFO_DIR,
-        resources=pod_resources(cfg),
+        resources=pod_resources(spec.resources),
         hf_token_dir=HF_TOKEN_DIR,
         checkpoint_root=POD_CHECKPOINT_ROOT,
-        efa=cfg.uses_efa,
+        efa=spec.resources.efa > 0,
         node_selector=node_selector(cfg),
         tolerations=tolerations(cfg),
         scheduler_name=cfg.scheduler_name,
-        annotations=pod_annotations(cfg),
+        annotations=pod_annotations(spec.metrics_port),
         gang=cfg.gang_scheduling,
-        shm_size=f"{max(8, cfg.gpus * 8) if cfg.backend == 'eks' else 2}Gi",
-        checkpoint_pvc=cfg.checkpoint_pvc,
-        shared_volume=cfg.shared_volume,
-        shared_volume_path=cfg.shared_volume_path,
-        scratch=scratch(cfg),
+        shm_size=f"{spec.resources.shm_gib}Gi",
+        checkpoint_pvc=st.checkpoint_claim,
+        shared_volume=st.shared,
+        shared_volume_path=st.shared_path,
+        scratch={"path": st.scratch[0], "mount": st.scratch[1]} if st.scratch else None,
         secret_name=secret_name(cfg),
     )
 
@@ -480,17 +481,17 @@ JOB_KINDS = {
 
 
 def job_api(cfg: Config) -> tuple[str, str]:
-    """(apiVersion, kind) of the job object. The local backend always runs the PyTorchJob form."""
-    return JOB_KINDS["pytorchjob" if cfg.backend == "local" else cfg.job_kind]
+    """(apiVersion, kind) of the job object. Off Kubernetes (the local backend) always the PyTorchJob form."""
+    return JOB_KINDS[cfg.job_kind if cfg.target.kubernetes else "pytorchjob"]
 
 
 def render_job(cfg: Config, run_id: str, record_id: str = "") -> list[Obj]:
     """Namespace, etcd (with an etcd rendezvous), the pre-step, the PodDisruptionBudget and the job:
     everything but the Secret. The job comes last. `record_id`: the run record's (fsdpctl.record), which the
     trainer echoes into its summary and checkpoints."""
-    values = job_values(cfg, run_id)
-    if record_id:
-        values["env"] = [*values["env"], {"name": RECORD_ENV, "value": record_id}]
+    from fsdpctl import jobspec
+
+    values = job_values(jobspec.build(cfg, run_id, record_id), cfg)
     objs = render_namespace(cfg)
     if cfg.rdzv_backend != "c10d":
         objs += render_etcd(cfg)

@@ -18,7 +18,7 @@ import io
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -37,6 +37,7 @@ from fsdpctl import volume
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdpctl.redact import MASK, SECRET_ENV, redact, secret_kind
+from fsdpctl.targets import NAMES, Target, target
 from fsdpctl.validate import LABEL_MAX, label_value_problem, qualified_name_problem
 from fsdptrain.config import MODEL_DEFAULTS, ConfigError, TrainConfig, parse_value, with_model_defaults
 from fsdptrain.shapes import job_mesh_shape
@@ -113,6 +114,13 @@ def _k(default: Any, group: str, help: str, **constraints: Any) -> Any:
     return Field(default, description=help, json_schema_extra={"group": group}, **constraints)
 
 
+# BACKEND's values: the registered places (fsdpctl.targets), checked as a Literal would be
+if TYPE_CHECKING:
+    BackendName = str
+else:
+    BackendName = Literal[NAMES]
+
+
 class Settings(BaseModel):
     """Everything but training: each field's env/.env key is its name in capitals."""
 
@@ -181,7 +189,7 @@ class Settings(BaseModel):
         "how `image push` logs in: ecr (a token from "
         "ecr:GetAuthorizationToken) or none (docker is logged in already)",
     )
-    backend: Literal["local", "eks"] = _k("local", "job", "where `job run` runs: this machine or the cluster")
+    backend: BackendName = _k("local", "job", "where `job run` runs: this machine or the cluster")
     job_name: str = _k(
         "fsdp", "job", "job name (a DNS-1035 label: starts with a letter)", pattern=DNS_1035_LABEL
     )
@@ -411,8 +419,13 @@ class Config(Settings):
         return self.gpus_per_node or self.instance.gpus
 
     @property
+    def target(self) -> Target:
+        """What the place BACKEND names is (fsdpctl.targets)."""
+        return target(self.backend)
+
+    @property
     def procs_per_node(self) -> int:
-        return self.local_procs_per_node if self.backend == "local" else self.gpus
+        return self.gpus if self.target.gpus else self.local_procs_per_node
 
     @property
     def world_size(self) -> int:
@@ -428,7 +441,7 @@ class Config(Settings):
         """Whether the job's pods run NCCL over EFA: on the cluster, with EFA_ENABLED and an instance type
         that has interfaces. The one answer for the pod's EFA request, environment and security context,
         and for the warning when NCCL falls back to sockets."""
-        return self.backend == "eks" and self.efa_per_node > 0
+        return self.target.gpus and self.efa_per_node > 0
 
     @property
     def checkpoint_claim(self) -> str:
@@ -866,7 +879,7 @@ def _cross_checks(cfg: Config) -> list[str]:
     except ConfigError as e:
         errors.append(f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)")
     errors.extend(_storage_checks(cfg))
-    if cfg.job_kind == "trainjob" and cfg.backend == "eks":
+    if cfg.job_kind == "trainjob" and cfg.target.kubernetes:
         if cfg.rdzv_backend != "c10d":
             errors.append(
                 f"RDZV_BACKEND={cfg.rdzv_backend!r} does not apply to JOB_KIND=trainjob: the Trainer "
@@ -962,13 +975,13 @@ def placement_problems(
     errors = []
     if cfg.hf_token_file and not cfg.hf_token.get_secret_value() and not exists(cfg.hf_token_file):
         errors.append(f"HF_TOKEN_FILE={cfg.hf_token_file!r} does not exist: check the path, or set HF_TOKEN")
-    if cfg.backend == "eks":
-        if cfg.job_nodes > cfg.node_count:
-            errors.append(
-                f"JOB_NODES={cfg.job_nodes} exceeds NODE_COUNT={cfg.node_count}, the GPU nodes of the node "
-                f"group: the other pods would stay Pending; set JOB_NODES={cfg.node_count}, or NODE_COUNT="
-                f"{cfg.job_nodes} and grow the node group"
-            )
+    if cfg.target.kubernetes and cfg.job_nodes > cfg.node_count:
+        errors.append(
+            f"JOB_NODES={cfg.job_nodes} exceeds NODE_COUNT={cfg.node_count}, the GPU nodes of the node "
+            f"group: the other pods would stay Pending; set JOB_NODES={cfg.node_count}, or NODE_COUNT="
+            f"{cfg.job_nodes} and grow the node group"
+        )
+    if not cfg.target.on_this_machine:
         return errors
     most = LOCAL_PROCS_PER_CORE * cores
     if cfg.world_size > most:

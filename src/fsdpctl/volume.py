@@ -156,7 +156,7 @@ def capacity_problem(cfg: Config, capacity_bytes: int, where: str, fix: str = ""
 def fsx_problem(cfg: Config) -> str | None:
     """The FSX_STORAGE_GIB file system against the job, on the cluster (locally the volume is a directory:
     its disk's free space is checked where it is read; on the cluster `job run` also reads the claim's)."""
-    if cfg.backend != "eks":
+    if cfg.target.on_this_machine:
         return None
     return capacity_problem(cfg, cfg.fsx_storage_gib * GIB, f"FSX_STORAGE_GIB={cfg.fsx_storage_gib}")
 

@@ -7,6 +7,7 @@ one it has. A job remembers the backend it was started on (a small record under 
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import typing
@@ -21,9 +22,9 @@ from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
 from fsdpctl.reports import FINAL, Report, Waited
 from fsdpctl.settings import DNS_LABEL, Config, Settings
+from fsdpctl.targets import NAMES
 from fsdptrain import events
 
-NAMES = ("local", "eks")
 # What a record keeps besides the backend: the settings that say where on that backend the job lives.
 PLACEMENT_KEYS = ("job_namespace", "job_kind", "kube_context")
 __all__ = ["FINAL", "LogLine"]  # a job's log line, defined with the log format (fsdpctl.crilog)
@@ -37,6 +38,17 @@ class Started:
     run_id: str
     where: str
     dry_run_lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KeptRecord:
+    """A job's run record as its place keeps it (EKS: a ConfigMap beside the job), with the lines of the
+    leader's log that the record learnt from, where it was read, and what is wrong with it."""
+
+    record: dict[str, Any]
+    lines: list[str]
+    where: str
+    problems: list[str]
 
 
 class Backend(Protocol):
@@ -81,6 +93,26 @@ class Backend(Protocol):
         it was started without TENSORBOARD_DIR."""
         ...
 
+    def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
+        """How to serve the job's TensorBoard files (`argv` serves them where they are) when this machine
+        cannot read them: lines to print; None when `argv` runs here."""
+        ...
+
+    def run_lines(self, job: str, run_id: str) -> list[str] | None:
+        """The log lines of one run of `job` as this machine keeps them (local: every node's log of the
+        run); None where the logs are not here (EKS: `kept_record` reads the pods')."""
+        ...
+
+    def here(self, path: str) -> str | None:
+        """Where a path the trainer sees is on this machine (local: a claim's directory under
+        FSDPCTL_HOME/volumes); None where this machine cannot see the job's files."""
+        ...
+
+    def kept_record(self, job: str) -> KeptRecord | None:
+        """The job's run record as its place keeps it (EKS: its ConfigMap, with what the cluster learnt
+        since); None where only this machine keeps records (fsdpctl.record_store)."""
+        ...
+
     def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
         """Stop the job; with `wait`, until it has ended, saying through `say` what it waits for."""
         ...
@@ -95,19 +127,16 @@ class Backend(Protocol):
 
 
 def create(cfg: Config) -> Backend:
-    """The implementation for cfg.backend; imports only what that backend needs (no kubernetes locally)."""
-    if cfg.backend == "eks":
-        from fsdpctl.backends.eks.backend import EksBackend
-
-        return EksBackend(cfg)
-    from fsdpctl.backends.local.backend import LocalBackend
-
-    return LocalBackend(cfg)
+    """The implementation for cfg.backend (its `Target.backend`); imports only what that backend needs (no
+    kubernetes locally)."""
+    module, cls = cfg.target.backend.split(":")
+    made: Backend = getattr(importlib.import_module(module), cls)(cfg)
+    return made
 
 
 def check_name(backend: str | None) -> None:
     if backend is not None and backend not in NAMES:
-        raise BadInput(f"--backend {backend!r} is not a backend", hint="use local or eks")
+        raise BadInput(f"--backend {backend!r} is not a backend", hint=f"use {' or '.join(NAMES)}")
 
 
 def _record_path(job: str) -> Path:

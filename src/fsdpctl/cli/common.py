@@ -212,20 +212,20 @@ def admit(cfg: Config, *, force: bool) -> None:
         raise SettingsError(problems)
     for line in problems:
         warn(f"--force: going on although {line}")
-    if cfg.backend == "eks" and (slow := volume.interval_warning(cfg, render.step_seconds(cfg))):
+    if cfg.target.gpus and (slow := volume.interval_warning(cfg, render.step_seconds(cfg))):
         warn(slow)
 
 
 def _volume_problem(cfg: Config) -> str | None:
     """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file system on
-    the cluster; locally the free space of the disk under FSDPCTL_HOME/volumes/<claim> plus what this job's
+    the cluster; on this machine the free space of the disk of the claim's directory plus what this job's
     checkpoints already take there (they are counted in the need)."""
-    from fsdpctl import render, volume
-    from fsdpctl.backends.local.engine import shared_volume_dir
+    from fsdpctl import backends, render, volume
 
-    if cfg.backend == "eks" or not cfg.shared_volume:
+    here = backends.create(cfg).here(cfg.shared_volume_path) if cfg.shared_volume else None
+    if here is None:
         return volume.fsx_problem(cfg)
-    where = shared_volume_dir(cfg.shared_volume)
+    where = Path(here)
     free = _free_bytes(where)
     if free is None:
         return None

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl.cli.common import BackendOpt, DryRunOpt, NameArg, ok, out, resolve_job, state
+from fsdpctl.cli.common import BackendOpt, DryRunOpt, NameArg, ok, out, resolve_job
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 TENSORBOARD_PORT = 6006  # TensorBoard's own default
@@ -85,8 +85,8 @@ def tensorboard(
             hint="set TENSORBOARD_DIR (e.g. --set TENSORBOARD_DIR=/fsx/tensorboard) and run the job again",
         )
     argv = ["tensorboard", "--logdir", logdir, "--port", str(port)]
-    if be.name == "eks":
-        _print_eks_hint(ctx, name, argv)
+    if (elsewhere := be.tensorboard_elsewhere(name, argv)) is not None:
+        out.print("\n".join(elsewhere), markup=False, highlight=False)
         return
     if print_only:
         out.print(shlex.join(argv), markup=False, highlight=False)
@@ -101,26 +101,3 @@ def tensorboard(
     ok(f"TensorBoard on {logdir}: http://localhost:{port}/ (Ctrl-C ends it)")
     sys.stdout.flush()
     shell.replace_process(argv)
-
-
-def _print_eks_hint(ctx: typer.Context, name: str, argv: list[str]) -> None:
-    """The event files live on the claim the pods mount; this machine has no view of it. The honest way
-    there: TensorBoard in a pod that mounts the claim, reached through a port-forward."""
-    cfg = state(ctx).config()
-    port = argv[-1]
-    ns = cfg.job_namespace
-    out.print(
-        f"# the events are on PersistentVolumeClaim {cfg.shared_volume or '-'} (mounted at "
-        f"{cfg.shared_volume_path} in the job's pods); serve them from a pod that mounts it, e.g. the "
-        "job's image:",
-        markup=False,
-        highlight=False,
-    )
-    out.print(
-        f"#   in that pod: {shlex.join([*argv, '--bind_all'])}\n"
-        f"kubectl -n {ns} port-forward pod/<that pod> {port}:{port}\n"
-        f"# then open http://localhost:{port}/ (or copy the directory off the volume and run "
-        f"`tensorboard --logdir` here)",
-        markup=False,
-        highlight=False,
-    )

@@ -72,39 +72,35 @@ def register(app: typer.Typer) -> None:
 # ---- reading a record back -------------------------------------------------------------------------------
 
 
-def _local_log(rec: dict[str, Any]) -> list[str]:
-    """The leader's lines of a local run: its node logs under the job directory (the leader alone prints
-    events, so all nodes' lines together hold just its)."""
-    from fsdpctl import crilog
-    from fsdpctl.backends.local.engine import job_dir
-
-    logs = sorted((job_dir(rec["job"]) / "logs" / rec["run_id"]).glob("node-*.log"))
-    return [line for p in logs for line in crilog.texts(p)]  # the relay's CRI lines, as text
+def _run_lines(rec: dict[str, Any], cfg: Config) -> list[str] | None:
+    """The recorded run's log lines where this machine keeps them (on the backend it ran on)."""
+    return backends.create(cfg.model_copy(update={"backend": rec["backend"]})).run_lines(
+        rec["job"], rec["run_id"]
+    )
 
 
-def _learnt(rec: dict[str, Any]) -> dict[str, Any]:
-    """A local run's record with its trainer's start line from its logs, kept once read (the logs may be
-    cleaned up); any other record as it is."""
+def _learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """A run's record with its trainer's start line from its logs where they are here, kept once read (the
+    logs may be cleaned up); any other record as it is."""
     from fsdpctl import record, record_store
 
-    if rec["backend"] != "local" or rec.get("trainer"):
+    if rec.get("trainer") or (lines := _run_lines(rec, cfg)) is None:
         return rec
-    now = record.learnt(rec, _local_log(rec))
+    now = record.learnt(rec, lines)
     if now != rec:
         record_store.save(now)
     return now
 
 
-def _from_this_machine(name: str) -> Loaded | None:
+def _from_this_machine(name: str, cfg: Config) -> Loaded | None:
     from fsdpctl import record, record_store
 
     rec = record_store.find(name)
     if rec is None:
         return None
     where = str(record_store.path(rec["job"], rec["run_id"]))
-    if rec["backend"] != "local":
+    if (lines := _run_lines(rec, cfg)) is None:
         return Loaded(rec, where=where)
-    lines = _local_log(rec)
     now = record.learnt(rec, lines)
     if now != rec:  # the trainer's start line, kept once read: the logs may be cleaned up
         record_store.save(now)
@@ -121,17 +117,12 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
         raise BadInput(f"NAME {name!r} is not a job name, run id or record id", hint="`fsdpctl job list`")
     job = name if files.JOB_NAME.fullmatch(name) else None
     placed = backends.placed(cfg, job, backend)
-    if placed.backend == "eks" and job is not None:
-        from fsdpctl.backends.eks import engine as kjobs
-
-        kube = kjobs.connect(placed)
-        rec, lines, problems = kjobs.record_of(kube, placed, job)
-        if rec is not None:
-            where = f"ConfigMap {placed.job_namespace}/{record.config_map_name(job)} on {kube.server}"
-            if not problems:  # this machine's copy, with what was learnt
-                record_store.save(rec)
-            return Loaded(rec, record.losses(lines), where, problems)
-    found = _from_this_machine(name)
+    kept = backends.create(placed).kept_record(job) if job is not None else None
+    if kept is not None:
+        if not kept.problems:  # this machine's copy, with what was learnt
+            record_store.save(kept.record)
+        return Loaded(kept.record, record.losses(kept.lines), kept.where, kept.problems)
+    found = _from_this_machine(name, cfg)
     if found is None:
         raise FsdpctlError(
             f"no run record for {name!r}",
@@ -240,7 +231,7 @@ def history(
     cfg = state(ctx).config()
     job = files.job_name(name) if name is not None else cfg.job_name
     damaged: list[BadInput] = []
-    runs = [_learnt(rec) for rec in record_store.of_job(job, damaged)]
+    runs = [_learnt(rec, cfg) for rec in record_store.of_job(job, damaged)]
     for e in damaged:  # one warning each; the other runs are listed
         warn(f"{e}: skipped")
     if not runs and damaged:  # every record of the job is damaged: that, named, not "no run" (exit 2)
@@ -273,20 +264,18 @@ def _history_table(rows: list[dict[str, Any]]) -> PlainTable:
 # ---- rerun -----------------------------------------------------------------------------------------------
 
 
-def _local_inputs(cfg: Config) -> dict[str, str]:
-    """Where the trainer of a local run finds DATASET and TOKENIZER on this machine: builtin -> the asset
-    cache the trainer makes (fsdptrain.assets), a pod path under a mapped claim -> that directory."""
-    from fsdpctl.backends.local.engine import shared_volume_dir
-    from fsdpctl.settings import local_path
+def _inputs_here(cfg: Config) -> dict[str, str] | None:
+    """Where the trainer finds DATASET and TOKENIZER on this machine: builtin -> the asset cache the trainer
+    makes (fsdptrain.assets), a path it sees -> where that is here; None where its files are not here."""
     from fsdptrain.assets import default_cache
     from fsdptrain.config import BUILTIN
 
-    claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
-    mounts = {p: str(shared_volume_dir(c)) for p, c in claims.items() if c}
+    be = backends.create(cfg)
     builtin = {"dataset": default_cache() / "corpus.txt", "tokenizer": default_cache() / "tokenizer"}
     t = cfg.training
     values = {"dataset": t.dataset, "tokenizer": t.tokenizer_path}
-    return {k: str(builtin[k]) if v == BUILTIN else local_path(v, mounts) for k, v in values.items()}
+    here = {k: be.here(str(builtin[k]) if v == BUILTIN else v) for k, v in values.items()}
+    return None if None in here.values() else {k: str(v) for k, v in here.items()}
 
 
 def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
@@ -299,8 +288,8 @@ def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
     data: dict[str, dict[str, Any] | None] = {}
     if not rec.get("trainer"):
         unchecked.append("data: the recorded run never reported its data (no start line): not compared")
-    elif cfg.backend == "local":
-        data = {k: fingerprint(rec["trainer"][k]["source"], p) for k, p in _local_inputs(cfg).items()}
+    elif (inputs := _inputs_here(cfg)) is not None:
+        data = {k: fingerprint(rec["trainer"][k]["source"], p) for k, p in inputs.items()}
     else:
         unchecked.append(
             "data: the cluster's volume cannot be read from here: the new run's start line records it "
@@ -462,18 +451,15 @@ def _main_line(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _has_a_checkpoint(cfg: Config) -> None:
-    """A local job with nothing to resume is refused (exit 2): `job run` starts it. On a cluster the volume
-    is the pods' to read: the trainer starts afresh there when it finds none, and says so."""
-    if cfg.backend != "local":
-        return
+    """A job with nothing to resume is refused (exit 2) where its checkpoints are on this machine: `job run`
+    starts it. On a cluster the volume is the pods' to read: the trainer starts afresh there when it finds
+    none, and says so."""
     from fsdpctl import render
-    from fsdpctl.backends.local.engine import shared_volume_dir
-    from fsdpctl.settings import local_path
     from fsdptrain.resume import latest_checkpoint
 
-    claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
-    mounts = {p: str(shared_volume_dir(c)) for p, c in claims.items() if c}
-    where = local_path(render.checkpoint_dir(cfg, cfg.job_name), mounts)
+    where = backends.create(cfg).here(render.checkpoint_dir(cfg, cfg.job_name))
+    if where is None:
+        return
     if latest_checkpoint(Path(where)) is None:
         raise BadInput(
             f"job {cfg.job_name} has no checkpoint to resume in {where}",

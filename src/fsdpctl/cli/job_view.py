@@ -17,6 +17,7 @@ from fsdpctl.errors import BadInput, ExitCode
 from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
 from fsdpctl.reports import FINAL, Failure, Phase, Report
+from fsdpctl.targets import target
 from fsdpctl.validate import label_value_problem
 from fsdptrain import events
 
@@ -57,9 +58,7 @@ def follow(backend: Backend, name: str) -> Report | None:
                     return r
                 time.sleep(backend.poll_s)
     except KeyboardInterrupt:  # one line in the end, whatever the job was doing (the spinner goes)
-        what = (
-            "stopping (SIGTERM: the trainer saves a checkpoint)" if backend.name == "local" else "detaching"
-        )
+        what = target(backend.name).interrupt
         with err.status(f"interrupted: {what} ..."):
             stopped = backend.interrupt(name)
         return {**stopped, "interrupted": True} if stopped is not None else None

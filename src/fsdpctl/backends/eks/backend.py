@@ -3,12 +3,14 @@ Kubernetes adapter. Connects on first use, so building one costs nothing."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
-from fsdpctl import deploy, kstatus, record_store, render
-from fsdpctl.backends import LogLine, Started, remember
+from fsdpctl import deploy, jobspec, kstatus, record_store, render
+from fsdpctl import record as run_record
+from fsdpctl.backends import KeptRecord, LogLine, Started, remember
 from fsdpctl.backends.eks import engine as kjobs
 from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.jobs import secret_env
@@ -94,7 +96,7 @@ class EksBackend:
             with kjobs.calls(self.cfg, "listing nodes"):
                 raise
         mine = kstatus.job_nodes(nodes, pods, render.node_selector(self.cfg))
-        limits = render.pod_resources(self.cfg)[1]
+        limits = render.pod_resources(jobspec.resources(self.cfg))[1]
         wants = kstatus.device_requests(pods) or {
             r: int(n) for r, n in limits.items() if r in kstatus.PLUGIN_OF
         }
@@ -138,6 +140,33 @@ class EksBackend:
         """As the job on the cluster has it (its pods' TENSORBOARD_DIR), whatever the settings say now."""
         env = kjobs.container_env(kjobs.require_job(self.kube, self.cfg, name))
         return env.get("TENSORBOARD_DIR") or None
+
+    def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
+        """The event files live on the claim the pods mount; this machine has no view of it. The honest way
+        there: TensorBoard in a pod that mounts the claim, reached through a port-forward."""
+        cfg, port = self.cfg, argv[-1]
+        return [
+            f"# the events are on PersistentVolumeClaim {cfg.shared_volume or '-'} (mounted at "
+            f"{cfg.shared_volume_path} in the job's pods); serve them from a pod that mounts it, e.g. the "
+            "job's image:",
+            f"#   in that pod: {shlex.join([*argv, '--bind_all'])}",
+            f"kubectl -n {cfg.job_namespace} port-forward pod/<that pod> {port}:{port}",
+            f"# then open http://localhost:{port}/ (or copy the directory off the volume and run "
+            "`tensorboard --logdir` here)",
+        ]
+
+    def run_lines(self, job: str, run_id: str) -> list[str] | None:
+        return None  # in the pods (`kept_record` reads the leader's)
+
+    def here(self, path: str) -> str | None:
+        return None  # on the claims only pods mount
+
+    def kept_record(self, job: str) -> KeptRecord | None:
+        rec, lines, problems = kjobs.record_of(self.kube, self.cfg, job)
+        if rec is None:
+            return None
+        where = f"ConfigMap {self.cfg.job_namespace}/{run_record.config_map_name(job)} on {self.kube.server}"
+        return KeptRecord(rec, lines, where, problems)
 
     def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
         job = kjobs.get_job(self.kube, self.cfg, name)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl import crilog, files, kstatus, prestep, record_store, render, statefile
-from fsdpctl.backends import LogLine, Started, remember
+from fsdpctl.backends import KeptRecord, LogLine, Started, remember
 from fsdpctl.backends.local import engine as local
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
@@ -26,7 +26,7 @@ from fsdpctl.progress import (
     stalled,
 )
 from fsdpctl.reports import Failure, Phase, PrestepReport, Report, Waited
-from fsdpctl.settings import Config
+from fsdpctl.settings import Config, local_path
 from fsdptrain import events, fetch
 from fsdptrain.config import missing_packages
 
@@ -175,6 +175,23 @@ class LocalBackend:
                 code=ExitCode.BAD_INPUT,
             )
         return str(found) if found else None
+
+    def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
+        return None  # the event files are on this machine
+
+    def run_lines(self, job: str, run_id: str) -> list[str] | None:
+        """Every node's log of the run under the job's directory (the leader alone prints events, so all
+        nodes' lines together hold just its), as text."""
+        logs = sorted((local.job_dir(job) / "logs" / run_id).glob("node-*.log"))
+        return [line for p in logs for line in crilog.texts(p)]
+
+    def here(self, path: str) -> str | None:
+        cfg = self.cfg
+        claims = {cfg.shared_volume_path: cfg.shared_volume, render.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc}
+        return local_path(path, {p: str(local.shared_volume_dir(c)) for p, c in claims.items() if c})
+
+    def kept_record(self, job: str) -> KeptRecord | None:
+        return None  # this machine's record store is the only one
 
     def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
         st = self._state(name)

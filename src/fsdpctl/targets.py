@@ -1,0 +1,67 @@
+"""The places a job can run, each by what it is rather than by its name (pure).
+
+Code outside `fsdpctl.backends` never compares a backend's name (tests/test_backend_neutral.py): it asks
+the place's `Target` what it has. A new place is one folder under `backends/` (its `Backend`, see
+`fsdpctl.backends`) and one line in `TARGETS`. As torchx's scheduler registry (torchx/schedulers/__init__.py,
+`get_scheduler_factories`): the job is the same everywhere; each scheduler says what it can do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a place to run jobs is, for the code that is the same on every place."""
+
+    name: str
+    # "module:Class" of its `Backend`, imported only when a command uses it (no kubernetes client locally)
+    backend: str
+    # one processes per GPU on nodes of INSTANCE_TYPE (GPUS, EFA, the planner's step time, FSx capacity);
+    # else CPU processes on this machine (LOCAL_PROCS_PER_NODE, its RAM)
+    gpus: bool
+    # the job is an object in a Kubernetes API, outliving the command that made it (JOB_KIND, NODE_COUNT,
+    # the token as a Secret, the run record as a ConfigMap, TensorBoard through a port-forward)
+    kubernetes: bool
+    # SHARED_VOLUME and CHECKPOINT_PVC are directories on this machine (FSDPCTL_HOME/volumes/<claim>), and
+    # the job's logs are files here: `job record`/`job rerun` read them, the HF cache is filled from here
+    on_this_machine: bool
+    # the trainer runs from an image (IMAGE_URI), which the run record names; else from this checkout
+    image: bool
+    # what Ctrl-C does to a followed job
+    interrupt: str
+    where: str  # for `--backend` help: where the job runs
+
+
+TARGETS = {
+    t.name: t
+    for t in (
+        Target(
+            "local",
+            "fsdpctl.backends.local.backend:LocalBackend",
+            gpus=False,
+            kubernetes=False,
+            on_this_machine=True,
+            image=False,
+            interrupt="stopping (SIGTERM: the trainer saves a checkpoint)",
+            where="this machine",
+        ),
+        Target(
+            "eks",
+            "fsdpctl.backends.eks.backend:EksBackend",
+            gpus=True,
+            kubernetes=True,
+            on_this_machine=False,
+            image=True,
+            interrupt="detaching",
+            where="the cluster",
+        ),
+    )
+}
+NAMES = tuple(TARGETS)
+
+
+def target(name: str) -> Target:
+    """The place named `name` (settings check BACKEND against `NAMES` first)."""
+    return TARGETS[name]
