@@ -5,15 +5,20 @@ kubectl's --dry-run values (none, client, server), and the exit code is the one 
 Each command runs where it is cheap to reach: on this machine (settings, plans, manifests, local jobs),
 against the Kubernetes API peer (tests/kube_peer.py: deploy, cleanup on EKS), against moto (cluster), against
 a real HTTP server on 127.0.0.1 (deploy fetch). Commands with -o that are not named below (a later one) run
-generically on this machine: if they succeed, stdout must be JSON; if they fail, stdout holds nothing else.
+generically on this machine against two ended local jobs (tests/state_home.py): each succeeds with one JSON
+document on stdout.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+import state_home
 from conftest import invoke
 from test_exit_codes import LEAVES, _has
 from test_kube import become_ready, install_operator, peer  # noqa: F401  (peer is a fixture)
@@ -206,12 +211,43 @@ def test_every_named_command_reports():
 OTHERS = [p for p, c in LEAVES if _has(c, "--output") and p not in NAMED | ELSEWHERE]
 
 
+@pytest.fixture(scope="module")
+def ended_jobs(tmp_path_factory) -> Iterator[Path]:
+    """A home with two ended local jobs, their records, logs and checkpoints (tests/state_home.py: the real
+    supervisor, ~1 s, no torchrun): `alpha` succeeded, `beta` failed."""
+    home = tmp_path_factory.mktemp("reporting") / "home"
+    saved = {k: os.environ.get(k) for k in ("FSDPCTL_HOME", "FSDPCTL_LOCAL_NETNS")}
+    os.environ.update(FSDPCTL_HOME=str(home), FSDPCTL_LOCAL_NETNS="0")
+    try:
+        state_home.build(home)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    yield home
+
+
+def _arguments(cmd) -> list[str]:
+    """A job name for each required argument: alpha, then beta (`job diff A B` compares the two)."""
+    names = iter(state_home.JOBS)
+    return [next(names) for p in cmd.params if p.param_type_name == "argument" and p.required]
+
+
 @pytest.mark.parametrize("path", OTHERS, ids=[" ".join(p) for p in OTHERS])
-def test_any_other_reporting_command(path, cli):
-    """A reporting command not named above (none today; one added later, such as the job commands), run
-    generically on this machine with --dry-run where it has one: on success stdout is JSON; on a failure it
-    holds nothing but, at most, a JSON document."""
+def test_any_other_reporting_command(path, cli, ended_jobs, tmp_path, monkeypatch):
+    """A reporting command not named above (the job commands; one added later) run generically on this
+    machine against ended local jobs (`ended_jobs`), on job alpha, with --dry-run where it has one: it
+    succeeds, and its stdout is one JSON document."""
+    home = tmp_path / "home"
+    state_home.copy(ended_jobs, home)
+    monkeypatch.setenv("FSDPCTL_HOME", str(home))
+    monkeypatch.setenv("FSDPCTL_LOCAL_NETNS", "0")
     cmd = dict(LEAVES)[path]
-    r = invoke(*path, *(("--dry-run",) if _has(cmd, "--dry-run") else ()), "-o", "json")
-    if r.exit_code == 0 or r.stdout.strip():
-        json.loads(r.stdout)
+    # --allow-drift: the record's data fingerprints are made up (state_home), a rerun would be refused
+    flags = [f for f in ("--dry-run", "--allow-drift") if _has(cmd, f)]
+    r = invoke(*path, *_arguments(cmd), *flags, "--set", "JOB_NAME=alpha", "-o", "json")
+    output = next(p for p in cmd.params if "--output" in getattr(p, "opts", ()))
+    if "one object per line" in (output.help or ""):  # `job logs`: JSON lines
+        assert r.exit_code == 0 and r.stdout.strip(), r.output
+        assert all(isinstance(json.loads(line), dict) for line in r.stdout.splitlines())
+    else:
+        _doc(r)
