@@ -2,12 +2,12 @@
 that read it back damaged (tests/test_untrusted_state.py).
 
 Each job is the PyTorchJob `render.render_job` renders from the default local settings (2 nodes, the shared
-volume `fsx-claim`, checkpoints under it), started by the real supervisor (`adapters.local.start`), with one
-change: the container runs a short Python program that prints what fsdptrain's rank 0 prints (the typed
-event lines of `fsdptrain.events`: leader, start with the run record's id, steps, a checkpoint, the summary)
-instead of torchrun. Its record is written by `record_store` and its placement by `backends.remember`, as
-`job run` writes them. `alpha` succeeds; `beta`'s node 1 fails with a Python traceback (exit 1), so the
-failure readers run too.
+volume `fsx-claim`, checkpoints under it), started by the real supervisor (`backends.local.engine.start`),
+with one change: the container runs a short Python program that prints what fsdptrain's rank 0 prints (the
+typed event lines of `fsdptrain.events`: leader, start with the run record's id, steps, a checkpoint, the
+summary) instead of torchrun. Its record is written by `record_store` and its placement by
+`backends.save_placement`, as `job run` writes them. `alpha` succeeds; `beta`'s node 1 fails with a Python
+traceback (exit 1), so the failure readers run too.
 
 Building it takes about a second (two supervisors); the tests copy it into each case's home and rewrite
 the absolute paths fsdpctl stored (as a job started in that home would have them)."""
@@ -126,7 +126,7 @@ def build(home: Path) -> None:
         if job == "beta":
             container["env"] += [{"name": "STATE_HOME_EXIT_1", "value": "1"}]
         local.start(pytorchjob, secret_env={})
-        backends.remember(cfg)
+        backends.save_placement(cfg)
     for job in JOBS:
         deadline = time.monotonic() + 60
         while local.effective_phase(local.read_state(local.job_dir(job))) in local.ACTIVE:

@@ -38,7 +38,7 @@ def test_a_record_decides_where_a_job_lives_and_brings_its_namespace(tmp_path, m
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     flags = {"BACKEND": "eks", "JOB_NAME": "big", "JOB_NAMESPACE": "team-a", "JOB_KIND": "trainjob"}
     started = load(flags=flags)
-    backends.remember(started)
+    backends.save_placement(started)
     here = load(flags={"BACKEND": "local", "JOB_NAMESPACE": "fsdp"})
     placed = backends.placed(here, "big", None)
     assert (placed.backend, placed.job_namespace, placed.job_kind) == ("eks", "team-a", "trainjob")

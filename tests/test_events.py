@@ -87,11 +87,11 @@ def test_a_reader_ignores_fields_it_does_not_know_and_tolerates_missing_optional
 def test_progress_reads_the_typed_events():
     later = replace(STEP, step=8, loss=3.0, mfu=0.4)
     lines = [events.to_line(e) for e in (LEADER, STEP, later, CHECKPOINT)]
-    p = progress.progress(progress.records(lines), now=STEP.time + 5)
+    p = progress.progress(progress.parse_events(lines), now=STEP.time + 5)
     assert (p["step"], p["max_steps"], p["loss"], p["mfu"]) == (8, 10, 3.0, 0.4)
     assert p["percent"] == 80.0 and p["eta_s"] == 2 * 2.0 and p["last_progress_s"] == 5.0
     assert p["checkpoint"] == CHECKPOINT.path and p["summary"] is None
-    done = progress.progress(progress.records([*lines, events.to_line(SUMMARY)]), now=0)
+    done = progress.progress(progress.parse_events([*lines, events.to_line(SUMMARY)]), now=0)
     assert done["summary"] == json.loads(events.to_line(SUMMARY))  # `job status -o json` shows the line
     empty = progress.progress([], now=0)
     assert empty["step"] == 0 and empty["max_steps"] is None and not math.isnan(empty["percent"])

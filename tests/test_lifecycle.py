@@ -6,7 +6,8 @@ simulated node (network namespaces as root), the pods' user from their securityC
 setpriv, where the interpreter is reachable), claims that start as a new FSx for Lustre file system's root
 (root, 0755: lustre-release lustre/mdd/mdd_device.c, mdd_prepare), the kubelet's SIGTERM-then-SIGKILL for an
 eviction, a tmpfs of a few MB for a volume that fills and a read-only mount for one nobody can write. Its
-supervisor applies the Training Operator v1.9.4's rules to each pod's exit (adapters/local.py, `_judge`). The
+supervisor applies the Training Operator v1.9.4's rules to each pod's exit
+(backends/local/engine.py, `_judge`). The
 TrainJob column is judged from the same runs' container exits by the rules of the Kubernetes Job controller
 and JobSet v0.12.0 the Trainer v2.3.0 runs on (tests/kube_peer_kubelet.py, each rule with its source), where
 torchrun adds nothing: the outcome is a controller's rule. Every (case, kind) is then served by the Kubernetes

@@ -81,7 +81,7 @@ class RestartPolicy:
 class JobSpec:
     """One run of a job: what every backend renders. `env` is the job's (the same for each run); `run_env`
     is this run's (the pre-step's marker, the start budget's ledger, the run record's id). Secrets are not
-    in it: `secret_env` names what the backend supplies at start (fsdpctl.jobs.secret_env)."""
+    in it: `secret_env` names what the backend supplies at start (fsdpctl.hf_token.secret_env)."""
 
     name: str
     run_id: str

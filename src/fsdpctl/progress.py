@@ -9,7 +9,7 @@ from fsdpctl.reports import FINAL, Phase, Progress
 from fsdptrain import events
 
 
-def records(lines: Iterable[str]) -> list[events.Event]:
+def parse_events(lines: Iterable[str]) -> list[events.Event]:
     """The trainer's typed events in a log (other lines, and a line cut by a crash, are skipped)."""
     return list(events.parse(lines))
 

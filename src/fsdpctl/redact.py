@@ -1,6 +1,6 @@
 """Secrets never reach a terminal or a file. One function, `redact`, masks them in whatever fsdpctl prints
 (both consoles, click's usage errors, `--debug` tracebacks) and writes (manifests, tool logs, state files):
-the values of the known secret variables, the secrets the loaded settings hold (`remember`), and anything
+the values of the known secret variables, the secrets the loaded settings hold (`add_secrets`), and anything
 shaped like a token, whichever key it was pasted into.
 
 The shapes are the issuers' own formats: Hugging Face user access tokens are `hf_` and 34 letters and digits
@@ -52,24 +52,24 @@ NAMED_SECRET = re.compile(
     r"(['\"]?\s*[:=]+\s*['\"]?)([^\s'\"<*$][^\s'\"]{15,})"
 )
 # secrets fsdpctl learned from its settings (HF_TOKEN from .env or --set, the HF_TOKEN_FILE content)
-_remembered: set[str] = set()
+_added: set[str] = set()
 SHORTEST = 8  # a shorter value would mask ordinary words ("true", a port) all over the output
 
 
-def remember(*values: str) -> None:
+def add_secrets(*values: str) -> None:
     """Mask these values from now on, wherever they appear (secrets that came from a file or a flag)."""
-    _remembered.update(v.strip() for v in values if v and len(v.strip()) >= SHORTEST)
+    _added.update(v.strip() for v in values if v and len(v.strip()) >= SHORTEST)
 
 
 def forget() -> None:
     """Forget the remembered secrets: a new run of fsdpctl in the same process (the tests' in-process
     runner) starts as a fresh process does, masking only what its own settings hold."""
-    _remembered.clear()
+    _added.clear()
 
 
 def redact(text: str, extra: tuple[str, ...] = ()) -> str:
     """`text` with every known secret and every secret-shaped value replaced by ***."""
-    known = {*extra, *_remembered, *(os.environ.get(k, "") for k in SECRET_ENV)}
+    known = {*extra, *_added, *(os.environ.get(k, "") for k in SECRET_ENV)}
     for value in sorted((v for v in known if v and len(v) >= SHORTEST), key=len, reverse=True):
         text = text.replace(value, MASK)
     for shape in SHAPES:

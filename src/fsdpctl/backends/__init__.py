@@ -1,8 +1,11 @@
-"""Where jobs run: one `Backend` interface, a local and an EKS implementation, resolved once per command.
+"""Where jobs run: one `Backend` interface, one folder per place (eks/, local/), resolved once per command.
 
-Every job verb (run, status, logs, stop, list, wait, cleanup) speaks to a `Backend`; the CLI never asks which
-one it has. A job remembers the backend it was started on (a small record under FSDPCTL_HOME/started/), so
-`fsdpctl job status NAME` after `fsdpctl job run --backend eks -d` looks on the cluster without being told.
+Each place is registered once, in `fsdpctl.targets.TARGETS` (what it is, and its `Backend` class); each
+renders the same `fsdpctl.jobspec.JobSpec`. Every job verb (run, status, logs, stop, list, wait, cleanup,
+the run record's, TensorBoard's) speaks to a `Backend`, and no code outside this package compares a
+backend's name (tests/test_backend_neutral.py). A job's placement, the backend it was started on, is kept
+under FSDPCTL_HOME/started/ (`save_placement`), so `fsdpctl job status NAME` after
+`fsdpctl job run --backend eks -d` looks on the cluster without being told.
 """
 
 from __future__ import annotations
@@ -139,21 +142,21 @@ def check_name(backend: str | None) -> None:
         raise BadInput(f"--backend {backend!r} is not a backend", hint=f"use {' or '.join(NAMES)}")
 
 
-def _record_path(job: str) -> Path:
+def _placement_path(job: str) -> Path:
     return home() / "started" / f"{job}.json"
 
 
-def remember(cfg: Config) -> None:
+def save_placement(cfg: Config) -> None:
     """Called by `run`: the job NAME now lives on cfg.backend, in that namespace/kind/context."""
     record = {"backend": cfg.backend, **{k: getattr(cfg, k) for k in PLACEMENT_KEYS}}
-    write_atomic(_record_path(cfg.job_name), json.dumps(record, indent=1) + "\n")
+    write_atomic(_placement_path(cfg.job_name), json.dumps(record, indent=1) + "\n")
 
 
-def recorded(job: str) -> dict[str, str] | None:
+def placement_of(job: str) -> dict[str, str] | None:
     """The placement `run` recorded for this job name, if any. A damaged record (not a regular file, not
     JSON, not its shape: read as fsdpctl.files reads back what it wrote) counts as none, with a warning
     naming it: the verb then looks where BACKEND says."""
-    path = _record_path(job)
+    path = _placement_path(job)
     try:
         data = files.read_json(path, limit=PLACEMENT_MAX_BYTES)
     except FileNotFoundError:
@@ -171,7 +174,7 @@ PLACEMENT_MAX_BYTES = 64 * 1024  # four short strings
 
 
 def _placement_ok(data: Any) -> bool:
-    """The shape `remember` writes, each value one the settings would take (they go into API paths)."""
+    """The shape `save_placement` writes, each value one the settings would take (they go into API paths)."""
     if not isinstance(data, dict) or data.get("backend") not in NAMES:
         return False
     if not all(isinstance(data[k], str) for k in PLACEMENT_KEYS if k in data):
@@ -187,7 +190,7 @@ def placed(cfg: Config, job: str | None, flag: str | None) -> Config:
     check_name(flag)
     if flag is not None:
         return cfg.model_copy(update={"backend": flag})
-    record = recorded(job) if job else None
+    record = placement_of(job) if job else None
     if record is None:
         return cfg
     return cfg.model_copy(update={k: v for k, v in record.items() if k == "backend" or k in PLACEMENT_KEYS})

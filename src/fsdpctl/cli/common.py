@@ -20,7 +20,7 @@ from rich.text import Text
 
 from fsdpctl.cli import completion
 from fsdpctl.errors import BadInput, SettingsError
-from fsdpctl.redact import redact, redact_obj, remember
+from fsdpctl.redact import add_secrets, redact, redact_obj
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -178,7 +178,7 @@ class AppState:
                 dotenv_name=str(self.env_file),
                 set_by={k: (set_by or {}).get(k, "flag") for k in given},
             )
-            remember(cfg.hf_token.get_secret_value())  # masked wherever it shows, whatever its shape
+            add_secrets(cfg.hf_token.get_secret_value())  # masked wherever it shows, whatever its shape
             for w in cfg.warnings:
                 if w not in self._warned:
                     self._warned.add(w)

@@ -82,7 +82,7 @@ def _fetch(
     from fsdpctl import prestep
     from fsdpctl.adapters import hub
     from fsdpctl.files import home
-    from fsdpctl.jobs import secret_env
+    from fsdpctl.hf_token import secret_env
 
     cfg = state(ctx).config()
     wanted = prestep.command_targets(cfg, kind, repo, revision)

@@ -10,10 +10,10 @@ from typing import Any
 
 from fsdpctl import deploy, jobspec, kstatus, record_store, render
 from fsdpctl import record as run_record
-from fsdpctl.backends import KeptRecord, LogLine, Started, remember
+from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.eks import engine as kjobs
 from fsdpctl.errors import BadInput, FsdpctlError
-from fsdpctl.jobs import secret_env
+from fsdpctl.hf_token import secret_env
 from fsdpctl.progress import run_outcome
 from fsdpctl.reports import FINAL, Report, Waited
 from fsdpctl.settings import Config
@@ -68,7 +68,7 @@ class EksBackend:
                 else ""
             )
             return Started(cfg.job_name, started["run_id"], where, lines)
-        remember(cfg)
+        save_placement(cfg)
         where = f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}"
         return Started(cfg.job_name, started["run_id"], where)
 

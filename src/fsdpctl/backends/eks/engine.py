@@ -12,7 +12,7 @@ from fsdpctl import crilog, kstatus, prestep, render, volume
 from fsdpctl import record as run_record
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.progress import progress, records, stage, stalled
+from fsdpctl.progress import parse_events, progress, stage, stalled
 from fsdpctl.reports import FINAL, TIMEOUT, Phase, PrestepReport, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import fetch
@@ -277,7 +277,7 @@ def leader_events(kube, cfg: Config, name: str) -> list:
     """The events of the leader pod's whole log (not only the LOG_TAIL lines `report` reads)."""
     require_job(kube, cfg, name)
     lead, _ = find_leader(kube, cfg, pods_of(kube, cfg, name))
-    return records(log_lines(kube, cfg, lead["metadata"]["name"], tail=None)) if lead else []
+    return parse_events(log_lines(kube, cfg, lead["metadata"]["name"], tail=None)) if lead else []
 
 
 def report(
@@ -287,7 +287,7 @@ def report(
     pods = pods_of(kube, cfg, name)
     lead, lines = find_leader(kube, cfg, pods)
     now = time.time()
-    prog = progress(records(lines), now)
+    prog = progress(parse_events(lines), now)
     pending = [
         p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase", "Pending") == "Pending"
     ]
@@ -320,7 +320,7 @@ def report(
         "stalled": False,
     }
     if not prog["max_steps"]:  # before the first step: how far the start got (the leader pod's lines)
-        r["stage"] = stage(records(lines), None, r["nodes"])
+        r["stage"] = stage(parse_events(lines), None, r["nodes"])
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
     if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running") and not r["step"]:
         r["stalled"] = False  # no step yet because the trainers wait for the pre-step, not a hang

@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl import crilog, files, kstatus, prestep, record_store, render, statefile
-from fsdpctl.backends import KeptRecord, LogLine, Started, remember
+from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.local import engine as local
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.files import run_id as checked_run_id
-from fsdpctl.jobs import secret_env
+from fsdpctl.hf_token import secret_env
 from fsdpctl.progress import (
     RENDEZVOUS_JOIN,
     across_runs,
+    parse_events,
     progress,
-    records,
     run_outcome,
     stage,
     stalled,
@@ -68,7 +68,7 @@ class LocalBackend:
         except local.LocalJobError as e:
             record_store.discard(saved)
             raise FsdpctlError(str(e)) from e
-        remember(cfg)
+        save_placement(cfg)
         return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")
 
     def _refuse_resume(self, job: dict[str, Any]) -> None:
@@ -308,7 +308,7 @@ def _remove(path: Path) -> None:
 def _run_events(log_dir: Path) -> list[events.Event]:
     """A run's trainer events: only the leader (global rank 0) prints them, so every node's log together
     holds just its (the relay's CRI lines, as text)."""
-    return records(line for f in sorted(log_dir.glob("node-*.log")) for line in crilog.texts(f))
+    return parse_events(line for f in sorted(log_dir.glob("node-*.log")) for line in crilog.texts(f))
 
 
 def _lineage(st: dict[str, Any]) -> list[Path]:
@@ -333,7 +333,7 @@ def _report(st: dict[str, Any], stall_after: float) -> Report:
     leader = local.leader_log(st)
     lines = crilog.texts(leader) if leader else []
     now = time.time()
-    prog = progress(records(lines), now)
+    prog = progress(parse_events(lines), now)
     phase = local.phase_of(st)
     alive = local.launchers_alive(st)
     report: Report = {
@@ -365,7 +365,7 @@ def _report(st: dict[str, Any], stall_after: float) -> Report:
     }
     if not prog["max_steps"]:  # before the first step: how far the start got
         joined = sum(any(RENDEZVOUS_JOIN in x for x in crilog.texts(f)) for f in local.log_files(st))
-        report["stage"] = stage(records(lines), joined, st["replicas"])
+        report["stage"] = stage(parse_events(lines), joined, st["replicas"])
     report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
     if report["prestep"] and report["prestep"]["phase"] in ("Pending", "Running") and not report["step"]:
         report["stalled"] = False  # no step yet because the trainers wait for the pre-step, not a hang

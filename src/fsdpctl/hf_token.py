@@ -1,4 +1,4 @@
-"""What both backends hand a job besides its manifest: the secrets, read at the last moment."""
+"""The Hugging Face token a job gets besides its spec (JobSpec.secret_env), read at the last moment."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fsdpctl import files
 from fsdpctl.errors import BadInput
-from fsdpctl.redact import remember
+from fsdpctl.redact import add_secrets
 from fsdpctl.settings import Config
 
 TOKEN_FILE_MAX = 64 * 1024  # a token is tens of bytes
@@ -25,5 +25,5 @@ def _read_file(path: str) -> str:
 def secret_env(cfg: Config) -> dict[str, str]:
     """HF_TOKEN for the local launchers' environment or the EKS Secret; empty when no token is set."""
     token = cfg.hf_token_value(_read_file)
-    remember(token)  # a token from HF_TOKEN_FILE is masked like one from HF_TOKEN
+    add_secrets(token)  # a token from HF_TOKEN_FILE is masked like one from HF_TOKEN
     return {"HF_TOKEN": token} if token else {}
