@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fsdpctl.settings import SettingsError, derived, load, parse_dotenv, redacted
+from fsdpctl.errors import SettingsError
+from fsdpctl.settings import derived, load, parse_dotenv, redacted
 
 
 def test_precedence_flag_over_env_over_dotenv_over_default():

@@ -1,0 +1,256 @@
+"""Settings loaded (pure: `load()` is handed the layers): merged with the precedence flags > environment >
+.env > defaults, validated, every error line naming where its value came from."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import (
+    SecretStr,
+    ValidationError,
+)
+from pydantic_core import ErrorDetails
+
+from fsdpctl import volume
+from fsdpctl.errors import SettingsError
+from fsdpctl.settings.checks import cross_checks
+from fsdpctl.settings.dotenv import dotenv_warnings, environment_settings, secret_warnings
+from fsdpctl.settings.model import Config, Settings, setting_keys
+from fsdpctl.settings.rules import CAPPED_DEFAULT, DERIVED, INT64_MAX, INT_MAX, MAX_VALUE_BYTES, MODEL_DEFAULT
+from fsdptrain.config import MODEL_DEFAULTS, ConfigError, TrainConfig, parse_value, with_model_defaults
+
+
+def load(
+    *,
+    dotenv: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
+    dotenv_name: str = ".env",
+    set_by: Mapping[str, str] | None = None,
+) -> Config:
+    """Merge the layers (later wins) and validate everything; raises SettingsError listing every problem, each
+    line naming where its value came from. `environ` is the process environment as it is (only FSDPCTL_<KEY>
+    and SHARED_ENV are read from it); `set_by`: the command option that set a flag's key (default --set)."""
+    keys = setting_keys()
+    raw: dict[str, str] = {}
+    sources = {key: "default" for key in keys}
+    warnings = dotenv_warnings(dotenv or {}, keys, dotenv_name)
+    env_values, env_sources, env_warnings = environment_settings(environ or {}, keys)
+    warnings.extend(env_warnings)
+    lines = getattr(dotenv, "lines", {})
+    for key, value in (dotenv or {}).items():
+        if key in keys:
+            raw[key] = value
+            sources[key] = f"{dotenv_name} line {lines[key]}" if key in lines else dotenv_name
+    for key, value in env_values.items():
+        raw[key], sources[key] = value, env_sources[key]
+    for key, value in (flags or {}).items():
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f": did you mean {close[0]}?" if close else ""
+            raise SettingsError([f"--set {key}: unknown key{hint}"])
+        raw[key], sources[key] = value, (set_by or {}).get(key, "--set")
+    warnings.extend(secret_warnings(raw, sources))
+    try:
+        return _validate(raw, keys, sources, tuple(warnings))
+    except SettingsError as e:
+        shown = {key: (value, repr(value)) for key, value in raw.items()}
+        raise SettingsError(with_sources(e.lines, shown, sources, raw.get("MODEL", "")), e.warnings) from None
+
+
+def with_sources(
+    lines: list[str], shown: Mapping[str, tuple[str, ...]], sources: Mapping[str, str], model: str
+) -> list[str]:
+    """Error lines with where each named value came from, after the value: `SEED='abc' (environment
+    FSDPCTL_SEED) is not ...`. The key a line starts with is its subject, so it is always annotated; a key
+    named further on only where the text after its `=` is its value as given (one of `shown[key]`), so a
+    suggested fix (`set JOB_NODES=2`) is not. A default (a model's too) is named only as the subject: a line
+    about a value nobody set says so (`WARMUP_STEPS=5 (default) exceeds ...`)."""
+    return [_with_sources(line, shown, sources, model) for line in lines]
+
+
+# KEY= where KEY is a whole word (not the tail of another key, nor inside a path)
+_KEY_AT = re.compile(r"(?<![A-Za-z0-9_/.-])([A-Z][A-Z0-9_]*)=")
+# a value as the lines write it: a Python repr of a string, a <size>, or a run up to a space or a parenthesis
+_VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|<[^>]*>|[^\s()]*")
+
+
+def _with_sources(
+    line: str, shown: Mapping[str, tuple[str, ...]], sources: Mapping[str, str], model: str
+) -> str:
+    out, at, done = [], 0, set()
+    for m in _KEY_AT.finditer(line):
+        key = m.group(1)
+        source = sources.get(key, "default")
+        # a default is named where the line is about it; among others it needs no word
+        unset = source in ("default", MODEL_DEFAULT, DERIVED) and m.start() != 0
+        if key in done or unset or m.start() < at:
+            continue
+        value = _VALUE.match(line, m.end())
+        end = value.end() if value else m.end()
+        text = line[m.end() : end].rstrip(":.,;")
+        end = m.end() + len(text)
+        if m.start() != 0 and text not in shown.get(key, ()):
+            continue
+        done.add(key)
+        where = {MODEL_DEFAULT: f"model default for {model}", DERIVED: f"derived for MODEL={model}"}.get(
+            source, source
+        )
+        out.append(line[at:end] + f" ({where})")
+        at = end
+    return "".join(out) + line[at:]
+
+
+def config_shown(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """How lines built from a loaded Config may write each key's value (str, repr, a bool in lower case)."""
+    values = redacted(cfg)
+    return {key: (str(v), repr(v), str(v).lower()) for key, v in values.items()}
+
+
+def annotate(lines: list[str], cfg: Config) -> list[str]:
+    """`with_sources` for lines built from a loaded Config (placement and fit problems)."""
+    return with_sources(lines, config_shown(cfg), cfg.sources, cfg.training.model)
+
+
+def _validate(
+    raw: dict[str, str], keys: dict[str, str], sources: dict[str, str], warnings: tuple[str, ...]
+) -> Config:
+    errors = _raw_problems(raw)
+    raw = {k: v for k, v in raw.items() if not any(line.startswith(k + "=") for line in errors)}
+    infra = {keys[k]: v for k, v in raw.items() if keys[k] in Settings.model_fields}
+    settings = None
+    try:
+        settings = Settings(**infra)
+    except ValidationError as e:
+        errors.extend(_pydantic_lines(e, raw))
+    train_values = {}
+    for key, value in raw.items():
+        name = keys[key]
+        if name in Settings.model_fields:
+            continue
+        try:
+            train_values[name] = parse_value(name, value)
+        except ConfigError as e:
+            errors.append(str(e))
+            continue
+        problem = _kind_problem(key, value, train_values[name])
+        if problem:
+            errors.append(problem)
+            del train_values[name]
+    train_values, defaulted = with_model_defaults(train_values)  # the named model's, where the user set none
+    key_of = {name: key for key, name in keys.items()}
+    named = train_values.get("model", TrainConfig.model) in MODEL_DEFAULTS  # else only the capped warmup
+    sources.update({key_of[name]: MODEL_DEFAULT if named else CAPPED_DEFAULT for name in defaulted})
+    training = TrainConfig(**train_values)  # values that failed to parse were reported above
+    errors.extend(training.problems(check_paths=False))
+    if errors or settings is None:  # settings is None only when its errors were listed
+        raise SettingsError(errors, warnings)
+    cfg = Config.of(settings, training, sources, warnings)
+    if "FSX_STORAGE_GIB" not in raw:  # sized for what this job keeps on the volume (fsdpctl.volume)
+        sources["FSX_STORAGE_GIB"] = DERIVED
+        sized = settings.model_copy(update={"fsx_storage_gib": volume.default_fsx_gib(cfg)})
+        cfg = Config.of(sized, training, sources, warnings)
+    errors = cross_checks(cfg)
+    if errors:
+        raise SettingsError(errors, warnings)
+    return cfg
+
+
+def _raw_problems(raw: Mapping[str, str]) -> list[str]:
+    """What no value of any key may be, before its kind is looked at: longer than MAX_VALUE_BYTES (the line
+    names the size, not the value), or holding a NUL byte (no environment string can carry one: execve
+    ends it there)."""
+    errors = []
+    for key, value in raw.items():
+        size = len(value.encode("utf-8", "surrogateescape"))
+        if size > MAX_VALUE_BYTES:
+            errors.append(
+                f"{key}=<{size} bytes> is too long: use at most {MAX_VALUE_BYTES} bytes (each value reaches "
+                "the trainer as one environment string, which Linux caps at 128 KiB: E2BIG)"
+            )
+        elif "\x00" in value:
+            errors.append(
+                f"{key}={value!r} holds a NUL byte: remove it (no environment string can carry one)"
+            )
+    return errors
+
+
+def _kind_problem(key: str, raw: str, value: Any) -> str | None:
+    """The same rules by kind for the trainer's keys as Settings has for its own: a float is finite, a whole
+    number within INT_MAX (else int64)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key}={raw!r} is not a finite number: give one, e.g. 0.001"
+    if isinstance(value, int) and not isinstance(value, bool):
+        most = INT_MAX.get(key, INT64_MAX)
+        if value > most:
+            return f"{key}={raw!r} is too large: use at most {most}"
+    return None
+
+
+def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
+    lines = []
+    for err in e.errors():
+        if not err["loc"]:  # model-level checks already name their key
+            lines.append(re.sub(r"^Value error, ", "", err["msg"]))
+            continue
+        key = str(err["loc"][0]).upper()
+        lines.append(f"{key}={raw.get(key, '')!r} {_explain(err)}")
+    return lines
+
+
+def _explain(err: ErrorDetails) -> str:
+    kind, ctx = err["type"], err.get("ctx", {})
+    if kind == "literal_error":
+        return "is not allowed: use one of " + str(ctx["expected"]).replace("'", "").replace(" or ", ", ")
+    if kind == "string_pattern_mismatch":
+        return f"is not valid: it must match {ctx['pattern']}"
+    if kind == "int_parsing":
+        return "is not a whole number: give one, e.g. 2"
+    if kind == "float_parsing":
+        return "is not a number: give one, e.g. 30"
+    if kind == "bool_parsing":
+        return "is not a boolean: use true or false"
+    if kind == "greater_than_equal":
+        return f"is too small: use at least {_bound(ctx['ge'])}"
+    if kind == "less_than_equal":
+        return f"is too large: use at most {_bound(ctx['le'])}"
+    if kind == "value_error":  # a field validator's own words
+        return re.sub(r"^Value error, ", "", err["msg"])
+    if kind == "finite_number":
+        return "is not a finite number: give one, e.g. 0.001"
+    return f"is not valid: {err['msg']}"
+
+
+def _bound(x: Any) -> Any:
+    """A bound as a person writes it: 3600, not the 3600.0 a float field makes of it."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def redacted(cfg: Config) -> dict[str, Any]:
+    """All values by KEY, secrets masked: what `config show` prints."""
+    out: dict[str, Any] = {}
+    for key, name in setting_keys().items():
+        if name in Settings.model_fields:
+            value = getattr(cfg.settings, name)
+            if isinstance(value, SecretStr):
+                value = "***" if value.get_secret_value() else ""
+        else:
+            value = getattr(cfg.training, name)
+        out[key] = value
+    return out
+
+
+def derived(cfg: Config) -> dict[str, Any]:
+    return {
+        "gpus_per_node": cfg.gpus,
+        "procs_per_node": cfg.procs_per_node,
+        "world_size": cfg.world_size,
+        "efa_per_node": cfg.efa_per_node,
+        "image_uri": cfg.image_uri,
+        "gpu": cfg.settings.instance.gpu,
+        "gpu_memory_gib": cfg.settings.instance.gpu_memory_gib,
+    }

@@ -1,0 +1,445 @@
+"""The settings declared (pure): `Settings`, the infrastructure keys with their defaults and bounds, and
+`Config`, the loaded settings with the training ones (fsdptrain.config.TrainConfig) and their sources."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SkipValidation,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from fsdpctl.errors import BadInput
+from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.settings.rules import (
+    AZ_LIST,
+    DNS_1035_LABEL,
+    DNS_LABEL,
+    EC2_TYPE,
+    FSX_DNS,
+    IMAGE_TAG,
+    INT64_MAX,
+    INT_MAX,
+    MAX_VALUE_BYTES,
+    REGISTRY,
+    SUBNET_LIST,
+    TOKEN_FILE_HINT,
+    TRAIN_KEYS_DERIVED,
+    VPC,
+    BackendName,
+    _k,
+)
+from fsdpctl.targets import Target, target
+from fsdptrain.config import TrainConfig
+
+
+class Settings(BaseModel):
+    """Everything but training: each field's env/.env key is its name in capitals."""
+
+    # NaN and inf are no setting's value: a float key refuses them by its kind, whatever it is
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    aws_region: str = _k("us-west-2", "aws", "AWS region", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    aws_account_id: str = _k(
+        "", "aws", "12-digit account id (default registry: its ECR)", pattern=r"^(\d{12})?$"
+    )
+    aws_profile: str = _k("", "aws", "AWS CLI profile to use")
+    request_timeout: float = _k(
+        30.0,
+        "aws",
+        "seconds to wait for an answer from AWS, the Kubernetes API or the Hub (per request; a profile's "
+        "credential_process and a kubeconfig's exec plugin too); then fail naming what did not answer",
+        ge=0.1,
+        le=3600,
+    )
+    cluster_name: str = _k("fsdp-eks", "cluster", "EKS cluster name", pattern=r"^[a-zA-Z][-a-zA-Z0-9]{0,99}$")
+    cluster_tool: Literal["eksctl", "terraform"] = _k("eksctl", "cluster", "what creates the cluster")
+    instance_type: str = _k("p5.48xlarge", "cluster", "GPU node type: " + ", ".join(INSTANCE_TYPES))
+    node_count: int = _k(2, "cluster", "GPU nodes in the node group", ge=1, le=64)
+    capacity_reservation_id: str = _k(
+        "", "cluster", "Capacity Reservation or Capacity Block (cr-...)", pattern=r"^(cr-[0-9a-f]{17})?$"
+    )
+    capacity_reservation_type: Literal["default", "capacity-block"] = _k(
+        "default",
+        "cluster",
+        "its ReservationType: default (On-Demand) or capacity-block (Capacity Blocks for ML)",
+    )
+    efa_enabled: bool = _k(True, "cluster", "use EFA (vpc.amazonaws.com/efa) between nodes")
+    availability_zones: str = _k(
+        "",
+        "cluster",
+        "comma-separated AZs; the GPU node group uses the first (empty: the reservation's, or eksctl's)",
+        pattern=AZ_LIST,
+    )
+    vpc_id: str = _k(
+        "",
+        "cluster",
+        "an existing VPC (vpc-...) for the cluster, with PRIVATE_SUBNET_IDS (empty: the tool makes a VPC)",
+        pattern=VPC,
+    )
+    private_subnet_ids: str = _k(
+        "",
+        "cluster",
+        "its private subnets (subnet-...,subnet-...), two or more in different AZs; the GPU node group "
+        "uses the first",
+        pattern=SUBNET_LIST,
+    )
+    kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")
+    system_instance_type: str = _k(
+        "m5.xlarge", "cluster", "instance type of the system node group (etcd, operator)", pattern=EC2_TYPE
+    )
+    image_registry: str = _k(
+        "", "image", "registry host[:port] (default: the account's ECR in AWS_REGION)", pattern=REGISTRY
+    )
+    image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    image_tag: str = _k(
+        "0.1.0", "image", "image tag (never 'latest': pods must be reproducible)", pattern=IMAGE_TAG
+    )
+    image_login: Literal["ecr", "none"] = _k(
+        "ecr",
+        "image",
+        "how `image push` logs in: ecr (a token from "
+        "ecr:GetAuthorizationToken) or none (docker is logged in already)",
+    )
+    backend: BackendName = _k("local", "job", "where `job run` runs: this machine or the cluster")
+    job_name: str = _k(
+        "fsdp", "job", "job name (a DNS-1035 label: starts with a letter)", pattern=DNS_1035_LABEL
+    )
+    job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
+    job_nodes: int = _k(2, "job", "nodes (pods) in the job; local: simulated nodes", ge=1, le=1024)
+    gpus_per_node: int = _k(0, "job", "GPUs per pod (0: all the instance has)", ge=0)
+    local_procs_per_node: int = _k(1, "job", "local backend: processes per simulated node", ge=1, le=64)
+    rdzv_backend: Literal["c10d", "etcd", "etcd-v2"] = _k("c10d", "job", "torchrun rendezvous")
+    rdzv_join_timeout: int = _k(600, "job", "seconds nodes may take to join the rendezvous", ge=10)
+    max_restarts: int = _k(
+        3, "job", "restarts of the whole job after a failure, whatever the node count (torchrun's)", ge=0
+    )
+    stop_grace_seconds: int = _k(
+        0,
+        "job",
+        "seconds the trainer gets after SIGTERM to finish its step and save (0: from the checkpoint's size)",
+        ge=0,
+        le=86400,
+    )
+    prestep_timeout: int = _k(
+        7200,
+        "job",
+        "seconds the trainers wait for the pre-step (volume preparation, hub downloads) before the job fails "
+        "with its reason; the pre-step Job's activeDeadlineSeconds",
+        ge=10,
+        le=7 * 86400,
+    )
+    hugepages_2mi: str = _k(
+        "",
+        "job",
+        "hugepages-2Mi each GPU pod requests (AWS's EFA manifests: 5120Mi); only where nodes "
+        "pre-allocate them (empty: none)",
+        pattern=r"^([1-9][0-9]*(Mi|Gi))?$",
+    )
+    job_kind: Literal["pytorchjob", "trainjob"] = _k(
+        "pytorchjob",
+        "job",
+        "Kubernetes job API: pytorchjob (Training Operator v1.9.4, kubeflow.org/v1) or trainjob "
+        "(Kubeflow Trainer v2.3.0 TrainJob on the torch-distributed runtime)",
+    )
+    kube_context: str = _k("", "job", "kubeconfig context (empty: the current one)")
+    node_selector: str = _k(
+        "",
+        "job",
+        "extra node labels GPU pods need: key=value[,key=value]",
+        pattern=r"^([A-Za-z0-9./_-]+=[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*)*)?$",
+    )
+    tolerations: str = _k(
+        "",
+        "job",
+        "extra taints GPU pods tolerate: key[=value][:Effect][,...] (nvidia.com/gpu is always tolerated)",
+        pattern=r"^([A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
+        r"(:(NoSchedule|PreferNoSchedule|NoExecute))?(,[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?"
+        r"(:(NoSchedule|PreferNoSchedule|NoExecute))?)*)?$",
+    )
+    scheduler_name: str = _k(
+        "",
+        "job",
+        "pod scheduler, e.g. volcano (empty: the default scheduler)",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+    )
+    gang_scheduling: bool = _k(
+        False,
+        "job",
+        "start all pods or none (PyTorchJob schedulingPolicy.minAvailable; "
+        "needs a gang scheduler such as volcano in SCHEDULER_NAME)",
+    )
+    monitoring_namespace: str = _k(
+        "monitoring", "job", "namespace of Prometheus, Grafana and the DCGM exporter", pattern=DNS_LABEL
+    )
+    checkpoint_pvc: str = _k(
+        "",
+        "job",
+        "PersistentVolumeClaim for checkpoints only, mounted at /checkpoints (empty: on SHARED_VOLUME)",
+        pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
+    )
+    checkpoint_subdir: str = _k(
+        "",
+        "job",
+        "a checkpoint directory of the run's own under the job's (`job rerun` sets reruns/<run id>); empty: "
+        "the job's own, which every `job run` of it resumes",
+        pattern=r"^([A-Za-z0-9_-][A-Za-z0-9_.-]*(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*)?$",
+    )
+    shared_volume: str = _k(
+        "fsx-claim",
+        "job",
+        "PersistentVolumeClaim every node mounts at SHARED_VOLUME_PATH: data, the Hugging Face cache and "
+        "(unless CHECKPOINT_PVC) checkpoints; local backend: a directory under FSDPCTL_HOME/volumes; "
+        "empty: none",
+        pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
+    )
+    shared_volume_path: str = _k(
+        "/fsx", "job", "where pods mount SHARED_VOLUME", pattern=r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
+    )
+    fsx_file_system_id: str = _k(
+        "",
+        "job",
+        "FSx for Lustre file system (fs-...) `deploy storage` binds SHARED_VOLUME to (empty: no PV or claim)",
+        pattern=r"^(fs-[0-9a-f]{8,17})?$",
+    )
+    fsx_dns_name: str = _k("", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)", pattern=FSX_DNS)
+    fsx_mount_name: str = _k("", "job", "its LustreConfiguration.MountName", pattern=r"^[A-Za-z0-9_]*$")
+    fsx_storage_gib: int = _k(
+        1200,
+        "job",
+        "its StorageCapacity in GiB (the PV's capacity); unset: sized for what the job keeps there (MODEL, "
+        "CHECKPOINT_KEEP, PRETRAINED, EXPORT_DIR): 1200, 2400 or a multiple of 2400",
+        ge=1,
+    )
+    fsx_throughput_per_tib: int = _k(
+        250,
+        "job",
+        "its PerUnitStorageThroughput, MB/s per TiB (PERSISTENT_2: 125, 250, 500, 1000): with the size, how "
+        "fast checkpoints are written, which sets the stop grace",
+        ge=1,
+    )
+    fsx_create: bool = _k(
+        True,
+        "cluster",
+        "cluster create makes an FSX_STORAGE_GIB FSx for Lustre file system in the GPU nodes' subnet "
+        "(terraform: its id, DNS name and mount name are outputs; eksctl: made through the AWS API, the "
+        "FSX_* lines printed)",
+    )
+    hf_token: SecretStr = _k(
+        SecretStr(""), "secrets", "Hugging Face token (gated Llama-2); never written out"
+    )
+    hf_token_file: str = _k("", "secrets", "file holding the HF token (instead of HF_TOKEN)")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int_in_range(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every whole number within its range by kind (INT_MAX, else int64), whether or not its field
+        declares a maximum."""
+        if isinstance(value, int) and not isinstance(value, bool) and info.field_name:
+            most = INT_MAX.get(info.field_name.upper(), INT64_MAX)
+            if value > most:
+                raise ValueError(f"is too large: use at most {most}")
+        return value
+
+    @model_validator(mode="after")
+    def _instance_known(self) -> Settings:
+        if self.image_tag == "latest":
+            raise ValueError(
+                "IMAGE_TAG='latest' is not allowed: pin a version so every pod runs the same image"
+            )
+        if self.instance_type not in INSTANCE_TYPES:
+            raise ValueError(
+                f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
+                f"{', '.join(INSTANCE_TYPES)}"
+            )
+        if self.gang_scheduling and not self.scheduler_name:
+            raise ValueError(
+                "GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
+                "does not start pods as a group"
+            )
+        self._existing_vpc()
+        if self.gpus_per_node > self.instance.gpus:
+            raise ValueError(
+                f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
+                f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)"
+            )
+        return self
+
+    def _existing_vpc(self) -> None:
+        """Both or neither; eksctl wants two or more private subnets (MinRequiredSubnets) keyed by AZ, so one
+        per AZ, and AVAILABILITY_ZONES, when set, names each subnet's AZ in order."""
+        subnets, zones = self.subnet_ids, [z for z in self.availability_zones.split(",") if z]
+        if self.vpc_id and not subnets:
+            raise ValueError(
+                f"VPC_ID={self.vpc_id} needs PRIVATE_SUBNET_IDS: set the VPC's private subnets "
+                "(two or more, in different AZs)"
+            )
+        if subnets and not self.vpc_id:
+            raise ValueError(
+                f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} needs VPC_ID: set the VPC they belong to"
+            )
+        if len(subnets) == 1 or len(set(subnets)) != len(subnets):
+            raise ValueError(
+                f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} names too few subnets: give two or more "
+                "distinct ones, in different AZs (EKS needs two AZs)"
+            )
+        if subnets and zones and (len(zones) != len(subnets) or len(set(zones)) != len(zones)):
+            raise ValueError(
+                f"AVAILABILITY_ZONES={self.availability_zones} does not pair with PRIVATE_SUBNET_IDS: "
+                "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: "
+                "`cluster create` reads them from EC2)"
+            )
+
+    @property
+    def subnet_ids(self) -> list[str]:
+        return [s for s in self.private_subnet_ids.split(",") if s]
+
+    @property
+    def instance(self) -> InstanceType:
+        return INSTANCE_TYPES[self.instance_type]
+
+
+class Config(Settings):
+    """Settings + training values + derived numbers, as every command sees them. A subclass of Settings, so
+    `cfg.job_name` is a typed field (no `__getattr__`); built by `load()` from already-validated parts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False)
+
+    training: SkipValidation[TrainConfig] = Field(default_factory=TrainConfig)
+    # KEY -> default | model default | <.env path> line N | environment FSDPCTL_<KEY> | --set | --<option>
+    sources: dict[str, str] = Field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        training: TrainConfig,
+        sources: dict[str, str] | None = None,
+        warnings: tuple[str, ...] = (),
+    ) -> Config:
+        values = {name: getattr(settings, name) for name in Settings.model_fields}
+        return cls.model_construct(**values, training=training, sources=sources or {}, warnings=warnings)
+
+    @property
+    def settings(self) -> Settings:
+        """The infrastructure settings alone (for hashing them without the training values)."""
+        return Settings.model_construct(**{name: getattr(self, name) for name in Settings.model_fields})
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node or self.instance.gpus
+
+    @property
+    def target(self) -> Target:
+        """What the place BACKEND names is (fsdpctl.targets)."""
+        return target(self.backend)
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.gpus if self.target.gpus else self.local_procs_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.job_nodes * self.procs_per_node
+
+    @property
+    def efa_per_node(self) -> int:
+        """EFA interfaces each GPU node gets: all its instance type has (instances.py), or none."""
+        return self.instance.efa_interfaces if self.efa_enabled else 0
+
+    @property
+    def uses_efa(self) -> bool:
+        """Whether the job's pods run NCCL over EFA: on the cluster, with EFA_ENABLED and an instance type
+        that has interfaces. The one answer for the pod's EFA request, environment and security context,
+        and for the warning when NCCL falls back to sockets."""
+        return self.target.gpus and self.efa_per_node > 0
+
+    @property
+    def checkpoint_claim(self) -> str:
+        """The claim that holds checkpoints: CHECKPOINT_PVC, else SHARED_VOLUME; '' means pod-local disks."""
+        return self.checkpoint_pvc or self.shared_volume
+
+    def ecr_registry(self, account: str) -> str:
+        """The ECR registry host of `account` in AWS_REGION."""
+        return f"{account}.dkr.ecr.{self.aws_region}.amazonaws.com"
+
+    @property
+    def registry(self) -> str:
+        """IMAGE_REGISTRY, else the ECR of AWS_ACCOUNT_ID; '' when neither is set (then STS knows)."""
+        if self.image_registry:
+            return self.image_registry
+        return self.ecr_registry(self.aws_account_id) if self.aws_account_id else ""
+
+    def image_uri_in(self, registry: str) -> str:
+        """registry/IMAGE_REPO:IMAGE_TAG (no registry: the bare name)."""
+        name = f"{self.image_repo}:{self.image_tag}"
+        return f"{registry}/{name}" if registry else name
+
+    @property
+    def image_uri(self) -> str:
+        return self.image_uri_in(self.registry)
+
+    def hf_token_value(self, read_file: Callable[[str], str] | None = None) -> str:
+        """The token itself, for the Secret only. `read_file` is injected so this module stays free of I/O."""
+        if self.hf_token.get_secret_value():
+            return self.hf_token.get_secret_value()
+        if not (self.hf_token_file and read_file):
+            return ""
+        where = f"HF_TOKEN_FILE={self.hf_token_file!r}"
+        try:
+            token = read_file(self.hf_token_file).strip()
+        except UnicodeDecodeError as e:  # a binary file: say where, never what
+            raise BadInput(
+                f"{where} is not text (byte {e.start} is not UTF-8)", hint=TOKEN_FILE_HINT
+            ) from None
+        # it becomes an environment string and an HTTP header: printable, one word, a sane size
+        if len(token) > MAX_VALUE_BYTES or not (token.isprintable() and token.isascii()) or " " in token:
+            raise BadInput(f"{where} does not hold one token (printable, no spaces)", hint=TOKEN_FILE_HINT)
+        return token
+
+    def train_env(self) -> dict[str, str]:
+        """The trainer's settings as environment variables (what the pod gets), all keys, stable order."""
+        out = {}
+        for f in dataclasses.fields(TrainConfig):
+            if f.name in TRAIN_KEYS_DERIVED:
+                continue
+            value = getattr(self.training, f.name)
+            out[f.metadata["env"]] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
+
+
+def parse_node_selector(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+def parse_tolerations(text: str) -> list[dict[str, str]]:
+    out = []
+    for item in filter(None, text.split(",")):
+        rest, _, effect = item.partition(":")
+        key, eq, value = rest.partition("=")
+        tol = {"key": key, "operator": "Equal" if eq else "Exists"}
+        if eq:
+            tol["value"] = value
+        if effect:
+            tol["effect"] = effect
+        out.append(tol)
+    return out
+
+
+def setting_keys() -> dict[str, str]:
+    """KEY -> field name for every key fsdpctl reads."""
+    keys = {name.upper(): name for name in Settings.model_fields}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in TRAIN_KEYS_DERIVED:
+            keys[f.metadata["env"]] = f.name
+    return keys
