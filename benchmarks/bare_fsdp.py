@@ -58,10 +58,14 @@ def main() -> None:
         # the layout fsdptrain.parallel.apply_fsdp makes: the last layer stays gathered for backward
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True
+    )
     tok = AutoTokenizer.from_pretrained(tok_dir)
     ids = [t for line in open(corpus) for t in (*tok(line.strip())["input_ids"], tok.eos_token_id)]
-    blocks = torch.from_numpy(np.asarray(ids[: len(ids) // (seq + 1) * (seq + 1)]).reshape(-1, seq + 1))
+    blocks = torch.from_numpy(
+        np.asarray(ids[: len(ids) // (seq + 1) * (seq + 1)]).reshape(-1, seq + 1)
+    )
     ends = [time.perf_counter()]
     for step in range(steps):
         start = (step * world + rank) * batch
@@ -77,7 +81,10 @@ def main() -> None:
     if rank == 0:
         timed = ends[-1] - ends[1]  # steps 2..N, as fsdptrain's summary
         tokens = batch * seq * world * (steps - 1)
-        print(json.dumps({"peer": "bare", "tokens_per_s": tokens / timed, "final_loss": final}), flush=True)
+        print(
+            json.dumps({"peer": "bare", "tokens_per_s": tokens / timed, "final_loss": final}),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

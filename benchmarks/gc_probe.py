@@ -23,7 +23,11 @@ def full_collection_ms() -> float:
 
 def main() -> None:
     cfg = LlamaConfig(
-        hidden_size=256, num_hidden_layers=8, num_attention_heads=4, intermediate_size=688, vocab_size=32000
+        hidden_size=256,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        intermediate_size=688,
+        vocab_size=32000,
     )
     model = LlamaForCausalLM(cfg)
     print(
@@ -34,7 +38,9 @@ def main() -> None:
     x = torch.randint(0, cfg.vocab_size, (1, 128))
     for _ in range(2):
         model(input_ids=x, labels=x).loss.backward()
-    print(f"after compile: {len(gc.get_objects()):,} objects, gen-2 collection {full_collection_ms():.0f} ms")
+    print(
+        f"after compile: {len(gc.get_objects()):,} objects, gen-2 collection {full_collection_ms():.0f} ms"
+    )
 
 
 if __name__ == "__main__":

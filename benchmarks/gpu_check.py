@@ -86,12 +86,30 @@ TINY = {"MODEL": "tiny", "MAX_STEPS": "8", "WARMUP_STEPS": "1", "CHECKPOINT_INTE
 TITAN_AC = {
     "none": ("--activation_checkpoint.mode", "none"),
     "full": ("--activation_checkpoint.mode", "full"),
-    "op": ("--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"),
+    "op": (
+        "--activation_checkpoint.mode",
+        "selective",
+        "--activation_checkpoint.selective_ac_option",
+        "op",
+    ),
 }
 # In priority order: what issue 30 asks the next GPU run to verify first, the optional rows last.
 ROWS: tuple[Row, ...] = (
-    Row("7b-8l trainer defaults", _shape(), 36, 150, verifies="COMPILE=auto turns compile on with CUDA"),
-    Row("bare FSDP2 + compile loop, 7b-8l", _shape(), 38, 150, "bare", "defaults >= 1.0x the bare loop"),
+    Row(
+        "7b-8l trainer defaults",
+        _shape(),
+        36,
+        150,
+        verifies="COMPILE=auto turns compile on with CUDA",
+    ),
+    Row(
+        "bare FSDP2 + compile loop, 7b-8l",
+        _shape(),
+        38,
+        150,
+        "bare",
+        "defaults >= 1.0x the bare loop",
+    ),
     Row(
         "torchtitan 0.2.2, compile, AC none, 7b-8l",
         {"TITAN_AC": "none", "TITAN_COMPILE": "1"},
@@ -145,8 +163,20 @@ ROWS: tuple[Row, ...] = (
         150,
         verifies="compile + full checkpointing (the missing cell)",
     ),
-    Row("resume: uninterrupted 8 steps", {**TINY, "RESUME": "never"}, 18, 90, verifies="resume on CUDA"),
-    Row("resume: from step 4 to 8", dict(TINY), 18, 90, verifies="losses equal an uninterrupted run's"),
+    Row(
+        "resume: uninterrupted 8 steps",
+        {**TINY, "RESUME": "never"},
+        18,
+        90,
+        verifies="resume on CUDA",
+    ),
+    Row(
+        "resume: from step 4 to 8",
+        dict(TINY),
+        18,
+        90,
+        verifies="losses equal an uninterrupted run's",
+    ),
     Row(
         "7b-8l COMPILE=false",
         _shape(COMPILE="false"),
@@ -205,7 +235,9 @@ def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
 
 def table(records: Iterable[Record]) -> str:
     """One markdown table: config, tokens/s (median and total time), MFU, peak GiB, step 1, slowest step."""
-    head = "| config | tok/s median | tok/s total | MFU | peak GiB | step 1 s | max step ms | status |"
+    head = (
+        "| config | tok/s median | tok/s total | MFU | peak GiB | step 1 s | max step ms | status |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in records:
         cells = [
@@ -301,11 +333,15 @@ def losses(evs: Iterable[dict]) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in evs if e["event"] == "step"}
 
 
-def resume_equal(full: Mapping[int, float], resumed: Mapping[int, float], rtol: float = 1e-5) -> str:
+def resume_equal(
+    full: Mapping[int, float], resumed: Mapping[int, float], rtol: float = 1e-5
+) -> str:
     """ok when the resumed run's losses equal the uninterrupted run's at every step it ran."""
     if not resumed:
         return "FAIL: the resumed run logged no steps"
-    diffs = {s: abs(full[s] - v) / max(abs(full[s]), 1e-12) for s, v in resumed.items() if s in full}
+    diffs = {
+        s: abs(full[s] - v) / max(abs(full[s]), 1e-12) for s, v in resumed.items() if s in full
+    }
     if len(diffs) != len(resumed):
         return f"FAIL: steps {sorted(set(resumed) - set(full))} missing from the full run"
     worst = max(diffs.values())
@@ -338,9 +374,17 @@ def ratios(records: Sequence[Record]) -> list[str]:
 
     return [
         ratio(
-            "7b-8l trainer defaults", "bare FSDP2 + compile loop, 7b-8l", 1.0, "defaults / bare compile loop"
+            "7b-8l trainer defaults",
+            "bare FSDP2 + compile loop, 7b-8l",
+            1.0,
+            "defaults / bare compile loop",
         ),
-        ratio("7b-8l FLOAT8=true", "7b-8l trainer defaults", 1.1, "FLOAT8 defaults / compiled bf16 defaults"),
+        ratio(
+            "7b-8l FLOAT8=true",
+            "7b-8l trainer defaults",
+            1.1,
+            "FLOAT8 defaults / compiled bf16 defaults",
+        ),
         ratio(
             "7b-8l ACTIVATION_CHECKPOINTING=selective COMPILE=false",
             "7b-8l ACTIVATION_CHECKPOINTING=full COMPILE=false",
@@ -348,9 +392,17 @@ def ratios(records: Sequence[Record]) -> list[str]:
             "eager selective / eager full",
         ),
         ratio(
-            "7b-8l trainer defaults", "torchtitan 0.2.2, compile, AC none, 7b-8l", 1.0, "trainer / torchtitan"
+            "7b-8l trainer defaults",
+            "torchtitan 0.2.2, compile, AC none, 7b-8l",
+            1.0,
+            "trainer / torchtitan",
         ),
-        ratio("7b-8l trainer defaults", "7b-8l COMPILE=false", 1.0, "defaults / eager (the old default)"),
+        ratio(
+            "7b-8l trainer defaults",
+            "7b-8l COMPILE=false",
+            1.0,
+            "defaults / eager (the old default)",
+        ),
     ]
 
 
@@ -364,7 +416,9 @@ def _env(extra: Mapping[str, str]) -> dict[str, str]:
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     precision = "fp32" if REHEARSE else "bf16"
     env.update({"DATASET": "builtin", "LOG_INTERVAL": "1", "PRECISION": precision})
-    if REHEARSE:  # COMPILE=auto compiles on the GPU: here too, with aot_eager (inductor's C++: minutes)
+    if (
+        REHEARSE
+    ):  # COMPILE=auto compiles on the GPU: here too, with aot_eager (inductor's C++: minutes)
         env.update(FSDPTRAIN_COMPILE_BACKEND="aot_eager", COMPILE="true")
     env.update(extra)
     return env
@@ -393,7 +447,9 @@ def _torchrun(script: Path) -> list[str]:
     ]
 
 
-def run_trainer(mode: str, settings: Mapping[str, str], timeout: float, log: Path) -> tuple[int, str]:
+def run_trainer(
+    mode: str, settings: Mapping[str, str], timeout: float, log: Path
+) -> tuple[int, str]:
     """fsdptrain (mode train) or the bare loop (bare) under torchrun; returns (rc, the event lines' text)."""
     metrics = log.with_suffix(".jsonl")
     metrics.unlink(missing_ok=True)
@@ -419,7 +475,9 @@ def titan_data(work: Path) -> tuple[Path, Path]:
     return tokenizer, data
 
 
-def torchtitan_flags(settings: Mapping[str, str], tokenizer: Path, data: Path, dump: Path) -> list[str]:
+def torchtitan_flags(
+    settings: Mapping[str, str], tokenizer: Path, data: Path, dump: Path
+) -> list[str]:
     """torchtitan 0.2.2's command line for a row: the 7b-8l flavor, the trainer's data and tokenizer, batch 1
     x SEQ_LEN, STEPS steps, a step line per step without colours, AC and compile as the row asks."""
     flags = [
@@ -432,15 +490,30 @@ def torchtitan_flags(settings: Mapping[str, str], tokenizer: Path, data: Path, d
     ]
     flags += ["--training.dataset", "c4_test", "--training.dataset_path", str(data)]
     flags += ["--training.local_batch_size", "1", "--training.seq_len", str(SEQ_LEN)]
-    flags += ["--training.steps", str(STEPS), "--lr_scheduler.warmup_steps", "2", "--optimizer.lr", "1e-4"]
-    flags += ["--metrics.log_freq", "1", "--metrics.disable_color_printing", "--job.dump_folder", str(dump)]
+    flags += [
+        "--training.steps",
+        str(STEPS),
+        "--lr_scheduler.warmup_steps",
+        "2",
+        "--optimizer.lr",
+        "1e-4",
+    ]
+    flags += [
+        "--metrics.log_freq",
+        "1",
+        "--metrics.disable_color_printing",
+        "--job.dump_folder",
+        str(dump),
+    ]
     flags += list(TITAN_AC[settings.get("TITAN_AC", "none")])
     if settings.get("TITAN_COMPILE"):
         flags += ["--compile.enable"] + (["--compile.backend", "aot_eager"] if REHEARSE else [])
     return flags
 
 
-def run_titan(settings: Mapping[str, str], timeout: float, log: Path, work: Path) -> tuple[int, str]:
+def run_titan(
+    settings: Mapping[str, str], timeout: float, log: Path, work: Path
+) -> tuple[int, str]:
     tokenizer, data = titan_data(work)
     script = ROOT / "benchmarks" / "peers" / "torchtitan_peer.py"
     cmd = _torchrun(script) + torchtitan_flags(settings, tokenizer, data, work / "titan-out")
@@ -485,7 +558,10 @@ def run_all(outdir: Path, rows: Sequence[Row] = ROWS) -> list[Record]:
             continue
         if clock.left() < row.expect * 1.1:
             records.append(
-                Record(row.name, f"skipped: {clock.left():.0f} s of budget left, needs ~{row.expect:.0f}")
+                Record(
+                    row.name,
+                    f"skipped: {clock.left():.0f} s of budget left, needs ~{row.expect:.0f}",
+                )
             )
             continue
         settings = dict(row.settings)
@@ -493,7 +569,9 @@ def run_all(outdir: Path, rows: Sequence[Row] = ROWS) -> list[Record]:
             settings["CHECKPOINT_DIR"] = str(outdir / "ckpt-full")
         elif row.name.startswith("resume: from step 4"):
             at4 = [
-                e.get("path") for e in events(full_text) if e["event"] == "checkpoint" and e.get("step") == 4
+                e.get("path")
+                for e in events(full_text)
+                if e["event"] == "checkpoint" and e.get("step") == 4
             ]
             if not (at4 and at4[0]):
                 records.append(Record(row.name, "skipped: no step-4 checkpoint from the full run"))
@@ -592,7 +670,9 @@ def bare_main() -> int:
 
     cuda = not REHEARSE
     dist.init_process_group("nccl" if cuda else "gloo")
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    dev = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    )
     if cuda:
         torch.cuda.set_device(dev)
     h, layers, heads, kv, inter, vocab, ctx = SHAPE_ARGS
@@ -658,7 +738,9 @@ def gpu_present() -> int:
         print("gpu_check: no CUDA GPU: torch is not installed here (run it on a GPU machine)")
         return 2
     if not torch.cuda.is_available():
-        print(f"gpu_check: no CUDA GPU: torch {torch.__version__} sees none (run it on a GPU machine)")
+        print(
+            f"gpu_check: no CUDA GPU: torch {torch.__version__} sees none (run it on a GPU machine)"
+        )
         return 2
     p = torch.cuda.get_device_properties(0)
     print(

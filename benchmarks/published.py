@@ -84,7 +84,8 @@ def section() -> str:
         "",
     ]
     lines += [
-        f"- {p.key}: {p.note}" + (f". Known miss: {p.known_miss}" if p.known_miss else "") for p in POINTS
+        f"- {p.key}: {p.note}" + (f". Known miss: {p.known_miss}" if p.known_miss else "")
+        for p in POINTS
     ]
     lines += [
         "",

@@ -71,7 +71,18 @@ def run_ours(steps: int, **settings) -> dict:
         "LOG_INTERVAL": "1000",
         **{k: str(v) for k, v in settings.items()},
     }
-    p = sh([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "fsdptrain"], env)
+    p = sh(
+        [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "fsdptrain",
+        ],
+        env,
+    )
     for line in p.stdout.splitlines():
         if line.startswith('{"event":"summary"'):
             return json.loads(line)
@@ -129,7 +140,12 @@ def mid_model(where: Path) -> tuple[Path, int]:
 
 
 def run_bare(
-    steps: int, corpus: str, tok: str, precision: str, model_dir: Path | None, env: dict | None = None
+    steps: int,
+    corpus: str,
+    tok: str,
+    precision: str,
+    model_dir: Path | None,
+    env: dict | None = None,
 ) -> dict:
     script = ROOT / "benchmarks" / "bare_fsdp.py"
     argv = [str(script), corpus, tok, str(steps), str(SEQ), str(BATCH), precision]
@@ -174,7 +190,9 @@ def against_bare(rounds: int, steps: int) -> dict:
             for r in range(rounds):
                 for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
                     got[name].append(runs[name]()["tokens_per_s"])
-                    print(f"  {size} round {r + 1}: {name} {got[name][-1]:,.0f} tokens/s", flush=True)
+                    print(
+                        f"  {size} round {r + 1}: {name} {got[name][-1]:,.0f} tokens/s", flush=True
+                    )
             ratios = [o / b for o, b in zip(got["ours"], got["bare"], strict=True)]
             same_malloc = [o / b for o, b in zip(got["ours"], got["bare_malloc"], strict=True)]
             out[size] = {
@@ -227,14 +245,18 @@ def throughput(rounds: int, steps: int) -> dict:
     for precision in ("fp32", "bf16"):
         runs = {
             "ours": lambda p=precision: run_ours(steps, PRECISION=p),
-            "ours_ddp": lambda p=precision: run_ours(steps, PRECISION=p, SHARDING_STRATEGY="NO_SHARD"),
+            "ours_ddp": lambda p=precision: run_ours(
+                steps, PRECISION=p, SHARDING_STRATEGY="NO_SHARD"
+            ),
             "accelerate": lambda p=precision: run_accelerate(steps, corpus, tok, p),
         }
         got = {name: [] for name in runs}
         for r in range(rounds):
             for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
                 got[name].append(runs[name]()["tokens_per_s"])
-                print(f"  {precision} round {r + 1}: {name} {got[name][-1]:,.0f} tokens/s", flush=True)
+                print(
+                    f"  {precision} round {r + 1}: {name} {got[name][-1]:,.0f} tokens/s", flush=True
+                )
         out[precision] = {
             **{k: statistics.median(v) for k, v in got.items()},
             **{f"{k}_all": v for k, v in got.items()},
@@ -251,7 +273,9 @@ def memory(steps: int) -> dict:
     out = {}
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"):
         for ac in ("none", "full"):
-            s = run_ours(steps, SHARDING_STRATEGY=strategy, HSDP_SHARD_SIZE=1, ACTIVATION_CHECKPOINTING=ac)
+            s = run_ours(
+                steps, SHARDING_STRATEGY=strategy, HSDP_SHARD_SIZE=1, ACTIVATION_CHECKPOINTING=ac
+            )
             state = s["param_bytes"] + s["grad_bytes"] + s["optim_bytes"]
             job = Job(
                 model="tiny",
@@ -296,7 +320,9 @@ def startup(repeats: int = 10) -> dict:
         "fsdpctl manifest": median_time([fsdpctl, "manifest"]),
     }
     kubectl = shutil.which("kubectl")
-    out["kubectl version --client"] = median_time([kubectl, "version", "--client"]) if kubectl else None
+    out["kubectl version --client"] = (
+        median_time([kubectl, "version", "--client"]) if kubectl else None
+    )
     return out
 
 
@@ -374,7 +400,9 @@ def write_report(tp: dict, bare: dict, mem: dict, st: dict, args) -> str:
         ]
     titan = tp["torchtitan"]
     if "error" in titan:
-        lines.append(f"| torchtitan 0.3.0 | - | did not run on CPU: `{titan['error'][:120]}` | - | - |")
+        lines.append(
+            f"| torchtitan 0.3.0 | - | did not run on CPU: `{titan['error'][:120]}` | - | - |"
+        )
     else:
         lines.append(
             f"| torchtitan | fp32 | {titan['tokens_per_s']:,.0f} | "
@@ -421,7 +449,9 @@ def write_report(tp: dict, bare: dict, mem: dict, st: dict, args) -> str:
     ]
     k = st["kubectl version --client"]
     for cmd, secs in st.items():
-        lines.append(f"| `{cmd}` | {secs:.3f} | {secs / k:.2f} |" if k else f"| `{cmd}` | {secs:.3f} | - |")
+        lines.append(
+            f"| `{cmd}` | {secs:.3f} | {secs / k:.2f} |" if k else f"| `{cmd}` | {secs:.3f} | - |"
+        )
     lines += [
         "",
         "## GPU",
@@ -441,7 +471,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--bare-rounds", type=int, default=4)
-    ap.add_argument("--only-bare", action="store_true", help="run only the bare-loop rows and print them")
+    ap.add_argument(
+        "--only-bare", action="store_true", help="run only the bare-loop rows and print them"
+    )
     args = ap.parse_args()
     if args.only_bare:
         bare = against_bare(args.bare_rounds, args.steps)

@@ -1,6 +1,7 @@
-"""Shared fixtures. Peers: real torchrun processes on CPU with gloo; offline assets built by fsdptrain.assets.
-Every CLI test goes through the `cli` fixture: fsdpctl in a sealed room (its own FSDPCTL_HOME and working dir,
-no setting from the developer's environment, fixed terminal width, no colour)."""
+"""Shared fixtures. Peers: real torchrun processes on CPU with gloo; offline assets built by
+fsdptrain.assets. Every CLI test goes through the `cli` fixture: fsdpctl in a sealed room (its own
+FSDPCTL_HOME and working dir, no setting from the developer's environment, fixed terminal width, no
+colour)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _shared() -> Path:
-    """../shared beside the checkout (FSDPCTL_SHARED overrides). A clone made elsewhere from a local checkout
-    (`git clone /work/main /tmp/x`) finds it beside the checkout it was cloned from."""
+    """../shared beside the checkout (FSDPCTL_SHARED overrides). A clone made elsewhere from a local
+    checkout (`git clone /work/main /tmp/x`) finds it beside the checkout it was cloned from."""
     if os.environ.get("FSDPCTL_SHARED"):
         return Path(os.environ["FSDPCTL_SHARED"])
     here = ROOT.parent / "shared"
     if here.is_dir():
         return here
     origin = subprocess.run(
-        ["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"], capture_output=True, text=True
+        ["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     if origin and Path(origin).is_dir() and (Path(origin).resolve().parent / "shared").is_dir():
         return Path(origin).resolve().parent / "shared"
@@ -55,7 +58,9 @@ class Run:
 
     @property
     def records(self) -> list[dict]:
-        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith('{"event"')]
+        return [
+            json.loads(line) for line in self.stdout.splitlines() if line.startswith('{"event"')
+        ]
 
     def events(self, kind: str) -> list[dict]:
         return [r for r in self.records if r["event"] == kind]
@@ -75,8 +80,11 @@ class Run:
 
 def train_env(assets, **settings) -> dict:
     corpus, tok = assets
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP", "PET_", "TORCHELASTIC"))}
-    # fp32 unless a test asks for another precision: bf16 matmuls are 3-4x slower on CPUs without bf16 units
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("FSDP", "PET_", "TORCHELASTIC"))
+    }
+    # fp32 unless a test asks for another precision: bf16 matmuls are 3-4x slower on CPUs without
+    # bf16 units
     env.update(
         DATASET=str(corpus),
         TOKENIZER=str(tok),
@@ -119,9 +127,11 @@ def torchrun(assets, nproc: int = 2, timeout: int = 300, **settings) -> Run:
 
 # ---- the isolated CLI ------------------------------------------------------------------------------------
 
-# the installed console script (what a user runs); `python -m fsdpctl.cli` where the venv has no scripts
+# the installed console script (what a user runs); `python -m fsdpctl.cli` where the venv has no
+# scripts
 FSDPCTL_EXE = Path(sys.executable).parent / "fsdpctl"
-# machine facts and test switches that may stay; every other FSDPCTL_* variable changes what the CLI does
+# machine facts and test switches that may stay; every other FSDPCTL_* variable changes what the CLI
+# does
 KEEP_FSDPCTL_VARS = (
     "FSDPCTL_SHARED",
     "FSDPCTL_TF_PLUGIN_DIR",
@@ -133,15 +143,16 @@ COLUMNS = 200  # wide enough that no error line wraps; click's help still wraps 
 
 
 def prefixed(settings: dict[str, str]) -> dict[str, str]:
-    """Settings as the environment gives them to fsdpctl: FSDPCTL_<KEY> (it reads no plain name but HF_TOKEN,
-    AWS_REGION and AWS_PROFILE, whose own tools share them)."""
+    """Settings as the environment gives them to fsdpctl: FSDPCTL_<KEY> (it reads no plain name but
+    HF_TOKEN, AWS_REGION and AWS_PROFILE, whose own tools share them)."""
     return {f"FSDPCTL_{key}": str(value) for key, value in settings.items()}
 
 
 def _import_the_cli_at_the_fixed_width() -> None:
-    """fsdpctl's rich consoles are made when fsdpctl.cli is first imported and keep the width they found then
-    (in a pytest-xdist worker: 80, whatever the fixture sets later). Import it here, before any test module
-    can, under the fixed width: the same wrapping for every test, alone, in any order, in parallel."""
+    """fsdpctl's rich consoles are made when fsdpctl.cli is first imported and keep the width they
+    found then (in a pytest-xdist worker: 80, whatever the fixture sets later). Import it here,
+    before any test module can, under the fixed width: the same wrapping for every test, alone, in
+    any order, in parallel."""
     saved = {key: os.environ.get(key) for key in ("COLUMNS", "NO_COLOR")}
     os.environ.update(COLUMNS=str(COLUMNS), NO_COLOR="1")
     try:
@@ -172,8 +183,9 @@ class CliResult:
 
 
 def invoke(*args: str, input: str | None = None, catch_exceptions: bool = False) -> CliResult:
-    """fsdpctl in this process through click's runner (stdout and stderr apart). An exception fsdpctl does not
-    turn into an exit code fails the test, unless catch_exceptions. Isolated only under the `cli` fixture."""
+    """fsdpctl in this process through click's runner (stdout and stderr apart). An exception
+    fsdpctl does not turn into an exit code fails the test, unless catch_exceptions. Isolated only
+    under the `cli` fixture."""
     from typer import testing
 
     from fsdpctl.cli import app
@@ -191,9 +203,9 @@ _COMMANDS: dict[int, tuple[object, object]] = {}
 
 
 def _command(app):
-    """typer's click command for `app`, built once per worker as a real `fsdpctl` process builds it once:
-    typer builds it again on every CliRunner.invoke (the parameters of ~30 commands from their signatures),
-    which was most of the CPU of a short in-process command."""
+    """typer's click command for `app`, built once per worker as a real `fsdpctl` process builds it
+    once: typer builds it again on every CliRunner.invoke (the parameters of ~30 commands from their
+    signatures), which was most of the CPU of a short in-process command."""
     import typer.main
 
     if id(app) not in _COMMANDS:
@@ -202,13 +214,16 @@ def _command(app):
 
 
 class Cli:
-    """The runner the `cli` fixture returns: `cli(*args)` in process, `cli.run(*args)` / `cli.popen(*args)` as
-    the real `fsdpctl` executable (a separate process, as from another terminal)."""
+    """The runner the `cli` fixture returns: `cli(*args)` in process, `cli.run(*args)` /
+    `cli.popen(*args)` as the real `fsdpctl` executable (a separate process, as from another
+    terminal)."""
 
     def __init__(self, home: Path, cwd: Path) -> None:
         self.home, self.cwd = home, cwd
 
-    def __call__(self, *args: str, input: str | None = None, catch_exceptions: bool = False) -> CliResult:
+    def __call__(
+        self, *args: str, input: str | None = None, catch_exceptions: bool = False
+    ) -> CliResult:
         return invoke(*args, input=input, catch_exceptions=catch_exceptions)
 
     def argv(self, *args: str) -> list[str]:
@@ -255,9 +270,10 @@ def _terminal_signals() -> None:
 
 
 def isolate(monkeypatch: pytest.MonkeyPatch, root: Path) -> Cli:
-    """Seal fsdpctl off from this machine's user: FSDPCTL_HOME=root/home (XDG_STATE_HOME=root/state), cwd=root
-    (so the only .env is one the test writes), no settings key or FSDPCTL_ENV_FILE from the environment, no
-    colour, a fixed width, and a KUBECONFIG that does not exist (never a developer's real cluster)."""
+    """Seal fsdpctl off from this machine's user: FSDPCTL_HOME=root/home
+    (XDG_STATE_HOME=root/state), cwd=root (so the only .env is one the test writes), no settings key
+    or FSDPCTL_ENV_FILE from the environment, no colour, a fixed width, and a KUBECONFIG that does
+    not exist (never a developer's real cluster)."""
     from fsdpctl.settings import setting_keys
 
     for key in setting_keys():
@@ -270,8 +286,8 @@ def isolate(monkeypatch: pytest.MonkeyPatch, root: Path) -> Cli:
     monkeypatch.setenv("COLUMNS", str(COLUMNS))
     monkeypatch.setenv("LINES", "50")
     monkeypatch.setenv("FSDPCTL_HOME", str(root / "home"))
-    # where a test unsets FSDPCTL_HOME, the default (XDG_STATE_HOME/fsdpctl) is still under root: never the
-    # user's real ~/.local/state
+    # where a test unsets FSDPCTL_HOME, the default (XDG_STATE_HOME/fsdpctl) is still under root:
+    # never the user's real ~/.local/state
     monkeypatch.setenv("XDG_STATE_HOME", str(root / "state"))
     monkeypatch.setenv("KUBECONFIG", str(root / "no-kubeconfig"))
     monkeypatch.chdir(root)
@@ -286,13 +302,16 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
 
 @pytest.fixture(scope="session")
 def moto_server():
-    """AWS stand-in: moto in server mode on 127.0.0.1, spoken to over HTTP by real boto3 / terraform."""
+    """AWS stand-in: moto in server mode on 127.0.0.1, spoken to over HTTP by real boto3 /
+    terraform."""
     from fsdpctl.adapters.etcd import free_port
 
     port = free_port()
     exe = Path(sys.executable).parent / "moto_server"
     proc = subprocess.Popen(
-        [str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
@@ -332,10 +351,10 @@ def fsdpctl_process(
     )
 
 
-# The slow lane (`make test`) runs as two pytest processes at once: every slow test one at a time ("slow and
-# not beside": the multi-process runs keep their own timing, as alone), and beside them these modules' slow
-# tests, which wait on docker, terraform, moto or endpoints that never answer, or run fsdpctl in process on
-# one core (CI's slow lane took 26 min serially on 2 cores).
+# The slow lane (`make test`) runs as two pytest processes at once: every slow test one at a time
+# ("slow and not beside": the multi-process runs keep their own timing, as alone), and beside them
+# these modules' slow tests, which wait on docker, terraform, moto or endpoints that never answer,
+# or run fsdpctl in process on one core (CI's slow lane took 26 min serially on 2 cores).
 SLOW_BESIDE = frozenset(
     {
         "test_image",
@@ -351,10 +370,11 @@ SLOW_BESIDE = frozenset(
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it reads the `beside` mark added here
 def pytest_collection_modifyitems(config, items):
-    """The `beside` mark (SLOW_BESIDE), and for `--dist loadgroup` in the fast lane: the tests that build the
-    offline assets (tokenizers, transformers, torch) meant to share one worker, and so the ones on the moto
-    server. (xdist 3.8 writes the group into `item._nodeid`, which pytest 9.2 no longer reads, so today the
-    groups do not hold and each worker pays those start-ups; the fast lane stays under 2 minutes anyway.)"""
+    """The `beside` mark (SLOW_BESIDE), and for `--dist loadgroup` in the fast lane: the tests that
+    build the offline assets (tokenizers, transformers, torch) meant to share one worker, and so the
+    ones on the moto server. (xdist 3.8 writes the group into `item._nodeid`, which pytest 9.2 no
+    longer reads, so today the groups do not hold and each worker pays those start-ups; the fast
+    lane stays under 2 minutes anyway.)"""
     for item in items:
         if item.module.__name__.rpartition(".")[2] in SLOW_BESIDE:
             item.add_marker(pytest.mark.beside)
@@ -366,8 +386,8 @@ def pytest_collection_modifyitems(config, items):
 
 @functools.cache
 def yaml_docs(path: Path) -> tuple:
-    """The non-empty documents of a YAML file, parsed once per worker with libyaml: the vendored CRDs are
-    megabytes, seconds of CPU each for the pure-Python parser."""
+    """The non-empty documents of a YAML file, parsed once per worker with libyaml: the vendored
+    CRDs are megabytes, seconds of CPU each for the pure-Python parser."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -375,9 +395,12 @@ def yaml_docs(path: Path) -> tuple:
 
 
 def logged_events(json_lines: str) -> list:
-    """The trainer's events in `fsdpctl job logs -o json` output (one object per log line; an event line's
-    object holds the event under "event"): plain `job logs` shows human lines, not the JSON ones."""
+    """The trainer's events in `fsdpctl job logs -o json` output (one object per log line; an event
+    line's object holds the event under "event"): plain `job logs` shows human lines, not the JSON
+    ones."""
     from fsdptrain import events
 
     objs = [json.loads(line) for line in json_lines.splitlines() if line.strip()]
-    return list(events.parse(json.dumps(o["event"]) for o in objs if isinstance(o.get("event"), dict)))
+    return list(
+        events.parse(json.dumps(o["event"]) for o in objs if isinstance(o.get("event"), dict))
+    )

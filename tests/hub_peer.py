@@ -1,5 +1,5 @@
-"""A Hugging Face Hub peer on 127.0.0.1: the HTTP contract huggingface_hub speaks (no hub is reachable
-from these machines), served from repositories the test builds in memory.
+"""A Hugging Face Hub peer on 127.0.0.1: the HTTP contract huggingface_hub speaks (no hub is
+reachable from these machines), served from repositories the test builds in memory.
 
 What it answers, as huggingface.co does (huggingface_hub 2.x reads exactly these):
 - `GET /api/{models,datasets}/<id>/revision/<rev>`: the repo's `sha` and `siblings`;
@@ -12,8 +12,8 @@ What it answers, as huggingface.co does (huggingface_hub 2.x reads exactly these
   401 `GatedRepo` (no token) or 403 `GatedRepo` (a token without access); an unknown file is 404
   `EntryNotFound`.
 
-Every request is recorded (`requests`), so a test counts what reached the hub; `down()` stops answering as
-an unreachable hub would (the port closed)."""
+Every request is recorded (`requests`), so a test counts what reached the hub; `down()` stops
+answering as an unreachable hub would (the port closed)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,12 @@ class Repo:
 class HubPeer:
     repos: dict[tuple[str, str], Repo] = field(default_factory=dict)  # (model|dataset, id) -> repo
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
-    cut: set[str] = field(default_factory=set)  # file names whose GET stops half-way (a dropped connection)
-    # file name -> seconds its GET takes: the body comes in ten parts with a pause before each (each pause
-    # well under huggingface_hub's 10 s read timeout), so a download in progress can be watched
+    cut: set[str] = field(
+        default_factory=set
+    )  # file names whose GET stops half-way (a dropped connection)
+    # file name -> seconds its GET takes: the body comes in ten parts with a pause before each (each
+    # pause well under huggingface_hub's 10 s read timeout), so a download in progress can be
+    # watched
     delay_s: dict[str, float] = field(default_factory=dict)
     server: ThreadingHTTPServer | None = None
 
@@ -61,19 +64,29 @@ class HubPeer:
         assert self.server is not None
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def add(self, kind: str, repo_id: str, files: dict[str, bytes], gated_tokens: set[str] | None = None):
+    def add(
+        self, kind: str, repo_id: str, files: dict[str, bytes], gated_tokens: set[str] | None = None
+    ):
         self.repos[(kind, repo_id)] = Repo(files, gated_tokens)
         return self.repos[(kind, repo_id)]
 
-    def add_dir(self, kind: str, repo_id: str, directory: Path, gated_tokens: set[str] | None = None):
+    def add_dir(
+        self, kind: str, repo_id: str, directory: Path, gated_tokens: set[str] | None = None
+    ):
         files = {
-            str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
+            str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*"))
+            if p.is_file()
         }
         return self.add(kind, repo_id, files, gated_tokens)
 
     def downloads(self, path_suffix: str = "") -> int:
         """GETs of file contents (not HEADs, not API calls) whose path ends with path_suffix."""
-        return sum(1 for m, p in self.requests if m == "GET" and "/resolve/" in p and p.endswith(path_suffix))
+        return sum(
+            1
+            for m, p in self.requests
+            if m == "GET" and "/resolve/" in p and p.endswith(path_suffix)
+        )
 
     def down(self) -> None:
         if self.server is not None:
@@ -99,10 +112,10 @@ def running(peer: HubPeer | None = None) -> Iterator[HubPeer]:
 
 
 def fresh_hub_client() -> None:
-    """huggingface_hub keeps one HTTP client per process (utils/_http.py, get_session), made with the proxy
-    variables of the moment of its first request: one made under another in-process test's environment (the
-    fuzzer points HTTP proxies at a closed port) sent this peer's requests there (ConnectError). Closed, the
-    next request makes a new one from the environment as it is now."""
+    """huggingface_hub keeps one HTTP client per process (utils/_http.py, get_session), made with
+    the proxy variables of the moment of its first request: one made under another in-process test's
+    environment (the fuzzer points HTTP proxies at a closed port) sent this peer's requests there
+    (ConnectError). Closed, the next request makes a new one from the environment as it is now."""
     if "huggingface_hub" in sys.modules:
         from huggingface_hub.utils import close_session
 
@@ -112,7 +125,9 @@ def fresh_hub_client() -> None:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def handle_error(self, request, client_address) -> None:  # a client that hung up is no server error
+    def handle_error(
+        self, request, client_address
+    ) -> None:  # a client that hung up is no server error
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
             super().handle_error(request, client_address)
 
@@ -144,7 +159,11 @@ class _Handler(BaseHTTPRequestHandler):
             if repo is None:
                 return
             if m.group(3) in ("revision", None):
-                data = {"id": m.group(2), "sha": repo.sha, "siblings": [{"rfilename": f} for f in repo.files]}
+                data = {
+                    "id": m.group(2),
+                    "sha": repo.sha,
+                    "siblings": [{"rfilename": f} for f in repo.files],
+                }
                 return self._json(200, data, body)
             recursive = parse_qs(url.query).get("recursive", ["false"])[0].lower() == "true"
             return self._json(200, _tree(repo, recursive), body)
@@ -181,7 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if name.endswith(LFS_SUFFIXES):
             etag = hashlib.sha256(data).hexdigest()
-            headers |= {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data)), "ETag": f'"{etag}"'}
+            headers |= {
+                "X-Linked-Etag": f'"{etag}"',
+                "X-Linked-Size": str(len(data)),
+                "ETag": f'"{etag}"',
+            }
         else:
             headers["ETag"] = f'"{_git_oid(data)}"'
         status, chunk = 200, data
@@ -243,9 +266,16 @@ def _tree(repo: Repo, recursive: bool) -> list[dict]:
         folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
         entry = {"type": "file", "oid": _git_oid(data), "size": len(data), "path": path}
         if path.endswith(LFS_SUFFIXES):
-            entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            entry["lfs"] = {
+                "oid": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+                "pointerSize": 134,
+            }
         entries.append(entry)
     return [
-        *({"type": "directory", "oid": _git_oid(f.encode()), "size": 0, "path": f} for f in sorted(folders)),
+        *(
+            {"type": "directory", "oid": _git_oid(f.encode()), "size": 0, "path": f}
+            for f in sorted(folders)
+        ),
         *entries,
     ]

@@ -1,6 +1,7 @@
-"""The one checker of what any fsdpctl command may do with any input, shared by tests/test_bad_input.py and
-the CLI fuzzer. Take a `snapshot` of every directory the command could write (FSDPCTL_HOME, the output
-directory, the working directory) before and after, then `check_outcome`:
+"""The one checker of what any fsdpctl command may do with any input, shared by
+tests/test_bad_input.py and the CLI fuzzer. Take a `snapshot` of every directory the command could
+write (FSDPCTL_HOME, the output directory, the working directory) before and after, then
+`check_outcome`:
 
 - the exit code is a documented one (fsdpctl.errors.ExitCode; by default 0, 1, 2, 4 or 130);
 - no Python traceback without --debug, and no exception escaped the CLI;
@@ -25,7 +26,9 @@ from fsdpctl.errors import ExitCode
 from fsdpctl.redact import SHAPES
 
 # what a command that is not `job wait` may exit with (README "Exit codes")
-DOCUMENTED = frozenset({ExitCode.OK, ExitCode.FAILURE, ExitCode.BAD_INPUT, ExitCode.JOB_NOT_FOUND, 130})
+DOCUMENTED = frozenset(
+    {ExitCode.OK, ExitCode.FAILURE, ExitCode.BAD_INPUT, ExitCode.JOB_NOT_FOUND, 130}
+)
 JOB_WAIT = DOCUMENTED | {ExitCode.JOB_FAILED, ExitCode.JOB_TIMED_OUT, ExitCode.JOB_STOPPED}
 TRACEBACK = "Traceback (most recent call last)"
 # names an atomic write leaves only when it failed half-way (files.atomic_write writes `.NAME.tmp*`)
@@ -76,8 +79,9 @@ def _entry(path: Path) -> Entry:
 
 
 def written(before: Snapshot, after: Snapshot) -> list[Path]:
-    """Paths new in `after`, or changed since `before` (a file: kind, size or mtime; a directory: only its
-    kind, as a temp entry made and removed again changes its mtime, not what it holds); sorted."""
+    """Paths new in `after`, or changed since `before` (a file: kind, size or mtime; a directory:
+    only its kind, as a temp entry made and removed again changes its mtime, not what it holds);
+    sorted."""
     return sorted(p for p, e in after.items() if not _same(before.get(p), e))
 
 
@@ -102,16 +106,18 @@ def check_outcome(
     names: Iterable[str] = (),
     debug: bool = False,
 ) -> None:
-    """Assert every invariant above on one finished command. `result` has exit_code, stdout, stderr and, for
-    an in-process run, exception (tests/conftest.CliResult). `names`: the key or path a failure must name in
-    its error line (any one of them). Raises AssertionError saying which invariant broke and showing the
-    output."""
+    """Assert every invariant above on one finished command. `result` has exit_code, stdout, stderr
+    and, for an in-process run, exception (tests/conftest.CliResult). `names`: the key or path a
+    failure must name in its error line (any one of them). Raises AssertionError saying which
+    invariant broke and showing the output."""
     rc, stdout, stderr = result.exit_code, result.stdout or "", result.stderr or ""
     shown = f"rc={rc}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
     allowed = {int(c) for c in allowed_codes}
     assert rc in allowed, f"exit code {rc} is not one of {sorted(allowed)}\n{shown}"
     exc = getattr(result, "exception", None)
-    assert exc is None or isinstance(exc, SystemExit), f"exception escaped the CLI: {exc!r}\n{shown}"
+    assert exc is None or isinstance(exc, SystemExit), (
+        f"exception escaped the CLI: {exc!r}\n{shown}"
+    )
     if not debug:
         assert TRACEBACK not in stdout + stderr, f"traceback without --debug\n{shown}"
     _check_errors(rc, stderr, tuple(names), shown)
@@ -129,8 +135,8 @@ def _check_errors(rc: int, stderr: str, names: tuple[str, ...], shown: str) -> N
         if not line.startswith("error:"):
             continue
         assert line[len("error:") :].strip(), f"empty error line\n{shown}"
-        # a continuation (an error wrapped or spread over lines) is anything but a hint, the next error or
-        # a warning: `error: X` must stand alone
+        # a continuation (an error wrapped or spread over lines) is anything but a hint, the next
+        # error or a warning: `error: X` must stand alone
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         ok_next = nxt == "" or nxt.startswith(("error:", "warning:", "  hint: "))
         assert ok_next, f"error spread over more than one line: {line!r} then {nxt!r}\n{shown}"
@@ -160,12 +166,18 @@ def _check_secrets(
                 text = path.read_bytes().decode("utf-8", "replace")
             except OSError:
                 continue
-            assert not leaks(text), f"secret-shaped value written to {path}: {leaks(text)[:3]}\n{shown}"
+            assert not leaks(text), (
+                f"secret-shaped value written to {path}: {leaks(text)[:3]}\n{shown}"
+            )
 
 
-def _check_written(rc: int, before: Snapshot, after: Snapshot, changed: list[Path], shown: str) -> None:
+def _check_written(
+    rc: int, before: Snapshot, after: Snapshot, changed: list[Path], shown: str
+) -> None:
     if rc != ExitCode.OK:
-        assert not changed, f"failed command (exit {rc}) wrote {[str(p) for p in changed[:10]]}\n{shown}"
+        assert not changed, (
+            f"failed command (exit {rc}) wrote {[str(p) for p in changed[:10]]}\n{shown}"
+        )
     for path in changed:
         entry = after[path]
         assert not any(path.name.endswith(m) or f"{m}." in path.name for m in TEMP_MARKS), (
@@ -176,4 +188,6 @@ def _check_written(rc: int, before: Snapshot, after: Snapshot, changed: list[Pat
         if entry.kind == "file":
             assert entry.size > 0, f"zero-byte file written: {path}\n{shown}"
         if entry.kind == "dir":
-            assert any(p.parent == path for p in after), f"empty directory left behind: {path}\n{shown}"
+            assert any(p.parent == path for p in after), (
+                f"empty directory left behind: {path}\n{shown}"
+            )

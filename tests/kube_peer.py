@@ -1,11 +1,12 @@
-"""The Kubernetes API peer: an in-memory API server on kmock 0.8's HTTP machinery (kmock.Server, its request
-parsing and request log), served on 127.0.0.1 from a background thread and spoken to by the real
-`kubernetes` client through a kubeconfig.
+"""The Kubernetes API peer: an in-memory API server on kmock 0.8's HTTP machinery (kmock.Server, its
+request parsing and request log), served on 127.0.0.1 from a background thread and spoken to by the
+real `kubernetes` client through a kubeconfig.
 
-kmock's own emulator keeps objects as merged dicts: no discovery of what it holds, no scopes, no selectors, no
-resourceVersion, no validation, no garbage collection. fsdpctl depends on all of those, so the peer answers
-as kube-apiserver does for them, each rule after the upstream source or API documentation named where it is
-implemented (here, in kube_peer_discovery.py and kube_peer_rules.py):
+kmock's own emulator keeps objects as merged dicts: no discovery of what it holds, no scopes, no
+selectors, no resourceVersion, no validation, no garbage collection. fsdpctl depends on all of
+those, so the peer answers as kube-apiserver does for them, each rule after the upstream source or
+API documentation named where it is implemented (here, in kube_peer_discovery.py and
+kube_peer_rules.py):
 
 - discovery from kube-apiserver's own documents (kubernetes/kubernetes api/discovery/*.json, read from
   ../shared/vendor/kubernetes-discovery) plus every CRD applied, plain and aggregated (KEP-3352);
@@ -73,7 +74,9 @@ from kube_peer_rules import (
 
 DISCOVERY = SHARED / "vendor" / "kubernetes-discovery"
 NAMESPACES = re.compile(r"^/api/v1/namespaces/?$")
-ROUTE = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))(?P<rest>(?:/[^/]*)*)$")
+ROUTE = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))(?P<rest>(?:/[^/]*)*)$"
+)
 IMMORTAL = ("default", "kube-system", "kube-public")
 HISTORY = 5000  # watch events kept for ?resourceVersion=N
 Key = tuple[str, str, str, str]  # group, plural, namespace ("" when cluster-scoped), name
@@ -124,8 +127,8 @@ class Route:
 
 
 def parse_route(path: str) -> Route | None:
-    """/api/v1/... or /apis/G/V/...; /api/v1/namespaces/N is the Namespace N itself (and its status and
-    finalize subresources), a longer /namespaces/N/... path is a namespaced request."""
+    """/api/v1/... or /apis/G/V/...; /api/v1/namespaces/N is the Namespace N itself (and its status
+    and finalize subresources), a longer /namespaces/N/... path is a namespaced request."""
     m = ROUTE.match(path)
     if not m:
         return None
@@ -166,8 +169,9 @@ class Watcher:
         )
 
     def offer(self, key: Key, cur: dict | None, prev: dict | None, rv: int) -> None:
-        """The event this watcher sees (cache_watcher.go convertToWatchEvent): an object entering its selector
-        is ADDED, one leaving it is DELETED (its previous state at the new resourceVersion)."""
+        """The event this watcher sees (cache_watcher.go convertToWatchEvent): an object entering
+        its selector is ADDED, one leaving it is DELETED (its previous state at the new
+        resourceVersion)."""
         now_in, was_in = self.passes(key, cur), self.passes(key, prev)
         if now_in and cur is not None:
             self.queue.put_nowait(("MODIFIED" if was_in else "ADDED", cur))
@@ -178,7 +182,8 @@ class Watcher:
 
 
 class Store:
-    """Objects by key, one resourceVersion counter for every write (etcd's revision), the recent events."""
+    """Objects by key, one resourceVersion counter for every write (etcd's revision), the recent
+    events."""
 
     def __init__(self) -> None:
         self.objects: dict[Key, dict] = {}
@@ -206,7 +211,9 @@ class Store:
             w.offer(key, cur, prev, self.rv)
 
     def by_uid(self, uid: str) -> tuple[Key, dict] | None:
-        return next(((k, o) for k, o in self.objects.items() if o["metadata"].get("uid") == uid), None)
+        return next(
+            ((k, o) for k, o in self.objects.items() if o["metadata"].get("uid") == uid), None
+        )
 
     def dependents(self, uid: str) -> list[tuple[Key, dict]]:
         return [
@@ -217,13 +224,16 @@ class Store:
 
 
 def schemas_dir() -> Path:
-    """kubernetes-validate's JSON schemas of the Kubernetes OpenAPI, for the version fsdpctl targets."""
+    """kubernetes-validate's JSON schemas of the Kubernetes OpenAPI, for the version fsdpctl
+    targets."""
     import kubernetes_validate
 
     from fsdpctl.validate import KUBERNETES_VERSION
 
     return (
-        Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{KUBERNETES_VERSION}-local"
+        Path(kubernetes_validate.__file__).parent
+        / "kubernetes-json-schema"
+        / f"v{KUBERNETES_VERSION}-local"
     )
 
 
@@ -238,7 +248,12 @@ class Schemas:
         if res.custom:
             crd = self.registry.crd_for(res.group, res.plural)
             version = next(
-                (v for v in (crd or {}).get("spec", {}).get("versions", []) if v["name"] == res.version), None
+                (
+                    v
+                    for v in (crd or {}).get("spec", {}).get("versions", [])
+                    if v["name"] == res.version
+                ),
+                None,
             )
             root = ((version or {}).get("schema") or {}).get("openAPIV3Schema")
             return Schema(root, custom=True) if root else None
@@ -246,7 +261,9 @@ class Schemas:
         if key not in self.builtin:
             prefix = f"-{res.group.split('.')[0]}" if res.group else ""
             f = self.folder / f"{res.kind.lower()}{prefix}-{res.version}.json"
-            self.builtin[key] = Schema(json.loads(f.read_text()), self.defs) if f.is_file() else None
+            self.builtin[key] = (
+                Schema(json.loads(f.read_text()), self.defs) if f.is_file() else None
+            )
         return self.builtin[key]
 
 
@@ -263,9 +280,15 @@ class KubeApi(kmock.KubernetesScaffold):
             True  # serve aggregated discovery (Kubernetes 1.26+); False: only the plain documents
         )
         self.logs: dict[tuple[str, str], str] = PodLogs()
-        self.proxies: dict[tuple[str, str, int], Callable[[str, str, dict, bytes], tuple[int, bytes]]] = {}
-        self.forbidden: set[str] = set()  # plurals this user may not touch (RBAC): 403, as the real API says
-        self.applied: dict[tuple[Key, str], dict] = {}  # (object, field manager) -> its last applied config
+        self.proxies: dict[
+            tuple[str, str, int], Callable[[str, str, dict, bytes], tuple[int, bytes]]
+        ] = {}
+        self.forbidden: set[str] = (
+            set()
+        )  # plurals this user may not touch (RBAC): 403, as the real API says
+        self.applied: dict[
+            tuple[Key, str], dict
+        ] = {}  # (object, field manager) -> its last applied config
         self._gc_scheduled = False
         for name in (*IMMORTAL, "kube-node-lease"):
             self._stamp_new(
@@ -274,8 +297,8 @@ class KubeApi(kmock.KubernetesScaffold):
             )
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        """kmock's path parser fails on the bare collection /api/v1/namespaces: that request is parsed here,
-        into the same request log."""
+        """kmock's path parser fails on the bare collection /api/v1/namespaces: that request is
+        parsed here, into the same request log."""
         if not NAMESPACES.match(raw.path):
             return await super().__call__(raw)
         body = await raw.read()
@@ -307,7 +330,10 @@ class KubeApi(kmock.KubernetesScaffold):
 
     async def _route(self, request):
         path, method = request.url.path, request.method.value.upper()
-        if method == "GET" and (doc := self._discovery(path, request.headers.get("Accept", ""))) is not None:
+        if (
+            method == "GET"
+            and (doc := self._discovery(path, request.headers.get("Accept", ""))) is not None
+        ):
             return doc
         if path == "/version":
             return aiohttp.web.json_response(
@@ -361,7 +387,9 @@ class KubeApi(kmock.KubernetesScaffold):
             raise generic  # a namespaced object has no cluster-scoped path
         if route.namespace is None and res.namespaced and method != "GET":
             raise Reply(
-                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
             )
         return res
 
@@ -373,7 +401,9 @@ class KubeApi(kmock.KubernetesScaffold):
         watch = request.params.get("watch") in ("true", "1")
         verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
         verb = verb or ("watch" if watch else "get" if route.name else "list")
-        where = f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
+        where = (
+            f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
+        )
         named = f' "{route.name}"' if route.name else ""
         raise Reply(
             403,
@@ -403,7 +433,9 @@ class KubeApi(kmock.KubernetesScaffold):
         if method == "DELETE":
             return self._json(*self._delete_request(request, res, route))
         raise Reply(
-            405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
         )
 
     def _json(self, body: dict, code: int = 200, warnings: list[str] | None = None):
@@ -422,7 +454,8 @@ class KubeApi(kmock.KubernetesScaffold):
         return obj
 
     def _typed(self, res: Served, obj: dict) -> dict:
-        """The object at the version it was asked at (no conversion: the kinds here share one schema)."""
+        """The object at the version it was asked at (no conversion: the kinds here share one
+        schema)."""
         return {**obj, "apiVersion": res.group_version, "kind": res.kind}
 
     def _list(self, request, res: Served, route: Route) -> dict:
@@ -435,10 +468,17 @@ class KubeApi(kmock.KubernetesScaffold):
             and selects(labels, o["metadata"].get("labels"))
             and fields_match(fields, o)
         ]
-        if not res.custom:  # typed lists carry no TypeMeta on their items (kubernetes/kubernetes#3030)
+        if (
+            not res.custom
+        ):  # typed lists carry no TypeMeta on their items (kubernetes/kubernetes#3030)
             items = [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")} for o in items]
         meta = {"resourceVersion": str(self.store.rv)}
-        return {"kind": f"{res.kind}List", "apiVersion": res.group_version, "metadata": meta, "items": items}
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.group_version,
+            "metadata": meta,
+            "items": items,
+        }
 
     def _selectors(self, request, res: Served) -> tuple[list, list]:
         try:
@@ -449,8 +489,8 @@ class KubeApi(kmock.KubernetesScaffold):
         return labels, fields
 
     async def _watch(self, request, res: Served, route: Route):
-        """Existing objects as ADDED (or the events after ?resourceVersion=N), then changes as they happen,
-        until ?timeoutSeconds."""
+        """Existing objects as ADDED (or the events after ?resourceVersion=N), then changes as they
+        happen, until ?timeoutSeconds."""
         labels, fields = self._selectors(request, res)
         watcher = Watcher(res.group, res.plural, route.namespace, labels, fields)
         first = self._replay(watcher, request.params.get("resourceVersion", ""))
@@ -479,11 +519,15 @@ class KubeApi(kmock.KubernetesScaffold):
 
     def _replay(self, watcher: Watcher, rv: str) -> list[tuple[str, dict]]:
         if rv in ("", "0"):
-            return [("ADDED", o) for k, o in sorted(self.store.objects.items()) if watcher.passes(k, o)]
+            return [
+                ("ADDED", o) for k, o in sorted(self.store.objects.items()) if watcher.passes(k, o)
+            ]
         oldest = self.store.history[0][0] if self.store.history else self.store.rv
         if int(rv) < oldest - 1:
             raise Reply(410, "Expired", f"too old resource version: {rv} ({oldest})")
-        probe = Watcher(watcher.group, watcher.plural, watcher.namespace, watcher.labels, watcher.fields)
+        probe = Watcher(
+            watcher.group, watcher.plural, watcher.namespace, watcher.labels, watcher.fields
+        )
         for at, key, cur, prev in self.store.history:
             if at > int(rv):
                 probe.offer(key, cur, prev, at)
@@ -505,7 +549,9 @@ class KubeApi(kmock.KubernetesScaffold):
         else:
             meta.pop("namespace", None)
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+            meta["name"] = meta["generateName"] + "".join(
+                random.choices("bcdfghjklmnpqrstvwxz2456789", k=5)
+            )
         if not meta.get("name"):
             raise Reply(
                 422,
@@ -528,7 +574,8 @@ class KubeApi(kmock.KubernetesScaffold):
         return stored, warnings
 
     def _stamp_new(self, res: Served | None, obj: dict, dry: bool = False) -> dict:
-        """What the server sets on create: uid, creationTimestamp, generation, the status it starts from."""
+        """What the server sets on create: uid, creationTimestamp, generation, the status it starts
+        from."""
         assert res is not None
         meta = obj["metadata"]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
@@ -565,16 +612,16 @@ class KubeApi(kmock.KubernetesScaffold):
 
     def _pod_stops(self, namespace: str, name: str) -> None:
         """The kubelet's part of `fsdpctl job stop`, later, as a sync of the pod would do it
-        (kube_peer_kubelet): the annotation reaches the trainer through its downward API file, the trainer
-        saves and ends, and the kubelet reports the container's exit code."""
+        (kube_peer_kubelet): the annotation reaches the trainer through its downward API file, the
+        trainer saves and ends, and the kubelet reports the container's exit code."""
         key = ("", "pods", namespace, name)
         pod = self.store.objects.get(key)
         if pod is not None and kubelet.stop_requested(pod):
             self.store.put(key, kubelet.after_stop_request(pod))
 
     def _lifecycle(self, res: Served, namespace: str | None, name: str) -> None:
-        """NamespaceLifecycle admission on create: the namespace must exist and not be terminating (the
-        refusal in admission.NewForbidden's words)."""
+        """NamespaceLifecycle admission on create: the namespace must exist and not be terminating
+        (the refusal in admission.NewForbidden's words)."""
         if not res.namespaced or namespace is None:
             return
         ns = self.store.objects.get(("", "namespaces", "", namespace))
@@ -616,16 +663,20 @@ class KubeApi(kmock.KubernetesScaffold):
     def _admit(
         self, request, res: Served, obj: dict, mode: str, applied: dict | None = None
     ) -> tuple[dict, list[str]]:
-        """Field validation (fieldValidation=Ignore|Warn|Strict, Warn by default) and the schema's value
-        checks. The object comes back as stored: unknown fields dropped, custom resources pruned."""
+        """Field validation (fieldValidation=Ignore|Warn|Strict, Warn by default) and the schema's
+        value checks. The object comes back as stored: unknown fields dropped, custom resources
+        pruned."""
         schema = self.schemas.of(res)
         if schema is None:
             return obj, []
         if mode == "apply" and applied is not None:
             unknown = schema.check(applied).unknown
-            if unknown:  # the typed patch conversion of server-side apply fails whatever fieldValidation says
+            # the typed patch conversion of server-side apply fails whatever fieldValidation says
+            if unknown:
                 gvk = f"{res.group}/{res.version}, Kind={res.kind}"
-                where = f"{applied['metadata'].get('namespace', '')}/{applied['metadata'].get('name')}"
+                where = (
+                    f"{applied['metadata'].get('namespace', '')}/{applied['metadata'].get('name')}"
+                )
                 raise Reply(
                     500,
                     "",
@@ -661,7 +712,8 @@ class KubeApi(kmock.KubernetesScaffold):
     def _update(
         self, request, res: Served, route: Route, obj: dict, status_only: bool = False
     ) -> tuple[dict, int, list[str]]:
-        """PUT: optimistic concurrency on metadata.resourceVersion, the status kept (or only it changed)."""
+        """PUT: optimistic concurrency on metadata.resourceVersion, the status kept (or only it
+        changed)."""
         old = self._existing(res, route)
         self._check_type(res, obj)
         _precondition(res, old, obj.get("metadata", {}).get("resourceVersion"))
@@ -691,12 +743,14 @@ class KubeApi(kmock.KubernetesScaffold):
         return merged
 
     def _replace(self, request, res: Served, old: dict, new: dict) -> dict:
-        """Store an update: generation follows spec changes; an object being deleted whose last finalizer
-        went is removed."""
+        """Store an update: generation follows spec changes; an object being deleted whose last
+        finalizer went is removed."""
         spec_changed = {k: v for k, v in old.items() if k not in ("metadata", "status")} != {
             k: v for k, v in new.items() if k not in ("metadata", "status")
         }
-        new["metadata"]["generation"] = old["metadata"].get("generation", 1) + (1 if spec_changed else 0)
+        new["metadata"]["generation"] = old["metadata"].get("generation", 1) + (
+            1 if spec_changed else 0
+        )
         if _dry(request):
             return new
         key = self._key(res, new["metadata"].get("namespace"), new["metadata"]["name"])
@@ -724,7 +778,9 @@ class KubeApi(kmock.KubernetesScaffold):
             )
         if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             raise Reply(
-                415, "UnsupportedMediaType", f"{ctype}: not implemented by this test peer (kube_peer.py)"
+                415,
+                "UnsupportedMediaType",
+                f"{ctype}: not implemented by this test peer (kube_peer.py)",
             )
         patch = _body(request)
         old = self._existing(res, route)
@@ -733,10 +789,12 @@ class KubeApi(kmock.KubernetesScaffold):
         stored, warnings = self._admit(request, res, new, mode="patch")
         return self._replace(request, res, old, stored), 200, warnings
 
-    def _apply(self, request, res: Served, route: Route, status_only: bool) -> tuple[dict, int, list[str]]:
-        """Server-side apply: creates a missing object; else sets the fields applied and removes those this
-        field manager applied before and applies no more. Lists are replaced whole (no per-field ownership,
-        no conflicts between managers)."""
+    def _apply(
+        self, request, res: Served, route: Route, status_only: bool
+    ) -> tuple[dict, int, list[str]]:
+        """Server-side apply: creates a missing object; else sets the fields applied and removes
+        those this field manager applied before and applies no more. Lists are replaced whole (no
+        per-field ownership, no conflicts between managers)."""
         manager = request.params.get("fieldManager")
         if not manager:
             raise Reply(
@@ -787,7 +845,9 @@ class KubeApi(kmock.KubernetesScaffold):
         if top == "status" and method == "PATCH":
             obj, code, warnings = self._patch(request, res, route, status_only=True)
             return self._json(self._typed(res, obj), code, warnings)
-        raise Reply(405, "MethodNotAllowed", f"{method} {route.sub}: not implemented by this test peer")
+        raise Reply(
+            405, "MethodNotAllowed", f"{method} {route.sub}: not implemented by this test peer"
+        )
 
     # --- deletion and garbage collection --------------------------------------------------------------------
 
@@ -826,7 +886,9 @@ class KubeApi(kmock.KubernetesScaffold):
             )
         key = self._key(res, route.namespace, route.name or "")
         gone, obj = self._delete(key, options, dry)
-        if gone and not (res.custom or res.plural == "pods"):  # generic registry: ReturnDeletedObject false
+        if gone and not (
+            res.custom or res.plural == "pods"
+        ):  # generic registry: ReturnDeletedObject false
             details = {
                 "name": route.name,
                 "group": res.group,
@@ -840,7 +902,9 @@ class KubeApi(kmock.KubernetesScaffold):
         name = ns["metadata"]["name"]
         if name in IMMORTAL:
             raise Reply(
-                403, "Forbidden", f'namespaces "{name}" is forbidden: this namespace may not be deleted'
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
             )
         if ns["metadata"].get("deletionTimestamp"):
             raise Reply(
@@ -852,9 +916,9 @@ class KubeApi(kmock.KubernetesScaffold):
             )
 
     def _delete(self, key: Key, options: dict, dry: bool) -> tuple[bool, dict]:
-        """One deletion (generic registry store.go Delete): a scheduled pod first gets its grace period; the
-        propagation policy becomes a finalizer (foregroundDeletion, orphan) the garbage collector works off;
-        an object with finalizers is only marked; anything else goes now."""
+        """One deletion (generic registry store.go Delete): a scheduled pod first gets its grace
+        period; the propagation policy becomes a finalizer (foregroundDeletion, orphan) the garbage
+        collector works off; an object with finalizers is only marked; anything else goes now."""
         obj = json.loads(json.dumps(self.store.objects[key]))
         meta = obj["metadata"]
         policy = options.get("propagationPolicy") or _default_policy(key, options)
@@ -883,8 +947,9 @@ class KubeApi(kmock.KubernetesScaffold):
         return True, obj
 
     def _graceful(self, pod: dict, options: dict) -> bool:
-        """A pod on a node is only marked, with its grace period, for the kubelet to end and then delete with
-        grace 0; an unscheduled or finished pod goes at once (pkg/registry/core/pod/strategy.go)."""
+        """A pod on a node is only marked, with its grace period, for the kubelet to end and then
+        delete with grace 0; an unscheduled or finished pod goes at once
+        (pkg/registry/core/pod/strategy.go)."""
         grace = options.get("gracePeriodSeconds")
         grace = (
             int(grace)
@@ -908,8 +973,9 @@ class KubeApi(kmock.KubernetesScaffold):
             asyncio.get_running_loop().call_soon(self._collect)
 
     def _collect(self) -> None:
-        """The garbage collector, the namespace controller and the CRD finalizer, run until nothing changes:
-        after the answer to the request that asked for a deletion, as the controllers act after it."""
+        """The garbage collector, the namespace controller and the CRD finalizer, run until nothing
+        changes: after the answer to the request that asked for a deletion, as the controllers act
+        after it."""
         self._gc_scheduled = False
         before = None
         while before != self.store.rv:
@@ -943,18 +1009,21 @@ class KubeApi(kmock.KubernetesScaffold):
                 self.store.put(key, {**obj, "metadata": {**meta, "finalizers": fin}})
             return
         if meta.get("deletionGracePeriodSeconds"):
-            return  # a pod in its grace period: the kubelet deletes it (with grace 0) once it has ended
+            # a pod in its grace period: the kubelet deletes it (with grace 0) once it has ended
+            return
         self.store.remove(key)
         if key[:2] == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self.registry.crds.pop(key[3], None)
 
     def _blocking(self, uid: str) -> bool:
-        """Foreground deletion: the owner's dependents are deleted (in the foreground themselves when they own
-        objects); the owner waits for those with blockOwnerDeletion."""
+        """Foreground deletion: the owner's dependents are deleted (in the foreground themselves
+        when they own objects); the owner waits for those with blockOwnerDeletion."""
         waiting = False
         for key, dep in self.store.dependents(uid):
             if not dep["metadata"].get("deletionTimestamp"):
-                policy = "Foreground" if self.store.dependents(dep["metadata"]["uid"]) else "Background"
+                policy = (
+                    "Foreground" if self.store.dependents(dep["metadata"]["uid"]) else "Background"
+                )
                 self._delete(key, {"propagationPolicy": policy}, False)
             ref = next(r for r in dep["metadata"]["ownerReferences"] if r.get("uid") == uid)
             waiting |= bool(ref.get("blockOwnerDeletion")) and key in self.store.objects
@@ -976,7 +1045,8 @@ class KubeApi(kmock.KubernetesScaffold):
             self.store.put(key, {**obj, "metadata": {**obj["metadata"], "ownerReferences": live}})
 
     def _empty_namespace(self, name: str) -> bool:
-        """The namespace controller: everything in a terminating namespace is deleted; True once empty."""
+        """The namespace controller: everything in a terminating namespace is deleted; True once
+        empty."""
         inside = [k for k in list(self.store.objects) if k[2] == name]
         for key in inside:
             if not self.store.objects[key]["metadata"].get("deletionTimestamp"):
@@ -991,8 +1061,9 @@ class KubeApi(kmock.KubernetesScaffold):
     # --- what a kubelet and services would answer -----------------------------------------------------------
 
     async def _log(self, request, route: Route):
-        """The pod's log text from `logs`, with the container checks of pkg/registry/core/pod/strategy.go
-        (LogLocation): a pod of several containers needs ?container=, which must be one of them."""
+        """The pod's log text from `logs`, with the container checks of
+        pkg/registry/core/pod/strategy.go (LogLocation): a pod of several containers needs
+        ?container=, which must be one of them."""
         pod = self.store.objects.get(("", "pods", route.namespace or "", route.name or ""))
         if pod is None:
             raise Reply(404, "NotFound", f'pods "{route.name}" not found')
@@ -1006,8 +1077,12 @@ class KubeApi(kmock.KubernetesScaffold):
                 f"[{' '.join(names)}]",
             )
         if container and container not in names:
-            raise Reply(400, "BadRequest", f"container {container} is not valid for pod {route.name}")
-        text = _kubelet_log(self.logs.lines((route.namespace or "", route.name or "")), request.params)
+            raise Reply(
+                400, "BadRequest", f"container {container} is not valid for pod {route.name}"
+            )
+        text = _kubelet_log(
+            self.logs.lines((route.namespace or "", route.name or "")), request.params
+        )
         if request.params.get("follow") != "true":
             return aiohttp.web.Response(text=text, content_type="text/plain")
         resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -1019,14 +1094,16 @@ class KubeApi(kmock.KubernetesScaffold):
         return resp
 
     async def _proxy(self, request, route: Route):
-        """A registered handler plays the Service's endpoints; without one, a missing Service is 404 and one
-        without endpoints 503, as the API server's proxy answers."""
+        """A registered handler plays the Service's endpoints; without one, a missing Service is 404
+        and one without endpoints 503, as the API server's proxy answers."""
         service, _, port = (route.name or "").partition(":")
         handler = self.proxies.get((route.namespace or "", service, int(port or 0)))
         if handler is None:
             if ("", "services", route.namespace or "", service) not in self.store.objects:
                 raise Reply(404, "NotFound", f'services "{service}" not found')
-            raise Reply(503, "ServiceUnavailable", f'no endpoints available for service "{service}"')
+            raise Reply(
+                503, "ServiceUnavailable", f'no endpoints available for service "{service}"'
+            )
         rest = "/" + (route.sub or "").partition("/")[2]
         code, body = handler(request.method.value.upper(), rest, dict(request.params), request.body)
         return aiohttp.web.Response(status=code, body=body, content_type="application/json")
@@ -1034,7 +1111,8 @@ class KubeApi(kmock.KubernetesScaffold):
 
 # --- helpers ------------------------------------------------------------------------------------------------
 
-# a line of a container's log file as the runtime writes it (CRI log format: containerd pkg/cri/io/logger.go)
+# a line of a container's log file as the runtime writes it (CRI log format: containerd
+# pkg/cri/io/logger.go)
 _CRI_LINE = re.compile(r"(\S+) (stdout|stderr) ([A-Z:]+) ?(.*)")
 
 
@@ -1045,9 +1123,10 @@ def _rfc3339_parse(text: str) -> float:
 
 
 class PodLogs(dict):
-    """The kubelet's side of pod logs: the text a test stores for (namespace, pod) is the container's log. A
-    line in the CRI log format keeps its own time (as the kubelet reads the runtime's file); any other line is
-    stamped with the time it was stored, as the runtime stamps each line when it reads it."""
+    """The kubelet's side of pod logs: the text a test stores for (namespace, pod) is the
+    container's log. A line in the CRI log format keeps its own time (as the kubelet reads the
+    runtime's file); any other line is stamped with the time it was stored, as the runtime stamps
+    each line when it reads it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1062,7 +1141,9 @@ class PodLogs(dict):
         for raw in self.get(key, "").splitlines():
             m = _CRI_LINE.fullmatch(raw)
             try:
-                out.append((_rfc3339_parse(m.group(1)), m.group(4)) if m else (self.stored_at[key], raw))
+                out.append(
+                    (_rfc3339_parse(m.group(1)), m.group(4)) if m else (self.stored_at[key], raw)
+                )
             except ValueError:
                 out.append((self.stored_at[key], raw))
         return out
@@ -1109,8 +1190,8 @@ def _dry(request) -> bool:
 
 
 def _precondition(res: Served, old: dict, rv: str | None) -> None:
-    """Optimistic concurrency (API concepts, "Resource versions"): a write naming a resourceVersion that is
-    not the current one is a 409 Conflict."""
+    """Optimistic concurrency (API concepts, "Resource versions"): a write naming a resourceVersion
+    that is not the current one is a 409 Conflict."""
     if rv and rv != old["metadata"].get("resourceVersion"):
         name = old["metadata"]["name"]
         raise Reply(
@@ -1137,15 +1218,16 @@ def _invalid(res: Served, name: str, causes: list) -> Reply:
 
 def _default_policy(key: Key, options: dict) -> str:
     """Without a propagationPolicy: orphanDependents if given, batch/v1 Jobs orphan their pods
-    (pkg/registry/batch/job/strategy.go DefaultGarbageCollectionPolicy), everything else is Background."""
+    (pkg/registry/batch/job/strategy.go DefaultGarbageCollectionPolicy), everything else is
+    Background."""
     if str(options.get("orphanDependents")).lower() == "true":
         return "Orphan"
     return "Orphan" if key[:2] == ("batch", "jobs") else "Background"
 
 
 def _initial_status(res: Served, obj: dict) -> dict:
-    """The status a new object starts with: what the client sent is dropped (the status subresource owns
-    it)."""
+    """The status a new object starts with: what the client sent is dropped (the status subresource
+    owns it)."""
     if res.plural == "pods":
         return {"phase": "Pending"}
     if res.plural == "namespaces":
@@ -1181,8 +1263,8 @@ def _paths(obj: Any, prefix: tuple = ()) -> set[tuple]:
 
 
 def _without(obj: dict, paths: set[tuple]) -> dict:
-    """`obj` less the fields at `paths` (those a field manager applied before and applies no more); of the
-    metadata only labels and annotations are the manager's, the rest is the server's."""
+    """`obj` less the fields at `paths` (those a field manager applied before and applies no more);
+    of the metadata only labels and annotations are the manager's, the rest is the server's."""
     out = json.loads(json.dumps(obj))
     for path in paths:
         if path[:1] == ("metadata",) and path[:2] not in (
@@ -1199,7 +1281,8 @@ def _without(obj: dict, paths: set[tuple]) -> dict:
 
 
 class Peer:
-    """The running API: `url`, `kubeconfig` (a file naming it as context `kmock`), `api` (the KubeApi)."""
+    """The running API: `url`, `kubeconfig` (a file naming it as context `kmock`), `api` (the
+    KubeApi)."""
 
     def __init__(self, tmp: Path, aggregated: bool = True):
         self._ready = threading.Event()
@@ -1218,7 +1301,9 @@ class Peer:
                     "current-context": "kmock",
                     "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
                     "users": [{"name": "tester", "user": {"token": "kmock-token"}}],
-                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "tester"}}],
+                    "contexts": [
+                        {"name": "kmock", "context": {"cluster": "kmock", "user": "tester"}}
+                    ],
                 }
             )
         )
@@ -1227,7 +1312,11 @@ class Peer:
         self._stop = asyncio.Event()
         async with KubeApi() as api, kmock.Server(api) as server:
             api.aggregated = self._aggregated
-            self.api, self.url, self.loop = api, str(server.url).rstrip("/"), asyncio.get_running_loop()
+            self.api, self.url, self.loop = (
+                api,
+                str(server.url).rstrip("/"),
+                asyncio.get_running_loop(),
+            )
             self._ready.set()
             await self._stop.wait()
 
@@ -1255,7 +1344,9 @@ async def _call(fn: Callable[[], Any]) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _documents(path: Path) -> str:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader: the CRDs are megabytes of YAML
+    loader = getattr(
+        yaml, "CSafeLoader", yaml.SafeLoader
+    )  # the C loader: the CRDs are megabytes of YAML
     return json.dumps([d for d in yaml.load_all(path.read_text(), Loader=loader) if d])
 
 

@@ -1,7 +1,7 @@
-"""What the Kubernetes test peer serves as API discovery: kube-apiserver's own documents (vendored from
-kubernetes/kubernetes api/discovery/, read from ../shared, never copied into the repository) plus the CRDs
-applied to the peer, as the plain documents (/api, /apis, /apis/G, /apis/G/V) and as aggregated discovery
-(apidiscovery.k8s.io v2 and v2beta1, KEP-3352)."""
+"""What the Kubernetes test peer serves as API discovery: kube-apiserver's own documents (vendored
+from kubernetes/kubernetes api/discovery/, read from ../shared, never copied into the repository)
+plus the CRDs applied to the peer, as the plain documents (/api, /apis, /apis/G, /apis/G/V) and as
+aggregated discovery (apidiscovery.k8s.io v2 and v2beta1, KEP-3352)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ class Served:
 
     @property
     def qualified(self) -> str:
-        """schema.GroupResource.String(): the name the server's messages use ("pods", "deployments.apps")."""
+        """schema.GroupResource.String(): the name the server's messages use ("pods",
+        "deployments.apps")."""
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
     @property
@@ -47,8 +48,9 @@ class Served:
 
 
 def version_priority(version: str) -> tuple[int, int, int, str]:
-    """Kubernetes' version order (apimachinery pkg/version/helpers.go CompareKubeAwareVersionStrings):
-    GA before beta before alpha, higher numbers first, other strings last."""
+    """Kubernetes' version order (apimachinery pkg/version/helpers.go
+    CompareKubeAwareVersionStrings): GA before beta before alpha, higher numbers first, other
+    strings last."""
     m = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
     if not m:
         return (3, 0, 0, version)
@@ -66,15 +68,17 @@ class Registry:
             doc = json.loads(f.read_text())
             self.lists[doc["groupVersion"]] = doc
         groups = json.loads((folder / "apis.json").read_text())["groups"]
-        # a group version the folder holds no resource list for is left out, so that every version the peer
-        # lists also answers (the vendored apis.json names a few more, from another tree)
+        # a group version the folder holds no resource list for is left out, so that every version
+        # the peer lists also answers (the vendored apis.json names a few more, from another tree)
         self.groups = [g for g in (self._served_only(g) for g in groups) if g["versions"]]
         self.crds: dict[str, dict] = {}  # name -> established CRD
 
     def _served_only(self, group: dict) -> dict:
         versions = [v for v in group["versions"] if v["groupVersion"] in self.lists]
         preferred = (
-            group["preferredVersion"] if group["preferredVersion"] in versions else (versions or [None])[0]
+            group["preferredVersion"]
+            if group["preferredVersion"] in versions
+            else (versions or [None])[0]
         )
         return {**group, "versions": versions, "preferredVersion": preferred}
 
@@ -91,7 +95,9 @@ class Registry:
         top = next((e for e in entries if e["name"] == plural), None)
         if top is None:
             return None
-        subs = frozenset(e["name"].split("/", 1)[1] for e in entries if e["name"].startswith(plural + "/"))
+        subs = frozenset(
+            e["name"].split("/", 1)[1] for e in entries if e["name"].startswith(plural + "/")
+        )
         return Served(group, version, plural, top["kind"], bool(top["namespaced"]), subs)
 
     def by_kind(self, api_version: str, kind: str) -> Served | None:
@@ -136,16 +142,21 @@ class Registry:
         return {"kind": "APIGroup", "apiVersion": "v1", **found} if found else None
 
     def resource_list(self, gv: str) -> dict | None:
-        """/api/v1 or /apis/G/V as APIResourceList: the vendored document as kube-apiserver wrote it."""
+        """/api/v1 or /apis/G/V as APIResourceList: the vendored document as kube-apiserver wrote
+        it."""
         entries = self.entries(gv)
         if not entries:
             return None
-        doc = dict(self.lists.get(gv) or {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv})
+        doc = dict(
+            self.lists.get(gv)
+            or {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv}
+        )
         return {**doc, "resources": entries}
 
     def aggregated(self, core: bool, version: str) -> dict:
-        """/api (core) or /apis as APIGroupDiscoveryList, converted from the same entries as kube-apiserver
-        converts its own (apiserver pkg/endpoints/installer.go ConvertGroupVersionIntoToDiscovery)."""
+        """/api (core) or /apis as APIGroupDiscoveryList, converted from the same entries as
+        kube-apiserver converts its own (apiserver pkg/endpoints/installer.go
+        ConvertGroupVersionIntoToDiscovery)."""
         if core:
             groups = [("", self.api["versions"])]
         else:
@@ -156,7 +167,9 @@ class Registry:
                 "versions": [
                     {
                         "version": v,
-                        "resources": to_discovery(name, v, self.entries(f"{name}/{v}" if name else v)),
+                        "resources": to_discovery(
+                            name, v, self.entries(f"{name}/{v}" if name else v)
+                        ),
                         "freshness": "Current",
                     }
                     for v in versions
@@ -173,10 +186,15 @@ class Registry:
 
 
 def to_discovery(group: str, version: str, entries: list[dict]) -> list[dict]:
-    """APIResource entries to APIResourceDiscovery: subresources ('pods/log') nest under their resource."""
+    """APIResource entries to APIResourceDiscovery: subresources ('pods/log') nest under their
+    resource."""
     out: dict[str, dict] = {}
     for e in entries:
-        gvk = {"group": e.get("group", group), "version": e.get("version", version), "kind": e["kind"]}
+        gvk = {
+            "group": e.get("group", group),
+            "version": e.get("version", version),
+            "kind": e["kind"],
+        }
         if "/" not in e["name"]:
             out[e["name"]] = {
                 "resource": e["name"],
@@ -189,7 +207,11 @@ def to_discovery(group: str, version: str, entries: list[dict]) -> list[dict]:
     for e in entries:
         parent, _, sub = e["name"].partition("/")
         if sub and parent in out:
-            gvk = {"group": e.get("group", group), "version": e.get("version", version), "kind": e["kind"]}
+            gvk = {
+                "group": e.get("group", group),
+                "version": e.get("version", version),
+                "kind": e["kind"],
+            }
             out[parent].setdefault("subresources", []).append(
                 {"subresource": sub, "responseKind": gvk, "verbs": e.get("verbs", [])}
             )
@@ -231,8 +253,9 @@ def crd_entries(crd: dict) -> dict[str, list[dict]]:
 
 
 def accepts_aggregated(accept: str) -> str | None:
-    """The aggregated discovery version a request's Accept header asks for first ('v2', 'v2beta1'), else
-    None (apiserver pkg/endpoints/discovery/aggregated/wrapper.go: negotiation on g, v and as)."""
+    """The aggregated discovery version a request's Accept header asks for first ('v2', 'v2beta1'),
+    else None (apiserver pkg/endpoints/discovery/aggregated/wrapper.go: negotiation on g, v and as).
+    """
     for entry in accept.split(","):
         params = dict(p.strip().split("=", 1) for p in entry.split(";")[1:] if "=" in p)
         if params.get("g") == "apidiscovery.k8s.io" and params.get("as") == "APIGroupDiscoveryList":

@@ -1,6 +1,6 @@
-"""What the Kubernetes test peer has no process for, as pure rules after their sources (issue 27): the
-kubelet's part of a stop request, and what the controllers make of the way a job's pods end, so that a test
-can judge a sequence of pod exits as the real controllers would, without torchrun.
+"""What the Kubernetes test peer has no process for, as pure rules after their sources (issue 27):
+the kubelet's part of a stop request, and what the controllers make of the way a job's pods end, so
+that a test can judge a sequence of pod exits as the real controllers would, without torchrun.
 
 - the kubelet: a pod annotated `fsdpctl.io/stop` gets the annotation in its downward API file at its next
   sync; the trainer then saves and ends, and the pod's launcher exits as fsdptrain.disruption.pod_exit says
@@ -43,14 +43,17 @@ def stop_requested(pod: dict) -> bool:
 
 
 def after_stop_request(pod: dict) -> dict:
-    """The pod once its trainer saw the request: its container terminated with the launcher's exit code."""
+    """The pod once its trainer saw the request: its container terminated with the launcher's exit
+    code."""
     code = disruption.pod_exit(0, signalled=False, note=None, stopping=True)
     done = copy.deepcopy(pod)
     status = done.setdefault("status", {})
     status["phase"] = "Succeeded" if code == 0 else "Failed"
     statuses = status.get("containerStatuses") or [{"name": "pytorch", "restartCount": 0}]
     for c in statuses:
-        c["state"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+        c["state"] = {
+            "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        }
     status["containerStatuses"] = statuses
     return done
 
@@ -60,8 +63,8 @@ def after_stop_request(pod: dict) -> dict:
 
 @dataclass(frozen=True)
 class End:
-    """One container of node `node` ended with `code`; `evicted`: its pod was evicted (deleted), so it is not
-    restarted in place whatever the restart policy."""
+    """One container of node `node` ended with `code`; `evicted`: its pod was evicted (deleted), so
+    it is not restarted in place whatever the restart policy."""
 
     node: int
     code: int
@@ -72,17 +75,21 @@ class End:
 class Outcome:
     phase: str  # Running (not decided yet), Succeeded or Failed
     reason: str  # the controller's condition message, one line
-    recreated: int = 0  # pods the controller made again (PyTorchJob) / failed pods counted (TrainJob)
+    recreated: int = (
+        0  # pods the controller made again (PyTorchJob) / failed pods counted (TrainJob)
+    )
 
 
 def pytorchjob(ends: Iterable[End], nodes: int, *, elastic: bool = True) -> Outcome:
-    """The Training Operator's verdict on a PyTorchJob of `nodes` Workers (restartPolicy ExitCode) after these
-    container ends, in order."""
+    """The Training Operator's verdict on a PyTorchJob of `nodes` Workers (restartPolicy ExitCode)
+    after these container ends, in order."""
     succeeded, recreated = set(), 0
     for end in ends:
         if end.code == 0:
             succeeded.add(end.node)
-            if elastic or len(succeeded) == nodes:  # UpdateJobStatus: any worker, with an elasticPolicy
+            if (
+                elastic or len(succeeded) == nodes
+            ):  # UpdateJobStatus: any worker, with an elasticPolicy
                 why = f"PyTorchJob successfully completed (worker {end.node} exited 0)"
                 return Outcome("Succeeded", why, recreated)
         elif end.code >= 128:  # IsRetryableExitCode: the pod is deleted and made again
@@ -97,21 +104,25 @@ def pytorchjob(ends: Iterable[End], nodes: int, *, elastic: bool = True) -> Outc
 
 
 def trainjob(ends: Iterable[End], nodes: int, *, backoff_limit: int = JOB_BACKOFF_LIMIT) -> Outcome:
-    """The batch Job's (and so the JobSet's and the TrainJob's) verdict after these container ends, in order:
-    a container that fails restarts in place (OnFailure) and counts one restart, an evicted pod counts one
-    failed pod and is made again."""
+    """The batch Job's (and so the JobSet's and the TrainJob's) verdict after these container ends,
+    in order: a container that fails restarts in place (OnFailure) and counts one restart, an
+    evicted pod counts one failed pod and is made again."""
     done, failed_pods, restarts = set(), 0, 0
     for end in ends:
         if end.code == 0 and not end.evicted:
             done.add(end.node)
             if len(done) == nodes:
-                return Outcome("Succeeded", "TrainJob complete: every node's index succeeded", failed_pods)
+                return Outcome(
+                    "Succeeded", "TrainJob complete: every node's index succeeded", failed_pods
+                )
             continue
         if end.evicted:
             failed_pods += 1
         else:
             restarts += 1
-        if failed_pods > backoff_limit or (restarts >= backoff_limit if backoff_limit else restarts > 0):
+        if failed_pods > backoff_limit or (
+            restarts >= backoff_limit if backoff_limit else restarts > 0
+        ):
             return Outcome(
                 "Failed",
                 f"BackoffLimitExceeded: {failed_pods} failed pods and {restarts} container restarts against "

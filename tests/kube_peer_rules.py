@@ -1,6 +1,7 @@
-"""The rules the Kubernetes test peer (kube_peer.py) applies, pure and each after its upstream source:
-label and field selectors, JSON merge patch, object names, and field validation against a schema (the
-Kubernetes OpenAPI of the built-in kinds as kubernetes-validate ships it, or a CRD's structural schema)."""
+"""The rules the Kubernetes test peer (kube_peer.py) applies, pure and each after its upstream
+source: label and field selectors, JSON merge patch, object names, and field validation against a
+schema (the Kubernetes OpenAPI of the built-in kinds as kubernetes-validate ships it, or a CRD's
+structural schema)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{NAME}$")
+LABEL_KEY = re.compile(
+    rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{NAME}$"
+)
 LABEL_VALUE = re.compile(rf"^({NAME})?$")
 KEY = r"(?P<key>[^\s=!<>(),]+)"
 REQUIREMENT = [
@@ -37,8 +40,8 @@ class Requirement:
     values: tuple[str, ...] = ()
 
     def matches(self, labels: dict[str, str]) -> bool:
-        """As labels.Requirement.Matches in k8s.io/apimachinery/pkg/labels/selector.go: != and notin also
-        match objects without the key; < and > compare integers and need the key."""
+        """As labels.Requirement.Matches in k8s.io/apimachinery/pkg/labels/selector.go: != and notin
+        also match objects without the key; < and > compare integers and need the key."""
         have = labels.get(self.key)
         if self.op == "exists":
             return self.key in labels
@@ -50,12 +53,14 @@ class Requirement:
             return have not in self.values
         if have is None or not re.fullmatch(r"-?\d+", have):
             return False
-        return int(have) < int(self.values[0]) if self.op == "<" else int(have) > int(self.values[0])
+        return (
+            int(have) < int(self.values[0]) if self.op == "<" else int(have) > int(self.values[0])
+        )
 
 
 def parse_labels(text: str) -> list[Requirement]:
-    """A label selector, equality-based (a=b, a==b, a!=b) and set-based (a in (x,y), a notin (x), a, !a, and
-    a<N / a>N), comma meaning AND; grammar and checks of labels.Parse (apimachinery
+    """A label selector, equality-based (a=b, a==b, a!=b) and set-based (a in (x,y), a notin (x), a,
+    !a, and a<N / a>N), comma meaning AND; grammar and checks of labels.Parse (apimachinery
     pkg/labels/selector.go)."""
     return [_requirement(part.strip()) for part in _split(text) if part.strip()]
 
@@ -89,7 +94,9 @@ def _requirement(text: str) -> Requirement:
                 else (m.group("value"),)
             )
             return Requirement(key, op, _checked(key, op, values))
-    raise SelectorError(f'unable to parse requirement: couldn\'t parse the selector string "{text}"')
+    raise SelectorError(
+        f'unable to parse requirement: couldn\'t parse the selector string "{text}"'
+    )
 
 
 def _checked(key: str, op: str, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -115,10 +122,11 @@ def selects(requirements: list[Requirement], labels: dict[str, str] | None) -> b
 
 # --- field selectors ----------------------------------------------------------------------------------------
 
-# The fields each kind lets you select on, besides metadata.name and metadata.namespace (which every kind
-# has: apiserver pkg/registry/generic DefaultClusterScopedAttr/DefaultNamespaceScopedAttr). From the kinds'
-# registries in kubernetes/kubernetes pkg/registry: core/pod/strategy.go (ToSelectableFields),
-# core/event/strategy.go, core/secret/strategy.go, core/namespace/strategy.go, core/node/strategy.go.
+# The fields each kind lets you select on, besides metadata.name and metadata.namespace (which every
+# kind has: apiserver pkg/registry/generic DefaultClusterScopedAttr/DefaultNamespaceScopedAttr).
+# From the kinds' registries in kubernetes/kubernetes pkg/registry: core/pod/strategy.go
+# (ToSelectableFields), core/event/strategy.go, core/secret/strategy.go, core/namespace/strategy.go,
+# core/node/strategy.go.
 SELECTABLE = {
     ("", "pods"): (
         "spec.nodeName",
@@ -150,8 +158,9 @@ SELECTABLE = {
 
 
 def parse_fields(text: str, group: str, plural: str) -> list[tuple[str, str, str]]:
-    """(field, op, value) for a field selector: only =, == and != (apimachinery pkg/fields/selector.go), only
-    on fields the kind declares selectable; another field is a 400 as the server says it."""
+    """(field, op, value) for a field selector: only =, == and != (apimachinery
+    pkg/fields/selector.go), only on fields the kind declares selectable; another field is a 400 as
+    the server says it."""
     allowed = ("metadata.name", "metadata.namespace", *SELECTABLE.get((group, plural), ()))
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -189,8 +198,8 @@ def _custom(group: str) -> bool:
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON Merge Patch (application/merge-patch+json): objects merge key by key, null removes a key,
-    anything else (lists included) replaces."""
+    """RFC 7386 JSON Merge Patch (application/merge-patch+json): objects merge key by key, null
+    removes a key, anything else (lists included) replaces."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = copy.deepcopy(target) if isinstance(target, dict) else {}
@@ -203,9 +212,9 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 def name_errors(plural: str, group: str, name: str) -> list[str]:
-    """metadata.name as the kind's validation wants it (apimachinery pkg/api/validation ValidateObjectMeta
-    with the kind's name function): a DNS-1123 label for Namespaces, a DNS-1035 label for Services, a DNS-1123
-    subdomain otherwise."""
+    """metadata.name as the kind's validation wants it (apimachinery pkg/api/validation
+    ValidateObjectMeta with the kind's name function): a DNS-1123 label for Namespaces, a DNS-1035
+    label for Services, a DNS-1123 subdomain otherwise."""
     if group == "" and plural == "namespaces":
         rule, limit, what = DNS1123_LABEL, 63, "a lowercase RFC 1123 label"
     elif group == "" and plural == "services":
@@ -233,8 +242,9 @@ TYPES = {
 
 @dataclass
 class Checked:
-    """What walking an object along its schema found: the object as stored (unknown fields dropped, nulls of
-    non-nullable custom fields pruned), the unknown fields' paths, and value errors (path, message)."""
+    """What walking an object along its schema found: the object as stored (unknown fields dropped,
+    nulls of non-nullable custom fields pruned), the unknown fields' paths, and value errors (path,
+    message)."""
 
     value: Any
     unknown: list[str] = field(default_factory=list)
@@ -242,11 +252,12 @@ class Checked:
 
 
 class Schema:
-    """One kind's schema: a CRD version's openAPIV3Schema (`custom`), or a kubernetes-validate JSON schema
-    with its `_definitions.json` for the built-ins. Unknown fields are those an object schema does not list in
-    `properties`, unless it has `additionalProperties` or `x-kubernetes-preserve-unknown-fields` (structural
-    schema pruning: apiextensions-apiserver pkg/apiserver/schema/pruning/algorithm.go; built-ins: the fields
-    of the Go types, which the OpenAPI lists)."""
+    """One kind's schema: a CRD version's openAPIV3Schema (`custom`), or a kubernetes-validate JSON
+    schema with its `_definitions.json` for the built-ins. Unknown fields are those an object schema
+    does not list in `properties`, unless it has `additionalProperties` or
+    `x-kubernetes-preserve-unknown-fields` (structural schema pruning: apiextensions-apiserver
+    pkg/apiserver/schema/pruning/algorithm.go; built-ins: the fields of the Go types, which the
+    OpenAPI lists)."""
 
     def __init__(self, root: dict, defs: dict | None = None, custom: bool = False):
         self.root, self.defs, self.custom = root, defs or {}, custom
@@ -275,7 +286,9 @@ class _Walk:
         schema = self.deref(schema)
         types = _types(schema, self)
         if value is None:
-            return None if ("null" in types or schema.get("nullable") or not self.s.custom) else DROP
+            return (
+                None if ("null" in types or schema.get("nullable") or not self.s.custom) else DROP
+            )
         if types and not _type_ok(value, types):
             self.invalid.append((path, _type_message(value, types, path, self.s.custom)))
             return value
@@ -291,7 +304,9 @@ class _Walk:
         props, extra = schema.get("properties"), schema.get("additionalProperties")
         keep = schema.get("x-kubernetes-preserve-unknown-fields") or extra is True
         meta = (
-            ("apiVersion", "kind", "metadata") if top or schema.get("x-kubernetes-embedded-resource") else ()
+            ("apiVersion", "kind", "metadata")
+            if top or schema.get("x-kubernetes-embedded-resource")
+            else ()
         )
         if props is None and not isinstance(extra, dict):
             return value  # free-form (JSON, RawExtension, a bare `type: object`)
@@ -307,8 +322,9 @@ class _Walk:
                 continue
             if item is not DROP:
                 out[key] = item
-        # a built-in decodes into its Go type, where a missing field is a zero value: only the Go validation
-        # code (not reproduced here) refuses one; a custom resource's schema enforces `required` itself
+        # a built-in decodes into its Go type, where a missing field is a zero value: only the Go
+        # validation code (not reproduced here) refuses one; a custom resource's schema enforces
+        # `required` itself
         for key in schema.get("required") or [] if self.s.custom else []:
             if key not in out:
                 self.invalid.append((f"{path}.{key}" if path else key, "Required value"))
@@ -318,13 +334,24 @@ class _Walk:
         """The value checks a structural schema may carry (kube-openapi pkg/validation/validate)."""
         if "enum" in schema and value not in schema["enum"]:
             allowed = ", ".join(f'"{v}"' for v in schema["enum"])
-            self.invalid.append((path, f'Unsupported value: "{value}": supported values: {allowed}'))
-        if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
             self.invalid.append(
-                (path, f"Invalid value: \"{value}\": {path} in body should match '{schema['pattern']}'")
+                (path, f'Unsupported value: "{value}": supported values: {allowed}')
+            )
+        if (
+            isinstance(value, str)
+            and "pattern" in schema
+            and not re.search(schema["pattern"], value)
+        ):
+            self.invalid.append(
+                (
+                    path,
+                    f"Invalid value: \"{value}\": {path} in body should match '{schema['pattern']}'",
+                )
             )
         if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
-            self.invalid.append((path, f"Too long: may not be more than {schema['maxLength']} bytes"))
+            self.invalid.append(
+                (path, f"Too long: may not be more than {schema['maxLength']} bytes")
+            )
         if isinstance(value, int | float) and not isinstance(value, bool):
             if "minimum" in schema and value < schema["minimum"]:
                 self.invalid.append(
@@ -371,7 +398,9 @@ def _type_ok(value: Any, types: set[str]) -> bool:
 
 
 def _json_type(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(type(value), "number")
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), "number"
+    )
 
 
 def _type_message(value: Any, types: set[str], path: str, custom: bool) -> str:

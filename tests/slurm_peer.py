@@ -161,8 +161,8 @@ class Cluster:
         return sorted(name for name, state in rows if state == "idle")
 
     def wait_for(self, check: Callable[[], T], what: str, timeout: float = 180) -> T:
-        """Poll `check` until it returns something true; past `timeout` (generous: a loaded 2-core CI machine
-        slows slurmctld and slurmd), fail naming `what`."""
+        """Poll `check` until it returns something true; past `timeout` (generous: a loaded 2-core
+        CI machine slows slurmctld and slurmd), fail naming `what`."""
         deadline = time.monotonic() + timeout
         while not (got := check()):
             if time.monotonic() > deadline:

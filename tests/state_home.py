@@ -1,16 +1,17 @@
-"""A state directory as fsdpctl leaves it after two local jobs, made by fsdpctl's own writers, for the tests
-that read it back damaged (tests/test_untrusted_state.py).
+"""A state directory as fsdpctl leaves it after two local jobs, made by fsdpctl's own writers, for
+the tests that read it back damaged (tests/test_untrusted_state.py).
 
-Each job is the PyTorchJob `render.render_job` renders from the default local settings (2 nodes, the shared
-volume `fsx-claim`, checkpoints under it), started by the real supervisor (`backends.local.engine.start`),
-with one change: the container runs a short Python program that prints what fsdptrain's rank 0 prints (the
-typed event lines of `fsdptrain.events`: leader, start with the run record's id, steps, a checkpoint, the
-summary) instead of torchrun. Its record is written by `record_store` and its placement by
-`backends.save_placement`, as `job run` writes them. `alpha` succeeds; `beta`'s node 1 fails with a Python
-traceback (exit 1), so the failure readers run too.
+Each job is the PyTorchJob `render.render_job` renders from the default local settings (2 nodes, the
+shared volume `fsx-claim`, checkpoints under it), started by the real supervisor
+(`backends.local.engine.start`), with one change: the container runs a short Python program that
+prints what fsdptrain's rank 0 prints (the typed event lines of `fsdptrain.events`: leader, start
+with the run record's id, steps, a checkpoint, the summary) instead of torchrun. Its record is
+written by `record_store` and its placement by `backends.save_placement`, as `job run` writes them.
+`alpha` succeeds; `beta`'s node 1 fails with a Python traceback (exit 1), so the failure readers run
+too.
 
-Building it takes about a second (two supervisors); the tests copy it into each case's home and rewrite
-the absolute paths fsdpctl stored (as a job started in that home would have them)."""
+Building it takes about a second (two supervisors); the tests copy it into each case's home and
+rewrite the absolute paths fsdpctl stored (as a job started in that home would have them)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,9 @@ def _event_lines(job: str, record_id: str) -> list[str]:
     lines = [events.to_line(leader), events.to_line(start), "[rank0]: building the model [x] done"]
     for s in steps:
         lines += [f"step {s.step}/4 | loss {s.loss:.4f}", events.to_line(s)]
-    lines.append(events.to_line(events.Checkpoint(step=4, path=f"/checkpoints/{job}/step-00000004")))
+    lines.append(
+        events.to_line(events.Checkpoint(step=4, path=f"/checkpoints/{job}/step-00000004"))
+    )
     lines.append(events.to_line(summary))
     return lines
 
@@ -119,7 +122,9 @@ def build(home: Path) -> None:
         lines.with_name(f"{job}-lines-0").write_text("\n".join(_event_lines(job, rec["id"])) + "\n")
         plain = ["node 1 up", *(FAILURE if job == "beta" else ["node 1 done"])]
         lines.with_name(f"{job}-lines-1").write_text("\n".join(plain) + "\n")
-        container = pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        container = pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+            "containers"
+        ][0]
         endpoint = next(a for a in container["command"] if a.startswith("--rdzv-endpoint="))
         container["command"] = ["python", "-c", PRINTER, endpoint]
         container["env"] += [{"name": "STATE_HOME_LINES", "value": str(lines)}]
@@ -140,16 +145,17 @@ def build(home: Path) -> None:
     for job in JOBS:
         for lines in home.glob(f"{job}-lines*"):
             lines.unlink()
-        # what the first `job describe` learns from the log (the trainer's start line), already kept: the
-        # record then changes no more, so a later change is a defect
+        # what the first `job describe` learns from the log (the trainer's start line), already
+        # kept: the record then changes no more, so a later change is a defect
         rec = record_store.find(job)
         logs = sorted(local.job_dir(job).glob("logs/*/node-*.log"))
         record_store.save(record.learnt(rec, [t for f in logs for t in crilog.texts(f)]))
 
 
 def copy(template: Path, home: Path) -> None:
-    """`template` as if its jobs had been started in `home`: the tree copied (links as links), and every
-    absolute path fsdpctl stored in its JSON files moved from the template's home to this one."""
+    """`template` as if its jobs had been started in `home`: the tree copied (links as links), and
+    every absolute path fsdpctl stored in its JSON files moved from the template's home to this one.
+    """
     shutil.copytree(template, home, symlinks=True)
     old, new = str(template), str(home)
     for path in home.rglob("*.json"):

@@ -23,7 +23,9 @@ def make_cluster(name="fsdp-eks", region="us-east-1"):
     import boto3
 
     eks = boto3.client("eks", region_name=region)
-    eks.create_cluster(name=name, roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={})
+    eks.create_cluster(
+        name=name, roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={}
+    )
     eks.create_nodegroup(
         clusterName=name,
         nodegroupName="gpu-p5",
@@ -37,12 +39,17 @@ def make_cluster(name="fsdp-eks", region="us-east-1"):
 def test_check_against_moto(aws_env, cli):
     result = cli("cluster", "check", "-o", "json")
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
-    assert checks["credentials"]["status"] == "ok" and "123456789012" in checks["credentials"]["detail"]
+    assert (
+        checks["credentials"]["status"] == "ok"
+        and "123456789012" in checks["credentials"]["detail"]
+    )
     assert (
         checks["p5.48xlarge offered"]["status"] == "ok"
         and "us-east-1a" in checks["p5.48xlarge offered"]["detail"]
     )
-    assert checks["P instance quota"]["status"] == "warn"  # moto: NoSuchResource; the Stubber tests cover it
+    assert (
+        checks["P instance quota"]["status"] == "warn"
+    )  # moto: NoSuchResource; the Stubber tests cover it
     assert checks["cluster name"]["status"] == "ok"
     assert result.exit_code == 0
 
@@ -93,7 +100,9 @@ def test_quota_check_with_stubber_on_the_real_service_model(aws_env):
         )
     low, high = preflight.check_quota(cfg, aws), preflight.check_quota(cfg, aws)
     assert (
-        low.status == "fail" and "need 384 vCPUs, the quota is 96" in low.detail and "L-417A185B" in low.fix
+        low.status == "fail"
+        and "need 384 vCPUs, the quota is 96" in low.detail
+        and "L-417A185B" in low.fix
     )
     assert high.status == "ok"
     stub.assert_no_pending_responses()
@@ -101,7 +110,9 @@ def test_quota_check_with_stubber_on_the_real_service_model(aws_env):
 
 def test_capacity_reservation_with_stubber(aws_env):
     """moto answers 500 to describe_capacity_reservations, so the real model's Stubber stands in."""
-    cfg = load(flags={"CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0", "INSTANCE_TYPE": "p4de.24xlarge"})
+    cfg = load(
+        flags={"CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0", "INSTANCE_TYPE": "p4de.24xlarge"}
+    )
     aws = Aws("us-east-1")
     stub = _stubbed(aws, "ec2")
     base = {
@@ -232,10 +243,10 @@ def test_an_aws_error_is_one_line_with_the_credentials_hint(aws_env, monkeypatch
     assert e.value.aws_code == "EndpointConnectionError" and "AWS_REGION" in e.value.hint
 
 
-# Capacity Blocks for ML as EC2 describes them (botocore's ec2 service model, shape CapacityReservation:
-# ReservationType 'capacity-block', State 'scheduled' before StartDate and 'active' until EndDate, then
-# 'expired'; the AWS EC2 user guide, "Capacity Blocks for ML"). moto answers 500, so the Stubber on the real
-# model checks each request and response shape.
+# Capacity Blocks for ML as EC2 describes them (botocore's ec2 service model, shape
+# CapacityReservation: ReservationType 'capacity-block', State 'scheduled' before StartDate and
+# 'active' until EndDate, then 'expired'; the AWS EC2 user guide, "Capacity Blocks for ML"). moto
+# answers 500, so the Stubber on the real model checks each request and response shape.
 BLOCK_ID = "cr-0123456789abcdef0"
 START = datetime(2026, 12, 10, 11, 30, tzinfo=UTC)
 BLOCK = {
@@ -271,22 +282,26 @@ def _block_checks(settings: dict[str, str], reservations: list[dict], now: datet
 
 
 def test_capacity_block_type_az_count_and_window_with_stubber(aws_env):
-    """A p5 Capacity Block (the real DescribeCapacityReservations shape): ok while active with the settings
-    matching it; fails before its start (saying when), after its end, in another AZ, short of NODE_COUNT, and
-    when CAPACITY_RESERVATION_TYPE does not say capacity-block."""
+    """A p5 Capacity Block (the real DescribeCapacityReservations shape): ok while active with the
+    settings matching it; fails before its start (saying when), after its end, in another AZ, short
+    of NODE_COUNT, and when CAPACITY_RESERVATION_TYPE does not say capacity-block."""
     block = {"CAPACITY_RESERVATION_TYPE": "capacity-block", "NODE_COUNT": "4"}
     active = {**BLOCK, "State": "active", "AvailableInstanceCount": 4}
     during = START + timedelta(hours=2)
     ok, short = _block_checks(block, [active, {**active, "AvailableInstanceCount": 3}], during)
     assert ok.status == "ok", ok.detail
     assert (
-        "Capacity Block, active" in ok.detail and "2026-12-10 11:30 UTC to 2026-12-17 11:30 UTC" in ok.detail
+        "Capacity Block, active" in ok.detail
+        and "2026-12-10 11:30 UTC to 2026-12-17 11:30 UTC" in ok.detail
     )
     assert short.status == "fail" and "3 instances available, 4 needed" in short.detail
 
     (early,) = _block_checks(block, [BLOCK], START - timedelta(hours=5))
     assert early.status == "fail"
-    assert "it starts at 2026-12-10 11:30 UTC (in 5.0 h)" in early.detail and "after 2026-12-10" in early.fix
+    assert (
+        "it starts at 2026-12-10 11:30 UTC (in 5.0 h)" in early.detail
+        and "after 2026-12-10" in early.fix
+    )
     (late,) = _block_checks(block, [{**BLOCK, "State": "expired"}], START + timedelta(days=8))
     assert late.status == "fail" and "it ended at 2026-12-17 11:30 UTC" in late.detail
 
@@ -297,16 +312,21 @@ def test_capacity_block_type_az_count_and_window_with_stubber(aws_env):
     assert "AVAILABILITY_ZONES to start with us-east-1d" in wrong.fix
     (untyped,) = _block_checks({"NODE_COUNT": "4"}, [active], during)
     assert untyped.status == "fail" and "CAPACITY_RESERVATION_TYPE=capacity-block" in untyped.fix
-    (scheduled_ok,) = _block_checks({**block, "NODE_COUNT": "4"}, [BLOCK], START + timedelta(minutes=1))
-    assert scheduled_ok.status == "ok", scheduled_ok.detail  # the window counts: the state may lag behind it
+    (scheduled_ok,) = _block_checks(
+        {**block, "NODE_COUNT": "4"}, [BLOCK], START + timedelta(minutes=1)
+    )
+    assert scheduled_ok.status == "ok", (
+        scheduled_ok.detail
+    )  # the window counts: the state may lag behind it
 
 
 @pytest.mark.parametrize("tool", ["eksctl", "terraform"])
 def test_create_puts_the_gpu_nodes_in_the_capacity_blocks_az(aws_env, cli, monkeypatch, tool):
-    """With AVAILABILITY_ZONES empty `cluster create` reads the block's AZ (Stubber on the real ec2 model:
-    DescribeCapacityReservations, DescribeAvailabilityZones) and the GPU node group goes there: the
-    ClusterConfig validates against eksctl's schema with instanceMarketOptions.marketType capacity-block
-    (eksctl v0.230.0's ManagedNodeGroup.instanceMarketOptions), and terraform's tfvars carry the type."""
+    """With AVAILABILITY_ZONES empty `cluster create` reads the block's AZ (Stubber on the real ec2
+    model: DescribeCapacityReservations, DescribeAvailabilityZones) and the GPU node group goes
+    there: the ClusterConfig validates against eksctl's schema with instanceMarketOptions.marketType
+    capacity-block (eksctl v0.230.0's ManagedNodeGroup.instanceMarketOptions), and terraform's
+    tfvars carry the type."""
     from fsdpctl import cluster
 
     aws = Aws("us-east-1")
@@ -317,10 +337,13 @@ def test_create_puts_the_gpu_nodes_in_the_capacity_blocks_az(aws_env, cli, monke
         {"CapacityReservationIds": [BLOCK_ID]},
     )
     zones = [
-        {"ZoneName": f"us-east-1{c}", "State": "available", "ZoneType": "availability-zone"} for c in "abd"
+        {"ZoneName": f"us-east-1{c}", "State": "available", "ZoneType": "availability-zone"}
+        for c in "abd"
     ]
     zone_filter = [{"Name": "zone-type", "Values": ["availability-zone"]}]
-    stub.add_response("describe_availability_zones", {"AvailabilityZones": zones}, {"Filters": zone_filter})
+    stub.add_response(
+        "describe_availability_zones", {"AvailabilityZones": zones}, {"Filters": zone_filter}
+    )
     monkeypatch.setattr(cluster, "connect", lambda cfg: aws)
     block = [
         "--set",
@@ -347,7 +370,9 @@ def test_create_puts_the_gpu_nodes_in_the_capacity_blocks_az(aws_env, cli, monke
     gpu = obj["managedNodeGroups"][1]
     assert gpu["availabilityZones"] == ["us-east-1d"]
     assert gpu["instanceMarketOptions"] == {"marketType": "capacity-block"}
-    assert gpu["capacityReservation"]["capacityReservationTarget"]["capacityReservationID"] == BLOCK_ID
+    assert (
+        gpu["capacityReservation"]["capacityReservationTarget"]["capacityReservationID"] == BLOCK_ID
+    )
 
 
 def test_an_on_demand_reservation_has_no_market_options():
@@ -357,8 +382,9 @@ def test_an_on_demand_reservation_has_no_market_options():
 
 
 def test_create_stops_when_the_reservations_az_cannot_be_read(aws_env, cli, monkeypatch):
-    """moto answers describe_capacity_reservations with HTTP 500 (an HTML page): a real create stops before
-    running anything, naming the setting to set; the dry run warns and keeps the default AZs."""
+    """moto answers describe_capacity_reservations with HTTP 500 (an HTML page): a real create stops
+    before running anything, naming the setting to set; the dry run warns and keeps the default AZs.
+    """
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     block = [
         "--set",
@@ -368,6 +394,9 @@ def test_create_stops_when_the_reservations_az_cannot_be_read(aws_env, cli, monk
     ]
     real = cli(*block, "cluster", "create", "--tool", "terraform")
     assert real.exit_code == 1 and f"could not read the AZ of {BLOCK_ID}" in real.stderr
-    assert "AVAILABILITY_ZONES" in real.stderr and not (cli.home / "clusters/fsdp-eks/create.log").exists()
+    assert (
+        "AVAILABILITY_ZONES" in real.stderr
+        and not (cli.home / "clusters/fsdp-eks/create.log").exists()
+    )
     dry = cli(*block, "cluster", "create", "--tool", "terraform", "--dry-run")
     assert dry.exit_code == 0 and "the dry run keeps the default AZs" in dry.stderr

@@ -1,10 +1,11 @@
-"""Backends own their differences (issue 31): no code outside `fsdpctl/backends/` branches on a backend's
-name (it asks the place's `fsdpctl.targets.Target`), each registered place is a folder there with a
-`Backend`, and the job every backend starts from is one `fsdpctl.jobspec.JobSpec`.
+"""Backends own their differences (issue 31): no code outside `fsdpctl/backends/` branches on a
+backend's name (it asks the place's `fsdpctl.targets.Target`), each registered place is a folder
+there with a `Backend`, and the job every backend starts from is one `fsdpctl.jobspec.JobSpec`.
 
-Peers: Python's own parser (`ast`) for the scan; the Kubernetes rendering (`render.render_job`, pure) for
-the spec. The split follows torchx (torchx/specs/api.py `AppDef`, torchx/schedulers/__init__.py
-`get_scheduler_factories`): one job description, each scheduler renders it.
+Peers: Python's own parser (`ast`) for the scan; the Kubernetes rendering (`render.render_job`,
+pure) for the spec. The split follows torchx (torchx/specs/api.py `AppDef`,
+torchx/schedulers/__init__.py `get_scheduler_factories`): one job description, each scheduler
+renders it.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ ALLOWED = {Path("targets.py")}
 
 
 def name_branches(source: str, names: tuple[str, ...] = NAMES) -> list[int]:
-    """Lines where `source` decides by a backend's name: a comparison (==, !=, in, not in) with a name
-    among its operands, a `match` case on one, a mapping keyed by one, or a subscript by one."""
+    """Lines where `source` decides by a backend's name: a comparison (==, !=, in, not in) with a
+    name among its operands, a `match` case on one, a mapping keyed by one, or a subscript by one.
+    """
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Compare):
@@ -87,7 +89,9 @@ def test_every_target_is_a_folder_under_backends_with_a_backend_and_every_folder
     """A third place is one folder and one `TARGETS` entry: create() finds its class by the entry."""
     folders = {p.name for p in (SRC / "backends").iterdir() if (p / "__init__.py").is_file()}
     assert folders == set(NAMES)
-    protocol = {n for n, _ in inspect.getmembers(backends.Backend, inspect.isfunction) if n[0] != "_"}
+    protocol = {
+        n for n, _ in inspect.getmembers(backends.Backend, inspect.isfunction) if n[0] != "_"
+    }
     for name, target in TARGETS.items():
         module, cls = target.backend.split(":")
         assert module.startswith(f"fsdpctl.backends.{name}.")
@@ -109,9 +113,9 @@ def test_every_target_is_a_folder_under_backends_with_a_backend_and_every_folder
 def test_the_kubernetes_manifests_are_a_rendering_of_the_job_spec(
     backend, nodes, procs, shared, pvc, restarts
 ):
-    """Whatever the settings, the rendered job carries the spec: its nodes, processes per node, command,
-    image, environment (the job's, then the run's), restart budget, grace period and exactly the claims
-    the spec's storage mounts, each at its mount path."""
+    """Whatever the settings, the rendered job carries the spec: its nodes, processes per node,
+    command, image, environment (the job's, then the run's), restart budget, grace period and
+    exactly the claims the spec's storage mounts, each at its mount path."""
     flags = {
         "BACKEND": backend,
         "JOB_NODES": str(nodes),
@@ -135,7 +139,9 @@ def test_the_kubernetes_manifests_are_a_rendering_of_the_job_spec(
     assert tuple(container["command"]) == spec.command and container["image"] == spec.image
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert {**spec.env, **spec.run_env}.items() <= env.items()
-    assert env["CHECKPOINT_DIR"] == spec.storage.checkpoints and env["HF_HOME"] == spec.storage.hf_home
+    assert (
+        env["CHECKPOINT_DIR"] == spec.storage.checkpoints and env["HF_HOME"] == spec.storage.hf_home
+    )
     assert job["spec"]["runPolicy"]["backoffLimit"] == spec.restart.backoff_limit
     assert pod["terminationGracePeriodSeconds"] == spec.stop.grace_s
     claims = {

@@ -1,6 +1,7 @@
-"""One job backend interface: both implementations, backend resolution, and the record that makes a job
-remember where it was started. The cluster side runs against the Kubernetes API peer of test_kube.py
-(kmock's emulator over HTTP, reached by the real `kubernetes` client); the local side against real files."""
+"""One job backend interface: both implementations, backend resolution, and the record that makes a
+job remember where it was started. The cluster side runs against the Kubernetes API peer of
+test_kube.py (kmock's emulator over HTTP, reached by the real `kubernetes` client); the local side
+against real files."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def test_each_backend_implements_every_verb_of_the_protocol(impl):
 
 def test_create_picks_the_implementation_without_touching_a_cluster():
     assert isinstance(backends.create(load(flags={"BACKEND": "local"})), LocalBackend)
-    assert isinstance(backends.create(load(flags={"BACKEND": "eks"})), EksBackend)  # connects on first use
+    assert isinstance(
+        backends.create(load(flags={"BACKEND": "eks"})), EksBackend
+    )  # connects on first use
 
 
 def test_a_record_decides_where_a_job_lives_and_brings_its_namespace(tmp_path, monkeypatch):
@@ -47,7 +50,8 @@ def test_a_record_decides_where_a_job_lives_and_brings_its_namespace(tmp_path, m
 
 
 def test_damaged_records_count_as_none(tmp_path, monkeypatch):
-    """Any bytes in a record file (cut write, hand edit): resolution falls back to BACKEND, never raises."""
+    """Any bytes in a record file (cut write, hand edit): resolution falls back to BACKEND, never
+    raises."""
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     cfg = load(flags={"BACKEND": "local"})
     rng = random.Random(12)
@@ -68,7 +72,8 @@ def test_every_job_verb_takes_backend_and_refuses_an_unknown_one(verb, tmp_path,
 
 
 def test_a_job_started_on_eks_is_found_there_by_every_verb(peer, monkeypatch):  # noqa: F811
-    """`job run --backend eks -d` with BACKEND=local: status, logs, stop and wait look on the cluster."""
+    """`job run --backend eks -d` with BACKEND=local: status, logs, stop and wait look on the
+    cluster."""
     install_operator(peer)
     monkeypatch.setenv("FSDPCTL_BACKEND", "local")
     r = cli("job", "run", "--backend", "eks", "-d")
@@ -83,14 +88,14 @@ def test_a_job_started_on_eks_is_found_there_by_every_verb(peer, monkeypatch):  
 
 
 def test_job_run_dry_run_on_the_cluster_contacts_nothing(tmp_path, monkeypatch):
-    """A bare --dry-run lists what `run` would send; no kubeconfig is even needed. An image without a
-    registry (neither AWS_ACCOUNT_ID nor IMAGE_REGISTRY: the bare name, which the kubelet pulls from Docker
-    Hub) is refused, dry run or not, in one line naming both keys."""
+    """A bare --dry-run lists what `run` would send; no kubeconfig is even needed. An image without
+    a registry (neither AWS_ACCOUNT_ID nor IMAGE_REGISTRY: the bare name, which the kubelet pulls
+    from Docker Hub) is refused, dry run or not, in one line naming both keys."""
     isolate(monkeypatch, tmp_path)  # KUBECONFIG names a file that does not exist
     bare = cli("job", "run", "--backend", "eks", "--dry-run")
-    assert bare.exit_code == 2 and "has no registry" in said(bare) and "IMAGE_REGISTRY" in said(bare), (
-        bare.output
-    )
+    assert (
+        bare.exit_code == 2 and "has no registry" in said(bare) and "IMAGE_REGISTRY" in said(bare)
+    ), bare.output
     r = cli("--set", "AWS_ACCOUNT_ID=123456789012", "job", "run", "--backend", "eks", "--dry-run")
     assert r.exit_code == 0, r.output
     assert "PyTorchJob/fsdp" in r.output and "Secret/fsdp-hf-token" in r.output
@@ -98,10 +103,13 @@ def test_job_run_dry_run_on_the_cluster_contacts_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "home" / "started").exists()  # a dry run records nothing
 
 
-@pytest.mark.parametrize("settings", [{}, {"SHARED_VOLUME": "team-fsx"}, {"CHECKPOINT_PVC": "ckpt"}])
+@pytest.mark.parametrize(
+    "settings", [{}, {"SHARED_VOLUME": "team-fsx"}, {"CHECKPOINT_PVC": "ckpt"}]
+)
 def test_job_run_on_eks_refuses_a_claim_that_does_not_exist(peer, settings):  # noqa: F811
-    """A pod mounting a missing PersistentVolumeClaim stays Pending ('persistentvolumeclaim "..." not found',
-    kube-scheduler's VolumeBinding plugin): `job run` says so before it creates anything."""
+    """A pod mounting a missing PersistentVolumeClaim stays Pending ('persistentvolumeclaim "..."
+    not found', kube-scheduler's VolumeBinding plugin): `job run` says so before it creates
+    anything."""
     from test_kube import add_claim, in_fsdp
 
     install_operator(peer, **settings)  # creates the shared claim the settings name
@@ -109,21 +117,26 @@ def test_job_run_on_eks_refuses_a_claim_that_does_not_exist(peer, settings):  # 
         k = settings.get("SHARED_VOLUME", "fsx-claim")
         from fsdpctl.adapters.kube import Kube
 
-        Kube.connect(kubeconfig=str(peer.kubeconfig)).delete("v1", "PersistentVolumeClaim", k, "fsdp")
+        Kube.connect(kubeconfig=str(peer.kubeconfig)).delete(
+            "v1", "PersistentVolumeClaim", k, "fsdp"
+        )
     r = cli("job", "run", "-d", **settings)
     assert r.exit_code == 2, r.output
     key = "CHECKPOINT_PVC" if "CHECKPOINT_PVC" in settings else "SHARED_VOLUME"
     assert f"{key}=" in r.output and "no PersistentVolumeClaim" in r.output and "hint:" in r.output
     assert peer.objects("pytorchjobs") == [] and in_fsdp(peer, "secrets") == []
-    add_claim(peer, "fsdp", settings.get("CHECKPOINT_PVC") or settings.get("SHARED_VOLUME", "fsx-claim"))
+    add_claim(
+        peer, "fsdp", settings.get("CHECKPOINT_PVC") or settings.get("SHARED_VOLUME", "fsx-claim")
+    )
     assert cli("job", "run", "-d", **settings).exit_code == 0
 
 
 def test_job_run_on_eks_refuses_a_claim_smaller_than_what_the_job_keeps(peer):  # noqa: F811
     """Issue 27, defect 3, on the cluster: `job run` reads the bound claim's capacity
-    (status.capacity.storage, the PV's: the FSx file system's size) and refuses, before creating anything,
-    a job that keeps more there than it holds: 7B with CHECKPOINT_KEEP=2 keeps three checkpoints of ~75
-    GiB; a 200Gi claim is one line (exit 2) naming the claim and the size that fits; a 1200Gi one runs."""
+    (status.capacity.storage, the PV's: the FSx file system's size) and refuses, before creating
+    anything, a job that keeps more there than it holds: 7B with CHECKPOINT_KEEP=2 keeps three
+    checkpoints of ~75 GiB; a 200Gi claim is one line (exit 2) naming the claim and the size that
+    fits; a 1200Gi one runs."""
     from test_kube import in_fsdp, kube
 
     install_operator(peer)

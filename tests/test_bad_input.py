@@ -1,7 +1,8 @@
-"""Bad input, table-driven over every settings key: each bad value gives one line naming the key, the value
-and the fix, exit code 2, and writes nothing. Driven through the real CLI (`manifest --out-dir DIR`, which
-would write), isolated by the `cli` fixture. Each case carries the fix its line must end with; for generated
-cases the allowed values or bounds come from the field's own declaration."""
+"""Bad input, table-driven over every settings key: each bad value gives one line naming the key,
+the value and the fix, exit code 2, and writes nothing. Driven through the real CLI (`manifest
+--out-dir DIR`, which would write), isolated by the `cli` fixture. Each case carries the fix its
+line must end with; for generated cases the allowed values or bounds come from the field's own
+declaration."""
 
 from __future__ import annotations
 
@@ -99,14 +100,26 @@ def _training_cases():
             yield key, "abc", "wrong type", f"is not valid: give {what}"
             if f.metadata["min"] is not None:
                 low = f.metadata["min"]
-                yield key, str(kind(low) - 1), "below minimum", f"is too small: use at least {low:g}"
+                yield (
+                    key,
+                    str(kind(low) - 1),
+                    "below minimum",
+                    f"is too small: use at least {low:g}",
+                )
             if f.metadata["max"] is not None:
                 high = f.metadata["max"]
-                yield key, str(kind(high) + 1), "above maximum", f"is too large: use at most {high:g}"
+                yield (
+                    key,
+                    str(kind(high) + 1),
+                    "above maximum",
+                    f"is too large: use at most {high:g}",
+                )
 
 
 VPC_FIX = "needs PRIVATE_SUBNET_IDS: set the VPC's private subnets (two or more, in different AZs)"
-SUBNETS_FIX = "names too few subnets: give two or more distinct ones, in different AZs (EKS needs two AZs)"
+SUBNETS_FIX = (
+    "names too few subnets: give two or more distinct ones, in different AZs (EKS needs two AZs)"
+)
 ZONES_FIX = (
     "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: `cluster create` reads "
     "them from EC2)"
@@ -172,7 +185,12 @@ CASES = [
         "the Trainer starts torchrun with a static rendezvous; use RDZV_BACKEND=c10d or JOB_KIND=pytorchjob",
     ),
     ("VPC_ID", "vpc-0123456789abcdef0", "existing VPC without subnets", VPC_FIX),
-    ("PRIVATE_SUBNET_IDS", "subnet-0123456789abcdef0", "one subnet (eksctl wants two)", SUBNETS_FIX),
+    (
+        "PRIVATE_SUBNET_IDS",
+        "subnet-0123456789abcdef0",
+        "one subnet (eksctl wants two)",
+        SUBNETS_FIX,
+    ),
     ("PRIVATE_SUBNET_IDS", "subnet-01234567,subnet-01234567", "the same subnet twice", SUBNETS_FIX),
     ("AVAILABILITY_ZONES", "us-west-2a", "fewer AZs than subnets", ZONES_FIX),
     ("AVAILABILITY_ZONES", "us-west-2a,us-west-2a", "one AZ for two subnets", ZONES_FIX),
@@ -183,7 +201,12 @@ CASES = [
         "is not on the shared volume (SHARED_VOLUME_PATH=/fsx): the event files would vanish with each pod; "
         "use e.g. /fsx/tensorboard",
     ),
-    ("WANDB_MODE", "cloud", "unknown W&B mode", "is not allowed: use one of online, offline, disabled"),
+    (
+        "WANDB_MODE",
+        "cloud",
+        "unknown W&B mode",
+        "is not allowed: use one of online, offline, disabled",
+    ),
     (
         "SDPA_BACKENDS",
         "flash,fast",
@@ -228,21 +251,28 @@ def test_every_key_is_covered():
 @pytest.fixture
 def run(cli, tmp_path):
     """`manifest --out-dir out` with the settings file `env_text`, checked by the shared invariants
-    (tests/invariants.py) against snapshots of the whole test directory (FSDPCTL_HOME, out/ and the cwd)."""
+    (tests/invariants.py) against snapshots of the whole test directory (FSDPCTL_HOME, out/ and the
+    cwd)."""
 
     def invoke(env_text: str, *, names: tuple[str, ...] = (), codes=(0, 2)):
         (tmp_path / "bad.env").write_text(env_text)
         before = snapshot(tmp_path)
         result = cli("--env-file", "bad.env", "manifest", "--out-dir", "out")
         check_outcome(
-            result, written_before=before, written_after=snapshot(tmp_path), names=names, allowed_codes=codes
+            result,
+            written_before=before,
+            written_after=snapshot(tmp_path),
+            names=names,
+            allowed_codes=codes,
         )
         return result
 
     return invoke
 
 
-@pytest.mark.parametrize("key, value, why, fix", CASES, ids=[f"{k}={v!r}:{w}" for k, v, w, _ in CASES])
+@pytest.mark.parametrize(
+    "key, value, why, fix", CASES, ids=[f"{k}={v!r}:{w}" for k, v, w, _ in CASES]
+)
 def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, why, fix):
     text = EXTRA.get(key, "") + f"{key}={value}\n"
     result = run(text, names=(key,), codes=(2,))
@@ -252,7 +282,8 @@ def test_bad_value_one_line_exit_2_nothing_written(run, tmp_path, key, value, wh
     assert key in line and (repr(value) in line or f"{key}={value}" in line), line
     # ... and where the value came from, right after it: the file as given and the key's line in it
     assert f"{key}=" in line and f" (bad.env line {text.count(chr(10))})" in line, line
-    # after the value, in full: what is allowed or what to do (a long pattern wraps: fold the whitespace)
+    # after the value, in full: what is allowed or what to do (a long pattern wraps: fold the
+    # whitespace)
     said = " ".join(result.stderr[result.stderr.index(line) :].split())
     assert said.endswith(" " + fix), said
 
@@ -302,8 +333,9 @@ FLOAT_CASES = [(key, value) for key in _float_keys() for value in NON_FINITE]
 
 @pytest.mark.parametrize("key, value", FLOAT_CASES, ids=[f"{k}={v}" for k, v in FLOAT_CASES])
 def test_every_float_key_refuses_nan_and_inf(run, key, value):
-    """NaN and inf parse as floats (Python's float() takes them) and compare False with every bound, so a
-    minimum alone let `LR=nan` validate and render. Refused by the float kind, for every float key."""
+    """NaN and inf parse as floats (Python's float() takes them) and compare False with every bound,
+    so a minimum alone let `LR=nan` validate and render. Refused by the float kind, for every float
+    key."""
     result = run(f"{key}={value}\n", names=(f"{key}={value!r}",), codes=(2,))
     assert "is not a finite number" in result.stderr
 
@@ -328,9 +360,10 @@ INT_CASES = list(_int_range_cases())
 
 @pytest.mark.parametrize("key, value, fix", INT_CASES, ids=[f"{k}={v}" for k, v, _ in INT_CASES])
 def test_every_int_key_has_a_range(run, key, value, fix):
-    """Every whole number fits where it goes: int64 by kind (torch.manual_seed refuses a SEED beyond 2**64-1
-    once the trainer adds its per-shard offset; Kubernetes integer fields are int64), a TCP port at most
-    65535, a timeout within datetime.timedelta's range (torch's process-group timeout is one)."""
+    """Every whole number fits where it goes: int64 by kind (torch.manual_seed refuses a SEED beyond
+    2**64-1 once the trainer adds its per-shard offset; Kubernetes integer fields are int64), a TCP
+    port at most 65535, a timeout within datetime.timedelta's range (torch's process-group timeout
+    is one)."""
     result = run(f"{key}={value}\n", names=(key,), codes=(2,))
     assert fix in " ".join(result.stderr.split())
 
@@ -342,15 +375,18 @@ def test_the_largest_whole_number_in_range_is_taken(run, key, value):
 
 @pytest.mark.parametrize("port", ["0", "65536", "99999"])
 def test_registry_port_is_a_tcp_port(run, port):
-    result = run(f"IMAGE_REGISTRY=registry.example.com:{port}\n", names=("IMAGE_REGISTRY",), codes=(2,))
+    result = run(
+        f"IMAGE_REGISTRY=registry.example.com:{port}\n", names=("IMAGE_REGISTRY",), codes=(2,)
+    )
     assert "use a TCP port from 1 to 65535" in result.stderr
 
 
 @pytest.mark.parametrize("key", sorted(setting_keys()))
 def test_a_value_too_large_for_execve_is_refused_by_size(run, key):
-    """Every value reaches the trainer as one environment string `KEY=value`; Linux refuses execve with E2BIG
-    for any single string over MAX_ARG_STRLEN, 32 pages = 128 KiB (include/uapi/linux/binfmts.h). Any key's
-    value over MAX_VALUE_BYTES is refused up front, the line giving its size, never the value itself."""
+    """Every value reaches the trainer as one environment string `KEY=value`; Linux refuses execve
+    with E2BIG for any single string over MAX_ARG_STRLEN, 32 pages = 128 KiB
+    (include/uapi/linux/binfmts.h). Any key's value over MAX_VALUE_BYTES is refused up front, the
+    line giving its size, never the value itself."""
     value = "a" * (MAX_VALUE_BYTES + 1)
     result = run(f"{key}={value}\n", names=(key,), codes=(2,))
     assert f"{key}=<{MAX_VALUE_BYTES + 1} bytes> (bad.env line 1) is too long" in result.stderr
@@ -368,9 +404,10 @@ def test_the_size_limit_is_below_what_execve_takes():
 
 
 # JOB_NAME: the Training Operator names every pod and its Service `<job>-<replica type>-<index>`
-# (training-operator pkg/core/utils.go GenGeneralName), here `<job>-worker-<n-1>`; its webhook wants the name
-# itself a DNS-1035 label (pkg/webhooks/pytorch/pytorchjob_webhook.go NameIsDNS1035Label: a letter first).
-# A TrainJob's pods are JobSet's `<job>-node-0-<n-1>`. Over index widths up to NODE_COUNT's most (64).
+# (training-operator pkg/core/utils.go GenGeneralName), here `<job>-worker-<n-1>`; its webhook wants
+# the name itself a DNS-1035 label (pkg/webhooks/pytorch/pytorchjob_webhook.go NameIsDNS1035Label: a
+# letter first). A TrainJob's pods are JobSet's `<job>-node-0-<n-1>`. Over index widths up to
+# NODE_COUNT's most (64).
 NAME_CASES = [(kind, nodes) for kind in ("pytorchjob", "trainjob") for nodes in (1, 2, 10, 11, 64)]
 
 
@@ -386,7 +423,9 @@ def test_job_name_leaves_room_for_every_derived_name(run, tmp_path, kind, nodes)
     run(base + f"JOB_NAME={longest}\n", codes=(0,))
     import yaml
 
-    for path in (tmp_path / "out").glob("*.yaml"):  # beside them the .sha256 index (test_manifest_dir)
+    for path in (tmp_path / "out").glob(
+        "*.yaml"
+    ):  # beside them the .sha256 index (test_manifest_dir)
         for obj in yaml.safe_load_all(path.read_text()):
             assert len(obj["metadata"]["name"]) <= 63, (path, obj["metadata"]["name"])
     assert len(f"{longest}{middle}{nodes - 1}") == 63
@@ -398,8 +437,9 @@ def test_job_name_starting_with_a_digit_is_refused(run, name):
     assert "^[a-z]" in result.stderr
 
 
-# NODE_SELECTOR and TOLERATIONS keys and values, as apimachinery's IsQualifiedName and IsValidLabelValue
-# (k8s.io/apimachinery/pkg/util/validation/validation.go) refuse them; each passes the settings' pattern.
+# NODE_SELECTOR and TOLERATIONS keys and values, as apimachinery's IsQualifiedName and
+# IsValidLabelValue (k8s.io/apimachinery/pkg/util/validation/validation.go) refuse them; each passes
+# the settings' pattern.
 BAD_LABELS = [
     "-zone=a",  # a name starts with an alphanumeric
     "zone-=a",  # ... and ends with one
@@ -473,8 +513,9 @@ ENV_FILE_CASES = [
 @pytest.mark.parametrize("case", ENV_FILE_CASES)
 @pytest.mark.parametrize("how", ["flag", "FSDPCTL_ENV_FILE"])
 def test_env_file_that_is_not_a_readable_text_file(cli, tmp_path, monkeypatch, case, how):
-    """Each file-system situation is one line naming the path, exit 2, nothing written; an explicit path
-    that does not exist is an error (only the default ./.env may be absent), by flag or by variable."""
+    """Each file-system situation is one line naming the path, exit 2, nothing written; an explicit
+    path that does not exist is an error (only the default ./.env may be absent), by flag or by
+    variable."""
     arg, line = _env_file_cases(tmp_path)[case]
     before = snapshot(tmp_path)
     if how == "flag":
@@ -483,7 +524,11 @@ def test_env_file_that_is_not_a_readable_text_file(cli, tmp_path, monkeypatch, c
         monkeypatch.setenv("FSDPCTL_ENV_FILE", arg)
         result = cli("manifest", "--out-dir", "out")
     check_outcome(
-        result, written_before=before, written_after=snapshot(tmp_path), names=(arg,), allowed_codes=(2,)
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        names=(arg,),
+        allowed_codes=(2,),
     )
     assert "error: " + line in result.stderr
 
@@ -491,19 +536,25 @@ def test_env_file_that_is_not_a_readable_text_file(cli, tmp_path, monkeypatch, c
 def test_default_env_file_may_be_absent_but_not_a_directory(cli, tmp_path):
     before = snapshot(tmp_path)
     result = cli("config", "show")
-    check_outcome(result, written_before=before, written_after=snapshot(tmp_path), allowed_codes=(0,))
+    check_outcome(
+        result, written_before=before, written_after=snapshot(tmp_path), allowed_codes=(0,)
+    )
     (tmp_path / ".env").mkdir()
     before = snapshot(tmp_path)
     result = cli("config", "show")
     check_outcome(
-        result, written_before=before, written_after=snapshot(tmp_path), names=(".env",), allowed_codes=(2,)
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        names=(".env",),
+        allowed_codes=(2,),
     )
 
 
 @pytest.mark.parametrize("kind", ["fifo", "fifo-default", "socket"])
 def test_env_file_fifo_or_socket_does_not_hang(cli, tmp_path, kind):
-    """open() of a FIFO blocks until a writer opens it: `--env-file FIFO` hung forever. The real executable,
-    with a timeout: the file type is checked before opening, so it answers at once."""
+    """open() of a FIFO blocks until a writer opens it: `--env-file FIFO` hung forever. The real
+    executable, with a timeout: the file type is checked before opening, so it answers at once."""
     import socket
 
     path = tmp_path / (".env" if kind == "fifo-default" else "settings.env")
@@ -530,8 +581,8 @@ def test_env_file_fifo_or_socket_does_not_hang(cli, tmp_path, kind):
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """A 1 MiB tmpfs this test mounts (root only), unmounted in teardown: a real full disk, a real read-only
-    file system."""
+    """A 1 MiB tmpfs this test mounts (root only), unmounted in teardown: a real full disk, a real
+    read-only file system."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     mounted = []
@@ -540,7 +591,9 @@ def tmpfs(tmp_path):
         where = tmp_path / name
         where.mkdir()
         opts = ",".join(("size=1m", *options))
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
         mounted.append(where)
@@ -555,7 +608,11 @@ def _manifest_into(cli, tmp_path, out: str, *, codes, names=()):
     before = snapshot(tmp_path)
     result = cli("manifest", "--out-dir", out)
     check_outcome(
-        result, written_before=before, written_after=snapshot(tmp_path), names=names, allowed_codes=codes
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        names=names,
+        allowed_codes=codes,
     )
     return result
 
@@ -570,25 +627,29 @@ def test_manifest_out_dir_where_a_file_is(cli, tmp_path, out):
 
 def test_manifest_out_dir_on_a_read_only_file_system(cli, tmp_path, tmpfs):
     ro = tmpfs("ro", "ro")
-    result = _manifest_into(cli, tmp_path, f"{ro.name}/out", codes=(2,), names=("--out-dir ro/out",))
+    result = _manifest_into(
+        cli, tmp_path, f"{ro.name}/out", codes=(2,), names=("--out-dir ro/out",)
+    )
     assert "cannot be written: Read-only file system" in result.stderr
 
 
 def test_manifest_out_dir_unwritable_for_a_user(cli, tmp_path):
-    """EACCES as an ordinary user sees it (root passes permission bits: skipped there, the read-only file
-    system above stands in)."""
+    """EACCES as an ordinary user sees it (root passes permission bits: skipped there, the read-only
+    file system above stands in)."""
     if os.geteuid() == 0:
         pytest.skip("root writes through permission bits")
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    result = _manifest_into(cli, tmp_path, "locked/out", codes=(2,), names=("--out-dir locked/out",))
+    result = _manifest_into(
+        cli, tmp_path, "locked/out", codes=(2,), names=("--out-dir locked/out",)
+    )
     assert "Permission denied" in result.stderr
 
 
 @pytest.mark.parametrize("out", ["full", "full/new/deeper"])
 def test_manifest_out_dir_on_a_full_disk(cli, tmp_path, tmpfs, out):
-    """ENOSPC on a real 1 MiB tmpfs filled up: exit 1 (the disk, not the input), one line, and nothing left
-    behind: no half file, no temp directory, no folder the command made."""
+    """ENOSPC on a real 1 MiB tmpfs filled up: exit 1 (the disk, not the input), one line, and
+    nothing left behind: no half file, no temp directory, no folder the command made."""
     full = tmpfs("full")
     with open(full / "filler", "wb", buffering=0) as f:
         try:
@@ -619,33 +680,44 @@ BAD_FLOATS = ["nan", "inf", "-inf", "-1", "1e400"]
     "argv, option, span", FLOAT_OPTIONS, ids=[" ".join((*a, o)) for a, o, _ in FLOAT_OPTIONS]
 )
 def test_float_options_take_only_finite_numbers_in_range(cli, tmp_path, argv, option, span, value):
-    """click parses `nan` and `inf` as floats; `job wait --timeout nan` waited forever. Every float option
-    goes through one callback: one line naming the option, exit 2, before anything runs."""
+    """click parses `nan` and `inf` as floats; `job wait --timeout nan` waited forever. Every float
+    option goes through one callback: one line naming the option, exit 2, before anything runs."""
     before = snapshot(tmp_path)
     result = cli(*argv, option, value)
     check_outcome(
-        result, written_before=before, written_after=snapshot(tmp_path), names=(option,), allowed_codes=(2,)
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        names=(option,),
+        allowed_codes=(2,),
     )
     assert f"give a finite number {span}" in result.stderr
 
 
 @pytest.mark.parametrize(
-    "option, value", [("--mfu", "1.5"), ("--tokens", "0"), ("--tokens", "1e308"), ("--price", "1e308")]
+    "option, value",
+    [("--mfu", "1.5"), ("--tokens", "0"), ("--tokens", "1e308"), ("--price", "1e308")],
 )
 def test_plan_bounds_beyond_the_sign(cli, tmp_path, option, value):
-    """Beyond the sign: an MFU is a fraction; tokens and prices have maxima far past any real run that keep
-    time and cost finite (1e308 tokens printed `$inf`)."""
+    """Beyond the sign: an MFU is a fraction; tokens and prices have maxima far past any real run
+    that keep time and cost finite (1e308 tokens printed `$inf`)."""
     before = snapshot(tmp_path)
     result = cli("plan", option, value)
     check_outcome(
-        result, written_before=before, written_after=snapshot(tmp_path), names=(option,), allowed_codes=(2,)
+        result,
+        written_before=before,
+        written_after=snapshot(tmp_path),
+        names=(option,),
+        allowed_codes=(2,),
     )
 
 
 def test_plan_takes_finite_values_in_range(cli, tmp_path):
     before = snapshot(tmp_path)
     result = cli("plan", "--mfu", "0.4", "--tokens", "1e9", "--price", "0", "-o", "json")
-    check_outcome(result, written_before=before, written_after=snapshot(tmp_path), allowed_codes=(0,))
+    check_outcome(
+        result, written_before=before, written_after=snapshot(tmp_path), allowed_codes=(0,)
+    )
     assert "NaN" not in result.stdout and "Infinity" not in result.stdout
 
 
@@ -653,8 +725,8 @@ def test_plan_takes_finite_values_in_range(cli, tmp_path):
 
 
 def test_deploy_fetch_offline_is_one_line_and_leaves_no_folder(cli, tmp_path, monkeypatch):
-    """Offline as urllib sees it: every request goes to a proxy on a port nothing listens on (ECONNREFUSED,
-    urllib's URLError), whatever the network of the machine running the test."""
+    """Offline as urllib sees it: every request goes to a proxy on a port nothing listens on
+    (ECONNREFUSED, urllib's URLError), whatever the network of the machine running the test."""
     from fsdpctl.adapters.etcd import free_port
 
     proxy = f"http://127.0.0.1:{free_port()}"
@@ -671,14 +743,18 @@ def test_deploy_fetch_offline_is_one_line_and_leaves_no_folder(cli, tmp_path, mo
         names=("https://",),
         allowed_codes=(1,),
     )
-    assert "cannot download https://" in result.stderr and "  hint: check the network" in result.stderr
+    assert (
+        "cannot download https://" in result.stderr and "  hint: check the network" in result.stderr
+    )
 
 
 @pytest.mark.parametrize("command", [("cluster", "create"), ("cluster", "delete", "--yes")])
-def test_cluster_without_aws_credentials_is_one_line_with_a_hint(cli, tmp_path, monkeypatch, command):
-    """botocore's NoCredentialsError (no keys in the environment, no shared files, no instance metadata) is
-    one line and a hint, exit 1, never a traceback, and nothing written (the tool's input, clusterconfig.yaml,
-    only once AWS has answered)."""
+def test_cluster_without_aws_credentials_is_one_line_with_a_hint(
+    cli, tmp_path, monkeypatch, command
+):
+    """botocore's NoCredentialsError (no keys in the environment, no shared files, no instance
+    metadata) is one line and a hint, exit 1, never a traceback, and nothing written (the tool's
+    input, clusterconfig.yaml, only once AWS has answered)."""
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
@@ -704,9 +780,9 @@ def test_cluster_without_aws_credentials_is_one_line_with_a_hint(cli, tmp_path, 
     ids=["binary", "NUL inside", "two words"],
 )
 def test_hf_token_file_that_is_not_one_token(cli, tmp_path, content, line):
-    """The token file is read at the last moment (the Secret, the launchers' environment): a binary or
-    garbled file is one line naming HF_TOKEN_FILE, exit 2, no job started and nothing written; its
-    content never shown."""
+    """The token file is read at the last moment (the Secret, the launchers' environment): a binary
+    or garbled file is one line naming HF_TOKEN_FILE, exit 2, no job started and nothing written;
+    its content never shown."""
     token_file = tmp_path / "token"
     token_file.write_bytes(content)
     before = snapshot(tmp_path)

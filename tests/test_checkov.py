@@ -1,10 +1,11 @@
-"""checkov (offline, --skip-download) over terraform/, docker/ and rendered manifests. Peer: the real
-checkov 3.3 in its own virtual environment (`make test` makes .venv-checkov; its pins clash with boto3's),
-skipped with the reason when absent.
+"""checkov (offline, --skip-download) over terraform/, docker/ and rendered manifests. Peer: the
+real checkov 3.3 in its own virtual environment (`make test` makes .venv-checkov; its pins clash
+with boto3's), skipped with the reason when absent.
 
-Offline, checkov reports no severities, so every finding is treated as one to explain: the findings must
-equal ACCEPTED exactly. A new finding fails this test until it is fixed or explained here; a fixed one must
-leave the list. False positives are suppressed where they stand (`checkov:skip` comments saying why)."""
+Offline, checkov reports no severities, so every finding is treated as one to explain: the findings
+must equal ACCEPTED exactly. A new finding fails this test until it is fixed or explained here; a
+fixed one must leave the list. False positives are suppressed where they stand (`checkov:skip`
+comments saying why)."""
 
 from __future__ import annotations
 
@@ -22,33 +23,63 @@ from fsdpctl import deploy, render
 from fsdpctl.settings import load
 
 ACCEPTED = {
-    # terraform/: defaults a user changes with a variable, kept because fsdpctl must work from a laptop
-    ("CKV_AWS_39", "aws_eks_cluster.this"): "public API endpoint: fsdpctl runs from outside the VPC; "
+    # terraform/: defaults a user changes with a variable, kept because fsdpctl must work from a
+    # laptop
+    (
+        "CKV_AWS_39",
+        "aws_eks_cluster.this",
+    ): "public API endpoint: fsdpctl runs from outside the VPC; "
     "endpoint_public_access=false keeps it private",
-    ("CKV_AWS_38", "aws_eks_cluster.this"): "0.0.0.0/0 by default; narrow public_access_cidrs to your egress",
-    ("CKV2_AWS_11", "aws_vpc.this"): "no VPC flow logs: at EFA rates they cost more than they tell; "
+    (
+        "CKV_AWS_38",
+        "aws_eks_cluster.this",
+    ): "0.0.0.0/0 by default; narrow public_access_cidrs to your egress",
+    (
+        "CKV2_AWS_11",
+        "aws_vpc.this",
+    ): "no VPC flow logs: at EFA rates they cost more than they tell; "
     "organisations that need them log at the account level",
     # etcd Deployment
-    ("CKV_K8S_43", "Deployment.etcd"): "pinned by version tag (v3.5.21); the digest differs per mirror",
+    (
+        "CKV_K8S_43",
+        "Deployment.etcd",
+    ): "pinned by version tag (v3.5.21); the digest differs per mirror",
     ("CKV_K8S_15", "Deployment.etcd"): "IfNotPresent with a pinned tag: Always only adds pulls",
-    # the trainer pods (PyTorchJob replica templates, scanned as Pods: checkov skips custom resources)
-    ("CKV_K8S_43", "Pod.fsdp-worker*"): "IMAGE_TAG is a pinned version ('latest' is refused by the settings)",
-    ("CKV_K8S_15", "Pod.fsdp-worker*"): "IfNotPresent: 16 nodes pulling a 20 GB image again on every restart",
-    ("CKV_K8S_8", "Pod.fsdp-worker*"): "no liveness probe: a training step can take minutes; hung jobs are "
+    # the trainer pods (PyTorchJob replica templates, scanned as Pods: checkov skips custom
+    # resources)
+    (
+        "CKV_K8S_43",
+        "Pod.fsdp-worker*",
+    ): "IMAGE_TAG is a pinned version ('latest' is refused by the settings)",
+    (
+        "CKV_K8S_15",
+        "Pod.fsdp-worker*",
+    ): "IfNotPresent: 16 nodes pulling a 20 GB image again on every restart",
+    (
+        "CKV_K8S_8",
+        "Pod.fsdp-worker*",
+    ): "no liveness probe: a training step can take minutes; hung jobs are "
     "found by `job status` (no step for HUNG_AFTER seconds)",
     ("CKV_K8S_9", "Pod.fsdp-worker*"): "no readiness probe: workers serve no traffic",
     (
         "CKV_K8S_22",
         "Pod.fsdp-worker*",
     ): "writable root: torch, NCCL and the HF cache write under $HOME and /tmp",
-    ("CKV_K8S_40", "Pod.fsdp-worker*"): "uid 1000, the image's user, so PVC files stay readable by it",
-    ("CKV2_K8S_6", "Pod.fsdp-worker*"): "no NetworkPolicy: NCCL opens ephemeral ports between every pair of "
+    (
+        "CKV_K8S_40",
+        "Pod.fsdp-worker*",
+    ): "uid 1000, the image's user, so PVC files stay readable by it",
+    (
+        "CKV2_K8S_6",
+        "Pod.fsdp-worker*",
+    ): "no NetworkPolicy: NCCL opens ephemeral ports between every pair of "
     "workers; the namespace is the job's own",
     (
         "CKV_K8S_11",
         "Pod.fsdp-worker*",
     ): "CPU requested, not limited: CFS throttling of data loaders stalls GPUs",
-    # EFA pods only: registering memory with the EFA device needs CAP_IPC_LOCK, which only root receives
+    # EFA pods only: registering memory with the EFA device needs CAP_IPC_LOCK, which only root
+    # receives
     ("CKV_K8S_23", "Pod.fsdp-worker-efa"): "root for CAP_IPC_LOCK (EFA)",
     ("CKV_K8S_37", "Pod.fsdp-worker-efa"): "adds IPC_LOCK (EFA); nothing else",
     ("CKV_K8S_25", "Pod.fsdp-worker-efa"): "adds IPC_LOCK (EFA); nothing else",
@@ -64,7 +95,10 @@ ACCEPTED = {
         "CKV_K8S_38",
         "Deployment.prometheus",
     ): "Prometheus discovers pods and endpoints through the API: it needs its token (read-only ClusterRole)",
-    ("CKV_K8S_23", "DaemonSet.dcgm-exporter"): "DCGM reads every GPU on the node: root, as NVIDIA ships it",
+    (
+        "CKV_K8S_23",
+        "DaemonSet.dcgm-exporter",
+    ): "DCGM reads every GPU on the node: root, as NVIDIA ships it",
     ("CKV_K8S_40", "DaemonSet.dcgm-exporter"): "root, as above",
     (
         "CKV_K8S_25",
@@ -79,11 +113,18 @@ ACCEPTED = {
         "DaemonSet.*",
     ): "dcgm-exporter writes its DCGM state",
     ("CKV_K8S_17", "DaemonSet.*top"): "hostPID is the point of htop/nvtop: the node's processes",
-    ("CKV_K8S_40", "DaemonSet.*top"): "uid 1000, the trainer image's user (it ships htop and nvtop)",
+    (
+        "CKV_K8S_40",
+        "DaemonSet.*top",
+    ): "uid 1000, the trainer image's user (it ships htop and nvtop)",
     ("CKV_K8S_8", "DaemonSet.*top"): "an idle shell for kubectl exec: nothing to probe",
     ("CKV_K8S_9", "DaemonSet.*top"): "serves no traffic",
-    # the pre-step (a batch Job): its volume-prep makes the job's directories on the claims, then the download
-    ("CKV2_K8S_6", "Pod.fsdp-fetch"): "no NetworkPolicy: the download reaches the hub (or HF_ENDPOINT); the "
+    # the pre-step (a batch Job): its volume-prep makes the job's directories on the claims, then
+    # the download
+    (
+        "CKV2_K8S_6",
+        "Pod.fsdp-fetch",
+    ): "no NetworkPolicy: the download reaches the hub (or HF_ENDPOINT); the "
     "namespace is the job's own",
     (
         "CKV_K8S_22",
@@ -95,12 +136,18 @@ ACCEPTED = {
         "Job.fsdp-fetch",
     ): "volume-prep adds CHOWN, FOWNER and DAC_OVERRIDE (all else dropped): a new "
     "FSx file system's root is root's, 0755, and the kubelet applies no fsGroup to it",
-    ("CKV_K8S_40", "Job.fsdp-fetch"): "uid 1000, the image's user, which the job's directories are made for",
+    (
+        "CKV_K8S_40",
+        "Job.fsdp-fetch",
+    ): "uid 1000, the image's user, which the job's directories are made for",
     (
         "CKV_K8S_23",
         "Pod.fsdpctl-clean-*",
     ): "root with DAC_OVERRIDE and FOWNER only: EFA trainers write as root",
-    ("CKV_K8S_25", "Pod.fsdpctl-clean-*"): "adds DAC_OVERRIDE and FOWNER (all else dropped), as above",
+    (
+        "CKV_K8S_25",
+        "Pod.fsdpctl-clean-*",
+    ): "adds DAC_OVERRIDE and FOWNER (all else dropped), as above",
     ("CKV_K8S_8", "Pod.fsdpctl-clean-*"): "a one-shot rm: nothing to probe",
     ("CKV_K8S_9", "Pod.fsdpctl-clean-*"): "serves no traffic",
     ("CKV_K8S_40", "Pod.fsdpctl-clean-*"): "root, as above",
@@ -119,8 +166,8 @@ def _checkov() -> str | None:
 
 
 def _write_manifests(out: Path) -> None:
-    """The objects `fsdpctl manifest` renders for three set-ups, plus each PyTorchJob's pod template as a Pod;
-    what `deploy monitoring` applies and the pod `cleanup --checkpoints` starts."""
+    """The objects `fsdpctl manifest` renders for three set-ups, plus each PyTorchJob's pod template
+    as a Pod; what `deploy monitoring` applies and the pod `cleanup --checkpoints` starts."""
     setups = {
         "fsdp-worker-efa": {"BACKEND": "eks", "RDZV_BACKEND": "etcd"},
         "fsdp-worker": {"BACKEND": "eks", "EFA_ENABLED": "false", "INSTANCE_TYPE": "p4de.24xlarge"},
@@ -142,7 +189,8 @@ def _write_manifests(out: Path) -> None:
         (out / f"{name}.yaml").write_text(render.to_yaml(objs))
     cfg = load(flags={"BACKEND": "eks", "CHECKPOINT_PVC": "fsx"})
     extra = deploy.monitoring(cfg).objects + [render.render_checkpoint_cleaner(cfg, "fsdp")]
-    # a directory of its own: checkov matches NetworkPolicies to pods across namespaces within one directory
+    # a directory of its own: checkov matches NetworkPolicies to pods across namespaces within one
+    # directory
     (out.parent / "deploy").mkdir()
     (out.parent / "deploy" / "deploy.yaml").write_text(render.to_yaml(extra))
 
@@ -155,14 +203,18 @@ def _findings(report: list[dict]) -> tuple[set[tuple[str, str]], dict[str, tuple
             parts = f["resource"].split(".")
             # terraform: module.eks_gpu.TYPE.NAME; kubernetes: KIND.NAMESPACE.NAME[.labels...]
             resource = (
-                ".".join(parts[-2:]) if f["resource"].startswith("module.") else f"{parts[0]}.{parts[2]}"
+                ".".join(parts[-2:])
+                if f["resource"].startswith("module.")
+                else f"{parts[0]}.{parts[2]}"
             )
             found.add((f["check_id"], resource))
     return found, summary
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_checkov() is None, reason="checkov not found (make test creates .venv-checkov)")
+@pytest.mark.skipif(
+    _checkov() is None, reason="checkov not found (make test creates .venv-checkov)"
+)
 def test_checkov_findings_are_all_fixed_or_explained(tmp_path):
     manifests = tmp_path / "manifests"
     manifests.mkdir()

@@ -1,6 +1,6 @@
-"""Every command through the isolated `cli` fixture (conftest.py); the local backend end to end with real
-torchrun, real etcd (Debian etcd-server) and status/logs/stop from separate processes; Ctrl-C and --debug on
-the real executable."""
+"""Every command through the isolated `cli` fixture (conftest.py); the local backend end to end with
+real torchrun, real etcd (Debian etcd-server) and status/logs/stop from separate processes; Ctrl-C
+and --debug on the real executable."""
 
 from __future__ import annotations
 
@@ -74,7 +74,12 @@ def test_help_imports_nothing_heavy(cli):
         "print([m for m in heavy if m in sys.modules])"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=cli.env(), cwd=cli.cwd
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=cli.env(),
+        cwd=cli.cwd,
     ).stdout
     assert out.strip() == "[]"
 
@@ -89,7 +94,8 @@ def test_config_show_masks_secrets_and_names_sources(cli, tmp_path, monkeypatch)
     data = json.loads(result.stdout)
     assert data["settings"]["MODEL"] == "13b" and data["sources"]["MODEL"] == ".env line 1"
     assert (
-        data["settings"]["JOB_NODES"] == 6 and data["sources"]["JOB_NODES"] == "environment FSDPCTL_JOB_NODES"
+        data["settings"]["JOB_NODES"] == 6
+        and data["sources"]["JOB_NODES"] == "environment FSDPCTL_JOB_NODES"
     )
     assert data["settings"]["SEQ_LEN"] == 512 and data["sources"]["SEQ_LEN"] == "--set"
     assert data["sources"]["HF_TOKEN"] == "environment HF_TOKEN"
@@ -101,11 +107,16 @@ def test_config_show_masks_secrets_and_names_sources(cli, tmp_path, monkeypatch)
 
 
 def test_config_validate_reports_every_bad_value_with_exit_2(cli, tmp_path):
-    (tmp_path / "bad.env").write_text("JOB_NODES=zero\nPRECISION=int4\nSHARDING_STRATEGIE=FULL_SHARD\n")
+    (tmp_path / "bad.env").write_text(
+        "JOB_NODES=zero\nPRECISION=int4\nSHARDING_STRATEGIE=FULL_SHARD\n"
+    )
     result = cli("--env-file", "bad.env", "config", "validate")
     assert result.exit_code == 2
     assert "JOB_NODES='zero' (bad.env line 1) is not a whole number" in result.stderr
-    assert "PRECISION='int4' (bad.env line 2) is not allowed: use one of bf16, fp16, fp32" in result.stderr
+    assert (
+        "PRECISION='int4' (bad.env line 2) is not allowed: use one of bf16, fp16, fp32"
+        in result.stderr
+    )
     assert "did you mean SHARDING_STRATEGY?" in result.stderr
     assert cli("--env-file", "missing.env", "config", "validate").exit_code == 2
     assert cli("--set", "NOEQUALS", "config", "validate").exit_code == 2
@@ -163,14 +174,20 @@ def render_file_name(obj: dict) -> str:
 
 
 def test_manifest_output_format_is_yaml_or_json_on_stdout_and_in_files(cli, tmp_path):
-    as_yaml = list(yaml.safe_load_all(cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout))
-    listed = json.loads(cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json").stdout)
+    as_yaml = list(
+        yaml.safe_load_all(cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout)
+    )
+    listed = json.loads(
+        cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json").stdout
+    )
     assert listed == {"apiVersion": "v1", "kind": "List", "items": as_yaml}
     assert (
         cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "--output", "yaml").stdout
         == cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1").stdout
     )
-    written = cli("--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json", "--out-dir", "j")
+    written = cli(
+        "--set", "BACKEND=eks", "manifest", "--run-id", "r1", "-o", "json", "--out-dir", "j"
+    )
     assert written.exit_code == 0 and written.stdout == ""
     files = sorted(p for p in (tmp_path / "j").iterdir() if p.suffix == ".json")
     assert [p.name for p in files] == [
@@ -199,27 +216,33 @@ def test_job_run_dry_run_starts_nothing(cli, tmp_path):
     result = cli("--set", "JOB_NODES=3", "job", "run", "--dry-run")
     assert result.exit_code == 0
     # the container command: fsdptrain.launch checks the settings on the node, then becomes torchrun
-    assert result.stdout.count("-m fsdptrain.launch --nnodes=3 --nproc-per-node=1 --rdzv-backend=c10d") == 3
+    assert (
+        result.stdout.count("-m fsdptrain.launch --nnodes=3 --nproc-per-node=1 --rdzv-backend=c10d")
+        == 3
+    )
     assert not (tmp_path / "home").exists()
 
 
 def test_quickstart_dry_run_starts_nothing_and_an_unfit_one_is_refused(cli):
-    """Every command that changes state has --dry-run: the quickstart's shows its launchers and leaves no
-    job directory; a quickstart this machine cannot hold (more than 4 processes per core) is refused as
-    `job run` refuses it, exit 2, nothing started."""
+    """Every command that changes state has --dry-run: the quickstart's shows its launchers and
+    leaves no job directory; a quickstart this machine cannot hold (more than 4 processes per core)
+    is refused as `job run` refuses it, exit 2, nothing started."""
     result = cli("quickstart", "--dry-run", "--nodes", "3")
     assert result.exit_code == 0, result.output
     assert result.stdout.count("-m fsdptrain.launch --nnodes=3 --nproc-per-node=1") == 3
     assert "nothing was created" in result.stderr and not cli.home.exists()
     refused = cli("quickstart", "--nodes", str(4 * (os.cpu_count() or 1) + 1))
-    assert refused.exit_code == 2 and "local processes for this machine's" in refused.stderr, refused.output
+    assert refused.exit_code == 2 and "local processes for this machine's" in refused.stderr, (
+        refused.output
+    )
     assert not cli.home.exists()
 
 
 @pytest.fixture
 def running_job(cli):
-    """A local job every verb sees as Running, with nothing training: its state names a live supervisor (a
-    `sleep` this fixture owns, as the local adapter records its own) and node-0's log has one line."""
+    """A local job every verb sees as Running, with nothing training: its state names a live
+    supervisor (a `sleep` this fixture owns, as the local adapter records its own) and node-0's log
+    has one line."""
     supervisor = subprocess.Popen(["sleep", "600"])
     jdir = cli.home / "jobs" / "held"
     logs = jdir / "logs" / "held-run-1"
@@ -245,7 +268,8 @@ def running_job(cli):
 
 @pytest.mark.parametrize("verb", [["job", "logs", "-f"], ["job", "status", "-w"]], ids=" ".join)
 def test_ctrl_c_on_a_real_process_exits_130_with_one_line(cli, running_job, verb):
-    """SIGINT, as a terminal sends on Ctrl-C, once the command is in its follow loop (it has printed)."""
+    """SIGINT, as a terminal sends on Ctrl-C, once the command is in its follow loop (it has
+    printed)."""
     proc = cli.popen(*verb, running_job, env={"PYTHONUNBUFFERED": "1"})
     try:
         first = proc.stdout.readline()
@@ -259,7 +283,8 @@ def test_ctrl_c_on_a_real_process_exits_130_with_one_line(cli, running_job, verb
 
 
 def test_ctrl_c_in_job_wait_exits_130_with_one_line(cli, running_job, monkeypatch):
-    """`job wait` prints nothing while it waits: the interrupt arrives in its poll (in process: no race)."""
+    """`job wait` prints nothing while it waits: the interrupt arrives in its poll (in process: no
+    race)."""
 
     def ctrl_c(seconds: float) -> None:
         raise KeyboardInterrupt
@@ -272,7 +297,10 @@ def test_ctrl_c_in_job_wait_exits_130_with_one_line(cli, running_job, monkeypatc
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["--env-file", f"{TOKEN}.env", "config", "show"], "error: --env-file ***.env does not exist"),
+        (
+            ["--env-file", f"{TOKEN}.env", "config", "show"],
+            "error: --env-file ***.env does not exist",
+        ),
         (
             ["--set", f"MODEL={TOKEN}", "config", "validate"],
             "error: MODEL='***' (--set) is unknown: use one of",
@@ -281,8 +309,9 @@ def test_ctrl_c_in_job_wait_exits_130_with_one_line(cli, running_job, monkeypatc
     ids=["missing env file", "bad setting"],
 )
 def test_debug_adds_a_traceback_and_neither_shows_a_secret(cli, args, line):
-    """The real executable (Python's own exception hook would print a raw message): a bad input that carries
-    a token gives one line and exit 2; --debug adds the traceback above that line and keeps the exit code."""
+    """The real executable (Python's own exception hook would print a raw message): a bad input that
+    carries a token gives one line and exit 2; --debug adds the traceback above that line and keeps
+    the exit code."""
     plain = cli.run(*args, env={"HF_TOKEN": TOKEN})
     debug = cli.run("--debug", *args, env={"HF_TOKEN": TOKEN})
     assert plain.exit_code == 2 and debug.exit_code == 2, debug.stderr
@@ -290,7 +319,9 @@ def test_debug_adds_a_traceback_and_neither_shows_a_secret(cli, args, line):
     assert "Traceback" not in plain.stderr and first_error.startswith(line), plain.stderr
     assert debug.stderr.startswith("Traceback (most recent call last):\n"), debug.stderr
     assert debug.stderr.endswith(plain.stderr)  # the same line(s) and hint after the traceback
-    assert line.split("***")[-1].strip() in debug.stderr.split("\nerror:")[0]  # the raised error, masked
+    assert (
+        line.split("***")[-1].strip() in debug.stderr.split("\nerror:")[0]
+    )  # the raised error, masked
     for r in (plain, debug):
         assert TOKEN not in r.stdout + r.stderr and r.stdout == ""
 
@@ -302,11 +333,16 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
     assert "quickstart: Succeeded" in result.stdout
     from fsdpctl.cli.quickstart_cmd import next_commands
 
-    assert result.stdout.endswith(next_commands("quickstart"))  # what to run next, with this job's name
-    # checkpoints on the shared volume (SHARED_VOLUME=fsx-claim: one directory every simulated node mounts)
-    assert (tmp_path / "home/volumes/fsx-claim/checkpoints/quickstart/step-00000008/meta.json").is_file()
-    # and nothing half-written left on any node's own disk (the kubelet's downward API file of the pod's
-    # annotations is the kubelet's, not the job's)
+    assert result.stdout.endswith(
+        next_commands("quickstart")
+    )  # what to run next, with this job's name
+    # checkpoints on the shared volume (SHARED_VOLUME=fsx-claim: one directory every simulated node
+    # mounts)
+    assert (
+        tmp_path / "home/volumes/fsx-claim/checkpoints/quickstart/step-00000008/meta.json"
+    ).is_file()
+    # and nothing half-written left on any node's own disk (the kubelet's downward API file of the
+    # pod's annotations is the kubelet's, not the job's)
     nodes = tmp_path / "home/jobs/quickstart/nodes"
     assert not [p for p in nodes.rglob("*") if p.is_file() and p.parent.name != "podinfo"]
     status = json.loads(cli("job", "status", "quickstart", "-o", "json").stdout)
@@ -322,18 +358,20 @@ def test_quickstart_trains_two_simulated_nodes(cli, tmp_path):
 
 
 def _logs_of_a_real_job(cli, job: str, shown: str) -> None:
-    """`job logs` options on the logs the relay wrote for real torchrun launchers (kubectl logs semantics:
-    tests/test_job_logs.py names the sources)."""
+    """`job logs` options on the logs the relay wrote for real torchrun launchers (kubectl logs
+    semantics: tests/test_job_logs.py names the sources)."""
     plain = cli("job", "logs", job).stdout.splitlines()
     assert plain and not any(line.startswith('{"event"') for line in plain)  # human lines only
-    assert any(line.startswith("step     8/8 |") for line in plain) and "leader: node rank 0" in "\n".join(
-        plain
-    )
+    assert any(
+        line.startswith("step     8/8 |") for line in plain
+    ) and "leader: node rank 0" in "\n".join(plain)
     every = cli("job", "logs", job, "--all", "--tail", "3", "--timestamps").stdout.splitlines()
     assert len(every) == 6 and {line.split(" ")[0] for line in every} == {"[node-0]", "[node-1]"}
     stamps = [line.split(" ")[1] for line in every]
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z", t) for t in stamps), every
-    assert cli("job", "logs", job, "--since", "1h").stdout.splitlines() == plain  # it ran a minute ago
+    assert (
+        cli("job", "logs", job, "--since", "1h").stdout.splitlines() == plain
+    )  # it ran a minute ago
     time.sleep(1.1)
     assert cli("job", "logs", job, "--since", "1s").stdout == ""  # ended over a second ago
     records = [json.loads(x) for x in cli("job", "logs", job, "-o", "json").stdout.splitlines()]
@@ -367,7 +405,9 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
 
     started = _fsdpctl("job", "run", "--detach")
     assert started.exit_code == 0, started.stderr
-    again = _fsdpctl("job", "run", "--detach")  # same name while running: refused (README: exit 2, one line)
+    again = _fsdpctl(
+        "job", "run", "--detach"
+    )  # same name while running: refused (README: exit 2, one line)
     assert again.exit_code == 2 and "is already running" in again.stderr, again.output
 
     deadline = time.monotonic() + 180

@@ -1,7 +1,8 @@
-"""`cluster delete --tool terraform` goes by terraform's state (issue 14, defect 2's cleanup half): destroy
-runs whenever the state in FSDPCTL_HOME/clusters/<name>/terraform holds resources, also without an EKS
-cluster; the dry run says so; no state and no cluster is nothing to do. The real terraform binary destroys a
-VPC that a real `terraform apply` made in moto, with no EKS cluster there."""
+"""`cluster delete --tool terraform` goes by terraform's state (issue 14, defect 2's cleanup half):
+destroy runs whenever the state in FSDPCTL_HOME/clusters/<name>/terraform holds resources, also
+without an EKS cluster; the dry run says so; no state and no cluster is nothing to do. The real
+terraform binary destroys a VPC that a real `terraform apply` made in moto, with no EKS cluster
+there."""
 
 from __future__ import annotations
 
@@ -67,8 +68,9 @@ def test_state_resources_lists_what_destroy_would_delete(tmp_path):
 
 
 def test_delete_goes_by_the_state_without_a_cluster(aws_env, cli):
-    """No state, no cluster: nothing to do (dry run and real). A state with resources and no EKS cluster
-    (moto has none): the dry run lists init + destroy and what they delete; the real run asks first."""
+    """No state, no cluster: nothing to do (dry run and real). A state with resources and no EKS
+    cluster (moto has none): the dry run lists init + destroy and what they delete; the real run
+    asks first."""
     state_dir = cli.home / "clusters/fsdp-eks/terraform"
     nothing = cli("cluster", "delete", "--tool", "terraform", "--yes")
     assert (
@@ -86,7 +88,10 @@ def test_delete_goes_by_the_state_without_a_cluster(aws_env, cli):
     dry = cli("cluster", "delete", "--tool", "terraform", "--dry-run")
     assert dry.exit_code == 0, dry.stderr
     assert f"terraform -chdir={state_dir} destroy -input=false -auto-approve" in dry.stdout
-    assert "2 resources in the terraform state" in dry.stderr and "module.eks_gpu.aws_vpc.this" in dry.stderr
+    assert (
+        "2 resources in the terraform state" in dry.stderr
+        and "module.eks_gpu.aws_vpc.this" in dry.stderr
+    )
     refused = cli("cluster", "delete", "--tool", "terraform", input="n\n")
     assert refused.exit_code == 2 and "2 resources" in refused.stderr
 
@@ -94,7 +99,11 @@ def test_delete_goes_by_the_state_without_a_cluster(aws_env, cli):
 def test_a_cluster_without_terraform_state_is_not_said_to_be_deleted(aws_env, cli):
     make_cluster()
     result = cli("cluster", "delete", "--tool", "terraform", "--yes")
-    assert result.exit_code == 1 and "holds nothing" in result.stderr and "--tool eksctl" in result.stderr
+    assert (
+        result.exit_code == 1
+        and "holds nothing" in result.stderr
+        and "--tool eksctl" in result.stderr
+    )
 
 
 TINY = """
@@ -109,10 +118,12 @@ resource "aws_vpc" "leftover" {
 @pytest.mark.skipif(
     not (HAVE_TERRAFORM and HAVE_PROVIDER), reason="terraform or its cached AWS provider missing"
 )
-def test_destroy_runs_with_the_real_terraform_when_the_cluster_is_gone(aws_env, cli, tmp_path, monkeypatch):
-    """A real `terraform apply` (hashicorp/aws against moto) leaves a VPC in a state and no EKS cluster, as a
-    half-failed create does; that state in the cluster's workdir is destroyed by `cluster delete`, and a
-    second delete finds nothing to do."""
+def test_destroy_runs_with_the_real_terraform_when_the_cluster_is_gone(
+    aws_env, cli, tmp_path, monkeypatch
+):
+    """A real `terraform apply` (hashicorp/aws against moto) leaves a VPC in a state and no EKS
+    cluster, as a half-failed create does; that state in the cluster's workdir is destroyed by
+    `cluster delete`, and a second delete finds nothing to do."""
     env = {**os.environ, "TF_IN_AUTOMATION": "1"}
     tiny = tmp_path / "tiny"
     tiny.mkdir()

@@ -1,12 +1,12 @@
-"""Everything fsdpctl creates on a cluster, sent through fsdpctl's own adapter to the peer that answers as
-kube-apiserver (kube_peer.py): every `deploy` component (etcd, the operator as Training Operator v1.9.4 and as
-Trainer v2.3.0, the NVIDIA and EFA device plugins, monitoring), the job of both kinds with its namespace
-and etcd, its Secret and the checkpoint cleaner. Each object lands at the path the server's discovery gives,
-in the scope the real server expects (the other scope's path is a 404), passes strict field validation and is
-stored as sent, nothing pruned.
+"""Everything fsdpctl creates on a cluster, sent through fsdpctl's own adapter to the peer that
+answers as kube-apiserver (kube_peer.py): every `deploy` component (etcd, the operator as Training
+Operator v1.9.4 and as Trainer v2.3.0, the NVIDIA and EFA device plugins, monitoring), the job of
+both kinds with its namespace and etcd, its Secret and the checkpoint cleaner. Each object lands at
+the path the server's discovery gives, in the scope the real server expects (the other scope's path
+is a 404), passes strict field validation and is stored as sent, nothing pruned.
 
-The expected paths are computed here, apart from the adapter: from kube-apiserver's discovery documents
-(../shared/vendor/kubernetes-discovery) and from the CRDs in the pinned releases."""
+The expected paths are computed here, apart from the adapter: from kube-apiserver's discovery
+documents (../shared/vendor/kubernetes-discovery) and from the CRDs in the pinned releases."""
 
 from __future__ import annotations
 
@@ -56,7 +56,11 @@ SCOPES = scopes()
 def expected(obj: dict) -> tuple[str, str]:
     """(the object's path, the same name under the other scope)."""
     plural, namespaced = SCOPES[(obj["apiVersion"], obj["kind"])]
-    base = f"/api/{obj['apiVersion']}" if "/" not in obj["apiVersion"] else f"/apis/{obj['apiVersion']}"
+    base = (
+        f"/api/{obj['apiVersion']}"
+        if "/" not in obj["apiVersion"]
+        else f"/apis/{obj['apiVersion']}"
+    )
     name, ns = obj["metadata"]["name"], obj["metadata"].get("namespace") or "fsdp"
     scoped, cluster = f"{base}/namespaces/{ns}/{plural}/{name}", f"{base}/{plural}/{name}"
     return (scoped, cluster) if namespaced else (cluster, scoped)
@@ -70,8 +74,8 @@ def peer(tmp_path):
 
 
 def land(peer, k: Kube, obj: dict, create: bool = False) -> None:
-    """Sent as fsdpctl sends it (server-side apply; create for jobs and the cleaner): at the expected path,
-    stored as sent, and not found under the other scope."""
+    """Sent as fsdpctl sends it (server-side apply; create for jobs and the cleaner): at the
+    expected path, stored as sent, and not found under the other scope."""
     path, other = expected(obj)
     before = len(peer.requests())
     k.create(obj) if create else k.apply(obj)
@@ -80,14 +84,17 @@ def land(peer, k: Kube, obj: dict, create: bool = False) -> None:
     stored = k.request("GET", path)
     if "/namespaces/" not in path:  # the server drops a namespace given to a cluster-scoped object
         obj = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "namespace"}}
-    assert deploy.contains(stored, obj), f"{obj['kind']}/{obj['metadata']['name']} changed on the way in"
+    assert deploy.contains(stored, obj), (
+        f"{obj['kind']}/{obj['metadata']['name']} changed on the way in"
+    )
     with pytest.raises(KubeError) as wrong:
         k.request("GET", other)
     assert wrong.value.status == 404, other
 
 
 FS_ID = "fs-0199e5a63bd90f796"  # upstream's static_provisioning_pv.yaml
-# what adds objects: a hub model (the pre-step Job) and a file system (deploy storage: CSI driver, PV, claim)
+# what adds objects: a hub model (the pre-step Job) and a file system (deploy storage: CSI driver,
+# PV, claim)
 EVERYTHING = {
     "PRETRAINED": "org/tiny-llama",
     "FSX_FILE_SYSTEM_ID": FS_ID,
@@ -121,8 +128,15 @@ def test_everything_fsdpctl_creates_lands_where_discovery_says(peer):
         ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
         ("v1", "Namespace"),
     } <= landed
-    assert ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime") in landed  # cluster-scoped custom kind
-    assert {("batch/v1", "Job"), ("v1", "PersistentVolume"), ("storage.k8s.io/v1", "CSIDriver")} <= landed
+    assert (
+        "trainer.kubeflow.org/v1alpha1",
+        "ClusterTrainingRuntime",
+    ) in landed  # cluster-scoped custom kind
+    assert {
+        ("batch/v1", "Job"),
+        ("v1", "PersistentVolume"),
+        ("storage.k8s.io/v1", "CSIDriver"),
+    } <= landed
     assert ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") in landed
     for ds in deploy.plugins(config(), [VENDOR]).objects:  # part of "all", under eksctl's names
         assert k.get("apps/v1", "DaemonSet", ds["metadata"]["name"], "kube-system") is not None
@@ -132,16 +146,21 @@ def test_everything_fsdpctl_creates_lands_where_discovery_says(peer):
 
 @pytest.mark.parametrize(
     "manifest, kind",
-    [("base/csidriver.yaml", "CSIDriver"), ("examples/static_provisioning_pv.yaml", "PersistentVolume")],
+    [
+        ("base/csidriver.yaml", "CSIDriver"),
+        ("examples/static_provisioning_pv.yaml", "PersistentVolume"),
+    ],
 )
 def test_a_cluster_scoped_kind_lives_at_its_cluster_path_and_nowhere_else(peer, manifest, kind):
-    """The FSx CSI driver's own CSIDriver and PersistentVolume (aws-fsx-csi-driver 1.17.0): a hand-kept table
-    sent them to a namespaced path, which the real server answers with 404."""
+    """The FSx CSI driver's own CSIDriver and PersistentVolume (aws-fsx-csi-driver 1.17.0): a
+    hand-kept table sent them to a namespaced path, which the real server answers with 404."""
     [obj] = documents(FSX / manifest)
     assert obj["kind"] == kind
     k = Kube.connect(kubeconfig=str(peer.kubeconfig))
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fsdp"}})
-    land(peer, k, {**obj, "metadata": {**obj["metadata"], "namespace": "fsdp"}})  # a namespace is ignored
+    land(
+        peer, k, {**obj, "metadata": {**obj["metadata"], "namespace": "fsdp"}}
+    )  # a namespace is ignored
     path, namespaced = expected(obj)
     assert "/namespaces/" not in path and "/namespaces/fsdp/" in namespaced
     for method, url, content in [
@@ -155,12 +174,14 @@ def test_a_cluster_scoped_kind_lives_at_its_cluster_path_and_nowhere_else(peer, 
             404,
             "the server could not find the requested resource",
         )
-    assert [o["metadata"]["name"] for o in peer.objects(path.split("/")[-2])] == [obj["metadata"]["name"]]
+    assert [o["metadata"]["name"] for o in peer.objects(path.split("/")[-2])] == [
+        obj["metadata"]["name"]
+    ]
 
 
 def test_a_namespaced_claim_is_refused_at_the_cluster_path(peer):
-    """The reverse: FSx's PersistentVolumeClaim lives in a namespace; named at the cluster path it is a 404,
-    created there a 405."""
+    """The reverse: FSx's PersistentVolumeClaim lives in a namespace; named at the cluster path it
+    is a 404, created there a 405."""
     [claim] = documents(FSX / "examples/static_provisioning_claim.yaml")
     k = Kube.connect(kubeconfig=str(peer.kubeconfig))
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fsdp"}})

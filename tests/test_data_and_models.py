@@ -48,7 +48,9 @@ def test_local_jsonl_and_parquet(assets, tmp_path, fmt):
         import datasets
 
         datasets.Dataset.from_list(rows).to_parquet(str(path))
-    cfg = TrainConfig(dataset=str(path), tokenizer=str(tok_dir), dataset_text_field="content", seq_len=32)
+    cfg = TrainConfig(
+        dataset=str(path), tokenizer=str(tok_dir), dataset_text_field="content", seq_len=32
+    )
     blocks = data.load_blocks(cfg, data.load_tokenizer(str(tok_dir)))
     assert blocks.blocks.shape[1] == 33 and len(blocks) > 10
     with pytest.raises(ConfigError, match="DATASET_TEXT_FIELD='text' is not a column"):
@@ -57,11 +59,11 @@ def test_local_jsonl_and_parquet(assets, tmp_path, fmt):
 
 
 def test_text_rows_without_datasets_are_the_rows_datasets_gives(tmp_path):
-    """A text file (the builtin sample is one) is read without `datasets`, which the GPU machine lacks:
-    generated files (CRLF, lone CR, form feeds, U+2028, empty lines, no final newline, several files), read
-    by the real `datasets.load_dataset("text")` in chunks down to a few characters (its Text builder's
-    `chunksize`, so lines and CR LF pairs fall across chunk ends), give exactly its rows; a file that is
-    not UTF-8 is one ConfigError."""
+    """A text file (the builtin sample is one) is read without `datasets`, which the GPU machine
+    lacks: generated files (CRLF, lone CR, form feeds, U+2028, empty lines, no final newline,
+    several files), read by the real `datasets.load_dataset("text")` in chunks down to a few
+    characters (its Text builder's `chunksize`, so lines and CR LF pairs fall across chunk ends),
+    give exactly its rows; a file that is not UTF-8 is one ConfigError."""
     import random
 
     import datasets

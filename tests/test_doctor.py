@@ -1,6 +1,6 @@
-"""doctor against what this machine really has (no GPU: GPU checks skip, CPU checks run), and the failure
-branches through real error paths: executables on PATH that fail the way a broken driver or a pod without EFA
-does, real statvfs/disk_usage, the trainer's real loader on a bad data set."""
+"""doctor against what this machine really has (no GPU: GPU checks skip, CPU checks run), and the
+failure branches through real error paths: executables on PATH that fail the way a broken driver or
+a pod without EFA does, real statvfs/disk_usage, the trainer's real loader on a bad data set."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def fake_bin(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(not NO_GPU, reason="this test describes a machine without a GPU")
 def test_this_machine_gpu_checks_skip_cpu_checks_run(tmp_path):
-    checks = {c.name: c for c in D.run_checks(load(), demand_tokens_per_s=1000, checkpoint_path=tmp_path)}
+    checks = {
+        c.name: c for c in D.run_checks(load(), demand_tokens_per_s=1000, checkpoint_path=tmp_path)
+    }
     for name in ("nvidia-smi", "driver vs CUDA", "torch.cuda", "forward/backward", "bf16"):
         assert checks[name].status == D.SKIPPED
     assert checks["nvidia-smi"].detail.startswith("no NVIDIA driver")
@@ -46,7 +48,10 @@ def test_this_machine_gpu_checks_skip_cpu_checks_run(tmp_path):
     )
     assert checks["EFA"].status == D.SKIPPED
     assert checks["checkpoint space"].status == D.OK
-    assert checks["data loader"].status == D.OK and "tokens/s per process" in checks["data loader"].detail
+    assert (
+        checks["data loader"].status == D.OK
+        and "tokens/s per process" in checks["data loader"].detail
+    )
     shm = os.statvfs("/dev/shm")  # what this machine has decides which outcome is right
     size = shm.f_blocks * shm.f_frsize
     assert checks["shared memory"].status == (D.OK if size >= D.MIN_SHM else D.WARN)
@@ -61,7 +66,9 @@ def test_a_failing_driver_fails_the_check_and_the_command(fake_bin, cli):
     )
     check = D.check_nvidia_smi(D.Facts())
     assert (
-        check.status == D.FAIL and "couldn't communicate with the NVIDIA driver" in check.detail and check.fix
+        check.status == D.FAIL
+        and "couldn't communicate with the NVIDIA driver" in check.detail
+        and check.fix
     )
     result = cli("doctor", "--no-collectives", "-o", "json")
     assert result.exit_code == 1
@@ -84,7 +91,9 @@ case "$1" in
 esac""",
     )
     facts = D.Facts()
-    assert D.check_nvidia_smi(facts).detail == "2 x NVIDIA H100 80GB HBM3, driver 550.90.07, CUDA 12.4"
+    assert (
+        D.check_nvidia_smi(facts).detail == "2 x NVIDIA H100 80GB HBM3, driver 550.90.07, CUDA 12.4"
+    )
     D.check_torch(facts)
     mismatch = D.check_driver_vs_cuda(facts)
     assert mismatch.status == D.FAIL and "CPU build on a GPU machine" in mismatch.detail
@@ -105,12 +114,17 @@ def test_efa_outcomes(fake_bin, monkeypatch):
     listing = "".join(f"provider: efa\\n    domain: rdmap{i}s0-rdm\\n" for i in range(4))
     executable(fake_bin, "fi_info", f"printf '{listing}'")
     assert D.check_efa(eks).status == D.WARN  # a p5 has 32
-    assert D.check_efa(load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": "p4de.24xlarge"})).status == D.OK
+    assert (
+        D.check_efa(load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": "p4de.24xlarge"})).status
+        == D.OK
+    )
 
 
 def test_shared_memory_and_disk_outcomes(tmp_path):
     assert D.check_shm("/dev/shm", minimum=1 << 60).status == D.WARN
-    assert D.check_shm(str(tmp_path), minimum=1).status == D.OK  # any mounted file system is over a byte
+    assert (
+        D.check_shm(str(tmp_path), minimum=1).status == D.OK
+    )  # any mounted file system is over a byte
     assert D.check_shm(str(tmp_path / "nope")).status == D.FAIL
     assert D.check_disk(load(), tmp_path / "ckpt").status == D.OK
     too_big = D.check_disk(load(dotenv={"MODEL": "70b", "CHECKPOINT_KEEP": "1000"}), tmp_path)
@@ -132,7 +146,9 @@ def test_a_hung_driver_or_efa_probe_is_a_failure_not_a_hang(fake_bin, monkeypatc
     executable(fake_bin, "nvidia-smi", "sleep 20")
     hung = D.check_nvidia_smi(D.Facts())
     assert (
-        hung.status == D.FAIL and hung.detail == "nvidia-smi did not answer in 0.5 s" and "reboot" in hung.fix
+        hung.status == D.FAIL
+        and hung.detail == "nvidia-smi did not answer in 0.5 s"
+        and "reboot" in hung.fix
     )
     executable(fake_bin, "fi_info", "sleep 20")
     efa = D.check_efa(load(dotenv={"BACKEND": "eks"}))

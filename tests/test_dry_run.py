@@ -1,6 +1,7 @@
-"""What a server dry run can prove. A real kube-apiserver creates nothing in a dry run, so an object whose
-namespace or CRD comes from the same dry run cannot be checked (kubernetes/kubernetes#83562; the peer of
-test_kube.py answers so, see kube_peer's NamespaceLifecycle). fsdpctl must not count those as accepted."""
+"""What a server dry run can prove. A real kube-apiserver creates nothing in a dry run, so an object
+whose namespace or CRD comes from the same dry run cannot be checked (kubernetes/kubernetes#83562;
+the peer of test_kube.py answers so, see kube_peer's NamespaceLifecycle). fsdpctl must not count
+those as accepted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ def test_server_dry_run_on_a_fresh_cluster_names_what_it_could_not_check(peer): 
     assert r.exit_code == 0, r.output
     text = said(r)
     assert "not checkable before their namespace or CRD exists" in text
-    assert "Deployment/training-operator" in text  # lives in the namespace the same dry run 'creates'
+    assert (
+        "Deployment/training-operator" in text
+    )  # lives in the namespace the same dry run 'creates'
     assert peer.objects("customresourcedefinitions") == []  # and nothing was stored
 
 

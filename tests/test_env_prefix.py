@@ -1,11 +1,12 @@
-"""Settings from the environment only as FSDPCTL_<KEY> (issue 16): a stray SEED=abc or MODEL= in a shell is
-another program's and changes no command; FSDPCTL_<KEY> is read, below flags and above .env; HF_TOKEN,
-AWS_REGION and AWS_PROFILE are read plain too, as huggingface_hub (HF_TOKEN: huggingface_hub/constants.py,
-`os.environ.get("HF_TOKEN")`) and the AWS SDKs and CLI (AWS_REGION, AWS_PROFILE: the AWS SDKs and Tools
-Reference Guide, "Environment variables support") read them, the prefixed form winning. Every value's source
-is exact (`.env line N`, `environment FSDPCTL_SEED`, `--set`, the command option) and every error line names
-it. Through the real CLI (the `cli` fixture) and tests/invariants.py, plus the pure parts (parse_dotenv's line
-numbers, the local backend's launch environment)."""
+"""Settings from the environment only as FSDPCTL_<KEY> (issue 16): a stray SEED=abc or MODEL= in a
+shell is another program's and changes no command; FSDPCTL_<KEY> is read, below flags and above
+.env; HF_TOKEN, AWS_REGION and AWS_PROFILE are read plain too, as huggingface_hub (HF_TOKEN:
+huggingface_hub/constants.py, `os.environ.get("HF_TOKEN")`) and the AWS SDKs and CLI (AWS_REGION,
+AWS_PROFILE: the AWS SDKs and Tools Reference Guide, "Environment variables support") read them, the
+prefixed form winning. Every value's source is exact (`.env line N`, `environment FSDPCTL_SEED`,
+`--set`, the command option) and every error line names it. Through the real CLI (the `cli` fixture)
+and tests/invariants.py, plus the pure parts (parse_dotenv's line numbers, the local backend's
+launch environment)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def _outputs(cli) -> list[tuple[int, str, str]]:
 
 
 def test_garbage_in_every_plain_name_changes_no_command(cli, monkeypatch):
-    """Every setting's plain name set at once to garbage ('abc', '', '-1', 'nan', ...): config show, plan and
-    job list exit 0 and print exactly what they print without it (stderr too: not even a warning)."""
+    """Every setting's plain name set at once to garbage ('abc', '', '-1', 'nan', ...): config show,
+    plan and job list exit 0 and print exactly what they print without it (stderr too: not even a
+    warning)."""
     clean = _outputs(cli)
     assert [code for code, _, _ in clean] == [0, 0, 0], clean
     for i, key in enumerate(PLAIN_IGNORED):
@@ -48,7 +50,9 @@ def test_garbage_in_every_plain_name_changes_no_command(cli, monkeypatch):
     assert _outputs(cli) == clean
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(stray=st.dictionaries(st.sampled_from(PLAIN_IGNORED), st.sampled_from(GARBAGE), min_size=1))
 def test_any_sample_of_stray_plain_names_changes_nothing(cli, monkeypatch, stray):
     clean = cli("config", "show", "-o", "json")
@@ -60,9 +64,10 @@ def test_any_sample_of_stray_plain_names_changes_nothing(cli, monkeypatch, stray
 
 
 def test_a_local_jobs_trainer_gets_the_jobs_values_not_the_shells(cli, tmp_path):
-    """The local backend runs a pod's command with this machine's environment under the container's: as in a
-    pod, every key the trainer reads (fsdptrain.config.TrainConfig's env names) is the container's only. A
-    stray SEED=abc or MODEL= cannot reach a trainer, nor METRICS_FILE, which the container does not set."""
+    """The local backend runs a pod's command with this machine's environment under the container's:
+    as in a pod, every key the trainer reads (fsdptrain.config.TrainConfig's env names) is the
+    container's only. A stray SEED=abc or MODEL= cannot reach a trainer, nor METRICS_FILE, which the
+    container does not set."""
     from fsdpctl import render
     from fsdpctl.backends.local import engine as local
     from fsdptrain.config import TrainConfig
@@ -70,22 +75,31 @@ def test_a_local_jobs_trainer_gets_the_jobs_values_not_the_shells(cli, tmp_path)
     cfg = load()
     spec = local.spec_from_job(render.render_job(cfg, "r1")[-1], tmp_path)
     trainer_keys = {f.metadata["env"] for f in __import__("dataclasses").fields(TrainConfig)}
-    shell = {key: "abc" for key in trainer_keys} | {"MODEL": "", "PATH": "/usr/bin", "LANG": "C.UTF-8"}
+    shell = {key: "abc" for key in trainer_keys} | {
+        "MODEL": "",
+        "PATH": "/usr/bin",
+        "LANG": "C.UTF-8",
+    }
     for launch in local.launches(spec, "127.0.0.1:1", shell):
-        container = local._mapped_env(spec, launch.node)  # the container's, its volume paths mapped here
+        container = local._mapped_env(
+            spec, launch.node
+        )  # the container's, its volume paths mapped here
         for key in trainer_keys:
             assert launch.env.get(key) == container.get(key) and launch.env.get(key) != "abc", key
         assert launch.env["SEED"] == cfg.train_env()["SEED"] and launch.env["MODEL"] == "tiny"
         assert "METRICS_FILE" not in launch.env
-        assert (launch.env["PATH"], launch.env["LANG"]) == ("/usr/bin", "C.UTF-8")  # the rest passes
+        assert (launch.env["PATH"], launch.env["LANG"]) == (
+            "/usr/bin",
+            "C.UTF-8",
+        )  # the rest passes
 
 
 # ---- the prefixed form is read, and its bad value named ----------------------------------------------------
 
 
 def test_every_key_is_read_under_its_prefix(cli, monkeypatch):
-    """FSDPCTL_<KEY> for every key at once, each at a valid value (.env.example's): config show reports the
-    value and `environment FSDPCTL_<KEY>` as its source."""
+    """FSDPCTL_<KEY> for every key at once, each at a valid value (.env.example's): config show
+    reports the value and `environment FSDPCTL_<KEY>` as its source."""
     values = parse_dotenv((ROOT / ".env.example").read_text())
     defaults = json.loads(cli("config", "show", "-o", "json").stdout)["settings"]
     for key in KEYS:
@@ -105,9 +119,10 @@ def _first_bad_value() -> dict[str, str]:
 
 
 def test_a_bad_value_of_every_key_under_its_prefix_is_named_by_its_variable(cli, monkeypatch):
-    """A bad FSDPCTL_<KEY> for every key (tests/test_bad_input.py's first case; a value over the size limit
-    for free-text keys), all at once: exit 2, and each key has exactly one error line, which names its
-    variable right after the value. Keys whose check needs the others valid (model-level checks) run alone."""
+    """A bad FSDPCTL_<KEY> for every key (tests/test_bad_input.py's first case; a value over the
+    size limit for free-text keys), all at once: exit 2, and each key has exactly one error line,
+    which names its variable right after the value. Keys whose check needs the others valid
+    (model-level checks) run alone."""
     bad = _first_bad_value()
     values = {key: bad.get(key, "a" * (64 * 1024 + 1)) for key in KEYS}
     for key, value in values.items():
@@ -129,18 +144,25 @@ def test_a_bad_value_of_every_key_under_its_prefix_is_named_by_its_variable(cli,
             m.setenv(f"FSDPCTL_{key}", values[key])
             r = cli("config", "validate")
         [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
-        assert r.exit_code == 2 and f"{key}=" in line and f"(environment FSDPCTL_{key})" in line, line
+        assert r.exit_code == 2 and f"{key}=" in line and f"(environment FSDPCTL_{key})" in line, (
+            line
+        )
 
 
 SAMPLE = [case for case in CASES if case[0] in set(KEYS[::9])]
 
 
 @pytest.mark.parametrize(
-    "key, value, fix", [(k, v, f) for k, v, _, f in SAMPLE], ids=[f"{k}={v!r}" for k, v, _, _ in SAMPLE]
+    "key, value, fix",
+    [(k, v, f) for k, v, _, f in SAMPLE],
+    ids=[f"{k}={v!r}" for k, v, _, _ in SAMPLE],
 )
-def test_a_bad_prefixed_value_is_one_line_naming_the_variable(cli, tmp_path, monkeypatch, key, value, fix):
-    """A sample of test_bad_input's cases through the environment: one line, exit 2, nothing written, the line
-    names `KEY=value (environment FSDPCTL_KEY)` and ends with the same fix as from .env."""
+def test_a_bad_prefixed_value_is_one_line_naming_the_variable(
+    cli, tmp_path, monkeypatch, key, value, fix
+):
+    """A sample of test_bad_input's cases through the environment: one line, exit 2, nothing
+    written, the line names `KEY=value (environment FSDPCTL_KEY)` and ends with the same fix as from
+    .env."""
     (tmp_path / ".env").write_text(EXTRA.get(key, ""))
     monkeypatch.setenv(f"FSDPCTL_{key}", value)
     before = snapshot(tmp_path)
@@ -153,7 +175,8 @@ def test_a_bad_prefixed_value_is_one_line_naming_the_variable(cli, tmp_path, mon
 
 # ---- precedence, with the source named from each layer -----------------------------------------------------
 
-# per key: distinct valid values, one per layer (a key with two allowed values gets two layers), and a bad one
+# per key: distinct valid values, one per layer (a key with two allowed values gets two layers), and
+# a bad one
 LAYERED = {
     "SEED": (("7", "8", "9"), "abc"),
     "MAX_STEPS": (("40", "50", "60"), "-1"),
@@ -173,10 +196,14 @@ LAYERS = ("dotenv", "env", "flag")
 def _dotenv(key: str, value: str, pad: int) -> tuple[str, int]:
     """A .env with `pad` lines of comments and blanks around the key's line, and that line's number."""
     before = ["# settings", "", "export JOB_NAMESPACE=team", "  ", "#KEY=old"][:pad]
-    return "\n".join([*before, f"export {key}={value}  # the value", "", "# end"]) + "\n", len(before) + 1
+    return "\n".join([*before, f"export {key}={value}  # the value", "", "# end"]) + "\n", len(
+        before
+    ) + 1
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     key=st.sampled_from(sorted(LAYERED)),
     layers=st.sets(st.sampled_from(LAYERS)),
@@ -184,10 +211,10 @@ def _dotenv(key: str, value: str, pad: int) -> tuple[str, int]:
     pad=st.integers(0, 5),
 )
 def test_flag_over_environment_over_dotenv_over_default(cli, monkeypatch, key, layers, bad, pad):
-    """Any key, any subset of layers, each with its own value (one of them, or none, bad): the highest layer
-    set wins and is the source config show names; a bad value only matters where it wins, and then its error
-    line names that layer exactly (`--set`, `environment FSDPCTL_KEY`, `.env line N`). A garbage plain-named
-    variable beside it never counts."""
+    """Any key, any subset of layers, each with its own value (one of them, or none, bad): the
+    highest layer set wins and is the source config show names; a bad value only matters where it
+    wins, and then its error line names that layer exactly (`--set`, `environment FSDPCTL_KEY`,
+    `.env line N`). A garbage plain-named variable beside it never counts."""
     goods, bad_value = LAYERED[key]
     used = [layer for layer in LAYERS if layer in layers][: len(goods)]
     value = {layer: bad_value if layer == bad else goods[i] for i, layer in enumerate(used)}
@@ -217,7 +244,9 @@ def test_flag_over_environment_over_dotenv_over_default(cli, monkeypatch, key, l
         assert shown["sources"][key] == "default"
     else:
         assert shown["sources"][key] == source[top]
-        assert str(shown["settings"][key]).lower() == str(float(value[top]) if key == "LR" else value[top])
+        assert str(shown["settings"][key]).lower() == str(
+            float(value[top]) if key == "LR" else value[top]
+        )
 
 
 @settings(max_examples=60, deadline=None)
@@ -230,15 +259,18 @@ def test_flag_over_environment_over_dotenv_over_default(cli, monkeypatch, key, l
                 st.just("kv"),
                 st.sampled_from(["SEED", "MODEL", "LR", "JOB_NAME"]),
                 st.from_regex(r"[a-z0-9.]{0,6}", fullmatch=True),
-                st.sampled_from(["plain", "export", "spaced", "single", "double", "comment", "multiline"]),
+                st.sampled_from(
+                    ["plain", "export", "spaced", "single", "double", "comment", "multiline"]
+                ),
             ),
         ),
         max_size=12,
     )
 )
 def test_dotenv_line_numbers_for_generated_files(entries):
-    """parse_dotenv keeps the line each key was last set on, through blank lines, comments, `export`, spaces
-    around `=`, quotes, inline comments and quoted values over several lines (python-dotenv's grammar)."""
+    """parse_dotenv keeps the line each key was last set on, through blank lines, comments,
+    `export`, spaces around `=`, quotes, inline comments and quoted values over several lines
+    (python-dotenv's grammar)."""
     lines: list[str] = []
     want: dict[str, tuple[str, int]] = {}
     for entry in entries:
@@ -291,7 +323,9 @@ TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
         ("AWS_PROFILE", "ml", "research"),
     ],
 )
-def test_the_shared_names_are_read_plain_and_the_prefix_wins(cli, monkeypatch, key, plain, prefixed):
+def test_the_shared_names_are_read_plain_and_the_prefix_wins(
+    cli, monkeypatch, key, plain, prefixed
+):
     monkeypatch.setenv(key, plain)
     shown = json.loads(cli("config", "show", "-o", "json").stdout)
     assert shown["sources"][key] == f"environment {key}"
@@ -310,8 +344,12 @@ def test_a_bad_shared_value_names_the_plain_variable(cli, monkeypatch):
     monkeypatch.setenv("AWS_REGION", "mars")
     r = cli("config", "validate")
     assert r.exit_code == 2
-    assert r.stderr.startswith("error: AWS_REGION='mars' (environment AWS_REGION) is not valid: it must")
-    monkeypatch.setenv("FSDPCTL_AWS_REGION", "us-east-1")  # the prefixed one wins: the plain one is moot
+    assert r.stderr.startswith(
+        "error: AWS_REGION='mars' (environment AWS_REGION) is not valid: it must"
+    )
+    monkeypatch.setenv(
+        "FSDPCTL_AWS_REGION", "us-east-1"
+    )  # the prefixed one wins: the plain one is moot
     assert cli("config", "validate").exit_code == 0
 
 
@@ -334,7 +372,8 @@ def test_an_unknown_prefixed_variable_warns_with_the_name_it_may_mean(cli, monke
 
 
 def test_each_warning_is_given_once_however_often_the_settings_load(monkeypatch, capsys, cli):
-    """A command may load the settings more than once (with overrides: cluster create's AZs from EC2)."""
+    """A command may load the settings more than once (with overrides: cluster create's AZs from
+    EC2)."""
     from fsdpctl.cli.common import AppState
 
     monkeypatch.setenv("FSDPCTL_MODLE", "7b")
@@ -355,8 +394,8 @@ def test_a_prefixed_key_in_dotenv_warns_to_use_the_plain_name(cli):
 
 
 def test_every_fsdpctl_variable_the_code_reads_is_known():
-    """Every FSDPCTL_ name in the sources and the Makefile is fsdpctl's own (OWN_ENV) or a setting's: none of
-    them may be warned about as unknown."""
+    """Every FSDPCTL_ name in the sources and the Makefile is fsdpctl's own (OWN_ENV) or a
+    setting's: none of them may be warned about as unknown."""
     found = set()
     for path in [*ROOT.joinpath("src").rglob("*.py"), ROOT / "Makefile"]:
         found |= set(re.findall(r"\bFSDPCTL_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
@@ -374,8 +413,8 @@ def test_a_command_option_is_named_as_the_source(cli):
 
 
 def test_each_named_value_of_a_check_over_several_keys_says_where_it_came_from(cli, monkeypatch):
-    """JOB_NODES over NODE_COUNT on EKS (config validate's placement check): both values named with their
-    sources; the suggested values are not (they came from nowhere)."""
+    """JOB_NODES over NODE_COUNT on EKS (config validate's placement check): both values named with
+    their sources; the suggested values are not (they came from nowhere)."""
     (cli.cwd / ".env").write_text("# the node group\nNODE_COUNT=2\n")
     monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_JOB_NODES", "3")

@@ -1,4 +1,5 @@
-"""The trainer's event lines, written by fsdptrain.events and read back by fsdpctl (in-process, no torch)."""
+"""The trainer's event lines, written by fsdptrain.events and read back by fsdpctl (in-process, no
+torch)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def test_the_line_format_readers_rely_on():
     record = json.loads(line)
     assert record["mfu"] is None  # an unknown peak is written as null
     assert record["mem_peak_rss_gib"] == 1.5
-    assert "mem_allocated_gib" not in record and "gpu_util_pct" not in record  # not measured: left out
+    assert (
+        "mem_allocated_gib" not in record and "gpu_util_pct" not in record
+    )  # not measured: left out
     assert json.loads(events.to_line(SUMMARY))["losses"] == [6.0, 2.5]
 
 
@@ -77,7 +80,14 @@ def test_a_cut_line_an_unknown_event_and_other_lines_are_skipped():
 
 def test_a_reader_ignores_fields_it_does_not_know_and_tolerates_missing_optional_ones():
     line = json.dumps(
-        {"event": "step", "step": 3, "max_steps": 9, "loss": 4.0, "tokens_per_s": 10.0, "step_time_s": 1.0}
+        {
+            "event": "step",
+            "step": 3,
+            "max_steps": 9,
+            "loss": 4.0,
+            "tokens_per_s": 10.0,
+            "step_time_s": 1.0,
+        }
         | {"time": 5.0, "new_metric": 1}
     )
     (step,) = events.parse([line])
@@ -92,7 +102,9 @@ def test_progress_reads_the_typed_events():
     assert p["percent"] == 80.0 and p["eta_s"] == 2 * 2.0 and p["last_progress_s"] == 5.0
     assert p["checkpoint"] == CHECKPOINT.path and p["summary"] is None
     done = progress.progress(progress.parse_events([*lines, events.to_line(SUMMARY)]), now=0)
-    assert done["summary"] == json.loads(events.to_line(SUMMARY))  # `job status -o json` shows the line
+    assert done["summary"] == json.loads(
+        events.to_line(SUMMARY)
+    )  # `job status -o json` shows the line
     empty = progress.progress([], now=0)
     assert empty["step"] == 0 and empty["max_steps"] is None and not math.isnan(empty["percent"])
 

@@ -1,12 +1,14 @@
 """An existing VPC (issue 14): VPC_ID and PRIVATE_SUBNET_IDS, rendered for eksctl (vpc.id and
-vpc.subnets.private.<az>.id) and terraform (vpc_id, private_subnet_ids: no VPC made), each subnet's AZ read
-from EC2 (DescribeSubnets) against moto in server mode.
+vpc.subnets.private.<az>.id) and terraform (vpc_id, private_subnet_ids: no VPC made), each subnet's
+AZ read from EC2 (DescribeSubnets) against moto in server mode.
 
-Sources: eksctl v0.230's schema (../shared/vendor/eksctl-v0.230.0/clusterconfig-v1alpha5.schema.json:
-ClusterSubnets, AZSubnetMapping keyed by AZ); eksctl refuses vpc.subnets beside availabilityZones
-(pkg/ctl/cmdutils/configfile.go: "vpc.subnets and availabilityZones cannot be set at the same time"), a node
-group with both subnets and availabilityZones (pkg/apis/eksctl.io/v1alpha5/validation.go), and fewer than two
-private subnets (vpc.go: MinRequiredSubnets = 2)."""
+Sources: eksctl v0.230's schema
+(../shared/vendor/eksctl-v0.230.0/clusterconfig-v1alpha5.schema.json: ClusterSubnets,
+AZSubnetMapping keyed by AZ); eksctl refuses vpc.subnets beside availabilityZones
+(pkg/ctl/cmdutils/configfile.go: "vpc.subnets and availabilityZones cannot be set at the same
+time"), a node group with both subnets and availabilityZones
+(pkg/apis/eksctl.io/v1alpha5/validation.go), and fewer than two private subnets (vpc.go:
+MinRequiredSubnets = 2)."""
 
 from __future__ import annotations
 
@@ -88,7 +90,11 @@ def test_the_azs_come_in_the_order_of_the_setting_whatever_ec2s(order):
     cfg = load(dotenv={"VPC_ID": VPC, "PRIVATE_SUBNET_IDS": ",".join(subnets)})
     assert cluster.zones_of_subnets(cfg, described(SUBNETS, ZONES)) == ",".join(zones)
     same = load(
-        dotenv={"VPC_ID": VPC, "PRIVATE_SUBNET_IDS": ",".join(subnets), "AVAILABILITY_ZONES": ",".join(zones)}
+        dotenv={
+            "VPC_ID": VPC,
+            "PRIVATE_SUBNET_IDS": ",".join(subnets),
+            "AVAILABILITY_ZONES": ",".join(zones),
+        }
     )
     assert cluster.zones_of_subnets(same, described(SUBNETS, ZONES)) == ",".join(zones)
 
@@ -127,15 +133,18 @@ def make_vpc(zones: list[str]) -> tuple[str, list[str]]:
     ec2 = boto3.client("ec2", region_name="us-east-1")
     vpc = ec2.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
     subnets = [
-        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=z)["Subnet"][
+            "SubnetId"
+        ]
         for i, z in enumerate(zones)
     ]
     return vpc, subnets
 
 
 def test_cluster_create_reads_the_subnets_azs_from_ec2(aws_env, cli):
-    """The dry run with VPC_ID and PRIVATE_SUBNET_IDS only: each subnet's AZ comes from DescribeSubnets
-    (moto), in the setting's order, into the ClusterConfig eksctl would get and terraform's variables."""
+    """The dry run with VPC_ID and PRIVATE_SUBNET_IDS only: each subnet's AZ comes from
+    DescribeSubnets (moto), in the setting's order, into the ClusterConfig eksctl would get and
+    terraform's variables."""
     import yaml
 
     vpc, subnets = make_vpc(["us-east-1d", "us-east-1a"])
@@ -146,12 +155,16 @@ def test_cluster_create_reads_the_subnets_azs_from_ec2(aws_env, cli):
     cc = yaml.safe_load((cli.home / "clusters/fsdp-eks/clusterconfig.yaml").read_text())
     assert cc["vpc"] == {
         "id": vpc,
-        "subnets": {"private": {"us-east-1d": {"id": subnets[0]}, "us-east-1a": {"id": subnets[1]}}},
+        "subnets": {
+            "private": {"us-east-1d": {"id": subnets[0]}, "us-east-1a": {"id": subnets[1]}}
+        },
     }
     assert cc["managedNodeGroups"][1]["subnets"] == [subnets[0]]
     tf = cli(*keys, "cluster", "create", "--tool", "terraform", "--dry-run")
     assert tf.exit_code == 0, tf.output
-    tfvars = json.loads((cli.home / "clusters/fsdp-eks/terraform/fsdpctl.auto.tfvars.json").read_text())
+    tfvars = json.loads(
+        (cli.home / "clusters/fsdp-eks/terraform/fsdpctl.auto.tfvars.json").read_text()
+    )
     assert (tfvars["vpc_id"], tfvars["private_subnet_ids"]) == (vpc, subnets)
     assert tfvars["availability_zones"] == ["us-east-1d", "us-east-1a"]
 

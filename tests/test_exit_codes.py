@@ -1,17 +1,18 @@
-"""One exit-code table (README "Exit codes and `-o json`", fsdpctl.errors.ExitCode), held per command.
+"""One exit-code table (README "Exit codes and `-o json`", fsdpctl.errors.ExitCode), held per
+command.
 
-Every leaf command of the CLI is found from the click command tree (`typer.main.get_command`), so a new
-command is held to the table without a change here. Each row that applies is driven through each command:
-success (`--help`), a usage error, a bad setting, the same two with `--debug` (which adds a traceback and
-never changes the code); and the situations that only some commands reach: a job that is already running
-(local) or already exists (EKS, the Kubernetes API peer), a prompt declined with "n", with anything else, or
-not answered at all (end of input).
+Every leaf command of the CLI is found from the click command tree (`typer.main.get_command`), so a
+new command is held to the table without a change here. Each row that applies is driven through each
+command: success (`--help`), a usage error, a bad setting, the same two with `--debug` (which adds a
+traceback and never changes the code); and the situations that only some commands reach: a job that
+is already running (local) or already exists (EKS, the Kubernetes API peer), a prompt declined with
+"n", with anything else, or not answered at all (end of input).
 
-What the codes follow: click's UsageError.exit_code = 2 and Abort (end of input or Ctrl-C at a prompt) is
-turned into exit 1 by click's own standalone main (typer/_click/exceptions.py, core.py); kubectl exits
-cmdutil.DefaultErrorExitCode = 1 on every error, AlreadyExists included (k8s.io/kubectl/pkg/cmd/util/
-helpers.go, fatalErrHandler). fsdpctl keeps 1 for failures at runtime and makes every refusal before a change
-2, whichever way it is reached.
+What the codes follow: click's UsageError.exit_code = 2 and Abort (end of input or Ctrl-C at a
+prompt) is turned into exit 1 by click's own standalone main (typer/_click/exceptions.py, core.py);
+kubectl exits cmdutil.DefaultErrorExitCode = 1 on every error, AlreadyExists included
+(k8s.io/kubectl/pkg/cmd/util/ helpers.go, fatalErrHandler). fsdpctl keeps 1 for failures at runtime
+and makes every refusal before a change 2, whichever way it is reached.
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ def _has(cmd, flag: str) -> bool:
 
 
 def _required_args(cmd) -> tuple[str, ...]:
-    """A value for each required argument (`job diff A B`), so the command gets as far as its settings."""
+    """A value for each required argument (`job diff A B`), so the command gets as far as its
+    settings."""
     return tuple("x" for p in cmd.params if p.param_type_name == "argument" and p.required)
 
 
 def test_the_readme_table_is_the_exit_code_enum():
-    """The README's table names every code of fsdpctl.errors.ExitCode with its value, and nothing else; the
-    codes the invariants checker allows are all in it."""
+    """The README's table names every code of fsdpctl.errors.ExitCode with its value, and nothing
+    else; the codes the invariants checker allows are all in it."""
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Exit codes and `-o json`\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d+) \| (\w+) \| (.+) \|$", section, re.M)
@@ -91,8 +93,8 @@ def test_every_command_keeps_the_table(path, cli):
 
 
 def test_the_commands_that_read_no_setting_are_the_ones_named(cli, monkeypatch):
-    """NO_SETTINGS is not a way to skip a command: `deploy fetch` with no release file to fetch succeeds
-    with a bad setting, since it never reads one."""
+    """NO_SETTINGS is not a way to skip a command: `deploy fetch` with no release file to fetch
+    succeeds with a bad setting, since it never reads one."""
     from fsdpctl import deploy
 
     monkeypatch.setattr(deploy, "releases", lambda: {})
@@ -111,11 +113,11 @@ def _terraform_state(cli) -> None:
 
 @pytest.mark.parametrize("answer", ["n\n", "no\n", "\n", "maybe\n", "", None])
 def test_a_declined_prompt_is_2_however_it_is_declined(answer, cli):
-    """`cluster delete` (terraform, a state with resources: read offline, no AWS needed) asks; "n", an
-    empty line, anything but y/yes and no answer at all (end of input: an empty pipe, or no stdin) are all
-    the same refusal, exit 2, with --debug too. End of input says so instead of click's bare `Aborted!`.
-    A refusal writes nothing: the cluster's directory (terraform's state and the variables it was made with)
-    is byte for byte as it was."""
+    """`cluster delete` (terraform, a state with resources: read offline, no AWS needed) asks; "n",
+    an empty line, anything but y/yes and no answer at all (end of input: an empty pipe, or no
+    stdin) are all the same refusal, exit 2, with --debug too. End of input says so instead of
+    click's bare `Aborted!`. A refusal writes nothing: the cluster's directory (terraform's state
+    and the variables it was made with) is byte for byte as it was."""
     _terraform_state(cli)
     before = tree(cli.home / "clusters")
     for debug in ((), ("--debug",)):
@@ -129,13 +131,15 @@ def test_a_declined_prompt_is_2_however_it_is_declined(answer, cli):
 
 
 def tree(root) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 def test_a_job_already_running_locally_is_2(cli):
-    """A second start of a local job whose lock another `job run` (or its supervisor) holds: flock(2) locks
-    belong to the open file description, so a lock held here through its own open() is refused to the
-    command as a lock held by another process would be."""
+    """A second start of a local job whose lock another `job run` (or its supervisor) holds:
+    flock(2) locks belong to the open file description, so a lock held here through its own open()
+    is refused to the command as a lock held by another process would be."""
     from fsdpctl.backends.local import engine as local
     from fsdpctl.cli.quickstart_cmd import QUICKSTART
 
@@ -149,7 +153,8 @@ def test_a_job_already_running_locally_is_2(cli):
 
 
 def test_a_job_that_already_exists_on_eks_is_2(peer):  # noqa: F811
-    """The same refusal on EKS (the Kubernetes API peer): the job exists, no --replace: 2, as locally."""
+    """The same refusal on EKS (the Kubernetes API peer): the job exists, no --replace: 2, as
+    locally."""
     from test_kube import cli as kcli
     from test_kube import install_operator
 
@@ -163,9 +168,10 @@ def test_a_job_that_already_exists_on_eks_is_2(peer):  # noqa: F811
 
 
 def test_clicks_abort_is_a_refusal_or_an_interrupt(capsys):
-    """click raises Abort for end of input or Ctrl-C in its own prompts and parsing (core.py `main`: `except
-    (EOFError, KeyboardInterrupt): raise Abort()`), which its standalone main exits 1 with (`Aborted!`).
-    fsdpctl's group (fsdpctl.cli._Group) makes the first a refusal, 2, and the second an interrupt, 130."""
+    """click raises Abort for end of input or Ctrl-C in its own prompts and parsing (core.py `main`:
+    `except (EOFError, KeyboardInterrupt): raise Abort()`), which its standalone main exits 1 with
+    (`Aborted!`). fsdpctl's group (fsdpctl.cli._Group) makes the first a refusal, 2, and the second
+    an interrupt, 130."""
     import typer
 
     from fsdpctl.cli import _Group
@@ -183,7 +189,10 @@ def test_clicks_abort_is_a_refusal_or_an_interrupt(capsys):
 
         return tiny
 
-    for cause, code, said in ((EOFError(), 2, "no answer"), (KeyboardInterrupt(), 130, "interrupted")):
+    for cause, code, said in (
+        (EOFError(), 2, "no answer"),
+        (KeyboardInterrupt(), 130, "interrupted"),
+    ):
         with pytest.raises(SystemExit) as ended:
             raising(cause)(["ask"], prog_name="fsdpctl")
         assert ended.value.code == code

@@ -1,13 +1,14 @@
-"""Failures that say why, restarts counted per job attempt, and one-line errors that stay one line (issue 15).
+"""Failures that say why, restarts counted per job attempt, and one-line errors that stay one line
+(issue 15).
 
-What torchrun writes on a worker failure is produced here by torch's own code, not retyped: the root-cause
-block is `ChildFailedError.format_msg()` over `ProcessFailure`s (torch/distributed/elastic/multiprocessing/
-errors/__init__.py), the error file is written by `ErrorHandler.record_exception` into the
-TORCHELASTIC_ERROR_FILE the agent sets per worker (multiprocessing/api.py; errors/error_handler.py), and a
-rank's traceback carries the "[rank<N>]: " prefix of torch's `_distributed_excepthook`
-(torch/distributed/distributed_c10d.py). The agent's rendezvous lines are its `_rendezvous` log format
-(torch/distributed/elastic/agent/server/api.py). The real runs (marked slow) start torchrun through
-fsdpctl."""
+What torchrun writes on a worker failure is produced here by torch's own code, not retyped: the
+root-cause block is `ChildFailedError.format_msg()` over `ProcessFailure`s
+(torch/distributed/elastic/multiprocessing/ errors/__init__.py), the error file is written by
+`ErrorHandler.record_exception` into the TORCHELASTIC_ERROR_FILE the agent sets per worker
+(multiprocessing/api.py; errors/error_handler.py), and a rank's traceback carries the "[rank<N>]: "
+prefix of torch's `_distributed_excepthook` (torch/distributed/distributed_c10d.py). The agent's
+rendezvous lines are its `_rendezvous` log format (torch/distributed/elastic/agent/server/api.py).
+The real runs (marked slow) start torchrun through fsdpctl."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ LOG_PREFIX = "I1203 16:28:44.072000 5339 torch/distributed/elastic/agent/server/
 
 
 def rank_traceback(rank: int | None, cause: str, effect: str) -> list[str]:
-    """A chained traceback (`effect` raised from `cause`) as Python prints it, prefixed as torch's excepthook
-    prefixes a rank's (None: before init_process_group, unprefixed)."""
+    """A chained traceback (`effect` raised from `cause`) as Python prints it, prefixed as torch's
+    excepthook prefixes a rank's (None: before init_process_group, unprefixed)."""
 
     def fail() -> None:
         try:
@@ -46,9 +47,9 @@ def rank_traceback(rank: int | None, cause: str, effect: str) -> list[str]:
 
 
 def torchrun_root_cause(tmp_path: Path, rank: int, exitcode: int, message: str | None) -> list[str]:
-    """What torchrun prints when it gives up: its own traceback ending in a ChildFailedError over this
-    rank's failure (and another rank's, SIGTERMed later), with the error file `record` wrote for this rank
-    when `message` is given."""
+    """What torchrun prints when it gives up: its own traceback ending in a ChildFailedError over
+    this rank's failure (and another rank's, SIGTERMed later), with the error file `record` wrote
+    for this rank when `message` is given."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
     from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
 
@@ -68,7 +69,11 @@ def torchrun_root_cause(tmp_path: Path, rank: int, exitcode: int, message: str |
     failures[other] = ProcessFailure(other % 8, 2000, -15, str(tmp_path / "none.json"))
     failures[other].timestamp = failures[rank].timestamp + 5
     text = f"{kstatus.CHILD_FAILED}: {ChildFailedError('fsdptrain', failures)}"
-    return ["Traceback (most recent call last):", '  File "run.py", line 1, in <module>', *text.split("\n")]
+    return [
+        "Traceback (most recent call last):",
+        '  File "run.py", line 1, in <module>',
+        *text.split("\n"),
+    ]
 
 
 def agent_round(addr: str, port: int, restart_count: int) -> list[str]:
@@ -92,17 +97,19 @@ NOISE = [
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_failing_ranks_first_error_line_is_found_wherever_it_is(tmp_path, seed):
-    """Generated node logs: noise, other ranks' tracebacks before and after, the failing rank's chained
-    traceback anywhere, torchrun's root cause naming that rank at the end (with or without an error file).
-    The error is the failing rank's first exception line (the cause of the chain), its line number is
-    right, and `raised` is what its error file says, or nothing without one."""
+    """Generated node logs: noise, other ranks' tracebacks before and after, the failing rank's
+    chained traceback anywhere, torchrun's root cause naming that rank at the end (with or without
+    an error file). The error is the failing rank's first exception line (the cause of the chain),
+    its line number is right, and `raised` is what its error file says, or nothing without one."""
     rnd = random.Random(seed)
     rank = rnd.randrange(0, 16)
     others = [r for r in range(16) if r != rank]
     cause, effect = f"cause {seed} of rank {rank}", f"effect {seed}"
     chunks = [rnd.choice(NOISE) for _ in range(rnd.randrange(0, 30))]
     at = rnd.randrange(0, len(chunks) + 1)
-    before = [rank_traceback(rnd.choice(others), f"other {i}", "x") for i in range(rnd.randrange(0, 3))]
+    before = [
+        rank_traceback(rnd.choice(others), f"other {i}", "x") for i in range(rnd.randrange(0, 3))
+    ]
     lines = chunks[:at]
     for tb in before:
         lines += tb
@@ -115,16 +122,20 @@ def test_the_failing_ranks_first_error_line_is_found_wherever_it_is(tmp_path, se
     found = kstatus.failure(lines, lambda p: Path(p).read_text() if Path(p).is_file() else None)
     assert found["rank"] == rank and found["exitcode"] == 1
     assert found["error"] == f"ValueError: {cause}"
-    assert lines[found["line"] - 1] == f"[rank{rank}]: ValueError: {cause}" and found["line"] > first
+    assert (
+        lines[found["line"] - 1] == f"[rank{rank}]: ValueError: {cause}" and found["line"] > first
+    )
     assert found["raised"] == (f"RuntimeError: rank {rank} ended" if with_file else None)
     assert (found["error_file"] is not None) == with_file
 
 
 def test_the_trainers_own_one_line_error_and_a_signal():
-    """The pre-launch check's error (exit 2 before torchrun: no traceback, no root cause) is the error line;
-    a rank killed by a signal has no traceback, and torchrun's "Signal 9 (SIGKILL) received by PID" is."""
+    """The pre-launch check's error (exit 2 before torchrun: no traceback, no root cause) is the
+    error line; a rank killed by a signal has no traceback, and torchrun's "Signal 9 (SIGKILL)
+    received by PID" is."""
     own = (
-        "fsdptrain: error: DATASET='/fsx/data/x.jsonl' does not exist (checked before torchrun: not retried)"
+        "fsdptrain: error: DATASET='/fsx/data/x.jsonl' does not exist "
+        "(checked before torchrun: not retried)"
     )
     lines = [*NOISE, *["x"] * 40, own, *NOISE]
     found = kstatus.failure(lines, lambda p: None)
@@ -132,7 +143,9 @@ def test_the_trainers_own_one_line_error_and_a_signal():
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    block = str(ChildFailedError("fsdptrain", {3: ProcessFailure(3, 77, -9, "/nonexistent")})).split("\n")
+    block = str(
+        ChildFailedError("fsdptrain", {3: ProcessFailure(3, 77, -9, "/nonexistent")})
+    ).split("\n")
     found = kstatus.failure([*NOISE, *block], lambda p: None)
     assert found["rank"] == 3 and found["exitcode"] == -9
     assert found["error"] == found["raised"] == "Signal 9 (SIGKILL) received by PID 77"
@@ -145,17 +158,23 @@ def test_the_trainers_own_one_line_error_and_a_signal():
 @pytest.mark.parametrize("restarts", [0, 1, 2, 5])
 def test_restarts_are_rounds_of_the_job_not_of_its_nodes(nodes, restarts):
     """Every node of an N-node job joins each round (one master_addr:master_port per round): the job
-    restarted `restarts` times whatever N. A node recreated in the last round (its new agent's log starts
-    there) adds nothing; an agent store reused across rounds (same port every round) falls back to the
-    busiest node's own count."""
+    restarted `restarts` times whatever N. A node recreated in the last round (its new agent's log
+    starts there) adds nothing; an agent store reused across rounds (same port every round) falls
+    back to the busiest node's own count."""
     ports = [29500 + 7 * i for i in range(restarts + 1)]
-    logs = [[ln for p in ports for ln in (*NOISE, *agent_round("10.0.0.1", p, 0))] for _ in range(nodes)]
+    logs = [
+        [ln for p in ports for ln in (*NOISE, *agent_round("10.0.0.1", p, 0))] for _ in range(nodes)
+    ]
     assert kstatus.job_restarts(logs) == restarts
     recreated = [*logs, agent_round("10.0.0.1", ports[-1], 0)]
     assert kstatus.job_restarts(recreated) == restarts
-    same_port = [[ln for _ in ports for ln in agent_round("10.0.0.1", 29400, 0)] for _ in range(nodes)]
+    same_port = [
+        [ln for _ in ports for ln in agent_round("10.0.0.1", 29400, 0)] for _ in range(nodes)
+    ]
     assert kstatus.job_restarts(same_port) == restarts
-    assert kstatus.job_restarts([[*NOISE]] * nodes) == 0  # never reached a rendezvous (exit 2 before it)
+    assert (
+        kstatus.job_restarts([[*NOISE]] * nodes) == 0
+    )  # never reached a rendezvous (exit 2 before it)
 
 
 # --- real runs ----------------------------------------------------------------------------------------------
@@ -163,11 +182,11 @@ def test_restarts_are_rounds_of_the_job_not_of_its_nodes(nodes, restarts):
 
 @pytest.mark.slow
 def test_a_rank_that_raises_is_named_with_its_error_and_a_2_node_restart_counts_once(cli, tmp_path):
-    """A real 2-node local job whose ranks raise while loading a DATASET that is not JSON lines (after
-    init_process_group, so torch prefixes their tracebacks), MAX_RESTARTS=1: both nodes' agents restart
-    the group once, one restart of the job. The foreground `job run` exits 3 and, in one line, names the
-    failing rank, its first error line and where it is, and what its error file (written by the trainer's
-    `record`) says ended it."""
+    """A real 2-node local job whose ranks raise while loading a DATASET that is not JSON lines
+    (after init_process_group, so torch prefixes their tracebacks), MAX_RESTARTS=1: both nodes'
+    agents restart the group once, one restart of the job. The foreground `job run` exits 3 and, in
+    one line, names the failing rank, its first error line and where it is, and what its error file
+    (written by the trainer's `record`) says ended it."""
     data = cli.home / "volumes/fsx-claim/data"
     data.mkdir(parents=True)
     (data / "bad.jsonl").write_text('not json at all\n{"text": 1}\n')
@@ -194,9 +213,10 @@ def test_a_rank_that_raises_is_named_with_its_error_and_a_2_node_restart_counts_
 
 @pytest.mark.slow
 def test_a_failed_run_says_why_in_one_line_under_a_300_character_path(tmp_path, monkeypatch):
-    """DATASET that does not exist, forced past fsdpctl's own check: each node's pre-launch check exits 2
-    with the trainer's one-line error. FSDPCTL_HOME is a 300-character path and stderr a pipe (COLUMNS=200
-    as in every test): the error line, the paths and the `job list` row each stay on one line, whole."""
+    """DATASET that does not exist, forced past fsdpctl's own check: each node's pre-launch check
+    exits 2 with the trainer's one-line error. FSDPCTL_HOME is a 300-character path and stderr a
+    pipe (COLUMNS=200 as in every test): the error line, the paths and the `job list` row each stay
+    on one line, whole."""
     from conftest import isolate
 
     deep = tmp_path / ("d" * 120) / ("e" * 120)
@@ -205,10 +225,13 @@ def test_a_failed_run_says_why_in_one_line_under_a_300_character_path(tmp_path, 
     home = str(c.home)
     assert len(home) >= 300
     env = prefixed({"SEQ_LEN": "64", "PRECISION": "fp32", "JOB_NAME": "nodata"})
-    r = c.run("--set", "DATASET=/fsx/data/none.jsonl", "job", "run", "--force", env=env, timeout=120)
+    r = c.run(
+        "--set", "DATASET=/fsx/data/none.jsonl", "job", "run", "--force", env=env, timeout=120
+    )
     assert r.exit_code == 3, r.output
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("  node ")]
-    # the launcher checks the path as the pod sees it: the claim's directory on this machine, under the home
+    # the launcher checks the path as the pod sees it: the claim's directory on this machine, under
+    # the home
     assert f"fsdptrain: error: DATASET='{home}/volumes/fsx-claim/data/none.jsonl'" in line, line
     assert "not retried" in line
     assert f"{home}/jobs/nodata/logs/" in line and ".log:" in line
@@ -222,8 +245,8 @@ def test_a_failed_run_says_why_in_one_line_under_a_300_character_path(tmp_path, 
 
 
 def test_an_error_naming_a_300_character_path_is_one_line(cli):
-    """A bad setting naming a 300-character path, stderr a pipe: one line, the path whole (rich wrapped it
-    at 80 columns, or COLUMNS, before)."""
+    """A bad setting naming a 300-character path, stderr a pipe: one line, the path whole (rich
+    wrapped it at 80 columns, or COLUMNS, before)."""
     path = "/data/" + "p" * 300 + ".jsonl"
     r = cli.run("--set", f"DATASET={path}", "job", "run", "--dry-run")
     assert r.exit_code == 2, r.output

@@ -1,9 +1,9 @@
-"""The fault kinds of issue 28 as one generated test (slow lane): kills of workers, agents (launchers) and the
-supervisor, signals by hand, a save killed midway, a spent restart budget, a damaged newest checkpoint,
-readers racing to settle a job. After each, what every view says must be what the processes did: `job
-status` (table and strict JSON), `list`, `wait` and state.json agree on one phase, nothing of the job is left
-running, its network namespaces and torchrun's temp dirs are gone, and where it trained the losses equal an
-uninterrupted run's.
+"""The fault kinds of issue 28 as one generated test (slow lane): kills of workers, agents
+(launchers) and the supervisor, signals by hand, a save killed midway, a spent restart budget, a
+damaged newest checkpoint, readers racing to settle a job. After each, what every view says must be
+what the processes did: `job status` (table and strict JSON), `list`, `wait` and state.json agree on
+one phase, nothing of the job is left running, its network namespaces and torchrun's temp dirs are
+gone, and where it trained the losses equal an uninterrupted run's.
 
 Two parts, to fit CI's slow lane (measured durations in the report of the change):
 - on launchers that behave as torchrun's agent does (tests/test_trust.py FAKE: the agent's own lines, the
@@ -56,12 +56,14 @@ def _step(name: str) -> int:
 
 
 def _nothing_left(name: str, state: dict) -> None:
-    """No process of the job (its supervisor exits right after it records the end), no network of it, no
-    temp dir of its launchers."""
+    """No process of the job (its supervisor exits right after it records the end), no network of
+    it, no temp dir of its launchers."""
     until(lambda: local.job_processes(name) == [], timeout=30)
     if isinstance(state.get("net_index"), int):
         assert not netns.exists(netns.Network(state["net_index"], name, state["replicas"]))
-    assert not any(local.temp_dir(local.job_dir(name), n).exists() for n in range(state["replicas"]))
+    assert not any(
+        local.temp_dir(local.job_dir(name), n).exists() for n in range(state["replicas"])
+    )
 
 
 # ---- on launchers that behave as torchrun's agent ----------------------------------------------------------
@@ -69,8 +71,8 @@ def _nothing_left(name: str, state: dict) -> None:
 
 @dataclass(frozen=True)
 class Kind:
-    """A fault: what the launchers do at their end (`end`), what is done to the job at a step, and the
-    phase every view must then say (with a word its reason or failure must hold)."""
+    """A fault: what the launchers do at their end (`end`), what is done to the job at a step, and
+    the phase every view must then say (with a word its reason or failure must hold)."""
 
     name: str
     end: str  # FAKE_END of the launchers: succeed, fail, silent
@@ -79,15 +81,44 @@ class Kind:
 
 
 FAKE_KINDS = [
-    Kind("supervisor SIGKILL, the job trains to its end", "succeed", "Succeeded", "trained to the end"),
-    Kind("supervisor SIGKILL, then a node's torchrun gives up", "fail", "Failed", "exited with code 1"),
-    Kind("supervisor SIGKILL, then the leader's launcher SIGKILL", "succeed", "Failed", "without saying how"),
+    Kind(
+        "supervisor SIGKILL, the job trains to its end",
+        "succeed",
+        "Succeeded",
+        "trained to the end",
+    ),
+    Kind(
+        "supervisor SIGKILL, then a node's torchrun gives up",
+        "fail",
+        "Failed",
+        "exited with code 1",
+    ),
+    Kind(
+        "supervisor SIGKILL, then the leader's launcher SIGKILL",
+        "succeed",
+        "Failed",
+        "without saying how",
+    ),
     Kind("supervisor SIGKILL, then job stop", "succeed", "Stopped", "stopped"),
-    Kind("supervisor SIGKILL, then SIGTERM to the launchers by hand", "succeed", "Stopped", "stopped"),
-    Kind("supervisor SIGKILL, then readers race to settle it", "succeed", "Succeeded", "trained to the end"),
+    Kind(
+        "supervisor SIGKILL, then SIGTERM to the launchers by hand", "succeed", "Stopped", "stopped"
+    ),
+    Kind(
+        "supervisor SIGKILL, then readers race to settle it",
+        "succeed",
+        "Succeeded",
+        "trained to the end",
+    ),
     Kind("supervisor SIGSTOP, then SIGCONT", "succeed", "Succeeded", ""),
-    Kind("launcher SIGKILL under a live supervisor (backoffLimit 0)", "succeed", "Failed", "backoffLimit 0"),
-    Kind("a node's torchrun gives up under a live supervisor", "fail", "Failed", "exited with code 1"),
+    Kind(
+        "launcher SIGKILL under a live supervisor (backoffLimit 0)",
+        "succeed",
+        "Failed",
+        "backoffLimit 0",
+    ),
+    Kind(
+        "a node's torchrun gives up under a live supervisor", "fail", "Failed", "exited with code 1"
+    ),
     Kind("job stop under a live supervisor", "succeed", "Stopped", ""),
 ]
 
@@ -130,8 +161,8 @@ def _inject(cli, kind: Kind, name: str, state: dict, node: int) -> None:
 
 @pytest.mark.parametrize("kind", FAKE_KINDS, ids=[k.name for k in FAKE_KINDS])
 def test_fault_kinds_on_launchers_as_torchrun_behaves(cli, kind):
-    """Each kind once, the step it strikes at (1-3) and the node it strikes drawn from a seed of its own
-    (the same every run)."""
+    """Each kind once, the step it strikes at (1-3) and the node it strikes drawn from a seed of its
+    own (the same every run)."""
     draw = random.Random(kind.name)
     at, node = draw.randint(1, 3), draw.randint(0, 1)
     _clean(cli)
@@ -151,8 +182,13 @@ def test_fault_kinds_on_launchers_as_torchrun_behaves(cli, kind):
             timeout=60,
         )
         final = said_everywhere(cli, name)
-        assert final["phase"] == kind.phase and kind.word in (final["reason"] or ""), (kind.name, final)
-        assert local.read_state(local.job_dir(name))["phase"] == kind.phase  # state.json no longer lies
+        assert final["phase"] == kind.phase and kind.word in (final["reason"] or ""), (
+            kind.name,
+            final,
+        )
+        assert (
+            local.read_state(local.job_dir(name))["phase"] == kind.phase
+        )  # state.json no longer lies
         _nothing_left(name, end)
         stop = cli("job", "stop", name)
         assert stop.exit_code == 0 and f"not running ({kind.phase})" in stop.said
@@ -200,7 +236,9 @@ def _ended(name: str, timeout: float = 400) -> dict:
 
 
 def _workers(launcher_pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
+    found = subprocess.run(
+        ["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True
+    ).stdout.split()
     return [int(p) for p in found]
 
 
@@ -216,8 +254,9 @@ def test_fault_kinds_on_real_training(cli, monkeypatch, tmp_path):
         reference = _losses(cli, "ref")
         assert sorted(reference) == list(range(1, 25))
 
-        # one job, two kills: a worker (torchrun restarts the group), then the supervisor (nobody is left to
-        # judge the launchers' exit codes); a launcher's own kill is test_stop_and_restarts' killed node
+        # one job, two kills: a worker (torchrun restarts the group), then the supervisor (nobody is
+        # left to judge the launchers' exit codes); a launcher's own kill is test_stop_and_restarts'
+        # killed node
         _env_file(cli, JOB_NAME="kills")
         assert cli("job", "run", "-d").exit_code == 0
         until(lambda: _step("kills") >= worker_at, timeout=300, poll=0.2)
@@ -232,16 +271,22 @@ def test_fault_kinds_on_real_training(cli, monkeypatch, tmp_path):
         assert "supervisor gone" in final["reason"], final
         _nothing_left("kills", end)
         got = _losses(cli, "kills")
-        assert all(got[s] == pytest.approx(reference[s], abs=1e-6) for s in range(1, 25)), (got, reference)
+        assert all(got[s] == pytest.approx(reference[s], abs=1e-6) for s in range(1, 25)), (
+            got,
+            reference,
+        )
 
-        # a save killed midway, every time, until the restarts are spent; then the newest checkpoint damaged
+        # a save killed midway, every time, until the restarts are spent; then the newest checkpoint
+        # damaged
         _env_file(cli, JOB_NAME="budget", MAX_RESTARTS="1")
         monkeypatch.setenv("FSDPTRAIN_FAILPOINT", "kill-during-save:12")
         r = cli("job", "run")
         assert r.exit_code == 3, r.output
         assert "MAX_RESTARTS=1 spent" in r.stderr and "SIGKILL" in r.stderr, r.stderr
         failed = said_everywhere(cli, "budget")
-        assert failed["phase"] == "Failed" and failed["reason"].startswith("MAX_RESTARTS=1 spent"), failed
+        assert failed["phase"] == "Failed" and failed["reason"].startswith(
+            "MAX_RESTARTS=1 spent"
+        ), failed
         _nothing_left("budget", local.read_state(local.job_dir("budget")))
         monkeypatch.delenv("FSDPTRAIN_FAILPOINT")
         root = cli.home / "volumes" / "fsx-claim" / "checkpoints" / "budget"
@@ -254,8 +299,12 @@ def test_fault_kinds_on_real_training(cli, monkeypatch, tmp_path):
         said = cli("job", "logs", "budget", "--trainer-only").stdout
         assert "step-00000008" in said and "is damaged: resumed from step-00000004" in said, said
         got = _losses(cli, "budget")
-        assert min(got) == 5 and all(got[s] == pytest.approx(reference[s], abs=1e-6) for s in range(5, 25))
+        assert min(got) == 5 and all(
+            got[s] == pytest.approx(reference[s], abs=1e-6) for s in range(5, 25)
+        )
         assert said_everywhere(cli, "budget")["phase"] == "Succeeded"
-        assert not list(temp.glob("torchelastic_*"))  # every launcher made its temp dirs under its job
+        assert not list(
+            temp.glob("torchelastic_*")
+        )  # every launcher made its temp dirs under its job
     finally:
         _clean(cli)

@@ -1,5 +1,5 @@
-"""Faults survived, with real processes: torchrun's elastic agent, Debian's etcd, the kernel's signals and
-file-size limits. Each test says which real mechanism it drives."""
+"""Faults survived, with real processes: torchrun's elastic agent, Debian's etcd, the kernel's
+signals and file-size limits. Each test says which real mechanism it drives."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def job_env(home: Path, name: str, **settings) -> dict:
 
 
 def step_losses(env) -> dict[int, float]:
-    """Loss per step of the leader's log (`job logs -o json`: plain `job logs` prints human lines); after a
-    restart the resumed attempt's lines replace the first attempt's."""
+    """Loss per step of the leader's log (`job logs -o json`: plain `job logs` prints human lines);
+    after a restart the resumed attempt's lines replace the first attempt's."""
     text = fsdpctl("job", "logs", "-o", "json", env=env).stdout
     return {e.step: e.loss for e in logged_events(text) if isinstance(e, events.Step)}
 
@@ -56,8 +56,9 @@ def leader_text(env) -> str:
 
 @pytest.mark.usefixtures("cli")  # job_env starts from the isolated environment
 def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
-    """torchrun --max-restarts: the agent sees the dead worker, re-rendezvouses both nodes (c10d), and the
-    trainer resumes from the last checkpoint; the losses after it equal an uninterrupted run's."""
+    """torchrun --max-restarts: the agent sees the dead worker, re-rendezvouses both nodes (c10d),
+    and the trainer resumes from the last checkpoint; the losses after it equal an uninterrupted
+    run's."""
     ref = job_env(tmp_path, "ref")
     assert fsdpctl("job", "run", env=ref, timeout=300).returncode == 0
     expected = step_losses(ref)
@@ -70,7 +71,9 @@ def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
         time.sleep(0.5)
     state = json.loads((tmp_path / "jobs/killed/state.json").read_text())
     launcher = state["launchers"][1]["pid"]
-    workers = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split()
+    workers = subprocess.run(
+        ["pgrep", "-P", str(launcher)], capture_output=True, text=True
+    ).stdout.split()
     assert workers, "the node-1 launcher has no worker"
     os.kill(int(workers[0]), signal.SIGKILL)
 
@@ -78,7 +81,9 @@ def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
     text = leader_text(env)
     assert "resumed from" in text
     status = json.loads(fsdpctl("job", "status", "-o", "json", env=env).stdout)
-    assert status["restarts"] == 1 and status["phase"] == "Succeeded"  # one restart of the job, both nodes
+    assert (
+        status["restarts"] == 1 and status["phase"] == "Succeeded"
+    )  # one restart of the job, both nodes
     got = step_losses(env)
     resumed_at = status["summary"]["start_step"]
     assert resumed_at >= 20 and resumed_at % 20 == 0
@@ -88,8 +93,8 @@ def test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("etcd"), reason="etcd-server not installed")
 def test_etcd_restart_during_rendezvous(assets, tmp_path):
-    """The first node waits in an etcd rendezvous; etcd is killed and restarted on the same port and data dir;
-    the second node joins and the job trains to the end."""
+    """The first node waits in an etcd rendezvous; etcd is killed and restarted on the same port and
+    data dir; the second node joins and the job trains to the end."""
     from fsdpctl.adapters import etcd as etcd_adapter
 
     server = etcd_adapter.start(tmp_path / "etcd", log_file=tmp_path / "etcd.log")
@@ -108,7 +113,9 @@ def test_etcd_restart_during_rendezvous(assets, tmp_path):
         "-m",
         "fsdptrain",
     ]
-    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         time.sleep(8)  # node 0 is waiting for node 1 in the rendezvous now
         assert first.poll() is None
@@ -133,7 +140,8 @@ def _restart_etcd(tmp_path: Path, port: int):
 
 
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(assets, tmp_path):
-    """Rank 0 dies by SIGKILL after the step-6 shards are written, before the rename (FSDPTRAIN_FAILPOINT)."""
+    """Rank 0 dies by SIGKILL after the step-6 shards are written, before the rename
+    (FSDPTRAIN_FAILPOINT)."""
     ref = torchrun(assets, MAX_STEPS=9, CHECKPOINT_DIR=tmp_path / "ref", CHECKPOINT_INTERVAL=3)
     assert ref.rc == 0, ref.stderr[-2000:]
     crashed = torchrun(
@@ -156,7 +164,9 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(assets, tmp_path)
 
 def _limit_file_size(limit: int):
     def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG, as a full disk fails
+        signal.signal(
+            signal.SIGXFSZ, signal.SIG_IGN
+        )  # write() then fails with EFBIG, as a full disk fails
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     return apply
@@ -179,10 +189,14 @@ def test_disk_full_during_a_checkpoint_is_a_clear_error(assets, tmp_path):
     )
     assert p.returncode != 0
     line = next(
-        li for li in p.stderr.splitlines() if li.startswith("fsdptrain: error: checkpoint at step 8 failed")
+        li
+        for li in p.stderr.splitlines()
+        if li.startswith("fsdptrain: error: checkpoint at step 8 failed")
     )
     assert (
-        "short write: the disk is full" in line and "the last good one is" in line and "step-00000004" in line
+        "short write: the disk is full" in line
+        and "the last good one is" in line
+        and "step-00000004" in line
     )
     assert (tmp_path / "latest").read_text() == "step-00000004"
     assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "step-00000008").exists()
@@ -196,11 +210,11 @@ def test_unwritable_checkpoint_dir_is_a_clear_error(assets, tmp_path):
 
 
 def test_a_stalled_rank_fails_its_peers_within_collective_timeout(assets, tmp_path):
-    """SIGSTOP freezes rank 1 mid-run, as a hung process or a node that stopped answering would look to its
-    peers. gloo gives up on the collective after the process group's timeout (COLLECTIVE_TIMEOUT, passed to
-    init_process_group), not after torch's default 30 minutes, and rank 0 fails; torchrun's agent then ends
-    the group. Without root this is the check that the setting reaches the process group (test_pods cuts a
-    node's link under network namespaces)."""
+    """SIGSTOP freezes rank 1 mid-run, as a hung process or a node that stopped answering would look
+    to its peers. gloo gives up on the collective after the process group's timeout
+    (COLLECTIVE_TIMEOUT, passed to init_process_group), not after torch's default 30 minutes, and
+    rank 0 fails; torchrun's agent then ends the group. Without root this is the check that the
+    setting reaches the process group (test_pods cuts a node's link under network namespaces)."""
     err = tmp_path / "stderr.txt"
     with open(err, "w") as stderr:
         proc = subprocess.Popen(
@@ -228,7 +242,9 @@ def test_a_stalled_rank_fails_its_peers_within_collective_timeout(assets, tmp_pa
                 "rank 0 still waiting 25 s after COLLECTIVE_TIMEOUT=5"
             )
             time.sleep(0.2)
-        os.kill(rank1, signal.SIGCONT)  # so it takes the agent's SIGTERM now, not at the 30 s SIGKILL
+        os.kill(
+            rank1, signal.SIGCONT
+        )  # so it takes the agent's SIGTERM now, not at the 30 s SIGKILL
         proc.stdout.read()
         assert proc.wait(timeout=60) != 0
     finally:

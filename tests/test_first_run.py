@@ -1,8 +1,8 @@
-"""The first real run (issue 27): what the rendered objects and the trainer's launcher do where components
-meet and over time, checked against the consumers' own code where it runs here (torch 2.13's torchrun parser
-and rendezvous backend) and against the sources each test names where it does not (Training Operator v1.9.4,
-Kubeflow Trainer v2.3.0, JobSet v0.12.0, the FSx CSI driver, Lustre, the kubelet). Fast: no torchrun, no
-training; the multi-process cases are in test_lifecycle.py."""
+"""The first real run (issue 27): what the rendered objects and the trainer's launcher do where
+components meet and over time, checked against the consumers' own code where it runs here (torch
+2.13's torchrun parser and rendezvous backend) and against the sources each test names where it does
+not (Training Operator v1.9.4, Kubeflow Trainer v2.3.0, JobSet v0.12.0, the FSx CSI driver, Lustre,
+the kubelet). Fast: no torchrun, no training; the multi-process cases are in test_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -26,14 +26,16 @@ from test_stop_and_restarts import container_env, eks, torchrun_config, worker  
 
 # ---- defect 2: start skew ----------------------------------------------------------------------------------
 
-# What a real cluster puts between the first and the last node's start: pulling the ~20 GB CUDA image onto a
-# fresh p5 (minutes), a node still joining the node group, the FSx mount. RDZV_JOIN_TIMEOUT's default.
+# What a real cluster puts between the first and the last node's start: pulling the ~20 GB CUDA
+# image onto a fresh p5 (minutes), a node still joining the node group, the FSx mount.
+# RDZV_JOIN_TIMEOUT's default.
 SKEW_S = 600
 
 
 def _store_params(command: list[str], environ: dict[str, str] | None = None):
     """The RendezvousParameters torchrun builds from a container command (torch.distributed.run
-    config_from_args -> launcher/api.py launch_agent: RendezvousParameters(**config.rdzv_configs))."""
+    config_from_args -> launcher/api.py launch_agent: RendezvousParameters(**config.rdzv_configs)).
+    """
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     config = torchrun_config(command, environ)
@@ -49,13 +51,14 @@ def _store_params(command: list[str], environ: dict[str, str] | None = None):
 
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
 def test_a_node_may_start_as_late_as_the_join_timeout_allows(kind):
-    """A node whose agent does not host the c10d store connects as a TCPStore client that retries for
-    `read_timeout` only, 60 s unless rdzv_conf says otherwise (torch 2.13 c10d_rendezvous_backend.py,
-    _create_tcp_store: `params.get_as_int("read_timeout", 60)` becomes the TCPStore's timeout); join_timeout
-    does not cover that wait. A node that started over a minute before the store's host exited 1, which
-    `restartPolicy: ExitCode` makes permanent (Training Operator v1.9.4 pkg/util/train/train_util.go,
-    IsRetryableExitCode) and which a TrainJob's child Job counts against its one backoffLimit (JobSet
-    v0.12.0). Read as torchrun reads the rendered command, the store wait now lasts the join timeout."""
+    """A node whose agent does not host the c10d store connects as a TCPStore client that retries
+    for `read_timeout` only, 60 s unless rdzv_conf says otherwise (torch 2.13
+    c10d_rendezvous_backend.py, _create_tcp_store: `params.get_as_int("read_timeout", 60)` becomes
+    the TCPStore's timeout); join_timeout does not cover that wait. A node that started over a
+    minute before the store's host exited 1, which `restartPolicy: ExitCode` makes permanent
+    (Training Operator v1.9.4 pkg/util/train/train_util.go, IsRetryableExitCode) and which a
+    TrainJob's child Job counts against its one backoffLimit (JobSet v0.12.0). Read as torchrun
+    reads the rendered command, the store wait now lasts the join timeout."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
     assert 'params.get_as_int("read_timeout", 60)' in inspect.getsource(c10d_rendezvous_backend)
@@ -67,19 +70,26 @@ def test_a_node_may_start_as_late_as_the_join_timeout_allows(kind):
     else:
         pet = {"PET_MASTER_ADDR": "fsdp-node-0-0.fsdp", "PET_MASTER_PORT": "29500"}
         command = [
-            a.replace("$(PET_MASTER_ADDR)", pet["PET_MASTER_ADDR"]) for a in job["spec"]["trainer"]["command"]
+            a.replace("$(PET_MASTER_ADDR)", pet["PET_MASTER_ADDR"])
+            for a in job["spec"]["trainer"]["command"]
         ]
         command = [a.replace("$(PET_MASTER_PORT)", "29500") for a in command]
         env = {"PET_NNODES": "4", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "1", **pet}
     params = _store_params(command, env)
     read_timeout = params.get_as_int("read_timeout", 60)  # as _create_tcp_store reads it
-    join_timeout = params.get_as_int("join_timeout", 600)  # as dynamic_rendezvous.create_handler reads it
+    join_timeout = params.get_as_int(
+        "join_timeout", 600
+    )  # as dynamic_rendezvous.create_handler reads it
     assert read_timeout >= join_timeout == cfg.rdzv_join_timeout >= SKEW_S
     longer = _store_params(
-        render.launch_command(eks(RDZV_JOIN_TIMEOUT="1800"), "r") if kind == "pytorchjob" else command
+        render.launch_command(eks(RDZV_JOIN_TIMEOUT="1800"), "r")
+        if kind == "pytorchjob"
+        else command
     )
     if kind == "pytorchjob":  # the user's RDZV_JOIN_TIMEOUT moves both
-        assert longer.get_as_int("read_timeout", 60) == longer.get_as_int("join_timeout", 600) == 1800
+        assert (
+            longer.get_as_int("read_timeout", 60) == longer.get_as_int("join_timeout", 600) == 1800
+        )
 
 
 def test_etcd_rendezvous_keeps_its_client_timeout():
@@ -93,12 +103,12 @@ def test_etcd_rendezvous_keeps_its_client_timeout():
 
 @pytest.mark.parametrize(("rank", "host"), [("0", "true"), ("1", "false"), ("15", "false")])
 def test_trainjob_node_0_hosts_the_store_without_asking_dns(rank, host):
-    """Kubeflow Trainer v2.3.0 gives each pod PET_NODE_RANK, its Job completion index (pkg/runtime/framework/
-    plugins/torch/torch.go, constants.JobCompletionIndexFieldPath). The rendezvous endpoint is
-    `<job>-node-0-0.<job>`, not node 0's hostname, so torchrun's guess whether it hosts the store
-    (utils._matches_machine_hostname) resolves it through DNS when the agent starts, before the headless
-    Service may answer. The launcher tells torchrun instead: is_host=true on node 0 only, as torchrun's own
-    parser reads it."""
+    """Kubeflow Trainer v2.3.0 gives each pod PET_NODE_RANK, its Job completion index
+    (pkg/runtime/framework/ plugins/torch/torch.go, constants.JobCompletionIndexFieldPath). The
+    rendezvous endpoint is `<job>-node-0-0.<job>`, not node 0's hostname, so torchrun's guess
+    whether it hosts the store (utils._matches_machine_hostname) resolves it through DNS when the
+    agent starts, before the headless Service may answer. The launcher tells torchrun instead:
+    is_host=true on node 0 only, as torchrun's own parser reads it."""
     cfg = eks(JOB_KIND="trainjob", JOB_NODES="16")
     command = render.render_job(cfg, "r")[-1]["spec"]["trainer"]["command"]
     env = {"PET_NODE_RANK": rank, "PET_NNODES": "16", "PET_NPROC_PER_NODE": "8"}
@@ -109,15 +119,20 @@ def test_trainjob_node_0_hosts_the_store_without_asking_dns(rank, host):
     ]
     params = _store_params([*render.LAUNCH, *argv], env)
     assert params.get_as_bool("is_host") is (host == "true")
-    assert params.get_as_int("read_timeout", 60) == cfg.rdzv_join_timeout  # the rest of the conf kept
+    assert (
+        params.get_as_int("read_timeout", 60) == cfg.rdzv_join_timeout
+    )  # the rest of the conf kept
 
 
 def test_a_pytorchjob_leaves_the_guess_to_torchrun():
-    """A PyTorchJob's elastic pods get no PET_NODE_RANK (Training Operator v1.9.4 pkg/controller.v1/pytorch/
-    envvar.go sets it only beside a Master replica), and worker 0's hostname is the endpoint's host, which
-    torchrun matches without DNS: the command is left as rendered."""
+    """A PyTorchJob's elastic pods get no PET_NODE_RANK (Training Operator v1.9.4
+    pkg/controller.v1/pytorch/ envvar.go sets it only beside a Master replica), and worker 0's
+    hostname is the endpoint's host, which torchrun matches without DNS: the command is left as
+    rendered."""
     command = render.launch_command(eks(), "r")
-    assert launch.with_store_host(command[len(render.LAUNCH) :], {}) == command[len(render.LAUNCH) :]
+    assert (
+        launch.with_store_host(command[len(render.LAUNCH) :], {}) == command[len(render.LAUNCH) :]
+    )
     assert load(dotenv={}).rdzv_join_timeout == SKEW_S
 
 
@@ -137,16 +152,18 @@ def schemas():
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
 @pytest.mark.parametrize("efa", ["true", "false"])
 def test_the_volume_is_prepared_as_root_before_anything_of_the_job_writes(schemas, kind, efa):
-    """A new FSx for Lustre file system's root is root's, mode 0755 (lustre-release lustre/mdd/mdd_device.c,
-    mdd_prepare: `S_IFDIR | 0755`), and the kubelet never applies fsGroup to the claim: the FSx CSIDriver
-    declares fsGroupPolicy ReadWriteOnceWithFSType (aws-fsx-csi-driver deploy/kubernetes/base/csidriver.yaml),
-    under which fsGroup is applied only to a volume with an fsType whose access modes hold ReadWriteOnce
-    (k8s.io/api storage/v1 FSGroupPolicy; kubelet pkg/volume/csi/csi_mounter.go, supportsFSGroup), and the
-    claim is ReadWriteMany. So the download (uid 1000) met EACCES, could not write its failure marker either,
-    and every trainer waited for ever. Now every job with a claim has a pre-step whose first container runs as
-    root with CHOWN, FOWNER and DAC_OVERRIDE only, makes the job's directories for uid 1000 and nothing more;
-    the download runs as 1000 after it, and every worker (both kinds: a TrainJob's runtimePatches cannot add
-    an init container with a command) waits for the pre-step's marker before it writes anything."""
+    """A new FSx for Lustre file system's root is root's, mode 0755 (lustre-release
+    lustre/mdd/mdd_device.c, mdd_prepare: `S_IFDIR | 0755`), and the kubelet never applies fsGroup
+    to the claim: the FSx CSIDriver declares fsGroupPolicy ReadWriteOnceWithFSType
+    (aws-fsx-csi-driver deploy/kubernetes/base/csidriver.yaml), under which fsGroup is applied only
+    to a volume with an fsType whose access modes hold ReadWriteOnce (k8s.io/api storage/v1
+    FSGroupPolicy; kubelet pkg/volume/csi/csi_mounter.go, supportsFSGroup), and the claim is
+    ReadWriteMany. So the download (uid 1000) met EACCES, could not write its failure marker either,
+    and every trainer waited for ever. Now every job with a claim has a pre-step whose first
+    container runs as root with CHOWN, FOWNER and DAC_OVERRIDE only, makes the job's directories for
+    uid 1000 and nothing more; the download runs as 1000 after it, and every worker (both kinds: a
+    TrainJob's runtimePatches cannot add an init container with a command) waits for the pre-step's
+    marker before it writes anything."""
     [driver] = yaml_docs(CSIDRIVER)
     assert driver["spec"]["fsGroupPolicy"] == "ReadWriteOnceWithFSType"
     cfg = eks(JOB_KIND=kind, EFA_ENABLED=efa, TENSORBOARD_DIR="/fsx/tb")
@@ -158,11 +175,20 @@ def test_the_volume_is_prepared_as_root_before_anything_of_the_job_writes(schema
     pod = pre["spec"]["template"]["spec"]
     [prep] = pod["initContainers"]
     ctx = prep["securityContext"]
-    assert (ctx["runAsUser"], ctx["runAsNonRoot"], ctx["allowPrivilegeEscalation"]) == (0, False, False)
+    assert (ctx["runAsUser"], ctx["runAsNonRoot"], ctx["allowPrivilegeEscalation"]) == (
+        0,
+        False,
+        False,
+    )
     assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER", "DAC_OVERRIDE"]}
     assert prep["command"][:5] == ["python", "-m", "fsdptrain.volumes", "--owner", "1000:1000"]
     assert "--share=/fsx" in prep["command"]
-    for d in ("/fsx/checkpoints/fsdp", "/fsx/hf-cache", "/fsx/hf-cache/.fsdpctl/prestep", "/fsx/tb/fsdp"):
+    for d in (
+        "/fsx/checkpoints/fsdp",
+        "/fsx/hf-cache",
+        "/fsx/hf-cache/.fsdpctl/prestep",
+        "/fsx/tb/fsdp",
+    ):
         assert d in prep["command"], d
     assert (
         pod["securityContext"]["runAsUser"] == 1000
@@ -176,9 +202,19 @@ def test_the_volume_is_prepared_as_root_before_anything_of_the_job_writes(schema
 
 
 def _as_uid(uid: int, script: str, cwd: Path) -> int:
-    """`sh -c script` as `uid`, no capabilities (util-linux setpriv): what a non-root container may do."""
+    """`sh -c script` as `uid`, no capabilities (util-linux setpriv): what a non-root container may
+    do."""
     return subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "/bin/sh", "-c", script],
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ],
         cwd=cwd,
         capture_output=True,
         timeout=30,
@@ -186,19 +222,23 @@ def _as_uid(uid: int, script: str, cwd: Path) -> int:
 
 
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to play two users"
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="needs root and setpriv to play two users",
 )
 
 
 @needs_root
 def test_volume_prep_gives_the_jobs_directories_to_its_user(tmp_path):
-    """On a directory made as Lustre makes a new file system's root (root, 0755), uid 1000 cannot make the
-    job's directories (EACCES, as the download saw); after fsdptrain.volumes (as root) it can, in every one of
-    them, and what root writes there under the trainer's umask 002 stays removable by uid 1000 (the group's,
-    setgid): a later non-root run prunes it. Run twice, it changes nothing."""
+    """On a directory made as Lustre makes a new file system's root (root, 0755), uid 1000 cannot
+    make the job's directories (EACCES, as the download saw); after fsdptrain.volumes (as root) it
+    can, in every one of them, and what root writes there under the trainer's umask 002 stays
+    removable by uid 1000 (the group's, setgid): a later non-root run prunes it. Run twice, it
+    changes nothing."""
     from fsdptrain import volumes
 
-    work = tmp_path.parent / f"{tmp_path.name}-fsx"  # tmp_path's parents are 0700: the uid could not reach it
+    work = (
+        tmp_path.parent / f"{tmp_path.name}-fsx"
+    )  # tmp_path's parents are 0700: the uid could not reach it
     work.mkdir(mode=0o755)
     os.chmod(work, 0o755)
     try:
@@ -229,15 +269,22 @@ def test_volume_prep_gives_the_jobs_directories_to_its_user(tmp_path):
 
 @needs_root
 def test_a_volume_nobody_can_prepare_is_one_line(tmp_path):
-    """A read-only mount (even root cannot write: EROFS, mount(8)): one line naming the path, exit 1, which
-    fails the pre-step Job at once (podFailurePolicy FailJob on volume-prep's 1)."""
+    """A read-only mount (even root cannot write: EROFS, mount(8)): one line naming the path, exit
+    1, which fails the pre-step Job at once (podFailurePolicy FailJob on volume-prep's 1)."""
 
     ro = tmp_path / "ro"
     ro.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)], check=True)
     try:
         r = subprocess.run(
-            [sys.executable, "-m", "fsdptrain.volumes", "--owner", "1000:1000", str(ro / "checkpoints")],
+            [
+                sys.executable,
+                "-m",
+                "fsdptrain.volumes",
+                "--owner",
+                "1000:1000",
+                str(ro / "checkpoints"),
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -249,8 +296,8 @@ def test_a_volume_nobody_can_prepare_is_one_line(tmp_path):
 
 
 def test_a_marker_the_download_cannot_write_is_one_line(tmp_path, capsys):
-    """The download's marker where nothing can be written: one line and exit 1, never a traceback (the
-    trainers then wait until PRESTEP_TIMEOUT and fail with its line)."""
+    """The download's marker where nothing can be written: one line and exit 1, never a traceback
+    (the trainers then wait until PRESTEP_TIMEOUT and fail with its line)."""
     (tmp_path / "file").write_text("")
     assert fetch.main(["--marker", str(tmp_path / "file" / "m.json")]) == 1
     err = capsys.readouterr().err.strip()
@@ -259,9 +306,10 @@ def test_a_marker_the_download_cannot_write_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("efa", ["true", "false"])
 def test_cleanup_removes_what_root_run_trainers_wrote(efa):
-    """EFA pods run the trainer as root (CAP_IPC_LOCK), so a job's checkpoints may be root's files in root's
-    directories; the cleanup pod (`cleanup --checkpoints`) runs as root with DAC_OVERRIDE and FOWNER only,
-    which remove any entry whatever its owner and mode (capabilities(7)), and nothing else of root's."""
+    """EFA pods run the trainer as root (CAP_IPC_LOCK), so a job's checkpoints may be root's files
+    in root's directories; the cleanup pod (`cleanup --checkpoints`) runs as root with DAC_OVERRIDE
+    and FOWNER only, which remove any entry whatever its owner and mode (capabilities(7)), and
+    nothing else of root's."""
     cfg = eks(EFA_ENABLED=efa, CHECKPOINT_PVC="ckpt")
     pod = render.render_checkpoint_cleaner(cfg, "fsdp")
     [clean] = pod["spec"]["containers"]
@@ -280,12 +328,13 @@ def test_cleanup_removes_what_root_run_trainers_wrote(efa):
 
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
 def test_a_disruption_budget_lets_a_drain_evict_one_pod_at_a_time(schemas, kind):
-    """A PodDisruptionBudget over the job's pods with minAvailable JOB_NODES-1: the eviction API refuses a
-    second eviction while one pod is down (kubernetes pkg/registry/core/pod/storage/eviction.go checks the
-    budget's disruptionsAllowed), so a drain of several nodes takes the job's pods one at a time, each
-    checkpointing and coming back before the next. An integer minAvailable because a TrainJob's pods belong
-    to batch Jobs, which have no scale subresource (pkg/controller/disruption/disruption.go,
-    getExpectedPodCount: a number needs none). The selector is the pods' own labels."""
+    """A PodDisruptionBudget over the job's pods with minAvailable JOB_NODES-1: the eviction API
+    refuses a second eviction while one pod is down (kubernetes
+    pkg/registry/core/pod/storage/eviction.go checks the budget's disruptionsAllowed), so a drain of
+    several nodes takes the job's pods one at a time, each checkpointing and coming back before the
+    next. An integer minAvailable because a TrainJob's pods belong to batch Jobs, which have no
+    scale subresource (pkg/controller/disruption/disruption.go, getExpectedPodCount: a number needs
+    none). The selector is the pods' own labels."""
     cfg = eks(JOB_KIND=kind, JOB_NODES="16")
     objs = render.render_job(cfg, "run-1")
     [pdb] = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
@@ -300,13 +349,16 @@ def test_a_disruption_budget_lets_a_drain_evict_one_pod_at_a_time(schemas, kind)
 
 
 def test_the_stop_request_is_the_pods_annotation_the_trainer_reads(tmp_path):
-    """`job stop` annotates the pods (fsdpctl.io/stop); the kubelet writes a pod's annotations into its
-    downward API volume as `key="value"` lines (kubernetes pkg/fieldpath/fieldpath.go, FormatMap), which every
-    rank reads each step: with the annotation a SIGTERM is a stop, without it an eviction."""
+    """`job stop` annotates the pods (fsdpctl.io/stop); the kubelet writes a pod's annotations into
+    its downward API volume as `key="value"` lines (kubernetes pkg/fieldpath/fieldpath.go,
+    FormatMap), which every rank reads each step: with the annotation a SIGTERM is a stop, without
+    it an eviction."""
     from fsdpctl.backends.local import kubelet
     from fsdptrain import disruption
 
-    pod = render.render_job(eks(), "r")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    pod = render.render_job(eks(), "r")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"][
+        "spec"
+    ]
     [volume] = [v for v in pod["volumes"] if v["name"] == "podinfo"]
     assert volume["downwardAPI"]["items"] == [
         {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
@@ -316,23 +368,30 @@ def test_the_stop_request_is_the_pods_annotation_the_trainer_reads(tmp_path):
     kubelet.write_annotations(str(tmp_path), {"prometheus.io/port": "9101"})
     environ = {disruption.STOP_FILE_ENV: str(tmp_path / "annotations")}
     assert disruption.local_reason(True, environ) == disruption.DISRUPTED
-    kubelet.write_annotations(str(tmp_path), {"prometheus.io/port": "9101", "fsdpctl.io/stop": 'at "noon"'})
+    kubelet.write_annotations(
+        str(tmp_path), {"prometheus.io/port": "9101", "fsdpctl.io/stop": 'at "noon"'}
+    )
     assert disruption.local_reason(True, environ) == disruption.STOP
     assert disruption.local_reason(False, environ) == disruption.STOP
-    assert disruption.pod_annotations(environ[disruption.STOP_FILE_ENV])["fsdpctl.io/stop"] == 'at \\"noon\\"'
+    assert (
+        disruption.pod_annotations(environ[disruption.STOP_FILE_ENV])["fsdpctl.io/stop"]
+        == 'at \\"noon\\"'
+    )
 
 
 # ---- defect 9 ----------------------------------------------------------------------------------------------
 
 
 def test_htop_and_nvtop_install_nothing_at_start():
-    """A private cluster has no internet: the DaemonSets ran `apt-get install` at every start and crash-looped
-    there. They now run the trainer image, which ships both (docker/Dockerfile MONITORING_TOOLS), as a
-    non-root user."""
+    """A private cluster has no internet: the DaemonSets ran `apt-get install` at every start and
+    crash-looped there. They now run the trainer image, which ships both (docker/Dockerfile
+    MONITORING_TOOLS), as a non-root user."""
     from fsdpctl import deploy
 
     cfg = eks()
-    tools = [o for o in deploy.monitoring(cfg).objects if o["metadata"]["name"] in ("htop", "nvtop")]
+    tools = [
+        o for o in deploy.monitoring(cfg).objects if o["metadata"]["name"] in ("htop", "nvtop")
+    ]
     assert len(tools) == 2
     for ds in tools:
         [c] = ds["spec"]["template"]["spec"]["containers"]
@@ -343,10 +402,11 @@ def test_htop_and_nvtop_install_nothing_at_start():
 
 
 def test_every_scraped_pod_serves_metrics(monkeypatch):
-    """Prometheus scrapes every pod of the job (the template's prometheus.io/scrape annotation is every
-    pod's), but only global rank 0 served METRICS_PORT: the other pods were targets down for the whole run.
-    Local rank 0 of every node serves it now, with the job's numbers (every rank knows them after the step's
-    all-reduce), and the dashboard takes the max of the job-wide tokens/s rather than their sum."""
+    """Prometheus scrapes every pod of the job (the template's prometheus.io/scrape annotation is
+    every pod's), but only global rank 0 served METRICS_PORT: the other pods were targets down for
+    the whole run. Local rank 0 of every node serves it now, with the job's numbers (every rank
+    knows them after the step's all-reduce), and the dashboard takes the max of the job-wide
+    tokens/s rather than their sum."""
     from fsdptrain import runtime
     from fsdptrain.config import TrainConfig
 
@@ -375,11 +435,12 @@ def test_every_scraped_pod_serves_metrics(monkeypatch):
 
 
 def test_job_stop_asks_the_trainers_then_deletes_the_job(peer):  # noqa: F811
-    """On the cluster `job stop` annotates the job and its running pods (merge patches) before it deletes
-    the job: the kubelet (the peer's, kube_peer_kubelet: at its next sync of the pod) hands the annotation to
-    the trainer, which saves and exits 0 (fsdptrain.disruption.pod_exit); only then does the delete come, so
-    no pod reads its SIGTERM as an eviction. While it stops, and after, the job reads Stopped, not the
-    Succeeded the operator infers from the pods' 0 (an elastic PyTorchJob: any worker that succeeded)."""
+    """On the cluster `job stop` annotates the job and its running pods (merge patches) before it
+    deletes the job: the kubelet (the peer's, kube_peer_kubelet: at its next sync of the pod) hands
+    the annotation to the trainer, which saves and exits 0 (fsdptrain.disruption.pod_exit); only
+    then does the delete come, so no pod reads its SIGTERM as an eviction. While it stops, and
+    after, the job reads Stopped, not the Succeeded the operator infers from the pods' 0 (an elastic
+    PyTorchJob: any worker that succeeded)."""
     from fsdpctl import kstatus
     from test_kube import add_pod, cli, install_operator, kube
 
@@ -399,7 +460,9 @@ def test_job_stop_asks_the_trainers_then_deletes_the_job(peer):  # noqa: F811
     last_ask = max(i for i, q in enumerate(peer.requests()) if q in asked)
     assert last_ask < delete
     for pod in peer.objects("pods"):
-        assert pod["status"]["phase"] == "Succeeded", pod["status"]  # they saved and ended before the delete
+        assert pod["status"]["phase"] == "Succeeded", pod[
+            "status"
+        ]  # they saved and ended before the delete
     job = {"metadata": {"annotations": {render.STOP_ANNOTATION: "t"}}, "status": {"conditions": [
         {"type": "Succeeded", "status": "True"}]}}  # fmt: skip
     assert kstatus.phase(job) == "Stopped"
@@ -435,19 +498,23 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 def test_no_rank_leaves_before_the_export_is_published(tmp_path):
-    """Issue 27, defect 7. Rank 0 writes EXPORT_DIR alone after the gather; a rank that leaves meanwhile ends
-    its pod with 0, the Training Operator marks an elastic PyTorchJob Succeeded once any worker succeeded
-    (v1.9.4 pytorchjob_controller.go, UpdateJobStatus) and deletes the pods still running under cleanPodPolicy
-    Running (common/job.go, DeletePodsAndServices): rank 0's, mid-export. torchrun's own exit barrier holds an
-    agent only 300 s (torch elastic/agent/server/api.py, `_exit_barrier`, exit_barrier_timeout), which a 70B
-    export (280 GB) outlasts. Real gloo ranks: rank 1 leaves only after rank 0 has published."""
+    """Issue 27, defect 7. Rank 0 writes EXPORT_DIR alone after the gather; a rank that leaves
+    meanwhile ends its pod with 0, the Training Operator marks an elastic PyTorchJob Succeeded once
+    any worker succeeded (v1.9.4 pytorchjob_controller.go, UpdateJobStatus) and deletes the pods
+    still running under cleanPodPolicy Running (common/job.go, DeletePodsAndServices): rank 0's,
+    mid-export. torchrun's own exit barrier holds an agent only 300 s (torch
+    elastic/agent/server/api.py, `_exit_barrier`, exit_barrier_timeout), which a 70B export (280 GB)
+    outlasts. Real gloo ranks: rank 1 leaves only after rank 0 has published."""
     from fsdpctl.adapters.etcd import free_port
 
     script = tmp_path / "export.py"
     script.write_text(EXPORT_SCRIPT)
     out = tmp_path / "t"
     r = subprocess.run(
-        [sys.executable, str(script), str(out), str(free_port())], capture_output=True, text=True, timeout=180
+        [sys.executable, str(script), str(out), str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     zero, one = (json.loads(Path(f"{out}.{i}").read_text()) for i in (0, 1))
@@ -455,9 +522,9 @@ def test_no_rank_leaves_before_the_export_is_published(tmp_path):
 
 
 def test_a_save_that_outlasts_the_training_it_protects_is_warned_by_the_trainer(capsys):
-    """Issue 27, defect 6, as the trainer measures it: a periodic save that took longer than the training
-    since the previous one (the volume's aggregate throughput is too low for the checkpoint) is one warning
-    line on rank 0; the final save and a quick one say nothing."""
+    """Issue 27, defect 6, as the trainer measures it: a periodic save that took longer than the
+    training since the previous one (the volume's aggregate throughput is too low for the
+    checkpoint) is one warning line on rank 0; the final save and a quick one say nothing."""
     from fsdptrain import runtime, train
     from fsdptrain.config import TrainConfig
 
@@ -467,4 +534,6 @@ def test_a_save_that_outlasts_the_training_it_protects_is_warned_by_the_trainer(
     train._warn_if_slower_than_training(rt, cfg, 20, save_s=5.0, train_s=12.0)
     train._warn_if_slower_than_training(rt, cfg, 100, save_s=30.0, train_s=12.0)
     [line] = capsys.readouterr().out.strip().splitlines()
-    assert line.startswith("warning: checkpoint at step 10 took 30 s, longer than the 12 s of training")
+    assert line.startswith(
+        "warning: checkpoint at step 10 took 30 s, longer than the 12 s of training"
+    )

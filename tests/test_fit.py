@@ -1,10 +1,11 @@
-"""Refusing what cannot fit or be scheduled, before anything is created (issue 13, defect 6): `config
-validate`, `manifest` and `job run` exit 2 with one line per problem and its fix, write nothing, and go on
-with a warning per override under --force. On the cluster: plan's GPU memory (over generated model x instance
-x nodes x strategy combinations the refusal agrees with `plan.memory().fits`, and the fix it names makes the
-job pass) and JOB_NODES against NODE_COUNT; locally: processes against this machine's cores, memory against
-its RAM, and DATASET/TOKENIZER/PRETRAINED/HF_TOKEN_FILE paths (under SHARED_VOLUME_PATH: the claim's
-directory under FSDPCTL_HOME/volumes)."""
+"""Refusing what cannot fit or be scheduled, before anything is created (issue 13, defect 6):
+`config validate`, `manifest` and `job run` exit 2 with one line per problem and its fix, write
+nothing, and go on with a warning per override under --force. On the cluster: plan's GPU memory
+(over generated model x instance x nodes x strategy combinations the refusal agrees with
+`plan.memory().fits`, and the fix it names makes the job pass) and JOB_NODES against NODE_COUNT;
+locally: processes against this machine's cores, memory against its RAM, and
+DATASET/TOKENIZER/PRETRAINED/HF_TOKEN_FILE paths (under SHARED_VOLUME_PATH: the claim's directory
+under FSDPCTL_HOME/volumes)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def eks(model: str, instance: str, nodes: int, strategy: str, **more: str) -> di
         "JOB_NODES": str(nodes),
         "NODE_COUNT": str(nodes),
         "SHARDING_STRATEGY": strategy,
-        "AWS_ACCOUNT_ID": "123456789012",  # an image with a registry: `job run` on EKS refuses one without
+        # an image with a registry: `job run` on EKS refuses one without
+        "AWS_ACCOUNT_ID": "123456789012",
         **more,
     }
 
@@ -66,8 +68,8 @@ def warnings(result) -> list[str]:
 
 
 def fix_of(line: str) -> dict[str, str]:
-    """The settings a refusal's fix names (`...: set A=1 and B=2, the cheapest change that fits ...`); a
-    node-count fix grows NODE_COUNT with it."""
+    """The settings a refusal's fix names (`...: set A=1 and B=2, the cheapest change that fits
+    ...`); a node-count fix grows NODE_COUNT with it."""
     wanted = line.rsplit(": set ", 1)[1].split(", the cheapest", 1)[0]
     fix = dict(re.findall(r"([A-Z][A-Z0-9_]*)=([\w.]+)", wanted))
     if "JOB_NODES" in fix:
@@ -84,7 +86,12 @@ def test_the_pure_check_agrees_with_plan_memory(ac, micro_batch):
     for model, instance, nodes, strategy in COMBOS:
         cfg = load(
             flags=eks(
-                model, instance, nodes, strategy, ACTIVATION_CHECKPOINTING=ac, MICRO_BATCH_SIZE=micro_batch
+                model,
+                instance,
+                nodes,
+                strategy,
+                ACTIVATION_CHECKPOINTING=ac,
+                MICRO_BATCH_SIZE=micro_batch,
             )
         )
         fits = P.memory(P.job_from(cfg, mfu=0.0, price=None)).fits
@@ -106,8 +113,13 @@ def test_config_validate_refuses_exactly_what_does_not_fit_and_the_fix_passes(
         return
     [line] = errors(r)
     # each value named with where it came from (here --set)
-    assert line.startswith(f"MODEL={model} (--set) needs ") and f"INSTANCE_TYPE={instance} (--set)" in line
-    assert f"JOB_NODES={nodes} (--set)" in line and f"SHARDING_STRATEGY={strategy} (--set)" in line, line
+    assert (
+        line.startswith(f"MODEL={model} (--set) needs ")
+        and f"INSTANCE_TYPE={instance} (--set)" in line
+    )
+    assert (
+        f"JOB_NODES={nodes} (--set)" in line and f"SHARDING_STRATEGY={strategy} (--set)" in line
+    ), line
     if "no single change fits" in line:
         return
     again = cli(*sets({**values, **fix_of(line)}), "config", "validate")
@@ -115,15 +127,17 @@ def test_config_validate_refuses_exactly_what_does_not_fit_and_the_fix_passes(
 
 
 def test_the_issues_examples_are_refused_with_their_fix(cli):
-    """70B HYBRID_SHARD with the default group (one node's 8 GPUs) rendered and would run out of memory;
-    70B on one p4de validated."""
+    """70B HYBRID_SHARD with the default group (one node's 8 GPUs) rendered and would run out of
+    memory; 70B on one p4de validated."""
     hybrid = cli(*sets(eks("70b", "p5.48xlarge", 16, "HYBRID_SHARD")), "manifest")
     assert hybrid.exit_code == 2 and hybrid.stdout == ""
     [line] = errors(hybrid)
     assert "shard group 8" in line and "set SHARDING_STRATEGY=FULL_SHARD" in line, line
     one = cli(*sets(eks("70b", "p4de.24xlarge", 1, "FULL_SHARD")), "config", "validate")
     [line] = errors(one)
-    assert one.exit_code == 2 and "JOB_NODES=1 (--set) x INSTANCE_TYPE=p4de.24xlarge (--set)" in line
+    assert (
+        one.exit_code == 2 and "JOB_NODES=1 (--set) x INSTANCE_TYPE=p4de.24xlarge (--set)" in line
+    )
     assert "set JOB_NODES=4 and NODE_COUNT=4" in line, line
 
 
@@ -133,7 +147,9 @@ def test_the_issues_examples_are_refused_with_their_fix(cli):
 def test_refused_manifest_writes_nothing_and_force_writes_it_loudly(cli, tmp_path):
     values = sets(eks("70b", "p5.48xlarge", 1, "FULL_SHARD", JOB_NODES="2"))
     r = cli(*values, "manifest", "--out-dir", "out")
-    assert r.exit_code == 2 and len(errors(r)) == 2, r.stderr  # 70B on 2 nodes; JOB_NODES 2 > NODE_COUNT 1
+    assert r.exit_code == 2 and len(errors(r)) == 2, (
+        r.stderr
+    )  # 70B on 2 nodes; JOB_NODES 2 > NODE_COUNT 1
     assert not (tmp_path / "out").exists() and not cli.home.exists()
     forced = cli(*values, "manifest", "--out-dir", "out", "--force")
     assert forced.exit_code == 0, forced.output
@@ -145,18 +161,35 @@ def test_refused_manifest_writes_nothing_and_force_writes_it_loudly(cli, tmp_pat
 
 
 def test_job_run_is_refused_before_anything_is_created(cli):
-    """On the cluster (a dry run contacts nothing: the refusal comes first) and locally (no job directory)."""
+    """On the cluster (a dry run contacts nothing: the refusal comes first) and locally (no job
+    directory)."""
     refused = cli(*sets(eks("70b", "p5.48xlarge", 1, "FULL_SHARD")), "job", "run", "--dry-run")
-    assert refused.exit_code == 2 and refused.stdout == "" and "MODEL=70b (--set) needs" in refused.stderr
-    forced = cli(*sets(eks("70b", "p5.48xlarge", 1, "FULL_SHARD")), "job", "run", "--dry-run", "--force")
-    assert forced.exit_code == 0 and "PyTorchJob/fsdp" in forced.stdout and "--force" in forced.stderr
+    assert (
+        refused.exit_code == 2
+        and refused.stdout == ""
+        and "MODEL=70b (--set) needs" in refused.stderr
+    )
+    forced = cli(
+        *sets(eks("70b", "p5.48xlarge", 1, "FULL_SHARD")), "job", "run", "--dry-run", "--force"
+    )
+    assert (
+        forced.exit_code == 0 and "PyTorchJob/fsdp" in forced.stdout and "--force" in forced.stderr
+    )
     local = cli("--set=DATASET=/fsx/data/missing.jsonl", "job", "run", "--detach")
-    assert local.exit_code == 2 and "DATASET='/fsx/data/missing.jsonl' (--set) does not exist" in local.stderr
+    assert (
+        local.exit_code == 2
+        and "DATASET='/fsx/data/missing.jsonl' (--set) does not exist" in local.stderr
+    )
     assert not (cli.home / "jobs").exists()
 
 
 def test_config_validate_force_warns_and_passes(cli):
-    r = cli(*sets(eks("13b", "p5.48xlarge", 2, "FULL_SHARD", JOB_NODES="4")), "config", "validate", "--force")
+    r = cli(
+        *sets(eks("13b", "p5.48xlarge", 2, "FULL_SHARD", JOB_NODES="4")),
+        "config",
+        "validate",
+        "--force",
+    )
     assert r.exit_code == 0 and warnings(r) == [
         "--force: going on although JOB_NODES=4 (--set) exceeds NODE_COUNT=2 (--set), the GPU nodes of the "
         "node group: the "
@@ -217,10 +250,10 @@ def test_local_memory_against_this_machines_ram(cli, model):
 
 
 def test_the_one_change_a_local_memory_error_names_fits():
-    """Generated settings against a generated amount of RAM they do not fit in: the change the line names
-    (MODEL=tiny, a lower SEQ_LEN, MICRO_BATCH_SIZE=1), applied alone, fits; it is never the value already
-    set (SEQ_LEN=100000000 on the tiny model was told to `use MODEL=tiny`); and a line that names none is
-    right that none of them fits."""
+    """Generated settings against a generated amount of RAM they do not fit in: the change the line
+    names (MODEL=tiny, a lower SEQ_LEN, MICRO_BATCH_SIZE=1), applied alone, fits; it is never the
+    value already set (SEQ_LEN=100000000 on the tiny model was told to `use MODEL=tiny`); and a line
+    that names none is right that none of them fits."""
     rng = random.Random(17)
     for _ in range(150):
         flags = {
@@ -231,7 +264,9 @@ def test_the_one_change_a_local_memory_error_names_fits():
         cfg = load(flags=flags)
         ram = int(P.host_memory(cfg) * rng.uniform(0.001, 0.99))
         line = P.fit_problem(cfg, ram_bytes=ram) or ""
-        fixed = re.search(r": (use MODEL=tiny|lower SEQ_LEN to (\d+)|set MICRO_BATCH_SIZE=1|no single)", line)
+        fixed = re.search(
+            r": (use MODEL=tiny|lower SEQ_LEN to (\d+)|set MICRO_BATCH_SIZE=1|no single)", line
+        )
         assert fixed, line
         change = {
             "use MODEL=tiny": {"MODEL": "tiny"},
@@ -249,7 +284,9 @@ def test_local_memory_is_every_process_together():
     one = load(flags={"MODEL": "13b", "JOB_NODES": "1"})
     four = load(flags={"MODEL": "13b", "JOB_NODES": "2", "LOCAL_PROCS_PER_NODE": "2"})
     state = 16 * P.MODEL_CONFIGS["13b"].num_params()
-    assert P.host_memory(one) > state and P.host_memory(four) > state  # the state is split, not dropped
+    assert (
+        P.host_memory(one) > state and P.host_memory(four) > state
+    )  # the state is split, not dropped
     assert P.host_memory(four) > P.host_memory(one)  # each process adds activations and itself
     assert P.fit_problem(one, ram_bytes=P.host_memory(one)) is None
     assert "this machine has" in (P.fit_problem(one, ram_bytes=P.host_memory(one) - 1) or "")
@@ -268,7 +305,10 @@ def test_local_paths_map_through_the_shared_volume(cli):
     here.write_text('{"text": "x"}\n')
     assert cli(f"--set=DATASET={path}", "config", "validate").exit_code == 0
     # on the cluster the path is inside the pod: not checked here
-    assert cli("--set=DATASET=/fsx/other.jsonl", "--set=BACKEND=eks", "config", "validate").exit_code == 0
+    assert (
+        cli("--set=DATASET=/fsx/other.jsonl", "--set=BACKEND=eks", "config", "validate").exit_code
+        == 0
+    )
     # with the volume mounted elsewhere, /fsx/... is a path of this machine's own
     moved = cli("--set=SHARED_VOLUME_PATH=/data", f"--set=DATASET={path}", "config", "validate")
     assert moved.exit_code == (0 if Path(path).exists() else 2)
@@ -283,12 +323,15 @@ def test_local_paths_outside_any_volume_are_the_machines_own(cli, tmp_path, key)
     ]
     (tmp_path / "there").mkdir()
     assert cli(f"--set={key}={tmp_path / 'there'}", "config", "validate").exit_code == 0
-    assert cli(f"--set={key}=org/hub-id", "config", "validate").exit_code == 0  # a hub id is no path
+    assert (
+        cli(f"--set={key}=org/hub-id", "config", "validate").exit_code == 0
+    )  # a hub id is no path
 
 
 @pytest.mark.parametrize("backend", ["local", "eks"])
 def test_a_missing_token_file_is_refused_on_both_backends(cli, tmp_path, backend):
-    """The token file is read on this machine (into the environment or the Secret), whatever the backend."""
+    """The token file is read on this machine (into the environment or the Secret), whatever the
+    backend."""
     r = cli(f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=~/no-such-token", "config", "validate")
     assert r.exit_code == 2 and errors(r) == [
         "HF_TOKEN_FILE='~/no-such-token' (--set) does not exist: check the path, or set HF_TOKEN"
@@ -296,14 +339,20 @@ def test_a_missing_token_file_is_refused_on_both_backends(cli, tmp_path, backend
     token = tmp_path / "token"
     token.write_text("hf_x\n")
     assert (
-        cli(f"--set=BACKEND={backend}", f"--set=HF_TOKEN_FILE={token}", "config", "validate").exit_code == 0
+        cli(
+            f"--set=BACKEND={backend}", f"--set=HF_TOKEN_FILE={token}", "config", "validate"
+        ).exit_code
+        == 0
     )
     with_token = cli(f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=/nope", "config", "validate")
     assert with_token.exit_code == 2
     os.environ["HF_TOKEN"] = "hf_abcdefghijklmnopqrstuvwxyz012345"
     try:  # HF_TOKEN wins over the file, which then is not read
         assert (
-            cli(f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=/nope", "config", "validate").exit_code == 0
+            cli(
+                f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=/nope", "config", "validate"
+            ).exit_code
+            == 0
         )
     finally:
         del os.environ["HF_TOKEN"]
@@ -320,8 +369,16 @@ def test_placement_problems_take_the_machine_as_arguments():
         seen.append(path)
         return path == "/tok"
 
-    lines = placement_problems(cfg, cores=2, exists=exists, mounts={"/fsx": "/v/fsx-claim", "/fsx/d": "/v/d"})
-    assert seen == ["/v/d/x.txt", "/tok"]  # the longest mount wins; paths outside mounts are the machine's
+    lines = placement_problems(
+        cfg, cores=2, exists=exists, mounts={"/fsx": "/v/fsx-claim", "/fsx/d": "/v/d"}
+    )
+    assert seen == [
+        "/v/d/x.txt",
+        "/tok",
+    ]  # the longest mount wins; paths outside mounts are the machine's
     assert [line.split("=")[0] for line in lines] == ["JOB_NODES", "DATASET"]
     assert placement_problems(cfg, cores=3, exists=lambda p: True, mounts={}) == []
-    assert local_path("/fsx", {"/fsx/": "/v"}) == "/v" and local_path("/fsxx/a", {"/fsx": "/v"}) == "/fsxx/a"
+    assert (
+        local_path("/fsx", {"/fsx/": "/v"}) == "/v"
+        and local_path("/fsxx/a", {"/fsx": "/v"}) == "/fsxx/a"
+    )

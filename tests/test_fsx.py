@@ -1,23 +1,25 @@
-"""The shared FSx for Lustre file system of an eksctl cluster: made by `cluster create` through boto3, asked
-about and deleted by `cluster delete` (issue 14, shared storage).
+"""The shared FSx for Lustre file system of an eksctl cluster: made by `cluster create` through
+boto3, asked about and deleted by `cluster delete` (issue 14, shared storage).
 
-Peers. moto 5.2 (server mode, the `aws_env` fixture) serves EC2, EKS and KMS for real here, and FSx in part.
-Tried here, moto's FSx does: CreateFileSystem (answers the request's fields back, DNSName
-`<id>.fsx.<region>.amazonaws.com`), DescribeFileSystems (all, or by id), tags given at creation (Tags in the
-description), DeleteFileSystem (FileSystemNotFound for an unknown id). It does not: report a Lifecycle (no
-CREATING/AVAILABLE/DELETING ever), a LustreConfiguration.MountName, VpcId or network interfaces; honour
-ClientRequestToken (the same token twice makes two file systems); keep a deleting file system (it vanishes at
-once, and DescribeFileSystems by its id answers an empty list where AWS answers FileSystemNotFound). Also
-moto's EKS gives resourcesVpcConfig no vpcId and no clusterSecurityGroupId. So: deletion, tags and the
-listing run against moto's FSx; creation and the wait for AVAILABLE run against botocore's Stubber on the real
-FSx model (botocore's data/fsx/.../service-2.json: the Stubber checks every request and every canned answer
-against it), with EC2/EKS/KMS still moto's. Requests the dry run prints are validated against the real
-models too.
+Peers. moto 5.2 (server mode, the `aws_env` fixture) serves EC2, EKS and KMS for real here, and FSx
+in part. Tried here, moto's FSx does: CreateFileSystem (answers the request's fields back, DNSName
+`<id>.fsx.<region>.amazonaws.com`), DescribeFileSystems (all, or by id), tags given at creation
+(Tags in the description), DeleteFileSystem (FileSystemNotFound for an unknown id). It does not:
+report a Lifecycle (no CREATING/AVAILABLE/DELETING ever), a LustreConfiguration.MountName, VpcId or
+network interfaces; honour ClientRequestToken (the same token twice makes two file systems); keep a
+deleting file system (it vanishes at once, and DescribeFileSystems by its id answers an empty list
+where AWS answers FileSystemNotFound). Also moto's EKS gives resourcesVpcConfig no vpcId and no
+clusterSecurityGroupId. So: deletion, tags and the listing run against moto's FSx; creation and the
+wait for AVAILABLE run against botocore's Stubber on the real FSx model (botocore's
+data/fsx/.../service-2.json: the Stubber checks every request and every canned answer against it),
+with EC2/EKS/KMS still moto's. Requests the dry run prints are validated against the real models
+too.
 
-Lustre's ports (TCP 988, 1018-1023 from the file system's group and the clients'): FSx for Lustre User Guide,
-"File system access control with Amazon VPC" and "Creating an FSx for Lustre file system fails"
-(docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html, .../cannot-create-fs.html).
-The file system's choices are terraform's (terraform/modules/eks-gpu/fsx.tf), checked against that file."""
+Lustre's ports (TCP 988, 1018-1023 from the file system's group and the clients'): FSx for Lustre
+User Guide, "File system access control with Amazon VPC" and "Creating an FSx for Lustre file system
+fails" (docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html,
+.../cannot-create-fs.html). The file system's choices are terraform's
+(terraform/modules/eks-gpu/fsx.tf), checked against that file."""
 
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ REGION = "us-east-1"
 NAME = "fsdp-eks"  # the default CLUSTER_NAME
 FS_ID = "fs-0123456789abcdef0"
 EKSCTL = ("--tool", "eksctl")
-# several CLI runs over moto server each (a boto3 session and its clients per run): 3-20 s on a shared box
+# several CLI runs over moto server each (a boto3 session and its clients per run): 3-20 s on a
+# shared box
 SLOW = pytest.mark.slow
 
 
@@ -50,14 +53,17 @@ SLOW = pytest.mark.slow
 
 
 def eksctl_like_cluster(name: str = NAME) -> SimpleNamespace:
-    """In moto, what `eksctl create cluster` leaves for an EFA GPU node group: a VPC with a public and a
-    private subnet per AZ, the cluster on all four, the GPU node group on one private subnet, its launch
-    template giving the EFA interface the shared node group and the EFA security groups."""
+    """In moto, what `eksctl create cluster` leaves for an EFA GPU node group: a VPC with a public
+    and a private subnet per AZ, the cluster on all four, the GPU node group on one private subnet,
+    its launch template giving the EFA interface the shared node group and the EFA security groups.
+    """
     ec2 = boto3.client("ec2", region_name=REGION)
     vpc = ec2.create_vpc(CidrBlock="192.168.0.0/16")["Vpc"]["VpcId"]
 
     def subnet(cidr: str, zone: str, public: bool) -> str:
-        sid = ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"]["SubnetId"]
+        sid = ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"][
+            "SubnetId"
+        ]
         if public:
             ec2.modify_subnet_attribute(SubnetId=sid, MapPublicIpOnLaunch={"Value": True})
         return sid
@@ -94,7 +100,8 @@ def eksctl_like_cluster(name: str = NAME) -> SimpleNamespace:
 
 
 def described(lifecycle: str, fs_id: str = FS_ID, name: str = NAME, **extra) -> dict:
-    """A DescribeFileSystems entry as FSx gives it (fields and types from the real model's FileSystem)."""
+    """A DescribeFileSystems entry as FSx gives it (fields and types from the real model's
+    FileSystem)."""
     return {
         "OwnerId": "123456789012",
         "FileSystemId": fs_id,
@@ -122,8 +129,8 @@ def described(lifecycle: str, fs_id: str = FS_ID, name: str = NAME, **extra) -> 
 
 @pytest.fixture
 def stub_fsx(aws_env, monkeypatch):
-    """FSx through botocore's Stubber on the real model (EC2/EKS/KMS stay moto's); every CreateFileSystem
-    request is kept in `.created`. Polls do not sleep."""
+    """FSx through botocore's Stubber on the real model (EC2/EKS/KMS stay moto's); every
+    CreateFileSystem request is kept in `.created`. Polls do not sleep."""
     client = boto3.client("fsx", region_name=REGION)
     stub = Stubber(client)
     created: list[dict] = []
@@ -134,7 +141,9 @@ def stub_fsx(aws_env, monkeypatch):
     monkeypatch.setattr(
         Aws, "client", lambda self, service: client if service == "fsx" else real(self, service)
     )
-    monkeypatch.setattr(cluster, "FSX_WAITING", cluster.Waiting(limit_s=600, poll_s=30, sleep=lambda s: None))
+    monkeypatch.setattr(
+        cluster, "FSX_WAITING", cluster.Waiting(limit_s=600, poll_s=30, sleep=lambda s: None)
+    )
     stub.activate()
     stub.created = created
     yield stub
@@ -151,7 +160,11 @@ def lustre_groups(name: str = NAME) -> list[dict]:
 def key_state(name: str = NAME) -> str | None:
     kms = boto3.client("kms", region_name=REGION)
     aliases = [a for a in kms.list_aliases()["Aliases"] if a["AliasName"] == fsx.key_alias(name)]
-    return kms.describe_key(KeyId=aliases[0]["TargetKeyId"])["KeyMetadata"]["KeyState"] if aliases else None
+    return (
+        kms.describe_key(KeyId=aliases[0]["TargetKeyId"])["KeyMetadata"]["KeyState"]
+        if aliases
+        else None
+    )
 
 
 def rules(group: dict) -> dict[tuple[int, int], set[str]]:
@@ -179,12 +192,15 @@ subnet_st = st.fixed_dictionaries(
 
 
 @hsettings(max_examples=100, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(subnet_st, max_size=8), st.lists(st.sampled_from(["sg-a", "sg-b", "sg-c"]), max_size=4))
+@given(
+    st.lists(subnet_st, max_size=8), st.lists(st.sampled_from(["sg-a", "sg-b", "sg-c"]), max_size=4)
+)
 def test_the_plan_puts_it_in_a_private_subnet_of_the_gpu_node_group(specs, template_groups):
-    """Over generated VPC layouts (subnets public or private, in the cluster's VPC or not, the node group's or
-    not): the chosen subnet is always the node group's, in the cluster's VPC, private, in the first such AZ;
-    with none the plan fails naming the node group; the ingress admits Lustre's ports from the group itself,
-    the cluster security group and every launch-template group, once each."""
+    """Over generated VPC layouts (subnets public or private, in the cluster's VPC or not, the node
+    group's or not): the chosen subnet is always the node group's, in the cluster's VPC, private, in
+    the first such AZ; with none the plan fails naming the node group; the ingress admits Lustre's
+    ports from the group itself, the cluster security group and every launch-template group, once
+    each."""
     subnets = [
         {
             "SubnetId": f"subnet-{i:017x}",
@@ -199,24 +215,41 @@ def test_the_plan_puts_it_in_a_private_subnet_of_the_gpu_node_group(specs, templ
         "subnets": [n["SubnetId"] for n, s in zip(subnets, specs, strict=True) if s["in_group"]],
     }
     found = {
-        "resourcesVpcConfig": {"vpcId": "vpc-1", "clusterSecurityGroupId": "sg-cluster", "subnetIds": []}
+        "resourcesVpcConfig": {
+            "vpcId": "vpc-1",
+            "clusterSecurityGroupId": "sg-cluster",
+            "subnetIds": [],
+        }
     }
     fit = [
-        n for n, s in zip(subnets, specs, strict=True) if s["in_group"] and s["in_vpc"] and not s["public"]
+        n
+        for n, s in zip(subnets, specs, strict=True)
+        if s["in_group"] and s["in_vpc"] and not s["public"]
     ]
     if not fit:
-        with pytest.raises(FsdpctlError, match="node group gpu-p5 of c has no private subnet in VPC vpc-1"):
+        with pytest.raises(
+            FsdpctlError, match="node group gpu-p5 of c has no private subnet in VPC vpc-1"
+        ):
             fsx.plan("c", 1200, found, group, subnets, template_groups)
         return
     p = fsx.plan("c", 2400, found, group, subnets, template_groups)
     chosen = next(n for n in subnets if n["SubnetId"] == p.subnet_id)
-    assert chosen in fit and p.zone == chosen["AvailabilityZone"] == min(n["AvailabilityZone"] for n in fit)
+    assert chosen in fit and p.zone == chosen["AvailabilityZone"] == min(
+        n["AvailabilityZone"] for n in fit
+    )
     assert p.vpc_id == "vpc-1"
     request = p.file_system_request("sg-lustre", "arn:key")
     assert request["SubnetIds"] == [p.subnet_id] and request["StorageCapacity"] == 2400
     ingress = p.ingress_request("sg-lustre")
-    want = ["sg-lustre", "sg-cluster", *dict.fromkeys(g for g in template_groups if g != "sg-cluster")]
-    assert {(r["FromPort"], r["ToPort"]) for r in ingress["IpPermissions"]} == {(988, 988), (1018, 1023)}
+    want = [
+        "sg-lustre",
+        "sg-cluster",
+        *dict.fromkeys(g for g in template_groups if g != "sg-cluster"),
+    ]
+    assert {(r["FromPort"], r["ToPort"]) for r in ingress["IpPermissions"]} == {
+        (988, 988),
+        (1018, 1023),
+    }
     for r in ingress["IpPermissions"]:
         assert r["IpProtocol"] == "tcp" and [g["GroupId"] for g in r["UserIdGroupPairs"]] == want
 
@@ -230,13 +263,18 @@ def test_the_vpc_comes_from_the_clusters_subnets_when_eks_names_none():
 
 
 def test_the_requests_are_valid_for_the_real_service_models():
-    """Every request the plan makes validates against botocore's models (a wrong field name or type is
-    caught here, not by AWS)."""
+    """Every request the plan makes validates against botocore's models (a wrong field name or type
+    is caught here, not by AWS)."""
     from botocore.validate import ParamValidator
 
     sg = "sg-0123456789abcdef{}".format
     p = fsx.Plan(
-        NAME, "vpc-0123456789abcdef0", "us-east-1b", "subnet-0123456789abcdef0", (sg(1), sg(2)), 1200
+        NAME,
+        "vpc-0123456789abcdef0",
+        "us-east-1b",
+        "subnet-0123456789abcdef0",
+        (sg(1), sg(2)),
+        1200,
     )
     key = f"arn:aws:kms:{REGION}:123456789012:key/00000000-0000-0000-0000-000000000000"
     calls = {
@@ -253,8 +291,8 @@ def test_the_requests_are_valid_for_the_real_service_models():
 
 
 def test_both_tools_make_the_same_file_system():
-    """The eksctl path's choices are terraform's: read from terraform/modules/eks-gpu/fsx.tf and the root
-    module's fsx_throughput default."""
+    """The eksctl path's choices are terraform's: read from terraform/modules/eks-gpu/fsx.tf and the
+    root module's fsx_throughput default."""
     tf = (ROOT / "terraform/modules/eks-gpu/fsx.tf").read_text()
     variables = (ROOT / "terraform/variables.tf").read_text()
 
@@ -267,7 +305,9 @@ def test_both_tools_make_the_same_file_system():
     assert attr("name") == fsx.group_name("${var.cluster_name}")
     throughput = re.search(r'variable "fsx_throughput" \{[^}]*default\s*=\s*(\d+)', variables, re.S)
     assert throughput and int(throughput.group(1)) == fsx.THROUGHPUT_MB_PER_TIB
-    window = re.search(r"deletion_window_in_days\s*=\s*(\d+)", tf[tf.index('"aws_kms_key" "fsx"') :])
+    window = re.search(
+        r"deletion_window_in_days\s*=\s*(\d+)", tf[tf.index('"aws_kms_key" "fsx"') :]
+    )
     assert window and int(window.group(1)) == fsx.KMS_DELETION_DAYS
     ports = {tuple(int(x) for x in pair) for pair in re.findall(r"\[(\d+), (\d+)\]", tf)}
     assert ports == set(fsx.LUSTRE_PORTS)
@@ -278,11 +318,12 @@ def test_both_tools_make_the_same_file_system():
 
 @SLOW
 def test_create_makes_it_where_the_gpu_nodes_are_and_a_rerun_makes_no_second(stub_fsx, cli):
-    """The cluster exists (eksctl is not run): the security group (Lustre from itself and both node groups of
-    the launch template) and the rotated KMS key are made in moto, CreateFileSystem goes to the GPU node
-    group's private subnet in us-east-1b, the wait shows CREATING until AVAILABLE, and the printed FSX_*
-    lines are settings `deploy storage` accepts. A rerun finds the tagged file system and creates nothing;
-    a rerun after a half-done create (no file system yet) reuses the group and the key."""
+    """The cluster exists (eksctl is not run): the security group (Lustre from itself and both node
+    groups of the launch template) and the rotated KMS key are made in moto, CreateFileSystem goes
+    to the GPU node group's private subnet in us-east-1b, the wait shows CREATING until AVAILABLE,
+    and the printed FSX_* lines are settings `deploy storage` accepts. A rerun finds the tagged file
+    system and creates nothing; a rerun after a half-done create (no file system yet) reuses the
+    group and the key."""
     env = eksctl_like_cluster()
     stub_fsx.add_response("describe_file_systems", {"FileSystems": []}, {})
     stub_fsx.add_response("create_file_system", {"FileSystem": described("CREATING")})
@@ -302,7 +343,9 @@ def test_create_makes_it_where_the_gpu_nodes_are_and_a_rerun_makes_no_second(stu
         "FSX_MOUNT_NAME": "abcdefgh",
         "FSX_STORAGE_GIB": "1200",
     }
-    assert made.stdout.splitlines() == [f"{k}={v}" for k, v in printed.items()]  # `>> .env` takes only these
+    assert made.stdout.splitlines() == [
+        f"{k}={v}" for k, v in printed.items()
+    ]  # `>> .env` takes only these
     cfg = load(dotenv=printed)
     assert (cfg.fsx_file_system_id, cfg.fsx_mount_name) == (FS_ID, "abcdefgh")
 
@@ -317,7 +360,9 @@ def test_create_makes_it_where_the_gpu_nodes_are_and_a_rerun_makes_no_second(stu
     key_arn = kms.describe_key(KeyId=fsx.key_alias(NAME))["KeyMetadata"]["Arn"]
     assert kms.get_key_rotation_status(KeyId=key_arn)["KeyRotationEnabled"]
     (request,) = stub_fsx.created
-    assert request["SubnetIds"] == [env.private_b] and request["SecurityGroupIds"] == [group["GroupId"]]
+    assert request["SubnetIds"] == [env.private_b] and request["SecurityGroupIds"] == [
+        group["GroupId"]
+    ]
     assert request["KmsKeyId"] == key_arn and request["StorageCapacity"] == 1200
     assert request["LustreConfiguration"]["DeploymentType"] == "PERSISTENT_2"
     assert {"Key": fsx.TAG_KEY, "Value": NAME} in request["Tags"]
@@ -335,7 +380,9 @@ def test_create_makes_it_where_the_gpu_nodes_are_and_a_rerun_makes_no_second(stu
     )
     half = cli("cluster", "create", *EKSCTL)
     assert half.exit_code == 0, half.stderr
-    assert len(lustre_groups()) == 1 and stub_fsx.created[1]["SecurityGroupIds"] == [group["GroupId"]]
+    assert len(lustre_groups()) == 1 and stub_fsx.created[1]["SecurityGroupIds"] == [
+        group["GroupId"]
+    ]
     assert stub_fsx.created[1]["KmsKeyId"] == key_arn
 
 
@@ -352,21 +399,27 @@ def test_another_clusters_file_system_is_not_reused(stub_fsx, cli):
 
 
 def test_the_wait_is_bounded_and_a_failed_file_system_says_why(aws_env):
-    """Against the real model's answers: a file system stuck CREATING ends the wait at its limit (polls
-    counted), a FAILED one ends it at once with FSx's FailureDetails."""
+    """Against the real model's answers: a file system stuck CREATING ends the wait at its limit
+    (polls counted), a FAILED one ends it at once with FSx's FailureDetails."""
     aws = Aws(REGION)
     stub = Stubber(aws.client("fsx"))
     stub.activate()
     for _ in range(2):
         stub.add_response(
-            "describe_file_systems", {"FileSystems": [described("CREATING")]}, {"FileSystemIds": [FS_ID]}
+            "describe_file_systems",
+            {"FileSystems": [described("CREATING")]},
+            {"FileSystemIds": [FS_ID]},
         )
     sleeps: list[float] = []
     said: list[str] = []
     waiting = cluster.Waiting(limit_s=60, poll_s=30, sleep=sleeps.append)
     with pytest.raises(FsdpctlError, match="still CREATING after 1 min") as stuck:
         cluster.wait_available(aws, described("CREATING"), said.append, waiting)
-    assert sleeps == [30, 30] and len(said) == 2 and "cluster create` again" in (stuck.value.hint or "")
+    assert (
+        sleeps == [30, 30]
+        and len(said) == 2
+        and "cluster create` again" in (stuck.value.hint or "")
+    )
     why = {"Message": "The subnet has no free IP addresses"}
     with pytest.raises(FsdpctlError, match="is FAILED: The subnet has no free IP addresses"):
         cluster.wait_available(aws, described("FAILED", FailureDetails=why), said.append, waiting)
@@ -375,7 +428,8 @@ def test_the_wait_is_bounded_and_a_failed_file_system_says_why(aws_env):
 
 @SLOW
 def test_fsx_create_off_or_terraform_leaves_fsx_to_others(stub_fsx, cli):
-    """FSX_CREATE=false: an existing eksctl cluster is left alone, no FSx call; terraform makes its own."""
+    """FSX_CREATE=false: an existing eksctl cluster is left alone, no FSx call; terraform makes its
+    own."""
     eksctl_like_cluster()
     off = cli("--set", "FSX_CREATE=false", "cluster", "create", *EKSCTL)
     assert off.exit_code == 0 and "nothing to do" in off.stderr and stub_fsx.created == []
@@ -395,8 +449,9 @@ def printed_requests(stdout: str) -> list[tuple[str, str, dict]]:
 
 @SLOW
 def test_dry_run_prints_the_requests_and_creates_nothing(aws_env, cli):
-    """Before the cluster exists the requests name what eksctl will choose; once it exists they carry its
-    real subnet and groups. Each validates against the real service model; nothing is made either time."""
+    """Before the cluster exists the requests name what eksctl will choose; once it exists they
+    carry its real subnet and groups. Each validates against the real service model; nothing is made
+    either time."""
     from botocore.validate import ParamValidator
 
     before = cli("cluster", "create", *EKSCTL, "--dry-run")
@@ -427,20 +482,26 @@ def test_dry_run_prints_the_requests_and_creates_nothing(aws_env, cli):
     assert "nothing created" in after.stderr
 
     eks = boto3.client("eks", region_name=REGION)
-    eks.create_cluster(name="bare", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={})
+    eks.create_cluster(
+        name="bare", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={}
+    )
     bare = ("--set", "CLUSTER_NAME=bare", "cluster", "create", *EKSCTL)
     dry = cli(*bare, "--dry-run")
     assert dry.exit_code == 0 and "no node group gpu-p5 in cluster bare" in dry.stderr
     assert "<a private subnet of node group gpu-p5>" in dry.stdout
     real = cli(*bare)  # no GPU node group: one line, exit 1, nothing made
     assert real.exit_code == 1 and "no node group gpu-p5 in cluster bare" in real.stderr
-    assert "Traceback" not in real.stderr and lustre_groups("bare") == [] and key_state("bare") is None
+    assert (
+        "Traceback" not in real.stderr and lustre_groups("bare") == [] and key_state("bare") is None
+    )
 
 
 # ---- cluster delete ----------------------------------------------------------------------------------------
 
 
-def moto_file_system(env: SimpleNamespace | None = None, name: str = NAME) -> tuple[str, str | None]:
+def moto_file_system(
+    env: SimpleNamespace | None = None, name: str = NAME
+) -> tuple[str, str | None]:
     """A file system and its security group in moto's FSx/EC2, tagged as `cluster create` tags them."""
     ec2 = boto3.client("ec2", region_name=REGION)
     group = None
@@ -479,23 +540,33 @@ def test_delete_asks_about_the_file_system_and_never_takes_piped_input(aws_env, 
     for piped in (None, "y\ny\n"):
         refused = cli("cluster", "delete", *EKSCTL, input=piped)
         assert refused.exit_code == 2, refused.stderr
-        assert f"FSx for Lustre {fs_id} (2400 GiB)" in refused.stderr and "checkpoints" in refused.stderr
+        assert (
+            f"FSx for Lustre {fs_id} (2400 GiB)" in refused.stderr
+            and "checkpoints" in refused.stderr
+        )
         assert "--yes" in refused.stderr and other not in refused.stderr
     monkeypatch.setattr(cluster_cmd, "_interactive", lambda: True)
     asked = cli("cluster", "delete", *EKSCTL, input="n\n")
-    assert asked.exit_code == 2 and f"Delete FSx for Lustre {fs_id} and all data on it?" in asked.stderr
+    assert (
+        asked.exit_code == 2
+        and f"Delete FSx for Lustre {fs_id} and all data on it?" in asked.stderr
+    )
     assert "Delete cluster" not in asked.stderr
     dry = cli("cluster", "delete", *EKSCTL, "--dry-run")
     assert dry.exit_code == 0, dry.stderr
-    assert f"would delete FSx for Lustre {fs_id}" in dry.stderr and f"security group {group}" in dry.stderr
+    assert (
+        f"would delete FSx for Lustre {fs_id}" in dry.stderr
+        and f"security group {group}" in dry.stderr
+    )
     assert sorted(fsx_ids()) == sorted([fs_id, other]) and len(lustre_groups()) == 1
 
 
 @SLOW
 def test_delete_removes_the_file_system_before_the_cluster(aws_env, cli, monkeypatch):
-    """With --yes: the file system (another cluster's stays), then its security group, then the KMS key
-    (scheduled, 7 days) go before eksctl runs: eksctl is absent here, so the delete stops there (exit 1)
-    with the FSx part done. Without an EKS cluster a leftover file system is still found and deleted."""
+    """With --yes: the file system (another cluster's stays), then its security group, then the KMS
+    key (scheduled, 7 days) go before eksctl runs: eksctl is absent here, so the delete stops there
+    (exit 1) with the FSx part done. Without an EKS cluster a leftover file system is still found
+    and deleted."""
     import shutil
 
     env = eksctl_like_cluster()
@@ -514,11 +585,14 @@ def test_delete_removes_the_file_system_before_the_cluster(aws_env, cli, monkeyp
     assert fsx_ids() == [other] and lustre_groups() == []
     assert kms.describe_key(KeyId=key)["KeyMetadata"]["KeyState"] == "PendingDeletion"
     order = [
-        result.stderr.index(s) for s in ("deleting FSx", "deleted security group", "scheduled for deletion")
+        result.stderr.index(s)
+        for s in ("deleting FSx", "deleted security group", "scheduled for deletion")
     ]
     assert order == sorted(order)
 
-    boto3.client("eks", region_name=REGION).delete_nodegroup(clusterName=NAME, nodegroupName="gpu-p5")
+    boto3.client("eks", region_name=REGION).delete_nodegroup(
+        clusterName=NAME, nodegroupName="gpu-p5"
+    )
     boto3.client("eks", region_name=REGION).delete_cluster(name=NAME)
     left, _ = moto_file_system()
     leftover = cli("cluster", "delete", *EKSCTL, "--yes")
@@ -527,16 +601,21 @@ def test_delete_removes_the_file_system_before_the_cluster(aws_env, cli, monkeyp
 
 
 def test_deletion_waits_until_fsx_lets_go_of_the_subnets(aws_env, monkeypatch):
-    """Real FSx keeps a file system DELETING for minutes (its interfaces stay in eksctl's subnets) and then
-    answers FileSystemNotFound (the real model's error): the delete waits through both, boundedly."""
+    """Real FSx keeps a file system DELETING for minutes (its interfaces stay in eksctl's subnets)
+    and then answers FileSystemNotFound (the real model's error): the delete waits through both,
+    boundedly."""
     aws = Aws(REGION)
     stub = Stubber(aws.client("fsx"))
     stub.activate()
     stub.add_response(
-        "delete_file_system", {"FileSystemId": FS_ID, "Lifecycle": "DELETING"}, {"FileSystemId": FS_ID}
+        "delete_file_system",
+        {"FileSystemId": FS_ID, "Lifecycle": "DELETING"},
+        {"FileSystemId": FS_ID},
     )
     stub.add_response(
-        "describe_file_systems", {"FileSystems": [described("DELETING")]}, {"FileSystemIds": [FS_ID]}
+        "describe_file_systems",
+        {"FileSystems": [described("DELETING")]},
+        {"FileSystemIds": [FS_ID]},
     )
     stub.add_client_error(
         "describe_file_systems", "FileSystemNotFound", "File system 'fs' does not exist.", 400
@@ -577,8 +656,9 @@ TF_STATE = {
 
 
 def test_terraform_delete_asks_about_the_file_system_in_its_state(aws_env, cli, monkeypatch):
-    """terraform's state (format 4, as `terraform show -json` documents it) holds the file system: its id and
-    size come from there (offline); destroy deletes it, so the question is all fsdpctl adds."""
+    """terraform's state (format 4, as `terraform show -json` documents it) holds the file system:
+    its id and size come from there (offline); destroy deletes it, so the question is all fsdpctl
+    adds."""
     from fsdpctl.cli import cluster_cmd
 
     state_dir = cli.home / "clusters/fsdp-eks/terraform"
@@ -599,8 +679,8 @@ def test_terraform_delete_asks_about_the_file_system_in_its_state(aws_env, cli, 
 
 @SLOW
 def test_access_denied_and_no_credentials_are_one_line_with_a_hint(stub_fsx, cli, monkeypatch):
-    """FSx's AccessDeniedException (real model error shape) and boto3 without credentials end the command
-    with exit 1, an error line and a hint: no traceback."""
+    """FSx's AccessDeniedException (real model error shape) and boto3 without credentials end the
+    command with exit 1, an error line and a hint: no traceback."""
     eksctl_like_cluster()
     denied = "User: arn:aws:iam::123456789012:user/x is not authorized to perform: fsx:DescribeFileSystems"
     for command in (("create", *EKSCTL), ("delete", *EKSCTL, "--yes")):
@@ -608,7 +688,8 @@ def test_access_denied_and_no_credentials_are_one_line_with_a_hint(stub_fsx, cli
         result = cli("cluster", *command)
         assert result.exit_code == 1, result.stderr
         assert (
-            f"AccessDeniedException: {denied}" in result.stderr and "hint: check credentials" in result.stderr
+            f"AccessDeniedException: {denied}" in result.stderr
+            and "hint: check credentials" in result.stderr
         )
         assert "Traceback" not in result.stderr + result.stdout
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):

@@ -1,11 +1,12 @@
-"""The CLI fuzzer (issue 15): every command of the typer app and every settings key, with generated values
-through the three ways in (a `.env` file, the environment, `--set`) and through each option, and generated
-file-system situations for every path the CLI takes (missing, a directory, a FIFO, a binary or unreadable
-file, a read-only file system, a full disk on a 1 MB tmpfs this test mounts when it runs as root). Every case
-must keep the invariants of tests/invariants.py (`check_outcome`, shared with tests/test_bad_input.py): a
-documented exit code, no traceback without --debug, one error line naming what was wrong, no secret-shaped
-value in any output or written file, nothing written by a failed command; and no "internal error" (an
-exception fsdpctl did not expect, which the CLI turns into one line), no hang.
+"""The CLI fuzzer (issue 15): every command of the typer app and every settings key, with generated
+values through the three ways in (a `.env` file, the environment, `--set`) and through each option,
+and generated file-system situations for every path the CLI takes (missing, a directory, a FIFO, a
+binary or unreadable file, a read-only file system, a full disk on a 1 MB tmpfs this test mounts
+when it runs as root). Every case must keep the invariants of tests/invariants.py (`check_outcome`,
+shared with tests/test_bad_input.py): a documented exit code, no traceback without --debug, one
+error line naming what was wrong, no secret-shaped value in any output or written file, nothing
+written by a failed command; and no "internal error" (an exception fsdpctl did not expect, which the
+CLI turns into one line), no hang.
 
 The commands and keys are enumerated from the app (`typer.main.get_command`) and from fsdpctl.settings, so a
 new command, option or key is fuzzed without a change here. Cases run in process through the `cli` runner of
@@ -14,11 +15,12 @@ endpoints, HTTP(S) proxies at a closed local port, KUBECONFIG at nothing), comma
 --dry-run. Budget: FSDPCTL_TEST_FUZZ_EXAMPLES (the slow run's default below; `make fuzz` runs more), a
 fixed seed (`derandomize=True`), so CI sees the same cases every run. The cases run are counted and printed.
 
-What the real systems do with these inputs, as the invariants assume it: POSIX open(2) of a FIFO blocks until
-a writer opens it (fifo(7)), so a reader must refuse one first; a write to a full tmpfs fails with ENOSPC and
-one on a read-only mount with EROFS even for root (mount(8), tmpfs(5)); execve(2) refuses an argument or
-environment string over MAX_ARG_STRLEN (131072 bytes) with E2BIG; environment strings cannot hold NUL
-(execve(2)), so NUL only reaches fsdpctl through a .env file or --set.
+What the real systems do with these inputs, as the invariants assume it: POSIX open(2) of a FIFO
+blocks until a writer opens it (fifo(7)), so a reader must refuse one first; a write to a full tmpfs
+fails with ENOSPC and one on a read-only mount with EROFS even for root (mount(8), tmpfs(5));
+execve(2) refuses an argument or environment string over MAX_ARG_STRLEN (131072 bytes) with E2BIG;
+environment strings cannot hold NUL (execve(2)), so NUL only reaches fsdpctl through a .env file or
+--set.
 """
 
 from __future__ import annotations
@@ -64,9 +66,16 @@ class Command:
     dry_run: bool  # has --dry-run: always given, so nothing really starts
 
 
-# options that never return by design (they follow a job until Ctrl-C) or start real processes on this
-# machine (torchrun all-reduce); each has its own tests (tests/test_cli.py, tests/test_doctor.py)
-ENDLESS_OR_REAL = {"--watch", "--follow", "--collectives", "--dry-run-server", "--install-completion"}
+# options that never return by design (they follow a job until Ctrl-C) or start real processes on
+# this machine (torchrun all-reduce); each has its own tests (tests/test_cli.py,
+# tests/test_doctor.py)
+ENDLESS_OR_REAL = {
+    "--watch",
+    "--follow",
+    "--collectives",
+    "--dry-run-server",
+    "--install-completion",
+}
 
 
 def _kind(param) -> tuple[str, tuple[str, ...]]:
@@ -104,7 +113,9 @@ def commands() -> list[Command]:
                 continue
             kind, choices = _kind(p)
             params.append(Param(flag, kind, choices, flag or str(p.name).upper()))
-        has_dry_run = any(p.param_type_name == "option" and "--dry-run" in p.opts for p in cmd.params)
+        has_dry_run = any(
+            p.param_type_name == "option" and "--dry-run" in p.opts for p in cmd.params
+        )
         found.append(Command(path, tuple(params), has_dry_run))
 
     walk(typer.main.get_command(app), ())
@@ -128,14 +139,14 @@ PATH_KEYS = ("HF_TOKEN_FILE", "DATASET", "TOKENIZER", "PRETRAINED")
 # ---- generated values ------------------------------------------------------------------------------------
 
 SECRET_SHAPES = (
-    st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", min_size=34, max_size=34).map(
-        lambda s: "hf_" + s
-    ),
+    st.text(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", min_size=34, max_size=34
+    ).map(lambda s: "hf_" + s),
     st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", min_size=16, max_size=16).map(lambda s: "AKIA" + s),
     st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", min_size=16, max_size=16).map(lambda s: "ASIA" + s),
-    st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", min_size=36, max_size=36).map(
-        lambda s: "ghp_" + s
-    ),
+    st.text(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", min_size=36, max_size=36
+    ).map(lambda s: "ghp_" + s),
 )
 secrets = st.one_of(*SECRET_SHAPES)
 TRICKY = (
@@ -203,8 +214,8 @@ values = st.one_of(scalars, st.just(HUGE), scalars.map(lambda s: s + "\x00"))
 
 
 def _defaults() -> dict[str, str]:
-    """Each key's default as its text: a value the key accepts, so a case with junk in one key and valid
-    values in the others reaches the checks past settings validation."""
+    """Each key's default as its text: a value the key accepts, so a case with junk in one key and
+    valid values in the others reaches the checks past settings validation."""
     import dataclasses
 
     from fsdpctl.settings import Settings, setting_keys
@@ -224,12 +235,26 @@ def _defaults() -> dict[str, str]:
 
 
 DEFAULTS = _defaults()
-# values options commonly take, so that a case gets past click's parsing and the settings to the command
-PLAUSIBLE = ("local", "eks", "tiny", "7b", "fsdp", "p5.48xlarge", "FULL_SHARD", "bf16", "fp32", "abc123", "1")
+# values options commonly take, so that a case gets past click's parsing and the settings to the
+# command
+PLAUSIBLE = (
+    "local",
+    "eks",
+    "tiny",
+    "7b",
+    "fsdp",
+    "p5.48xlarge",
+    "FULL_SHARD",
+    "bf16",
+    "fp32",
+    "abc123",
+    "1",
+)
 
 
 def for_key(key: str) -> st.SearchStrategy[str]:
-    """A value for `key`: generated junk, or (as often) one the key accepts, so later checks run too."""
+    """A value for `key`: generated junk, or (as often) one the key accepts, so later checks run
+    too."""
     return st.one_of(values, st.just(DEFAULTS.get(key, "")), st.sampled_from(PLAUSIBLE))
 
 
@@ -261,8 +286,8 @@ SITUATIONS = (
 
 @dataclass
 class Mounts:
-    """A full 1 MB tmpfs and a read-only one (root only; elsewhere a full disk cannot be had and read-only is
-    a chmod 555 directory, which root would ignore)."""
+    """A full 1 MB tmpfs and a read-only one (root only; elsewhere a full disk cannot be had and
+    read-only is a chmod 555 directory, which root would ignore)."""
 
     full: Path | None = None
     read_only: Path | None = None
@@ -388,12 +413,16 @@ def cases(draw, root: Path, mounts: Mounts) -> Case:
             argv.append(p.flag)
             continue
         if p.kind == "path":
-            value = str(situate(draw(st.sampled_from(SITUATIONS)), root, p.flag.strip("-") or "arg", mounts))
+            value = str(
+                situate(draw(st.sampled_from(SITUATIONS)), root, p.flag.strip("-") or "arg", mounts)
+            )
         elif p.kind == "choice":
             value = draw(st.one_of(st.sampled_from(p.choices), st.sampled_from(p.choices), scalars))
         else:
             value = draw(for_option(p.kind))
-        if "\x00" in value:  # click's runner passes it, a real shell cannot: argv strings end at NUL
+        if (
+            "\x00" in value
+        ):  # click's runner passes it, a real shell cannot: argv strings end at NUL
             value = value.replace("\x00", "")
         argv += [p.flag, value] if p.flag else ["--", value] if value.startswith("-") else [value]
         names += [p.flag or value, value]
@@ -401,7 +430,12 @@ def cases(draw, root: Path, mounts: Mounts) -> Case:
     if draw(st.integers(0, 14)) == 0:
         home = situate(draw(st.sampled_from(SITUATIONS)), root, "home", mounts)
         names += ["FSDPCTL_HOME", str(home)]
-    found = [s for s in (*dotenv.values(), *environ.values(), *argv) for shape in SHAPES if shape.search(s)]
+    found = [
+        s
+        for s in (*dotenv.values(), *environ.values(), *argv)
+        for shape in SHAPES
+        if shape.search(s)
+    ]
     return Case(command, argv, dotenv, environ, names, found, debug, home)
 
 
@@ -448,8 +482,8 @@ def _alarm(signum, frame):
 
 
 CASE_SECONDS = 30
-# what a bad-input line may name besides what the case gave: a key it did not set but needs (DATASET for
-# `data fetch`), or the settings file and FSDPCTL_HOME
+# what a bad-input line may name besides what the case gave: a key it did not set but needs (DATASET
+# for `data fetch`), or the settings file and FSDPCTL_HOME
 NAMEABLE = (*KEYS, "--set", "--env-file", "FSDPCTL_HOME", ".env")
 RAN: list[tuple[str, int]] = []  # (command, exit code) of each case run, for the run's summary line
 
@@ -457,7 +491,9 @@ RAN: list[tuple[str, int]] = []  # (command, exit code) of each case run, for th
 def run_case(case: Case, root: Path, mounts: Mounts) -> None:
     if case.dotenv:
         (root / ".env").write_bytes(
-            "".join(f"{k}={_quoted(v)}\n" for k, v in case.dotenv.items()).encode("utf-8", "surrogateescape")
+            "".join(f"{k}={_quoted(v)}\n" for k, v in case.dotenv.items()).encode(
+                "utf-8", "surrogateescape"
+            )
         )
     watched = [root, *mounts.made]
     with sealed(case, root):
@@ -509,8 +545,8 @@ def _quoted(value: str) -> str:
 
 def fuzz(mounts: Mounts, tmp_base: Path, examples: int) -> None:
     """`examples` cases; a failing one fails the test (shrunk to its smallest form with
-    FSDPCTL_TEST_FUZZ_SHRINK=1). FSDPCTL_TEST_FUZZ_COLLECT=1 runs them all and lists every distinct failure
-    instead."""
+    FSDPCTL_TEST_FUZZ_SHRINK=1). FSDPCTL_TEST_FUZZ_COLLECT=1 runs them all and lists every distinct
+    failure instead."""
     collect = os.environ.get("FSDPCTL_TEST_FUZZ_COLLECT") == "1"
     failures: dict[str, str] = {}
 
@@ -563,7 +599,9 @@ def _clean(root: Path, mounts: Mounts) -> None:
 
 @pytest.fixture
 def fuzz_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    isolate(monkeypatch, tmp_path)  # no setting or FSDPCTL_* variable of this machine leaks into a case
+    isolate(
+        monkeypatch, tmp_path
+    )  # no setting or FSDPCTL_* variable of this machine leaks into a case
     monkeypatch.delenv("HF_TOKEN", raising=False)
     return tmp_path
 
@@ -575,7 +613,8 @@ FAST_EXAMPLES = 40
 
 
 def test_every_command_and_key_is_fuzzed():
-    """The enumeration is the app's and the settings': every leaf command, and every key fsdpctl reads."""
+    """The enumeration is the app's and the settings': every leaf command, and every key fsdpctl
+    reads."""
     from fsdpctl.settings import setting_keys
 
     paths = {c.path for c in COMMANDS}
@@ -601,8 +640,8 @@ def test_fuzz_cli(mounts, fuzz_base):
 
 def test_found_an_aws_profile_that_does_not_exist_is_one_line_naming_it(cli, tmp_path, monkeypatch):
     """boto3.Session(profile_name=...) raises botocore's ProfileNotFound at once when neither
-    ~/.aws/config nor ~/.aws/credentials has the profile (boto3 docs, "Credentials": profiles); it escaped
-    as an internal error. Now: exit 2, AWS_PROFILE named, with the fix."""
+    ~/.aws/config nor ~/.aws/credentials has the profile (boto3 docs, "Credentials": profiles); it
+    escaped as an internal error. Now: exit 2, AWS_PROFILE named, with the fix."""
     (tmp_path / "aws-config").write_text("[default]\nregion = us-east-1\n")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-config"))
@@ -611,7 +650,8 @@ def test_found_an_aws_profile_that_does_not_exist_is_one_line_naming_it(cli, tmp
         result = cli("--set", "AWS_PROFILE=no-such-profile", *args)
         assert result.exit_code == 2, (args, result.stderr)
         assert result.stderr.startswith(f"error: {said}"), result.stderr
-    # cluster delete used to write its clusterconfig.yaml before the lookup failed: now nothing is left
+    # cluster delete used to write its clusterconfig.yaml before the lookup failed: now nothing is
+    # left
     result = cli("--set", "AWS_PROFILE=no-such-profile", "cluster", "delete", "--dry-run")
     assert result.exit_code == 2 and said in result.stderr, result.stderr
     assert not (cli.home / "clusters").exists()
@@ -620,7 +660,9 @@ def test_found_an_aws_profile_that_does_not_exist_is_one_line_naming_it(cli, tmp
     assert result.exit_code == 0 and said in result.stderr, result.stderr
 
 
-def test_found_fsdpctl_home_on_a_read_only_file_system_is_one_line_naming_the_path(cli, mounts, monkeypatch):
+def test_found_fsdpctl_home_on_a_read_only_file_system_is_one_line_naming_the_path(
+    cli, mounts, monkeypatch
+):
     """mkdir(2) on a read-only mount fails with EROFS, for root too (mount(8) `ro`); `cluster create
     --dry-run` (which writes the eksctl input under FSDPCTL_HOME) let that OSError escape as an internal
     error. Now any OSError with a path is one line naming it, exit 1."""
@@ -630,5 +672,7 @@ def test_found_fsdpctl_home_on_a_read_only_file_system_is_one_line_naming_the_pa
     result = cli("cluster", "create", "--dry-run")
     assert result.exit_code == 1, result.stderr
     error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
-    assert error.startswith(f"error: cannot write or read {mounts.read_only / 'home'}: Read-only file system")
+    assert error.startswith(
+        f"error: cannot write or read {mounts.read_only / 'home'}: Read-only file system"
+    )
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr

@@ -11,8 +11,8 @@ After an intended change, rewrite them with one command and review the diff:
     FSDPCTL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py -p no:cacheprovider
     git diff tests/golden/
 
-(`-m "not slow"` leaves the job status golden as it is and skips its real run; `make golden` rewrites these
-and test_manifests' golden manifests together.)
+(`-m "not slow"` leaves the job status golden as it is and skips its real run; `make golden`
+rewrites these and test_manifests' golden manifests together.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ REGENERATE = (
 
 
 def commands() -> list[tuple[str, ...]]:
-    """Every command path the app has, root first: () is `fsdpctl` itself, then groups and their verbs."""
+    """Every command path the app has, root first: () is `fsdpctl` itself, then groups and their
+    verbs."""
     import typer.main
 
     from fsdpctl.cli import app
@@ -61,11 +62,15 @@ def check(golden: Path, text: str) -> None:
         golden.write_text(text)
         return
     if not golden.exists():
-        pytest.fail(f"{name} does not exist yet: write it (and every other golden) with\n    {REGENERATE}")
+        pytest.fail(
+            f"{name} does not exist yet: write it (and every other golden) with\n    {REGENERATE}"
+        )
     expected = golden.read_text()
     if text != expected:
         diff = "".join(
-            difflib.unified_diff(expected.splitlines(True), text.splitlines(True), f"{name}", "printed now")
+            difflib.unified_diff(
+                expected.splitlines(True), text.splitlines(True), f"{name}", "printed now"
+            )
         )
         pytest.fail(
             f"{name} differs from what fsdpctl prints now:\n{diff}\n"
@@ -83,8 +88,9 @@ def normalised(text: str, root: Path) -> str:
 
 
 def without_the_clock(text: str) -> str:
-    """What changes from run to run of the same job: run ids, durations and ages, timestamps, throughput and
-    the loss (float noise across CPUs; its value is the trainer tests' business, its place is frozen here)."""
+    """What changes from run to run of the same job: run ids, durations and ages, timestamps,
+    throughput and the loss (float noise across CPUs; its value is the trainer tests' business, its
+    place is frozen here)."""
     text = re.sub(r"\b([a-z0-9][-a-z0-9]*)-[0-9a-f]{8}-[0-9a-f]{6}\b", r"\1-<RUN-ID>", text)
     text = re.sub(r"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(\.\d+)?Z?", "<TIME>", text)
     text = re.sub(r"\b(\d+h ?)?(\d+m ?)?\d+(\.\d+)?s\b", "<DUR>", text)
@@ -107,20 +113,28 @@ def test_help_of_every_command(cli, path):
 
 
 def test_every_help_golden_belongs_to_a_command():
-    """A renamed or removed command leaves its old golden behind: that fails too (rewriting removes it)."""
+    """A renamed or removed command leaves its old golden behind: that fails too (rewriting removes
+    it)."""
     wanted = {help_golden(path) for path in commands()}
     stale = sorted(p for p in HELP.glob("*.txt") if p not in wanted)
     if UPDATE:
         for path in stale:
             path.unlink()
         return
-    assert not stale, f"goldens of commands the app no longer has: {[p.name for p in stale]}; {REGENERATE}"
+    assert not stale, (
+        f"goldens of commands the app no longer has: {[p.name for p in stale]}; {REGENERATE}"
+    )
 
 
 def test_the_command_walk_finds_groups_and_verbs():
     """The walk itself: the root, a group and a verb of it, and nothing twice."""
     found = commands()
-    assert found[0] == () and ("job",) in found and ("job", "status") in found and ("config", "show") in found
+    assert (
+        found[0] == ()
+        and ("job",) in found
+        and ("job", "status") in found
+        and ("config", "show") in found
+    )
     assert len(found) == len(set(found))
 
 
@@ -144,9 +158,9 @@ def test_main_outputs(cli, name, args):
 
 
 def test_config_show_names_every_kind_of_source(cli, monkeypatch):
-    """Each kind of source as `config show` prints it: `.env line N`, `environment FSDPCTL_<KEY>`, the plain
-    names read by their own tools (`environment AWS_REGION`), `--set`, `model default (7b)`; a stray plain
-    name (SEED=abc) is no source at all."""
+    """Each kind of source as `config show` prints it: `.env line N`, `environment FSDPCTL_<KEY>`,
+    the plain names read by their own tools (`environment AWS_REGION`), `--set`, `model default
+    (7b)`; a stray plain name (SEED=abc) is no source at all."""
     (cli.cwd / ".env").write_text("# team settings\nMODEL=7b\n\nexport JOB_NODES=4\nSEED=1\n")
     monkeypatch.setenv("FSDPCTL_SEED", "7")
     monkeypatch.setenv("SEED", "abc")
@@ -159,7 +173,9 @@ def test_config_show_names_every_kind_of_source(cli, monkeypatch):
 @pytest.mark.slow
 def test_job_status_of_a_finished_local_job(cli):
     """A real local run (two simulated nodes, torchrun on CPU) to its end, then `job status` of it."""
-    short = [f"--set={kv}" for kv in ("MAX_STEPS=4", "WARMUP_STEPS=1", "SEQ_LEN=64", "PRECISION=fp32")]
+    short = [
+        f"--set={kv}" for kv in ("MAX_STEPS=4", "WARMUP_STEPS=1", "SEQ_LEN=64", "PRECISION=fp32")
+    ]
     run = cli(*short, "--set=JOB_NAME=golden", "job", "run")
     assert run.exit_code == 0, run.output
     r = cli("job", "status", "golden")
@@ -169,8 +185,9 @@ def test_job_status_of_a_finished_local_job(cli):
 
 
 def test_status_curves_of_a_fixed_run():
-    """The loss and tokens/s curves `job status --plot` draws (plotext) for a fixed run, 30 steps of a
-    decaying loss and a periodic throughput, at a fixed size: the drawing frozen, whatever the terminal."""
+    """The loss and tokens/s curves `job status --plot` draws (plotext) for a fixed run, 30 steps of
+    a decaying loss and a periodic throughput, at a fixed size: the drawing frozen, whatever the
+    terminal."""
     import math
 
     from fsdpctl.plots import terminal_plot
@@ -187,11 +204,14 @@ def test_status_curves_of_a_fixed_run():
         )
         for s in range(1, 31)
     ]
-    check(GOLDEN / "cli" / "job-status-curves.txt", terminal_plot(steps, width=100, height=24) + "\n")
+    check(
+        GOLDEN / "cli" / "job-status-curves.txt", terminal_plot(steps, width=100, height=24) + "\n"
+    )
 
 
 def test_the_clock_normalisation():
-    """The normalisation of test_job_status_of_a_finished_local_job, on a status as fsdpctl prints it."""
+    """The normalisation of test_job_status_of_a_finished_local_job, on a status as fsdpctl prints
+    it."""
     printed = (
         "job         golden  (run golden-6b116ada-271a5a, local)\n"
         "nodes       0/2 running; 0 restarts; age 1m02s\n"

@@ -1,10 +1,10 @@
-"""benchmarks/gpu_check.sh on a machine without a GPU (CI): it refuses in one line with exit 2, its bash
-parses, its python half imports without torch, and the parts that read the trainer's output and write the
-table are checked with fixed and generated records.
+"""benchmarks/gpu_check.sh on a machine without a GPU (CI): it refuses in one line with exit 2, its
+bash parses, its python half imports without torch, and the parts that read the trainer's output and
+write the table are checked with fixed and generated records.
 
 The trainer's side is the real one: its JSON event lines (fsdptrain.events.Step / Checkpoint, as
-`fsdptrain.events.as_record` writes them) and its `python -m fsdptrain --help` text (argparse, built by
-fsdptrain.config.from_sources)."""
+`fsdptrain.events.as_record` writes them) and its `python -m fsdptrain --help` text (argparse, built
+by fsdptrain.config.from_sources)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ def _module():
 
 G = _module()
 
-# The Python distributions of the GPU machine's image (nvidia-h200, 'cuda'), as the device library listed
-# them on 2026-11-17 (/work/.library/device/KINDS.md, "Python packages already there"; nothing can be
-# fetched there): what gpu_check.sh may import without carrying a wheel. `datasets` is not among them.
+# The Python distributions of the GPU machine's image (nvidia-h200, 'cuda'), as the device library
+# listed them on 2026-11-17 (/work/.library/device/KINDS.md, "Python packages already there";
+# nothing can be fetched there): what gpu_check.sh may import without carrying a wheel. `datasets`
+# is not among them.
 GPU_MACHINE_PACKAGES = frozenset(
     """
     absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
@@ -74,11 +75,11 @@ def _normal(name: str) -> str:
 
 
 def gpu_machine_python(tmp: Path) -> Path:
-    """A Python with only the GPU machine's packages, the most real peer of that machine's Python that runs
-    here: a fresh venv (no pip) whose site-packages links, from this one, each entry that a distribution in
-    GPU_MACHINE_PACKAGES owns (by the distributions' RECORD files), so a package missing there is missing
-    here too, for torchrun's workers as well (they run sys.executable), and an optional import finds
-    nothing, as it would there."""
+    """A Python with only the GPU machine's packages, the most real peer of that machine's Python
+    that runs here: a fresh venv (no pip) whose site-packages links, from this one, each entry that
+    a distribution in GPU_MACHINE_PACKAGES owns (by the distributions' RECORD files), so a package
+    missing there is missing here too, for torchrun's workers as well (they run sys.executable), and
+    an optional import finds nothing, as it would there."""
     import sysconfig
     import venv
     from importlib.metadata import distributions
@@ -86,7 +87,8 @@ def gpu_machine_python(tmp: Path) -> Path:
     from packaging.requirements import Requirement
 
     here = {_normal(d.metadata["Name"] or ""): d for d in distributions()}
-    # what those packages need is there too (their versions there may need other things than ours here)
+    # what those packages need is there too (their versions there may need other things than ours
+    # here)
     allowed, todo = set(), [_normal(n) for n in GPU_MACHINE_PACKAGES]
     while todo:
         name = todo.pop()
@@ -118,7 +120,8 @@ def test_bash_syntax():
 
 
 def test_without_a_gpu_it_exits_2_with_one_line(tmp_path):
-    """CI has no GPU (and the CPU build of torch): one line naming the reason, exit 2, nothing else run."""
+    """CI has no GPU (and the CPU build of torch): one line naming the reason, exit 2, nothing else
+    run."""
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GPU_CHECK_DIR": str(tmp_path / "w")}
     p = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
     lines = (p.stdout + p.stderr).strip().splitlines()
@@ -130,9 +133,12 @@ def test_without_a_gpu_it_exits_2_with_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["gpu", "probe"])
 def test_without_cuda_the_python_probe_exits_2_with_one_line(mode):
-    """Where a device node exists but torch sees no GPU (or is the CPU build), the python probe refuses."""
+    """Where a device node exists but torch sees no GPU (or is the CPU build), the python probe
+    refuses."""
     p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), mode], capture_output=True, text=True
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), mode],
+        capture_output=True,
+        text=True,
     )
     lines = (p.stdout + p.stderr).strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "no CUDA GPU" in lines[0]
@@ -141,21 +147,24 @@ def test_without_cuda_the_python_probe_exits_2_with_one_line(mode):
 def test_the_python_half_imports_without_torch():
     code = f"import runpy, sys; runpy.run_path({str(ROOT / 'benchmarks' / 'gpu_check.py')!r}); "
     code += "print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
 def test_the_script_stays_under_eight_minutes():
-    """The hard timeouts in the script add up to less than 8 minutes, and the python budget sits inside."""
+    """The hard timeouts in the script add up to less than 8 minutes, and the python budget sits
+    inside."""
     limits = [int(x) for x in re.findall(r"^timeout (\d+) ", SCRIPT.read_text(), re.M)]
     assert len(limits) == 2 and sum(limits) < 480
     assert G.BUDGET_S + 20 < limits[1]
 
 
 def test_every_required_row_fits_the_budget_at_its_expected_time():
-    """Rows start only while the budget holds their expected time (x1.1), so a row is never cut half-way by
-    the budget (v1's FSDP_PREFETCH=0 'FAIL' was that); at the times they took on the H200 every row that is
-    not optional starts, and the optional ones come after all of them."""
+    """Rows start only while the budget holds their expected time (x1.1), so a row is never cut
+    half-way by the budget (v1's FSDP_PREFETCH=0 'FAIL' was that); at the times they took on the
+    H200 every row that is not optional starts, and the optional ones come after all of them."""
     left = G.BUDGET_S
     required = [r for r in G.ROWS if not r.optional]
     assert G.ROWS[: len(required)] == tuple(required)
@@ -168,9 +177,9 @@ def test_every_required_row_fits_the_budget_at_its_expected_time():
 
 @pytest.mark.parametrize("row", [r for r in G.ROWS if r.mode == "train"], ids=lambda r: r.name)
 def test_every_trainer_row_is_a_config_the_trainer_takes(row, monkeypatch):
-    """A setting the trainer refuses would turn the row into a FAIL on the GPU and measure nothing: each row's
-    settings pass fsdptrain.config's own parsing and validation (with the check's shapes registered, for this
-    test only: other tests list the named models)."""
+    """A setting the trainer refuses would turn the row into a FAIL on the GPU and measure nothing:
+    each row's settings pass fsdptrain.config's own parsing and validation (with the check's shapes
+    registered, for this test only: other tests list the named models)."""
     monkeypatch.setattr("fsdptrain.shapes.MODEL_CONFIGS", dict(MODEL_CONFIGS))
     import fsdptrain.shapes
 
@@ -205,9 +214,9 @@ def _steps(n: int, rng: random.Random) -> list[dict]:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_measure_takes_medians_and_the_total_time_rate_after_the_warm_steps(seed):
-    """Medians (a 583 ms stall among 190 ms steps no longer pulls the figure down, ANALYSIS.md section 0),
-    the total-time rate over the same steps (where a stall does count), the first step's time, the slowest
-    measured step, and the peak memory of all steps."""
+    """Medians (a 583 ms stall among 190 ms steps no longer pulls the figure down, ANALYSIS.md
+    section 0), the total-time rate over the same steps (where a stall does count), the first step's
+    time, the slowest measured step, and the peak memory of all steps."""
     rng = random.Random(seed)
     recs = _steps(rng.randint(6, 25), rng)
     start = E.as_record(
@@ -226,7 +235,9 @@ def test_measure_takes_medians_and_the_total_time_rate_after_the_warm_steps(seed
             levers={"compile": "on (COMPILE=auto: on with CUDA)"},
         )
     )
-    text = "some human log line\n" + json.dumps(start) + "\n" + "\n".join(json.dumps(r) for r in recs)
+    text = (
+        "some human log line\n" + json.dumps(start) + "\n" + "\n".join(json.dumps(r) for r in recs)
+    )
     got = G.measure("x", G.events(text + "\nnot json {\n"))
     kept = recs[G.WARM :]
     assert got.status == "ok" and got.levers == {"compile": "on (COMPILE=auto: on with CUDA)"}
@@ -242,7 +253,8 @@ def test_measure_takes_medians_and_the_total_time_rate_after_the_warm_steps(seed
 
 
 def _titan_line(step: int, loss: float, mem: float, tps: float, mfu: float, colour: bool) -> str:
-    """torchtitan 0.2.2's step line, as torchtitan/components/metrics.py MetricsProcessor.log formats it."""
+    """torchtitan 0.2.2's step line, as torchtitan/components/metrics.py MetricsProcessor.log
+    formats it."""
     c = (lambda code: f"\x1b[{code}m") if colour else (lambda code: "")
     return (
         f"[titan] 2026-12-04 18:50:31,477 - root - INFO - "
@@ -263,14 +275,16 @@ def test_torchtitans_step_lines_become_step_events(seed):
     text = "\n".join(
         ["[titan] ... - root - INFO - Training starts at step 1"]
         + [_titan_line(*r, colour) for r in rows]
-        + ["[titan] ... - root - INFO - validate step:  3  loss:  7.0000  memory: 1.00GiB(1%)  tps: 5"]
+        + [
+            "[titan] ... - root - INFO - validate step:  3  loss:  7.0000  memory: 1.00GiB(1%)  tps: 5"
+        ]
     )
     evs = G.titan_events(text, tokens_per_step=4096)
     assert [e["step"] for e in evs] == [r[0] for r in rows]
     for e, (_, loss, mem, tps, mfu) in zip(evs, rows, strict=True):
-        assert e["loss"] == pytest.approx(loss, abs=1e-5) and e["mem_allocated_gib"] == pytest.approx(
-            mem, abs=0.01
-        )
+        assert e["loss"] == pytest.approx(loss, abs=1e-5) and e[
+            "mem_allocated_gib"
+        ] == pytest.approx(mem, abs=0.01)
         assert e["tokens_per_s"] == round(tps) and e["mfu"] == pytest.approx(mfu / 100, abs=1e-4)
         assert e["step_time_s"] == pytest.approx(4096 / round(tps))
     assert G.measure("titan", evs, warm=1).status == "ok"
@@ -297,7 +311,14 @@ def test_resume_equality_passes_equal_losses_and_fails_any_difference(seed):
 def test_the_table_has_a_row_per_record_and_eight_cells_each():
     records = [
         G.Record(
-            "7b-8l trainer defaults", "ok (31 s; compile on)", 12345.6, 12000.2, 0.4123, 31.25, 7.5, 120.4
+            "7b-8l trainer defaults",
+            "ok (31 s; compile on)",
+            12345.6,
+            12000.2,
+            0.4123,
+            31.25,
+            7.5,
+            120.4,
         ),
         G.Record("7b-8l FLOAT8=true", "skipped: torchao not installed"),
         G.Record("a|b", "FAIL: exit 1: x | y"),
@@ -309,13 +330,15 @@ def test_the_table_has_a_row_per_record_and_eight_cells_each():
         lines[2]
         == "| 7b-8l trainer defaults | 12,346 | 12,000 | 41.2% | 31.2 | 7.5 | 120 | ok (31 s; compile on) |"
     )
-    assert lines[3] == "| 7b-8l FLOAT8=true | - | - | - | - | - | - | skipped: torchao not installed |"
+    assert (
+        lines[3] == "| 7b-8l FLOAT8=true | - | - | - | - | - | - | skipped: torchao not installed |"
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_targets_are_ratios_of_rows_of_the_same_run(seed):
-    """Each target of issue 30 is one line: the ratio of two rows measured in this run, met or not, or 'not
-    measured' naming the missing row; never a number from elsewhere."""
+    """Each target of issue 30 is one line: the ratio of two rows measured in this run, met or not,
+    or 'not measured' naming the missing row; never a number from elsewhere."""
     rng = random.Random(seed)
     names = [r.name for r in G.ROWS]
     records = [
@@ -339,11 +362,14 @@ def test_an_unknown_mode_is_refused():
 
 
 def test_torchtitan_flags_run_the_rows_shape_and_checkpointing():
-    """The peer's command line (torchtitan 0.2.2 torchtitan/config/job_config.py): the 7b-8l flavor the peer
-    registers, batch 1 x SEQ_LEN, STEPS steps, one uncoloured line per step, and the row's AC and compile."""
+    """The peer's command line (torchtitan 0.2.2 torchtitan/config/job_config.py): the 7b-8l flavor
+    the peer registers, batch 1 x SEQ_LEN, STEPS steps, one uncoloured line per step, and the row's
+    AC and compile."""
     flags = G.torchtitan_flags({"TITAN_AC": "op"}, Path("/t"), Path("/d"), Path("/o"))
     pairs = dict(zip(flags[::2], flags[1::2], strict=False))
-    assert pairs["--model.flavor"] == G.TITAN_FLAVOR and pairs["--training.seq_len"] == str(G.SEQ_LEN)
+    assert pairs["--model.flavor"] == G.TITAN_FLAVOR and pairs["--training.seq_len"] == str(
+        G.SEQ_LEN
+    )
     assert pairs["--training.local_batch_size"] == "1" and pairs["--training.steps"] == str(G.STEPS)
     assert "--metrics.disable_color_printing" in flags and "--compile.enable" not in flags
     assert flags[-4:] == [
@@ -358,8 +384,9 @@ def test_torchtitan_flags_run_the_rows_shape_and_checkpointing():
 
 
 def _carried_wheels(tmp: Path) -> Path | None:
-    """benchmarks/gpu_check_wheels.txt's torchtitan and what it needs (not torchao: FLOAT8 needs a GPU),
-    installed from PyPI into a folder, as the GPU run installs the carried wheels; None where pip cannot."""
+    """benchmarks/gpu_check_wheels.txt's torchtitan and what it needs (not torchao: FLOAT8 needs a
+    GPU), installed from PyPI into a folder, as the GPU run installs the carried wheels; None where
+    pip cannot."""
     names = [
         line.strip()
         for line in (ROOT / "benchmarks" / "gpu_check_wheels.txt").read_text().splitlines()
@@ -377,15 +404,21 @@ def _carried_wheels(tmp: Path) -> Path | None:
 
 @pytest.mark.slow
 def test_a_cpu_rehearsal_runs_every_row(tmp_path):
-    """`gpu_check.py all` end to end on the CPU build (GPU_CHECK_REHEARSE=cpu: a 2-layer shape, fp32, gloo,
-    compile through aot_eager, real torchrun and the real trainer), in a Python holding only the GPU
-    machine's packages (`gpu_machine_python`: it caught every trainer row importing `datasets`, which that
-    machine lacks) plus the wheels the GPU run carries (benchmarks/gpu_check_wheels.txt, from PyPI): every
-    row but FLOAT8 (GPU only) runs and measures tokens/s, torchtitan 0.2.2 included (benchmarks/peers/
-    torchtitan_peer.py on the CPU), the resume row's losses equal, selective without compile falls back to
-    layer-level, and the report lands in OUT with the targets' ratios. The GPU path differs only in the
-    shape, bf16, NCCL and the compile backend."""
-    env = {**os.environ, "GPU_CHECK_REHEARSE": "cpu", "GPU_CHECK_BUDGET_S": "600", "OUT": str(tmp_path)}
+    """`gpu_check.py all` end to end on the CPU build (GPU_CHECK_REHEARSE=cpu: a 2-layer shape,
+    fp32, gloo, compile through aot_eager, real torchrun and the real trainer), in a Python holding
+    only the GPU machine's packages (`gpu_machine_python`: it caught every trainer row importing
+    `datasets`, which that machine lacks) plus the wheels the GPU run carries
+    (benchmarks/gpu_check_wheels.txt, from PyPI): every row but FLOAT8 (GPU only) runs and measures
+    tokens/s, torchtitan 0.2.2 included (benchmarks/peers/ torchtitan_peer.py on the CPU), the
+    resume row's losses equal, selective without compile falls back to layer-level, and the report
+    lands in OUT with the targets' ratios. The GPU path differs only in the shape, bf16, NCCL and
+    the compile backend."""
+    env = {
+        **os.environ,
+        "GPU_CHECK_REHEARSE": "cpu",
+        "GPU_CHECK_BUDGET_S": "600",
+        "OUT": str(tmp_path),
+    }
     carried = _carried_wheels(tmp_path)
     if carried is not None:
         env["PYTHONPATH"] = str(carried)

@@ -1,8 +1,8 @@
-"""`fsdpctl image build|push`. Peers: moto server for ECR (repository, GetAuthorizationToken, over HTTP with
-real boto3); for the engine, a real Debian docker.io dockerd started here (no bridge, no iptables) with a base
-image made by debootstrap, and Debian's docker-registry on 127.0.0.1 standing in for ECR, its htpasswd holding
-the user/password of moto's ECR token. Skipped with the reason where the engine cannot run (not root, packages
-missing); never faked."""
+"""`fsdpctl image build|push`. Peers: moto server for ECR (repository, GetAuthorizationToken, over
+HTTP with real boto3); for the engine, a real Debian docker.io dockerd started here (no bridge, no
+iptables) with a base image made by debootstrap, and Debian's docker-registry on 127.0.0.1 standing
+in for ECR, its htpasswd holding the user/password of moto's ECR token. Skipped with the reason
+where the engine cannot run (not root, packages missing); never faked."""
 
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ from conftest import ROOT
 from fsdpctl.adapters.aws import Aws
 from fsdpctl.adapters.etcd import free_port
 
-MOTO_PASSWORD = "123456789012-auth-token"  # what moto's ECR token decodes to: AWS:<account>-auth-token
+MOTO_PASSWORD = (
+    "123456789012-auth-token"  # what moto's ECR token decodes to: AWS:<account>-auth-token
+)
 
 
 def invoke(*args: str):
-    """fsdpctl in process; every test here takes aws_env, which isolates it (conftest's `cli` fixture)."""
+    """fsdpctl in process; every test here takes aws_env, which isolates it (conftest's `cli`
+    fixture)."""
     return conftest.invoke(*args)
 
 
@@ -62,7 +65,8 @@ def test_registry_comes_from_sts_when_no_account_is_set(aws_env):
     r = invoke("image", "push", "--dry-run")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"  # moto's account, through sts:GetCallerIdentity
+    # moto's account, through sts:GetCallerIdentity
+    registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
     assert lines[1].startswith(f"docker login --username AWS --password-stdin {registry}")
     assert lines[2] == f"docker push {registry}/fsdpctl-trainer:0.1.0"
 
@@ -71,7 +75,13 @@ def test_bad_build_arg_and_missing_context(aws_env, tmp_path):
     r = invoke("--set", "AWS_ACCOUNT_ID=123456789012", "image", "build", "--build-arg", "NOEQUALS")
     assert r.exit_code == 2 and "--build-arg 'NOEQUALS' is not KEY=VALUE" in said(r)
     r = invoke(
-        "--set", "AWS_ACCOUNT_ID=123456789012", "image", "build", "--context", str(tmp_path), "--dry-run"
+        "--set",
+        "AWS_ACCOUNT_ID=123456789012",
+        "image",
+        "build",
+        "--context",
+        str(tmp_path),
+        "--dry-run",
     )
     assert r.exit_code == 2 and "not a fsdpctl source checkout" in said(r)
 
@@ -97,7 +107,9 @@ def test_no_engine_is_one_clear_line(aws_env, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker binary at all
     r = invoke("--set", "AWS_ACCOUNT_ID=123456789012", "image", "push")
     assert (
-        r.exit_code == 1 and "docker is not installed" in said(r) and "apt-get install docker.io" in said(r)
+        r.exit_code == 1
+        and "docker is not installed" in said(r)
+        and "apt-get install docker.io" in said(r)
     )
 
 
@@ -108,7 +120,9 @@ def _skip_reason() -> str:
     if os.geteuid() != 0:
         return "dockerd needs root here"
     missing = [
-        b for b in ("dockerd", "docker", "debootstrap", "docker-registry", "htpasswd") if not shutil.which(b)
+        b
+        for b in ("dockerd", "docker", "debootstrap", "docker-registry", "htpasswd")
+        if not shutil.which(b)
     ]
     return f"missing {', '.join(missing)} (scripts/system-deps installs them)" if missing else ""
 
@@ -124,8 +138,9 @@ def _wait(check, seconds: float, what: str, log: Path):
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    """dockerd on a private socket + a bookworm base image with python3 (debootstrap from the Debian mirror;
-    the host's CA bundle is copied in so that pip inside builds trusts what the host trusts)."""
+    """dockerd on a private socket + a bookworm base image with python3 (debootstrap from the Debian
+    mirror; the host's CA bundle is copied in so that pip inside builds trusts what the host
+    trusts)."""
     if reason := _skip_reason():
         pytest.skip(reason)
     d = tmp_path_factory.mktemp("docker")
@@ -155,7 +170,10 @@ def engine(tmp_path_factory):
         "DOCKER_CONFIG": str(d / "client"),
         "DOCKER_BUILDKIT": "0",
     }
-    ping = lambda: subprocess.run(["docker", "version"], env=env, capture_output=True).returncode == 0  # noqa: E731
+
+    def ping() -> bool:
+        return subprocess.run(["docker", "version"], env=env, capture_output=True).returncode == 0
+
     _wait(ping, 60, "dockerd", log)
     rootfs = d / "rootfs"
     boot = subprocess.run(
@@ -188,18 +206,22 @@ def engine(tmp_path_factory):
     yield env
     proc.terminate()
     proc.wait(60)
-    for mount in reversed(Path("/proc/mounts").read_text().split("\n")):  # dockerd leaves its netns mounted
+    for mount in reversed(
+        Path("/proc/mounts").read_text().split("\n")
+    ):  # dockerd leaves its netns mounted
         if len(mount.split()) > 1 and mount.split()[1].startswith(str(d)):
             subprocess.run(["umount", "-l", mount.split()[1]], capture_output=True)
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    """docker-registry (distribution 2.8) on 127.0.0.1 with htpasswd auth: user/password = moto's ECR
-    token."""
+    """docker-registry (distribution 2.8) on 127.0.0.1 with htpasswd auth: user/password = moto's
+    ECR token."""
     d = tmp_path_factory.mktemp("registry")
     subprocess.run(
-        ["htpasswd", "-Bbc", str(d / "htpasswd"), "AWS", MOTO_PASSWORD], check=True, capture_output=True
+        ["htpasswd", "-Bbc", str(d / "htpasswd"), "AWS", MOTO_PASSWORD],
+        check=True,
+        capture_output=True,
     )
     port = free_port()
     (d / "config.yml").write_text(
@@ -214,7 +236,9 @@ def registry(tmp_path_factory):
     )
     log = d / "registry.log"
     proc = subprocess.Popen(
-        ["docker-registry", "serve", str(d / "config.yml")], stdout=log.open("w"), stderr=subprocess.STDOUT
+        ["docker-registry", "serve", str(d / "config.yml")],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
     )
 
     def up() -> bool:
@@ -239,8 +263,8 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     monkeypatch.setenv("FSDPCTL_IMAGE_REGISTRY", registry)
     monkeypatch.setenv("FSDPCTL_IMAGE_TAG", "it-1")
     uri = f"{registry}/fsdpctl-trainer:it-1"
-    # the offline stand-ins: no CUDA base, no EFA download, no multi-GB torch; the trainer package still
-    # installs
+    # the offline stand-ins: no CUDA base, no EFA download, no multi-GB torch; the trainer package
+    # still installs
     r = invoke(
         "image",
         "build",
@@ -272,12 +296,16 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
         == "fsdpctl-trainer"
     )
 
-    logs = "".join(p.read_text() for p in (Path(os.environ["FSDPCTL_HOME"]) / "images").glob("*.log"))
+    logs = "".join(
+        p.read_text() for p in (Path(os.environ["FSDPCTL_HOME"]) / "images").glob("*.log")
+    )
     for text in (r.output, logs):  # the token never leaves stdin
         assert MOTO_PASSWORD not in text
         assert base64.b64encode(f"AWS:{MOTO_PASSWORD}".encode()).decode() not in text
 
-    r = invoke("image", "push")  # again: the repository exists, the registry already has every layer
+    r = invoke(
+        "image", "push"
+    )  # again: the repository exists, the registry already has every layer
     assert r.exit_code == 0 and "ECR repository fsdpctl-trainer exists" in said(r)
     assert r.stdout.strip().splitlines()[-1] == pinned
 
@@ -295,11 +323,15 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
         "id -u && fsdpctl --version && python -c 'import fsdptrain.config'",
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["1000", "fsdpctl", "0.1.0"]  # non-root, the CLI and the trainer installed
+    assert run.stdout.split() == [
+        "1000",
+        "fsdpctl",
+        "0.1.0",
+    ]  # non-root, the CLI and the trainer installed
     # COMPILE=auto needs what Triton builds its launchers with (a C compiler and Python.h, per
-    # triton/runtime/build.py)
-    # and inductor's CPU kernels need g++: a compiled function runs in the image, as its own user, with this
-    # machine's CPU torch (Python 3.11 here and in the bookworm base) mounted read-only, no network
+    # triton/runtime/build.py) and inductor's CPU kernels need g++: a compiled function runs in the
+    # image, as its own user, with this machine's CPU torch (Python 3.11 here and in the bookworm
+    # base) mounted read-only, no network
     import torch
 
     site = Path(torch.__file__).resolve().parent.parent
@@ -326,4 +358,6 @@ def test_build_push_and_pull_back_by_digest(aws_env, engine, registry, monkeypat
     assert compiled.stdout.strip() == "compiled with /usr/bin/gcc", compiled.stdout
 
     r = invoke("image", "push")
-    assert r.exit_code == 1 and f"no local image {uri}" in said(r) and "fsdpctl image build" in said(r)
+    assert (
+        r.exit_code == 1 and f"no local image {uri}" in said(r) and "fsdpctl image build" in said(r)
+    )

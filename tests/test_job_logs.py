@@ -1,14 +1,15 @@
-"""`job logs` as `kubectl logs` behaves: --tail, --since, --timestamps, the source prefix with --all, human
-lines for the trainer's events and -o json; the CRI log format the local pods' output is written in;
-`job list` filters; -o json on job run/stop/wait; dynamic shell completion.
+"""`job logs` as `kubectl logs` behaves: --tail, --since, --timestamps, the source prefix with
+--all, human lines for the trainer's events and -o json; the CRI log format the local pods' output
+is written in; `job list` filters; -o json on job run/stop/wait; dynamic shell completion.
 
-Sources: kubectl's logs command (kubernetes/kubectl pkg/cmd/logs/logs.go: --tail default -1 meaning all and
-refused below -1; --since a Go duration; --prefix `[pod/NAME/CONTAINER] `), the kubelet's reading of the
-runtime's files (kubernetes pkg/kubelet/kuberuntime/logs/logs.go: NewLogOptions turns tailLines/sinceSeconds/
-sinceTime into a tail of the file then a time filter; timestamps as types.RFC3339NanoFixed), containerd's CRI
-log writer (pkg/cri/io/logger.go: `<RFC3339Nano> <stream> <F|P> <line>`, P for pieces of a line longer than
-max_container_log_line_size, 16 KiB by default), and apimachinery's label selectors (pkg/labels/selector.go:
-=, ==, != joined by commas, all must hold; a missing label satisfies !=).
+Sources: kubectl's logs command (kubernetes/kubectl pkg/cmd/logs/logs.go: --tail default -1 meaning
+all and refused below -1; --since a Go duration; --prefix `[pod/NAME/CONTAINER] `), the kubelet's
+reading of the runtime's files (kubernetes pkg/kubelet/kuberuntime/logs/logs.go: NewLogOptions turns
+tailLines/sinceSeconds/ sinceTime into a tail of the file then a time filter; timestamps as
+types.RFC3339NanoFixed), containerd's CRI log writer (pkg/cri/io/logger.go: `<RFC3339Nano> <stream>
+<F|P> <line>`, P for pieces of a line longer than max_container_log_line_size, 16 KiB by default),
+and apimachinery's label selectors (pkg/labels/selector.go: =, ==, != joined by commas, all must
+hold; a missing label satisfies !=).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from fsdpctl import crilog
 from fsdpctl.adapters import shell
 from test_golden import GOLDEN, check
 
-T0 = 1767323045.123456789  # 2026-01-02T03:04:05.123456789Z: fixed log times make whole outputs comparable
+# 2026-01-02T03:04:05.123456789Z: fixed log times make whole outputs comparable
+T0 = 1767323045.123456789
 RFC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z")
 STEP = (
-    '{"event":"step","step":%d,"max_steps":4,"loss":%.4f,"step_time_s":0.5,"time":%f,"tokens_per_s":1000.0}'
+    '{"event":"step","step":%d,"max_steps":4,"loss":%.4f,"step_time_s":0.5,"time":%f,'
+    '"tokens_per_s":1000.0}'
 )
 LEADER = '{"event":"leader","node_rank":0,"hostname":"node-0","world":2,"time":%f}'
 
@@ -39,8 +42,9 @@ LEADER = '{"event":"leader","node_rank":0,"hostname":"node-0","world":2,"time":%
 
 
 def test_rfc3339_has_nine_fraction_digits_and_reads_back_any_precision():
-    """The kubelet prints RFC3339NanoFixed; containerd writes RFC3339Nano (trailing zeros dropped): both read
-    back to the same instant, within a nanosecond (float seconds), for times across decades."""
+    """The kubelet prints RFC3339NanoFixed; containerd writes RFC3339Nano (trailing zeros dropped):
+    both read back to the same instant, within a nanosecond (float seconds), for times across
+    decades."""
     rng = random.Random(7)
     for _ in range(300):
         t = rng.uniform(0, 4e9)
@@ -51,20 +55,29 @@ def test_rfc3339_has_nine_fraction_digits_and_reads_back_any_precision():
         assert abs(crilog.parse_time(trimmed) - crilog.parse_time(fixed)) < 1e-9
     assert crilog.rfc3339(T0).startswith("2026-01-02T03:04:05.1234")
     assert crilog.rfc3339(0.5) == "1970-01-01T00:00:00.500000000Z"
-    assert crilog.parse_time("2026-01-02T04:04:05+01:00") == crilog.parse_time("2026-01-02T03:04:05Z")
+    assert crilog.parse_time("2026-01-02T04:04:05+01:00") == crilog.parse_time(
+        "2026-01-02T03:04:05Z"
+    )
 
 
 def test_cri_lines_round_trip_and_partial_pieces_join():
-    """Any text (spaces, tabs, JSON, unicode, a line that looks like a CRI line itself) survives format then
-    parse; P pieces join to the line they start, with the first piece's time; a log cut after a P piece still
-    yields what there is."""
+    """Any text (spaces, tabs, JSON, unicode, a line that looks like a CRI line itself) survives
+    format then parse; P pieces join to the line they start, with the first piece's time; a log cut
+    after a P piece still yields what there is."""
     rng = random.Random(3)
     alphabet = 'ab c\t{}":,é✓' + "2026-01-02T03:04:05Z stdout F "
     for _ in range(200):
-        texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(5)]
-        raw = "".join(crilog.format_line(T0 + i, rng.choice(crilog.STREAMS), x) for i, x in enumerate(texts))
+        texts = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(5)
+        ]
+        raw = "".join(
+            crilog.format_line(T0 + i, rng.choice(crilog.STREAMS), x) for i, x in enumerate(texts)
+        )
         assert [line.text for line in crilog.lines(raw.splitlines())] == texts
-    pieces = [crilog.format_line(T0, "stdout", "ab", "P"), crilog.format_line(T0 + 1, "stdout", "cd", "P")]
+    pieces = [
+        crilog.format_line(T0, "stdout", "ab", "P"),
+        crilog.format_line(T0 + 1, "stdout", "cd", "P"),
+    ]
     end = crilog.format_line(T0 + 2, "stdout", "ef")
     [joined] = crilog.lines("".join([*pieces, end]).splitlines())
     assert (joined.text, joined.time) == ("abcdef", pytest.approx(T0))
@@ -79,19 +92,24 @@ def test_cri_lines_round_trip_and_partial_pieces_join():
 
 
 def test_pieces_join_within_their_stream_when_the_other_stream_comes_between():
-    """containerd runs one redirectLogs per stream into the same file, so while stdout's long line is in
-    pieces stderr's lines can land between them; the kubelet (ReadLogs) hands each entry to its own stream's
-    writer, so each stream reads back as written. Generated interleavings, read whole and as a follower
-    reading every prefix: each stream's lines in their order, joined right, none lost or doubled."""
+    """containerd runs one redirectLogs per stream into the same file, so while stdout's long line
+    is in pieces stderr's lines can land between them; the kubelet (ReadLogs) hands each entry to
+    its own stream's writer, so each stream reads back as written. Generated interleavings, read
+    whole and as a follower reading every prefix: each stream's lines in their order, joined right,
+    none lost or doubled."""
     rng = random.Random(5)
     for _ in range(150):
         streams: dict[str, list[str]] = {}
         raws_by: dict[str, list[str]] = {}
         for stream in crilog.STREAMS:
-            texts = ["".join(rng.choice("ab✓é ") for _ in range(rng.randrange(0, 9))) for _ in range(4)]
+            texts = [
+                "".join(rng.choice("ab✓é ") for _ in range(rng.randrange(0, 9))) for _ in range(4)
+            ]
             streams[stream], raws_by[stream] = texts, []
             for text in texts:
-                cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randrange(0, 3))))
+                cuts = sorted(
+                    rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randrange(0, 3)))
+                )
                 parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
                 for i, part in enumerate(parts):
                     tag = crilog.FULL if i == len(parts) - 1 else crilog.PARTIAL
@@ -118,11 +136,14 @@ def test_since_takes_go_durations(value, seconds):
 
 @pytest.mark.parametrize("value", ["", "10", "5x", "-5m", "0s", "m", "1d", "5 m", "1h-30m", "s10"])
 def test_since_refuses_what_is_not_a_positive_duration(cli, value):
-    """kubectl takes --since as a Go duration; a bare number or a day unit is not one: one line, exit 2."""
+    """kubectl takes --since as a Go duration; a bare number or a day unit is not one: one line,
+    exit 2."""
     with pytest.raises(ValueError):
         crilog.since_seconds(value)
     r = cli("job", "logs", "--since", value)
-    assert r.exit_code == 2 and r.stderr.startswith(f"error: --since {value!r} is not a duration"), r.output
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"error: --since {value!r} is not a duration"
+    ), r.output
 
 
 def test_tail_below_minus_one_is_refused(cli):
@@ -131,11 +152,14 @@ def test_tail_below_minus_one_is_refused(cli):
 
 
 def test_select_is_a_tail_then_a_time_filter():
-    """For any tail and since over lines in time order: the result is a suffix of the log, no longer than
-    the tail, every line at or after since, and the longest such suffix (the kubelet's ReadLogs)."""
+    """For any tail and since over lines in time order: the result is a suffix of the log, no longer
+    than the tail, every line at or after since, and the longest such suffix (the kubelet's
+    ReadLogs)."""
     rng = random.Random(11)
     for _ in range(300):
-        found = [crilog.Line(str(i), T0 + i + rng.random() / 2) for i in range(rng.randrange(0, 12))]
+        found = [
+            crilog.Line(str(i), T0 + i + rng.random() / 2) for i in range(rng.randrange(0, 12))
+        ]
         tail = rng.choice([None, 0, 1, 3, 20])
         since = rng.choice([None, T0 - 1, T0 + rng.uniform(0, 12)])
         got = crilog.select(found, tail=tail, since=since)
@@ -144,7 +168,9 @@ def test_select_is_a_tail_then_a_time_filter():
         assert all(since is None or x.time >= since for x in got)
         longer = found[len(found) - len(got) - 1 :] if len(got) < len(found) else None
         if longer is not None:
-            assert (tail is not None and len(longer) > tail) or (since is not None and longer[0].time < since)
+            assert (tail is not None and len(longer) > tail) or (
+                since is not None and longer[0].time < since
+            )
 
 
 # --- the relay that writes a local pod's log -------------------------------------------------------------
@@ -165,9 +191,10 @@ if os.environ.get("DIE"):
 
 @pytest.mark.parametrize("die", [False, True], ids=["exits", "killed mid-line"])
 def test_relay_stamps_each_line_as_a_container_runtime_does(tmp_path, die):
-    """A real process's stdout and stderr through the relay: each line in the CRI format with its stream and
-    a time in order; a line longer than 16 KiB in P pieces that join back; the unfinished last line of a
-    process killed mid-write kept whole; the relay ends when the pipes close (the process, its children)."""
+    """A real process's stdout and stderr through the relay: each line in the CRI format with its
+    stream and a time in order; a line longer than 16 KiB in P pieces that join back; the unfinished
+    last line of a process killed mid-write kept whole; the relay ends when the pipes close (the
+    process, its children)."""
     log = tmp_path / "node-0.log"
     code = WRITER.replace("LONG", str(crilog.MAX_LINE * 2 + 5))
     env = {"PATH": "/usr/bin:/bin", **({"DIE": "1"} if die else {})}
@@ -176,11 +203,15 @@ def test_relay_stamps_each_line_as_a_container_runtime_does(tmp_path, die):
     proc.relay.wait(timeout=30)
     assert proc.returncode == (-signal.SIGKILL if die else 0)
     raws = log.read_text().splitlines()
-    assert all(re.match(rf"{RFC.pattern[:-1]}\d*Z? (stdout|stderr) [FP] ", r) for r in raws), raws[:3]
-    # 2 x 16 KiB + 5: two pieces then the rest; the unfinished last line a piece, as containerd writes at EOF
+    assert all(re.match(rf"{RFC.pattern[:-1]}\d*Z? (stdout|stderr) [FP] ", r) for r in raws), raws[
+        :3
+    ]
+    # 2 x 16 KiB + 5: two pieces then the rest; the unfinished last line a piece, as containerd
+    # writes at EOF
     assert sum(" P " in r[:45] for r in raws) == 3
     got = crilog.read(log)
-    # each stream in its order (across the two pipes the order is the reads', as with containerd's two)
+    # each stream in its order (across the two pipes the order is the reads', as with containerd's
+    # two)
     assert [x.text for x in got if x.stream == "stdout"] == [
         "out one",
         "x" * (crilog.MAX_LINE * 2 + 5),
@@ -193,8 +224,9 @@ def test_relay_stamps_each_line_as_a_container_runtime_does(tmp_path, die):
 
 
 def _straddling_lines(rng: random.Random) -> list[bytes]:
-    """Output lines whose multi-byte characters (2, 3 and 4 bytes) fall across the 16 KiB cuts at every
-    offset, with a carriage return (a progress bar), a byte that is not UTF-8 and short lines between."""
+    """Output lines whose multi-byte characters (2, 3 and 4 bytes) fall across the 16 KiB cuts at
+    every offset, with a carriage return (a progress bar), a byte that is not UTF-8 and short lines
+    between."""
     found = []
     for char in ("é", "✓", "😀"):
         raw = char.encode()
@@ -208,11 +240,12 @@ def _straddling_lines(rng: random.Random) -> list[bytes]:
 
 
 def test_relayed_long_lines_keep_every_character_cut_by_a_piece(tmp_path):
-    """containerd (pkg/cri/io/logger.go) cuts a long line at max_container_log_line_size BYTES and writes the
-    pieces raw, and the kubelet's reader (kuberuntime/logs/logs.go) joins the pieces' bytes, so a character
-    cut in two is whole again; lines end only at a newline (a \\r stays in its line). Real process, real
-    relay; read back whole (`crilog.read`) and as `job logs -f` follows it, a few bytes at a time: each line
-    is its bytes decoded once (not UTF-8 replaced by U+FFFD), none split, none lost."""
+    """containerd (pkg/cri/io/logger.go) cuts a long line at max_container_log_line_size BYTES and
+    writes the pieces raw, and the kubelet's reader (kuberuntime/logs/logs.go) joins the pieces'
+    bytes, so a character cut in two is whole again; lines end only at a newline (a \\r stays in its
+    line). Real process, real relay; read back whole (`crilog.read`) and as `job logs -f` follows
+    it, a few bytes at a time: each line is its bytes decoded once (not UTF-8 replaced by U+FFFD),
+    none split, none lost."""
     from fsdpctl.backends.local.backend import _Follower
 
     rng = random.Random(11)
@@ -221,12 +254,21 @@ def test_relayed_long_lines_keep_every_character_cut_by_a_piece(tmp_path):
     data.write_bytes(b"".join(line + b"\n" for line in out))
     code = f"import sys; sys.stdout.buffer.write(open({str(data)!r}, 'rb').read())"
     log = tmp_path / "node-0.log"
-    proc = shell.spawn([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin"}, log=log, stamped=True)
+    proc = shell.spawn(
+        [sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin"}, log=log, stamped=True
+    )
     proc.wait(timeout=30)
     proc.relay.wait(timeout=30)
     want = [line.decode("utf-8", "replace") for line in out]
     assert [x.text for x in crilog.read(log)] == want
-    assert sum(" P " in r[:45] for r in log.read_bytes().split(b"\n")[:-1] for r in [r.decode("latin-1")]) > 6
+    assert (
+        sum(
+            " P " in r[:45]
+            for r in log.read_bytes().split(b"\n")[:-1]
+            for r in [r.decode("latin-1")]
+        )
+        > 6
+    )
     # a follower that sees the file grow in arbitrary byte steps, cuts inside characters included
     whole, grown = log.read_bytes(), tmp_path / "grown.log"
     grown.write_bytes(b"")
@@ -250,8 +292,9 @@ def cri(t: float, text: str, stream: str = "stdout") -> str:
 
 @pytest.fixture
 def ended_job(cli):
-    """A finished two-node local job whose logs are fixed CRI lines (times from T0): a leader event, step
-    events each followed by the trainer's own human line, a checkpoint, stderr lines, a line in pieces."""
+    """A finished two-node local job whose logs are fixed CRI lines (times from T0): a leader event,
+    step events each followed by the trainer's own human line, a checkpoint, stderr lines, a line in
+    pieces."""
     jdir = cli.home / "jobs" / "fixed"
     logs = jdir / "logs" / "fixed-run-1"
     logs.mkdir(parents=True)
@@ -292,11 +335,13 @@ def ended_job(cli):
 
 
 def test_job_logs_whole_outputs(cli, ended_job):
-    """Plain, --all --timestamps and -o json of the fixed log, frozen: human lines instead of event JSON,
-    kubectl's order of prefix then time, one JSON object per line."""
+    """Plain, --all --timestamps and -o json of the fixed log, frozen: human lines instead of event
+    JSON, kubectl's order of prefix then time, one JSON object per line."""
     runs = {
         "plain": cli("job", "logs", ended_job),
-        "--all --timestamps --tail 4": cli("job", "logs", ended_job, "--all", "--timestamps", "--tail", "4"),
+        "--all --timestamps --tail 4": cli(
+            "job", "logs", ended_job, "--all", "--timestamps", "--tail", "4"
+        ),
         "-o json --tail 6": cli("job", "logs", ended_job, "-o", "json", "--tail", "6"),
     }
     text = ""
@@ -308,10 +353,14 @@ def test_job_logs_whole_outputs(cli, ended_job):
 
 def test_job_logs_options_on_a_fixed_log(cli, ended_job):
     plain = cli("job", "logs", ended_job).stdout.splitlines()
-    assert not any(line.startswith('{"event"') for line in plain)  # no raw event JSON among human lines
+    assert not any(
+        line.startswith('{"event"') for line in plain
+    )  # no raw event JSON among human lines
     assert "leader: node rank 0 on node-0, 2 processes" in plain
     assert "checkpoint at step 4: /ckpt/step-00000004" in plain and "a long line, joined" in plain
-    assert sum(line.startswith("step ") for line in plain) == 4  # the trainer's own line, not a second one
+    assert (
+        sum(line.startswith("step ") for line in plain) == 4
+    )  # the trainer's own line, not a second one
     every = cli("job", "logs", ended_job, "--all", "--tail", "1").stdout.splitlines()
     assert every == ["[node-0] worker group successfully finished", "[node-1] node 1 done"]
     stamped = cli("job", "logs", ended_job, "--timestamps", "--tail", "1").stdout
@@ -319,10 +368,14 @@ def test_job_logs_options_on_a_fixed_log(cli, ended_job):
     assert cli("job", "logs", ended_job, "--tail", "0").stdout == ""
     assert cli("job", "logs", ended_job, "--tail", "-1").stdout.splitlines() == plain
     assert cli("job", "logs", ended_job, "--since", "1h").stdout == ""  # every line is months old
-    records = [json.loads(x) for x in cli("job", "logs", ended_job, "-o", "json").stdout.splitlines()]
+    records = [
+        json.loads(x) for x in cli("job", "logs", ended_job, "-o", "json").stdout.splitlines()
+    ]
     steps = [r["event"] for r in records if r.get("event", {}).get("event") == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
-    assert all(set(r) == {"node", "time", "event"} or set(r) == {"node", "time", "text"} for r in records)
+    assert all(
+        set(r) == {"node", "time", "event"} or set(r) == {"node", "time", "text"} for r in records
+    )
     assert all(r["node"] == "node-0" and RFC.fullmatch(r["time"]) for r in records)
 
 
@@ -336,15 +389,24 @@ def test_since_keeps_the_recent_lines_of_each_node(cli):
     logs.mkdir(parents=True)
     ages = {n: sorted((rng.uniform(0, 3600) for _ in range(30)), reverse=True) for n in (0, 1)}
     for n, node_ages in ages.items():
-        (logs / f"node-{n}.log").write_text("".join(cri(now - a, f"n{n} age {a:.3f}") for a in node_ages))
-    state = {"job": "recent", "run_id": "r", "phase": "Failed", "created": now - 4000, "replicas": 2}
+        (logs / f"node-{n}.log").write_text(
+            "".join(cri(now - a, f"n{n} age {a:.3f}") for a in node_ages)
+        )
+    state = {
+        "job": "recent",
+        "run_id": "r",
+        "phase": "Failed",
+        "created": now - 4000,
+        "replicas": 2,
+    }
     state |= {"log_dir": str(logs), "checkpoint_dir": None, "launchers": []}
     (jdir / "state.json").write_text(json.dumps(state))
     for window in (60, 600, 1800):
         lines = cli("job", "logs", "recent", "--all", "--since", f"{window}s").stdout.splitlines()
         for n, node_ages in ages.items():
             shown = [line for line in lines if line.startswith(f"[node-{n}]")]
-            # a line within a second of the edge may fall either way (the command reads the clock later)
+            # a line within a second of the edge may fall either way (the command reads the clock
+            # later)
             assert len([a for a in node_ages if a < window - 1]) <= len(shown)
             assert len(shown) <= len([a for a in node_ages if a < window + 1])
 
@@ -375,8 +437,8 @@ def listed(cli, *args: str) -> list[str]:
 
 
 def test_list_filters_are_the_predicate_they_name(cli, some_jobs):
-    """Every combination of phases (any case, repeated or comma lists) and selectors: the listed jobs are
-    exactly those whose phase and labels pass, in table and JSON alike."""
+    """Every combination of phases (any case, repeated or comma lists) and selectors: the listed
+    jobs are exactly those whose phase and labels pass, in table and JSON alike."""
     assert listed(cli) == some_jobs
     for phases in (["succeeded"], ["FAILED", "stopped"], ["Succeeded,Stopped"]):
         wanted = {p.lower() for ps in phases for p in ps.split(",")}
@@ -394,7 +456,9 @@ def test_list_filters_are_the_predicate_they_name(cli, some_jobs):
         ("missing!=x", lambda i: True),
         ("missing=x", lambda i: False),
     ]:
-        assert listed(cli, "-l", selector) == [j for i, j in enumerate(some_jobs) if keep(i)], selector
+        assert listed(cli, "-l", selector) == [j for i, j in enumerate(some_jobs) if keep(i)], (
+            selector
+        )
     both = listed(cli, "--phase", "failed", "--selector", "team=a")
     assert both == [
         j for i, (j, p) in enumerate(zip(some_jobs, PHASES, strict=True)) if p == "Failed" and i % 2
@@ -405,23 +469,34 @@ def test_list_filters_are_the_predicate_they_name(cli, some_jobs):
 
 def test_list_filters_refuse_unknown_phases_and_bad_selectors(cli, some_jobs):
     r = cli("job", "list", "--phase", "Running,Dancing")
-    assert r.exit_code == 2 and r.stderr.startswith("error: --phase 'Dancing' is not a job phase"), r.output
+    assert r.exit_code == 2 and r.stderr.startswith(
+        "error: --phase 'Dancing' is not a job phase"
+    ), r.output
     assert "Pending, Created, Running" in r.stderr and r.stdout == ""
     for bad in ("team", "=a", "a b=c", "team=a,"):
         r = cli("job", "list", "-l", bad)
-        assert r.exit_code == 2 and "is not key=value" in r.stderr and r.stdout == "", (bad, r.output)
-    # values the selector parser refuses (pkg/labels/selector.go parse -> validateLabelValue): kubectl
-    # fails on them, a local list used to show an empty table
+        assert r.exit_code == 2 and "is not key=value" in r.stderr and r.stdout == "", (
+            bad,
+            r.output,
+        )
+    # values the selector parser refuses (pkg/labels/selector.go parse -> validateLabelValue):
+    # kubectl fails on them, a local list used to show an empty table
     for bad in ("a=b=c", "team=a b", "team=-a", "team=a.", "team=" + "x" * 64, "team!=ä"):
         r = cli("job", "list", "-l", bad)
-        assert r.exit_code == 2 and "is not a label value" in r.stderr and r.stdout == "", (bad, r.output)
+        assert r.exit_code == 2 and "is not a label value" in r.stderr and r.stdout == "", (
+            bad,
+            r.output,
+        )
 
 
 def test_list_with_a_filter_whole_output(cli, some_jobs):
     r = cli("job", "list", "--phase", "failed", "-l", "team=b")
     assert (r.exit_code, r.stderr) == (0, ""), r.output
     text = re.sub(r"\b\d\ds\b", "<A>", r.stdout)  # 30 s old, give or take a second: the same width
-    check(GOLDEN / "cli" / "job-list-filtered.txt", "".join(x.rstrip() + "\n" for x in text.splitlines()))
+    check(
+        GOLDEN / "cli" / "job-list-filtered.txt",
+        "".join(x.rstrip() + "\n" for x in text.splitlines()),
+    )
 
 
 # --- -o json on job run / stop / wait ----------------------------------------------------------------------
@@ -461,8 +536,8 @@ def test_run_dry_run_json_is_the_started_object(cli):
 def protocol(words: str, shell_: str) -> dict[str, str]:
     """The environment a shell's completion script gives fsdpctl: typer's protocol
     (typer/_completion_shared.py, _completion_classes.py) is `_FSDPCTL_COMPLETE=complete_bash` with
-    COMP_WORDS/COMP_CWORD as the bash script sets them (the word being completed last), `complete_zsh` with
-    _TYPER_COMPLETE_ARGS."""
+    COMP_WORDS/COMP_CWORD as the bash script sets them (the word being completed last),
+    `complete_zsh` with _TYPER_COMPLETE_ARGS."""
     if shell_ == "bash":
         cword = str(len(words.split(" ")) - 1)
         return {"COMP_WORDS": words, "COMP_CWORD": cword, "_FSDPCTL_COMPLETE": "complete_bash"}
@@ -470,7 +545,8 @@ def protocol(words: str, shell_: str) -> dict[str, str]:
 
 
 def complete(cli, monkeypatch, words: str, shell_: str = "bash") -> list[str]:
-    """The candidates, from the app in this process (the click entry point the executable runs; cheap)."""
+    """The candidates, from the app in this process (the click entry point the executable runs;
+    cheap)."""
     with monkeypatch.context() as m:
         for k, v in protocol(words, shell_).items():
             m.setenv(k, v)
@@ -500,7 +576,9 @@ def test_completion_of_job_names_setting_keys_values_and_models(cli, monkeypatch
     from fsdpctl.cli import app
 
     job = typer.main.get_command(app).commands["job"]
-    verbs = [v for v, c in job.commands.items() if any(p.param_type_name == "argument" for p in c.params)]
+    verbs = [
+        v for v, c in job.commands.items() if any(p.param_type_name == "argument" for p in c.params)
+    ]
     assert {"status", "logs", "stop", "wait", "plot", "describe", "diff"} <= set(verbs)
     for verb in verbs:  # every job verb that takes a job: its first argument offers the jobs
         assert got(f"fsdpctl job {verb} ") == [*some_jobs, "on-eks"], verb
@@ -509,8 +587,14 @@ def test_completion_of_job_names_setting_keys_values_and_models(cli, monkeypatch
     assert got("fsdpctl --set BACK") == ["BACKEND="]
     assert got("fsdpctl job list --set RDZV_B") == ["RDZV_BACKEND="]  # --set after the subcommand
     assert got("fsdpctl plan -s RDZV_BACKEND=e") == ["RDZV_BACKEND=etcd", "RDZV_BACKEND=etcd-v2"]
-    assert got("fsdpctl job run --set MODEL = tiny") == ["tiny", "tiny-gqa"]  # bash splits KEY=VALUE at =
-    assert got("fsdpctl job run --set=PRECISION=f") == ["--set=PRECISION=fp16", "--set=PRECISION=fp32"]
+    assert got("fsdpctl job run --set MODEL = tiny") == [
+        "tiny",
+        "tiny-gqa",
+    ]  # bash splits KEY=VALUE at =
+    assert got("fsdpctl job run --set=PRECISION=f") == [
+        "--set=PRECISION=fp16",
+        "--set=PRECISION=fp32",
+    ]
     assert got("fsdpctl plan --model 7") == ["7b", "70b"]
     assert "MODEL=13b" in got("fsdpctl --set MODEL=")
     assert got("fsdpctl --set JOB_NAME=") == []  # free text: nothing to offer
@@ -532,7 +616,9 @@ def test_completion_of_a_broken_state_dir_offers_nothing(cli, monkeypatch, tmp_p
         home.chmod(0)
     monkeypatch.setenv("FSDPCTL_HOME", str(home))
     try:
-        readable = damage == "state dir unreadable" and os.access(home, os.R_OK | os.X_OK)  # root reads it
+        readable = damage == "state dir unreadable" and os.access(
+            home, os.R_OK | os.X_OK
+        )  # root reads it
         assert complete(cli, monkeypatch, "fsdpctl job status ") == (["a"] if readable else [])
     finally:
         if damage == "state dir unreadable":

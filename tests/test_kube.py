@@ -1,10 +1,11 @@
-"""The Kubernetes side (deploy, job run/status/logs/list/wait/stop, cleanup, monitor top) driven through the
-CLI against the API peer (tests/kube_peer.py: an API server on kmock's HTTP machinery that answers as
-kube-apiserver does for discovery, scopes, selectors, resourceVersion, field validation, admission and garbage
-collection; test_kube_peer.py holds it to that), reached by the real `kubernetes` client through a kubeconfig.
-It has no controllers and no kubelet, so the tests play them: they set job conditions and pod status through
-the API and give pods their log text. With FSDPCTL_TEST_KUBECONFIG set, test_real_cluster runs the
-non-destructive part against that cluster instead."""
+"""The Kubernetes side (deploy, job run/status/logs/list/wait/stop, cleanup, monitor top) driven
+through the CLI against the API peer (tests/kube_peer.py: an API server on kmock's HTTP machinery
+that answers as kube-apiserver does for discovery, scopes, selectors, resourceVersion, field
+validation, admission and garbage collection; test_kube_peer.py holds it to that), reached by the
+real `kubernetes` client through a kubeconfig. It has no controllers and no kubelet, so the tests
+play them: they set job conditions and pod status through the API and give pods their log text. With
+FSDPCTL_TEST_KUBECONFIG set, test_real_cluster runs the non-destructive part against that cluster
+instead."""
 
 from __future__ import annotations
 
@@ -34,12 +35,16 @@ def said(r) -> str:
 
 @pytest.fixture
 def peer(tmp_path, monkeypatch):
-    isolate(monkeypatch, tmp_path)  # the `cli` fixture's sealed room: own home and cwd, no settings from env
+    isolate(
+        monkeypatch, tmp_path
+    )  # the `cli` fixture's sealed room: own home and cwd, no settings from env
     p = Peer(tmp_path)
     monkeypatch.setenv("KUBECONFIG", str(p.kubeconfig))
     monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_MANIFESTS", str(VENDOR))
-    monkeypatch.setenv("FSDPCTL_IMAGE_REGISTRY", REGISTRY)  # a job's image must name one (EksBackend.run)
+    monkeypatch.setenv(
+        "FSDPCTL_IMAGE_REGISTRY", REGISTRY
+    )  # a job's image must name one (EksBackend.run)
     yield p
     p.close()
 
@@ -48,7 +53,8 @@ REGISTRY = "registry.example.com:5000"
 
 
 def cli(*args: str, **env):
-    """fsdpctl in process (conftest.invoke), each keyword a --set; isolated under the `peer` fixture."""
+    """fsdpctl in process (conftest.invoke), each keyword a --set; isolated under the `peer`
+    fixture."""
     return invoke(*[a for k, v in env.items() for a in ("--set", f"{k}={v}")], *args)
 
 
@@ -86,7 +92,9 @@ def install_operator(peer, **settings):
     r = cli("deploy", "operator", "--timeout", "20", **settings)
     assert r.exit_code == 0, r.output
     ready.join()
-    add_claim(peer, settings.get("JOB_NAMESPACE", "fsdp"), settings.get("SHARED_VOLUME", "fsx-claim"))
+    add_claim(
+        peer, settings.get("JOB_NAMESPACE", "fsdp"), settings.get("SHARED_VOLUME", "fsx-claim")
+    )
     return r
 
 
@@ -98,7 +106,10 @@ def add_claim(peer, namespace: str, name: str) -> None:
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1200Gi"}}},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "1200Gi"}},
+        },
     }
     k.apply(claim)
 
@@ -117,7 +128,9 @@ def set_condition(k: Kube, job: dict, cond: str, message: str = "") -> None:
         body={
             "status": {
                 "conditions": [
-                    {  # a metav1.Condition (TrainJob) needs a reason: the peer validates like the server
+                    # a metav1.Condition (TrainJob) needs a reason: the peer validates like the
+                    # server
+                    {
                         "type": cond,
                         "status": "True",
                         "reason": cond,
@@ -130,7 +143,9 @@ def set_condition(k: Kube, job: dict, cond: str, message: str = "") -> None:
     )
 
 
-def add_pod(k: Kube, peer, job: str, index: int, phase: str = "Running", log: str = "", **status) -> str:
+def add_pod(
+    k: Kube, peer, job: str, index: int, phase: str = "Running", log: str = "", **status
+) -> str:
     name = f"{job}-worker-{index}"
     k.create(
         {
@@ -139,7 +154,10 @@ def add_pod(k: Kube, peer, job: str, index: int, phase: str = "Running", log: st
             "metadata": {
                 "name": name,
                 "namespace": "fsdp",
-                "labels": {"fsdpctl.io/job": job, "training.kubeflow.org/replica-index": str(index)},
+                "labels": {
+                    "fsdpctl.io/job": job,
+                    "training.kubeflow.org/replica-index": str(index),
+                },
             },
             "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
         }
@@ -179,9 +197,9 @@ def step_line(step: int, max_steps: int = 100, loss: float = 3.5) -> str:
 
 def test_deploy_operator_is_idempotent_and_waits_for_readiness(peer):
     r = install_operator(peer)
-    assert "operator (Kubeflow Training Operator v1.9.4): 14 created" in said(r) and "operator ready" in said(
+    assert "operator (Kubeflow Training Operator v1.9.4): 14 created" in said(
         r
-    )
+    ) and "operator ready" in said(r)
     assert {c["metadata"]["name"] for c in peer.objects("customresourcedefinitions")} >= {
         "pytorchjobs.kubeflow.org"
     }
@@ -192,7 +210,10 @@ def test_deploy_operator_is_idempotent_and_waits_for_readiness(peer):
     assert sent == []  # the second run sent no change at all
     r = cli("deploy", "status", "-o", "json")
     rows = {row["object"]: row for row in json.loads(r.stdout)}
-    assert rows["Deployment/training-operator"]["ready"] and rows["CRD pytorchjobs.kubeflow.org"]["installed"]
+    assert (
+        rows["Deployment/training-operator"]["ready"]
+        and rows["CRD pytorchjobs.kubeflow.org"]["installed"]
+    )
     assert not rows["Deployment/etcd"]["installed"]
 
 
@@ -221,7 +242,9 @@ def test_deploy_monitoring_dry_runs(peer):
     assert r.exit_code == 0
     objs = list(yaml.safe_load_all(r.stdout))
     dashboard = json.loads(
-        next(o for o in objs if o["metadata"]["name"] == "grafana-dashboards")["data"]["fsdp-training.json"]
+        next(o for o in objs if o["metadata"]["name"] == "grafana-dashboards")["data"][
+            "fsdp-training.json"
+        ]
     )
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     for metric in (
@@ -246,11 +269,14 @@ def test_deploy_monitoring_dry_runs(peer):
 
 def test_deploy_dry_run_sends_nothing_and_dry_run_server_asks_the_api(peer):
     """One --dry-run: bare it prints the objects without a request; `--dry-run=server` (also spelled
-    `--dry-run-server`) sends every object as a dryRun=All apply; without it the objects are stored."""
+    `--dry-run-server`) sends every object as a dryRun=All apply; without it the objects are stored.
+    """
     r = cli("deploy", "etcd", "--dry-run")
     assert r.exit_code == 0, r.output
     kinds = [o["kind"] for o in yaml.safe_load_all(r.stdout)]
-    assert "Deployment" in kinds and f"dry run (client): {len(kinds)} objects; nothing sent" in said(r)
+    assert (
+        "Deployment" in kinds and f"dry run (client): {len(kinds)} objects; nothing sent" in said(r)
+    )
     assert peer.requests() == [] and peer.objects("deployments") == []
     for spelling in (["--dry-run=server"], ["--dry-run-server"]):
         before = len(peer.requests())
@@ -266,7 +292,9 @@ def test_deploy_dry_run_sends_nothing_and_dry_run_server_asks_the_api(peer):
     assert cli("deploy", "etcd", "--dry-run", "--dry-run=server").exit_code == 2
     assert len(peer.requests()) == before
     r = cli("deploy", "etcd", "--timeout", "1")
-    assert r.exit_code == 1 and {d["metadata"]["name"] for d in peer.objects("deployments")} == {"etcd"}
+    assert r.exit_code == 1 and {d["metadata"]["name"] for d in peer.objects("deployments")} == {
+        "etcd"
+    }
 
 
 # --- jobs ---------------------------------------------------------------------------------------------------
@@ -287,10 +315,14 @@ def test_job_run_creates_secret_and_job_and_refuses_a_second(peer, monkeypatch):
     assert r.exit_code == 0, r.output
     assert TOKEN not in r.output
     [secret] = in_fsdp(peer, "secrets")
-    assert secret["stringData"]["HF_TOKEN"] == TOKEN and secret["metadata"]["name"] == "fsdp-hf-token"
+    assert (
+        secret["stringData"]["HF_TOKEN"] == TOKEN and secret["metadata"]["name"] == "fsdp-hf-token"
+    )
     [job] = peer.objects("pytorchjobs")
     first_id = job["spec"]["elasticPolicy"]["rdzvId"]
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2 and TOKEN not in json.dumps(job)
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"][
+        "replicas"
+    ] == 2 and TOKEN not in json.dumps(job)
     r = cli("job", "run", "-d")
     assert r.exit_code == 2 and "job fsdp already exists" in said(r) and "--replace" in said(r)
     r = cli("job", "run", "-d", "--replace")
@@ -342,7 +374,10 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
                 "name": "pytorch",
                 "restartCount": 0,
                 "state": {
-                    "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:v1"'}
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": 'Back-off pulling image "x:v1"',
+                    }
                 },
             }
         ],
@@ -357,13 +392,19 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
         3.5,
         "fsdp-worker-1",
     )
-    assert s["pods"] == {"Running": 2, "Pending": 2} and s["restarts"] == 2 and s["network"] == "socket"
+    assert (
+        s["pods"] == {"Running": 2, "Pending": 2}
+        and s["restarts"] == 2
+        and s["network"] == "socket"
+    )
     assert "Insufficient vpc.amazonaws.com/efa" in s["problems"][0]
     assert 'fsdp-worker-3: ImagePullBackOff: Back-off pulling image "x:v1"' in s["problems"]
     r = cli("job", "status")
     text = said(r)
     assert (
-        "step 40/100 (40%)" in text and "NCCL fell back to TCP sockets" in text and "51234 tokens/s" in text
+        "step 40/100 (40%)" in text
+        and "NCCL fell back to TCP sockets" in text
+        and "51234 tokens/s" in text
     )
     r = cli("job", "status", "--stall-after", "0")
     assert "may be hung" in said(r)
@@ -372,8 +413,8 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
 
 
 def test_run_follows_the_job_to_its_end_and_status_watch_stops_there(peer):
-    """`job run` without -d: a progress bar from the leader's step lines until the job's condition says
-    done."""
+    """`job run` without -d: a progress bar from the leader's step lines until the job's condition
+    says done."""
     install_operator(peer)
     k = kube(peer)
 
@@ -426,7 +467,8 @@ def test_logs_leader_one_pod_all_pods_and_follow(peer):
 def test_logs_options_reach_the_api_as_pod_log_options(peer):
     """--tail, --since and the times: kubectl's flags map to PodLogOptions tailLines and sinceSeconds (whole
     seconds, rounded up: kubectl's logs.go), and fsdpctl always asks timestamps=true so that --timestamps and
-    -o json have each line's time; the lines printed are what the kubelet chose (tests/kube_peer.py)."""
+    -o json have each line's time; the lines printed are what the kubelet chose (tests/kube_peer.py).
+    """
     from fsdpctl import crilog
 
     install_operator(peer)
@@ -435,10 +477,12 @@ def test_logs_options_reach_the_api_as_pod_log_options(peer):
     now = time.time()
     old, new = now - 3600, now - 5
     step = (
-        '{"event":"step","step":2,"max_steps":4,"loss":3.5,"step_time_s":1.0,"time":1.0,"tokens_per_s":9.0}'
+        '{"event":"step","step":2,"max_steps":4,"loss":3.5,"step_time_s":1.0,"time":1.0,'
+        '"tokens_per_s":9.0}'
     )
     log0 = "".join(
-        crilog.format_line(t, "stdout", x) for t, x in [(old, "old line"), (new, step), (new, "new")]
+        crilog.format_line(t, "stdout", x)
+        for t, x in [(old, "old line"), (new, step), (new, "new")]
     )
     add_pod(k, peer, "fsdp", 0, log=log0)
     add_pod(
@@ -452,11 +496,16 @@ def test_logs_options_reach_the_api_as_pod_log_options(peer):
     r = cli("job", "logs", "--all", "--since", "90s", "--tail", "5", "--timestamps")
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines() == [
-        f"[pod/fsdp-worker-0/pytorch] {crilog.rfc3339(new)} new",  # the step event: the trainer's own line
+        # the step event: the trainer's own line
+        f"[pod/fsdp-worker-0/pytorch] {crilog.rfc3339(new)} new",
         f"[pod/fsdp-worker-1/pytorch] {crilog.rfc3339(new)} w new",
     ]
-    asked = [q.params for q in peer.requests()[before:] if str(q.url).split("?")[0].endswith("/log")]
-    assert [(q.get("tailLines"), q.get("sinceSeconds"), q.get("timestamps")) for q in asked][-2:] == [
+    asked = [
+        q.params for q in peer.requests()[before:] if str(q.url).split("?")[0].endswith("/log")
+    ]
+    assert [(q.get("tailLines"), q.get("sinceSeconds"), q.get("timestamps")) for q in asked][
+        -2:
+    ] == [
         ("5", "90", "true"),
         ("5", "90", "true"),
     ]
@@ -523,7 +572,9 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
     server = etcd_adapter.start(tmp_path / "etcd", log_file=tmp_path / "etcd.log")
 
     def forward(method, rest, query, body):
-        url = f"http://{server.endpoint}{rest}" + ("?" + urllib.parse.urlencode(query) if query else "")
+        url = f"http://{server.endpoint}{rest}" + (
+            "?" + urllib.parse.urlencode(query) if query else ""
+        )
         try:
             with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=5) as r:
                 return r.status, r.read()
@@ -554,8 +605,13 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
 
         set_condition(k, job, "Succeeded")
         r = cli("cleanup", "--dry-run", **settings)
-        assert "would remove PyTorchJob/fsdp" in said(r) and "would remove Pod/fsdp-worker-0" in said(r)
-        assert "etcd key /torch/elastic/rendezvous/" in said(r) and len(peer.objects("pytorchjobs")) == 1
+        assert "would remove PyTorchJob/fsdp" in said(
+            r
+        ) and "would remove Pod/fsdp-worker-0" in said(r)
+        assert (
+            "etcd key /torch/elastic/rendezvous/" in said(r)
+            and len(peer.objects("pytorchjobs")) == 1
+        )
 
         r = cli("cleanup", "--yes", **settings)
         assert r.exit_code == 0 and "checkpoints kept" in said(r), r.output
@@ -586,17 +642,22 @@ def test_trainjob_deploy_run_and_status(peer):
     assert r.exit_code == 0 and "Kubeflow Trainer (CRDs and runtimes) v2.3.0" in said(r), r.output
     assert "kubeflow-trainer-controller-manager in kubeflow-system is not installed" in said(r)
     assert "overlays/manager?ref=v2.3.0" in said(r)
-    assert "torch-distributed" in {o["metadata"]["name"] for o in peer.objects("clustertrainingruntimes")}
+    assert "torch-distributed" in {
+        o["metadata"]["name"] for o in peer.objects("clustertrainingruntimes")
+    }
     add_claim(peer, "fsdp", "fsx-claim")
     assert cli("job", "run", "-d", JOB_KIND="trainjob").exit_code == 0
     [job] = peer.objects("trainjobs")
     assert (
-        job["spec"]["runtimeRef"]["name"] == "torch-distributed" and job["spec"]["trainer"]["numNodes"] == 2
+        job["spec"]["runtimeRef"]["name"] == "torch-distributed"
+        and job["spec"]["trainer"]["numNodes"] == 2
     )
     k = kube(peer)
     set_condition(k, job, "Complete")
     r = cli("job", "status", "-o", "json", JOB_KIND="trainjob")
-    assert json.loads(r.stdout)["phase"] == "Succeeded" and json.loads(r.stdout)["kind"] == "TrainJob"
+    assert (
+        json.loads(r.stdout)["phase"] == "Succeeded" and json.loads(r.stdout)["kind"] == "TrainJob"
+    )
     assert cli("job", "wait", JOB_KIND="trainjob").exit_code == 0
 
 
@@ -611,7 +672,11 @@ def test_clear_errors_for_no_cluster_and_forbidden(peer, tmp_path, monkeypatch):
     install_operator(peer)
     peer.api.forbidden.add("pytorchjobs")
     r = cli("job", "list")
-    assert r.exit_code == 1 and "forbidden" in said(r) and "kubectl auth can-i --list -n fsdp" in said(r)
+    assert (
+        r.exit_code == 1
+        and "forbidden" in said(r)
+        and "kubectl auth can-i --list -n fsdp" in said(r)
+    )
 
 
 def test_a_missing_namespace_names_the_setting():
@@ -631,7 +696,9 @@ def test_a_missing_namespace_names_the_setting():
 def test_monitor_top_reads_prometheus_through_the_api(peer):
     r = cli("monitor", "top")
     assert (
-        r.exit_code == 1 and "no metrics source answers" in said(r) and "fsdpctl deploy monitoring" in said(r)
+        r.exit_code == 1
+        and "no metrics source answers" in said(r)
+        and "fsdpctl deploy monitoring" in said(r)
     )
 
     def prometheus(method, rest, query, body):
@@ -639,7 +706,12 @@ def test_monitor_top_reads_prometheus_through_the_api(peer):
         rows = (
             []
             if "pod" in q and "Hostname" not in q
-            else [{"metric": {"Hostname": "ip-10-0-0-1"}, "value": [0, "97" if "UTIL" in q else "650"]}]
+            else [
+                {
+                    "metric": {"Hostname": "ip-10-0-0-1"},
+                    "value": [0, "97" if "UTIL" in q else "650"],
+                }
+            ]
         )
         if "by (namespace, pod)" in q:
             rows = [{"metric": {"namespace": "fsdp", "pod": "fsdp-worker-0"}, "value": [0, "93.5"]}]
@@ -660,12 +732,15 @@ def test_monitor_top_reads_prometheus_through_the_api(peer):
     reason="FSDPCTL_TEST_KUBECONFIG not set: no real cluster (kind/k3s/EKS) to run against",
 )
 def test_real_cluster(monkeypatch, tmp_path):
-    """The same commands against a real API server; only server-side dry runs and reads, nothing is left."""
+    """The same commands against a real API server; only server-side dry runs and reads, nothing is
+    left."""
     isolate(monkeypatch, tmp_path)
     monkeypatch.setenv("KUBECONFIG", os.environ["FSDPCTL_TEST_KUBECONFIG"])
     monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
     monkeypatch.setenv("FSDPCTL_MANIFESTS", str(VENDOR))
-    monkeypatch.setenv("FSDPCTL_IMAGE_REGISTRY", REGISTRY)  # a job's image must name one (EksBackend.run)
+    monkeypatch.setenv(
+        "FSDPCTL_IMAGE_REGISTRY", REGISTRY
+    )  # a job's image must name one (EksBackend.run)
     assert cli("deploy", "etcd", "--dry-run=server").exit_code == 0
     assert cli("deploy", "monitoring", "--dry-run=server").exit_code == 0
     assert cli("deploy", "status").exit_code == 0

@@ -1,7 +1,8 @@
-"""fsdpctl resolves every kind through the API's discovery (adapters/kube.py): plural, scope and subresources
-come from the server, aggregated discovery where it is served and the plain documents where not, read once
-per connection; a CRD fsdpctl applies resolves from its own spec until the server lists it. Against the peer
-serving kube-apiserver's own discovery documents (kube_peer.py)."""
+"""fsdpctl resolves every kind through the API's discovery (adapters/kube.py): plural, scope and
+subresources come from the server, aggregated discovery where it is served and the plain documents
+where not, read once per connection; a CRD fsdpctl applies resolves from its own spec until the
+server lists it. Against the peer serving kube-apiserver's own discovery documents (kube_peer.py).
+"""
 
 from __future__ import annotations
 
@@ -63,7 +64,10 @@ def test_every_kind_the_server_serves_resolves_to_its_plural_and_scope(peer):
         assert k.path(gv, r["kind"], "team", "x") == f"{base}{where}/x"
     scopes = {r["kind"]: r["namespaced"] for _, r in vendored()}
     assert not any(scopes[kind] for kind in CLUSTER_SCOPED)
-    assert "log" in k.resource("v1", "Pod").subresources and k.resource("apps/v1", "Deployment").namespaced
+    assert (
+        "log" in k.resource("v1", "Pod").subresources
+        and k.resource("apps/v1", "Deployment").namespaced
+    )
     with pytest.raises(ValueError, match="namespaced"):
         k.path("v1", "ConfigMap", None, "x")  # a namespaced object needs its namespace
 
@@ -97,11 +101,17 @@ def test_discovery_is_read_once_per_connection(peer):
 
 def test_a_crd_applied_resolves_from_its_own_spec(peer):
     k = kube(peer)
-    k.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")  # discovery read before the CRD exists
+    k.resource(
+        "apiextensions.k8s.io/v1", "CustomResourceDefinition"
+    )  # discovery read before the CRD exists
     before = len(peer.requests())
     k.apply(documents(PYTORCHJOB_CRD)[0])
     res = k.resource("kubeflow.org/v1", "PyTorchJob")
-    assert (res.plural, res.namespaced, res.subresources) == ("pytorchjobs", True, ("status", "scale"))
+    assert (res.plural, res.namespaced, res.subresources) == (
+        "pytorchjobs",
+        True,
+        ("status", "scale"),
+    )
     assert discovery_reads(peer, before) == []  # from the CRD, not by reading discovery again
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}})
     job = {
@@ -124,17 +134,25 @@ def test_a_crd_someone_else_installs_is_found_by_reading_discovery_again(peer):
     before = len(peer.requests())
     assert not k.resource("kubeflow.org/v1", "PyTorchJob").namespaced
     assert discovery_reads(peer, before)[:1] == ["/apis"]
-    assert k.path("kubeflow.org/v1", "PyTorchJob", "team", "j") == "/apis/kubeflow.org/v1/pytorchjobs/j"
+    assert (
+        k.path("kubeflow.org/v1", "PyTorchJob", "team", "j")
+        == "/apis/kubeflow.org/v1/pytorchjobs/j"
+    )
 
 
 def test_a_kind_the_server_does_not_serve_is_the_apis_404(peer):
     k = kube(peer)
     with pytest.raises(KubeError) as e:
         k.list("kubeflow.org/v1", "PyTorchJob", "fsdp")
-    assert e.value.status == 404 and "the server could not find the requested resource" in e.value.message
+    assert (
+        e.value.status == 404
+        and "the server could not find the requested resource" in e.value.message
+    )
     assert k.get("kubeflow.org/v1", "PyTorchJob", "j", "fsdp") is None
     assert k.delete("kubeflow.org/v1", "PyTorchJob", "j", "fsdp") is False
-    assert discovery_reads(peer).count("/apis") == 2  # read once more for a kind it lacks, not on every call
+    assert (
+        discovery_reads(peer).count("/apis") == 2
+    )  # read once more for a kind it lacks, not on every call
 
 
 def test_writes_ask_for_strict_field_validation(peer):
@@ -151,7 +169,10 @@ def test_writes_ask_for_strict_field_validation(peer):
     assert created.value.status == 400 and 'unknown field "dataa"' in created.value.message
     with pytest.raises(KubeError) as applied:
         k.apply(cm)
-    assert applied.value.status == 500 and ".dataa: field not declared in schema" in applied.value.message
+    assert (
+        applied.value.status == 500
+        and ".dataa: field not declared in schema" in applied.value.message
+    )
     assert all(
         q.params.get("fieldValidation") == "Strict"
         for q in peer.requests()
@@ -160,8 +181,9 @@ def test_writes_ask_for_strict_field_validation(peer):
 
 
 def test_a_dry_run_cannot_check_what_its_own_namespace_or_crd_would_hold(peer):
-    """kubernetes/kubernetes#83562: a server dry run creates nothing, so what lives in a namespace or is of a
-    CRD the same dry run 'created' is refused by the server; fsdpctl lists it as unchecked instead."""
+    """kubernetes/kubernetes#83562: a server dry run creates nothing, so what lives in a namespace
+    or is of a CRD the same dry run 'created' is refused by the server; fsdpctl lists it as
+    unchecked instead."""
     k = kube(peer)
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "new"}}, dry_run=True)
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "new"}}

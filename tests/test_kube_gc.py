@@ -1,7 +1,8 @@
-"""`job stop` relies on Foreground propagation: the job stays, marked for deletion, until the garbage
-collector has deleted the pods it owns and the kubelet has ended them (SIGTERM, the trainer checkpoints); only
-then does the job go, and `stop` waits for that. Against the peer's garbage collector (kube_peer.py), with
-the test playing the Training Operator (pods owned by the job) and the kubelet (ending terminating pods)."""
+"""`job stop` relies on Foreground propagation: the job stays, marked for deletion, until the
+garbage collector has deleted the pods it owns and the kubelet has ended them (SIGTERM, the trainer
+checkpoints); only then does the job go, and `stop` waits for that. Against the peer's garbage
+collector (kube_peer.py), with the test playing the Training Operator (pods owned by the job) and
+the kubelet (ending terminating pods)."""
 
 from __future__ import annotations
 
@@ -27,19 +28,37 @@ def test_stop_waits_until_the_jobs_pods_are_gone(tmp_path):
         for obj in infra:
             k.apply(obj)
         job = k.create(job)
-        owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"]}
-        ref = {**owner, "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+        owner = {
+            "apiVersion": job["apiVersion"],
+            "kind": job["kind"],
+            "name": job["metadata"]["name"],
+        }
+        ref = {
+            **owner,
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         for i in range(2):  # as the operator makes them: owned by the job, bound to a node
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": f"fsdp-worker-{i}", "namespace": "fsdp", "ownerReferences": [ref]},
-                "spec": {"nodeName": f"node-{i}", "containers": [{"name": "pytorch", "image": "x"}]},
+                "metadata": {
+                    "name": f"fsdp-worker-{i}",
+                    "namespace": "fsdp",
+                    "ownerReferences": [ref],
+                },
+                "spec": {
+                    "nodeName": f"node-{i}",
+                    "containers": [{"name": "pytorch", "image": "x"}],
+                },
             }
             k.create(pod)
 
         stopped: list[bool] = []
-        stopper = threading.Thread(target=lambda: stopped.append(kjobs.stop(k, cfg, "fsdp", timeout=30)))
+        stopper = threading.Thread(
+            target=lambda: stopped.append(kjobs.stop(k, cfg, "fsdp", timeout=30))
+        )
         stopper.start()
         wait_for(lambda: all(p["metadata"].get("deletionTimestamp") for p in peer.objects("pods")))
         marked = k.get("kubeflow.org/v1", "PyTorchJob", "fsdp", "fsdp")
@@ -52,6 +71,8 @@ def test_stop_waits_until_the_jobs_pods_are_gone(tmp_path):
                 query={"gracePeriodSeconds": "0"},
             )
         stopper.join(30)
-        assert stopped == [True] and peer.objects("pytorchjobs") == [] and peer.objects("pods") == []
+        assert (
+            stopped == [True] and peer.objects("pytorchjobs") == [] and peer.objects("pods") == []
+        )
     finally:
         peer.close()

@@ -1,6 +1,7 @@
-"""The Kubernetes test peer (kube_peer.py) answers as kube-apiserver does where fsdpctl depends on it: one
-test per behaviour its docstring names, spoken to over plain HTTP (urllib), so that what is checked is the
-server and not the client. Each test names the upstream source or API documentation it holds the peer to."""
+"""The Kubernetes test peer (kube_peer.py) answers as kube-apiserver does where fsdpctl depends on
+it: one test per behaviour its docstring names, spoken to over plain HTTP (urllib), so that what is
+checked is the server and not the client. Each test names the upstream source or API documentation
+it holds the peer to."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ class Answer:
         return self.body.get("message", "") if isinstance(self.body, dict) else ""
 
 
-def http(peer, method: str, path: str, body: Any = None, ctype: str = "application/json", **params) -> Answer:
+def http(
+    peer, method: str, path: str, body: Any = None, ctype: str = "application/json", **params
+) -> Answer:
     accept = params.pop("accept", "application/json")
     url = peer.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
     data = None if body is None else json.dumps(body).encode()
@@ -89,13 +92,20 @@ def pod(peer, name: str, ns: str = "team", labels: dict | None = None, **more) -
 
 
 def configmap(name: str, **meta) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, **meta}, "data": {"k": "v"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, **meta},
+        "data": {"k": "v"},
+    }
 
 
 def watched(answer: Answer) -> list[tuple[str, str]]:
     """(event type, object name) of a watch's answer, one JSON event a line."""
     text = answer.body if isinstance(answer.body, str) else json.dumps(answer.body)
-    return [(e["type"], e["object"]["metadata"]["name"]) for e in map(json.loads, text.splitlines())]
+    return [
+        (e["type"], e["object"]["metadata"]["name"]) for e in map(json.loads, text.splitlines())
+    ]
 
 
 def names(answer: Answer) -> list[str]:
@@ -104,7 +114,10 @@ def names(answer: Answer) -> list[str]:
 
 def crd(peer) -> None:
     obj = documents(PYTORCHJOB_CRD)[0]
-    assert http(peer, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", obj).code == 201
+    assert (
+        http(peer, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", obj).code
+        == 201
+    )
 
 
 # --- discovery: kubernetes/kubernetes api/discovery, KEP-3352 ---------------------------------------------
@@ -119,9 +132,16 @@ def test_discovery_serves_kube_apiservers_own_documents(peer):
     assert http(peer, "GET", "/api").body == json.loads((DISCOVERY / "api.json").read_text())
     groups = http(peer, "GET", "/apis").body["groups"]
     assert {"apps", "storage.k8s.io", "apiextensions.k8s.io"} <= {g["name"] for g in groups}
-    for g in groups:  # every version listed answers (those without a vendored document are left out)
-        assert all(http(peer, "GET", f"/apis/{v['groupVersion']}").code == 200 for v in g["versions"]), g
-        assert http(peer, "GET", f"/apis/{g['name']}").body["preferredVersion"] == g["preferredVersion"]
+    for (
+        g
+    ) in groups:  # every version listed answers (those without a vendored document are left out)
+        assert all(
+            http(peer, "GET", f"/apis/{v['groupVersion']}").code == 200 for v in g["versions"]
+        ), g
+        assert (
+            http(peer, "GET", f"/apis/{g['name']}").body["preferredVersion"]
+            == g["preferredVersion"]
+        )
     assert http(peer, "GET", "/apis/resource.k8s.io/v1alpha3").code == 404
     assert http(peer, "GET", "/apis/kubeflow.org/v1").code == 404
 
@@ -140,17 +160,21 @@ def test_aggregated_discovery_says_what_the_plain_documents_say(peer):
             gv = f"{group['metadata']['name']}/{version['version']}".lstrip("/")
             plain = {
                 r["name"]: r
-                for r in http(peer, "GET", f"/api/{gv}" if "/" not in gv else f"/apis/{gv}").body["resources"]
+                for r in http(peer, "GET", f"/api/{gv}" if "/" not in gv else f"/apis/{gv}").body[
+                    "resources"
+                ]
             }
             for r in version["resources"]:
-                assert r["scope"] == ("Namespaced" if plain[r["resource"]]["namespaced"] else "Cluster"), (
+                assert r["scope"] == (
+                    "Namespaced" if plain[r["resource"]]["namespaced"] else "Cluster"
+                ), (
                     gv,
                     r,
                 )
                 assert r["responseKind"]["kind"] == plain[r["resource"]]["kind"]
-                assert {f"{r['resource']}/{s['subresource']}" for s in r.get("subresources", [])} == {
-                    n for n in plain if n.startswith(r["resource"] + "/")
-                }
+                assert {
+                    f"{r['resource']}/{s['subresource']}" for s in r.get("subresources", [])
+                } == {n for n in plain if n.startswith(r["resource"] + "/")}
     pods = next(r for r in core[0]["versions"][0]["resources"] if r["resource"] == "pods")
     assert {"log", "status", "exec"} <= {s["subresource"] for s in pods["subresources"]}
     beta = http(
@@ -160,14 +184,17 @@ def test_aggregated_discovery_says_what_the_plain_documents_say(peer):
         accept="application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
     )
     assert beta.body["apiVersion"] == "apidiscovery.k8s.io/v2beta1"
-    assert http(peer, "GET", "/apis").body["kind"] == "APIGroupList"  # not asked for: the plain document
+    assert (
+        http(peer, "GET", "/apis").body["kind"] == "APIGroupList"
+    )  # not asked for: the plain document
     peer.api.aggregated = False  # a server before 1.26
     assert http(peer, "GET", "/apis", accept=AGGREGATED).body["kind"] == "APIGroupList"
 
 
 def test_a_crd_is_discovered_from_its_spec_and_its_deletion_takes_its_objects(peer):
-    """apiextensions-apiserver: an established CRD's versions are served and discovered (with its status
-    subresource); deleting the CRD deletes its objects (finalizer customresourcecleanup) and the API."""
+    """apiextensions-apiserver: an established CRD's versions are served and discovered (with its
+    status subresource); deleting the CRD deletes its objects (finalizer customresourcecleanup) and
+    the API."""
     crd(peer)
     listed = http(peer, "GET", "/apis/kubeflow.org/v1").body["resources"]
     assert {(r["name"], r["namespaced"]) for r in listed} >= {
@@ -178,7 +205,9 @@ def test_a_crd_is_discovered_from_its_spec_and_its_deletion_takes_its_objects(pe
     kubeflow = next(g for g in agg if g["metadata"]["name"] == "kubeflow.org")
     assert kubeflow["versions"][0]["resources"][0]["scope"] == "Namespaced"
     stored = http(
-        peer, "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pytorchjobs.kubeflow.org"
+        peer,
+        "GET",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pytorchjobs.kubeflow.org",
     ).body
     assert {c["type"] for c in stored["status"]["conditions"]} >= {"Established", "NamesAccepted"}
     namespace(peer, "team")
@@ -191,7 +220,9 @@ def test_a_crd_is_discovered_from_its_spec_and_its_deletion_takes_its_objects(pe
     assert http(peer, "POST", "/apis/kubeflow.org/v1/namespaces/team/pytorchjobs", job).code == 201
     assert (
         http(
-            peer, "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pytorchjobs.kubeflow.org"
+            peer,
+            "DELETE",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pytorchjobs.kubeflow.org",
         ).code
         == 200
     )
@@ -214,7 +245,9 @@ def test_a_namespaced_kind_has_no_named_cluster_path_but_lists_across_namespaces
     assert answer.code == 405 and answer.body["reason"] == "MethodNotAllowed"
     assert names(http(peer, "GET", "/api/v1/pods")) == ["p-other", "p-team"]
     assert names(http(peer, "GET", "/api/v1/namespaces/team/pods")) == ["p-team"]
-    assert http(peer, "GET", "/api/v1/namespaces/team/nodes").code == 404  # and the reverse: a cluster kind
+    assert (
+        http(peer, "GET", "/api/v1/namespaces/team/nodes").code == 404
+    )  # and the reverse: a cluster kind
     assert http(peer, "GET", "/api/v1/namespaces/team/widgets").code == 404  # no such resource
     body = http(peer, "GET", "/api/v1/namespaces/team/pods/nope").body
     assert body["message"] == 'pods "nope" not found' and body["details"] == {
@@ -251,9 +284,10 @@ def test_label_selectors_equality_and_set_based_are_evaluated_by_the_server(peer
         "": ["a", "b", "c", "d"],
     }
     for selector, expected in cases.items():
-        assert names(http(peer, "GET", "/api/v1/namespaces/team/pods", labelSelector=selector)) == expected, (
-            selector
-        )
+        assert (
+            names(http(peer, "GET", "/api/v1/namespaces/team/pods", labelSelector=selector))
+            == expected
+        ), selector
     for bad in ("app in (web", "app=we b", "rank>x", "=web"):
         answer = http(peer, "GET", "/api/v1/namespaces/team/pods", labelSelector=bad)
         assert answer.code == 400 and "unable to parse requirement" in answer.message, bad
@@ -263,10 +297,14 @@ def test_field_selectors_only_on_the_fields_a_kind_declares(peer):
     namespace(peer, "team")
     pod(peer, "a")
     pod(peer, "b", spec={"nodeName": "node-1"})
-    assert names(http(peer, "GET", "/api/v1/namespaces/team/pods", fieldSelector="metadata.name=a")) == ["a"]
+    assert names(
+        http(peer, "GET", "/api/v1/namespaces/team/pods", fieldSelector="metadata.name=a")
+    ) == ["a"]
     assert names(http(peer, "GET", "/api/v1/pods", fieldSelector="spec.nodeName=node-1")) == ["b"]
     assert names(
-        http(peer, "GET", "/api/v1/pods", fieldSelector="spec.nodeName!=node-1,status.phase=Pending")
+        http(
+            peer, "GET", "/api/v1/pods", fieldSelector="spec.nodeName!=node-1,status.phase=Pending"
+        )
     ) == ["a"]
     answer = http(peer, "GET", "/api/v1/pods", fieldSelector="spec.restartPolicyX=Never")
     assert answer.code == 400 and answer.message == "field label not supported: spec.restartPolicyX"
@@ -282,21 +320,38 @@ def test_field_selectors_only_on_the_fields_a_kind_declares(peer):
         http(peer, "GET", "/api/v1/namespaces/team/events", fieldSelector="involvedObject.name=a")
     ) == ["e1"]
     assert (
-        names(http(peer, "GET", "/api/v1/namespaces/team/events", fieldSelector="involvedObject.name=b"))
+        names(
+            http(
+                peer, "GET", "/api/v1/namespaces/team/events", fieldSelector="involvedObject.name=b"
+            )
+        )
         == []
     )
 
 
 def test_a_watch_applies_its_selector_to_every_change(peer):
-    """cache_watcher.go: an object entering the selector is ADDED, one leaving it DELETED; a watch from a
-    resourceVersion replays what followed it; without one it starts with the current objects as ADDED."""
+    """cache_watcher.go: an object entering the selector is ADDED, one leaving it DELETED; a watch
+    from a resourceVersion replays what followed it; without one it starts with the current objects
+    as ADDED."""
     namespace(peer, "team")
     pod(peer, "before", labels={"app": "web"})
     start = http(peer, "GET", "/api/v1/namespaces/team/pods").body["metadata"]["resourceVersion"]
     pod(peer, "a", labels={"app": "web"})
     pod(peer, "other", labels={"app": "db"})
-    http(peer, "PATCH", "/api/v1/namespaces/team/pods/other", {"metadata": {"labels": {"app": "web"}}}, MERGE)
-    http(peer, "PATCH", "/api/v1/namespaces/team/pods/a", {"metadata": {"labels": {"app": "db"}}}, MERGE)
+    http(
+        peer,
+        "PATCH",
+        "/api/v1/namespaces/team/pods/other",
+        {"metadata": {"labels": {"app": "web"}}},
+        MERGE,
+    )
+    http(
+        peer,
+        "PATCH",
+        "/api/v1/namespaces/team/pods/a",
+        {"metadata": {"labels": {"app": "db"}}},
+        MERGE,
+    )
     http(peer, "DELETE", "/api/v1/namespaces/team/pods/other")
 
     def watch(**params) -> list[tuple[str, str]]:
@@ -320,7 +375,12 @@ def test_a_watch_applies_its_selector_to_every_change(peer):
     assert watch() == [("ADDED", "before")]
     assert (
         http(
-            peer, "GET", "/api/v1/namespaces/team/pods", watch="true", resourceVersion="0", timeoutSeconds="1"
+            peer,
+            "GET",
+            "/api/v1/namespaces/team/pods",
+            watch="true",
+            resourceVersion="0",
+            timeoutSeconds="1",
         ).code
         == 200
     )
@@ -363,7 +423,10 @@ def test_every_write_gets_a_new_resource_version_and_a_stale_one_conflicts(peer)
     patched = http(peer, "PATCH", f"{base}/c", {"data": {"k": "w"}}, MERGE).body
     assert int(patched["metadata"]["resourceVersion"]) > int(meta["resourceVersion"])
     assert patched["metadata"]["uid"] == meta["uid"]
-    stale = {**configmap("c"), "metadata": {"name": "c", "resourceVersion": meta["resourceVersion"]}}
+    stale = {
+        **configmap("c"),
+        "metadata": {"name": "c", "resourceVersion": meta["resourceVersion"]},
+    }
     answer = http(peer, "PUT", f"{base}/c", stale)
     assert answer.code == 409 and answer.body["reason"] == "Conflict"
     assert answer.message == (
@@ -371,14 +434,20 @@ def test_every_write_gets_a_new_resource_version_and_a_stale_one_conflicts(peer)
         "changes "
         "to the latest version and try again"
     )
-    fresh = {**stale, "metadata": {"name": "c", "resourceVersion": patched["metadata"]["resourceVersion"]}}
+    fresh = {
+        **stale,
+        "metadata": {"name": "c", "resourceVersion": patched["metadata"]["resourceVersion"]},
+    }
     replaced = http(peer, "PUT", f"{base}/c", fresh)
     assert replaced.code == 200 and int(replaced.body["metadata"]["resourceVersion"]) > int(
         patched["metadata"]["resourceVersion"]
     )
     precondition = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "data": {"k": "x"}}
     assert http(peer, "PATCH", f"{base}/c", precondition, MERGE).code == 409
-    applied = {**configmap("c"), "metadata": {"name": "c", "resourceVersion": meta["resourceVersion"]}}
+    applied = {
+        **configmap("c"),
+        "metadata": {"name": "c", "resourceVersion": meta["resourceVersion"]},
+    }
     assert http(peer, "PATCH", f"{base}/c", applied, APPLY, fieldManager="t").code == 409
     delete = {
         "kind": "DeleteOptions",
@@ -408,13 +477,16 @@ def test_generation_counts_spec_changes_only(peer):
     path = "/apis/apps/v1/namespaces/team/deployments"
     assert http(peer, "POST", path, dep).body["metadata"]["generation"] == 1
     assert (
-        http(peer, "PATCH", f"{path}/d", {"metadata": {"labels": {"x": "y"}}}, MERGE).body["metadata"][
-            "generation"
-        ]
+        http(peer, "PATCH", f"{path}/d", {"metadata": {"labels": {"x": "y"}}}, MERGE).body[
+            "metadata"
+        ]["generation"]
         == 1
     )
     assert (
-        http(peer, "PATCH", f"{path}/d", {"spec": {"replicas": 3}}, MERGE).body["metadata"]["generation"] == 2
+        http(peer, "PATCH", f"{path}/d", {"spec": {"replicas": 3}}, MERGE).body["metadata"][
+            "generation"
+        ]
+        == 2
     )
 
 
@@ -425,7 +497,9 @@ def test_unknown_fields_are_dropped_with_a_warning_or_refused_when_strict(peer):
     namespace(peer, "team")
     base = "/api/v1/namespaces/team/configmaps"
     warned = http(peer, "POST", base, {**configmap("w"), "dataa": {"x": "y"}})
-    assert warned.code == 201 and warned.headers.get_all("Warning") == ['299 - "unknown field \\"dataa\\""']
+    assert warned.code == 201 and warned.headers.get_all("Warning") == [
+        '299 - "unknown field \\"dataa\\""'
+    ]
     assert "dataa" not in warned.body and "dataa" not in http(peer, "GET", f"{base}/w").body
     strict = http(
         peer,
@@ -457,7 +531,9 @@ def test_unknown_fields_are_dropped_with_a_warning_or_refused_when_strict(peer):
 def test_server_side_apply_refuses_a_field_the_schema_lacks(peer):
     namespace(peer, "team")
     applied = {**configmap("a"), "metadata": {"name": "a", "namespace": "team"}, "spec": {"foo": 1}}
-    answer = http(peer, "PATCH", "/api/v1/namespaces/team/configmaps/a", applied, APPLY, fieldManager="t")
+    answer = http(
+        peer, "PATCH", "/api/v1/namespaces/team/configmaps/a", applied, APPLY, fieldManager="t"
+    )
     assert answer.code == 500
     assert (
         answer.message
@@ -465,10 +541,18 @@ def test_server_side_apply_refuses_a_field_the_schema_lacks(peer):
         "schema"
     )
     assert http(peer, "GET", "/api/v1/namespaces/team/configmaps/a").code == 404
-    ok = http(peer, "PATCH", "/api/v1/namespaces/team/configmaps/a", configmap("a"), APPLY, fieldManager="t")
+    ok = http(
+        peer,
+        "PATCH",
+        "/api/v1/namespaces/team/configmaps/a",
+        configmap("a"),
+        APPLY,
+        fieldManager="t",
+    )
     assert ok.code == 201
     assert (
-        http(peer, "PATCH", "/api/v1/namespaces/team/configmaps/a", configmap("a"), APPLY).code == 400
+        http(peer, "PATCH", "/api/v1/namespaces/team/configmaps/a", configmap("a"), APPLY).code
+        == 400
     )  # no manager
 
 
@@ -477,7 +561,9 @@ def test_server_side_apply_removes_what_its_manager_no_longer_applies(peer):
     path = "/api/v1/namespaces/team/configmaps/a"
     first = {**configmap("a", labels={"keep": "1", "drop": "1"}), "data": {"k": "v", "old": "x"}}
     http(peer, "PATCH", path, first, APPLY, fieldManager="fsdpctl")
-    http(peer, "PATCH", path, {"metadata": {"labels": {"other": "1"}}}, MERGE)  # another writer's field
+    http(
+        peer, "PATCH", path, {"metadata": {"labels": {"other": "1"}}}, MERGE
+    )  # another writer's field
     second = {**configmap("a", labels={"keep": "1"}), "data": {"k": "v2"}}
     now = http(peer, "PATCH", path, second, APPLY, fieldManager="fsdpctl").body
     assert now["data"] == {"k": "v2"} and now["metadata"]["labels"] == {"keep": "1", "other": "1"}
@@ -506,19 +592,32 @@ def widget_crd() -> dict:
         "spec": {
             "group": "example.com",
             "scope": "Cluster",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "names": {
+                "plural": "widgets",
+                "singular": "widget",
+                "kind": "Widget",
+                "listKind": "WidgetList",
+            },
             "versions": [
-                {"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
             ],
         },
     }
 
 
 def test_custom_resources_are_pruned_to_their_structural_schema_and_checked(peer):
-    """apiextensions-apiserver pkg/apiserver/schema/pruning: fields the schema lacks are dropped (kept under
-    x-kubernetes-preserve-unknown-fields); value errors are 422 Invalid in NewInvalid's words."""
+    """apiextensions-apiserver pkg/apiserver/schema/pruning: fields the schema lacks are dropped
+    (kept under x-kubernetes-preserve-unknown-fields); value errors are 422 Invalid in NewInvalid's
+    words."""
     assert (
-        http(peer, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", widget_crd()).code
+        http(
+            peer, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", widget_crd()
+        ).code
         == 201
     )
     base = "/apis/example.com/v1/widgets"
@@ -542,7 +641,10 @@ def test_custom_resources_are_pruned_to_their_structural_schema_and_checked(peer
     )
     assert strict.code == 400 and 'unknown field "spec.colour"' in strict.message
     answer = http(
-        peer, "POST", base, {**w, "metadata": {"name": "x"}, "spec": {"size": "two", "mode": "slow"}}
+        peer,
+        "POST",
+        base,
+        {**w, "metadata": {"name": "x"}, "spec": {"size": "two", "mode": "slow"}},
     )
     assert answer.code == 422 and answer.body["reason"] == "Invalid"
     assert answer.message == (
@@ -553,7 +655,9 @@ def test_custom_resources_are_pruned_to_their_structural_schema_and_checked(peer
     assert http(peer, "POST", base, {**w, "metadata": {"name": "y"}, "spec": {}}).message == (
         'Widget.example.com "y" is invalid: spec.size: Required value'
     )
-    assert http(peer, "POST", base, {**w, "metadata": {"name": "z"}, "spec": {"size": 0}}).code == 422
+    assert (
+        http(peer, "POST", base, {**w, "metadata": {"name": "z"}, "spec": {"size": 0}}).code == 422
+    )
     applied = http(
         peer,
         "PATCH",
@@ -563,7 +667,9 @@ def test_custom_resources_are_pruned_to_their_structural_schema_and_checked(peer
         fieldManager="t",
     )
     assert applied.code == 500 and ".spec.colour: field not declared in schema" in applied.message
-    smp = http(peer, "PATCH", f"{base}/w", {"spec": {"size": 3}}, "application/strategic-merge-patch+json")
+    smp = http(
+        peer, "PATCH", f"{base}/w", {"spec": {"size": 3}}, "application/strategic-merge-patch+json"
+    )
     assert smp.code == 415  # custom resources take no strategic merge patch
 
 
@@ -584,7 +690,13 @@ def test_namespace_lifecycle_admission(peer):
     refused = http(peer, "POST", "/api/v1/namespaces/team/configmaps", configmap("late"))
     assert refused.code == 403 and "because it is being terminated" in refused.message
     assert http(peer, "DELETE", "/api/v1/namespaces/team").code == 409
-    http(peer, "PATCH", "/api/v1/namespaces/team/configmaps/held", {"metadata": {"finalizers": None}}, MERGE)
+    http(
+        peer,
+        "PATCH",
+        "/api/v1/namespaces/team/configmaps/held",
+        {"metadata": {"finalizers": None}},
+        MERGE,
+    )
     wait_for(lambda: http(peer, "GET", "/api/v1/namespaces/team").code == 404)
     assert "team" not in peer.api.namespaces
     assert http(peer, "DELETE", "/api/v1/namespaces/default").code == 403
@@ -596,14 +708,24 @@ def test_namespace_lifecycle_admission(peer):
 def test_the_status_subresource_owns_the_status(peer):
     namespace(peer, "team")
     created = pod(peer, "p", status={"phase": "Running"}).body
-    assert created["status"] == {"phase": "Pending"}  # what a client sends as status on create is dropped
+    assert created["status"] == {
+        "phase": "Pending"
+    }  # what a client sends as status on create is dropped
     path = "/api/v1/namespaces/team/pods/p"
     main = http(
-        peer, "PATCH", path, {"status": {"phase": "Running"}, "metadata": {"labels": {"x": "1"}}}, MERGE
+        peer,
+        "PATCH",
+        path,
+        {"status": {"phase": "Running"}, "metadata": {"labels": {"x": "1"}}},
+        MERGE,
     ).body
     assert main["status"]["phase"] == "Pending" and main["metadata"]["labels"] == {"x": "1"}
     status = http(
-        peer, "PATCH", f"{path}/status", {"status": {"phase": "Running"}, "spec": {"nodeName": "n"}}, MERGE
+        peer,
+        "PATCH",
+        f"{path}/status",
+        {"status": {"phase": "Running"}, "spec": {"nodeName": "n"}},
+        MERGE,
     ).body
     assert status["status"]["phase"] == "Running" and "nodeName" not in status["spec"]
     assert http(peer, "GET", f"{path}/status").body["status"]["phase"] == "Running"
@@ -621,27 +743,42 @@ def owned_by(owner: dict, block: bool = True) -> dict:
 
 
 def family(peer) -> tuple[dict, str]:
-    """An owner ConfigMap with three dependent pods, one held by a finalizer (as a pod still terminating)."""
+    """An owner ConfigMap with three dependent pods, one held by a finalizer (as a pod still
+    terminating)."""
     namespace(peer, "team")
     owner = http(peer, "POST", "/api/v1/namespaces/team/configmaps", configmap("owner")).body
     for name in ("w0", "w1"):
         assert pod(peer, name, metadata=owned_by(owner)).code == 201
-    assert pod(peer, "held", metadata={**owned_by(owner), "finalizers": ["example.com/hold"]}).code == 201
+    assert (
+        pod(peer, "held", metadata={**owned_by(owner), "finalizers": ["example.com/hold"]}).code
+        == 201
+    )
     return owner, "/api/v1/namespaces/team/configmaps/owner"
 
 
 def test_foreground_deletion_waits_for_the_blocking_dependents(peer):
     owner, path = family(peer)
     answer = http(
-        peer, "DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}
+        peer,
+        "DELETE",
+        path,
+        {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"},
     )
     assert answer.code == 200 and answer.body["metadata"]["finalizers"] == ["foregroundDeletion"]
     assert answer.body["metadata"]["deletionTimestamp"]
     wait_for(lambda: sorted(p["metadata"]["name"] for p in peer.objects("pods")) == ["held"])
     held = http(peer, "GET", "/api/v1/namespaces/team/pods/held").body
     assert held["metadata"]["deletionTimestamp"]  # being deleted, waiting for its own finalizer
-    assert http(peer, "GET", path).code == 200  # the owner stays while a blocking dependent is there
-    http(peer, "PATCH", "/api/v1/namespaces/team/pods/held", {"metadata": {"finalizers": None}}, MERGE)
+    assert (
+        http(peer, "GET", path).code == 200
+    )  # the owner stays while a blocking dependent is there
+    http(
+        peer,
+        "PATCH",
+        "/api/v1/namespaces/team/pods/held",
+        {"metadata": {"finalizers": None}},
+        MERGE,
+    )
     wait_for(lambda: http(peer, "GET", path).code == 404)
     assert peer.objects("pods") == []
 
@@ -656,7 +793,9 @@ def test_background_deletion_removes_the_owner_at_once_and_then_its_dependents(p
     )
     assert http(peer, "GET", path).code == 404
     wait_for(lambda: [p["metadata"]["name"] for p in peer.objects("pods")] == ["held"])
-    assert http(peer, "GET", "/api/v1/namespaces/team/pods/held").body["metadata"]["deletionTimestamp"]
+    assert http(peer, "GET", "/api/v1/namespaces/team/pods/held").body["metadata"][
+        "deletionTimestamp"
+    ]
 
 
 def test_orphan_deletion_keeps_the_dependents_and_batch_jobs_orphan_by_default(peer):
@@ -670,7 +809,9 @@ def test_orphan_deletion_keeps_the_dependents_and_batch_jobs_orphan_by_default(p
         "kind": "Job",
         "metadata": {"name": "j"},
         "spec": {
-            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}
+            }
         },
     }
     created = http(peer, "POST", "/apis/batch/v1/namespaces/team/jobs", job).body
@@ -684,25 +825,37 @@ def test_orphan_deletion_keeps_the_dependents_and_batch_jobs_orphan_by_default(p
 def test_foreground_deletion_reaches_grandchildren_and_dangling_owners_are_collected(peer):
     namespace(peer, "team")
     top = http(peer, "POST", "/api/v1/namespaces/team/configmaps", configmap("top")).body
-    mid = http(peer, "POST", "/api/v1/namespaces/team/configmaps", configmap("mid", **owned_by(top))).body
+    mid = http(
+        peer, "POST", "/api/v1/namespaces/team/configmaps", configmap("mid", **owned_by(top))
+    ).body
     pod(peer, "leaf", metadata=owned_by(mid))
     http(peer, "DELETE", "/api/v1/namespaces/team/configmaps/top", propagationPolicy="Foreground")
     wait_for(lambda: peer.objects("configmaps") == [] and peer.objects("pods") == [])
-    ghost = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gone", "uid": "0000-gone"}}
+    ghost = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gone", "uid": "0000-gone"},
+    }
     pod(peer, "orphan", metadata=owned_by(ghost))  # an owner that does not exist (by uid)
     wait_for(lambda: http(peer, "GET", "/api/v1/namespaces/team/pods/orphan").code == 404)
 
 
 def test_a_scheduled_pod_gets_its_grace_period_and_an_unscheduled_one_goes_at_once(peer):
-    """pkg/registry/core/pod/strategy.go: graceful deletion only for a pod bound to a node and not finished;
-    the kubelet ends it and deletes it with gracePeriodSeconds=0."""
+    """pkg/registry/core/pod/strategy.go: graceful deletion only for a pod bound to a node and not
+    finished; the kubelet ends it and deletes it with gracePeriodSeconds=0."""
     namespace(peer, "team")
     pod(peer, "bound", spec={"nodeName": "node-1", "terminationGracePeriodSeconds": 45})
     pod(peer, "pending")
     marked = http(peer, "DELETE", "/api/v1/namespaces/team/pods/bound").body
-    assert marked["metadata"]["deletionGracePeriodSeconds"] == 45 and marked["metadata"]["deletionTimestamp"]
+    assert (
+        marked["metadata"]["deletionGracePeriodSeconds"] == 45
+        and marked["metadata"]["deletionTimestamp"]
+    )
     assert http(peer, "GET", "/api/v1/namespaces/team/pods/bound").code == 200
-    assert http(peer, "DELETE", "/api/v1/namespaces/team/pods/bound", gracePeriodSeconds="0").code == 200
+    assert (
+        http(peer, "DELETE", "/api/v1/namespaces/team/pods/bound", gracePeriodSeconds="0").code
+        == 200
+    )
     assert http(peer, "GET", "/api/v1/namespaces/team/pods/bound").code == 404
     assert http(peer, "DELETE", "/api/v1/namespaces/team/pods/pending").code == 200
     assert http(peer, "GET", "/api/v1/namespaces/team/pods/pending").code == 404
@@ -712,7 +865,8 @@ def test_a_scheduled_pod_gets_its_grace_period_and_an_unscheduled_one_goes_at_on
 
 
 def test_lists_of_built_in_kinds_carry_no_type_on_their_items(peer):
-    """kubernetes/kubernetes#3030: typed list items have no apiVersion/kind; a watch event's object does."""
+    """kubernetes/kubernetes#3030: typed list items have no apiVersion/kind; a watch event's object
+    does."""
     namespace(peer, "team")
     pod(peer, "p")
     item = http(peer, "GET", "/api/v1/namespaces/team/pods").body["items"][0]
@@ -721,10 +875,10 @@ def test_lists_of_built_in_kinds_carry_no_type_on_their_items(peer):
 
 
 def test_pod_logs_options_as_the_kubelet_applies_them(peer):
-    """PodLogOptions as pkg/kubelet/kuberuntime/logs/logs.go applies them to the runtime's file: tailLines
-    first, then since = the later of now - sinceSeconds and sinceTime; timestamps=true puts each line's time
-    (RFC3339NanoFixed) and a space in front. Stored CRI lines keep their own times; plain lines get the time
-    they were stored."""
+    """PodLogOptions as pkg/kubelet/kuberuntime/logs/logs.go applies them to the runtime's file:
+    tailLines first, then since = the later of now - sinceSeconds and sinceTime; timestamps=true
+    puts each line's time (RFC3339NanoFixed) and a space in front. Stored CRI lines keep their own
+    times; plain lines get the time they were stored."""
     namespace(peer, "team")
     pod(peer, "p")
     now = time.time()

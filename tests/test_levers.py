@@ -1,6 +1,7 @@
-"""The trainer's GPU levers (issue 17): COMPILE, FUSED_OPTIMIZER, DETERMINISTIC, ACTIVATION_CHECKPOINTING=
-selective, FLOAT8, FSDP_PREFETCH. Each one that a CPU can run is checked against the default run under real
-torchrun (gloo); FLOAT8, which needs a Hopper/Ada GPU, is checked for its refusal."""
+"""The trainer's GPU levers (issue 17): COMPILE, FUSED_OPTIMIZER, DETERMINISTIC,
+ACTIVATION_CHECKPOINTING= selective, FLOAT8, FSDP_PREFETCH. Each one that a CPU can run is checked
+against the default run under real torchrun (gloo); FLOAT8, which needs a Hopper/Ada GPU, is checked
+for its refusal."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
 
 @pytest.mark.parametrize("device", DEVICE_TYPES)
 def test_deterministic_auto_is_on_for_cpu_tests_and_off_with_cuda(device):
-    """torch's reproducibility notes: deterministic CUDA kernels are slower, so auto leaves them off with
-    CUDA; every other device (the CPU tests compare losses exactly) keeps them on. true/false always win."""
+    """torch's reproducibility notes: deterministic CUDA kernels are slower, so auto leaves them off
+    with CUDA; every other device (the CPU tests compare losses exactly) keeps them on. true/false
+    always win."""
     assert resolve_deterministic("auto", device) is (device != "cuda")
     assert resolve_deterministic("true", device) is True
     assert resolve_deterministic("false", device) is False
@@ -65,9 +67,17 @@ def test_lever_defaults_and_choices():
     env = {"ACTIVATION_CHECKPOINTING": "selective", "COMPILE": "on", "FUSED_OPTIMIZER": "off"}
     parsed = from_sources([], {**env, "DETERMINISTIC": "false", "FSDP_PREFETCH": "0"})
     assert (parsed.activation_checkpointing, parsed.compile) == ("selective", "true")
-    assert (parsed.fused_optimizer, parsed.deterministic, parsed.fsdp_prefetch) == ("off", "false", 0)
+    assert (parsed.fused_optimizer, parsed.deterministic, parsed.fsdp_prefetch) == (
+        "off",
+        "false",
+        0,
+    )
     for key, bad, says in [
-        ("FUSED_OPTIMIZER", "yes", "FUSED_OPTIMIZER='yes' is not allowed: use one of auto, on, off"),
+        (
+            "FUSED_OPTIMIZER",
+            "yes",
+            "FUSED_OPTIMIZER='yes' is not allowed: use one of auto, on, off",
+        ),
         ("DETERMINISTIC", "on", "DETERMINISTIC='on' is not allowed: use one of auto, true, false"),
         ("FSDP_PREFETCH", "-1", "FSDP_PREFETCH=-1 is too small: use at least 0"),
         ("COMPILE", "maybe", "COMPILE='maybe' is not allowed: use one of auto, true, false"),
@@ -77,7 +87,11 @@ def test_lever_defaults_and_choices():
             "FLOAT8_RECIPE='blockwise' is not allowed: use one of tensorwise, rowwise",
         ),
         ("GC_INTERVAL", "-1", "GC_INTERVAL=-1 is too small: use at least 0"),
-        ("SDPA_BACKENDS", "flash,fast", "SDPA_BACKENDS='flash,fast' is not allowed: give an order of cudnn"),
+        (
+            "SDPA_BACKENDS",
+            "flash,fast",
+            "SDPA_BACKENDS='flash,fast' is not allowed: give an order of cudnn",
+        ),
         ("SDPA_BACKENDS", "flash,flash", "SDPA_BACKENDS='flash,flash' names a kernel twice"),
         ("SDPA_BACKENDS", "", "SDPA_BACKENDS='' is not allowed"),
     ]:
@@ -102,9 +116,10 @@ COMPILERS = ("", "/usr/bin/gcc", "clang")
 @pytest.mark.parametrize("device", DEVICE_TYPES)
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_compile_auto_is_on_with_cuda_and_a_compiler_only(setting, device, compiler):
-    """COMPILE=auto: on with CUDA where Triton can build its launchers (a C compiler and Python's headers,
-    triton/runtime/build.py), off on every other device and without a compiler; true/false always win. Every
-    decision names its reason in one line, which the banner and the start event carry."""
+    """COMPILE=auto: on with CUDA where Triton can build its launchers (a C compiler and Python's
+    headers, triton/runtime/build.py), off on every other device and without a compiler; true/false
+    always win. Every decision names its reason in one line, which the banner and the start event
+    carry."""
     choice = resolve_compile(setting, device, compiler)
     if setting != "auto":
         assert choice.on is (setting == "true") and choice.why == f"COMPILE={setting}"
@@ -118,13 +133,15 @@ def test_compile_auto_is_on_with_cuda_and_a_compiler_only(setting, device, compi
 
 
 def test_triton_compiler_follows_tritons_own_search(tmp_path, monkeypatch):
-    """triton/runtime/build.py `_build`: CC if set, else gcc, else clang; the launcher includes Python.h, so
-    without the headers there is nothing Triton can build either."""
+    """triton/runtime/build.py `_build`: CC if set, else gcc, else clang; the launcher includes
+    Python.h, so without the headers there is nothing Triton can build either."""
     import sysconfig
 
     from fsdptrain import levers
 
-    monkeypatch.setattr(levers.shutil, "which", lambda name: f"/usr/bin/{name}" if name != "clang" else None)
+    monkeypatch.setattr(
+        levers.shutil, "which", lambda name: f"/usr/bin/{name}" if name != "clang" else None
+    )
     have_headers = (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
     assert levers.triton_compiler({}) == ("/usr/bin/gcc" if have_headers else "")
     assert levers.triton_compiler({"CC": "cc"}) == ("cc" if have_headers else "")
@@ -141,13 +158,16 @@ def test_triton_compiler_follows_tritons_own_search(tmp_path, monkeypatch):
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("every", [1, 2, 3])
 def test_selective_checkpointing_is_op_level_only_compiled(mode, compiled, every):
-    """Op-level selective checkpointing runs its policy in Python on every aten op when eager (it lost to
-    full checkpointing on an H200, shared/gpu/2026-12-04/ANALYSIS.md section 1); without compile it becomes
-    layer-level, every 2nd layer, torchtitan v0.2's default (job_config.py selective_ac_option="2"), with a
-    note. Every other mode, and selective when compiled, is applied as set."""
+    """Op-level selective checkpointing runs its policy in Python on every aten op when eager (it
+    lost to full checkpointing on an H200, shared/gpu/2026-12-04/ANALYSIS.md section 1); without
+    compile it becomes layer-level, every 2nd layer, torchtitan v0.2's default (job_config.py
+    selective_ac_option="2"), with a note. Every other mode, and selective when compiled, is applied
+    as set."""
     got = resolve_activation_checkpointing(mode, every, compiled)
     if mode == "selective" and not compiled:
-        assert (got.mode, got.every) == ("every-k", 2) and got.note.startswith("ACTIVATION_CHECKPOINTING=")
+        assert (got.mode, got.every) == ("every-k", 2) and got.note.startswith(
+            "ACTIVATION_CHECKPOINTING="
+        )
         assert "\n" not in got.note
     else:
         assert (got.mode, got.every, got.note) == (mode, every, "")
@@ -165,15 +185,17 @@ def test_float8_without_compile_runs_with_the_measured_warning(float8, compiled)
 
 
 def test_gc_control_disables_the_automatic_collector_and_collects_every_n_steps(monkeypatch):
-    """torchtitan/tools/utils.py GarbageCollection (gc_freq=50): automatic collection off for the run, a
-    generation-1 collection at every N-th step (not step 1), Python's collector back on at the end; 0 leaves
-    Python's own collector alone."""
+    """torchtitan/tools/utils.py GarbageCollection (gc_freq=50): automatic collection off for the
+    run, a generation-1 collection at every N-th step (not step 1), Python's collector back on at
+    the end; 0 leaves Python's own collector alone."""
     import gc
 
     from fsdptrain import levers
 
     collected: list[int] = []
-    monkeypatch.setattr(levers.gc, "collect", lambda generation=2: collected.append(generation) or 0)
+    monkeypatch.setattr(
+        levers.gc, "collect", lambda generation=2: collected.append(generation) or 0
+    )
     assert gc.isenabled()
     control = GarbageCollection(5)
     try:
@@ -205,12 +227,16 @@ def test_gc_control_disables_the_automatic_collector_and_collects_every_n_steps(
     ],
 )
 def test_float8_runs_only_from_compute_capability_8_9(device, capability, runs):
-    """torchao's float8 training needs float8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on
-    (torchao/float8/README.md); the refusal is one line naming the key, the device and the fix."""
+    """torchao's float8 training needs float8 tensor cores: compute capability 8.9 (Ada) and 9.0
+    (Hopper) on (torchao/float8/README.md); the refusal is one line naming the key, the device and
+    the fix."""
     line = float8_refusal(device, capability)
     assert (line is None) is runs
     if line is not None:
-        assert line.startswith("FLOAT8=true needs a CUDA GPU of compute capability 8.9") and "\n" not in line
+        assert (
+            line.startswith("FLOAT8=true needs a CUDA GPU of compute capability 8.9")
+            and "\n" not in line
+        )
         assert device in line and line.endswith("unset FLOAT8 or run on such a GPU")
 
 
@@ -245,9 +271,10 @@ class _Layer:
 @pytest.mark.parametrize("layers", [1, 2, 4, 7])
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_prefetch_names_the_next_layers_in_the_order_each_pass_runs_them(layers, n):
-    """FSDP2's explicit prefetch (torch.distributed.fsdp.FSDPModule.set_modules_to_forward_prefetch and
-    set_modules_to_backward_prefetch; torch's FSDP2 example example.py): forward runs layers 0..L-1, backward
-    L-1..0, so layer i prefetches i+1..i+n in forward and i-1..i-n in backward, none past the ends."""
+    """FSDP2's explicit prefetch (torch.distributed.fsdp.FSDPModule.set_modules_to_forward_prefetch
+    and set_modules_to_backward_prefetch; torch's FSDP2 example example.py): forward runs layers
+    0..L-1, backward L-1..0, so layer i prefetches i+1..i+n in forward and i-1..i-n in backward,
+    none past the ends."""
     from fsdptrain.parallel import set_prefetch
 
     made = [_Layer(i) for i in range(layers)]
@@ -259,14 +286,16 @@ def test_prefetch_names_the_next_layers_in_the_order_each_pass_runs_them(layers,
 
 
 def test_float8_converts_decoder_linears_not_the_head():
-    """torchtitan keeps the output projection in high precision and float8 matmuls need dimensions that are
-    multiples of 16 (torchao's module_filter_fn convention: (module, fqn) -> convert?)."""
+    """torchtitan keeps the output projection in high precision and float8 matmuls need dimensions
+    that are multiples of 16 (torchao's module_filter_fn convention: (module, fqn) -> convert?)."""
     from torch import nn
 
     from fsdptrain.parallel import float8_filter
 
     assert float8_filter(nn.Linear(4096, 11008, bias=False), "model.layers.0.mlp.up_proj")  # 7b
-    assert not float8_filter(nn.Linear(128, 344, bias=False), "model.layers.0.mlp.up_proj")  # tiny: 344
+    assert not float8_filter(
+        nn.Linear(128, 344, bias=False), "model.layers.0.mlp.up_proj"
+    )  # tiny: 344
     assert not float8_filter(nn.Linear(128, 512, bias=False), "lm_head")
     assert not float8_filter(nn.Linear(100, 128), "model.layers.0.self_attn.q_proj")
     assert not float8_filter(nn.Embedding(512, 128), "model.embed_tokens")
@@ -276,9 +305,9 @@ def test_float8_converts_decoder_linears_not_the_head():
 def test_selective_checkpointing_keeps_matmuls_and_the_gradients():
     """Selective (op-level) activation checkpointing as torchtitan's `selective` op mode
     (torchtitan/distributed/activation_checkpoint.py; torch.utils.checkpoint.
-    create_selective_checkpoint_contexts): backward recomputes fewer matmuls than full checkpointing (every
-    second one is saved) and the gradients are those of no checkpointing. Counted with a TorchDispatchMode
-    over backward."""
+    create_selective_checkpoint_contexts): backward recomputes fewer matmuls than full checkpointing
+    (every second one is saved) and the gradients are those of no checkpointing. Counted with a
+    TorchDispatchMode over backward."""
     import copy
 
     import torch
@@ -303,16 +332,23 @@ def test_selective_checkpointing_keeps_matmuls_and_the_gradients():
 
     def backward(mode: str) -> tuple[int, torch.Tensor]:
         model = copy.deepcopy(base)
-        assert apply_activation_checkpointing(model, mode=mode, every=1) == (0 if mode == "none" else 2)
+        assert apply_activation_checkpointing(model, mode=mode, every=1) == (
+            0 if mode == "none" else 2
+        )
         loss = model(input_ids=tokens, labels=tokens).loss
         with CountMM() as counter:
             loss.backward()
         return counter.count, torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    (none, g_none), (full, g_full), (sel, g_sel) = backward("none"), backward("full"), backward("selective")
-    # a layer's forward has 7 matmuls (q, k, v, o, gate, up, down). Full recomputes 6 of them per layer:
-    # torch's non-reentrant checkpoint stops recomputing once every saved tensor is back, and down's output is
-    # saved by nothing. Selective keeps the 1st, 3rd, 5th and 7th and recomputes the other 3.
+    (none, g_none), (full, g_full), (sel, g_sel) = (
+        backward("none"),
+        backward("full"),
+        backward("selective"),
+    )
+    # a layer's forward has 7 matmuls (q, k, v, o, gate, up, down). Full recomputes 6 of them per
+    # layer: torch's non-reentrant checkpoint stops recomputing once every saved tensor is back, and
+    # down's output is saved by nothing. Selective keeps the 1st, 3rd, 5th and 7th and recomputes
+    # the other 3.
     assert (full - none, sel - none) == (2 * 6, 2 * 3)
     torch.testing.assert_close(g_sel, g_none, rtol=0, atol=0)
     torch.testing.assert_close(g_full, g_none, rtol=0, atol=0)
@@ -320,14 +356,14 @@ def test_selective_checkpointing_keeps_matmuls_and_the_gradients():
 
 @pytest.mark.slow
 def test_cpu_levers_together_give_the_default_losses(assets):
-    """One run with every lever a CPU can run (per-layer compile, fused AdamW, selective checkpointing,
-    FSDP2 prefetch of 2 layers, deterministic on) against a plain run (FSDP_PREFETCH=0: FSDP2's implicit
-    order), both 2 processes, fp32, 4 steps. Tolerance: rtol 1e-4 on each loss. Prefetch, checkpointing and
-    determinism change no arithmetic; the fused AdamW kernel (torch/optim/adamw.py _fused_adamw) orders its
-    float ops differently than foreach (last bits), and COMPILE runs here with
-    FSDPTRAIN_COMPILE_BACKEND=aot_eager (dynamo + AOTAutograd, the same aten ops; inductor compiles C++ per
-    graph, minutes on these CPUs). On a GPU inductor's fused kernels and bf16 differ more: that is the GPU
-    check's tolerance, not this one."""
+    """One run with every lever a CPU can run (per-layer compile, fused AdamW, selective
+    checkpointing, FSDP2 prefetch of 2 layers, deterministic on) against a plain run
+    (FSDP_PREFETCH=0: FSDP2's implicit order), both 2 processes, fp32, 4 steps. Tolerance: rtol 1e-4
+    on each loss. Prefetch, checkpointing and determinism change no arithmetic; the fused AdamW
+    kernel (torch/optim/adamw.py _fused_adamw) orders its float ops differently than foreach (last
+    bits), and COMPILE runs here with FSDPTRAIN_COMPILE_BACKEND=aot_eager (dynamo + AOTAutograd, the
+    same aten ops; inductor compiles C++ per graph, minutes on these CPUs). On a GPU inductor's
+    fused kernels and bf16 differ more: that is the GPU check's tolerance, not this one."""
     default = torchrun(assets, MAX_STEPS=4, WARMUP_STEPS=1, FSDP_PREFETCH=0)
     levers = torchrun(
         assets,
@@ -344,17 +380,21 @@ def test_cpu_levers_together_give_the_default_losses(assets):
     assert levers.rc == 0, levers.stderr[-3000:]
     assert "compiled layers, fused AdamW, deterministic, FSDP prefetch 2" in levers.stdout
     # fsdptrain.hostmem on this machine's glibc (tests/test_hostmem.py)
-    assert "host malloc kept between steps" in levers.stdout and "host malloc kept" in default.stdout
+    assert (
+        "host malloc kept between steps" in levers.stdout and "host malloc kept" in default.stdout
+    )
     assert "activation checkpointing selective (4 layers)" in levers.stdout
     assert len(default.losses) == len(levers.losses) == 4
     assert levers.losses == pytest.approx(default.losses, rel=1e-4)
 
 
-@pytest.mark.parametrize("order", ["cudnn,flash,efficient,math", "math,flash", "flash", "efficient,cudnn"])
+@pytest.mark.parametrize(
+    "order", ["cudnn,flash,efficient,math", "math,flash", "flash", "efficient,cudnn"]
+)
 def test_sdpa_backends_is_torchs_kernel_priority_while_the_run_lasts(order):
     """SDPA_BACKENDS sets torch's kernel priority for the run (torch.nn.attention.sdpa_kernel with
-    set_priority=True, as torchtitan's ScaledDotProductAttention): the named kernels first, in order, then the
-    others, every one still allowed; torch's own order is back afterwards."""
+    set_priority=True, as torchtitan's ScaledDotProductAttention): the named kernels first, in
+    order, then the others, every one still allowed; torch's own order is back afterwards."""
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -370,9 +410,9 @@ def test_sdpa_backends_is_torchs_kernel_priority_while_the_run_lasts(order):
 
 
 def test_the_attention_kernel_that_runs_is_named():
-    """The start event names the kernel torch picked for the model's attention shapes, seen by a dispatch
-    mode on one SDPA forward (compiled layers hide their ops, so it is asked once at start). On this CPU:
-    the CPU flash kernel, and math where torch is allowed nothing else."""
+    """The start event names the kernel torch picked for the model's attention shapes, seen by a
+    dispatch mode on one SDPA forward (compiled layers hide their ops, so it is asked once at
+    start). On this CPU: the CPU flash kernel, and math where torch is allowed nothing else."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -387,9 +427,10 @@ def test_the_attention_kernel_that_runs_is_named():
 
 def test_activation_bytes_come_from_the_cuda_allocator_where_there_is_one(monkeypatch):
     """On CUDA the bytes held for backward are the allocator's growth over the forward
-    (torch.cuda.memory_allocated): saved-tensor hooks cannot see what checkpointing's own hooks keep, and
-    eager selective and full both reported the same 927 MB on the H200 (ANALYSIS.md section 1). The CPU
-    keeps counting the storages autograd saves. The allocator is stood in for here (no GPU in CI)."""
+    (torch.cuda.memory_allocated): saved-tensor hooks cannot see what checkpointing's own hooks
+    keep, and eager selective and full both reported the same 927 MB on the H200 (ANALYSIS.md
+    section 1). The CPU keeps counting the storages autograd saves. The allocator is stood in for
+    here (no GPU in CI)."""
     import torch
 
     from fsdptrain.metrics import SavedActivations
@@ -403,20 +444,24 @@ def test_activation_bytes_come_from_the_cuda_allocator_where_there_is_one(monkey
     with SavedActivations(torch.device("cpu")) as cpu:
         y = torch.ones(1000, requires_grad=True)
         z = (y * y).sum()
-    assert cpu.measure() == 1000 * 4  # y, saved once for the product's backward (x*x saves it twice)
+    assert (
+        cpu.measure() == 1000 * 4
+    )  # y, saved once for the product's backward (x*x saves it twice)
     z.backward()
 
 
 @pytest.mark.slow
 def test_float8_config_is_torchtitans_recipe_per_sharding(tmp_path):
-    """torchtitan v0.2.2 Float8LinearConverter (torchtitan/components/quantization/float8.py): tensorwise
-    all-gathers the weights in float8 only when they are sharded (dp_shard > 1) and then precomputes the
-    scales after each optimizer step (torchao precompute_float8_dynamic_scale_for_fsdp); rowwise is torchao's
-    recipe (axiswise scales), communicates in high precision and precomputes nothing. The conversion swaps
-    the decoder's linears and leaves the head. Real torchao 0.18 (the version benchmarks/gpu_check_wheels.txt
-    carries to the GPU) on the CPU: its float8 kernels need a GPU, the config and the module swap do not. It
-    is installed from PyPI into a folder of this test's own, not the project's venv: transformers imports
-    torchao whenever it is installed (quantizer_torchao), which would cost every trainer start here."""
+    """torchtitan v0.2.2 Float8LinearConverter (torchtitan/components/quantization/float8.py):
+    tensorwise all-gathers the weights in float8 only when they are sharded (dp_shard > 1) and then
+    precomputes the scales after each optimizer step (torchao
+    precompute_float8_dynamic_scale_for_fsdp); rowwise is torchao's recipe (axiswise scales),
+    communicates in high precision and precomputes nothing. The conversion swaps the decoder's
+    linears and leaves the head. Real torchao 0.18 (the version benchmarks/gpu_check_wheels.txt
+    carries to the GPU) on the CPU: its float8 kernels need a GPU, the config and the module swap do
+    not. It is installed from PyPI into a folder of this test's own, not the project's venv:
+    transformers imports torchao whenever it is installed (quantizer_torchao), which would cost
+    every trainer start here."""
     site = tmp_path / "torchao"
     pip = [
         sys.executable,
@@ -450,6 +495,11 @@ assert swapped == 7 * config.num_hidden_layers, swapped
 assert type(model.lm_head).__name__ == "Linear"
 print("ok")
 """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env
+    )
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]

@@ -1,17 +1,18 @@
-"""A job's life between components and over time (issue 27), as the real controllers end it: (a late node, an
-evicted node, a volume that fills up, a volume the job's user cannot write) x (PyTorchJob, TrainJob).
+"""A job's life between components and over time (issue 27), as the real controllers end it: (a late
+node, an evicted node, a volume that fills up, a volume the job's user cannot write) x (PyTorchJob,
+TrainJob).
 
-Peers. The processes are real: the local backend runs the rendered PyTorchJob with one torchrun launcher per
-simulated node (network namespaces as root), the pods' user from their securityContext (uid 1000, through
-setpriv, where the interpreter is reachable), claims that start as a new FSx for Lustre file system's root
-(root, 0755: lustre-release lustre/mdd/mdd_device.c, mdd_prepare), the kubelet's SIGTERM-then-SIGKILL for an
-eviction, a tmpfs of a few MB for a volume that fills and a read-only mount for one nobody can write. Its
-supervisor applies the Training Operator v1.9.4's rules to each pod's exit
-(backends/local/engine.py, `_judge`). The
-TrainJob column is judged from the same runs' container exits by the rules of the Kubernetes Job controller
-and JobSet v0.12.0 the Trainer v2.3.0 runs on (tests/kube_peer_kubelet.py, each rule with its source), where
-torchrun adds nothing: the outcome is a controller's rule. Every (case, kind) is then served by the Kubernetes
-API peer (kmock) as the controllers would leave it, and `fsdpctl job status` must name the reason in one
+Peers. The processes are real: the local backend runs the rendered PyTorchJob with one torchrun
+launcher per simulated node (network namespaces as root), the pods' user from their securityContext
+(uid 1000, through setpriv, where the interpreter is reachable), claims that start as a new FSx for
+Lustre file system's root (root, 0755: lustre-release lustre/mdd/mdd_device.c, mdd_prepare), the
+kubelet's SIGTERM-then-SIGKILL for an eviction, a tmpfs of a few MB for a volume that fills and a
+read-only mount for one nobody can write. Its supervisor applies the Training Operator v1.9.4's
+rules to each pod's exit (backends/local/engine.py, `_judge`). The TrainJob column is judged from
+the same runs' container exits by the rules of the Kubernetes Job controller and JobSet v0.12.0 the
+Trainer v2.3.0 runs on (tests/kube_peer_kubelet.py, each rule with its source), where torchrun adds
+nothing: the outcome is a controller's rule. Every (case, kind) is then served by the Kubernetes API
+peer (kmock) as the controllers would leave it, and `fsdpctl job status` must name the reason in one
 line.
 
 The three real runs are shared by the eight cases (module fixture), about 100 s on 2 cores."""
@@ -59,51 +60,69 @@ NODES = 2
     steps_left=st.integers(1, 100),
 )
 def test_an_eviction_never_ends_a_job_and_costs_one_pod(nodes, evicted, kind, steps_left):
-    """Any node of any size of job evicted mid-run: its launcher exits 143, the others' launchers start
-    torchrun again (no pod of theirs ends), then every node finishes. The PyTorchJob recreates one pod and
-    succeeds only after the last step; the TrainJob's child Job counts one failed pod, far inside its
-    backoffLimit of 6. Before issue 27 the trainer exited 0 on SIGTERM on every rank and torchrun's agent 1
-    on the evicted node: the elastic PyTorchJob was Succeeded by the first other node's 0, mid-training
-    (Training Operator v1.9.4 pytorchjob_controller.go, UpdateJobStatus), or Failed by the 1."""
+    """Any node of any size of job evicted mid-run: its launcher exits 143, the others' launchers
+    start torchrun again (no pod of theirs ends), then every node finishes. The PyTorchJob recreates
+    one pod and succeeds only after the last step; the TrainJob's child Job counts one failed pod,
+    far inside its backoffLimit of 6. Before issue 27 the trainer exited 0 on SIGTERM on every rank
+    and torchrun's agent 1 on the evicted node: the elastic PyTorchJob was Succeeded by the first
+    other node's 0, mid-training (Training Operator v1.9.4 pytorchjob_controller.go,
+    UpdateJobStatus), or Failed by the 1."""
     victim = evicted.draw(st.integers(0, nodes - 1))
     note = {"kind": "disrupted"}
     ends = [
-        rules.End(victim, disruption.pod_exit(1, signalled=True, note=note, stopping=False), evicted=True)
+        rules.End(
+            victim, disruption.pod_exit(1, signalled=True, note=note, stopping=False), evicted=True
+        )
     ]
     for node in range(nodes):
-        if node != victim:  # torchrun ends after the disruption checkpoint; the launcher restarts it
-            assert disruption.pod_exit(1, signalled=False, note=note, stopping=False) == disruption.RESTART
+        if (
+            node != victim
+        ):  # torchrun ends after the disruption checkpoint; the launcher restarts it
+            assert (
+                disruption.pod_exit(1, signalled=False, note=note, stopping=False)
+                == disruption.RESTART
+            )
     mid = (rules.pytorchjob if kind == "pytorchjob" else rules.trainjob)(ends, nodes)
     assert mid.phase == "Running" and mid.recreated == 1
     done = ends + [
-        rules.End(n, disruption.pod_exit(0, signalled=False, note=None, stopping=False)) for n in range(nodes)
+        rules.End(n, disruption.pod_exit(0, signalled=False, note=None, stopping=False))
+        for n in range(nodes)
     ]
-    assert (rules.pytorchjob if kind == "pytorchjob" else rules.trainjob)(done, nodes).phase == "Succeeded"
+    assert (rules.pytorchjob if kind == "pytorchjob" else rules.trainjob)(
+        done, nodes
+    ).phase == "Succeeded"
     # the old trainer: every rank 0, the evicted agent 1 (torch elastic/agent/server/api.py, `run`)
     old = [rules.End((victim + 1) % nodes, 0), rules.End(victim, 1)]
     assert rules.pytorchjob(old, nodes).phase == "Succeeded"  # after steps_left steps never trained
 
 
 def test_a_stop_request_ends_the_job_stopped_not_evicted():
-    """`fsdpctl job stop` annotates the pods: a SIGTERM that comes with the annotation is a stop (exit 0,
-    nothing recreated), one without it an eviction (143, recreated)."""
+    """`fsdpctl job stop` annotates the pods: a SIGTERM that comes with the annotation is a stop
+    (exit 0, nothing recreated), one without it an eviction (143, recreated)."""
     assert disruption.pod_exit(1, signalled=True, note=None, stopping=True) == 0
     assert disruption.pod_exit(0, signalled=False, note=None, stopping=True) == 0
-    assert disruption.pod_exit(1, signalled=True, note=None, stopping=False) == disruption.RETRYABLE_EXIT
+    assert (
+        disruption.pod_exit(1, signalled=True, note=None, stopping=False)
+        == disruption.RETRYABLE_EXIT
+    )
     assert disruption.pod_exit(1, signalled=False, note={"kind": "failed"}, stopping=False) == 1
     assert disruption.pod_exit(-9, signalled=False, note=None, stopping=False) == 137
 
 
 def test_the_start_ledger_bounds_the_pods_starts(tmp_path):
-    """Issue 27, defect 9: under restartPolicy ExitCode a pod that dies by a signal is recreated without bound
-    (Training Operator v1.9.4 pkg/core/job.go, PastBackoffLimit: only restarts of running containers count,
-    and ExitCode pods never restart in place). Each torchrun start of a run leaves a file in its ledger on the
-    shared volume; the start over JOB_NODES x (1 + MAX_RESTARTS) is refused with one line, and the launcher
-    exits 1, which fails the job."""
+    """Issue 27, defect 9: under restartPolicy ExitCode a pod that dies by a signal is recreated
+    without bound (Training Operator v1.9.4 pkg/core/job.go, PastBackoffLimit: only restarts of
+    running containers count, and ExitCode pods never restart in place). Each torchrun start of a
+    run leaves a file in its ledger on the shared volume; the start over JOB_NODES x (1 +
+    MAX_RESTARTS) is refused with one line, and the launcher exits 1, which fails the job."""
     env = {disruption.STARTS_DIR_ENV: str(tmp_path / "starts"), disruption.STARTS_MAX_ENV: "4"}
     assert [disruption.record_start(env, f"pod-{i % 2}") for i in range(4)] == [None] * 4
     refused = disruption.record_start(env, "pod-0")
-    assert refused and "started torchrun 5 times, over its budget of 4" in refused and "\n" not in refused
+    assert (
+        refused
+        and "started torchrun 5 times, over its budget of 4" in refused
+        and "\n" not in refused
+    )
     assert disruption.record_start({}, "pod-0") is None  # a plain torchrun: no ledger
     from fsdpctl.settings import load  # the budget a job is rendered with
 
@@ -117,7 +136,8 @@ def test_the_start_ledger_bounds_the_pods_starts(tmp_path):
 
 @dataclass
 class Run:
-    """One local job that ran to its end: its state, its `job status` report, and each node's log text."""
+    """One local job that ran to its end: its state, its `job status` report, and each node's log
+    text."""
 
     name: str
     state: dict
@@ -137,9 +157,10 @@ def _reachable_home() -> Path:
 
 @pytest.fixture(scope="module")
 def interpreter_reachable() -> Iterator[int | None]:
-    """The uid the pods run as here: 1000 (their securityContext) when root can let it reach the interpreter.
-    pyenv keeps Python under /root (0700 here): for these runs only, `others` may search /root (not list
-    it), as a container image makes its interpreter every user's; put back after."""
+    """The uid the pods run as here: 1000 (their securityContext) when root can let it reach the
+    interpreter. pyenv keeps Python under /root (0700 here): for these runs only, `others` may
+    search /root (not list it), as a container image makes its interpreter every user's; put back
+    after."""
     if not ROOT or not shutil.which("setpriv"):
         yield None
         return
@@ -159,7 +180,9 @@ def interpreter_reachable() -> Iterator[int | None]:
 
 def _env(home: Path, **more: str) -> dict[str, str]:
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith("FSDPCTL_") and k.upper() not in SETTING_KEYS
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FSDPCTL_") and k.upper() not in SETTING_KEYS
     }
     settings_ = {
         "JOB_NODES": str(NODES),
@@ -187,7 +210,9 @@ SETTING_KEYS: frozenset[str] = (
 )  # filled at import below (the settings' keys, never from the shell)
 
 
-def _fsdpctl(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _fsdpctl(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(FSDPCTL_EXE), *args],
         env=env,
@@ -199,7 +224,8 @@ def _fsdpctl(env: dict[str, str], *args: str, timeout: float = 120) -> subproces
 
 
 def _wait_step(env: dict[str, str], job: str, step: int, timeout: float = 180) -> int:
-    """The leader's newest step once it reaches `step` (read from its log, as `job status` reads it)."""
+    """The leader's newest step once it reaches `step` (read from its log, as `job status` reads
+    it)."""
     deadline = time.monotonic() + timeout
     os.environ["FSDPCTL_HOME"] = env["FSDPCTL_HOME"]
     try:
@@ -218,7 +244,9 @@ def _wait_step(env: dict[str, str], job: str, step: int, timeout: float = 180) -
     raise AssertionError(f"job {job} did not reach step {step} in {timeout} s")
 
 
-def _finish(env: dict[str, str], job: str, volume: Path, uid: int | None, timeout: float = 300) -> Run:
+def _finish(
+    env: dict[str, str], job: str, volume: Path, uid: int | None, timeout: float = 300
+) -> Run:
     waited = _fsdpctl(env, "job", "wait", job, "--timeout", str(timeout), timeout=timeout + 30)
     assert waited.returncode in (0, 3), waited.stdout + waited.stderr
     status = _fsdpctl(env, "job", "status", job, "-o", "json")
@@ -330,11 +358,13 @@ FINISHED = "worker group successfully finished"
 
 
 def container_ends(run: Run) -> list[rules.End]:
-    """Every container end of the run, in order: the supervisor's notes for the pods it recreated, then each
-    pod's last end (0 when its torchrun finished its workers, even if the operator's cleanup of a finished
-    job then signalled it; else its exit code)."""
+    """Every container end of the run, in order: the supervisor's notes for the pods it recreated,
+    then each pod's last end (0 when its torchrun finished its workers, even if the operator's
+    cleanup of a finished job then signalled it; else its exit code)."""
     ends = [
-        rules.End(int(m[1]), int(m[3]), bool(m[2])) for text in run.logs.values() for m in END.finditer(text)
+        rules.End(int(m[1]), int(m[3]), bool(m[2]))
+        for text in run.logs.values()
+        for m in END.finditer(text)
     ]
     for lz in run.state["launchers"]:
         text = run.logs[lz["node"]].rpartition("recreated, as the operator")[2]
@@ -344,9 +374,9 @@ def container_ends(run: Run) -> list[rules.End]:
 
 
 def judged(run: Run, kind: str) -> rules.Outcome:
-    """The controllers' verdict on the run's container ends. A TrainJob restarts a failed container in
-    place (OnFailure) and it fails the same way again while its cause stays (a full volume): the attempt
-    repeats until the Job's backoffLimit decides."""
+    """The controllers' verdict on the run's container ends. A TrainJob restarts a failed container
+    in place (OnFailure) and it fails the same way again while its cause stays (a full volume): the
+    attempt repeats until the Job's backoffLimit decides."""
     ends = container_ends(run)
     if kind == "pytorchjob":
         return rules.pytorchjob(ends, NODES)
@@ -361,10 +391,10 @@ def judged(run: Run, kind: str) -> rules.Outcome:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", CASES)
 def test_the_job_ends_as_the_controllers_end_it(runs, peer, case, kind):  # noqa: F811
-    """Issue 27: each case ends as the real controllers end it (the local supervisor applies the Training
-    Operator's rules to the real pods' exits; kube_peer_kubelet applies the Job/JobSet rules), with no step of
-    training lost beyond the last checkpoint, and its reason in one line of `job status`, locally and as the
-    Kubernetes API peer serves the job the controllers left."""
+    """Issue 27: each case ends as the real controllers end it (the local supervisor applies the
+    Training Operator's rules to the real pods' exits; kube_peer_kubelet applies the Job/JobSet
+    rules), with no step of training lost beyond the last checkpoint, and its reason in one line of
+    `job status`, locally and as the Kubernetes API peer serves the job the controllers left."""
     run = runs[RUN_OF[case]]
     outcome = judged(run, kind)
     served = _served(peer, kind, outcome, container_ends(run))
@@ -398,7 +428,12 @@ def _served(peer, kind: str, outcome: rules.Outcome, ends: list[rules.End]) -> d
         set_condition(k, job, done if outcome.phase == "Succeeded" else "Failed", outcome.reason)
     last = {e.node: e for e in ends}
     for node, end in sorted(last.items()):
-        state = {"terminated": {"exitCode": end.code, "reason": "Completed" if end.code == 0 else "Error"}}
+        state = {
+            "terminated": {
+                "exitCode": end.code,
+                "reason": "Completed" if end.code == 0 else "Error",
+            }
+        }
         add_pod(k, peer, "fsdp", node, phase="Succeeded" if end.code == 0 else "Failed",
                 containerStatuses=[{"name": "pytorch", "restartCount": 0, "state": state}])  # fmt: skip
     r = cli("job", "status", "-o", "json", JOB_KIND=kind)
@@ -407,7 +442,11 @@ def _served(peer, kind: str, outcome: rules.Outcome, ends: list[rules.End]) -> d
 
 
 def _resumed(run: Run) -> list[int]:
-    return [int(m) for text in run.logs.values() for m in re.findall(r"resumed from \S+ at step (\d+)", text)]
+    return [
+        int(m)
+        for text in run.logs.values()
+        for m in re.findall(r"resumed from \S+ at step (\d+)", text)
+    ]
 
 
 def _stopped(run: Run) -> list[int]:
@@ -423,18 +462,22 @@ def _check_case(case: str, kind: str, run: Run, outcome: rules.Outcome) -> None:
     if case in ("skew", "eviction", "unwritable volume"):
         assert report["step"] == report["max_steps"] == 36, report
     if case == "skew":
-        # node 1 started 8 s after node 0 (read_timeout = join_timeout: test_first_run.py), both trained
+        # node 1 started 8 s after node 0 (read_timeout = join_timeout: test_first_run.py), both
+        # trained
         assert "started" in json.dumps(run.state) and all(FINISHED in t for t in run.logs.values())
     if case == "eviction":
         # the disruption checkpoint is where the job resumed: nothing trained before it is lost
         [stop] = sorted(set(_stopped(run)))
-        assert stop >= run.extra["evicted_after"] and _resumed(run) == [stop], (_stopped(run), _resumed(run))
+        assert stop >= run.extra["evicted_after"] and _resumed(run) == [stop], (
+            _stopped(run),
+            _resumed(run),
+        )
         assert report["restarts"] == 1 and "evicted, exited with code 143; recreated" in run.logs[0]
         assert "another node was disrupted: starting torchrun again" in run.logs[1]
         assert outcome.recreated == 1
     if case == "unwritable volume":
-        # the claim started as Lustre's root (root, 0755); the pre-step's root volume-prep gave the job's
-        # directories to its user, and the pods ran as that user where this machine allows
+        # the claim started as Lustre's root (root, 0755); the pre-step's root volume-prep gave the
+        # job's directories to its user, and the pods ran as that user where this machine allows
         root = run.volume.stat()
         assert root.st_uid == 0 and stat.S_IMODE(root.st_mode) == 0o2775 and root.st_gid == 1000
         ckpts = run.volume / "checkpoints" / run.name
@@ -452,7 +495,9 @@ def _check_case(case: str, kind: str, run: Run, outcome: rules.Outcome) -> None:
         text = " ".join(str(v) for v in failure.values())
         assert "checkpoint at step" in text and ("full" in text or "space" in text), failure
         saved = int(latest.rpartition("-")[2])
-        assert report["step"] - saved <= 4  # lost: at most the steps since that save (CHECKPOINT_INTERVAL)
+        assert (
+            report["step"] - saved <= 4
+        )  # lost: at most the steps since that save (CHECKPOINT_INTERVAL)
         if kind == "pytorchjob":
             assert "exited with code 1 (1-127 are permanent" in report["reason"], report["reason"]
         else:
@@ -461,17 +506,17 @@ def _check_case(case: str, kind: str, run: Run, outcome: rules.Outcome) -> None:
 
 @pytest.mark.slow
 def test_a_volume_nobody_can_write_fails_the_job_with_its_reason(runs):
-    """The read-only claim: the pre-step's volume-prep fails with one line (EROFS), the pre-step is Failed in
-    `job status`, and each trainer's wait for it ends at PRESTEP_TIMEOUT with one line and exit 2, which
-    fails a PyTorchJob at once (no GPU waits for ever); a TrainJob restarts the container in place until
-    its Job's backoffLimit."""
+    """The read-only claim: the pre-step's volume-prep fails with one line (EROFS), the pre-step is
+    Failed in `job status`, and each trainer's wait for it ends at PRESTEP_TIMEOUT with one line and
+    exit 2, which fails a PyTorchJob at once (no GPU waits for ever); a TrainJob restarts the
+    container in place until its Job's backoffLimit."""
     run = runs["readonly"]
     assert run.report["phase"] == "Failed", run.report
     assert run.report["prestep"]["phase"] == "Failed"
     assert "Read-only file system" in run.report["prestep"]["error"], run.report["prestep"]
-    assert "gave no result in 12 s (PRESTEP_TIMEOUT)" in json.dumps(run.report["failure"]), run.report[
-        "failure"
-    ]
+    assert "gave no result in 12 s (PRESTEP_TIMEOUT)" in json.dumps(run.report["failure"]), (
+        run.report["failure"]
+    )
     assert judged(run, "pytorchjob").phase == "Failed" and judged(run, "trainjob").phase == "Failed"
 
 

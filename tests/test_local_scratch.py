@@ -1,16 +1,16 @@
-"""Local NVMe and the /local scratch (issue 14): the GPU nodes' instance store as one RAID0 array, and a
-directory on it that job pods mount at /local when there is no shared volume, for NCCL's flight-recorder dumps
-and the Hugging Face cache.
+"""Local NVMe and the /local scratch (issue 14): the GPU nodes' instance store as one RAID0 array,
+and a directory on it that job pods mount at /local when there is no shared volume, for NCCL's
+flight-recorder dumps and the Hugging Face cache.
 
 Sources: nodeadm's NodeConfig (amazon-eks-ami nodeadm/api/v1alpha1/nodeconfig_types.go,
-spec.instance.localStorage.strategy RAID0) runs setup-local-disks (nodeadm/internal/system/local_disk.go),
-which mounts the array at $MNT_DIR/0 with MNT_DIR=/mnt/k8s-disks
-(templates/al2023/runtime/bin/setup-local-disks), in nodeadm's run phase, after cloud-init
-(templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-run.service: After=cloud-final.service). eksctl
-v0.230 adds an AmazonLinux2023 node group's overrideBootstrapCommand to the user data as a NodeConfig MIME
-part and each preBootstrapCommand as a `#!/bin/bash` part (pkg/nodebootstrap/al2023.go), and refuses
-overrideBootstrapCommand without a custom AMI for any other family
-(pkg/apis/eksctl.io/v1alpha5/validation.go)."""
+spec.instance.localStorage.strategy RAID0) runs setup-local-disks
+(nodeadm/internal/system/local_disk.go), which mounts the array at $MNT_DIR/0 with
+MNT_DIR=/mnt/k8s-disks (templates/al2023/runtime/bin/setup-local-disks), in nodeadm's run phase,
+after cloud-init (templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-run.service:
+After=cloud-final.service). eksctl v0.230 adds an AmazonLinux2023 node group's
+overrideBootstrapCommand to the user data as a NodeConfig MIME part and each preBootstrapCommand as
+a `#!/bin/bash` part (pkg/nodebootstrap/al2023.go), and refuses overrideBootstrapCommand without a
+custom AMI for any other family (pkg/apis/eksctl.io/v1alpha5/validation.go)."""
 
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ def pod_of(job: dict) -> dict:
     if job["kind"] == "PyTorchJob":
         return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     [patch] = job["spec"]["runtimePatches"]
-    return patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
-        "template"
-    ]["spec"]
+    return patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"][
+        "spec"
+    ]["template"]["spec"]
 
 
 def env_of(cfg) -> dict[str, str]:
@@ -55,7 +55,10 @@ def env_of(cfg) -> dict[str, str]:
 
 
 CASES = [
-    (instance, kind, efa) for instance in INSTANCE_TYPES for kind in JOB_KINDS for efa in ("true", "false")
+    (instance, kind, efa)
+    for instance in INSTANCE_TYPES
+    for kind in JOB_KINDS
+    for efa in ("true", "false")
 ]
 
 
@@ -66,10 +69,11 @@ def test_without_a_shared_volume_the_traces_and_the_hf_cache_go_to_the_nodes_scr
     kind,
     efa,
 ):
-    """Every instance type, job kind and EFA setting: without SHARED_VOLUME the worker mounts the node's
-    scratch directory (hostPath, the path the node's user data makes) at /local, and both
-    TORCH_NCCL_DEBUG_INFO_TEMP_FILE and HF_HOME lie under that mount; with a shared volume there is no
-    hostPath and both lie on the shared volume, as before. The job still validates against its CRD."""
+    """Every instance type, job kind and EFA setting: without SHARED_VOLUME the worker mounts the
+    node's scratch directory (hostPath, the path the node's user data makes) at /local, and both
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE and HF_HOME lie under that mount; with a shared volume there is
+    no hostPath and both lie on the shared volume, as before. The job still validates against its
+    CRD."""
     base = {"BACKEND": "eks", "INSTANCE_TYPE": instance, "JOB_KIND": kind, "EFA_ENABLED": efa}
     for settings, root in [(NO_SHARED, "/local"), ({}, "/fsx")]:
         cfg = load(dotenv={**base, **settings})
@@ -99,8 +103,8 @@ def _user_data_parts(text: str) -> dict[str, str]:
 
 
 def terraform_user_data() -> dict[str, str]:
-    """The GPU launch template's user data as nvme.tf writes it (the heredoc, its indentation removed as
-    terraform's <<- does), by MIME content type."""
+    """The GPU launch template's user data as nvme.tf writes it (the heredoc, its indentation
+    removed as terraform's <<- does), by MIME content type."""
     text = (ROOT / "terraform/modules/eks-gpu/nvme.tf").read_text()
     body = re.search(r"<<-EOT\n(.*?)\n\s*EOT", text, re.S)[1]  # type: ignore[index]
     lines = body.splitlines()
@@ -110,9 +114,10 @@ def terraform_user_data() -> dict[str, str]:
 
 @pytest.mark.parametrize("instance", list(INSTANCE_TYPES))
 def test_both_tools_give_the_gpu_nodes_the_same_raid0_and_scratch(instance):
-    """eksctl's ClusterConfig and terraform's launch template carry one NodeConfig (RAID0) and one script; the
-    eksctl one validates against eksctl's schema, is on an AmazonLinux2023 node group (the only family eksctl
-    lets carry overrideBootstrapCommand without a custom AMI), and the system node group gets neither."""
+    """eksctl's ClusterConfig and terraform's launch template carry one NodeConfig (RAID0) and one
+    script; the eksctl one validates against eksctl's schema, is on an AmazonLinux2023 node group
+    (the only family eksctl lets carry overrideBootstrapCommand without a custom AMI), and the
+    system node group gets neither."""
     import jsonschema
 
     cc = render.render_clusterconfig(load(dotenv={"INSTANCE_TYPE": instance}))
@@ -131,11 +136,12 @@ def test_both_tools_give_the_gpu_nodes_the_same_raid0_and_scratch(instance):
 
 
 def test_the_script_makes_the_directory_the_pods_mount_when_the_kubelet_starts(tmp_path):
-    """The script run for real (bash), its root moved under tmp_path and systemctl recorded: it writes a
-    kubelet drop-in and reloads systemd; the drop-in's ExecStartPre, run as systemd would when the kubelet
-    starts (after nodeadm mounted the array), makes exactly the pods' hostPath, mode 1777 (non-root pods write
-    there), and running it again (a kubelet restart) changes nothing. Its `-` prefix: a failure there never
-    keeps the kubelet from starting (systemd.service, ExecStartPre)."""
+    """The script run for real (bash), its root moved under tmp_path and systemctl recorded: it
+    writes a kubelet drop-in and reloads systemd; the drop-in's ExecStartPre, run as systemd would
+    when the kubelet starts (after nodeadm mounted the array), makes exactly the pods' hostPath,
+    mode 1777 (non-root pods write there), and running it again (a kubelet restart) changes nothing.
+    Its `-` prefix: a failure there never keeps the kubelet from starting (systemd.service,
+    ExecStartPre)."""
     root = tmp_path / "node"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -160,10 +166,12 @@ def test_the_script_makes_the_directory_the_pods_mount_when_the_kubelet_starts(t
         assert stat.S_IMODE(made.stat().st_mode) == 0o1777 and made.is_dir()
 
 
-def test_the_local_backend_gives_each_node_its_own_scratch_that_outlives_its_pods(tmp_path, monkeypatch):
+def test_the_local_backend_gives_each_node_its_own_scratch_that_outlives_its_pods(
+    tmp_path, monkeypatch
+):
     """The local backend maps the hostPath to a directory of that simulated node under the job
-    (jobs/<job>/hosts/node-N/<path>), one per node, apart from the pod's emptyDirs (nodes/node-N, renewed
-    with each pod): the traces and the HF cache of node N land there."""
+    (jobs/<job>/hosts/node-N/<path>), one per node, apart from the pod's emptyDirs (nodes/node-N,
+    renewed with each pod): the traces and the HF cache of node N land there."""
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     cfg = load(dotenv={**NO_SHARED, "JOB_NODES": "3"})
     jdir = tmp_path / "jobs" / cfg.job_name
@@ -173,14 +181,20 @@ def test_the_local_backend_gives_each_node_its_own_scratch_that_outlives_its_pod
         scratch = jdir / "hosts" / f"node-{node}" / render.NODE_SCRATCH_DIR.lstrip("/")
         env = local._mapped_env(spec, node)
         assert env["HF_HOME"] == f"{scratch}/hf-cache"
-        assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{scratch}/nccl-traces/fsdp/nccl_trace_rank_"
+        assert (
+            env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{scratch}/nccl-traces/fsdp/nccl_trace_rank_"
+        )
         assert local.volume_dirs(spec, node)["/local"] == str(scratch)
         scratches.append(scratch)
     assert len(set(scratches)) == 3
-    assert local._nccl_traces(spec) == sorted(f"{s}/nccl-traces/fsdp/nccl_trace_rank_" for s in scratches)
+    assert local._nccl_traces(spec) == sorted(
+        f"{s}/nccl-traces/fsdp/nccl_trace_rank_" for s in scratches
+    )
     # with a shared volume nothing is mapped to a node's disk
     shared = local.spec_from_job(render.render_job(load(dotenv={}), "r")[-1], jdir)
-    assert "/local" not in shared["volumes"] and not any("/hosts/" in v for v in shared["volumes"].values())
+    assert "/local" not in shared["volumes"] and not any(
+        "/hosts/" in v for v in shared["volumes"].values()
+    )
 
 
 @pytest.mark.slow
@@ -189,10 +203,11 @@ def test_a_two_node_local_job_keeps_its_traces_and_hf_cache_on_each_nodes_scratc
     hub,  # noqa: F811
     assets,
 ):
-    """A real two-node local job with a hub model and no shared volume (so no pre-step: each node's local rank
-    0 downloads for its node, fsdptrain.fetch.before_process_group): the model arrives once per node, in that
-    node's /local/hf-cache, and each node's pre-launch check made its flight-recorder directory under its own
-    /local; nothing of either lands on another node's disk or in the pods' emptyDirs."""
+    """A real two-node local job with a hub model and no shared volume (so no pre-step: each node's
+    local rank 0 downloads for its node, fsdptrain.fetch.before_process_group): the model arrives
+    once per node, in that node's /local/hf-cache, and each node's pre-launch check made its
+    flight-recorder directory under its own /local; nothing of either lands on another node's disk
+    or in the pods' emptyDirs."""
     from test_prestep import MODEL, file_gets
 
     assert hub.endpoint  # the fixture is what serves MODEL
@@ -210,17 +225,22 @@ def test_a_two_node_local_job_keeps_its_traces_and_hf_cache_on_each_nodes_scratc
             }
         ),
         "HF_ENDPOINT": hub.endpoint,
-        # loopback: the Hub peer listens on this namespace's 127.0.0.1, which a node's namespace cannot reach
+        # loopback: the Hub peer listens on this namespace's 127.0.0.1, which a node's namespace
+        # cannot reach
         "FSDPCTL_LOCAL_NETNS": "0",
     }
     started = cli.run("job", "run", "--detach", env=settings)
     assert started.exit_code == 0, started.output
     waited = cli.run("job", "wait", "--timeout", "400", env=settings, timeout=440)
     jdir = cli.home / "jobs" / "fsdp"
-    assert waited.exit_code == 0, "".join(p.read_text()[-2000:] for p in jdir.glob("logs/*/node-*.log"))
+    assert waited.exit_code == 0, "".join(
+        p.read_text()[-2000:] for p in jdir.glob("logs/*/node-*.log")
+    )
     assert file_gets(hub)["model.safetensors"] == 2  # one download per node
     for node in (0, 1):
         scratch = jdir / "hosts" / f"node-{node}" / render.NODE_SCRATCH_DIR.lstrip("/")
-        assert list((scratch / "hf-cache" / "hub").glob("models--org--tiny-llama/snapshots/*/config.json"))
+        assert list(
+            (scratch / "hf-cache" / "hub").glob("models--org--tiny-llama/snapshots/*/config.json")
+        )
         assert (scratch / "nccl-traces" / "fsdp").is_dir()
     assert not list(jdir.glob("nodes/**/hf-cache")) and not list(jdir.glob("nodes/**/nccl-traces"))

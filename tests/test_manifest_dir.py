@@ -1,17 +1,18 @@
-"""`manifest --out-dir`: what a render leaves in the directory is exactly what it produced for its job, plus
-what other jobs and other people put there, untouched.
+"""`manifest --out-dir`: what a render leaves in the directory is exactly what it produced for its
+job, plus what other jobs and other people put there, untouched.
 
-Renders are generated (hypothesis, fixed seed): a run of renders into one directory, each with its own job
-name (two jobs share one namespace, so one Namespace file), JOB_NODES, RDZV_BACKEND (etcd brings a Deployment,
-Service and NetworkPolicy that c10d does not), DATASET (a hub data set brings the pre-step Job) and format
-(yaml or json: the files of the other format are stale too). After each render the directory is compared to
-what `fsdpctl.render` produces for each job's last render, file by file, and to the index fsdpctl keeps
-(`sha256sum` lines, checked here with hashlib as `sha256sum -c` would). A file fsdpctl did not write in the
-way of a render is refused with one line, exit 2, and nothing in the directory changes; a stale file changed
-since fsdpctl wrote it is kept.
+Renders are generated (hypothesis, fixed seed): a run of renders into one directory, each with its
+own job name (two jobs share one namespace, so one Namespace file), JOB_NODES, RDZV_BACKEND (etcd
+brings a Deployment, Service and NetworkPolicy that c10d does not), DATASET (a hub data set brings
+the pre-step Job) and format (yaml or json: the files of the other format are stale too). After each
+render the directory is compared to what `fsdpctl.render` produces for each job's last render, file
+by file, and to the index fsdpctl keeps (`sha256sum` lines, checked here with hashlib as `sha256sum
+-c` would). A file fsdpctl did not write in the way of a render is refused with one line, exit 2,
+and nothing in the directory changes; a stale file changed since fsdpctl wrote it is kept.
 
-kubectl reads a directory by suffix only (k8s.io/cli-runtime pkg/resource/visitor.go, ignoreFile with
-FileExtensions .json .yaml .yml; hidden names are not skipped), so the index must not end in one of them.
+kubectl reads a directory by suffix only (k8s.io/cli-runtime pkg/resource/visitor.go, ignoreFile
+with FileExtensions .json .yaml .yml; hidden names are not skipped), so the index must not end in
+one of them.
 """
 
 from __future__ import annotations
@@ -57,7 +58,13 @@ def _render(out, r: dict[str, str]):
     return invoke(*base, *sets, "manifest", "--run-id", "r1", "-o", r["fmt"], "--out-dir", str(out))
 
 
-ETCD = {"JOB_NAME": "fsdp", "JOB_NODES": "2", "RDZV_BACKEND": "etcd", "DATASET": "org/data", "fmt": "yaml"}
+ETCD = {
+    "JOB_NAME": "fsdp",
+    "JOB_NODES": "2",
+    "RDZV_BACKEND": "etcd",
+    "DATASET": "org/data",
+    "fmt": "yaml",
+}
 
 
 @settings(
@@ -69,7 +76,9 @@ ETCD = {"JOB_NAME": "fsdp", "JOB_NODES": "2", "RDZV_BACKEND": "etcd", "DATASET":
 @given(renders=st.lists(RENDERS, min_size=2, max_size=3))
 @example(renders=[ETCD, {**ETCD, "RDZV_BACKEND": "c10d", "DATASET": "builtin", "fmt": "json"}])
 @example(renders=[ETCD, {**ETCD, "JOB_NAME": "other"}, {**ETCD, "RDZV_BACKEND": "c10d"}])
-def test_the_directory_holds_each_jobs_last_render_and_nothing_stale(renders, cli, tmp_path_factory):
+def test_the_directory_holds_each_jobs_last_render_and_nothing_stale(
+    renders, cli, tmp_path_factory
+):
     out = tmp_path_factory.mktemp("out")
     (out / "README.md").write_text("someone else's\n")  # foreign, never in the way: left alone
     (out / "service-other.yaml").write_text("kind: Service\n")
@@ -81,7 +90,9 @@ def test_the_directory_holds_each_jobs_last_render_and_nothing_stale(renders, cl
         last.pop(r["JOB_NAME"], None)  # the latest render last: its bytes win a file two jobs share
         last[r["JOB_NAME"]] = _expected(r)
         kept = {name: body for files in last.values() for name, body in files.items()}
-        on_disk = {p.name: p.read_bytes() for p in out.iterdir() if p.name.endswith(KUBECTL_SUFFIXES)}
+        on_disk = {
+            p.name: p.read_bytes() for p in out.iterdir() if p.name.endswith(KUBECTL_SUFFIXES)
+        }
         foreign = {"service-other.yaml": b"kind: Service\n"}
         assert on_disk == {**kept, **foreign}, (sorted(on_disk), sorted(kept))
         assert (out / "README.md").read_text() == "someone else's\n"
@@ -89,16 +100,24 @@ def test_the_directory_holds_each_jobs_last_render_and_nothing_stale(renders, cl
             index = out / manifests.index_name(job)
             assert not index.name.endswith(KUBECTL_SUFFIXES)
             lines = index.read_text().splitlines()
-            assert sorted(lines) == sorted(f"{hashlib.sha256(b).hexdigest()}  {n}" for n, b in files.items())
+            assert sorted(lines) == sorted(
+                f"{hashlib.sha256(b).hexdigest()}  {n}" for n, b in files.items()
+            )
         assert not [p for p in out.iterdir() if p.name.startswith(".manifest-")]  # no temp dir left
 
 
 def test_a_foreign_file_in_the_way_is_refused_and_nothing_changes(cli, tmp_path):
-    """Whether it was never fsdpctl's or was changed since fsdpctl wrote it: one line naming it, exit 2,
-    the directory as it was (nothing written, nothing stale removed). The same bytes fsdpctl would write
-    are not in the way (a directory written before the index existed)."""
+    """Whether it was never fsdpctl's or was changed since fsdpctl wrote it: one line naming it,
+    exit 2, the directory as it was (nothing written, nothing stale removed). The same bytes fsdpctl
+    would write are not in the way (a directory written before the index existed)."""
     out = tmp_path / "out"
-    etcd = {"JOB_NAME": "fsdp", "JOB_NODES": "2", "RDZV_BACKEND": "etcd", "DATASET": "builtin", "fmt": "yaml"}
+    etcd = {
+        "JOB_NAME": "fsdp",
+        "JOB_NODES": "2",
+        "RDZV_BACKEND": "etcd",
+        "DATASET": "builtin",
+        "fmt": "yaml",
+    }
     c10d = {**etcd, "RDZV_BACKEND": "c10d"}
     assert _render(out, etcd).exit_code == 0
     (out / "pytorchjob-fsdp.yaml").write_text("edited by hand\n")
@@ -116,7 +135,9 @@ def test_a_foreign_file_in_the_way_is_refused_and_nothing_changes(cli, tmp_path)
     spot = out / "pytorchjob-fsdp.yaml"
     makers = {
         "fifo": os.mkfifo,  # never opened: open(2) of a FIFO waits for a writer (fifo(7))
-        "link": lambda p: p.symlink_to(out / "namespace-fsdp.yaml"),  # to fsdpctl's bytes, still a link
+        "link": lambda p: p.symlink_to(
+            out / "namespace-fsdp.yaml"
+        ),  # to fsdpctl's bytes, still a link
         "dir": os.mkdir,
     }
     for make in makers.values():
@@ -137,7 +158,13 @@ def test_a_foreign_file_in_the_way_is_refused_and_nothing_changes(cli, tmp_path)
 
 def test_a_stale_file_changed_since_is_kept_with_a_warning(cli, tmp_path):
     out = tmp_path / "out"
-    etcd = {"JOB_NAME": "fsdp", "JOB_NODES": "2", "RDZV_BACKEND": "etcd", "DATASET": "builtin", "fmt": "yaml"}
+    etcd = {
+        "JOB_NAME": "fsdp",
+        "JOB_NODES": "2",
+        "RDZV_BACKEND": "etcd",
+        "DATASET": "builtin",
+        "fmt": "yaml",
+    }
     assert _render(out, etcd).exit_code == 0
     (out / "service-etcd.yaml").write_text("edited by hand\n")
     r = _render(out, {**etcd, "RDZV_BACKEND": "c10d"})

@@ -1,5 +1,6 @@
 """Rendered manifests against the real schemas: the PyTorchJob CRD of Training Operator v1.9.4 (from
-../shared/vendor, strict: undeclared fields fail) and the Kubernetes 1.33 OpenAPI (kubernetes-validate)."""
+../shared/vendor, strict: undeclared fields fail) and the Kubernetes 1.33 OpenAPI
+(kubernetes-validate)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,10 @@ def test_every_trainjob_combination_validates(schemas, instance, strategy):
     assert validate(objs, schemas) == []
     spec = objs[-1]["spec"]
     assert spec["runtimeRef"]["name"] == "torch-distributed" and spec["trainer"]["numNodes"] == 16
-    assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == INSTANCE_TYPES[instance].gpus
+    assert (
+        spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"]
+        == INSTANCE_TYPES[instance].gpus
+    )
     pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
         "template"
     ]["spec"]["template"]["spec"]
@@ -138,7 +142,9 @@ def test_output_is_deterministic_and_ids_differ_per_run():
         render.render_job(cfg, render.stable_run_id(cfg))
     )
     assert render.new_run_id("fsdp") != render.new_run_id("fsdp")
-    assert render.stable_run_id(cfg) != render.stable_run_id(eks("p4de.24xlarge", "FULL_SHARD", "etcd"))
+    assert render.stable_run_id(cfg) != render.stable_run_id(
+        eks("p4de.24xlarge", "FULL_SHARD", "etcd")
+    )
 
 
 @pytest.mark.parametrize(
@@ -151,11 +157,15 @@ def test_output_is_deterministic_and_ids_differ_per_run():
         ("local-c10d", lambda: load(dotenv={})),
         (  # no shared volume: traces and HF cache on each node's /local scratch (hostPath)
             "eks-p5-local-scratch",
-            lambda: eks("p5.48xlarge", "FULL_SHARD", "c10d", SHARED_VOLUME="", CHECKPOINT_PVC="ckpt-claim"),
+            lambda: eks(
+                "p5.48xlarge", "FULL_SHARD", "c10d", SHARED_VOLUME="", CHECKPOINT_PVC="ckpt-claim"
+            ),
         ),
         (
             "eks-p5e-trainjob-efa",
-            lambda: eks("p5e.48xlarge", "FULL_SHARD", "c10d", JOB_KIND="trainjob", NODE_SELECTOR="team=ml"),
+            lambda: eks(
+                "p5e.48xlarge", "FULL_SHARD", "c10d", JOB_KIND="trainjob", NODE_SELECTOR="team=ml"
+            ),
         ),
         (
             "eks-p4de-no-efa-gang",
@@ -174,7 +184,8 @@ def test_output_is_deterministic_and_ids_differ_per_run():
     ],
 )
 def test_golden_manifests(name, cfg):
-    """The whole rendered output, compared after normalising the run id. FSDPCTL_UPDATE_GOLDEN=1 rewrites."""
+    """The whole rendered output, compared after normalising the run id. FSDPCTL_UPDATE_GOLDEN=1
+    rewrites."""
     text = render.to_yaml(render.render_job(cfg(), "RUN-ID"))
     path = GOLDEN / f"{name}.yaml"
     if os.environ.get("FSDPCTL_UPDATE_GOLDEN"):
@@ -193,21 +204,23 @@ def test_token_goes_only_into_the_secret(schemas):
     job = render.render_job(cfg, "r")[-1]
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     env = pod["containers"][0]["env"]
-    # the Secret reaches the pod as a read-only file that huggingface_hub reads through HF_TOKEN_PATH
+    # the Secret reaches the pod as a read-only file that huggingface_hub reads through
+    # HF_TOKEN_PATH
     assert {"name": "HF_TOKEN_PATH", "value": f"{render.HF_TOKEN_DIR}/HF_TOKEN"} in env
     assert not any(e["name"] == "HF_TOKEN" for e in env)
     assert {
         "name": "hf-token",
         "secret": {"secretName": "fsdp-hf-token", "optional": True, "defaultMode": 0o440},
     } in pod["volumes"]
-    assert {"name": "hf-token", "mountPath": render.HF_TOKEN_DIR, "readOnly": True} in pod["containers"][0][
-        "volumeMounts"
-    ]
+    assert {"name": "hf-token", "mountPath": render.HF_TOKEN_DIR, "readOnly": True} in pod[
+        "containers"
+    ][0]["volumeMounts"]
 
 
 def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
-    """What `fsdpctl deploy etcd|plugins|monitoring` applies and what `cleanup --checkpoints` starts, against
-    the Kubernetes OpenAPI; the dashboard queries every metric the issue names, the trainer's included."""
+    """What `fsdpctl deploy etcd|plugins|monitoring` applies and what `cleanup --checkpoints`
+    starts, against the Kubernetes OpenAPI; the dashboard queries every metric the issue names, the
+    trainer's included."""
     import json
 
     from fsdpctl import deploy
@@ -240,16 +253,19 @@ def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
 
 
 # apimachinery pkg/util/validation/validation.go: a label value is at most 63 characters of
-# (([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?; an object's name a DNS-1123 subdomain (IsDNS1123Subdomain)
+# (([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?; an object's name a DNS-1123 subdomain
+# (IsDNS1123Subdomain)
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def _run_ids(rng: random.Random):
-    """Run ids `job run --run-id` takes (files.RUN_ID), every length, with '-', '_' and '.' at character 63
-    (where a bare [:63] cut them) and anywhere else."""
+    """Run ids `job run --run-id` takes (files.RUN_ID), every length, with '-', '_' and '.' at
+    character 63 (where a bare [:63] cut them) and anywhere else."""
     inner = string.ascii_letters + string.digits + "-_."
-    for length in [1, 2, 62, 63, 64, 65, 100, 127, 128] + [rng.randrange(1, 129) for _ in range(30)]:
+    for length in [1, 2, 62, 63, 64, 65, 100, 127, 128] + [
+        rng.randrange(1, 129) for _ in range(30)
+    ]:
         body = [rng.choice(inner) for _ in range(length)]
         body[0], body[-1] = rng.choice(string.ascii_letters), rng.choice(string.digits)
         if length > 64:
@@ -261,12 +277,15 @@ def _run_ids(rng: random.Random):
 
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
 def test_every_label_and_name_from_a_run_id_or_job_name_is_one_the_api_server_takes(kind):
-    """Generated run ids and the longest job names JOB_NODES allows: every label value on every object the
-    job brings (its objects, the checkpoint cleaner, the run record's ConfigMap) is a valid label value and
-    every name a DNS-1123 subdomain, as the API server's ValidateObjectMeta checks them; a run id longer
-    than 63 characters is cut to one that still ends in a letter or digit."""
+    """Generated run ids and the longest job names JOB_NODES allows: every label value on every
+    object the job brings (its objects, the checkpoint cleaner, the run record's ConfigMap) is a
+    valid label value and every name a DNS-1123 subdomain, as the API server's ValidateObjectMeta
+    checks them; a run id longer than 63 characters is cut to one that still ends in a letter or
+    digit."""
     rng = random.Random(23)
-    for run_id, job in zip(_run_ids(rng), itertools.cycle(["a" * 47 + "-bcdef", "b" * 52 + "1", "fsdp"])):
+    for run_id, job in zip(
+        _run_ids(rng), itertools.cycle(["a" * 47 + "-bcdef", "b" * 52 + "1", "fsdp"])
+    ):
         cfg = eks("p5.48xlarge", "FULL_SHARD", "c10d", JOB_KIND=kind, JOB_NAME=job)
         rec = record.build(cfg, run_id=run_id, code={}, image=None, created=0.0, secret_name="s")
         objs = [

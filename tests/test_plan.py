@@ -1,5 +1,5 @@
-"""plan: the published facts it must reproduce, and the command (pure model; the CPU calibration against
-measured allocations is in test_trainer.py)."""
+"""plan: the published facts it must reproduce, and the command (pure model; the CPU calibration
+against measured allocations is in test_trainer.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ def test_the_cheapest_fix_fits():
 
 def test_throughput_is_in_the_published_range():
     """PyTorch/IBM FSDP: 7B ~3,700 tok/s/GPU on A100, ~7,500 on H100 (bf16, no compile)."""
-    a100 = P.speed(job(instance_type="p4de.24xlarge", ac="none", micro_batch=2)).tokens_per_s_per_gpu
+    a100 = P.speed(
+        job(instance_type="p4de.24xlarge", ac="none", micro_batch=2)
+    ).tokens_per_s_per_gpu
     h100 = P.speed(job(ac="none", micro_batch=2)).tokens_per_s_per_gpu
     assert 2_500 < a100 < 4_500 and 5_000 < h100 < 9_000
 
@@ -110,13 +112,16 @@ def test_job_from_takes_every_number_from_the_settings():
 @pytest.mark.parametrize("setting", ["auto", "true", "false"])
 @pytest.mark.parametrize("instance", ["p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge"])
 def test_compiled_layers_speed_up_the_planned_compute_by_the_h200_measurement(setting, instance):
-    """COMPILE=auto (and true) plans compiled layers: on H100/H200 the compute efficiency is the eager one
-    times the H200's measured step-time ratio (136.9 ms eager / 118.6 ms compiled, medians, Llama-2-7B's layer
-    x 8: shared/gpu/2026-12-04/ANALYSIS.md section 0); A100 has no compiled measurement and keeps 1.0;
-    COMPILE=false plans eager. The published rows (all eager) are untouched: Job.compiled defaults off."""
+    """COMPILE=auto (and true) plans compiled layers: on H100/H200 the compute efficiency is the
+    eager one times the H200's measured step-time ratio (136.9 ms eager / 118.6 ms compiled,
+    medians, Llama-2-7B's layer x 8: shared/gpu/2026-12-04/ANALYSIS.md section 0); A100 has no
+    compiled measurement and keeps 1.0; COMPILE=false plans eager. The published rows (all eager)
+    are untouched: Job.compiled defaults off."""
     from fsdpctl.settings import load
 
-    cfg = load(dotenv={"BACKEND": "eks", "MODEL": "7b", "INSTANCE_TYPE": instance, "COMPILE": setting})
+    cfg = load(
+        dotenv={"BACKEND": "eks", "MODEL": "7b", "INSTANCE_TYPE": instance, "COMPILE": setting}
+    )
     planned = P.job_from(cfg, mfu=0.0, price=None)
     assert planned.compiled is (setting != "false")
     eager = P.speed(dataclasses.replace(planned, compiled=False))
@@ -131,13 +136,23 @@ def test_report_is_the_models_numbers_in_gib_hours_and_usd():
     big = job(model="70b", ac="none")
     r = P.report(big, tokens=2e9)
     mem, hours_usd = P.memory(big), P.cost(big, 2e9)
-    assert r["memory_gib"]["total"] == mem.total / P.GIB and r["memory_gib"]["state"] == mem.state / P.GIB
-    assert r["fits"] is False and (r["hours"], r["usd"]) == hours_usd and r["price_per_hour"] == 55.04
+    assert (
+        r["memory_gib"]["total"] == mem.total / P.GIB
+        and r["memory_gib"]["state"] == mem.state / P.GIB
+    )
+    assert (
+        r["fits"] is False and (r["hours"], r["usd"]) == hours_usd and r["price_per_hour"] == 55.04
+    )
     name, fixed = P.cheapest_fix(big, 2e9)
     assert r["fix"] == name and r["fix_memory_gib"] == P.memory(fixed).total / P.GIB
     assert r["fix_memory_gib"] < r["memory_gib"]["capacity"] < r["memory_gib"]["total"]
     small = P.report(job(price_per_hour=None, instance_type="p5e.48xlarge"), tokens=1e9)
-    assert small["fits"] and small["fix"] is None and small["fix_memory_gib"] is None and small["usd"] is None
+    assert (
+        small["fits"]
+        and small["fix"] is None
+        and small["fix_memory_gib"] is None
+        and small["usd"] is None
+    )
 
 
 def test_the_sweep_varies_model_instance_and_nodes_only():
@@ -147,7 +162,9 @@ def test_the_sweep_varies_model_instance_and_nodes_only():
         ("7b", "p4de.24xlarge", n) for n in (1, 2, 4, 8, 16)
     ] + [("7b", "p5.48xlarge", 1)]
     one = dataclasses.replace(base, model="70b", instance_type="p5.48xlarge", nodes=4)
-    row = next(r for r in rows if (r["model"], r["instance_type"], r["nodes"]) == ("70b", "p5.48xlarge", 4))
+    row = next(
+        r for r in rows if (r["model"], r["instance_type"], r["nodes"]) == ("70b", "p5.48xlarge", 4)
+    )
     assert row["memory_gib"] == P.memory(one).total / P.GIB and row["usd"] == P.cost(one, 1e9)[1]
     assert all(r["scaling"] == 1.0 for r in rows if r["nodes"] == 1)
     assert all(0 < r["scaling"] <= 1.0 for r in rows)

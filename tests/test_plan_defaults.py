@@ -34,7 +34,8 @@ def planned(cli, *args: str) -> dict:
 
 @pytest.mark.parametrize("model", NAMED)
 def test_plan_of_a_named_model_starts_from_its_own_defaults(cli, model):
-    """No SEQ_LEN or MICRO_BATCH_SIZE anywhere: the model's own (4096 tokens), never the tiny model's 128."""
+    """No SEQ_LEN or MICRO_BATCH_SIZE anywhere: the model's own (4096 tokens), never the tiny
+    model's 128."""
     job = planned(cli, "--model", model)
     d = MODEL_DEFAULTS[model]
     assert (job["seq_len"], job["micro_batch"], job["ac"]) == (
@@ -48,8 +49,9 @@ def test_plan_of_a_named_model_starts_from_its_own_defaults(cli, model):
 @pytest.mark.parametrize("model", NAMED)
 @pytest.mark.parametrize("where", ["flag", "env", "dotenv"])
 def test_a_value_the_user_set_wins_over_the_models(cli, monkeypatch, model, where):
-    """SEQ_LEN / MICRO_BATCH_SIZE set by a flag, the environment or .env stay what the user said, even when
-    it equals the tiny model's default (128, 2): being set, not being different, is what counts."""
+    """SEQ_LEN / MICRO_BATCH_SIZE set by a flag, the environment or .env stay what the user said,
+    even when it equals the tiny model's default (128, 2): being set, not being different, is what
+    counts."""
     seq, mb = (128, 2) if model == "70b" else (512, 3)
     args: list[str] = ["--model", model]
     if where == "flag":
@@ -64,8 +66,9 @@ def test_a_value_the_user_set_wins_over_the_models(cli, monkeypatch, model, wher
 
 
 def test_plan_of_7b_reports_a_realistic_mfu_not_single_digits(cli):
-    """The symptom of issue 16: 7B at 128 tokens showed single-digit MFU. At its defaults the planner's MFU
-    is near the compute MFU it assumes for the GPU (IBM/Meta, PyTorch blog 2024-03: 37% on H100)."""
+    """The symptom of issue 16: 7B at 128 tokens showed single-digit MFU. At its defaults the
+    planner's MFU is near the compute MFU it assumes for the GPU (IBM/Meta, PyTorch blog 2024-03:
+    37% on H100)."""
     r = json.loads(cli("plan", "--model", "7b", "-o", "json").stdout)
     assert r["speed"]["mfu"] > 0.30
 
@@ -88,8 +91,11 @@ def table(cli, *args: str) -> list[dict]:
         (["--model", "70b", "--nodes", "8"], {"70b"}, {8}),
     ],
 )
-def test_the_table_keeps_only_the_rows_asked_for_and_they_equal_the_full_tables(cli, args, models, nodes):
-    """Narrowing selects rows: each one is the full table's row of the same model, instance and nodes."""
+def test_the_table_keeps_only_the_rows_asked_for_and_they_equal_the_full_tables(
+    cli, args, models, nodes
+):
+    """Narrowing selects rows: each one is the full table's row of the same model, instance and
+    nodes."""
     full = {(r["model"], r["instance_type"], r["nodes"]): r for r in table(cli)}
     rows = table(cli, *args)
     assert {r["model"] for r in rows} == models and {r["nodes"] for r in rows} == nodes
@@ -119,7 +125,15 @@ def test_a_node_count_off_the_sweep_is_planned_too_and_scales_against_one_node(c
         )
         one = json.loads(
             cli(
-                "plan", "--model", "13b", "--nodes", "1", "--instance-type", r["instance_type"], "-o", "json"
+                "plan",
+                "--model",
+                "13b",
+                "--nodes",
+                "1",
+                "--instance-type",
+                r["instance_type"],
+                "-o",
+                "json",
             ).stdout
         )
         assert r["memory_gib"] == alone["memory_gib"]["total"]
@@ -129,7 +143,12 @@ def test_a_node_count_off_the_sweep_is_planned_too_and_scales_against_one_node(c
 
 def test_a_bad_node_count_is_one_line_and_exit_2(cli):
     r = cli("plan", "--table", "--nodes", "0")
-    assert r.exit_code == 2 and "JOB_NODES" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+    assert (
+        r.exit_code == 2
+        and "JOB_NODES" in r.stderr
+        and "Traceback" not in r.stderr
+        and r.stdout == ""
+    )
 
 
 def test_golden_table_of_one_model_and_size(cli):
@@ -148,7 +167,9 @@ def test_the_next_commands_name_the_job_that_ran(name):
     text = next_commands(name)
     assert f"fsdpctl job status {name} " in text
     assert f"fsdpctl job logs {name} " in text
-    assert "job status fsdp" not in text  # the default JOB_NAME, which finds nothing after a quickstart
+    assert (
+        "job status fsdp" not in text
+    )  # the default JOB_NAME, which finds nothing after a quickstart
 
 
 def test_each_next_command_exists_in_the_cli(cli):

@@ -1,6 +1,7 @@
-"""A local pod's processes are found by the mark they inherit, as a container runtime finds a container's
-processes by its cgroup: torchrun (torch/distributed/elastic/multiprocessing/subprocess_handler) starts each
-worker with start_new_session=True, so a worker outlives a SIGKILL to its launcher's process group. Real
+"""A local pod's processes are found by the mark they inherit, as a container runtime finds a
+container's processes by its cgroup: torchrun
+(torch/distributed/elastic/multiprocessing/subprocess_handler) starts each worker with
+start_new_session=True, so a worker outlives a SIGKILL to its launcher's process group. Real
 processes, real signals."""
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def _alive(pid: int) -> bool:
 def _start(mark: str) -> tuple[subprocess.Popen, int]:
     env = {**os.environ, local.POD_MARK: mark}
     launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", LAUNCHER],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     return launcher, int(launcher.stdout.readline())
 
@@ -43,7 +48,9 @@ def test_kill_pod_reaches_workers_in_their_own_session_and_orphans():
     other, other_worker = _start(mark + "x")  # another pod: a prefix of its mark must not match
     try:
         assert sorted(local.pod_processes(mark)) == sorted([launcher.pid, worker])
-        os.killpg(launcher.pid, 9)  # what killing only the launcher's group did: the worker survives it
+        os.killpg(
+            launcher.pid, 9
+        )  # what killing only the launcher's group did: the worker survives it
         launcher.wait()
         assert _alive(worker) and local.pod_processes(mark) == [worker]
         local.kill_pod(mark)
@@ -67,12 +74,20 @@ def test_every_launcher_carries_its_pods_mark():
         "run_id": "r1",
         "replicas": 3,
         "nproc_per_node": 1,
-        "command": ["torchrun", "--nnodes=3", "--rdzv-endpoint=j-worker-0:29400", "-m", "fsdptrain"],
+        "command": [
+            "torchrun",
+            "--nnodes=3",
+            "--rdzv-endpoint=j-worker-0:29400",
+            "-m",
+            "fsdptrain",
+        ],
         "env": {},
         "volumes": {},
     }
     marks = [launch.env[local.POD_MARK] for launch in local.launches(spec, "127.0.0.1:1", {})]
     assert marks == ["j/r1/node-0", "j/r1/node-1", "j/r1/node-2"]
-    home = {local.JOB_MARK: "/home/a/jobs/j"}  # the supervisor's: the job's directory in this FSDPCTL_HOME
+    home = {
+        local.JOB_MARK: "/home/a/jobs/j"
+    }  # the supervisor's: the job's directory in this FSDPCTL_HOME
     marks = [launch.env[local.POD_MARK] for launch in local.launches(spec, "127.0.0.1:1", home)]
     assert marks == [f"/home/a/jobs/j/r1/node-{n}" for n in range(3)]

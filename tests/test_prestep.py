@@ -1,12 +1,13 @@
-"""The job's hub downloads happen once, before any process group (fsdpctl.prestep, fsdptrain.fetch), and
-`fsdpctl model fetch` / `data fetch` pre-stage them.
+"""The job's hub downloads happen once, before any process group (fsdpctl.prestep, fsdptrain.fetch),
+and `fsdpctl model fetch` / `data fetch` pre-stage them.
 
-Peer: no Hugging Face Hub is reachable from these machines, so tests/hub_peer.py serves the Hub's HTTP
-contract on 127.0.0.1 (repo info, tree listing, resolve with X-Repo-Commit/ETag/X-Linked-* headers, Range,
-RepoNotFound/GatedRepo errors with the Hub's status codes) and counts every request. The client is the real
-huggingface_hub (its HF_ENDPOINT points at the peer); the model it serves is a real Llama checkpoint that
-the test saves with transformers' LlamaConfig/LlamaForCausalLM.save_pretrained, with the offline tokenizer
-of fsdptrain.assets. Kubernetes objects validate against the Kubernetes 1.33 OpenAPI and the CRDs
+Peer: no Hugging Face Hub is reachable from these machines, so tests/hub_peer.py serves the Hub's
+HTTP contract on 127.0.0.1 (repo info, tree listing, resolve with X-Repo-Commit/ETag/X-Linked-*
+headers, Range, RepoNotFound/GatedRepo errors with the Hub's status codes) and counts every request.
+The client is the real huggingface_hub (its HF_ENDPOINT points at the peer); the model it serves is
+a real Llama checkpoint that the test saves with transformers'
+LlamaConfig/LlamaForCausalLM.save_pretrained, with the offline tokenizer of fsdptrain.assets.
+Kubernetes objects validate against the Kubernetes 1.33 OpenAPI and the CRDs
 (tests/test_manifests.py's fixture); the EKS flow runs against tests/kube_peer.py."""
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from test_manifests import schemas  # noqa: F401 - the fixture: CRD schemas for 
 
 TOKEN = "hf_GatedAccessTokenZyXwVuTsRqPoNm98"
 MODEL = "org/tiny-llama"
-GATED = "acme/llama-gated"  # gated on the peer (meta-llama/* the settings already refuse without a token)
+# gated on the peer (meta-llama/* the settings already refuse without a token)
+GATED = "acme/llama-gated"
 
 
 @pytest.fixture(scope="session")
@@ -59,14 +61,18 @@ def tiny_model(tmp_path_factory, assets) -> Path:
 
 @pytest.fixture
 def hub(tiny_model, monkeypatch):
-    """The peer with a public model, a gated one (TOKEN has access) and a data set; HF_ENDPOINT at it."""
+    """The peer with a public model, a gated one (TOKEN has access) and a data set; HF_ENDPOINT at
+    it."""
     rows = "".join(
-        json.dumps({"text": f"document {i}: " + "the quick brown fox " * 8}) + "\n" for i in range(64)
+        json.dumps({"text": f"document {i}: " + "the quick brown fox " * 8}) + "\n"
+        for i in range(64)
     )
     with running(HubPeer()) as served:
         served.add_dir("model", MODEL, tiny_model)
         served.add_dir("model", GATED, tiny_model, gated_tokens={TOKEN})
-        served.add("dataset", "org/corpus", {"data/train.jsonl": rows.encode(), "README.md": b"# corpus\n"})
+        served.add(
+            "dataset", "org/corpus", {"data/train.jsonl": rows.encode(), "README.md": b"# corpus\n"}
+        )
         monkeypatch.setenv("HF_ENDPOINT", served.endpoint)
         monkeypatch.setenv(fetch.PROGRESS_ENV, "0.2")
         yield served
@@ -97,7 +103,9 @@ def test_which_settings_name_hub_repos():
         ("model", GATED, "PRETRAINED"),
         ("dataset", "org/corpus", "DATASET"),
     ]
-    assert set(fetch.TOKENIZER_PATTERNS) <= set(t[0].patterns or ())  # the model repo is the tokenizer too
+    assert set(fetch.TOKENIZER_PATTERNS) <= set(
+        t[0].patterns or ()
+    )  # the model repo is the tokenizer too
     t = fetch.targets({"PRETRAINED": GATED, "TOKENIZER": "org/tok", "DATASET": "builtin"})
     assert [(x.repo_id, x.patterns) for x in t] == [
         (GATED, fetch.MODEL_PATTERNS),
@@ -109,7 +117,13 @@ def test_which_settings_name_hub_repos():
 
 def eks(**more):
     return load(
-        dotenv={"BACKEND": "eks", "AWS_ACCOUNT_ID": "123456789012", "JOB_NODES": "16", "MODEL": "7b", **more}
+        dotenv={
+            "BACKEND": "eks",
+            "AWS_ACCOUNT_ID": "123456789012",
+            "JOB_NODES": "16",
+            "MODEL": "7b",
+            **more,
+        }
     )
 
 
@@ -143,11 +157,13 @@ def test_the_prestep_job_validates_and_the_workers_wait_for_its_marker(schemas, 
     assert env["HF_HOME"] == "/fsx/hf-cache" and "HF_HUB_OFFLINE" not in env
     assert {"name": "shared", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
     assert {"name": "shared", "mountPath": "/fsx"} in container["volumeMounts"]
-    assert env["HF_TOKEN_PATH"].startswith(render.HF_TOKEN_DIR) and TOKEN not in render.to_yaml(objs)
+    assert env["HF_TOKEN_PATH"].startswith(render.HF_TOKEN_DIR) and TOKEN not in render.to_yaml(
+        objs
+    )
     # its pod is not one of the job's nodes (those are listed by fsdpctl.io/job)
     assert "fsdpctl.io/job" not in fetch_job["spec"]["template"]["metadata"]["labels"]
-    # a wrong id or no access (exit 2), or a hub still down after retries (1): the Job fails at once; so does
-    # a volume its first container cannot prepare
+    # a wrong id or no access (exit 2), or a hub still down after retries (1): the Job fails at
+    # once; so does a volume its first container cannot prepare
     [rule, prep, disruption] = fetch_job["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [1, 2]
     assert prep["onExitCodes"] == {"containerName": "volume-prep", "operator": "In", "values": [1]}
@@ -160,19 +176,27 @@ def test_the_prestep_job_validates_and_the_workers_wait_for_its_marker(schemas, 
 
 
 def test_without_a_hub_repo_the_prestep_only_prepares_the_volume():
-    """Every job whose pods mount a claim gets the pre-step for its first container (volume-prep), which makes
-    the job's directories before anything of the job writes; without a hub repo it downloads nothing, the
-    workers stay online, and they wait for it no longer than its pod takes to start."""
-    for cfg in (load(dotenv={}), eks(), eks(PRETRAINED="/fsx/models/llama", DATASET="/fsx/data/c.jsonl")):
+    """Every job whose pods mount a claim gets the pre-step for its first container (volume-prep),
+    which makes the job's directories before anything of the job writes; without a hub repo it
+    downloads nothing, the workers stay online, and they wait for it no longer than its pod takes to
+    start."""
+    for cfg in (
+        load(dotenv={}),
+        eks(),
+        eks(PRETRAINED="/fsx/models/llama", DATASET="/fsx/data/c.jsonl"),
+    ):
         objs = render.render_job(cfg, "r")
         [pre] = [o for o in objs if o["kind"] == "Job"]
-        env = {e["name"]: e["value"] for e in pre["spec"]["template"]["spec"]["containers"][0]["env"]}
+        env = {
+            e["name"]: e["value"] for e in pre["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
         assert not {"PRETRAINED", "TOKENIZER", "DATASET"} & set(env)
         assert "HF_HUB_OFFLINE" not in json.dumps(objs) and fetch.MARKER_ENV in json.dumps(objs[-1])
         wait = json.dumps({"name": fetch.WAIT_ENV, "value": str(prestep.PREP_ONLY_WAIT_S)})
         assert wait in json.dumps(objs[-1])
-    # no claim at all (one node, pod-local disks): nothing to prepare, no disk the pre-step and the pods
-    # share; the trainer downloads per node, before any process group (fsdptrain.fetch.before_process_group)
+    # no claim at all (one node, pod-local disks): nothing to prepare, no disk the pre-step and the
+    # pods share; the trainer downloads per node, before any process group
+    # (fsdptrain.fetch.before_process_group)
     single = eks(JOB_NODES="1", SHARED_VOLUME="", PRETRAINED=GATED, HF_TOKEN=TOKEN)
     assert [o["kind"] for o in render.render_job(single, "r")] == [
         "Namespace",
@@ -187,7 +211,9 @@ def test_without_a_hub_repo_the_prestep_only_prepares_the_volume():
 def test_model_fetch_twice_downloads_once_and_dry_run_writes_nothing(cli, hub):
     dry = cli("--set", f"PRETRAINED={MODEL}", "model", "fetch", "--dry-run")
     assert dry.exit_code == 0, dry.output
-    assert "would download 5 files" in dry.stderr and not cache(cli).exists() and file_gets(hub) == {}
+    assert (
+        "would download 5 files" in dry.stderr and not cache(cli).exists() and file_gets(hub) == {}
+    )
 
     first = cli("--set", f"PRETRAINED={MODEL}", "model", "fetch")
     assert first.exit_code == 0, first.output
@@ -205,7 +231,10 @@ def test_model_fetch_twice_downloads_once_and_dry_run_writes_nothing(cli, hub):
     assert file_gets(hub) == gets  # not one file fetched again
     # --to: any HF_HOME (a workstation's mount of the shared volume)
     elsewhere = cli("model", "fetch", MODEL, "--to", "mnt/hf")
-    assert elsewhere.exit_code == 0 and (cli.cwd / "mnt/hf/hub/models--org--tiny-llama/refs/main").is_file()
+    assert (
+        elsewhere.exit_code == 0
+        and (cli.cwd / "mnt/hf/hub/models--org--tiny-llama/refs/main").is_file()
+    )
 
 
 def hub_files(served: HubPeer) -> list[Path]:
@@ -220,8 +249,16 @@ def hub_files(served: HubPeer) -> list[Path]:
             None,
             "model='org/no-such-model' is not a model repo on the hub",
         ),
-        (["--set", f"PRETRAINED={GATED}", "model", "fetch"], None, f"PRETRAINED='{GATED}' is a gated repo"),
-        (["model", "fetch", GATED], "hf_NotGrantedTokenAbCdEfGhIjKlMn12", "the token has no access"),
+        (
+            ["--set", f"PRETRAINED={GATED}", "model", "fetch"],
+            None,
+            f"PRETRAINED='{GATED}' is a gated repo",
+        ),
+        (
+            ["model", "fetch", GATED],
+            "hf_NotGrantedTokenAbCdEfGhIjKlMn12",
+            "the token has no access",
+        ),
         (["data", "fetch", "org/corpus", "--revision", "v9"], None, "has no revision 'v9'"),
     ],
     ids=["unknown", "gated-no-token", "gated-token-without-access", "no-revision"],
@@ -235,14 +272,19 @@ def test_a_wrong_repo_or_token_is_one_line_exit_2_and_nothing_written(cli, hub, 
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and says in " ".join(r.stderr.split()), r.stderr
     assert "hint:" in r.stderr and (token or TOKEN) not in r.output
-    assert not (cli.home / "volumes").exists()  # nothing half-written: it failed before the first byte
+    assert not (
+        cli.home / "volumes"
+    ).exists()  # nothing half-written: it failed before the first byte
 
 
 def test_a_gated_model_with_a_granted_token_from_a_file(cli, hub):
     (cli.cwd / "token").write_text(TOKEN + "\n")
     r = cli("--set", "HF_TOKEN_FILE=token", "--set", f"PRETRAINED={GATED}", "model", "fetch")
     assert r.exit_code == 0, r.output
-    assert TOKEN not in r.output and (cache(cli) / "models--acme--llama-gated" / "refs" / "main").is_file()
+    assert (
+        TOKEN not in r.output
+        and (cache(cli) / "models--acme--llama-gated" / "refs" / "main").is_file()
+    )
 
 
 @pytest.mark.slow  # starts the fetch program or the trainer as processes of their own
@@ -251,7 +293,9 @@ def test_an_interrupted_download_stays_invisible_until_the_next_fetch_finishes_i
     r = cli("model", "fetch", MODEL)
     assert r.exit_code == 1 and "run it again" in r.stderr, r.output
     repo = cache(cli) / "models--org--tiny-llama"
-    assert not (repo / "refs" / "main").exists()  # offline loaders resolve refs/main: they see nothing
+    assert not (
+        repo / "refs" / "main"
+    ).exists()  # offline loaders resolve refs/main: they see nothing
     assert not list(repo.rglob("model.safetensors"))
     assert offline_load(cache(cli).parent, "config").returncode != 0
     hub.cut.clear()
@@ -266,12 +310,20 @@ def test_an_interrupted_download_stays_invisible_until_the_next_fetch_finishes_i
 
 
 def offline_load(hf_home: Path, what: str) -> subprocess.CompletedProcess:
-    """transformers, as the trainer calls it, in a fresh process with HF_HUB_OFFLINE=1 and the hub gone."""
+    """transformers, as the trainer calls it, in a fresh process with HF_HUB_OFFLINE=1 and the hub
+    gone."""
     code = {
         "config": f"import transformers as t; print(t.AutoConfig.from_pretrained({MODEL!r}).hidden_size)",
     }[what]
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.slow  # starts the fetch program or the trainer as processes of their own
@@ -286,14 +338,21 @@ def test_data_fetch_then_the_trainer_streams_the_snapshot_offline(cli, hub, asse
         "cfg = TrainConfig(dataset='org/corpus', seq_len=16);"
         "rows = StreamingBlocks(cfg, tok).take(0, 3); print(rows.shape)"
     )
-    env = {**os.environ, "HF_HOME": str(cli.cwd / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "HF_HOME": str(cli.cwd / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
     p = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180, cwd=ROOT
     )
     assert p.returncode == 0 and p.stdout.strip() == "(3, 17)", p.stderr[-2000:]
     # a repo not fetched: one line naming the fix, not a hub error
     missing = code.replace("org/corpus", "org/never-fetched")
-    p = subprocess.run([sys.executable, "-c", missing], env=env, capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [sys.executable, "-c", missing], env=env, capture_output=True, text=True, timeout=180
+    )
     assert p.returncode != 0 and "fetch it first" in p.stderr
 
 
@@ -328,10 +387,15 @@ def test_the_prestep_program_tells_its_verdict_in_the_marker(hub, tmp_path):
     assert states == ["complete", "complete"]
     # a wrong id: exit 2 (the Job fails at once) and the trainers learn why
     p = run_fetch(tmp_path / "hf", tmp_path / "bad.json", PRETRAINED="org/nope")
-    assert p.returncode == 2 and "is not a model repo" in fetch.read_marker(tmp_path / "bad.json")["error"]
+    assert (
+        p.returncode == 2
+        and "is not a model repo" in fetch.read_marker(tmp_path / "bad.json")["error"]
+    )
     # the hub unreachable after its retries: exit 1, and the trainers stop waiting too
     hub.down()
-    p = run_fetch(tmp_path / "hf2", tmp_path / "down.json", PRETRAINED=MODEL, **{fetch.ATTEMPTS_ENV: "2"})
+    p = run_fetch(
+        tmp_path / "hf2", tmp_path / "down.json", PRETRAINED=MODEL, **{fetch.ATTEMPTS_ENV: "2"}
+    )
     assert p.returncode == 1 and "failed" in fetch.read_marker(tmp_path / "down.json")["error"]
 
 
@@ -352,7 +416,9 @@ def test_the_wait_is_a_file_poll_with_a_deadline(tmp_path):
     assert record["ok"] and len(said) == 3 * 60  # said at once, then once a minute, for 3 hours
     marker.unlink()
     clock[0] = 0.0
-    with pytest.raises(ConfigError, match=r"gave no result in 1800 s \(PRESTEP_TIMEOUT\): no marker"):
+    with pytest.raises(
+        ConfigError, match=r"gave no result in 1800 s \(PRESTEP_TIMEOUT\): no marker"
+    ):
         fetch.wait_for_marker(marker, timeout_s=1800, **wait)
     assert 1800 <= clock[0] < 1800 + 5  # gave up at the deadline, not before, not much after
     assert fetch.wait_timeout({fetch.WAIT_ENV: "900"}) == 900 and fetch.wait_timeout({}) == 7200
@@ -362,9 +428,11 @@ def test_the_wait_is_a_file_poll_with_a_deadline(tmp_path):
 
 
 @pytest.mark.slow  # starts the fetch program or the trainer as processes of their own
-def test_without_a_prestep_local_rank_0_downloads_for_its_node_before_any_process_group(hub, tmp_path):
-    """`torchrun -m fsdptrain` with a hub id and no pre-step: the node's download runs in a child process
-    before the process group, then the trainer is offline."""
+def test_without_a_prestep_local_rank_0_downloads_for_its_node_before_any_process_group(
+    hub, tmp_path
+):
+    """`torchrun -m fsdptrain` with a hub id and no pre-step: the node's download runs in a child
+    process before the process group, then the trainer is offline."""
     code = (
         "import os; from fsdptrain.fetch import before_process_group;"
         f"before_process_group({{'PRETRAINED': {MODEL!r}}}, os.environ);"
@@ -372,7 +440,12 @@ def test_without_a_prestep_local_rank_0_downloads_for_its_node_before_any_proces
     )
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "LOCAL_RANK": "0", "RANK": "0"}
     p = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "1 False", p.stdout + p.stderr
     assert file_gets(hub)["model.safetensors"] == 1
@@ -406,13 +479,17 @@ def test_status_says_what_the_prestep_is_doing():
     ).line()
     done = prestep.report(fetch.parse([line, cached]), "Succeeded")
     assert prestep.describe(done).endswith(f"all cached, nothing downloaded ({GATED})")
-    failed = fetch.Progress(repo=GATED, kind="model", state="failed", error="is a gated repo").line()
+    failed = fetch.Progress(
+        repo=GATED, kind="model", state="failed", error="is a gated repo"
+    ).line()
     assert prestep.describe(prestep.report(fetch.parse([failed]), "Running")).startswith(
         "Failed: is a gated repo"
     )
     job = {
         "status": {
-            "conditions": [{"type": "Failed", "status": "True", "message": "exit code 2 matching FailJob"}]
+            "conditions": [
+                {"type": "Failed", "status": "True", "message": "exit code 2 matching FailJob"}
+            ]
         }
     }
     assert prestep.job_phase(job) == ("Failed", "exit code 2 matching FailJob")
@@ -432,7 +509,11 @@ def test_eks_job_run_creates_the_prestep_owned_by_the_job_and_status_follows_it(
     [fetch_job] = [j for j in peer.objects("jobs") if j["metadata"]["namespace"] == "fsdp"]
     assert fetch_job["metadata"]["name"] == "fsdp-fetch"
     [owner] = fetch_job["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("PyTorchJob", "fsdp", job["metadata"]["uid"])
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "PyTorchJob",
+        "fsdp",
+        job["metadata"]["uid"],
+    )
 
     status = json.loads(invoke(*settings, "job", "status", "-o", "json").stdout)
     assert status["prestep"]["phase"] == "Pending" and status["stalled"] is False
@@ -442,7 +523,11 @@ def test_eks_job_run_creates_the_prestep_owned_by_the_job_and_status_follows_it(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "fsdp-fetch-x1", "namespace": "fsdp", "labels": {prestep.OF_LABEL: "fsdp"}},
+            "metadata": {
+                "name": "fsdp-fetch-x1",
+                "namespace": "fsdp",
+                "labels": {prestep.OF_LABEL: "fsdp"},
+            },
             "spec": {"containers": [{"name": "fetch", "image": "x"}]},
         }
     )
@@ -464,10 +549,14 @@ def test_eks_job_run_creates_the_prestep_owned_by_the_job_and_status_follows_it(
     )
     r = invoke(*settings, "job", "status")
     assert (
-        r.exit_code == 0 and "pre-step" in r.stdout and "Running: 2/5 files, 2.0 GiB of 13.0 GiB" in r.stdout
+        r.exit_code == 0
+        and "pre-step" in r.stdout
+        and "Running: 2/5 files, 2.0 GiB of 13.0 GiB" in r.stdout
     )
 
-    assert invoke(*settings, "job", "stop").exit_code == 0  # the garbage collector takes the pre-step too
+    assert (
+        invoke(*settings, "job", "stop").exit_code == 0
+    )  # the garbage collector takes the pre-step too
     assert [j for j in peer.objects("jobs") if j["metadata"]["namespace"] == "fsdp"] == []
 
 
@@ -476,9 +565,10 @@ def test_eks_job_run_creates_the_prestep_owned_by_the_job_and_status_follows_it(
 
 @pytest.mark.slow
 def test_a_two_node_job_downloads_once_before_training_and_trains_offline(cli, hub, assets):
-    """Two simulated nodes (own network namespaces as root): the pre-step downloads each file once while
-    both nodes' trainers wait for its marker (the weights are slowed down so they do wait); the hub goes down
-    the moment the marker appears, and the trainers load weights and tokenizer from the shared cache."""
+    """Two simulated nodes (own network namespaces as root): the pre-step downloads each file once
+    while both nodes' trainers wait for its marker (the weights are slowed down so they do wait);
+    the hub goes down the moment the marker appears, and the trainers load weights and tokenizer
+    from the shared cache."""
     hub.delay_s["model.safetensors"] = 20
     settings = {
         "PRETRAINED": MODEL,
@@ -509,9 +599,12 @@ def test_a_two_node_job_downloads_once_before_training_and_trains_offline(cli, h
     finally:
         stop.set()
     assert seen["phase"] == "Running" and seen["step"] == 0 and seen["stalled"] is False, seen
-    assert seen["prestep"]["phase"] == "Running" and seen["prestep"]["files_total"] == 5, seen["prestep"]
+    assert seen["prestep"]["phase"] == "Running" and seen["prestep"]["files_total"] == 5, seen[
+        "prestep"
+    ]
     assert (
-        seen["prestep"]["files_done"] == 4 and seen["prestep"]["bytes_done"] < seen["prestep"]["bytes_total"]
+        seen["prestep"]["files_done"] == 4
+        and seen["prestep"]["bytes_done"] < seen["prestep"]["bytes_total"]
     )
     logs = cli.home / "jobs" / "fsdp" / "logs"
     [node0] = logs.glob("*/node-0.log")
@@ -527,13 +620,15 @@ def test_a_two_node_job_downloads_once_before_training_and_trains_offline(cli, h
 
 
 def watch_status(cli, env: dict[str, str]) -> dict:
-    """`job status -o json` until it shows the download part-way (or 60 s pass): that report. (Bytes within
-    a file show in huggingface_hub's 10 MiB write steps: the tiny weights come in one.)"""
+    """`job status -o json` until it shows the download part-way (or 60 s pass): that report. (Bytes
+    within a file show in huggingface_hub's 10 MiB write steps: the tiny weights come in one.)"""
     deadline = time.monotonic() + 60
     while True:
         r = json.loads(cli.run("job", "status", "-o", "json", env=env).stdout)
         pre = r.get("prestep") or {}
-        if pre.get("phase") == "Running" and 0 < pre.get("files_done", 0) < pre.get("files_total", 0):
+        if pre.get("phase") == "Running" and 0 < pre.get("files_done", 0) < pre.get(
+            "files_total", 0
+        ):
             return r
         if time.monotonic() > deadline:
             return r

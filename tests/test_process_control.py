@@ -1,17 +1,17 @@
-"""Local job control as careful as a kubelet's (issue 15): a lock per job, process identity beyond the PID,
-a dead supervisor's orphans found and stopped, names that cannot walk out of FSDPCTL_HOME, and list/cleanup
-that survive a stray file. Real processes and real signals throughout; most runs are a planted job whose
-launchers are short Python programs carrying the job's mark (the supervisor is the real one), so only one
-test trains.
+"""Local job control as careful as a kubelet's (issue 15): a lock per job, process identity beyond
+the PID, a dead supervisor's orphans found and stopped, names that cannot walk out of FSDPCTL_HOME,
+and list/cleanup that survive a stray file. Real processes and real signals throughout; most runs
+are a planted job whose launchers are short Python programs carrying the job's mark (the supervisor
+is the real one), so only one test trains.
 
-Sources: proc(5) for /proc/<pid>/stat (field 22, starttime, in clock ticks after boot; field 2 the command
-name in parentheses, which may itself hold ')' and spaces), /proc/<pid>/environ and
-/proc/sys/kernel/random/boot_id; flock(2) (locks belong to the open file description, are released when
-every descriptor of it is closed, so at a holder's death however it dies, and two open()s of one file
-conflict even within a process); pidfd_open(2) and pidfd_send_signal(2) (a pidfd refers to one process,
-and signalling it after that process ended fails with ESRCH rather than reaching a process that reused
-its PID, which is how systemd and containerd avoid the race); the kubelet's stop sequence
-(SIGTERM to the container's first process, SIGKILL to every process of it after
+Sources: proc(5) for /proc/<pid>/stat (field 22, starttime, in clock ticks after boot; field 2 the
+command name in parentheses, which may itself hold ')' and spaces), /proc/<pid>/environ and
+/proc/sys/kernel/random/boot_id; flock(2) (locks belong to the open file description, are released
+when every descriptor of it is closed, so at a holder's death however it dies, and two open()s of
+one file conflict even within a process); pidfd_open(2) and pidfd_send_signal(2) (a pidfd refers to
+one process, and signalling it after that process ended fails with ESRCH rather than reaching a
+process that reused its PID, which is how systemd and containerd avoid the race); the kubelet's stop
+sequence (SIGTERM to the container's first process, SIGKILL to every process of it after
 terminationGracePeriodSeconds)."""
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ WITH_WORKER = (
 
 
 def fake_job(name: str = "fsdp", code: str = SLEEPER, replicas: int = 2, grace: int = 5) -> dict:
-    """A PyTorchJob as render.render_job shapes it, whose container is a short Python program instead of
-    torchrun: the real supervisor runs it, one launcher per replica, with the pod's mark."""
+    """A PyTorchJob as render.render_job shapes it, whose container is a short Python program
+    instead of torchrun: the real supervisor runs it, one launcher per replica, with the pod's mark.
+    """
     # the endpoint argument as the manifest has it (rewritten per node; a Python program ignores it)
     command = ["python", "-c", code, f"--rdzv-endpoint={name}-worker-0:29400"]
     container = {"command": command, "env": [], "volumeMounts": []}
@@ -78,8 +79,8 @@ def fake_job(name: str = "fsdp", code: str = SLEEPER, replicas: int = 2, grace: 
 
 @pytest.fixture
 def home(cli, monkeypatch):
-    """The isolated FSDPCTL_HOME of the `cli` fixture, loopback nodes; every process of the test's jobs is
-    SIGKILLed at the end, whatever the test left."""
+    """The isolated FSDPCTL_HOME of the `cli` fixture, loopback nodes; every process of the test's
+    jobs is SIGKILLed at the end, whatever the test left."""
     monkeypatch.setenv("FSDPCTL_LOCAL_NETNS", "0")
     yield cli
     jobs = cli.home / "jobs"
@@ -111,7 +112,9 @@ def _running(name: str, replicas: int) -> dict:
         jdir = local.job_dir(name)
         logs = sorted(jdir.glob("logs/*/supervisor.log"))
         said = logs[-1].read_text()[-2000:] if logs else "no supervisor.log"
-        raise AssertionError(f"not running: state {local.read_state(jdir)}; supervisor.log: {said}") from None
+        raise AssertionError(
+            f"not running: state {local.read_state(jdir)}; supervisor.log: {said}"
+        ) from None
 
 
 def _alive(pid: int) -> bool:
@@ -119,8 +122,8 @@ def _alive(pid: int) -> bool:
 
 
 def _one_line(text: str) -> bool:
-    """One error line (a `hint:` line may follow, as for every fsdpctl error; rich may wrap a long path at
-    the test's 80 columns) and no traceback."""
+    """One error line (a `hint:` line may follow, as for every fsdpctl error; rich may wrap a long
+    path at the test's 80 columns) and no traceback."""
     lines = text.strip().splitlines()
     return sum(x.startswith("error:") for x in lines) == 1 and "Traceback" not in text
 
@@ -129,9 +132,9 @@ def _one_line(text: str) -> bool:
 
 
 def test_start_time_is_field_22_even_when_the_name_holds_a_parenthesis(tmp_path):
-    """A program named `a) b (c` (/proc/<pid>/stat shows `(a) b (c)`: a naive split shifts every field):
-    its start time read after the last ')' agrees with procps (`ps -o etimes`, seconds since it started,
-    from the same field: /proc/uptime minus ticks / SC_CLK_TCK)."""
+    """A program named `a) b (c` (/proc/<pid>/stat shows `(a) b (c)`: a naive split shifts every
+    field): its start time read after the last ')' agrees with procps (`ps -o etimes`, seconds since
+    it started, from the same field: /proc/uptime minus ticks / SC_CLK_TCK)."""
     odd = tmp_path / "a) b (c"
     shutil.copy("/bin/sleep", odd)
     proc = subprocess.Popen([str(odd), "30"])
@@ -140,8 +143,8 @@ def test_start_time_is_field_22_even_when_the_name_holds_a_parenthesis(tmp_path)
         ticks = local.start_ticks(proc.pid)
         etimes = int(subprocess.check_output(["ps", "-o", "etimes=", "-p", str(proc.pid)]))
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        # procps: etimes = uptime - start ticks / SC_CLK_TCK (both since boot; the wall clock's btime drifts
-        # from them where the clock was stepped since boot)
+        # procps: etimes = uptime - start ticks / SC_CLK_TCK (both since boot; the wall clock's
+        # btime drifts from them where the clock was stepped since boot)
         assert abs((uptime - ticks / os.sysconf("SC_CLK_TCK")) - etimes) <= 2.5
         ident = local.identity(proc.pid)
         assert local.same_process(ident)
@@ -154,7 +157,8 @@ def test_start_time_is_field_22_even_when_the_name_holds_a_parenthesis(tmp_path)
 
 
 def test_a_zombie_is_not_alive_and_is_not_signalled():
-    """A child that exited but is not reaped keeps its PID (state Z in proc(5)): not the live process."""
+    """A child that exited but is not reaped keeps its PID (state Z in proc(5)): not the live
+    process."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     _until(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z")
     assert local.start_ticks(proc.pid) is None and not local.same_process(local.identity(proc.pid))
@@ -186,14 +190,20 @@ def _plant(home_dir: Path, supervisor: dict, launchers: list[dict], name: str = 
 
 @pytest.mark.parametrize(
     "how",
-    ["start time off by one", "another boot", "same identity, no mark", "PID only (an older state)"],
+    [
+        "start time off by one",
+        "another boot",
+        "same identity, no mark",
+        "PID only (an older state)",
+    ],
 )
 def test_job_stop_never_signals_an_unrelated_process_that_took_the_pid(home, how):
-    """A live `sleep` (not fsdpctl's) holds the PID a stale state.json names as supervisor and launcher:
-    `job stop` and `job status` leave it running. With a start time or boot id that differs it is another
-    process; with the very identity it lacks the job's mark, so it is not the job's either (issue 29: a
-    process is the job's only when it proves it): the job is Failed, nothing to stop. With a PID alone (a
-    state of an older fsdpctl) nothing is signalled (one line, exit 1)."""
+    """A live `sleep` (not fsdpctl's) holds the PID a stale state.json names as supervisor and
+    launcher: `job stop` and `job status` leave it running. With a start time or boot id that
+    differs it is another process; with the very identity it lacks the job's mark, so it is not the
+    job's either (issue 29: a process is the job's only when it proves it): the job is Failed,
+    nothing to stop. With a PID alone (a state of an older fsdpctl) nothing is signalled (one line,
+    exit 1)."""
     sleeper = subprocess.Popen(["sleep", "120"])
     try:
         ident = _until(lambda: local.identity(sleeper.pid))
@@ -220,10 +230,11 @@ def test_job_stop_never_signals_an_unrelated_process_that_took_the_pid(home, how
 
 
 def test_ctrl_c_on_a_job_whose_supervisor_is_not_the_one_recorded_is_one_line(home):
-    """Ctrl-C while following (`LocalBackend.interrupt`) stops the job as `job stop` does: where the state's
-    supervisor is a live process known by its PID alone (an older state), nothing is signalled and the
-    error is fsdpctl's own one line, not an unexpected exception; where it names a live process by its full
-    identity but that process lacks the job's mark, the job is Failed and nothing is signalled either."""
+    """Ctrl-C while following (`LocalBackend.interrupt`) stops the job as `job stop` does: where the
+    state's supervisor is a live process known by its PID alone (an older state), nothing is
+    signalled and the error is fsdpctl's own one line, not an unexpected exception; where it names a
+    live process by its full identity but that process lacks the job's mark, the job is Failed and
+    nothing is signalled either."""
     from fsdpctl.backends.local.backend import LocalBackend
     from fsdpctl.errors import FsdpctlError
     from fsdpctl.settings import load
@@ -268,9 +279,9 @@ def _race_in_threads(job: dict) -> list[str]:
 
 
 def test_two_runs_of_one_job_at_the_same_moment_start_exactly_one(home):
-    """Two starts released by one barrier, 8 times (each opens the lock file itself, so flock(2) decides
-    between them as between two processes): exactly one supervisor each time, the other refused; stopping
-    it leaves no process of the job, and the next round starts clean."""
+    """Two starts released by one barrier, 8 times (each opens the lock file itself, so flock(2)
+    decides between them as between two processes): exactly one supervisor each time, the other
+    refused; stopping it leaves no process of the job, and the next round starts clean."""
     job = fake_job(replicas=1, grace=2)
     for _ in range(8):
         assert _race_in_threads(job) == ["busy", "started"]
@@ -299,14 +310,17 @@ except local.JobBusy as e:
 
 
 def test_two_job_run_processes_released_together_start_exactly_one(home, tmp_path):
-    """The same race between two processes (as two terminals): both wait on a file, which the test creates;
-    each round exactly one exits 0 and the other exits 2 with one line."""
+    """The same race between two processes (as two terminals): both wait on a file, which the test
+    creates; each round exactly one exits 0 and the other exits 2 with one line."""
     code = RACER.format(job=fake_job(replicas=1, grace=2))
     for n in range(3):
         go = tmp_path / f"go-{n}"
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", code, str(go)], stdout=subprocess.PIPE, text=True, env=home.env()
+                [sys.executable, "-c", code, str(go)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=home.env(),
             )
             for _ in range(2)
         ]
@@ -327,10 +341,10 @@ def test_two_job_run_processes_released_together_start_exactly_one(home, tmp_pat
 
 
 def test_a_killed_supervisors_launchers_are_reported_refused_and_stopped(home):
-    """SIGKILL to the supervisor (an OOM kill) leaves its two launchers and their workers (sessions of their
-    own) running: `job status` says so (not "Failed with 2/2 running"), `job run` is refused (exit 2, one
-    line) while any of them lives, `job stop` ends every one of them (SIGTERM, then SIGKILL) and records
-    Stopped; then `job run` is accepted again."""
+    """SIGKILL to the supervisor (an OOM kill) leaves its two launchers and their workers (sessions
+    of their own) running: `job status` says so (not "Failed with 2/2 running"), `job run` is
+    refused (exit 2, one line) while any of them lives, `job stop` ends every one of them (SIGTERM,
+    then SIGKILL) and records Stopped; then `job run` is accepted again."""
     state = local.start(fake_job(code=WITH_WORKER, replicas=2, grace=3), secret_env={})
     state = _running("fsdp", 2)
     _until(lambda: len(local.job_processes("fsdp")) == 5)  # supervisor, 2 launchers, 2 workers
@@ -361,11 +375,14 @@ def test_a_killed_supervisors_launchers_are_reported_refused_and_stopped(home):
     assert local.wait("fsdp", timeout=30)["phase"] == "Stopped"
 
 
-@pytest.mark.skipif(not netns.available()[0], reason="no network namespace per node here (root, iproute2)")
+@pytest.mark.skipif(
+    not netns.available()[0], reason="no network namespace per node here (root, iproute2)"
+)
 def test_job_stop_of_orphans_also_removes_their_network_namespaces(home, monkeypatch):
-    """With a network namespace per node, a SIGKILLed supervisor also leaves its namespaces and bridge (its
-    teardown never ran), and the next `job run` of the job would fail on `ip netns add` (File exists):
-    `job stop` removes them after the processes. A job name of this test's own: namespaces are global."""
+    """With a network namespace per node, a SIGKILLed supervisor also leaves its namespaces and
+    bridge (its teardown never ran), and the next `job run` of the job would fail on `ip netns add`
+    (File exists): `job stop` removes them after the processes. A job name of this test's own:
+    namespaces are global."""
     monkeypatch.delenv("FSDPCTL_LOCAL_NETNS")
     name = f"orph-{os.getpid()}"
     local.start(fake_job(name=name, replicas=2, grace=2), secret_env={})
@@ -380,10 +397,15 @@ def test_job_stop_of_orphans_also_removes_their_network_namespaces(home, monkeyp
 
 
 def test_job_run_through_the_cli_is_refused_while_an_orphan_lives(home):
-    """A process carrying the job's mark but no state that proves it the job's (planted: the variable is
-    all it has): `job run` exits 2 with one line naming the job, the pids and that fsdpctl signals none of
-    them (they are not proven its own, so `job stop` would not end them), and starts nothing."""
-    env = {**os.environ, local.POD_MARK: "fsdp/old-run/node-0", local.JOB_MARK: str(local.job_dir("fsdp"))}
+    """A process carrying the job's mark but no state that proves it the job's (planted: the
+    variable is all it has): `job run` exits 2 with one line naming the job, the pids and that
+    fsdpctl signals none of them (they are not proven its own, so `job stop` would not end them),
+    and starts nothing."""
+    env = {
+        **os.environ,
+        local.POD_MARK: "fsdp/old-run/node-0",
+        local.JOB_MARK: str(local.job_dir("fsdp")),
+    }
     orphan = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, start_new_session=True)
     try:
         _until(lambda: local.job_processes("fsdp") == [orphan.pid])
@@ -398,8 +420,9 @@ def test_job_run_through_the_cli_is_refused_while_an_orphan_lives(home):
 
 
 def test_a_job_of_the_same_name_under_another_home_is_not_this_ones(home, tmp_path):
-    """Processes are a job's by its directory (FSDPCTL_JOB), not its name: another FSDPCTL_HOME's `fsdp`
-    (another user, another test worker) is neither counted, nor refused, nor stopped from this one."""
+    """Processes are a job's by its directory (FSDPCTL_JOB), not its name: another FSDPCTL_HOME's
+    `fsdp` (another user, another test worker) is neither counted, nor refused, nor stopped from
+    this one."""
     other = tmp_path / "other-home" / "jobs" / "fsdp"
     env = {**os.environ, local.POD_MARK: "fsdp/r/node-0", local.JOB_MARK: str(other)}
     theirs = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
@@ -444,9 +467,9 @@ DAMAGED = {
 
 
 def test_list_and_cleanup_skip_stray_files_and_damaged_states_and_go_on(home):
-    """Under jobs/: a stray file, five damaged state.json files, and two ended jobs. `job list` lists the
-    two with one warning line per skipped path; `cleanup` removes the two jobs' files and nothing of the
-    others; `job status` of a damaged one is one line naming the file, exit 2."""
+    """Under jobs/: a stray file, five damaged state.json files, and two ended jobs. `job list`
+    lists the two with one warning line per skipped path; `cleanup` removes the two jobs' files and
+    nothing of the others; `job status` of a damaged one is one line naming the file, exit 2."""
     jobs = home.home / "jobs"
     _ended(home.home, "good-a")
     _ended(home.home, "good-b")
@@ -483,14 +506,18 @@ def test_list_and_cleanup_skip_stray_files_and_damaged_states_and_go_on(home):
 
 
 def test_cleanup_never_deletes_a_live_jobs_files(home):
-    """An ended state is not enough: a job whose lock is held (a `job run` starting it) and one with a
-    process carrying its mark both keep every file, in a dry run and a real one; an ended job next to them
-    is cleaned."""
+    """An ended state is not enough: a job whose lock is held (a `job run` starting it) and one with
+    a process carrying its mark both keep every file, in a dry run and a real one; an ended job next
+    to them is cleaned."""
     for name in ("starting", "orphaned", "ended"):
         _ended(home.home, name)
     fd = os.open(home.home / "jobs" / "starting" / local.LOCK, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    env = {**os.environ, local.POD_MARK: "orphaned/r/node-0", local.JOB_MARK: str(local.job_dir("orphaned"))}
+    env = {
+        **os.environ,
+        local.POD_MARK: "orphaned/r/node-0",
+        local.JOB_MARK: str(local.job_dir("orphaned")),
+    }
     orphan = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
     try:
         _until(lambda: local.job_processes("orphaned"))
@@ -509,14 +536,28 @@ def test_cleanup_never_deletes_a_live_jobs_files(home):
 
 # ---- names that are paths ---------------------------------------------------------------------------------
 
-TRICKS = ["../../x", "..", ".", "a/b", "/etc", "x\x00y", "UPPER", "-lead", "trail-", "a" * 64, "a..b", " "]
+TRICKS = [
+    "../../x",
+    "..",
+    ".",
+    "a/b",
+    "/etc",
+    "x\x00y",
+    "UPPER",
+    "-lead",
+    "trail-",
+    "a" * 64,
+    "a..b",
+    " ",
+]
 
 
 @pytest.mark.parametrize("name", TRICKS, ids=repr)
 @pytest.mark.parametrize("verb", ["status", "stop", "logs", "wait"])
 def test_a_job_name_that_is_a_path_is_bad_input_before_any_path_is_built(home, verb, name):
-    """A positional job name used to become FSDPCTL_HOME/jobs/<name>: `../../x` read (and `job stop` would
-    signal) the state found outside. Now: exit 2, one line naming the value and the rule, nothing written."""
+    """A positional job name used to become FSDPCTL_HOME/jobs/<name>: `../../x` read (and `job stop`
+    would signal) the state found outside. Now: exit 2, one line naming the value and the rule,
+    nothing written."""
     outside = home.home.parent / "x" / "state.json"
     r = home("job", verb, "--backend", "local", "--", name)
     assert r.exit_code == 2 and _one_line(r.stderr), r.output
@@ -529,8 +570,8 @@ def test_a_job_name_that_is_a_path_is_bad_input_before_any_path_is_built(home, v
     "run_id", ["../../..", "a/b", "..", ".hidden", "x\x00", "a" * 129, "-x", "", "a b"], ids=repr
 )
 def test_a_run_id_that_is_a_path_is_bad_input(home, run_id, command):
-    """`manifest --run-id` took any text (a space, or nothing at all, went into the rendezvous id and a label
-    value the API server refuses); it takes what `job run --run-id` takes."""
+    """`manifest --run-id` took any text (a space, or nothing at all, went into the rendezvous id
+    and a label value the API server refuses); it takes what `job run --run-id` takes."""
     r = home(*command, f"--run-id={run_id}")
     assert r.exit_code == 2 and _one_line(r.stderr), r.output
     assert "--run-id" in r.said and "not a valid run id" in r.said
@@ -576,11 +617,14 @@ def test_fsdpctl_home_naming_a_file_is_one_line(home, monkeypatch, tmp_path, bel
 
 @pytest.mark.parametrize("below", ["", "sub"], ids=["the loop", "under the loop"])
 def test_fsdpctl_home_through_a_symlink_loop_is_one_line(home, monkeypatch, tmp_path, below):
-    """A symlink loop (a -> b -> a) where FSDPCTL_HOME points: pathlib's resolve() raises (RuntimeError up to
-    Python 3.12, ELOOP after); found by the CLI fuzzer as an internal error of `deploy all --dry-run`."""
+    """A symlink loop (a -> b -> a) where FSDPCTL_HOME points: pathlib's resolve() raises
+    (RuntimeError up to Python 3.12, ELOOP after); found by the CLI fuzzer as an internal error of
+    `deploy all --dry-run`."""
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "a" / below) if below else str(tmp_path / "a"))
+    monkeypatch.setenv(
+        "FSDPCTL_HOME", str(tmp_path / "a" / below) if below else str(tmp_path / "a")
+    )
     for args in (["job", "list"], ["deploy", "all", "--dry-run"], ["--debug", "cleanup"]):
         r = home(*args)
         assert r.exit_code == 2 and "internal error" not in r.output, (args, r.output)
@@ -592,20 +636,26 @@ def test_fsdpctl_home_through_a_symlink_loop_is_one_line(home, monkeypatch, tmp_
 
 @pytest.mark.slow
 def test_a_real_runs_supervisor_killed_then_status_run_and_stop(home, monkeypatch):
-    """torchrun and the tiny model for real (2 nodes, loopback): once a step is logged, SIGKILL to the
-    supervisor. `job status` reports the two torchrun launchers as orphaned, a new start is refused, and
-    `job stop` ends torchrun and its workers (SIGTERM reaches the trainer through torchrun) with no process
-    of the job left."""
+    """torchrun and the tiny model for real (2 nodes, loopback): once a step is logged, SIGKILL to
+    the supervisor. `job status` reports the two torchrun launchers as orphaned, a new start is
+    refused, and `job stop` ends torchrun and its workers (SIGTERM reaches the trainer through
+    torchrun) with no process of the job left."""
     from fsdpctl import render
     from fsdpctl.settings import load
 
-    cfg = load(dotenv={"SEQ_LEN": "64", "PRECISION": "fp32", "WARMUP_STEPS": "2", "MAX_STEPS": "100000"})
+    cfg = load(
+        dotenv={"SEQ_LEN": "64", "PRECISION": "fp32", "WARMUP_STEPS": "2", "MAX_STEPS": "100000"}
+    )
     *infra, job = render.render_job(cfg, render.new_run_id(cfg.job_name))
-    prestep = next(o for o in infra if o["kind"] == "Job")  # it prepares the claim the trainers wait on
+    prestep = next(
+        o for o in infra if o["kind"] == "Job"
+    )  # it prepares the claim the trainers wait on
     local.start(job, secret_env={}, prestep=prestep)
     name = cfg.job_name
     _until(
-        lambda: local_backend._report(local.read_state(local.job_dir(name)), float("inf"))["step"] >= 1,
+        lambda: (
+            local_backend._report(local.read_state(local.job_dir(name)), float("inf"))["step"] >= 1
+        ),
         timeout=240,
         poll=0.5,
     )
@@ -613,7 +663,9 @@ def test_a_real_runs_supervisor_killed_then_status_run_and_stop(home, monkeypatc
     os.kill(state["supervisor"]["pid"], signal.SIGKILL)
     _until(lambda: not local.same_process(state["supervisor"]))
     status = home("job", "status", name)
-    assert "Orphaned" in status.said and "2 launchers still running (orphaned)" in status.said, status.said
+    assert "Orphaned" in status.said and "2 launchers still running (orphaned)" in status.said, (
+        status.said
+    )
     with pytest.raises(local.JobBusy):
         local.start(job, secret_env={})
     stopped = home("job", "stop", name)

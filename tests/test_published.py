@@ -29,7 +29,9 @@ def test_every_published_row_is_predicted_within_ten_percent(point):
     if point.known_miss:  # listed, with its reason, in BENCHMARKS.md and here
         assert abs(pred.error) > TOLERANCE, f"{point.key} is no longer a miss: drop known_miss"
         return
-    assert abs(pred.error) <= TOLERANCE, f"{point.key}: {pred.predicted:.3g} vs {point.published:.3g}"
+    assert abs(pred.error) <= TOLERANCE, (
+        f"{point.key}: {pred.predicted:.3g} vs {point.published:.3g}"
+    )
 
 
 def test_the_known_misses_are_few_and_explained():
@@ -47,11 +49,15 @@ def test_every_row_names_its_source_and_configuration():
 
 
 def test_one_global_parameter_set_and_no_row_specific_branches():
-    """`predict` reads only the row's configuration and the one SpeedModel; nothing in it or in the speed
-    model branches on a row's key or source."""
+    """`predict` reads only the row's configuration and the one SpeedModel; nothing in it or in the
+    speed model branches on a row's key or source."""
     assert inspect.signature(PUB.predict).parameters["model"].default is P.SPEED_MODEL
     for fn in (PUB.predict, P.speed, P.compute_efficiency, P.recomputed_share, P.straggler_factor):
-        names = {n.attr for n in ast.walk(ast.parse(inspect.getsource(fn))) if isinstance(n, ast.Attribute)}
+        names = {
+            n.attr
+            for n in ast.walk(ast.parse(inspect.getsource(fn)))
+            if isinstance(n, ast.Attribute)
+        }
         assert not names & {"key", "source", "note", "published", "known_miss"}, fn.__name__
     # relabelling a row changes nothing
     for p in PUB.POINTS:
@@ -96,7 +102,10 @@ def test_compute_efficiency_is_below_the_matmul_ceiling_and_grows_with_width(mod
 @pytest.mark.parametrize("model", ["7b", "13b", "70b"])
 def test_recompute_orders_the_checkpointing_modes(model):
     job = P.Job(model, "p5.48xlarge", 2, 8, "FULL_SHARD", "bf16", "none", 2, 1, 4096)
-    tps = {ac: P.speed(replace(job, ac=ac)).tokens_per_s_per_gpu for ac in ("none", "selective", "full")}
+    tps = {
+        ac: P.speed(replace(job, ac=ac)).tokens_per_s_per_gpu
+        for ac in ("none", "selective", "full")
+    }
     assert tps["none"] > tps["selective"] > tps["full"]
     mem = {ac: P.memory(replace(job, ac=ac)).activations for ac in ("none", "selective", "full")}
     assert mem["none"] > mem["selective"] > mem["full"]
@@ -123,9 +132,16 @@ STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 
 
 def _jobs(acs=("none", "selective", "full"), strategies=STRATEGIES):
-    """A grid of jobs across the planner's axes (models, instance types, nodes, sharding, checkpointing,
-    micro-batch, accumulation, reduce dtype)."""
-    axes = (("7b", "13b", "70b"), ("p4de.24xlarge", "p5.48xlarge"), (1, 2, 8), strategies, acs, (1, 2))
+    """A grid of jobs across the planner's axes (models, instance types, nodes, sharding,
+    checkpointing, micro-batch, accumulation, reduce dtype)."""
+    axes = (
+        ("7b", "13b", "70b"),
+        ("p4de.24xlarge", "p5.48xlarge"),
+        (1, 2, 8),
+        strategies,
+        acs,
+        (1, 2),
+    )
     for model, inst, nodes, strategy, ac, mb in itertools.product(*axes):
         for accum, reduce_dtype in itertools.product((1, 3), ("fp32", "bf16")):
             job = P.Job(model, inst, nodes, 8, strategy, "bf16", ac, 2, mb, 4096, grad_accum=accum)
@@ -133,16 +149,16 @@ def _jobs(acs=("none", "selective", "full"), strategies=STRATEGIES):
 
 
 def _comm_split(job: P.Job) -> tuple[float, float]:
-    """(one micro-batch's gathers, the step's reduction) from the model's own totals: the gathers repeat per
-    micro-batch, the reduction happens once a step."""
+    """(one micro-batch's gathers, the step's reduction) from the model's own totals: the gathers
+    repeat per micro-batch, the reduction happens once a step."""
     one = P.speed(replace(job, grad_accum=1)).comm_s
     gathers = P.speed(replace(job, grad_accum=2)).comm_s - one
     return gathers, one - gathers
 
 
 def test_a_step_is_between_its_longer_half_and_both_halves_in_a_row():
-    """Overlap cannot make a step faster than its compute (slowed by stragglers) or its communication alone,
-    nor slower than the two one after the other."""
+    """Overlap cannot make a step faster than its compute (slowed by stragglers) or its
+    communication alone, nor slower than the two one after the other."""
     for job in _jobs():
         spd = P.speed(job)
         lag = P.straggler_factor(job.nodes)
@@ -152,11 +168,12 @@ def test_a_step_is_between_its_longer_half_and_both_halves_in_a_row():
 
 
 def test_forward_gathers_are_hidden_only_by_the_forward_and_the_reduction_only_by_the_backward():
-    """IBM/Meta, "Maximizing training throughput using PyTorch FSDP" (pytorch.org/blog/maximizing-training,
-    appendix "Communication computation overlap"): the all-gathers of the forward overlap the forward's
-    compute, the backward's all-gathers and the gradient reduce-scatter overlap the backward's; the backward's
-    slack cannot hide a forward's gathers, nor the forward's slack the reduction. Without checkpointing the
-    forward is a third of the compute. One global max(compute, comm) fails these bounds."""
+    """IBM/Meta, "Maximizing training throughput using PyTorch FSDP"
+    (pytorch.org/blog/maximizing-training, appendix "Communication computation overlap"): the
+    all-gathers of the forward overlap the forward's compute, the backward's all-gathers and the
+    gradient reduce-scatter overlap the backward's; the backward's slack cannot hide a forward's
+    gathers, nor the forward's slack the reduction. Without checkpointing the forward is a third of
+    the compute. One global max(compute, comm) fails these bounds."""
     for job in _jobs(acs=("none",), strategies=("FULL_SHARD", "SHARD_GRAD_OP")):
         spd = P.speed(job)
         lag = P.straggler_factor(job.nodes)
@@ -170,11 +187,15 @@ def test_forward_gathers_are_hidden_only_by_the_forward_and_the_reduction_only_b
 
 
 def test_a_step_bound_by_the_network_in_both_phases_is_not_slowed_by_stragglers():
-    """The straggler factor models per-node compute jitter (AWS's 87% at 16 p5 nodes, with communication
-    hidden): while the network is the bottleneck a slow node's extra compute is absorbed, so raising sigma
-    adds at most the factor's growth times the compute, and nothing when every phase is network-bound
-    (torchtitan's 70B at batch 1 on 400 Gbps, docs/performance.md at 395a526)."""
-    sigmas = (P.SPEED_MODEL, replace(P.SPEED_MODEL, straggler_sigma=2 * P.SPEED_MODEL.straggler_sigma))
+    """The straggler factor models per-node compute jitter (AWS's 87% at 16 p5 nodes, with
+    communication hidden): while the network is the bottleneck a slow node's extra compute is
+    absorbed, so raising sigma adds at most the factor's growth times the compute, and nothing when
+    every phase is network-bound (torchtitan's 70B at batch 1 on 400 Gbps, docs/performance.md at
+    395a526)."""
+    sigmas = (
+        P.SPEED_MODEL,
+        replace(P.SPEED_MODEL, straggler_sigma=2 * P.SPEED_MODEL.straggler_sigma),
+    )
     for job in _jobs(acs=("none", "full")):
         lo, hi = (P.speed(job, m) for m in sigmas)
         grow = P.straggler_factor(job.nodes, sigmas[1]) - P.straggler_factor(job.nodes, sigmas[0])
@@ -187,8 +208,9 @@ def test_a_step_bound_by_the_network_in_both_phases_is_not_slowed_by_stragglers(
 
 def test_a_bf16_reduction_takes_half_the_time_of_an_fp32_one_and_leaves_the_gathers_alone():
     """FSDP2 reduce-scatters (and HSDP all-reduces) gradients in MixedPrecisionPolicy.reduce_dtype
-    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce: the reduce-scatter input is
-    allocated in reduce_dtype); FSDP1's MixedPrecision.reduce_dtype likewise (fms-fsdp's bfSixteen: bf16)."""
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce: the reduce-scatter
+    input is allocated in reduce_dtype); FSDP1's MixedPrecision.reduce_dtype likewise (fms-fsdp's
+    bfSixteen: bf16)."""
     for job in _jobs(acs=("full",)):
         if job.reduce_dtype != "fp32":
             continue
@@ -200,15 +222,18 @@ def test_a_bf16_reduction_takes_half_the_time_of_an_fp32_one_and_leaves_the_gath
 
 
 def test_the_planners_reduce_dtype_is_fsdptrains_and_each_row_takes_its_sources():
-    """`fsdpctl plan` plans fsdptrain's jobs: its default reduce dtype is the trainer's MixedPrecisionPolicy's
-    (trainer/fsdptrain/parallel.py). The rows: fms-fsdp's default mixed_precision=True picks bfSixteen
-    (reduce_dtype=torch.bfloat16, fms_fsdp/policies/mixed_precision.py at 5e522b4, the blog's day);
-    torchtitan's parallelize_llama.py at 395a526 (the commit that added docs/performance.md) builds
+    """`fsdpctl plan` plans fsdptrain's jobs: its default reduce dtype is the trainer's
+    MixedPrecisionPolicy's (trainer/fsdptrain/parallel.py). The rows: fms-fsdp's default
+    mixed_precision=True picks bfSixteen (reduce_dtype=torch.bfloat16,
+    fms_fsdp/policies/mixed_precision.py at 5e522b4, the blog's day); torchtitan's
+    parallelize_llama.py at 395a526 (the commit that added docs/performance.md) builds
     MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)."""
     import re
     from pathlib import Path
 
-    src = (Path(__file__).resolve().parent.parent / "trainer" / "fsdptrain" / "parallel.py").read_text()
+    src = (
+        Path(__file__).resolve().parent.parent / "trainer" / "fsdptrain" / "parallel.py"
+    ).read_text()
     (trainer_dtype,) = set(re.findall(r"reduce_dtype=torch\.(\w+)", src))
     assert {"float32": "fp32", "bfloat16": "bf16"}[trainer_dtype] == P.Job.reduce_dtype
     assert {p.reduce_dtype for p in PUB.POINTS if p.source.startswith(PUB.IBM_BLOG)} == {"bf16"}

@@ -1,6 +1,7 @@
-"""Run records (fsdpctl.record, fsdptrain.fingerprint): built from generated settings, hashed, written as a
-.env that loads back to the same run, compared, checked for drift. Pure and fast; the real runs are in
-tests/test_record_runs.py (local, slow) and tests/test_record_kube.py (the Kubernetes API peer)."""
+"""Run records (fsdpctl.record, fsdptrain.fingerprint): built from generated settings, hashed,
+written as a .env that loads back to the same run, compared, checked for drift. Pure and fast; the
+real runs are in tests/test_record_runs.py (local, slow) and tests/test_record_kube.py (the
+Kubernetes API peer)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from fsdpctl.settings import load, parse_dotenv
 from fsdptrain import events, fingerprint
 
 TOKEN = "hf_RecordTestTokenAbCdEfGhIjKlMnOpQr"
-CODE = {"fsdpctl": "0.1.0", "fsdptrain": "0.1.0", "commit": "a" * 40, "dirty": False, "diff_sha256": None}
+CODE = {
+    "fsdpctl": "0.1.0",
+    "fsdptrain": "0.1.0",
+    "commit": "a" * 40,
+    "dirty": False,
+    "diff_sha256": None,
+}
 # keys whose value is free text (no pattern, no choice): where quoting is tested
 FREE_TEXT = ("DATASET_TEXT_FIELD", "DATASET_SPLIT", "AWS_PROFILE", "KUBE_CONTEXT")
 # one other valid value per key of a sample: a setting changed between two runs
@@ -36,11 +43,12 @@ OTHER = {
     "IMAGE_TAG": "0.2.0",
     "CHECKPOINT_KEEP": "5",
 }
-# any text a .env line may hold: quotes, backslashes, '#', '$', spaces, newlines; no NUL (no environment
-# string carries one: settings refuses it) and nothing shaped like a secret (masked by design)
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40).filter(
-    lambda s: not secret_kind(s)
-)
+# any text a .env line may hold: quotes, backslashes, '#', '$', spaces, newlines; no NUL (no
+# environment string carries one: settings refuses it) and nothing shaped like a secret (masked by
+# design)
+TEXT = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40
+).filter(lambda s: not secret_kind(s))
 
 
 def _cfg(backend: str = "local", token: str = TOKEN, **flags: str):
@@ -56,16 +64,18 @@ def _rec(cfg, run_id: str = "job-1", code: dict | None = None, image: dict | Non
 @hsettings(max_examples=300, deadline=None)
 @given(value=TEXT)
 def test_a_quoted_value_reads_back_unchanged_through_python_dotenv(value):
-    """python-dotenv's own parser (dotenv.parser.parse_stream: a bare value ends at whitespace+'#', a
-    single-quoted one unescapes only \\ and \') is the peer: whatever the text, the line gives it back."""
+    """python-dotenv's own parser (dotenv.parser.parse_stream: a bare value ends at whitespace+'#',
+    a single-quoted one unescapes only \\ and \') is the peer: whatever the text, the line gives it
+    back."""
     assert parse_dotenv(f"K={record.quoted(value)}  # a source\n") == {"K": value}
 
 
 @hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from(FREE_TEXT), value=TEXT, backend=st.sampled_from(["local", "eks"]))
 def test_the_env_of_a_record_loads_back_to_the_same_resolved_settings(key, value, backend):
-    """`job describe -o env` read back as a .env file is read (settings.parse_dotenv, then settings.load)
-    gives every resolved value again, training and infrastructure, for any text value of a free-text key."""
+    """`job describe -o env` read back as a .env file is read (settings.parse_dotenv, then
+    settings.load) gives every resolved value again, training and infrastructure, for any text value
+    of a free-text key."""
     cfg = _cfg(backend, **{key: value})
     rec = _rec(cfg)
     text = record.env_text(rec)
@@ -75,7 +85,9 @@ def test_the_env_of_a_record_loads_back_to_the_same_resolved_settings(key, value
         exclude={"hf_token"}
     ) == cfg.settings.model_dump(exclude={"hf_token"})
     assert TOKEN not in text and TOKEN not in json.dumps(rec)
-    assert "# HF_TOKEN=<secret: " in text and not again.hf_token.get_secret_value()  # a reference, no value
+    assert (
+        "# HF_TOKEN=<secret: " in text and not again.hf_token.get_secret_value()
+    )  # a reference, no value
 
 
 @pytest.mark.parametrize(
@@ -98,7 +110,9 @@ def test_the_id_covers_what_made_the_run_and_nothing_learnt_later(part):
     rec = _rec(_cfg("eks"), image={"uri": "r/fsdpctl-trainer:0.1.0", "digest": None})
     assert record.problem(rec) is None and rec["id"] == rec["hash"][: record.ID_CHARS]
     changed = {**rec, part: {"changed": True}}
-    assert record.digest(changed) != rec["hash"] and record.problem(changed)  # a tampered record is refused
+    assert record.digest(changed) != rec["hash"] and record.problem(
+        changed
+    )  # a tampered record is refused
     fp = {"source": "builtin", "local": False}
     trainer = {"python": "3", "torch": "x", "transformers": "5", "dataset": fp, "tokenizer": fp}
     later = {**rec, "trainer": trainer, "manifests": "kind: X", "sources": {}, "created": 9.0}
@@ -124,10 +138,17 @@ def test_diff_names_only_the_setting_that_differs(key):
 def test_diff_keeps_placement_apart_and_compares_versions_and_data():
     a = _rec(_cfg(), "a")
     b = _rec(_cfg(JOB_NAME="other"), "b")
-    b = {**b, "code": {**CODE, "commit": "b" * 40}, "trainer": {"torch": "2.9", "dataset": {"digest": "d"}}}
+    b = {
+        **b,
+        "code": {**CODE, "commit": "b" * 40},
+        "trainer": {"torch": "2.9", "dataset": {"digest": "d"}},
+    }
     d = record.diff(a, b)
     assert d["settings"] == {} and d["placement"] == {"JOB_NAME": ["fsdp", "other"]}
-    assert d["versions"]["commit"] == ["a" * 40, "b" * 40] and d["versions"]["torch"] == [None, "2.9"]
+    assert d["versions"]["commit"] == ["a" * 40, "b" * 40] and d["versions"]["torch"] == [
+        None,
+        "2.9",
+    ]
     assert d["data"] == {"dataset": [None, "d"]}
 
 
@@ -147,7 +168,9 @@ def test_fingerprint_is_where_independent_and_sees_a_changed_head(tmp_path):
     now = fingerprint.fingerprint("/other", str(moved))
     assert now["digest"] != here["digest"] and "changed: b.txt" in fingerprint.difference(here, now)
     assert fingerprint.fingerprint("org/hub-set") == {"source": "org/hub-set", "local": False}
-    assert fingerprint.difference(here, {"source": "x", "local": False}) is None  # not comparable: no claim
+    assert (
+        fingerprint.difference(here, {"source": "x", "local": False}) is None
+    )  # not comparable: no claim
 
 
 def test_drift_names_the_code_and_the_data_that_differ(tmp_path):
@@ -190,7 +213,9 @@ def test_the_start_event_round_trips_and_joins_only_its_own_record():
     from dataclasses import replace
 
     other = events.to_line(replace(start, record_id="someone-else"))
-    assert record.learnt(rec, [other]) == rec  # another run's start line (a shared log): not this record's
+    assert (
+        record.learnt(rec, [other]) == rec
+    )  # another run's start line (a shared log): not this record's
 
 
 def test_losses_come_from_the_summary_else_the_step_lines():
@@ -207,7 +232,10 @@ def test_losses_come_from_the_summary_else_the_step_lines():
             }
         )
 
-    assert record.losses([step(2, 5.0), step(4, 4.0)]) == {2: 5.0, 4: 4.0}  # LOG_INTERVAL=2: every other
+    assert record.losses([step(2, 5.0), step(4, 4.0)]) == {
+        2: 5.0,
+        4: 4.0,
+    }  # LOG_INTERVAL=2: every other
     summary = {
         "event": "summary",
         "steps": 2,
@@ -230,8 +258,8 @@ def test_losses_come_from_the_summary_else_the_step_lines():
 
 
 def test_the_config_map_holds_the_record_and_leaves_out_manifests_over_a_mebibyte():
-    """kubernetes.io/docs/concepts/configuration/configmap: "The data stored in a ConfigMap cannot exceed
-    1 MiB"."""
+    """kubernetes.io/docs/concepts/configuration/configmap: "The data stored in a ConfigMap cannot
+    exceed 1 MiB"."""
     rec = {**_rec(_cfg("eks")), "manifests": "kind: PyTorchJob\n"}
     cm = record.config_map(rec, "fsdp")
     assert (
@@ -246,8 +274,8 @@ def test_the_config_map_holds_the_record_and_leaves_out_manifests_over_a_mebibyt
 
 
 def test_the_image_digest_comes_from_the_pods_container_status():
-    """ContainerStatus.imageID (Kubernetes API reference, core/v1): the image the runtime resolved, e.g.
-    containerd's `repo@sha256:...` or dockershim's `docker-pullable://repo@sha256:...`."""
+    """ContainerStatus.imageID (Kubernetes API reference, core/v1): the image the runtime resolved,
+    e.g. containerd's `repo@sha256:...` or dockershim's `docker-pullable://repo@sha256:...`."""
     digest = "sha256:" + "ab" * 32
     pods = [
         {"metadata": {"name": "p0"}, "status": {}},

@@ -1,8 +1,8 @@
-"""The run record on a cluster, against the Kubernetes API peer (tests/kube_peer.py, see tests/test_kube.py):
-`job run` creates the ConfigMap <job>-record owned by the job (garbage-collected with it, as the API
-server's ownerReferences say) and annotates the job with the record's hash; `job describe` reads it back,
-with the image digest the kubelet reports in the pod's status.containerStatuses[].imageID and the trainer's
-start line from the leader's log."""
+"""The run record on a cluster, against the Kubernetes API peer (tests/kube_peer.py, see
+tests/test_kube.py): `job run` creates the ConfigMap <job>-record owned by the job
+(garbage-collected with it, as the API server's ownerReferences say) and annotates the job with the
+record's hash; `job describe` reads it back, with the image digest the kubelet reports in the pod's
+status.containerStatuses[].imageID and the trainer's start line from the leader's log."""
 
 from __future__ import annotations
 
@@ -30,7 +30,13 @@ def _start_line(record_id: str) -> str:
             "device": "cuda",
             "start_step": 0,
             "dataset": {"source": "org/set", "local": False},
-            "tokenizer": {"source": "/fsx/tok", "local": True, "files": 1, "bytes": 9, "digest": "d" * 64},
+            "tokenizer": {
+                "source": "/fsx/tok",
+                "local": True,
+                "files": 1,
+                "bytes": 9,
+                "digest": "d" * 64,
+            },
             "time": 1.0,
         }
     )
@@ -54,7 +60,11 @@ def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_des
         == cm["metadata"]["annotations"][record.ANNOTATION]
     )
     [owner] = cm["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("PyTorchJob", "fsdp", job["metadata"]["uid"])
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "PyTorchJob",
+        "fsdp",
+        job["metadata"]["uid"],
+    )
     assert rec["settings"]["LR"] == "0.0005" and rec["image"]["digest"] is None
     assert "Kubernetes Secret fsdp-hf-token" in rec["secrets"]["HF_TOKEN"]
     manifests = cm["data"]["manifests.yaml"]
@@ -103,17 +113,28 @@ def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_des
     [cm] = [c for c in in_fsdp(peer, "configmaps") if c["metadata"]["name"] == "fsdp-record"]
     new = record.from_config_map(cm)
     assert (
-        new["run_id"] != rec["run_id"] and job2["metadata"]["annotations"][record.ANNOTATION] == new["hash"]
+        new["run_id"] != rec["run_id"]
+        and job2["metadata"]["annotations"][record.ANNOTATION] == new["hash"]
     )
-    assert cm["metadata"]["ownerReferences"][0]["uid"] == job2["metadata"]["uid"] != job["metadata"]["uid"]
-    assert new["sources"]["LR"] == f"record {rec['id']}: --set" and new["sources"]["MAX_STEPS"] == "--set"
+    assert (
+        cm["metadata"]["ownerReferences"][0]["uid"]
+        == job2["metadata"]["uid"]
+        != job["metadata"]["uid"]
+    )
+    assert (
+        new["sources"]["LR"] == f"record {rec['id']}: --set"
+        and new["sources"]["MAX_STEPS"] == "--set"
+    )
     d = cli("job", "diff", rec["run_id"], new["run_id"], "-o", "json")
     assert json.loads(d.stdout)["settings"] == {"MAX_STEPS": ["50", "60"]}, d.output
     assert TOKEN not in rerun.output + json.dumps(cm)
 
     # the record goes with its job (ownerReferences: the garbage collector deletes the dependent)
     assert cli("job", "stop", "fsdp").exit_code == 0
-    wait_for(lambda: "fsdp-record" not in [c["metadata"]["name"] for c in in_fsdp(peer, "configmaps")], 20)
+    wait_for(
+        lambda: "fsdp-record" not in [c["metadata"]["name"] for c in in_fsdp(peer, "configmaps")],
+        20,
+    )
     # this machine's copy stays, with what was learnt
     again = cli("job", "describe", rec["run_id"], "-o", "json")
     assert again.exit_code == 0 and json.loads(again.stdout)["image"]["digest"] == DIGEST

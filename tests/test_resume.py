@@ -1,11 +1,11 @@
 """One resume point for the whole job (issue 13, defect 1, trainer side).
 
-DCP (torch `checkpoint/filesystem.py`) writes every rank's shards on the filesystem that rank sees, and only
-rank 0 publishes `latest`; on per-node disks the ranks would each pick their own resume point. The trainer
-decides on rank 0, broadcasts the choice, and every rank checks it sees that same checkpoint whole before
-anything is loaded. The unit tests drive the per-rank check on real DCP checkpoints; the torchrun tests give
-each simulated node (one launcher each, torchrun's static rendezvous so node 0 holds rank 0) its own
-CHECKPOINT_DIR, as pods with their own disks have."""
+DCP (torch `checkpoint/filesystem.py`) writes every rank's shards on the filesystem that rank sees,
+and only rank 0 publishes `latest`; on per-node disks the ranks would each pick their own resume
+point. The trainer decides on rank 0, broadcasts the choice, and every rank checks it sees that same
+checkpoint whole before anything is loaded. The unit tests drive the per-rank check on real DCP
+checkpoints; the torchrun tests give each simulated node (one launcher each, torchrun's static
+rendezvous so node 0 holds rank 0) its own CHECKPOINT_DIR, as pods with their own disks have."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ pytestmark = pytest.mark.xdist_group("torch")
 def _saved(root: Path, step: int, meta: str = '{"step": 1}') -> Path:
     """A real DCP checkpoint (one process, no process group: DCP saves alone) with its meta.json."""
     path = root / ckpt.step_name(step)
-    with warnings.catch_warnings():  # DCP warns that it saves without a process group: that is the point
+    with (
+        warnings.catch_warnings()
+    ):  # DCP warns that it saves without a process group: that is the point
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"w": torch.arange(8.0), "b": torch.ones(3)}, checkpoint_id=str(path))
     (path / ckpt.META).write_text(meta)
@@ -58,10 +60,16 @@ def test_a_rank_seeing_the_whole_checkpoint_has_nothing_to_say(tmp_path):
     "damage, why",
     [
         (lambda p: shutil.rmtree(p), "no meta.json"),
-        (lambda p: (p / ckpt.META).write_text('{"step": 1, "saved_at": 2}'), "differs from rank 0's"),
+        (
+            lambda p: (p / ckpt.META).write_text('{"step": 1, "saved_at": 2}'),
+            "differs from rank 0's",
+        ),
         (lambda p: (p / ".metadata").unlink(), "cannot read"),
         (lambda p: (p / ".metadata").write_bytes(b"\x80\x04"), "cannot read its index"),
-        (lambda p: next(p.glob("*.distcp")).unlink(), "1 of 1 shard files missing, e.g. __0_0.distcp"),
+        (
+            lambda p: next(p.glob("*.distcp")).unlink(),
+            "1 of 1 shard files missing, e.g. __0_0.distcp",
+        ),
     ],
     ids=["no step dir", "another save", "no index", "truncated index", "a shard missing"],
 )
@@ -79,9 +87,12 @@ def test_rank_0_without_a_meta_file_gives_every_rank_nothing_to_match(tmp_path):
 # ---- real torchrun, one launcher per simulated node -------------------------------------------------------
 
 
-def _nodes(assets, dirs: list[Path], timeout: int = 240, **settings) -> list[subprocess.CompletedProcess]:
-    """Two launchers of one job (--nnodes 2, one process each), node N with CHECKPOINT_DIR=dirs[N]; torchrun's
-    static rendezvous (--node-rank) puts rank N on node N. Returns each launcher's outcome."""
+def _nodes(
+    assets, dirs: list[Path], timeout: int = 240, **settings
+) -> list[subprocess.CompletedProcess]:
+    """Two launchers of one job (--nnodes 2, one process each), node N with CHECKPOINT_DIR=dirs[N];
+    torchrun's static rendezvous (--node-rank) puts rank N on node N. Returns each launcher's
+    outcome."""
     port = free_port()
     procs = []
     for node, directory in enumerate(dirs):
@@ -109,7 +120,8 @@ def _nodes(assets, dirs: list[Path], timeout: int = 240, **settings) -> list[sub
         for p in procs:
             p.kill()
     return [
-        subprocess.CompletedProcess(p.args, p.returncode, o, e) for p, (o, e) in zip(procs, outs, strict=True)
+        subprocess.CompletedProcess(p.args, p.returncode, o, e)
+        for p, (o, e) in zip(procs, outs, strict=True)
     ]
 
 
@@ -127,9 +139,10 @@ def saved_job(assets, tmp_path_factory) -> Path:
 def test_a_node_that_lacks_rank_0s_checkpoint_fails_the_job_with_one_line_naming_it(
     assets, saved_job, tmp_path
 ):
-    """Node 1's disk holds only the step-2 save (its `latest` says so), node 0's has step 4: before the
-    agreement rank 0 loaded step 4 and rank 1 step 2, mismatched state. Now both stop before loading, with
-    exit 1 (not 2, a bad setting) and the same line naming rank 1, its node and host, and the path."""
+    """Node 1's disk holds only the step-2 save (its `latest` says so), node 0's has step 4: before
+    the agreement rank 0 loaded step 4 and rank 1 step 2, mismatched state. Now both stop before
+    loading, with exit 1 (not 2, a bad setting) and the same line naming rank 1, its node and host,
+    and the path."""
     node1 = tmp_path / "node-1"
     shutil.copytree(saved_job, node1)
     shutil.rmtree(node1 / "step-00000004")
@@ -152,8 +165,8 @@ def test_a_node_that_lacks_rank_0s_checkpoint_fails_the_job_with_one_line_naming
 
 @pytest.mark.slow
 def test_a_checkpoint_only_a_later_node_sees_is_not_resumed_by_anyone(assets, saved_job, tmp_path):
-    """Rank 0 sees no checkpoint, so the whole job starts fresh: node 1's own step-4 save is never loaded
-    (before, rank 1 alone entered DCP's load collectives and the job hung or failed)."""
+    """Rank 0 sees no checkpoint, so the whole job starts fresh: node 1's own step-4 save is never
+    loaded (before, rank 1 alone entered DCP's load collectives and the job hung or failed)."""
     node0, node1 = tmp_path / "node-0", tmp_path / "node-1"
     node0.mkdir()
     shutil.copytree(saved_job, node1)

@@ -96,7 +96,9 @@ def test_the_rules_themselves():
     """The matcher can say no: each rule on a case where it fails and one where it holds."""
     taint = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
     assert tolerates({"operator": "Exists"}, taint)  # empty key + Exists: every taint
-    assert not tolerates({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}, taint)
+    assert not tolerates(
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}, taint
+    )
     assert tolerates({"key": "nvidia.com/gpu", "value": "true"}, taint)  # no operator means Equal
     assert not tolerates({"key": "nvidia.com/gpu", "operator": "Equal", "value": "false"}, taint)
     assert not tolerates({"key": "aws.amazon.com/efa", "operator": "Exists"}, taint)
@@ -111,7 +113,10 @@ def test_the_rules_themselves():
     required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     required["nodeSelectorTerms"] = [term]
     assert not lands(pod, node)  # AND within a term
-    required["nodeSelectorTerms"] = [term, {"matchExpressions": [{"key": "c", "operator": "DoesNotExist"}]}]
+    required["nodeSelectorTerms"] = [
+        term,
+        {"matchExpressions": [{"key": "c", "operator": "DoesNotExist"}]},
+    ]
     assert lands(pod, node)  # OR across terms; a PreferNoSchedule taint does not block
     required["nodeSelectorTerms"] = [{"matchExpressions": []}]
     assert not lands(pod, node)
@@ -142,7 +147,10 @@ def test_the_rules_themselves():
 
 
 def _node(instance_type: str, labels: dict, taints: list[dict]) -> dict:
-    return {"labels": {**labels, "node.kubernetes.io/instance-type": instance_type}, "taints": taints}
+    return {
+        "labels": {**labels, "node.kubernetes.io/instance-type": instance_type},
+        "taints": taints,
+    }
 
 
 def eksctl_nodes(instance: str) -> dict[str, dict]:
@@ -169,10 +177,12 @@ def terraform_nodes(instance: str) -> dict[str, dict]:
     }
     nodes = {}
     for name, g in groups.items():
-        # the GPU group names its type unless a Capacity Block's launch template does (issue 27, defect 8):
-        # `${var.capacity_block ? null : [var.instance_type]}` here, without a block
+        # the GPU group names its type unless a Capacity Block's launch template does (issue 27,
+        # defect 8): `${var.capacity_block ? null : [var.instance_type]}` here, without a block
         types = g["instance_types"]
-        [itype] = [f"${{{types.rpartition('[')[2].rstrip(']}')}}}"] if isinstance(types, str) else types
+        [itype] = (
+            [f"${{{types.rpartition('[')[2].rstrip(']}')}}}"] if isinstance(types, str) else types
+        )
         assert itype.startswith("${var.") and itype.endswith("}"), itype
         taints = [
             {
@@ -190,7 +200,9 @@ def terraform_nodes(instance: str) -> dict[str, dict]:
 def cluster_nodes(tool: str, instance: str) -> tuple[dict, dict]:
     """(GPU node, system node) as the tool's render makes them."""
     nodes = eksctl_nodes(instance) if tool == "eksctl" else terraform_nodes(instance)
-    [gpu] = [n for n in nodes.values() if n["labels"]["node.kubernetes.io/instance-type"] == instance]
+    [gpu] = [
+        n for n in nodes.values() if n["labels"]["node.kubernetes.io/instance-type"] == instance
+    ]
     [system] = [n for n in nodes.values() if n is not gpu]
     assert gpu["taints"], "the GPU node group is tainted on both paths"
     return gpu, system
@@ -203,7 +215,12 @@ def daemonsets() -> dict[str, tuple[dict, bool]]:
     """name -> (pod spec, GPU nodes only) for what fsdpctl deploys."""
     cfg = load(flags={"BACKEND": "eks"})
     objs = deploy.plugins(cfg, [VENDOR]).objects + deploy.monitoring(cfg).objects
-    gpu_only = {"nvidia-device-plugin-daemonset", "aws-efa-k8s-device-plugin", "dcgm-exporter", "nvtop"}
+    gpu_only = {
+        "nvidia-device-plugin-daemonset",
+        "aws-efa-k8s-device-plugin",
+        "dcgm-exporter",
+        "nvtop",
+    }
     out = {
         o["metadata"]["name"]: (o["spec"]["template"]["spec"], o["metadata"]["name"] in gpu_only)
         for o in objs
@@ -216,9 +233,9 @@ def daemonsets() -> dict[str, tuple[dict, bool]]:
 @pytest.mark.parametrize("tool", ["eksctl", "terraform"])
 @pytest.mark.parametrize("instance", INSTANCES)
 def test_every_daemonset_lands_on_the_gpu_nodes_and_gpu_only_ones_nowhere_else(tool, instance):
-    """Defects 1 and 3 of issue 14 fixed: both device plugins (eksctl v0.230.0 pkg/addons/assets, patched by
-    `deploy.plugins`), the DCGM exporter and nvtop land on the GPU nodes of both tools' renders and not on the
-    system nodes; htop lands on the GPU nodes."""
+    """Defects 1 and 3 of issue 14 fixed: both device plugins (eksctl v0.230.0 pkg/addons/assets,
+    patched by `deploy.plugins`), the DCGM exporter and nvtop land on the GPU nodes of both tools'
+    renders and not on the system nodes; htop lands on the GPU nodes."""
     gpu, system = cluster_nodes(tool, instance)
     assert "nvidia.com/gpu.present" not in gpu["labels"]
     for name, (pod, gpu_only) in daemonsets().items():
@@ -231,28 +248,40 @@ def test_every_daemonset_lands_on_the_gpu_nodes_and_gpu_only_ones_nowhere_else(t
 @pytest.mark.parametrize("tool", ["eksctl", "terraform"])
 @pytest.mark.parametrize("instance", INSTANCES)
 def test_the_job_pods_land_on_gpu_nodes_that_make_their_local_scratch(tool, instance, shared):
-    """The worker pod, with the shared volume or with the /local scratch (hostPath) without one, lands on the
-    tool's GPU nodes and not on its system nodes; and the GPU node group is the one whose user data makes that
-    directory (eksctl: preBootstrapCommands; terraform: the GPU launch template's user data, nvme.tf), the
-    system nodes' does not."""
+    """The worker pod, with the shared volume or with the /local scratch (hostPath) without one,
+    lands on the tool's GPU nodes and not on its system nodes; and the GPU node group is the one
+    whose user data makes that directory (eksctl: preBootstrapCommands; terraform: the GPU launch
+    template's user data, nvme.tf), the system nodes' does not."""
     cfg = load(
-        dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance, "SHARED_VOLUME": shared, "CHECKPOINT_PVC": "c"}
+        dotenv={
+            "BACKEND": "eks",
+            "INSTANCE_TYPE": instance,
+            "SHARED_VOLUME": shared,
+            "CHECKPOINT_PVC": "c",
+        }
     )
-    pod = render.render_job(cfg, "r")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    pod = render.render_job(cfg, "r")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"][
+        "spec"
+    ]
     gpu, system = cluster_nodes(tool, instance)
     assert lands(pod, gpu) and not lands(pod, system)
     hosts = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
     assert hosts == ([] if shared else [render.NODE_SCRATCH_DIR])
     if tool == "eksctl":
-        groups = render.render_clusterconfig(load(dotenv={"INSTANCE_TYPE": instance}))["managedNodeGroups"]
+        groups = render.render_clusterconfig(load(dotenv={"INSTANCE_TYPE": instance}))[
+            "managedNodeGroups"
+        ]
         made = {
-            g["name"]: render.NODE_SCRATCH_DIR in "".join(g.get("preBootstrapCommands", [])) for g in groups
+            g["name"]: render.NODE_SCRATCH_DIR in "".join(g.get("preBootstrapCommands", []))
+            for g in groups
         }
         assert made == {"system": False, f"gpu-{instance.split('.')[0]}": True}
     else:
         module = hcl2.load((ROOT / "terraform/modules/eks-gpu/main.tf").open())
         templates = [b for b in module["resource"] if '"aws_launch_template"' in b]
-        assert [list(t['"aws_launch_template"']) for t in templates] == [['"gpu"']]  # the system group: none
+        assert [list(t['"aws_launch_template"']) for t in templates] == [
+            ['"gpu"']
+        ]  # the system group: none
         assert "local.gpu_user_data" in templates[0]['"aws_launch_template"']['"gpu"']["user_data"]
         assert render.NODE_SCRATCH_DIR in (ROOT / "terraform/modules/eks-gpu/nvme.tf").read_text()
 
@@ -260,14 +289,16 @@ def test_the_job_pods_land_on_gpu_nodes_that_make_their_local_scratch(tool, inst
 @pytest.mark.parametrize("tool", ["eksctl", "terraform"])
 @pytest.mark.parametrize("instance", INSTANCES)
 def test_eksctls_own_efa_plugin_does_not_reach_the_tainted_gpu_nodes(tool, instance):
-    """Defect 1 of issue 14 as shipped: eksctl v0.230.0's efa-device-plugin.yaml (pkg/addons/assets; its
-    EFADevicePlugin.SetTolerations in pkg/addons/device_plugin.go adds nothing) tolerates only
-    CriticalAddonsOnly and aws.amazon.com/efa, so the GPU nodes never run it; its affinity alone would allow
-    them."""
+    """Defect 1 of issue 14 as shipped: eksctl v0.230.0's efa-device-plugin.yaml (pkg/addons/assets;
+    its EFADevicePlugin.SetTolerations in pkg/addons/device_plugin.go adds nothing) tolerates only
+    CriticalAddonsOnly and aws.amazon.com/efa, so the GPU nodes never run it; its affinity alone
+    would allow them."""
     gpu, _ = cluster_nodes(tool, instance)
     [upstream] = [
         o
-        for o in yaml.safe_load_all((VENDOR / "eksctl-v0.230.0/addons/efa-device-plugin.yaml").read_text())
+        for o in yaml.safe_load_all(
+            (VENDOR / "eksctl-v0.230.0/addons/efa-device-plugin.yaml").read_text()
+        )
         if o
     ]
     pod = upstream["spec"]["template"]["spec"]
@@ -277,9 +308,13 @@ def test_eksctls_own_efa_plugin_does_not_reach_the_tainted_gpu_nodes(tool, insta
 
 @pytest.mark.parametrize("instance", INSTANCES)
 def test_the_old_monitoring_selector_lands_nowhere(instance):
-    """Defect 3 of issue 14 as it was: `nodeSelector: nvidia.com/gpu.present=true` matches no node of either
-    render on Kubernetes 1.33 (the label needs GPU Feature Discovery, or nodeadm for kubelet >= 1.35)."""
-    old = {"nodeSelector": {"nvidia.com/gpu.present": "true"}, "tolerations": [{"operator": "Exists"}]}
+    """Defect 3 of issue 14 as it was: `nodeSelector: nvidia.com/gpu.present=true` matches no node
+    of either render on Kubernetes 1.33 (the label needs GPU Feature Discovery, or nodeadm for
+    kubelet >= 1.35)."""
+    old = {
+        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"operator": "Exists"}],
+    }
     for tool in ("eksctl", "terraform"):
         assert not any(lands(old, n) for n in cluster_nodes(tool, instance))
 
@@ -297,9 +332,10 @@ def _node_obj(name: str, labels: dict[str, str], allocatable: dict[str, str]) ->
 
 
 def test_deploy_status_shows_per_gpu_node_what_the_plugins_made_allocatable(tmp_path):
-    """`deploy status` lists the Nodes (v1 Node, through fsdpctl's adapter and the API peer, status written
-    through the /status subresource as the kubelet does): a p5 node the EFA plugin never reached (defect 1)
-    is not ready and shows vpc.amazonaws.com/efa=0; the system node is not listed."""
+    """`deploy status` lists the Nodes (v1 Node, through fsdpctl's adapter and the API peer, status
+    written through the /status subresource as the kubelet does): a p5 node the EFA plugin never
+    reached (defect 1) is not ready and shows vpc.amazonaws.com/efa=0; the system node is not
+    listed."""
     from fsdpctl.adapters.kube import Kube
     from kube_peer import Peer
 
@@ -344,8 +380,8 @@ def test_deploy_status_shows_per_gpu_node_what_the_plugins_made_allocatable(tmp_
 
 
 def test_a_pending_pod_names_the_plugin_that_would_advertise_what_it_lacks():
-    """The scheduler's own wording (kube-scheduler NodeResourcesFit: "Insufficient <resource>") on a pod
-    that asks for EFA interfaces no node advertises: the problem names the EFA device plugin."""
+    """The scheduler's own wording (kube-scheduler NodeResourcesFit: "Insufficient <resource>") on a
+    pod that asks for EFA interfaces no node advertises: the problem names the EFA device plugin."""
     from fsdpctl import kstatus
 
     message = (
@@ -357,13 +393,21 @@ def test_a_pending_pod_names_the_plugin_that_would_advertise_what_it_lacks():
         "status": {
             "phase": "Pending",
             "conditions": [
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                }
             ],
         },
     }
     [problem] = kstatus.scheduling_problems([pod], {})
     assert problem.startswith(f"fsdp-run-1-worker-0: Unschedulable: {message}")
-    assert "EFA device plugin (kube-system/aws-efa-k8s-device-plugin)" in problem and "NVIDIA" not in problem
+    assert (
+        "EFA device plugin (kube-system/aws-efa-k8s-device-plugin)" in problem
+        and "NVIDIA" not in problem
+    )
     assert "fsdpctl deploy plugins" in problem
     event = {
         "reason": "FailedScheduling",
@@ -385,20 +429,24 @@ def test_a_pending_pod_names_the_plugin_that_would_advertise_what_it_lacks():
 
 def test_on_an_eksctl_cluster_deploy_plugins_patches_eksctls_own_daemonsets(tmp_path):
     """The choice for eksctl clusters: fsdpctl applies the plugins under the names eksctl gives them
-    (eksctl v0.230.0 pkg/addons/assets), so the EFA DaemonSet eksctl created (here sent as eksctl sends it,
-    by create) is patched in place by server-side apply, not doubled by a second plugin on the same devices;
-    afterwards it lands on the GPU nodes, and a rerun changes nothing."""
+    (eksctl v0.230.0 pkg/addons/assets), so the EFA DaemonSet eksctl created (here sent as eksctl
+    sends it, by create) is patched in place by server-side apply, not doubled by a second plugin on
+    the same devices; afterwards it lands on the GPU nodes, and a rerun changes nothing."""
     from fsdpctl.adapters.kube import Kube
     from kube_peer import Peer
 
     cfg = load(flags={"BACKEND": "eks"})
     [eksctls] = [
         o
-        for o in yaml.safe_load_all((VENDOR / "eksctl-v0.230.0/addons/efa-device-plugin.yaml").read_text())
+        for o in yaml.safe_load_all(
+            (VENDOR / "eksctl-v0.230.0/addons/efa-device-plugin.yaml").read_text()
+        )
         if o
     ]
     for c in eksctls["spec"]["template"]["spec"]["containers"]:  # as eksctl fills in the image
-        c["image"] = c["image"].replace("%s.dkr.ecr.%s.%s", deploy.eks_image_registry(cfg.aws_region))
+        c["image"] = c["image"].replace(
+            "%s.dkr.ecr.%s.%s", deploy.eks_image_registry(cfg.aws_region)
+        )
     gpu, _ = cluster_nodes("eksctl", "p5.48xlarge")
     peer = Peer(tmp_path)
     try:

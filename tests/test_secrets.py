@@ -1,5 +1,6 @@
-"""Secrets never leave: a real token-shaped HF token and AWS keys are grepped for in everything fsdpctl prints
-or writes: config show, manifests, error messages, job logs and status, and every file of a real local run."""
+"""Secrets never leave: a real token-shaped HF token and AWS keys are grepped for in everything
+fsdpctl prints or writes: config show, manifests, error messages, job logs and status, and every
+file of a real local run."""
 
 from __future__ import annotations
 
@@ -87,7 +88,9 @@ def test_no_secret_in_any_output_or_file_of_a_real_local_run(cli, tmp_path, monk
         ],
     )
     assert next(code for args, code, _ in outputs if args[-2:] == ["job", "run"]) == 0
-    assert "HF token set" in next(text for args, _, text in outputs if args[-2:] == ["logs", "--all"])
+    assert "HF token set" in next(
+        text for args, _, text in outputs if args[-2:] == ["logs", "--all"]
+    )
     files = _assert_no_secret(outputs, tmp_path)
     assert any(p.name == "node-0.log" for p in files)
 
@@ -124,7 +127,8 @@ def shaped(kind: str, rng) -> str:
 
 
 def _free_text_keys() -> list[str]:
-    """Every key (but the secret itself) that accepts a pasted token: found by validating one, not listed."""
+    """Every key (but the secret itself) that accepts a pasted token: found by validating one, not
+    listed."""
     from fsdpctl.errors import SettingsError
     from fsdpctl.settings import load, setting_keys
 
@@ -163,17 +167,19 @@ def test_free_text_keys_are_found():
     assert {"TOKENIZER", "DATASET_SPLIT", "AWS_PROFILE"} <= set(FREE_TEXT), FREE_TEXT
 
 
-# the issue's three keys in `make test-fast`; every other free-text key in the whole suite (about 4 s each)
+# the issue's three keys in `make test-fast`; every other free-text key in the whole suite (about 4
+# s each)
 FAST_FREE_TEXT = {"TOKENIZER", "IMAGE_TAG", "DATASET_SPLIT"}
 
 
 @pytest.mark.parametrize(
-    "key", [k if k in FAST_FREE_TEXT else pytest.param(k, marks=pytest.mark.slow) for k in FREE_TEXT]
+    "key",
+    [k if k in FAST_FREE_TEXT else pytest.param(k, marks=pytest.mark.slow) for k in FREE_TEXT],
 )
 def test_a_token_in_a_free_text_key_is_masked_everywhere_and_named(cli, tmp_path, monkeypatch, key):
-    """A generated token of each shape, through each way in (.env, environment, --set), in `key`: no output
-    of any path (config show, manifests printed and written, every --dry-run, a --debug traceback) and no
-    file written holds it, and a warning names the key."""
+    """A generated token of each shape, through each way in (.env, environment, --set), in `key`: no
+    output of any path (config show, manifests printed and written, every --dry-run, a --debug
+    traceback) and no file written holds it, and a warning names the key."""
     import random
 
     from invariants import snapshot, written
@@ -212,7 +218,9 @@ def test_a_debug_traceback_is_masked(cli, monkeypatch):
     assert token not in result.stderr and "QQQQQQQQ" not in result.stderr
 
 
-def test_an_unexpected_exception_is_one_masked_line_and_its_traceback_masked_with_debug(cli, monkeypatch):
+def test_an_unexpected_exception_is_one_masked_line_and_its_traceback_masked_with_debug(
+    cli, monkeypatch
+):
     """An exception fsdpctl does not expect (a defect) still gives one line, exit 1, no traceback; with
     --debug its traceback, masked (Python's own hook would print the token)."""
     import fsdpctl.settings
@@ -232,7 +240,8 @@ def test_an_unexpected_exception_is_one_masked_line_and_its_traceback_masked_wit
 
 
 def test_click_usage_errors_are_masked(cli):
-    """click quotes the value it refused (`Invalid value for '--nodes': ...`); the quote is masked too."""
+    """click quotes the value it refused (`Invalid value for '--nodes': ...`); the quote is masked
+    too."""
     token = "AKIA" + "ABCDEFGHIJKLMNOP"
     result = cli("plan", "--nodes", token)
     assert result.exit_code == 2 and token not in result.stderr
@@ -241,15 +250,16 @@ def test_click_usage_errors_are_masked(cli):
 @pytest.mark.parametrize(
     "line",
     [
-        'HF_TOKEN="hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567',  # unclosed quote: the secret key's whole value
+        # unclosed quote: the secret key's whole value
+        'HF_TOKEN="hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567',
         'HF_TOKEN="plainsecretvaluewithnoshape',
         'TOKENIZER="hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567',
         "export AWS_SECRET_ACCESS_KEY='wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
     ],
 )
 def test_a_malformed_env_line_is_masked_before_it_is_cut(cli, tmp_path, line):
-    """The error quotes at most 40 characters of the line it cannot parse: masked first, so no part of a
-    secret (its first characters, as a cut would leave them) shows."""
+    """The error quotes at most 40 characters of the line it cannot parse: masked first, so no part
+    of a secret (its first characters, as a cut would leave them) shows."""
     (tmp_path / ".env").write_text(line + "\n")
     result = cli("config", "show")
     assert result.exit_code == 2, result.stderr
@@ -259,9 +269,13 @@ def test_a_malformed_env_line_is_masked_before_it_is_cut(cli, tmp_path, line):
 
 
 def test_a_secret_from_a_file_or_flag_is_masked_whatever_its_shape(cli):
-    """HF_TOKEN with no token shape (an org's own proxy token), given by --set, is masked where it shows:
-    pasted also into TOKENIZER, config show, the manifest and the dry run hide it."""
+    """HF_TOKEN with no token shape (an org's own proxy token), given by --set, is masked where it
+    shows: pasted also into TOKENIZER, config show, the manifest and the dry run hide it."""
     secret = "plain-secret-value-42"
-    for args in (["config", "show"], ["manifest", "--force"], ["job", "run", "--dry-run", "--force"]):
+    for args in (
+        ["config", "show"],
+        ["manifest", "--force"],
+        ["job", "run", "--dry-run", "--force"],
+    ):
         result = cli("--set", f"HF_TOKEN={secret}", "--set", f"TOKENIZER={secret}", *args)
         assert secret not in result.stdout + result.stderr, (args, result.stdout[-1000:])

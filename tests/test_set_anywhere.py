@@ -1,14 +1,14 @@
-"""`--set KEY=VALUE` before or after the subcommand (issue 16: "`--set` works only before the subcommand"), as
-kubectl and helm take their global flags anywhere on the line: `fsdpctl plan --set SEQ_LEN=2048` is
-`fsdpctl --set SEQ_LEN=2048 plan`, with the same precedence (flags > environment > .env > defaults) and the
-same one-line errors.
+"""`--set KEY=VALUE` before or after the subcommand (issue 16: "`--set` works only before the
+subcommand"), as kubectl and helm take their global flags anywhere on the line: `fsdpctl plan --set
+SEQ_LEN=2048` is `fsdpctl --set SEQ_LEN=2048 plan`, with the same precedence (flags > environment >
+.env > defaults) and the same one-line errors.
 
-The root group moves every --set it finds after the subcommand to before it (fsdpctl.cli._sets_first),
-walking the line as click reads it: a value of another option stays that option's value, and nothing after
-`--` moves (click's parser: "--" ends option processing; an option that takes a value consumes the next
-argument whatever it looks like, click/parser.py `_match_long_opt`/`_match_short_opt`). The commands are
-enumerated from the app itself, as tests/test_golden.py does, so a new command is covered without a change
-here.
+The root group moves every --set it finds after the subcommand to before it
+(fsdpctl.cli._sets_first), walking the line as click reads it: a value of another option stays that
+option's value, and nothing after `--` moves (click's parser: "--" ends option processing; an option
+that takes a value consumes the next argument whatever it looks like, click/parser.py
+`_match_long_opt`/`_match_short_opt`). The commands are enumerated from the app itself, as
+tests/test_golden.py does, so a new command is covered without a change here.
 """
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ IDS = [" ".join(p) for p, _ in LEAVES]
 def test_the_walk_finds_every_command():
     """The enumeration is the app's: groups and verbs both, the ones the issue names among them."""
     paths = {p for p, _ in LEAVES}
-    assert {("plan",), ("job", "run"), ("config", "show"), ("manifest",), ("cluster", "create")} <= paths
+    assert {
+        ("plan",),
+        ("job", "run"),
+        ("config", "show"),
+        ("manifest",),
+        ("cluster", "create"),
+    } <= paths
     assert len(paths) >= 20
 
 
@@ -51,7 +57,9 @@ def test_no_command_has_a_set_option_of_its_own(path, cmd):
     """Moving --set/-s to the root is only right while no command means something else by it."""
     for param in cmd.params:
         assert not set(getattr(param, "opts", ())) & set(SET_OPTS), f"{path}: {param.name}"
-        assert not any(o.startswith("-s") and len(o) > 2 and o[1] != "-" for o in getattr(param, "opts", ()))
+        assert not any(
+            o.startswith("-s") and len(o) > 2 and o[1] != "-" for o in getattr(param, "opts", ())
+        )
 
 
 def _options(cmd) -> list[tuple[str, bool]]:
@@ -64,8 +72,11 @@ def _options(cmd) -> list[tuple[str, bool]]:
     ]
 
 
-# values an option may be given that look like --set: they are that option's, and must stay where they are
-TRICKY = st.sampled_from(["--set", "-s", "--set=SEQ_LEN=1", "-sSEQ_LEN=1", "--", "x", "SEQ_LEN=3", "-o"])
+# values an option may be given that look like --set: they are that option's, and must stay where
+# they are
+TRICKY = st.sampled_from(
+    ["--set", "-s", "--set=SEQ_LEN=1", "-sSEQ_LEN=1", "--", "x", "SEQ_LEN=3", "-o"]
+)
 SET_ITEM = st.sampled_from(["SEQ_LEN=64", "MODEL=7b", "BAD", "A=b=c", "=x"]).flatmap(
     lambda v: st.sampled_from([["--set", v], ["-s", v], [f"--set={v}"], [f"-s{v}"]])
 )
@@ -75,10 +86,11 @@ SET_ITEM = st.sampled_from(["SEQ_LEN=64", "MODEL=7b", "BAD", "A=b=c", "=x"]).fla
 @pytest.mark.parametrize(("path", "cmd"), LEAVES, ids=IDS)
 @given(data=st.data())
 def test_every_set_after_the_subcommand_moves_before_it_and_nothing_else_moves(path, cmd, data):
-    """For every command, a generated line: --set items before the subcommand, then the command's own
-    options (values drawn to look like --set, `-s`, `--`) mixed with --set items, then maybe `--` and more:
-    the rewritten line is the root's --set items, then the moved ones in their order (the last of a key still
-    wins), then the command line without them; the part after `--` is untouched."""
+    """For every command, a generated line: --set items before the subcommand, then the command's
+    own options (values drawn to look like --set, `-s`, `--`) mixed with --set items, then maybe
+    `--` and more: the rewritten line is the root's --set items, then the moved ones in their order
+    (the last of a key still wins), then the command line without them; the part after `--` is
+    untouched."""
     opts = _options(cmd)
     before = data.draw(st.lists(SET_ITEM, max_size=2))
     pieces = data.draw(
@@ -86,7 +98,11 @@ def test_every_set_after_the_subcommand_moves_before_it_and_nothing_else_moves(p
             st.one_of(
                 SET_ITEM.map(lambda s: ("set", s)),
                 (st.sampled_from(opts) if opts else st.nothing()).flatmap(
-                    lambda o: TRICKY.map(lambda v: ("opt", [o[0], v])) if o[1] else st.just(("opt", [o[0]]))
+                    lambda o: (
+                        TRICKY.map(lambda v: ("opt", [o[0], v]))
+                        if o[1]
+                        else st.just(("opt", [o[0]]))
+                    )
                 ),
             ),
             max_size=6,
@@ -100,7 +116,9 @@ def test_every_set_after_the_subcommand_moves_before_it_and_nothing_else_moves(p
         *(["--", *after_dashes] if after_dashes else []),
     ]
     moved = [
-        ["-s", s[0][2:]] if s[0].startswith("-s") and len(s) == 1 else s for k, s in pieces if k == "set"
+        ["-s", s[0][2:]] if s[0].startswith("-s") and len(s) == 1 else s
+        for k, s in pieces
+        if k == "set"
     ]
     want = [
         *(a for s in before for a in s),
@@ -113,8 +131,8 @@ def test_every_set_after_the_subcommand_moves_before_it_and_nothing_else_moves(p
 
 
 def test_a_set_with_no_value_after_the_subcommand_is_clicks_usage_error(cli):
-    """`fsdpctl plan --set` says what `fsdpctl --set` says (click: "Option '--set' requires an argument."),
-    exit 2, and never takes the subcommand's name as the value."""
+    """`fsdpctl plan --set` says what `fsdpctl --set` says (click: "Option '--set' requires an
+    argument."), exit 2, and never takes the subcommand's name as the value."""
     after, before = cli("plan", "--set"), cli("--set")
     assert after.exit_code == before.exit_code == 2
     assert "Option '--set' requires an argument." in after.stderr
@@ -124,11 +142,15 @@ def test_a_set_with_no_value_after_the_subcommand_is_clicks_usage_error(cli):
 @pytest.mark.parametrize(("path", "cmd"), LEAVES, ids=IDS)
 def test_a_malformed_set_after_any_command_is_the_same_one_line_error(cli, path, cmd):
     """`--set SEQ_LEN` (no `=`) after any command gives exactly what it gives before it: exit 2, one
-    `error:` line naming the item and a hint, no traceback, nothing written (the root parses it before the
-    command runs)."""
+    `error:` line naming the item and a hint, no traceback, nothing written (the root parses it
+    before the command runs)."""
     after = cli(*path, "--set", "SEQ_LEN")
     before = cli("--set", "SEQ_LEN", *path)
-    assert (after.exit_code, after.stdout, after.stderr) == (before.exit_code, before.stdout, before.stderr)
+    assert (after.exit_code, after.stdout, after.stderr) == (
+        before.exit_code,
+        before.stdout,
+        before.stderr,
+    )
     assert after.exit_code == 2
     assert [line for line in after.stderr.splitlines() if line.startswith("error:")] == [
         "error: --set 'SEQ_LEN' is not KEY=VALUE"
@@ -149,11 +171,16 @@ SETTINGS_COMMANDS = [
 @pytest.mark.parametrize("args", SETTINGS_COMMANDS, ids=" ".join)
 @pytest.mark.parametrize("item", ["SEQ_LEN=abc", "SEQ_LEN=4", "NO_SUCH_KEY=1", "MODEL=nope"])
 def test_a_bad_value_after_the_command_is_the_same_error(cli, args, item):
-    """A value the settings refuse (not a number, under the minimum, an unknown key, an unknown model):
-    identical exit code and output in both places; exit 2 with one error line naming the key."""
+    """A value the settings refuse (not a number, under the minimum, an unknown key, an unknown
+    model): identical exit code and output in both places; exit 2 with one error line naming the
+    key."""
     after = cli(*args, "--set", item)
     before = cli("--set", item, *args)
-    assert (after.exit_code, after.stdout, after.stderr) == (before.exit_code, before.stdout, before.stderr)
+    assert (after.exit_code, after.stdout, after.stderr) == (
+        before.exit_code,
+        before.stdout,
+        before.stderr,
+    )
     assert after.exit_code == 2, after.output
     errors = [line for line in after.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and item.split("=")[0] in errors[0], after.stderr
@@ -167,8 +194,8 @@ def _shown(cli, *args: str) -> dict:
 
 @pytest.mark.parametrize("where", ["env", ".env"])
 def test_a_set_after_the_command_beats_environment_and_env_file(cli, monkeypatch, where):
-    """Precedence is unchanged: `config show --set SEQ_LEN=2048` wins over the environment and .env, and
-    config show names the flag as the source, exactly as with --set first."""
+    """Precedence is unchanged: `config show --set SEQ_LEN=2048` wins over the environment and .env,
+    and config show names the flag as the source, exactly as with --set first."""
     if where == "env":
         monkeypatch.setenv("FSDPCTL_SEQ_LEN", "512")
     else:
@@ -183,13 +210,16 @@ def test_a_set_after_the_command_beats_environment_and_env_file(cli, monkeypatch
 
 def test_the_last_set_of_a_key_wins_wherever_it_stands(cli):
     """--set before and after: the one further right wins, as two --set before the command always did."""
-    shown = _shown(cli, "--set", "SEQ_LEN=256", "config", "show", "--set", "SEQ_LEN=1024", "-o", "json")
+    shown = _shown(
+        cli, "--set", "SEQ_LEN=256", "config", "show", "--set", "SEQ_LEN=1024", "-o", "json"
+    )
     assert shown["settings"]["SEQ_LEN"] == 1024
 
 
 def test_plan_and_a_dry_run_take_a_set_after_the_subcommand(cli):
-    """The issue's two lines: `plan --set SEQ_LEN=2048` plans at 2048; `job run --set MAX_STEPS=5 --dry-run`
-    (with JOB_NODES=3, which the dry run shows) prints the same as with --set first, and writes no job."""
+    """The issue's two lines: `plan --set SEQ_LEN=2048` plans at 2048; `job run --set MAX_STEPS=5
+    --dry-run` (with JOB_NODES=3, which the dry run shows) prints the same as with --set first, and
+    writes no job."""
     plan_after = _shown(cli, "plan", "--set", "SEQ_LEN=2048", "-o", "json")
     assert plan_after == _shown(cli, "--set", "SEQ_LEN=2048", "plan", "-o", "json")
     assert plan_after != _shown(cli, "plan", "-o", "json")

@@ -1,4 +1,5 @@
-"""Settings: precedence, derived values, and one clear line per bad value (pure core, no peer needed)."""
+"""Settings: precedence, derived values, and one clear line per bad value (pure core, no peer
+needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from fsdpctl.settings import derived, load, parse_dotenv, redacted
 
 
 def test_precedence_flag_over_env_over_dotenv_over_default():
-    """The environment counts under FSDPCTL_ only: the plain JOB_NODES and MODEL beside them are ignored."""
+    """The environment counts under FSDPCTL_ only: the plain JOB_NODES and MODEL beside them are
+    ignored."""
     cfg = load(
         dotenv={"MODEL": "13b", "JOB_NODES": "4", "SEQ_LEN": "256"},
         environ={
@@ -59,7 +61,10 @@ def test_derived_values_per_instance_type():
             {"INSTANCE_TYPE": "p3.16xlarge"},
             "INSTANCE_TYPE='p3.16xlarge' is not supported: use one of p4de.24xlarge",
         ),
-        ({"GPUS_PER_NODE": "16"}, "GPUS_PER_NODE=16 exceeds the 8 GPUs of a p5.48xlarge: use at most 8"),
+        (
+            {"GPUS_PER_NODE": "16"},
+            "GPUS_PER_NODE=16 exceeds the 8 GPUs of a p5.48xlarge: use at most 8",
+        ),
         ({"JOB_NODES": "0"}, "JOB_NODES='0' is too small: use at least 1"),
         ({"JOB_NODES": "many"}, "JOB_NODES='many' is not a whole number: give one, e.g. 2"),
         (
@@ -70,7 +75,10 @@ def test_derived_values_per_instance_type():
         ({"AWS_ACCOUNT_ID": "12345"}, "AWS_ACCOUNT_ID='12345' is not valid"),
         ({"IMAGE_TAG": "latest"}, "IMAGE_TAG='latest' is not allowed: pin a version"),
         ({"CAPACITY_RESERVATION_ID": "cr-1"}, "CAPACITY_RESERVATION_ID='cr-1' is not valid"),
-        ({"SHARDING_STRATEGY": "ZERO3"}, "SHARDING_STRATEGY='ZERO3' is not allowed: use one of FULL_SHARD"),
+        (
+            {"SHARDING_STRATEGY": "ZERO3"},
+            "SHARDING_STRATEGY='ZERO3' is not allowed: use one of FULL_SHARD",
+        ),
         ({"MAX_STEPS": "1.5"}, "MAX_STEPS='1.5' is not valid: give a whole number"),
         (
             {"SHARDING_STRATEGY": "HYBRID_SHARD", "HSDP_SHARD_SIZE": "3", "JOB_NODES": "2"},
@@ -86,7 +94,8 @@ def test_bad_values_give_one_line_naming_key_value_and_fix(values, line):
     with pytest.raises(SettingsError) as e:
         load(dotenv=values)
     assert len(e.value.lines) == 1
-    # the value the line is about is named with its source: here .env (a dict given as such has no lines)
+    # the value the line is about is named with its source: here .env (a dict given as such has no
+    # lines)
     assert line in e.value.lines[0].replace(" (.env)", "", 1) and " (.env) " in e.value.lines[0]
 
 
@@ -98,7 +107,9 @@ def test_every_problem_is_reported_at_once():
 
 def test_unknown_dotenv_key_warns_with_the_closest_valid_key():
     cfg = load(dotenv={"SHARDING_STRATEGIE": "FULL_SHARD"})
-    assert cfg.warnings == (".env: unknown key SHARDING_STRATEGIE: did you mean SHARDING_STRATEGY?",)
+    assert cfg.warnings == (
+        ".env: unknown key SHARDING_STRATEGIE: did you mean SHARDING_STRATEGY?",
+    )
 
 
 def test_unknown_flag_key_is_an_error():
@@ -107,7 +118,9 @@ def test_unknown_flag_key_is_an_error():
 
 
 def test_malformed_dotenv_line_names_the_line():
-    with pytest.raises(SettingsError, match="line 2: cannot parse 'this is not a setting': write KEY=VALUE"):
+    with pytest.raises(
+        SettingsError, match="line 2: cannot parse 'this is not a setting': write KEY=VALUE"
+    ):
         parse_dotenv("MODEL=7b\nthis is not a setting\n")
     assert parse_dotenv('export MODEL="7b"  # comment\n\n# x\n') == {"MODEL": "7b"}
 
@@ -120,9 +133,10 @@ def test_secrets_are_masked():
 
 
 def test_env_example_documents_every_key_with_its_default():
-    """Every key with its default; the keys a named model sets itself (fsdptrain.config.MODEL_DEFAULT_KEYS)
-    are there commented out as `#KEY=value` with tiny's value: a copy of the file used as .env must leave them
-    to the model, since a key set in .env beats the model's default."""
+    """Every key with its default; the keys a named model sets itself
+    (fsdptrain.config.MODEL_DEFAULT_KEYS) are there commented out as `#KEY=value` with tiny's value:
+    a copy of the file used as .env must leave them to the model, since a key set in .env beats the
+    model's default."""
     import re
 
     from conftest import ROOT
@@ -139,9 +153,10 @@ def test_env_example_documents_every_key_with_its_default():
 
 
 def test_label_rules_match_apimachinery():
-    """k8s.io/apimachinery/pkg/util/validation/validation.go: IsQualifiedName (an optional DNS-1123 subdomain
-    prefix of at most 253, then a name of at most 63 that starts and ends alphanumeric, with - _ . between)
-    and IsValidLabelValue (the same as the name, possibly empty). Boundaries at 63/64 and 253/254."""
+    """k8s.io/apimachinery/pkg/util/validation/validation.go: IsQualifiedName (an optional DNS-1123
+    subdomain prefix of at most 253, then a name of at most 63 that starts and ends alphanumeric,
+    with - _ . between) and IsValidLabelValue (the same as the name, possibly empty). Boundaries at
+    63/64 and 253/254."""
     from fsdpctl.validate import label_value_problem, qualified_name_problem
 
     valid = ["a", "a" * 63, "A.b-c_d", "example.com/a", ("a" * 63 + ".") * 3 + "b" * 61 + "/n"]
@@ -183,7 +198,8 @@ def test_a_huge_value_is_reported_by_its_size_not_echoed():
 
 
 def test_a_nul_byte_is_no_value():
-    """No environment string can carry a NUL (execve ends the string there; Python refuses it outright)."""
+    """No environment string can carry a NUL (execve ends the string there; Python refuses it
+    outright)."""
     import subprocess
 
     with pytest.raises(ValueError, match="embedded null byte"):
@@ -196,8 +212,8 @@ def test_a_nul_byte_is_no_value():
 
 
 def test_timeout_bounds_are_what_timedelta_holds():
-    """COLLECTIVE_TIMEOUT and RDZV_JOIN_TIMEOUT become datetime.timedelta(seconds=...) in torch: the largest
-    accepted value makes one; a day more overflows it."""
+    """COLLECTIVE_TIMEOUT and RDZV_JOIN_TIMEOUT become datetime.timedelta(seconds=...) in torch: the
+    largest accepted value makes one; a day more overflows it."""
     import datetime
 
     from fsdpctl.settings import INT_MAX, TIMEDELTA_MAX_SECONDS

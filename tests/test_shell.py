@@ -1,5 +1,6 @@
-"""The shell adapter against real processes: `run` streams and logs (and with a dry run starts nothing),
-`capture` reads output within a time limit, `spawn` detaches a process whose output goes to a log."""
+"""The shell adapter against real processes: `run` streams and logs (and with a dry run starts
+nothing), `capture` reads output within a time limit, `spawn` detaches a process whose output goes
+to a log."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ PY = sys.executable
 def test_run_streams_each_line_logs_it_and_returns_the_exit_code(tmp_path):
     log, seen = tmp_path / "logs" / "tool.log", []
     code = "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)"
-    rc = shell.run(shell.Command([PY, "-c", code], {"GREETING": "hi"}), log_file=log, on_line=seen.append)
+    rc = shell.run(
+        shell.Command([PY, "-c", code], {"GREETING": "hi"}), log_file=log, on_line=seen.append
+    )
     assert rc == 3 and sorted(seen) == ["one", "two"]
     text = log.read_text()
     assert text.startswith(f"$ GREETING=hi {PY} -c ") and "one\n" in text and "two\n" in text
@@ -57,7 +60,10 @@ def test_a_dry_run_starts_nothing_logs_nothing_and_reports_the_command_line(tmp_
 def test_a_missing_program_is_one_fsdpctl_error_with_the_install_hint(tmp_path):
     with pytest.raises(shell.ToolMissing) as e:
         shell.run(shell.Command(["eksctl", "version"], {}), log_file=tmp_path / "log")
-    assert isinstance(e.value, FsdpctlError) and str(e.value) == "eksctl is not installed or not on PATH"
+    assert (
+        isinstance(e.value, FsdpctlError)
+        and str(e.value) == "eksctl is not installed or not on PATH"
+    )
     assert "eksctl.io" in e.value.hint
     with pytest.raises(shell.ToolMissing, match="no-such-tool-here is not installed"):
         shell.capture(["/nowhere/no-such-tool-here"], timeout=5)
@@ -67,7 +73,8 @@ def test_a_missing_program_is_one_fsdpctl_error_with_the_install_hint(tmp_path):
 
 def test_capture_returns_code_and_both_streams():
     got = shell.capture(
-        [PY, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(2)"], timeout=30
+        [PY, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(2)"],
+        timeout=30,
     )
     assert got == shell.Captured(2, "out\n", "err\n")
 
@@ -95,7 +102,9 @@ def test_a_timeout_also_ends_the_children_holding_the_output(tmp_path):
     assert time.monotonic() - start < 10
     stat = Path(f"/proc/{pid_file.read_text().strip()}/stat")
     time.sleep(0.2)
-    assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z")  # gone, or dead unreaped
+    assert not stat.exists() or stat.read_text().split(") ")[1].startswith(
+        "Z"
+    )  # gone, or dead unreaped
 
 
 def test_spawn_detaches_and_appends_its_output_to_the_log(tmp_path):

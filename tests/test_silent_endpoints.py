@@ -1,27 +1,31 @@
-"""Nothing waits forever on the outside (issue 29): every command of the app, run against outside systems
-that accept a connection and never answer, returns within its deadline and says what did not answer.
+"""Nothing waits forever on the outside (issue 29): every command of the app, run against outside
+systems that accept a connection and never answer, returns within its deadline and says what did not
+answer.
 
-Peers: a local TCP server that accepts every connection and never writes a byte (what an API server behind
-a dead proxy, a black-holed load balancer or a hung process looks like to a client: the connection is made,
-no answer comes), standing in for the Kubernetes API server (https and http: the TLS handshake never
-completes on the first), the AWS endpoints (AWS_ENDPOINT_URL) and the Hugging Face Hub (HF_ENDPOINT); and
-helper processes that never return: an AWS profile's `credential_process` and a kubeconfig's exec plugin.
+Peers: a local TCP server that accepts every connection and never writes a byte (what an API server
+behind a dead proxy, a black-holed load balancer or a hung process looks like to a client: the
+connection is made, no answer comes), standing in for the Kubernetes API server (https and http: the
+TLS handshake never completes on the first), the AWS endpoints (AWS_ENDPOINT_URL) and the Hugging
+Face Hub (HF_ENDPOINT); and helper processes that never return: an AWS profile's
+`credential_process` and a kubeconfig's exec plugin.
 
-What the clients do by themselves (read in their sources): the kubernetes client sends a request with no
-timeout unless `_request_timeout` is given (kubernetes/client/rest.py: None becomes urllib3's no timeout),
-and retries under urllib3's default Retry(3); botocore waits 60 s to connect and 60 s per read
-(botocore/config.py, connect_timeout and read_timeout) and retries a read timeout (retryhandler.py
-EXCEPTION_MAP GENERAL_CONNECTION_ERROR includes ReadTimeoutError; 4 retries in legacy mode); botocore
-runs `credential_process` and waits with `p.communicate()`, no timeout (credentials.py ProcessProvider);
-the kubernetes client runs an exec plugin and waits with `process.communicate()`, no timeout
-(config/exec_provider.py ExecProvider.run); huggingface_hub's client is made with `timeout=None` and
-HfApi.repo_info passes `timeout=None` (utils/_http.py default_client_factory, hf_api.py). fsdpctl gives
-each of them REQUEST_TIMEOUT, kubectl's --request-timeout in spirit.
+What the clients do by themselves (read in their sources): the kubernetes client sends a request
+with no timeout unless `_request_timeout` is given (kubernetes/client/rest.py: None becomes
+urllib3's no timeout), and retries under urllib3's default Retry(3); botocore waits 60 s to connect
+and 60 s per read (botocore/config.py, connect_timeout and read_timeout) and retries a read timeout
+(retryhandler.py EXCEPTION_MAP GENERAL_CONNECTION_ERROR includes ReadTimeoutError; 4 retries in
+legacy mode); botocore runs `credential_process` and waits with `p.communicate()`, no timeout
+(credentials.py ProcessProvider); the kubernetes client runs an exec plugin and waits with
+`process.communicate()`, no timeout (config/exec_provider.py ExecProvider.run); huggingface_hub's
+client is made with `timeout=None` and HfApi.repo_info passes `timeout=None` (utils/_http.py
+default_client_factory, hf_api.py). fsdpctl gives each of them REQUEST_TIMEOUT, kubectl's
+--request-timeout in spirit.
 
-The commands are enumerated from the typer app, so a new command is run here without a change. Each runs in
-process with REQUEST_TIMEOUT=1 under an alarm; invariants: it returns before the alarm, its exit code is a
-documented one, no internal error or traceback, and a failure is one line naming what did not answer (the
-endpoint's address, the credential_process, the exec plugin) or REQUEST_TIMEOUT."""
+The commands are enumerated from the typer app, so a new command is run here without a change. Each
+runs in process with REQUEST_TIMEOUT=1 under an alarm; invariants: it returns before the alarm, its
+exit code is a documented one, no internal error or traceback, and a failure is one line naming what
+did not answer (the endpoint's address, the credential_process, the exec plugin) or REQUEST_TIMEOUT.
+"""
 
 from __future__ import annotations
 
@@ -42,12 +46,15 @@ import pytest
 from conftest import SHARED, CliResult, invoke
 from invariants import DOCUMENTED, JOB_WAIT, TRACEBACK, error_lines
 
-ALARM_S = 45  # per command; with REQUEST_TIMEOUT=1 the slowest (several AWS calls, each tried twice) take ~10
-# commands that reach nothing outside this machine by design, or run the trainer: they have their own tests
+# per command; with REQUEST_TIMEOUT=1 the slowest (several AWS calls, each tried twice) take ~10
+ALARM_S = 45
+# commands that reach nothing outside this machine by design, or run the trainer: they have their
+# own tests
 LOCAL_ONLY = {("quickstart",), ("doctor",), ("plan",), ("config", "show"), ("config", "validate")}
 LOCAL_ONLY |= {("manifest",), ("image", "build")}
-# `deploy fetch` reads GitHub's release files, not AWS, Kubernetes or the Hub, and reads no setting (so a bad
-# one cannot keep a user from fetching): its deadline is the download adapter's own 60 s per request
+# `deploy fetch` reads GitHub's release files, not AWS, Kubernetes or the Hub, and reads no setting
+# (so a bad one cannot keep a user from fetching): its deadline is the download adapter's own 60 s
+# per request
 LOCAL_ONLY |= {("deploy", "fetch")}
 
 
@@ -101,7 +108,9 @@ def _kubeconfig(path: Path, server: str, exec_plugin: list[str] | None = None) -
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "clusters": [
+            {"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}
+        ],
         "users": [{"name": "u", "user": user}],
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x",
@@ -110,7 +119,8 @@ def _kubeconfig(path: Path, server: str, exec_plugin: list[str] | None = None) -
     return path
 
 
-# a helper that never returns; its own words, so that the test finds it and only it among the processes
+# a helper that never returns; its own words, so that the test finds it and only it among the
+# processes
 HANG = [sys.executable, "-c", f"import time; time.sleep(600)  # silent-endpoints {os.getpid()}"]
 
 
@@ -141,9 +151,12 @@ def silent_servers(silent: Silent, tmp: Path, scheme: str) -> Outside:
 
 
 def hanging_helpers(silent: Silent, tmp: Path) -> Outside:
-    """The endpoints are silent too, but the helpers that fetch credentials come first and never return."""
+    """The endpoints are silent too, but the helpers that fetch credentials come first and never
+    return."""
     aws_config = tmp / "aws-config"
-    aws_config.write_text(f"[profile stuck]\nregion = us-east-1\ncredential_process = {shlex.join(HANG)}\n")
+    aws_config.write_text(
+        f"[profile stuck]\nregion = us-east-1\ncredential_process = {shlex.join(HANG)}\n"
+    )
     kubeconfig = _kubeconfig(tmp / "kubeconfig-exec", f"https://127.0.0.1:{silent.port}", HANG)
     env = {
         "KUBECONFIG": str(kubeconfig),
@@ -155,17 +168,19 @@ def hanging_helpers(silent: Silent, tmp: Path) -> Outside:
         "HF_ENDPOINT": f"http://127.0.0.1:{silent.port}",
         "FSDPCTL_MANIFESTS": str(SHARED / "vendor"),
     }
-    return Outside(env, ("credential_process", "exec plugin", f"127.0.0.1:{silent.port}", "REQUEST_TIMEOUT"))
+    return Outside(
+        env, ("credential_process", "exec plugin", f"127.0.0.1:{silent.port}", "REQUEST_TIMEOUT")
+    )
 
 
 # ---- the commands ---------------------------------------------------------------------------------------
 
 
 def commands() -> list[tuple[str, ...]]:
-    """Every leaf command of the app, as a command line that reaches its outside system: BACKEND=eks for the
-    job verbs, names for the positional arguments, repo ids for the hub, --dry-run=server where the API
-    server is asked to check (that talks to it), and --dry-run where a command would otherwise change
-    something outside (a client dry run may still read from AWS or the cluster)."""
+    """Every leaf command of the app, as a command line that reaches its outside system: BACKEND=eks
+    for the job verbs, names for the positional arguments, repo ids for the hub, --dry-run=server
+    where the API server is asked to check (that talks to it), and --dry-run where a command would
+    otherwise change something outside (a client dry run may still read from AWS or the cluster)."""
     import typer.main
 
     from fsdpctl.cli import app
@@ -184,8 +199,12 @@ def commands() -> list[tuple[str, ...]]:
             continue
         opts = {o for p in cmd.params for o in getattr(p, "opts", ())}
         args = [p for p in cmd.params if p.param_type_name == "argument"]
-        # the hub's: a repo id and a cache directory of its own (the default is the cluster's volume)
-        positional = {("job", "diff"): ["a-job", "b-job"], ("model", "fetch"): ["org/model", "--to", "hf"]}
+        # the hub's: a repo id and a cache directory of its own (the default is the cluster's
+        # volume)
+        positional = {
+            ("job", "diff"): ["a-job", "b-job"],
+            ("model", "fetch"): ["org/model", "--to", "hf"],
+        }
         positional[("data", "fetch")] = ["org/data", "--to", "hf"]
         line = [*path, *positional.get(path, ["fsdp"] * len(args))]
         if "--dry-run-server" in opts:
@@ -246,11 +265,15 @@ def broken(args: tuple[str, ...], result: CliResult, took: float, outside: Outsi
     if len(errors) > 1:
         found.append(f"more than one error line: {said}")
     # a failure that waited (at least one deadline) says what did not answer: on its error line, or
-    # (`cluster check`, a report of checks) in the report it printed; one that failed at once did not wait
-    # on anything outside (a local precondition: a release file missing from the mirror)
+    # (`cluster check`, a report of checks) in the report it printed; one that failed at once did
+    # not wait on anything outside (a local precondition: a release file missing from the mirror)
     told = errors or result.stdout.splitlines()
-    local = [str(SHARED / "vendor")]  # a release file of the mirror, named: a failure before any request
-    if result.exit_code == 1 and not any(n in line for line in told for n in [*outside.names, *local]):
+    local = [
+        str(SHARED / "vendor")
+    ]  # a release file of the mirror, named: a failure before any request
+    if result.exit_code == 1 and not any(
+        n in line for line in told for n in [*outside.names, *local]
+    ):
         found.append(f"a failure that does not say what did not answer: {said}")
     return found
 
@@ -274,19 +297,24 @@ def _each(outside: Outside, monkeypatch) -> tuple[list[str], list[str]]:
 
 
 @pytest.mark.slow
-def test_every_command_returns_against_endpoints_that_never_answer(silent, cli, tmp_path, monkeypatch):
-    """The Kubernetes API (https: a TLS handshake that never completes), AWS and the Hub all accept and never
-    answer: every command returns within its deadline and names the endpoint or REQUEST_TIMEOUT. (An http
-    API server that reads the request and never answers: the fast lane's `job list` case.)"""
+def test_every_command_returns_against_endpoints_that_never_answer(
+    silent, cli, tmp_path, monkeypatch
+):
+    """The Kubernetes API (https: a TLS handshake that never completes), AWS and the Hub all accept
+    and never answer: every command returns within its deadline and names the endpoint or
+    REQUEST_TIMEOUT. (An http API server that reads the request and never answers: the fast lane's
+    `job list` case.)"""
     failures, seen = _each(silent_servers(silent, tmp_path, "https"), monkeypatch)
     print("\n" + "\n".join(seen), file=sys.stderr)
     assert not failures, f"{len(failures)} commands broke:\n\n" + "\n\n".join(failures)
 
 
 @pytest.mark.slow
-def test_every_command_returns_when_the_credential_helpers_never_return(silent, cli, tmp_path, monkeypatch):
-    """An AWS profile whose credential_process and a kubeconfig whose exec plugin never return: each is
-    killed at the deadline and named."""
+def test_every_command_returns_when_the_credential_helpers_never_return(
+    silent, cli, tmp_path, monkeypatch
+):
+    """An AWS profile whose credential_process and a kubeconfig whose exec plugin never return: each
+    is killed at the deadline and named."""
     failures, seen = _each(hanging_helpers(silent, tmp_path), monkeypatch)
     print("\n" + "\n".join(seen), file=sys.stderr)
     assert not failures, f"{len(failures)} commands broke:\n\n" + "\n\n".join(failures)
@@ -303,8 +331,9 @@ def test_every_command_returns_when_the_credential_helpers_never_return(silent, 
     ids=" ".join,
 )
 def test_the_named_silent_endpoint_cases_return_naming_it(silent, cli, tmp_path, monkeypatch, args):
-    """The cases the issue names, in the fast lane: `cluster status`, `job list --backend eks` and `deploy
-    status` against an API that accepts and never answers, and `model fetch` against such a hub."""
+    """The cases the issue names, in the fast lane: `cluster status`, `job list --backend eks` and
+    `deploy status` against an API that accepts and never answers, and `model fetch` against such a
+    hub."""
     outside = silent_servers(silent, tmp_path, "http" if args == ("job", "list") else "https")
     for key, value in outside.env.items():
         monkeypatch.setenv(key, value)
@@ -320,16 +349,19 @@ def test_the_named_silent_endpoint_cases_return_naming_it(silent, cli, tmp_path,
     assert result.exit_code == 1 and took < 10, (took, result.stderr)
 
 
-def test_a_credential_process_that_never_returns_is_killed_and_named(silent, cli, tmp_path, monkeypatch):
-    """`cluster status` with a profile whose credential_process never returns (the issue's case): one line
-    naming it, exit 1, within the deadline, and the helper is not left running."""
+def test_a_credential_process_that_never_returns_is_killed_and_named(
+    silent, cli, tmp_path, monkeypatch
+):
+    """`cluster status` with a profile whose credential_process never returns (the issue's case):
+    one line naming it, exit 1, within the deadline, and the helper is not left running."""
     outside = hanging_helpers(silent, tmp_path)
     for key, value in outside.env.items():
         monkeypatch.setenv(key, value)
     result, took = run(("cluster", "status"))
     assert result.exit_code == 1 and took < 10, result.stderr
     assert (
-        f"credential_process of AWS profile 'stuck' did not finish within {DEADLINE_S:g} s" in result.stderr
+        f"credential_process of AWS profile 'stuck' did not finish within {DEADLINE_S:g} s"
+        in result.stderr
     )
     assert len(error_lines(result.stderr)) == 1
     still = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_hang(p)]

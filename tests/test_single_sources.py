@@ -1,5 +1,6 @@
-"""One source for each derived value, checked over generated inputs: every reader of a value gives the answer
-of its one source, for every instance type, backend, job kind and world shape fsdpctl accepts.
+"""One source for each derived value, checked over generated inputs: every reader of a value gives
+the answer of its one source, for every instance type, backend, job kind and world shape fsdpctl
+accepts.
 
 - EFA interfaces per instance type: `fsdpctl.instances` (terraform's side: tests/test_terraform.py)
 - whether a job uses EFA: `Config.uses_efa`
@@ -25,7 +26,9 @@ from fsdpctl.settings import Config, load
 from fsdptrain.config import ConfigError
 
 EFA_CASES = list(
-    itertools.product(INSTANCE_TYPES, ["eks", "local"], ["true", "false"], ["pytorchjob", "trainjob"])
+    itertools.product(
+        INSTANCE_TYPES, ["eks", "local"], ["true", "false"], ["pytorchjob", "trainjob"]
+    )
 )
 SOCKET_LINE = "node-0:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>"
 
@@ -47,30 +50,41 @@ def _run_fields(job: dict) -> tuple[list[dict], dict]:
 
 
 @pytest.mark.parametrize("instance, backend, efa, kind", EFA_CASES)
-def test_every_reader_of_efa_agrees_with_the_settings(instance, backend, efa, kind, tmp_path, monkeypatch):
-    cfg = load(dotenv={"BACKEND": backend, "INSTANCE_TYPE": instance, "EFA_ENABLED": efa, "JOB_KIND": kind})
+def test_every_reader_of_efa_agrees_with_the_settings(
+    instance, backend, efa, kind, tmp_path, monkeypatch
+):
+    cfg = load(
+        dotenv={"BACKEND": backend, "INSTANCE_TYPE": instance, "EFA_ENABLED": efa, "JOB_KIND": kind}
+    )
     interfaces = INSTANCE_TYPES[instance].efa_interfaces
     assert cfg.uses_efa == (backend == "eks" and efa == "true" and interfaces > 0)
     assert cfg.efa_per_node == (interfaces if efa == "true" else 0)
     job = render.render_job(cfg, "r")[-1]
     env, resources = _run_fields(job)
     pod = _pod(job)
-    # the pod: the EFA request, the libfabric environment and the root + IPC_LOCK security context together
-    assert resources["limits"].get("vpc.amazonaws.com/efa") == (interfaces if cfg.uses_efa else None)
+    # the pod: the EFA request, the libfabric environment and the root + IPC_LOCK security context
+    # together
+    assert resources["limits"].get("vpc.amazonaws.com/efa") == (
+        interfaces if cfg.uses_efa else None
+    )
     assert ({"name": "FI_PROVIDER", "value": "efa"} in env) == cfg.uses_efa
-    assert (pod["containers"][0]["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}) == cfg.uses_efa
+    assert (
+        pod["containers"][0]["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
+    ) == cfg.uses_efa
     assert pod["securityContext"].get("runAsNonRoot", False) != cfg.uses_efa
     # the cluster: terraform gets the count of instances.py whatever the backend
     tfvars = render.terraform_vars(cfg)
     assert (tfvars["efa_interfaces"], tfvars["efa_enabled"]) == (interfaces, efa == "true")
-    # job status warns about a socket fallback, and doctor expects EFA devices, exactly when the job uses EFA
+    # job status warns about a socket fallback, and doctor expects EFA devices, exactly when the job
+    # uses EFA
     assert (kstatus.network_path([SOCKET_LINE], cfg.uses_efa)[1] is not None) == cfg.uses_efa
     monkeypatch.setenv("PATH", str(tmp_path))  # no fi_info: the check says whether it expected EFA
     assert doctor.check_efa(cfg).status == (doctor.WARN if cfg.uses_efa else doctor.SKIPPED)
 
 
 def _trainer_shape(monkeypatch, strategy: str, world: int, local_world: int, hsdp: int):
-    """The trainer's answer, twice: its start-up check (`python -m fsdptrain`) and the mesh it builds."""
+    """The trainer's answer, twice: its start-up check (`python -m fsdptrain`) and the mesh it
+    builds."""
     from fsdptrain import __main__ as entry
     from fsdptrain import parallel
 
@@ -79,10 +93,14 @@ def _trainer_shape(monkeypatch, strategy: str, world: int, local_world: int, hsd
     monkeypatch.setenv("SHARDING_STRATEGY", strategy)
     monkeypatch.setenv("HSDP_SHARD_SIZE", str(hsdp))
     monkeypatch.setitem(sys.modules, "fsdptrain.train", types.SimpleNamespace(run=lambda cfg: 0))
-    monkeypatch.setattr(parallel, "init_device_mesh", lambda device, shape, mesh_dim_names: tuple(shape))
+    monkeypatch.setattr(
+        parallel, "init_device_mesh", lambda device, shape, mesh_dim_names: tuple(shape)
+    )
     started = entry.main([]) == 0
     try:
-        shape = parallel.build_mesh("cpu", strategy, world, hsdp_shard_size=hsdp, procs_per_node=local_world)
+        shape = parallel.build_mesh(
+            "cpu", strategy, world, hsdp_shard_size=hsdp, procs_per_node=local_world
+        )
     except ConfigError:
         shape = None
     assert started == (shape is not None)
@@ -100,8 +118,9 @@ def _settings(**env: str) -> Config | None:
 @pytest.mark.parametrize("backend", ["eks", "local"])
 @pytest.mark.parametrize("nodes", [1, 2, 3, 4])
 def test_settings_plan_and_trainer_agree_on_the_hsdp_group(backend, nodes, monkeypatch):
-    """Every (nodes, processes per node, HSDP_SHARD_SIZE incl. 0 = default): the settings accept exactly
-    what the trainer accepts, with the same group, and `plan` (a cluster job: processes = GPUs) agrees."""
+    """Every (nodes, processes per node, HSDP_SHARD_SIZE incl. 0 = default): the settings accept
+    exactly what the trainer accepts, with the same group, and `plan` (a cluster job: processes =
+    GPUs) agrees."""
     procs_key = "GPUS_PER_NODE" if backend == "eks" else "LOCAL_PROCS_PER_NODE"
     for procs, hsdp in itertools.product(range(1, 9), range(0, 17)):
         cfg = _settings(
@@ -154,7 +173,9 @@ def test_other_strategies_ignore_the_hsdp_group(strategy, monkeypatch):
     "backend, kind", [("eks", "pytorchjob"), ("eks", "trainjob"), ("local", "pytorchjob")]
 )
 def test_the_checkpoint_mount_has_one_path(backend, kind):
-    cfg = load(dotenv={"BACKEND": backend, "JOB_KIND": kind, "JOB_NAME": "ck", "CHECKPOINT_PVC": "fsx"})
+    cfg = load(
+        dotenv={"BACKEND": backend, "JOB_KIND": kind, "JOB_NAME": "ck", "CHECKPOINT_PVC": "fsx"}
+    )
     pod = _pod(render.render_job(cfg, "r")[-1])
     env = {e["name"]: e["value"] for e in _run_fields(render.render_job(cfg, "r")[-1])[0]}
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
@@ -172,8 +193,8 @@ def test_the_checkpoint_mount_has_one_path(backend, kind):
     list(itertools.product(INSTANCE_TYPES, ["true", "false"], ["", "fsx"], ["", "9300"])),
 )
 def test_both_job_kinds_run_the_same_pod(instance, efa, pvc, port):
-    """pod.j2 serves both kinds: a TrainJob's runtime patch is the PyTorchJob's pod without the two fields the
-    patch schema lacks, with image, command, env and resources moved to spec.trainer."""
+    """pod.j2 serves both kinds: a TrainJob's runtime patch is the PyTorchJob's pod without the two
+    fields the patch schema lacks, with image, command, env and resources moved to spec.trainer."""
     env = {"BACKEND": "eks", "INSTANCE_TYPE": instance, "EFA_ENABLED": efa, "CHECKPOINT_PVC": pvc}
     env |= {
         "NODE_SELECTOR": "team=ml",

@@ -1,10 +1,11 @@
-"""The trainer's per-step work: batches built on a background thread (the same ones, in the same order, errors
-raised in the trainer), and at most one host sync per logged step without losing a metric.
+"""The trainer's per-step work: batches built on a background thread (the same ones, in the same
+order, errors raised in the trainer), and at most one host sync per logged step without losing a
+metric.
 
-A "host sync" is a read of a tensor's value on the host: `Tensor.item`, `.tolist`, `.cpu`, `float(t)`,
-`int(t)`, `bool(t)`; on a GPU each waits for every kernel queued before it (PyTorch's CUDA semantics,
-"Asynchronous execution", docs.pytorch.org/docs/stable/notes/cuda.html). CPU tensors have no queue, so the
-runs here count the calls themselves.
+A "host sync" is a read of a tensor's value on the host: `Tensor.item`, `.tolist`, `.cpu`,
+`float(t)`, `int(t)`, `bool(t)`; on a GPU each waits for every kernel queued before it (PyTorch's
+CUDA semantics, "Asynchronous execution", docs.pytorch.org/docs/stable/notes/cuda.html). CPU tensors
+have no queue, so the runs here count the calls themselves.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def test_an_error_in_the_loader_thread_is_raised_by_next_batch_in_order(bad_batc
     loader = data.Loader(
         _Failing(packed, bad_start=2 * bad_batch), rank=0, world=1, micro_batch=2, prefetch=2
     )
-    for i in range(bad_batch):  # the batches before the bad one arrive, the same as without a thread
+    for i in range(
+        bad_batch
+    ):  # the batches before the bad one arrive, the same as without a thread
         assert loader.next_batch()[0].tolist() == packed.take(2 * i, 2)[:, :-1].tolist()
     with pytest.raises(OSError, match=f"unreadable block {2 * bad_batch}"):
         loader.next_batch()
@@ -125,8 +128,9 @@ STEP_FIELDS = {
 
 @pytest.mark.slow
 def test_log_interval_reads_later_but_logs_the_same_numbers(assets):
-    """Two ranks, LOG_INTERVAL 1 and 3: the same losses (summary, every step), the same logged steps'
-    loss/lr/grad norm, every field of the step event present and finite, and the loop's thread gone."""
+    """Two ranks, LOG_INTERVAL 1 and 3: the same losses (summary, every step), the same logged
+    steps' loss/lr/grad norm, every field of the step event present and finite, and the loop's
+    thread gone."""
     every = torchrun(assets, MAX_STEPS=7, LOG_INTERVAL=1)
     sparse = torchrun(assets, MAX_STEPS=7, LOG_INTERVAL=3)
     assert every.rc == 0 and sparse.rc == 0, sparse.stderr[-2000:]
@@ -175,14 +179,22 @@ sys.exit(main())
 
 @pytest.mark.slow
 def test_at_most_one_host_sync_per_logged_step(assets, tmp_path):
-    """One process, 9 steps, LOG_INTERVAL 4: the loop reads values back at steps 1 (the first, timed on
-    its own), 4, 8 and 9 (the last) only: 4 syncs in all, not one or more per step. Every Tensor call
-    that reads a value to the host is counted, whoever makes it (the trainer, FSDP, clipping), but
-    AdamW's `_get_value(step)`: its step counters are CPU tensors unless capturable or fused
-    (torch/optim/adam.py `_init_group`, optimizer.py `_get_value`), so on a GPU they wait for nothing."""
+    """One process, 9 steps, LOG_INTERVAL 4: the loop reads values back at steps 1 (the first, timed
+    on its own), 4, 8 and 9 (the last) only: 4 syncs in all, not one or more per step. Every Tensor
+    call that reads a value to the host is counted, whoever makes it (the trainer, FSDP, clipping),
+    but AdamW's `_get_value(step)`: its step counters are CPU tensors unless capturable or fused
+    (torch/optim/adam.py `_init_group`, optimizer.py `_get_value`), so on a GPU they wait for
+    nothing."""
     script = tmp_path / "count_syncs.py"
     script.write_text(_COUNT_SYNCS)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", str(script)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        str(script),
+    ]
     env = train_env(assets, MAX_STEPS=9, LOG_INTERVAL=4)
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -190,7 +202,9 @@ def test_at_most_one_host_sync_per_logged_step(assets, tmp_path):
     adam_counters = counts.pop("item torch/optim/optimizer.py:_get_value", 0)
     assert adam_counters > 0  # the counting sees torch's own calls too
     assert counts == {"tolist train.py:_read_steps": 4}
-    assert [json.loads(li)["step"] for li in p.stdout.splitlines() if li.startswith('{"event":"step"')] == [
+    assert [
+        json.loads(li)["step"] for li in p.stdout.splitlines() if li.startswith('{"event":"step"')
+    ] == [
         4,
         8,
         9,

@@ -1,7 +1,8 @@
-"""What the real systems do with a rendered job when it stops, fails or hangs (issue 13, defects 4, 5, 8, 9),
-checked against their own code where it runs here (torch 2.13's torchrun parser, LaunchConfig and etcd
-rendezvous handler) and against the sources cited in each test where it does not (Training Operator v1.9.4,
-Kubeflow Trainer v2.3.0, JobSet v0.12.0). The local runs are real: torchrun, gloo, the local supervisor."""
+"""What the real systems do with a rendered job when it stops, fails or hangs (issue 13, defects 4,
+5, 8, 9), checked against their own code where it runs here (torch 2.13's torchrun parser,
+LaunchConfig and etcd rendezvous handler) and against the sources cited in each test where it does
+not (Training Operator v1.9.4, Kubeflow Trainer v2.3.0, JobSet v0.12.0). The local runs are real:
+torchrun, gloo, the local supervisor."""
 
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ def container_env(job: dict) -> dict[str, str]:
 
 
 def torchrun_config(command: list[str], environ: dict[str, str] | None = None):
-    """torch 2.13's own reading of a container command: `python -m fsdptrain.launch ARGS` execs torchrun with
-    ARGS, which torchrun parses (PET_* variables as defaults) into its LaunchConfig."""
+    """torch 2.13's own reading of a container command: `python -m fsdptrain.launch ARGS` execs
+    torchrun with ARGS, which torchrun parses (PET_* variables as defaults) into its LaunchConfig.
+    """
     from torch.distributed.run import config_from_args, parse_args
 
     args = command[1:] if command[0] == "torchrun" else command[len(render.LAUNCH) :]
@@ -57,11 +59,11 @@ def torchrun_config(command: list[str], environ: dict[str, str] | None = None):
 
 
 def test_torchrun_waits_for_the_stop_checkpoint_of_a_70b_job():
-    """torchrun SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT after forwarding SIGTERM (torch 2.13
-    torch/distributed/launcher/api.py LaunchConfig: the variable, else 30 s), whatever the pod's grace period.
-    A 70B job on 16 p5 nodes writes 12 bytes per parameter (fp32 weights + AdamW moments, DCP deduplicated)
-    per save: ~52 GB per node, over 50 s even at 1 GB/s. The rendered env must give torchrun more than the
-    expected save, and the pod's grace must outlast torchrun."""
+    """torchrun SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT after forwarding SIGTERM (torch
+    2.13 torch/distributed/launcher/api.py LaunchConfig: the variable, else 30 s), whatever the
+    pod's grace period. A 70B job on 16 p5 nodes writes 12 bytes per parameter (fp32 weights + AdamW
+    moments, DCP deduplicated) per save: ~52 GB per node, over 50 s even at 1 GB/s. The rendered env
+    must give torchrun more than the expected save, and the pod's grace must outlast torchrun."""
     from torch.distributed.launcher.api import LaunchConfig
 
     from fsdptrain.shapes import MODEL_CONFIGS
@@ -87,7 +89,9 @@ def test_torchrun_waits_for_the_stop_checkpoint_of_a_70b_job():
     given = torchrun_shutdown_timeout(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"))
     assert given > 2 * write_s_at_1gbps
     timing = render.stop_timing(cfg)
-    write_s = volume.checkpoint_bytes(cfg) / volume.write_rate(cfg)  # the whole save at FSx's aggregate rate
+    write_s = volume.checkpoint_bytes(cfg) / volume.write_rate(
+        cfg
+    )  # the whole save at FSx's aggregate rate
     assert given == timing.shutdown_s >= 2 * timing.expected_s > 2 * write_s
     grace = worker(job)["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace == timing.grace_s >= given + render.AGENT_EXIT_S
@@ -107,11 +111,12 @@ def test_stop_grace_seconds_overrides_and_small_jobs_keep_torchs_floor():
 
 @pytest.mark.parametrize("nodes", [1, 2, 16])
 def test_the_budget_is_job_restarts_whatever_the_node_count(nodes):
-    """Training Operator v1.9.4 pkg/core/job.go PastBackoffLimit: the job fails once the SUM of container
-    restarts over its running pods reaches runPolicy.backoffLimit. One coordinated restart of a job restarts
-    every pod once, so MAX_RESTARTS=3 must cover 3 x nodes; with the old `max_restarts + 1` = 4, 16 nodes
-    failed at the first restart. The pods use restartPolicy ExitCode (pkg/core/pod.go SetRestartPolicy makes
-    the pod's own policy Never; pkg/controller.v1/common/pod.go recreates a pod only for a retryable code)."""
+    """Training Operator v1.9.4 pkg/core/job.go PastBackoffLimit: the job fails once the SUM of
+    container restarts over its running pods reaches runPolicy.backoffLimit. One coordinated restart
+    of a job restarts every pod once, so MAX_RESTARTS=3 must cover 3 x nodes; with the old
+    `max_restarts + 1` = 4, 16 nodes failed at the first restart. The pods use restartPolicy
+    ExitCode (pkg/core/pod.go SetRestartPolicy makes the pod's own policy Never;
+    pkg/controller.v1/common/pod.go recreates a pod only for a retryable code)."""
     cfg = load(dotenv={"JOB_NODES": str(nodes), "MAX_RESTARTS": "3"})
     job = render.render_job(cfg, "r")[-1]
     limit = job["spec"]["runPolicy"]["backoffLimit"]
@@ -123,18 +128,24 @@ def test_the_budget_is_job_restarts_whatever_the_node_count(nodes):
     assert not past_backoff_limit(2) and limit == 3 * nodes
     assert worker(job)["restartPolicy"] == "ExitCode"
     assert job["spec"]["elasticPolicy"]["maxRestarts"] == 3
-    assert torchrun_config(worker(job)["template"]["spec"]["containers"][0]["command"]).max_restarts == 3
+    assert (
+        torchrun_config(worker(job)["template"]["spec"]["containers"][0]["command"]).max_restarts
+        == 3
+    )
 
 
-@pytest.mark.parametrize("settings", [{}, {"JOB_NODES": "2"}, {"JOB_NODES": "16", "MAX_RESTARTS": "0"}])
+@pytest.mark.parametrize(
+    "settings", [{}, {"JOB_NODES": "2"}, {"JOB_NODES": "16", "MAX_RESTARTS": "0"}]
+)
 def test_a_failed_job_frees_the_nodes_its_other_pods_still_hold(settings):
-    """Training Operator v1.9.4 pkg/controller.v1/common/job.go DeletePodsAndServices, run by ReconcileJobs
-    once the job has a Failed or Succeeded condition: cleanPodPolicy None deletes nothing, so the other
-    nodes of a job failed by one replica's exit 2 kept running (and holding their GPUs) under a Failed job;
-    Running deletes the Running and Pending pods and keeps the finished ones (their logs). The local
-    supervisor SIGTERMs the other launchers at a permanent failure, the same thing. The CRD
-    (../shared/vendor, kubeflow.org_pytorchjobs.yaml) types the field as a free string; the values the
-    controller compares with are pkg/apis/kubeflow.org/v1/common_types.go's All, Running and None."""
+    """Training Operator v1.9.4 pkg/controller.v1/common/job.go DeletePodsAndServices, run by
+    ReconcileJobs once the job has a Failed or Succeeded condition: cleanPodPolicy None deletes
+    nothing, so the other nodes of a job failed by one replica's exit 2 kept running (and holding
+    their GPUs) under a Failed job; Running deletes the Running and Pending pods and keeps the
+    finished ones (their logs). The local supervisor SIGTERMs the other launchers at a permanent
+    failure, the same thing. The CRD (../shared/vendor, kubeflow.org_pytorchjobs.yaml) types the
+    field as a free string; the values the controller compares with are
+    pkg/apis/kubeflow.org/v1/common_types.go's All, Running and None."""
     job = render.render_job(load(dotenv=settings), "r")[-1]
     policy = job["spec"]["runPolicy"]["cleanPodPolicy"]
     crd_file = VENDOR / "kubeflow-training-operator-v1.9.4/kubeflow.org_pytorchjobs.yaml"
@@ -148,12 +159,17 @@ def test_a_failed_job_frees_the_nodes_its_other_pods_still_hold(settings):
             return False
         return policy == "All" or phase in ("Running", "Pending")
 
-    assert [deleted(p) for p in ("Running", "Pending", "Succeeded", "Failed")] == [True, True, False, False]
+    assert [deleted(p) for p in ("Running", "Pending", "Succeeded", "Failed")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_operator_exit_code_verdicts_as_the_supervisor_applies_them():
-    """pkg/util/train/train_util.go IsRetryableExitCode: exitCode >= 128; the supervisor judges a launcher's
-    exit as the operator judges the container's (a death by signal N reads 128 + N)."""
+    """pkg/util/train/train_util.go IsRetryableExitCode: exitCode >= 128; the supervisor judges a
+    launcher's exit as the operator judges the container's (a death by signal N reads 128 + N)."""
     assert [local.exit_code(rc) for rc in (0, 2, 1, -9, -15, 137)] == [0, 2, 1, 137, 143, 137]
     assert [local.verdict(c, "ExitCode") for c in (0, 1, 2, 127, 128, 137, 255)] == [
         "done",
@@ -168,9 +184,10 @@ def test_operator_exit_code_verdicts_as_the_supervisor_applies_them():
 
 
 def test_a_bad_setting_ends_before_torchrun(monkeypatch, tmp_path, capsys):
-    """The container command runs fsdptrain.launch: a setting that can never work exits 2 there, so torchrun
-    (whose agent restarts the worker group after any failure, exit 2 included: torch/distributed/elastic/
-    agent/server/api.py _invoke_run) never starts; a good one runs torchrun with the same arguments."""
+    """The container command runs fsdptrain.launch: a setting that can never work exits 2 there, so
+    torchrun (whose agent restarts the worker group after any failure, exit 2 included:
+    torch/distributed/elastic/ agent/server/api.py _invoke_run) never starts; a good one runs
+    torchrun with the same arguments."""
     from fsdptrain import launch
 
     execs = []
@@ -178,12 +195,16 @@ def test_a_bad_setting_ends_before_torchrun(monkeypatch, tmp_path, capsys):
     cfg = load(dotenv={"JOB_NODES": "2", "SHARED_VOLUME": "fsx-claim"})
     command = render.launch_command(cfg, "r")
     args = command[3:]
-    monkeypatch.setenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(tmp_path / "traces/job/nccl_trace_rank_"))
+    monkeypatch.setenv(
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(tmp_path / "traces/job/nccl_trace_rank_")
+    )
 
     monkeypatch.setenv("DATASET", str(tmp_path / "missing.txt"))
     assert launch.main(args) == 2 and execs == []
     err = capsys.readouterr().err.strip()
-    assert err.startswith("fsdptrain: error: DATASET=") and "does not exist" in err and "\n" not in err
+    assert (
+        err.startswith("fsdptrain: error: DATASET=") and "does not exist" in err and "\n" not in err
+    )
 
     monkeypatch.setenv("DATASET", "builtin")
     monkeypatch.setenv("SHARDING_STRATEGY", "HYBRID_SHARD")
@@ -204,7 +225,10 @@ def test_torchrun_option_parsing_follows_the_trainer_env():
     assert launch.sizes(["--nnodes=1:3", "--nproc_per_node=2"], {}) == (6, 2)
     assert launch.sizes([], {"PET_NNODES": "16", "PET_NPROC_PER_NODE": "8"}) == (128, 8)
     assert launch.sizes(["--nproc-per-node=gpu"], {}) is None
-    assert launch.trainer_args(["--nnodes=2", "-m", "fsdptrain", "--max-steps", "3"]) == ["--max-steps", "3"]
+    assert launch.trainer_args(["--nnodes=2", "-m", "fsdptrain", "--max-steps", "3"]) == [
+        "--max-steps",
+        "3",
+    ]
     assert launch.trainer_args(["--nnodes=2", "-m", "other"]) is None
 
 
@@ -214,7 +238,9 @@ def _state(home: Path, logs: dict[int, str], relaunches: dict[int, int] | None =
     log_dir.mkdir(parents=True, exist_ok=True)
     for node, text in logs.items():
         (log_dir / f"node-{node}.log").write_text(text)
-    launchers = [{"node": n, "pid": 0, "rc": 1, "relaunches": (relaunches or {}).get(n, 0)} for n in logs]
+    launchers = [
+        {"node": n, "pid": 0, "rc": 1, "relaunches": (relaunches or {}).get(n, 0)} for n in logs
+    ]
     return {"job": "j", "run_id": "r", "log_dir": str(log_dir), "launchers": launchers}
 
 
@@ -222,7 +248,9 @@ def _agent_attempts(attempts: int, max_restarts: int) -> str:
     """What torch 2.13's agent and its process context log on one node when every attempt fails."""
     lines = []
     for i in range(attempts):
-        lines.append("torch.distributed.elastic.multiprocessing.api: failed (exitcode: 2) local_rank: 0")
+        lines.append(
+            "torch.distributed.elastic.multiprocessing.api: failed (exitcode: 2) local_rank: 0"
+        )
         if i < max_restarts:
             left = max_restarts - i
             lines.append(f"[default] Worker group FAILED. {left}/{max_restarts} attempts left;")
@@ -231,44 +259,52 @@ def _agent_attempts(attempts: int, max_restarts: int) -> str:
 
 
 def test_status_counts_job_restarts_not_node_failures(tmp_path, monkeypatch):
-    """MAX_RESTARTS=3 on 2 nodes, every attempt failing: 4 attempts x 2 nodes = 8 'failed (exitcode' lines,
-    which `job status` used to report as 8 restarts. Each node's agent logged 3 group restarts: the job
-    restarted 3 times. A recreated node (its launcher killed) counts once more on that node."""
+    """MAX_RESTARTS=3 on 2 nodes, every attempt failing: 4 attempts x 2 nodes = 8 'failed (exitcode'
+    lines, which `job status` used to report as 8 restarts. Each node's agent logged 3 group
+    restarts: the job restarted 3 times. A recreated node (its launcher killed) counts once more on
+    that node."""
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     state = _state(tmp_path, {0: _agent_attempts(4, 3), 1: _agent_attempts(4, 3)})
     assert local.restarts(state) == 3
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "b"))
     state = _state(tmp_path / "b", {0: _agent_attempts(1, 3), 1: ""}, {1: 1})
-    assert local.restarts(state) == 1  # node 1 recreated once, node 0's agent restarted the group once
+    assert (
+        local.restarts(state) == 1
+    )  # node 1 recreated once, node 0's agent restarted the group once
     pods = [
         {"status": {"containerStatuses": [{"restartCount": 2}]}},
         {"status": {"containerStatuses": [{"restartCount": 2}]}},
     ]
     assert kstatus.restarts(pods) == 2  # a coordinated restart of both pods, twice: not 4
-    assert kstatus.restarts([], _agent_attempts(3, 3).splitlines()) == 3  # the leader's agent, in place
+    assert (
+        kstatus.restarts([], _agent_attempts(3, 3).splitlines()) == 3
+    )  # the leader's agent, in place
 
 
 # ---- 8. the GPU-side environment -------------------------------------------------------------------------
 
 
 def test_gpu_environment_and_flight_recorder_paths():
-    """The references' GPU env (awsome-distributed-training FSDP fsdp.yaml-template): expandable segments and
-    the NCCL flight recorder, dumping where the dumps outlive the pod: the shared volume, or else the node's
-    /local scratch (its instance store, a hostPath)."""
+    """The references' GPU env (awsome-distributed-training FSDP fsdp.yaml-template): expandable
+    segments and the NCCL flight recorder, dumping where the dumps outlive the pod: the shared
+    volume, or else the node's /local scratch (its instance store, a hostPath)."""
     env = container_env(render.render_job(eks(JOB_NODES="2"), "r")[-1])
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert (env["TORCH_NCCL_TRACE_BUFFER_SIZE"], env["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == ("20000", "1")
+    assert (env["TORCH_NCCL_TRACE_BUFFER_SIZE"], env["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == (
+        "20000",
+        "1",
+    )
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/fsx/nccl-traces/fsdp/nccl_trace_rank_"
     alone = container_env(render.render_job(eks(JOB_NODES="1", SHARED_VOLUME=""), "r")[-1])
     assert alone["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/local/nccl-traces/fsdp/nccl_trace_rank_"
 
 
 def test_join_timeout_reaches_the_legacy_etcd_handler(monkeypatch):
-    """torch 2.13 torch/distributed/elastic/rendezvous/etcd_rendezvous.py create_rdzv_handler reads `timeout`,
-    not `join_timeout`, and torchrun's LaunchConfig fills an absent `timeout` with 900 (launcher/api.py): so
-    RDZV_JOIN_TIMEOUT=1800 used to become 900. The rendered command, parsed by torchrun itself, must carry
-    both. The handler is built by torch's own function; only the etcd client and the rendezvous object are
-    captured."""
+    """torch 2.13 torch/distributed/elastic/rendezvous/etcd_rendezvous.py create_rdzv_handler reads
+    `timeout`, not `join_timeout`, and torchrun's LaunchConfig fills an absent `timeout` with 900
+    (launcher/api.py): so RDZV_JOIN_TIMEOUT=1800 used to become 900. The rendered command, parsed by
+    torchrun itself, must carry both. The handler is built by torch's own function; only the etcd
+    client and the rendezvous object are captured."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous import etcd_rendezvous as er
 
@@ -293,17 +329,21 @@ def test_join_timeout_reaches_the_legacy_etcd_handler(monkeypatch):
     conf = {c["key"]: c["value"] for c in job["spec"]["elasticPolicy"]["rdzvConf"]}
     assert conf == {"join_timeout": "1800", "timeout": "1800"}
     c10d = eks(RDZV_JOIN_TIMEOUT="1800")
-    # dynamic rendezvous reads join_timeout; the TCPStore client's wait is read_timeout (test_first_run.py)
+    # dynamic rendezvous reads join_timeout; the TCPStore client's wait is read_timeout
+    # (test_first_run.py)
     assert render.rdzv_conf(c10d) == [("join_timeout", "1800"), ("read_timeout", "1800")]
 
 
 def test_hugepages_only_when_asked():
-    """The EKS AL2023 NVIDIA AMI allocates no hugepages (amazon-eks-ami templates/al2023/provisioners/
-    install-efa.sh runs efa_installer.sh --minimal; nodeadm sets no vm.nr_hugepages), and a pod requesting
-    hugepages-2Mi a node does not have stays Pending; so it is a setting, off by default."""
+    """The EKS AL2023 NVIDIA AMI allocates no hugepages (amazon-eks-ami
+    templates/al2023/provisioners/ install-efa.sh runs efa_installer.sh --minimal; nodeadm sets no
+    vm.nr_hugepages), and a pod requesting hugepages-2Mi a node does not have stays Pending; so it
+    is a setting, off by default."""
 
     def limits(cfg):
-        return worker(render.render_job(cfg, "r")[-1])["template"]["spec"]["containers"][0]["resources"]
+        return worker(render.render_job(cfg, "r")[-1])["template"]["spec"]["containers"][0][
+            "resources"
+        ]
 
     assert "hugepages-2Mi" not in limits(eks())["limits"]
     asked = limits(eks(HUGEPAGES_2MI="5120Mi"))
@@ -346,11 +386,11 @@ def test_status_names_the_flight_recorder_dumps_of_a_hung_local_job(tmp_path, mo
 
 
 def test_trainjob_restarts_the_whole_group_through_a_c10d_rendezvous():
-    """Kubeflow Trainer v2.3.0 (pkg/runtime/framework/plugins/torch/torch.go) gives torchrun PET_NNODES,
-    PET_NPROC_PER_NODE, PET_NODE_RANK and PET_MASTER_ADDR/PORT = <job>-node-0-0.<job>:29500: alone they make
-    a static rendezvous, where a restart stays on one node. The command names a c10d rendezvous on that
-    endpoint; torchrun's own parser, given the pod's env as the kubelet expands it, must see c10d, all nodes,
-    and MAX_RESTARTS."""
+    """Kubeflow Trainer v2.3.0 (pkg/runtime/framework/plugins/torch/torch.go) gives torchrun
+    PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK and PET_MASTER_ADDR/PORT =
+    <job>-node-0-0.<job>:29500: alone they make a static rendezvous, where a restart stays on one
+    node. The command names a c10d rendezvous on that endpoint; torchrun's own parser, given the
+    pod's env as the kubelet expands it, must see c10d, all nodes, and MAX_RESTARTS."""
     cfg = eks(JOB_KIND="trainjob", JOB_NODES="4", MAX_RESTARTS="2")
     command = render.render_job(cfg, "r")[-1]["spec"]["trainer"]["command"]
     pet = {
@@ -364,15 +404,21 @@ def test_trainjob_restarts_the_whole_group_through_a_c10d_rendezvous():
     expanded = [arg.replace("$(PET_MASTER_PORT)", "29500") for arg in expanded]
     config = torchrun_config(expanded, pet)
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "fsdp-node-0-0.fsdp:29500")
-    assert (config.min_nodes, config.max_nodes, config.nproc_per_node, config.max_restarts) == (4, 4, 8, 2)
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node, config.max_restarts) == (
+        4,
+        4,
+        8,
+        2,
+    )
     assert config.run_id == "r"
 
 
 def test_status_says_what_a_failure_does_for_each_kind():
     """TrainJob: after torchrun's budget the containers restart in place under JobSet's default
-    restartPolicy OnFailure (jobset v0.12.0 pkg/webhooks/jobset_webhook.go Default) until the child Job's
-    backoffLimit (batch/v1 default 6; torch-distributed sets none, and the TrainJob's runtimePatches schema
-    has no field for it), then the JobSet fails (no failurePolicy: pkg/controllers/failure_policy.go)."""
+    restartPolicy OnFailure (jobset v0.12.0 pkg/webhooks/jobset_webhook.go Default) until the child
+    Job's backoffLimit (batch/v1 default 6; torch-distributed sets none, and the TrainJob's
+    runtimePatches schema has no field for it), then the JobSet fails (no failurePolicy:
+    pkg/controllers/failure_policy.go)."""
     trainjob = kstatus.on_failure("TrainJob", 3)
     assert "MAX_RESTARTS=3" in trainjob and "backoffLimit of 6" in trainjob and "exit 2" in trainjob
     pytorchjob = kstatus.on_failure("PyTorchJob", 3)
@@ -383,7 +429,8 @@ def test_status_says_what_a_failure_does_for_each_kind():
 
 
 def _start(tmp_path: Path, monkeypatch, **settings: str) -> dict:
-    """A rendered job started through the local adapter (bypassing fsdpctl's own checks of local paths)."""
+    """A rendered job started through the local adapter (bypassing fsdpctl's own checks of local
+    paths)."""
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
     base = {"SEQ_LEN": "64", "PRECISION": "fp32", "WARMUP_STEPS": "2", "JOB_NAME": "t"}
     cfg = load(dotenv={**base, **settings})
@@ -403,13 +450,14 @@ def _wait_step(name: str, step: int, timeout: float = 180) -> None:
 
 @pytest.mark.slow
 def test_a_bad_setting_fails_a_local_job_once_without_restarts(tmp_path, monkeypatch):
-    """DATASET on the shared volume where nothing is (the .env.example cluster case before the data is
-    staged), MAX_RESTARTS=3, 2 nodes: each node's pre-launch check exits 2, the supervisor does not
-    recreate (1-127 are permanent under ExitCode), torchrun never starts, and `job status` shows 0 restarts
-    (it showed 8 after torchrun retried 4 times on each node). The first node to exit 2 fails the job, and
-    the job's teardown SIGTERMs a node still in its check (the operator deletes a failed job's running pods:
-    training-operator v1.9.4 pkg/controller.v1/common/job.go, deletePodsAndServices on a finished job), so
-    the other node ends with 2 or -15: a race the kubelet has too, never a restart nor a started torchrun."""
+    """DATASET on the shared volume where nothing is (the .env.example cluster case before the data
+    is staged), MAX_RESTARTS=3, 2 nodes: each node's pre-launch check exits 2, the supervisor does
+    not recreate (1-127 are permanent under ExitCode), torchrun never starts, and `job status` shows
+    0 restarts (it showed 8 after torchrun retried 4 times on each node). The first node to exit 2
+    fails the job, and the job's teardown SIGTERMs a node still in its check (the operator deletes a
+    failed job's running pods: training-operator v1.9.4 pkg/controller.v1/common/job.go,
+    deletePodsAndServices on a finished job), so the other node ends with 2 or -15: a race the
+    kubelet has too, never a restart nor a started torchrun."""
     _start(tmp_path, monkeypatch, DATASET="/fsx/data/none.jsonl", MAX_RESTARTS="3")
     state = local.wait("t", timeout=120)
     report = local_backend._report(state, float("inf"))
@@ -426,10 +474,10 @@ def test_a_bad_setting_fails_a_local_job_once_without_restarts(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_job_stop_waits_for_a_slow_stop_checkpoint(tmp_path, monkeypatch):
-    """A save slowed to 12 s (FSDPTRAIN_FAILPOINT=slow-save:12, as a large model on a slow volume): with
-    STOP_GRACE_SECONDS=40 rendered into TORCH_ELASTIC_SHUTDOWN_TIMEOUT, `job stop` ends Stopped with the stop
-    checkpoint complete; with 5 s, torchrun's SIGKILL cuts the same save and nothing new becomes `latest`: the
-    variable, not luck, is what saves it."""
+    """A save slowed to 12 s (FSDPTRAIN_FAILPOINT=slow-save:12, as a large model on a slow volume):
+    with STOP_GRACE_SECONDS=40 rendered into TORCH_ELASTIC_SHUTDOWN_TIMEOUT, `job stop` ends Stopped
+    with the stop checkpoint complete; with 5 s, torchrun's SIGKILL cuts the same save and nothing
+    new becomes `latest`: the variable, not luck, is what saves it."""
     monkeypatch.setenv("FSDPTRAIN_FAILPOINT", "slow-save:12")
     results = {}
     for grace in ("40", "5"):
@@ -441,7 +489,9 @@ def test_job_stop_waits_for_a_slow_stop_checkpoint(tmp_path, monkeypatch):
         assert state["phase"] == "Stopped", state
         root = home / "home/volumes/fsx-claim/checkpoints/t"
         latest = root / "latest"
-        results[grace] = (latest.is_file() and (root / latest.read_text().strip() / "meta.json").is_file(),)
+        results[grace] = (
+            latest.is_file() and (root / latest.read_text().strip() / "meta.json").is_file(),
+        )
         spec = json.loads((local.job_dir("t") / "spec.json").read_text())
         assert spec["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == grace
     assert results == {"40": (True,), "5": (False,)}
@@ -449,10 +499,11 @@ def test_job_stop_waits_for_a_slow_stop_checkpoint(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_killed_node_is_recreated_and_the_job_resumes(tmp_path, monkeypatch):
-    """A node's launcher killed by SIGKILL (exit 137, as an OOM-killed or lost pod): the Training Operator
-    recreates a pod whose exit code is retryable (>= 128 under ExitCode), and so does the supervisor, with a
-    fresh emptyDir; the new torchrun joins the c10d rendezvous the surviving agent re-opens, and the job
-    resumes from the shared checkpoint and succeeds; `job status` counts one restart."""
+    """A node's launcher killed by SIGKILL (exit 137, as an OOM-killed or lost pod): the Training
+    Operator recreates a pod whose exit code is retryable (>= 128 under ExitCode), and so does the
+    supervisor, with a fresh emptyDir; the new torchrun joins the c10d rendezvous the surviving
+    agent re-opens, and the job resumes from the shared checkpoint and succeeds; `job status` counts
+    one restart."""
     _start(tmp_path, monkeypatch, MAX_STEPS="60", CHECKPOINT_INTERVAL="10", MAX_RESTARTS="2")
     _wait_step("t", 15)
     victim = local.read_state(local.job_dir("t"))["launchers"][1]["pid"]
@@ -461,7 +512,9 @@ def test_a_killed_node_is_recreated_and_the_job_resumes(tmp_path, monkeypatch):
     report = local_backend._report(state, float("inf"))
     assert report["phase"] == "Succeeded" and report["step"] == 60, report
     assert [lz["relaunches"] for lz in state["launchers"]] == [0, 1]
-    assert report["restarts"] == 1, report  # one new rendezvous round of the job, whichever node logged it
+    assert report["restarts"] == 1, (
+        report
+    )  # one new rendezvous round of the job, whichever node logged it
     logs = {f.stem: f.read_text() for f in local.log_files(state)}
     assert "exited with code 137; recreated" in logs["node-1"]
     assert any("resumed from" in text for text in logs.values())

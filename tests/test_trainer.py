@@ -28,7 +28,11 @@ def strategy_runs(assets):
     def get(strategy: str) -> Run:
         if strategy not in cache:
             cache[strategy] = torchrun(
-                assets, SHARDING_STRATEGY=strategy, MAX_STEPS=30, PEAK_TFLOPS="0.5", **STRATEGY_RUNS[strategy]
+                assets,
+                SHARDING_STRATEGY=strategy,
+                MAX_STEPS=30,
+                PEAK_TFLOPS="0.5",
+                **STRATEGY_RUNS[strategy],
             )
         return cache[strategy]
 
@@ -57,7 +61,8 @@ def test_each_strategy_trains_and_loss_decreases(strategy_runs, strategy):
 
 @pytest.mark.slow
 def test_full_shard_holds_half_the_state_of_no_shard(strategy_runs):
-    """FSDP2 keeps fp32 sharded params + AdamW moments: with 2 ranks, FULL_SHARD holds ~1/2 of NO_SHARD."""
+    """FSDP2 keeps fp32 sharded params + AdamW moments: with 2 ranks, FULL_SHARD holds ~1/2 of
+    NO_SHARD."""
     full, none = strategy_runs("FULL_SHARD").summary, strategy_runs("NO_SHARD").summary
     state = lambda s: s["param_bytes"] + s["optim_bytes"]  # noqa: E731
     assert state(full) / state(none) == pytest.approx(0.5, rel=0.10)
@@ -101,13 +106,15 @@ def test_resume_reproduces_the_uninterrupted_losses(assets, tmp_path):
 
 @pytest.mark.slow
 def test_keep_last_k_and_latest_pointer(assets, tmp_path):
-    run = torchrun(assets, MAX_STEPS=6, CHECKPOINT_DIR=tmp_path, CHECKPOINT_INTERVAL=2, CHECKPOINT_KEEP=2)
+    run = torchrun(
+        assets, MAX_STEPS=6, CHECKPOINT_DIR=tmp_path, CHECKPOINT_INTERVAL=2, CHECKPOINT_KEEP=2
+    )
     assert run.rc == 0, run.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000004", "step-00000006"]
     assert (tmp_path / "latest").read_text() == "step-00000006"
     assert not list(tmp_path.glob(".tmp-*"))
-    # RESUME=auto on a finished run: the latest checkpoint is picked up, and refused: nothing is left to
-    # train (fsdptrain.resume), one line, before any step
+    # RESUME=auto on a finished run: the latest checkpoint is picked up, and refused: nothing is
+    # left to train (fsdptrain.resume), one line, before any step
     again = torchrun(assets, MAX_STEPS=6, CHECKPOINT_DIR=tmp_path)
     assert again.rc != 0 and not again.events("step"), again.stderr[-3000:]
     assert "it is at or past MAX_STEPS=6 (nothing is left to train)" in again.stderr
@@ -115,20 +122,27 @@ def test_keep_last_k_and_latest_pointer(assets, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
-    """What Kubernetes does on `fsdpctl job stop`: the stop annotation in the pods' downward API file
-    (fsdptrain.disruption), then SIGTERM to the workers; they finish the step, checkpoint, exit 0. (Without
-    the annotation a SIGTERM is an eviction: test_lifecycle.py.) On the way, Prometheus's view: rank 0's
-    /metrics (METRICS_PORT) serves the last logged step."""
+    """What Kubernetes does on `fsdpctl job stop`: the stop annotation in the pods' downward API
+    file (fsdptrain.disruption), then SIGTERM to the workers; they finish the step, checkpoint, exit
+    0. (Without the annotation a SIGTERM is an eviction: test_lifecycle.py.) On the way,
+    Prometheus's view: rank 0's /metrics (METRICS_PORT) serves the last logged step."""
     from fsdpctl.adapters.etcd import free_port
     from fsdpctl.adapters.kubelet import write_annotations
     from fsdptrain import disruption
 
     port = free_port()
-    env = train_env(assets, MAX_STEPS=10_000, CHECKPOINT_DIR=tmp_path, LOG_INTERVAL=1, METRICS_PORT=port)
+    env = train_env(
+        assets, MAX_STEPS=10_000, CHECKPOINT_DIR=tmp_path, LOG_INTERVAL=1, METRICS_PORT=port
+    )
     (tmp_path / "podinfo").mkdir()
     env[disruption.STOP_FILE_ENV] = str(tmp_path / "podinfo" / "annotations")
     proc = subprocess.Popen(
-        torchrun_argv(2), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        torchrun_argv(2),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     try:
         seen = 0
@@ -140,7 +154,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
         scraped = _scrape(f"http://127.0.0.1:{port}/metrics")
         assert scraped["fsdptrain_step"] >= 3 and scraped["fsdptrain_max_steps"] == 10_000
         assert scraped["fsdptrain_loss"] > 0 and scraped["fsdptrain_tokens_per_second"] > 0
-        assert "fsdptrain_mfu" not in scraped  # a CPU has no known peak: no MFU rather than a made-up one
+        assert (
+            "fsdptrain_mfu" not in scraped
+        )  # a CPU has no known peak: no MFU rather than a made-up one
         workers = subprocess.run(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
@@ -171,7 +187,11 @@ def _scrape(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
-    return {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.type == "gauge"}
+    return {
+        f.name: f.samples[0].value
+        for f in text_string_to_metric_families(text)
+        if f.type == "gauge"
+    }
 
 
 @pytest.mark.slow
@@ -181,17 +201,22 @@ def test_export_then_fine_tune_from_it(assets, tmp_path):
     assert base.rc == 0, base.stderr[-3000:]
     assert base.summary["export"] == str(export)
     assert (export / "model.safetensors").is_file() and (export / "config.json").is_file()
-    # trained without a KV cache, exported for inference with one (transformers' LlamaConfig default)
+    # trained without a KV cache, exported for inference with one (transformers' LlamaConfig
+    # default)
     assert json.loads((export / "config.json").read_text())["use_cache"] is True
 
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(export)  # the real HF loader reads what we wrote
-    ids = AutoTokenizer.from_pretrained(export)("Return a new list.", return_tensors="pt")["input_ids"]
+    ids = AutoTokenizer.from_pretrained(export)("Return a new list.", return_tensors="pt")[
+        "input_ids"
+    ]
     assert torch.isfinite(model(input_ids=ids).logits).all()
 
-    tuned = torchrun(assets, PRETRAINED=export, TOKENIZER="", MAX_STEPS=3, WARMUP_STEPS=1, LR="1e-4")
+    tuned = torchrun(
+        assets, PRETRAINED=export, TOKENIZER="", MAX_STEPS=3, WARMUP_STEPS=1, LR="1e-4"
+    )
     assert tuned.rc == 0, tuned.stderr[-3000:]
     # the first fine-tune step starts where pre-training ended, far below a fresh model's loss
     assert tuned.losses[0] < base.losses[-1] + 0.3 < base.losses[0] - 0.3
@@ -211,7 +236,10 @@ def test_export_then_fine_tune_from_it(assets, tmp_path):
         ({"WARMUP_STEPS": "50", "MAX_STEPS": "10"}, "WARMUP_STEPS=50 exceeds MAX_STEPS=10"),
         ({"DATASET": ""}, "DATASET='' is empty"),
         ({"DATASET": "/nonexistent/data.txt"}, "DATASET='/nonexistent/data.txt' does not exist"),
-        ({"DETERMINISTIC": "maybe"}, "DETERMINISTIC='maybe' is not allowed: use one of auto, true, false"),
+        (
+            {"DETERMINISTIC": "maybe"},
+            "DETERMINISTIC='maybe' is not allowed: use one of auto, true, false",
+        ),
     ],
 )
 def test_bad_settings_exit_2_with_one_line_naming_the_field(assets, settings, message):
@@ -241,7 +269,8 @@ def test_flags_override_environment(assets):
     from fsdptrain.config import from_sources
 
     cfg = from_sources(
-        ["--max-steps", "7", "--precision", "fp32"], train_env(assets, MAX_STEPS=3, PRECISION="bf16")
+        ["--max-steps", "7", "--precision", "fp32"],
+        train_env(assets, MAX_STEPS=3, PRECISION="bf16"),
     )
     assert (cfg.max_steps, cfg.precision, cfg.model) == (7, "fp32", "tiny")
 
@@ -249,8 +278,8 @@ def test_flags_override_environment(assets):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
 def test_plan_memory_estimate_matches_the_measured_allocation(strategy_runs, strategy):
-    """`fsdpctl plan`'s per-rank estimate vs what the trainer measured: sharded state + bytes held for
-    backward."""
+    """`fsdpctl plan`'s per-rank estimate vs what the trainer measured: sharded state + bytes held
+    for backward."""
     from fsdpctl.plan import Job, memory
 
     settings = STRATEGY_RUNS[strategy]

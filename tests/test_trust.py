@@ -1,16 +1,18 @@
-"""Runs you can trust (issue 28), the fast part: what fsdpctl decides around a run (which checkpoint a run may
-resume, where a rerun starts) and what it says (status derived from what the processes did, JSON that is
-JSON, log text that is never markup), on the pure core and on planted job directories; the real runs are in
-tests/test_fault_kinds.py and tests/test_walkthrough.py.
+"""Runs you can trust (issue 28), the fast part: what fsdpctl decides around a run (which checkpoint
+a run may resume, where a rerun starts) and what it says (status derived from what the processes
+did, JSON that is JSON, log text that is never markup), on the pure core and on planted job
+directories; the real runs are in tests/test_fault_kinds.py and tests/test_walkthrough.py.
 
-Peers and sources: torch's own elastic agent, read in torch 2.13 (torch/distributed/elastic/agent/server/
-api.py `_invoke_run`: it restarts while `_remaining_restarts > 0`, logs "worker group successfully finished"
-on success; multiprocessing/api.py: DefaultLogsSpecs makes its log dir with `tempfile.mkdtemp(prefix=
-"torchelastic_")`, the TMPDIR the process has, and never removes it); RFC 8259 section 6 (NaN and Infinity
-are not JSON) and Python's json (`allow_nan=False` refuses them), parsed back strictly; rich's markup
-(rich.markup.render raises MarkupError on a closing tag nothing opened, `[/__w/...]`); pipe(7) (a write of
-at most PIPE_BUF bytes is atomic); the real supervisor with short Python programs as launchers, which print
-what torchrun's agent prints (the lines above, its root-cause block), for the supervisor-killed cases.
+Peers and sources: torch's own elastic agent, read in torch 2.13
+(torch/distributed/elastic/agent/server/ api.py `_invoke_run`: it restarts while
+`_remaining_restarts > 0`, logs "worker group successfully finished" on success;
+multiprocessing/api.py: DefaultLogsSpecs makes its log dir with `tempfile.mkdtemp(prefix=
+"torchelastic_")`, the TMPDIR the process has, and never removes it); RFC 8259 section 6 (NaN and
+Infinity are not JSON) and Python's json (`allow_nan=False` refuses them), parsed back strictly;
+rich's markup (rich.markup.render raises MarkupError on a closing tag nothing opened, `[/__w/...]`);
+pipe(7) (a write of at most PIPE_BUF bytes is atomic); the real supervisor with short Python
+programs as launchers, which print what torchrun's agent prints (the lines above, its root-cause
+block), for the supervisor-killed cases.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from fsdptrain import events
 from fsdptrain.config import TrainConfig
 from fsdptrain.resume import MATH_KEYS, candidates, math_settings, problem, step_name
 
-SETTLE = settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+SETTLE = settings(
+    max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def cri(t: float, text: str, stream: str = "stdout") -> str:
@@ -46,7 +50,9 @@ def cri(t: float, text: str, stream: str = "stdout") -> str:
 
 
 def step_line(step: int, max_steps: int, loss: float, t: float) -> str:
-    e = events.Step(step=step, max_steps=max_steps, loss=loss, step_time_s=0.5, time=t, tokens_per_s=1000.0)
+    e = events.Step(
+        step=step, max_steps=max_steps, loss=loss, step_time_s=0.5, time=t, tokens_per_s=1000.0
+    )
     return events.to_line(e)
 
 
@@ -63,19 +69,25 @@ def _other(name: str, value):
         return value + 1
     if isinstance(value, float):
         return value / 2 if value else 0.5
-    return {"model": "tiny-gqa", "precision": "fp32", "sharding_strategy": "NO_SHARD"}.get(name, value + "x")
+    return {"model": "tiny-gqa", "precision": "fp32", "sharding_strategy": "NO_SHARD"}.get(
+        name, value + "x"
+    )
 
 
-@given(changed=st.sets(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=4), world=st.integers(1, 16))
+@given(
+    changed=st.sets(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=4),
+    world=st.integers(1, 16),
+)
 @SETTLE
 def test_a_checkpoint_is_resumed_only_by_the_settings_that_saved_it(changed, world):
-    """Any set of changed keys: refused exactly when one of them changes the math (MATH_KEYS), the line naming
-    each such key with its old and new value; ALLOW_SETTING_CHANGES lets it through; other keys never
-    count."""
+    """Any set of changed keys: refused exactly when one of them changes the math (MATH_KEYS), the
+    line naming each such key with its old and new value; ALLOW_SETTING_CHANGES lets it through;
+    other keys never count."""
     saved_with = TrainConfig(max_steps=100, warmup_steps=5)
     meta = {"step": 20, "settings": math_settings(saved_with, world)}
     now = dataclasses.replace(
-        saved_with, **{k: _other(k, getattr(saved_with, k)) for k in changed if k != "allow_setting_changes"}
+        saved_with,
+        **{k: _other(k, getattr(saved_with, k)) for k in changed if k != "allow_setting_changes"},
     )
     why = problem(meta, now, world, where="ck")
     math = sorted(k for k in changed if k in MATH_KEYS)
@@ -86,15 +98,18 @@ def test_a_checkpoint_is_resumed_only_by_the_settings_that_saved_it(changed, wor
     allowed = dataclasses.replace(now, allow_setting_changes=True, max_steps=max(now.max_steps, 21))
     assert problem(meta, allowed, world, where="ck") is None
     assert "WORLD_SIZE 2 -> 3" in (
-        problem({"step": 1, "settings": math_settings(saved_with, 2)}, saved_with, 3, where="ck") or ""
+        problem({"step": 1, "settings": math_settings(saved_with, 2)}, saved_with, 3, where="ck")
+        or ""
     )
 
 
-@given(step=st.integers(0, 200), max_steps=st.integers(1, 200), allow=st.booleans(), old=st.booleans())
+@given(
+    step=st.integers(0, 200), max_steps=st.integers(1, 200), allow=st.booleans(), old=st.booleans()
+)
 @SETTLE
 def test_a_checkpoint_at_or_past_max_steps_is_refused_whatever_else(step, max_steps, allow, old):
-    """Nothing left to train is refused even with ALLOW_SETTING_CHANGES, and for a checkpoint of a trainer
-    that kept no settings; below MAX_STEPS with the same settings it resumes."""
+    """Nothing left to train is refused even with ALLOW_SETTING_CHANGES, and for a checkpoint of a
+    trainer that kept no settings; below MAX_STEPS with the same settings it resumes."""
     cfg = TrainConfig(max_steps=max_steps, warmup_steps=0, allow_setting_changes=allow)
     meta = {"step": step} if old else {"step": step, "settings": math_settings(cfg, 2)}
     why = problem(meta, cfg, 2, where="ck")
@@ -106,7 +121,9 @@ def test_a_checkpoint_at_or_past_max_steps_is_refused_whatever_else(step, max_st
 def _plant_checkpoint(root: Path, step: int, cfg: TrainConfig, world: int) -> Path:
     path = root / step_name(step)
     path.mkdir(parents=True)
-    (path / "meta.json").write_text(json.dumps({"step": step, "settings": math_settings(cfg, world)}))
+    (path / "meta.json").write_text(
+        json.dumps({"step": step, "settings": math_settings(cfg, world)})
+    )
     (root / "latest").write_text(path.name)
     return path
 
@@ -122,8 +139,9 @@ def test_candidates_are_latest_then_every_older_complete_one(tmp_path):
 
 
 def test_the_pre_launch_check_refuses_before_torchrun(tmp_path, capfd):
-    """fsdptrain.launch (the pod's command) reads the checkpoint it would resume on its node and exits 2
-    with one line before torchrun: the operator fails the job at once instead of after every restart."""
+    """fsdptrain.launch (the pod's command) reads the checkpoint it would resume on its node and
+    exits 2 with one line before torchrun: the operator fails the job at once instead of after every
+    restart."""
     from fsdptrain import launch
 
     root = tmp_path / "ckpt"
@@ -138,14 +156,19 @@ def test_the_pre_launch_check_refuses_before_torchrun(tmp_path, capfd):
         mp.setattr(os, "environ", {**os.environ, **env})
         assert launch.main(argv) == 2
     err = capfd.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "at or past MAX_STEPS=12" in err[0] and "PRECISION fp32 -> bf16" in err[0]
-    assert "MAX_STEPS 60 -> 12" in err[0] and "LR 0.001 -> 0.003" in err[0] and "not retried" in err[0]
+    assert (
+        len(err) == 1 and "at or past MAX_STEPS=12" in err[0] and "PRECISION fp32 -> bf16" in err[0]
+    )
+    assert (
+        "MAX_STEPS 60 -> 12" in err[0] and "LR 0.001 -> 0.003" in err[0] and "not retried" in err[0]
+    )
 
 
 def test_job_run_of_a_job_stopped_with_other_settings_is_refused_and_writes_nothing(cli):
-    """The issue's run: stopped at step 21 of MAX_STEPS=60 (fp32, LR 1e-3), started again under a .env with
-    MAX_STEPS=12 and bf16. Before: it resumed, trained `steps 22..12`, logged `loss nan` and Succeeded. Now:
-    exit 2, one line naming each difference, no record, no state, nothing started."""
+    """The issue's run: stopped at step 21 of MAX_STEPS=60 (fp32, LR 1e-3), started again under a
+    .env with MAX_STEPS=12 and bf16. Before: it resumed, trained `steps 22..12`, logged `loss nan`
+    and Succeeded. Now: exit 2, one line naming each difference, no record, no state, nothing
+    started."""
     saved = TrainConfig(max_steps=60, precision="fp32", lr=1e-3, seq_len=32)
     root = cli.home / "volumes" / "fsx-claim" / "checkpoints" / "fsdp"
     _plant_checkpoint(root, 21, saved, 2)
@@ -154,27 +177,48 @@ def test_job_run_of_a_job_stopped_with_other_settings_is_refused_and_writes_noth
     assert r.exit_code == 2, r.output
     errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert (
-        len(errors) == 1 and "at or past MAX_STEPS=12" in errors[0] and "PRECISION fp32 -> bf16" in errors[0]
+        len(errors) == 1
+        and "at or past MAX_STEPS=12" in errors[0]
+        and "PRECISION fp32 -> bf16" in errors[0]
     )
-    assert not (cli.home / "jobs" / "fsdp" / "state.json").exists() and not (cli.home / "records").exists()
+    assert (
+        not (cli.home / "jobs" / "fsdp" / "state.json").exists()
+        and not (cli.home / "records").exists()
+    )
     same = cli(
-        "--set", "PRECISION=fp32", "--set", "MAX_STEPS=60", "--set", "LR=0.001", "job", "run", "--dry-run"
+        "--set",
+        "PRECISION=fp32",
+        "--set",
+        "MAX_STEPS=60",
+        "--set",
+        "LR=0.001",
+        "job",
+        "run",
+        "--dry-run",
     )
-    assert same.exit_code == 0, same.output  # its own settings: it resumes (a dry run shows it would start)
-    anyway = cli("--set", "MAX_STEPS=80", "--set", "ALLOW_SETTING_CHANGES=true", "job", "run", "--dry-run")
+    assert same.exit_code == 0, (
+        same.output
+    )  # its own settings: it resumes (a dry run shows it would start)
+    anyway = cli(
+        "--set", "MAX_STEPS=80", "--set", "ALLOW_SETTING_CHANGES=true", "job", "run", "--dry-run"
+    )
     assert anyway.exit_code == 0, anyway.output
 
 
 def test_job_resume_without_a_checkpoint_is_one_line(cli):
     _plant_record(cli.home, "fsdp", "fsdp-1", {"MAX_STEPS": "9"}, created=1.0)
     r = cli("job", "resume", "fsdp", "--dry-run")
-    assert r.exit_code == 2 and "has no checkpoint to resume" in r.said and "job run" in r.said, r.output
+    assert r.exit_code == 2 and "has no checkpoint to resume" in r.said and "job run" in r.said, (
+        r.output
+    )
 
 
 # ---- 2. a rerun starts where its run started, in a directory of its own -----------------------------------
 
 
-def _plant_record(home: Path, job: str, run_id: str, settings_: dict, created: float, trainer=None) -> dict:
+def _plant_record(
+    home: Path, job: str, run_id: str, settings_: dict, created: float, trainer=None
+) -> dict:
     from fsdpctl import record_store
     from fsdpctl.settings import load
 
@@ -195,7 +239,8 @@ def _start(step: int, resumed: str | None) -> dict:
         "device": "cpu",
         "start_step": step,
         "resumed_from": resumed,
-        # a fingerprint as fsdptrain.fingerprint makes one (a record's parts are checked when read back)
+        # a fingerprint as fsdptrain.fingerprint makes one (a record's parts are checked when read
+        # back)
         "dataset": {"source": "builtin", "local": False},
         "tokenizer": {"source": "builtin", "local": False},
         "time": 0.0,
@@ -206,15 +251,22 @@ def _start(step: int, resumed: str | None) -> dict:
     "trainer, resume",
     [
         (_start(0, None), "never"),
-        (_start(20, "/anywhere/the/trainer/saw/step-00000020"), "/fsx/checkpoints/fsdp/step-00000020"),
-        (_start(12, None), "/fsx/checkpoints/fsdp/step-00000012"),  # an older trainer: named by its step
+        (
+            _start(20, "/anywhere/the/trainer/saw/step-00000020"),
+            "/fsx/checkpoints/fsdp/step-00000020",
+        ),
+        (
+            _start(12, None),
+            "/fsx/checkpoints/fsdp/step-00000012",
+        ),  # an older trainer: named by its step
     ],
     ids=["afresh", "resumed", "older trainer"],
 )
 def test_a_rerun_starts_where_its_run_started_in_a_directory_of_its_own(cli, trainer, resume):
-    """Before: `job rerun` of a finished job resumed the job's latest checkpoint (start_step 6 of MAX_STEPS
-    6: nothing trained). Now its RESUME is the recorded start (never, or the checkpoint the run resumed, by
-    its pod path) and CHECKPOINT_SUBDIR=reruns/<its run id>: it neither resumes nor overwrites the job's."""
+    """Before: `job rerun` of a finished job resumed the job's latest checkpoint (start_step 6 of
+    MAX_STEPS 6: nothing trained). Now its RESUME is the recorded start (never, or the checkpoint
+    the run resumed, by its pod path) and CHECKPOINT_SUBDIR=reruns/<its run id>: it neither resumes
+    nor overwrites the job's."""
     from fsdpctl.cli import job_record_cmd
 
     rec = _plant_record(cli.home, "fsdp", "fsdp-a", {"MAX_STEPS": "30"}, 1.0, trainer)
@@ -232,7 +284,11 @@ def test_a_rerun_starts_where_its_run_started_in_a_directory_of_its_own(cli, tra
 def test_a_rerun_of_a_run_that_never_said_where_it_started_is_refused(cli):
     _plant_record(cli.home, "fsdp", "fsdp-a", {"MAX_STEPS": "30"}, 1.0, None)
     r = cli("job", "rerun", "fsdp-a", "--dry-run")
-    assert r.exit_code == 2 and "does not say where its run started" in r.said and "RESUME=never" in r.said
+    assert (
+        r.exit_code == 2
+        and "does not say where its run started" in r.said
+        and "RESUME=never" in r.said
+    )
 
 
 def test_job_resume_continues_the_jobs_own_line_not_a_rerun(cli):
@@ -250,7 +306,9 @@ def test_job_resume_continues_the_jobs_own_line_not_a_rerun(cli):
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -265,8 +323,8 @@ def _strict(text: str):
 @given(doc=JSONISH)
 @SETTLE
 def test_every_document_is_strict_json_and_a_non_number_is_null(doc, capsys):
-    """Whatever floats a document holds (NaN, inf: a run with no step, a diverged loss), -o json is JSON a
-    strict parser takes, each non-finite number null and every other value as it was."""
+    """Whatever floats a document holds (NaN, inf: a run with no step, a diverged loss), -o json is
+    JSON a strict parser takes, each non-finite number null and every other value as it was."""
     from fsdpctl.cli.common import Output, emit
 
     emit(doc, Output.json)
@@ -307,8 +365,8 @@ def _planted(home: Path, name: str, node_logs: list[str], **state_extra) -> Path
 
 
 def test_status_of_a_run_that_trained_nothing_is_strict_json(cli):
-    """The summary of a run with no step (what a resume past MAX_STEPS printed): losses NaN in the trainer's
-    line; `job status -o json` says null, and the table says no step was trained."""
+    """The summary of a run with no step (what a resume past MAX_STEPS printed): losses NaN in the
+    trainer's line; `job status -o json` says null, and the table says no step was trained."""
     summary = events.Summary(
         steps=0,
         start_step=6,
@@ -361,13 +419,15 @@ MARKUPISH = st.lists(
 
 
 @given(text=MARKUPISH)
-@example(text="gloo: [/__w/1/s/third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+@example(
+    text="gloo: [/__w/1/s/third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+)
 @settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 def test_any_log_line_goes_through_every_view_as_it_is(cli, text):
-    """gloo's `[/__w/...]` in a failure line crashed `job status` with MarkupError. Generated lines of
-    brackets, tags and backslashes as a failing rank's error, the supervisor's reason, a checkpoint path, a
-    pre-step line and a setting: status (table and JSON), list, logs, wait, history, describe and diff
-    neither fail nor lose a character."""
+    """gloo's `[/__w/...]` in a failure line crashed `job status` with MarkupError. Generated lines
+    of brackets, tags and backslashes as a failing rank's error, the supervisor's reason, a
+    checkpoint path, a pre-step line and a setting: status (table and JSON), list, logs, wait,
+    history, describe and diff neither fail nor lose a character."""
     import shutil
 
     shutil.rmtree(cli.home, ignore_errors=True)
@@ -401,7 +461,8 @@ def test_any_log_line_goes_through_every_view_as_it_is(cli, text):
 
 # ---- 4. status is derived from what the processes did ----------------------------------------------------
 
-# a launcher as torchrun behaves, on the real supervisor: agent lines on stderr, the trainer's events (node 0)
+# a launcher as torchrun behaves, on the real supervisor: agent lines on stderr, the trainer's
+# events (node 0)
 FAKE = r"""
 import json, os, signal, sys, time
 AGENT = "I1204 10:00:00.000000 PID torch/distributed/elastic/agent/server/api.py:932]"
@@ -442,7 +503,8 @@ agent("[default] worker group successfully finished. Waiting 300 seconds for oth
 
 
 def fake_job(name: str, *, steps: int, step_s: float, end: str, replicas: int = 2) -> dict:
-    """A PyTorchJob as render shapes it whose container is FAKE: the real supervisor runs one per replica."""
+    """A PyTorchJob as render shapes it whose container is FAKE: the real supervisor runs one per
+    replica."""
     env = [
         {"name": "FAKE_STEPS", "value": str(steps)},
         {"name": "FAKE_STEP_S", "value": str(step_s)},
@@ -509,7 +571,8 @@ def said_everywhere(cli, name: str) -> dict:
 
 @pytest.fixture
 def home(cli, monkeypatch):
-    """The isolated home, every process of its jobs SIGKILLed at the end (loopback unless a test asks)."""
+    """The isolated home, every process of its jobs SIGKILLed at the end (loopback unless a test
+    asks)."""
     monkeypatch.setenv("FSDPCTL_LOCAL_NETNS", "0")
     yield cli
     for jdir in (cli.home / "jobs").glob("*"):
@@ -517,13 +580,16 @@ def home(cli, monkeypatch):
             local.signal_marked(pid, signal.SIGKILL, local.job_mark(jdir.name))
 
 
-@pytest.mark.skipif(not netns.available()[0], reason="no network namespace per node here (root, iproute2)")
+@pytest.mark.skipif(
+    not netns.available()[0], reason="no network namespace per node here (root, iproute2)"
+)
 def test_a_job_whose_supervisor_was_killed_ends_as_its_processes_did(home, monkeypatch):
-    """The issue's case: the supervisor SIGKILLed while the job runs on. Before: the job succeeded, but
-    `job status`, `list` and `wait` said Failed, state.json said Running, and the namespaces, bridge, veths
-    and /etc/netns entries stayed. Now every view says Succeeded (from the agents' success lines and the
-    trainer's summary), state.json says so too, the network is gone, torchrun's temp dirs (made under the
-    job) are gone, and `job stop` says there is nothing to stop."""
+    """The issue's case: the supervisor SIGKILLed while the job runs on. Before: the job succeeded,
+    but `job status`, `list` and `wait` said Failed, state.json said Running, and the namespaces,
+    bridge, veths and /etc/netns entries stayed. Now every view says Succeeded (from the agents'
+    success lines and the trainer's summary), state.json says so too, the network is gone,
+    torchrun's temp dirs (made under the job) are gone, and `job stop` says there is nothing to
+    stop."""
     monkeypatch.delenv("FSDPCTL_LOCAL_NETNS")
     name = f"sk-{os.getpid()}"
     local.start(fake_job(name, steps=30, step_s=0.1, end="succeed"), secret_env={})
@@ -545,18 +611,28 @@ def _judged_from_the_launchers(home, name: str, state: dict, net: netns.Network)
     assert local.read_state(local.job_dir(name))["phase"] == "Succeeded"
     assert not netns.exists(net) and not (Path("/etc/netns") / net.namespace(0)).exists()
     temp = [
-        line.split()[1] for f in local.log_files(state) for line in crilog.texts(f) if line.startswith("tmp ")
+        line.split()[1]
+        for f in local.log_files(state)
+        for line in crilog.texts(f)
+        if line.startswith("tmp ")
     ]
-    assert len(temp) == 2 and all(str(local.job_dir(name)) in t and not Path(t).exists() for t in temp)
+    assert len(temp) == 2 and all(
+        str(local.job_dir(name)) in t and not Path(t).exists() for t in temp
+    )
     stop = home("job", "stop", name)
     assert stop.exit_code == 0 and "not running (Succeeded)" in stop.said
 
 
 @pytest.mark.parametrize(
     "end, phase, why",
-    [("fail", "Failed", "node 0 exited with code 1"), ("silent", "Failed", "ended without saying how")],
+    [
+        ("fail", "Failed", "node 0 exited with code 1"),
+        ("silent", "Failed", "ended without saying how"),
+    ],
 )
-def test_a_job_whose_supervisor_died_is_failed_only_when_its_processes_say_so(home, end, phase, why):
+def test_a_job_whose_supervisor_died_is_failed_only_when_its_processes_say_so(
+    home, end, phase, why
+):
     name = f"sk{end}"
     local.start(fake_job(name, steps=3, step_s=0.2, end=end), secret_env={})
     kill_supervisor(running(name))
@@ -564,13 +640,16 @@ def test_a_job_whose_supervisor_died_is_failed_only_when_its_processes_say_so(ho
     final = said_everywhere(home, name)
     assert final["phase"] == phase and why in final["reason"], final["reason"]
     if end == "fail":
-        assert final["failure"]["rank"] == 0  # the node's own root-cause block, as with a supervisor
+        assert (
+            final["failure"]["rank"] == 0
+        )  # the node's own root-cause block, as with a supervisor
     cleaned = home("cleanup", "--yes")
     assert cleaned.exit_code == 0 and not local.job_dir(name).joinpath("state.json").exists()
 
 
 def test_status_of_a_stopping_job_names_what_stop_waits_for(home):
-    """`job stop` says what it waits for: the step in flight and its stop checkpoint, then the launchers."""
+    """`job stop` says what it waits for: the step in flight and its stop checkpoint, then the
+    launchers."""
     from fsdpctl.backends.local.backend import _report
 
     local.start(fake_job("stopw", steps=200, step_s=0.3, end="succeed"), secret_env={})
@@ -578,13 +657,19 @@ def test_status_of_a_stopping_job_names_what_stop_waits_for(home):
     until(lambda: _report(local.read_state(local.job_dir("stopw")), float("inf"))["step"] >= 1)
     r = home("job", "stop", "stopw")
     assert r.exit_code == 0 and "Stopped" in r.said, r.output
-    assert "waiting: step " in r.stderr and "to finish and its stop checkpoint" in r.stderr, r.stderr
+    assert "waiting: step " in r.stderr and "to finish and its stop checkpoint" in r.stderr, (
+        r.stderr
+    )
 
 
 # ---- 6. checkpoint errors: the first sentences, one write per line ----------------------------------------
 
 
-@given(words=st.lists(st.text(alphabet="abcdefghij. ", min_size=1, max_size=12), min_size=1, max_size=80))
+@given(
+    words=st.lists(
+        st.text(alphabet="abcdefghij. ", min_size=1, max_size=12), min_size=1, max_size=80
+    )
+)
 @SETTLE
 def test_a_long_cause_is_cut_at_a_sentence_or_word_never_inside_one(words):
     from fsdptrain.checkpoint import REASON_CHARS, shortened
@@ -601,8 +686,9 @@ def test_a_long_cause_is_cut_at_a_sentence_or_word_never_inside_one(words):
 
 
 def test_an_error_line_is_one_atomic_write_below_pipe_buf(monkeypatch):
-    """Two ranks printing at once glued `fsdptrain: error: A` and `...: B` into one line: print() writes the
-    text and the newline apart. print_error makes one write(2) of less than PIPE_BUF bytes (pipe(7))."""
+    """Two ranks printing at once glued `fsdptrain: error: A` and `...: B` into one line: print()
+    writes the text and the newline apart. print_error makes one write(2) of less than PIPE_BUF
+    bytes (pipe(7))."""
     from fsdptrain.config import PIPE_BUF, print_error
 
     writes = []
@@ -625,7 +711,9 @@ def _round(addr_port: int) -> list[str]:
 @pytest.mark.parametrize(
     "max_restarts, rounds, spent", [(1, 2, True), (2, 2, False), (0, 1, False), (3, 4, True)]
 )
-def test_a_failed_job_that_used_every_restart_says_the_budget_is_spent(cli, max_restarts, rounds, spent):
+def test_a_failed_job_that_used_every_restart_says_the_budget_is_spent(
+    cli, max_restarts, rounds, spent
+):
     lines = [x for r in range(rounds) for x in _round(40000 + r)]
     lines += [kstatus.GROUP_RESTART] * (rounds - 1)
     lines += [kstatus.ROOT_CAUSE, "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 1)"]
@@ -648,8 +736,12 @@ def test_a_failed_job_that_used_every_restart_says_the_budget_is_spent(cli, max_
 
 
 def test_each_launcher_gets_a_temp_dir_of_its_own_under_the_job(tmp_path):
-    spec = local.spec_from_job(fake_job("t", steps=1, step_s=0, end="succeed"), tmp_path / "jobs" / "t")
-    dirs = {launch.env["TMPDIR"] for launch in local.launches(spec, "127.0.0.1:1", {"TMPDIR": "/tmp"})}
+    spec = local.spec_from_job(
+        fake_job("t", steps=1, step_s=0, end="succeed"), tmp_path / "jobs" / "t"
+    )
+    dirs = {
+        launch.env["TMPDIR"] for launch in local.launches(spec, "127.0.0.1:1", {"TMPDIR": "/tmp"})
+    }
     assert dirs == {str(local.temp_dir(tmp_path / "jobs" / "t", n)) for n in (0, 1)}
 
 
@@ -659,12 +751,14 @@ def test_each_launcher_gets_a_temp_dir_of_its_own_under_the_job(tmp_path):
 @given(runs=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 30)), min_size=1, max_size=5))
 @SETTLE
 def test_the_curve_across_runs_is_each_run_from_where_it_started(runs):
-    """Runs (start step, steps trained): the merged curve has each step once, from the last run that trained
-    it and started before it, as `job plot` draws the job across its stops and resumes."""
+    """Runs (start step, steps trained): the merged curve has each step once, from the last run that
+    trained it and started before it, as `job plot` draws the job across its stops and resumes."""
     logs, expect = [], {}
     for i, (start, n) in enumerate(runs):
         steps = [
-            events.Step(step=s, max_steps=99, loss=i + s / 100, step_time_s=1, time=0, tokens_per_s=1)
+            events.Step(
+                step=s, max_steps=99, loss=i + s / 100, step_time_s=1, time=0, tokens_per_s=1
+            )
             for s in range(start + 1, start + n + 1)
         ]
         start_event = events.Start(
@@ -689,21 +783,27 @@ def test_the_curve_across_runs_is_each_run_from_where_it_started(runs):
 
 
 def test_a_run_that_continues_a_checkpoint_continues_its_tracker_run(monkeypatch):
-    """TensorBoard and W&B show a job's whole curve across stops and resumes: RESUME=auto writes into the
-    run kept in the checkpoint's meta.json; an explicit RESUME (a rerun) and a fresh start get their own."""
+    """TensorBoard and W&B show a job's whole curve across stops and resumes: RESUME=auto writes
+    into the run kept in the checkpoint's meta.json; an explicit RESUME (a rerun) and a fresh start
+    get their own."""
     from fsdptrain.train import _tracker_run
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "now")
     assert _tracker_run(TrainConfig(), {"tracker_run": "first"}) == "first"
     assert _tracker_run(TrainConfig(resume="/c/step-00000004"), {"tracker_run": "first"}) == "now"
-    assert _tracker_run(TrainConfig(), None) == "now" and _tracker_run(TrainConfig(), {"step": 4}) == "now"
+    assert (
+        _tracker_run(TrainConfig(), None) == "now"
+        and _tracker_run(TrainConfig(), {"step": 4}) == "now"
+    )
 
 
 def test_stages_before_the_first_step():
     leader = events.Leader(node_rank=0, hostname="h", world=2, time=0)
     assert progress.stage([], 1, 2) == "rendezvous 1/2"
     assert progress.stage([leader], 2, 2) == "process group ready"
-    assert progress.stage([leader, events.Stage(stage="loading data", time=0)], 2, 2) == "loading data"
+    assert (
+        progress.stage([leader, events.Stage(stage="loading data", time=0)], 2, 2) == "loading data"
+    )
     start = events.Start(
         record_id="",
         python="",
@@ -730,7 +830,12 @@ def test_an_ended_job_shows_no_eta_and_labels_its_throughput():
         "tokens_per_s": 900.0,
         "last_progress_s": 1.0,
     }
-    for phase, eta in (("Stopped", False), ("Succeeded", False), ("Failed", False), ("Running", True)):
+    for phase, eta in (
+        ("Stopped", False),
+        ("Succeeded", False),
+        ("Failed", False),
+        ("Running", True),
+    ):
         rows = dict(progress.progress_rows({**r, "phase": phase}))
         assert ("ETA" in rows["progress"]) == eta and rows["throughput"].endswith("(last step)")
 
@@ -739,7 +844,12 @@ def test_history_lists_every_run_with_what_changed_and_how_it_ended(cli):
     _plant_record(cli.home, "h", "h-1", {"MAX_STEPS": "8"}, 1.0, _start(0, None))
     _plant_record(cli.home, "h", "h-2", {"MAX_STEPS": "8"}, 2.0, _start(5, "/c/h/step-00000005"))
     _plant_record(
-        cli.home, "h", "h-3", {"MAX_STEPS": "8", "LR": "0.001"}, 3.0, _start(5, "/c/h/step-00000005")
+        cli.home,
+        "h",
+        "h-3",
+        {"MAX_STEPS": "8", "LR": "0.001"},
+        3.0,
+        _start(5, "/c/h/step-00000005"),
     )
     jdir = cli.home / "jobs" / "h"
     for run, text in (("h-1", [step_line(5, 8, 5.0, 1.0)]), ("h-2", [])):
@@ -762,10 +872,13 @@ def test_history_lists_every_run_with_what_changed_and_how_it_ended(cli):
     rows = _strict(cli("job", "history", "h", "-o", "json").stdout)
     assert [r["run_id"] for r in rows] == ["h-1", "h-2", "h-3"]
     assert (
-        rows[0]["from"] == "afresh (step 0)" and rows[1]["from"] == "from checkpoint step-00000005 (step 5)"
+        rows[0]["from"] == "afresh (step 0)"
+        and rows[1]["from"] == "from checkpoint step-00000005 (step 5)"
     )
     assert rows[0]["outcome"] == "ended without a summary at step 5 (failed or killed)"
-    assert rows[2]["changed"] == {"LR": ["0.003", "0.001"]} and rows[2]["outcome"].startswith("Succeeded")
+    assert rows[2]["changed"] == {"LR": ["0.003", "0.001"]} and rows[2]["outcome"].startswith(
+        "Succeeded"
+    )
     table = cli("job", "history", "h").stdout
     assert "LR=0.001" in table and "h-2" in table
 
@@ -774,13 +887,17 @@ def test_describe_has_one_row_per_setting_not_at_its_default(cli):
     _plant_record(cli.home, "d", "d-1", {"MAX_STEPS": "8", "SEQ_LEN": "64"}, 1.0)
     text = cli("job", "describe", "d").stdout
     rows = [line.split() for line in text.splitlines() if line.startswith("  ")]
-    assert rows == [["JOB_NAME", "d", ".env"], ["SEQ_LEN", "64", ".env"], ["MAX_STEPS", "8", ".env"]], text
+    assert rows == [
+        ["JOB_NAME", "d", ".env"],
+        ["SEQ_LEN", "64", ".env"],
+        ["MAX_STEPS", "8", ".env"],
+    ], text
     assert "3 not at their default" in text
 
 
 def test_cleanup_asks_first_and_does_nothing_unless_told_yes(cli):
-    """`cleanup` lists what it would remove and asks; n, Enter or end of input leave everything (exit 2);
-    y removes; --yes does not ask."""
+    """`cleanup` lists what it would remove and asks; n, Enter or end of input leave everything
+    (exit 2); y removes; --yes does not ask."""
     for name in ("c1", "c2"):
         _planted(cli.home, name, [""])
     for answer in ("n\n", "\n", ""):
@@ -790,7 +907,10 @@ def test_cleanup_asks_first_and_does_nothing_unless_told_yes(cli):
     r = cli("cleanup", input="y\n")
     assert r.exit_code == 0 and not (cli.home / "jobs" / "c1" / "state.json").exists()
     _planted(cli.home, "c3", [""])
-    assert cli("cleanup", "--yes").exit_code == 0 and not (cli.home / "jobs" / "c3" / "state.json").exists()
+    assert (
+        cli("cleanup", "--yes").exit_code == 0
+        and not (cli.home / "jobs" / "c3" / "state.json").exists()
+    )
     assert cli("cleanup").exit_code == 0  # nothing left: nothing asked
 
 
@@ -803,7 +923,9 @@ def test_max_steps_3_just_works_and_a_default_in_a_refusal_says_so(cli):
     assert bad.exit_code == 2 and "WARMUP_STEPS=5 (--set) exceeds MAX_STEPS=3 (--set)" in bad.said
     from fsdpctl.settings import with_sources
 
-    line = with_sources(["JOB_NODES=2 needs a shared volume"], {}, {"JOB_NODES": "default"}, "tiny")[0]
+    line = with_sources(
+        ["JOB_NODES=2 needs a shared volume"], {}, {"JOB_NODES": "default"}, "tiny"
+    )[0]
     assert line == "JOB_NODES=2 (default) needs a shared volume"
 
 
@@ -828,16 +950,21 @@ def test_trainer_only_leaves_out_torchs_own_logging(cli):
 
 
 def test_readme_names_only_files_the_repository_has():
-    """Every relative link and every backticked repository path in README.md exists (what the tools make, a
-    hidden directory such as benchmarks/.venvs/, aside)."""
+    """Every relative link and every backticked repository path in README.md exists (what the tools
+    make, a hidden directory such as benchmarks/.venvs/, aside)."""
     text = (ROOT / "README.md").read_text()
     linked = re.findall(r"\]\(((?!https?:|#)[^)\s]+)\)", text)
     ticked = re.findall(
-        r"`((?:src|tests|trainer|templates|benchmarks|scripts|docker|terraform|eksctl)/[\w./-]+)`", text
+        r"`((?:src|tests|trainer|templates|benchmarks|scripts|docker|terraform|eksctl)/[\w./-]+)`",
+        text,
     )
     made = re.compile(r"(^|/)\.")
     missing = sorted(
-        {p for p in [*linked, *ticked] if not made.search(p) and not (ROOT / p.split("#")[0]).exists()}
+        {
+            p
+            for p in [*linked, *ticked]
+            if not made.search(p) and not (ROOT / p.split("#")[0]).exists()
+        }
     )
     assert not missing, missing
     assert "## Contents" in text and "## Your first own job" in text
@@ -868,11 +995,15 @@ def test_every_verb_has_the_flags_the_readme_gives_it():
         if not line.startswith("fsdpctl "):
             continue
         words = line.split("#")[0].split()
-        path = next((p for n in (2, 1) if (p := tuple(w for w in words[1 : 1 + n])) in leaves), None)
+        path = next(
+            (p for n in (2, 1) if (p := tuple(w for w in words[1 : 1 + n])) in leaves), None
+        )
         if path is None:
             continue
         opts = {o for p in leaves[path].params for o in getattr(p, "opts", ())}
-        for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*|-[a-z])\b", " ".join(words[1 + len(path) :])):
+        for flag in re.findall(
+            r"(?<![\w-])(--[a-z][\w-]*|-[a-z])\b", " ".join(words[1 + len(path) :])
+        ):
             if flag not in ("--set", "-s", "--env-file", "--debug"):
                 assert flag in opts, (line, flag)
     changes = {("job", v) for v in ("run", "rerun", "resume", "stop", "plot")} | {
@@ -880,7 +1011,9 @@ def test_every_verb_has_the_flags_the_readme_gives_it():
         ("quickstart",),
     }
     changes |= {
-        p for p in leaves if p[0] in ("deploy", "image", "model", "data") and p != ("deploy", "status")
+        p
+        for p in leaves
+        if p[0] in ("deploy", "image", "model", "data") and p != ("deploy", "status")
     }
     changes |= {("cluster", "create"), ("cluster", "delete")}
     for path in changes:
@@ -889,9 +1022,9 @@ def test_every_verb_has_the_flags_the_readme_gives_it():
 
 @pytest.mark.parametrize("delay", [0.25, 0.45])
 def test_ctrl_c_while_the_cli_starts_is_one_line(cli, delay):
-    """SIGINT while the executable is still importing typer, rich and pydantic (a few hundred ms after the
-    interpreter started): before, a KeyboardInterrupt traceback from inside some import; now `interrupted`
-    and 130. A machine fast enough to have finished first has nothing to judge."""
+    """SIGINT while the executable is still importing typer, rich and pydantic (a few hundred ms
+    after the interpreter started): before, a KeyboardInterrupt traceback from inside some import;
+    now `interrupted` and 130. A machine fast enough to have finished first has nothing to judge."""
     from conftest import _terminal_signals
 
     p = subprocess.Popen(
@@ -906,7 +1039,9 @@ def test_ctrl_c_while_the_cli_starts_is_one_line(cli, delay):
     time.sleep(delay)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
-    if p.returncode in (0, -signal.SIGINT) and not err:  # it finished first, or Python had not started yet
+    if (
+        p.returncode in (0, -signal.SIGINT) and not err
+    ):  # it finished first, or Python had not started yet
         return
     assert p.returncode == 130 and err.strip() == "interrupted" and out == "", (p.returncode, err)
 

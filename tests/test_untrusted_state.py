@@ -1,26 +1,27 @@
-"""What fsdpctl reads back is untrusted input (issue 29): every file under a job's state directory, its run
-record and its logs, damaged, swapped or replaced, under every verb that reads them.
+"""What fsdpctl reads back is untrusted input (issue 29): every file under a job's state directory,
+its run record and its logs, damaged, swapped or replaced, under every verb that reads them.
 
-The state directory is made by fsdpctl's own writers (tests/state_home.py: two local jobs run by the real
-supervisor, `alpha` succeeded and `beta` failed, their records and placements as `job run` writes them).
-Then one of `alpha`'s files is harmed and every reading verb runs in process (click's runner) under a
-deadline. The harms are what a file system can hand a reader: a FIFO (fifo(7): open(2) for reading blocks
-until a writer opens it, so a reader that opens one without O_NONBLOCK hangs), a symbolic link (to the other
-job's file, to /dev/zero, which never ends, to a directory outside the home, or to nothing), a file cut
-short (a crash mid-write on a file system that does not order the rename after the data), emptied, a
-directory in its place, bytes that are not UTF-8, a 300 MiB sparse file, the file of a newer version, and
-the other job's file in its place. A generated part writes hostile JSON values into each key of each JSON
-file (wrong types, NaN, huge numbers, paths outside the home, FIFOs, the identity of a live process that
-is not the job's) and generated event lines into the logs.
+The state directory is made by fsdpctl's own writers (tests/state_home.py: two local jobs run by the
+real supervisor, `alpha` succeeded and `beta` failed, their records and placements as `job run`
+writes them). Then one of `alpha`'s files is harmed and every reading verb runs in process (click's
+runner) under a deadline. The harms are what a file system can hand a reader: a FIFO (fifo(7):
+open(2) for reading blocks until a writer opens it, so a reader that opens one without O_NONBLOCK
+hangs), a symbolic link (to the other job's file, to /dev/zero, which never ends, to a directory
+outside the home, or to nothing), a file cut short (a crash mid-write on a file system that does not
+order the rename after the data), emptied, a directory in its place, bytes that are not UTF-8, a 300
+MiB sparse file, the file of a newer version, and the other job's file in its place. A generated
+part writes hostile JSON values into each key of each JSON file (wrong types, NaN, huge numbers,
+paths outside the home, FIFOs, the identity of a live process that is not the job's) and generated
+event lines into the logs.
 
 Invariants for each verb: it returns before its deadline; its exit code is a documented one and no
-`internal error`; a failure is one line that names the harmed file; it writes nothing when it fails; the
-other job is listed and reported as before and none of its files changes; nothing is deleted but what
-`cleanup` may delete (README "What cleanup may delete"); and no process that is not the job's receives a
-signal (a decoy `sleep` whose exact identity the hostile states name stays alive).
+`internal error`; a failure is one line that names the harmed file; it writes nothing when it fails;
+the other job is listed and reported as before and none of its files changes; nothing is deleted but
+what `cleanup` may delete (README "What cleanup may delete"); and no process that is not the job's
+receives a signal (a decoy `sleep` whose exact identity the hostile states name stays alive).
 
-`FSDPCTL_TEST_STATE_COLLECT=1` runs every case and prints the count of each broken invariant instead of
-stopping at the first (the issue's before/after numbers come from it)."""
+`FSDPCTL_TEST_STATE_COLLECT=1` runs every case and prints the count of each broken invariant instead
+of stopping at the first (the issue's before/after numbers come from it)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ from invariants import DOCUMENTED, JOB_WAIT, TRACEBACK, error_lines, snapshot, w
 DEADLINE_S = int(
     os.environ.get("FSDPCTL_TEST_STATE_DEADLINE", "20")
 )  # per command: a reader blocked on a FIFO never returns
-HUGE = 300 * 1024 * 1024  # sparse: costs no disk, only the time and memory of whoever reads it whole
+HUGE = (
+    300 * 1024 * 1024
+)  # sparse: costs no disk, only the time and memory of whoever reads it whole
 COLLECT = os.environ.get("FSDPCTL_TEST_STATE_COLLECT") == "1"
 
 
@@ -61,8 +64,9 @@ PNG = "alpha.png"  # `job plot --out`, in the working directory (the same words 
 
 
 def verbs() -> list[tuple[str, ...]]:
-    """Every verb that reads what a local job left: its state, logs, record, placement. `cleanup` last (it
-    deletes); `job stop` of an ended job signals nothing, of a hostile state must signal nothing foreign."""
+    """Every verb that reads what a local job left: its state, logs, record, placement. `cleanup`
+    last (it deletes); `job stop` of an ended job signals nothing, of a hostile state must signal
+    nothing foreign."""
     return [
         ("job", "list"),
         ("job", "list", "-o", "json"),
@@ -114,7 +118,8 @@ def _replace(path: Path) -> None:
 
 
 def _counterpart(path: Path, home: Path) -> Path:
-    """The other job's file in the same place (alpha -> beta in every part of the path under the home)."""
+    """The other job's file in the same place (alpha -> beta in every part of the path under the
+    home)."""
     return home / str(path.relative_to(home)).replace("alpha", "beta")
 
 
@@ -135,7 +140,8 @@ def link_dev_zero(path: Path, w: World) -> None:
 
 
 def link_outside(path: Path, w: World) -> None:
-    """Moved outside the home and linked back: reading through it works; deleting through it must not."""
+    """Moved outside the home and linked back: reading through it works; deleting through it must
+    not."""
     dest = w.outside / "moved" / path.name
     dest.parent.mkdir(exist_ok=True)
     shutil.move(str(path), dest)
@@ -176,8 +182,8 @@ def huge(path: Path, w: World) -> None:
 
 
 def newer_version(path: Path, w: World) -> None:
-    """A JSON file as a later fsdpctl might write it (version 99, a key this one does not know); a log whose
-    event lines come from a newer trainer (an unknown kind, fields renamed)."""
+    """A JSON file as a later fsdpctl might write it (version 99, a key this one does not know); a
+    log whose event lines come from a newer trainer (an unknown kind, fields renamed)."""
     if path.suffix == ".json":
         data = json.loads(path.read_text())
         data.update(version=99, written_by="fsdpctl 99")
@@ -188,7 +194,8 @@ def newer_version(path: Path, w: World) -> None:
 
 
 def other_job(path: Path, w: World) -> None:
-    """The other job's file copied in its place (a record of beta where alpha's is, beta's state...)."""
+    """The other job's file copied in its place (a record of beta where alpha's is, beta's
+    state...)."""
     src = _counterpart(path, w.home)
     _replace(path)
     if src.is_dir():
@@ -221,9 +228,12 @@ CONTENT_HARMS = ("truncated", "not_utf8", "newer_version")
 
 
 def harmable(home: Path) -> list[Path]:
-    """Every file and directory of job alpha: under its job directory, its records, its placement record."""
+    """Every file and directory of job alpha: under its job directory, its records, its placement
+    record."""
     roots = [home / "jobs" / "alpha", home / "records" / "alpha"]
-    found = [p for r in roots for p in sorted(r.rglob("*"))] + roots + [home / "started" / "alpha.json"]
+    found = (
+        [p for r in roots for p in sorted(r.rglob("*"))] + roots + [home / "started" / "alpha.json"]
+    )
     return sorted(found, key=lambda p: (len(p.parts), str(p)), reverse=True)
 
 
@@ -238,13 +248,15 @@ def _alarm(signum, frame):
     raise Hang(f"no answer within {DEADLINE_S} s")
 
 
-MEMORY_ROOM = 3 * 1024**3  # what one verb may add to the address space: a reader of /dev/zero stops there
+MEMORY_ROOM = (
+    3 * 1024**3
+)  # what one verb may add to the address space: a reader of /dev/zero stops there
 
 
 def run(*args: str):
     """One verb in process under the deadline, its address space capped (setrlimit(2) RLIMIT_AS: an
-    allocation past it fails with ENOMEM, a MemoryError) so that a reader of an endless file fails alone
-    instead of taking the machine's memory; both put back after."""
+    allocation past it fails with ENOMEM, a MemoryError) so that a reader of an endless file fails
+    alone instead of taking the machine's memory; both put back after."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     used = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     cap = used + MEMORY_ROOM if hard == resource.RLIM_INFINITY else min(hard, used + MEMORY_ROOM)
@@ -270,7 +282,11 @@ def may_delete(path: Path, home: Path, args: tuple[str, ...]) -> bool:
     rel = path.relative_to(home).parts if path.is_relative_to(home) else ()
     if len(rel) >= 3 and rel[0] == "jobs" and rel[2] != "lock":
         return True
-    return "--checkpoints" in args and rel[:3] == ("volumes", "fsx-claim", "checkpoints") and len(rel) >= 4
+    return (
+        "--checkpoints" in args
+        and rel[:3] == ("volumes", "fsx-claim", "checkpoints")
+        and len(rel) >= 4
+    )
 
 
 def broken(
@@ -294,11 +310,17 @@ def broken(
     if len(errors) > 1:
         found.append(("more than one error line", said))
     same_as_before = result.exit_code == baseline[args]
-    if result.exit_code not in (0, *([3] if args[:2] == ("job", "wait") else [])) and not same_as_before:
+    if (
+        result.exit_code not in (0, *([3] if args[:2] == ("job", "wait") else []))
+        and not same_as_before
+    ):
         said_lines = errors + [x for x in result.stderr.splitlines() if x.startswith("warning:")]
-        # a directory of alpha's emptied or filled with the other job's: what was asked for is not there
+        # a directory of alpha's emptied or filled with the other job's: what was asked for is not
+        # there
         gone = (
-            result.exit_code == 4 and harmed.is_dir() and not any("alpha" in p.name for p in harmed.iterdir())
+            result.exit_code == 4
+            and harmed.is_dir()
+            and not any("alpha" in p.name for p in harmed.iterdir())
         )
         if not gone and not any(str(harmed) in line for line in said_lines):
             found.append(("a failure that does not name the harmed file", f"{harmed}: {said}"))
@@ -306,7 +328,9 @@ def broken(
     if result.exit_code != 0 and changed:
         found.append(("a failed verb wrote", f"{[str(p) for p in changed[:3]]}: {said}"))
     gone = [p for p in before if p not in after and not may_delete(p, w.home, args)]
-    gone = [p for p in gone if not (p == harmed or harmed in p.parents)]  # the harm's own debris, moved
+    gone = [
+        p for p in gone if not (p == harmed or harmed in p.parents)
+    ]  # the harm's own debris, moved
     if gone:
         found.append(("deleted what it does not own", str([str(p) for p in gone[:3]])))
     beta = [p for p in changed if "beta" in p.parts or p.name == "beta.json"]
@@ -347,7 +371,8 @@ def template(tmp_path_factory) -> Iterator[Path]:
 
 @pytest.fixture
 def decoy() -> Iterator[dict]:
-    """A live process that is no job's: hostile states name its exact identity; it must outlive them all."""
+    """A live process that is no job's: hostile states name its exact identity; it must outlive them
+    all."""
     from fsdpctl.backends.local import engine as local
 
     proc = subprocess.Popen(["sleep", "600"])
@@ -362,7 +387,8 @@ def decoy() -> Iterator[dict]:
 
 @pytest.fixture
 def room(tmp_path, monkeypatch, cli):
-    """The isolated CLI of tests/conftest.py, loopback, with a closed port for every network endpoint."""
+    """The isolated CLI of tests/conftest.py, loopback, with a closed port for every network
+    endpoint."""
     monkeypatch.setenv("FSDPCTL_LOCAL_NETNS", "0")
     return tmp_path
 
@@ -385,9 +411,9 @@ _BASELINE: dict[Path, dict] = {}
 
 
 def baseline_codes(template: Path, root: Path, decoy: dict) -> dict:
-    """Each verb's exit code on the undamaged state (once per template): a harm that does not touch what a
-    verb reads may leave it failing as before (tensorboard of a job without TENSORBOARD_DIR), and need not
-    name the harm then."""
+    """Each verb's exit code on the undamaged state (once per template): a harm that does not touch
+    what a verb reads may leave it failing as before (tensorboard of a job without TENSORBOARD_DIR),
+    and need not name the harm then."""
     if template not in _BASELINE:
         codes = {}
         for args in verbs():
@@ -411,7 +437,9 @@ def run_all(w: World, harmed: Path, baseline: dict) -> dict[str, list[tuple[str,
     return out
 
 
-TALLY: Counter = Counter()  # how each verb run ended, over a test: what the issue's counts come from
+TALLY: Counter = (
+    Counter()
+)  # how each verb run ended, over a test: what the issue's counts come from
 
 
 def _outcome(result) -> str:
@@ -441,12 +469,21 @@ def report(failures: dict[str, list[tuple[str, str]]]) -> str:
 
 
 def test_the_template_is_what_fsdpctl_writes(template, room, decoy):
-    """The undamaged state reads back whole: every verb exits as expected (0, tensorboard 2 as the job
-    had no TENSORBOARD_DIR), so any later failure is the harm's."""
+    """The undamaged state reads back whole: every verb exits as expected (0, tensorboard 2 as the
+    job had no TENSORBOARD_DIR), so any later failure is the harm's."""
     codes = baseline_codes(template, room, decoy)
-    assert {a: c for a, c in codes.items() if c != 0} == {("job", "tensorboard", "alpha", "--print-only"): 2}
+    assert {a: c for a, c in codes.items() if c != 0} == {
+        ("job", "tensorboard", "alpha", "--print-only"): 2
+    }
     names = {p.name for p in harmable(template)}
-    assert {"state.json", "spec.json", "lock", "node-0.log", "alpha-run-1.json", "alpha.json"} <= names
+    assert {
+        "state.json",
+        "spec.json",
+        "lock",
+        "node-0.log",
+        "alpha-run-1.json",
+        "alpha.json",
+    } <= names
 
 
 def _cases(template: Path) -> list[tuple[str, str]]:
@@ -488,15 +525,17 @@ def _run_cases(template, root, decoy, cases) -> dict[str, list[tuple[str, str]]]
 @pytest.mark.slow
 def test_a_few_harms_under_every_verb(template, room, decoy):
     """The issue's own cases, on their own: a FIFO in place of the state, a log, the record and the
-    placement record; the other job's state; a cut record; a log that is /dev/zero; the whole job directory
-    moved outside (the fast lane has the FIFO state: `test_a_fifo_state_under_every_verb`)."""
+    placement record; the other job's state; a cut record; a log that is /dev/zero; the whole job
+    directory moved outside (the fast lane has the FIFO state:
+    `test_a_fifo_state_under_every_verb`)."""
     failures = _run_cases(template, room, decoy, FAST_CASES)
     assert not failures, report(failures)
 
 
 @pytest.mark.slow
 def test_every_file_harmed_every_way_under_every_verb(template, room, decoy):
-    """Every file and directory of the job x every harm x every verb (about 2,100 commands, in process)."""
+    """Every file and directory of the job x every harm x every verb (about 2,100 commands, in
+    process)."""
     failures = _run_cases(template, room, decoy, _cases(template))
     assert not failures, report(failures)
 
@@ -517,16 +556,19 @@ def _json_paths(value, prefix=()) -> list[tuple]:
 
 
 def hostile(w: World) -> st.SearchStrategy:
-    """Values a damaged or hostile file may hold where fsdpctl expects something else. Every path among
-    them is inside the case's own directory: run against an fsdpctl that deletes what a state names (as
-    `cleanup --checkpoints` once did), a value such as "/" would have it delete the machine."""
+    """Values a damaged or hostile file may hold where fsdpctl expects something else. Every path
+    among them is inside the case's own directory: run against an fsdpctl that deletes what a state
+    names (as `cleanup --checkpoints` once did), a value such as "/" would have it delete the
+    machine."""
     fifo_path = w.outside / "a-fifo"
     return st.one_of(
         st.none(),
         st.booleans(),
         st.integers(min_value=-(2**70), max_value=2**70),
         st.floats(allow_nan=True, allow_infinity=True),
-        st.text(max_size=30).filter(lambda s: "[/" not in s),  # rich markup in log lines: issue 28's
+        st.text(max_size=30).filter(
+            lambda s: "[/" not in s
+        ),  # rich markup in log lines: issue 28's
         st.lists(st.integers(), max_size=3),
         st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
         st.sampled_from(
@@ -534,7 +576,9 @@ def hostile(w: World) -> st.SearchStrategy:
                 str(w.outside),
                 str(w.outside / "canary.txt"),
                 str(fifo_path),
-                str(w.outside / "zero"),  # a link to /dev/zero: no value names anything outside the case
+                str(
+                    w.outside / "zero"
+                ),  # a link to /dev/zero: no value names anything outside the case
                 str(w.home.parent),
                 "../../..",
                 str(w.home),
@@ -561,8 +605,27 @@ def _set(doc, path: tuple, value):
 
 EVENT_FIELDS = st.dictionaries(
     st.sampled_from(
-        ["step", "max_steps", "loss", "time", "tokens_per_s", "step_time_s", "node_rank", "hostname", "world"]
-        + ["steps", "start_step", "losses", "final_loss", "record_id", "path", "dataset", "tokenizer"]
+        [
+            "step",
+            "max_steps",
+            "loss",
+            "time",
+            "tokens_per_s",
+            "step_time_s",
+            "node_rank",
+            "hostname",
+            "world",
+        ]
+        + [
+            "steps",
+            "start_step",
+            "losses",
+            "final_loss",
+            "record_id",
+            "path",
+            "dataset",
+            "tokenizer",
+        ]
     ),
     st.one_of(
         st.none(),
@@ -646,7 +709,8 @@ def _hostile(template, root, decoy, examples: int) -> dict[str, list[tuple[str, 
 
 
 def test_a_fifo_state_under_every_verb(template, room, decoy):
-    """The issue's first case in the fast lane: state.json a FIFO hung describe, list, status and logs."""
+    """The issue's first case in the fast lane: state.json a FIFO hung describe, list, status and
+    logs."""
     failures = _run_cases(template, room, decoy, [("jobs/alpha/state.json", "fifo")])
     assert not failures, report(failures)
 
@@ -674,10 +738,10 @@ def _run_ok(*args: str):
 
 
 def test_a_copied_home_reads_its_own_files_and_cleans_only_itself(template, room, decoy):
-    """`cp -a` of a home keeps the absolute paths its states recorded (the old home's). In the copy every
-    verb reads the copy's own logs and records, and `cleanup --checkpoints` deletes the copy's jobs and
-    checkpoints, never a file of the original home (statefile.in_home moves each recorded path into the
-    home it is read in)."""
+    """`cp -a` of a home keeps the absolute paths its states recorded (the old home's). In the copy
+    every verb reads the copy's own logs and records, and `cleanup --checkpoints` deletes the copy's
+    jobs and checkpoints, never a file of the original home (statefile.in_home moves each recorded
+    path into the home it is read in)."""
     original = room / "original" / "home"
     state_home.copy(template, original)  # the home the jobs ran in
     copied = room / "copied" / "home"
@@ -686,7 +750,9 @@ def test_a_copied_home_reads_its_own_files_and_cleans_only_itself(template, room
     os.environ["FSDPCTL_HOME"] = str(copied)
     status = _run_ok("job", "status", "alpha", "-o", "json")
     assert status.exit_code == 0 and json.loads(status.stdout)["leader_log"].startswith(str(copied))
-    assert json.loads(status.stdout)["checkpoint_dir"] == str(copied / "volumes/fsx-claim/checkpoints/alpha")
+    assert json.loads(status.stdout)["checkpoint_dir"] == str(
+        copied / "volumes/fsx-claim/checkpoints/alpha"
+    )
     assert _run_ok("job", "logs", "alpha", "--all").exit_code == 0
     assert _run_ok("job", "describe", "alpha").exit_code == 0
     cleaned = _run_ok("cleanup", "--checkpoints", *_yes())
@@ -712,9 +778,10 @@ HOSTILE_CHECKPOINTS = {
 
 @pytest.mark.parametrize("where", list(HOSTILE_CHECKPOINTS))
 def test_cleanup_deletes_only_the_checkpoints_it_derives(template, room, decoy, where):
-    """A state naming any other directory as the job's checkpoints (`cleanup --checkpoints` deleted what
-    state.json named): the job's own files go, the named directory stays, one warning names the state
-    file. The other job is held (its lock taken, as by a `job run` starting it), so only alpha is cleaned."""
+    """A state naming any other directory as the job's checkpoints (`cleanup --checkpoints` deleted
+    what state.json named): the job's own files go, the named directory stays, one warning names the
+    state file. The other job is held (its lock taken, as by a `job run` starting it), so only alpha
+    is cleaned."""
     import fcntl
 
     with world(template, room, decoy, 1) as w:
@@ -726,7 +793,11 @@ def test_cleanup_deletes_only_the_checkpoints_it_derives(template, room, decoy, 
         fd = os.open(w.home / "jobs" / "beta" / "lock", os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            keep = {p: e for p, e in snapshot(w.home, w.outside).items() if not may_delete(p, w.home, ("x",))}
+            keep = {
+                p: e
+                for p, e in snapshot(w.home, w.outside).items()
+                if not may_delete(p, w.home, ("x",))
+            }
             keep = {p: e for p, e in keep.items() if "alpha" not in p.relative_to(room).parts[2:4]}
             result = _run_ok("cleanup", "--checkpoints", *_yes())
         finally:
@@ -755,13 +826,14 @@ def _identity_of(proc: subprocess.Popen) -> dict:
 
 
 def test_job_stop_signals_only_processes_that_prove_they_are_the_jobs(template, room, decoy):
-    """`job stop` of a job whose supervisor is gone stops its orphans: only processes proven the run's
-    (`local.is_ours`: this boot, started no earlier than the recorded supervisor, the job's mark and the
-    run's own token), as runc tells a container's init by its start time and the kubelet's runtime finds a
-    container's processes by a membership only its descendants inherit. Planted, each must survive:
-    a process whose only tie is an inherited FSDPCTL_JOB; one with both marks but started before the run's
-    supervisor; the decoy, named by its exact identity as supervisor and launcher. A process that proves
-    itself (both marks, started after the supervisor) is stopped, and the job ends Stopped."""
+    """`job stop` of a job whose supervisor is gone stops its orphans: only processes proven the
+    run's (`local.is_ours`: this boot, started no earlier than the recorded supervisor, the job's
+    mark and the run's own token), as runc tells a container's init by its start time and the
+    kubelet's runtime finds a container's processes by a membership only its descendants inherit.
+    Planted, each must survive: a process whose only tie is an inherited FSDPCTL_JOB; one with both
+    marks but started before the run's supervisor; the decoy, named by its exact identity as
+    supervisor and launcher. A process that proves itself (both marks, started after the supervisor)
+    is stopped, and the job ends Stopped."""
     from fsdpctl.backends.local import engine as local
 
     with world(template, room, decoy, 1) as w:
@@ -777,8 +849,12 @@ def test_job_stop_signals_only_processes_that_prove_they_are_the_jobs(template, 
         supervisor.kill()
         supervisor.wait()
         time.sleep(0.05)
-        inherited = _sleeper({**os.environ, local.JOB_MARK: str(jdir), **pod})  # the variables, not the token
-        orphan = _sleeper({**os.environ, **marks})  # descended from the run (as far as can be proven)
+        inherited = _sleeper(
+            {**os.environ, local.JOB_MARK: str(jdir), **pod}
+        )  # the variables, not the token
+        orphan = _sleeper(
+            {**os.environ, **marks}
+        )  # descended from the run (as far as can be proven)
         try:
             for p in (inherited, orphan):
                 _identity_of(p)
@@ -805,9 +881,9 @@ def test_job_stop_signals_only_processes_that_prove_they_are_the_jobs(template, 
 
 
 def test_a_job_whose_only_record_is_cut_is_that_file_named_not_no_record(template, room, decoy):
-    """`job describe`/`diff`/`rerun` of a job whose one record was cut short said "no run record" (exit 4,
-    the code for a job with none): the record is there, damaged. One line naming it, exit 2; a job with no
-    record at all stays exit 4."""
+    """`job describe`/`diff`/`rerun` of a job whose one record was cut short said "no run record"
+    (exit 4, the code for a job with none): the record is there, damaged. One line naming it, exit
+    2; a job with no record at all stays exit 4."""
     with world(template, room, decoy, 1) as w:
         rec = w.home / "records" / "alpha" / "alpha-run-1.json"
         rec.write_bytes(rec.read_bytes()[:100])
@@ -818,7 +894,10 @@ def test_a_job_whose_only_record_is_cut_is_that_file_named_not_no_record(templat
         ):
             result = _run_ok(*args)
             errors = error_lines(result.stderr)
-            assert result.exit_code == 2 and len(errors) == 1 and str(rec) in errors[0], (args, result.stderr)
+            assert result.exit_code == 2 and len(errors) == 1 and str(rec) in errors[0], (
+                args,
+                result.stderr,
+            )
         none = _run_ok("job", "describe", "gamma")
         assert none.exit_code == 4 and "no run record for 'gamma'" in none.stderr
 
@@ -834,7 +913,9 @@ def test_describe_takes_yaml_and_rerun_takes_dry_run_as_the_readme_promises(temp
     with world(template, room, decoy, 1) as w:
         as_json = _run_ok("job", "describe", "alpha", "-o", "json")
         as_yaml = _run_ok("job", "describe", "alpha", "-o", "yaml")
-        assert as_yaml.exit_code == 0 and yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
+        assert as_yaml.exit_code == 0 and yaml.safe_load(as_yaml.stdout) == json.loads(
+            as_json.stdout
+        )
         before = snapshot(w.home)
         dry = _run_ok("job", "rerun", "alpha", "--dry-run", "--allow-drift")
         assert dry.exit_code == 0, dry.stderr
@@ -844,8 +925,8 @@ def test_describe_takes_yaml_and_rerun_takes_dry_run_as_the_readme_promises(temp
 
 @pytest.mark.parametrize("command", [["job", "run"], ["deploy", "etcd"]], ids=" ".join)
 def test_dry_run_and_server_dry_run_together_are_refused_not_one_picked(cli, command):
-    """kubectl takes one --dry-run value; fsdpctl silently ran one of the two. Now one line, exit 2, and
-    nothing contacted or written."""
+    """kubectl takes one --dry-run value; fsdpctl silently ran one of the two. Now one line, exit 2,
+    and nothing contacted or written."""
     for both in (["--dry-run", "--dry-run=server"], ["--dry-run=server", "--dry-run=client"]):
         result = cli(*command, *both)
         assert result.exit_code == 2 and len(error_lines(result.stderr)) == 1, result.output

@@ -1,11 +1,12 @@
-"""The shared volume against what the job writes there (issue 27, defects 3 and 6): its size (FSx for Lustre
-PERSISTENT_2 capacities, FSx API CreateFileSystem StorageCapacity: 1200 GiB, 2400 GiB and increments of 2400
-GiB), its rate (PerUnitStorageThroughput is MB/s per TiB for the whole file system, all clients together:
-FSx for Lustre User Guide, "Aggregate file system performance"), what the trainer keeps there
-(fsdptrain.checkpoint: `prune` keeps CHECKPOINT_KEEP after `publish`, so one more exists during a save; DCP
-writes each replicated shard once, torch/distributed/checkpoint/_dedup_save_plans.py), and the preflight
-that refuses a volume too small. Peers: the settings loader and the CLI in process; the Kubernetes API peer
-(kmock) for the claim's capacity `job run` reads."""
+"""The shared volume against what the job writes there (issue 27, defects 3 and 6): its size (FSx
+for Lustre PERSISTENT_2 capacities, FSx API CreateFileSystem StorageCapacity: 1200 GiB, 2400 GiB and
+increments of 2400 GiB), its rate (PerUnitStorageThroughput is MB/s per TiB for the whole file
+system, all clients together: FSx for Lustre User Guide, "Aggregate file system performance"), what
+the trainer keeps there (fsdptrain.checkpoint: `prune` keeps CHECKPOINT_KEEP after `publish`, so one
+more exists during a save; DCP writes each replicated shard once,
+torch/distributed/checkpoint/_dedup_save_plans.py), and the preflight that refuses a volume too
+small. Peers: the settings loader and the CLI in process; the Kubernetes API peer (kmock) for the
+claim's capacity `job run` reads."""
 
 from __future__ import annotations
 
@@ -47,9 +48,10 @@ def cluster(job: dict[str, str], **more: str):
 
 
 def test_the_default_file_system_holds_a_70b_jobs_checkpoints():
-    """A 70B checkpoint is 12 bytes per parameter, ~771 GiB; with CHECKPOINT_KEEP=2 three exist during the
-    third save: ~2313 GiB, which the old fixed default of 1200 GiB could not hold (the second save filled it).
-    The default is now sized from the model: 4800 GiB, and says where it came from."""
+    """A 70B checkpoint is 12 bytes per parameter, ~771 GiB; with CHECKPOINT_KEEP=2 three exist
+    during the third save: ~2313 GiB, which the old fixed default of 1200 GiB could not hold (the
+    second save filled it). The default is now sized from the model: 4800 GiB, and says where it
+    came from."""
     cfg = cluster({"MODEL": "70b"})
     ckpt = 12 * MODEL_CONFIGS["70b"].num_params()
     assert 770 * GIB < ckpt < 772 * GIB
@@ -62,8 +64,8 @@ def test_the_default_file_system_holds_a_70b_jobs_checkpoints():
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(job=jobs)
 def test_the_derived_size_is_a_valid_fsx_size_that_holds_the_job(job):
-    """Whatever the model, keep count, hub weights and export: the derived FSX_STORAGE_GIB is a size FSx
-    accepts, holds the need within FILL_AT_MOST, and is the smallest such size."""
+    """Whatever the model, keep count, hub weights and export: the derived FSX_STORAGE_GIB is a size
+    FSx accepts, holds the need within FILL_AT_MOST, and is the smallest such size."""
     cfg = cluster(job)
     need = volume.need(cfg).total
     size = cfg.fsx_storage_gib
@@ -82,9 +84,9 @@ def test_the_derived_size_is_a_valid_fsx_size_that_holds_the_job(job):
 )
 @given(job=jobs, short=st.integers(1, 2400))
 def test_a_file_system_too_small_is_refused_with_the_size_that_fits(cli, job, short):
-    """Preflight (`config validate`, `job run`, `manifest`): FSX_STORAGE_GIB below what the job keeps is
-    one line naming both sizes and the size that fits, exit 2, before anything is created; that size
-    passes."""
+    """Preflight (`config validate`, `job run`, `manifest`): FSX_STORAGE_GIB below what the job
+    keeps is one line naming both sizes and the size that fits, exit 2, before anything is created;
+    that size passes."""
     fits = cluster(job).fsx_storage_gib
     need = volume.need(cluster(job)).total
     given_gib = max(1, min(fits - 1, math.floor(need / GIB / volume.FILL_AT_MOST) - short))
@@ -105,15 +107,25 @@ def sets(values: dict[str, str]) -> list[str]:
 
 def cluster_env(job: dict[str, str], gib: int) -> dict[str, str]:
     token = {"HF_TOKEN": "hf_" + "x" * 34} if job.get("PRETRAINED") else {}
-    return {**EKS, "JOB_NODES": "16", "NODE_COUNT": "16", **job, **token, "FSX_STORAGE_GIB": str(gib)}
+    return {
+        **EKS,
+        "JOB_NODES": "16",
+        "NODE_COUNT": "16",
+        **job,
+        **token,
+        "FSX_STORAGE_GIB": str(gib),
+    }
 
 
 def test_the_stop_grace_follows_the_file_systems_aggregate_throughput():
-    """Issue 27, defect 6: FSx's throughput is the file system's, capacity x PerUnitStorageThroughput, for all
-    nodes at once: 1200 GiB at 250 MB/s/TiB is ~293 MB/s. The old grace assumed 500 MB/s per node (8 GB/s for
-    16 nodes) and gave a 70B job 248 s for a save that takes ~47 minutes on such a file system; torchrun's
-    SIGKILL would have cut every stop checkpoint."""
-    cfg = cluster({"MODEL": "70b"}, FSX_STORAGE_GIB="1200")  # --force's case: the user kept the old size
+    """Issue 27, defect 6: FSx's throughput is the file system's, capacity x
+    PerUnitStorageThroughput, for all nodes at once: 1200 GiB at 250 MB/s/TiB is ~293 MB/s. The old
+    grace assumed 500 MB/s per node (8 GB/s for 16 nodes) and gave a 70B job 248 s for a save that
+    takes ~47 minutes on such a file system; torchrun's SIGKILL would have cut every stop
+    checkpoint."""
+    cfg = cluster(
+        {"MODEL": "70b"}, FSX_STORAGE_GIB="1200"
+    )  # --force's case: the user kept the old size
     rate = volume.write_rate(cfg)
     assert 292e6 < rate < 294e6
     save_s = 12 * MODEL_CONFIGS["70b"].num_params() / rate
@@ -133,7 +145,9 @@ def test_the_stop_grace_follows_the_file_systems_aggregate_throughput():
     size=st.sampled_from([1200, 2400, 4800, 9600]),
     per_tib=st.sampled_from([125, 250, 500, 1000]),
 )
-def test_a_save_takes_the_checkpoint_over_the_aggregate_rate_whatever_the_node_count(nodes, size, per_tib):
+def test_a_save_takes_the_checkpoint_over_the_aggregate_rate_whatever_the_node_count(
+    nodes, size, per_tib
+):
     cfg = cluster({"MODEL": "13b"}, JOB_NODES=str(nodes), FSX_STORAGE_GIB=str(size),
                   FSX_THROUGHPUT_PER_TIB=str(per_tib))  # fmt: skip
     expected = 12 * MODEL_CONFIGS["13b"].num_params() / (size / 1024 * per_tib * 1e6)
@@ -142,10 +156,13 @@ def test_a_save_takes_the_checkpoint_over_the_aggregate_rate_whatever_the_node_c
 
 
 def test_a_save_slower_than_the_interval_it_protects_is_warned(cli):
-    """7B on the default 1200 GiB: a save of ~75 GiB at ~293 MB/s takes ~276 s, while 10 steps of ~1 s are
-    what it protects; `config validate` warns with the interval that would not (exit 0: a choice, not an
-    error), `plan` says the same, and an interval long enough or saving only at the end says nothing."""
-    env = {f"FSDPCTL_{k}": v for k, v in {**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": "10"}.items()}
+    """7B on the default 1200 GiB: a save of ~75 GiB at ~293 MB/s takes ~276 s, while 10 steps of ~1
+    s are what it protects; `config validate` warns with the interval that would not (exit 0: a
+    choice, not an error), `plan` says the same, and an interval long enough or saving only at the
+    end says nothing."""
+    env = {
+        f"FSDPCTL_{k}": v for k, v in {**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": "10"}.items()
+    }
     r = cli.run("config", "validate", env=env)
     assert r.exit_code == 0, r.output
     [warning] = [line for line in r.output.splitlines() if "CHECKPOINT_INTERVAL=10" in line]
@@ -156,7 +173,9 @@ def test_a_save_slower_than_the_interval_it_protects_is_warned(cli):
     assert f"set CHECKPOINT_INTERVAL={enough} or more" in warning
     assert volume.interval_warning(load(dotenv={**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": str(enough)}),
                                    step_s) is None  # fmt: skip
-    assert volume.interval_warning(load(dotenv={**EKS, "MODEL": "7b"}), step_s) is None  # at the end only
+    assert (
+        volume.interval_warning(load(dotenv={**EKS, "MODEL": "7b"}), step_s) is None
+    )  # at the end only
     plan = cli.run("plan", "--model", "7b", "-o", "json", env={"FSDPCTL_CHECKPOINT_INTERVAL": "10"})
     import json
 
@@ -179,5 +198,6 @@ def test_a_throughput_fsx_does_not_offer_is_refused():
      ("12e3", 12000), ("2Ki", 2048), ("x", None), ("-1Gi", None)],
 )  # fmt: skip
 def test_quantities_as_apimachinery_reads_them(text, expected):
-    """k8s.io/apimachinery pkg/api/resource/quantity.go suffixes: binary Ki..Ei, decimal k..E, exponents."""
+    """k8s.io/apimachinery pkg/api/resource/quantity.go suffixes: binary Ki..Ei, decimal k..E,
+    exponents."""
     assert volume.quantity_bytes(text) == expected

@@ -33,11 +33,16 @@ ENV = {
 def _normalised(text: str, root) -> str:
     text = without_the_clock(normalised(text, root))
     text = re.sub(r"\b[0-9a-f]{12}\b", "<RECORD>", text)
-    text = re.sub(r"━[━ ]*", "<BAR> ", text)  # the progress bar's drawing (and how much of it is drawn)
+    text = re.sub(
+        r"━[━ ]*", "<BAR> ", text
+    )  # the progress bar's drawing (and how much of it is drawn)
     text = re.sub(r"\b\d+:\d\d:\d\d\b", "<ELAPSED>", text)
     text = re.sub(r"\b\d+ mean of this run \(\d+ per", "<N> mean of this run (<N> per", text)
-    text = re.sub(r"\b(?!0\.000000\b)\d+\.\d{4,}\b", "<LOSS>", text)  # digits that differ across CPUs
-    # what `job stop` sees after the first line depends on when it looks: the stop checkpoint, the launchers
+    text = re.sub(
+        r"\b(?!0\.000000\b)\d+\.\d{4,}\b", "<LOSS>", text
+    )  # digits that differ across CPUs
+    # what `job stop` sees after the first line depends on when it looks: the stop checkpoint, the
+    # launchers
     late = re.compile(r"waiting: \d+ launchers? to exit")
     return "".join(x + "\n" for x in text.splitlines() if not late.match(x))
 
@@ -55,7 +60,9 @@ def test_run_stop_resume_rerun_diff(cli, monkeypatch):
 
     monkeypatch.setenv("FSDPTRAIN_FAILPOINT", "hold-until-stop:4")
     run("job", "run", "-d")
-    monkeypatch.delenv("FSDPTRAIN_FAILPOINT")  # the job's processes have it; the runs after it do not
+    monkeypatch.delenv(
+        "FSDPTRAIN_FAILPOINT"
+    )  # the job's processes have it; the runs after it do not
     deadline = time.monotonic() + 300
     while json.loads(cli("job", "status", "walk", "-o", "json").stdout)["step"] < 4:
         assert time.monotonic() < deadline, "no step 4"
@@ -64,8 +71,11 @@ def test_run_stop_resume_rerun_diff(cli, monkeypatch):
     status = run("job", "status", "walk")
     assert "step 5/8" in status.stdout and "Stopped" in status.stdout
 
-    # .env changed since the stop: `job run` would refuse that checkpoint; `job resume` takes the record's
-    (cli.cwd / ".env").write_text((cli.cwd / ".env").read_text().replace("PRECISION=fp32", "PRECISION=bf16"))
+    # .env changed since the stop: `job run` would refuse that checkpoint; `job resume` takes the
+    # record's
+    (cli.cwd / ".env").write_text(
+        (cli.cwd / ".env").read_text().replace("PRECISION=fp32", "PRECISION=bf16")
+    )
     refused = run("job", "run", code=2)
     assert "PRECISION fp32 -> bf16" in refused.stderr
     run("job", "resume", "walk")
@@ -77,6 +87,8 @@ def test_run_stop_resume_rerun_diff(cli, monkeypatch):
         "from checkpoint step-00000005 (step 5)",
     ]
     diff = run("job", "diff", runs[1]["run_id"], runs[2]["run_id"])
-    assert re.findall(r"^\s+(\d+) .* (\S+)$", diff.stdout, re.M) == [(str(s), "0.000000") for s in (6, 7, 8)]
+    assert re.findall(r"^\s+(\d+) .* (\S+)$", diff.stdout, re.M) == [
+        (str(s), "0.000000") for s in (6, 7, 8)
+    ]
     run("job", "history", "walk")
     check(GOLDEN / "cli" / "walkthrough.txt", _normalised("\n".join(said), cli.cwd))

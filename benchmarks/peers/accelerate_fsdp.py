@@ -57,7 +57,9 @@ def main():
         rows = torch.from_numpy(blocks[[i % len(blocks) for i in range(start, start + batch)]])
         t0 = time.perf_counter()
         out = model(input_ids=rows[:, :-1])
-        loss = torch.nn.functional.cross_entropy(out.logits.float().flatten(0, 1), rows[:, 1:].flatten())
+        loss = torch.nn.functional.cross_entropy(
+            out.logits.float().flatten(0, 1), rows[:, 1:].flatten()
+        )
         acc.backward(loss)
         acc.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

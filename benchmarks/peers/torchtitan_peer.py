@@ -29,10 +29,22 @@ def register() -> None:
     import torchtitan.models.llama3 as llama3
 
     llama3.llama3_args[FLAVOR] = llama3.TransformerModelArgs(
-        dim=4096, n_layers=8, n_heads=32, n_kv_heads=32, vocab_size=32000, multiple_of=256, rope_theta=10000
+        dim=4096,
+        n_layers=8,
+        n_heads=32,
+        n_kv_heads=32,
+        vocab_size=32000,
+        multiple_of=256,
+        rope_theta=10000,
     )
     llama3.llama3_args[REHEARSAL_FLAVOR] = llama3.TransformerModelArgs(
-        dim=64, n_layers=2, n_heads=4, n_kv_heads=4, vocab_size=32000, multiple_of=32, rope_theta=10000
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        vocab_size=32000,
+        multiple_of=32,
+        rope_theta=10000,
     )
 
 
@@ -98,7 +110,10 @@ def _cpu_everywhere() -> None:
     """Modules that copied torchtitan's device globals at import (`from torchtitan.tools.utils import
     device_type`) get the CPU too."""
     for name, module in list(sys.modules.items()):
-        if name.startswith("torchtitan") and getattr(module, "device_type", None) in ("cuda", "cpu"):
+        if name.startswith("torchtitan") and getattr(module, "device_type", None) in (
+            "cuda",
+            "cpu",
+        ):
             module.device_type = "cpu"  # type: ignore[attr-defined]
             if hasattr(module, "device_module"):
                 module.device_module = _Cpu()  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
-"""One check result, shared by `fsdpctl doctor` (this machine) and `fsdpctl cluster check` (AWS): a name, a
-status, what was found and the fix in one line (pure)."""
+"""One check result, shared by `fsdpctl doctor` (this machine) and `fsdpctl cluster check` (AWS): a
+name, a status, what was found and the fix in one line (pure)."""
 
 from __future__ import annotations
 

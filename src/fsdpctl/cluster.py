@@ -1,6 +1,7 @@
-"""The EKS cluster the settings describe: the input of the tool that makes it (eksctl's ClusterConfig, or a
-copy of terraform/ with the settings as variables) under FSDPCTL_HOME/clusters/<name>/, the command lines that
-create or delete it, and what AWS reports about it. The commands run through the shell adapter."""
+"""The EKS cluster the settings describe: the input of the tool that makes it (eksctl's
+ClusterConfig, or a copy of terraform/ with the settings as variables) under
+FSDPCTL_HOME/clusters/<name>/, the command lines that create or delete it, and what AWS reports
+about it. The commands run through the shell adapter."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ToolRun:
-    """What `cluster create|delete` runs: the tool's input (written), its text, the commands and their log."""
+    """What `cluster create|delete` runs: the tool's input (written), its text, the commands and
+    their log."""
 
     tool_input: Path
     text: str
@@ -38,12 +40,15 @@ def workdir(cfg: Config) -> Path:
 
 def tool_env(cfg: Config) -> dict[str, str]:
     """What eksctl and terraform need from the settings to reach the right account and region."""
-    return {"AWS_REGION": cfg.aws_region, **({"AWS_PROFILE": cfg.aws_profile} if cfg.aws_profile else {})}
+    return {
+        "AWS_REGION": cfg.aws_region,
+        **({"AWS_PROFILE": cfg.aws_profile} if cfg.aws_profile else {}),
+    }
 
 
 def prepare(cfg: Config, verb: str) -> ToolRun:
-    """Write the tool's input (atomically; terraform's copy keeps its state between runs) and build the
-    commands that `create` or `delete` the cluster with CLUSTER_TOOL."""
+    """Write the tool's input (atomically; terraform's copy keeps its state between runs) and build
+    the commands that `create` or `delete` the cluster with CLUSTER_TOOL."""
     base = workdir(cfg)
     base.mkdir(parents=True, exist_ok=True)
     log = base / f"{verb}.log"
@@ -58,28 +63,30 @@ def prepare(cfg: Config, verb: str) -> ToolRun:
 
 
 def terraform_state(cfg: Config) -> list[str]:
-    """What terraform's state for this cluster holds (resource addresses): a half-failed create leaves its
-    VPC, NAT gateway and KMS key there without any EKS cluster, and only `terraform destroy` removes them."""
+    """What terraform's state for this cluster holds (resource addresses): a half-failed create
+    leaves its VPC, NAT gateway and KMS key there without any EKS cluster, and only `terraform
+    destroy` removes them."""
     return terraform.state_resources(workdir(cfg) / "terraform")
 
 
 def reservation_zones(cfg: Config) -> str:
-    """AVAILABILITY_ZONES when the setting is empty and CAPACITY_RESERVATION_ID names a reservation: its AZ
-    first (the GPU node group takes the first), then the region's next one (an EKS cluster needs two)."""
+    """AVAILABILITY_ZONES when the setting is empty and CAPACITY_RESERVATION_ID names a reservation:
+    its AZ first (the GPU node group takes the first), then the region's next one (an EKS cluster
+    needs two)."""
     aws = connect(cfg)
     zone = aws.capacity_reservation(cfg.capacity_reservation_id)["AvailabilityZone"]
     return ",".join([zone, *[z for z in aws.zones() if z != zone][:1]])
 
 
 def subnet_zones(cfg: Config) -> str:
-    """AVAILABILITY_ZONES of an existing VPC: the AZ of each of PRIVATE_SUBNET_IDS, in their order, as EC2
-    describes them (DescribeSubnets)."""
+    """AVAILABILITY_ZONES of an existing VPC: the AZ of each of PRIVATE_SUBNET_IDS, in their order,
+    as EC2 describes them (DescribeSubnets)."""
     return zones_of_subnets(cfg, connect(cfg).subnets(cfg.subnet_ids))
 
 
 def zones_of_subnets(cfg: Config, described: list[dict[str, Any]]) -> str:
-    """The check of `subnet_zones` on EC2's Subnets: every subnet in VPC_ID, one per AZ (eksctl keys them by
-    AZ), and AVAILABILITY_ZONES, when set, naming those AZs in the same order."""
+    """The check of `subnet_zones` on EC2's Subnets: every subnet in VPC_ID, one per AZ (eksctl keys
+    them by AZ), and AVAILABILITY_ZONES, when set, naming those AZs in the same order."""
     by_id = {s["SubnetId"]: s for s in described}
     fix = "give the private subnets of VPC_ID, one per AZ (`aws ec2 describe-subnets --filters Name=vpc-id,"
     fix += f"Values={cfg.vpc_id}`)"
@@ -87,11 +94,14 @@ def zones_of_subnets(cfg: Config, described: list[dict[str, Any]]) -> str:
         found = by_id.get(subnet)
         if found is None or found["VpcId"] != cfg.vpc_id:
             where = f"is in {found['VpcId']}" if found else "was not found"
-            raise BadInput(f"PRIVATE_SUBNET_IDS: {subnet} {where}, not in VPC_ID={cfg.vpc_id}", hint=fix)
+            raise BadInput(
+                f"PRIVATE_SUBNET_IDS: {subnet} {where}, not in VPC_ID={cfg.vpc_id}", hint=fix
+            )
     zones = [by_id[s]["AvailabilityZone"] for s in cfg.subnet_ids]
     if len(set(zones)) != len(zones):
         raise BadInput(
-            f"PRIVATE_SUBNET_IDS={cfg.private_subnet_ids}: two subnets share an AZ ({zones})", hint=fix
+            f"PRIVATE_SUBNET_IDS={cfg.private_subnet_ids}: two subnets share an AZ ({zones})",
+            hint=fix,
         )
     if cfg.availability_zones and cfg.availability_zones != ",".join(zones):
         raise BadInput(
@@ -180,7 +190,13 @@ def fsx_plan(cfg: Config, aws: Aws) -> fsx.Plan:
     ids = [*found.get("resourcesVpcConfig", {}).get("subnetIds", []), *group.get("subnets", [])]
     subnets = aws.subnets(list(dict.fromkeys(ids)))
     return fsx.plan(
-        cfg.cluster_name, cfg.fsx_storage_gib, found, group, subnets, groups, cfg.fsx_throughput_per_tib
+        cfg.cluster_name,
+        cfg.fsx_storage_gib,
+        found,
+        group,
+        subnets,
+        groups,
+        cfg.fsx_throughput_per_tib,
     )
 
 
@@ -191,7 +207,10 @@ def fsx_placeholder_plan(cfg: Config) -> fsx.Plan:
         vpc_id="<the cluster's VPC>",
         zone="<the GPU node group's AZ>",
         subnet_id=f"<a private subnet of node group {gpu_nodegroup(cfg)}>",
-        client_groups=("<the cluster security group>", f"<the security groups of {gpu_nodegroup(cfg)}>"),
+        client_groups=(
+            "<the cluster security group>",
+            f"<the security groups of {gpu_nodegroup(cfg)}>",
+        ),
         storage_gib=cfg.fsx_storage_gib,
         throughput_per_tib=cfg.fsx_throughput_per_tib,
     )
@@ -214,7 +233,9 @@ def fsx_of_cluster(cfg: Config, aws: Aws | None = None) -> list[dict[str, Any]]:
     """The cluster's file systems: tagged for it in FSx (eksctl), in terraform's state (offline)."""
     if cfg.cluster_tool == "terraform":
         return terraform_file_systems(workdir(cfg) / "terraform")
-    return [f for f in (aws or connect(cfg)).lustre_file_systems() if fsx.is_ours(f, cfg.cluster_name)]
+    return [
+        f for f in (aws or connect(cfg)).lustre_file_systems() if fsx.is_ours(f, cfg.cluster_name)
+    ]
 
 
 def terraform_file_systems(tf_dir: Path) -> list[dict[str, Any]]:
@@ -228,19 +249,25 @@ def terraform_file_systems(tf_dir: Path) -> list[dict[str, Any]]:
             for inst in r.get("instances", []):
                 attrs = inst.get("attributes", {})
                 found.append(
-                    {"FileSystemId": attrs.get("id"), "StorageCapacity": attrs.get("storage_capacity")}
+                    {
+                        "FileSystemId": attrs.get("id"),
+                        "StorageCapacity": attrs.get("storage_capacity"),
+                    }
                 )
     return found
 
 
 def ensure_fsx(cfg: Config, say: Say, waiting: Waiting | None = None) -> dict[str, Any]:
-    """The cluster's file system, AVAILABLE: the one tagged for it if there is one (a rerun makes no second),
-    else a new one with its security group and KMS key (each reused when a half-done run left it)."""
+    """The cluster's file system, AVAILABLE: the one tagged for it if there is one (a rerun makes no
+    second), else a new one with its security group and KMS key (each reused when a half-done run
+    left it)."""
     aws, waiting = connect(cfg), waiting or FSX_WAITING
     existing = fsx_of_cluster(cfg, aws)
     if existing:
         fs = existing[0]
-        say(f"FSx for Lustre {fs['FileSystemId']} of {cfg.cluster_name} exists ({fs.get('Lifecycle')})")
+        say(
+            f"FSx for Lustre {fs['FileSystemId']} of {cfg.cluster_name} exists ({fs.get('Lifecycle')})"
+        )
         return wait_available(aws, fs, say, waiting)
     p = fsx_plan(cfg, aws)
     group = aws.security_group(p.vpc_id, fsx.group_name(cfg.cluster_name))
@@ -251,7 +278,9 @@ def ensure_fsx(cfg: Config, say: Say, waiting: Waiting | None = None) -> dict[st
     alias = fsx.key_alias(cfg.cluster_name)
     key = aws.kms_key(alias) or aws.create_kms_key(p.key_request(), alias)
     fs = aws.create_file_system(p.file_system_request(group, key))
-    say(f"creating FSx for Lustre {fs['FileSystemId']} ({p.storage_gib} GiB) in {p.subnet_id} ({p.zone})")
+    say(
+        f"creating FSx for Lustre {fs['FileSystemId']} ({p.storage_gib} GiB) in {p.subnet_id} ({p.zone})"
+    )
     return wait_available(aws, fs, say, waiting)
 
 
@@ -274,7 +303,9 @@ def wait_available(aws: Aws, fs: dict[str, Any], say: Say, waiting: Waiting) -> 
         waited += waiting.poll_s
         found = aws.file_system(fs_id)
         if found is None:
-            raise FsdpctlError(f"FSx for Lustre {fs_id} disappeared while being created", hint="create again")
+            raise FsdpctlError(
+                f"FSx for Lustre {fs_id} disappeared while being created", hint="create again"
+            )
         fs = found
     return fs
 
@@ -282,10 +313,10 @@ def wait_available(aws: Aws, fs: dict[str, Any], say: Say, waiting: Waiting) -> 
 def delete_fsx(
     cfg: Config, file_systems: list[dict[str, Any]], say: Say, waiting: Waiting | None = None
 ) -> None:
-    """Before `eksctl delete cluster`: the file systems (waiting until FSx has released their network
-    interfaces in the cluster's subnets), then the Lustre security group (its rules name the cluster's
-    security group), then the KMS key is scheduled for deletion. Either left behind makes CloudFormation's
-    delete of eksctl's VPC stack fail with DependencyViolation."""
+    """Before `eksctl delete cluster`: the file systems (waiting until FSx has released their
+    network interfaces in the cluster's subnets), then the Lustre security group (its rules name the
+    cluster's security group), then the KMS key is scheduled for deletion. Either left behind makes
+    CloudFormation's delete of eksctl's VPC stack fail with DependencyViolation."""
     aws, waiting = connect(cfg), waiting or FSX_WAITING
     for fs in file_systems:
         aws.delete_file_system(fs["FileSystemId"])
@@ -308,5 +339,9 @@ def delete_fsx(
 
 
 def fsx_leftovers(cfg: Config, aws: Aws | None = None) -> list[str]:
-    """The security groups tagged for the cluster (what delete_fsx removes besides file systems), by id."""
-    return [g["GroupId"] for g in (aws or connect(cfg)).tagged_security_groups(fsx.TAG_KEY, cfg.cluster_name)]
+    """The security groups tagged for the cluster (what delete_fsx removes besides file systems), by
+    id."""
+    return [
+        g["GroupId"]
+        for g in (aws or connect(cfg)).tagged_security_groups(fsx.TAG_KEY, cfg.cluster_name)
+    ]

@@ -1,10 +1,11 @@
-"""What `fsdpctl deploy` puts on a cluster and how: etcd (fsdpctl's template), the job operator, the NVIDIA
-and EFA device plugins and the FSx for Lustre CSI driver (pinned upstream releases in templates/releases.yaml,
-read from a mirror or the cache and checked by sha256; the plugins patched to tolerate fsdpctl's GPU taint;
-the driver with a static PV and claim of the settings' file system) and monitoring (fsdpctl's templates).
-Building the components reads only the files it is pointed at; applying them (unless the cluster holds them
-already), waiting for readiness and reading what is installed go through the Kubernetes adapter; `fetch`
-fills the cache through the download adapter."""
+"""What `fsdpctl deploy` puts on a cluster and how: etcd (fsdpctl's template), the job operator, the
+NVIDIA and EFA device plugins and the FSx for Lustre CSI driver (pinned upstream releases in
+templates/releases.yaml, read from a mirror or the cache and checked by sha256; the plugins patched
+to tolerate fsdpctl's GPU taint; the driver with a static PV and claim of the settings' file system)
+and monitoring (fsdpctl's templates). Building the components reads only the files it is pointed at;
+applying them (unless the cluster holds them already), waiting for readiness and reading what is
+installed go through the Kubernetes adapter; `fetch` fills the cache through the download adapter.
+"""
 
 from __future__ import annotations
 
@@ -30,20 +31,32 @@ if TYPE_CHECKING:
 COMPONENTS = ("etcd", "operator", "plugins", "storage", "monitoring")
 VERSION_LABEL = "app.kubernetes.io/version"
 PART_OF = "app.kubernetes.io/part-of"
-MONITORING_VERSION = "1"  # of fsdpctl's monitoring bundle; the images inside are pinned in the template
+MONITORING_VERSION = (
+    "1"  # of fsdpctl's monitoring bundle; the images inside are pinned in the template
+)
 PLUGINS = "device-plugins"  # its key in templates/releases.yaml
 FSX = "fsx-csi-driver"  # likewise
 FSX_DRIVER = "fsx.csi.aws.com"
 # what kustomize's `namespace:` leaves alone in the FSx base: the cluster-scoped kinds
-CLUSTER_SCOPED = {"CSIDriver", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
-# The taints fsdpctl puts on its GPU node groups (eksctl/clusterconfig.yaml.j2, terraform/modules/eks-gpu) and
-# the label it gives them: the device plugins must tolerate the first, GPU-only DaemonSets select the second.
+CLUSTER_SCOPED = {
+    "CSIDriver",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PersistentVolume",
+    "StorageClass",
+}
+# The taints fsdpctl puts on its GPU node groups (eksctl/clusterconfig.yaml.j2,
+# terraform/modules/eks-gpu) and the label it gives them: the device plugins must tolerate the
+# first, GPU-only DaemonSets select the second.
 GPU_TAINTS = ({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},)
 GPU_ROLE = ("fsdpctl.io/role", "gpu")
-GPU_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa")  # what the NVIDIA and EFA plugins advertise
+GPU_RESOURCES = (
+    "nvidia.com/gpu",
+    "vpc.amazonaws.com/efa",
+)  # what the NVIDIA and EFA plugins advertise
 # The EKS add-on images' registry account (eksctl fills the `%s` of its EFA manifest with
-# `api.EKSResourceAccountID(region)`): 602401143452 except in these regions (AWS, "Amazon container image
-# registries" in the EKS user guide).
+# `api.EKSResourceAccountID(region)`): 602401143452 except in these regions (AWS, "Amazon container
+# image registries" in the EKS user guide).
 EKS_IMAGE_ACCOUNTS = {
     "af-south-1": "877085696533",
     "ap-east-1": "800184023465",
@@ -72,7 +85,9 @@ class Component:
     name: str
     version: str
     objects: list[dict]
-    ready: list[dict] = field(default_factory=list)  # {kind, namespace, name} that must become ready
+    ready: list[dict] = field(
+        default_factory=list
+    )  # {kind, namespace, name} that must become ready
     # ... and what must be installed by other means, each with the `install` command that does it
     requires: list[dict] = field(default_factory=list)
 
@@ -86,7 +101,8 @@ def sha256(path: Path) -> str:
 
 
 def release_file(entry: dict, sources: list[Path]) -> Path:
-    """The first copy in `sources` whose sha256 matches the pin; a copy that differs is refused, loudly."""
+    """The first copy in `sources` whose sha256 matches the pin; a copy that differs is refused,
+    loudly."""
     for base in sources:
         candidate = base / entry["path"]
         if not candidate.is_file():
@@ -98,7 +114,11 @@ def release_file(entry: dict, sources: list[Path]) -> Path:
             )
         return candidate
     where = ", ".join(str(s) for s in sources) or "nowhere"
-    how = "`fsdpctl deploy fetch`" if entry.get("url") else "render it as templates/releases.yaml says"
+    how = (
+        "`fsdpctl deploy fetch`"
+        if entry.get("url")
+        else "render it as templates/releases.yaml says"
+    )
     raise FsdpctlError(
         f"{entry['path']} is not in {where}",
         hint=f"{how}, or point --from (FSDPCTL_MANIFESTS) at a mirror holding it",
@@ -106,10 +126,10 @@ def release_file(entry: dict, sources: list[Path]) -> Path:
 
 
 def yaml_documents(path: Path) -> list[dict[str, Any]]:
-    """The non-empty documents of a release file, a fresh copy on each call. Parsed once per process and
-    file version: the operator's standalone-install.yaml is 3.7 MB, seconds of CPU for PyYAML even with
-    libyaml, and a session (or a test run) applies it many times. The objects go to the API server as JSON,
-    so the JSON round trip keeps all they carry."""
+    """The non-empty documents of a release file, a fresh copy on each call. Parsed once per process
+    and file version: the operator's standalone-install.yaml is 3.7 MB, seconds of CPU for PyYAML
+    even with libyaml, and a session (or a test run) applies it many times. The objects go to the
+    API server as JSON, so the JSON round trip keeps all they carry."""
     st = path.stat()
     return list(json.loads(_parsed(path, st.st_mtime_ns, st.st_size)))
 
@@ -132,13 +152,17 @@ def operator(cfg: Config, sources: list[Path]) -> Component:
 
 
 def gpu_node_affinity() -> dict[str, Any]:
-    """GPU nodes by labels EKS 1.33 nodes carry (`nvidia.com/gpu.present` needs GPU Feature Discovery, or
-    nodeadm on kubelet >= 1.35): the kubelet's instance type among fsdpctl's GPU types, or fsdpctl's
-    node-group role."""
+    """GPU nodes by labels EKS 1.33 nodes carry (`nvidia.com/gpu.present` needs GPU Feature
+    Discovery, or nodeadm on kubelet >= 1.35): the kubelet's instance type among fsdpctl's GPU
+    types, or fsdpctl's node-group role."""
     from fsdpctl.instances import INSTANCE_TYPES
 
     terms = [
-        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(INSTANCE_TYPES)},
+        {
+            "key": "node.kubernetes.io/instance-type",
+            "operator": "In",
+            "values": sorted(INSTANCE_TYPES),
+        },
         {"key": GPU_ROLE[0], "operator": "In", "values": [GPU_ROLE[1]]},
     ]
     return {
@@ -156,9 +180,9 @@ def eks_image_registry(region: str) -> str:
 
 
 def _tolerating(pod: dict[str, Any], region: str) -> None:
-    """eksctl's plugin manifests as eksctl itself finishes them, plus what eksctl leaves out: a toleration of
-    every fsdpctl GPU taint (eksctl's EFADevicePlugin.SetTolerations returns nil) and, for the NVIDIA plugin,
-    which has no affinity of its own, GPU nodes only."""
+    """eksctl's plugin manifests as eksctl itself finishes them, plus what eksctl leaves out: a
+    toleration of every fsdpctl GPU taint (eksctl's EFADevicePlugin.SetTolerations returns nil) and,
+    for the NVIDIA plugin, which has no affinity of its own, GPU nodes only."""
     tolerations = pod.setdefault("tolerations", [])
     for taint in GPU_TAINTS:
         wanted = {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
@@ -171,9 +195,9 @@ def _tolerating(pod: dict[str, Any], region: str) -> None:
 
 
 def plugins(cfg: Config, sources: list[Path]) -> Component:
-    """The NVIDIA and EFA device plugins as eksctl installs them, under eksctl's names in kube-system: on an
-    eksctl cluster the server-side apply patches eksctl's own DaemonSets, on a terraform cluster it creates
-    them."""
+    """The NVIDIA and EFA device plugins as eksctl installs them, under eksctl's names in
+    kube-system: on an eksctl cluster the server-side apply patches eksctl's own DaemonSets, on a
+    terraform cluster it creates them."""
     rel = releases()[PLUGINS]
     objs = []
     for entry in rel["files"]:
@@ -184,9 +208,9 @@ def plugins(cfg: Config, sources: list[Path]) -> Component:
 
 
 def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
-    """What the FSx base's kustomization (`namespace: kube-system`) does to an object: namespaced objects and
-    ServiceAccount subjects into `namespace`; and, as the server would, no null fields (the chart renders
-    `terminationGracePeriodSeconds:` empty)."""
+    """What the FSx base's kustomization (`namespace: kube-system`) does to an object: namespaced
+    objects and ServiceAccount subjects into `namespace`; and, as the server would, no null fields
+    (the chart renders `terminationGracePeriodSeconds:` empty)."""
 
     def drop_nulls(v: Any) -> Any:
         if isinstance(v, dict):
@@ -203,8 +227,9 @@ def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
 
 
 def fsx_volume(cfg: Config) -> list[dict[str, Any]]:
-    """The static PV of FSX_FILE_SYSTEM_ID and the SHARED_VOLUME claim bound to it, as aws-fsx-csi-driver's
-    examples/kubernetes/static_provisioning writes them (empty storageClassName: no provisioner steps in)."""
+    """The static PV of FSX_FILE_SYSTEM_ID and the SHARED_VOLUME claim bound to it, as
+    aws-fsx-csi-driver's examples/kubernetes/static_provisioning writes them (empty
+    storageClassName: no provisioner steps in)."""
     if not cfg.fsx_file_system_id:
         return []
     pv_name = f"{cfg.shared_volume}-{cfg.fsx_file_system_id}"
@@ -243,8 +268,8 @@ def fsx_volume(cfg: Config) -> list[dict[str, Any]]:
 
 
 def storage(cfg: Config, sources: list[Path]) -> Component:
-    """The FSx for Lustre CSI driver (its kustomize base, pinned) and, when the settings name a file system,
-    the job namespace, the PV and the SHARED_VOLUME claim on it."""
+    """The FSx for Lustre CSI driver (its kustomize base, pinned) and, when the settings name a file
+    system, the job namespace, the PV and the SHARED_VOLUME claim on it."""
     rel = releases()[FSX]
     objs = []
     for entry in rel["files"]:
@@ -298,7 +323,8 @@ def components(cfg: Config, which: str, sources: list[Path]) -> list[Component]:
 
 
 def is_ready(obj: dict | None) -> bool:
-    """Deployments: every replica available; DaemonSets: every scheduled pod ready; CRDs: Established."""
+    """Deployments: every replica available; DaemonSets: every scheduled pod ready; CRDs:
+    Established."""
     if obj is None:
         return False
     status = obj.get("status") or {}
@@ -319,17 +345,20 @@ def is_ready(obj: dict | None) -> bool:
 
 
 def contains(have: Any, want: Any) -> bool:
-    """Every field fsdpctl sets has that value on the server (the server adds its own; those do not count)."""
+    """Every field fsdpctl sets has that value on the server (the server adds its own; those do not
+    count)."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and contains(have[k], v) for k, v in want.items())
+        return isinstance(have, dict) and all(
+            k in have and contains(have[k], v) for k, v in want.items()
+        )
     if isinstance(want, list):
         return isinstance(have, list) and len(have) == len(want) and all(map(contains, have, want))
     return bool(have == want)
 
 
 def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> dict[str, int]:
-    """Server-side apply of each object unless the cluster already holds exactly it, so that a rerun changes
-    nothing and says so: how many objects were created, configured and left unchanged."""
+    """Server-side apply of each object unless the cluster already holds exactly it, so that a rerun
+    changes nothing and says so: how many objects were created, configured and left unchanged."""
     counts = {"created": 0, "configured": 0, "unchanged": 0}
     for obj in comp.objects:
         meta = obj["metadata"]
@@ -358,8 +387,8 @@ def wait_ready(
     on_wait: Callable[[int], None] | None = None,
     poll: float = 1.0,
 ) -> None:
-    """Until every workload in `refs` is ready (`on_wait` hears how many are not yet); after `timeout`
-    seconds an error naming those still not ready."""
+    """Until every workload in `refs` is ready (`on_wait` hears how many are not yet); after
+    `timeout` seconds an error naming those still not ready."""
     deadline = time.monotonic() + timeout
     pending = list(refs)
     while pending := [r for r in pending if not is_ready(_get(kube, r))]:
@@ -390,7 +419,9 @@ def missing_message(comp: Component, req: dict[str, str]) -> str:
 def installed_probes(cfg: Config) -> list[dict[str, str]]:
     """The workloads whose presence tells what is deployed: etcd, the operator's, monitoring's."""
     rel = releases()[cfg.job_kind]
-    probes = [{"component": "etcd", "kind": "Deployment", "namespace": cfg.job_namespace, "name": "etcd"}]
+    probes = [
+        {"component": "etcd", "kind": "Deployment", "namespace": cfg.job_namespace, "name": "etcd"}
+    ]
     probes += [
         {"component": "operator", "kind": r["kind"], "namespace": r["namespace"], "name": r["name"]}
         for r in rel.get("ready", []) + rel.get("requires", [])
@@ -399,7 +430,11 @@ def installed_probes(cfg: Config) -> list[dict[str, str]]:
     probes += [{"component": "storage", **r} for r in releases()[FSX]["ready"]]
     probes += [
         {"component": "monitoring", "kind": k, "namespace": cfg.monitoring_namespace, "name": n}
-        for k, n in (("Deployment", "prometheus"), ("Deployment", "grafana"), ("DaemonSet", "dcgm-exporter"))
+        for k, n in (
+            ("Deployment", "prometheus"),
+            ("Deployment", "grafana"),
+            ("DaemonSet", "dcgm-exporter"),
+        )
     ]
     return probes
 
@@ -421,7 +456,8 @@ def _workload_row(kube: Kube, probe: dict[str, str]) -> dict[str, Any]:
 
 
 def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
-    """The job CRD as discovery serves it: its name is `<plural>.<group>`, the plural the CRD declares."""
+    """The job CRD as discovery serves it: its name is `<plural>.<group>`, the plural the CRD
+    declares."""
     from fsdpctl.adapters.kube import KubeError
 
     api, kind = render.job_api(cfg)
@@ -443,8 +479,8 @@ def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
 
 
 def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[dict[str, Any]]:
-    """Per GPU node (fsdpctl's role label or one of its instance types), what the device plugins made
-    allocatable: ready when it offers GPUs and, with EFA on, EFA interfaces."""
+    """Per GPU node (fsdpctl's role label or one of its instance types), what the device plugins
+    made allocatable: ready when it offers GPUs and, with EFA on, EFA interfaces."""
     from fsdpctl.instances import INSTANCE_TYPES
 
     wanted = GPU_RESOURCES if efa else GPU_RESOURCES[:1]
@@ -470,8 +506,8 @@ def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[dict[str, Any]]:
 
 
 def status(kube: Kube, cfg: Config) -> list[dict[str, Any]]:
-    """What is installed, at which version, and whether it is ready: one row per probe, the job CRD and,
-    per GPU node, whether its GPUs and EFA interfaces are allocatable."""
+    """What is installed, at which version, and whether it is ready: one row per probe, the job CRD
+    and, per GPU node, whether its GPUs and EFA interfaces are allocatable."""
     rows = [_workload_row(kube, p) for p in installed_probes(cfg)] + [_crd_row(kube, cfg)]
     return rows + node_rows(kube.list("v1", "Node"), cfg.efa_per_node > 0)
 
@@ -482,9 +518,10 @@ CACHED, FETCHED, UNPUBLISHED, WOULD_FETCH = "cached", "fetched", "unpublished", 
 
 
 def fetch(cache: Path, on_file: Callable[[str, str], None], dry_run: bool = False) -> None:
-    """Download each pinned release file that upstream publishes as a single file into `cache`, checking its
-    sha256 before it replaces anything; `on_file(path, CACHED | FETCHED | UNPUBLISHED | WOULD_FETCH)` for
-    every file (`dry_run`: nothing downloaded or written, what would be is WOULD_FETCH)."""
+    """Download each pinned release file that upstream publishes as a single file into `cache`,
+    checking its sha256 before it replaces anything; `on_file(path, CACHED | FETCHED | UNPUBLISHED |
+    WOULD_FETCH)` for every file (`dry_run`: nothing downloaded or written, what would be is
+    WOULD_FETCH)."""
     from fsdpctl.adapters.download import download
 
     for rel in releases().values():

@@ -1,8 +1,8 @@
 """Preflight checks for a workstation, a GPU node or a pod (`kubectl exec ... fsdpctl doctor`).
 
-Each check reports ok / warn / fail / skipped with the fix in one line. The probes are the real ones: the
-`nvidia-smi` and `fi_info` binaries on PATH, torch, NCCL (gloo on CPUs) between local processes, /dev/shm,
-the configured data set through the trainer's own loader.
+Each check reports ok / warn / fail / skipped with the fix in one line. The probes are the real
+ones: the `nvidia-smi` and `fi_info` binaries on PATH, torch, NCCL (gloo on CPUs) between local
+processes, /dev/shm, the configured data set through the trainer's own loader.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from fsdpctl.settings import Config
 __all__ = ["FAIL", "OK", "SKIPPED", "WARN", "Check", "Facts", "run_checks", "targets"]
 
 MIN_SHM = 1 << 30  # NCCL needs more than the 64 MB a pod gets by default (NVIDIA/nccl#525)
-LOCAL_DEMAND = 1_000.0  # tokens/s per process of a tiny model on one CPU core (what the quickstart measures)
+LOCAL_DEMAND = (
+    1_000.0  # tokens/s per process of a tiny model on one CPU core (what the quickstart measures)
+)
 PROBE_TIMEOUT = 30.0  # seconds for nvidia-smi / fi_info: longer means a hung driver
 
 
@@ -38,8 +40,9 @@ class Facts:
 
 
 def targets(cfg: Config) -> tuple[float, Path]:
-    """What the data loader must keep up with (tokens/s per process) and where checkpoints will be written: on
-    EKS the planned step and the pod's checkpoint mount; locally the quickstart's rate and the job's dir."""
+    """What the data loader must keep up with (tokens/s per process) and where checkpoints will be
+    written: on EKS the planned step and the pod's checkpoint mount; locally the quickstart's rate
+    and the job's dir."""
     if cfg.target.gpus:
         from fsdpctl import plan, render
 
@@ -82,7 +85,9 @@ def check_nvidia_smi(facts: Facts) -> Check:
     m = re.search(r"CUDA Version:\s*([\d.]+)", header)
     facts.driver_cuda = m.group(1) if m else None
     name, driver = gpus[0][0].strip(), gpus[0][1].strip()
-    return Check("nvidia-smi", OK, f"{len(gpus)} x {name}, driver {driver}, CUDA {facts.driver_cuda or '?'}")
+    return Check(
+        "nvidia-smi", OK, f"{len(gpus)} x {name}, driver {driver}, CUDA {facts.driver_cuda or '?'}"
+    )
 
 
 def check_torch(facts: Facts) -> Check:
@@ -90,11 +95,16 @@ def check_torch(facts: Facts) -> Check:
         import torch
     except ImportError:
         return Check(
-            "torch", FAIL, "torch is not installed", "pip install 'fsdpctl[train]' (or use the trainer image)"
+            "torch",
+            FAIL,
+            "torch is not installed",
+            "pip install 'fsdpctl[train]' (or use the trainer image)",
         )
     facts.torch = torch
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
-    return Check("torch", OK, f"torch {torch.__version__} ({build}), {torch.get_num_threads()} CPU threads")
+    return Check(
+        "torch", OK, f"torch {torch.__version__} ({build}), {torch.get_num_threads()} CPU threads"
+    )
 
 
 def _version(v: str) -> tuple[int, ...]:
@@ -151,7 +161,9 @@ def check_forward_backward(facts: Facts) -> Check:
 
     try:
         torch.cuda.reset_peak_memory_stats()
-        model: Any = LlamaForCausalLM(llama_config("tiny"))  # transformers' .cuda() stub confuses mypy
+        model: Any = LlamaForCausalLM(
+            llama_config("tiny")
+        )  # transformers' .cuda() stub confuses mypy
         model = model.cuda()
         ids = torch.randint(0, 512, (4, 256), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -247,7 +259,10 @@ def check_collectives(facts: Facts) -> Check:
         )
     if not correct:
         return Check(
-            "all-reduce", FAIL, f"{what}: wrong result", "faulty GPU or link: `nvidia-smi -q`, dcgmi diag"
+            "all-reduce",
+            FAIL,
+            f"{what}: wrong result",
+            "faulty GPU or link: `nvidia-smi -q`, dcgmi diag",
         )
     return Check("all-reduce", OK, f"{what}: bus bandwidth {busbw:.2f} GB/s")
 
@@ -268,7 +283,10 @@ def check_efa(cfg: Config) -> Check:
         p = shell.capture(["fi_info", "-p", "efa", "-t", "FI_EP_RDM"], timeout=PROBE_TIMEOUT)
     except shell.ToolTimeout:
         return Check(
-            "EFA", FAIL, f"fi_info did not answer in {PROBE_TIMEOUT:g} s", "check the EFA driver (dmesg)"
+            "EFA",
+            FAIL,
+            f"fi_info did not answer in {PROBE_TIMEOUT:g} s",
+            "check the EFA driver (dmesg)",
         )
     if p.rc != 0:
         return Check(
@@ -293,7 +311,10 @@ def check_shm(path: str = "/dev/shm", minimum: int = MIN_SHM) -> Check:
         st = os.statvfs(path)
     except OSError as e:
         return Check(
-            "shared memory", FAIL, f"{path}: {e.strerror}", "mount an in-memory emptyDir at /dev/shm"
+            "shared memory",
+            FAIL,
+            f"{path}: {e.strerror}",
+            "mount an in-memory emptyDir at /dev/shm",
         )
     size = st.f_blocks * st.f_frsize
     detail = f"{path} is {size / (1 << 30):.1f} GiB"
@@ -321,13 +342,17 @@ def check_disk(cfg: Config, path: Path) -> Check:
     )
     if free < need:
         return Check(
-            "checkpoint space", FAIL, detail, "free space, lower CHECKPOINT_KEEP or use a bigger volume"
+            "checkpoint space",
+            FAIL,
+            detail,
+            "free space, lower CHECKPOINT_KEEP or use a bigger volume",
         )
     return Check("checkpoint space", OK, detail)
 
 
 def _trainer_config(cfg: Config) -> Any:
-    """The trainer's validated config, the built-in corpus and tokenizer made (offline) where asked for."""
+    """The trainer's validated config, the built-in corpus and tokenizer made (offline) where asked
+    for."""
     from dataclasses import replace
 
     from fsdptrain.config import BUILTIN
@@ -362,7 +387,8 @@ def _loader_rate(cfg: Config) -> tuple[float, float]:
 
 
 def check_data(cfg: Config, demand_tokens_per_s: float) -> Check:
-    """Builds the configured data set with the trainer's loader, times batches against the step's demand."""
+    """Builds the configured data set with the trainer's loader, times batches against the step's
+    demand."""
     from fsdptrain.config import ConfigError
 
     try:
@@ -380,7 +406,10 @@ def check_data(cfg: Config, demand_tokens_per_s: float) -> Check:
     )
     if rate < 2 * demand_tokens_per_s:
         return Check(
-            "data loader", WARN, detail, "input-bound: pre-tokenize the data set or raise SEQ_LEN/batch"
+            "data loader",
+            WARN,
+            detail,
+            "input-bound: pre-tokenize the data set or raise SEQ_LEN/batch",
         )
     return Check("data loader", OK, detail)
 

@@ -1,7 +1,7 @@
-"""The `fsdpctl` executable's first code: a Ctrl-C while the CLI is still being imported (a few hundred
-milliseconds of typer, rich and pydantic) is one line and exit 130, as one a command catches is. Python's
-default SIGINT handler would raise KeyboardInterrupt inside whichever import runs and print its traceback.
-Imports nothing but the standard library until the handler is in place."""
+"""The `fsdpctl` executable's first code: a Ctrl-C while the CLI is still being imported (a few
+hundred milliseconds of typer, rich and pydantic) is one line and exit 130, as one a command catches
+is. Python's default SIGINT handler would raise KeyboardInterrupt inside whichever import runs and
+print its traceback. Imports nothing but the standard library until the handler is in place."""
 
 from __future__ import annotations
 

@@ -6,18 +6,21 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """fsdpctl's one table of exit codes (README "Exit codes"; tests/test_exit_codes.py holds the two equal).
+    """fsdpctl's one table of exit codes (README "Exit codes"; tests/test_exit_codes.py holds the
+    two equal).
 
     1 and 2 follow click (UsageError.exit_code = 2, a usage error; anything else that failed, 1) and
-    kubectl's DefaultErrorExitCode = 1 for a failure at runtime. Unlike kubectl (1 for an AlreadyExists
-    too), everything refused before anything changed is 2: bad input, a job already running or already
-    existing without --replace, a prompt answered "n" or not at all. 130 is 128 + SIGINT, what a shell
-    reports for a command Ctrl-C stopped."""
+    kubectl's DefaultErrorExitCode = 1 for a failure at runtime. Unlike kubectl (1 for an
+    AlreadyExists too), everything refused before anything changed is 2: bad input, a job already
+    running or already existing without --replace, a prompt answered "n" or not at all. 130 is 128 +
+    SIGINT, what a shell reports for a command Ctrl-C stopped."""
 
     OK = 0  # done (or, with --dry-run, would be done)
-    FAILURE = 1  # failed at runtime: an outside system said no or is unreachable, a check failed, a defect
+    # failed at runtime: an outside system said no or is unreachable, a check failed, a defect
+    FAILURE = 1
     BAD_INPUT = 2  # refused before anything changed: usage, settings, a conflict, a prompt declined
-    # what `job wait` (and `job run`, `quickstart` that follow the job) tell of the job they waited for
+    # what `job wait` (and `job run`, `quickstart` that follow the job) tell of the job they waited
+    # for
     JOB_FAILED = 3
     JOB_NOT_FOUND = 4  # also any command naming a job that does not exist
     JOB_TIMED_OUT = 5

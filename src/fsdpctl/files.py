@@ -1,4 +1,5 @@
-"""fsdpctl's own files: where they live (FSDPCTL_HOME) and writing them so a reader never sees half of one."""
+"""fsdpctl's own files: where they live (FSDPCTL_HOME) and writing them so a reader never sees half
+of one."""
 
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ from typing import Any, BinaryIO
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import redact
 
-# A job name becomes a directory (and, on a cluster, a DNS label): a Kubernetes DNS-1123 label, so no '/',
-# '..' or NUL walks out of FSDPCTL_HOME. A run id becomes a directory too (logs/<run-id>), and the rdzv id.
+# A job name becomes a directory (and, on a cluster, a DNS label): a Kubernetes DNS-1123 label, so
+# no '/', '..' or NUL walks out of FSDPCTL_HOME. A run id becomes a directory too (logs/<run-id>),
+# and the rdzv id.
 JOB_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 RUN_ID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?")
 
 
-# The XDG Base Directory Specification (https://specifications.freedesktop.org/basedir-spec/latest/):
-# "$XDG_STATE_HOME defines the base directory relative to which user-specific state files should be stored.
-# If $XDG_STATE_HOME is either not set or empty, a default equal to $HOME/.local/state should be used", and
-# "all paths set in these environment variables must be absolute. If an implementation encounters a relative
-# path in any of these variables it should consider the path invalid and ignore it."
+# The XDG Base Directory Specification
+# (https://specifications.freedesktop.org/basedir-spec/latest/): "$XDG_STATE_HOME defines the base
+# directory relative to which user-specific state files should be stored. If $XDG_STATE_HOME is
+# either not set or empty, a default equal to $HOME/.local/state should be used", and "all paths set
+# in these environment variables must be absolute. If an implementation encounters a relative path
+# in any of these variables it should consider the path invalid and ignore it."
 OLD_DEFAULT = Path(".fsdpctl")  # before: under the current directory, so a `cd` lost every job
 
 
@@ -37,13 +40,16 @@ def default_home() -> Path:
 
 
 def home() -> Path:
-    """Jobs, clusters, caches: FSDPCTL_HOME, default $XDG_STATE_HOME/fsdpctl (~/.local/state/fsdpctl). Bad
-    input when it (or the nearest part of it that exists) is not a directory: every path under it would fail
-    later, half-written."""
+    """Jobs, clusters, caches: FSDPCTL_HOME, default $XDG_STATE_HOME/fsdpctl
+    (~/.local/state/fsdpctl). Bad input when it (or the nearest part of it that exists) is not a
+    directory: every path under it would fail later, half-written."""
     raw = os.environ.get("FSDPCTL_HOME") or str(default_home())
     try:
         path = Path(raw).resolve()
-    except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError up to Python 3.12, then ELOOP
+    except (
+        OSError,
+        RuntimeError,
+    ) as e:  # a symlink loop: RuntimeError up to Python 3.12, then ELOOP
         raise BadInput(
             f"FSDPCTL_HOME={raw!r} cannot be resolved ({e})",
             hint="point FSDPCTL_HOME at a directory (a symlink that leads to one), or unset it",
@@ -65,9 +71,9 @@ def _has_jobs(root: Path) -> bool:
 
 
 def old_home_notice() -> str | None:
-    """One line when ./.fsdpctl (the old default) holds jobs but the state directory in use holds none: the
-    jobs are not moved (a move behind the user's back could split a running job from its supervisor), but
-    the user is told where state lives now and how to keep the old place."""
+    """One line when ./.fsdpctl (the old default) holds jobs but the state directory in use holds
+    none: the jobs are not moved (a move behind the user's back could split a running job from its
+    supervisor), but the user is told where state lives now and how to keep the old place."""
     if os.environ.get("FSDPCTL_HOME"):
         return None
     try:
@@ -109,7 +115,9 @@ def run_id(value: str) -> str:
 # as such: opened without following a link and without blocking, checked on the descriptor (no window for a
 # swap between a check and the open), and read up to a limit.
 
-STATE_MAX_BYTES = 16 * 1024 * 1024  # a state, spec, record or placement: kilobytes (a record with manifests)
+STATE_MAX_BYTES = (
+    16 * 1024 * 1024
+)  # a state, spec, record or placement: kilobytes (a record with manifests)
 KINDS = {
     stat.S_IFIFO: "a FIFO",
     stat.S_IFSOCK: "a socket",
@@ -121,9 +129,9 @@ KINDS = {
 
 
 class NotOurs(OSError):
-    """What is at a path fsdpctl wrote a regular file to is something else now (or far too big to be its
-    own). An OSError, so the readers that take an unreadable file as damaged take this one too; `why`
-    says what it is, in words."""
+    """What is at a path fsdpctl wrote a regular file to is something else now (or far too big to be
+    its own). An OSError, so the readers that take an unreadable file as damaged take this one too;
+    `why` says what it is, in words."""
 
     def __init__(self, path: Path, why: str):
         super().__init__(errno.EINVAL, why, str(path))
@@ -131,8 +139,9 @@ class NotOurs(OSError):
 
 
 class Skipped(UserWarning):
-    """A damaged file a reader skipped and went on without (a log that is a FIFO): a Python warning where
-    no command listens; the CLI prints each as one `warning:` line naming the file (`on_skipped`)."""
+    """A damaged file a reader skipped and went on without (a log that is a FIFO): a Python warning
+    where no command listens; the CLI prints each as one `warning:` line naming the file
+    (`on_skipped`)."""
 
 
 def _python_warning(line: str) -> None:
@@ -172,12 +181,18 @@ def why(e: BaseException) -> str:
 
 
 def open_regular(path: Path, *, follow_links: bool = False) -> BinaryIO:
-    """`path` opened for reading if it is a regular file; NotOurs naming what it is otherwise. A file of
-    fsdpctl's (under FSDPCTL_HOME) is also refused when a symbolic link leads to it (fsdpctl makes none);
-    `follow_links`: a file the user named (a token file may well be a link)."""
+    """`path` opened for reading if it is a regular file; NotOurs naming what it is otherwise. A
+    file of fsdpctl's (under FSDPCTL_HOME) is also refused when a symbolic link leads to it (fsdpctl
+    makes none); `follow_links`: a file the user named (a token file may well be a link)."""
     if not follow_links:
         _no_link_from(_home_of(path), path)
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow_links else os.O_NOFOLLOW)
+    flags = (
+        os.O_RDONLY
+        | os.O_NONBLOCK
+        | os.O_CLOEXEC
+        | os.O_NOCTTY
+        | (0 if follow_links else os.O_NOFOLLOW)
+    )
     try:
         fd = os.open(path, flags)
     except OSError as e:
@@ -199,7 +214,8 @@ def read_regular(path: Path, limit: int = STATE_MAX_BYTES, *, follow_links: bool
         data = f.read(limit + 1) if size <= limit else b""
     if size > limit or len(data) > limit:
         raise NotOurs(
-            path, f"is {max(size, len(data))} bytes, over the {limit} any file fsdpctl writes there has"
+            path,
+            f"is {max(size, len(data))} bytes, over the {limit} any file fsdpctl writes there has",
         )
     return data
 
@@ -215,8 +231,8 @@ def _no_constant(name: str) -> Any:
 
 
 def read_tail(path: Path, limit: int) -> tuple[bytes, bool]:
-    """The last `limit` bytes of a regular file (from the first line that starts in them), and whether
-    that is less than the whole file: what a log reader takes of a log of any size."""
+    """The last `limit` bytes of a regular file (from the first line that starts in them), and
+    whether that is less than the whole file: what a log reader takes of a log of any size."""
     with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size <= limit:
@@ -235,8 +251,8 @@ def _home_of(path: Path) -> Path | None:
 
 
 def _no_link_from(root: Path | None, path: Path) -> None:
-    """No symbolic link on the way from `root` down to `path` (fsdpctl makes none): a job directory or a
-    log directory linked elsewhere is not fsdpctl's to read or delete through."""
+    """No symbolic link on the way from `root` down to `path` (fsdpctl makes none): a job directory
+    or a log directory linked elsewhere is not fsdpctl's to read or delete through."""
     if root is None or not path.is_relative_to(root):
         return
     at = root
@@ -244,7 +260,9 @@ def _no_link_from(root: Path | None, path: Path) -> None:
         at = at / part
         try:
             if stat.S_ISLNK(os.lstat(at).st_mode):
-                raise NotOurs(path, f"is reached through {at}, a symbolic link fsdpctl did not make")
+                raise NotOurs(
+                    path, f"is reached through {at}, a symbolic link fsdpctl did not make"
+                )
         except FileNotFoundError:
             return
 
@@ -255,7 +273,11 @@ def kind_of(path: Path) -> str:
         mode = os.lstat(path).st_mode
     except OSError:
         return "missing"
-    return "a regular file" if stat.S_ISREG(mode) else KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return (
+        "a regular file"
+        if stat.S_ISREG(mode)
+        else KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    )
 
 
 def reached_without_link(path: Path, root: Path) -> bool:
@@ -268,7 +290,8 @@ def reached_without_link(path: Path, root: Path) -> bool:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """A temp file beside the target, then os.replace; the parent is created, the temp file never left."""
+    """A temp file beside the target, then os.replace; the parent is created, the temp file never
+    left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

@@ -1,11 +1,13 @@
-"""The shared FSx for Lustre file system of an eksctl cluster (pure): where it goes, the AWS requests that
-make it, and what `deploy storage` needs from it. The terraform path makes the same file system from
-terraform/modules/eks-gpu/fsx.tf; the choices below are that resource's, so both tools make the same one.
+"""The shared FSx for Lustre file system of an eksctl cluster (pure): where it goes, the AWS
+requests that make it, and what `deploy storage` needs from it. The terraform path makes the same
+file system from terraform/modules/eks-gpu/fsx.tf; the choices below are that resource's, so both
+tools make the same one.
 
-Lustre traffic: "inbound traffic on ports 988 and 1018-1023" from the file system's own security group and
-from the clients' (FSx for Lustre User Guide, "File system access control with Amazon VPC",
-https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html; creation fails with
-"do not permit Lustre LNET network traffic on port 988" otherwise: .../LustreGuide/cannot-create-fs.html)."""
+Lustre traffic: "inbound traffic on ports 988 and 1018-1023" from the file system's own security
+group and from the clients' (FSx for Lustre User Guide, "File system access control with Amazon
+VPC", https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html; creation
+fails with "do not permit Lustre LNET network traffic on port 988" otherwise:
+.../LustreGuide/cannot-create-fs.html)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ from typing import Any
 
 from fsdpctl.errors import FsdpctlError
 
-TAG_KEY = (
-    "fsdpctl.io/cluster"  # how `cluster create` finds its file system again and `cluster delete` finds it
-)
+# how `cluster create` finds its file system again and `cluster delete` finds it
+TAG_KEY = "fsdpctl.io/cluster"
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
-# terraform/modules/eks-gpu/fsx.tf (aws_fsx_lustre_file_system.shared) and terraform/variables.tf's default
+# terraform/modules/eks-gpu/fsx.tf (aws_fsx_lustre_file_system.shared) and terraform/variables.tf's
+# default
 DEPLOYMENT_TYPE = "PERSISTENT_2"
 THROUGHPUT_MB_PER_TIB = 250
 COMPRESSION = "LZ4"
@@ -27,7 +29,11 @@ LUSTRE_VERSION = "2.15"
 KMS_DELETION_DAYS = 7  # terraform's deletion_window_in_days
 
 # FSx Lifecycle values (service-2.json, FileSystemLifecycle): the ones a wait stops at
-READY, FAILED, GONE = "AVAILABLE", ("FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"), "DELETING"
+READY, FAILED, GONE = (
+    "AVAILABLE",
+    ("FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE"),
+    "DELETING",
+)
 
 
 def group_name(cluster: str) -> str:
@@ -64,7 +70,9 @@ class Plan:
     vpc_id: str
     zone: str
     subnet_id: str
-    client_groups: tuple[str, ...]  # the nodes' security groups (the cluster's, the launch template's)
+    client_groups: tuple[
+        str, ...
+    ]  # the nodes' security groups (the cluster's, the launch template's)
     storage_gib: int
     throughput_per_tib: int = THROUGHPUT_MB_PER_TIB  # FSX_THROUGHPUT_PER_TIB
 
@@ -95,8 +103,9 @@ class Plan:
 
     def file_system_request(self, group_id: str, kms_key_id: str) -> dict[str, Any]:
         return {
-            # no ClientRequestToken: botocore fills a fresh one per call (idempotencyToken in the model),
-            # covering its own retries; a fixed one would hand a re-create after a delete the old file system
+            # no ClientRequestToken: botocore fills a fresh one per call (idempotencyToken in the
+            # model), covering its own retries; a fixed one would hand a re-create after a delete
+            # the old file system
             "FileSystemType": "LUSTRE",
             "FileSystemTypeVersion": LUSTRE_VERSION,
             "StorageCapacity": self.storage_gib,
@@ -122,10 +131,10 @@ def plan(
     launch_template_groups: Sequence[str] = (),
     throughput_per_tib: int = THROUGHPUT_MB_PER_TIB,
 ) -> Plan:
-    """The file system's place: a private subnet (no public IPs on launch) of the GPU node group in the
-    cluster's VPC, the first by AZ then id (eksctl puts an EFA node group in one AZ; the CSI driver mounts
-    only in the file system's AZ). `subnets` is EC2's DescribeSubnets answer for the cluster's and the
-    node group's subnets."""
+    """The file system's place: a private subnet (no public IPs on launch) of the GPU node group in
+    the cluster's VPC, the first by AZ then id (eksctl puts an EFA node group in one AZ; the CSI
+    driver mounts only in the file system's AZ). `subnets` is EC2's DescribeSubnets answer for the
+    cluster's and the node group's subnets."""
     vpc = cluster.get("resourcesVpcConfig", {})
     # EKS names the VPC; without it (an emulator), the VPC of the cluster's own subnets
     own = {s.get("VpcId") for s in subnets if s["SubnetId"] in vpc.get("subnetIds", [])}
@@ -135,7 +144,9 @@ def plan(
         (
             s
             for s in subnets
-            if s["SubnetId"] in mine and s.get("VpcId") == vpc_id and not s.get("MapPublicIpOnLaunch")
+            if s["SubnetId"] in mine
+            and s.get("VpcId") == vpc_id
+            and not s.get("MapPublicIpOnLaunch")
         ),
         key=lambda s: (s["AvailabilityZone"], s["SubnetId"]),
     )

@@ -13,8 +13,8 @@ TOKEN_FILE_MAX = 64 * 1024  # a token is tens of bytes
 
 
 def _read_file(path: str) -> str:
-    """The token file's text: a regular file, opened without blocking (a FIFO there is refused, not waited
-    on) and read up to a bound (a link to /dev/zero ends there)."""
+    """The token file's text: a regular file, opened without blocking (a FIFO there is refused, not
+    waited on) and read up to a bound (a link to /dev/zero ends there)."""
     try:
         data = files.read_regular(Path(path).expanduser(), TOKEN_FILE_MAX, follow_links=True)
     except OSError as e:

@@ -1,5 +1,6 @@
-"""The trainer image: where it is built from, the URI it is tagged and pushed as, and the ECR side of a push
-(the repository, created when missing, and a login token). Docker runs through `adapters.docker`."""
+"""The trainer image: where it is built from, the URI it is tagged and pushed as, and the ECR side
+of a push (the repository, created when missing, and a login token). Docker runs through
+`adapters.docker`."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def source_root(context: Path | None) -> Path:
 
 
 def uri(cfg: Config) -> str:
-    """IMAGE_REGISTRY, else the account's ECR: AWS_ACCOUNT_ID, else the account STS says the credentials
-    belong to."""
+    """IMAGE_REGISTRY, else the account's ECR: AWS_ACCOUNT_ID, else the account STS says the
+    credentials belong to."""
     if cfg.registry:
         return cfg.image_uri
     from fsdpctl.adapters.aws import Aws, AwsError
@@ -55,8 +56,8 @@ def pinned(image_uri: str, digest: str) -> str:
 
 
 def ecr_login(cfg: Config) -> tuple[bool, str, str]:
-    """(repository created by this call, user, password) for `docker login`: IMAGE_REPO is created in ECR
-    when missing, the password is an ecr:GetAuthorizationToken token (valid 12 hours)."""
+    """(repository created by this call, user, password) for `docker login`: IMAGE_REPO is created
+    in ECR when missing, the password is an ecr:GetAuthorizationToken token (valid 12 hours)."""
     from fsdpctl.adapters.aws import Aws
 
     aws = Aws(cfg.aws_region, cfg.aws_profile, cfg.request_timeout)

@@ -1,7 +1,8 @@
-"""Facts about the GPU instance types fsdpctl targets (AWS data sheets; see REFERENCE in the README).
+"""Facts about the GPU instance types fsdpctl targets (AWS data sheets; see REFERENCE in the
+README).
 
-The one table: settings, plan, the pods' resource requests and terraform (through fsdpctl.auto.tfvars.json,
-`render.terraform_vars`) all read it."""
+The one table: settings, plan, the pods' resource requests and terraform (through
+fsdpctl.auto.tfvars.json, `render.terraform_vars`) all read it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""A job, whatever runs it (pure): settings -> `JobSpec` once, then each backend renders it into its own
-objects. The Kubernetes manifests (`fsdpctl.render.render_job`, which both the EKS and the local backend
-start from) are one rendering; a scheduler without Kubernetes renders the same spec into its own script.
+"""A job, whatever runs it (pure): settings -> `JobSpec` once, then each backend renders it into its
+own objects. The Kubernetes manifests (`fsdpctl.render.render_job`, which both the EKS and the local
+backend start from) are one rendering; a scheduler without Kubernetes renders the same spec into its
+own script.
 
 The model is torchx's split (torchx/specs/api.py `AppDef`/`Role`/`Resource`, and a scheduler's
-`_submit_dryrun` turning an AppDef into its request): the spec says what runs, with what and how often it
-may restart; where and how is the backend's.
+`_submit_dryrun` turning an AppDef into its request): the spec says what runs, with what and how
+often it may restart; where and how is the backend's.
 """
 
 from __future__ import annotations
@@ -23,19 +24,22 @@ from fsdptrain.events import RECORD_ENV
 @dataclass(frozen=True)
 class Storage:
     """What the job's processes share and where they see it, resolved once from SHARED_VOLUME,
-    SHARED_VOLUME_PATH, CHECKPOINT_PVC and the directories settings put on them (paths as the trainer sees
-    them, inside its container or pod)."""
+    SHARED_VOLUME_PATH, CHECKPOINT_PVC and the directories settings put on them (paths as the
+    trainer sees them, inside its container or pod)."""
 
     shared: str  # the shared volume's claim (SHARED_VOLUME); "" without one
     shared_path: str  # where the processes see it (SHARED_VOLUME_PATH)
     checkpoint_claim: str  # CHECKPOINT_PVC, a volume for checkpoints only; "" without one
     checkpoint_root: str  # where checkpoints of every job go
     checkpoints: str  # this job's (CHECKPOINT_DIR)
-    hf_home: str  # the Hugging Face cache: on the shared volume (one download per job) or each node's scratch
+    # the Hugging Face cache: on the shared volume (one download per job) or each node's scratch
+    hf_home: str
     nccl_traces: str  # the flight recorder's file prefix (TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
     tensorboard: str | None  # TENSORBOARD_DIR with the job's name; None when off
     wandb: str | None  # WANDB_DIR on the shared volume; None without W&B or a shared volume
-    scratch: tuple[str, str] | None  # (node's directory, where processes see it) without a shared volume
+    scratch: (
+        tuple[str, str] | None
+    )  # (node's directory, where processes see it) without a shared volume
     mounts: Mapping[str, str]  # each mount path -> the claim mounted there
 
     def on_a_claim(self, path: str) -> bool:
@@ -68,9 +72,9 @@ class Rendezvous:
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """How often the job restarts: torchrun's agent restarts its node's workers `max_restarts` times; the
-    job fails after `backoff_limit` restarts summed over its nodes; `starts_max` bounds every start of every
-    node of a run (fsdptrain.disruption.record_start)."""
+    """How often the job restarts: torchrun's agent restarts its node's workers `max_restarts`
+    times; the job fails after `backoff_limit` restarts summed over its nodes; `starts_max` bounds
+    every start of every node of a run (fsdptrain.disruption.record_start)."""
 
     max_restarts: int
     backoff_limit: int
@@ -79,9 +83,10 @@ class RestartPolicy:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One run of a job: what every backend renders. `env` is the job's (the same for each run); `run_env`
-    is this run's (the pre-step's marker, the start budget's ledger, the run record's id). Secrets are not
-    in it: `secret_env` names what the backend supplies at start (fsdpctl.hf_token.secret_env)."""
+    """One run of a job: what every backend renders. `env` is the job's (the same for each run);
+    `run_env` is this run's (the pre-step's marker, the start budget's ledger, the run record's id).
+    Secrets are not in it: `secret_env` names what the backend supplies at start
+    (fsdpctl.hf_token.secret_env)."""
 
     name: str
     run_id: str
@@ -89,7 +94,9 @@ class JobSpec:
     nodes: int
     procs_per_node: int
     image: str  # what the trainer runs from where the place runs an image (`Target.image`)
-    command: tuple[str, ...]  # each node's: the pre-launch check, then torchrun (`render.launch_command`)
+    command: tuple[
+        str, ...
+    ]  # each node's: the pre-launch check, then torchrun (`render.launch_command`)
     env: Mapping[str, str]
     run_env: Mapping[str, str]
     secret_env: tuple[str, ...]
@@ -97,10 +104,13 @@ class JobSpec:
     resources: Resources
     rendezvous: Rendezvous
     restart: RestartPolicy
-    stop: StopTiming  # a stop's step + checkpoint, torchrun's shutdown timeout, the grace before SIGKILL
+    # a stop's step + checkpoint, torchrun's shutdown timeout, the grace before SIGKILL
+    stop: StopTiming
     labels: Mapping[str, str]
     metrics_port: int  # 0: no /metrics
-    prestep: bool  # a pre-step prepares the claims (and downloads hub repos) before the trainers start
+    prestep: (
+        bool  # a pre-step prepares the claims (and downloads hub repos) before the trainers start
+    )
 
     @property
     def world_size(self) -> int:
@@ -108,8 +118,12 @@ class JobSpec:
 
 
 def storage(cfg: Config) -> Storage:
-    """Where the job's files go (`render` decides each path; this is the one place they are gathered)."""
-    mounts = {cfg.shared_volume_path: cfg.shared_volume, render.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc}
+    """Where the job's files go (`render` decides each path; this is the one place they are
+    gathered)."""
+    mounts = {
+        cfg.shared_volume_path: cfg.shared_volume,
+        render.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc,
+    }
     scratch = render.scratch(cfg)
     return Storage(
         shared=cfg.shared_volume,
@@ -127,7 +141,8 @@ def storage(cfg: Config) -> Storage:
 
 
 def resources(cfg: Config) -> Resources:
-    """A GPU node's: its GPUs, most of its CPUs and memory, its EFA interfaces; a CPU process's: one CPU."""
+    """A GPU node's: its GPUs, most of its CPUs and memory, its EFA interfaces; a CPU process's: one
+    CPU."""
     if not cfg.target.gpus:
         procs = cfg.procs_per_node
         return Resources(0, procs, 4, 0, "", 2, cpu_limit=True)
@@ -135,7 +150,13 @@ def resources(cfg: Config) -> Resources:
     cpus = int(inst.vcpus * 0.9 * cfg.gpus / inst.gpus)
     efa = cfg.efa_per_node if cfg.uses_efa else 0
     return Resources(
-        cfg.gpus, cpus, int(inst.memory_gib * 0.8), efa, cfg.hugepages_2mi, max(8, cfg.gpus * 8), False
+        cfg.gpus,
+        cpus,
+        int(inst.memory_gib * 0.8),
+        efa,
+        cfg.hugepages_2mi,
+        max(8, cfg.gpus * 8),
+        False,
     )
 
 

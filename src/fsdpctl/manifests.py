@@ -1,6 +1,6 @@
 """`fsdpctl manifest`: the job's objects as YAML (a multi-document stream) or JSON (a v1 List, what
-`kubectl get -o json` prints for several objects), checked against the real schemas, or written one file per
-object, all files or none."""
+`kubectl get -o json` prints for several objects), checked against the real schemas, or written one
+file per object, all files or none."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ FORMATS = ("yaml", "json")
 
 def text(objs: list[Obj], fmt: str = "yaml") -> str:
     if fmt == "json":
-        return json.dumps({"apiVersion": "v1", "kind": "List", "items": redact_obj(objs)}, indent=2) + "\n"
+        return (
+            json.dumps({"apiVersion": "v1", "kind": "List", "items": redact_obj(objs)}, indent=2)
+            + "\n"
+        )
     return render.to_yaml(objs)
 
 
@@ -34,14 +37,16 @@ def file_name(obj: Obj, fmt: str = "yaml") -> str:
 
 
 def index_name(job: str) -> str:
-    """The list of the files fsdpctl wrote into an --out-dir for `job`, in `sha256sum` format. Its suffix is
-    not one `kubectl apply -f DIR` reads (k8s.io/cli-runtime resource/visitor.go: ignoreFile takes only
-    .json, .yaml and .yml, hidden names included), so the directory still applies as it is."""
+    """The list of the files fsdpctl wrote into an --out-dir for `job`, in `sha256sum` format. Its
+    suffix is not one `kubectl apply -f DIR` reads (k8s.io/cli-runtime resource/visitor.go:
+    ignoreFile takes only .json, .yaml and .yml, hidden names included), so the directory still
+    applies as it is."""
     return f".fsdpctl-{job}.sha256"
 
 
 def read_index(path: Path) -> dict[str, str]:
-    """name -> sha256 from an index file; {} when there is none. A line fsdpctl did not write is skipped."""
+    """name -> sha256 from an index file; {} when there is none. A line fsdpctl did not write is
+    skipped."""
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
@@ -55,8 +60,9 @@ def _sha256(data: bytes) -> str:
 
 
 def _file_sha(path: Path) -> str | None:
-    """The sha256 of a regular file (not followed through a link: fsdpctl writes none); None for anything
-    else, which is never fsdpctl's (a FIFO is not opened: its open(2) would wait for a writer)."""
+    """The sha256 of a regular file (not followed through a link: fsdpctl writes none); None for
+    anything else, which is never fsdpctl's (a FIFO is not opened: its open(2) would wait for a
+    writer)."""
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return None
@@ -73,10 +79,11 @@ class Written:
 
 
 def write_dir(objs: list[Obj], out_dir: Path, fmt: str = "yaml", job: str = "") -> Written:
-    """All files or none: written to a temp dir beside the target, then moved in. A file in the way that
-    fsdpctl did not write (listed in no job's index with the same sha256, and not already what this render
-    writes) is refused before anything is written (BadInput). The files of `job` from an earlier render
-    (its index, either format) that this render does not produce are removed, unless changed since."""
+    """All files or none: written to a temp dir beside the target, then moved in. A file in the way
+    that fsdpctl did not write (listed in no job's index with the same sha256, and not already what
+    this render writes) is refused before anything is written (BadInput). The files of `job` from an
+    earlier render (its index, either format) that this render does not produce are removed, unless
+    changed since."""
     job = job or next((o["metadata"]["name"] for o in objs if o["kind"] != "Namespace"), "job")
     bodies = {file_name(obj, fmt): _body(obj, fmt).encode() for obj in objs}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +112,9 @@ def write_dir(objs: list[Obj], out_dir: Path, fmt: str = "yaml", job: str = "") 
         for name in bodies:
             os.replace(tmp / name, out_dir / name)
         removed, kept = _remove_stale(out_dir, stale)
-        os.replace(tmp / "index", out_dir / index_name(job))  # last: a crash before it leaves the old list
+        os.replace(
+            tmp / "index", out_dir / index_name(job)
+        )  # last: a crash before it leaves the old list
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Written([out_dir / n for n in bodies], removed, kept)
@@ -142,14 +151,18 @@ def load_crd_schemas(crd_dir: Path) -> dict[tuple[str, str], Obj]:
             f"--crd-dir {crd_dir} holds no CRD YAML files",
             hint="point it at the Training Operator v1.9.4 manifests (kubeflow.org_pytorchjobs.yaml)",
         )
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 600 KB: libyaml is 10x faster
-    docs = [d for f in files for d in yaml.load_all(f.read_text(), Loader=loader) if isinstance(d, dict)]
+    loader = getattr(
+        yaml, "CSafeLoader", yaml.SafeLoader
+    )  # the CRD is 600 KB: libyaml is 10x faster
+    docs = [
+        d for f in files for d in yaml.load_all(f.read_text(), Loader=loader) if isinstance(d, dict)
+    ]
     return crd_schemas(docs)
 
 
 def check(objs: list[Obj], crd_dir: Path | None) -> None:
-    """Every object against the Kubernetes OpenAPI and the CRD schemas in `crd_dir`; one error listing every
-    problem."""
+    """Every object against the Kubernetes OpenAPI and the CRD schemas in `crd_dir`; one error
+    listing every problem."""
     from fsdpctl.validate import validate
 
     if crd_dir is None:

@@ -1,4 +1,5 @@
-"""Before launch: memory per GPU, step time, throughput, MFU and cost, from a small documented model (pure).
+"""Before launch: memory per GPU, step time, throughput, MFU and cost, from a small documented model
+(pure).
 
 Memory per GPU (bytes), for N parameters, shard group size S (FULL_SHARD/SHARD_GRAD_OP: world; HYBRID_SHARD:
 HSDP_SHARD_SIZE; NO_SHARD: 1), p = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32):
@@ -51,7 +52,13 @@ from typing import TYPE_CHECKING, Any
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
 from fsdpctl.settings import MODEL_DEFAULT
 from fsdptrain.config import model_defaults
-from fsdptrain.shapes import MODEL_CONFIGS, PEAK_TFLOPS, ModelShape, flops_per_token, hsdp_group_size
+from fsdptrain.shapes import (
+    MODEL_CONFIGS,
+    PEAK_TFLOPS,
+    ModelShape,
+    flops_per_token,
+    hsdp_group_size,
+)
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
@@ -59,13 +66,15 @@ if TYPE_CHECKING:
 GIB = 1024**3
 CUDA_OVERHEAD = 2 * GIB
 USABLE = 0.95  # of the card's memory, the rest is the driver's and the allocator's fragmentation
-# HBM bandwidth per GPU, bytes/s (NVIDIA datasheets: A100 80GB SXM 2.0 TB/s, H100 SXM 3.35, H200 4.8).
+# HBM bandwidth per GPU, bytes/s (NVIDIA datasheets: A100 80GB SXM 2.0 TB/s, H100 SXM 3.35, H200
+# 4.8).
 HBM_BYTES_PER_S = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}
 
 
 @dataclass(frozen=True)
 class SpeedModel:
-    """The speed model's global parameters: one set for every job and every published row (no per-row fits).
+    """The speed model's global parameters: one set for every job and every published row (no
+    per-row fits).
 
     Where each value comes from (BENCHMARKS.md shows every row against it):
     - matmul_efficiency: share of the dense bf16 peak a large GEMM reaches, per GPU generation. A100 ~0.9
@@ -93,8 +102,8 @@ SPEED_MODEL = SpeedModel(
     straggler_sigma=0.064,
     selective_share=0.5,
 )
-# On-demand Linux prices in us-east-1, USD per instance-hour, as AWS listed them after its June 2025 GPU price
-# cut; check the EC2 pricing page before relying on them. None: unknown, pass --price.
+# On-demand Linux prices in us-east-1, USD per instance-hour, as AWS listed them after its June 2025
+# GPU price cut; check the EC2 pricing page before relying on them. None: unknown, pass --price.
 PRICES_AS_OF = "2025-06 (us-east-1, on-demand)"
 PRICE_PER_HOUR = {"p4de.24xlarge": 27.45, "p5.48xlarge": 55.04, "p5e.48xlarge": None}
 # Compiled decoder layers (COMPILE, auto in the image) against eager, as a factor on the compute efficiency:
@@ -121,9 +130,12 @@ class Job:
     grad_accum: int = 1
     hsdp_shard_size: int = 0
     mfu: float = 0.0  # 0: the speed model's compute efficiency for the GPU and model
-    compiled: bool = False  # COMPILE on: the compute efficiency times COMPILE_GAIN on the GPUs measured
+    compiled: bool = (
+        False  # COMPILE on: the compute efficiency times COMPILE_GAIN on the GPUs measured
+    )
     price_per_hour: float | None = None  # None: PRICE_PER_HOUR
-    # gradients are reduced in this dtype: fsdptrain's MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    # gradients are reduced in this dtype: fsdptrain's
+    # MixedPrecisionPolicy(reduce_dtype=torch.float32)
     reduce_dtype: str = "fp32"
 
     @property
@@ -159,7 +171,9 @@ class Job:
             return 0
         if self.ac == "selective":  # for memory: about half a layer's activations are recomputed
             return round(self.shape.layers * SPEED_MODEL.selective_share)
-        return self.shape.layers if self.ac == "full" else math.ceil(self.shape.layers / self.ac_every)
+        return (
+            self.shape.layers if self.ac == "full" else math.ceil(self.shape.layers / self.ac_every)
+        )
 
 
 @dataclass(frozen=True)
@@ -203,8 +217,12 @@ def activation_bytes(job: Job, vocab: int | None = None) -> int:
     layers = (s.layers - ckpt) * _layer_bytes_per_token(s, p) + ckpt * p * s.hidden
     tail = 4 * (vocab or s.vocab) + p / 2 * 4 * s.hidden + 4 * s.hidden + 16
     held = 0
-    if job.strategy == "SHARD_GRAD_OP":  # gathered parameters stay until backward where autograd saved them:
-        held = p * ((s.layers - ckpt) * s.layer_params() + s.vocab * s.hidden)  # (+ the output head)
+    if (
+        job.strategy == "SHARD_GRAD_OP"
+    ):  # gathered parameters stay until backward where autograd saved them:
+        held = p * (
+            (s.layers - ckpt) * s.layer_params() + s.vocab * s.hidden
+        )  # (+ the output head)
     return int(tokens * (layers + tail) + held)
 
 
@@ -214,7 +232,9 @@ def memory(job: Job, vocab: int | None = None) -> Memory:
     shard = job.shard_size
     tokens = job.micro_batch * job.seq_len
     transient = (
-        2 * s.layer_params() * (p + 4)  # two layers gathered (params) and their unsharded fp32 grads
+        2
+        * s.layer_params()
+        * (p + 4)  # two layers gathered (params) and their unsharded fp32 grads
         + (tokens * _layer_bytes_per_token(s, p) if job.ac != "none" else 0)
         + tokens * 6 * (vocab or s.vocab)
         + CUDA_OVERHEAD
@@ -242,9 +262,9 @@ class Speed:
 
 
 def _bandwidth(job: Job, group: int, inst: InstanceType, model: SpeedModel) -> float:
-    """Bus bandwidth (bytes/s) of a ring over `group` GPUs: NVLink inside a node; across nodes each ring
-    crosses a node's NICs once per direction, so the node's whole EFA bandwidth bounds it (nccl-tests show
-    ~40 GB/s bus bandwidth on 400 Gbps p4d)."""
+    """Bus bandwidth (bytes/s) of a ring over `group` GPUs: NVLink inside a node; across nodes each
+    ring crosses a node's NICs once per direction, so the node's whole EFA bandwidth bounds it
+    (nccl-tests show ~40 GB/s bus bandwidth on 400 Gbps p4d)."""
     nvlink = inst.nvlink_gbps * 1e9
     if group <= job.gpus_per_node:
         return nvlink * model.link_efficiency
@@ -257,10 +277,14 @@ def _ring(size_bytes: float, group: int, bw: float, all_reduce: bool = False) ->
     return (2 if all_reduce else 1) * (group - 1) / group * size_bytes / bw
 
 
-def compute_efficiency(gpu: str, precision: str, hidden: int, model: SpeedModel = SPEED_MODEL) -> float:
+def compute_efficiency(
+    gpu: str, precision: str, hidden: int, model: SpeedModel = SPEED_MODEL
+) -> float:
     """Achieved share of the peak on a Llama layer of width `hidden` (see the module docstring)."""
     peak = PEAK_TFLOPS[gpu][precision] * 1e12
-    return model.matmul_efficiency[gpu] / (1 + model.membound_k * peak / HBM_BYTES_PER_S[gpu] / hidden)
+    return model.matmul_efficiency[gpu] / (
+        1 + model.membound_k * peak / HBM_BYTES_PER_S[gpu] / hidden
+    )
 
 
 def recomputed_share(job: Job, model: SpeedModel = SPEED_MODEL) -> float:
@@ -276,7 +300,8 @@ def straggler_factor(nodes: int, model: SpeedModel = SPEED_MODEL) -> float:
 
 
 def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None = None) -> Speed:
-    """The step of `job` on `inst` (default: its instance type's), under the speed model's parameters."""
+    """The step of `job` on `inst` (default: its instance type's), under the speed model's
+    parameters."""
     s, inst = job.shape, inst or job.instance
     n = s.num_params()
     matmul_params = n - s.vocab * s.hidden
@@ -288,7 +313,8 @@ def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None =
     eff = job.mfu or compute_efficiency(inst.gpu, job.precision, s.hidden, model) * (
         COMPILE_GAIN.get(inst.gpu, 1.0) if job.compiled else 1.0
     )
-    # one micro-batch: the forward is a third of the training FLOPs, the backward the rest plus the recompute
+    # one micro-batch: the forward is a third of the training FLOPs, the backward the rest plus the
+    # recompute
     forward = tokens_mb * fpt / 3 / (peak * eff)
     backward = tokens_mb * (2 * fpt / 3 + recompute) / (peak * eff)
     compute = job.grad_accum * (forward + backward)
@@ -296,7 +322,9 @@ def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None =
     shard = job.shard_size
     bw_shard = _bandwidth(job, shard, inst, model)
     gather = _ring(job.p * n, shard, bw_shard)
-    back_gather = 0.0 if job.strategy == "SHARD_GRAD_OP" else gather  # SHARD_GRAD_OP keeps them gathered
+    back_gather = (
+        0.0 if job.strategy == "SHARD_GRAD_OP" else gather
+    )  # SHARD_GRAD_OP keeps them gathered
     reduce = _ring(job.reduce_bytes * n, shard, bw_shard)
     replicas = job.world // shard
     if replicas > 1:
@@ -305,7 +333,9 @@ def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None =
     comm = job.grad_accum * (gather + back_gather) + reduce
 
     lag = straggler_factor(job.nodes, model)  # on the compute only: see the module docstring
-    hidden = 1 - 1 / s.layers  # the first layer's gather and the last layer's reduction cannot overlap
+    hidden = (
+        1 - 1 / s.layers
+    )  # the first layer's gather and the last layer's reduction cannot overlap
     fwd_phase = gather / s.layers + max(forward * lag, gather * hidden)
     step = (
         job.grad_accum * fwd_phase
@@ -328,7 +358,11 @@ def speed(job: Job, model: SpeedModel = SPEED_MODEL, inst: InstanceType | None =
 
 
 def price(job: Job) -> float | None:
-    return job.price_per_hour if job.price_per_hour is not None else PRICE_PER_HOUR.get(job.instance_type)
+    return (
+        job.price_per_hour
+        if job.price_per_hour is not None
+        else PRICE_PER_HOUR.get(job.instance_type)
+    )
 
 
 def cost(job: Job, tokens: float) -> tuple[float, float | None]:
@@ -366,7 +400,8 @@ def candidate_fixes(job: Job) -> list[tuple[str, Job]]:
 
 
 def cheapest_fix(job: Job, tokens: float) -> tuple[str, Job] | None:
-    """Of the single changes that make the job fit, the one with the lowest cost (then time) for `tokens`."""
+    """Of the single changes that make the job fit, the one with the lowest cost (then time) for
+    `tokens`."""
     fitting = [(name, j) for name, j in candidate_fixes(job) if memory(j).fits]
     if not fitting:
         # two changes: full checkpointing plus the fewest nodes that fit
@@ -402,7 +437,9 @@ FROM_TRAINING = {
 
 def job_from(cfg: Config, *, mfu: float, price: float | None) -> Job:
     """The job the settings describe, as the planner sees it (`mfu` 0: the GPU's assumed MFU)."""
-    training: dict[str, Any] = {field: getattr(cfg.training, key) for field, key in FROM_TRAINING.items()}
+    training: dict[str, Any] = {
+        field: getattr(cfg.training, key) for field, key in FROM_TRAINING.items()
+    }
     return Job(
         instance_type=cfg.instance_type,
         nodes=cfg.job_nodes,
@@ -410,13 +447,15 @@ def job_from(cfg: Config, *, mfu: float, price: float | None) -> Job:
         **training,
         mfu=mfu,
         price_per_hour=price,
-        # COMPILE=auto compiles on the GPU nodes: the image has the C compiler and headers Triton needs
+        # COMPILE=auto compiles on the GPU nodes: the image has the C compiler and headers Triton
+        # needs
         compiled=cfg.training.compile != "false",
     )
 
 
 def report(job: Job, tokens: float) -> dict[str, Any]:
-    """Everything `fsdpctl plan` says about one job, in GiB, seconds, hours and USD (what -o json prints)."""
+    """Everything `fsdpctl plan` says about one job, in GiB, seconds, hours and USD (what -o json
+    prints)."""
     mem, spd = memory(job), speed(job)
     hours, usd = cost(job, tokens)
     fix = None if mem.fits else cheapest_fix(job, tokens)
@@ -449,9 +488,10 @@ def matrix(
     models: Sequence[str] = SWEEP_MODELS,
     nodes: Sequence[int] = SWEEP_NODES,
 ) -> list[dict[str, Any]]:
-    """`plan --table`: each of `models` on each instance type at each of `nodes`, the rest of `base` (or of
-    the model's own in `per_model`, see `sweep_bases`) unchanged; scaling is the per-GPU throughput relative
-    to one node (computed even when 1 is not among `nodes`, so a row reads the same in any selection)."""
+    """`plan --table`: each of `models` on each instance type at each of `nodes`, the rest of `base`
+    (or of the model's own in `per_model`, see `sweep_bases`) unchanged; scaling is the per-GPU
+    throughput relative to one node (computed even when 1 is not among `nodes`, so a row reads the
+    same in any selection)."""
     rows = []
     for model in models:
         start = (per_model or {}).get(model, replace(base, model=model))
@@ -464,8 +504,8 @@ def matrix(
 
 def sweep_bases(base: Job, cfg: Config) -> dict[str, Job]:
     """The sweep's job for each model: `base` with the model's own sequence length, micro-batch and
-    checkpointing (fsdptrain.config.MODEL_DEFAULTS) where the user left them to the model, as a job of that
-    MODEL would have them."""
+    checkpointing (fsdptrain.config.MODEL_DEFAULTS) where the user left them to the model, as a job
+    of that MODEL would have them."""
     left = {key for key, source in cfg.sources.items() if source in ("default", MODEL_DEFAULT)}
     out = {}
     for model in SWEEP_MODELS:
@@ -500,14 +540,15 @@ def _sweep_row(job: Job, tokens: float, one_node: float) -> dict[str, Any]:
 
 # --- refusing what cannot fit, before anything is created (config validate, manifest, job run) ----------
 
-# What one local trainer process holds besides the model's numbers: the interpreter, torch and gloo (the
-# whole tiny-model trainer peaks at 0.49 GiB resident on CPU: its summary's mem_peak_rss_gib).
+# What one local trainer process holds besides the model's numbers: the interpreter, torch and gloo
+# (the whole tiny-model trainer peaks at 0.49 GiB resident on CPU: its summary's mem_peak_rss_gib).
 PROCESS_BASE = GIB // 2
 
 
 def fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | None:
-    """One line naming the settings and the cheapest fix when the job cannot fit where it would run: per GPU
-    on the cluster (`memory`), all processes together in this machine's RAM locally; None when it fits."""
+    """One line naming the settings and the cheapest fix when the job cannot fit where it would run:
+    per GPU on the cluster (`memory`), all processes together in this machine's RAM locally; None
+    when it fits."""
     if not cfg.target.gpus:
         return _host_fit_problem(cfg, ram_bytes)
     job = job_from(cfg, mfu=0.0, price=None)
@@ -524,13 +565,18 @@ def fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | No
     )
     if fix is None:
         return f"{what}: no single change fits: use more nodes or a bigger instance type (see `fsdpctl plan`)"
-    more = f" and NODE_COUNT={fix[1].nodes} (a bigger node group)" if fix[1].nodes > cfg.node_count else ""
+    more = (
+        f" and NODE_COUNT={fix[1].nodes} (a bigger node group)"
+        if fix[1].nodes > cfg.node_count
+        else ""
+    )
     return f"{what}: set {fix[0]}{more}, the cheapest change that fits (`fsdpctl plan` shows the numbers)"
 
 
 def host_memory(cfg: Config, **change: Any) -> int:
-    """Bytes all the processes of a local job hold together: each its shard of the state, its activations
-    and transients as on a GPU (no CUDA context), and the process itself. `change`: Job fields to try."""
+    """Bytes all the processes of a local job hold together: each its shard of the state, its
+    activations and transients as on a GPU (no CUDA context), and the process itself. `change`: Job
+    fields to try."""
     job = replace(job_from(cfg, mfu=0.0, price=None), gpus_per_node=cfg.procs_per_node, **change)
     mem = memory(job)
     return cfg.world_size * (mem.total - CUDA_OVERHEAD + PROCESS_BASE)
@@ -550,8 +596,9 @@ def _host_fit_problem(cfg: Config, ram_bytes: int) -> str | None:
 
 
 def _host_fix(cfg: Config, ram_bytes: int) -> str:
-    """The first single change that fits here, in the order a user would try them: the tiny model (when
-    another one is set), then a shorter sequence, then one sequence per micro-batch; else the cluster."""
+    """The first single change that fits here, in the order a user would try them: the tiny model
+    (when another one is set), then a shorter sequence, then one sequence per micro-batch; else the
+    cluster."""
     t = cfg.training
     if t.model != "tiny" and host_memory(cfg, model="tiny") <= ram_bytes:
         return "use MODEL=tiny here, or BACKEND=eks"

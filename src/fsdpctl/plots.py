@@ -1,6 +1,7 @@
-"""Pictures of a run from the trainer's step lines: the loss and tokens/s curves drawn in the terminal
-(plotext) for `job status` and the quickstart, and a PNG of loss, learning rate, tokens/s and MFU over steps
-(matplotlib) for `job plot`. The libraries load inside the functions: the CLI starts without them."""
+"""Pictures of a run from the trainer's step lines: the loss and tokens/s curves drawn in the
+terminal (plotext) for `job status` and the quickstart, and a PNG of loss, learning rate, tokens/s
+and MFU over steps (matplotlib) for `job plot`. The libraries load inside the functions: the CLI
+starts without them."""
 
 from __future__ import annotations
 
@@ -31,24 +32,28 @@ PNG_DPI = 100
 
 
 def steps_of(recs: Sequence[events.Event]) -> list[events.Step]:
-    """The step events of a log, the latest of each step number (a resumed run redoes the steps after its
-    checkpoint), in step order."""
+    """The step events of a log, the latest of each step number (a resumed run redoes the steps
+    after its checkpoint), in step order."""
     latest = {e.step: e for e in recs if isinstance(e, events.Step)}
     return [latest[s] for s in sorted(latest)]
 
 
 def series(steps: Sequence[events.Step], field: str) -> tuple[list[int], list[float]]:
     """(steps, values) of one field, where it was measured (None: left out)."""
-    pairs = [(s.step, getattr(s, field)) for s in steps if isinstance(getattr(s, field), (int, float))]
+    pairs = [
+        (s.step, getattr(s, field)) for s in steps if isinstance(getattr(s, field), (int, float))
+    ]
     return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
 
 def terminal_plot(steps: Sequence[events.Step], width: int, height: int = 24) -> str:
-    """Loss above tokens/s over steps, `width` columns by `height` lines, without colour codes (the same
-    text on every terminal and in a file)."""
+    """Loss above tokens/s over steps, `width` columns by `height` lines, without colour codes (the
+    same text on every terminal and in a file)."""
     import plotext
 
-    plotext.terminal.limit(False, False)  # the size asked for, not the size of whatever terminal this is
+    plotext.terminal.limit(
+        False, False
+    )  # the size asked for, not the size of whatever terminal this is
     fig = plotext.figure
     fig.clear()
     fig.plot_size(width, height)  # shared by the panels, one above the other
@@ -65,8 +70,8 @@ def terminal_plot(steps: Sequence[events.Step], width: int, height: int = 24) ->
 
 
 def write_png(steps: Sequence[events.Step], path: Path, title: str) -> None:
-    """Four panels (loss, learning rate, tokens/s, MFU) over steps; a panel without data says why. Written
-    to a temp file beside `path`, then renamed: a reader never sees half a PNG."""
+    """Four panels (loss, learning rate, tokens/s, MFU) over steps; a panel without data says why.
+    Written to a temp file beside `path`, then renamed: a reader never sees half a PNG."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -81,7 +86,14 @@ def write_png(steps: Sequence[events.Step], path: Path, title: str) -> None:
             ax.plot(xs, ys, marker="." if len(xs) < 50 else None)
             ax.grid(alpha=0.3)
         else:
-            ax.text(0.5, 0.5, f"no data: {panel.why_empty}", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5,
+                0.5,
+                f"no data: {panel.why_empty}",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
             ax.set_xticks([])
             ax.set_yticks([])
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""`fsdpctl cluster check`: before any money is spent, ask AWS whether the cluster the settings describe can
-be created. Each check is ok / warn / fail with the fix; the AWS calls go through the `adapters.aws` object.
+"""`fsdpctl cluster check`: before any money is spent, ask AWS whether the cluster the settings
+describe can be created. Each check is ok / warn / fail with the fix; the AWS calls go through the
+`adapters.aws` object.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ def check_identity(cfg: Config, aws: Aws) -> Check:
     try:
         who = aws.identity()
     except AwsError as e:
-        return Check("credentials", FAIL, str(e), "configure credentials: `aws configure` or AWS_PROFILE")
+        return Check(
+            "credentials", FAIL, str(e), "configure credentials: `aws configure` or AWS_PROFILE"
+        )
     if cfg.aws_account_id and who["Account"] != cfg.aws_account_id:
         return Check(
             "credentials",
@@ -35,7 +38,10 @@ def check_offering(cfg: Config, aws: Aws) -> Check:
     wanted = [z for z in cfg.availability_zones.split(",") if z]
     if not zones:
         return Check(
-            name, FAIL, f"not offered in {cfg.aws_region}", "pick a region that has it (us-east-1, us-west-2)"
+            name,
+            FAIL,
+            f"not offered in {cfg.aws_region}",
+            "pick a region that has it (us-east-1, us-west-2)",
         )
     if wanted and wanted[0] not in zones:
         offered = ", ".join(zones)
@@ -53,7 +59,9 @@ def check_quota(cfg: Config, aws: Aws) -> Check:
         fix = f"check Service Quotas {P_INSTANCES_QUOTA[0]}/{P_INSTANCES_QUOTA[1]} by hand"
         return Check(name, WARN, f"could not read the quota ({e})", fix)
     if need > quota:
-        detail = f"{cfg.node_count} x {cfg.instance_type} need {need} vCPUs, the quota is {quota:.0f}"
+        detail = (
+            f"{cfg.node_count} x {cfg.instance_type} need {need} vCPUs, the quota is {quota:.0f}"
+        )
         fix = f"request an increase of Service Quotas {P_INSTANCES_QUOTA[1]} (Running On-Demand P instances)"
         return Check(name, FAIL, detail, fix)
     return Check(name, OK, f"{need} of {quota:.0f} vCPUs")
@@ -61,10 +69,13 @@ def check_quota(cfg: Config, aws: Aws) -> Check:
 
 def check_reservation(cfg: Config, aws: Aws, now: datetime | None = None) -> Check:
     """The reservation against the settings: its type (a Capacity Block launches only as market type
-    capacity-block), instance type, AZ (the GPU node group's), count and, for a block, its time window."""
+    capacity-block), instance type, AZ (the GPU node group's), count and, for a block, its time
+    window."""
     name = "capacity reservation"
     if not cfg.capacity_reservation_id:
-        return Check(name, OK, "none requested (On-Demand capacity is not guaranteed for P instances)")
+        return Check(
+            name, OK, "none requested (On-Demand capacity is not guaranteed for P instances)"
+        )
     try:
         r = aws.capacity_reservation(cfg.capacity_reservation_id)
     except AwsError as e:
@@ -78,7 +89,10 @@ def check_reservation(cfg: Config, aws: Aws, now: datetime | None = None) -> Che
         detail += f", {_when(r['StartDate'])} to {_when(r['EndDate'])}"
     problems = _reservation_problems(cfg, r, now or datetime.now(UTC))
     if problems:
-        text, fixes = "; ".join(p for p, _ in problems), "; ".join(dict.fromkeys(f for _, f in problems))
+        text, fixes = (
+            "; ".join(p for p, _ in problems),
+            "; ".join(dict.fromkeys(f for _, f in problems)),
+        )
         return Check(name, FAIL, f"{detail}; {text}", fixes)
     return Check(name, OK, detail)
 
@@ -121,17 +135,22 @@ def _count_problem(cfg: Config, r: dict) -> list[tuple[str, str]]:
         return []
     what = "instances available" if active else "instances reserved"
     return [
-        (f"{count} {what}, {cfg.node_count} needed", f"set NODE_COUNT to at most {count} or reserve more")
+        (
+            f"{count} {what}, {cfg.node_count} needed",
+            f"set NODE_COUNT to at most {count} or reserve more",
+        )
     ]
 
 
 def _window_problem(r: dict, now: datetime) -> list[tuple[str, str]]:
-    """A Capacity Block's nodes exist only between its start and end (its dates decide: EC2's state may lag
-    behind them by minutes); any other reservation must be active."""
+    """A Capacity Block's nodes exist only between its start and end (its dates decide: EC2's state
+    may lag behind them by minutes); any other reservation must be active."""
     start, end, state = r.get("StartDate"), r.get("EndDate"), r["State"]
     if (end and end <= now) or state in ("expired", "cancelled"):
         ended = f"it ended at {_when(end)}" if end else f"it is {state}"
-        return [(ended, "buy a new Capacity Block (or reservation) and set CAPACITY_RESERVATION_ID")]
+        return [
+            (ended, "buy a new Capacity Block (or reservation) and set CAPACITY_RESERVATION_ID")
+        ]
     if start and start > now:
         hours = (start - now).total_seconds() / 3600
         starts = f"it starts at {_when(start)} (in {hours:.1f} h); no node launches before"
@@ -159,5 +178,11 @@ def check_existing(cfg: Config, aws: Aws) -> Check:
 def run_checks(cfg: Config, aws: Aws) -> list[Check]:
     return [
         check(cfg, aws)
-        for check in (check_identity, check_offering, check_quota, check_reservation, check_existing)
+        for check in (
+            check_identity,
+            check_offering,
+            check_quota,
+            check_reservation,
+            check_existing,
+        )
     ]

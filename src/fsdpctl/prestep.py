@@ -1,19 +1,20 @@
-"""The pre-step: a job's one preparation of its volumes and its one download from the Hugging Face Hub, before
-any process group exists.
+"""The pre-step: a job's one preparation of its volumes and its one download from the Hugging Face
+Hub, before any process group exists.
 
 Its first container (`volume-prep`, fsdptrain.volumes) runs as root and does only that: it makes the
-directories the job writes to on its claims, owned by the trainer's uid, since a new FSx for Lustre file
-system's root is root's with mode 0755 and the kubelet never applies fsGroup to an FSx claim (the driver's
-fsGroupPolicy ReadWriteOnceWithFSType): without it the download and the non-root trainers got EACCES. The
-trainers wait for the pre-step's marker whenever there is a claim, so nothing of the job writes before the
-directories are ready; an init container on every worker pod was not possible, since a TrainJob's
-runtimePatches may not add one with a command (Trainer v2.3.0's TrainJob CRD: initContainers take env,
-name, securityContext and volumeMounts only).
+directories the job writes to on its claims, owned by the trainer's uid, since a new FSx for Lustre
+file system's root is root's with mode 0755 and the kubelet never applies fsGroup to an FSx claim
+(the driver's fsGroupPolicy ReadWriteOnceWithFSType): without it the download and the non-root
+trainers got EACCES. The trainers wait for the pre-step's marker whenever there is a claim, so
+nothing of the job writes before the directories are ready; an init container on every worker pod
+was not possible, since a TrainJob's runtimePatches may not add one with a command (Trainer v2.3.0's
+TrainJob CRD: initContainers take env, name, securityContext and volumeMounts only).
 
-Why not the ranks themselves: local rank 0 of every node would download (16 copies of 138 GB for 70B on 16
-nodes) while the other ranks wait in a barrier under the collective timeout (10 minutes), which a download
-of that size outlasts. Why not an init container on every pod: each would download unless they took a lock
-on the shared volume, and FSx for Lustre honours flock only when mounted with it. So:
+Why not the ranks themselves: local rank 0 of every node would download (16 copies of 138 GB for 70B
+on 16 nodes) while the other ranks wait in a barrier under the collective timeout (10 minutes),
+which a download of that size outlasts. Why not an init container on every pod: each would download
+unless they took a lock on the shared volume, and FSx for Lustre honours flock only when mounted
+with it. So:
 
 - `job run` creates a one-shot Job `<job>-fetch` (batch/v1; locally a process the supervisor starts before
   the launchers) that runs `python -m fsdptrain.fetch` with the job's PRETRAINED, TOKENIZER and DATASET into
@@ -22,8 +23,8 @@ on the shared volume, and FSx for Lustre honours flock only when mounted with it
   before it builds a process group (a file poll: no collective, no timeout), then reads only the cache;
 - `job status` shows the pre-step's progress (files and bytes) from its event lines.
 
-Only with a shared volume: without one there is no disk the pre-step and the workers share, and the trainer
-downloads per node, still before any process group (fsdptrain.fetch.before_process_group).
+Only with a shared volume: without one there is no disk the pre-step and the workers share, and the
+trainer downloads per node, still before any process group (fsdptrain.fetch.before_process_group).
 """
 
 from __future__ import annotations
@@ -50,14 +51,18 @@ PREP_CONTAINER = "volume-prep"
 OF_LABEL = "fsdpctl.io/prestep-of"  # on the Job and its pod: the job it downloads for
 SETTING_KEYS = ("PRETRAINED", "TOKENIZER", "DATASET")
 CHECKPOINT_MOUNT = "/checkpoints"  # where pods mount CHECKPOINT_PVC (render.POD_CHECKPOINT_ROOT)
-TRAINER_UID = 1000  # the image's `trainer` user (docker/Dockerfile), the pods' runAsUser and fsGroup
-# how long the trainers wait for a pre-step with nothing to download: its pod's scheduling and image pull
+TRAINER_UID = (
+    1000  # the image's `trainer` user (docker/Dockerfile), the pods' runAsUser and fsGroup
+)
+# how long the trainers wait for a pre-step with nothing to download: its pod's scheduling and image
+# pull
 PREP_ONLY_WAIT_S = 900
 
 
 def targets(cfg: Config) -> list[Target]:
-    """The repos the job reads from the hub. Decided from the settings alone: on a pod nothing of this machine
-    exists (the pre-step skips at run time a value that turns out to be a path there)."""
+    """The repos the job reads from the hub. Decided from the settings alone: on a pod nothing of
+    this machine exists (the pre-step skips at run time a value that turns out to be a path there).
+    """
     return fetch_targets(cfg.train_env(), exists=lambda _: False)
 
 
@@ -81,16 +86,16 @@ def job_name(job: str) -> str:
 
 
 def marker(cfg: Config, run_id: str) -> str:
-    """One per run: a restarted run waits for its own pre-step, never for an older run's verdict. On the
-    shared volume (in the HF cache), else on the checkpoint claim."""
+    """One per run: a restarted run waits for its own pre-step, never for an older run's verdict. On
+    the shared volume (in the HF cache), else on the checkpoint claim."""
     root = hf_home(cfg) if cfg.shared_volume else CHECKPOINT_MOUNT
     return f"{root}/.fsdpctl/prestep/{run_id}.json"
 
 
 def trainer_env(cfg: Config, run_id: str) -> dict[str, str]:
-    """What the workers add to their environment when a pre-step runs before them: its marker, how long to
-    wait for it (PRESTEP_TIMEOUT when it downloads; a preparation alone takes the time its pod needs to start)
-    and, when it downloads, offline mode."""
+    """What the workers add to their environment when a pre-step runs before them: its marker, how
+    long to wait for it (PRESTEP_TIMEOUT when it downloads; a preparation alone takes the time its
+    pod needs to start) and, when it downloads, offline mode."""
     if not needed(cfg):
         return {}
     wait = cfg.prestep_timeout if downloads(cfg) else min(cfg.prestep_timeout, PREP_ONLY_WAIT_S)
@@ -107,10 +112,18 @@ def fetch_env(cfg: Config) -> dict[str, str]:
 
 
 def prep_command(shares: list[str], dirs: list[str]) -> list[str]:
-    """The volume-prep container's command (fsdptrain.volumes): each claim's mount point group-writable,
-    the job's directories owned by the trainer's uid."""
+    """The volume-prep container's command (fsdptrain.volumes): each claim's mount point
+    group-writable, the job's directories owned by the trainer's uid."""
     owner = f"{TRAINER_UID}:{TRAINER_UID}"
-    return ["python", "-m", "fsdptrain.volumes", "--owner", owner, *(f"--share={s}" for s in shares), *dirs]
+    return [
+        "python",
+        "-m",
+        "fsdptrain.volumes",
+        "--owner",
+        owner,
+        *(f"--share={s}" for s in shares),
+        *dirs,
+    ]
 
 
 def fetch_command(cfg: Config, run_id: str) -> list[str]:
@@ -125,7 +138,9 @@ def command_targets(cfg: Config, kind: str, repo: str | None, revision: str) -> 
     if repo is not None:
         patterns = (*MODEL_PATTERNS, *TOKENIZER_PATTERNS) if kind == "model" else None
         key = "model" if kind == "model" else "dataset"
-        return [Target(kind, repo, key, tuple(dict.fromkeys(patterns)) if patterns else None, revision)]
+        return [
+            Target(kind, repo, key, tuple(dict.fromkeys(patterns)) if patterns else None, revision)
+        ]
     found = [t for t in targets(cfg) if t.kind == kind]
     if not found:
         keys = "PRETRAINED (or TOKENIZER)" if kind == "model" else "DATASET"
@@ -137,8 +152,8 @@ def command_targets(cfg: Config, kind: str, repo: str | None, revision: str) -> 
 
 
 def destination(cfg: Config, to: Path | None, volumes: Path) -> Path:
-    """The HF_HOME to fill: --to, else (locally) the shared volume's hf-cache directory that the local
-    backend mounts at SHARED_VOLUME_PATH."""
+    """The HF_HOME to fill: --to, else (locally) the shared volume's hf-cache directory that the
+    local backend mounts at SHARED_VOLUME_PATH."""
     if to is not None:
         return to.expanduser().resolve()
     if cfg.target.on_this_machine and cfg.shared_volume:
@@ -185,8 +200,8 @@ def counts(files_done: int, files_total: int, bytes_done: int, bytes_total: int)
 
 
 def report(records: list[dict[str, Any]], phase: str, reason: str | None = None) -> PrestepReport:
-    """What `job status` says about the pre-step: its phase (Pending, Running, Succeeded, Failed) and the
-    totals of its repos' last `fetch` lines."""
+    """What `job status` says about the pre-step: its phase (Pending, Running, Succeeded, Failed)
+    and the totals of its repos' last `fetch` lines."""
 
     def total(key: str) -> int:
         return sum(int(r.get(key) or 0) for r in records)
@@ -214,14 +229,16 @@ def describe(p: PrestepReport) -> str:
         return f"{p['phase']}{repos}"
     done = counts(p["files_done"], p["files_total"], p["bytes_done"], p["bytes_total"])
     cached = (
-        "; all cached, nothing downloaded" if p["phase"] == "Succeeded" and not p["downloaded_bytes"] else ""
+        "; all cached, nothing downloaded"
+        if p["phase"] == "Succeeded" and not p["downloaded_bytes"]
+        else ""
     )
     return f"{p['phase']}: {done}{cached}{repos}"
 
 
 def job_phase(job: dict[str, Any]) -> tuple[str, str | None]:
-    """A batch/v1 Job's phase as `job status` names it, and why it failed (its condition's message: which
-    exit code met which podFailurePolicy rule, or the backoff limit)."""
+    """A batch/v1 Job's phase as `job status` names it, and why it failed (its condition's message:
+    which exit code met which podFailurePolicy rule, or the backoff limit)."""
     status = job.get("status") or {}
     for c in status.get("conditions") or []:
         if c.get("status") != "True":

@@ -15,10 +15,10 @@ def parse_events(lines: Iterable[str]) -> list[events.Event]:
 
 
 def across_runs(runs: Sequence[Sequence[events.Event]]) -> list[events.Event]:
-    """The events of a job's runs, oldest first, as one curve: each run's steps from where it started (its
-    `start` event's step) on replace what the runs before it logged after that step; the last run's events
-    are all kept (its summary, its checkpoints). A run with no start event (it never trained) adds nothing
-    but its steps."""
+    """The events of a job's runs, oldest first, as one curve: each run's steps from where it
+    started (its `start` event's step) on replace what the runs before it logged after that step;
+    the last run's events are all kept (its summary, its checkpoints). A run with no start event (it
+    never trained) adds nothing but its steps."""
     merged: list[events.Event] = []
     for i, run in enumerate(runs):
         start = next((e.start_step for e in run if isinstance(e, events.Start)), None)
@@ -30,8 +30,9 @@ def across_runs(runs: Sequence[Sequence[events.Event]]) -> list[events.Event]:
 
 
 def run_outcome(recs: Sequence[events.Event], phase: str | None = None) -> str:
-    """How a run ended, in words, from its trainer's events; `phase`: the job's phase when this is its
-    current run (what the processes did), else the run is over and its events say all there is."""
+    """How a run ended, in words, from its trainer's events; `phase`: the job's phase when this is
+    its current run (what the processes did), else the run is over and its events say all there is.
+    """
     steps = [e.step for e in recs if isinstance(e, events.Step)]
     summary = next((e for e in reversed(recs) if isinstance(e, events.Summary)), None)
     at = f" at step {max(steps)}" if steps else " before its first step"
@@ -42,12 +43,14 @@ def run_outcome(recs: Sequence[events.Event], phase: str | None = None) -> str:
     return f"ended without a summary{at} (failed or killed)"
 
 
-RENDEZVOUS_JOIN = "Rendezvous'ing worker group"  # torchrun's agent entering a round (elastic agent api.py)
+RENDEZVOUS_JOIN = (
+    "Rendezvous'ing worker group"  # torchrun's agent entering a round (elastic agent api.py)
+)
 
 
 def stage(recs: Sequence[events.Event], joined: int | None, nodes: int) -> str:
-    """What a run does before its first step, from its trainer's events and, before those, how many nodes'
-    agents entered the rendezvous (`joined`; None where their logs cannot be read)."""
+    """What a run does before its first step, from its trainer's events and, before those, how many
+    nodes' agents entered the rendezvous (`joined`; None where their logs cannot be read)."""
     start = next((e for e in reversed(recs) if isinstance(e, events.Start)), None)
     if start is not None:
         return f"first step (after step {start.start_step})" if start.start_step else "first step"
@@ -93,7 +96,8 @@ def progress(recs: Sequence[events.Event], now: float) -> Progress:
 
 
 def stalled(phase: str, prog: Progress, idle_s: float | None, stall_after: float) -> bool:
-    """Running with no step finished for `stall_after` s (counted from the start until the first step)."""
+    """Running with no step finished for `stall_after` s (counted from the start until the first
+    step)."""
     stale = prog["last_progress_s"] if prog["step"] else idle_s
     return phase == Phase.RUNNING and stale is not None and stale > stall_after
 
@@ -153,7 +157,8 @@ def describe(event: events.Event) -> str:
         cuda = f"CUDA {event.cuda}, NCCL {event.nccl}" if event.cuda else "no CUDA"
         return (
             f"start: torch {event.torch}, transformers {event.transformers}, {cuda} on {event.device}, "
-            f"from step {event.start_step}" + (f", record {event.record_id}" if event.record_id else "")
+            f"from step {event.start_step}"
+            + (f", record {event.record_id}" if event.record_id else "")
         )
     what = "stopped" if event.stopped else "done"
     return (

@@ -1,8 +1,10 @@
-"""Published FSDP throughput and scaling, as data with their sources, and the planner's prediction (pure).
+"""Published FSDP throughput and scaling, as data with their sources, and the planner's prediction
+(pure).
 
-Every row names where its number was printed and the configuration it was measured in; `predict` runs the
-planner's one speed model (`fsdpctl.plan.SPEED_MODEL`, the same parameters for every row) on that
-configuration. BENCHMARKS.md's "Planner against published numbers" is `benchmarks/published.py`'s output.
+Every row names where its number was printed and the configuration it was measured in; `predict`
+runs the planner's one speed model (`fsdpctl.plan.SPEED_MODEL`, the same parameters for every row)
+on that configuration. BENCHMARKS.md's "Planner against published numbers" is
+`benchmarks/published.py`'s output.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from fsdpctl.plan import SPEED_MODEL, Job, SpeedModel, speed
 IBM_BLOG = "https://pytorch.org/blog/maximizing-training/ (IBM/Meta, 2024-03-13, Table 1)"
 FMS_FSDP = "github.com/foundation-model-stack/fms-fsdp README.md (sharding per model)"
 TITAN = "github.com/pytorch/torchtitan docs/performance.md (Llama 2 on 64 A100, FSDP2)"
-AWS_BLOG = (
-    "https://aws.amazon.com/blogs/machine-learning/scale-llms-with-pytorch-2-0-fsdp-on-amazon-eks-part-2/"
-)
+AWS_BLOG = "https://aws.amazon.com/blogs/machine-learning/scale-llms-with-pytorch-2-0-fsdp-on-amazon-eks-part-2/"
 
-# The clusters as the sources describe them; what a source leaves out is an assumption, in `Cluster.note`.
-# The IBM/Meta blog: "an A100 cluster with 128 GPUs and 400Gbps inter-node interconnect, and an H100 cluster
-# with 96 GPUs and 800Gbps inter-node interconnect"; NVLink as on p4de/p5 (8 GPUs a node).
+# The clusters as the sources describe them; what a source leaves out is an assumption, in
+# `Cluster.note`. The IBM/Meta blog: "an A100 cluster with 128 GPUs and 400Gbps inter-node
+# interconnect, and an H100 cluster with 96 GPUs and 800Gbps inter-node interconnect"; NVLink as on
+# p4de/p5 (8 GPUs a node).
 A100_400G = InstanceType("a100-400g", "A100", 8, 80, 0, 400, 0, 0, 300)
 H100_800G = InstanceType("h100-800g", "H100", 8, 80, 0, 800, 0, 0, 450)
 
@@ -36,17 +37,19 @@ CLUSTERS = {
     "ibm-a100": Cluster(A100_400G),
     "ibm-h100": Cluster(H100_800G),
     # torchtitan's page gives no interconnect. Its multi-node launcher of the same days
-    # (multinode_trainer.slurm at 395a526) is "optimized for AWS with EFA", sets FI_PROVIDER=efa "for A100"
-    # and 96 CPUs a task (a p4d/p4de node's vCPUs): AWS's A100 nodes, 400 Gbps EFA.
-    "titan-a100": Cluster(A100_400G, "interconnect not stated; 400 Gbps EFA inferred from its AWS launcher"),
+    # (multinode_trainer.slurm at 395a526) is "optimized for AWS with EFA", sets FI_PROVIDER=efa
+    # "for A100" and 96 CPUs a task (a p4d/p4de node's vCPUs): AWS's A100 nodes, 400 Gbps EFA.
+    "titan-a100": Cluster(
+        A100_400G, "interconnect not stated; 400 Gbps EFA inferred from its AWS launcher"
+    ),
     "p5": Cluster(INSTANCE_TYPES["p5.48xlarge"]),
 }
 
 
 @dataclass(frozen=True)
 class Point:
-    """One published number: `metric` is tokens_per_s_per_gpu, or scaling (per-GPU throughput at `nodes`
-    over one node's)."""
+    """One published number: `metric` is tokens_per_s_per_gpu, or scaling (per-GPU throughput at
+    `nodes` over one node's)."""
 
     key: str
     source: str
@@ -60,7 +63,9 @@ class Point:
     metric: str
     published: float
     note: str = ""
-    known_miss: str = ""  # why the model cannot reach this row honestly (empty: it must be within 10%)
+    known_miss: str = (
+        ""  # why the model cannot reach this row honestly (empty: it must be within 10%)
+    )
     reduce_dtype: str = "fp32"  # the dtype the source's mixed-precision policy reduces gradients in
 
     def job(self) -> Job:
@@ -120,8 +125,9 @@ def _titan(key: str, model: str, mb: int, ac: str, wps: float, known_miss: str =
 
 
 POINTS: tuple[Point, ...] = (
-    # IBM/Meta Table 1 (batch 2 per GPU, seq 4k); fms-fsdp's README of the blog's day (5e522b4, 2024-03-13),
-    # the same numbers per model: HSDP for 7B, FSDP for 13B and 70B (its 13B HSDP row was batch 1, 1700 tok/s)
+    # IBM/Meta Table 1 (batch 2 per GPU, seq 4k); fms-fsdp's README of the blog's day (5e522b4,
+    # 2024-03-13), the same numbers per model: HSDP for 7B, FSDP for 13B and 70B (its 13B HSDP row
+    # was batch 1, 1700 tok/s)
     _ibm("7b", "A100", "none", 3700, "HYBRID_SHARD"),
     _ibm("13b", "A100", "selective", 1800, "FULL_SHARD"),
     _ibm("70b", "A100", "full", 370, "FULL_SHARD"),
@@ -178,7 +184,8 @@ class Prediction:
 
 
 def predict(point: Point, model: SpeedModel = SPEED_MODEL) -> Prediction:
-    """The planner's number for `point`, from `model`'s parameters and the row's configuration alone."""
+    """The planner's number for `point`, from `model`'s parameters and the row's configuration
+    alone."""
     inst = CLUSTERS[point.cluster].inst
     job = point.job()
     per_gpu = speed(job, model, inst).tokens_per_s_per_gpu

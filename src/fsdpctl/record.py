@@ -1,15 +1,16 @@
-"""Run records: what made a run, written when it starts, so it can be shown, compared and started again.
+"""Run records: what made a run, written when it starts, so it can be shown, compared and started
+again.
 
-Pure: the record is a dict built from the Config and from facts the edges gathered (the code version from
-git, the image, the rendered manifests, the trainer's `start` event). Its id is a short hash of what made
-the run (`made`): the job and run id, where it ran, the fully resolved settings, the code and the image
-reference. What is learnt or derived later is kept beside it, not hashed: where each value came from, the
-manifests (rendered from the hashed part and the id), the image digest the pods report, and the trainer's
-library versions and data fingerprints.
+Pure: the record is a dict built from the Config and from facts the edges gathered (the code version
+from git, the image, the rendered manifests, the trainer's `start` event). Its id is a short hash of
+what made the run (`made`): the job and run id, where it ran, the fully resolved settings, the code
+and the image reference. What is learnt or derived later is kept beside it, not hashed: where each
+value came from, the manifests (rendered from the hashed part and the id), the image digest the pods
+report, and the trainer's library versions and data fingerprints.
 
-Secrets are references, never values: HF_TOKEN is recorded as where the token lives (the Kubernetes Secret,
-or the environment of `job run`), and a value of any key that looks like a secret is masked as every output
-masks it.
+Secrets are references, never values: HF_TOKEN is recorded as where the token lives (the Kubernetes
+Secret, or the environment of `job run`), and a value of any key that looks like a secret is masked
+as every output masks it.
 """
 
 from __future__ import annotations
@@ -33,22 +34,25 @@ VERSION = 1
 ID_CHARS = 12  # 48 bits: distinct for every run anyone keeps
 # the parts of a record the id covers; the rest is provenance or learnt after the start
 MADE = ("kind", "version", "job", "run_id", "backend", "settings", "code", "image")
-# a .env value written without quotes: python-dotenv's unquoted grammar takes it as is (no '#', space, quote)
+# a .env value written without quotes: python-dotenv's unquoted grammar takes it as is (no '#',
+# space, quote)
 BARE = re.compile(r"[A-Za-z0-9_./:,=@+%-]+")
-# keys that say where a run lives and starts, not how it trains: `job diff` of two runs names them apart
-# (`placement`); a rerun differs from its run in these alone (its own checkpoint directory, its start point)
+# keys that say where a run lives and starts, not how it trains: `job diff` of two runs names them
+# apart (`placement`); a rerun differs from its run in these alone (its own checkpoint directory,
+# its start point)
 PLACEMENT = ("JOB_NAME", "BACKEND", "JOB_NAMESPACE", "KUBE_CONTEXT", "CHECKPOINT_SUBDIR", "RESUME")
 
 
 def value_text(value: Any) -> str:
-    """A setting's value as its .env string: booleans as true/false (both Settings and the trainer read
-    them), everything else as str() (floats keep repr's round trip)."""
+    """A setting's value as its .env string: booleans as true/false (both Settings and the trainer
+    read them), everything else as str() (floats keep repr's round trip)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def resolved_settings(cfg: Config) -> dict[str, str]:
-    """Every key fsdpctl reads, fully resolved (defaults and model defaults included), as .env strings; the
-    secret keys are left out (see `secret_refs`), and any other value shaped like a secret is masked."""
+    """Every key fsdpctl reads, fully resolved (defaults and model defaults included), as .env
+    strings; the secret keys are left out (see `secret_refs`), and any other value shaped like a
+    secret is masked."""
     out = {}
     train = cfg.train_env()
     for key, name in setting_keys().items():
@@ -69,16 +73,23 @@ def secret_refs(cfg: Config, secret_name: str) -> dict[str, str]:
         else f"HF_TOKEN ({cfg.sources.get('HF_TOKEN', 'env')})"
     )
     if cfg.target.kubernetes:
-        return {"HF_TOKEN": f"<secret: Kubernetes Secret {secret_name}, key HF_TOKEN; from {given}>"}
+        return {
+            "HF_TOKEN": f"<secret: Kubernetes Secret {secret_name}, key HF_TOKEN; from {given}>"
+        }
     return {"HF_TOKEN": f"<secret: the environment of `job run`; from {given}>"}
 
 
 def digest(rec: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON (sorted keys, no spaces) of the parts of `rec` that made the run."""
+    """sha256 of the canonical JSON (sorted keys, no spaces) of the parts of `rec` that made the
+    run."""
     made = {k: rec.get(k) for k in MADE}
-    if made["image"] is not None:  # the reference the run asked for; the digest is learnt from its pods
+    if (
+        made["image"] is not None
+    ):  # the reference the run asked for; the digest is learnt from its pods
         made["image"] = {"uri": made["image"].get("uri")}
-    return hashlib.sha256(json.dumps(made, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(made, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def build(
@@ -112,9 +123,14 @@ def build(
 
 
 def problem(rec: Any) -> str | None:
-    """Why `rec` is not a run record fsdpctl can use (wrong shape, its parts no longer match its hash, or a
-    part a reader uses is not of its type: a record is read back from a file anyone may have changed)."""
-    if not isinstance(rec, dict) or rec.get("kind") != KIND or not isinstance(rec.get("settings"), dict):
+    """Why `rec` is not a run record fsdpctl can use (wrong shape, its parts no longer match its
+    hash, or a part a reader uses is not of its type: a record is read back from a file anyone may
+    have changed)."""
+    if (
+        not isinstance(rec, dict)
+        or rec.get("kind") != KIND
+        or not isinstance(rec.get("settings"), dict)
+    ):
         return "is not a run record"
     if rec.get("version") != VERSION:
         return f"is a version {rec.get('version')} run record; this fsdpctl reads version {VERSION}"
@@ -125,7 +141,9 @@ def problem(rec: Any) -> str | None:
 
 
 def _strings(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(x, str) for k, x in v.items()
+    )
 
 
 def _plain(v: Any) -> bool:
@@ -166,7 +184,8 @@ _PARTS: dict[str, Callable[[Any], bool]] = {
 
 
 def with_start(rec: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
-    """`rec` with the trainer's `start` event (versions, data fingerprints), when the event is this run's."""
+    """`rec` with the trainer's `start` event (versions, data fingerprints), when the event is this
+    run's."""
     if start.get("record_id") != rec["id"]:
         return rec
     return {**rec, "trainer": {k: v for k, v in start.items() if k not in ("event", "record_id")}}
@@ -176,16 +195,17 @@ def with_start(rec: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def quoted(value: str) -> str:
-    """A value as python-dotenv reads it back unchanged: bare when it can be, else single-quoted with its
-    backslashes and quotes escaped (the only escapes of dotenv's single-quoted grammar: \\\\ and \\')."""
+    """A value as python-dotenv reads it back unchanged: bare when it can be, else single-quoted
+    with its backslashes and quotes escaped (the only escapes of dotenv's single-quoted grammar:
+    \\\\ and \\')."""
     if BARE.fullmatch(value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def env_text(rec: Mapping[str, Any]) -> str:
-    """The record as a .env that reproduces the run: every resolved setting with where it came from, the
-    secrets as comments saying where they live (set them again where you run it)."""
+    """The record as a .env that reproduces the run: every resolved setting with where it came from,
+    the secrets as comments saying where they live (set them again where you run it)."""
     lines = [
         f"# fsdpctl run record {rec['id']}: job {rec['job']}, run {rec['run_id']}, backend {rec['backend']}",
         f"# code: {code_text(rec.get('code'))}",
@@ -200,13 +220,17 @@ def env_text(rec: Mapping[str, Any]) -> str:
 
 
 def not_default(rec: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """KEY -> (value, where it came from) for every setting that did not come from its plain default (a
-    rerun's `record <id>: default` is still a default, and so is a value derived from the others when unset,
-    such as FSX_STORAGE_GIB)."""
+    """KEY -> (value, where it came from) for every setting that did not come from its plain default
+    (a rerun's `record <id>: default` is still a default, and so is a value derived from the others
+    when unset, such as FSX_STORAGE_GIB)."""
     sources = rec.get("sources", {})
     chosen = {k: sources.get(k, "default") for k in rec["settings"]}
     automatic = ("default", "derived")
-    return {k: (v, chosen[k]) for k, v in rec["settings"].items() if first_source(chosen[k]) not in automatic}
+    return {
+        k: (v, chosen[k])
+        for k, v in rec["settings"].items()
+        if first_source(chosen[k]) not in automatic
+    }
 
 
 def first_source(source: str) -> str:
@@ -217,18 +241,22 @@ def first_source(source: str) -> str:
 
 
 def start_text(trainer: Mapping[str, Any], short: bool = False) -> str:
-    """Where the run started, as its trainer said: afresh, or the checkpoint it resumed (`short`: by its
-    name, without the directory)."""
+    """Where the run started, as its trainer said: afresh, or the checkpoint it resumed (`short`: by
+    its name, without the directory)."""
     if resumed := trainer.get("resumed_from"):
         where = str(resumed).rstrip("/").rpartition("/")[2] if short else resumed
         return f"from checkpoint {where} (step {trainer.get('start_step')})"
-    return "afresh (step 0)" if not trainer.get("start_step") else f"from step {trainer['start_step']}"
+    return (
+        "afresh (step 0)" if not trainer.get("start_step") else f"from step {trainer['start_step']}"
+    )
 
 
-def history_rows(runs: Sequence[Mapping[str, Any]], outcomes: Mapping[str, str]) -> list[dict[str, Any]]:
-    """`job history`: one row per run record, oldest first: run id, record id, when it started (UTC),
-    where it started, the settings (placement keys too) that differ from the run before, how it ended
-    (`outcomes` by run id; a run whose output is gone: unknown)."""
+def history_rows(
+    runs: Sequence[Mapping[str, Any]], outcomes: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """`job history`: one row per run record, oldest first: run id, record id, when it started
+    (UTC), where it started, the settings (placement keys too) that differ from the run before, how
+    it ended (`outcomes` by run id; a run whose output is gone: unknown)."""
     import time
 
     rows: list[dict[str, Any]] = []
@@ -241,7 +269,9 @@ def history_rows(runs: Sequence[Mapping[str, Any]], outcomes: Mapping[str, str])
                 "run_id": rec["run_id"],
                 "record": rec["id"],
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.get("created", 0))),
-                "from": start_text(trainer, short=True) if trainer else "never trained (no start line)",
+                "from": start_text(trainer, short=True)
+                if trainer
+                else "never trained (no start line)",
                 "changed": changed,
                 "outcome": outcomes.get(rec["run_id"], "unknown: its output is gone"),
             }
@@ -277,21 +307,26 @@ def drift(
     data: Mapping[str, Mapping[str, Any] | None],
     image_digest: str | None = None,
 ) -> list[str]:
-    """Why a rerun would not run what the record ran, one line each: the code (version, commit, local
-    changes), the image digest (when both are known), the data or tokenizer files (`data`: the fingerprints
-    computed now, by input name). Empty when nothing that can be checked differs."""
+    """Why a rerun would not run what the record ran, one line each: the code (version, commit,
+    local changes), the image digest (when both are known), the data or tokenizer files (`data`: the
+    fingerprints computed now, by input name). Empty when nothing that can be checked differs."""
     found = []
     was = rec.get("code") or {}
     for key in ("fsdpctl", "fsdptrain", "commit"):
         if was.get(key) != code.get(key):
             found.append(f"code: {key} was {was.get(key)}, now {code.get(key)}")
     if was.get("commit") and was.get("commit") == code.get("commit"):
-        if (was.get("dirty"), was.get("diff_sha256")) != (code.get("dirty"), code.get("diff_sha256")):
+        if (was.get("dirty"), was.get("diff_sha256")) != (
+            code.get("dirty"),
+            code.get("diff_sha256"),
+        ):
             before, after = _changes(was), _changes(code)
             found.append(f"code: uncommitted changes (git diff HEAD) were {before}, now {after}")
     recorded = (rec.get("image") or {}).get("digest")
     if recorded and image_digest and recorded != image_digest:
-        found.append(f"image: {(rec.get('image') or {}).get('uri')} was {recorded}, now {image_digest}")
+        found.append(
+            f"image: {(rec.get('image') or {}).get('uri')} was {recorded}, now {image_digest}"
+        )
     for name, fp_now in data.items():
         fp_then = (rec.get("trainer") or {}).get(name)
         change = fingerprint.difference(fp_then, fp_now)
@@ -332,8 +367,9 @@ def _changed(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, list[Any]]
 
 
 def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """What differs between two runs, each part only where it differs: the settings that change training,
-    the placement keys (job name, backend, namespace), the versions, and the data fingerprints."""
+    """What differs between two runs, each part only where it differs: the settings that change
+    training, the placement keys (job name, backend, namespace), the versions, and the data
+    fingerprints."""
     settings = _changed(a["settings"], b["settings"])
     return {
         "a": {"id": a["id"], "job": a["job"], "run_id": a["run_id"]},
@@ -353,8 +389,9 @@ def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[dict[st
 # ---- on a cluster: the job's annotation and the ConfigMap <job>-record ------------------------------------
 
 ANNOTATION = "fsdpctl.io/record-hash"
-# "The data stored in a ConfigMap cannot exceed 1 MiB" (kubernetes.io/docs/concepts/configuration/configmap):
-# the manifests, the largest part, are left out of a record that would not fit, and the ConfigMap says so
+# "The data stored in a ConfigMap cannot exceed 1 MiB"
+# (kubernetes.io/docs/concepts/configuration/configmap): the manifests, the largest part, are left
+# out of a record that would not fit, and the ConfigMap says so
 CONFIG_MAP_MAX_BYTES = 1024 * 1024
 METADATA_ROOM = 16 * 1024  # labels, annotations, ownerReferences: the rest of the object
 
@@ -368,12 +405,16 @@ def annotated(job: dict[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
     meta = job["metadata"]
     return {
         **job,
-        "metadata": {**meta, "annotations": {**meta.get("annotations", {}), ANNOTATION: rec["hash"]}},
+        "metadata": {
+            **meta,
+            "annotations": {**meta.get("annotations", {}), ANNOTATION: rec["hash"]},
+        },
     }
 
 
 def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
-    """The ConfigMap holding `rec`: record.json (without the manifests), settings.env, manifests.yaml."""
+    """The ConfigMap holding `rec`: record.json (without the manifests), settings.env,
+    manifests.yaml."""
     body = {k: v for k, v in rec.items() if k != "manifests"}
     data = {
         "record.json": json.dumps(body, indent=1, sort_keys=True, default=str),
@@ -421,8 +462,8 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 def image_digest(pods: Sequence[Mapping[str, Any]], container: str) -> tuple[str, str] | None:
     """(digest, pod) from the first pod whose `container` reports one: the kubelet's
     status.containerStatuses[].imageID is the image the runtime actually pulled (e.g.
-    `<registry>/<repo>@sha256:...`, or `docker-pullable://...@sha256:...` under dockershim), whatever tag
-    the pod spec named."""
+    `<registry>/<repo>@sha256:...`, or `docker-pullable://...@sha256:...` under dockershim),
+    whatever tag the pod spec named."""
     for pod in pods:
         for status in pod.get("status", {}).get("containerStatuses") or []:
             found = DIGEST.search(str(status.get("imageID") or ""))
@@ -447,9 +488,9 @@ def learnt(rec: dict[str, Any], log: list[str]) -> dict[str, Any]:
 
 
 def losses(log: list[str]) -> dict[int, float]:
-    """Step -> loss of a run, from its leader's log: the summary's every-step losses when it finished (the
-    step lines come only every LOG_INTERVAL), else the step lines; the latest wins where a restart repeats
-    a step."""
+    """Step -> loss of a run, from its leader's log: the summary's every-step losses when it
+    finished (the step lines come only every LOG_INTERVAL), else the step lines; the latest wins
+    where a restart repeats a step."""
     parsed = list(events.parse(log))
     out: dict[int, float] = {}
     for e in parsed:

@@ -1,10 +1,11 @@
-"""Where run records live on this machine, and making one at `job run` (fsdpctl.record is the pure core).
+"""Where run records live on this machine, and making one at `job run` (fsdpctl.record is the pure
+core).
 
     FSDPCTL_HOME/records/<job>/<run-id>.json    one per run, whatever the backend (EKS: a copy of the
                                                  ConfigMap <job>-record, which goes with its job)
 
-Beside the jobs directory, not in it: `cleanup` removes an ended job's files, and a record is what lets
-`job diff` compare a run with one long gone.
+Beside the jobs directory, not in it: `cleanup` removes an ended job's files, and a record is what
+lets `job diff` compare a run with one long gone.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def path(job: str, run_id: str) -> Path:
 
 
 def new(cfg: Config, run_id: str) -> dict[str, Any]:
-    """The record of the run about to start: the settings, the code it runs, the image (EKS: by reference;
-    its digest is known once a pod pulled it)."""
+    """The record of the run about to start: the settings, the code it runs, the image (EKS: by
+    reference; its digest is known once a pod pulled it)."""
     from fsdpctl.adapters.git import code_version
 
     image = None
@@ -52,7 +53,8 @@ def new(cfg: Config, run_id: str) -> dict[str, Any]:
 
 
 def save(rec: dict[str, Any]) -> Path:
-    """Atomically (files.write_atomic: a reader sees the old record or the new one, never half of one)."""
+    """Atomically (files.write_atomic: a reader sees the old record or the new one, never half of
+    one)."""
     where = path(rec["job"], rec["run_id"])
     write_atomic(where, json.dumps(rec, indent=1, default=str) + "\n")
     return where
@@ -69,9 +71,10 @@ def discard(where: Path) -> None:
 
 
 def read(where: Path) -> dict[str, Any]:
-    """The record in file `where`; BadInput naming the file when it is not one this fsdpctl wrote there:
-    not a regular file (read without following a link or blocking: fsdpctl.files), too big, not JSON,
-    another version's, changed since (its hash), or the record of another job or run than its path says."""
+    """The record in file `where`; BadInput naming the file when it is not one this fsdpctl wrote
+    there: not a regular file (read without following a link or blocking: fsdpctl.files), too big,
+    not JSON, another version's, changed since (its hash), or the record of another job or run than
+    its path says."""
     try:
         rec = files.read_json(where)
     except (OSError, ValueError) as e:
@@ -80,13 +83,15 @@ def read(where: Path) -> dict[str, Any]:
     if not problem and (rec["job"], rec["run_id"]) != (where.parent.name, where.stem):
         problem = f"is the record of job {rec['job']} run {rec['run_id']}, not of the path it is at"
     if problem:
-        raise BadInput(f"{where} {problem}", hint="remove it, or run the job again for a new record")
+        raise BadInput(
+            f"{where} {problem}", hint="remove it, or run the job again for a new record"
+        )
     return rec
 
 
 def of_job(job: str, damaged: list[BadInput] | None = None) -> list[dict[str, Any]]:
-    """Every run record of job `job` on this machine, oldest first; damaged ones skipped (into `damaged`,
-    newest last, when given)."""
+    """Every run record of job `job` on this machine, oldest first; damaged ones skipped (into
+    `damaged`, newest last, when given)."""
     found = []
     where = root() / job
     if (
@@ -105,9 +110,10 @@ def of_job(job: str, damaged: list[BadInput] | None = None) -> list[dict[str, An
 
 
 def find(name: str) -> dict[str, Any] | None:
-    """The record `name` means: the newest run of job `name` (a job's own name wins over another job's run
-    id or record that happens to equal it), else a run id or a record id (any job). A job whose every
-    record is damaged is that damage, one line naming the newest file (not "no record")."""
+    """The record `name` means: the newest run of job `name` (a job's own name wins over another
+    job's run id or record that happens to equal it), else a run id or a record id (any job). A job
+    whose every record is damaged is that damage, one line naming the newest file (not "no record").
+    """
     damaged: list[BadInput] = []
     runs = of_job(name, damaged)
     if runs:
@@ -119,7 +125,9 @@ def find(name: str) -> dict[str, Any] | None:
         for d in dirs:  # lexists: a link or a FIFO where the record was is named, not passed over
             if os.path.lexists(d / f"{name}.json"):
                 return read(d / f"{name}.json")
-    for p in (p for d in dirs for p in sorted(d.glob("*.json"))) if len(name) == record.ID_CHARS else []:
+    for p in (
+        (p for d in dirs for p in sorted(d.glob("*.json"))) if len(name) == record.ID_CHARS else []
+    ):
         try:
             rec = read(p)
         except BadInput:

@@ -1,15 +1,16 @@
-"""Secrets never reach a terminal or a file. One function, `redact`, masks them in whatever fsdpctl prints
-(both consoles, click's usage errors, `--debug` tracebacks) and writes (manifests, tool logs, state files):
-the values of the known secret variables, the secrets the loaded settings hold (`add_secrets`), and anything
-shaped like a token, whichever key it was pasted into.
+"""Secrets never reach a terminal or a file. One function, `redact`, masks them in whatever fsdpctl
+prints (both consoles, click's usage errors, `--debug` tracebacks) and writes (manifests, tool logs,
+state files): the values of the known secret variables, the secrets the loaded settings hold
+(`add_secrets`), and anything shaped like a token, whichever key it was pasted into.
 
-The shapes are the issuers' own formats: Hugging Face user access tokens are `hf_` and 34 letters and digits
-(huggingface_hub's docs, "User access tokens"); AWS access key ids are `AKIA` (long-term) or `ASIA`
-(temporary) and 16 upper-case letters and digits (IAM user guide, "Understanding unique ID prefixes"), their
-secret keys 40 base64 characters, matched only beside an AWS key name so a sha256 pin or an image digest is
-never masked; GitHub tokens are `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_` and 36 characters, or `github_pat_...`
-(GitHub docs, "About authentication to GitHub", token formats). Generic high-entropy strings are not matched:
-the manifests fsdpctl writes are full of sha256 digests that are not secret."""
+The shapes are the issuers' own formats: Hugging Face user access tokens are `hf_` and 34 letters
+and digits (huggingface_hub's docs, "User access tokens"); AWS access key ids are `AKIA` (long-term)
+or `ASIA` (temporary) and 16 upper-case letters and digits (IAM user guide, "Understanding unique ID
+prefixes"), their secret keys 40 base64 characters, matched only beside an AWS key name so a sha256
+pin or an image digest is never masked; GitHub tokens are `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_` and 36
+characters, or `github_pat_...` (GitHub docs, "About authentication to GitHub", token formats).
+Generic high-entropy strings are not matched: the manifests fsdpctl writes are full of sha256
+digests that are not secret."""
 
 from __future__ import annotations
 
@@ -31,22 +32,23 @@ KINDS = {
     "an AWS access key id": re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])"),
     "a GitHub token": re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
 }
-# an AWS secret access key: 40 base64 characters after a name that says so (aws_secret_access_key = ...,
-# "SecretAccessKey": "...", AWS_SECRET_ACCESS_KEY=...), within a few characters of it
+# an AWS secret access key: 40 base64 characters after a name that says so (aws_secret_access_key =
+# ..., "SecretAccessKey": "...", AWS_SECRET_ACCESS_KEY=...), within a few characters of it
 AWS_SECRET = re.compile(
     r"(?i)(aws.{0,24}?secret.{0,24}?|secret.?access.?key.{0,8}?)([=:\s'\"]+)([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
 )
 SHAPES = tuple(KINDS.values())
 MASK = "***"
-# A password in a URL's userinfo (RFC 3986 section 3.2.1, `scheme://user:password@host`; the RFC itself calls
-# the form deprecated because the password shows wherever the URL does): DATASET=https://u:p@host/...,
-# s3://KEY:SECRET@bucket, an AWS_ENDPOINT_URL or HF_ENDPOINT with credentials. The user and host stay.
+# A password in a URL's userinfo (RFC 3986 section 3.2.1, `scheme://user:password@host`; the RFC
+# itself calls the form deprecated because the password shows wherever the URL does):
+# DATASET=https://u:p@host/..., s3://KEY:SECRET@bucket, an AWS_ENDPOINT_URL or HF_ENDPOINT with
+# credentials. The user and host stay.
 URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@'\"<>]*):([^/\s@'\"<>]+)@")
-# A secret named by its key wherever it is written `KEY=value`, `KEY: value` or `KEY:value` (a .env line or
-# a --set pasted wrong, a log line, an error quoting its input): the value, whatever its shape, when it is
-# a token's length (16 or more characters: fsdpctl's own words after the name, `environment HF_TOKEN` in
-# config show's sources, are shorter). A value that starts with `<`, `*` or `$` is a reference or already
-# masked (the run record's `<secret: ...>`).
+# A secret named by its key wherever it is written `KEY=value`, `KEY: value` or `KEY:value` (a .env
+# line or a --set pasted wrong, a log line, an error quoting its input): the value, whatever its
+# shape, when it is a token's length (16 or more characters: fsdpctl's own words after the name,
+# `environment HF_TOKEN` in config show's sources, are shorter). A value that starts with `<`, `*`
+# or `$` is a reference or already masked (the run record's `<secret: ...>`).
 NAMED_SECRET = re.compile(
     r"(?<![A-Za-z0-9_])((?:FSDPCTL_)?(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN))"
     r"(['\"]?\s*[:=]+\s*['\"]?)([^\s'\"<*$][^\s'\"]{15,})"
@@ -57,13 +59,14 @@ SHORTEST = 8  # a shorter value would mask ordinary words ("true", a port) all o
 
 
 def add_secrets(*values: str) -> None:
-    """Mask these values from now on, wherever they appear (secrets that came from a file or a flag)."""
+    """Mask these values from now on, wherever they appear (secrets that came from a file or a
+    flag)."""
     _added.update(v.strip() for v in values if v and len(v.strip()) >= SHORTEST)
 
 
 def forget() -> None:
-    """Forget the remembered secrets: a new run of fsdpctl in the same process (the tests' in-process
-    runner) starts as a fresh process does, masking only what its own settings hold."""
+    """Forget the remembered secrets: a new run of fsdpctl in the same process (the tests'
+    in-process runner) starts as a fresh process does, masking only what its own settings hold."""
     _added.clear()
 
 
@@ -74,7 +77,9 @@ def redact(text: str, extra: tuple[str, ...] = ()) -> str:
         text = text.replace(value, MASK)
     for shape in SHAPES:
         text = shape.sub(MASK, text)
-    text = URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{MASK}@" if m.group(2) != MASK else m.group(0), text)
+    text = URL_PASSWORD.sub(
+        lambda m: f"{m.group(1)}:{MASK}@" if m.group(2) != MASK else m.group(0), text
+    )
     text = NAMED_SECRET.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
     return AWS_SECRET.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
 
@@ -92,8 +97,8 @@ def secret_kind(value: str) -> str | None:
 
 
 def leaks(text: str) -> list[str]:
-    """The secret-shaped values still in `text` (what tests grep every output and file for): tokens, and
-    passwords in URLs that are not masked."""
+    """The secret-shaped values still in `text` (what tests grep every output and file for): tokens,
+    and passwords in URLs that are not masked."""
     found = [m.group(0) for shape in SHAPES for m in shape.finditer(text)]
     return found + [m.group(2) for m in URL_PASSWORD.finditer(text) if m.group(2) != MASK]
 

@@ -1,7 +1,7 @@
-"""What a backend says about a job, typed (pure): its phase, its status report (`job status`, `job list`, the
-follow screen, `-o json`), why it failed, and its pre-step. Every backend returns these shapes; the CLI reads
-nothing else. As torchx's `AppState` and `is_terminal` (torchx/specs/api.py): one set of phases for every
-scheduler, and one rule for which of them are final.
+"""What a backend says about a job, typed (pure): its phase, its status report (`job status`, `job
+list`, the follow screen, `-o json`), why it failed, and its pre-step. Every backend returns these
+shapes; the CLI reads nothing else. As torchx's `AppState` and `is_terminal` (torchx/specs/api.py):
+one set of phases for every scheduler, and one rule for which of them are final.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class Phase(StrEnum):
 
 # A job in one of these has ended; any other phase may still change.
 FINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED})
-# What `job wait` returns: a final phase, else its timeout passed first (then the phase the job had, or
-# TIMEOUT where the backend no longer saw it)
+# What `job wait` returns: a final phase, else its timeout passed first (then the phase the job had,
+# or TIMEOUT where the backend no longer saw it)
 TIMEOUT: Literal["Timeout"] = "Timeout"
 Waited = Phase | Literal["Timeout"]
 
@@ -94,7 +94,9 @@ class Report(Progress):
     leader_log: str | None
     checkpoint_dir: str | None
     reason: str | None
-    problems: list[str]  # what is wrong now, one line each (Pending reasons, a budget spent, a hang)
+    problems: list[
+        str
+    ]  # what is wrong now, one line each (Pending reasons, a budget spent, a hang)
     stalled: bool
     labels: dict[str, str]
     prestep: PrestepReport | None

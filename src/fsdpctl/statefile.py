@@ -1,13 +1,14 @@
-"""A local job's state.json read back (pure): what shape it must have before any verb uses it, and the
-paths fsdpctl derives from it itself rather than taking them from the file.
+"""A local job's state.json read back (pure): what shape it must have before any verb uses it, and
+the paths fsdpctl derives from it itself rather than taking them from the file.
 
-The state is fsdpctl's own file, but it is read back later, perhaps damaged (cut short, edited, copied from
-another job) or from another version, and one verb (`cleanup`) deletes by it. So every key a verb reads is
-checked for its type here (a wrong one makes the state damaged: skipped by `job list` and `cleanup` with one
-warning, one line exit 2 for a verb naming the job), and no path is taken from it as it stands: the log
-directory is `jobs/<job>/logs/<run-id>` of this FSDPCTL_HOME, and the other paths it records (checkpoints,
-the pre-step's marker, TensorBoard, NCCL dumps) are used only inside this FSDPCTL_HOME, moved there from
-the home the job was started in when the home was copied or moved (`cp -a` keeps the absolute paths).
+The state is fsdpctl's own file, but it is read back later, perhaps damaged (cut short, edited,
+copied from another job) or from another version, and one verb (`cleanup`) deletes by it. So every
+key a verb reads is checked for its type here (a wrong one makes the state damaged: skipped by `job
+list` and `cleanup` with one warning, one line exit 2 for a verb naming the job), and no path is
+taken from it as it stands: the log directory is `jobs/<job>/logs/<run-id>` of this FSDPCTL_HOME,
+and the other paths it records (checkpoints, the pre-step's marker, TensorBoard, NCCL dumps) are
+used only inside this FSDPCTL_HOME, moved there from the home the job was started in when the home
+was copied or moved (`cp -a` keeps the absolute paths).
 """
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from fsdpctl.files import RUN_ID
 from fsdpctl.reports import Phase
 
 VERSION = 1  # written into every state; a state of a later version is refused, not misread
-# the phases a supervisor records (Orphaned never is: it is what a reader sees when the supervisor died)
-PHASES = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING, Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED)
+# the phases a supervisor records (Orphaned never is: it is what a reader sees when the supervisor
+# died)
+PHASES = (
+    Phase.PENDING,
+    Phase.RUNNING,
+    Phase.STOPPING,
+    Phase.SUCCEEDED,
+    Phase.FAILED,
+    Phase.STOPPED,
+)
 MAX_REPLICAS = 100_000
 
 Check = Callable[[Any], bool]
@@ -86,7 +95,9 @@ OPTIONAL: dict[str, Check] = {
     "tensorboard_dir": _opt(_str),
     "nccl_traces": _list(_str),
     "max_restarts": _count,
-    "prestep": _opt(_obj({"log": _str, "marker": _str, "rc": _opt(_int)}, required=("log", "marker"))),
+    "prestep": _opt(
+        _obj({"log": _str, "marker": _str, "rc": _opt(_int)}, required=("log", "marker"))
+    ),
     "supervisor_pid": _opt(lambda v: _int(v) and v > 0),
     "supervisor": _opt(_obj(_IDENTITY, required=("pid",))),
     "mark": _str,
@@ -121,23 +132,29 @@ def problem(data: Any, job: str) -> str | None:
 
 
 def log_dir(home: Path, state: Mapping[str, Any]) -> Path:
-    """Where the run's logs are: always the job's own directory of this home, whatever the file says."""
+    """Where the run's logs are: always the job's own directory of this home, whatever the file
+    says."""
     return home / "jobs" / str(state["job"]) / "logs" / str(state["run_id"])
 
 
 def started_in(state: Mapping[str, Any]) -> PurePosixPath | None:
-    """The FSDPCTL_HOME the job was started in, as its recorded log directory (`<home>/jobs/<job>/logs/
-    <run-id>`) says; None when that is not the shape fsdpctl writes."""
+    """The FSDPCTL_HOME the job was started in, as its recorded log directory
+    (`<home>/jobs/<job>/logs/ <run-id>`) says; None when that is not the shape fsdpctl writes."""
     recorded = PurePosixPath(os.path.normpath(state["log_dir"]))
-    if recorded.is_absolute() and recorded.parts[-4:] == ("jobs", state["job"], "logs", state["run_id"]):
+    if recorded.is_absolute() and recorded.parts[-4:] == (
+        "jobs",
+        state["job"],
+        "logs",
+        state["run_id"],
+    ):
         return recorded.parents[3]
     return None
 
 
 def in_home(home: Path, state: Mapping[str, Any], recorded: str | None) -> Path | None:
-    """A path the state records, as it is in this home: itself when it is under this home, moved here when
-    it is under the home the job was started in (a copied or moved home), else None (not fsdpctl's).
-    Normalised first, so `..` cannot walk out."""
+    """A path the state records, as it is in this home: itself when it is under this home, moved
+    here when it is under the home the job was started in (a copied or moved home), else None (not
+    fsdpctl's). Normalised first, so `..` cannot walk out."""
     if not recorded:
         return None
     path = PurePosixPath(os.path.normpath(recorded))
@@ -153,15 +170,18 @@ def in_home(home: Path, state: Mapping[str, Any], recorded: str | None) -> Path 
 
 
 def checkpoint_dir(home: Path, state: Mapping[str, Any]) -> Path | None:
-    """The job's checkpoint directory that `cleanup --checkpoints` may delete: the one fsdpctl derives for
-    the job (render.checkpoint_dir: `<root>/<job>`, the root on a claim or the node's disk), mapped on this
-    machine to `volumes/<claim>/checkpoints/<job>`, `volumes/<claim>/<job>` or a path in the job's own
-    directory. Anything else a state may name (another job's, a claim's root, outside the home) is None."""
+    """The job's checkpoint directory that `cleanup --checkpoints` may delete: the one fsdpctl
+    derives for the job (render.checkpoint_dir: `<root>/<job>`, the root on a claim or the node's
+    disk), mapped on this machine to `volumes/<claim>/checkpoints/<job>`, `volumes/<claim>/<job>` or
+    a path in the job's own directory. Anything else a state may name (another job's, a claim's
+    root, outside the home) is None."""
     path = in_home(home, state, state.get("checkpoint_dir"))
     job = state["job"]
     if path is None or path.name != job:
         return None
     rel = path.relative_to(home).parts
-    on_claim = rel[0] == "volumes" and (len(rel) == 3 or (len(rel) == 4 and rel[2] == "checkpoints"))
+    on_claim = rel[0] == "volumes" and (
+        len(rel) == 3 or (len(rel) == 4 and rel[2] == "checkpoints")
+    )
     own = rel[:2] == ("jobs", job) and len(rel) > 2
     return path if on_claim or own else None

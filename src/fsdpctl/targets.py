@@ -1,9 +1,10 @@
 """The places a job can run, each by what it is rather than by its name (pure).
 
-Code outside `fsdpctl.backends` never compares a backend's name (tests/test_backend_neutral.py): it asks
-the place's `Target` what it has. A new place is one folder under `backends/` (its `Backend`, see
-`fsdpctl.backends`) and one line in `TARGETS`. As torchx's scheduler registry (torchx/schedulers/__init__.py,
-`get_scheduler_factories`): the job is the same everywhere; each scheduler says what it can do.
+Code outside `fsdpctl.backends` never compares a backend's name (tests/test_backend_neutral.py): it
+asks the place's `Target` what it has. A new place is one folder under `backends/` (its `Backend`,
+see `fsdpctl.backends`) and one line in `TARGETS`. As torchx's scheduler registry
+(torchx/schedulers/__init__.py, `get_scheduler_factories`): the job is the same everywhere; each
+scheduler says what it can do.
 """
 
 from __future__ import annotations
@@ -16,18 +17,22 @@ class Target:
     """What a place to run jobs is, for the code that is the same on every place."""
 
     name: str
-    # "module:Class" of its `Backend`, imported only when a command uses it (no kubernetes client locally)
+    # "module:Class" of its `Backend`, imported only when a command uses it (no kubernetes client
+    # locally)
     backend: str
-    # one processes per GPU on nodes of INSTANCE_TYPE (GPUS, EFA, the planner's step time, FSx capacity);
-    # else CPU processes on this machine (LOCAL_PROCS_PER_NODE, its RAM)
+    # one processes per GPU on nodes of INSTANCE_TYPE (GPUS, EFA, the planner's step time, FSx
+    # capacity); else CPU processes on this machine (LOCAL_PROCS_PER_NODE, its RAM)
     gpus: bool
-    # the job is an object in a Kubernetes API, outliving the command that made it (JOB_KIND, NODE_COUNT,
-    # the token as a Secret, the run record as a ConfigMap, TensorBoard through a port-forward)
+    # the job is an object in a Kubernetes API, outliving the command that made it (JOB_KIND,
+    # NODE_COUNT, the token as a Secret, the run record as a ConfigMap, TensorBoard through a
+    # port-forward)
     kubernetes: bool
-    # SHARED_VOLUME and CHECKPOINT_PVC are directories on this machine (FSDPCTL_HOME/volumes/<claim>), and
-    # the job's logs are files here: `job record`/`job rerun` read them, the HF cache is filled from here
+    # SHARED_VOLUME and CHECKPOINT_PVC are directories on this machine
+    # (FSDPCTL_HOME/volumes/<claim>), and the job's logs are files here: `job record`/`job rerun`
+    # read them, the HF cache is filled from here
     on_this_machine: bool
-    # the trainer runs from an image (IMAGE_URI), which the run record names; else from this checkout
+    # the trainer runs from an image (IMAGE_URI), which the run record names; else from this
+    # checkout
     image: bool
     # what Ctrl-C does to a followed job
     interrupt: str

@@ -1,8 +1,10 @@
-"""Validate rendered objects against the real schemas: the CRD's openAPIV3Schema for custom resources
-(PyTorchJob from Training Operator v1.9.4), the Kubernetes OpenAPI (kubernetes-validate) for built-ins.
+"""Validate rendered objects against the real schemas: the CRD's openAPIV3Schema for custom
+resources (PyTorchJob from Training Operator v1.9.4), the Kubernetes OpenAPI (kubernetes-validate)
+for built-ins.
 
-CRD schemas are given as parsed YAML, so this module reads nothing itself. Validation is strict, like
-`kubectl apply --validate=strict`: a field the schema does not declare is an error, not silently pruned.
+CRD schemas are given as parsed YAML, so this module reads nothing itself. Validation is strict,
+like `kubectl apply --validate=strict`: a field the schema does not declare is an error, not
+silently pruned.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ class SchemaError(Exception):
 
 
 def strict(schema: Obj) -> Obj:
-    """Forbid undeclared fields wherever the schema lists its properties (as the API server's strict mode)."""
+    """Forbid undeclared fields wherever the schema lists its properties (as the API server's strict
+    mode)."""
     schema = copy.deepcopy(schema)
     _forbid_undeclared(schema)
     return schema
@@ -71,7 +74,9 @@ def _builtin_errors(obj: Obj) -> list[str]:
     try:
         import kubernetes_validate
     except ImportError as e:
-        raise SchemaError("kubernetes-validate is not installed: pip install 'fsdpctl[validate]'") from e
+        raise SchemaError(
+            "kubernetes-validate is not installed: pip install 'fsdpctl[validate]'"
+        ) from e
     _cache_schemas()
     try:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -82,9 +87,10 @@ def _builtin_errors(obj: Obj) -> list[str]:
 
 @functools.cache
 def _cache_schemas() -> None:
-    """kubernetes-validate opens and parses its schema and its ~1 MB _definitions.json again for every object
-    (`utils.schema_contents`, called by `utils.validate`): about half of a job's validation. Parsed once per
-    process instead; the parsed schemas are only read (`referencing.Resource.from_contents`)."""
+    """kubernetes-validate opens and parses its schema and its ~1 MB _definitions.json again for
+    every object (`utils.schema_contents`, called by `utils.validate`): about half of a job's
+    validation. Parsed once per process instead; the parsed schemas are only read
+    (`referencing.Resource.from_contents`)."""
     from kubernetes_validate import utils
 
     utils.schema_contents = functools.lru_cache(maxsize=None)(utils.schema_contents)
@@ -114,10 +120,13 @@ def validate(objs: Iterable[Obj], schemas: dict[tuple[str, str], Obj]) -> list[s
 
 
 # Kubernetes names and labels, as apimachinery checks them (k8s.io/apimachinery/pkg/util/validation/
-# validation.go: IsQualifiedName, IsValidLabelValue, IsDNS1123Subdomain): a label key is an optional DNS
-# subdomain prefix and `/`, then a name of at most 63 characters; a value at most 63, possibly empty.
+# validation.go: IsQualifiedName, IsValidLabelValue, IsDNS1123Subdomain): a label key is an optional
+# DNS subdomain prefix and `/`, then a name of at most 63 characters; a value at most 63, possibly
+# empty.
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
 

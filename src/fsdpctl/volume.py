@@ -1,5 +1,5 @@
-"""The shared volume as the job uses it (pure): what the job writes there, how big the FSx for Lustre file
-system must be to hold it, and how fast the job can write to it.
+"""The shared volume as the job uses it (pure): what the job writes there, how big the FSx for
+Lustre file system must be to hold it, and how fast the job can write to it.
 
 What one job keeps on its shared volume (SHARED_VOLUME, at SHARED_VOLUME_PATH):
 - checkpoints, unless CHECKPOINT_PVC holds them: 12 bytes per parameter each (fp32 weights and AdamW's two
@@ -14,9 +14,9 @@ What one job keeps on its shared volume (SHARED_VOLUME, at SHARED_VOLUME_PATH):
 - the data set, whose size fsdpctl does not know (a hub data set is streamed, a local one you copied there).
 
 FSx for Lustre: a PERSISTENT_2 SSD file system holds 1200 GiB, 2400 GiB or a multiple of 2400 GiB
-(CreateFileSystem, StorageCapacity) and writes at PerUnitStorageThroughput MB/s per TiB of capacity, for
-all its clients together (FSx for Lustre User Guide, "Aggregate file system performance"): the default
-1200 GiB at 250 MB/s/TiB is about 293 MB/s for every node of the job at once.
+(CreateFileSystem, StorageCapacity) and writes at PerUnitStorageThroughput MB/s per TiB of capacity,
+for all its clients together (FSx for Lustre User Guide, "Aggregate file system performance"): the
+default 1200 GiB at 250 MB/s/TiB is about 293 MB/s for every node of the job at once.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ TIB = 1024 * GIB
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 parameters (4) and AdamW's two fp32 moments (8)
 HUB_BYTES_PER_PARAM = 2  # the hub's Llama 2 safetensors are fp16
 EXPORT_BYTES_PER_PARAM = 4  # export_hf writes the fp32 full state dict
-# Lustre stripes files over its OSTs and a write fails with ENOSPC once the OST it lands on is full, before
-# the file system as a whole is: the need is sized to fill at most this much of the capacity.
+# Lustre stripes files over its OSTs and a write fails with ENOSPC once the OST it lands on is full,
+# before the file system as a whole is: the need is sized to fill at most this much of the capacity.
 FILL_AT_MOST = 0.9
 FSX_FIRST_GIB, FSX_STEP_GIB = 1200, 2400  # PERSISTENT_2 SSD: 1200, 2400, then multiples of 2400
 FSX_THROUGHPUTS = (125, 250, 500, 1000)  # PERSISTENT_2 PerUnitStorageThroughput, MB/s per TiB
@@ -58,7 +58,8 @@ class Need:
         return self.checkpoint * self.checkpoints + self.cache + self.export
 
     def parts(self) -> str:
-        """'3 checkpoints of 770.9 GiB (CHECKPOINT_KEEP=2 + the one being saved), 128.5 GiB of hub weights'"""
+        """'3 checkpoints of 770.9 GiB (CHECKPOINT_KEEP=2 + the one being saved), 128.5 GiB of hub
+        weights'"""
         found = []
         if self.checkpoints:
             found.append(
@@ -98,7 +99,11 @@ def need(cfg: Config) -> Need:
     t = cfg.training
     keeps = 0 if cfg.checkpoint_pvc else t.checkpoint_keep + 1
     cache = HUB_BYTES_PER_PARAM * params(cfg) if is_hub_id(t.pretrained) else 0
-    export = 2 * EXPORT_BYTES_PER_PARAM * params(cfg) if t.export_dir and on_volume(cfg, t.export_dir) else 0
+    export = (
+        2 * EXPORT_BYTES_PER_PARAM * params(cfg)
+        if t.export_dir and on_volume(cfg, t.export_dir)
+        else 0
+    )
     unknown = [f"DATASET={t.dataset}"] if is_hub_id(t.dataset) or on_volume(cfg, t.dataset) else []
     return Need(checkpoint_bytes(cfg), keeps, cache, export, tuple(unknown))
 
@@ -123,8 +128,8 @@ def throughput(storage_gib: int, per_tib: int) -> float:
 
 def write_rate(cfg: Config) -> float:
     """Bytes per second a checkpoint goes to its volume: the FSX_STORAGE_GIB file system's aggregate
-    throughput. A CHECKPOINT_PVC, whose size and kind the settings do not give, is taken to be a file system
-    of the same kind just big enough for the checkpoints it keeps."""
+    throughput. A CHECKPOINT_PVC, whose size and kind the settings do not give, is taken to be a
+    file system of the same kind just big enough for the checkpoints it keeps."""
     if cfg.checkpoint_pvc:
         keeps = cfg.training.checkpoint_keep + 1
         return throughput(fsx_size_gib(keeps * checkpoint_bytes(cfg)), cfg.fsx_throughput_per_tib)
@@ -132,14 +137,14 @@ def write_rate(cfg: Config) -> float:
 
 
 def save_seconds(cfg: Config) -> float:
-    """How long one save takes: the whole checkpoint over the volume's aggregate throughput, whatever the
-    node count (every node writes its part at once, through the same servers)."""
+    """How long one save takes: the whole checkpoint over the volume's aggregate throughput,
+    whatever the node count (every node writes its part at once, through the same servers)."""
     return checkpoint_bytes(cfg) / write_rate(cfg)
 
 
 def capacity_problem(cfg: Config, capacity_bytes: int, where: str, fix: str = "") -> str | None:
-    """One line when the volume (`where`: what gave its capacity) cannot hold what the job keeps there, with
-    the size that fits and `fix` (default: a file system of that size)."""
+    """One line when the volume (`where`: what gave its capacity) cannot hold what the job keeps
+    there, with the size that fits and `fix` (default: a file system of that size)."""
     n = need(cfg)
     if not n.total or n.total <= capacity_bytes * FILL_AT_MOST:
         return None
@@ -154,11 +159,14 @@ def capacity_problem(cfg: Config, capacity_bytes: int, where: str, fix: str = ""
 
 
 def fsx_problem(cfg: Config) -> str | None:
-    """The FSX_STORAGE_GIB file system against the job, on the cluster (locally the volume is a directory:
-    its disk's free space is checked where it is read; on the cluster `job run` also reads the claim's)."""
+    """The FSX_STORAGE_GIB file system against the job, on the cluster (locally the volume is a
+    directory: its disk's free space is checked where it is read; on the cluster `job run` also
+    reads the claim's)."""
     if cfg.target.on_this_machine:
         return None
-    return capacity_problem(cfg, cfg.fsx_storage_gib * GIB, f"FSX_STORAGE_GIB={cfg.fsx_storage_gib}")
+    return capacity_problem(
+        cfg, cfg.fsx_storage_gib * GIB, f"FSX_STORAGE_GIB={cfg.fsx_storage_gib}"
+    )
 
 
 _SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -166,8 +174,8 @@ _SUFFIX.update({"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E
 
 
 def quantity_bytes(text: str) -> int | None:
-    """A resource.Quantity (apimachinery pkg/api/resource/quantity.go: binary Ki..Ei, decimal k..E, plain or
-    exponent numbers) in bytes; None when it is not one."""
+    """A resource.Quantity (apimachinery pkg/api/resource/quantity.go: binary Ki..Ei, decimal k..E,
+    plain or exponent numbers) in bytes; None when it is not one."""
     text = text.strip()
     for suffix in sorted(_SUFFIX, key=len, reverse=True):
         if text.endswith(suffix):
@@ -183,8 +191,8 @@ def quantity_bytes(text: str) -> int | None:
 
 
 def interval_warning(cfg: Config, step_s: float) -> str | None:
-    """When saving takes longer than the training between two saves: the job would spend more time saving
-    than training (the trainer saves synchronously)."""
+    """When saving takes longer than the training between two saves: the job would spend more time
+    saving than training (the trainer saves synchronously)."""
     interval = cfg.training.checkpoint_interval
     if not interval or step_s <= 0:
         return None
@@ -202,7 +210,8 @@ def interval_warning(cfg: Config, step_s: float) -> str | None:
 
 
 def report(cfg: Config, step_s: float) -> dict[str, object]:
-    """What `plan` says about the shared volume: the need against FSX_STORAGE_GIB, the rate, one save."""
+    """What `plan` says about the shared volume: the need against FSX_STORAGE_GIB, the rate, one
+    save."""
     n = need(cfg)
     problem = fsx_problem(cfg)
     return {

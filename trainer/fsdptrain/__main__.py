@@ -1,8 +1,10 @@
-"""`python -m fsdptrain` / `torchrun -m fsdptrain`: settings are checked before torch is even imported.
+"""`python -m fsdptrain` / `torchrun -m fsdptrain`: settings are checked before torch is even
+imported.
 
 Exit codes: 0 done (also after SIGTERM, with a checkpoint), 1 failure, 2 bad setting. In a pod,
-`fsdptrain.launch` runs the same checks before torchrun starts, so a bad setting ends there with 2 and is
-never retried; a 2 from here (a setting only a running rank can judge) is retried like any failure.
+`fsdptrain.launch` runs the same checks before torchrun starts, so a bad setting ends there with 2
+and is never retried; a 2 from here (a setting only a running rank can judge) is retried like any
+failure.
 """
 
 import os
@@ -33,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from fsdptrain.train import run
 
-    # `record` writes an uncaught exception to the TORCHELASTIC_ERROR_FILE torchrun gives each worker, so its
-    # root-cause report (and `fsdpctl job status`) names this rank's error, not "error_file: <N/A>"
+    # `record` writes an uncaught exception to the TORCHELASTIC_ERROR_FILE torchrun gives each
+    # worker, so its root-cause report (and `fsdpctl job status`) names this rank's error, not
+    # "error_file: <N/A>"
     return record(run)(cfg) or 0
 
 

@@ -1,9 +1,10 @@
-"""Offline assets for the quickstart and tests: a small English corpus and a BPE tokenizer trained on it.
+"""Offline assets for the quickstart and tests: a small English corpus and a BPE tokenizer trained
+on it.
 
-Nothing is fetched from a hub. The corpus is the documentation of Python's own standard library, which
-every machine with Python has; the tokenizer is trained on it with `tokenizers` and saved in the
-Hugging Face layout, so the trainer loads it with the same `AutoTokenizer.from_pretrained` it uses on a
-cluster.
+Nothing is fetched from a hub. The corpus is the documentation of Python's own standard library,
+which every machine with Python has; the tokenizer is trained on it with `tokenizers` and saved in
+the Hugging Face layout, so the trainer loads it with the same `AutoTokenizer.from_pretrained` it
+uses on a cluster.
 
     python -m fsdptrain.assets OUT_DIR      # writes OUT_DIR/corpus.txt and OUT_DIR/tokenizer/
 """
@@ -79,17 +80,23 @@ def train_tokenizer(lines: list[str], out_dir: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(lines, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     fast.save_pretrained(str(out_dir))
 
 
 def default_cache() -> Path:
-    """$FSDPTRAIN_CACHE, else ~/.cache/fsdptrain (or the temp dir where home is read-only, as in some
-    pods)."""
+    """$FSDPTRAIN_CACHE, else ~/.cache/fsdptrain (or the temp dir where home is read-only, as in
+    some pods)."""
     if os.environ.get("FSDPTRAIN_CACHE"):
         return Path(os.environ["FSDPTRAIN_CACHE"])
     home = Path.home() / ".cache"
-    base = home if os.access(home if home.exists() else Path.home(), os.W_OK) else Path(tempfile.gettempdir())
+    base = (
+        home
+        if os.access(home if home.exists() else Path.home(), os.W_OK)
+        else Path(tempfile.gettempdir())
+    )
     return base / "fsdptrain" / "assets-v1"
 
 

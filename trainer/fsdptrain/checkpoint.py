@@ -1,4 +1,5 @@
-"""Sharded checkpoints with `torch.distributed.checkpoint`, written atomically, plus HF export and import.
+"""Sharded checkpoints with `torch.distributed.checkpoint`, written atomically, plus HF export and
+import.
 
 Layout under CHECKPOINT_DIR (must be a filesystem every node sees, e.g. FSx for Lustre on EKS):
 
@@ -6,9 +7,9 @@ Layout under CHECKPOINT_DIR (must be a filesystem every node sees, e.g. FSx for 
     latest              name of the newest complete checkpoint
     .tmp-step-00000030/ a save in progress; never read, removed by the next save
 
-A save is three steps: `stage` (every rank writes into the temp dir), `publish` (rank 0 renames it into
-place once every rank finished, then moves `latest`) and `prune` (keep the newest CHECKPOINT_KEEP), so a
-crash mid-write leaves the previous checkpoint as `latest`.
+A save is three steps: `stage` (every rank writes into the temp dir), `publish` (rank 0 renames it
+into place once every rank finished, then moves `latest`) and `prune` (keep the newest
+CHECKPOINT_KEEP), so a crash mid-write leaves the previous checkpoint as `latest`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class CheckpointError(RuntimeError):
 
 
 class DamagedCheckpoint(CheckpointError):
-    """A checkpoint that is there but does not load (a shard cut short, bytes changed): `reason` says how."""
+    """A checkpoint that is there but does not load (a shard cut short, bytes changed): `reason`
+    says how."""
 
     def __init__(self, message: str, reason: str):
         super().__init__(message)
@@ -126,8 +128,9 @@ def _reason(e: BaseException) -> str:
 
 
 def shortened(text: str, most: int = REASON_CHARS) -> str:
-    """`text` whole when short; else its first sentences that fit, or its words that fit and an ellipsis:
-    never cut inside a word (torch's zip reader says its cause first: "failed finding central directory")."""
+    """`text` whole when short; else its first sentences that fit, or its words that fit and an
+    ellipsis: never cut inside a word (torch's zip reader says its cause first: "failed finding
+    central directory")."""
     text = " ".join(text.split())
     if len(text) <= most:
         return text
@@ -143,25 +146,25 @@ def shortened(text: str, most: int = REASON_CHARS) -> str:
 
 
 def failpoint_step(environ: Mapping[str, str]) -> int | None:
-    """FSDPTRAIN_FAILPOINT=kill-during-save:STEP: the step whose save rank 0 dies in, by SIGKILL, after the
-    shards are written and before they are published, as a crash or an OOM kill would. Only the fault tests
-    set it, to prove an interrupted save never becomes `latest`."""
+    """FSDPTRAIN_FAILPOINT=kill-during-save:STEP: the step whose save rank 0 dies in, by SIGKILL,
+    after the shards are written and before they are published, as a crash or an OOM kill would.
+    Only the fault tests set it, to prove an interrupted save never becomes `latest`."""
     name, _, step = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
     return int(step) if name == "kill-during-save" and step.isdigit() else None
 
 
 def failpoint_slow_save(environ: Mapping[str, str]) -> float:
-    """FSDPTRAIN_FAILPOINT=slow-save:SECONDS: every save takes that much longer on every rank, between the
-    shards and their publication, as a large model on a slow volume would. Only the stop tests set it, to
-    prove `job stop` leaves the trainer time to finish its stop checkpoint."""
+    """FSDPTRAIN_FAILPOINT=slow-save:SECONDS: every save takes that much longer on every rank,
+    between the shards and their publication, as a large model on a slow volume would. Only the stop
+    tests set it, to prove `job stop` leaves the trainer time to finish its stop checkpoint."""
     name, _, seconds = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
     return float(seconds) if name == "slow-save" and seconds.replace(".", "", 1).isdigit() else 0.0
 
 
 def failpoint_hold(environ: Mapping[str, str]) -> int | None:
-    """FSDPTRAIN_FAILPOINT=hold-until-stop:STEP: every rank waits after step STEP until its SIGTERM comes,
-    so a `job stop` sent once STEP shows ends the run at step STEP+1 whatever the machine's speed. Only the
-    walk-through test sets it, to freeze its output; no real run does."""
+    """FSDPTRAIN_FAILPOINT=hold-until-stop:STEP: every rank waits after step STEP until its SIGTERM
+    comes, so a `job stop` sent once STEP shows ends the run at step STEP+1 whatever the machine's
+    speed. Only the walk-through test sets it, to freeze its output; no real run does."""
     name, _, step = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
     return int(step) if name == "hold-until-stop" and step.isdigit() else None
 
@@ -177,12 +180,15 @@ def _paths(root: Path, step: int) -> tuple[Path, Path]:
 
 
 def stage(root: Path, *, step: int, model: nn.Module, optimizer: Optimizer) -> None:
-    """Collective: every rank writes its shards and RNG state into the step's temp dir (`publish` moves it).
-    A failure on any rank raises CheckpointError on every rank; the last good checkpoint stays `latest`."""
+    """Collective: every rank writes its shards and RNG state into the step's temp dir (`publish`
+    moves it). A failure on any rank raises CheckpointError on every rank; the last good checkpoint
+    stays `latest`."""
     rank = dist.get_rank()
     tmp = _paths(root, step)[1]
     error = [_prepare(root, tmp) if rank == 0 else None]
-    dist.broadcast_object_list(error, src=0)  # every rank fails together instead of hanging in a barrier
+    dist.broadcast_object_list(
+        error, src=0
+    )  # every rank fails together instead of hanging in a barrier
     if error[0]:
         raise CheckpointError(error[0])
     failure = _first_failure(_write_shards(tmp, rank, model=model, optimizer=optimizer))
@@ -199,7 +205,10 @@ def stage(root: Path, *, step: int, model: nn.Module, optimizer: Optimizer) -> N
 
 def _write_shards(tmp: Path, rank: int, *, model: nn.Module, optimizer: Optimizer) -> str | None:
     """This rank's part of a save; the reason it failed, or None."""
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    state = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+    }
     try:
         dcp.save(state, checkpoint_id=str(tmp))
         torch.save(_rng_state(), tmp / f"rng-rank{rank:05d}.pt")
@@ -210,18 +219,27 @@ def _write_shards(tmp: Path, rank: int, *, model: nn.Module, optimizer: Optimize
 
 def _first_failure(failure: str | None) -> str | None:
     failures: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(failures, failure)  # all ranks learn of any rank's failure, and all raise
+    dist.all_gather_object(
+        failures, failure
+    )  # all ranks learn of any rank's failure, and all raise
     return next((f for f in failures if f), None)
 
 
 def publish(root: Path, *, step: int, trainer_state: dict[str, Any]) -> Path:
-    """Collective: rank 0 writes meta.json into the staged dir, renames it into place and points `latest` at
-    it; every rank returns the final path once it is there."""
+    """Collective: rank 0 writes meta.json into the staged dir, renames it into place and points
+    `latest` at it; every rank returns the final path once it is there."""
     final, tmp = _paths(root, step)
     if dist.get_rank() == 0:
-        meta = {"step": step, "world_size": dist.get_world_size(), "saved_at": time.time(), **trainer_state}
+        meta = {
+            "step": step,
+            "world_size": dist.get_world_size(),
+            "saved_at": time.time(),
+            **trainer_state,
+        }
         _write_atomic(tmp / META, json.dumps(meta, indent=1, default=str))
-        if final.exists():  # the same step saved again after a resume: replace it whole (prune drops it)
+        if (
+            final.exists()
+        ):  # the same step saved again after a resume: replace it whole (prune drops it)
             old = final.with_name(f".old-{final.name}")
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
@@ -233,9 +251,9 @@ def publish(root: Path, *, step: int, trainer_state: dict[str, Any]) -> Path:
 
 
 def prune(root: Path, *, keep: int, spare: Path | None = None) -> None:
-    """Rank 0 removes all but the newest `keep` complete checkpoints, and what a re-save replaced; never
-    `spare`, the checkpoint this run resumed from: its record names it as where the run started, and a
-    rerun starts there again."""
+    """Rank 0 removes all but the newest `keep` complete checkpoints, and what a re-save replaced;
+    never `spare`, the checkpoint this run resumed from: its record names it as where the run
+    started, and a rerun starts there again."""
     if dist.get_rank() != 0:
         return
     for old in [*root.glob(".old-step-*"), *complete_checkpoints(root)[:-keep]]:
@@ -244,7 +262,8 @@ def prune(root: Path, *, keep: int, spare: Path | None = None) -> None:
 
 
 def choose_resume(root: Path | None, resume: str) -> Path | None:
-    """Rank 0's first choice from RESUME and its view of CHECKPOINT_DIR (auto: `latest`); None: afresh."""
+    """Rank 0's first choice from RESUME and its view of CHECKPOINT_DIR (auto: `latest`); None:
+    afresh."""
     wanted = candidates(root, resume)
     return wanted[0] if wanted else None
 
@@ -261,13 +280,13 @@ def resume(
     check: Check = lambda meta, where: None,
     log: Callable[[str], None] = print,
 ) -> tuple[Path | None, dict[str, Any] | None]:
-    """Collective: restore the one checkpoint the whole job resumes, (its path, its meta.json), or (None,
-    None) for a fresh start. Rank 0 names its candidates (`candidates`: with RESUME=auto `latest`, then each
-    older complete one) with their meta.json; `check(meta, where)` may refuse one (a run with other settings,
-    a step at MAX_STEPS: ConfigError on every rank). A candidate rank 0 itself cannot read whole, or one that
-    fails to load on any rank, is damaged: RESUME=auto falls back to the next and says so; a checkpoint
-    another rank does not see at all is a volume problem, never a fallback. An explicit RESUME path is that
-    one or an error."""
+    """Collective: restore the one checkpoint the whole job resumes, (its path, its meta.json), or
+    (None, None) for a fresh start. Rank 0 names its candidates (`candidates`: with RESUME=auto
+    `latest`, then each older complete one) with their meta.json; `check(meta, where)` may refuse
+    one (a run with other settings, a step at MAX_STEPS: ConfigError on every rank). A candidate
+    rank 0 itself cannot read whole, or one that fails to load on any rank, is damaged: RESUME=auto
+    falls back to the next and says so; a checkpoint another rank does not see at all is a volume
+    problem, never a fallback. An explicit RESUME path is that one or an error."""
     auto, skipped = resume == "auto", []
     for name, meta_text in _agreed(root, resume):
         path = root / name if auto and root is not None else Path(name)
@@ -288,7 +307,9 @@ def resume(
             skipped.append(f"{name} ({e.reason})")
             continue
         if skipped:
-            log(f"checkpoint {'; '.join(skipped)} is damaged: resumed from {name}, the newest intact one")
+            log(
+                f"checkpoint {'; '.join(skipped)} is damaged: resumed from {name}, the newest intact one"
+            )
         return path, loaded
     if skipped:
         raise CheckpointError(
@@ -307,8 +328,8 @@ def _meta(text: str) -> dict[str, Any] | None:
 
 
 def _agreed(root: Path | None, resume: str) -> list[tuple[str, str]]:
-    """Rank 0's candidates, (name, meta.json text: '' when it has none), broadcast to every rank: one resume
-    point for the whole job, whatever each rank's own view of CHECKPOINT_DIR."""
+    """Rank 0's candidates, (name, meta.json text: '' when it has none), broadcast to every rank:
+    one resume point for the whole job, whatever each rank's own view of CHECKPOINT_DIR."""
     listed: list[Any] = [[]]
     if dist.get_rank() == 0:
         auto = resume == "auto"
@@ -333,10 +354,11 @@ def _unreadable_anywhere(path: Path, meta_text: str) -> list[tuple[int, tuple[st
 
 
 def agree_resume(root: Path | None, resume: str) -> Path | None:
-    """Collective: the checkpoint the whole job resumes, checked but not loaded (see `resume`): rank 0
-    decides, every rank checks that it sees that same checkpoint whole under its own CHECKPOINT_DIR, and all
-    raise together, naming a rank that does not. On per-node disks each rank would otherwise pick its own
-    `latest` and the ranks would hang in DCP's collectives or load mismatched state."""
+    """Collective: the checkpoint the whole job resumes, checked but not loaded (see `resume`): rank
+    0 decides, every rank checks that it sees that same checkpoint whole under its own
+    CHECKPOINT_DIR, and all raise together, naming a rank that does not. On per-node disks each rank
+    would otherwise pick its own `latest` and the ranks would hang in DCP's collectives or load
+    mismatched state."""
     auto = resume == "auto"
     for name, meta_text in _agreed(root, resume)[:1]:
         path = root / name if auto and root is not None else Path(name)
@@ -349,8 +371,8 @@ def agree_resume(root: Path | None, resume: str) -> Path | None:
 
 def unreadable(path: Path, *, expected_meta: str) -> str | None:
     """Why this rank cannot load the checkpoint at `path` that rank 0 chose (its meta.json is
-    `expected_meta`; '' when rank 0 has none), or None: the same meta.json, DCP's `.metadata` index and
-    every shard file it names."""
+    `expected_meta`; '' when rank 0 has none), or None: the same meta.json, DCP's `.metadata` index
+    and every shard file it names."""
     meta = path / META
     if not expected_meta or not meta.is_file():
         return f"no {META}"
@@ -358,11 +380,20 @@ def unreadable(path: Path, *, expected_meta: str) -> str | None:
         if meta.read_text() != expected_meta:
             return f"its {META} differs from rank 0's: another save under the same name"
         index = dcp.FileSystemReader(str(path)).read_metadata()
-    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as e:  # a missing or damaged index
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        pickle.UnpicklingError,
+    ) as e:  # a missing or damaged index
         return f"cannot read {e.filename if isinstance(e, OSError) and e.filename else 'its index'}"
     files = sorted({info.relative_path for info in (index.storage_data or {}).values()})
     missing = [f for f in files if not (path / f).is_file()]
-    return f"{len(missing)} of {len(files)} shard files missing, e.g. {missing[0]}" if missing else None
+    return (
+        f"{len(missing)} of {len(files)} shard files missing, e.g. {missing[0]}"
+        if missing
+        else None
+    )
 
 
 def _whereabouts() -> str:
@@ -371,7 +402,8 @@ def _whereabouts() -> str:
 
 
 def _unreadable_line(failed: list[tuple[int, tuple[str, str, str]]], *, explicit: bool) -> str:
-    """One line for every rank to print: the first rank that cannot read the checkpoint, where, and why."""
+    """One line for every rank to print: the first rank that cannot read the checkpoint, where, and
+    why."""
     rank, (where, path, why) = failed[0]
     others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
     if explicit and rank == 0:
@@ -383,12 +415,18 @@ def _unreadable_line(failed: list[tuple[int, tuple[str, str, str]]], *, explicit
 
 
 def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
-    """Collective. Restores model, optimizer and this rank's RNG; returns the trainer state from meta.json."""
+    """Collective. Restores model, optimizer and this rank's RNG; returns the trainer state from
+    meta.json."""
     meta_file = path / META
     if not meta_file.is_file():
-        raise CheckpointError(f"RESUME={str(path)!r} is not a complete checkpoint (no {META}): pick another")
+        raise CheckpointError(
+            f"RESUME={str(path)!r} is not a complete checkpoint (no {META}): pick another"
+        )
     # pre-filled with the live (sharded) tensors: DCP loads in place into what it is given
-    model_state, optim_state = get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)
+    model_state, optim_state = (
+        get_model_state_dict(model),
+        get_optimizer_state_dict(model, optimizer),
+    )
     try:
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
     except dcp.CheckpointException as e:  # raised on every rank: DCP gathers each rank's outcome
@@ -406,10 +444,13 @@ def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any
 
 
 def export_hf(out_dir: Path, *, model: nn.Module, config: Any, tokenizer: Any) -> Path | None:
-    """Collective. Gathers a full state dict on rank 0 and writes a `from_pretrained`-ready directory."""
+    """Collective. Gathers a full state dict on rank 0 and writes a `from_pretrained`-ready
+    directory."""
     from safetensors.torch import save_file
 
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     if dist.get_rank() != 0:
         return None
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
@@ -434,7 +475,9 @@ def resolve_pretrained(name_or_path: str, *, local_rank: int) -> Path:
     if path.is_dir():
         return path
     if name_or_path.startswith(("/", ".", "~")):
-        raise CheckpointError(f"PRETRAINED={name_or_path!r} does not exist: check the path or mount")
+        raise CheckpointError(
+            f"PRETRAINED={name_or_path!r} does not exist: check the path or mount"
+        )
     if local_rank == 0:
         from huggingface_hub import snapshot_download
 
@@ -450,8 +493,8 @@ def resolve_pretrained(name_or_path: str, *, local_rank: int) -> Path:
 
 
 def load_pretrained(path: Path, *, model: nn.Module) -> None:
-    """Collective. Rank 0 memory-maps the safetensors files and broadcasts each shard: one copy per job,
-    not one per rank."""
+    """Collective. Rank 0 memory-maps the safetensors files and broadcasts each shard: one copy per
+    job, not one per rank."""
     from safetensors.torch import load_file
 
     full: dict[str, ValueType] = {}

@@ -1,10 +1,10 @@
 """Training settings: one field per knob, each readable from a flag or an environment variable.
 
-Precedence: command-line flag > environment variable > default. The environment names are the same keys
-that `fsdpctl` writes into `.env` and into the PyTorchJob, so one vocabulary runs from laptop to cluster.
-The named Llama-2 models (7b, 13b, 70b) have defaults of their own for the keys in `MODEL_DEFAULTS`; a key the
-user set always wins. `fsdpctl` applies the same table (`with_model_defaults`), so a pod, `fsdpctl plan` and
-`python -m fsdptrain --model 7b` agree.
+Precedence: command-line flag > environment variable > default. The environment names are the same
+keys that `fsdpctl` writes into `.env` and into the PyTorchJob, so one vocabulary runs from laptop
+to cluster. The named Llama-2 models (7b, 13b, 70b) have defaults of their own for the keys in
+`MODEL_DEFAULTS`; a key the user set always wins. `fsdpctl` applies the same table
+(`with_model_defaults`), so a pod, `fsdpctl plan` and `python -m fsdptrain --model 7b` agree.
 """
 
 from __future__ import annotations
@@ -43,15 +43,16 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming the key, the value and what is allowed."""
 
 
-# pipe(7): a write(2) of at most PIPE_BUF bytes to a pipe is atomic, never interleaved with another's; the
-# ranks of a node share their launcher's stderr pipe, so each error line is one write below that size
+# pipe(7): a write(2) of at most PIPE_BUF bytes to a pipe is atomic, never interleaved with
+# another's; the ranks of a node share their launcher's stderr pipe, so each error line is one write
+# below that size
 PIPE_BUF = 4096
 
 
 def print_error(message: str, suffix: str = "") -> None:
-    """`fsdptrain: error: MESSAGE` on stderr in one write(2): print() writes the text and its newline apart,
-    and two ranks failing together glued their lines into one. A message too long for one atomic write is
-    cut at a word, marked with an ellipsis."""
+    """`fsdptrain: error: MESSAGE` on stderr in one write(2): print() writes the text and its
+    newline apart, and two ranks failing together glued their lines into one. A message too long for
+    one atomic write is cut at a word, marked with an ellipsis."""
     import sys
 
     line = " ".join(f"fsdptrain: error: {message}{suffix}".split())
@@ -61,7 +62,11 @@ def print_error(message: str, suffix: str = "") -> None:
     sys.stderr.flush()
     try:
         fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a stream with no descriptor (captured): its own write
+    except (
+        AttributeError,
+        OSError,
+        ValueError,
+    ):  # a stream with no descriptor (captured): its own write
         sys.stderr.write(data.decode() + "\n")
         return
     os.write(fd, data + b"\n")
@@ -87,12 +92,18 @@ class TrainConfig:
     # model
     model: str = _f("MODEL", "tiny", "named model config: 7b, 13b, 70b, tiny, tiny-gqa")
     pretrained: str = _f(
-        "PRETRAINED", "", "fine-tune from this HF checkpoint (local dir or hub id); empty: from scratch"
+        "PRETRAINED",
+        "",
+        "fine-tune from this HF checkpoint (local dir or hub id); empty: from scratch",
     )
-    tokenizer: str = _f("TOKENIZER", "", "tokenizer path or hub id (default: PRETRAINED's, else builtin)")
+    tokenizer: str = _f(
+        "TOKENIZER", "", "tokenizer path or hub id (default: PRETRAINED's, else builtin)"
+    )
     # data
     dataset: str = _f(
-        "DATASET", BUILTIN, "builtin (offline sample), local file/dir (text, jsonl, parquet) or hub id"
+        "DATASET",
+        BUILTIN,
+        "builtin (offline sample), local file/dir (text, jsonl, parquet) or hub id",
     )
     dataset_format: str = _f(
         "DATASET_FORMAT", "auto", "file format of a local dataset", choices=DATASET_FORMATS
@@ -100,7 +111,9 @@ class TrainConfig:
     dataset_split: str = _f("DATASET_SPLIT", "train", "split to read")
     dataset_text_field: str = _f("DATASET_TEXT_FIELD", "text", "column holding the text")
     # parallelism and precision
-    sharding_strategy: str = _f("SHARDING_STRATEGY", "FULL_SHARD", "FSDP strategy", choices=STRATEGIES)
+    sharding_strategy: str = _f(
+        "SHARDING_STRATEGY", "FULL_SHARD", "FSDP strategy", choices=STRATEGIES
+    )
     hsdp_shard_size: int = _f(
         "HSDP_SHARD_SIZE", 0, "HYBRID_SHARD group size (0: the processes of one node)", minimum=0
     )
@@ -112,7 +125,9 @@ class TrainConfig:
         "matmul outputs; without compile: every 2nd layer)",
         choices=AC_MODES,
     )
-    ac_every: int = _f("AC_EVERY", 2, "with every-k: checkpoint every k-th decoder layer", minimum=1)
+    ac_every: int = _f(
+        "AC_EVERY", 2, "with every-k: checkpoint every k-th decoder layer", minimum=1
+    )
     fsdp_prefetch: int = _f(
         "FSDP_PREFETCH",
         1,
@@ -160,7 +175,9 @@ class TrainConfig:
         minimum=0,
     )
     # optimisation
-    micro_batch_size: int = _f("MICRO_BATCH_SIZE", 2, "sequences per process per micro-step", minimum=1)
+    micro_batch_size: int = _f(
+        "MICRO_BATCH_SIZE", 2, "sequences per process per micro-step", minimum=1
+    )
     grad_accum_steps: int = _f("GRAD_ACCUM_STEPS", 1, "micro-steps per optimizer step", minimum=1)
     seq_len: int = _f("SEQ_LEN", 128, "tokens per sequence", minimum=8)
     max_steps: int = _f("MAX_STEPS", 30, "optimizer steps to run", minimum=1)
@@ -184,20 +201,26 @@ class TrainConfig:
         "CHECKPOINT_INTERVAL", 0, "save every N steps (0: only at the end)", minimum=0
     )
     checkpoint_keep: int = _f("CHECKPOINT_KEEP", 2, "keep the last K checkpoints", minimum=1)
-    resume: str = _f("RESUME", "auto", "auto: resume from the latest checkpoint; never; or a checkpoint path")
+    resume: str = _f(
+        "RESUME", "auto", "auto: resume from the latest checkpoint; never; or a checkpoint path"
+    )
     allow_setting_changes: bool = _f(
         "ALLOW_SETTING_CHANGES",
         False,
         "resume a checkpoint saved with other settings that change the math (precision, model, sharding, "
         "LR schedule, MAX_STEPS, sequence length, batch); refused otherwise",
     )
-    export_dir: str = _f("EXPORT_DIR", "", "write a consolidated HF safetensors model here at the end")
+    export_dir: str = _f(
+        "EXPORT_DIR", "", "write a consolidated HF safetensors model here at the end"
+    )
     # telemetry
     log_interval: int = _f("LOG_INTERVAL", 1, "log every N steps", minimum=1)
     peak_tflops: float = _f(
         "PEAK_TFLOPS", 0.0, "peak TFLOP/s per device for MFU (0: from the GPU table)", minimum=0.0
     )
-    metrics_file: str = _f("METRICS_FILE", "", "also append the JSON metric lines to this file (rank 0)")
+    metrics_file: str = _f(
+        "METRICS_FILE", "", "also append the JSON metric lines to this file (rank 0)"
+    )
     metrics_port: int = _f(
         "METRICS_PORT",
         0,
@@ -244,7 +267,9 @@ class TrainConfig:
         found = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            env, choices, minimum, maximum = (f.metadata[k] for k in ("env", "choices", "min", "max"))
+            env, choices, minimum, maximum = (
+                f.metadata[k] for k in ("env", "choices", "min", "max")
+            )
             if choices and value not in choices:
                 found.append(f"{env}={value!r} is not allowed: use one of {', '.join(choices)}")
             elif minimum is not None and value < minimum:
@@ -256,11 +281,15 @@ class TrainConfig:
         if self.warmup_steps > self.max_steps and not any(
             line.startswith(("MAX_STEPS=", "WARMUP_STEPS=")) for line in found
         ):
-            found.append(f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it")
+            found.append(
+                f"WARMUP_STEPS={self.warmup_steps} exceeds MAX_STEPS={self.max_steps}: lower it"
+            )
         if problem := sdpa_problem(self.sdpa_backends):
             found.append(problem)
         if not self.dataset:
-            found.append("DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id")
+            found.append(
+                "DATASET='' is empty: use 'builtin', a text/jsonl/parquet file or a hub dataset id"
+            )
         for key, value in (
             ("DATASET", self.dataset),
             ("TOKENIZER", self.tokenizer),
@@ -269,9 +298,11 @@ class TrainConfig:
             local = value.startswith(("/", "./", "../", "~"))
             if check_paths and local and not os.path.exists(os.path.expanduser(value)):
                 found.append(f"{key}={value!r} does not exist: check the path or mount")
-        if check_paths:  # this machine runs the trainer: what the keys set need must be installed here
-            # FLOAT8's package is judged after its GPU (fsdptrain.launch.check_device, where torch may be
-            # imported): installing torchao would not help a machine that cannot run float8
+        if (
+            check_paths
+        ):  # this machine runs the trainer: what the keys set need must be installed here
+            # FLOAT8's package is judged after its GPU (fsdptrain.launch.check_device, where torch
+            # may be imported): installing torchao would not help a machine that cannot run float8
             found += [line for line in missing_packages(self) if not line.startswith("FLOAT8=")]
         return found
 
@@ -282,14 +313,17 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ModelDefaults:
-    """What a named model trains with unless the user says otherwise (see MODEL_DEFAULTS for the sources)."""
+    """What a named model trains with unless the user says otherwise (see MODEL_DEFAULTS for the
+    sources)."""
 
     seq_len: int
     micro_batch_size: int
     activation_checkpointing: str
     lr: float  # peak, training from scratch
     finetune_lr: float  # peak, with PRETRAINED
-    warmup_steps: int  # from scratch; capped at a tenth of MAX_STEPS so a short run still reaches the peak
+    warmup_steps: (
+        int  # from scratch; capped at a tenth of MAX_STEPS so a short run still reaches the peak
+    )
 
 
 # The tiny models keep the field defaults above (the quickstart and the tests depend on them). Sources:
@@ -309,7 +343,13 @@ MODEL_DEFAULTS: dict[str, ModelDefaults] = {
     "70b": ModelDefaults(4096, 1, "full", 1.5e-4, 5e-5, 2000),
 }
 FINETUNE_WARMUP_FRACTION = 0.0032
-MODEL_DEFAULT_KEYS = ("seq_len", "micro_batch_size", "activation_checkpointing", "lr", "warmup_steps")
+MODEL_DEFAULT_KEYS = (
+    "seq_len",
+    "micro_batch_size",
+    "activation_checkpointing",
+    "lr",
+    "warmup_steps",
+)
 
 
 def model_defaults(model: str, *, pretrained: str = "", max_steps: int = 30) -> dict[str, Any]:
@@ -331,9 +371,10 @@ def model_defaults(model: str, *, pretrained: str = "", max_steps: int = 30) -> 
 
 
 def with_model_defaults(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """`values` (field name -> parsed value, only what the user set) completed with the model's defaults for
-    the keys the user left unset; also returns the names that took a model default. The warmup a user left
-    unset is at most MAX_STEPS (`MAX_STEPS=3` just works), as the named models cap theirs at a tenth."""
+    """`values` (field name -> parsed value, only what the user set) completed with the model's
+    defaults for the keys the user left unset; also returns the names that took a model default. The
+    warmup a user left unset is at most MAX_STEPS (`MAX_STEPS=3` just works), as the named models
+    cap theirs at a tenth."""
     defaults = TrainConfig()
     max_steps = values.get("max_steps", defaults.max_steps)
     max_steps = max_steps if isinstance(max_steps, int) else defaults.max_steps
@@ -362,7 +403,11 @@ def _parse_value(f: dataclasses.Field[Any], raw: str) -> Any:
             raise ValueError(raw)
         return kind(raw)
     except ValueError:
-        what = {int: "a whole number, e.g. 2", float: "a number, e.g. 0.001", bool: "true or false"}[kind]
+        what = {
+            int: "a whole number, e.g. 2",
+            float: "a number, e.g. 0.001",
+            bool: "true or false",
+        }[kind]
         raise ConfigError(f"{env}={raw!r} is not valid: give {what}") from None
 
 
@@ -371,7 +416,9 @@ def parse_value(name: str, raw: str) -> Any:
     return _parse_value(_FIELDS[name], raw)
 
 
-def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainConfig:
+def from_sources(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> TrainConfig:
     """Build and validate the config from flags and environment (flags win)."""
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
@@ -399,14 +446,15 @@ def from_sources(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
 
 
 def resolve_deterministic(setting: str, device_type: str) -> bool:
-    """DETERMINISTIC: auto is on for CPU (the tests compare losses bit for bit) and off with CUDA, whose
-    deterministic kernels are slower (torch's reproducibility notes; torchtitan leaves them off too)."""
+    """DETERMINISTIC: auto is on for CPU (the tests compare losses bit for bit) and off with CUDA,
+    whose deterministic kernels are slower (torch's reproducibility notes; torchtitan leaves them
+    off too)."""
     return setting == "true" or (setting == "auto" and device_type != "cuda")
 
 
 def resolve_fused_optimizer(setting: str, device_type: str) -> bool:
-    """FUSED_OPTIMIZER: auto takes AdamW's fused kernel with CUDA (one kernel for all parameters, torch's
-    fastest implementation there) and foreach elsewhere."""
+    """FUSED_OPTIMIZER: auto takes AdamW's fused kernel with CUDA (one kernel for all parameters,
+    torch's fastest implementation there) and foreach elsewhere."""
     return setting == "on" or (setting == "auto" and device_type == "cuda")
 
 
@@ -414,11 +462,16 @@ FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9) and Hopper (9.0
 
 
 def float8_refusal(device: str, capability: tuple[int, int] | None) -> str | None:
-    """FLOAT8=true's one-line refusal on a machine without float8 tensor cores; None where it can run.
-    `device` names what this process trains on, `capability` is its CUDA compute capability (None: no GPU)."""
+    """FLOAT8=true's one-line refusal on a machine without float8 tensor cores; None where it can
+    run. `device` names what this process trains on, `capability` is its CUDA compute capability
+    (None: no GPU)."""
     if capability is not None and capability >= FLOAT8_MIN_CAPABILITY:
         return None
-    has = device if capability is None else f"{device} (compute capability {capability[0]}.{capability[1]})"
+    has = (
+        device
+        if capability is None
+        else f"{device} (compute capability {capability[0]}.{capability[1]})"
+    )
     return (
         f"FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L40S) and this "
         f"process has {has}: unset FLOAT8 or run on such a GPU"
@@ -426,8 +479,9 @@ def float8_refusal(device: str, capability: tuple[int, int] | None) -> str | Non
 
 
 def missing_packages(cfg: TrainConfig) -> list[str]:
-    """One line per optional key (trackers, FLOAT8) that is set while its package is not installed (checked
-    without importing it): the run is refused before it starts instead of failing at its first step."""
+    """One line per optional key (trackers, FLOAT8) that is set while its package is not installed
+    (checked without importing it): the run is refused before it starts instead of failing at its
+    first step."""
     import importlib.util
 
     found = []

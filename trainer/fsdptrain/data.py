@@ -1,8 +1,10 @@
-"""Data: Hugging Face `datasets` -> tokenizer -> packed fixed-length blocks, sharded by rank, resumable.
+"""Data: Hugging Face `datasets` -> tokenizer -> packed fixed-length blocks, sharded by rank,
+resumable.
 
-The position is one integer, `consumed`: how many blocks all ranks together have taken. Micro-step m of a
-run gives rank r the blocks [consumed + r*B, consumed + (r+1)*B) of a seeded per-epoch permutation, so a run
-resumed from a checkpoint sees exactly the data the uninterrupted run would have seen.
+The position is one integer, `consumed`: how many blocks all ranks together have taken. Micro-step m
+of a run gives rank r the blocks [consumed + r*B, consumed + (r+1)*B) of a seeded per-epoch
+permutation, so a run resumed from a checkpoint sees exactly the data the uninterrupted run would
+have seen.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def detect_format(path: str, declared: str) -> str:
     for f in files:
         if f.suffix in _SUFFIX_FORMAT:
             return _SUFFIX_FORMAT[f.suffix]
-    raise ConfigError(f"DATASET_FORMAT='auto' cannot tell the format of {path!r}: set text, json or parquet")
+    raise ConfigError(
+        f"DATASET_FORMAT='auto' cannot tell the format of {path!r}: set text, json or parquet"
+    )
 
 
 def _data_files(path: str) -> list[str]:
@@ -87,13 +91,16 @@ class PackedBlocks:
 
     def take(self, start: int, count: int) -> np.ndarray:
         n = len(self.blocks)
-        perms = {epoch: self._perm(epoch) for epoch in range(start // n, (start + count - 1) // n + 1)}
+        perms = {
+            epoch: self._perm(epoch) for epoch in range(start // n, (start + count - 1) // n + 1)
+        }
         return np.stack([self.blocks[perms[i // n][i % n]] for i in range(start, start + count)])
 
 
 def _datasets() -> Any:
-    """The `datasets` package, imported only for a file or hub dataset (the builtin sample needs none: a GPU
-    machine with torch and transformers alone trains on it), its progress bars off (log lines say it)."""
+    """The `datasets` package, imported only for a file or hub dataset (the builtin sample needs
+    none: a GPU machine with torch and transformers alone trains on it), its progress bars off (log
+    lines say it)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -101,10 +108,11 @@ def _datasets() -> Any:
 
 
 def read_text_rows(files: Sequence[str]) -> list[str]:
-    """The rows `datasets.load_dataset("text", ...)` gives, without `datasets` (the builtin sample then needs
-    only torch and transformers, as on the GPU machine): its Text builder (datasets 5.2
-    packaged_modules/text) reads each file as UTF-8 with universal newlines (CR LF and CR become LF) and
-    makes one row per LF-ended line, the LF dropped; other line separators (U+2028, form feed) stay."""
+    """The rows `datasets.load_dataset("text", ...)` gives, without `datasets` (the builtin sample
+    then needs only torch and transformers, as on the GPU machine): its Text builder (datasets 5.2
+    packaged_modules/text) reads each file as UTF-8 with universal newlines (CR LF and CR become LF)
+    and makes one row per LF-ended line, the LF dropped; other line separators (U+2028, form feed)
+    stay."""
     rows: list[str] = []
     for name in files:
         try:
@@ -146,7 +154,8 @@ def load_local(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks:
 
 class StreamingBlocks:
     """A hub data set read as a stream (clusters); resume skips the blocks already consumed. With
-    HF_HUB_OFFLINE=1 the stream reads the repo's snapshot in the Hugging Face cache (fsdptrain.fetch)."""
+    HF_HUB_OFFLINE=1 the stream reads the repo's snapshot in the Hugging Face cache
+    (fsdptrain.fetch)."""
 
     def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
@@ -158,7 +167,8 @@ class StreamingBlocks:
 
         datasets = _datasets()
 
-        # offline (the job's pre-step fetched it): the snapshot in the cache, read as the hub repo would be
+        # offline (the job's pre-step fetched it): the snapshot in the cache, read as the hub repo
+        # would be
         source = local_snapshot(self.cfg.dataset, "dataset") or self.cfg.dataset
         ds = datasets.load_dataset(
             source,
@@ -170,7 +180,9 @@ class StreamingBlocks:
         block, buf = self.cfg.seq_len + 1, list[int]()
         for row in ds:
             buf.extend(
-                self.tokenizer(row[self.cfg.dataset_text_field], add_special_tokens=False)["input_ids"]
+                self.tokenizer(row[self.cfg.dataset_text_field], add_special_tokens=False)[
+                    "input_ids"
+                ]
             )
             buf.append(self.tokenizer.eos_token_id)
             while len(buf) >= block:
@@ -199,11 +211,12 @@ def load_blocks(cfg: TrainConfig, tokenizer: Any) -> PackedBlocks | StreamingBlo
 class Loader:
     """Hands each rank its micro-batch and tracks the global position.
 
-    With `prefetch` > 0 a background thread builds the next batches (indexing, slicing, pinning on CUDA)
-    while the main thread trains; they are the batches the synchronous loader gives, in the same order,
-    and `consumed` counts only those the main thread took, so a checkpoint's position is unchanged.
-    An error in the thread is raised by `next_batch`; `close` stops the thread (also on SIGTERM's
-    orderly stop: the trainer closes it in a `finally`), and it is a daemon so it never holds up an exit.
+    With `prefetch` > 0 a background thread builds the next batches (indexing, slicing, pinning on
+    CUDA) while the main thread trains; they are the batches the synchronous loader gives, in the
+    same order, and `consumed` counts only those the main thread took, so a checkpoint's position is
+    unchanged. An error in the thread is raised by `next_batch`; `close` stops the thread (also on
+    SIGTERM's orderly stop: the trainer closes it in a `finally`), and it is a daemon so it never
+    holds up an exit.
     """
 
     def __init__(
@@ -225,7 +238,8 @@ class Loader:
         self._thread: threading.Thread | None = None
 
     def batch_at(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's (inputs, labels) when `consumed` blocks have been taken by all ranks together."""
+        """This rank's (inputs, labels) when `consumed` blocks have been taken by all ranks
+        together."""
         if isinstance(self.blocks, StreamingBlocks):
             # each rank reads the same stream and keeps its own slice of every global micro-batch
             rows = self.blocks.take(consumed, self.micro_batch * self.world)
@@ -234,7 +248,9 @@ class Loader:
             rows = self.blocks.take(consumed + self.rank * self.micro_batch, self.micro_batch)
         t = torch.from_numpy(rows)
         inputs, labels = t[:, :-1].contiguous(), t[:, 1:].contiguous()
-        if self.pin_memory:  # page-locked: the copy to the GPU can then overlap compute (non_blocking)
+        if (
+            self.pin_memory
+        ):  # page-locked: the copy to the GPU can then overlap compute (non_blocking)
             inputs, labels = inputs.pin_memory(), labels.pin_memory()
         return inputs, labels
 
@@ -264,7 +280,9 @@ class Loader:
         if isinstance(item, BaseException):
             self.close()
             raise item
-        if position != self.consumed:  # the thread and the main thread disagree on the data position
+        if (
+            position != self.consumed
+        ):  # the thread and the main thread disagree on the data position
             raise RuntimeError(f"loader thread at position {position}, trainer at {self.consumed}")
         return item
 

@@ -15,8 +15,9 @@ Two reasons, told apart by what the trainer reads, never by the signal alone:
   exits 1 on SIGTERM (torch/distributed/elastic/agent/server/api.py, `run`: SignalException re-raised),
   which ExitCode makes permanent. The job comes back and resumes from the checkpoint it just wrote.
 
-A third note, **failed**, says no restart can help (the volume is full or not writable): the launcher ends
-the pod with 1 at once instead of letting torchrun retry the same save MAX_RESTARTS times.
+A third note, **failed**, says no restart can help (the volume is full or not writable): the
+launcher ends the pod with 1 at once instead of letting torchrun retry the same save MAX_RESTARTS
+times.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-STOP_FILE_ENV = "FSDPTRAIN_STOP_FILE"  # the pod's annotations as the kubelet writes them (downward API)
+STOP_FILE_ENV = (
+    "FSDPTRAIN_STOP_FILE"  # the pod's annotations as the kubelet writes them (downward API)
+)
 STOP_ANNOTATION = "fsdpctl.io/stop"
 NOTE_ENV = "FSDPTRAIN_EXIT_NOTE"  # a file the pod's launcher reads after torchrun ends
 # agreed across ranks with MAX: a stop request wins over a disruption seen at the same step
 NONE, DISRUPTED, STOP = 0, 1, 2
 RETRYABLE_EXIT = 128 + signal.SIGTERM  # what a container killed by SIGTERM reports
-# the downward API's annotations file: one `key="value"` line per annotation, the value quoted as Go's %q
+# the downward API's annotations file: one `key="value"` line per annotation, the value quoted as
+# Go's %q
 _LINE = re.compile(r'^(?P<key>[^=\s]+)="(?P<value>.*)"$')
 
 
@@ -56,22 +60,24 @@ def stop_requested(environ: Mapping[str, str]) -> bool:
 
 
 def local_reason(signalled: bool, environ: Mapping[str, str]) -> int:
-    """This rank's reason to end now: a stop request (whether or not a signal came with it), else a SIGTERM
-    (a disruption), else none."""
+    """This rank's reason to end now: a stop request (whether or not a signal came with it), else a
+    SIGTERM (a disruption), else none."""
     if stop_requested(environ):
         return STOP
     return DISRUPTED if signalled else NONE
 
 
 def describe(reason: int) -> str:
-    return {STOP: "stop requested (fsdpctl job stop)", DISRUPTED: "disrupted (SIGTERM: pod evicted)"}.get(
-        reason, "none"
-    )
+    return {
+        STOP: "stop requested (fsdpctl job stop)",
+        DISRUPTED: "disrupted (SIGTERM: pod evicted)",
+    }.get(reason, "none")
 
 
 def write_note(environ: Mapping[str, str], kind: str, **detail: Any) -> None:
-    """Tell the pod's launcher why the run ended (kind: disrupted or failed). Written whole (a rename), by
-    every rank that knows, since any of them may be the last one the launcher waits for."""
+    """Tell the pod's launcher why the run ended (kind: disrupted or failed). Written whole (a
+    rename), by every rank that knows, since any of them may be the last one the launcher waits for.
+    """
     path = environ.get(NOTE_ENV)
     if not path:
         return
@@ -98,10 +104,11 @@ RESTART = -1  # `pod_exit`: start torchrun again in this pod
 
 
 def pod_exit(rc: int, *, signalled: bool, note: dict[str, Any] | None, stopping: bool) -> int:
-    """The pod's exit code once torchrun ended with `rc` (negative: killed by that signal), or RESTART.
-    `signalled`: the kubelet sent this pod SIGTERM; `note`: what the trainer left; `stopping`: the stop
-    annotation is there. Under restartPolicy ExitCode the operator recreates a pod that exits 128-255 and
-    fails the job on 1-127 (Training Operator v1.9.4 pkg/controller.v1/common/pod.go, ReconcilePods)."""
+    """The pod's exit code once torchrun ended with `rc` (negative: killed by that signal), or
+    RESTART. `signalled`: the kubelet sent this pod SIGTERM; `note`: what the trainer left;
+    `stopping`: the stop annotation is there. Under restartPolicy ExitCode the operator recreates a
+    pod that exits 128-255 and fails the job on 1-127 (Training Operator v1.9.4
+    pkg/controller.v1/common/pod.go, ReconcilePods)."""
     if stopping and (signalled or rc == 0):
         return 0  # asked to stop: torchrun's own 1 on SIGTERM is no failure of the job
     if signalled:
@@ -118,12 +125,13 @@ STARTS_MAX_ENV = "FSDPTRAIN_STARTS_MAX"  # JOB_NODES x (1 + MAX_RESTARTS)
 
 
 def record_start(environ: Mapping[str, str], who: str) -> str | None:
-    """Count a torchrun start of this run in its ledger (a file per start, in a directory every pod sees);
-    the line that refuses it when the job has started more often than its budget. Under restartPolicy
-    ExitCode a pod that dies by a signal is recreated without bound (the operator's backoffLimit counts the
-    restarts of running containers, and with ExitCode pods never restart in place: v1.9.4 pkg/core/job.go,
-    PastBackoffLimit), so the pods bound themselves: JOB_NODES first starts plus MAX_RESTARTS restarts of
-    every node. None: within budget, or no ledger (a plain torchrun, or a volume it cannot write to)."""
+    """Count a torchrun start of this run in its ledger (a file per start, in a directory every pod
+    sees); the line that refuses it when the job has started more often than its budget. Under
+    restartPolicy ExitCode a pod that dies by a signal is recreated without bound (the operator's
+    backoffLimit counts the restarts of running containers, and with ExitCode pods never restart in
+    place: v1.9.4 pkg/core/job.go, PastBackoffLimit), so the pods bound themselves: JOB_NODES first
+    starts plus MAX_RESTARTS restarts of every node. None: within budget, or no ledger (a plain
+    torchrun, or a volume it cannot write to)."""
     folder, most = environ.get(STARTS_DIR_ENV, ""), environ.get(STARTS_MAX_ENV, "")
     if not folder or not most.isdigit():
         return None

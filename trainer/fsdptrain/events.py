@@ -1,7 +1,9 @@
-"""The trainer's event lines: the typed contract between fsdptrain, which prints them, and fsdpctl, which
-reads them for `job status`, `job run`'s progress bar and the local backend's leader. Pure: no torch.
+"""The trainer's event lines: the typed contract between fsdptrain, which prints them, and fsdpctl,
+which reads them for `job status`, `job run`'s progress bar and the local backend's leader. Pure: no
+torch.
 
-Rank 0 prints one compact JSON object per line, `{"event":KIND,...}`, between the human-readable lines:
+Rank 0 prints one compact JSON object per line, `{"event":KIND,...}`, between the human-readable
+lines:
 
     {"event":"leader","node_rank":0,"hostname":"job-worker-0","world":16,"time":1718000000.0}
     {"event":"step","step":10,"max_steps":100,"loss":3.21,...}
@@ -10,8 +12,8 @@ Rank 0 prints one compact JSON object per line, `{"event":KIND,...}`, between th
     {"event":"start","record_id":"3f9c...","torch":"2.6.0",...,"dataset":{...},"tokenizer":{...}}
     {"event":"stage","stage":"loading data","time":1718000001.0}
 
-`to_line` writes one; `parse` reads a log back, skipping every other line, a line cut by a crash mid-write,
-an event kind it does not know (a newer trainer's) and fields it does not know.
+`to_line` writes one; `parse` reads a log back, skipping every other line, a line cut by a crash
+mid-write, an event kind it does not know (a newer trainer's) and fields it does not know.
 """
 
 from __future__ import annotations
@@ -25,19 +27,24 @@ from typing import Any, ClassVar
 from fsdptrain import fingerprint
 
 PREFIX = '{"event"'
-# The id of the run record fsdpctl wrote for this run (fsdpctl.record): set in the pods' environment, echoed
-# by the trainer's start and summary lines and kept in every checkpoint's meta.json.
+# The id of the run record fsdpctl wrote for this run (fsdpctl.record): set in the pods'
+# environment, echoed by the trainer's start and summary lines and kept in every checkpoint's
+# meta.json.
 RECORD_ENV = "FSDPTRAIN_RECORD_ID"
-# "not measured here" (a CPU has no allocator counters, no NVML): such a field is left out of the line
+# "not measured here" (a CPU has no allocator counters, no NVML): such a field is left out of the
+# line
 _OPTIONAL = {"omit_if_none": True}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Leader:
-    """Printed once at start by global rank 0, so a reader knows which node's log carries the progress."""
+    """Printed once at start by global rank 0, so a reader knows which node's log carries the
+    progress."""
 
     kind: ClassVar[str] = "leader"
-    node_rank: int  # torchrun's GROUP_RANK: this node's place in the rendezvous (not its launch order)
+    node_rank: (
+        int  # torchrun's GROUP_RANK: this node's place in the rendezvous (not its launch order)
+    )
     hostname: str  # the pod's name on Kubernetes
     world: int
     time: float
@@ -96,15 +103,18 @@ class Summary:
     checkpoint: str | None
     export: str | None
     stopped: bool  # ended before MAX_STEPS: a stop request or a disruption
-    # why it stopped (fsdptrain.disruption): "stop" (fsdpctl job stop) or "disrupted" (SIGTERM: pod evicted)
+    # why it stopped (fsdptrain.disruption): "stop" (fsdpctl job stop) or "disrupted" (SIGTERM: pod
+    # evicted)
     stop_reason: str | None = field(default=None, metadata=_OPTIONAL)
-    record_id: str | None = field(default=None, metadata=_OPTIONAL)  # RECORD_ENV; none outside fsdpctl
+    record_id: str | None = field(
+        default=None, metadata=_OPTIONAL
+    )  # RECORD_ENV; none outside fsdpctl
 
 
 @dataclass(frozen=True, kw_only=True)
 class Start:
-    """Printed once by rank 0 after the build: what the run is made of as the trainer sees it (library
-    versions, the data and tokenizer it reads). fsdpctl merges it into the run's record."""
+    """Printed once by rank 0 after the build: what the run is made of as the trainer sees it
+    (library versions, the data and tokenizer it reads). fsdpctl merges it into the run's record."""
 
     kind: ClassVar[str] = "start"
     record_id: str  # RECORD_ENV; '' when not started by fsdpctl
@@ -118,8 +128,8 @@ class Start:
     dataset: dict[str, Any]  # fsdptrain.fingerprint
     tokenizer: dict[str, Any]
     time: float
-    # how the speed settings resolved here, each with its reason (fsdptrain.levers): compile, activation
-    # checkpointing, float8, the attention kernel, the garbage collector
+    # how the speed settings resolved here, each with its reason (fsdptrain.levers): compile,
+    # activation checkpointing, float8, the attention kernel, the garbage collector
     levers: dict[str, str] = field(default_factory=dict)
     # the checkpoint it resumed, as this trainer's CHECKPOINT_DIR names it; None: a fresh start
     resumed_from: str | None = field(default=None, metadata=_OPTIONAL)
@@ -127,8 +137,8 @@ class Start:
 
 @dataclass(frozen=True, kw_only=True)
 class Stage:
-    """Printed by rank 0 as it starts each part of the build (between the leader and start lines), so a
-    reader can say what a run does before its first step instead of nothing for a minute."""
+    """Printed by rank 0 as it starts each part of the build (between the leader and start lines),
+    so a reader can say what a run does before its first step instead of nothing for a minute."""
 
     kind: ClassVar[str] = "stage"
     stage: str  # "loading data", "building the model", "loading checkpoint step-00000020"
@@ -136,13 +146,18 @@ class Stage:
 
 
 Event = Leader | Step | Checkpoint | Summary | Start | Stage
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start, Stage)}
+KINDS: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start, Stage)
+}
 
 
 def as_record(event: Event) -> dict[str, Any]:
-    """The event as the JSON object of its line: `{"event": kind, field: value, ...}` in field order."""
+    """The event as the JSON object of its line: `{"event": kind, field: value, ...}` in field
+    order."""
     values = asdict(event)
-    omit = {f.name for f in fields(event) if f.metadata.get("omit_if_none") and values[f.name] is None}
+    omit = {
+        f.name for f in fields(event) if f.metadata.get("omit_if_none") and values[f.name] is None
+    }
     return {"event": event.kind, **{k: v for k, v in values.items() if k not in omit}}
 
 
@@ -150,9 +165,9 @@ def to_line(event: Event) -> str:
     return json.dumps(as_record(event), separators=(",", ":"))
 
 
-# A line is read back from a log anyone may have written into: each field must have its declared type
-# before a reader does arithmetic with it. Times, rates and counts are finite; a loss may be NaN or inf
-# (a diverged run prints what it computed).
+# A line is read back from a log anyone may have written into: each field must have its declared
+# type before a reader does arithmetic with it. Times, rates and counts are finite; a loss may be
+# NaN or inf (a diverged run prints what it computed).
 MAY_DIVERGE = frozenset({"loss", "grad_norm", "final_loss", "first_loss", "losses", "mfu"})
 POSITIVE = frozenset({"max_steps", "world"})  # divided by
 
@@ -165,7 +180,11 @@ def _typed(name: str, declared: str, value: Any) -> bool:
     base = declared.removesuffix(" | None")
     finite = name in MAY_DIVERGE or _finite(value)
     if base == "int":
-        return isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or name not in POSITIVE)
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and (value >= 1 or name not in POSITIVE)
+        )
     if base == "float":
         return isinstance(value, int | float) and not isinstance(value, bool) and finite
     if base == "str":
@@ -182,8 +201,9 @@ def _finite(value: Any) -> bool:
 
 
 def from_record(record: Mapping[str, Any]) -> Event | None:
-    """The typed event of one decoded line; None for an unknown kind, a line missing a required field, or
-    one whose fields are not of their types (a damaged or foreign line: skipped like a cut one)."""
+    """The typed event of one decoded line; None for an unknown kind, a line missing a required
+    field, or one whose fields are not of their types (a damaged or foreign line: skipped like a cut
+    one)."""
     kind = record.get("event")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
@@ -192,7 +212,9 @@ def from_record(record: Mapping[str, Any]) -> Event | None:
     values = {k: v for k, v in record.items() if k in declared}
     if not all(_typed(k, declared[k], v) for k, v in values.items()):
         return None
-    if cls is Start and not all(fingerprint.well_formed(values.get(k)) for k in ("dataset", "tokenizer")):
+    if cls is Start and not all(
+        fingerprint.well_formed(values.get(k)) for k in ("dataset", "tokenizer")
+    ):
         return None
     try:
         return cls(**values)

@@ -1,8 +1,9 @@
 """Hub downloads done once per job, before any process group exists.
 
-`PRETRAINED`, `TOKENIZER` and `DATASET` may name Hugging Face Hub repos. Fetched by the ranks themselves, one
-rank per node downloads while the others wait in a collective barrier under the process group's timeout
-(10 minutes; 70B weights are about 138 GB), and every node downloads its own copy. Instead:
+`PRETRAINED`, `TOKENIZER` and `DATASET` may name Hugging Face Hub repos. Fetched by the ranks
+themselves, one rank per node downloads while the others wait in a collective barrier under the
+process group's timeout (10 minutes; 70B weights are about 138 GB), and every node downloads its own
+copy. Instead:
 
 - on a cluster, the pre-step (a one-shot Kubernetes Job that `fsdpctl job run` creates with the training job;
   locally a process the supervisor starts first) runs `python -m fsdptrain.fetch --marker M`: it downloads
@@ -12,15 +13,15 @@ rank per node downloads while the others wait in a collective barrier under the 
 - without a pre-step (no shared volume, a plain `torchrun`), local rank 0 of each node runs the same
   download in a child process before any process group, the node's other ranks wait for its marker.
 
-A download is idempotent (a repo whose snapshot is complete is not downloaded again: two API calls) and
-atomic for readers: files land in `snapshots/<commit>/` through huggingface_hub's temp-then-rename blobs,
-and only when all are there does `refs/<revision>` point at the commit, which is what an offline load
-resolves. Progress goes to stdout as event lines:
+A download is idempotent (a repo whose snapshot is complete is not downloaded again: two API calls)
+and atomic for readers: files land in `snapshots/<commit>/` through huggingface_hub's
+temp-then-rename blobs, and only when all are there does `refs/<revision>` point at the commit,
+which is what an offline load resolves. Progress goes to stdout as event lines:
 
     {"event":"fetch","repo":"org/name","kind":"model","state":"downloading","files_done":3,...}
 
-The token comes from HF_TOKEN, else the file HF_TOKEN_PATH (the Kubernetes Secret) or HF_TOKEN_FILE; it is
-never printed.
+The token comes from HF_TOKEN, else the file HF_TOKEN_PATH (the Kubernetes Secret) or HF_TOKEN_FILE;
+it is never printed.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-
 
 
 class FetchError(Exception):
-    """One line; `permanent` (a wrong id, no access): retrying cannot help, the job fails with exit 2."""
+    """One line; `permanent` (a wrong id, no access): retrying cannot help, the job fails with exit
+    2."""
 
     def __init__(self, message: str, *, permanent: bool) -> None:
         super().__init__(message)
@@ -109,9 +111,11 @@ def is_hub_id(value: str) -> bool:
     return value != BUILTIN and bool(_REPO_ID.fullmatch(value)) and ".." not in value
 
 
-def targets(values: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists) -> list[Target]:
-    """The repos a job with these settings reads from the hub, each once. A value that exists here as a path
-    is a local directory (as the trainer decides), not a repo."""
+def targets(
+    values: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
+) -> list[Target]:
+    """The repos a job with these settings reads from the hub, each once. A value that exists here
+    as a path is a local directory (as the trainer decides), not a repo."""
     pretrained, tokenizer = values.get("PRETRAINED", ""), values.get("TOKENIZER", "")
     dataset = values.get("DATASET", "")
     out = []
@@ -138,7 +142,8 @@ def token_from(env: Mapping[str, str]) -> str:
 
 
 def hub_cache(env: Mapping[str, str]) -> Path:
-    """Where huggingface_hub keeps repos: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    """Where huggingface_hub keeps repos: HF_HUB_CACHE, else HF_HOME/hub, else
+    ~/.cache/huggingface/hub."""
     if env.get("HF_HUB_CACHE"):
         return Path(env["HF_HUB_CACHE"]).expanduser()
     home = env.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
@@ -161,7 +166,8 @@ def _ref(cache: Path, target: Target) -> str:
 
 
 def plan(target: Target, cache: Path, *, token: str, endpoint: str | None) -> Fetched:
-    """Two API calls (the commit, its file list), nothing written: what is in the repo and not yet here."""
+    """Two API calls (the commit, its file list), nothing written: what is in the repo and not yet
+    here."""
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import filter_repo_objects
@@ -169,7 +175,9 @@ def plan(target: Target, cache: Path, *, token: str, endpoint: str | None) -> Fe
     api = HfApi(endpoint=endpoint, token=token or False)
     try:
         info = api.repo_info(target.repo_id, repo_type=target.kind, revision=target.revision)
-        tree = api.list_repo_tree(target.repo_id, repo_type=target.kind, revision=info.sha, recursive=True)
+        tree = api.list_repo_tree(
+            target.repo_id, repo_type=target.kind, revision=info.sha, recursive=True
+        )
         sizes = {f.path: f.size for f in tree if isinstance(f, RepoFile)}
     except Exception as e:  # noqa: BLE001 - every hub failure becomes one line (explain)
         raise explain(e, target, token_given=bool(token), endpoint=endpoint) from e
@@ -192,31 +200,39 @@ def explain(e: Exception, target: Target, *, token_given: bool, endpoint: str | 
     what = f"{target.key}={target.repo_id!r}"
     if isinstance(e, GatedRepoError):
         if not token_given:
-            return FetchError(f"{what} is a gated repo: set HF_TOKEN or HF_TOKEN_FILE", permanent=True)
-        return FetchError(f"{what}: the token has no access; request it on the repo's page", permanent=True)
+            return FetchError(
+                f"{what} is a gated repo: set HF_TOKEN or HF_TOKEN_FILE", permanent=True
+            )
+        return FetchError(
+            f"{what}: the token has no access; request it on the repo's page", permanent=True
+        )
     if isinstance(e, RepositoryNotFoundError):
         hint = "" if token_given else " (if it is private, set HF_TOKEN)"
         return FetchError(f"{what} is not a {target.kind} repo on the hub{hint}", permanent=True)
     if isinstance(e, RevisionNotFoundError):
         return FetchError(f"{what} has no revision {target.revision!r}", permanent=True)
-    status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
+    status = (
+        e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
+    )
     if status == 401:
         return FetchError(f"{what}: the hub refused the token (invalid or expired)", permanent=True)
     where = endpoint or "huggingface.co"
     if "Timeout" in type(e).__name__:  # httpx's ConnectTimeout, ReadTimeout, ...: past the deadline
         return FetchError(
-            f"{what}: the hub ({where}) did not answer in time ({type(e).__name__})", permanent=False
+            f"{what}: the hub ({where}) did not answer in time ({type(e).__name__})",
+            permanent=False,
         )
     return FetchError(
-        f"{what}: the hub ({where}) failed: {type(e).__name__} {status or ''}".rstrip(), permanent=False
+        f"{what}: the hub ({where}) failed: {type(e).__name__} {status or ''}".rstrip(),
+        permanent=False,
     )
 
 
 class _Deadline:
-    """An httpx request hook: every timeout a request left unset (huggingface_hub's own client is made
-    with `timeout=None`, and HfApi.repo_info and list_repo_tree pass `timeout=None` on: no deadline at all)
-    becomes `seconds`. The timeouts travel in request.extensions["timeout"], which the transport reads
-    after the request hooks ran (httpx Client._send_handling_redirects)."""
+    """An httpx request hook: every timeout a request left unset (huggingface_hub's own client is
+    made with `timeout=None`, and HfApi.repo_info and list_repo_tree pass `timeout=None` on: no
+    deadline at all) becomes `seconds`. The timeouts travel in request.extensions["timeout"], which
+    the transport reads after the request hooks ran (httpx Client._send_handling_redirects)."""
 
     seconds: float | None = None
 
@@ -234,8 +250,8 @@ _DEADLINE = _Deadline()
 
 
 def hub_deadline(seconds: float) -> None:
-    """Every request huggingface_hub sends from now on (on its shared client: `get_session`) waits at most
-    `seconds` to connect and for each read."""
+    """Every request huggingface_hub sends from now on (on its shared client: `get_session`) waits
+    at most `seconds` to connect and for each read."""
     from huggingface_hub import get_session
 
     _DEADLINE.seconds = seconds
@@ -248,8 +264,8 @@ def hub_deadline(seconds: float) -> None:
 def download(
     f: Fetched, cache: Path, *, token: str, endpoint: str | None, report: Callable[[Progress], None]
 ) -> None:
-    """The missing files through huggingface_hub (temp file, then rename into blobs/), progress every few
-    seconds from what has landed; then `refs/<revision>` is published, atomically."""
+    """The missing files through huggingface_hub (temp file, then rename into blobs/), progress
+    every few seconds from what has landed; then `refs/<revision>` is published, atomically."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import disable_progress_bars
 
@@ -288,7 +304,9 @@ def progress_now(f: Fetched, cache: Path, state: str) -> Progress:
     """Files whose snapshot link exists are done; partial bytes are the `.incomplete` blobs."""
     snapshot = Path(f.path)
     done = [p for p in f.files if (snapshot / p).exists()]
-    partial = sum(b.stat().st_size for b in (storage_dir(cache, f.target) / "blobs").glob("*.incomplete"))
+    partial = sum(
+        b.stat().st_size for b in (storage_dir(cache, f.target) / "blobs").glob("*.incomplete")
+    )
     return Progress(
         repo=f.target.repo_id,
         kind=f.target.kind,
@@ -302,7 +320,11 @@ def progress_now(f: Fetched, cache: Path, state: str) -> Progress:
 
 
 def _watch(
-    f: Fetched, cache: Path, report: Callable[[Progress], None], stop: threading.Event, interval: float
+    f: Fetched,
+    cache: Path,
+    report: Callable[[Progress], None],
+    stop: threading.Event,
+    interval: float,
 ):
     while not stop.wait(interval):
         try:
@@ -353,12 +375,23 @@ def fetch_all(
         for attempt in range(1, attempts + 1):
             try:
                 done.append(
-                    fetch_one(target, cache, token=token, endpoint=endpoint, report=report, dry_run=dry_run)
+                    fetch_one(
+                        target,
+                        cache,
+                        token=token,
+                        endpoint=endpoint,
+                        report=report,
+                        dry_run=dry_run,
+                    )
                 )
                 break
             except FetchError as e:
                 if e.permanent or attempt == attempts:
-                    report(Progress(repo=target.repo_id, kind=target.kind, state="failed", error=str(e)))
+                    report(
+                        Progress(
+                            repo=target.repo_id, kind=target.kind, state="failed", error=str(e)
+                        )
+                    )
                     raise
                 sleep(min(60.0, 5.0 * 2 ** (attempt - 1)))
     return done
@@ -396,7 +429,9 @@ def read_marker(path: Path) -> dict[str, Any] | None:
         return None
 
 
-WAIT_ENV = "FSDPTRAIN_FETCH_WAIT_S"  # how long a trainer waits for the pre-step's marker (PRESTEP_TIMEOUT)
+WAIT_ENV = (
+    "FSDPTRAIN_FETCH_WAIT_S"  # how long a trainer waits for the pre-step's marker (PRESTEP_TIMEOUT)
+)
 DEFAULT_WAIT_S = 7200.0
 
 
@@ -418,9 +453,10 @@ def wait_for_marker(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """Until the marker exists: a plain file poll, no collective, up to `timeout_s`. A failed download, or
-    none within the deadline (a pre-step that died before it could write the marker, or could not write it:
-    a volume the download cannot write to), is a ConfigError (exit 2: retrying the trainer cannot fix it)."""
+    """Until the marker exists: a plain file poll, no collective, up to `timeout_s`. A failed
+    download, or none within the deadline (a pre-step that died before it could write the marker, or
+    could not write it: a volume the download cannot write to), is a ConfigError (exit 2: retrying
+    the trainer cannot fix it)."""
     start, next_say = clock(), clock()
     while (record := read_marker(path)) is None:
         if clock() - start >= timeout_s:
@@ -429,7 +465,9 @@ def wait_for_marker(
                 f"marker {path}; `fsdpctl job status` shows the pre-step and `fsdpctl job logs` its log"
             )
         if clock() >= next_say:
-            say(f"fsdptrain: waiting for the download before training ({clock() - start:.0f} s): {path}")
+            say(
+                f"fsdptrain: waiting for the download before training ({clock() - start:.0f} s): {path}"
+            )
             next_say = clock() + say_every_s
         sleep(poll_s)
     if not record.get("ok"):
@@ -438,17 +476,21 @@ def wait_for_marker(
 
 
 def before_process_group(values: Mapping[str, str], environ: MutableMapping[str, str]) -> None:
-    """Called by every trainer process before it builds a process group: wait for the job's pre-step, or
-    (none) have local rank 0 download for this node while its other ranks wait; then go offline.
-    `values`: the trainer's PRETRAINED, TOKENIZER and DATASET (flags or environment)."""
+    """Called by every trainer process before it builds a process group: wait for the job's
+    pre-step, or (none) have local rank 0 download for this node while its other ranks wait; then go
+    offline. `values`: the trainer's PRETRAINED, TOKENIZER and DATASET (flags or environment)."""
 
     def say(msg: str) -> None:
         if environ.get("RANK", "0") == "0":
             print(msg, flush=True)
 
-    if environ.get(MARKER_ENV):  # the job's pre-step: it prepared the volumes, and downloaded if it could
+    if environ.get(
+        MARKER_ENV
+    ):  # the job's pre-step: it prepared the volumes, and downloaded if it could
         wait_for_marker(Path(environ[MARKER_ENV]), say=say, timeout_s=wait_timeout(environ))
-        if environ.get("HF_HUB_OFFLINE") == "1":  # fsdpctl sets it when the pre-step downloads for the job
+        if (
+            environ.get("HF_HUB_OFFLINE") == "1"
+        ):  # fsdpctl sets it when the pre-step downloads for the job
             return
     if environ.get("HF_HUB_OFFLINE") == "1" or not targets(values):
         return
@@ -460,8 +502,8 @@ def before_process_group(values: Mapping[str, str], environ: MutableMapping[str,
 
 
 def _fetch_in_child(values: Mapping[str, str], marker: Path) -> None:
-    """A fresh interpreter (spawn), because this one must not import huggingface_hub before it is offline:
-    the library reads HF_HUB_OFFLINE once, at import."""
+    """A fresh interpreter (spawn), because this one must not import huggingface_hub before it is
+    offline: the library reads HF_HUB_OFFLINE once, at import."""
     import multiprocessing
 
     keys = ("PRETRAINED", "TOKENIZER", "DATASET")
@@ -470,7 +512,9 @@ def _fetch_in_child(values: Mapping[str, str], marker: Path) -> None:
     )
     child.start()
     child.join()
-    if read_marker(marker) is None:  # it died before it could say: the waiting ranks must not wait forever
+    if (
+        read_marker(marker) is None
+    ):  # it died before it could say: the waiting ranks must not wait forever
         write_marker(marker, error=f"the download process exited with {child.exitcode}", fetched=[])
 
 
@@ -480,14 +524,19 @@ def _child(values: dict[str, str], marker: str) -> None:
 
 
 def _attempt_id(environ: Mapping[str, str]) -> str:
-    """This node's current attempt: torchrun's run id, restart count and node rank, and the launcher's pid
-    (every local rank's parent). A restart looks again rather than trusting an older attempt's marker."""
-    parts = [environ.get(k, "0") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK")]
+    """This node's current attempt: torchrun's run id, restart count and node rank, and the
+    launcher's pid (every local rank's parent). A restart looks again rather than trusting an older
+    attempt's marker."""
+    parts = [
+        environ.get(k, "0")
+        for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK")
+    ]
     return re.sub(r"[^A-Za-z0-9._-]", "_", "-".join([*parts, str(os.getppid())])) + ".json"
 
 
 def local_snapshot(repo_id: str, kind: str) -> str | None:
-    """Offline (HF_HUB_OFFLINE=1): the cached snapshot a repo id stands for, else None (online, or a path)."""
+    """Offline (HF_HUB_OFFLINE=1): the cached snapshot a repo id stands for, else None (online, or a
+    path)."""
     if os.environ.get("HF_HUB_OFFLINE") != "1" or not is_hub_id(repo_id) or os.path.exists(repo_id):
         return None
     from huggingface_hub import snapshot_download
@@ -505,9 +554,12 @@ def local_snapshot(repo_id: str, kind: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The pre-step: every repo the settings in the environment name, into the environment's HF cache."""
+    """The pre-step: every repo the settings in the environment name, into the environment's HF
+    cache."""
     parser = argparse.ArgumentParser(prog="python -m fsdptrain.fetch", description=main.__doc__)
-    parser.add_argument("--marker", type=Path, help="write the outcome here (what trainers wait for)")
+    parser.add_argument(
+        "--marker", type=Path, help="write the outcome here (what trainers wait for)"
+    )
     args = parser.parse_args(argv)
     env = os.environ
     wanted = targets(env)
@@ -525,11 +577,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fsdptrain.fetch: error: {e}", file=sys.stderr, flush=True)
         _tell(args.marker, error=str(e), fetched=[])
         return 2 if e.permanent else 1
-    except OSError as e:  # the cache cannot be written: one line, and the trainers told if the marker can be
-        print(f"fsdptrain.fetch: error: {_unwritable(e, hub_cache(env))}", file=sys.stderr, flush=True)
+    except (
+        OSError
+    ) as e:  # the cache cannot be written: one line, and the trainers told if the marker can be
+        print(
+            f"fsdptrain.fetch: error: {_unwritable(e, hub_cache(env))}", file=sys.stderr, flush=True
+        )
         _tell(args.marker, error=_unwritable(e, hub_cache(env)), fetched=[])
         return 1
-    except BaseException as e:  # a bug or a signal: still tell the waiting trainers, then fail loudly
+    except (
+        BaseException
+    ) as e:  # a bug or a signal: still tell the waiting trainers, then fail loudly
         _tell(args.marker, error=f"{type(e).__name__}: {e}", fetched=[])
         raise
     return 0 if _tell(args.marker, error=None, fetched=fetched) else 1
@@ -543,15 +601,17 @@ def _unwritable(e: OSError, cache: Path) -> str:
 
 
 def _tell(marker: Path | None, *, error: str | None, fetched: list[Fetched]) -> bool:
-    """Write the marker the trainers wait for; one line instead of a traceback when that cannot be done
-    (they then wait until their deadline, PRESTEP_TIMEOUT, and fail with it)."""
+    """Write the marker the trainers wait for; one line instead of a traceback when that cannot be
+    done (they then wait until their deadline, PRESTEP_TIMEOUT, and fail with it)."""
     if marker is None:
         return True
     try:
         write_marker(marker, error=error, fetched=fetched)
         return True
     except OSError as e:
-        print(f"fsdptrain.fetch: error: {_unwritable(e, marker.parent)}", file=sys.stderr, flush=True)
+        print(
+            f"fsdptrain.fetch: error: {_unwritable(e, marker.parent)}", file=sys.stderr, flush=True
+        )
         return False
 
 

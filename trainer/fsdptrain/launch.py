@@ -1,13 +1,15 @@
-"""`python -m fsdptrain.launch [torchrun options] -m fsdptrain`: the pod's command. Checks the trainer's
-settings on this node, exits 2 with one line when one is bad, waits for the job's pre-step (with a deadline),
-and otherwise runs torchrun as its child, forwarding the kubelet's SIGTERM to it, and turns the way torchrun
-ended into the pod's exit code (fsdptrain.disruption.pod_exit): an evicted pod exits 143 so that the operator
-recreates it, the other nodes start torchrun again to rejoin, a stop request exits 0.
+"""`python -m fsdptrain.launch [torchrun options] -m fsdptrain`: the pod's command. Checks the
+trainer's settings on this node, exits 2 with one line when one is bad, waits for the job's pre-step
+(with a deadline), and otherwise runs torchrun as its child, forwarding the kubelet's SIGTERM to it,
+and turns the way torchrun ended into the pod's exit code (fsdptrain.disruption.pod_exit): an
+evicted pod exits 143 so that the operator recreates it, the other nodes start torchrun again to
+rejoin, a stop request exits 0.
 
-Why before torchrun: its elastic agent restarts the worker group after any worker failure, exit code 2
-included (torch/distributed/elastic/agent/server/api.py, `_invoke_run`), so a setting that can never work
-would cost MAX_RESTARTS tries; a launcher that exits 2 instead fails the PyTorchJob at once under
-`restartPolicy: ExitCode` (1-127 are permanent in the Training Operator). Pure Python until the exec.
+Why before torchrun: its elastic agent restarts the worker group after any worker failure, exit code
+2 included (torch/distributed/elastic/agent/server/api.py, `_invoke_run`), so a setting that can
+never work would cost MAX_RESTARTS tries; a launcher that exits 2 instead fails the PyTorchJob at
+once under `restartPolicy: ExitCode` (1-127 are permanent in the Training Operator). Pure Python
+until the exec.
 
     python -m fsdptrain.launch --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \\
         --rdzv-endpoint=fsdp-worker-0:29400 --rdzv-id=RUN --max-restarts=3 -m fsdptrain
@@ -38,15 +40,20 @@ from fsdptrain.shapes import job_mesh_shape
 
 
 def check(cfg: TrainConfig, *, world: int, procs_per_node: int) -> None:
-    """The mesh check every rank repeats at start (fsdptrain.__main__): a group size that does not divide."""
+    """The mesh check every rank repeats at start (fsdptrain.__main__): a group size that does not
+    divide."""
     job_mesh_shape(
-        cfg.sharding_strategy, world, hsdp_shard_size=cfg.hsdp_shard_size, procs_per_node=procs_per_node
+        cfg.sharding_strategy,
+        world,
+        hsdp_shard_size=cfg.hsdp_shard_size,
+        procs_per_node=procs_per_node,
     )
 
 
 def check_device(cfg: TrainConfig) -> None:
-    """What only the rank's own device can judge, before any process group: FLOAT8 needs float8 tensor cores
-    (the GPU first: installing torchao would not help a machine without them), then torchao."""
+    """What only the rank's own device can judge, before any process group: FLOAT8 needs float8
+    tensor cores (the GPU first: installing torchao would not help a machine without them), then
+    torchao."""
     if not cfg.float8:
         return
     gpu = float8_refusal(*local_gpu())
@@ -56,8 +63,8 @@ def check_device(cfg: TrainConfig) -> None:
 
 
 def local_gpu() -> tuple[str, tuple[int, int] | None]:
-    """This process's device for `float8_refusal`: torchrun's LOCAL_RANK GPU, or the CPU. Asks the CUDA
-    driver only (no process group exists yet)."""
+    """This process's device for `float8_refusal`: torchrun's LOCAL_RANK GPU, or the CPU. Asks the
+    CUDA driver only (no process group exists yet)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -68,8 +75,8 @@ def local_gpu() -> tuple[str, tuple[int, int] | None]:
 
 
 def option(argv: Sequence[str], name: str, environ: Mapping[str, str]) -> str | None:
-    """A torchrun option's value: `--name=V` or `--name V` (either spelling, - or _), else the PET_ variable
-    torchrun falls back to (what the Kubeflow Trainer sets)."""
+    """A torchrun option's value: `--name=V` or `--name V` (either spelling, - or _), else the PET_
+    variable torchrun falls back to (what the Kubeflow Trainer sets)."""
     spellings = {f"--{name}", f"--{name.replace('-', '_')}"}
     for i, arg in enumerate(argv):
         key, eq, value = arg.partition("=")
@@ -79,9 +86,12 @@ def option(argv: Sequence[str], name: str, environ: Mapping[str, str]) -> str | 
 
 
 def sizes(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[int, int] | None:
-    """(world size, processes per node) when torchrun's options fix them; None for `gpu`/`auto` process
-    counts, which only torchrun resolves (the ranks check then)."""
-    nnodes, nproc = option(argv, "nnodes", environ) or "1", option(argv, "nproc-per-node", environ) or "1"
+    """(world size, processes per node) when torchrun's options fix them; None for `gpu`/`auto`
+    process counts, which only torchrun resolves (the ranks check then)."""
+    nnodes, nproc = (
+        option(argv, "nnodes", environ) or "1",
+        option(argv, "nproc-per-node", environ) or "1",
+    )
     most_nodes = nnodes.rpartition(":")[2]
     if not (most_nodes.isdigit() and nproc.isdigit()):
         return None
@@ -98,9 +108,9 @@ def trainer_args(argv: Sequence[str]) -> list[str] | None:
 
 
 def preflight(argv: Sequence[str], environ: Mapping[str, str]) -> None:
-    """Raise ConfigError for what the trainer would refuse: every setting, local paths (DATASET, TOKENIZER,
-    PRETRAINED on the pod's volumes), the mesh and the checkpoint it would resume (fsdptrain.resume); then
-    make the flight recorder's directory."""
+    """Raise ConfigError for what the trainer would refuse: every setting, local paths (DATASET,
+    TOKENIZER, PRETRAINED on the pod's volumes), the mesh and the checkpoint it would resume
+    (fsdptrain.resume); then make the flight recorder's directory."""
     args = trainer_args(argv)
     if args is None:
         return
@@ -108,7 +118,8 @@ def preflight(argv: Sequence[str], environ: Mapping[str, str]) -> None:
     world = sizes(argv, environ)
     if world is not None:
         check(cfg, world=world[0], procs_per_node=world[1])
-        # the checkpoint it would resume, as this node sees it: refused here, a refusal is not retried
+        # the checkpoint it would resume, as this node sees it: refused here, a refusal is not
+        # retried
         root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         if refusal := first_problem(root, cfg, world[0]):
             raise ConfigError(refusal)
@@ -119,12 +130,13 @@ def preflight(argv: Sequence[str], environ: Mapping[str, str]) -> None:
 
 def with_store_host(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """`is_host` in the c10d --rdzv-conf from the node's rank when the Kubeflow Trainer gives one
-    (PET_NODE_RANK, the pod's Job completion index: Trainer v2.3.0 pkg/runtime/framework/plugins/torch/
-    torch.go): node 0 hosts the rendezvous store, the others connect. Without it torchrun guesses by matching
-    the endpoint against this machine's names and addresses (c10d_rendezvous_backend._create_tcp_store,
-    utils._matches_machine_hostname), and the endpoint `<job>-node-0-0.<job>` is not node 0's hostname: the
-    guess hangs on DNS answering for the headless Service when the agent starts. A PyTorchJob's elastic pods
-    get no PET_NODE_RANK, and worker 0's hostname is its endpoint's host: torchrun's guess holds there."""
+    (PET_NODE_RANK, the pod's Job completion index: Trainer v2.3.0
+    pkg/runtime/framework/plugins/torch/ torch.go): node 0 hosts the rendezvous store, the others
+    connect. Without it torchrun guesses by matching the endpoint against this machine's names and
+    addresses (c10d_rendezvous_backend._create_tcp_store, utils._matches_machine_hostname), and the
+    endpoint `<job>-node-0-0.<job>` is not node 0's hostname: the guess hangs on DNS answering for
+    the headless Service when the agent starts. A PyTorchJob's elastic pods get no PET_NODE_RANK,
+    and worker 0's hostname is its endpoint's host: torchrun's guess holds there."""
     rank = environ.get("PET_NODE_RANK", "")
     if option(argv, "rdzv-backend", environ) != "c10d" or not rank.isdigit():
         return list(argv)
@@ -134,19 +146,24 @@ def with_store_host(argv: Sequence[str], environ: Mapping[str, str]) -> list[str
         if key in ("--rdzv-conf", "--rdzv_conf") and eq and "is_host=" not in value:
             arg = f"{key}={value},{host}" if value else f"{key}={host}"
         out.append(arg)
-    if option(argv, "rdzv-conf", {}) is None:  # none given: add one before the trainer's own arguments
+    if (
+        option(argv, "rdzv-conf", {}) is None
+    ):  # none given: add one before the trainer's own arguments
         at = out.index("-m") if "-m" in out else len(out)
         out.insert(at, f"--rdzv-conf={host}")
     return out
 
 
 def wait_for_prestep(environ: Mapping[str, str]) -> None:
-    """The job's pre-step marker (fsdpctl.prestep), once per pod and before torchrun: a failed download, or
-    none within FSDPTRAIN_FETCH_WAIT_S, is a ConfigError, so the pod exits 2 and the job fails with that line,
-    instead of every GPU waiting for a marker that will never come (a pre-step that could not write it)."""
+    """The job's pre-step marker (fsdpctl.prestep), once per pod and before torchrun: a failed
+    download, or none within FSDPTRAIN_FETCH_WAIT_S, is a ConfigError, so the pod exits 2 and the
+    job fails with that line, instead of every GPU waiting for a marker that will never come (a
+    pre-step that could not write it)."""
     if environ.get(fetch.MARKER_ENV):
         say = lambda msg: print(msg, flush=True)  # noqa: E731 - one line
-        fetch.wait_for_marker(Path(environ[fetch.MARKER_ENV]), say=say, timeout_s=fetch.wait_timeout(environ))
+        fetch.wait_for_marker(
+            Path(environ[fetch.MARKER_ENV]), say=say, timeout_s=fetch.wait_timeout(environ)
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,14 +175,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(str(e), " (checked before torchrun: not retried)")
         return 2
     except OSError as e:  # the trace directory: worth a line, not a failed job
-        print(f"fsdptrain: warning: no NCCL trace directory ({e.strerror}: {e.filename})", file=sys.stderr)
+        print(
+            f"fsdptrain: warning: no NCCL trace directory ({e.strerror}: {e.filename})",
+            file=sys.stderr,
+        )
     sys.stdout.flush()
     return run_torchrun(with_store_host(argv, os.environ), os.environ)
 
 
 def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
-    """torchrun as this process's child, started again after another node's disruption (within the run's
-    start budget); returns the pod's exit code (disruption.pod_exit)."""
+    """torchrun as this process's child, started again after another node's disruption (within the
+    run's start budget); returns the pod's exit code (disruption.pod_exit)."""
     signalled: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -192,22 +212,28 @@ def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
         )
         if verdict != disruption.RESTART:
             return verdict
-        print("fsdptrain: another node was disrupted: starting torchrun again to rejoin", flush=True)
+        print(
+            "fsdptrain: another node was disrupted: starting torchrun again to rejoin", flush=True
+        )
         os.unlink(note)
 
 
 def _spawn(argv: list[str], env: Mapping[str, str]) -> int:
-    """torchrun in a child process (fork + exec: the trainer's launcher keeps no subprocess machinery)."""
+    """torchrun in a child process (fork + exec: the trainer's launcher keeps no subprocess
+    machinery)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         try:
-            # what the trainer writes on the shared volume stays writable by the group (fsdptrain.volumes
-            # makes the job's directories setgid for the trainer's group): a root-run pod's checkpoints (EFA
-            # pods run as root) can be pruned by a later non-root run and removed by `cleanup --checkpoints`
+            # what the trainer writes on the shared volume stays writable by the group
+            # (fsdptrain.volumes makes the job's directories setgid for the trainer's group): a
+            # root-run pod's checkpoints (EFA pods run as root) can be pruned by a later non-root
+            # run and removed by `cleanup --checkpoints`
             os.umask(0o002)
-            os.execve(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv], dict(env))
+            os.execve(
+                sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv], dict(env)
+            )
         finally:
             os._exit(127)
     return pid
@@ -221,10 +247,10 @@ def _signal(pid: int, signum: int) -> None:
 
 
 def _wait(pid: int, note: str, signalled: list[int]) -> int:
-    """torchrun's return code (negative: the signal that killed it), reaping any orphan meanwhile (this is
-    PID 1 in the pod). When the trainer leaves a disruption note while this pod was not signalled, torchrun
-    is asked to end at once: left alone, its agent would restart the worker group on its own, against a
-    rendezvous whose store may be gone with an evicted node."""
+    """torchrun's return code (negative: the signal that killed it), reaping any orphan meanwhile
+    (this is PID 1 in the pod). When the trainer leaves a disruption note while this pod was not
+    signalled, torchrun is asked to end at once: left alone, its agent would restart the worker
+    group on its own, against a rendezvous whose store may be gone with an evicted node."""
     asked = False
     while True:
         try:

@@ -1,10 +1,11 @@
-"""How the speed settings resolve on this machine, and why: COMPILE=auto, FLOAT8 without compile, selective
-checkpointing without compile, Python's garbage collector and the attention kernel order.
+"""How the speed settings resolve on this machine, and why: COMPILE=auto, FLOAT8 without compile,
+selective checkpointing without compile, Python's garbage collector and the attention kernel order.
 
-The rules are pure (tests/test_levers.py proves each on the CPU); every decision carries a one-line reason
-that the banner and the `start` event repeat, so a run says what it chose instead of leaving it to be guessed.
-The measurements quoted come from the first H200 run (shared/gpu/2026-12-04: gpu_check.md, ANALYSIS.md;
-BENCHMARKS.md "GPU"): Llama-2-7B's layer x 8, seq 4096, bf16, one GPU, medians.
+The rules are pure (tests/test_levers.py proves each on the CPU); every decision carries a one-line
+reason that the banner and the `start` event repeat, so a run says what it chose instead of leaving
+it to be guessed. The measurements quoted come from the first H200 run (shared/gpu/2026-12-04:
+gpu_check.md, ANALYSIS.md; BENCHMARKS.md "GPU"): Llama-2-7B's layer x 8, seq 4096, bf16, one GPU,
+medians.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# eager FLOAT8 ran at 15,468 tok/s against 29,913 for eager bf16 (-48%); compiled float8 at 37,537 (+9% over
-# compiled bf16): torchao's per-tensor scaling adds ~500 memory-bound ops per layer that only compile fuses
+# eager FLOAT8 ran at 15,468 tok/s against 29,913 for eager bf16 (-48%); compiled float8 at 37,537
+# (+9% over compiled bf16): torchao's per-tensor scaling adds ~500 memory-bound ops per layer that
+# only compile fuses
 FLOAT8_EAGER_NOTE = "float8 without compile ran at 0.52x of bf16 on an H200 (15.5k vs 29.9k tok/s)"
 # torchtitan v0.2.x's default "selective" is layer-level: full checkpointing of every 2nd block
 # (torchtitan/config/job_config.py ActivationCheckpoint.selective_ac_option = "2")
 LAYER_SELECTIVE_EVERY = 2
 SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
-# torchtitan's priority (torchtitan/models/attention.py ScaledDotProductAttention: cuDNN, flash, math); the
-# memory-efficient kernel, which torchtitan disables, stays as a fallback ahead of math
+# torchtitan's priority (torchtitan/models/attention.py ScaledDotProductAttention: cuDNN, flash,
+# math); the memory-efficient kernel, which torchtitan disables, stays as a fallback ahead of math
 SDPA_DEFAULT = "cudnn,flash,efficient,math"
 
 
@@ -39,8 +41,9 @@ class Choice:
 
 
 def triton_compiler(environ: Mapping[str, str] | None = None) -> str:
-    """The C compiler Triton would build its kernel launchers with, '' when it would find none: CC, else gcc,
-    else clang (triton/runtime/build.py `_build`), and Python's headers, which the launcher includes."""
+    """The C compiler Triton would build its kernel launchers with, '' when it would find none: CC,
+    else gcc, else clang (triton/runtime/build.py `_build`), and Python's headers, which the
+    launcher includes."""
     environ = os.environ if environ is None else environ
     cc = environ.get("CC") or shutil.which("gcc") or shutil.which("clang") or ""
     if cc and not shutil.which(cc):
@@ -53,9 +56,10 @@ def triton_compiler(environ: Mapping[str, str] | None = None) -> str:
 
 
 def resolve_compile(setting: str, device_type: str, compiler: str) -> Choice:
-    """COMPILE: true/false as set; auto is on with CUDA where Triton can build (a C compiler and Python's
-    headers: `compiler`) and off elsewhere (inductor's CPU code is C++ built per graph: minutes on small CPUs
-    for no gain at the tiny model). On the H200 compile cut the step by 13% (34,545 vs 29,913 tok/s)."""
+    """COMPILE: true/false as set; auto is on with CUDA where Triton can build (a C compiler and
+    Python's headers: `compiler`) and off elsewhere (inductor's CPU code is C++ built per graph:
+    minutes on small CPUs for no gain at the tiny model). On the H200 compile cut the step by 13%
+    (34,545 vs 29,913 tok/s)."""
     if setting in ("true", "false"):
         return Choice(setting == "true", f"COMPILE={setting}")
     if device_type != "cuda":
@@ -70,17 +74,19 @@ def resolve_compile(setting: str, device_type: str, compiler: str) -> Choice:
 
 
 def float8_warning(float8: bool, compiled: bool) -> str:
-    """FLOAT8 runs without compile only when asked to (COMPILE=false, or no compiler): it is useful for
-    numerics, not for speed, so it runs with this warning instead of being refused."""
+    """FLOAT8 runs without compile only when asked to (COMPILE=false, or no compiler): it is useful
+    for numerics, not for speed, so it runs with this warning instead of being refused."""
     if not float8 or compiled:
         return ""
-    return f"FLOAT8=true without compile: {FLOAT8_EAGER_NOTE}; leave COMPILE=auto (or true) for speed"
+    return (
+        f"FLOAT8=true without compile: {FLOAT8_EAGER_NOTE}; leave COMPILE=auto (or true) for speed"
+    )
 
 
 @dataclass(frozen=True)
 class Checkpointing:
-    """ACTIVATION_CHECKPOINTING as it will be applied: the mode, its every-k, and why it differs from the
-    setting ('' when it does not)."""
+    """ACTIVATION_CHECKPOINTING as it will be applied: the mode, its every-k, and why it differs
+    from the setting ('' when it does not)."""
 
     mode: str
     every: int
@@ -88,10 +94,11 @@ class Checkpointing:
 
 
 def resolve_activation_checkpointing(mode: str, every: int, compiled: bool) -> Checkpointing:
-    """Op-level selective checkpointing runs its policy in Python on every aten op (~100 per Llama layer):
-    compiled, the policy is applied once at tracing (+6% over no checkpointing on the H200); eager, the step
-    became host-bound and lost to full checkpointing (23,547 vs 25,121 tok/s). So without compile
-    `selective` falls back to layer-level: every 2nd layer fully checkpointed, torchtitan v0.2's default."""
+    """Op-level selective checkpointing runs its policy in Python on every aten op (~100 per Llama
+    layer): compiled, the policy is applied once at tracing (+6% over no checkpointing on the H200);
+    eager, the step became host-bound and lost to full checkpointing (23,547 vs 25,121 tok/s). So
+    without compile `selective` falls back to layer-level: every 2nd layer fully checkpointed,
+    torchtitan v0.2's default."""
     if mode == "selective" and not compiled:
         return Checkpointing(
             "every-k",
@@ -117,10 +124,11 @@ def sdpa_problem(value: str) -> str:
 
 
 class GarbageCollection:
-    """GC_INTERVAL=N: Python's automatic collector off for the run, one generation-1 collection every N steps
-    (torchtitan/tools/utils.py `GarbageCollection`, gc_freq=50): an automatic collection can fire inside any
-    step, on any rank at a different moment, and every other rank waits for it at the next collective.
-    0 leaves Python's own collector alone. `close()` turns it back on."""
+    """GC_INTERVAL=N: Python's automatic collector off for the run, one generation-1 collection
+    every N steps (torchtitan/tools/utils.py `GarbageCollection`, gc_freq=50): an automatic
+    collection can fire inside any step, on any rank at a different moment, and every other rank
+    waits for it at the next collective. 0 leaves Python's own collector alone. `close()` turns it
+    back on."""
 
     def __init__(self, interval: int, log: Callable[[str], None] = lambda _: None) -> None:
         self.interval, self.log = interval, log

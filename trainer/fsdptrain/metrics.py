@@ -84,14 +84,15 @@ class GpuTelemetry:
 
 
 class SavedActivations:
-    """Bytes held for backward at the end of forward (`with` block, then `measure()`): what dominates memory
-    besides the sharded state, and what `fsdpctl plan` estimates.
+    """Bytes held for backward at the end of forward (`with` block, then `measure()`): what
+    dominates memory besides the sharded state, and what `fsdpctl plan` estimates.
 
-    On CUDA, the allocator's growth over the forward (`torch.cuda.memory_allocated` after minus before): it
-    sees everything, also the tensors that checkpointing's own hooks keep (op-level selective checkpointing
-    caches matmul outputs where saved-tensor hooks cannot see them). A CPU has no such counter: there the
-    storages autograd's saved-tensor hooks receive are counted, read when forward has finished, so
-    parameters FSDP already resharded (freed) count zero and ones it kept unsharded count.
+    On CUDA, the allocator's growth over the forward (`torch.cuda.memory_allocated` after minus
+    before): it sees everything, also the tensors that checkpointing's own hooks keep (op-level
+    selective checkpointing caches matmul outputs where saved-tensor hooks cannot see them). A CPU
+    has no such counter: there the storages autograd's saved-tensor hooks receive are counted, read
+    when forward has finished, so parameters FSDP already resharded (freed) count zero and ones it
+    kept unsharded count.
     """
 
     def __init__(self, device: torch.device | None = None) -> None:

@@ -26,11 +26,12 @@ def llama_config(name: str, vocab_size: int | None = None):
     )
 
 
-# Training runs without a KV cache, and then transformers' create_causal_mask looks for packed sequences in
-# the position ids with a data-dependent `.all()` (masking_utils.find_packed_sequence_indices): a host sync in
-# every forward. Registered as an attention function of its own (transformers' AttentionInterface), not as a
-# mask function, SDPA gets no mask (create_causal_mask returns None for an implementation without a mask
-# function) and runs with is_causal=True, as stock "sdpa" does when nothing is padded: same numbers, no sync.
+# Training runs without a KV cache, and then transformers' create_causal_mask looks for packed
+# sequences in the position ids with a data-dependent `.all()`
+# (masking_utils.find_packed_sequence_indices): a host sync in every forward. Registered as an
+# attention function of its own (transformers' AttentionInterface), not as a mask function, SDPA
+# gets no mask (create_causal_mask returns None for an implementation without a mask function) and
+# runs with is_causal=True, as stock "sdpa" does when nothing is padded: same numbers, no sync.
 CAUSAL_SDPA = "fsdptrain_causal_sdpa"
 
 
@@ -56,8 +57,8 @@ def build_meta_model(config) -> nn.Module:
 def init_weights(model: nn.Module, config, device: torch.device) -> None:
     """Materialize (after sharding) and initialise every parameter and buffer.
 
-    `to_empty` leaves garbage; transformers' own initialiser skips modules it marked initialised, and the
-    RoPE `inv_freq` buffer must be recomputed, so every tensor is set here explicitly.
+    `to_empty` leaves garbage; transformers' own initialiser skips modules it marked initialised,
+    and the RoPE `inv_freq` buffer must be recomputed, so every tensor is set here explicitly.
     """
     from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
@@ -80,11 +81,14 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The transformer blocks, the unit FSDP shards and activation checkpointing wraps."""
     layers = model.get_submodule("model.layers")
     if not isinstance(layers, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__}.model.layers is a {type(layers).__name__}, not a ModuleList")
+        raise TypeError(
+            f"{type(model).__name__}.model.layers is a {type(layers).__name__}, not a ModuleList"
+        )
     return layers
 
 
-# SDPA_BACKENDS' names -> torch.nn.attention.SDPBackend members, and the aten op each kernel dispatches to
+# SDPA_BACKENDS' names -> torch.nn.attention.SDPBackend members, and the aten op each kernel
+# dispatches to
 SDPA_MEMBERS = {
     "cudnn": "CUDNN_ATTENTION",
     "flash": "FLASH_ATTENTION",
@@ -101,20 +105,28 @@ SDPA_OPS = {
 
 
 def sdpa_priority(order: str):
-    """SDPA_BACKENDS as torch's kernel priority, for a `with` block around the run: torch takes the first
-    kernel in this order that supports the inputs (torch.nn.attention.sdpa_kernel with set_priority=True,
-    as torchtitan's ScaledDotProductAttention). Process-wide, so compiled layers see it when they trace."""
+    """SDPA_BACKENDS as torch's kernel priority, for a `with` block around the run: torch takes the
+    first kernel in this order that supports the inputs (torch.nn.attention.sdpa_kernel with
+    set_priority=True, as torchtitan's ScaledDotProductAttention). Process-wide, so compiled layers
+    see it when they trace."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = [getattr(SDPBackend, SDPA_MEMBERS[n.strip()]) for n in order.split(",")]
-    rest = [getattr(SDPBackend, m) for m in SDPA_MEMBERS.values() if getattr(SDPBackend, m) not in backends]
-    return sdpa_kernel(backends + rest, set_priority=True)  # every kernel stays allowed, in this order
+    rest = [
+        getattr(SDPBackend, m)
+        for m in SDPA_MEMBERS.values()
+        if getattr(SDPBackend, m) not in backends
+    ]
+    return sdpa_kernel(
+        backends + rest, set_priority=True
+    )  # every kernel stays allowed, in this order
 
 
 def attention_kernel(config, device: torch.device, dtype: torch.dtype, batch: int, seq: int) -> str:
-    """The SDPA kernel torch picks for the model's attention: one causal SDPA forward on one layer's shapes
-    (q, k, v of batch x heads x seq x head_dim, requiring grad as in training) under a dispatch mode that
-    sees which aten kernel ran. Asked once at start: compiled layers hide their ops from such a mode."""
+    """The SDPA kernel torch picks for the model's attention: one causal SDPA forward on one layer's
+    shapes (q, k, v of batch x heads x seq x head_dim, requiring grad as in training) under a
+    dispatch mode that sees which aten kernel ran. Asked once at start: compiled layers hide their
+    ops from such a mode."""
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -128,7 +140,9 @@ def attention_kernel(config, device: torch.device, dtype: torch.dtype, batch: in
     heads = config.num_attention_heads
     shape = (batch, heads, seq, config.hidden_size // heads)
     try:
-        q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        q, k, v = (
+            torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+        )
         with Seen():
             F.scaled_dot_product_attention(q, k, v, is_causal=True)
     except (RuntimeError, torch.OutOfMemoryError) as e:  # asking must never cost the run

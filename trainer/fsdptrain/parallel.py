@@ -1,6 +1,6 @@
 """FSDP2 sharding, mixed precision, activation checkpointing, per-layer compile and float8, as in
-torchtitan's `parallelize` (torchtitan/models/llama3/infra/parallelize.py): float8 first, then activation
-checkpointing, then compile, then FSDP.
+torchtitan's `parallelize` (torchtitan/models/llama3/infra/parallelize.py): float8 first, then
+activation checkpointing, then compile, then FSDP.
 
 The four FSDP1 strategies users know map onto FSDP2 like this:
 - FULL_SHARD: 1-D mesh over all ranks, parameters resharded after forward.
@@ -36,18 +36,21 @@ def build_mesh(
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
-# Selective (op-level) activation checkpointing keeps these ops' outputs and recomputes the cheap rest
-# (norms, activations, RoPE): torchtitan's `_save_list` (torchtitan/distributed/activation_checkpoint.py),
-# less its tensor-parallel and MoE entries, which this trainer does not use.
+# Selective (op-level) activation checkpointing keeps these ops' outputs and recomputes the cheap
+# rest (norms, activations, RoPE): torchtitan's `_save_list`
+# (torchtitan/distributed/activation_checkpoint.py), less its tensor-parallel and MoE entries, which
+# this trainer does not use.
 SAC_SAVE_OPS = (
     "aten.mm.default",
     "aten._scaled_dot_product_efficient_attention.default",
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_cudnn_attention.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
-    "aten.max.default",  # float8's amax: cheap to keep, a reduction over a whole tensor to recompute
+    # float8's amax: cheap to keep, a reduction over a whole tensor to recompute
+    "aten.max.default",
 )
-# the backend COMPILE uses; the CPU tests set aot_eager (same graphs, no C++ build) to stay within seconds
+# the backend COMPILE uses; the CPU tests set aot_eager (same graphs, no C++ build) to stay within
+# seconds
 COMPILE_BACKEND_ENV = "FSDPTRAIN_COMPILE_BACKEND"
 
 
@@ -58,8 +61,9 @@ def _op(name: str) -> Any:
 
 
 def sac_policy() -> Callable[..., Any]:
-    """torchtitan's op-level policy: save the outputs of SAC_SAVE_OPS, except every second matmul of a layer
-    (recomputing half the matmuls costs little and halves what they hold); recompute everything else."""
+    """torchtitan's op-level policy: save the outputs of SAC_SAVE_OPS, except every second matmul of
+    a layer (recomputing half the matmuls costs little and halves what they hold); recompute
+    everything else."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     save = {op for op in map(_op, SAC_SAVE_OPS) if op is not None}
@@ -85,34 +89,42 @@ def _selective_context() -> Any:
 
 
 def apply_activation_checkpointing(model: nn.Module, *, mode: str, every: int) -> int:
-    """Wrap decoder layers in non-reentrant checkpointing; returns how many were wrapped. `selective`
-    wraps every layer but keeps the matmul outputs (SAC_SAVE_OPS), so backward recomputes only cheap ops:
-    op-level, for compiled layers (fsdptrain.levers.resolve_activation_checkpointing)."""
+    """Wrap decoder layers in non-reentrant checkpointing; returns how many were wrapped.
+    `selective` wraps every layer but keeps the matmul outputs (SAC_SAVE_OPS), so backward
+    recomputes only cheap ops: op-level, for compiled layers
+    (fsdptrain.levers.resolve_activation_checkpointing)."""
     if mode == "none":
         return 0
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
 
     layers = decoder_layers(model)
     step = every if mode == "every-k" else 1
     extra = {"context_fn": _selective_context} if mode == "selective" else {}
     wrapped = 0
     for i in range(0, len(layers), step):
-        layers[i] = checkpoint_wrapper(layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
+        layers[i] = checkpoint_wrapper(
+            layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra
+        )
         wrapped += 1
     return wrapped
 
 
 def apply_compile(model: nn.Module) -> None:
-    """torch.compile each decoder layer in place (torchtitan's `apply_compile`): the layers share one code
-    object, so they compile once; `Module.compile` keeps the parameter names, hence the checkpoints."""
+    """torch.compile each decoder layer in place (torchtitan's `apply_compile`): the layers share
+    one code object, so they compile once; `Module.compile` keeps the parameter names, hence the
+    checkpoints."""
     backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
     for layer in decoder_layers(model):
         layer.compile(backend=backend)
 
 
 def float8_filter(module: nn.Module, fqn: str) -> bool:
-    """Which linear layers float8 trains: the decoder's, not the output head (torchtitan keeps `output` in
-    high precision), and only shapes float8 matmuls take (both dimensions multiples of 16)."""
+    """Which linear layers float8 trains: the decoder's, not the output head (torchtitan keeps
+    `output` in high precision), and only shapes float8 matmuls take (both dimensions multiples of
+    16)."""
     if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "lm_head":
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
@@ -126,14 +138,15 @@ def shard_degree(mesh: DeviceMesh) -> int:
 
 def float8_config(recipe: str, shards: int) -> Any:
     """torchao's Float8LinearConfig for FLOAT8_RECIPE, as torchtitan v0.2 builds it
-    (torchtitan/components/quantization/float8.py Float8LinearConverter): tensorwise with FSDP's all-gather
-    of the weights in float8 when they are sharded over several ranks (`shards` > 1: half bf16's bytes;
-    the scales are precomputed after each optimizer step, `float8_after_step`), or torchao's rowwise
-    recipe, whose communication stays in high precision."""
+    (torchtitan/components/quantization/float8.py Float8LinearConverter): tensorwise with FSDP's
+    all-gather of the weights in float8 when they are sharded over several ranks (`shards` > 1: half
+    bf16's bytes; the scales are precomputed after each optimizer step, `float8_after_step`), or
+    torchao's rowwise recipe, whose communication stays in high precision."""
     from torchao.float8 import Float8LinearConfig
 
     if recipe == "rowwise":
-        # torchtitan sets this with rowwise (pytorch/pytorch#150859: inductor's casts must round as eager's)
+        # torchtitan sets this with rowwise (pytorch/pytorch#150859: inductor's casts must round as
+        # eager's)
         import torch._inductor.config
 
         torch._inductor.config.emulate_precision_casts = True
@@ -142,18 +155,21 @@ def float8_config(recipe: str, shards: int) -> Any:
 
 
 def apply_float8(model: nn.Module, *, recipe: str = "tensorwise", shards: int = 1) -> int:
-    """Swap the decoder's nn.Linear for torchao's Float8Linear (float8_config); returns how many were
-    swapped. FLOAT8's GPU and package were checked at start."""
+    """Swap the decoder's nn.Linear for torchao's Float8Linear (float8_config); returns how many
+    were swapped. FLOAT8's GPU and package were checked at start."""
     from torchao.float8 import convert_to_float8_training
 
-    convert_to_float8_training(model, config=float8_config(recipe, shards), module_filter_fn=float8_filter)
+    convert_to_float8_training(
+        model, config=float8_config(recipe, shards), module_filter_fn=float8_filter
+    )
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
 
 
 def float8_after_step(recipe: str, shards: int) -> Callable[[nn.Module], None] | None:
     """What runs after each optimizer step: with float8 all-gather (tensorwise, sharded over several
     ranks), one fused amax over all the sharded weights for the next forward's scales (torchao
-    `precompute_float8_dynamic_scale_for_fsdp`, torchtitan's post-optimizer hook); None otherwise."""
+    `precompute_float8_dynamic_scale_for_fsdp`, torchtitan's post-optimizer hook); None otherwise.
+    """
     if recipe != "tensorwise" or shards <= 1:
         return None
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
@@ -164,8 +180,9 @@ def float8_after_step(recipe: str, shards: int) -> Callable[[nn.Module], None] |
 def apply_fsdp(
     model: nn.Module, *, mesh: DeviceMesh, strategy: str, precision: str, prefetch: int = 1
 ) -> None:
-    """fully_shard each decoder layer, then the root (embeddings, final norm, head); with `prefetch` > 0,
-    each layer also names the next `prefetch` layers whose all-gather starts before its own compute."""
+    """fully_shard each decoder layer, then the root (embeddings, final norm, head); with `prefetch`
+    > 0, each layer also names the next `prefetch` layers whose all-gather starts before its own
+    compute."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
@@ -173,15 +190,18 @@ def apply_fsdp(
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
         # the last layer's params are needed again right away in backward: no point resharding them
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and i < len(layers) - 1)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and i < len(layers) - 1
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     if prefetch:
         set_prefetch([layer for layer in layers if isinstance(layer, FSDPModule)], prefetch)
 
 
 def set_prefetch(layers: list[Any], n: int) -> None:
-    """Explicit FSDP2 prefetch (torch's FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch, as
-    in torch's FSDP2 example): forward runs the layers in order, backward in reverse."""
+    """Explicit FSDP2 prefetch (torch's FSDPModule.set_modules_to_forward_prefetch /
+    _backward_prefetch, as in torch's FSDP2 example): forward runs the layers in order, backward in
+    reverse."""
     for i, layer in enumerate(layers):
         ahead = layers[i + 1 : i + 1 + n]
         behind = layers[max(0, i - n) : i][::-1]
@@ -204,8 +224,8 @@ def parallelize(
     float8_recipe: str = "tensorwise",
     prefetch: int = 1,
 ) -> int:
-    """Float8, activation checkpointing, compile, then FSDP2, in place; returns how many layers recompute
-    activations. `ac_mode` and `compile` are resolved already (fsdptrain.levers)."""
+    """Float8, activation checkpointing, compile, then FSDP2, in place; returns how many layers
+    recompute activations. `ac_mode` and `compile` are resolved already (fsdptrain.levers)."""
     if float8:
         apply_float8(model, recipe=float8_recipe, shards=shard_degree(mesh))
     wrapped = apply_activation_checkpointing(model, mode=ac_mode, every=ac_every)

@@ -1,5 +1,5 @@
-"""Rank 0's Prometheus endpoint (METRICS_PORT): the latest logged step as gauges, through prometheus_client.
-No torch here: fsdpctl's tests and the dashboard's checks import it cheaply."""
+"""Rank 0's Prometheus endpoint (METRICS_PORT): the latest logged step as gauges, through
+prometheus_client. No torch here: fsdpctl's tests and the dashboard's checks import it cheaply."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ PROMETHEUS_GAUGES = {
 
 
 class _LatestStep:
-    """A prometheus_client collector of the latest logged step: one gauge per PROMETHEUS_GAUGES name whose
-    value this run measured (a CPU has no MFU: no `fsdptrain_mfu` rather than a made-up 0)."""
+    """A prometheus_client collector of the latest logged step: one gauge per PROMETHEUS_GAUGES name
+    whose value this run measured (a CPU has no MFU: no `fsdptrain_mfu` rather than a made-up 0)."""
 
     def __init__(self) -> None:
         self.record: dict = {}
@@ -33,15 +33,18 @@ class _LatestStep:
 
 
 class PrometheusExporter:
-    """GET /metrics on `port` (rank 0): prometheus_client's own server (start_http_server, a daemon thread)
-    over a registry of this run's gauges only, what Prometheus scrapes from the pod annotation fsdpctl
-    writes. A port already taken raises OSError here: the caller logs it, the run goes on."""
+    """GET /metrics on `port` (rank 0): prometheus_client's own server (start_http_server, a daemon
+    thread) over a registry of this run's gauges only, what Prometheus scrapes from the pod
+    annotation fsdpctl writes. A port already taken raises OSError here: the caller logs it, the run
+    goes on."""
 
     def __init__(self, port: int):
         from prometheus_client import CollectorRegistry, start_http_server
 
         self.collector = _LatestStep()
-        self.registry = CollectorRegistry(auto_describe=False)  # not the global one: no process_* series
+        self.registry = CollectorRegistry(
+            auto_describe=False
+        )  # not the global one: no process_* series
         self.registry.register(self.collector)
         self.server, self.thread = start_http_server(port, registry=self.registry)
         self.port: int = self.server.server_address[1]

@@ -1,5 +1,6 @@
-"""The trainer's `start` event: the library versions it runs with and the fingerprints of the data and the
-tokenizer it reads, for the run record fsdpctl keeps (fsdpctl.record). Rank 0 only; read once per run."""
+"""The trainer's `start` event: the library versions it runs with and the fingerprints of the data
+and the tokenizer it reads, for the run record fsdpctl keeps (fsdpctl.record). Rank 0 only; read
+once per run."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def record_id() -> str:
 
 
 def _nccl() -> str | None:
-    """NCCL's version as torch reports it (a tuple since torch 2.x; an int before); None without CUDA."""
+    """NCCL's version as torch reports it (a tuple since torch 2.x; an int before); None without
+    CUDA."""
     if not torch.cuda.is_available():
         return None
     try:
@@ -32,8 +34,9 @@ def _nccl() -> str | None:
 
 
 def _files_of(value: str, kind: str) -> str | None:
-    """Where the files of a setting's value are: a path as given; a hub id's cached snapshot when the job
-    reads offline (the pre-step fetched it); None for a hub id read online (nothing here to fingerprint)."""
+    """Where the files of a setting's value are: a path as given; a hub id's cached snapshot when
+    the job reads offline (the pre-step fetched it); None for a hub id read online (nothing here to
+    fingerprint)."""
     if Path(value).expanduser().exists():
         return value
     from fsdptrain.fetch import local_snapshot
@@ -51,9 +54,9 @@ def start_event(
     levers: dict[str, str] | None = None,
     resumed_from: Path | None = None,
 ) -> events.Start:
-    """`cfg` with DATASET/TOKENIZER already resolved (builtin -> the asset files); `levers`: how the speed
-    settings resolved (fsdptrain.levers); `resumed_from`: the checkpoint the run started from (a rerun starts
-    there again), None for a fresh start."""
+    """`cfg` with DATASET/TOKENIZER already resolved (builtin -> the asset files); `levers`: how the
+    speed settings resolved (fsdptrain.levers); `resumed_from`: the checkpoint the run started from
+    (a rerun starts there again), None for a fresh start."""
     import transformers
 
     return events.Start(

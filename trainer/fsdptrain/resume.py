@@ -1,11 +1,13 @@
-"""Which checkpoint a run resumes, and whether resuming it continues the run that saved it. Pure: no torch, so
-the pre-launch check (fsdptrain.launch) and fsdpctl judge a checkpoint exactly as the trainer does.
+"""Which checkpoint a run resumes, and whether resuming it continues the run that saved it. Pure: no
+torch, so the pre-launch check (fsdptrain.launch) and fsdpctl judge a checkpoint exactly as the
+trainer does.
 
-A checkpoint's meta.json keeps the settings that decide what a step computes (`math_settings`). A run resumes
-a checkpoint only when its own are the same: with another precision, model, sharding, learning-rate schedule,
-sequence length or batch it would not continue that run but train something else from its weights, and with
-MAX_STEPS at or below the checkpoint's step it would train nothing. Both are refused with one line naming each
-difference (exit 2, before torchrun in a pod: not retried); ALLOW_SETTING_CHANGES=true resumes anyway.
+A checkpoint's meta.json keeps the settings that decide what a step computes (`math_settings`). A
+run resumes a checkpoint only when its own are the same: with another precision, model, sharding,
+learning-rate schedule, sequence length or batch it would not continue that run but train something
+else from its weights, and with MAX_STEPS at or below the checkpoint's step it would train nothing.
+Both are refused with one line naming each difference (exit 2, before torchrun in a pod: not
+retried); ALLOW_SETTING_CHANGES=true resumes anyway.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from fsdptrain.config import TrainConfig
 
 META = "meta.json"
 LATEST = "latest"
-# what a step computes: the model and its start, the numerics and sharding (reduction order), the data each
-# step sees (sequence length, batch, seed: the order), and the optimizer with its schedule (LR, warmup, the
-# cosine that ends at MAX_STEPS); the world size joins them (the global batch) under WORLD_SIZE
+# what a step computes: the model and its start, the numerics and sharding (reduction order), the
+# data each step sees (sequence length, batch, seed: the order), and the optimizer with its schedule
+# (LR, warmup, the cosine that ends at MAX_STEPS); the world size joins them (the global batch)
+# under WORLD_SIZE
 MATH_KEYS = (
     "model",
     "pretrained",
@@ -50,7 +53,11 @@ def step_name(step: int) -> str:
 
 def math_settings(cfg: TrainConfig, world: int) -> dict[str, Any]:
     """ENV_KEY -> value of every setting in MATH_KEYS, and the world size: what meta.json keeps."""
-    found = {f.metadata["env"]: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name in MATH_KEYS}
+    found = {
+        f.metadata["env"]: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.name in MATH_KEYS
+    }
     return {**found, WORLD: world}
 
 
@@ -73,8 +80,9 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def candidates(root: Path | None, resume: str) -> list[Path]:
-    """What RESUME asks for, most wanted first: auto is `latest`, then every older complete checkpoint (a
-    damaged newest one falls back to the next); a path is that one alone; never is none."""
+    """What RESUME asks for, most wanted first: auto is `latest`, then every older complete
+    checkpoint (a damaged newest one falls back to the next); a path is that one alone; never is
+    none."""
     if resume == "never":
         return []
     if resume != "auto":
@@ -96,14 +104,15 @@ def read_meta(path: Path) -> dict[str, Any] | None:
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """`KEY was -> now` for each setting both know that differs (a checkpoint of an older trainer keeps
-    none, and a key it does not keep is not compared)."""
+    """`KEY was -> now` for each setting both know that differs (a checkpoint of an older trainer
+    keeps none, and a key it does not keep is not compared)."""
     return [f"{k} {saved[k]} -> {v}" for k, v in now.items() if k in saved and saved[k] != v]
 
 
 def problem(meta: Mapping[str, Any], cfg: TrainConfig, world: int, *, where: str) -> str | None:
-    """Why this run must not resume the checkpoint `where` (whose meta.json is `meta`), or None: its step at
-    or past MAX_STEPS (always), the settings it was saved with that differ (unless ALLOW_SETTING_CHANGES)."""
+    """Why this run must not resume the checkpoint `where` (whose meta.json is `meta`), or None: its
+    step at or past MAX_STEPS (always), the settings it was saved with that differ (unless
+    ALLOW_SETTING_CHANGES)."""
     step = meta.get("step")
     done = isinstance(step, int) and step >= cfg.max_steps
     saved = meta.get("settings")
@@ -122,13 +131,16 @@ def problem(meta: Mapping[str, Any], cfg: TrainConfig, world: int, *, where: str
         fixes += "a larger MAX_STEPS with ALLOW_SETTING_CHANGES=true trains further (another LR schedule); "
     elif changed:
         fixes += "ALLOW_SETTING_CHANGES=true resumes it anyway; "
-    fixes += "`fsdpctl job rerun` repeats a run in a directory of its own; RESUME=never starts afresh"
+    fixes += (
+        "`fsdpctl job rerun` repeats a run in a directory of its own; RESUME=never starts afresh"
+    )
     return f"checkpoint {where} (step {step}) is not resumed: {' and '.join(why)}: {fixes}"
 
 
 def first_problem(root: Path | None, cfg: TrainConfig, world: int) -> str | None:
-    """The refusal of the checkpoint this run would resume first (its RESUME and CHECKPOINT_DIR as this
-    machine sees them), or None. A missing or unreadable checkpoint is the loader's business, not this."""
+    """The refusal of the checkpoint this run would resume first (its RESUME and CHECKPOINT_DIR as
+    this machine sees them), or None. A missing or unreadable checkpoint is the loader's business,
+    not this."""
     wanted = candidates(root, cfg.resume)
     meta = read_meta(wanted[0]) if wanted else None
     return problem(meta, cfg, world, where=str(wanted[0])) if meta is not None else None

@@ -1,6 +1,6 @@
-"""This process's place in the job (rank, device, process group) and rank 0's outputs: the human log, the
-event lines (fsdptrain.events), the metrics file, the Prometheus endpoint and the trackers (TensorBoard,
-W&B)."""
+"""This process's place in the job (rank, device, process group) and rank 0's outputs: the human
+log, the event lines (fsdptrain.events), the metrics file, the Prometheus endpoint and the trackers
+(TensorBoard, W&B)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ class Runtime:
             print(msg, flush=True)
 
     def emit(self, event: events.Event) -> None:
-        """One event line (machine-read by `fsdpctl job status`), rank 0 only; every node's exporter takes the
-        step (each rank knows the job's averaged loss and times after `_read_steps`)."""
+        """One event line (machine-read by `fsdpctl job status`), rank 0 only; every node's exporter
+        takes the step (each rank knows the job's averaged loss and times after `_read_steps`)."""
         if self.exporter is not None and isinstance(event, events.Step):
             self.exporter.update(events.as_record(event))
         if self.rank != 0:
@@ -57,9 +57,10 @@ class Runtime:
 
 
 def init_distributed(timeout_s: int = 0) -> Runtime:
-    """The process group over torchrun's environment (NCCL on GPUs, gloo on CPUs); SIGTERM asks to stop.
-    `timeout_s` (COLLECTIVE_TIMEOUT; 0: torch's default) bounds every collective: a rank whose peer is gone
-    or cut off fails after it and torchrun's agent restarts the group, instead of waiting up to 30 minutes."""
+    """The process group over torchrun's environment (NCCL on GPUs, gloo on CPUs); SIGTERM asks to
+    stop. `timeout_s` (COLLECTIVE_TIMEOUT; 0: torch's default) bounds every collective: a rank whose
+    peer is gone or cut off fails after it and torchrun's agent restarts the group, instead of
+    waiting up to 30 minutes."""
     timeout = timedelta(seconds=timeout_s) if timeout_s else None
     os.environ.setdefault("RANK", "0")  # a plain `python -m fsdptrain` is a world of one
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -90,9 +91,10 @@ def _free_port() -> int:
 
 
 def open_outputs(cfg: TrainConfig, rt: Runtime) -> None:
-    """Rank 0's METRICS_FILE; METRICS_PORT on local rank 0 of every node: Prometheus scrapes every pod of the
-    job (the pod template's prometheus.io/scrape annotation, the same on all), and a node whose port answered
-    nothing was a target down for the whole run. A port already taken costs the metrics, never the run."""
+    """Rank 0's METRICS_FILE; METRICS_PORT on local rank 0 of every node: Prometheus scrapes every
+    pod of the job (the pod template's prometheus.io/scrape annotation, the same on all), and a node
+    whose port answered nothing was a target down for the whole run. A port already taken costs the
+    metrics, never the run."""
     if rt.rank == 0 and cfg.metrics_file:
         Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
         rt.metrics_file = open(cfg.metrics_file, "a")  # for the whole run: closed by close_outputs
@@ -107,8 +109,8 @@ def open_outputs(cfg: TrainConfig, rt: Runtime) -> None:
 
 
 def start_trackers(cfg: TrainConfig, rt: Runtime, start_step: int, rid: str | None = None) -> None:
-    """Rank 0's TensorBoard writer and W&B run, once the step the run resumes after is known; `rid`: the
-    tracker run to write (that of the run whose checkpoint this one continues)."""
+    """Rank 0's TensorBoard writer and W&B run, once the step the run resumes after is known; `rid`:
+    the tracker run to write (that of the run whose checkpoint this one continues)."""
     if rt.rank == 0 and (cfg.tensorboard_dir or cfg.wandb_project):
         warn = lambda m: rt.log(f"warning: {m}")  # noqa: E731 - one line, in the human log
         rt.trackers = open_trackers(cfg, start_step=start_step, world=rt.world, warn=warn, rid=rid)
@@ -124,8 +126,8 @@ def close_outputs(rt: Runtime) -> None:
 
 
 def leader_event(rt: Runtime) -> events.Leader:
-    """Global rank 0 names its node, so a reader of several node logs knows which one carries the progress:
-    torchrun's rendezvous, not the launch order, decides where rank 0 lands."""
+    """Global rank 0 names its node, so a reader of several node logs knows which one carries the
+    progress: torchrun's rendezvous, not the launch order, decides where rank 0 lands."""
     return events.Leader(
         node_rank=int(os.environ.get("GROUP_RANK", "0")),
         hostname=socket.gethostname(),

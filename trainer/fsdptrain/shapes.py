@@ -1,4 +1,5 @@
-"""Model shapes and mesh arithmetic: pure Python, no torch, so settings are checked (and planned) fast."""
+"""Model shapes and mesh arithmetic: pure Python, no torch, so settings are checked (and planned)
+fast."""
 
 from __future__ import annotations
 
@@ -28,15 +29,19 @@ class ModelShape:
         return self.layers * self.layer_params() + 2 * self.vocab * self.hidden + self.hidden
 
 
-def flops_per_token(num_params: int, embedding_params: int, layers: int, hidden: int, seq_len: int) -> int:
-    """Training FLOPs per token: 6 x matmul params (forward + backward) + 12 x L x H x S for attention.
+def flops_per_token(
+    num_params: int, embedding_params: int, layers: int, hidden: int, seq_len: int
+) -> int:
+    """Training FLOPs per token: 6 x matmul params (forward + backward) + 12 x L x H x S for
+    attention.
 
     The input embedding is a lookup, not a matmul, so it is left out (as torchtitan does).
     """
     return 6 * (num_params - embedding_params) + 12 * layers * hidden * seq_len
 
 
-# Dense peak TFLOP/s per GPU (bf16/fp16; fp32 runs as TF32 on tensor cores). SXM parts, vendor data sheets.
+# Dense peak TFLOP/s per GPU (bf16/fp16; fp32 runs as TF32 on tensor cores). SXM parts, vendor data
+# sheets.
 PEAK_TFLOPS = {
     "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
     "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
@@ -44,7 +49,8 @@ PEAK_TFLOPS = {
 }
 
 
-# Published Hugging Face meta-llama/Llama-2-*-hf shapes; tiny ones keep tests and the quickstart fast.
+# Published Hugging Face meta-llama/Llama-2-*-hf shapes; tiny ones keep tests and the quickstart
+# fast.
 MODEL_CONFIGS: dict[str, ModelShape] = {
     "7b": ModelShape(4096, 32, 32, 32, 11008, 32000, 4096),
     "13b": ModelShape(5120, 40, 40, 40, 13824, 32000, 4096),
@@ -69,14 +75,15 @@ def mesh_shape(strategy: str, world_size: int, shard_size: int) -> tuple[int, ..
 
 
 def hsdp_group_size(hsdp_shard_size: int, procs_per_node: int) -> int:
-    """HYBRID_SHARD's shard group: HSDP_SHARD_SIZE, or when 0 the processes of one node. A node's GPUs share
-    NVLink, so the per-layer all-gathers stay inside it and only the gradient all-reduce crosses nodes."""
+    """HYBRID_SHARD's shard group: HSDP_SHARD_SIZE, or when 0 the processes of one node. A node's
+    GPUs share NVLink, so the per-layer all-gathers stay inside it and only the gradient all-reduce
+    crosses nodes."""
     return hsdp_shard_size or procs_per_node
 
 
 def job_mesh_shape(
     strategy: str, world_size: int, *, hsdp_shard_size: int, procs_per_node: int
 ) -> tuple[int, ...]:
-    """`mesh_shape` with HSDP_SHARD_SIZE's default applied: the one shape the settings check, the trainer's
-    start-up check and its device mesh all use."""
+    """`mesh_shape` with HSDP_SHARD_SIZE's default applied: the one shape the settings check, the
+    trainer's start-up check and its device mesh all use."""
     return mesh_shape(strategy, world_size, hsdp_group_size(hsdp_shard_size, procs_per_node))

@@ -1,11 +1,12 @@
-"""Rank 0's experiment trackers: TensorBoard event files (TENSORBOARD_DIR) and a Weights & Biases run
-(WANDB_PROJECT), the pictures ML engineers already read. Both are optional (`pip install
+"""Rank 0's experiment trackers: TensorBoard event files (TENSORBOARD_DIR) and a Weights & Biases
+run (WANDB_PROJECT), the pictures ML engineers already read. Both are optional (`pip install
 'fsdpctl[trackers]'`): a key set without its package is refused before training
-(config.missing_packages); a tracker that fails mid-run costs its pictures, with one warning, never the run.
+(config.missing_packages); a tracker that fails mid-run costs its pictures, with one warning, never
+the run.
 
-Each logged step (LOG_INTERVAL) goes to every tracker under the same tags, with the optimizer step as the
-x axis; a resumed run continues that axis (TensorBoard purges what a crashed attempt wrote after the
-checkpoint it resumes from)."""
+Each logged step (LOG_INTERVAL) goes to every tracker under the same tags, with the optimizer step
+as the x axis; a resumed run continues that axis (TensorBoard purges what a crashed attempt wrote
+after the checkpoint it resumes from)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from typing import Any, Protocol
 from fsdptrain import events
 from fsdptrain.config import TrainConfig
 
-# step record field -> tag; the same names in TensorBoard and W&B (the part before "/" is the section)
+# step record field -> tag; the same names in TensorBoard and W&B (the part before "/" is the
+# section)
 SCALARS = {
     "loss": "train/loss",
     "lr": "train/lr",
@@ -38,7 +40,8 @@ SCALARS = {
     "gpu_temp_c": "gpu/temp_c",
     "gpu_power_w": "gpu/power_w",
 }
-# a value shaped like a Hugging Face token never reaches a tracker's config, whatever key it was pasted into
+# a value shaped like a Hugging Face token never reaches a tracker's config, whatever key it was
+# pasted into
 _TOKEN = re.compile(r"hf_[A-Za-z0-9]{20,}")
 
 
@@ -53,15 +56,15 @@ def scalars(step: events.Step) -> dict[str, float]:
 
 
 def run_id() -> str:
-    """torchrun's rendezvous id (TORCHELASTIC_RUN_ID: fsdpctl's run id), the same on every attempt of a run;
-    a plain `python -m fsdptrain` gets one from the clock."""
+    """torchrun's rendezvous id (TORCHELASTIC_RUN_ID: fsdpctl's run id), the same on every attempt
+    of a run; a plain `python -m fsdptrain` gets one from the clock."""
     found = os.environ.get("TORCHELASTIC_RUN_ID", "")
     return found if found and found != "none" else time.strftime("run-%Y%m%d-%H%M%S")
 
 
 def tracker_config(cfg: TrainConfig, **extra: Any) -> dict[str, Any]:
-    """The resolved training config by its keys (MODEL, LR, ...) for W&B's run config: settings only, never
-    the environment, and no token-shaped value."""
+    """The resolved training config by its keys (MODEL, LR, ...) for W&B's run config: settings
+    only, never the environment, and no token-shaped value."""
     values = {f.metadata["env"]: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     values.update(extra)
     return {k: _TOKEN.sub("***", v) if isinstance(v, str) else v for k, v in values.items()}
@@ -78,8 +81,9 @@ class Tracker(Protocol):
 
 
 class TensorBoard:
-    """`torch.utils.tensorboard.SummaryWriter` into TENSORBOARD_DIR/<run id>. `purge_step`: on a resumed
-    attempt, the first step it will redo; events at or after it from an earlier attempt are dropped."""
+    """`torch.utils.tensorboard.SummaryWriter` into TENSORBOARD_DIR/<run id>. `purge_step`: on a
+    resumed attempt, the first step it will redo; events at or after it from an earlier attempt are
+    dropped."""
 
     name = "tensorboard"
 
@@ -101,7 +105,8 @@ class TensorBoard:
 
 
 class WandB:
-    """One W&B run per fsdpctl run (id and name: the run id); an attempt torchrun restarts resumes it."""
+    """One W&B run per fsdpctl run (id and name: the run id); an attempt torchrun restarts resumes
+    it."""
 
     name = "wandb"
 
@@ -115,7 +120,8 @@ class WandB:
             config=dict(config),
             mode=cfg.wandb_mode,  # type: ignore[arg-type]
             resume="allow",
-            # the trainer's stdout carries the event lines fsdpctl reads: W&B leaves the console alone
+            # the trainer's stdout carries the event lines fsdpctl reads: W&B leaves the console
+            # alone
             settings=wandb.Settings(console="off", save_code=False, disable_git=True),
         )
 
@@ -130,7 +136,8 @@ class WandB:
 
 
 class Trackers:
-    """The trackers rank 0 opened; each failure is reported once through `warn` and ends that tracker."""
+    """The trackers rank 0 opened; each failure is reported once through `warn` and ends that
+    tracker."""
 
     def __init__(self, trackers: list[Tracker], warn: Callable[[str], None]):
         self.trackers = trackers
@@ -140,7 +147,9 @@ class Trackers:
         for t in list(self.trackers):
             try:
                 what(t)
-            except Exception as e:  # a full disk or a lost W&B service costs the pictures, not the run
+            except (
+                Exception
+            ) as e:  # a full disk or a lost W&B service costs the pictures, not the run
                 self.trackers.remove(t)
                 self.warn(f"{t.name}: {type(e).__name__}: {e}; training goes on without it")
 
@@ -157,11 +166,17 @@ class Trackers:
 
 
 def open_trackers(
-    cfg: TrainConfig, *, start_step: int, world: int, warn: Callable[[str], None], rid: str | None = None
+    cfg: TrainConfig,
+    *,
+    start_step: int,
+    world: int,
+    warn: Callable[[str], None],
+    rid: str | None = None,
 ) -> Trackers:
-    """The trackers the config asks for (rank 0 only), under the tracker run `rid` (default: this run's
-    id; a run that continues a job's checkpoint continues the run that saved it: one curve across
-    resumes). One that cannot start (W&B online without a login) is a warning; the run goes on."""
+    """The trackers the config asks for (rank 0 only), under the tracker run `rid` (default: this
+    run's id; a run that continues a job's checkpoint continues the run that saved it: one curve
+    across resumes). One that cannot start (W&B online without a login) is a warning; the run goes
+    on."""
     rid = rid or run_id()
     found = Trackers([], warn)
     opened: list[Tracker] = []

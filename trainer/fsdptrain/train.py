@@ -8,8 +8,8 @@
     # N nodes: what the PyTorchJob runs, settings from the environment (MODEL, SHARDING_STRATEGY, ...)
     torchrun --nnodes N --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 -m fsdptrain
 
-Every setting: `python -m fsdptrain --help`. Exit codes: 0 done (also after `fsdpctl job stop`, with a
-checkpoint), 1 failure, 2 bad setting, 75 disrupted (SIGTERM: checkpointed, to be resumed; see
+Every setting: `python -m fsdptrain --help`. Exit codes: 0 done (also after `fsdpctl job stop`, with
+a checkpoint), 1 failure, 2 bad setting, 75 disrupted (SIGTERM: checkpointed, to be resumed; see
 fsdptrain.disruption). Rank 0 prints human lines and event lines (fsdptrain.events) for fsdpctl.
 """
 
@@ -53,7 +53,13 @@ from fsdptrain.levers import (
     resolve_compile,
     triton_compiler,
 )
-from fsdptrain.metrics import GpuTelemetry, SavedActivations, local_state_bytes, memory_stats, peak_tflops
+from fsdptrain.metrics import (
+    GpuTelemetry,
+    SavedActivations,
+    local_state_bytes,
+    memory_stats,
+    peak_tflops,
+)
 from fsdptrain.models import (
     MODEL_CONFIGS,
     attention_kernel,
@@ -93,7 +99,8 @@ def run(cfg: TrainConfig) -> int:
         return 2
     except ckpt.CheckpointError as e:
         print_error(str(e))
-        # a full or unwritable volume: the same save would fail on every retry (fsdptrain.disruption)
+        # a full or unwritable volume: the same save would fail on every retry
+        # (fsdptrain.disruption)
         disruption.write_note(os.environ, "failed", error=str(e))
         return 1
     finally:
@@ -102,12 +109,15 @@ def run(cfg: TrainConfig) -> int:
             dist.destroy_process_group()
 
 
-DISRUPTED_EXIT = 75  # EX_TEMPFAIL: checkpointed, not done; the pod's launcher decides what comes next
+DISRUPTED_EXIT = (
+    75  # EX_TEMPFAIL: checkpointed, not done; the pod's launcher decides what comes next
+)
 
 
 def _ended(rt: Runtime, summary: events.Summary) -> int:
-    """0, unless the run was disrupted: then the launcher gets a note and the worker exits non-zero, since a
-    0 from any worker pod would mark the whole elastic PyTorchJob Succeeded (fsdptrain.disruption)."""
+    """0, unless the run was disrupted: then the launcher gets a note and the worker exits non-zero,
+    since a 0 from any worker pod would mark the whole elastic PyTorchJob Succeeded
+    (fsdptrain.disruption)."""
     if summary.stop_reason != "disrupted":
         return 0
     if rt.local_rank == 0:
@@ -116,10 +126,12 @@ def _ended(rt: Runtime, summary: events.Summary) -> int:
 
 
 def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
-    """Build, train to MAX_STEPS (or until a stop request or a disruption), export; returns the summary rank
-    0 printed."""
+    """Build, train to MAX_STEPS (or until a stop request or a disruption), export; returns the
+    summary rank 0 printed."""
     kept = _set_up_torch(cfg, rt.device)
-    with sdpa_priority(cfg.sdpa_backends):  # for the whole run: compiled layers read it when they trace
+    with sdpa_priority(
+        cfg.sdpa_backends
+    ):  # for the whole run: compiled layers read it when they trace
         t = build(cfg, rt)
         rt.log(_banner(t, rt, host_malloc_kept=kept))
         for line in _lever_lines(t):
@@ -127,7 +139,11 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
         if rt.rank == 0:  # what this run is made of, for fsdpctl's run record
             from fsdptrain.provenance import start_event
 
-            rt.emit(start_event(t.cfg, rt.device, t.start_step, levers=t.levers, resumed_from=t.resumed_from))
+            rt.emit(
+                start_event(
+                    t.cfg, rt.device, t.start_step, levers=t.levers, resumed_from=t.resumed_from
+                )
+            )
         start_trackers(t.cfg, rt, t.start_step, t.tracker_run)
         gc_control = GarbageCollection(cfg.gc_interval, rt.log)
         try:
@@ -139,12 +155,16 @@ def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:
 
 
 def _set_up_torch(cfg: TrainConfig, device: torch.device) -> bool:
-    """Seeds, warnings, deterministic mode; on the CPU also malloc's thresholds (fsdptrain.hostmem). Returns
-    whether those were set."""
+    """Seeds, warnings, deterministic mode; on the CPU also malloc's thresholds (fsdptrain.hostmem).
+    Returns whether those were set."""
     # init is seeded per shard coordinate (build_model), so DTensor's CPU RNG caveat does not apply
-    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+    warnings.filterwarnings(
+        "ignore", message="DTensor random operators may not have complete support"
+    )
     torch.manual_seed(cfg.seed)
-    torch.use_deterministic_algorithms(resolve_deterministic(cfg.deterministic, device.type), warn_only=True)
+    torch.use_deterministic_algorithms(
+        resolve_deterministic(cfg.deterministic, device.type), warn_only=True
+    )
     return device.type == "cpu" and keep_host_memory()
 
 
@@ -179,7 +199,9 @@ class Training:
     ac_layers: int  # decoder layers that recompute activations
     compiled: Choice  # COMPILE as resolved on this device (fsdptrain.levers)
     checkpointing: Checkpointing  # ACTIVATION_CHECKPOINTING as applied
-    levers: dict[str, str]  # each resolved lever with its reason: the banner's lines and the start event's
+    levers: dict[
+        str, str
+    ]  # each resolved lever with its reason: the banner's lines and the start event's
     after_step: Any  # float8's scale precompute after each optimizer step (a callable), or None
     n_params: int
     flops_per_token: int
@@ -188,15 +210,21 @@ class Training:
     gpu: GpuTelemetry
     kill_at_save: int | None  # FSDPTRAIN_FAILPOINT (the fault tests); None in every real run
     slow_save_s: float = 0.0  # FSDPTRAIN_FAILPOINT=slow-save (the stop tests); 0 in every real run
-    hold_at: int | None = None  # FSDPTRAIN_FAILPOINT=hold-until-stop (the walk-through test); else None
-    # the TensorBoard/W&B run it writes: that of the run whose checkpoint it continues (RESUME=auto), else its
-    # own id; kept in each checkpoint it saves, so a job's curve is one across stops and resumes
+    hold_at: int | None = (
+        None  # FSDPTRAIN_FAILPOINT=hold-until-stop (the walk-through test); else None
+    )
+    # the TensorBoard/W&B run it writes: that of the run whose checkpoint it continues
+    # (RESUME=auto), else its own id; kept in each checkpoint it saves, so a job's curve is one
+    # across stops and resumes
     tracker_run: str = ""
-    control_group: Any = None  # where ranks agree to stop: a gloo group on GPUs, None (the default) on CPU
+    control_group: Any = (
+        None  # where ranks agree to stop: a gloo group on GPUs, None (the default) on CPU
+    )
 
 
 def build(cfg: TrainConfig, rt: Runtime) -> Training:
-    """Data, the sharded model (fresh or pretrained), optimizer, and a checkpoint's state to resume from."""
+    """Data, the sharded model (fresh or pretrained), optimizer, and a checkpoint's state to resume
+    from."""
     cfg = _with_builtin_assets(cfg, rt)
     rt.emit(events.Stage(stage="loading data", time=time.time()))
     tokenizer = load_tokenizer(cfg.tokenizer_path)
@@ -204,7 +232,9 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
     compiled = resolve_compile(
         cfg.compile, rt.device.type, triton_compiler() if rt.device.type == "cuda" else ""
     )
-    checkpointing = resolve_activation_checkpointing(cfg.activation_checkpointing, cfg.ac_every, compiled.on)
+    checkpointing = resolve_activation_checkpointing(
+        cfg.activation_checkpointing, cfg.ac_every, compiled.on
+    )
     rt.emit(events.Stage(stage="building the model", time=time.time()))
     model, hf_config, mesh, ac_layers = build_model(cfg, rt, tokenizer, compiled.on, checkpointing)
     optimizer, scaler = build_optimizer(cfg, model, rt.device)
@@ -264,8 +294,8 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
 
 
 def _tracker_run(cfg: TrainConfig, meta: dict[str, Any] | None) -> str:
-    """The checkpoint's tracker run when this run continues the job's own line (RESUME=auto); an explicit
-    RESUME (a rerun, a run started from a chosen checkpoint) is a curve of its own."""
+    """The checkpoint's tracker run when this run continues the job's own line (RESUME=auto); an
+    explicit RESUME (a rerun, a run started from a chosen checkpoint) is a curve of its own."""
     from fsdptrain.trackers import run_id
 
     kept = meta.get("tracker_run") if meta is not None and cfg.resume == "auto" else None
@@ -276,18 +306,24 @@ def build_model(
     cfg: TrainConfig, rt: Runtime, tokenizer: Any, compiled: bool, checkpointing: Checkpointing
 ) -> tuple[nn.Module, Any, Any, int]:
     """Meta-device model -> sharded -> materialised shard by shard -> weights (fresh or pretrained).
-    Returns (model, its transformers config, the device mesh, layers with activation checkpointing)."""
+    Returns (model, its transformers config, the device mesh, layers with activation checkpointing).
+    """
     from transformers import AutoConfig
 
     if cfg.pretrained:
         path = ckpt.resolve_pretrained(cfg.pretrained, local_rank=rt.local_rank)
         config = AutoConfig.from_pretrained(str(path))
     else:
-        config = llama_config(cfg.model, vocab_size=max(len(tokenizer), MODEL_CONFIGS[cfg.model].vocab))
-    # no KV cache in training: it is never read, and selective checkpointing's recompute would find the
-    # keys of the forward already in it (a different op sequence, which torch.utils.checkpoint refuses)
+        config = llama_config(
+            cfg.model, vocab_size=max(len(tokenizer), MODEL_CONFIGS[cfg.model].vocab)
+        )
+    # no KV cache in training: it is never read, and selective checkpointing's recompute would find
+    # the keys of the forward already in it (a different op sequence, which torch.utils.checkpoint
+    # refuses)
     config.use_cache = False
-    use_causal_sdpa(config)  # SDPA without transformers' per-forward packed-sequence check (a host sync)
+    use_causal_sdpa(
+        config
+    )  # SDPA without transformers' per-forward packed-sequence check (a host sync)
     model = build_meta_model(config)
     mesh = build_mesh(
         rt.device.type,
@@ -308,7 +344,8 @@ def build_model(
         float8_recipe=cfg.float8_recipe,
         prefetch=cfg.fsdp_prefetch,
     )
-    # replicas (HSDP/NO_SHARD) must start identical, shards must differ: seed by position in the shard dim
+    # replicas (HSDP/NO_SHARD) must start identical, shards must differ: seed by position in the
+    # shard dim
     shard_coord = mesh.get_local_rank("shard") if mesh.ndim == 2 else mesh.get_local_rank()
     torch.manual_seed(cfg.seed + 7919 * shard_coord)
     init_weights(model, config, rt.device)
@@ -320,8 +357,8 @@ def build_model(
 def build_optimizer(
     cfg: TrainConfig, model: nn.Module, device: torch.device
 ) -> tuple[torch.optim.Optimizer, ShardedGradScaler | None]:
-    """AdamW over the sharded parameters (fused or foreach: FUSED_OPTIMIZER); a loss scaler for fp16 (bf16
-    and fp32 need none)."""
+    """AdamW over the sharded parameters (fused or foreach: FUSED_OPTIMIZER); a loss scaler for fp16
+    (bf16 and fp32 need none)."""
     fused = resolve_fused_optimizer(cfg.fused_optimizer, device.type)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -345,7 +382,8 @@ def _param_counts(model: nn.Module) -> tuple[int, int]:
 
 
 def _with_builtin_assets(cfg: TrainConfig, rt: Runtime) -> TrainConfig:
-    """DATASET/TOKENIZER=builtin: the offline sample assets, made once per node (local rank 0) and shared."""
+    """DATASET/TOKENIZER=builtin: the offline sample assets, made once per node (local rank 0) and
+    shared."""
     if BUILTIN not in (cfg.dataset, cfg.tokenizer_path):
         return cfg
     from fsdptrain.assets import default_cache, ensure_assets
@@ -362,8 +400,8 @@ def _with_builtin_assets(cfg: TrainConfig, rt: Runtime) -> TrainConfig:
 
 
 def _hf_token_given() -> bool:
-    """HF_TOKEN (local runs) or the Secret mounted as a file at HF_TOKEN_PATH (pods); huggingface_hub
-    reads both."""
+    """HF_TOKEN (local runs) or the Secret mounted as a file at HF_TOKEN_PATH (pods);
+    huggingface_hub reads both."""
     return bool(os.environ.get("HF_TOKEN")) or os.path.isfile(os.environ.get("HF_TOKEN_PATH", ""))
 
 
@@ -381,8 +419,8 @@ def _banner(t: Training, rt: Runtime, *, host_malloc_kept: bool) -> str:
 
 
 def _levers(t: Training, device: torch.device, host_malloc_kept: bool) -> list[str]:
-    """The speed settings this run took, for the banner (whether malloc's thresholds were set is known only
-    once fsdptrain.hostmem tried)."""
+    """The speed settings this run took, for the banner (whether malloc's thresholds were set is
+    known only once fsdptrain.hostmem tried)."""
     cfg = t.cfg
     on = {
         "compiled layers": t.compiled.on,
@@ -402,7 +440,8 @@ def _levers_resolved(
     checkpointing: Checkpointing,
     ac_layers: int,
 ) -> dict[str, str]:
-    """Each lever's decision and its reason, for the human log and the start event (fsdptrain.levers)."""
+    """Each lever's decision and its reason, for the human log and the start event
+    (fsdptrain.levers)."""
     ac = f"{checkpointing.mode}, {ac_layers} layers" if ac_layers else "off"
     if checkpointing.note:  # the warning line says why
         ac += f" (ACTIVATION_CHECKPOINTING={cfg.activation_checkpointing} without compile: layer-level)"
@@ -432,7 +471,11 @@ def _lever_lines(t: Training) -> list[str]:
         lines.append(f"warning: {t.checkpointing.note}")
     if warning := float8_warning(t.cfg.float8, t.compiled.on):
         lines.append(f"warning: {warning}")
-    if not t.compiled.on and t.cfg.compile == "auto" and t.compiled.why.startswith("COMPILE=auto: off, "):
+    if (
+        not t.compiled.on
+        and t.cfg.compile == "auto"
+        and t.compiled.why.startswith("COMPILE=auto: off, ")
+    ):
         lines.append(f"warning: {t.compiled.why}")
     return lines
 
@@ -446,7 +489,8 @@ class Outcome:
     checkpoint: str | None  # the newest one this run wrote, or the one it resumed from
     stopped: bool = False  # before MAX_STEPS: asked to, or disrupted
     reason: int = disruption.NONE  # why (fsdptrain.disruption: STOP or DISRUPTED)
-    # measured on the run's first step: this rank's sharded state, and the activations saved for backward
+    # measured on the run's first step: this rank's sharded state, and the activations saved for
+    # backward
     state_bytes: dict[str, int] = field(
         default_factory=lambda: {"param_bytes": 0, "grad_bytes": 0, "optim_bytes": 0}
     )
@@ -454,12 +498,13 @@ class Outcome:
 
 
 def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) -> Outcome:
-    """Steps start_step+1..MAX_STEPS; logs every LOG_INTERVAL, checkpoints every CHECKPOINT_INTERVAL, at the
-    end and when a stop request or a disruption arrives (then stops).
+    """Steps start_step+1..MAX_STEPS; logs every LOG_INTERVAL, checkpoints every
+    CHECKPOINT_INTERVAL, at the end and when a stop request or a disruption arrives (then stops).
 
     A step leaves its loss and gradient norm on the device; they are read (one all-reduce, one host
-    sync) only when something needs them: a logged step, a checkpoint, the run's first step (timed on its
-    own: it pays the warm-up) and the last. Every step still gets its full event in the history."""
+    sync) only when something needs them: a logged step, a checkpoint, the run's first step (timed
+    on its own: it pays the warm-up) and the last. Every step still gets its full event in the
+    history."""
     cfg = t.cfg
     out = Outcome(history=[], checkpoint=str(t.resumed_from) if t.resumed_from else None)
     pending: list[StepResult] = []
@@ -500,10 +545,14 @@ def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) 
             began = time.perf_counter()
             out.checkpoint = _save_checkpoint(t, t.checkpoint_root, step=step, loss=event.loss)
             rt.emit(events.Checkpoint(step=step, path=out.checkpoint))
-            _warn_if_slower_than_training(rt, cfg, step, time.perf_counter() - began, began - trained_since)
+            _warn_if_slower_than_training(
+                rt, cfg, step, time.perf_counter() - began, began - trained_since
+            )
             trained_since = time.perf_counter()
         if out.stopped:
-            rt.log(f"{disruption.describe(out.reason)}: stopped at step {step}, checkpoint {out.checkpoint}")
+            rt.log(
+                f"{disruption.describe(out.reason)}: stopped at step {step}, checkpoint {out.checkpoint}"
+            )
             break
         if step == t.hold_at:
             _hold_until_stop(rt)
@@ -516,7 +565,9 @@ class StepResult:
     """One step as the device left it: nothing here has been read back to the host."""
 
     step: int
-    loss_sum: torch.Tensor  # this rank's loss (summed over micro-batches, each divided by their count)
+    loss_sum: (
+        torch.Tensor
+    )  # this rank's loss (summed over micro-batches, each divided by their count)
     grad_norm: torch.Tensor  # the global norm before clipping, the same on every rank
     data_wait_s: float
     state_bytes: dict[str, int] | None  # when measured: the run's first step
@@ -534,15 +585,18 @@ def _train_step(
     measure: SavedActivations | None = None,
     after_step: Any = None,
 ) -> StepResult:
-    """One optimizer step over GRAD_ACCUM_STEPS micro-batches, without a host sync. With `measure` (the run's
-    first step) it also counts the activations saved for backward and this rank's sharded state."""
+    """One optimizer step over GRAD_ACCUM_STEPS micro-batches, without a host sync. With `measure`
+    (the run's first step) it also counts the activations saved for backward and this rank's sharded
+    state."""
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
     loss_sum, data_wait = _forward_backward(
         cfg=cfg, rt=rt, model=model, scaler=scaler, loader=loader, measure=measure
     )
     grad_norm = _clip_and_step(cfg, model, optimizer, scaler)
-    if after_step is not None:  # float8: the next forward's weight scales, while the weights are fresh
+    if (
+        after_step is not None
+    ):  # float8: the next forward's weight scales, while the weights are fresh
         after_step(model)
     # grads and optimizer state both exist only here, between the step and zero_grad
     state_bytes = local_state_bytes(model, optimizer) if measure is not None else None
@@ -565,19 +619,26 @@ def _forward_backward(
     loader: Loader,
     measure: SavedActivations | None,
 ) -> tuple[torch.Tensor, float]:
-    """Gradients of GRAD_ACCUM_STEPS micro-batches; (their summed loss, seconds spent waiting for data)."""
+    """Gradients of GRAD_ACCUM_STEPS micro-batches; (their summed loss, seconds spent waiting for
+    data)."""
     data_wait, loss_sum = 0.0, torch.zeros((), device=rt.device)
     for micro in range(cfg.grad_accum_steps):
         td = time.perf_counter()
         inputs, labels = loader.next_batch()
-        inputs, labels = inputs.to(rt.device, non_blocking=True), labels.to(rt.device, non_blocking=True)
+        inputs, labels = (
+            inputs.to(rt.device, non_blocking=True),
+            labels.to(rt.device, non_blocking=True),
+        )
         data_wait += time.perf_counter() - td
         # reduce-scatter the gradients once per step, on the last micro-batch
         cast(FSDPModule, model).set_requires_gradient_sync(micro == cfg.grad_accum_steps - 1)
         counting = measure if micro == 0 else None
         with counting if counting is not None else contextlib.nullcontext():
             logits = model(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / cfg.grad_accum_steps
+            loss = (
+                F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+                / cfg.grad_accum_steps
+            )
         if counting is not None:
             counting.measure()
         (scaler.scale(loss) if scaler else loss).backward()
@@ -586,7 +647,10 @@ def _forward_backward(
 
 
 def _clip_and_step(
-    cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: ShardedGradScaler | None
+    cfg: TrainConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: ShardedGradScaler | None,
 ) -> torch.Tensor:
     """Clip to GRAD_CLIP (0: off) and step; returns the gradient norm before clipping."""
     if scaler:
@@ -600,20 +664,30 @@ def _clip_and_step(
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def _read_steps(t: Training, rt: Runtime, pending: list[StepResult], since: float) -> list[events.Step]:
-    """The pending steps' events: the losses averaged over ranks in one all-reduce, then losses and norms
-    read back in one host sync. Their time is the wall time since `since` shared evenly: a step's own time
-    is not known without a sync per step (on a GPU the host runs ahead), their sum is."""
+def _read_steps(
+    t: Training, rt: Runtime, pending: list[StepResult], since: float
+) -> list[events.Step]:
+    """The pending steps' events: the losses averaged over ranks in one all-reduce, then losses and
+    norms read back in one host sync. Their time is the wall time since `since` shared evenly: a
+    step's own time is not known without a sync per step (on a GPU the host runs ahead), their sum
+    is."""
     losses = torch.stack([r.loss_sum for r in pending])
     on_gpu = rt.device.type == "cuda"
-    dist.all_reduce(losses, op=dist.ReduceOp.AVG if on_gpu else dist.ReduceOp.SUM)  # gloo has no AVG
-    values = torch.cat([losses, torch.stack([r.grad_norm for r in pending])]).tolist()  # the one sync
+    dist.all_reduce(
+        losses, op=dist.ReduceOp.AVG if on_gpu else dist.ReduceOp.SUM
+    )  # gloo has no AVG
+    values = torch.cat(
+        [losses, torch.stack([r.grad_norm for r in pending])]
+    ).tolist()  # the one sync
     elapsed = time.perf_counter() - since
     finished_at = time.time()
     n = len(pending)
     step_time = elapsed / n
     data_wait_frac = sum(r.data_wait_s for r in pending) / elapsed
-    measured = {**memory_stats(rt.device), **t.gpu.read()}  # at the read: peaks so far, telemetry now
+    measured = {
+        **memory_stats(rt.device),
+        **t.gpu.read(),
+    }  # at the read: peaks so far, telemetry now
     return [
         _step_event(
             t,
@@ -638,9 +712,10 @@ def _hold_until_stop(rt: Runtime, most_s: float = 600) -> None:
 
 
 def _agree_end(rt: Runtime, group: dist.ProcessGroup | None) -> int:
-    """A stop request and SIGTERM reach ranks at different moments: end together at the first step any rank
-    saw one, for the strongest reason seen (fsdptrain.disruption: a stop request beats a disruption). On a
-    GPU the flag goes over a CPU (gloo) group, so agreeing waits for no kernel: not a host sync."""
+    """A stop request and SIGTERM reach ranks at different moments: end together at the first step
+    any rank saw one, for the strongest reason seen (fsdptrain.disruption: a stop request beats a
+    disruption). On a GPU the flag goes over a CPU (gloo) group, so agreeing waits for no kernel:
+    not a host sync."""
     flag = torch.tensor([disruption.local_reason(rt.stop_requested, os.environ)])
     if group is None:  # CPU: the default group is gloo already
         flag = flag.to(rt.device)
@@ -651,8 +726,9 @@ def _agree_end(rt: Runtime, group: dist.ProcessGroup | None) -> int:
 def _warn_if_slower_than_training(
     rt: Runtime, cfg: TrainConfig, step: int, save_s: float, train_s: float
 ) -> None:
-    """A periodic save that takes longer than the training it protects: the job spends more time saving
-    than training (the volume's aggregate throughput is too low for the checkpoint; `fsdpctl plan`)."""
+    """A periodic save that takes longer than the training it protects: the job spends more time
+    saving than training (the volume's aggregate throughput is too low for the checkpoint; `fsdpctl
+    plan`)."""
     if cfg.checkpoint_interval and step != cfg.max_steps and save_s > train_s > 0:
         rt.log(
             f"warning: checkpoint at step {step} took {save_s:.0f} s, longer than the {train_s:.0f} s of "
@@ -734,8 +810,12 @@ def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
     """EXPORT_DIR (unless stopped early), then the summary."""
     export = None
     if t.cfg.export_dir and not out.stopped:
-        t.hf_config.use_cache = True  # the exported model is for inference; training ran without one
-        t.hf_config._attn_implementation = "sdpa"  # transformers' own, not the training-only registration
+        t.hf_config.use_cache = (
+            True  # the exported model is for inference; training ran without one
+        )
+        t.hf_config._attn_implementation = (
+            "sdpa"  # transformers' own, not the training-only registration
+        )
         export = ckpt.export_hf(
             Path(t.cfg.export_dir), model=t.model, config=t.hf_config, tokenizer=t.tokenizer
         )
@@ -754,13 +834,14 @@ EXPORT_KEY = "fsdptrain/export-published"
 
 
 def _hold_until_published(rt: Runtime) -> None:
-    """Every rank stays until rank 0 has published the export. Rank 0 writes it alone after the gather; a
-    rank that exits meanwhile ends its pod with 0, and the Training Operator marks an elastic PyTorchJob
-    Succeeded once any worker pod succeeded (v1.9.4 pkg/controller.v1/pytorch/pytorchjob_controller.go,
-    UpdateJobStatus) and then deletes the pods still running under cleanPodPolicy Running
-    (pkg/controller.v1/common/job.go, DeletePodsAndServices): rank 0's, mid-export. The wait is on the
-    process group's store, with its own deadline, not a collective under the collective timeout; the barrier
-    after it keeps rank 0 (the store's host) until every rank has seen the key."""
+    """Every rank stays until rank 0 has published the export. Rank 0 writes it alone after the
+    gather; a rank that exits meanwhile ends its pod with 0, and the Training Operator marks an
+    elastic PyTorchJob Succeeded once any worker pod succeeded (v1.9.4
+    pkg/controller.v1/pytorch/pytorchjob_controller.go, UpdateJobStatus) and then deletes the pods
+    still running under cleanPodPolicy Running (pkg/controller.v1/common/job.go,
+    DeletePodsAndServices): rank 0's, mid-export. The wait is on the process group's store, with its
+    own deadline, not a collective under the collective timeout; the barrier after it keeps rank 0
+    (the store's host) until every rank has seen the key."""
     if rt.world == 1:
         return
     store = dist.distributed_c10d._get_default_store()
@@ -773,7 +854,9 @@ def _hold_until_published(rt: Runtime) -> None:
 
 def _summary(t: Training, rt: Runtime, out: Outcome, export: Path | None) -> events.Summary:
     history = out.history
-    timed = history[1:] if len(history) > 1 else history  # the first step pays one-off warm-up costs
+    timed = (
+        history[1:] if len(history) > 1 else history
+    )  # the first step pays one-off warm-up costs
     total_time = sum(r.step_time_s for r in timed)
     tokens = sum(r.tokens_per_s * r.step_time_s for r in timed)
     first, last = (history[0], history[-1]) if history else (None, None)

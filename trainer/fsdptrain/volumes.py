@@ -1,13 +1,14 @@
-"""`python -m fsdptrain.volumes --owner UID:GID [--share ROOT]... DIR...`: the pre-step's first container, run
-as root, which prepares the shared volume before anything of the job writes to it, and does nothing else.
+"""`python -m fsdptrain.volumes --owner UID:GID [--share ROOT]... DIR...`: the pre-step's first
+container, run as root, which prepares the shared volume before anything of the job writes to it,
+and does nothing else.
 
-Why: a new FSx for Lustre file system's root directory is owned by root with mode 0755 (Lustre creates it
-so: lustre-release lustre/mdd/mdd_device.c, mdd_prepare, `S_IFDIR | 0755`), and the kubelet never hands a
-ReadWriteMany FSx claim to the pod's fsGroup: the FSx CSI driver declares `fsGroupPolicy:
-ReadWriteOnceWithFSType` (aws-fsx-csi-driver deploy/kubernetes/base/csidriver.yaml), under which "if a fstype
-is defined and the volume's access mode contains ReadWriteOnce, then the defined fsGroup will be applied"
-(k8s.io/api storage/v1 FSGroupPolicy) and only then. A trainer or a download running as uid 1000 got EACCES
-on /fsx/hf-cache.
+Why: a new FSx for Lustre file system's root directory is owned by root with mode 0755 (Lustre
+creates it so: lustre-release lustre/mdd/mdd_device.c, mdd_prepare, `S_IFDIR | 0755`), and the
+kubelet never hands a ReadWriteMany FSx claim to the pod's fsGroup: the FSx CSI driver declares
+`fsGroupPolicy: ReadWriteOnceWithFSType` (aws-fsx-csi-driver deploy/kubernetes/base/csidriver.yaml),
+under which "if a fstype is defined and the volume's access mode contains ReadWriteOnce, then the
+defined fsGroup will be applied" (k8s.io/api storage/v1 FSGroupPolicy) and only then. A trainer or a
+download running as uid 1000 got EACCES on /fsx/hf-cache.
 
 So, idempotently and without recursion (a job's checkpoints may be terabytes):
 - each `--share ROOT` (a volume's mount point) gets the group GID and mode 2775: the job's user can create
@@ -29,8 +30,8 @@ MODE = 0o2775  # rwxrwsr-x: the group writes, new entries inherit the group
 
 
 def prepare(path: Path, uid: int, gid: int, *, own: bool) -> None:
-    """Make `path` (parents too, each given the same treatment when made here) and set its group and mode;
-    with `own`, also its owner."""
+    """Make `path` (parents too, each given the same treatment when made here) and set its group and
+    mode; with `own`, also its owner."""
     missing = []
     at = path
     while not at.exists():
@@ -52,9 +53,13 @@ def _set(path: Path, uid: int, gid: int, *, own: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fsdptrain.volumes", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fsdptrain.volumes", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--owner", required=True, help="UID:GID the job's processes run as")
-    parser.add_argument("--share", action="append", default=[], help="a volume's root: group-writable")
+    parser.add_argument(
+        "--share", action="append", default=[], help="a volume's root: group-writable"
+    )
     parser.add_argument("dirs", nargs="*", type=Path, help="directories the job writes to")
     args = parser.parse_args(argv)
     uid, _, gid = args.owner.partition(":")

@@ -1,5 +1,6 @@
-"""Adapter: AWS through boto3. Every call goes through here; botocore errors become AwsError with the
-service's own code and message. `AWS_ENDPOINT_URL` (read by boto3 itself) points it at an emulator."""
+"""Adapter: AWS through boto3. Every call goes through here; botocore errors become AwsError with
+the service's own code and message. `AWS_ENDPOINT_URL` (read by boto3 itself) points it at an
+emulator."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ P_INSTANCES_QUOTA = ("ec2", "L-417A185B")
 
 
 def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectTimeoutError,
+        ReadTimeoutError,
+    )
     from botocore.parsers import ResponseParserError
 
     try:
@@ -36,16 +42,25 @@ def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
     except ClientError as e:
         err = e.response.get("Error", {})
         raise AwsError(err.get("Code", "ClientError"), err.get("Message", str(e))) from e
-    except (ConnectTimeoutError, ReadTimeoutError) as e:  # names the endpoint URL that did not answer
-        raise AwsError(type(e).__name__, f"{e} (no answer within REQUEST_TIMEOUT)", SILENT_HINT) from e
-    except (BotoCoreError, ResponseParserError) as e:  # the latter: an HTML error page (proxy, emulator)
+    except (
+        ConnectTimeoutError,
+        ReadTimeoutError,
+    ) as e:  # names the endpoint URL that did not answer
+        raise AwsError(
+            type(e).__name__, f"{e} (no answer within REQUEST_TIMEOUT)", SILENT_HINT
+        ) from e
+    except (
+        BotoCoreError,
+        ResponseParserError,
+    ) as e:  # the latter: an HTML error page (proxy, emulator)
         raise AwsError(type(e).__name__, str(e)) from e
     except shell.Overdue as e:  # the profile's credential_process
         raise AwsError("CredentialRetrievalError", f"{e} (REQUEST_TIMEOUT)") from None
 
 
-# botocore's own default is 60 s to connect and 60 s per read, each retried up to 4 times (legacy mode): a
-# silent endpoint held a command for ten minutes. With a deadline of its own a request is tried twice.
+# botocore's own default is 60 s to connect and 60 s per read, each retried up to 4 times (legacy
+# mode): a silent endpoint held a command for ten minutes. With a deadline of its own a request is
+# tried twice.
 RETRIES = {"total_max_attempts": 2, "mode": "standard"}
 
 
@@ -53,7 +68,9 @@ RETRIES = {"total_max_attempts": 2, "mode": "standard"}
 class Aws:
     region: str
     profile: str = ""
-    timeout: float = 30  # REQUEST_TIMEOUT: each connect, each read, the profile's credential_process
+    timeout: float = (
+        30  # REQUEST_TIMEOUT: each connect, each read, the profile's credential_process
+    )
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
     _silent: set[str] = field(default_factory=set, repr=False)  # endpoints that did not answer once
 
@@ -72,41 +89,47 @@ class Aws:
             _bound_credential_process(self.botocore, self.timeout, self.profile or "default")
             self.botocore.register("after-call-error", self._note_silence)
             self.botocore.register("before-send", self._fail_fast)
-        except ProfileNotFound as e:  # boto3 looks the profile up at once, in ~/.aws/config and credentials
+        except (
+            ProfileNotFound
+        ) as e:  # boto3 looks the profile up at once, in ~/.aws/config and credentials
             raise BadInput(
                 f"AWS_PROFILE={self.profile!r} is not a profile in the AWS config or credentials file",
                 hint="`aws configure list-profiles` lists them; set one, or unset AWS_PROFILE",
             ) from e
 
     def client(self, service: str) -> Any:
-        """A client whose every request has a deadline: `connect_timeout` and `read_timeout` (botocore's
-        Config, "the time in seconds till a timeout exception is thrown when attempting to make a
-        connection / read from a connection"), retried as RETRIES says unless the user set
+        """A client whose every request has a deadline: `connect_timeout` and `read_timeout`
+        (botocore's Config, "the time in seconds till a timeout exception is thrown when attempting
+        to make a connection / read from a connection"), retried as RETRIES says unless the user set
         AWS_MAX_ATTEMPTS or AWS_RETRY_MODE (environment or profile), which win."""
         from botocore.config import Config
 
         if service not in self._clients:
-            user_set = any(self.botocore.get_config_variable(v) for v in ("max_attempts", "retry_mode"))
+            user_set = any(
+                self.botocore.get_config_variable(v) for v in ("max_attempts", "retry_mode")
+            )
             config = Config(
                 connect_timeout=self.timeout,
                 read_timeout=self.timeout,
                 **({} if user_set else {"retries": RETRIES}),
             )
-            # credentials are resolved here (the profile's credential_process runs): errors as _call's
+            # credentials are resolved here (the profile's credential_process runs): errors as
+            # _call's
             self._clients[service] = _call(self.session.client, service_name=service, config=config)
         return self._clients[service]
 
     def _note_silence(self, exception: BaseException | None = None, **_: Any) -> None:
-        """botocore's after-call-error event (client.py _make_request): an endpoint that did not answer."""
+        """botocore's after-call-error event (client.py _make_request): an endpoint that did not
+        answer."""
         from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 
         if isinstance(exception, ConnectTimeoutError | ReadTimeoutError):
             self._silent.add(urlsplit(str(exception.kwargs.get("endpoint_url", ""))).netloc)
 
     def _fail_fast(self, request: Any = None, **_: Any) -> None:
-        """botocore's before-send event (endpoint.py): a request to an endpoint that already did not answer
-        in this command fails at once with the same error, rather than after another deadline (`cluster
-        check` asks five things of one endpoint)."""
+        """botocore's before-send event (endpoint.py): a request to an endpoint that already did not
+        answer in this command fails at once with the same error, rather than after another deadline
+        (`cluster check` asks five things of one endpoint)."""
         from botocore.exceptions import ReadTimeoutError
 
         if request is not None and urlsplit(request.url).netloc in self._silent:
@@ -129,11 +152,16 @@ class Aws:
 
     def p_instance_quota(self) -> float:
         service, code = P_INSTANCES_QUOTA
-        r = _call(self.client("service-quotas").get_service_quota, ServiceCode=service, QuotaCode=code)
+        r = _call(
+            self.client("service-quotas").get_service_quota, ServiceCode=service, QuotaCode=code
+        )
         return r["Quota"]["Value"]
 
     def capacity_reservation(self, reservation_id: str) -> dict:
-        r = _call(self.client("ec2").describe_capacity_reservations, CapacityReservationIds=[reservation_id])
+        r = _call(
+            self.client("ec2").describe_capacity_reservations,
+            CapacityReservationIds=[reservation_id],
+        )
         return r["CapacityReservations"][0]
 
     def zones(self) -> list[str]:
@@ -143,7 +171,9 @@ class Aws:
             Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}],
         )
         return sorted(
-            z["ZoneName"] for z in r["AvailabilityZones"] if z.get("State", "available") == "available"
+            z["ZoneName"]
+            for z in r["AvailabilityZones"]
+            if z.get("State", "available") == "available"
         )
 
     def cluster(self, name: str) -> dict | None:
@@ -158,14 +188,18 @@ class Aws:
         eks = self.client("eks")
         names = _call(eks.list_nodegroups, clusterName=cluster)["nodegroups"]
         return [
-            _call(eks.describe_nodegroup, clusterName=cluster, nodegroupName=n)["nodegroup"] for n in names
+            _call(eks.describe_nodegroup, clusterName=cluster, nodegroupName=n)["nodegroup"]
+            for n in names
         ]
 
     def ecr_repository(self, name: str) -> tuple[dict, bool]:
-        """The repository, created (scan on push, AES256) when missing; True when this call created it."""
+        """The repository, created (scan on push, AES256) when missing; True when this call created
+        it."""
         ecr = self.client("ecr")
         try:
-            return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][0], False
+            return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][
+                0
+            ], False
         except AwsError as e:
             if e.aws_code != "RepositoryNotFoundException":
                 raise
@@ -180,7 +214,9 @@ class Aws:
         except AwsError as e:  # created by someone else in between: theirs is ours
             if e.aws_code != "RepositoryAlreadyExistsException":
                 raise
-            return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][0], False
+            return _call(ecr.describe_repositories, repositoryNames=[name])["repositories"][
+                0
+            ], False
 
     def ecr_login(self) -> tuple[str, str]:
         """(user, password) for `docker login`, from ecr:GetAuthorizationToken (valid 12 hours)."""
@@ -194,9 +230,9 @@ class Aws:
 
     def nodegroup(self, cluster: str, name: str) -> dict | None:
         try:
-            return _call(self.client("eks").describe_nodegroup, clusterName=cluster, nodegroupName=name)[
-                "nodegroup"
-            ]
+            return _call(
+                self.client("eks").describe_nodegroup, clusterName=cluster, nodegroupName=name
+            )["nodegroup"]
         except AwsError as e:
             if e.aws_code == "ResourceNotFoundException":
                 return None
@@ -206,8 +242,8 @@ class Aws:
         return _call(self.client("ec2").describe_subnets, SubnetIds=ids)["Subnets"] if ids else []
 
     def launch_template_groups(self, template: dict) -> list[str]:
-        """The security groups a node group's launch template gives its nodes (eksctl: the shared node group,
-        EFA's; on the primary interface when EFA interfaces are listed)."""
+        """The security groups a node group's launch template gives its nodes (eksctl: the shared
+        node group, EFA's; on the primary interface when EFA interfaces are listed)."""
         version = str(template.get("version") or "$Default")
         r = _call(
             self.client("ec2").describe_launch_template_versions,
@@ -234,7 +270,9 @@ class Aws:
     def file_system(self, fs_id: str) -> dict | None:
         """None once it is gone (FSx answers FileSystemNotFound)."""
         try:
-            found = _call(self.client("fsx").describe_file_systems, FileSystemIds=[fs_id])["FileSystems"]
+            found = _call(self.client("fsx").describe_file_systems, FileSystemIds=[fs_id])[
+                "FileSystems"
+            ]
         except AwsError as e:
             if e.aws_code == "FileSystemNotFound":
                 return None
@@ -254,13 +292,17 @@ class Aws:
     def security_group(self, vpc_id: str, name: str) -> str | None:
         r = _call(
             self.client("ec2").describe_security_groups,
-            Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "group-name", "Values": [name]}],
+            Filters=[
+                {"Name": "vpc-id", "Values": [vpc_id]},
+                {"Name": "group-name", "Values": [name]},
+            ],
         )
         return r["SecurityGroups"][0]["GroupId"] if r["SecurityGroups"] else None
 
     def tagged_security_groups(self, key: str, value: str) -> list[dict]:
         r = _call(
-            self.client("ec2").describe_security_groups, Filters=[{"Name": f"tag:{key}", "Values": [value]}]
+            self.client("ec2").describe_security_groups,
+            Filters=[{"Name": f"tag:{key}", "Values": [value]}],
         )
         return r["SecurityGroups"]
 
@@ -307,7 +349,8 @@ class Aws:
         return meta["Arn"]
 
     def schedule_key_deletion(self, alias: str, days: int) -> str | None:
-        """Schedules the key behind `alias` for deletion and removes the alias; None when there is none."""
+        """Schedules the key behind `alias` for deletion and removes the alias; None when there is
+        none."""
         meta = self._key(alias)
         if meta is None:
             return None
@@ -319,9 +362,9 @@ class Aws:
 
 def _bound_credential_process(session: Any, timeout: float, profile: str) -> None:
     """botocore runs a profile's `credential_process` and waits for it with no timeout
-    (credentials.py, ProcessProvider._retrieve_credentials_using: `p.communicate()`); a helper that never
-    returns (a login prompt nobody answers, a hung SSO helper) held every AWS command. Its Popen is given
-    a deadline (the provider takes the Popen it uses as `popen`)."""
+    (credentials.py, ProcessProvider._retrieve_credentials_using: `p.communicate()`); a helper that
+    never returns (a login prompt nobody answers, a hung SSO helper) held every AWS command. Its
+    Popen is given a deadline (the provider takes the Popen it uses as `popen`)."""
     provider = session.get_component("credential_provider").get_provider("custom-process")
     if provider is not None:
         what = f"the credential_process of AWS profile {profile!r}"

@@ -1,6 +1,6 @@
-"""Adapter: the Docker engine, through the `docker` command line (DOCKER_HOST and DOCKER_CONFIG as the user
-has them) and the shell adapter. Commands are built as `shell.Command`s so that --dry-run prints exactly what
-would run."""
+"""Adapter: the Docker engine, through the `docker` command line (DOCKER_HOST and DOCKER_CONFIG as
+the user has them) and the shell adapter. Commands are built as `shell.Command`s so that --dry-run
+prints exactly what would run."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ ENGINE_TIMEOUT = 30.0
 
 class EngineDown(FsdpctlError):
     def __init__(self, reason: str):
-        super().__init__(reason, hint="start it (`sudo systemctl start docker`) or point DOCKER_HOST at one")
+        super().__init__(
+            reason, hint="start it (`sudo systemctl start docker`) or point DOCKER_HOST at one"
+        )
 
 
-def build_command(tag: str, context: Path, build_args: dict[str, str], network: str = "") -> Command:
+def build_command(
+    tag: str, context: Path, build_args: dict[str, str], network: str = ""
+) -> Command:
     argv = ["docker", "build", "-f", str(context / "docker" / "Dockerfile"), "-t", tag]
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
@@ -41,7 +45,9 @@ def push_command(uri: str) -> Command:
 def engine_version() -> str:
     """The engine's version; EngineDown with docker's own reason when no engine answers."""
     try:
-        r = shell.capture(["docker", "version", "--format", "{{.Server.Version}}"], timeout=ENGINE_TIMEOUT)
+        r = shell.capture(
+            ["docker", "version", "--format", "{{.Server.Version}}"], timeout=ENGINE_TIMEOUT
+        )
     except shell.ToolTimeout as e:
         raise EngineDown(f"the Docker engine did not answer within {ENGINE_TIMEOUT:.0f} s") from e
     if r.rc != 0 or not r.stdout.strip():
@@ -51,7 +57,8 @@ def engine_version() -> str:
 
 
 def pushed_digest(line: str) -> str:
-    """The manifest digest from `docker push`'s last line ('TAG: digest: sha256:... size: N'), or ''."""
+    """The manifest digest from `docker push`'s last line ('TAG: digest: sha256:... size: N'), or
+    ''."""
     m = DIGEST.search(line)
     return m.group(1) if m else ""
 

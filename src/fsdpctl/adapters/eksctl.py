@@ -1,5 +1,6 @@
-"""Adapter: eksctl, through the shell adapter. fsdpctl renders the ClusterConfig (render_clusterconfig); this
-writes it and builds the command lines that create or delete the cluster it describes."""
+"""Adapter: eksctl, through the shell adapter. fsdpctl renders the ClusterConfig
+(render_clusterconfig); this writes it and builds the command lines that create or delete the
+cluster it describes."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def write_config(workdir: Path, text: str) -> Path:
 
 
 def cluster_command(verb: str, config_file: Path, env: dict[str, str]) -> Command:
-    """`eksctl create|delete cluster -f FILE`; delete waits until CloudFormation has removed everything."""
+    """`eksctl create|delete cluster -f FILE`; delete waits until CloudFormation has removed
+    everything."""
     if verb not in ("create", "delete"):
         raise ValueError(f"eksctl cluster verb {verb!r}: create or delete")
     argv = ["eksctl", verb, "cluster", "-f", str(config_file)]

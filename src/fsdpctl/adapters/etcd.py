@@ -59,11 +59,14 @@ def start(
     client_port: int | None = None,
     host: str = "127.0.0.1",
 ) -> EtcdServer:
-    """Start etcd with the v2 API enabled (torch's etcd backends speak v2) and wait until it is healthy.
-    Clients reach it on `host` (the local backend's node bridge, or loopback); peers stay on loopback."""
+    """Start etcd with the v2 API enabled (torch's etcd backends speak v2) and wait until it is
+    healthy. Clients reach it on `host` (the local backend's node bridge, or loopback); peers stay
+    on loopback."""
     binary = shutil.which("etcd")
     if not binary:
-        raise EtcdError("etcd is not installed: apt-get install etcd-server (or use RDZV_BACKEND=c10d)")
+        raise EtcdError(
+            "etcd is not installed: apt-get install etcd-server (or use RDZV_BACKEND=c10d)"
+        )
     client, peer = client_port or free_port(), free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [

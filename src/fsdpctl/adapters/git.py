@@ -1,4 +1,5 @@
-"""Adapter: git, for the code version a run record names (the checkout fsdpctl and fsdptrain run from)."""
+"""Adapter: git, for the code version a run record names (the checkout fsdpctl and fsdptrain run
+from)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def code_version() -> dict[str, Any]:
-    """fsdpctl's and fsdptrain's versions, and the commit of the checkout they run from with whether (and
-    how) it differs from that commit: `git diff HEAD` over tracked files, hashed, so two dirty checkouts of
-    one commit compare equal only with the same changes. No commit when not run from a git checkout (an
-    installed wheel), or git is missing."""
+    """fsdpctl's and fsdptrain's versions, and the commit of the checkout they run from with whether
+    (and how) it differs from that commit: `git diff HEAD` over tracked files, hashed, so two dirty
+    checkouts of one commit compare equal only with the same changes. No commit when not run from a
+    git checkout (an installed wheel), or git is missing."""
     import fsdpctl
     import fsdptrain
 

@@ -1,6 +1,6 @@
-"""Adapter: the Hugging Face Hub. The download itself is fsdptrain.fetch (huggingface_hub), the same code
-the job's pre-step runs in its pod, so a workstation pre-stages exactly what a job would fetch; this adapter
-gives it the endpoint and turns its failures into fsdpctl's errors and exit codes."""
+"""Adapter: the Hugging Face Hub. The download itself is fsdptrain.fetch (huggingface_hub), the same
+code the job's pre-step runs in its pod, so a workstation pre-stages exactly what a job would fetch;
+this adapter gives it the endpoint and turns its failures into fsdpctl's errors and exit codes."""
 
 from __future__ import annotations
 
@@ -21,16 +21,20 @@ def fetch(
     on_progress: Callable[[Progress], None],
     timeout: float = 30,
 ) -> list[Fetched]:
-    """Each repo into the cache HF_HOME/hub (HF_ENDPOINT: another hub or a mirror). A wrong id or a missing
-    or refused token: exit 2, with nothing written; an unreachable hub: exit 1 (run again: what is complete
-    stays)."""
+    """Each repo into the cache HF_HOME/hub (HF_ENDPOINT: another hub or a mirror). A wrong id or a
+    missing or refused token: exit 2, with nothing written; an unreachable hub: exit 1 (run again:
+    what is complete stays)."""
     try:
         import huggingface_hub  # noqa: F401 - only to say what is missing
     except ImportError as e:
-        raise FsdpctlError("huggingface_hub is not installed", hint="pip install 'fsdpctl[train]'") from e
+        raise FsdpctlError(
+            "huggingface_hub is not installed", hint="pip install 'fsdpctl[train]'"
+        ) from e
     from fsdptrain.fetch import fetch_all, hub_deadline
 
-    hub_deadline(timeout)  # REQUEST_TIMEOUT: a hub that accepts and never answers is one line, exit 1
+    hub_deadline(
+        timeout
+    )  # REQUEST_TIMEOUT: a hub that accepts and never answers is one line, exit 1
     try:
         return fetch_all(
             wanted,

@@ -1,13 +1,15 @@
-"""Adapter: the Kubernetes API, through the official python client's HTTP layer (kubeconfig loading, auth
-refresh for EKS tokens, TLS) with plain JSON objects in and out. One generic path for every kind, so that the
-same calls serve built-ins, the Training Operator's PyTorchJob and Trainer v2's TrainJob.
+"""Adapter: the Kubernetes API, through the official python client's HTTP layer (kubeconfig loading,
+auth refresh for EKS tokens, TLS) with plain JSON objects in and out. One generic path for every
+kind, so that the same calls serve built-ins, the Training Operator's PyTorchJob and Trainer v2's
+TrainJob.
 
-Every kind is resolved as the API server itself says through discovery: its plural, whether it lives in a
-namespace, its verbs. fsdpctl keeps no table of its own: a new kind (CSIDriver, PersistentVolume) goes to the
-path the server gives, and a CRD fsdpctl applies resolves from its own spec until the server lists it.
+Every kind is resolved as the API server itself says through discovery: its plural, whether it lives
+in a namespace, its verbs. fsdpctl keeps no table of its own: a new kind (CSIDriver,
+PersistentVolume) goes to the path the server gives, and a CRD fsdpctl applies resolves from its own
+spec until the server lists it.
 
-Errors come back as KubeError carrying the API's own status code and message; the commands turn them into
-one line with the fix."""
+Errors come back as KubeError carrying the API's own status code and message; the commands turn them
+into one line with the fix."""
 
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from typing import Any
 from fsdpctl.adapters import shell
 
 FIELD_MANAGER = "fsdpctl"
-# aggregated discovery (apidiscovery.k8s.io v2, GA in Kubernetes 1.30; v2beta1 from 1.26): one answer for all
-# groups; a server without it answers the plain APIGroupList to the last entry
+# aggregated discovery (apidiscovery.k8s.io v2, GA in Kubernetes 1.30; v2beta1 from 1.26): one
+# answer for all groups; a server without it answers the plain APIGroupList to the last entry
 AGGREGATED = ",".join(
     [
         "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
@@ -59,8 +61,9 @@ class Resource:
     def path(
         self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
     ) -> str:
-        """The REST path of a collection or an object. A cluster-scoped kind ignores `namespace` (as kubectl
-        does); a namespaced object needs one, a namespaced collection without one spans all namespaces."""
+        """The REST path of a collection or an object. A cluster-scoped kind ignores `namespace` (as
+        kubectl does); a namespaced object needs one, a namespaced collection without one spans all
+        namespaces."""
         gv = self.group_version
         base = f"/api/{gv}" if "/" not in gv else f"/apis/{gv}"
         if self.namespaced and namespace:
@@ -99,7 +102,8 @@ def resources_from_list(doc: dict) -> list[Resource]:
 
 
 def resources_from_aggregated(doc: dict) -> list[Resource]:
-    """An APIGroupDiscoveryList (aggregated discovery at /api and /apis): every group, version and kind."""
+    """An APIGroupDiscoveryList (aggregated discovery at /api and /apis): every group, version and
+    kind."""
     out = []
     for group in doc.get("items") or []:
         name = (group.get("metadata") or {}).get("name", "")
@@ -123,8 +127,8 @@ def resources_from_aggregated(doc: dict) -> list[Resource]:
 
 
 def resources_from_crd(crd: dict) -> list[Resource]:
-    """What the server will serve once this CustomResourceDefinition is established: one Resource per served
-    version, with the CRD's own plural and scope."""
+    """What the server will serve once this CustomResourceDefinition is established: one Resource
+    per served version, with the CRD's own plural and scope."""
     spec = crd["spec"]
     names, namespaced = spec["names"], spec["scope"] == "Namespaced"
     return [
@@ -142,15 +146,17 @@ def resources_from_crd(crd: dict) -> list[Resource]:
 
 
 class Discovery:
-    """kind -> Resource, read from the server once per connection: aggregated discovery where served (two
-    requests in all), else /api and /apis for the group versions and each needed group version's
-    APIResourceList. A kind missing from it is looked up among the CRDs applied through this connection,
-    then discovery is read once more (a CRD someone else installed meanwhile); still missing, it is the
-    API's 404."""
+    """kind -> Resource, read from the server once per connection: aggregated discovery where served
+    (two requests in all), else /api and /apis for the group versions and each needed group
+    version's APIResourceList. A kind missing from it is looked up among the CRDs applied through
+    this connection, then discovery is read once more (a CRD someone else installed meanwhile);
+    still missing, it is the API's 404."""
 
     def __init__(self, fetch: Callable[[str, str], dict]):
         self._fetch = fetch  # (path, Accept header) -> parsed answer
-        self._index: dict[str, dict[str, Resource]] | None = None  # group version -> kind -> Resource
+        self._index: dict[str, dict[str, Resource]] | None = (
+            None  # group version -> kind -> Resource
+        )
         self._versions: set[str] = set()  # group versions the server lists (plain discovery)
         self._learned: dict[tuple[str, str], Resource] = {}
         self._reread: set[tuple[str, str]] = set()
@@ -170,8 +176,8 @@ class Discovery:
         return found
 
     def learn(self, crd: dict) -> None:
-        """A CRD applied through this connection: its kinds resolve from its spec until the server lists
-        them."""
+        """A CRD applied through this connection: its kinds resolve from its spec until the server
+        lists them."""
         for r in resources_from_crd(crd):
             self._learned[(r.group_version, r.kind)] = r
 
@@ -190,7 +196,9 @@ class Discovery:
             self._index.update(_by_kind(resources_from_aggregated(apis)))
             return self._index
         core = self._fetch("/api", "application/json")
-        groups = [v["groupVersion"] for g in apis.get("groups") or [] for v in g.get("versions") or []]
+        groups = [
+            v["groupVersion"] for g in apis.get("groups") or [] for v in g.get("versions") or []
+        ]
         self._versions = set(core.get("versions") or []) | set(groups)
         self._index = {}
         return self._index
@@ -222,10 +230,12 @@ def selector(labels: dict[str, str]) -> str:
 class Kube:
     api: Any  # kubernetes.client.ApiClient
     context: str = ""
-    timeout: float = 30  # REQUEST_TIMEOUT: to connect, and for each answer (a follow stream: its headers)
+    timeout: float = (
+        30  # REQUEST_TIMEOUT: to connect, and for each answer (a follow stream: its headers)
+    )
     discovery: Discovery = field(init=False, repr=False)
-    # objects a server dry run could not check: their namespace or CRD comes from the same dry run, which
-    # creates nothing (kubernetes/kubernetes#83562)
+    # objects a server dry run could not check: their namespace or CRD comes from the same dry run,
+    # which creates nothing (kubernetes/kubernetes#83562)
     unchecked: list[str] = field(default_factory=list)
     _dry_namespaces: set[str] = field(default_factory=set, repr=False)
     _dry_kinds: set[tuple[str, str]] = field(default_factory=set, repr=False)
@@ -235,8 +245,9 @@ class Kube:
 
     @classmethod
     def connect(cls, context: str = "", kubeconfig: str | None = None, timeout: float = 30) -> Kube:
-        """From the kubeconfig ($KUBECONFIG or ~/.kube/config), else the pod's service account. Every
-        request has a deadline (`timeout`, REQUEST_TIMEOUT), and so has the kubeconfig's exec plugin."""
+        """From the kubeconfig ($KUBECONFIG or ~/.kube/config), else the pod's service account.
+        Every request has a deadline (`timeout`, REQUEST_TIMEOUT), and so has the kubeconfig's exec
+        plugin."""
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
 
@@ -284,7 +295,9 @@ class Kube:
         meta = obj.get("metadata", {})
         res = self.resource(obj["apiVersion"], obj["kind"])
         if res.namespaced and not meta.get("namespace"):
-            raise ValueError(f"{obj['kind']} {meta.get('name')} is namespaced: give metadata.namespace")
+            raise ValueError(
+                f"{obj['kind']} {meta.get('name')} is namespaced: give metadata.namespace"
+            )
         return res.path(meta.get("namespace"), meta.get("name") if with_name else None)
 
     # --- raw ------------------------------------------------------------------------------------------------
@@ -302,11 +315,11 @@ class Kube:
         timeout: float | None = None,
         follow: bool = False,
     ):
-        """One HTTP call; the parsed JSON answer, or the open response when `stream`. It waits at most
-        self.timeout to connect and `timeout` (default self.timeout) for each read, as kubectl gives up
-        after its --request-timeout (the client's `_request_timeout`: a (connect, read) pair becomes
-        urllib3's Timeout); a `follow` stream (`logs -f`) waits for its headers only, then as long as the
-        container is quiet."""
+        """One HTTP call; the parsed JSON answer, or the open response when `stream`. It waits at
+        most self.timeout to connect and `timeout` (default self.timeout) for each read, as kubectl
+        gives up after its --request-timeout (the client's `_request_timeout`: a (connect, read)
+        pair becomes urllib3's Timeout); a `follow` stream (`logs -f`) waits for its headers only,
+        then as long as the container is quiet."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -339,7 +352,9 @@ class Kube:
 
     # --- objects --------------------------------------------------------------------------------------------
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict | None:
         """None when the object, or its kind, is not there."""
         try:
             return self.request("GET", self.path(api_version, kind, namespace, name))
@@ -349,25 +364,34 @@ class Kube:
             raise
 
     def list(
-        self, api_version: str, kind: str, namespace: str | None = None, labels: dict[str, str] | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        labels: dict[str, str] | None = None,
     ) -> list[dict]:
         """Objects with these labels: the API server evaluates the selector."""
         query = {"labelSelector": selector(labels or {}) or None}
-        return self.request("GET", self.path(api_version, kind, namespace), query=query).get("items", [])
+        return self.request("GET", self.path(api_version, kind, namespace), query=query).get(
+            "items", []
+        )
 
     def create(self, obj: dict) -> dict:
-        """POST, with strict field validation (as kubectl): a field the schema lacks fails instead of being
-        dropped."""
+        """POST, with strict field validation (as kubectl): a field the schema lacks fails instead
+        of being dropped."""
         answer = self.request(
-            "POST", self.obj_path(obj, with_name=False), body=obj, query={"fieldValidation": "Strict"}
+            "POST",
+            self.obj_path(obj, with_name=False),
+            body=obj,
+            query={"fieldValidation": "Strict"},
         )
         self._remember(obj, dry_run=False)
         return answer
 
     def apply(self, obj: dict, dry_run: bool = False) -> dict:
-        """Server-side apply as field manager `fsdpctl` (force: fsdpctl owns what it renders). A dry run of an
-        object whose namespace or CRD this same dry run 'created' cannot be checked by the server: it is
-        listed in `unchecked` instead of failing."""
+        """Server-side apply as field manager `fsdpctl` (force: fsdpctl owns what it renders). A dry
+        run of an object whose namespace or CRD this same dry run 'created' cannot be checked by the
+        server: it is listed in `unchecked` instead of failing."""
         query = {
             "fieldManager": FIELD_MANAGER,
             "force": "true",
@@ -390,7 +414,9 @@ class Kube:
         self._remember(obj, dry_run)
         return answer
 
-    def merge_patch(self, api_version: str, kind: str, name: str, namespace: str | None, patch: dict) -> dict:
+    def merge_patch(
+        self, api_version: str, kind: str, name: str, namespace: str | None, patch: dict
+    ) -> dict:
         """A JSON merge patch (RFC 7386) of one object, e.g. an annotation; 404 when it is gone."""
         return self.request(
             "PATCH",
@@ -400,8 +426,8 @@ class Kube:
         )
 
     def _remember(self, obj: dict, dry_run: bool) -> None:
-        """A CRD resolves its kinds from its spec from now on; a dry-run Namespace or CRD exists for nothing
-        that follows in the same dry run."""
+        """A CRD resolves its kinds from its spec from now on; a dry-run Namespace or CRD exists for
+        nothing that follows in the same dry run."""
         if (obj.get("apiVersion"), obj.get("kind")) == CRD_API:
             self.discovery.learn(obj)
             if dry_run:
@@ -411,7 +437,9 @@ class Kube:
 
     def _after_dry_run(self, obj: dict) -> bool:
         namespace = obj.get("metadata", {}).get("namespace")
-        return namespace in self._dry_namespaces or (obj["apiVersion"], obj["kind"]) in self._dry_kinds
+        return (
+            namespace in self._dry_namespaces or (obj["apiVersion"], obj["kind"]) in self._dry_kinds
+        )
 
     def delete(
         self,
@@ -426,7 +454,11 @@ class Kube:
             self.request(
                 "DELETE",
                 self.path(api_version, kind, namespace, name),
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
+                body={
+                    "kind": "DeleteOptions",
+                    "apiVersion": "v1",
+                    "propagationPolicy": propagation,
+                },
             )
             return True
         except KubeError as e:
@@ -435,9 +467,12 @@ class Kube:
             raise
 
     def events(self, namespace: str, name: str) -> builtins.list[dict]:
-        """Events about one object (the scheduler's 'Insufficient nvidia.com/gpu', image pull errors)."""
+        """Events about one object (the scheduler's 'Insufficient nvidia.com/gpu', image pull
+        errors)."""
         query = {"fieldSelector": f"involvedObject.name={name}"}
-        return self.request("GET", self.path("v1", "Event", namespace), query=query).get("items", [])
+        return self.request("GET", self.path("v1", "Event", namespace), query=query).get(
+            "items", []
+        )
 
     def logs(
         self,
@@ -449,8 +484,9 @@ class Kube:
         since_seconds: int | None = None,
         timestamps: bool = False,
     ) -> Iterator[str]:
-        """The pod's log line by line; with `follow`, until the container ends. PodLogOptions: tailLines,
-        sinceSeconds, timestamps (each line then starts with its RFC 3339 time and a space)."""
+        """The pod's log line by line; with `follow`, until the container ends. PodLogOptions:
+        tailLines, sinceSeconds, timestamps (each line then starts with its RFC 3339 time and a
+        space)."""
         query = {
             "container": container or None,
             "follow": "true" if follow else None,
@@ -458,7 +494,8 @@ class Kube:
             "sinceSeconds": str(since_seconds) if since_seconds is not None else None,
             "timestamps": "true" if timestamps else None,
         }
-        # following: no read deadline once it answered (a training step may print nothing for minutes)
+        # following: no read deadline once it answered (a training step may print nothing for
+        # minutes)
         url = self.path("v1", "Pod", namespace, pod, "log")
         resp = self.request("GET", url, query=query, stream=True, follow=follow)
         try:
@@ -474,14 +511,15 @@ class Kube:
         labels: dict[str, str] | None = None,
         timeout: int = 60,
     ) -> Iterator[tuple[str, dict]]:
-        """(event type, object) as the API streams them, until `timeout` seconds pass. With `labels`, the
-        server also sends DELETED for an object whose labels stop matching."""
+        """(event type, object) as the API streams them, until `timeout` seconds pass. With
+        `labels`, the server also sends DELETED for an object whose labels stop matching."""
         query = {
             "watch": "true",
             "labelSelector": selector(labels or {}) or None,
             "timeoutSeconds": str(timeout),
         }
-        # the server ends the watch after timeoutSeconds; the read timeout guards a connection gone silent
+        # the server ends the watch after timeoutSeconds; the read timeout guards a connection gone
+        # silent
         url = self.path(api_version, kind, namespace)
         resp = self.request("GET", url, query=query, stream=True, timeout=timeout + 30)
         try:
@@ -492,17 +530,28 @@ class Kube:
             resp.release_conn()
 
     def proxy(
-        self, method: str, namespace: str, service: str, port: int, rest: str, query: dict | None = None
+        self,
+        method: str,
+        namespace: str,
+        service: str,
+        port: int,
+        rest: str,
+        query: dict | None = None,
     ):
-        """A request to a Service through the API server's proxy (etcd, Prometheus): no port-forward."""
-        url = self.path("v1", "Service", namespace, f"{service}:{port}", "proxy") + "/" + rest.lstrip("/")
+        """A request to a Service through the API server's proxy (etcd, Prometheus): no
+        port-forward."""
+        url = (
+            self.path("v1", "Service", namespace, f"{service}:{port}", "proxy")
+            + "/"
+            + rest.lstrip("/")
+        )
         return self.request(method, url, query=query)
 
 
 def _retries() -> Any:
     """urllib3's retries for every request: a refused or failed connection is tried again (twice), a
-    request that was sent and never answered is not (its deadline has passed once already); the client's
-    default was urllib3's Retry(3), each a full read timeout more."""
+    request that was sent and never answered is not (its deadline has passed once already); the
+    client's default was urllib3's Retry(3), each a full read timeout more."""
     from urllib3.util.retry import Retry
 
     return Retry(total=2, connect=2, read=0, status=0, other=0, redirect=5, raise_on_status=False)
@@ -513,7 +562,9 @@ def _unreachable(server: str, e: Exception, read_s: float) -> str:
 
     reason = e.reason if isinstance(e, MaxRetryError) else e
     if isinstance(reason, TimeoutError):
-        return f"the Kubernetes API at {server} did not answer within {read_s:g} s (REQUEST_TIMEOUT)"
+        return (
+            f"the Kubernetes API at {server} did not answer within {read_s:g} s (REQUEST_TIMEOUT)"
+        )
     return f"cannot reach the Kubernetes API at {server}: {e}"
 
 
@@ -525,9 +576,10 @@ def _no_read_deadline(resp: Any) -> None:
 
 
 def _bound_exec_plugin(timeout: float) -> None:
-    """The kubernetes client runs a kubeconfig's exec credential plugin (`aws eks get-token`) and waits
-    for it with no timeout (config/exec_provider.py, ExecProvider.run: `process.communicate()`), also when it
-    refreshes an expired token mid-command. Its `subprocess` is given a Popen with a deadline."""
+    """The kubernetes client runs a kubeconfig's exec credential plugin (`aws eks get-token`) and
+    waits for it with no timeout (config/exec_provider.py, ExecProvider.run:
+    `process.communicate()`), also when it refreshes an expired token mid-command. Its `subprocess`
+    is given a Popen with a deadline."""
     import subprocess
     import types
 
@@ -559,5 +611,7 @@ def _kube_error(status: int, reason: str, body: Any) -> KubeError:
         parsed = json.loads(body) if body else {}
         message, reason = parsed.get("message", ""), parsed.get("reason", reason) or reason
     except (TypeError, ValueError):
-        message = (body.decode(errors="replace") if isinstance(body, bytes) else str(body or ""))[:300]
+        message = (body.decode(errors="replace") if isinstance(body, bytes) else str(body or ""))[
+            :300
+        ]
     return KubeError(status or 0, str(reason or ""), message)

@@ -1,8 +1,9 @@
-"""Adapter: a pod's container runtime log writer. `python -m fsdpctl.adapters.logrelay LOG ERR_FD` reads the
-pod's stdout (its stdin) and stderr (fd ERR_FD) from pipes and appends each line to LOG in the CRI log format
-(fsdpctl.crilog), stamped when it was read, as containerd's CRI plugin does for a container
-(pkg/cri/io/logger.go, redirectLogs). It is a process of its own, like containerd-shim or conmon: the pod's
-output keeps flowing to its log if the supervisor dies, and it ends when every writer of the pipes is gone.
+"""Adapter: a pod's container runtime log writer. `python -m fsdpctl.adapters.logrelay LOG ERR_FD`
+reads the pod's stdout (its stdin) and stderr (fd ERR_FD) from pipes and appends each line to LOG in
+the CRI log format (fsdpctl.crilog), stamped when it was read, as containerd's CRI plugin does for a
+container (pkg/cri/io/logger.go, redirectLogs). It is a process of its own, like containerd-shim or
+conmon: the pod's output keeps flowing to its log if the supervisor dies, and it ends when every
+writer of the pipes is gone.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from fsdpctl import crilog
 
 
 def relay(log: str, fds: dict[int, str]) -> None:
-    """Until both pipes are closed: each whole line written at once (O_APPEND), so readers never see half of
-    one unless this process is killed mid-write; a line longer than crilog.MAX_LINE goes out in P pieces;
-    a CR LF ending is dropped like a LF one (containerd's readLine); what is left at the end without a newline
-    is written as a P piece, as redirectLogs does at EOF (readers show it whole once no more can come)."""
+    """Until both pipes are closed: each whole line written at once (O_APPEND), so readers never see
+    half of one unless this process is killed mid-write; a line longer than crilog.MAX_LINE goes out
+    in P pieces; a CR LF ending is dropped like a LF one (containerd's readLine); what is left at
+    the end without a newline is written as a P piece, as redirectLogs does at EOF (readers show it
+    whole once no more can come)."""
     out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sel = selectors.DefaultSelector()
     pending = dict.fromkeys(fds, b"")
@@ -27,7 +29,8 @@ def relay(log: str, fds: dict[int, str]) -> None:
         sel.register(fd, selectors.EVENT_READ)
 
     def write(fd: int, data: bytes, tag: str) -> None:
-        """One line, or a line longer than crilog.MAX_LINE as P pieces (containerd: maxLen) then the rest."""
+        """One line, or a line longer than crilog.MAX_LINE as P pieces (containerd: maxLen) then the
+        rest."""
         now = time.time()
         while len(data) > crilog.MAX_LINE:
             piece, data = data[: crilog.MAX_LINE], data[crilog.MAX_LINE :]
@@ -47,7 +50,9 @@ def relay(log: str, fds: dict[int, str]) -> None:
             *whole, buf = buf.split(b"\n")
             for line in whole:
                 write(fd, line.removesuffix(b"\r"), crilog.FULL)
-            while len(buf) >= crilog.MAX_LINE:  # that long without a newline: a piece out, as containerd does
+            while (
+                len(buf) >= crilog.MAX_LINE
+            ):  # that long without a newline: a piece out, as containerd does
                 write(fd, buf[: crilog.MAX_LINE], crilog.PARTIAL)
                 buf = buf[crilog.MAX_LINE :]
             pending[fd] = buf

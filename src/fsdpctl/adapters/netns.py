@@ -1,20 +1,22 @@
-"""Adapter: one Linux network namespace per simulated node, so each local "pod" has an address of its own.
+"""Adapter: one Linux network namespace per simulated node, so each local "pod" has an address of
+its own.
 
-A pod on Kubernetes has its own network namespace and IP; the PyTorchJob's `<job>-worker-0` Service gives
-the address of replica 0, which the other replicas use as MASTER_ADDR and rendezvous endpoint. Locally, as
-root with iproute2, each node runs under `ip netns exec` in a namespace joined to a per-job bridge:
+A pod on Kubernetes has its own network namespace and IP; the PyTorchJob's `<job>-worker-0` Service
+gives the address of replica 0, which the other replicas use as MASTER_ADDR and rendezvous endpoint.
+Locally, as root with iproute2, each node runs under `ip netns exec` in a namespace joined to a
+per-job bridge:
 
     host: bridge fsbr<i>  10.231.<i>.1/24   (etcd, when used, listens here)
     node N: namespace fsdpctl-<i>-<job>-<N>, veth fsv<i>n<N> <-> eth0 inside, 10.231.<i>.<10+N>/24
 
-The bridge is the job's claim on its index <i>: creating it fails while another job (another FSDPCTL_HOME,
-another user, a second `job run` at the same moment) holds it, and every other name carries <i>, so two
-jobs of the same name never share or tear down each other's namespaces.
+The bridge is the job's claim on its index <i>: creating it fails while another job (another
+FSDPCTL_HOME, another user, a second `job run` at the same moment) holds it, and every other name
+carries <i>, so two jobs of the same name never share or tear down each other's namespaces.
 
-so what breaks on a cluster because nodes do not share an address (a store bound to 127.0.0.1, a rendezvous
-endpoint of `localhost`) breaks here too, and a test can cut one node's link (`ip link set ... down`). The
-addresses belong to namespaces this machine makes; nothing leaves it. Without root or iproute2 the local
-backend falls back to loopback and says so (`available()`).
+so what breaks on a cluster because nodes do not share an address (a store bound to 127.0.0.1, a
+rendezvous endpoint of `localhost`) breaks here too, and a test can cut one node's link (`ip link
+set ... down`). The addresses belong to namespaces this machine makes; nothing leaves it. Without
+root or iproute2 the local backend falls back to loopback and says so (`available()`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class Network:
         return f"{SUBNET_PREFIX}.{self.index}.1"
 
     def namespace(self, node: int) -> str:
-        return f"fsdpctl-{self.index}-{self.job}-{node}"  # the index: a same-named job elsewhere has another
+        # the index: a same-named job elsewhere has another
+        return f"fsdpctl-{self.index}-{self.job}-{node}"
 
     def veth(self, node: int) -> str:
         return f"fsv{self.index}n{node}"  # at most 15 characters: fsv250n199
@@ -81,9 +84,12 @@ class Network:
 
 
 def plan(job: str, nodes: int, taken: set[int] | None = None) -> Network:
-    """A subnet index for the job: stable per job name, moved past indexes in use (bridges that exist)."""
+    """A subnet index for the job: stable per job name, moved past indexes in use (bridges that
+    exist)."""
     if not 1 <= nodes <= MAX_NODES:
-        raise NetnsError(f"{nodes} simulated nodes: at most {MAX_NODES} get an address of their own")
+        raise NetnsError(
+            f"{nodes} simulated nodes: at most {MAX_NODES} get an address of their own"
+        )
     taken = _bridges() if taken is None else taken
     start = zlib.crc32(job.encode()) % 250
     for step in range(250):
@@ -101,13 +107,16 @@ def _ip(*args: str) -> None:
 
 def _bridges() -> set[int]:
     got = shell.capture(["ip", "-o", "link", "show", "type", "bridge"], timeout=20)
-    names = [line.split(":")[1].strip().split("@")[0] for line in got.stdout.splitlines() if ":" in line]
+    names = [
+        line.split(":")[1].strip().split("@")[0] for line in got.stdout.splitlines() if ":" in line
+    ]
     return {int(n[4:]) for n in names if n.startswith("fsbr") and n[4:].isdigit()}
 
 
 def claim(job: str, nodes: int, names: dict[str, int] | None = None) -> Network:
-    """`plan` then `create`, moving past an index whose bridge another job made in between (the bridge is
-    the claim: `ip link add` fails with File exists for the second of two jobs that planned the same one)."""
+    """`plan` then `create`, moving past an index whose bridge another job made in between (the
+    bridge is the claim: `ip link add` fails with File exists for the second of two jobs that
+    planned the same one)."""
     taken = _bridges()
     while True:
         net = plan(job, nodes, taken)  # raises once all 250 are taken
@@ -119,14 +128,17 @@ def claim(job: str, nodes: int, names: dict[str, int] | None = None) -> Network:
 
 
 def create(net: Network, names: dict[str, int] | None = None) -> None:
-    """Bridge, then one namespace per node with its veth, address and loopback up, and its own /etc/hosts;
-    undone on failure (never another job's bridge: BridgeTaken when it exists). `names` (host name -> node)
-    go into every node's hosts file, as cluster DNS would answer them (`<job>-worker-0` -> node 0)."""
+    """Bridge, then one namespace per node with its veth, address and loopback up, and its own
+    /etc/hosts; undone on failure (never another job's bridge: BridgeTaken when it exists). `names`
+    (host name -> node) go into every node's hosts file, as cluster DNS would answer them
+    (`<job>-worker-0` -> node 0)."""
     try:
         _ip("link", "add", net.bridge, "type", "bridge")
     except NetnsError as e:
         if "File exists" in str(e):
-            raise BridgeTaken(f"{net.bridge} exists: subnet {net.host_address}/24 is another job's") from e
+            raise BridgeTaken(
+                f"{net.bridge} exists: subnet {net.host_address}/24 is another job's"
+            ) from e
         raise
     try:
         _ip("addr", "add", f"{net.host_address}/24", "dev", net.bridge)
@@ -141,8 +153,8 @@ def create(net: Network, names: dict[str, int] | None = None) -> None:
 
 def _write_hosts(net: Network, node: int, names: dict[str, int]) -> None:
     """`ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts (ip-netns(8)): inside, this
-    machine's hostname resolves to the node's own address, as a pod's hostname resolves to its pod IP;
-    torchrun's c10d backend decides whether it hosts the store by that lookup."""
+    machine's hostname resolves to the node's own address, as a pod's hostname resolves to its pod
+    IP; torchrun's c10d backend decides whether it hosts the store by that lookup."""
     lines = ["127.0.0.1 localhost", f"{net.address(node)} {socket.gethostname()}"]
     lines += [f"{net.address(other)} {name}" for name, other in names.items()]
     hosts = ETC_NETNS / net.namespace(node) / "hosts"
@@ -178,13 +190,14 @@ def destroy(net: Network) -> None:
 
 
 def cut(net: Network, node: int) -> None:
-    """Take one node off the network (its link down), as a failed NIC or a partitioned node would be."""
+    """Take one node off the network (its link down), as a failed NIC or a partitioned node would
+    be."""
     _ip("link", "set", net.veth(node), "down")
 
 
 def reconnect(net: Network, node: int) -> None:
-    """Undo `cut`: the node's link up again, as after a transient partition; its open TCP connections
-    resume once the kernel retransmits."""
+    """Undo `cut`: the node's link up again, as after a transient partition; its open TCP
+    connections resume once the kernel retransmits."""
     _ip("link", "set", net.veth(node), "up")
 
 

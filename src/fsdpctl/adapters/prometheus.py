@@ -1,5 +1,6 @@
-"""Adapter: Prometheus (the one `fsdpctl deploy monitoring` installs), queried through the Kubernetes API
-server's service proxy, so no port-forward is needed. Knows the DCGM exporter's series `monitor top` shows."""
+"""Adapter: Prometheus (the one `fsdpctl deploy monitoring` installs), queried through the
+Kubernetes API server's service proxy, so no port-forward is needed. Knows the DCGM exporter's
+series `monitor top` shows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from fsdpctl.adapters.kube import Kube, KubeError
 from fsdpctl.errors import FsdpctlError
 
 SERVICE, PORT = "prometheus", 9090
-# per node (the exporter's Hostname label): GPU and memory-copy utilization, power, temperature, XID errors
+# per node (the exporter's Hostname label): GPU and memory-copy utilization, power, temperature, XID
+# errors
 NODE_QUERIES = {
     "util": "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)",
     "mem_copy": "avg by (Hostname) (DCGM_FI_DEV_MEM_COPY_UTIL)",
@@ -39,7 +41,8 @@ def query(kube: Kube, namespace: str, promql: str) -> list[dict[str, Any]]:
 
 
 def gpu_snapshot(kube: Kube, namespace: str) -> dict[str, list[dict[str, Any]]]:
-    """{"nodes": one row per node with the NODE_QUERIES keys it has series for, "pods": GPU util per pod}."""
+    """{"nodes": one row per node with the NODE_QUERIES keys it has series for, "pods": GPU util per
+    pod}."""
     nodes: dict[str, dict[str, float]] = {}
     for key, promql in NODE_QUERIES.items():
         for row in query(kube, namespace, promql):

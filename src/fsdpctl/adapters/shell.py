@@ -5,8 +5,9 @@
 - `capture`: a short query whose output is read (`docker version`, `nvidia-smi`, `fi_info`), bounded in time.
 - `spawn`: a long-lived process fsdpctl supervises (torchrun launchers, etcd), detached from the terminal.
 
-A program that is not on PATH raises `ToolMissing` (one line and how to install it), a `capture` past its time
-limit raises `ToolTimeout`; both are fsdpctl errors, so a command needs no conversion of its own.
+A program that is not on PATH raises `ToolMissing` (one line and how to install it), a `capture`
+past its time limit raises `ToolTimeout`; both are fsdpctl errors, so a command needs no conversion
+of its own.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ INSTALL_HINTS = {
 class ToolMissing(FsdpctlError):
     def __init__(self, tool: str):
         super().__init__(
-            f"{tool} is not installed or not on PATH", hint=INSTALL_HINTS.get(tool, f"install {tool}")
+            f"{tool} is not installed or not on PATH",
+            hint=INSTALL_HINTS.get(tool, f"install {tool}"),
         )
         self.tool = tool
 
@@ -77,9 +79,9 @@ def which(program: str) -> str:
 
 
 def replace_process(argv: list[str]) -> NoReturn:
-    """This process becomes `argv` (os.execv): a long-running tool (TensorBoard) owns the terminal, its
-    Ctrl-C and the exit code. The program is looked up beside this Python first (its virtual environment's
-    bin/, where pip put it), then on PATH."""
+    """This process becomes `argv` (os.execv): a long-running tool (TensorBoard) owns the terminal,
+    its Ctrl-C and the exit code. The program is looked up beside this Python first (its virtual
+    environment's bin/, where pip put it), then on PATH."""
     here = str(Path(sys.executable).parent)
     exe = shutil.which(argv[0], path=os.pathsep.join([here, os.environ.get("PATH", "")]))
     if exe is None:
@@ -97,12 +99,13 @@ def run(
     stdin_text: str | None = None,
     dry_run: bool = False,
 ) -> int:
-    """Run to completion, streaming each output line to `on_line` and appending it to `log_file`; returns the
-    exit code.
+    """Run to completion, streaming each output line to `on_line` and appending it to `log_file`;
+    returns the exit code.
 
-    `stdin_text` (a password for `docker login --password-stdin`) goes to the process only, never to the log.
-    With `dry_run` the program is neither looked up nor started and the log is not touched: `on_line` receives
-    the one line `cmd.shell_line()` (what would run, where, with which added environment) and the result is 0.
+    `stdin_text` (a password for `docker login --password-stdin`) goes to the process only, never to
+    the log. With `dry_run` the program is neither looked up nor started and the log is not touched:
+    `on_line` receives the one line `cmd.shell_line()` (what would run, where, with which added
+    environment) and the result is 0.
     """
     if dry_run:
         if on_line:
@@ -136,12 +139,12 @@ def run(
 def capture(
     argv: list[str], *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> Captured:
-    """Run to completion and return its exit code and output. `env` is the whole environment of the program
-    (None: this process's). ToolMissing when the program is absent, ToolTimeout (the process killed) after
-    `timeout` seconds."""
+    """Run to completion and return its exit code and output. `env` is the whole environment of the
+    program (None: this process's). ToolMissing when the program is absent, ToolTimeout (the process
+    killed) after `timeout` seconds."""
     exe = which(argv[0])
-    # its own process group, so that a timeout (or Ctrl-C) also ends what it started: a child left holding
-    # the output pipes would keep us waiting after the program itself was killed
+    # its own process group, so that a timeout (or Ctrl-C) also ends what it started: a child left
+    # holding the output pipes would keep us waiting after the program itself was killed
     with subprocess.Popen(
         [exe, *argv[1:]],
         env=env,
@@ -180,11 +183,12 @@ def spawn(
     new_session: bool = True,
     stamped: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start a process that outlives this call; the caller waits for it or stops it. `env` is its whole
-    environment; stdin is /dev/null, stdout and stderr are appended to `log` (discarded without one);
-    `new_session` detaches it from the terminal's signals (Ctrl-C stops fsdpctl, not the job). `stamped`: the
-    output goes through a log relay that writes each line in the CRI log format with its time, as a container
-    runtime does (fsdpctl.adapters.logrelay); the relay is the returned process's `relay` attribute."""
+    """Start a process that outlives this call; the caller waits for it or stops it. `env` is its
+    whole environment; stdin is /dev/null, stdout and stderr are appended to `log` (discarded
+    without one); `new_session` detaches it from the terminal's signals (Ctrl-C stops fsdpctl, not
+    the job). `stamped`: the output goes through a log relay that writes each line in the CRI log
+    format with its time, as a container runtime does (fsdpctl.adapters.logrelay); the relay is the
+    returned process's `relay` attribute."""
     exe = which(argv[0])
     if stamped and log is not None:
         return _spawn_relayed([exe, *argv[1:]], env=env, log=log, cwd=cwd, new_session=new_session)
@@ -200,8 +204,9 @@ def spawn(
         )
 
 
-# what the relay needs from this environment to import fsdpctl; nothing else (no secrets, no pod marks: the
-# relay is the runtime's, not the pod's; it ends when the pod's last process closes the pipes)
+# what the relay needs from this environment to import fsdpctl; nothing else (no secrets, no pod
+# marks: the relay is the runtime's, not the pod's; it ends when the pod's last process closes the
+# pipes)
 RELAY_ENV = ("PATH", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "LANG", "LC_ALL", "HOME")
 
 
@@ -234,7 +239,8 @@ def _spawn_relayed(
             relay.kill()
             relay.wait()
             raise
-    finally:  # the children hold their ends now: the relay sees EOF once the process and its children end
+    # the children hold their ends now: the relay sees EOF once the process and its children end
+    finally:
         for fd in (out_r, out_w, err_r, err_w):
             os.close(fd)
     proc.relay = relay  # type: ignore[attr-defined]
@@ -245,10 +251,10 @@ def _spawn_relayed(
 
 
 class Overdue(BaseException):
-    """A process a library started did not end within its deadline. A BaseException: the kubernetes client
-    runs its exec plugin inside `except Exception` (kube_config.py `_load_from_exec_plugin`), which would turn
-    a hang into a log line and a request without credentials; this one reaches the adapter that gave the
-    deadline, which says it in fsdpctl's words."""
+    """A process a library started did not end within its deadline. A BaseException: the kubernetes
+    client runs its exec plugin inside `except Exception` (kube_config.py `_load_from_exec_plugin`),
+    which would turn a hang into a log line and a request without credentials; this one reaches the
+    adapter that gave the deadline, which says it in fsdpctl's words."""
 
     def __init__(self, what: str, deadline: float):
         super().__init__(f"{what} did not finish within {deadline:g} s")
@@ -256,10 +262,11 @@ class Overdue(BaseException):
 
 
 def bounded_popen(deadline: float, what: str) -> type[subprocess.Popen]:
-    """A Popen for a library that starts a helper process and waits on it with no timeout of its own:
-    botocore's ProcessProvider (`credential_process`: `p.communicate()`) and the kubernetes client's
-    ExecProvider (a kubeconfig's exec plugin, e.g. `aws eks get-token`: `process.communicate()`). Its
-    communicate waits at most `deadline` seconds, then kills the helper and raises Overdue."""
+    """A Popen for a library that starts a helper process and waits on it with no timeout of its
+    own: botocore's ProcessProvider (`credential_process`: `p.communicate()`) and the kubernetes
+    client's ExecProvider (a kubeconfig's exec plugin, e.g. `aws eks get-token`:
+    `process.communicate()`). Its communicate waits at most `deadline` seconds, then kills the
+    helper and raises Overdue."""
 
     class Bounded(subprocess.Popen):
         def communicate(self, input=None, timeout=None):  # noqa: A002 - Popen's own signature

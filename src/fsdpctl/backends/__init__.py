@@ -1,11 +1,12 @@
-"""Where jobs run: one `Backend` interface, one folder per place (eks/, local/), resolved once per command.
+"""Where jobs run: one `Backend` interface, one folder per place (eks/, local/), resolved once per
+command.
 
-Each place is registered once, in `fsdpctl.targets.TARGETS` (what it is, and its `Backend` class); each
-renders the same `fsdpctl.jobspec.JobSpec`. Every job verb (run, status, logs, stop, list, wait, cleanup,
-the run record's, TensorBoard's) speaks to a `Backend`, and no code outside this package compares a
-backend's name (tests/test_backend_neutral.py). A job's placement, the backend it was started on, is kept
-under FSDPCTL_HOME/started/ (`save_placement`), so `fsdpctl job status NAME` after
-`fsdpctl job run --backend eks -d` looks on the cluster without being told.
+Each place is registered once, in `fsdpctl.targets.TARGETS` (what it is, and its `Backend` class);
+each renders the same `fsdpctl.jobspec.JobSpec`. Every job verb (run, status, logs, stop, list,
+wait, cleanup, the run record's, TensorBoard's) speaks to a `Backend`, and no code outside this
+package compares a backend's name (tests/test_backend_neutral.py). A job's placement, the backend it
+was started on, is kept under FSDPCTL_HOME/started/ (`save_placement`), so `fsdpctl job status NAME`
+after `fsdpctl job run --backend eks -d` looks on the cluster without being told.
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ from fsdpctl.settings import DNS_LABEL, Config, Settings
 from fsdpctl.targets import NAMES
 from fsdptrain import events
 
-# What a record keeps besides the backend: the settings that say where on that backend the job lives.
+# What a record keeps besides the backend: the settings that say where on that backend the job
+# lives.
 PLACEMENT_KEYS = ("job_namespace", "job_kind", "kube_context")
 __all__ = ["FINAL", "LogLine"]  # a job's log line, defined with the log format (fsdpctl.crilog)
 
 
 @dataclass
 class Started:
-    """What `run` did: the job and run id, where its output goes, and (dry run) what it would have done."""
+    """What `run` did: the job and run id, where its output goes, and (dry run) what it would have
+    done."""
 
     job: str
     run_id: str
@@ -45,8 +48,8 @@ class Started:
 
 @dataclass
 class KeptRecord:
-    """A job's run record as its place keeps it (EKS: a ConfigMap beside the job), with the lines of the
-    leader's log that the record learnt from, where it was read, and what is wrong with it."""
+    """A job's run record as its place keeps it (EKS: a ConfigMap beside the job), with the lines of
+    the leader's log that the record learnt from, where it was read, and what is wrong with it."""
 
     record: dict[str, Any]
     lines: list[str]
@@ -55,12 +58,15 @@ class KeptRecord:
 
 
 class Backend(Protocol):
-    """A place where jobs run. Every answer has one shape whichever backend gives it (fsdpctl.reports)."""
+    """A place where jobs run. Every answer has one shape whichever backend gives it
+    (fsdpctl.reports)."""
 
     name: str
     poll_s: float
 
-    def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started: ...
+    def run(
+        self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool
+    ) -> Started: ...
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report: ...
 
@@ -75,9 +81,9 @@ class Backend(Protocol):
         tail: int | None = None,
         since_s: float | None = None,
     ) -> Iterator[LogLine]:
-        """The chosen logs' lines: per node or pod its last `tail` lines, those of the last `since_s` seconds,
-        as PodLogOptions tailLines and sinceSeconds choose them; with `follow`, then what
-        comes until the job ends."""
+        """The chosen logs' lines: per node or pod its last `tail` lines, those of the last
+        `since_s` seconds, as PodLogOptions tailLines and sinceSeconds choose them; with `follow`,
+        then what comes until the job ends."""
         ...
 
     def tail(self, name: str, lines: int) -> list[str]: ...
@@ -87,23 +93,24 @@ class Backend(Protocol):
         ...
 
     def outcomes(self, name: str) -> dict[str, str]:
-        """run id -> how that run of the job ended, in words (`progress.run_outcome`), for the runs whose
-        output this backend can still read (local: every run's logs; eks: the current run's pods)."""
+        """run id -> how that run of the job ended, in words (`progress.run_outcome`), for the runs
+        whose output this backend can still read (local: every run's logs; eks: the current run's
+        pods)."""
         ...
 
     def tensorboard_dir(self, name: str) -> str | None:
-        """Where the job's TensorBoard event files are (local: on this machine; eks: in the pods), None when
-        it was started without TENSORBOARD_DIR."""
+        """Where the job's TensorBoard event files are (local: on this machine; eks: in the pods),
+        None when it was started without TENSORBOARD_DIR."""
         ...
 
     def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
-        """How to serve the job's TensorBoard files (`argv` serves them where they are) when this machine
-        cannot read them: lines to print; None when `argv` runs here."""
+        """How to serve the job's TensorBoard files (`argv` serves them where they are) when this
+        machine cannot read them: lines to print; None when `argv` runs here."""
         ...
 
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
-        """The log lines of one run of `job` as this machine keeps them (local: every node's log of the
-        run); None where the logs are not here (EKS: `kept_record` reads the pods')."""
+        """The log lines of one run of `job` as this machine keeps them (local: every node's log of
+        the run); None where the logs are not here (EKS: `kept_record` reads the pods')."""
         ...
 
     def here(self, path: str) -> str | None:
@@ -112,11 +119,13 @@ class Backend(Protocol):
         ...
 
     def kept_record(self, job: str) -> KeptRecord | None:
-        """The job's run record as its place keeps it (EKS: its ConfigMap, with what the cluster learnt
-        since); None where only this machine keeps records (fsdpctl.record_store)."""
+        """The job's run record as its place keeps it (EKS: its ConfigMap, with what the cluster
+        learnt since); None where only this machine keeps records (fsdpctl.record_store)."""
         ...
 
-    def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
+    def stop(
+        self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
+    ) -> str:
         """Stop the job; with `wait`, until it has ended, saying through `say` what it waits for."""
         ...
 
@@ -130,8 +139,8 @@ class Backend(Protocol):
 
 
 def create(cfg: Config) -> Backend:
-    """The implementation for cfg.backend (its `Target.backend`); imports only what that backend needs (no
-    kubernetes locally)."""
+    """The implementation for cfg.backend (its `Target.backend`); imports only what that backend
+    needs (no kubernetes locally)."""
     module, cls = cfg.target.backend.split(":")
     made: Backend = getattr(importlib.import_module(module), cls)(cfg)
     return made
@@ -153,9 +162,9 @@ def save_placement(cfg: Config) -> None:
 
 
 def placement_of(job: str) -> dict[str, str] | None:
-    """The placement `run` recorded for this job name, if any. A damaged record (not a regular file, not
-    JSON, not its shape: read as fsdpctl.files reads back what it wrote) counts as none, with a warning
-    naming it: the verb then looks where BACKEND says."""
+    """The placement `run` recorded for this job name, if any. A damaged record (not a regular file,
+    not JSON, not its shape: read as fsdpctl.files reads back what it wrote) counts as none, with a
+    warning naming it: the verb then looks where BACKEND says."""
     path = _placement_path(job)
     try:
         data = files.read_json(path, limit=PLACEMENT_MAX_BYTES)
@@ -165,7 +174,9 @@ def placement_of(job: str) -> dict[str, str] | None:
         files.skipped(path, files.why(e), "ignored (the job is looked for at BACKEND)")
         return None
     if not _placement_ok(data):
-        files.skipped(path, "is not a placement fsdpctl wrote", "ignored (the job is looked for at BACKEND)")
+        files.skipped(
+            path, "is not a placement fsdpctl wrote", "ignored (the job is looked for at BACKEND)"
+        )
         return None
     return {k: str(data[k]) for k in ("backend", *PLACEMENT_KEYS) if k in data}
 
@@ -174,7 +185,8 @@ PLACEMENT_MAX_BYTES = 64 * 1024  # four short strings
 
 
 def _placement_ok(data: Any) -> bool:
-    """The shape `save_placement` writes, each value one the settings would take (they go into API paths)."""
+    """The shape `save_placement` writes, each value one the settings would take (they go into API
+    paths)."""
     if not isinstance(data, dict) or data.get("backend") not in NAMES:
         return False
     if not all(isinstance(data[k], str) for k in PLACEMENT_KEYS if k in data):
@@ -185,12 +197,14 @@ def _placement_ok(data: Any) -> bool:
 
 
 def placed(cfg: Config, job: str | None, flag: str | None) -> Config:
-    """The settings a verb on `job` runs with: `--backend` wins; else where the job was started; else
-    BACKEND. When the record decides, its namespace, kind and context come with it."""
+    """The settings a verb on `job` runs with: `--backend` wins; else where the job was started;
+    else BACKEND. When the record decides, its namespace, kind and context come with it."""
     check_name(flag)
     if flag is not None:
         return cfg.model_copy(update={"backend": flag})
     record = placement_of(job) if job else None
     if record is None:
         return cfg
-    return cfg.model_copy(update={k: v for k, v in record.items() if k == "backend" or k in PLACEMENT_KEYS})
+    return cfg.model_copy(
+        update={k: v for k, v in record.items() if k == "backend" or k in PLACEMENT_KEYS}
+    )

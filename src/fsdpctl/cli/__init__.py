@@ -1,7 +1,8 @@
-"""fsdpctl command line. Thin commands over the pure core (settings, render, progress) and the adapters.
+"""fsdpctl command line. Thin commands over the pure core (settings, render, progress) and the
+adapters.
 
-Nothing heavy is imported here: torch, transformers, boto3 and kubernetes load only inside the commands that
-need them, so `fsdpctl --help` starts fast.
+Nothing heavy is imported here: torch, transformers, boto3 and kubernetes load only inside the
+commands that need them, so `fsdpctl --help` starts fast.
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, err, parse_sets, war
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
 
-# pydantic scans every installed package's entry points for plugins at import (~40 ms); a CLI wants none
+# pydantic scans every installed package's entry points for plugins at import (~40 ms); a CLI wants
+# none
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
-# an OSError that reaches the CLI with a path: a read-only or full file system, permissions, a file where a
-# directory should be (FSDPCTL_HOME's, an output path's)
+# an OSError that reaches the CLI with a path: a read-only or full file system, permissions, a file
+# where a directory should be (FSDPCTL_HOME's, an output path's)
 OS_HINT = (
-    "check that path (free space, permissions, a read-only file system), or point FSDPCTL_HOME elsewhere"
+    "check that path (free space, permissions, a read-only file system), "
+    "or point FSDPCTL_HOME elsewhere"
 )
 
 
@@ -39,12 +42,14 @@ class _Group(TyperGroup):
     --debug."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **kw):
-        """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse. click's own usage
-        errors quote the value they refused (`Invalid value for '--nodes': 'hf_...'`): they are shown
-        masked, as every other line."""
+        """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse. click's
+        own usage errors quote the value they refused (`Invalid value for '--nodes': 'hf_...'`):
+        they are shown masked, as every other line."""
         argv = [DRY_RUN_SPELLINGS.get(arg, arg) for arg in (sys.argv[1:] if args is None else args)]
         if not standalone_mode:
-            return super().main(_sets_first(self, argv), prog_name, complete_var, standalone_mode, **kw)
+            return super().main(
+                _sets_first(self, argv), prog_name, complete_var, standalone_mode, **kw
+            )
         try:
             rv = super().main(_sets_first(self, argv), prog_name, complete_var, False, **kw)
         except ClickException as e:
@@ -86,21 +91,30 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             err.print("interrupted")
             ctx.exit(ExitCode.INTERRUPTED)
-        except _overdue() as e:  # a helper process past its deadline that no adapter turned into a line
+        except (
+            _overdue()
+        ) as e:  # a helper process past its deadline that no adapter turned into a line
             _traceback_if_debug(ctx)
             err.print("[red]error:[/] " + escape(redact(f"{e} (REQUEST_TIMEOUT)")))
             ctx.exit(ExitCode.FAILURE)
         except (typer.Exit, typer.Abort, ClickException):
             raise
-        except Exception as e:  # a defect: still one masked line, and the traceback only with --debug
+        except (
+            Exception
+        ) as e:  # a defect: still one masked line, and the traceback only with --debug
             _traceback_if_debug(ctx)
-            if isinstance(e, OSError) and e.filename:  # the file system said no: the path and its reason
+            if (
+                isinstance(e, OSError) and e.filename
+            ):  # the file system said no: the path and its reason
                 err.print(
-                    "[red]error:[/] " + escape(redact(f"cannot write or read {e.filename}: {e.strerror}"))
+                    "[red]error:[/] "
+                    + escape(redact(f"cannot write or read {e.filename}: {e.strerror}"))
                 )
                 err.print("  hint: " + OS_HINT)
                 ctx.exit(ExitCode.FAILURE)
-            err.print("[red]error:[/] " + escape(redact(f"internal error: {type(e).__name__}: {e}")))
+            err.print(
+                "[red]error:[/] " + escape(redact(f"internal error: {type(e).__name__}: {e}"))
+            )
             err.print("  hint: rerun with --debug for the traceback and report it")
             ctx.exit(ExitCode.FAILURE)
 
@@ -116,7 +130,8 @@ SET_OPTS = ("--set", "-s")
 
 
 def _takes_value(cmd: Any, arg: str) -> bool:
-    """Whether `arg` is an option of `cmd` that consumes the next argument (`--nodes 2`, not `--dry-run`)."""
+    """Whether `arg` is an option of `cmd` that consumes the next argument (`--nodes 2`, not
+    `--dry-run`)."""
     for param in getattr(cmd, "params", []):
         if arg in getattr(param, "opts", ()) and not (param.is_flag or param.count):
             return True
@@ -124,11 +139,12 @@ def _takes_value(cmd: Any, arg: str) -> bool:
 
 
 def _sets_first(root: Any, argv: list[str]) -> list[str]:
-    """`--set KEY=VALUE` (or `-s`) anywhere on the line, moved before the first subcommand where the root
-    group parses it: `fsdpctl plan --set SEQ_LEN=2048` is `fsdpctl --set SEQ_LEN=2048 plan`, one parser and
-    one validation for every command. Order among the --set is kept (the last of a key wins, as before). The
-    walk follows click's own reading: a value of another option (`--run-id --set`) and everything after
-    `--` stay where they are; no subcommand has a `--set` or `-s` of its own (tests/test_set_anywhere.py)."""
+    """`--set KEY=VALUE` (or `-s`) anywhere on the line, moved before the first subcommand where the
+    root group parses it: `fsdpctl plan --set SEQ_LEN=2048` is `fsdpctl --set SEQ_LEN=2048 plan`,
+    one parser and one validation for every command. Order among the --set is kept (the last of a
+    key wins, as before). The walk follows click's own reading: a value of another option (`--run-id
+    --set`) and everything after `--` stay where they are; no subcommand has a `--set` or `-s` of
+    its own (tests/test_set_anywhere.py)."""
     cmd, at, i = root, None, 0
     head, moved = list(argv), []
     while i < len(head):
@@ -167,7 +183,8 @@ def _debug(ctx: typer.Context) -> bool:
 
 def _traceback_if_debug(ctx: typer.Context) -> None:
     """--debug: the traceback of the error being handled, masked like every other line (Python's own hook
-    would print a token that reached a message); the one-line error and its exit code follow as without."""
+    would print a token that reached a message); the one-line error and its exit code follow as without.
+    """
     if _debug(ctx):
         import traceback
 
@@ -194,7 +211,10 @@ def _version(value: bool) -> None:
 def root(
     ctx: typer.Context,
     env_file: Annotated[
-        Path, typer.Option("--env-file", envvar="FSDPCTL_ENV_FILE", help="settings file (KEY=VALUE lines)")
+        Path,
+        typer.Option(
+            "--env-file", envvar="FSDPCTL_ENV_FILE", help="settings file (KEY=VALUE lines)"
+        ),
     ] = Path(".env"),
     set_: Annotated[
         list[str] | None,
@@ -209,7 +229,8 @@ def root(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
 ) -> None:
-    """Settings come from flags > environment > .env > defaults; `fsdpctl config show` says which won."""
+    """Settings come from flags > environment > .env > defaults; `fsdpctl config show` says which
+    won."""
     given = ctx.get_parameter_source("env_file")
     from fsdpctl.files import old_home_notice, on_skipped
 
@@ -259,9 +280,10 @@ _register()
 
 
 def main() -> None:
-    """The executable: the click command is built first (typer reads every command's signature, under the
-    starting one-line Ctrl-C handler of fsdpctl.entry when it runs there), then Ctrl-C is Python's
-    KeyboardInterrupt again, which every command turns into one line and 130 (_Group.invoke)."""
+    """The executable: the click command is built first (typer reads every command's signature,
+    under the starting one-line Ctrl-C handler of fsdpctl.entry when it runs there), then Ctrl-C is
+    Python's KeyboardInterrupt again, which every command turns into one line and 130
+    (_Group.invoke)."""
     import signal
 
     import typer.main

@@ -7,7 +7,18 @@ from typing import Annotated
 import typer
 
 from fsdpctl import backends
-from fsdpctl.cli.common import DryRunOpt, Output, OutputOpt, confirm, emit, err, ok, out, state, warn
+from fsdpctl.cli.common import (
+    DryRunOpt,
+    Output,
+    OutputOpt,
+    confirm,
+    emit,
+    err,
+    ok,
+    out,
+    state,
+    warn,
+)
 
 
 def cleanup(
@@ -17,14 +28,17 @@ def cleanup(
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
     dry_run: DryRunOpt = False,
-    backend: Annotated[str | None, typer.Option("--backend", help="local or eks (default: BACKEND)")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="local or eks (default: BACKEND)")
+    ] = None,
     output: Output = OutputOpt,
 ) -> None:
-    """Remove ended jobs (succeeded, failed or stopped) and what they left: on a cluster the job, its pods,
-    its Secret and its rendezvous keys in etcd (no RendezvousClosedError on the next run, etcd keeps
-    running); on this machine the job's logs, state, etcd data and node disks, and a network its supervisor
-    did not tear down. Checkpoints stay unless --checkpoints; run records stay (`job diff` reads them).
-    Running jobs are never touched. Lists what it would remove and asks first, unless --yes.
+    """Remove ended jobs (succeeded, failed or stopped) and what they left: on a cluster the job,
+    its pods, its Secret and its rendezvous keys in etcd (no RendezvousClosedError on the next run,
+    etcd keeps running); on this machine the job's logs, state, etcd data and node disks, and a
+    network its supervisor did not tear down. Checkpoints stay unless --checkpoints; run records
+    stay (`job diff` reads them). Running jobs are never touched. Lists what it would remove and
+    asks first, unless --yes.
 
     Example: fsdpctl cleanup --dry-run
     """
@@ -41,7 +55,9 @@ def cleanup(
                 refused="cleanup: nothing removed",
                 hint="answer y, or pass --yes (--dry-run shows what would go)",
             )
-    removed = be.cleanup(checkpoints=checkpoints, dry_run=dry_run) if dry_run or yes or doomed else []
+    removed = (
+        be.cleanup(checkpoints=checkpoints, dry_run=dry_run) if dry_run or yes or doomed else []
+    )
     notes = _warn_notes(be, warned)
     data = {"dry_run": "client" if dry_run else "none", "removed": removed, "skipped": notes}
     if not emit({**data, "checkpoints": checkpoints}, output):
@@ -52,8 +68,8 @@ def cleanup(
 
 
 def _warn_notes(be: backends.Backend, warned: list[str]) -> list[str]:
-    """The backend's notes (a stray file, a damaged state: skipped, the rest is cleaned), each warned once
-    however often the command looked."""
+    """The backend's notes (a stray file, a damaged state: skipped, the rest is cleaned), each
+    warned once however often the command looked."""
     notes = list(dict.fromkeys([*warned, *getattr(be, "notes", ())]))
     for note in notes[len(warned) :]:
         warn(note)

@@ -28,19 +28,24 @@ if TYPE_CHECKING:
 
 app = command_group("The EKS cluster: preflight, status, create and delete (eksctl or terraform).")
 
-ToolOpt = Annotated[str | None, typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")]
+ToolOpt = Annotated[
+    str | None, typer.Option("--tool", help="eksctl or terraform (default: CLUSTER_TOOL)")
+]
 
 
 def _config(ctx: typer.Context, tool: str | None, **overrides: str) -> Config:
-    # AVAILABILITY_ZONES is only ever overridden with the AZs EC2 reported (the reservation's, the subnets')
+    # AVAILABILITY_ZONES is only ever overridden with the AZs EC2 reported (the reservation's, the
+    # subnets')
     set_by = {"CLUSTER_TOOL": "--tool", "AVAILABILITY_ZONES": "EC2"}
     return state(ctx).config(**({"CLUSTER_TOOL": tool} if tool else {}), **overrides, set_by=set_by)
 
 
-def _in_reservation_zone(ctx: typer.Context, cfg: Config, tool: str | None, dry_run: bool) -> Config:
-    """With a reservation and no AVAILABILITY_ZONES, the GPU node group goes in the reservation's AZ (its
-    nodes launch nowhere else). Without an answer from EC2 a real create stops; the dry run says so and
-    keeps the default zones."""
+def _in_reservation_zone(
+    ctx: typer.Context, cfg: Config, tool: str | None, dry_run: bool
+) -> Config:
+    """With a reservation and no AVAILABILITY_ZONES, the GPU node group goes in the reservation's AZ
+    (its nodes launch nowhere else). Without an answer from EC2 a real create stops; the dry run
+    says so and keeps the default zones."""
     from fsdpctl import cluster
     from fsdpctl.adapters.aws import AwsError
 
@@ -63,9 +68,9 @@ def _in_reservation_zone(ctx: typer.Context, cfg: Config, tool: str | None, dry_
 
 
 def _in_subnet_zones(ctx: typer.Context, cfg: Config, tool: str | None, dry_run: bool) -> Config:
-    """An existing VPC's subnets checked against EC2 (in VPC_ID, one per AZ, in AVAILABILITY_ZONES' order)
-    and their AZs as AVAILABILITY_ZONES, which the ClusterConfig keys them by. Without an answer from EC2
-    only a dry run with AVAILABILITY_ZONES set goes on."""
+    """An existing VPC's subnets checked against EC2 (in VPC_ID, one per AZ, in AVAILABILITY_ZONES'
+    order) and their AZs as AVAILABILITY_ZONES, which the ClusterConfig keys them by. Without an
+    answer from EC2 only a dry run with AVAILABILITY_ZONES set goes on."""
     from fsdpctl import cluster
     from fsdpctl.adapters.aws import AwsError
 
@@ -87,9 +92,9 @@ def _in_subnet_zones(ctx: typer.Context, cfg: Config, tool: str | None, dry_run:
 
 @app.command()
 def check(ctx: typer.Context, output: Output = OutputOpt) -> None:
-    """Preflight against AWS: credentials, instance type offered in the AZ, P-instance quota, capacity
-    reservation (type, instance type, AZ, count; a Capacity Block's start and end), a cluster of the same
-    name. Exit 1 on any fail.
+    """Preflight against AWS: credentials, instance type offered in the AZ, P-instance quota,
+    capacity reservation (type, instance type, AZ, count; a Capacity Block's start and end), a
+    cluster of the same name. Exit 1 on any fail.
 
     Example: fsdpctl --set INSTANCE_TYPE=p4de.24xlarge --set CAPACITY_RESERVATION_ID=cr-0123456789abcdef0
     cluster check
@@ -128,26 +133,39 @@ def _print_status(data: dict[str, Any]) -> None:
 def create(
     ctx: typer.Context, tool: ToolOpt = None, dry_run: DryRunOpt = False, output: Output = OutputOpt
 ) -> None:
-    """Create the EKS cluster with eksctl (rendered ClusterConfig) or terraform (terraform/ + tfvars).
+    """Create the EKS cluster with eksctl (rendered ClusterConfig) or terraform (terraform/ +
+    tfvars).
 
-    With eksctl an existing cluster is left alone; terraform converges to the settings. With FSX_CREATE both
-    make the shared FSx for Lustre file system: terraform as a resource (its outputs), eksctl's through the
-    AWS API once the cluster is up (one tagged for the cluster is reused), printing the FSX_* settings for
-    `deploy storage`. The dry run writes the tool's input and prints it, then the commands and AWS requests.
+    With eksctl an existing cluster is left alone; terraform converges to the settings. With
+    FSX_CREATE both make the shared FSx for Lustre file system: terraform as a resource (its
+    outputs), eksctl's through the AWS API once the cluster is up (one tagged for the cluster is
+    reused), printing the FSX_* settings for `deploy storage`. The dry run writes the tool's input
+    and prints it, then the commands and AWS requests.
 
     Example: fsdpctl cluster create --tool terraform --dry-run
     """
     from fsdpctl import cluster
 
-    cfg = _in_reservation_zone(ctx, _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run), tool, dry_run)
+    cfg = _in_reservation_zone(
+        ctx, _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run), tool, dry_run
+    )
     fsx_on = cfg.cluster_tool == "eksctl" and cfg.fsx_create
-    # AWS asked before the tool's input is written: a create that cannot reach AWS leaves nothing behind
+    # AWS asked before the tool's input is written: a create that cannot reach AWS leaves nothing
+    # behind
     existing = cluster.find(cfg) if cfg.cluster_tool == "eksctl" and not dry_run else None
     run = cluster.prepare(cfg, "create")
     table = output == Output.table
     done = "would create" if dry_run else "exists" if existing else "created"
-    report: dict[str, Any] = {"dry_run": "client" if dry_run else "none", "cluster": cfg.cluster_name}
-    report |= {"tool": cfg.cluster_tool, "tool_input": str(run.tool_input), "action": done, "commands": []}
+    report: dict[str, Any] = {
+        "dry_run": "client" if dry_run else "none",
+        "cluster": cfg.cluster_name,
+    }
+    report |= {
+        "tool": cfg.cluster_tool,
+        "tool_input": str(run.tool_input),
+        "action": done,
+        "commands": [],
+    }
     if dry_run and table:
         out.print(run.text, markup=False, end="")
     elif existing:
@@ -165,13 +183,15 @@ def create(
     if dry_run:
         ok(f"dry run: {run.tool_input} written; nothing created")
     elif not existing:
-        ok(f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status")
+        ok(
+            f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status"
+        )
 
 
 def _fsx_dry_run(cfg: Config, table: bool) -> list[dict[str, Any]]:
-    """The AWS requests that would make the file system, as `# ` comments after the ClusterConfig (`table`)
-    and returned: planned from the cluster when it exists (read only), else with eksctl's future choices
-    named."""
+    """The AWS requests that would make the file system, as `# ` comments after the ClusterConfig
+    (`table`) and returned: planned from the cluster when it exists (read only), else with eksctl's
+    future choices named."""
     import json
 
     from fsdpctl import cluster
@@ -180,16 +200,22 @@ def _fsx_dry_run(cfg: Config, table: bool) -> list[dict[str, Any]]:
     try:
         if cluster.find(cfg):
             if found := cluster.fsx_of_cluster(cfg):
-                ok(f"dry run: FSx for Lustre {found[0]['FileSystemId']} of {cfg.cluster_name} exists; reused")
+                ok(
+                    f"dry run: FSx for Lustre {found[0]['FileSystemId']} of {cfg.cluster_name} exists; reused"
+                )
                 return []
             plan = cluster.fsx_plan(cfg, cluster.connect(cfg))
-    except FsdpctlError as e:  # AWS unreachable, or a cluster the plan cannot place it in: a real run stops
+    except (
+        FsdpctlError
+    ) as e:  # AWS unreachable, or a cluster the plan cannot place it in: a real run stops
         warn(
             f"could not plan from cluster {cfg.cluster_name} ({e}); the requests name what eksctl will choose"
         )
     requests = cluster.fsx_requests(plan, "<the new security group>", "<the new key's ARN>")
     for call, request in requests if table else []:
-        out.print(f"# aws {call} {json.dumps(request)}", markup=False, highlight=False, soft_wrap=True)
+        out.print(
+            f"# aws {call} {json.dumps(request)}", markup=False, highlight=False, soft_wrap=True
+        )
     return [{"call": call, "request": request} for call, request in requests]
 
 
@@ -214,13 +240,15 @@ def delete(
     dry_run: DryRunOpt = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Delete the EKS cluster (eksctl delete cluster --wait, or terraform destroy). Asks first unless --yes.
+    """Delete the EKS cluster (eksctl delete cluster --wait, or terraform destroy). Asks first
+    unless --yes.
 
-    With terraform, destroy runs whenever its state in FSDPCTL_HOME/clusters/<name>/terraform holds resources,
-    also when the EKS cluster is gone (a half-failed create leaves a VPC, NAT gateway and KMS key there).
-    A shared FSx for Lustre file system of the cluster (its data: checkpoints, the HF cache) needs a
-    confirmation of its own; without a terminal only --yes deletes it. With eksctl it is deleted first, then
-    its security group, then the cluster (its network interfaces would stop the VPC's deletion).
+    With terraform, destroy runs whenever its state in FSDPCTL_HOME/clusters/<name>/terraform holds
+    resources, also when the EKS cluster is gone (a half-failed create leaves a VPC, NAT gateway and
+    KMS key there). A shared FSx for Lustre file system of the cluster (its data: checkpoints, the
+    HF cache) needs a confirmation of its own; without a terminal only --yes deletes it. With eksctl
+    it is deleted first, then its security group, then the cluster (its network interfaces would
+    stop the VPC's deletion).
 
     Example: fsdpctl cluster delete --yes
     """
@@ -229,28 +257,51 @@ def delete(
     cfg = _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run)  # eksctl's input keys them by AZ
     what = _what_to_delete(cfg, dry_run)
     file_systems, groups = _fsx_to_delete(cfg, dry_run)
-    report: dict[str, Any] = {"dry_run": "client" if dry_run else "none", "cluster": cfg.cluster_name}
-    report |= {"tool": cfg.cluster_tool, "cluster_deleted": bool(what), "what": what, "commands": []}
-    report |= {"file_systems": [fs["FileSystemId"] for fs in file_systems], "security_groups": groups}
+    report: dict[str, Any] = {
+        "dry_run": "client" if dry_run else "none",
+        "cluster": cfg.cluster_name,
+    }
+    report |= {
+        "tool": cfg.cluster_tool,
+        "cluster_deleted": bool(what),
+        "what": what,
+        "commands": [],
+    }
+    report |= {
+        "file_systems": [fs["FileSystemId"] for fs in file_systems],
+        "security_groups": groups,
+    }
     if what is None and not (file_systems or groups):
         emit(report, output)
         return
     if not dry_run and not yes:
         _confirm_fsx(cfg, file_systems)
         if what:
-            confirm(f"Delete {what}?", refused="not confirmed", hint="pass --yes to delete without asking")
-    # the tool's input is written once AWS has answered and the user has: a lookup that fails or a "no"
-    # leaves the cluster's directory as it was (terraform's variables there are the ones it was made with)
+            confirm(
+                f"Delete {what}?",
+                refused="not confirmed",
+                hint="pass --yes to delete without asking",
+            )
+    # the tool's input is written once AWS has answered and the user has: a lookup that fails or a
+    # "no" leaves the cluster's directory as it was (terraform's variables there are the ones it was
+    # made with)
     run = cluster.prepare(cfg, "delete")
     if dry_run:
         for fs in file_systems:
             ok(f"dry run: would delete {fsx_summary(fs)}")
         if groups:
-            ok(f"dry run: would delete security group {', '.join(groups)} and the FSx KMS key (in 7 days)")
+            ok(
+                f"dry run: would delete security group {', '.join(groups)} and the FSx KMS key (in 7 days)"
+            )
     elif cfg.cluster_tool == "eksctl" and (file_systems or groups):
         cluster.delete_fsx(cfg, file_systems, ok)
     for cmd in run.commands if what else []:
-        run_tool(cmd, run.log, dry_run=dry_run, shown=None if output == Output.table else report["commands"])
+        run_tool(
+            cmd,
+            run.log,
+            dry_run=dry_run,
+            shown=None if output == Output.table else report["commands"],
+        )
     emit(report, output)
     if dry_run:
         ok(f"dry run: would delete {what or 'the file systems above'}; nothing deleted")
@@ -271,7 +322,8 @@ def _interactive() -> bool:
 
 
 def _confirm_fsx(cfg: Config, file_systems: list[dict[str, Any]]) -> None:
-    """A file system's data outlives jobs: its deletion is asked on its own, never taken from piped input."""
+    """A file system's data outlives jobs: its deletion is asked on its own, never taken from piped
+    input."""
     if not file_systems:
         return
     for fs in file_systems:
@@ -290,8 +342,8 @@ def _confirm_fsx(cfg: Config, file_systems: list[dict[str, Any]]) -> None:
 
 
 def _fsx_to_delete(cfg: Config, dry_run: bool) -> tuple[list[dict[str, Any]], list[str]]:
-    """The cluster's file systems and (eksctl) the Lustre security groups to remove before eksctl runs. A dry
-    run that cannot reach AWS says so and goes on; a real run stops on the error."""
+    """The cluster's file systems and (eksctl) the Lustre security groups to remove before eksctl
+    runs. A dry run that cannot reach AWS says so and goes on; a real run stops on the error."""
     from fsdpctl import cluster
     from fsdpctl.adapters.aws import AwsError
 
@@ -308,8 +360,9 @@ def _fsx_to_delete(cfg: Config, dry_run: bool) -> tuple[list[dict[str, Any]], li
 
 
 def _what_to_delete(cfg: Config, dry_run: bool) -> str | None:
-    """What the delete commands would remove, None (said why) when there is nothing. terraform goes by its
-    state alone (read offline, so the dry run tells the truth too); eksctl by the cluster in EKS."""
+    """What the delete commands would remove, None (said why) when there is nothing. terraform goes
+    by its state alone (read offline, so the dry run tells the truth too); eksctl by the cluster in
+    EKS."""
     from fsdpctl import cluster
 
     name = f"cluster {cfg.cluster_name} in {cfg.aws_region}"
@@ -325,7 +378,9 @@ def _what_to_delete(cfg: Config, dry_run: bool) -> str | None:
                 "would delete nothing",
                 hint="delete it with the tool that made it (`--tool eksctl`) or from that state's machine",
             )
-        ok(f"no terraform state in {state_dir}{'' if dry_run else ' and no ' + name}; nothing to delete")
+        ok(
+            f"no terraform state in {state_dir}{'' if dry_run else ' and no ' + name}; nothing to delete"
+        )
         return None
     if dry_run:
         return name + " (if it exists)"

@@ -1,5 +1,5 @@
-"""What every command shares: the loaded config, the consoles (messages to stderr, results to stdout)
-and the -o json/yaml output."""
+"""What every command shares: the loaded config, the consoles (messages to stderr, results to
+stdout) and the -o json/yaml output."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
 
 class _MaskingConsole(Console):
-    """A console that masks secrets (fsdpctl.redact) in everything it writes: strings before rich wraps
-    them (so a token is never split across lines out of the mask's reach), and the rendered text again
-    (tables, panels, anything built from parts)."""
+    """A console that masks secrets (fsdpctl.redact) in everything it writes: strings before rich
+    wraps them (so a token is never split across lines out of the mask's reach), and the rendered
+    text again (tables, panels, anything built from parts)."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         super().print(*(redact(o) if isinstance(o, str) else o for o in objects), **kwargs)
@@ -45,9 +45,10 @@ class _MaskingConsole(Console):
 
 err = _MaskingConsole(stderr=True, highlight=False)
 out = _MaskingConsole(highlight=False, soft_wrap=True)
-# Off a terminal rich would wrap at 80 columns (or COLUMNS) and fit tables to that: an error, a path or an id
-# would break over lines that grep and log readers cannot join, or be cut with an ellipsis. There nothing
-# wraps and a table takes the width its cells need; on a terminal rich fits the terminal.
+# Off a terminal rich would wrap at 80 columns (or COLUMNS) and fit tables to that: an error, a path
+# or an id would break over lines that grep and log readers cannot join, or be cut with an ellipsis.
+# There nothing wraps and a table takes the width its cells need; on a terminal rich fits the
+# terminal.
 OFF_TERMINAL_WIDTH = 100_000
 
 
@@ -62,10 +63,10 @@ _unwrapped_off_a_terminal(out)
 
 
 class PlainTable(Table):
-    """A table whose text cells are shown as they are. rich reads a str cell as markup: a log line, a path
-    or a setting holding `[...]` (gloo's `[/__w/...]`, `[rank0]:`) would vanish in part or raise MarkupError.
-    Here a str is plain text by construction; a cell styled on purpose is passed as a `Text`. Off a terminal
-    (a pipe, a file) it has no box: plain columns for grep and awk."""
+    """A table whose text cells are shown as they are. rich reads a str cell as markup: a log line,
+    a path or a setting holding `[...]` (gloo's `[/__w/...]`, `[rank0]:`) would vanish in part or
+    raise MarkupError. Here a str is plain text by construction; a cell styled on purpose is passed
+    as a `Text`. Off a terminal (a pipe, a file) it has no box: plain columns for grep and awk."""
 
     def __init__(self, *headers: Any, **kwargs: Any) -> None:
         if not out.is_terminal:
@@ -89,17 +90,21 @@ class Output(str, Enum):
 
 
 def command_group(help: str) -> typer.Typer:
-    """A group of subcommands (`fsdpctl job ...`): bare `fsdpctl job` shows its help; plain-text help."""
+    """A group of subcommands (`fsdpctl job ...`): bare `fsdpctl job` shows its help; plain-text
+    help."""
     return typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=help)
 
 
 OutputOpt = typer.Option("table", "--output", "-o", help="table, json or yaml")
 
-# One --dry-run for every command that changes state: a bare flag. Where the Kubernetes API server can check
-# the objects itself, `--dry-run=server` asks it to (dryRun=All: validated and admitted, never stored); the
-# root group spells that as the hidden flag below before click parses (see fsdpctl.cli._Group.main).
+# One --dry-run for every command that changes state: a bare flag. Where the Kubernetes API server
+# can check the objects itself, `--dry-run=server` asks it to (dryRun=All: validated and admitted,
+# never stored); the root group spells that as the hidden flag below before click parses (see
+# fsdpctl.cli._Group.main).
 SERVER_DRY_RUN_FLAG = "--dry-run-server"
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="show what would change; change nothing")]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="show what would change; change nothing")
+]
 ServerDryRunOpt = Annotated[
     bool,
     typer.Option(
@@ -112,8 +117,8 @@ DRY_RUN_SPELLINGS = {"--dry-run=server": SERVER_DRY_RUN_FLAG, "--dry-run=client"
 
 
 def dry_run_mode(client: bool, server: bool) -> str:
-    """'' (none), 'client' or 'server'; both given is refused (exit 2) rather than one picked in silence,
-    as kubectl takes one --dry-run value."""
+    """'' (none), 'client' or 'server'; both given is refused (exit 2) rather than one picked in
+    silence, as kubectl takes one --dry-run value."""
     if client and server:
         raise BadInput(
             "--dry-run and --dry-run=server were both given",
@@ -123,12 +128,13 @@ def dry_run_mode(client: bool, server: bool) -> str:
     return "server" if server else "client" if client else ""
 
 
-# config validate, manifest and job run refuse a job that cannot fit or be scheduled (`admit`); --force runs
-# it anyway, with a warning naming each refusal it overrode.
+# config validate, manifest and job run refuse a job that cannot fit or be scheduled (`admit`);
+# --force runs it anyway, with a warning naming each refusal it overrode.
 ForceOpt = Annotated[
     bool,
     typer.Option(
-        "--force", help="go on although the job does not fit or cannot be scheduled (each refusal is warned)"
+        "--force",
+        help="go on although the job does not fit or cannot be scheduled (each refusal is warned)",
     ),
 ]
 
@@ -136,11 +142,19 @@ ForceOpt = Annotated[
 # The options and the name resolution every job verb shares (job_cmd, job_plot_cmd, job_record_cmd)
 BackendOpt = Annotated[
     str | None,
-    typer.Option("--backend", help="local or eks (default: where the job was started, else BACKEND)"),
+    typer.Option(
+        "--backend", help="local or eks (default: where the job was started, else BACKEND)"
+    ),
 ]
-NameArg = typer.Argument(None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
-DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")]
-ReplaceOpt = Annotated[bool, typer.Option("--replace", help="stop a running job of the same name first")]
+NameArg = typer.Argument(
+    None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names
+)
+DetachOpt = Annotated[
+    bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")
+]
+ReplaceOpt = Annotated[
+    bool, typer.Option("--replace", help="stop a running job of the same name first")
+]
 
 
 def resolve_job(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
@@ -148,7 +162,9 @@ def resolve_job(ctx: typer.Context, name: str | None, backend: str | None) -> tu
     from fsdpctl import backends, files
 
     cfg = state(ctx).config()
-    name = files.job_name(name) if name is not None else cfg.job_name  # before any path is built from it
+    name = (
+        files.job_name(name) if name is not None else cfg.job_name
+    )  # before any path is built from it
     return backends.create(backends.placed(cfg, name, backend)), name
 
 
@@ -164,8 +180,9 @@ class AppState:
     _warned: set[str] = field(default_factory=set)
 
     def config(self, *, set_by: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-        """Load once: flags (--set and command options) > environment > .env > defaults. `set_by`: the
-        command option that set each override (`--model`), which errors and `config show` name."""
+        """Load once: flags (--set and command options) > environment > .env > defaults. `set_by`:
+        the command option that set each override (`--model`), which errors and `config show` name.
+        """
         from fsdpctl.settings import load
 
         given = {k: str(v) for k, v in overrides.items() if v is not None}
@@ -178,7 +195,9 @@ class AppState:
                 dotenv_name=str(self.env_file),
                 set_by={k: (set_by or {}).get(k, "flag") for k in given},
             )
-            add_secrets(cfg.hf_token.get_secret_value())  # masked wherever it shows, whatever its shape
+            add_secrets(
+                cfg.hf_token.get_secret_value()
+            )  # masked wherever it shows, whatever its shape
             for w in cfg.warnings:
                 if w not in self._warned:
                     self._warned.add(w)
@@ -190,10 +209,11 @@ class AppState:
 
 
 def admit(cfg: Config, *, force: bool) -> None:
-    """Refuse, before anything is written or created, a job that cannot fit (`plan.fit_problem`) or be
-    scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line each with the
-    fix. With `force`, each refusal becomes a warning and the command goes on. This machine's facts are read
-    here, at the edge: its cores and RAM, its paths, and where the local backend keeps the claims."""
+    """Refuse, before anything is written or created, a job that cannot fit (`plan.fit_problem`) or
+    be scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line
+    each with the fix. With `force`, each refusal becomes a warning and the command goes on. This
+    machine's facts are read here, at the edge: its cores and RAM, its paths, and where the local
+    backend keeps the claims."""
     from fsdpctl import plan, render, volume
     from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import annotate, placement_problems
@@ -201,7 +221,10 @@ def admit(cfg: Config, *, force: bool) -> None:
     claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
     mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
     problems = placement_problems(
-        cfg, cores=os.cpu_count() or 1, exists=lambda p: Path(p).expanduser().exists(), mounts=mounts
+        cfg,
+        cores=os.cpu_count() or 1,
+        exists=lambda p: Path(p).expanduser().exists(),
+        mounts=mounts,
     )
     fit = plan.fit_problem(cfg, ram_bytes=_ram_bytes())
     problems = [fit, *problems] if fit else problems
@@ -217,9 +240,9 @@ def admit(cfg: Config, *, force: bool) -> None:
 
 
 def _volume_problem(cfg: Config) -> str | None:
-    """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file system on
-    the cluster; on this machine the free space of the disk of the claim's directory plus what this job's
-    checkpoints already take there (they are counted in the need)."""
+    """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file
+    system on the cluster; on this machine the free space of the disk of the claim's directory plus
+    what this job's checkpoints already take there (they are counted in the need)."""
     from fsdpctl import backends, render, volume
 
     here = backends.create(cfg).here(cfg.shared_volume_path) if cfg.shared_volume else None
@@ -244,8 +267,8 @@ def settings_path_local(path: str, cfg: Config, where: Path) -> Path:
 
 
 def _free_bytes(path: Path) -> int | None:
-    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or would: its nearest
-    existing parent)."""
+    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or would: its
+    nearest existing parent)."""
     for at in (path, *path.parents):
         try:
             st = os.statvfs(at)
@@ -276,10 +299,11 @@ ENV_FILE_MAX_BYTES = 1024 * 1024
 
 
 def read_env_file(path: Path, *, given: bool = True) -> Mapping[str, str]:
-    """The KEY=VALUE lines of the settings file. `given`: named by the user, so it must exist (the default
-    .env may be absent). Anything but a readable UTF-8 regular file is one line naming the path, exit 2: the
-    file type is checked before opening (open() on a FIFO blocks until a writer comes: a hang), and again on
-    the opened descriptor, opened without blocking, so a swap between the two cannot hang it either."""
+    """The KEY=VALUE lines of the settings file. `given`: named by the user, so it must exist (the
+    default .env may be absent). Anything but a readable UTF-8 regular file is one line naming the
+    path, exit 2: the file type is checked before opening (open() on a FIFO blocks until a writer
+    comes: a hang), and again on the opened descriptor, opened without blocking, so a swap between
+    the two cannot hang it either."""
     from fsdpctl.settings import parse_dotenv
 
     try:
@@ -287,20 +311,30 @@ def read_env_file(path: Path, *, given: bool = True) -> Mapping[str, str]:
     except FileNotFoundError:
         if not given:
             return {}
-        raise BadInput(f"--env-file {path} does not exist", hint="create it from .env.example") from None
-    except OSError as e:  # a file where a folder should be, permissions, a link loop, a name too long
-        raise BadInput(f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT) from None
+        raise BadInput(
+            f"--env-file {path} does not exist", hint="create it from .env.example"
+        ) from None
+    except (
+        OSError
+    ) as e:  # a file where a folder should be, permissions, a link loop, a name too long
+        raise BadInput(
+            f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT
+        ) from None
     _check_env_file_kind(path, st)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
-        raise BadInput(f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT) from None
+        raise BadInput(
+            f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT
+        ) from None
     with os.fdopen(fd, "rb") as f:
         _check_env_file_kind(path, os.fstat(fd))
         try:
             data = f.read(ENV_FILE_MAX_BYTES + 1)
         except OSError as e:  # EISDIR, EIO
-            raise BadInput(f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT) from None
+            raise BadInput(
+                f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT
+            ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -334,9 +368,10 @@ def _check_env_file_kind(path: Path, st: os.stat_result) -> None:
 def finite(
     *, minimum: float = 0.0, maximum: float | None = None, above: bool = False
 ) -> Callable[[typer.Context, typer.CallbackParam, float | None], float | None]:
-    """The callback of every float option (`typer.Option(..., callback=finite())`): the value is a finite
-    number within [minimum, maximum] (above: strictly above minimum), else one line naming the option,
-    exit 2. Without it click takes `nan` and `inf` as floats: `--timeout nan` would wait forever."""
+    """The callback of every float option (`typer.Option(..., callback=finite())`): the value is a
+    finite number within [minimum, maximum] (above: strictly above minimum), else one line naming
+    the option, exit 2. Without it click takes `nan` and `inf` as floats: `--timeout nan` would wait
+    forever."""
 
     def check(ctx: typer.Context, param: typer.CallbackParam, value: float | None) -> float | None:
         if value is None or ctx.resilient_parsing:
@@ -346,7 +381,11 @@ def finite(
             return value
         span = f"above {minimum:g}" if above else f"of at least {minimum:g}"
         if maximum is not None:
-            span = f"above {minimum:g}, at most {maximum:g}" if above else f"from {minimum:g} to {maximum:g}"
+            span = (
+                f"above {minimum:g}, at most {maximum:g}"
+                if above
+                else f"from {minimum:g} to {maximum:g}"
+            )
         name = max(param.opts, key=len) if param.opts else str(param.name)
         raise BadInput(f"{name} {value!r} is not valid: give a finite number {span}")
 
@@ -359,8 +398,12 @@ def parse_sets(items: list[str], flag: str = "--set", example: str = "MODEL=7b")
     flags = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:  # quoted masked: `HF_TOKEN value` or `HF_TOKEN:value` holds a secret by place
-            raise BadInput(f"{flag} {masked_line(item)!r} is not KEY=VALUE", hint=f"e.g. {flag} {example}")
+        if (
+            not sep or not key
+        ):  # quoted masked: `HF_TOKEN value` or `HF_TOKEN:value` holds a secret by place
+            raise BadInput(
+                f"{flag} {masked_line(item)!r} is not KEY=VALUE", hint=f"e.g. {flag} {example}"
+            )
         flags[key.strip()] = value
     return flags
 
@@ -383,15 +426,17 @@ def ok(msg: str) -> None:
 
 
 def confirm(question: str, *, refused: str, hint: str) -> None:
-    """Ask on stderr and read one line of stdin: "y"/"yes" goes on; anything else, and no answer at all (end
-    of input: a closed or empty pipe), is refused before anything changed, one line and exit 2 either way.
-    click's confirm would turn end of input into Abort (exit 1) and a bare Enter into its default; Ctrl-C
-    stays an interrupt (130)."""
+    """Ask on stderr and read one line of stdin: "y"/"yes" goes on; anything else, and no answer at
+    all (end of input: a closed or empty pipe), is refused before anything changed, one line and
+    exit 2 either way. click's confirm would turn end of input into Abort (exit 1) and a bare Enter
+    into its default; Ctrl-C stays an interrupt (130)."""
     import sys
 
     err.print(f"{question} [y/N]: ", end="", markup=False)
     answer = sys.stdin.readline()
-    if not answer or not sys.stdin.isatty():  # no terminal echoed the Enter: the next line starts anew
+    if (
+        not answer or not sys.stdin.isatty()
+    ):  # no terminal echoed the Enter: the next line starts anew
         err.print()
     if not answer:
         raise BadInput(f"{refused}: no answer (end of input)", hint=hint)
@@ -400,10 +445,15 @@ def confirm(question: str, *, refused: str, hint: str) -> None:
 
 
 def end_wait(name: str, phase: str) -> None:
-    """`job wait`'s last line and exit code from the phase it ended in; anything not final is a timeout."""
+    """`job wait`'s last line and exit code from the phase it ended in; anything not final is a
+    timeout."""
     from fsdpctl.errors import ExitCode
 
-    codes = {"Succeeded": ExitCode.OK, "Failed": ExitCode.JOB_FAILED, "Stopped": ExitCode.JOB_STOPPED}
+    codes = {
+        "Succeeded": ExitCode.OK,
+        "Failed": ExitCode.JOB_FAILED,
+        "Stopped": ExitCode.JOB_STOPPED,
+    }
     code = codes.get(phase, ExitCode.JOB_TIMED_OUT)
     (ok if code == ExitCode.OK else warn)(
         f"job {name}: {'timed out' if code == ExitCode.JOB_TIMED_OUT else phase}"
@@ -412,10 +462,11 @@ def end_wait(name: str, phase: str) -> None:
 
 
 def plain(data: Any) -> Any:
-    """`data` as a document may carry it: every string masked (redact_obj) and every float that is not a
-    number (NaN, inf: a run with no step, a diverged loss) as null. Python's json writes them as `NaN`,
-    which is not JSON (RFC 8259 section 6: "Numeric values that cannot be represented ... such as Infinity
-    and NaN are not permitted"), and strict parsers (jq, JSON.parse, Go's encoding/json) refuse it."""
+    """`data` as a document may carry it: every string masked (redact_obj) and every float that is
+    not a number (NaN, inf: a run with no step, a diverged loss) as null. Python's json writes them
+    as `NaN`, which is not JSON (RFC 8259 section 6: "Numeric values that cannot be represented ...
+    such as Infinity and NaN are not permitted"), and strict parsers (jq, JSON.parse, Go's
+    encoding/json) refuse it."""
     return _finite(redact_obj(data))
 
 
@@ -460,11 +511,12 @@ def run_tool(
     comment: bool = False,
     shown: list[str] | None = None,
 ) -> None:
-    """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and logged;
-    an error naming the log when it fails (`failed`: what to call it, default its first words). With `dry_run`
-    the shell adapter runs nothing and the command line goes to stdout (as a `# ` comment with `comment`:
-    after a YAML or JSON document there); with `shown` it goes there instead, and a real run's command
-    line too (a -o json document's `commands`: what ran, or would)."""
+    """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and
+    logged; an error naming the log when it fails (`failed`: what to call it, default its first
+    words). With `dry_run` the shell adapter runs nothing and the command line goes to stdout (as a
+    `# ` comment with `comment`: after a YAML or JSON document there); with `shown` it goes there
+    instead, and a real run's command line too (a -o json document's `commands`: what ran, or
+    would)."""
     from fsdpctl.adapters import shell
     from fsdpctl.errors import FsdpctlError
 
@@ -477,7 +529,9 @@ def run_tool(
         shown.append(cmd.shell_line())
     words = " ".join(a for a in cmd.argv[1:3] if not a.startswith("-"))
     with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
-        rc = shell.run(cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line))
+        rc = shell.run(
+            cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line)
+        )
     if rc != 0:
         raise FsdpctlError(f"{failed or ' '.join(cmd.argv[:3])} failed: see {log}", hint=hint)
 
@@ -505,4 +559,15 @@ def report_checks(checks: list[Check], output: Output) -> None:
     raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
 
 
-__all__ = ["AppState", "Output", "OutputOpt", "SettingsError", "emit", "err", "ok", "out", "state", "warn"]
+__all__ = [
+    "AppState",
+    "Output",
+    "OutputOpt",
+    "SettingsError",
+    "emit",
+    "err",
+    "ok",
+    "out",
+    "state",
+    "warn",
+]

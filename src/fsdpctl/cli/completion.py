@@ -1,9 +1,10 @@
 """Dynamic shell completion: job names, setting keys and their values, model names.
 
-Typer's completion (`fsdpctl --install-completion`) runs fsdpctl with `_FSDPCTL_COMPLETE=complete_bash` (zsh,
-fish, powershell alike) and asks each parameter's `autocompletion=` callback for candidates. These callbacks
-read only the state directory and the settings' own declarations (no torch, no kubernetes, no network) and
-never fail: a broken or missing state directory completes to nothing.
+Typer's completion (`fsdpctl --install-completion`) runs fsdpctl with
+`_FSDPCTL_COMPLETE=complete_bash` (zsh, fish, powershell alike) and asks each parameter's
+`autocompletion=` callback for candidates. These callbacks read only the state directory and the
+settings' own declarations (no torch, no kubernetes, no network) and never fail: a broken or missing
+state directory completes to nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ SET_OPTS = ("--set", "-s")
 def _quiet(fn: Callable[..., list[str]]) -> Callable[..., list[str]]:
     """Completion must never print a traceback into the user's shell: any failure offers nothing."""
 
-    @functools.wraps(fn)  # typer reads the callback's parameters (incomplete: str) through the wrapper
+    @functools.wraps(
+        fn
+    )  # typer reads the callback's parameters (incomplete: str) through the wrapper
     def wrapped(*args: Any, **kwargs: Any) -> list[str]:
         try:
             return fn(*args, **kwargs)
@@ -32,12 +35,16 @@ def _quiet(fn: Callable[..., list[str]]) -> Callable[..., list[str]]:
 
 @_quiet
 def job_names(incomplete: str) -> list[str]:
-    """Jobs this machine knows: local job directories (jobs/NAME) and records of where a job was started
-    (started/NAME.json, cluster jobs included)."""
+    """Jobs this machine knows: local job directories (jobs/NAME) and records of where a job was
+    started (started/NAME.json, cluster jobs included)."""
     from fsdpctl.files import JOB_NAME, home
 
     root = home()
-    names = {p.name for p in (root / "jobs").iterdir() if p.is_dir()} if (root / "jobs").is_dir() else set()
+    names = (
+        {p.name for p in (root / "jobs").iterdir() if p.is_dir()}
+        if (root / "jobs").is_dir()
+        else set()
+    )
     if (root / "started").is_dir():
         names |= {p.stem for p in (root / "started").glob("*.json")}
     return sorted(n for n in names if JOB_NAME.fullmatch(n) and n.startswith(incomplete))
@@ -51,7 +58,8 @@ def model_names(incomplete: str) -> list[str]:
 
 
 def _choices(key: str) -> list[str]:
-    """The values a setting can only take: a Literal's, a bool's, MODEL's names, a training key's choices."""
+    """The values a setting can only take: a Literal's, a bool's, MODEL's names, a training key's
+    choices."""
     from fsdpctl.settings import Settings, setting_keys
     from fsdptrain.config import TrainConfig
 
@@ -74,8 +82,8 @@ def _choices(key: str) -> list[str]:
 
 @_quiet
 def settings(incomplete: str) -> list[str]:
-    """`--set` candidates: `KEY=` for the keys that start so (any case), then, after `KEY=`, `KEY=VALUE` for
-    the values it can only take."""
+    """`--set` candidates: `KEY=` for the keys that start so (any case), then, after `KEY=`,
+    `KEY=VALUE` for the values it can only take."""
     from fsdpctl.settings import setting_keys
 
     key, sep, value = incomplete.partition("=")
@@ -85,9 +93,10 @@ def settings(incomplete: str) -> list[str]:
 
 
 def set_values(args: list[str], incomplete: str) -> list[str] | None:
-    """Candidates when the word being completed is a `--set` value, wherever it stands on the line (the root
-    group moves --set before the subcommand, so no subcommand declares it); None when it is not one.
-    bash splits `KEY=VAL` at `=` (COMP_WORDBREAKS): there the word is VAL after [--set, KEY, =]."""
+    """Candidates when the word being completed is a `--set` value, wherever it stands on the line
+    (the root group moves --set before the subcommand, so no subcommand declares it); None when it
+    is not one. bash splits `KEY=VAL` at `=` (COMP_WORDBREAKS): there the word is VAL after [--set,
+    KEY, =]."""
     if args and args[-1] in SET_OPTS:
         return settings(incomplete)
     if incomplete.startswith("--set="):
@@ -103,7 +112,9 @@ def hook_set_anywhere() -> None:
     from typer._click.shell_completion import CompletionItem, ShellComplete
 
     original = ShellComplete.get_completions
-    if getattr(original, "fsdpctl_hook", False):  # once per process: a second wrapper would wrap the first
+    if getattr(
+        original, "fsdpctl_hook", False
+    ):  # once per process: a second wrapper would wrap the first
         return
 
     def get_completions(self: Any, args: list[str], incomplete: str) -> list[Any]:

@@ -6,7 +6,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fsdpctl.cli.common import ForceOpt, Output, OutputOpt, admit, command_group, emit, ok, out, state
+from fsdpctl.cli.common import (
+    ForceOpt,
+    Output,
+    OutputOpt,
+    admit,
+    command_group,
+    emit,
+    ok,
+    out,
+    state,
+)
 from fsdpctl.redact import redact
 
 app = command_group("Show and check the settings (.env, environment, --set).")
@@ -17,11 +27,13 @@ def _group(key: str) -> str:
 
     field = Settings.model_fields.get(setting_keys()[key])
     extra = field.json_schema_extra if field else None
-    return str(extra["group"]) if isinstance(extra, dict) else "training"  # trainer keys have no field here
+    return (
+        str(extra["group"]) if isinstance(extra, dict) else "training"
+    )  # trainer keys have no field here
 
 
-# where a value came from, as the table shows it: the plain defaults dimmed; a named model's own defaults
-# (fsdptrain.config.MODEL_DEFAULTS) say so, since they differ from what .env.example lists
+# where a value came from, as the table shows it: the plain defaults dimmed; a named model's own
+# defaults (fsdptrain.config.MODEL_DEFAULTS) say so, since they differ from what .env.example lists
 UNSET = ("default", "model default", "derived")
 
 
@@ -36,7 +48,11 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
     cfg = state(ctx).config()
     values = redacted(cfg)
-    data = {"settings": values, "sources": {k: cfg.sources[k] for k in values}, "derived": derived(cfg)}
+    data = {
+        "settings": values,
+        "sources": {k: cfg.sources[k] for k in values},
+        "derived": derived(cfg),
+    }
     if emit(data, output):
         return
     table = Table("group", "key", "value", "source", box=None, pad_edge=False)
@@ -59,11 +75,12 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
 @app.command()
 def validate(ctx: typer.Context, force: ForceOpt = False, output: Output = OutputOpt) -> None:
-    """Check every value, and that the job fits and can be scheduled where BACKEND runs it (GPU memory on
-    the cluster, JOB_NODES against NODE_COUNT; cores, RAM and paths locally); each problem is one line naming
-    the key, the value and the fix (exit 2).
+    """Check every value, and that the job fits and can be scheduled where BACKEND runs it (GPU
+    memory on the cluster, JOB_NODES against NODE_COUNT; cores, RAM and paths locally); each problem
+    is one line naming the key, the value and the fix (exit 2).
 
-    With -o json/yaml stdout gets {ok, problems, warnings, ...} as data; the lines and the exit code stay.
+    With -o json/yaml stdout gets {ok, problems, warnings, ...} as data; the lines and the exit code
+    stay.
 
     Example: fsdpctl --env-file prod.env config validate
     """

@@ -1,5 +1,6 @@
-"""fsdpctl deploy etcd|operator|plugins|storage|monitoring|all|status|fetch: what the cluster needs before a
-job runs (the components, the diff, the readiness wait and the cache are `fsdpctl.deploy`'s)."""
+"""fsdpctl deploy etcd|operator|plugins|storage|monitoring|all|status|fetch: what the cluster needs
+before a job runs (the components, the diff, the readiness wait and the cache are
+`fsdpctl.deploy`'s)."""
 
 from __future__ import annotations
 
@@ -37,10 +38,13 @@ app = command_group(
 
 FromOpt = Annotated[
     Path | None,
-    typer.Option("--from", envvar="FSDPCTL_MANIFESTS", help="mirror directory of the pinned upstream files"),
+    typer.Option(
+        "--from", envvar="FSDPCTL_MANIFESTS", help="mirror directory of the pinned upstream files"
+    ),
 ]
 TimeoutOpt = Annotated[
-    float, typer.Option("--timeout", help="seconds to wait until everything is ready", callback=finite())
+    float,
+    typer.Option("--timeout", help="seconds to wait until everything is ready", callback=finite()),
 ]
 
 
@@ -51,10 +55,16 @@ def sources(mirror: Path | None) -> list[Path]:
 
 
 def _deploy(
-    ctx: typer.Context, which: str, dry_run: str, mirror: Path | None, timeout: float, output: Output
+    ctx: typer.Context,
+    which: str,
+    dry_run: str,
+    mirror: Path | None,
+    timeout: float,
+    output: Output,
 ) -> None:
-    """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks them).
-    With -o json/yaml stdout gets one document (README "JSON output"), the messages stay on stderr."""
+    """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks
+    them). With -o json/yaml stdout gets one document (README "JSON output"), the messages stay on
+    stderr."""
     from fsdpctl import deploy, render
     from fsdpctl.backends.eks import engine as kjobs
 
@@ -73,7 +83,9 @@ def _deploy(
         with kjobs.calls(cfg, f"deploying {comp.name}"), err.status(f"applying {comp.name} ..."):
             counts = deploy.apply(kube, comp, server_dry_run=dry_run == "server")
         if dry_run == "server":
-            ok(f"{comp.name} ({comp.version}): {_dry_run_verdict(len(comp.objects), kube.unchecked)}")
+            ok(
+                f"{comp.name} ({comp.version}): {_dry_run_verdict(len(comp.objects), kube.unchecked)}"
+            )
             report.append(_row(comp, **counts, unchecked=list(kube.unchecked)))
             kube.unchecked.clear()
             continue
@@ -85,7 +97,12 @@ def _deploy(
         if present:
             _wait_ready(kube, comp, present, timeout)
         report.append(
-            _row(comp, **counts, ready=True, missing=[deploy.missing_message(comp, r) for r in missing])
+            _row(
+                comp,
+                **counts,
+                ready=True,
+                missing=[deploy.missing_message(comp, r) for r in missing],
+            )
         )
     emit(_document(mode, report), output)
 
@@ -99,13 +116,15 @@ def _document(dry_run: str, components: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _dry_run_verdict(total: int, unchecked: list[str]) -> str:
-    """What a server dry run proved: objects whose namespace or CRD the same dry run 'created' were not
-    checked (the server creates nothing in a dry run, kubernetes/kubernetes#83562)."""
+    """What a server dry run proved: objects whose namespace or CRD the same dry run 'created' were
+    not checked (the server creates nothing in a dry run, kubernetes/kubernetes#83562)."""
     checked = f"{total - len(unchecked)} objects accepted by the API server (dry run)"
     if not unchecked:
         return checked
     later = ", ".join(unchecked)
-    return f"{checked}; {len(unchecked)} not checkable before their namespace or CRD exists: {later}"
+    return (
+        f"{checked}; {len(unchecked)} not checkable before their namespace or CRD exists: {later}"
+    )
 
 
 def _wait_ready(kube: Kube, comp: Component, refs: list[dict], timeout: float) -> None:
@@ -192,9 +211,9 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
 @app.command()
 def fetch(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = OutputOpt) -> None:
-    """Download the pinned release files that upstream publishes as single files into the cache, checking
-    each sha256; the others are named with the command that renders them. --dry-run: what is cached and
-    what would be downloaded, nothing fetched.
+    """Download the pinned release files that upstream publishes as single files into the cache,
+    checking each sha256; the others are named with the command that renders them. --dry-run: what
+    is cached and what would be downloaded, nothing fetched.
 
     Example: fsdpctl deploy fetch
     """
@@ -206,7 +225,9 @@ def fetch(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = Outpu
     def said(path: str, outcome: str) -> None:
         files.append({"path": path, "outcome": outcome})
         if outcome == deploy.UNPUBLISHED:
-            warn(f"{path}: upstream has no single file; render it into a mirror (templates/releases.yaml)")
+            warn(
+                f"{path}: upstream has no single file; render it into a mirror (templates/releases.yaml)"
+            )
         else:
             word = {deploy.CACHED: "cached", deploy.WOULD_FETCH: "would be fetched"}
             ok(f"{path}: {word.get(outcome, 'fetched and verified')}")

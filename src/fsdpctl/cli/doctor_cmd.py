@@ -1,4 +1,5 @@
-"""fsdpctl doctor: the checks are `fsdpctl.doctor`'s; this shows them as they finish and reports them."""
+"""fsdpctl doctor: the checks are `fsdpctl.doctor`'s; this shows them as they finish and reports
+them."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ def doctor(
     ctx: typer.Context,
     output: Output = OutputOpt,
     collectives: Annotated[
-        bool, typer.Option("--collectives/--no-collectives", help="run the all-reduce bandwidth test")
+        bool,
+        typer.Option("--collectives/--no-collectives", help="run the all-reduce bandwidth test"),
     ] = True,
 ) -> None:
-    """Preflight: GPU, driver vs CUDA, a forward/backward on cuda, bf16, NCCL bandwidth, EFA, /dev/shm, disk,
-    data.
+    """Preflight: GPU, driver vs CUDA, a forward/backward on cuda, bf16, NCCL bandwidth, EFA,
+    /dev/shm, disk, data.
 
-    Runs on a workstation, a node, or in a pod: kubectl exec -it POD -- fsdpctl doctor. Exit 1 on any fail.
+    Runs on a workstation, a node, or in a pod: kubectl exec -it POD -- fsdpctl doctor. Exit 1 on
+    any fail.
 
     Example: fsdpctl doctor -o json
     """
@@ -29,10 +32,16 @@ def doctor(
     cfg = state(ctx).config()
     demand, checkpoints = D.targets(cfg)
 
-    def show(c: D.Check) -> None:  # live progress on stderr, whatever stdout carries (a table, -o json)
+    def show(
+        c: D.Check,
+    ) -> None:  # live progress on stderr, whatever stdout carries (a table, -o json)
         err.print(f"[{CHECK_STYLE[c.status]}]{c.status:>7}[/] " + escape(c.name), highlight=False)
 
     checks = D.run_checks(
-        cfg, demand_tokens_per_s=demand, checkpoint_path=checkpoints, collectives=collectives, on_check=show
+        cfg,
+        demand_tokens_per_s=demand,
+        checkpoint_path=checkpoints,
+        collectives=collectives,
+        on_check=show,
     )
     report_checks(checks, output)

@@ -1,5 +1,6 @@
-"""fsdpctl model fetch | data fetch: repos from the Hugging Face Hub into the cache a job reads, ahead of the
-job (fsdpctl.prestep). Pre-staged, the job's own pre-step finds them complete and downloads nothing."""
+"""fsdpctl model fetch | data fetch: repos from the Hugging Face Hub into the cache a job reads,
+ahead of the job (fsdpctl.prestep). Pre-staged, the job's own pre-step finds them complete and
+downloads nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl.cli.common import DryRunOpt, Output, OutputOpt, command_group, emit, err, ok, out, state
+from fsdpctl.cli.common import (
+    DryRunOpt,
+    Output,
+    OutputOpt,
+    command_group,
+    emit,
+    err,
+    ok,
+    out,
+    state,
+)
 
 model_app = command_group("Models on the Hugging Face Hub: pre-stage one where jobs read it.")
 data_app = command_group("Data sets on the Hugging Face Hub: pre-stage one where jobs read it.")
@@ -100,11 +111,18 @@ def _fetch(
     for f in fetched:
         ok(prestep.result_line(f, dry_run))
     repos = [
-        {"repo": f.target.repo_id, "kind": f.target.kind, "revision": f.target.revision, "sha": f.sha}
+        {
+            "repo": f.target.repo_id,
+            "kind": f.target.kind,
+            "revision": f.target.revision,
+            "sha": f.sha,
+        }
         | {"path": f.path, "files": len(f.files), "bytes": f.bytes_total, "missing": len(f.missing)}
         | {"bytes_missing": f.bytes_missing}
         for f in fetched
     ]
-    if not emit({"dry_run": "client" if dry_run else "none", "hf_home": str(dest), "repos": repos}, output):
+    if not emit(
+        {"dry_run": "client" if dry_run else "none", "hf_home": str(dest), "repos": repos}, output
+    ):
         for f in fetched:
             out.print(f.path, markup=False)

@@ -1,5 +1,5 @@
-"""fsdpctl image build|push: the trainer image from docker/Dockerfile, pushed to ECR (over `fsdpctl.image` and
-the Docker adapter)."""
+"""fsdpctl image build|push: the trainer image from docker/Dockerfile, pushed to ECR (over
+`fsdpctl.image` and the Docker adapter)."""
 
 from __future__ import annotations
 
@@ -32,14 +32,22 @@ def build(
     ctx: typer.Context,
     base_image: Annotated[
         str | None,
-        typer.Option("--base-image", help="FROM image (default: the Dockerfile's pinned CUDA base)"),
+        typer.Option(
+            "--base-image", help="FROM image (default: the Dockerfile's pinned CUDA base)"
+        ),
     ] = None,
     build_arg: Annotated[
         list[str] | None,
-        typer.Option("--build-arg", metavar="KEY=VALUE", help="Dockerfile argument, e.g. INSTALL_EFA=false"),
+        typer.Option(
+            "--build-arg", metavar="KEY=VALUE", help="Dockerfile argument, e.g. INSTALL_EFA=false"
+        ),
     ] = None,
-    network: Annotated[str, typer.Option("--network", help="network for RUN steps (e.g. host)")] = "",
-    context: Annotated[Path | None, typer.Option("--context", help="fsdpctl checkout to build from")] = None,
+    network: Annotated[
+        str, typer.Option("--network", help="network for RUN steps (e.g. host)")
+    ] = "",
+    context: Annotated[
+        Path | None, typer.Option("--context", help="fsdpctl checkout to build from")
+    ] = None,
     dry_run: DryRunOpt = False,
     output: Output = OutputOpt,
 ) -> None:
@@ -67,8 +75,8 @@ def build(
 
 @app.command()
 def push(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = OutputOpt) -> None:
-    """Push the built image: the ECR repository is created if missing, docker logs in with a token from
-    ecr:GetAuthorizationToken (on stdin, never on the command line). Prints the pushed digest.
+    """Push the built image: the ECR repository is created if missing, docker logs in with a token
+    from ecr:GetAuthorizationToken (on stdin, never on the command line). Prints the pushed digest.
 
     Example: fsdpctl image push
     """
@@ -97,7 +105,12 @@ def push(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = Output
     )
     pinned = "" if dry_run else image.pinned(uri, next((d for d in reversed(digests) if d), ""))
     if not emit(
-        {"dry_run": "client" if dry_run else "none", "image": uri, "pinned": pinned, "commands": shown},
+        {
+            "dry_run": "client" if dry_run else "none",
+            "image": uri,
+            "pinned": pinned,
+            "commands": shown,
+        },
         output,
     ):
         if not dry_run:

@@ -66,21 +66,25 @@ def run(
     force: ForceOpt = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Start the job (the same PyTorchJob `fsdpctl manifest` renders) and follow it with a progress bar.
-    A job that does not fit or cannot be scheduled is refused before anything is created, unless --force.
+    """Start the job (the same PyTorchJob `fsdpctl manifest` renders) and follow it with a progress
+    bar. A job that does not fit or cannot be scheduled is refused before anything is created,
+    unless --force.
 
-    Ctrl-C stops a local job the way Kubernetes does (SIGTERM: the trainer checkpoints first); on a cluster it
-    detaches and the job keeps running.
+    Ctrl-C stops a local job the way Kubernetes does (SIGTERM: the trainer checkpoints first); on a
+    cluster it detaches and the job keeps running.
 
-    With -o json (or yaml) stdout gets one object: job, run_id, backend, where; a followed run adds `report`,
-    the final `job status` report (null when detached), once the job ends. Messages stay on stderr.
+    With -o json (or yaml) stdout gets one object: job, run_id, backend, where; a followed run adds
+    `report`, the final `job status` report (null when detached), once the job ends. Messages stay
+    on stderr.
 
     Example: fsdpctl --set MODEL=tiny --set JOB_NODES=2 job run --backend local
     """
     backends.check_name(backend)
     dry_run_mode(dry_run, server_dry_run)
     run_id = files.run_id(run_id) if run_id is not None else None
-    cfg = state(ctx).config(**({"BACKEND": backend} if backend else {}), set_by={"BACKEND": "--backend"})
+    cfg = state(ctx).config(
+        **({"BACKEND": backend} if backend else {}), set_by={"BACKEND": "--backend"}
+    )
     admit(cfg, force=force)
     be = backends.create(cfg)
     job_view.launch(
@@ -104,7 +108,9 @@ def status(
     ] = False,
     stall_after: Annotated[
         float,
-        typer.Option("--stall-after", help="warn when no step finished for this many s", callback=finite()),
+        typer.Option(
+            "--stall-after", help="warn when no step finished for this many s", callback=finite()
+        ),
     ] = 300,
     backend: BackendOpt = None,
     plot: Annotated[
@@ -115,9 +121,10 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job; on a cluster also
-    pods by state, the leader pod, why pods are Pending, and the network path NCCL took (EFA or sockets).
-    On a terminal (or with --plot) the loss and tokens/s curves follow the table; never with -o json/yaml.
+    """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job; on a
+    cluster also pods by state, the leader pod, why pods are Pending, and the network path NCCL took
+    (EFA or sockets). On a terminal (or with --plot) the loss and tokens/s curves follow the table;
+    never with -o json/yaml.
 
     Example: fsdpctl job status -o json
     """
@@ -137,9 +144,14 @@ def status(
 def logs(
     ctx: typer.Context,
     name: str | None = NameArg,
-    follow_: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing until the job ends")
+    ] = False,
     all_: Annotated[
-        bool, typer.Option("--all", help="every node (pod), each line prefixed with [node-N] ([pod/NAME/C])")
+        bool,
+        typer.Option(
+            "--all", help="every node (pod), each line prefixed with [node-N] ([pod/NAME/C])"
+        ),
     ] = False,
     node: Annotated[
         int | None, typer.Option("--node", help="one node's log (local; eks: worker pod N)")
@@ -147,13 +159,16 @@ def logs(
     pod: Annotated[str | None, typer.Option("--pod", help="one pod's log (eks)")] = None,
     tail: Annotated[
         int | None,
-        typer.Option("--tail", help="the last N lines of each node or pod (-1: all); with -f, then follow"),
+        typer.Option(
+            "--tail", help="the last N lines of each node or pod (-1: all); with -f, then follow"
+        ),
     ] = None,
     since: Annotated[
         str | None, typer.Option("--since", help="only lines of the last 10s, 5m, 2h, 1h30m")
     ] = None,
     timestamps: Annotated[
-        bool, typer.Option("--timestamps", help="each line after its time (RFC 3339, nanoseconds, UTC)")
+        bool,
+        typer.Option("--timestamps", help="each line after its time (RFC 3339, nanoseconds, UTC)"),
     ] = False,
     output: Annotated[
         LogFormat, typer.Option("--output", "-o", help="text, or json: one object per line")
@@ -161,26 +176,32 @@ def logs(
     trainer_only: Annotated[
         bool,
         typer.Option(
-            "--trainer-only", help="leave out torch's and torchrun's own logging (agent, rendezvous, c10d)"
+            "--trainer-only",
+            help="leave out torch's and torchrun's own logging (agent, rendezvous, c10d)",
         ),
     ] = False,
     backend: BackendOpt = None,
 ) -> None:
-    """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them, as `kubectl logs`
-    shows a pod's. The trainer's JSON event lines are not shown raw: a step or summary only as the human line
-    the trainer prints with it, a leader or checkpoint event as a short line. `-o json`: one JSON object per
-    line for machines (node or pod, time, and the event's fields or the text).
+    """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them, as `kubectl
+    logs` shows a pod's. The trainer's JSON event lines are not shown raw: a step or summary only as
+    the human line the trainer prints with it, a leader or checkpoint event as a short line. `-o
+    json`: one JSON object per line for machines (node or pod, time, and the event's fields or the
+    text).
 
     Example: fsdpctl job logs -f --all --tail 20 --since 5m --timestamps
     """
     tail, since_s = _log_window(tail, since)
     be, name = resolve_job(ctx, name, backend)
-    for line in be.logs(name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s):
+    for line in be.logs(
+        name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s
+    ):
         if trainer_only and kstatus.from_torch(line.text):
             continue
         if output == LogFormat.json:
             out.print(
-                json.dumps(plain(job_view.log_record(line)), allow_nan=False), markup=False, highlight=False
+                json.dumps(plain(job_view.log_record(line)), allow_nan=False),
+                markup=False,
+                highlight=False,
             )
         else:
             text = job_view.log_text(line, prefix=all_, timestamps=timestamps)
@@ -197,7 +218,9 @@ def _log_window(tail: int | None, since: str | None) -> tuple[int | None, float 
     try:
         seconds = crilog.since_seconds(since)
     except ValueError:
-        raise BadInput(f"--since {since!r} is not a duration", hint="use e.g. 10s, 5m, 2h or 1h30m") from None
+        raise BadInput(
+            f"--since {since!r} is not a duration", hint="use e.g. 10s, 5m, 2h or 1h30m"
+        ) from None
     return (None if tail == -1 else tail), seconds
 
 
@@ -205,13 +228,16 @@ def _log_window(tail: int | None, since: str | None) -> tuple[int | None, float 
 def stop(
     ctx: typer.Context,
     name: str | None = NameArg,
-    wait_: Annotated[bool, typer.Option("--wait/--no-wait", help="wait until the job has stopped")] = True,
+    wait_: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="wait until the job has stopped")
+    ] = True,
     dry_run: DryRunOpt = False,
     backend: BackendOpt = None,
     output: Output = OutputOpt,
 ) -> None:
-    """Stop a job: SIGTERM reaches the trainer, which saves a checkpoint and exits. Idempotent. On a cluster
-    the job is deleted with foreground propagation (its pods first). -o json: {job, result, dry_run}.
+    """Stop a job: SIGTERM reaches the trainer, which saves a checkpoint and exits. Idempotent. On a
+    cluster the job is deleted with foreground propagation (its pods first). -o json: {job, result,
+    dry_run}.
 
     Example: fsdpctl job stop
     """
@@ -229,7 +255,9 @@ def list_(
     phase: Annotated[
         list[str] | None,
         typer.Option(
-            "--phase", metavar="PHASE", help="only jobs in this phase (repeat, or a comma list; any case)"
+            "--phase",
+            metavar="PHASE",
+            help="only jobs in this phase (repeat, or a comma list; any case)",
         ),
     ] = None,
     selector: Annotated[
@@ -242,8 +270,9 @@ def list_(
         ),
     ] = None,
 ) -> None:
-    """Jobs of one backend (--backend, else BACKEND) with their phase and progress. A job's labels are its
-    PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id, app.kubernetes.io/...) plus fsdpctl.io/backend.
+    """Jobs of one backend (--backend, else BACKEND) with their phase and progress. A job's labels
+    are its PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id, app.kubernetes.io/...) plus
+    fsdpctl.io/backend.
 
     Example: fsdpctl job list --phase running,pending -l fsdpctl.io/job=fsdp -o json
     """
@@ -251,7 +280,9 @@ def list_(
     reqs = job_view.label_selector(selector) if selector else []
     be, _ = resolve_job(ctx, None, backend or state(ctx).config().backend)
     reports = [r for r in be.list_jobs() if job_view.selected(r, phases, reqs)]
-    for skipped in getattr(be, "notes", ()):  # a stray file or damaged state: every other job is listed
+    for skipped in getattr(
+        be, "notes", ()
+    ):  # a stray file or damaged state: every other job is listed
         warn(skipped)
     if not emit(reports, output):
         out.print(job_view.list_table(reports))
@@ -262,13 +293,14 @@ def wait(
     ctx: typer.Context,
     name: str | None = NameArg,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="seconds (default: no limit)", callback=finite())
+        float | None,
+        typer.Option("--timeout", help="seconds (default: no limit)", callback=finite()),
     ] = None,
     backend: BackendOpt = None,
     output: Output = OutputOpt,
 ) -> None:
-    """Wait for a job to end; the exit code says how: 0 succeeded, 3 failed, 4 not found, 5 timed out,
-    6 stopped. -o json: {job, phase, exit_code} on stdout.
+    """Wait for a job to end; the exit code says how: 0 succeeded, 3 failed, 4 not found, 5 timed
+    out, 6 stopped. -o json: {job, phase, exit_code} on stdout.
 
     Example: fsdpctl job wait --timeout 3600 && echo trained
     """
@@ -287,4 +319,6 @@ from fsdpctl.cli import job_plot_cmd  # noqa: E402
 app.command()(job_plot_cmd.plot)
 app.command()(job_plot_cmd.tensorboard)
 
-job_record_cmd.register(app)  # describe, rerun, diff: a run's record (after the verbs above in the help)
+job_record_cmd.register(
+    app
+)  # describe, rerun, diff: a run's record (after the verbs above in the help)

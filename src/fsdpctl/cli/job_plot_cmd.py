@@ -1,5 +1,5 @@
-"""fsdpctl job plot|tensorboard: pictures of a job, from its step lines and its TensorBoard event files.
-Registered on the `job` group by job_cmd."""
+"""fsdpctl job plot|tensorboard: pictures of a job, from its step lines and its TensorBoard event
+files. Registered on the `job` group by job_cmd."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ def plot(
     dry_run: DryRunOpt = False,
     backend: BackendOpt = None,
 ) -> None:
-    """Write a PNG of loss, learning rate, tokens/s and MFU over steps, from the leader's step lines: locally
-    the job's whole curve across its stops and resumes (each run from the step it resumed), on EKS the
-    current run's leader pod. Exit 2 when no step finished yet. --dry-run: say what it would draw.
+    """Write a PNG of loss, learning rate, tokens/s and MFU over steps, from the leader's step
+    lines: locally the job's whole curve across its stops and resumes (each run from the step it
+    resumed), on EKS the current run's leader pod. Exit 2 when no step finished yet. --dry-run: say
+    what it would draw.
 
     Example: fsdpctl job plot quickstart --out loss.png
     """
@@ -35,16 +36,23 @@ def plot(
 
     from fsdpctl import plots
 
-    if importlib.util.find_spec("matplotlib") is None:  # an optional extra: say so before reading anything
+    if (
+        importlib.util.find_spec("matplotlib") is None
+    ):  # an optional extra: say so before reading anything
         raise FsdpctlError(
-            "`job plot` needs matplotlib, which is not installed", hint="pip install 'fsdpctl[plot]'"
+            "`job plot` needs matplotlib, which is not installed",
+            hint="pip install 'fsdpctl[plot]'",
         )
     be, name = resolve_job(ctx, name, backend)
     path = out_file or Path(f"{name}-steps.png")
     if path.is_dir():
-        raise BadInput(f"--out {path} is a directory", hint=f"name a file in it, e.g. {path / name}.png")
+        raise BadInput(
+            f"--out {path} is a directory", hint=f"name a file in it, e.g. {path / name}.png"
+        )
     if path.suffix.lower() != ".png":
-        raise BadInput(f"--out {path} is not a .png file", hint=f"name the file e.g. {path.stem}.png")
+        raise BadInput(
+            f"--out {path} is not a .png file", hint=f"name the file e.g. {path.stem}.png"
+        )
     steps = plots.steps_of(be.history(name))
     if not steps:
         source = getattr(be, "history_source", "")  # the log it read, where the backend says
@@ -71,9 +79,10 @@ def tensorboard(
     ] = False,
     backend: BackendOpt = None,
 ) -> None:
-    """TensorBoard on the job's event files (TENSORBOARD_DIR/<job>, one TensorBoard run per run of the job).
-    Local: runs `tensorboard --logdir DIR` on this machine (Ctrl-C ends it). EKS: the files are on the shared
-    volume, which only pods mount: prints how to serve them from a pod and reach it with kubectl port-forward.
+    """TensorBoard on the job's event files (TENSORBOARD_DIR/<job>, one TensorBoard run per run of
+    the job). Local: runs `tensorboard --logdir DIR` on this machine (Ctrl-C ends it). EKS: the
+    files are on the shared volume, which only pods mount: prints how to serve them from a pod and
+    reach it with kubectl port-forward.
 
     Example: fsdpctl job tensorboard quickstart --port 6007
     """

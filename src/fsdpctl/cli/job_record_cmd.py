@@ -1,7 +1,8 @@
 """fsdpctl job describe|rerun|diff: a run's record (fsdpctl.record), shown, started again, compared.
 
-Registered on the `job` group by job_cmd (`register`). A NAME is a job name (its newest run), a run id or a
-record id; on a cluster a job name reads the ConfigMap <job>-record, anything else this machine's copies.
+Registered on the `job` group by job_cmd (`register`). A NAME is a job name (its newest run), a run
+id or a record id; on a cluster a job name reads the ConfigMap <job>-record, anything else this
+machine's copies.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ ResumeArg = typer.Argument(
 
 @dataclass
 class Loaded:
-    """A record as read back, with what its run's log adds: the losses, and what could not be checked."""
+    """A record as read back, with what its run's log adds: the losses, and what could not be
+    checked."""
 
     rec: dict[str, Any]
     losses: dict[int, float] = field(default_factory=dict)
@@ -80,8 +82,8 @@ def _run_lines(rec: dict[str, Any], cfg: Config) -> list[str] | None:
 
 
 def _learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
-    """A run's record with its trainer's start line from its logs where they are here, kept once read (the
-    logs may be cleaned up); any other record as it is."""
+    """A run's record with its trainer's start line from its logs where they are here, kept once
+    read (the logs may be cleaned up); any other record as it is."""
     from fsdpctl import record, record_store
 
     if rec.get("trainer") or (lines := _run_lines(rec, cfg)) is None:
@@ -114,7 +116,9 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
     cfg = state(ctx).config()
     name = name if name is not None else cfg.job_name
     if not files.RUN_ID.fullmatch(name):
-        raise BadInput(f"NAME {name!r} is not a job name, run id or record id", hint="`fsdpctl job list`")
+        raise BadInput(
+            f"NAME {name!r} is not a job name, run id or record id", hint="`fsdpctl job list`"
+        )
     job = name if files.JOB_NAME.fullmatch(name) else None
     placed = backends.placed(cfg, job, backend)
     kept = backends.create(placed).kept_record(job) if job is not None else None
@@ -136,7 +140,8 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
 def _format(output: str) -> str:
     if output not in FORMATS:
         raise BadInput(
-            f"--output {output!r} is not a format of this command", hint="use table, json, yaml or env"
+            f"--output {output!r} is not a format of this command",
+            hint="use table, json, yaml or env",
         )
     return output
 
@@ -147,11 +152,13 @@ def _format(output: str) -> str:
 def describe(
     ctx: typer.Context,
     name: Annotated[str | None, NameArg] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table, json, yaml or env")] = "table",
+    output: Annotated[
+        str, typer.Option("--output", "-o", help="table, json, yaml or env")
+    ] = "table",
     backend: BackendOpt = None,
 ) -> None:
-    """What made a run: its resolved settings with where each came from, the code version, the image (by
-    digest once a pod reported it), the trainer's torch/transformers/CUDA/NCCL versions and the
+    """What made a run: its resolved settings with where each came from, the code version, the image
+    (by digest once a pod reported it), the trainer's torch/transformers/CUDA/NCCL versions and the
     fingerprints of its data and tokenizer. `-o env` prints a .env that reproduces the run.
 
     Example: fsdpctl job describe -o env > run.env
@@ -187,7 +194,9 @@ def _describe_table(rec: dict[str, Any], where: str) -> Group:
     trainer = rec.get("trainer")
     if trainer:
         libs = f"python {trainer['python']}, torch {trainer['torch']}, transformers {trainer['transformers']}"
-        t.add_row("trainer", f"{libs}, CUDA {trainer['cuda'] or '-'}, NCCL {trainer['nccl'] or '-'}")
+        t.add_row(
+            "trainer", f"{libs}, CUDA {trainer['cuda'] or '-'}, NCCL {trainer['nccl'] or '-'}"
+        )
         for key in ("dataset", "tokenizer"):
             t.add_row(key, _fingerprint_text(trainer[key]))
         t.add_row("started", record.start_text(trainer))
@@ -217,12 +226,14 @@ def _fingerprint_text(fp: dict[str, Any]) -> str:
 def history(
     ctx: typer.Context,
     name: Annotated[str | None, JobArg] = None,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table, json or yaml")] = Output.table,
+    output: Annotated[
+        Output, typer.Option("--output", "-o", help="table, json or yaml")
+    ] = Output.table,
     backend: BackendOpt = None,
 ) -> None:
-    """Every run of a job this machine recorded, oldest first: its run id and record, when it started, where
-    it started (afresh, or the checkpoint it resumed), the settings that differ from the run before it, and
-    how it ended (from its trainer's lines; runs whose logs are gone say so).
+    """Every run of a job this machine recorded, oldest first: its run id and record, when it
+    started, where it started (afresh, or the checkpoint it resumed), the settings that differ from
+    the run before it, and how it ended (from its trainer's lines; runs whose logs are gone say so).
 
     Example: fsdpctl job history fsdp -o json
     """
@@ -234,7 +245,9 @@ def history(
     runs = [_learnt(rec, cfg) for rec in record_store.of_job(job, damaged)]
     for e in damaged:  # one warning each; the other runs are listed
         warn(f"{e}: skipped")
-    if not runs and damaged:  # every record of the job is damaged: that, named, not "no run" (exit 2)
+    if (
+        not runs and damaged
+    ):  # every record of the job is damaged: that, named, not "no run" (exit 2)
         raise damaged[-1]
     if not runs:
         raise FsdpctlError(
@@ -265,13 +278,17 @@ def _history_table(rows: list[dict[str, Any]]) -> PlainTable:
 
 
 def _inputs_here(cfg: Config) -> dict[str, str] | None:
-    """Where the trainer finds DATASET and TOKENIZER on this machine: builtin -> the asset cache the trainer
-    makes (fsdptrain.assets), a path it sees -> where that is here; None where its files are not here."""
+    """Where the trainer finds DATASET and TOKENIZER on this machine: builtin -> the asset cache the
+    trainer makes (fsdptrain.assets), a path it sees -> where that is here; None where its files are
+    not here."""
     from fsdptrain.assets import default_cache
     from fsdptrain.config import BUILTIN
 
     be = backends.create(cfg)
-    builtin = {"dataset": default_cache() / "corpus.txt", "tokenizer": default_cache() / "tokenizer"}
+    builtin = {
+        "dataset": default_cache() / "corpus.txt",
+        "tokenizer": default_cache() / "tokenizer",
+    }
     t = cfg.training
     values = {"dataset": t.dataset, "tokenizer": t.tokenizer_path}
     here = {k: be.here(str(builtin[k]) if v == BUILTIN else v) for k, v in values.items()}
@@ -287,7 +304,9 @@ def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
     unchecked = []
     data: dict[str, dict[str, Any] | None] = {}
     if not rec.get("trainer"):
-        unchecked.append("data: the recorded run never reported its data (no start line): not compared")
+        unchecked.append(
+            "data: the recorded run never reported its data (no start line): not compared"
+        )
     elif (inputs := _inputs_here(cfg)) is not None:
         data = {k: fingerprint(rec["trainer"][k]["source"], p) for k, p in inputs.items()}
     else:
@@ -305,9 +324,10 @@ def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
 def _settings_for(
     ctx: typer.Context, rec: dict[str, Any], derived: dict[str, str] | None = None, by: str = ""
 ) -> Config:
-    """The record's settings (the .env it reproduces) under --set (anywhere on the line: the root group
-    takes them); the secrets from where this command runs, as `job run` takes them. `derived`: what the
-    command `by` sets itself (a rerun's start point and checkpoint directory), under the user's --set."""
+    """The record's settings (the .env it reproduces) under --set (anywhere on the line: the root
+    group takes them); the secrets from where this command runs, as `job run` takes them. `derived`:
+    what the command `by` sets itself (a rerun's start point and checkpoint directory), under the
+    user's --set."""
     from fsdpctl.settings import load
 
     user = dict(state(ctx).flags)
@@ -319,7 +339,9 @@ def _settings_for(
         env["HF_TOKEN"] = current.hf_token.get_secret_value()
     if not env.get("HF_TOKEN_FILE") and current.hf_token_file:
         env["HF_TOKEN_FILE"] = current.hf_token_file
-    cfg = load(dotenv=env, flags=flags, dotenv_name=f"record {rec['id']}", set_by=dict.fromkeys(mine, by))
+    cfg = load(
+        dotenv=env, flags=flags, dotenv_name=f"record {rec['id']}", set_by=dict.fromkeys(mine, by)
+    )
     # a recorded value keeps saying where it first came from, through reruns of reruns
     first = {k: rec["sources"].get(k, "default") for k in rec["settings"]}
     sources = {
@@ -338,7 +360,10 @@ def rerun(
     ctx: typer.Context,
     name: Annotated[str | None, NameArg] = None,
     allow_drift: Annotated[
-        bool, typer.Option("--allow-drift", help="run although the code or data differ from the record's")
+        bool,
+        typer.Option(
+            "--allow-drift", help="run although the code or data differ from the record's"
+        ),
     ] = False,
     detach: DetachOpt = False,
     replace: ReplaceOpt = False,
@@ -347,11 +372,12 @@ def rerun(
     force: ForceOpt = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Reproduce a run from its record: its settings (with any --set KEY=VALUE over them), a new run id, the
-    start the run had (afresh, or the checkpoint it resumed: RESUME) and a checkpoint directory of its own
-    (CHECKPOINT_SUBDIR=reruns/<run id>), so it trains the same steps with the same losses and never touches
-    the job's checkpoints. Refused, with what differs, when the code (version, commit, uncommitted changes)
-    or the data and tokenizer files (their fingerprints) are not what the record says, unless --allow-drift.
+    """Reproduce a run from its record: its settings (with any --set KEY=VALUE over them), a new run
+    id, the start the run had (afresh, or the checkpoint it resumed: RESUME) and a checkpoint
+    directory of its own (CHECKPOINT_SUBDIR=reruns/<run id>), so it trains the same steps with the
+    same losses and never touches the job's checkpoints. Refused, with what differs, when the code
+    (version, commit, uncommitted changes) or the data and tokenizer files (their fingerprints) are
+    not what the record says, unless --allow-drift.
 
     Example: fsdpctl job rerun fsdp-1a2b3c4d-5e6f7a   (then: fsdpctl job diff A B)
     """
@@ -382,8 +408,9 @@ def rerun(
 
 
 def _rerun_start(ctx: typer.Context, rec: dict[str, Any], run_id: str) -> dict[str, str]:
-    """RESUME and CHECKPOINT_SUBDIR of a rerun: where the recorded run started, as its trainer said (the
-    checkpoint it resumed, found where the run kept them; never: afresh), and a directory of its own."""
+    """RESUME and CHECKPOINT_SUBDIR of a rerun: where the recorded run started, as its trainer said
+    (the checkpoint it resumed, found where the run kept them; never: afresh), and a directory of
+    its own."""
     from fsdpctl import render
 
     start = {"CHECKPOINT_SUBDIR": f"reruns/{run_id}"}
@@ -416,10 +443,10 @@ def resume(
     force: ForceOpt = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Continue a stopped (or failed) job from its newest checkpoint with the settings of its own record,
-    not those of today's .env: a new run id, RESUME=auto. --set KEY=VALUE goes over them; one that changes
-    the math (precision, model, sharding, LR schedule, MAX_STEPS, sequence length, batch) is refused unless
-    ALLOW_SETTING_CHANGES=true, as is a job already at MAX_STEPS.
+    """Continue a stopped (or failed) job from its newest checkpoint with the settings of its own
+    record, not those of today's .env: a new run id, RESUME=auto. --set KEY=VALUE goes over them;
+    one that changes the math (precision, model, sharding, LR schedule, MAX_STEPS, sequence length,
+    batch) is refused unless ALLOW_SETTING_CHANGES=true, as is a job already at MAX_STEPS.
 
     Example: fsdpctl job resume fsdp -d
     """
@@ -440,8 +467,8 @@ def resume(
 
 
 def _main_line(rec: dict[str, Any]) -> dict[str, Any]:
-    """For a job named by its name: the newest run that kept its checkpoints in the job's own directory (a
-    rerun keeps its own: `job resume RUN_ID` continues that one)."""
+    """For a job named by its name: the newest run that kept its checkpoints in the job's own
+    directory (a rerun keeps its own: `job resume RUN_ID` continues that one)."""
     from fsdpctl import record_store
 
     if not rec["settings"].get("CHECKPOINT_SUBDIR"):
@@ -451,9 +478,9 @@ def _main_line(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _has_a_checkpoint(cfg: Config) -> None:
-    """A job with nothing to resume is refused (exit 2) where its checkpoints are on this machine: `job run`
-    starts it. On a cluster the volume is the pods' to read: the trainer starts afresh there when it finds
-    none, and says so."""
+    """A job with nothing to resume is refused (exit 2) where its checkpoints are on this machine:
+    `job run` starts it. On a cluster the volume is the pods' to read: the trainer starts afresh
+    there when it finds none, and says so."""
     from fsdpctl import render
     from fsdptrain.resume import latest_checkpoint
 
@@ -475,22 +502,28 @@ def diff(
     a: Annotated[
         str,
         typer.Argument(
-            metavar="A", help="a run: job name, run id or record id", autocompletion=completion.job_names
+            metavar="A",
+            help="a run: job name, run id or record id",
+            autocompletion=completion.job_names,
         ),
     ],
-    b: Annotated[str, typer.Argument(metavar="B", help="the other run", autocompletion=completion.job_names)],
+    b: Annotated[
+        str, typer.Argument(metavar="B", help="the other run", autocompletion=completion.job_names)
+    ],
     output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     backend: BackendOpt = None,
 ) -> None:
-    """What differs between two runs: the settings (only those that differ), the versions, the data and
-    tokenizer fingerprints, and the two loss curves side by side.
+    """What differs between two runs: the settings (only those that differ), the versions, the data
+    and tokenizer fingerprints, and the two loss curves side by side.
 
     Example: fsdpctl job diff fsdp-1a2b3c4d-5e6f7a fsdp-1a2b3d00-8c9d0e
     """
     from fsdpctl import record
 
     if output not in ("table", "json"):
-        raise BadInput(f"--output {output!r} is not a format of this command", hint="use table or json")
+        raise BadInput(
+            f"--output {output!r} is not a format of this command", hint="use table or json"
+        )
     one, two = load_record(ctx, a, backend), load_record(ctx, b, backend)
     for line in [*one.problems, *two.problems]:
         warn(line)
@@ -499,8 +532,12 @@ def diff(
     if output == "json":
         emit(d, Output.json)  # masked, written whole, as every -o json
         return
-    out.print(f"A: record {d['a']['id']} (job {d['a']['job']}, run {d['a']['run_id']})", markup=False)
-    out.print(f"B: record {d['b']['id']} (job {d['b']['job']}, run {d['b']['run_id']})", markup=False)
+    out.print(
+        f"A: record {d['a']['id']} (job {d['a']['job']}, run {d['a']['run_id']})", markup=False
+    )
+    out.print(
+        f"B: record {d['b']['id']} (job {d['b']['job']}, run {d['b']['run_id']})", markup=False
+    )
     for part in ("settings", "placement", "versions", "data"):
         if not d[part]:
             out.print(f"{part}: same", markup=False)

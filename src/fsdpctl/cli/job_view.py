@@ -1,5 +1,5 @@
-"""How a job looks on the terminal, whichever backend runs it: the follow screen, the status table, the
-job list and the outcome with its exit code. Shared by `job` and `quickstart`."""
+"""How a job looks on the terminal, whichever backend runs it: the follow screen, the status table,
+the job list and the outcome with its exit code. Shared by `job` and `quickstart`."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def warnings(r: Report) -> list[str]:
 
 
 def follow(backend: Backend, name: str) -> Report | None:
-    """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C does what
-    the backend does with it (local: stop with a checkpoint; cluster: detach, returning None)."""
+    """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C
+    does what the backend does with it (local: stop with a checkpoint; cluster: detach, returning
+    None)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -65,15 +66,24 @@ def follow(backend: Backend, name: str) -> Report | None:
 
 
 def _advance(bar: Any, task: Any, r: Report) -> None:
-    """The bar from a report: training (step/max, loss, last step's tokens/s), the pre-step's download, or
-    the stage a starting run is in (rendezvous 1/2, loading data, building the model, first step)."""
+    """The bar from a report: training (step/max, loss, last step's tokens/s), the pre-step's
+    download, or the stage a starting run is in (rendezvous 1/2, loading data, building the model,
+    first step)."""
     if r["max_steps"]:
         info = f"loss {r['loss']:.4f} | {r['tokens_per_s']:.0f} tok/s"
         count = f"{r['step']}/{r['max_steps']}"
         bar.update(
-            task, description="training", total=r["max_steps"], completed=r["step"], info=info, count=count
+            task,
+            description="training",
+            total=r["max_steps"],
+            completed=r["step"],
+            info=info,
+            count=count,
         )
-    elif (pre := r.get("prestep")) and pre["phase"] in ("Pending", "Running"):  # trainers wait for it
+    elif (pre := r.get("prestep")) and pre["phase"] in (
+        "Pending",
+        "Running",
+    ):  # trainers wait for it
         info = prestep.describe(pre).partition(": ")[2]
         bar.update(
             task,
@@ -90,8 +100,8 @@ def _advance(bar: Any, task: Any, r: Report) -> None:
 
 
 def outcome(backend: Backend, name: str, r: Report | None, table: bool = True) -> int:
-    """The last screen of a followed job and the exit code that tells how it ended (`table`: its summary
-    table on stdout; off when stdout carries JSON)."""
+    """The last screen of a followed job and the exit code that tells how it ended (`table`: its
+    summary table on stdout; off when stdout carries JSON)."""
     if r is None:
         ok(f"detached; job {name} keeps running (`fsdpctl job stop {name}` stops it)")
         return ExitCode.OK
@@ -99,14 +109,21 @@ def outcome(backend: Backend, name: str, r: Report | None, table: bool = True) -
         out.print(summary_table(r))
     if r["phase"] == "Succeeded":
         loss = f": loss {r['loss']:.4f} at step {r['step']}" if r.get("loss") is not None else ""
-        ok(f"job {name} succeeded{loss}" + (f"; logs: {r['leader_log']}" if r.get("leader_log") else ""))
+        ok(
+            f"job {name} succeeded{loss}"
+            + (f"; logs: {r['leader_log']}" if r.get("leader_log") else "")
+        )
         return ExitCode.OK
     if r["phase"] == "Stopped":
         said = "interrupted: " if r.get("interrupted") else ""
         if r.get("checkpoint"):
-            warn(f"{said}job {name} stopped at step {r['step']}; `fsdpctl job resume {name}` continues it")
+            warn(
+                f"{said}job {name} stopped at step {r['step']}; `fsdpctl job resume {name}` continues it"
+            )
         else:
-            warn(f"{said}job {name} stopped before its first checkpoint; `fsdpctl job run` starts it again")
+            warn(
+                f"{said}job {name} stopped before its first checkpoint; `fsdpctl job run` starts it again"
+            )
         return ExitCode.JOB_STOPPED
     reason = f": {redact(r['reason'])}" if r["reason"] else ""
     err.print("[red]✗[/] " + escape(f"job {name} {r['phase']}{reason}"))
@@ -122,12 +139,20 @@ def outcome(backend: Backend, name: str, r: Report | None, table: bool = True) -
 
 
 def failure_line(f: Failure) -> str:
-    """Why the job failed in one line: the failing rank's first error line, where it is, and what ended
-    the rank when that differs (torchrun's root cause)."""
-    who = f"rank {f['rank']} on node {f['node']}" if f.get("rank") is not None else f"node {f['node']}"
+    """Why the job failed in one line: the failing rank's first error line, where it is, and what
+    ended the rank when that differs (torchrun's root cause)."""
+    who = (
+        f"rank {f['rank']} on node {f['node']}"
+        if f.get("rank") is not None
+        else f"node {f['node']}"
+    )
     at = f" ({f['log']}:{f['line']})" if f.get("line") else ""
     error = f.get("error") or "no error line in its log"
-    ended = f"; it ended with {f['raised']}" if f.get("raised") and f["raised"] != f.get("error") else ""
+    ended = (
+        f"; it ended with {f['raised']}"
+        if f.get("raised") and f["raised"] != f.get("error")
+        else ""
+    )
     return f"{who}: {error}{at}{ended}"
 
 
@@ -139,7 +164,10 @@ def summary_table(r: Report) -> PlainTable:
     t.add_column("value", overflow="fold")  # paths are shown whole, folded, never cut
     t.add_row("steps", f"{s['start_step'] + s['steps']} (this run {s['steps']})")
     trained = s["steps"] and all(isinstance(s[k], float) for k in ("first_loss", "final_loss"))
-    t.add_row("loss", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}" if trained else "- (no step trained)")
+    t.add_row(
+        "loss",
+        f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}" if trained else "- (no step trained)",
+    )
     t.add_row(
         "tokens/s",
         f"{s['tokens_per_s']:.0f} mean of this run ({s['tokens_per_s_per_device']:.0f} per process)",
@@ -163,7 +191,9 @@ def status_table(r: Report) -> PlainTable:
     t.add_row("job", f"{kind}{r['job']}  (run {r['run_id']}, {r.get('backend', '-')})")
     reason = f"  ({r['reason']})" if r.get("reason") else ""
     t.add_row("phase", styled(r["phase"], PHASE_COLOR.get(r["phase"], "yellow")) + Text(reason))
-    t.add_row("nodes", f"{_nodes_cell(r)}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}")
+    t.add_row(
+        "nodes", f"{_nodes_cell(r)}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}"
+    )
     t.add_row("leader", r.get("leader") or "-")
     for row in progress_rows(r):
         t.add_row(*row)
@@ -205,7 +235,11 @@ def print_curves(recs: list[Any]) -> None:
 
     steps = steps_of(recs)
     if len(steps) >= 2:
-        out.print(terminal_plot(steps, width=min(out.width, PLOT_MAX_WIDTH)), markup=False, highlight=False)
+        out.print(
+            terminal_plot(steps, width=min(out.width, PLOT_MAX_WIDTH)),
+            markup=False,
+            highlight=False,
+        )
 
 
 PHASES = tuple(Phase)  # every phase a job can be reported in, for `job list --phase`
@@ -217,14 +251,21 @@ def phase_filter(values: list[str]) -> set[Phase]:
     chosen = set()
     for value in (v.strip() for vs in values for v in vs.split(",")):
         if value.lower() not in known:
-            raise BadInput(f"--phase {value!r} is not a job phase", hint="use one of " + ", ".join(PHASES))
+            raise BadInput(
+                f"--phase {value!r} is not a job phase", hint="use one of " + ", ".join(PHASES)
+            )
         chosen.add(known[value.lower()])
     return chosen
 
 
 def started_object(backend: Backend, started: Started) -> dict[str, Any]:
     """What `job run` and `quickstart` say they started (-o json): job, run_id, backend, where."""
-    return {"job": started.job, "run_id": started.run_id, "backend": backend.name, "where": started.where}
+    return {
+        "job": started.job,
+        "run_id": started.run_id,
+        "backend": backend.name,
+        "where": started.where,
+    }
 
 
 def dry_run_word(dry_run: bool, server: bool = False) -> str:
@@ -232,9 +273,11 @@ def dry_run_word(dry_run: bool, server: bool = False) -> str:
     return "server" if server else ("client" if dry_run else "none")
 
 
-def dry_run_done(what: dict[str, Any], lines: list[str], output: Output, server: bool = False) -> None:
-    """What a dry run of `job run` (or `quickstart`) would start: its objects or launch lines on stdout (one
-    object with -o json/yaml), then one line saying nothing was created."""
+def dry_run_done(
+    what: dict[str, Any], lines: list[str], output: Output, server: bool = False
+) -> None:
+    """What a dry run of `job run` (or `quickstart`) would start: its objects or launch lines on
+    stdout (one object with -o json/yaml), then one line saying nothing was created."""
     if not emit({**what, "dry_run": dry_run_word(True, server), "objects": lines}, output):
         for line in lines:
             out.print(line, markup=False)
@@ -253,12 +296,15 @@ def launch(
     said: str = "",
     then: str = "",
 ) -> None:
-    """Start the job (`job run`, `rerun`, `resume`), then follow it to its end, or return at once when
-    detached; exits with the code its end calls for. `said`: what the started line adds; `then`: the next
-    command a detached start suggests besides `job status`. -o json/yaml: one document on stdout."""
+    """Start the job (`job run`, `rerun`, `resume`), then follow it to its end, or return at once
+    when detached; exits with the code its end calls for. `said`: what the started line adds;
+    `then`: the next command a detached start suggests besides `job status`. -o json/yaml: one
+    document on stdout."""
     import typer
 
-    started = backend.run(run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run)
+    started = backend.run(
+        run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run
+    )
     what = started_object(backend, started)
     if dry_run or server_dry_run:
         dry_run_done(what, started.dry_run_lines, output, server_dry_run)
@@ -278,8 +324,9 @@ def launch(
 
 
 def label_selector(text: str) -> list[tuple[str, str, str]]:
-    """An equality-based label selector as kubectl takes it (`key=value`, `key==value`, `key!=value`, comma
-    separated: all must hold; apimachinery pkg/labels/selector.go), as (key, op, value) requirements."""
+    """An equality-based label selector as kubectl takes it (`key=value`, `key==value`,
+    `key!=value`, comma separated: all must hold; apimachinery pkg/labels/selector.go), as (key, op,
+    value) requirements."""
     reqs = []
     for part in (p.strip() for p in text.split(",")):
         op = next((o for o in ("!=", "==", "=") if o in part), None)
@@ -300,7 +347,8 @@ def label_selector(text: str) -> list[tuple[str, str, str]]:
 
 
 def selected(r: Report, phases: set[Phase], reqs: list[tuple[str, str, str]]) -> bool:
-    """Whether a job report passes --phase and --selector (a missing label is != any value, as in kubectl)."""
+    """Whether a job report passes --phase and --selector (a missing label is != any value, as in
+    kubectl)."""
     labels = r.get("labels") or {}
     if phases and r["phase"] not in phases:
         return False
@@ -315,20 +363,26 @@ def list_table(reports: list[Report]) -> PlainTable:
         where = r.get("backend", "-") + (f"/{r['kind']}" if r.get("kind") else "")
         nodes = _nodes_cell(r).split("; pods: ")[-1]
         t.add_row(
-            r["job"], where, r["phase"], r["run_id"], nodes, *step_and_loss(r), fmt_duration(r["age_s"])
+            r["job"],
+            where,
+            r["phase"],
+            r["run_id"],
+            nodes,
+            *step_and_loss(r),
+            fmt_duration(r["age_s"]),
         )
     return t
 
 
-# events the trainer follows with a human line of its own (fsdptrain/train.py: `step N/M | loss ...`,
-# `summary: ...`): `job logs` shows that line instead of a second one
+# events the trainer follows with a human line of its own (fsdptrain/train.py: `step N/M | loss
+# ...`, `summary: ...`): `job logs` shows that line instead of a second one
 HUMAN_TWIN = (events.Step, events.Summary)
 
 
 def log_text(line: LogLine, *, prefix: bool, timestamps: bool) -> str | None:
-    """A log line as `job logs` prints it (None: not printed): a trainer event as a short human line, or not
-    at all where the trainer printed one for it; anything else as printed; then, as kubectl writes them, the
-    source first (--prefix) and the time (--timestamps)."""
+    """A log line as `job logs` prints it (None: not printed): a trainer event as a short human
+    line, or not at all where the trainer printed one for it; anything else as printed; then, as
+    kubectl writes them, the source first (--prefix) and the time (--timestamps)."""
     event = next(events.parse([line.text]), None)
     if isinstance(event, HUMAN_TWIN):
         return None
@@ -339,8 +393,9 @@ def log_text(line: LogLine, *, prefix: bool, timestamps: bool) -> str | None:
 
 
 def log_record(line: LogLine) -> dict[str, Any]:
-    """A log line for `job logs -o json`: where it comes from, its time (RFC 3339, null when unknown) and
-    either the trainer event it holds (`event`: the event's own fields) or the line as printed (`text`)."""
+    """A log line for `job logs -o json`: where it comes from, its time (RFC 3339, null when
+    unknown) and either the trainer event it holds (`event`: the event's own fields) or the line as
+    printed (`text`)."""
     event = next(events.parse([line.text]), None)
     when = crilog.rfc3339(line.time) if line.time is not None else None
     body = {"event": events.as_record(event)} if event is not None else {"text": line.text}

@@ -1,4 +1,5 @@
-"""fsdpctl manifest: renders through `fsdpctl.render`, checks and writes through `fsdpctl.manifests`."""
+"""fsdpctl manifest: renders through `fsdpctl.render`, checks and writes through
+`fsdpctl.manifests`."""
 
 from __future__ import annotations
 
@@ -40,15 +41,18 @@ def manifest(
     crd_dir: Annotated[
         Path | None,
         typer.Option(
-            "--crd-dir", envvar="FSDPCTL_CRD_DIR", help="dir with the PyTorchJob CRD YAML (for --validate)"
+            "--crd-dir",
+            envvar="FSDPCTL_CRD_DIR",
+            help="dir with the PyTorchJob CRD YAML (for --validate)",
         ),
     ] = None,
     force: ForceOpt = False,
 ) -> None:
     """Render the job's Kubernetes objects (Namespace, etcd if used, PyTorchJob) from the settings.
 
-    The HF token Secret is never printed: `fsdpctl job run` creates it through the API. A job that does not
-    fit or cannot be scheduled is refused (exit 2, nothing printed or written) unless --force.
+    The HF token Secret is never printed: `fsdpctl job run` creates it through the API. A job that
+    does not fit or cannot be scheduled is refused (exit 2, nothing printed or written) unless
+    --force.
 
     Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl apply
     -f -
@@ -73,12 +77,15 @@ def manifest(
     for path in done.removed:
         ok(f"removed {path} (an earlier render's, not in this one)")
     for path in done.kept:
-        warn(f"kept {path}: an earlier render wrote it, and it was changed since; remove it if stale")
+        warn(
+            f"kept {path}: an earlier render wrote it, and it was changed since; remove it if stale"
+        )
 
 
 def _write_dir(objs: list[dict], out_dir: Path, fmt: str, job: str) -> manifests.Written:
-    """manifests.write_dir (all files or none), its OSError as one line naming --out-dir, exit 2 (exit 1 for
-    a full disk: not the input's fault); the folders it made for them removed again when it failed."""
+    """manifests.write_dir (all files or none), its OSError as one line naming --out-dir, exit 2
+    (exit 1 for a full disk: not the input's fault); the folders it made for them removed again when
+    it failed."""
     from fsdpctl import manifests
 
     made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
@@ -101,4 +108,6 @@ def _write_dir(objs: list[dict], out_dir: Path, fmt: str, job: str) -> manifests
             why = "is not a directory (a file is in the way)"
         else:
             why = f"cannot be written: {e.strerror}"
-        raise BadInput(f"--out-dir {out_dir} {why}", hint="name a directory you can write") from None
+        raise BadInput(
+            f"--out-dir {out_dir} {why}", hint="name a directory you can write"
+        ) from None

@@ -1,5 +1,5 @@
-"""fsdpctl monitor top: GPU use per node and per pod, from Prometheus (DCGM exporter) through the API server
-(the queries are `adapters.prometheus`')."""
+"""fsdpctl monitor top: GPU use per node and per pod, from Prometheus (DCGM exporter) through the
+API server (the queries are `adapters.prometheus`')."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ def _print(snap: dict[str, list[dict[str, Any]]]) -> None:
             p.add_row(row["namespace"], row["pod"], f"{row['util']:.0f}")
         out.print(p)
     if not snap["nodes"]:
-        out.print("Prometheus answers but has no DCGM series yet (no GPU node, or the exporter is starting)")
+        out.print(
+            "Prometheus answers but has no DCGM series yet (no GPU node, or the exporter is starting)"
+        )
 
 
 @app.command()
@@ -53,7 +55,9 @@ def top(
     cfg = state(ctx).config()
     kube = kjobs.connect(cfg)
     while True:
-        with kjobs.calls(cfg, "monitor top"):  # an unreachable or silent API server: one line naming it
+        with kjobs.calls(
+            cfg, "monitor top"
+        ):  # an unreachable or silent API server: one line naming it
             snap = prometheus.gpu_snapshot(kube, cfg.monitoring_namespace)
         if not emit(snap, output):
             _print(snap)

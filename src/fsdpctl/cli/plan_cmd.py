@@ -13,8 +13,8 @@ from fsdpctl import render, volume
 from fsdpctl.cli import completion
 from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
 
-# Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama 3 trained
-# on 15e12 tokens; a p5.48xlarge lists at about $55 per hour.
+# Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
+# 3 trained on 15e12 tokens; a p5.48xlarge lists at about $55 per hour.
 MAX_TOKENS = 1e18
 MAX_PRICE = 1e6
 
@@ -90,7 +90,17 @@ def _print_volume(v: dict[str, Any]) -> None:
 
 
 def _print_matrix(rows: list[dict[str, Any]], tokens: float) -> None:
-    heads = ("model", "node", "n", "GiB/GPU", "fits", "tok/s/GPU", "MFU", "scaling", f"$/{tokens:.0e} tok")
+    heads = (
+        "model",
+        "node",
+        "n",
+        "GiB/GPU",
+        "fits",
+        "tok/s/GPU",
+        "MFU",
+        "scaling",
+        f"$/{tokens:.0e} tok",
+    )
     t = Table(*heads, box=None, pad_edge=False)
     for r in rows:
         t.add_row(
@@ -125,14 +135,18 @@ PLAN_OPTIONS = {
 def plan(
     ctx: typer.Context,
     model: Annotated[
-        str | None, typer.Option("--model", help="7b, 13b, 70b, tiny", autocompletion=completion.model_names)
+        str | None,
+        typer.Option("--model", help="7b, 13b, 70b, tiny", autocompletion=completion.model_names),
     ] = None,
     instance_type: Annotated[str | None, typer.Option("--instance-type")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes")] = None,
-    strategy: Annotated[str | None, typer.Option("--strategy", help="FULL_SHARD ... NO_SHARD")] = None,
+    strategy: Annotated[
+        str | None, typer.Option("--strategy", help="FULL_SHARD ... NO_SHARD")
+    ] = None,
     precision: Annotated[str | None, typer.Option("--precision")] = None,
     ac: Annotated[
-        str | None, typer.Option("--ac", help="activation checkpointing: none, full, every-k, selective")
+        str | None,
+        typer.Option("--ac", help="activation checkpointing: none, full, every-k, selective"),
     ] = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
@@ -147,7 +161,9 @@ def plan(
     ] = 1e9,
     mfu: Annotated[
         float,
-        typer.Option("--mfu", help="assumed compute MFU (0: per-GPU default)", callback=finite(maximum=1.0)),
+        typer.Option(
+            "--mfu", help="assumed compute MFU (0: per-GPU default)", callback=finite(maximum=1.0)
+        ),
     ] = 0.0,
     price: Annotated[
         float | None,
@@ -165,10 +181,11 @@ def plan(
     ] = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Memory per GPU (FITS / DOES NOT FIT, and the cheapest fix), step time, tokens/s, MFU and cost; the
-    shared volume's need against FSX_STORAGE_GIB, one save's time and the stop grace.
+    """Memory per GPU (FITS / DOES NOT FIT, and the cheapest fix), step time, tokens/s, MFU and
+    cost; the shared volume's need against FSX_STORAGE_GIB, one save's time and the stop grace.
 
-    Uses the same settings as the job; the flags vary them. The model behind the numbers is in the README.
+    Uses the same settings as the job; the flags vary them. The model behind the numbers is in the
+    README.
 
     Example: fsdpctl plan --model 70b --nodes 1 --instance-type p5.48xlarge
     """

@@ -10,8 +10,8 @@ from fsdpctl import backends
 from fsdpctl.cli import job_view
 from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, admit, emit, ok, out, state
 
-# The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process, CPU.
-# fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
+# The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process,
+# CPU. fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
 QUICKSTART = {
     "BACKEND": "local",
     "JOB_NAME": "quickstart",
@@ -32,15 +32,18 @@ QUICKSTART = {
 def next_rows(job_name: str) -> tuple[tuple[str, str], ...]:
     return (
         (f"fsdpctl job status {job_name}", "its steps, loss, tokens/s and checkpoint"),
-        (f"fsdpctl job logs {job_name} --all", "every node's log, each line prefixed with its node"),
+        (
+            f"fsdpctl job logs {job_name} --all",
+            "every node's log, each line prefixed with its node",
+        ),
         ("fsdpctl job list", "every job fsdpctl knows, with its phase"),
         ("fsdpctl plan --model 7b", "memory, speed and cost of Llama-2 7B on a GPU cluster"),
     )
 
 
 def next_commands(job_name: str) -> str:
-    """What to run after the quickstart, with its job's name: the job is not the default JOB_NAME ('fsdp'),
-    so a bare `fsdpctl job status` finds nothing."""
+    """What to run after the quickstart, with its job's name: the job is not the default JOB_NAME
+    ('fsdp'), so a bare `fsdpctl job status` finds nothing."""
     rows = next_rows(job_name)
     width = max(len(cmd) for cmd, _ in rows)
     return "next:\n" + "".join(f"  {cmd:<{width}}  # {why}\n" for cmd, why in rows)
@@ -48,22 +51,27 @@ def next_commands(job_name: str) -> str:
 
 def quickstart(
     ctx: typer.Context,
-    nodes: Annotated[int, typer.Option("--nodes", help="simulated nodes (one torchrun launcher each)")] = 2,
+    nodes: Annotated[
+        int, typer.Option("--nodes", help="simulated nodes (one torchrun launcher each)")
+    ] = 2,
     steps: Annotated[int, typer.Option("--steps", help="optimizer steps")] = 30,
     plot: Annotated[
         bool | None,
         typer.Option(
-            "--plot/--no-plot", help="draw loss and tokens/s over steps at the end (default: on a terminal)"
+            "--plot/--no-plot",
+            help="draw loss and tokens/s over steps at the end (default: on a terminal)",
         ),
     ] = None,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Train a tiny Llama with FSDP on this machine: 2 simulated nodes, real torchrun rendezvous, checkpoints.
+    """Train a tiny Llama with FSDP on this machine: 2 simulated nodes, real torchrun rendezvous,
+    checkpoints.
 
-    No cloud, GPU, download or .env needed. --set still overrides any setting. A run this machine cannot
-    hold (too many processes for its cores, a model over its RAM) is refused as `job run` refuses it.
+    No cloud, GPU, download or .env needed. --set still overrides any setting. A run this machine
+    cannot hold (too many processes for its cores, a model over its RAM) is refused as `job run`
+    refuses it.
 
     Example: fsdpctl quickstart --steps 60   (-o json: the final report and the next commands)
     """
@@ -76,7 +84,11 @@ def quickstart(
         **st.flags,
     }
     options = {"JOB_NODES": "--nodes", "MAX_STEPS": "--steps", "WARMUP_STEPS": "--steps"}
-    set_by = {**dict.fromkeys(QUICKSTART, "quickstart"), **options, **dict.fromkeys(st.flags, "--set")}
+    set_by = {
+        **dict.fromkeys(QUICKSTART, "quickstart"),
+        **options,
+        **dict.fromkeys(st.flags, "--set"),
+    }
     cfg = st.config(**flags, set_by=set_by)
     admit(cfg, force=force)
     be = backends.create(cfg)
@@ -88,11 +100,18 @@ def quickstart(
         f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "
         f"{cfg.training.sharding_strategy}, rendezvous {cfg.rdzv_backend}; {started.where}"
     )
-    code = job_view.outcome(be, started.job, job_view.follow(be, started.job), table=output == Output.table)
+    code = job_view.outcome(
+        be, started.job, job_view.follow(be, started.job), table=output == Output.table
+    )
     # -o json|yaml: the job's final report and the next commands as one document (progress stays on stderr)
     report = {"job": started.job, "run_id": started.run_id, "dry_run": "none", "exit_code": code}
     if emit(
-        {**report, "report": be.report(started.job), "next": [c for c, _ in next_rows(started.job)]}, output
+        {
+            **report,
+            "report": be.report(started.job),
+            "next": [c for c, _ in next_rows(started.job)],
+        },
+        output,
     ):
         raise typer.Exit(code)
     if job_view.want_plot(plot):

@@ -1,20 +1,34 @@
-"""Settings: one typed object, loaded once, with the precedence flags > environment > .env > defaults.
+"""Settings: one typed object, loaded once, with the precedence flags > environment > .env >
+defaults.
 
-The environment is read only under the FSDPCTL_ prefix (FSDPCTL_MODEL; a stray SEED or MODEL= in a shell is
-someone else's), except the few keys whose own tools read the plain name with the same meaning (SHARED_ENV);
-.env is fsdpctl's own file and takes the plain names. Each value's source is kept, and every error line names
-it (`.env line 3`, `environment FSDPCTL_SEED`, `--set`, `--model`).
+The environment is read only under the FSDPCTL_ prefix (FSDPCTL_MODEL; a stray SEED or MODEL= in a
+shell is someone else's), except the few keys whose own tools read the plain name with the same
+meaning (SHARED_ENV); .env is fsdpctl's own file and takes the plain names. Each value's source is
+kept, and every error line names it (`.env line 3`, `environment FSDPCTL_SEED`, `--set`, `--model`).
 
-Infrastructure keys (AWS, cluster, image, job) are declared here; training keys (MODEL, SHARDING_STRATEGY,
-...) are the trainer's own (`fsdptrain.config.TrainConfig`), so both read one vocabulary and one validator.
-Pure: reads no file and no environment itself; `load()` is handed the layers.
+Infrastructure keys (AWS, cluster, image, job) are declared here; training keys (MODEL,
+SHARDING_STRATEGY, ...) are the trainer's own (`fsdptrain.config.TrainConfig`), so both read one
+vocabulary and one validator. Pure: reads no file and no environment itself; `load()` is handed the
+layers.
 """
 
 from __future__ import annotations
 
-from fsdpctl.settings.dotenv import Dotenv, environment_settings, masked_line, parse_dotenv, secret_warnings
+from fsdpctl.settings.dotenv import (
+    Dotenv,
+    environment_settings,
+    masked_line,
+    parse_dotenv,
+    secret_warnings,
+)
 from fsdpctl.settings.load import annotate, config_shown, derived, load, redacted, with_sources
-from fsdpctl.settings.model import Config, Settings, parse_node_selector, parse_tolerations, setting_keys
+from fsdpctl.settings.model import (
+    Config,
+    Settings,
+    parse_node_selector,
+    parse_tolerations,
+    setting_keys,
+)
 from fsdpctl.settings.placement import LOCAL_PROCS_PER_CORE, local_path, placement_problems
 from fsdpctl.settings.rules import (
     AZ_LIST,

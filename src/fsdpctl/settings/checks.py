@@ -1,5 +1,5 @@
-"""Checks across settings (pure): names and labels, the registry, sharding against the world, storage,
-TensorBoard and FSx; each problem one line with its fix."""
+"""Checks across settings (pure): names and labels, the registry, sharding against the world,
+storage, TensorBoard and FSx; each problem one line with its fix."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from fsdptrain.shapes import job_mesh_shape
 def _name_problems(cfg: Config) -> list[str]:
     """The names Kubernetes derives from JOB_NAME must stay DNS labels (at most 63 characters): the
     Training Operator names each pod, and the Service in front of it, `<job>-<replica type>-<index>`
-    (pkg/core/utils.go GenGeneralName: `<job>-worker-<n-1>` here, every node a Worker); a TrainJob's pods
-    get JobSet's hostname `<job>-node-0-<n-1>` (Kubeflow Trainer v2.3.0, see render.trainjob_command)."""
+    (pkg/core/utils.go GenGeneralName: `<job>-worker-<n-1>` here, every node a Worker); a TrainJob's
+    pods get JobSet's hostname `<job>-node-0-<n-1>` (Kubeflow Trainer v2.3.0, see
+    render.trainjob_command)."""
     middle = "-worker-" if cfg.job_kind == "pytorchjob" else "-node-0-"
     longest = f"{cfg.job_name}{middle}{cfg.job_nodes - 1}"
     if len(longest) <= LABEL_MAX:
@@ -32,7 +33,8 @@ def _label_problems(cfg: Config) -> list[str]:
     """NODE_SELECTOR and TOLERATIONS keys and values as the API server checks labels and taints."""
     errors = []
     pairs = [
-        ("NODE_SELECTOR", cfg.node_selector, k, v) for k, v in parse_node_selector(cfg.node_selector).items()
+        ("NODE_SELECTOR", cfg.node_selector, k, v)
+        for k, v in parse_node_selector(cfg.node_selector).items()
     ]
     pairs += [
         ("TOLERATIONS", cfg.tolerations, t["key"], t.get("value", ""))
@@ -41,17 +43,23 @@ def _label_problems(cfg: Config) -> list[str]:
     for setting, text, key, value in pairs:
         problem = qualified_name_problem(key)
         if problem:
-            errors.append(f"{setting}={text!r}: key {key!r} is not a Kubernetes label key: {problem}")
+            errors.append(
+                f"{setting}={text!r}: key {key!r} is not a Kubernetes label key: {problem}"
+            )
         problem = label_value_problem(value)
         if problem:
-            errors.append(f"{setting}={text!r}: value {value!r} is not a Kubernetes label value: {problem}")
+            errors.append(
+                f"{setting}={text!r}: value {value!r} is not a Kubernetes label value: {problem}"
+            )
     return errors
 
 
 def _registry_problems(cfg: Config) -> list[str]:
     _, colon, port = cfg.image_registry.rpartition(":")
     if colon and not 1 <= int(port) <= 65535:
-        return [f"IMAGE_REGISTRY={cfg.image_registry!r} has port {port}: use a TCP port from 1 to 65535"]
+        return [
+            f"IMAGE_REGISTRY={cfg.image_registry!r} has port {port}: use a TCP port from 1 to 65535"
+        ]
     return []
 
 
@@ -66,7 +74,9 @@ def cross_checks(cfg: Config) -> list[str]:
             procs_per_node=cfg.procs_per_node,
         )
     except ConfigError as e:
-        errors.append(f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)")
+        errors.append(
+            f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)"
+        )
     errors.extend(_storage_checks(cfg))
     if cfg.job_kind == "trainjob" and cfg.target.kubernetes:
         if cfg.rdzv_backend != "c10d":
@@ -79,7 +89,9 @@ def cross_checks(cfg: Config) -> list[str]:
                 "SCHEDULER_NAME/GANG_SCHEDULING apply to JOB_KIND=pytorchjob: a TrainJob takes its "
                 "scheduling from the runtime (podGroupPolicy of torch-distributed); unset them"
             )
-    if t.pretrained.startswith(GATED_PREFIXES) and not (cfg.hf_token.get_secret_value() or cfg.hf_token_file):
+    if t.pretrained.startswith(GATED_PREFIXES) and not (
+        cfg.hf_token.get_secret_value() or cfg.hf_token_file
+    ):
         errors.append(
             f"HF_TOKEN is missing: PRETRAINED={t.pretrained!r} is gated on the hub; set HF_TOKEN "
             "or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a manifest)"
@@ -88,9 +100,10 @@ def cross_checks(cfg: Config) -> list[str]:
 
 
 def _storage_checks(cfg: Config) -> list[str]:
-    """Checkpoints of a multi-node job need one filesystem: DCP writes each rank's shards on the disk that
-    rank sees and only rank 0 publishes `latest` (torch/distributed/checkpoint/filesystem.py), so on pod-local
-    disks the other nodes keep orphaned partial saves and would each decide alone where to resume."""
+    """Checkpoints of a multi-node job need one filesystem: DCP writes each rank's shards on the
+    disk that rank sees and only rank 0 publishes `latest`
+    (torch/distributed/checkpoint/filesystem.py), so on pod-local disks the other nodes keep
+    orphaned partial saves and would each decide alone where to resume."""
     errors = []
     if cfg.job_nodes > 1 and not cfg.checkpoint_claim:
         errors.append(
@@ -111,8 +124,9 @@ def _storage_checks(cfg: Config) -> list[str]:
 
 
 def _tensorboard_checks(cfg: Config) -> list[str]:
-    """TENSORBOARD_DIR is a path in the pods: absolute, and on the shared volume when there is one, where the
-    event files outlive the pods and `fsdpctl job tensorboard` finds them (locally: its directory)."""
+    """TENSORBOARD_DIR is a path in the pods: absolute, and on the shared volume when there is one,
+    where the event files outlive the pods and `fsdpctl job tensorboard` finds them (locally: its
+    directory)."""
     value = cfg.training.tensorboard_dir
     shared = cfg.shared_volume_path.rstrip("/")
     if not value:
@@ -128,9 +142,9 @@ def _tensorboard_checks(cfg: Config) -> list[str]:
 
 
 def _fsx_checks(cfg: Config) -> list[str]:
-    """A static FSx PV needs all three of the file system's names (aws-fsx-csi-driver's static_provisioning
-    example: volumeHandle, dnsname, mountname) and a claim to bind. PERSISTENT_2 takes four throughputs
-    (CreateFileSystem LustreConfiguration.PerUnitStorageThroughput)."""
+    """A static FSx PV needs all three of the file system's names (aws-fsx-csi-driver's
+    static_provisioning example: volumeHandle, dnsname, mountname) and a claim to bind. PERSISTENT_2
+    takes four throughputs (CreateFileSystem LustreConfiguration.PerUnitStorageThroughput)."""
     if cfg.fsx_throughput_per_tib not in volume.FSX_THROUGHPUTS:
         return [
             f"FSX_THROUGHPUT_PER_TIB={cfg.fsx_throughput_per_tib} is not a PERSISTENT_2 throughput: use one "
@@ -138,7 +152,9 @@ def _fsx_checks(cfg: Config) -> list[str]:
         ]
     if not cfg.fsx_file_system_id:
         return []
-    missing = [k for k in ("fsx_dns_name", "fsx_mount_name", "shared_volume") if not getattr(cfg, k)]
+    missing = [
+        k for k in ("fsx_dns_name", "fsx_mount_name", "shared_volume") if not getattr(cfg, k)
+    ]
     if not missing:
         return []
     return [

@@ -24,13 +24,15 @@ class Dotenv(dict[str, str]):
 
 
 def parse_dotenv(text: str, origin: str = ".env") -> Dotenv:
-    """KEY=VALUE lines (python-dotenv's grammar); a line it cannot parse is an error, not a silent skip."""
+    """KEY=VALUE lines (python-dotenv's grammar); a line it cannot parse is an error, not a silent
+    skip."""
     from dotenv.parser import parse_stream
 
     values, bad = Dotenv(), []
     for binding in parse_stream(io.StringIO(text)):
-        # python-dotenv's Binding.original.line is where the binding's text starts, blank lines before its
-        # key included (dotenv/parser.py parse_binding reads leading whitespace into the binding)
+        # python-dotenv's Binding.original.line is where the binding's text starts, blank lines
+        # before its key included (dotenv/parser.py parse_binding reads leading whitespace into the
+        # binding)
         start = binding.original.string
         line = binding.original.line + start[: len(start) - len(start.lstrip())].count("\n")
         if binding.error:
@@ -49,11 +51,15 @@ _LEADING_KEY = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _masked_line(line: str) -> str:
-    """A .env line (or --set) as an error may quote it: secret-shaped values masked, and everything after a
-    secret's own name, whatever separates them (HF_TOKEN="abc... with its quote unclosed, `HF_TOKEN abc`,
-    `HF_TOKEN:abc`: the value has no shape to recognise, its place says it)."""
+    """A .env line (or --set) as an error may quote it: secret-shaped values masked, and everything
+    after a secret's own name, whatever separates them (HF_TOKEN="abc... with its quote unclosed,
+    `HF_TOKEN abc`, `HF_TOKEN:abc`: the value has no shape to recognise, its place says it)."""
     m = _LEADING_KEY.match(line)
-    if m and m.group(1).removeprefix(ENV_PREFIX) in (*SECRET_ENV, *SECRET_KEYS) and line[m.end() :].strip():
+    if (
+        m
+        and m.group(1).removeprefix(ENV_PREFIX) in (*SECRET_ENV, *SECRET_KEYS)
+        and line[m.end() :].strip()
+    ):
         return f"{line[: m.end()]} {MASK}"
     return redact(line)
 
@@ -63,8 +69,8 @@ def masked_line(line: str) -> str:
 
 
 def _shown_key(key: str) -> str:
-    """A .env key as a warning may name it: python-dotenv takes `HF_TOKEN:abc` (no `=`) as a key with no
-    value, so a key that is not a name shows only up to where it stops being one."""
+    """A .env key as a warning may name it: python-dotenv takes `HF_TOKEN:abc` (no `=`) as a key
+    with no value, so a key that is not a name shows only up to where it stops being one."""
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", key):
         return key
     m = _LEADING_KEY.match(key)
@@ -73,10 +79,10 @@ def _shown_key(key: str) -> str:
 
 
 def secret_warnings(raw: Mapping[str, str], sources: Mapping[str, str]) -> list[str]:
-    """A token pasted into a key that is not secret (TOKENIZER, IMAGE_TAG, DATASET_SPLIT), or a URL with a
-    password (DATASET=https://user:pass@host/...), would reach the manifests and the pods' environment in
-    clear: every output masks it, and this warning names the key. HF_TOKEN and HF_TOKEN_FILE both set: the
-    file is never read, and this says so (which one wins)."""
+    """A token pasted into a key that is not secret (TOKENIZER, IMAGE_TAG, DATASET_SPLIT), or a URL
+    with a password (DATASET=https://user:pass@host/...), would reach the manifests and the pods'
+    environment in clear: every output masks it, and this warning names the key. HF_TOKEN and
+    HF_TOKEN_FILE both set: the file is never read, and this says so (which one wins)."""
     found = []
     if raw.get("HF_TOKEN") and raw.get("HF_TOKEN_FILE"):
         found.append(
@@ -98,17 +104,23 @@ def secret_warnings(raw: Mapping[str, str], sources: Mapping[str, str]) -> list[
 
 
 def dotenv_warnings(dotenv: Mapping[str, str], keys: Mapping[str, str], name: str) -> list[str]:
-    """A key of .env that is no setting: named with its line and the key it was likely meant to be (the plain
-    name, for a FSDPCTL_<KEY> copied from the environment's spelling)."""
+    """A key of .env that is no setting: named with its line and the key it was likely meant to be
+    (the plain name, for a FSDPCTL_<KEY> copied from the environment's spelling)."""
     warnings, lines = [], getattr(dotenv, "lines", {})
     for key in dotenv:
         if key in keys:
             continue
         where = f"{name} line {lines[key]}" if key in lines else name
         plain = key.removeprefix(ENV_PREFIX)
-        if _shown_key(key) != key:  # `HF_TOKEN:value`, `HF_TOKEN value`: the value must not be echoed
+        if (
+            _shown_key(key) != key
+        ):  # `HF_TOKEN:value`, `HF_TOKEN value`: the value must not be echoed
             head = _shown_key(key).split("...")[0]
-            hint = f": write {head}=VALUE" if head.removeprefix(ENV_PREFIX) in keys else ": it is ignored"
+            hint = (
+                f": write {head}=VALUE"
+                if head.removeprefix(ENV_PREFIX) in keys
+                else ": it is ignored"
+            )
             warnings.append(f"{where}: unknown key {_shown_key(key)}{hint}")
             continue
         if key != plain and plain in keys:
@@ -123,9 +135,10 @@ def dotenv_warnings(dotenv: Mapping[str, str], keys: Mapping[str, str], name: st
 def environment_settings(
     environ: Mapping[str, str], keys: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """The settings the process environment gives: KEY -> value and KEY -> source (`environment VAR`), read
-    from FSDPCTL_<KEY> and, for SHARED_ENV, the plain name (FSDPCTL_<KEY> wins); and a warning for each
-    FSDPCTL_ variable that is neither a setting nor fsdpctl's own (OWN_ENV), with the name it may mean."""
+    """The settings the process environment gives: KEY -> value and KEY -> source (`environment
+    VAR`), read from FSDPCTL_<KEY> and, for SHARED_ENV, the plain name (FSDPCTL_<KEY> wins); and a
+    warning for each FSDPCTL_ variable that is neither a setting nor fsdpctl's own (OWN_ENV), with
+    the name it may mean."""
     values, sources, warnings = {}, {}, []
     for key in SHARED_ENV:
         if key in environ:

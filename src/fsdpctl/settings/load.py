@@ -1,5 +1,5 @@
-"""Settings loaded (pure: `load()` is handed the layers): merged with the precedence flags > environment >
-.env > defaults, validated, every error line naming where its value came from."""
+"""Settings loaded (pure: `load()` is handed the layers): merged with the precedence flags >
+environment > .env > defaults, validated, every error line naming where its value came from."""
 
 from __future__ import annotations
 
@@ -20,8 +20,21 @@ from fsdpctl.errors import SettingsError
 from fsdpctl.settings.checks import cross_checks
 from fsdpctl.settings.dotenv import dotenv_warnings, environment_settings, secret_warnings
 from fsdpctl.settings.model import Config, Settings, setting_keys
-from fsdpctl.settings.rules import CAPPED_DEFAULT, DERIVED, INT64_MAX, INT_MAX, MAX_VALUE_BYTES, MODEL_DEFAULT
-from fsdptrain.config import MODEL_DEFAULTS, ConfigError, TrainConfig, parse_value, with_model_defaults
+from fsdpctl.settings.rules import (
+    CAPPED_DEFAULT,
+    DERIVED,
+    INT64_MAX,
+    INT_MAX,
+    MAX_VALUE_BYTES,
+    MODEL_DEFAULT,
+)
+from fsdptrain.config import (
+    MODEL_DEFAULTS,
+    ConfigError,
+    TrainConfig,
+    parse_value,
+    with_model_defaults,
+)
 
 
 def load(
@@ -32,9 +45,10 @@ def load(
     dotenv_name: str = ".env",
     set_by: Mapping[str, str] | None = None,
 ) -> Config:
-    """Merge the layers (later wins) and validate everything; raises SettingsError listing every problem, each
-    line naming where its value came from. `environ` is the process environment as it is (only FSDPCTL_<KEY>
-    and SHARED_ENV are read from it); `set_by`: the command option that set a flag's key (default --set)."""
+    """Merge the layers (later wins) and validate everything; raises SettingsError listing every
+    problem, each line naming where its value came from. `environ` is the process environment as it
+    is (only FSDPCTL_<KEY> and SHARED_ENV are read from it); `set_by`: the command option that set a
+    flag's key (default --set)."""
     keys = setting_keys()
     raw: dict[str, str] = {}
     sources = {key: "default" for key in keys}
@@ -59,23 +73,27 @@ def load(
         return _validate(raw, keys, sources, tuple(warnings))
     except SettingsError as e:
         shown = {key: (value, repr(value)) for key, value in raw.items()}
-        raise SettingsError(with_sources(e.lines, shown, sources, raw.get("MODEL", "")), e.warnings) from None
+        raise SettingsError(
+            with_sources(e.lines, shown, sources, raw.get("MODEL", "")), e.warnings
+        ) from None
 
 
 def with_sources(
     lines: list[str], shown: Mapping[str, tuple[str, ...]], sources: Mapping[str, str], model: str
 ) -> list[str]:
     """Error lines with where each named value came from, after the value: `SEED='abc' (environment
-    FSDPCTL_SEED) is not ...`. The key a line starts with is its subject, so it is always annotated; a key
-    named further on only where the text after its `=` is its value as given (one of `shown[key]`), so a
-    suggested fix (`set JOB_NODES=2`) is not. A default (a model's too) is named only as the subject: a line
-    about a value nobody set says so (`WARMUP_STEPS=5 (default) exceeds ...`)."""
+    FSDPCTL_SEED) is not ...`. The key a line starts with is its subject, so it is always annotated;
+    a key named further on only where the text after its `=` is its value as given (one of
+    `shown[key]`), so a suggested fix (`set JOB_NODES=2`) is not. A default (a model's too) is named
+    only as the subject: a line about a value nobody set says so (`WARMUP_STEPS=5 (default) exceeds
+    ...`)."""
     return [_with_sources(line, shown, sources, model) for line in lines]
 
 
 # KEY= where KEY is a whole word (not the tail of another key, nor inside a path)
 _KEY_AT = re.compile(r"(?<![A-Za-z0-9_/.-])([A-Z][A-Z0-9_]*)=")
-# a value as the lines write it: a Python repr of a string, a <size>, or a run up to a space or a parenthesis
+# a value as the lines write it: a Python repr of a string, a <size>, or a run up to a space or a
+# parenthesis
 _VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|<[^>]*>|[^\s()]*")
 
 
@@ -97,16 +115,18 @@ def _with_sources(
         if m.start() != 0 and text not in shown.get(key, ()):
             continue
         done.add(key)
-        where = {MODEL_DEFAULT: f"model default for {model}", DERIVED: f"derived for MODEL={model}"}.get(
-            source, source
-        )
+        where = {
+            MODEL_DEFAULT: f"model default for {model}",
+            DERIVED: f"derived for MODEL={model}",
+        }.get(source, source)
         out.append(line[at:end] + f" ({where})")
         at = end
     return "".join(out) + line[at:]
 
 
 def config_shown(cfg: Config) -> dict[str, tuple[str, ...]]:
-    """How lines built from a loaded Config may write each key's value (str, repr, a bool in lower case)."""
+    """How lines built from a loaded Config may write each key's value (str, repr, a bool in lower
+    case)."""
     values = redacted(cfg)
     return {key: (str(v), repr(v), str(v).lower()) for key, v in values.items()}
 
@@ -141,9 +161,13 @@ def _validate(
         if problem:
             errors.append(problem)
             del train_values[name]
-    train_values, defaulted = with_model_defaults(train_values)  # the named model's, where the user set none
+    train_values, defaulted = with_model_defaults(
+        train_values
+    )  # the named model's, where the user set none
     key_of = {name: key for key, name in keys.items()}
-    named = train_values.get("model", TrainConfig.model) in MODEL_DEFAULTS  # else only the capped warmup
+    named = (
+        train_values.get("model", TrainConfig.model) in MODEL_DEFAULTS
+    )  # else only the capped warmup
     sources.update({key_of[name]: MODEL_DEFAULT if named else CAPPED_DEFAULT for name in defaulted})
     training = TrainConfig(**train_values)  # values that failed to parse were reported above
     errors.extend(training.problems(check_paths=False))
@@ -161,9 +185,9 @@ def _validate(
 
 
 def _raw_problems(raw: Mapping[str, str]) -> list[str]:
-    """What no value of any key may be, before its kind is looked at: longer than MAX_VALUE_BYTES (the line
-    names the size, not the value), or holding a NUL byte (no environment string can carry one: execve
-    ends it there)."""
+    """What no value of any key may be, before its kind is looked at: longer than MAX_VALUE_BYTES
+    (the line names the size, not the value), or holding a NUL byte (no environment string can carry
+    one: execve ends it there)."""
     errors = []
     for key, value in raw.items():
         size = len(value.encode("utf-8", "surrogateescape"))
@@ -180,8 +204,8 @@ def _raw_problems(raw: Mapping[str, str]) -> list[str]:
 
 
 def _kind_problem(key: str, raw: str, value: Any) -> str | None:
-    """The same rules by kind for the trainer's keys as Settings has for its own: a float is finite, a whole
-    number within INT_MAX (else int64)."""
+    """The same rules by kind for the trainer's keys as Settings has for its own: a float is finite,
+    a whole number within INT_MAX (else int64)."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"{key}={raw!r} is not a finite number: give one, e.g. 0.001"
     if isinstance(value, int) and not isinstance(value, bool):
@@ -205,7 +229,9 @@ def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
 def _explain(err: ErrorDetails) -> str:
     kind, ctx = err["type"], err.get("ctx", {})
     if kind == "literal_error":
-        return "is not allowed: use one of " + str(ctx["expected"]).replace("'", "").replace(" or ", ", ")
+        return "is not allowed: use one of " + str(ctx["expected"]).replace("'", "").replace(
+            " or ", ", "
+        )
     if kind == "string_pattern_mismatch":
         return f"is not valid: it must match {ctx['pattern']}"
     if kind == "int_parsing":

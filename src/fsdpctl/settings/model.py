@@ -1,5 +1,6 @@
-"""The settings declared (pure): `Settings`, the infrastructure keys with their defaults and bounds, and
-`Config`, the loaded settings with the training ones (fsdptrain.config.TrainConfig) and their sources."""
+"""The settings declared (pure): `Settings`, the infrastructure keys with their defaults and bounds,
+and `Config`, the loaded settings with the training ones (fsdptrain.config.TrainConfig) and their
+sources."""
 
 from __future__ import annotations
 
@@ -61,12 +62,19 @@ class Settings(BaseModel):
         ge=0.1,
         le=3600,
     )
-    cluster_name: str = _k("fsdp-eks", "cluster", "EKS cluster name", pattern=r"^[a-zA-Z][-a-zA-Z0-9]{0,99}$")
-    cluster_tool: Literal["eksctl", "terraform"] = _k("eksctl", "cluster", "what creates the cluster")
+    cluster_name: str = _k(
+        "fsdp-eks", "cluster", "EKS cluster name", pattern=r"^[a-zA-Z][-a-zA-Z0-9]{0,99}$"
+    )
+    cluster_tool: Literal["eksctl", "terraform"] = _k(
+        "eksctl", "cluster", "what creates the cluster"
+    )
     instance_type: str = _k("p5.48xlarge", "cluster", "GPU node type: " + ", ".join(INSTANCE_TYPES))
     node_count: int = _k(2, "cluster", "GPU nodes in the node group", ge=1, le=64)
     capacity_reservation_id: str = _k(
-        "", "cluster", "Capacity Reservation or Capacity Block (cr-...)", pattern=r"^(cr-[0-9a-f]{17})?$"
+        "",
+        "cluster",
+        "Capacity Reservation or Capacity Block (cr-...)",
+        pattern=r"^(cr-[0-9a-f]{17})?$",
     )
     capacity_reservation_type: Literal["default", "capacity-block"] = _k(
         "default",
@@ -95,12 +103,20 @@ class Settings(BaseModel):
     )
     kubernetes_version: str = _k("1.33", "cluster", "EKS Kubernetes version", pattern=r"^1\.\d{2}$")
     system_instance_type: str = _k(
-        "m5.xlarge", "cluster", "instance type of the system node group (etcd, operator)", pattern=EC2_TYPE
+        "m5.xlarge",
+        "cluster",
+        "instance type of the system node group (etcd, operator)",
+        pattern=EC2_TYPE,
     )
     image_registry: str = _k(
-        "", "image", "registry host[:port] (default: the account's ECR in AWS_REGION)", pattern=REGISTRY
+        "",
+        "image",
+        "registry host[:port] (default: the account's ECR in AWS_REGION)",
+        pattern=REGISTRY,
     )
-    image_repo: str = _k("fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    image_repo: str = _k(
+        "fsdpctl-trainer", "image", "image repository", pattern=r"^[a-z0-9][a-z0-9._/-]*$"
+    )
     image_tag: str = _k(
         "0.1.0", "image", "image tag (never 'latest': pods must be reproducible)", pattern=IMAGE_TAG
     )
@@ -117,11 +133,16 @@ class Settings(BaseModel):
     job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
     job_nodes: int = _k(2, "job", "nodes (pods) in the job; local: simulated nodes", ge=1, le=1024)
     gpus_per_node: int = _k(0, "job", "GPUs per pod (0: all the instance has)", ge=0)
-    local_procs_per_node: int = _k(1, "job", "local backend: processes per simulated node", ge=1, le=64)
+    local_procs_per_node: int = _k(
+        1, "job", "local backend: processes per simulated node", ge=1, le=64
+    )
     rdzv_backend: Literal["c10d", "etcd", "etcd-v2"] = _k("c10d", "job", "torchrun rendezvous")
     rdzv_join_timeout: int = _k(600, "job", "seconds nodes may take to join the rendezvous", ge=10)
     max_restarts: int = _k(
-        3, "job", "restarts of the whole job after a failure, whatever the node count (torchrun's)", ge=0
+        3,
+        "job",
+        "restarts of the whole job after a failure, whatever the node count (torchrun's)",
+        ge=0,
     )
     stop_grace_seconds: int = _k(
         0,
@@ -179,7 +200,10 @@ class Settings(BaseModel):
         "needs a gang scheduler such as volcano in SCHEDULER_NAME)",
     )
     monitoring_namespace: str = _k(
-        "monitoring", "job", "namespace of Prometheus, Grafana and the DCGM exporter", pattern=DNS_LABEL
+        "monitoring",
+        "job",
+        "namespace of Prometheus, Grafana and the DCGM exporter",
+        pattern=DNS_LABEL,
     )
     checkpoint_pvc: str = _k(
         "",
@@ -203,7 +227,10 @@ class Settings(BaseModel):
         pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
     )
     shared_volume_path: str = _k(
-        "/fsx", "job", "where pods mount SHARED_VOLUME", pattern=r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
+        "/fsx",
+        "job",
+        "where pods mount SHARED_VOLUME",
+        pattern=r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
     )
     fsx_file_system_id: str = _k(
         "",
@@ -211,8 +238,12 @@ class Settings(BaseModel):
         "FSx for Lustre file system (fs-...) `deploy storage` binds SHARED_VOLUME to (empty: no PV or claim)",
         pattern=r"^(fs-[0-9a-f]{8,17})?$",
     )
-    fsx_dns_name: str = _k("", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)", pattern=FSX_DNS)
-    fsx_mount_name: str = _k("", "job", "its LustreConfiguration.MountName", pattern=r"^[A-Za-z0-9_]*$")
+    fsx_dns_name: str = _k(
+        "", "job", "its DNSName (fs-....fsx.<region>.amazonaws.com)", pattern=FSX_DNS
+    )
+    fsx_mount_name: str = _k(
+        "", "job", "its LustreConfiguration.MountName", pattern=r"^[A-Za-z0-9_]*$"
+    )
     fsx_storage_gib: int = _k(
         1200,
         "job",
@@ -242,8 +273,8 @@ class Settings(BaseModel):
     @field_validator("*", mode="after")
     @classmethod
     def _int_in_range(cls, value: Any, info: ValidationInfo) -> Any:
-        """Every whole number within its range by kind (INT_MAX, else int64), whether or not its field
-        declares a maximum."""
+        """Every whole number within its range by kind (INT_MAX, else int64), whether or not its
+        field declares a maximum."""
         if isinstance(value, int) and not isinstance(value, bool) and info.field_name:
             most = INT_MAX.get(info.field_name.upper(), INT64_MAX)
             if value > most:
@@ -275,8 +306,8 @@ class Settings(BaseModel):
         return self
 
     def _existing_vpc(self) -> None:
-        """Both or neither; eksctl wants two or more private subnets (MinRequiredSubnets) keyed by AZ, so one
-        per AZ, and AVAILABILITY_ZONES, when set, names each subnet's AZ in order."""
+        """Both or neither; eksctl wants two or more private subnets (MinRequiredSubnets) keyed by
+        AZ, so one per AZ, and AVAILABILITY_ZONES, when set, names each subnet's AZ in order."""
         subnets, zones = self.subnet_ids, [z for z in self.availability_zones.split(",") if z]
         if self.vpc_id and not subnets:
             raise ValueError(
@@ -309,13 +340,17 @@ class Settings(BaseModel):
 
 
 class Config(Settings):
-    """Settings + training values + derived numbers, as every command sees them. A subclass of Settings, so
-    `cfg.job_name` is a typed field (no `__getattr__`); built by `load()` from already-validated parts."""
+    """Settings + training values + derived numbers, as every command sees them. A subclass of
+    Settings, so `cfg.job_name` is a typed field (no `__getattr__`); built by `load()` from
+    already-validated parts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
     training: SkipValidation[TrainConfig] = Field(default_factory=TrainConfig)
-    # KEY -> default | model default | <.env path> line N | environment FSDPCTL_<KEY> | --set | --<option>
+    # KEY -> default | model default | <.env path> line N | environment FSDPCTL_<KEY> | --set |
+    # --<option>
     sources: dict[str, str] = Field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -328,12 +363,16 @@ class Config(Settings):
         warnings: tuple[str, ...] = (),
     ) -> Config:
         values = {name: getattr(settings, name) for name in Settings.model_fields}
-        return cls.model_construct(**values, training=training, sources=sources or {}, warnings=warnings)
+        return cls.model_construct(
+            **values, training=training, sources=sources or {}, warnings=warnings
+        )
 
     @property
     def settings(self) -> Settings:
         """The infrastructure settings alone (for hashing them without the training values)."""
-        return Settings.model_construct(**{name: getattr(self, name) for name in Settings.model_fields})
+        return Settings.model_construct(
+            **{name: getattr(self, name) for name in Settings.model_fields}
+        )
 
     @property
     def gpus(self) -> int:
@@ -359,14 +398,15 @@ class Config(Settings):
 
     @property
     def uses_efa(self) -> bool:
-        """Whether the job's pods run NCCL over EFA: on the cluster, with EFA_ENABLED and an instance type
-        that has interfaces. The one answer for the pod's EFA request, environment and security context,
-        and for the warning when NCCL falls back to sockets."""
+        """Whether the job's pods run NCCL over EFA: on the cluster, with EFA_ENABLED and an
+        instance type that has interfaces. The one answer for the pod's EFA request, environment and
+        security context, and for the warning when NCCL falls back to sockets."""
         return self.target.gpus and self.efa_per_node > 0
 
     @property
     def checkpoint_claim(self) -> str:
-        """The claim that holds checkpoints: CHECKPOINT_PVC, else SHARED_VOLUME; '' means pod-local disks."""
+        """The claim that holds checkpoints: CHECKPOINT_PVC, else SHARED_VOLUME; '' means pod-local
+        disks."""
         return self.checkpoint_pvc or self.shared_volume
 
     def ecr_registry(self, account: str) -> str:
@@ -390,7 +430,8 @@ class Config(Settings):
         return self.image_uri_in(self.registry)
 
     def hf_token_value(self, read_file: Callable[[str], str] | None = None) -> str:
-        """The token itself, for the Secret only. `read_file` is injected so this module stays free of I/O."""
+        """The token itself, for the Secret only. `read_file` is injected so this module stays free
+        of I/O."""
         if self.hf_token.get_secret_value():
             return self.hf_token.get_secret_value()
         if not (self.hf_token_file and read_file):
@@ -403,12 +444,19 @@ class Config(Settings):
                 f"{where} is not text (byte {e.start} is not UTF-8)", hint=TOKEN_FILE_HINT
             ) from None
         # it becomes an environment string and an HTTP header: printable, one word, a sane size
-        if len(token) > MAX_VALUE_BYTES or not (token.isprintable() and token.isascii()) or " " in token:
-            raise BadInput(f"{where} does not hold one token (printable, no spaces)", hint=TOKEN_FILE_HINT)
+        if (
+            len(token) > MAX_VALUE_BYTES
+            or not (token.isprintable() and token.isascii())
+            or " " in token
+        ):
+            raise BadInput(
+                f"{where} does not hold one token (printable, no spaces)", hint=TOKEN_FILE_HINT
+            )
         return token
 
     def train_env(self) -> dict[str, str]:
-        """The trainer's settings as environment variables (what the pod gets), all keys, stable order."""
+        """The trainer's settings as environment variables (what the pod gets), all keys, stable
+        order."""
         out = {}
         for f in dataclasses.fields(TrainConfig):
             if f.name in TRAIN_KEYS_DERIVED:

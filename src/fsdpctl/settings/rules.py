@@ -20,39 +20,43 @@ IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 VPC = r"^(vpc-[0-9a-f]{8,17})?$"
 SUBNET_LIST = r"^(subnet-[0-9a-f]{8,17}(,subnet-[0-9a-f]{8,17})*)?$"
-# A job's name is a DNS-1035 label (starts with a letter): the Training Operator's webhook refuses any other
-# (pkg/webhooks/pytorch/pytorchjob_webhook.go: NameIsDNS1035Label), and the Services named after its pods are
-# DNS-1035 labels too.
+# A job's name is a DNS-1035 label (starts with a letter): the Training Operator's webhook refuses
+# any other (pkg/webhooks/pytorch/pytorchjob_webhook.go: NameIsDNS1035Label), and the Services named
+# after its pods are DNS-1035 labels too.
 DNS_1035_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
-# Every value travels to the trainer as an environment string `KEY=value`; Linux refuses execve with E2BIG for
-# any one string over MAX_ARG_STRLEN (32 pages = 128 KiB: include/uapi/linux/binfmts.h). Half of that leaves
-# room for the key and for the other values; anything longer is a paste gone wrong, not a setting.
+# Every value travels to the trainer as an environment string `KEY=value`; Linux refuses execve with
+# E2BIG for any one string over MAX_ARG_STRLEN (32 pages = 128 KiB: include/uapi/linux/binfmts.h).
+# Half of that leaves room for the key and for the other values; anything longer is a paste gone
+# wrong, not a setting.
 MAX_VALUE_BYTES = 64 * 1024
 TOKEN_FILE_HINT = "put the token (hf_...) alone in the file, or set HF_TOKEN"
-# Whole numbers end up in C int64 fields (torch.manual_seed adds per-shard offsets to SEED and refuses beyond
-# 2**64-1; Kubernetes int64 fields; timedelta(seconds=...) for the timeouts): one range for all, tighter
-# ranges where the value has one of its own.
+# Whole numbers end up in C int64 fields (torch.manual_seed adds per-shard offsets to SEED and
+# refuses beyond 2**64-1; Kubernetes int64 fields; timedelta(seconds=...) for the timeouts): one
+# range for all, tighter ranges where the value has one of its own.
 INT64_MAX = 2**63 - 1
 TIMEDELTA_MAX_SECONDS = 999_999_999 * 86_400  # datetime.timedelta.max, in whole days
 INT_MAX = {
     "METRICS_PORT": 65535,  # a TCP port (0: off)
-    "COLLECTIVE_TIMEOUT": TIMEDELTA_MAX_SECONDS,  # torch's init_process_group(timeout=timedelta(...))
-    "RDZV_JOIN_TIMEOUT": TIMEDELTA_MAX_SECONDS,  # torchrun's rendezvous join_timeout, a timedelta too
+    # torch's init_process_group(timeout=timedelta(...))
+    "COLLECTIVE_TIMEOUT": TIMEDELTA_MAX_SECONDS,
+    # torchrun's rendezvous join_timeout, a timedelta too
+    "RDZV_JOIN_TIMEOUT": TIMEDELTA_MAX_SECONDS,
 }
 GATED_PREFIXES = ("meta-llama/",)
 # keys whose value is a secret (masked by `redacted`, never written)
 SECRET_KEYS = ("HF_TOKEN",)
 # Keys the job derives itself rather than taking from the user.
 TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
-# The environment's settings: FSDPCTL_<KEY>. The plain names are the trainer's (pods get MODEL=, SEED=): in a
-# user's shell they belong to something else, and are not read.
+# The environment's settings: FSDPCTL_<KEY>. The plain names are the trainer's (pods get MODEL=,
+# SEED=): in a user's shell they belong to something else, and are not read.
 ENV_PREFIX = "FSDPCTL_"
-# ...except these, which their own tools read by the plain name with the same meaning: huggingface_hub
-# (HF_TOKEN), the AWS SDKs and CLI (AWS_REGION, AWS_PROFILE). FSDPCTL_<KEY> wins when both are set.
+# ...except these, which their own tools read by the plain name with the same meaning:
+# huggingface_hub (HF_TOKEN), the AWS SDKs and CLI (AWS_REGION, AWS_PROFILE). FSDPCTL_<KEY> wins
+# when both are set.
 SHARED_ENV = ("HF_TOKEN", "AWS_REGION", "AWS_PROFILE")
-# FSDPCTL_ variables that are fsdpctl's own, not settings (an unknown FSDPCTL_ variable is warned about):
-# the state and .env paths, the offline mirrors, the local backend's switch and its process marks, and the
-# test suite's switches (FSDPCTL_TEST_*, FSDPCTL_UPDATE_GOLDEN).
+# FSDPCTL_ variables that are fsdpctl's own, not settings (an unknown FSDPCTL_ variable is warned
+# about): the state and .env paths, the offline mirrors, the local backend's switch and its process
+# marks, and the test suite's switches (FSDPCTL_TEST_*, FSDPCTL_UPDATE_GOLDEN).
 OWN_ENV = (
     "FSDPCTL_HOME",
     "FSDPCTL_ENV_FILE",
@@ -70,11 +74,15 @@ OWN_ENV = (
     "FSDPCTL_UPDATE_GOLDEN",
 )
 OWN_ENV_PREFIXES = ("FSDPCTL_TEST_",)
-# The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set none.
+# The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set
+# none.
 MODEL_DEFAULT = "model default"
-CAPPED_DEFAULT = "default, at most MAX_STEPS"  # WARMUP_STEPS of a run shorter than its default warmup
-# The source of a value computed from other settings because the user set none (FSX_STORAGE_GIB: sized for
-# what the job keeps on the volume, fsdpctl.volume); .env.example leaves these keys commented out too.
+CAPPED_DEFAULT = (
+    "default, at most MAX_STEPS"  # WARMUP_STEPS of a run shorter than its default warmup
+)
+# The source of a value computed from other settings because the user set none (FSX_STORAGE_GIB:
+# sized for what the job keeps on the volume, fsdpctl.volume); .env.example leaves these keys
+# commented out too.
 DERIVED = "derived"
 DERIVED_KEYS = ("FSX_STORAGE_GIB",)
 

@@ -1,5 +1,5 @@
-"""The EKS backend: PyTorchJob or TrainJob on the cluster of the kubeconfig, through `engine` and the
-Kubernetes adapter. Connects on first use, so building one costs nothing."""
+"""The EKS backend: PyTorchJob or TrainJob on the cluster of the kubeconfig, through `engine` and
+the Kubernetes adapter. Connects on first use, so building one costs nothing."""
 
 from __future__ import annotations
 
@@ -31,9 +31,13 @@ class EksBackend:
     def kube(self) -> Any:
         return kjobs.connect(self.cfg)
 
-    def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started:
+    def run(
+        self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool
+    ) -> Started:
         cfg = self.cfg
-        if not cfg.registry:  # a bare image name is pulled from Docker Hub, where the trainer image is not
+        if (
+            not cfg.registry
+        ):  # a bare image name is pulled from Docker Hub, where the trainer image is not
             raise BadInput(
                 f"the job's image {cfg.image_uri!r} has no registry: its pods would look for it on Docker "
                 "Hub and stay in ImagePullBackOff",
@@ -82,9 +86,10 @@ class EksBackend:
         return r
 
     def gpu_nodes(self, name: str) -> list[dict[str, Any]] | None:
-        """The GPU nodes the job's pods run on or wait for, each with whether the device plugins made the
-        GPUs and EFA interfaces a pod asks for allocatable (deploy status's per-node rows, narrowed to the
-        job). None where this identity may not list nodes (they are cluster-scoped: RBAC often says no)."""
+        """The GPU nodes the job's pods run on or wait for, each with whether the device plugins
+        made the GPUs and EFA interfaces a pod asks for allocatable (deploy status's per-node rows,
+        narrowed to the job). None where this identity may not list nodes (they are cluster-scoped:
+        RBAC often says no)."""
         from fsdpctl.adapters.kube import KubeError
 
         pods = kjobs.pods_of(self.kube, self.cfg, name)
@@ -121,7 +126,14 @@ class EksBackend:
                     "--node applies to PyTorchJob pods", hint="use --pod NAME (see job status)"
                 )
         return kjobs.logs(
-            self.kube, self.cfg, name, follow=follow, pod=pod, all_pods=all_, tail=tail, since_s=since_s
+            self.kube,
+            self.cfg,
+            name,
+            follow=follow,
+            pod=pod,
+            all_pods=all_,
+            tail=tail,
+            since_s=since_s,
         )
 
     def tail(self, name: str, lines: int) -> list[str]:
@@ -137,13 +149,15 @@ class EksBackend:
         return {r["run_id"]: run_outcome(self.history(name), r["phase"])}
 
     def tensorboard_dir(self, name: str) -> str | None:
-        """As the job on the cluster has it (its pods' TENSORBOARD_DIR), whatever the settings say now."""
+        """As the job on the cluster has it (its pods' TENSORBOARD_DIR), whatever the settings say
+        now."""
         env = kjobs.container_env(kjobs.require_job(self.kube, self.cfg, name))
         return env.get("TENSORBOARD_DIR") or None
 
     def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
-        """The event files live on the claim the pods mount; this machine has no view of it. The honest way
-        there: TensorBoard in a pod that mounts the claim, reached through a port-forward."""
+        """The event files live on the claim the pods mount; this machine has no view of it. The
+        honest way there: TensorBoard in a pod that mounts the claim, reached through a
+        port-forward."""
         cfg, port = self.cfg, argv[-1]
         return [
             f"# the events are on PersistentVolumeClaim {cfg.shared_volume or '-'} (mounted at "
@@ -168,19 +182,24 @@ class EksBackend:
         where = f"ConfigMap {self.cfg.job_namespace}/{run_record.config_map_name(job)} on {self.kube.server}"
         return KeptRecord(rec, lines, where, problems)
 
-    def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
+    def stop(
+        self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
+    ) -> str:
         job = kjobs.get_job(self.kube, self.cfg, name)
         if job is None:
             return f"no job {name} in {self.cfg.job_namespace}; nothing to stop"
         if dry_run:
             return f"dry run: would delete {job['kind']} {name} (pods get SIGTERM and checkpoint)"
         if wait and say is not None:
-            say(f"deleting {job['kind']} {name}: waiting for its pods to checkpoint and end (foreground)")
+            say(
+                f"deleting {job['kind']} {name}: waiting for its pods to checkpoint and end (foreground)"
+            )
         kjobs.stop(self.kube, self.cfg, name, wait=wait)
         return f"job {name}: {'stopped and deleted' if wait else 'stopping'}"
 
     def interrupt(self, name: str) -> Report | None:
-        """Ctrl-C while following a cluster job detaches: the job is the cluster's, it keeps running."""
+        """Ctrl-C while following a cluster job detaches: the job is the cluster's, it keeps
+        running."""
         return None
 
     def list_jobs(self) -> list[Report]:

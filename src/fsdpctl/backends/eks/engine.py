@@ -1,5 +1,6 @@
-"""Jobs on a Kubernetes cluster (BACKEND=eks): run, report, stop, wait, logs, cleanup. Orchestration over the
-Kubernetes adapter; what the objects mean is read by the pure `kstatus` and `progress` modules."""
+"""Jobs on a Kubernetes cluster (BACKEND=eks): run, report, stop, wait, logs, cleanup. Orchestration
+over the Kubernetes adapter; what the objects mean is read by the pure `kstatus` and `progress`
+modules."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from fsdpctl.reports import FINAL, TIMEOUT, Phase, PrestepReport, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import fetch
 
-LOG_TAIL = 3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
+LOG_TAIL = (
+    3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
+)
 
 
 def connect(cfg: Config):
@@ -25,7 +28,9 @@ def connect(cfg: Config):
     try:
         from fsdpctl.adapters.kube import Kube, NoCluster
     except ImportError as e:
-        raise FsdpctlError("the kubernetes client is not installed", hint="pip install 'fsdpctl[k8s]'") from e
+        raise FsdpctlError(
+            "the kubernetes client is not installed", hint="pip install 'fsdpctl[k8s]'"
+        ) from e
     try:
         return Kube.connect(cfg.kube_context, timeout=cfg.request_timeout)
     except NoCluster as e:
@@ -45,7 +50,8 @@ def explain(e, cfg: Config, what: str) -> FsdpctlError:
         "resource" in e.message.lower() or "the server could not find" in e.message.lower()
     ):
         return FsdpctlError(
-            f"{what}: the {kind} CRD ({api}) is not installed on this cluster", hint="fsdpctl deploy operator"
+            f"{what}: the {kind} CRD ({api}) is not installed on this cluster",
+            hint="fsdpctl deploy operator",
         )
     if e.status == 403:
         return FsdpctlError(
@@ -80,7 +86,9 @@ def calls(cfg: Config, what: str) -> Iterator[None]:
 def get_job(kube, cfg: Config, name: str) -> dict | None:
     api, kind = render.job_api(cfg)
     with calls(cfg, f"reading job {name}"):
-        kube.list(api, kind, cfg.job_namespace, {"fsdpctl.io/job": name})  # 404 here: the CRD is missing
+        kube.list(
+            api, kind, cfg.job_namespace, {"fsdpctl.io/job": name}
+        )  # 404 here: the CRD is missing
         return kube.get(api, kind, name, cfg.job_namespace)
 
 
@@ -105,9 +113,10 @@ def run(
     server_dry_run: bool = False,
     record: dict | None = None,
 ) -> dict:
-    """Namespace (+ etcd) applied, the Secret applied, the job created. A job of the same name is refused
-    unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint). With a run `record`
-    (fsdpctl.record) the job carries its hash and the ConfigMap <job>-record, owned by the job, holds it."""
+    """Namespace (+ etcd) applied, the Secret applied, the job created. A job of the same name is
+    refused unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint). With a
+    run `record` (fsdpctl.record) the job carries its hash and the ConfigMap <job>-record, owned by
+    the job, holds it."""
     run_id = run_id or render.new_run_id(cfg.job_name)
     objs = render.render_job(cfg, run_id, record["id"] if record else "")
     *infra, job = objs
@@ -124,7 +133,8 @@ def run(
             raise FsdpctlError(
                 f"job {cfg.job_name} already exists ({kstatus.phase(existing)})",
                 hint="`fsdpctl job run --replace` replaces it; `fsdpctl job stop` removes it",
-                code=ExitCode.BAD_INPUT,  # refused before anything changed, as a local job already running
+                # refused before anything changed, as a local job already running
+                code=ExitCode.BAD_INPUT,
             )
         stop(kube, cfg, cfg.job_name, wait=True)
     with calls(cfg, f"starting job {cfg.job_name}"):
@@ -154,23 +164,29 @@ DEPENDENTS = ("Job", "PodDisruptionBudget")
 
 
 def _clear_prestep(kube, cfg: Config, obj: dict) -> None:
-    """A pre-step Job or budget an older run left (one applied from `fsdpctl manifest`, owned by nothing): a
-    Job's pod template cannot be changed, so it goes before the new one is created."""
+    """A pre-step Job or budget an older run left (one applied from `fsdpctl manifest`, owned by
+    nothing): a Job's pod template cannot be changed, so it goes before the new one is created."""
     api, kind, name = obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
     if kube.delete(api, kind, name, cfg.job_namespace, propagation="Background"):
         _wait_gone(kube, api, kind, name, cfg.job_namespace, 120)
 
 
 def _owned_by(obj: dict, owner: dict) -> dict:
-    """`obj` as a dependent of `owner`: deleting the training job (stop, cleanup, --replace) deletes its
-    pre-step Job and that Job's pod with it (the garbage collector's ownerReferences)."""
+    """`obj` as a dependent of `owner`: deleting the training job (stop, cleanup, --replace) deletes
+    its pre-step Job and that Job's pod with it (the garbage collector's ownerReferences)."""
     meta = owner["metadata"]
-    ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"]}
+    ref = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }
     return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
 
 
 def prestep_report(kube, cfg: Config, name: str) -> PrestepReport | None:
-    """The pre-step Job of job `name`: its phase, and its progress from its pod's log; None without one."""
+    """The pre-step Job of job `name`: its phase, and its progress from its pod's log; None without
+    one."""
     from fsdpctl.adapters.kube import KubeError
 
     with calls(cfg, f"reading the pre-step of {name}"):
@@ -183,7 +199,9 @@ def prestep_report(kube, cfg: Config, name: str) -> PrestepReport | None:
         newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
         try:
             lines = list(
-                kube.logs(cfg.job_namespace, newest["metadata"]["name"], prestep.CONTAINER, tail=200)
+                kube.logs(
+                    cfg.job_namespace, newest["metadata"]["name"], prestep.CONTAINER, tail=200
+                )
             )
         except KubeError:  # not started yet
             lines = []
@@ -192,9 +210,13 @@ def prestep_report(kube, cfg: Config, name: str) -> PrestepReport | None:
 
 
 def require_claims(kube, cfg: Config) -> None:
-    """Refuse before creating anything when a claim the pods mount is missing: the scheduler would leave every
-    pod Pending ('persistentvolumeclaim "..." not found', kube-scheduler's VolumeBinding plugin)."""
-    for key, claim in (("SHARED_VOLUME", cfg.shared_volume), ("CHECKPOINT_PVC", cfg.checkpoint_pvc)):
+    """Refuse before creating anything when a claim the pods mount is missing: the scheduler would
+    leave every pod Pending ('persistentvolumeclaim "..." not found', kube-scheduler's VolumeBinding
+    plugin)."""
+    for key, claim in (
+        ("SHARED_VOLUME", cfg.shared_volume),
+        ("CHECKPOINT_PVC", cfg.checkpoint_pvc),
+    ):
         if not claim:
             continue
         with calls(cfg, f"checking {key}"):
@@ -212,8 +234,8 @@ def require_claims(kube, cfg: Config) -> None:
 
 
 def claim_capacity_problem(cfg: Config, claim: dict) -> str | None:
-    """The bound claim's capacity as the cluster reports it (status.capacity.storage: the PV's, the FSx file
-    system's size) against what the job keeps there; a claim not bound yet says nothing."""
+    """The bound claim's capacity as the cluster reports it (status.capacity.storage: the PV's, the
+    FSx file system's size) against what the job keeps there; a claim not bound yet says nothing."""
     given = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
     capacity = volume.quantity_bytes(str(given)) if given else None
     if capacity is None:
@@ -241,7 +263,8 @@ def _container(cfg: Config) -> str:
 
 
 def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[str]]:
-    """(leader pod, its log lines): replica 0 first, then whichever pod its agent names as master_addr."""
+    """(leader pod, its log lines): replica 0 first, then whichever pod its agent names as
+    master_addr."""
     first = kstatus.leader(pods)
     if first is None:
         return None, []
@@ -253,8 +276,8 @@ def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[
 
 
 def container_env(job: dict) -> dict[str, str]:
-    """The plain `value` env entries of the job's pod template (PyTorchJob or TrainJob: wherever in the
-    object a container's env list is)."""
+    """The plain `value` env entries of the job's pod template (PyTorchJob or TrainJob: wherever in
+    the object a container's env list is)."""
     found: dict[str, str] = {}
 
     def walk(node: object) -> None:
@@ -289,7 +312,9 @@ def report(
     now = time.time()
     prog = progress(parse_events(lines), now)
     pending = [
-        p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase", "Pending") == "Pending"
+        p["metadata"]["name"]
+        for p in pods
+        if p.get("status", {}).get("phase", "Pending") == "Pending"
     ]
     events = {p: kube.events(cfg.job_namespace, p) for p in pending}
     network, net_warning = kstatus.network_path(lines, cfg.uses_efa)
@@ -319,7 +344,9 @@ def report(
         "prestep": prestep_report(kube, cfg, name),
         "stalled": False,
     }
-    if not prog["max_steps"]:  # before the first step: how far the start got (the leader pod's lines)
+    if not prog[
+        "max_steps"
+    ]:  # before the first step: how far the start got (the leader pod's lines)
         r["stage"] = stage(parse_events(lines), None, r["nodes"])
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
     if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running") and not r["step"]:
@@ -348,17 +375,19 @@ def list_jobs(kube, cfg: Config) -> list[Report]:
     return [report(kube, cfg, j["metadata"]["name"], job=j) for j in jobs]
 
 
-# The kubelet rewrites a pod's downward API files on its next sync of the pod (syncFrequency: 1 minute by
-# default, plus its pod cache), so a stop annotation reaches the trainers within about a minute.
+# The kubelet rewrites a pod's downward API files on its next sync of the pod (syncFrequency: 1
+# minute by default, plus its pod cache), so a stop annotation reaches the trainers within about a
+# minute.
 STOP_NOTICE_S = 90
 
 
 def stop(kube, cfg: Config, name: str, wait: bool = True, timeout: float = 300) -> bool:
-    """Ask the trainers to stop, then delete the job with foreground propagation. The stop request is the
-    annotation fsdpctl.io/stop on each running pod, which the trainers read through their downward API
-    file (fsdptrain.disruption): they checkpoint and exit 0, where a SIGTERM alone reads as an eviction
-    (checkpoint, come back). The pods get their grace plus the kubelet's refresh before the job is deleted
-    and whatever still runs gets SIGTERM. False when there was nothing to stop."""
+    """Ask the trainers to stop, then delete the job with foreground propagation. The stop request
+    is the annotation fsdpctl.io/stop on each running pod, which the trainers read through their
+    downward API file (fsdptrain.disruption): they checkpoint and exit 0, where a SIGTERM alone
+    reads as an eviction (checkpoint, come back). The pods get their grace plus the kubelet's
+    refresh before the job is deleted and whatever still runs gets SIGTERM. False when there was
+    nothing to stop."""
     api, kind = render.job_api(cfg)
     with calls(cfg, f"stopping job {name}"):
         if kube.get(api, kind, name, cfg.job_namespace) is None:
@@ -374,13 +403,15 @@ def stop(kube, cfg: Config, name: str, wait: bool = True, timeout: float = 300) 
 
 
 def request_stop(kube, cfg: Config, name: str) -> list[str]:
-    """The stop annotation on the job (`status` and `wait` then say Stopped, not Succeeded) and on every
-    running pod of it (its trainers read it); the pods annotated."""
+    """The stop annotation on the job (`status` and `wait` then say Stopped, not Succeeded) and on
+    every running pod of it (its trainers read it); the pods annotated."""
     from fsdpctl.adapters.kube import KubeError
 
     stamp = {
         "metadata": {
-            "annotations": {render.STOP_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "annotations": {
+                render.STOP_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            }
         }
     }
     api, kind = render.job_api(cfg)
@@ -402,7 +433,8 @@ def _running(pod: dict) -> bool:
 
 
 def _wait_pods_ended(kube, cfg: Config, name: str, timeout: float) -> None:
-    """Until none of the job's pods runs (their trainers saved and exited), at most `timeout` seconds."""
+    """Until none of the job's pods runs (their trainers saved and exited), at most `timeout`
+    seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(_running(p) for p in pods_of(kube, cfg, name)):
         time.sleep(2)
@@ -424,8 +456,8 @@ def _wait_gone(kube, api: str, kind: str, name: str, namespace: str, timeout: fl
 
 
 def wait(kube, cfg: Config, name: str, timeout: float | None) -> Waited:
-    """The job's final phase, following it through watch events; 'Timeout' when `timeout` passes first and
-    'Stopped' when it is deleted while waited for."""
+    """The job's final phase, following it through watch events; 'Timeout' when `timeout` passes
+    first and 'Stopped' when it is deleted while waited for."""
     api, kind = render.job_api(cfg)
     job = require_job(kube, cfg, name)
     deadline = time.monotonic() + timeout if timeout else float("inf")
@@ -438,7 +470,11 @@ def wait(kube, cfg: Config, name: str, timeout: float | None) -> Waited:
             if left <= 0:
                 return TIMEOUT
             for event, obj in kube.watch(
-                api, kind, cfg.job_namespace, {"fsdpctl.io/job": name}, timeout=max(1, int(min(60, left)))
+                api,
+                kind,
+                cfg.job_namespace,
+                {"fsdpctl.io/job": name},
+                timeout=max(1, int(min(60, left))),
             ):
                 if obj["metadata"]["name"] != name:
                     continue
@@ -463,8 +499,8 @@ def logs(
     tail: int | None = None,
     since_s: float | None = None,
 ) -> Iterator[LogLine]:
-    """The chosen pods' lines with their times: tail and since are the API's tailLines and sinceSeconds (whole
-    seconds, rounded up as kubectl does), times from ?timestamps=true."""
+    """The chosen pods' lines with their times: tail and since are the API's tailLines and
+    sinceSeconds (whole seconds, rounded up as kubectl does), times from ?timestamps=true."""
     require_job(kube, cfg, name)
     pods = pods_of(kube, cfg, name)
     if pod:
@@ -508,7 +544,9 @@ def _stream(
         stamp, _, text = raw.partition(" ")
         try:
             yield LogLine(where, text, crilog.parse_time(stamp))
-        except ValueError:  # no time in front (not a kubelet's answer to timestamps=true): the line whole
+        except (
+            ValueError
+        ):  # no time in front (not a kubelet's answer to timestamps=true): the line whole
             yield LogLine(where, raw)
 
 
@@ -540,9 +578,9 @@ def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iter
 
 
 def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]:
-    """Finished jobs, their pods (cleanPodPolicy Running keeps the finished ones for their logs), their
-    Secret and their rendezvous keys in etcd; checkpoints only with `checkpoints` (a short pod removes the
-    job's directory on the PVC). Returns what was (or, dry, would be) removed."""
+    """Finished jobs, their pods (cleanPodPolicy Running keeps the finished ones for their logs),
+    their Secret and their rendezvous keys in etcd; checkpoints only with `checkpoints` (a short pod
+    removes the job's directory on the PVC). Returns what was (or, dry, would be) removed."""
     api, kind = render.job_api(cfg)
     done: list[str] = []
     with calls(cfg, "cleaning up"):
@@ -560,12 +598,16 @@ def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]
             keys = render.rendezvous_keys(backend, run_id)
             done += [f"etcd key {k}" for k in keys]
             if checkpoints and cfg.checkpoint_claim:
-                done.append(f"checkpoints {render.checkpoint_dir(cfg, name)} on PVC {cfg.checkpoint_claim}")
+                done.append(
+                    f"checkpoints {render.checkpoint_dir(cfg, name)} on PVC {cfg.checkpoint_claim}"
+                )
             if dry_run:
                 continue
             kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
             for p in pods:
-                kube.delete("v1", "Pod", p["metadata"]["name"], cfg.job_namespace, propagation="Background")
+                kube.delete(
+                    "v1", "Pod", p["metadata"]["name"], cfg.job_namespace, propagation="Background"
+                )
             kube.delete("v1", "Secret", render.secret_name(cfg), cfg.job_namespace)
             for key in keys:
                 _delete_etcd_key(kube, cfg, key)
@@ -593,10 +635,10 @@ def _delete_etcd_key(kube, cfg: Config, key: str) -> None:
 
 
 def record_of(kube, cfg: Config, name: str) -> tuple[dict | None, list[str], list[str]]:
-    """(the run record of job `name` from its ConfigMap, the leader's log lines, problems). What the cluster
-    learnt since the start (the image digest its pods report, the trainer's `start` event) is merged and
-    written back into the ConfigMap, so it stays once the pods are gone. (None, [], []) without a
-    ConfigMap."""
+    """(the run record of job `name` from its ConfigMap, the leader's log lines, problems). What the
+    cluster learnt since the start (the image digest its pods report, the trainer's `start` event)
+    is merged and written back into the ConfigMap, so it stays once the pods are gone. (None, [],
+    []) without a ConfigMap."""
     from fsdpctl.adapters.kube import KubeError
 
     with calls(cfg, f"reading the run record of {name}"):
@@ -606,7 +648,9 @@ def record_of(kube, cfg: Config, name: str) -> tuple[dict | None, list[str], lis
     try:
         rec = run_record.from_config_map(cm)
     except ValueError as e:
-        raise FsdpctlError(f"ConfigMap {run_record.config_map_name(name)} holds no run record ({e})") from e
+        raise FsdpctlError(
+            f"ConfigMap {run_record.config_map_name(name)} holds no run record ({e})"
+        ) from e
     job = get_job(kube, cfg, name)
     cm_name = run_record.config_map_name(name)
     damaged = run_record.problem(rec)
@@ -614,7 +658,9 @@ def record_of(kube, cfg: Config, name: str) -> tuple[dict | None, list[str], lis
     if job is None:
         return rec, [], [*problems, f"job {name} is gone: the record is as it was last read"]
     if (job["metadata"].get("annotations") or {}).get(run_record.ANNOTATION) != rec.get("hash"):
-        problems.append(f"job {name}'s {run_record.ANNOTATION} annotation does not match ConfigMap {cm_name}")
+        problems.append(
+            f"job {name}'s {run_record.ANNOTATION} annotation does not match ConfigMap {cm_name}"
+        )
     pods = pods_of(kube, cfg, name)
     _, lines = find_leader(kube, cfg, pods)
     digest = run_record.image_digest(pods, _container(cfg))

@@ -1,5 +1,5 @@
-"""The local job's supervisor process: `python -m fsdpctl.backends.local JOB_DIR` (started detached by
-`engine.start`)."""
+"""The local job's supervisor process: `python -m fsdpctl.backends.local JOB_DIR` (started detached
+by `engine.start`)."""
 
 import sys
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""The local backend: the rendered PyTorchJob on this machine, through the local adapter's supervisor."""
+"""The local backend: the rendered PyTorchJob on this machine, through the local adapter's
+supervisor."""
 
 from __future__ import annotations
 
@@ -37,17 +38,25 @@ class LocalBackend:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.notes: list[str] = []  # what list_jobs and cleanup skipped (a stray file, a damaged state)
+        self.notes: list[
+            str
+        ] = []  # what list_jobs and cleanup skipped (a stray file, a damaged state)
         self.history_source = ""  # the log `history` read
 
-    def run(self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool) -> Started:
+    def run(
+        self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool
+    ) -> Started:
         if server_dry_run:
-            raise FsdpctlError("--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks")
+            raise FsdpctlError(
+                "--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks"
+            )
         cfg = self.cfg
         run_id = checked_run_id(run_id) if run_id is not None else render.new_run_id(cfg.job_name)
         rec = record_store.new(cfg, run_id) if not dry_run else None
         *infra, job = render.render_job(cfg, run_id, rec["id"] if rec else "")
-        fetch_job = next((o for o in infra if o["kind"] == "Job"), None)  # the download before training
+        fetch_job = next(
+            (o for o in infra if o["kind"] == "Job"), None
+        )  # the download before training
         if dry_run or rec is None:
             self._refuse_resume(job)
             return self._dry_run(job, run_id, fetch_job)
@@ -57,12 +66,17 @@ class LocalBackend:
             local.stop(cfg.job_name)
             local.wait(cfg.job_name)
         self._refuse_resume(job)  # after a --replace stop: its stop checkpoint is the one resumed
-        secrets = secret_env(cfg)  # a token file that is not one token: refused before anything is written
+        secrets = secret_env(
+            cfg
+        )  # a token file that is not one token: refused before anything is written
         # the record is on disk before any process of the run starts; gone again if none does
         saved = record_store.save({**rec, "manifests": render.to_yaml([*infra, job])})
         try:
             st = local.start(job, secret_env=secrets, prestep=fetch_job)
-        except (local.JobBusy, local.CorruptState) as e:  # running, or its lock is not a file fsdpctl made
+        except (
+            local.JobBusy,
+            local.CorruptState,
+        ) as e:  # running, or its lock is not a file fsdpctl made
             record_store.discard(saved)
             raise FsdpctlError(str(e), code=ExitCode.BAD_INPUT) from e
         except local.LocalJobError as e:
@@ -73,12 +87,15 @@ class LocalBackend:
 
     def _refuse_resume(self, job: dict[str, Any]) -> None:
         """Exit 2, nothing written, when the run would resume a checkpoint it must not (see
-        local.resume_refusal); the same line the trainer's pre-launch check would give on each node."""
+        local.resume_refusal); the same line the trainer's pre-launch check would give on each node.
+        """
         spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
         if refusal := local.resume_refusal(spec, self.cfg.training, self.cfg.world_size):
             raise FsdpctlError(refusal, code=ExitCode.BAD_INPUT)
 
-    def _dry_run(self, job: dict[str, Any], run_id: str, fetch_job: dict[str, Any] | None) -> Started:
+    def _dry_run(
+        self, job: dict[str, Any], run_id: str, fetch_job: dict[str, Any] | None
+    ) -> Started:
         spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
         pre = local.prestep_spec(fetch_job, local.job_dir(self.cfg.job_name)) if fetch_job else None
         lines = ([f"pre-step: {' '.join(pre['argv'])}"] if pre else []) + [
@@ -94,7 +111,9 @@ class LocalBackend:
             return local.settle(local.read_state(local.job_dir(name)))  # ended unseen: ended now
         except local.CorruptState as e:
             raise FsdpctlError(
-                str(e), hint=f"remove {local.job_dir(name)} and run the job again", code=ExitCode.BAD_INPUT
+                str(e),
+                hint=f"remove {local.job_dir(name)} and run the job again",
+                code=ExitCode.BAD_INPUT,
             ) from e
 
     def _state(self, name: str) -> dict[str, Any]:
@@ -128,13 +147,17 @@ class LocalBackend:
         if not chosen:
             raise _no_logs(name, local.log_dir(st))
         readers = {f: _Follower(f) for f in chosen}
-        since = time.time() - since_s if since_s is not None else None  # the kubelet's now - sinceSeconds
+        since = (
+            time.time() - since_s if since_s is not None else None
+        )  # the kubelet's now - sinceSeconds
         first = True
         while True:
             active = local.effective_phase(self._state(name)) in local.ACTIVE
             for f, reader in readers.items():
                 found = reader.read(final=not (follow and active))
-                if first:  # the kubelet's choice applies to what is there when asked; the rest is new
+                if (
+                    first
+                ):  # the kubelet's choice applies to what is there when asked; the rest is new
                     found = crilog.select(found, tail=tail, since=since)
                 yield from (LogLine({"node": f.stem}, line.text, line.time) for line in found)
             first = False
@@ -149,9 +172,11 @@ class LocalBackend:
         return crilog.texts(log)[-lines:] if log else []
 
     def history(self, name: str) -> list[events.Event]:
-        """The job's whole curve: the runs that continued its checkpoints, each from where it started."""
+        """The job's whole curve: the runs that continued its checkpoints, each from where it
+        started."""
         st = self._state(name)
-        # what `job plot` names when it finds no step: the current run's leader log, else its log directory
+        # what `job plot` names when it finds no step: the current run's leader log, else its log
+        # directory
         self.history_source = str(local.leader_log(st) or local.log_dir(st))
         return across_runs([_run_events(d) for d in _lineage(st)])
 
@@ -160,7 +185,9 @@ class LocalBackend:
         logs, phase = local.log_dir(st), local.effective_phase(st)
         ours = logs.parent.is_dir() and files.reached_without_link(logs.parent, home())
         runs = sorted(logs.parent.iterdir()) if ours else []
-        found = {d.name: run_outcome(_run_events(d)) for d in runs if d.is_dir() and not d.is_symlink()}
+        found = {
+            d.name: run_outcome(_run_events(d)) for d in runs if d.is_dir() and not d.is_symlink()
+        }
         return {**found, st["run_id"]: run_outcome(_run_events(logs), phase)}
 
     def tensorboard_dir(self, name: str) -> str | None:
@@ -180,20 +207,27 @@ class LocalBackend:
         return None  # the event files are on this machine
 
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
-        """Every node's log of the run under the job's directory (the leader alone prints events, so all
-        nodes' lines together hold just its), as text."""
+        """Every node's log of the run under the job's directory (the leader alone prints events, so
+        all nodes' lines together hold just its), as text."""
         logs = sorted((local.job_dir(job) / "logs" / run_id).glob("node-*.log"))
         return [line for p in logs for line in crilog.texts(p)]
 
     def here(self, path: str) -> str | None:
         cfg = self.cfg
-        claims = {cfg.shared_volume_path: cfg.shared_volume, render.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc}
-        return local_path(path, {p: str(local.shared_volume_dir(c)) for p, c in claims.items() if c})
+        claims = {
+            cfg.shared_volume_path: cfg.shared_volume,
+            render.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc,
+        }
+        return local_path(
+            path, {p: str(local.shared_volume_dir(c)) for p, c in claims.items() if c}
+        )
 
     def kept_record(self, job: str) -> KeptRecord | None:
         return None  # this machine's record store is the only one
 
-    def stop(self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None) -> str:
+    def stop(
+        self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
+    ) -> str:
         st = self._state(name)
         phase = local.effective_phase(st)
         if phase not in local.ACTIVE:
@@ -202,7 +236,9 @@ class LocalBackend:
             return f"dry run: would send SIGTERM to job {name} (run {st['run_id']}, {st['replicas']} nodes)"
         at = _report(st, float("inf"))["step"]
         try:
-            st = local.stop(name) or st  # an orphaned job's stop is done here, by the time it returns
+            st = (
+                local.stop(name) or st
+            )  # an orphaned job's stop is done here, by the time it returns
         except local.LocalJobError as e:
             raise FsdpctlError(str(e)) from e
         if not wait:
@@ -216,10 +252,13 @@ class LocalBackend:
         return f"job {name}: {local.effective_phase(st)}"
 
     def interrupt(self, name: str) -> Report | None:
-        """Ctrl-C while following stops the job as Kubernetes would (SIGTERM: the trainer checkpoints)."""
+        """Ctrl-C while following stops the job as Kubernetes would (SIGTERM: the trainer
+        checkpoints)."""
         try:
             local.stop(name)
-        except local.LocalJobError as e:  # e.g. a supervisor that is not the one recorded: signalled nothing
+        except (
+            local.LocalJobError
+        ) as e:  # e.g. a supervisor that is not the one recorded: signalled nothing
             raise FsdpctlError(str(e), hint=f"`fsdpctl job status {name}`") from e
         local.wait(name)
         return self.report(name)
@@ -232,42 +271,53 @@ class LocalBackend:
         return local.effective_phase(local.wait(name, timeout=timeout)) or Phase.FAILED
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
-        """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data, node
-        disks; with `checkpoints` also its directory on the shared volume."""
+        """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data,
+        node disks; with `checkpoints` also its directory on the shared volume."""
         removed = []
         for st in local.list_jobs(self.notes):
             try:
-                removed += _clean_job(st, checkpoints=checkpoints, dry_run=dry_run, notes=self.notes)
-            except local.CorruptState as e:  # its lock is not a file fsdpctl made: nothing of it is touched
+                removed += _clean_job(
+                    st, checkpoints=checkpoints, dry_run=dry_run, notes=self.notes
+                )
+            except (
+                local.CorruptState
+            ) as e:  # its lock is not a file fsdpctl made: nothing of it is touched
                 self.notes.append(f"{e}: skipped")
         return removed
 
 
 def _stop_note(st: dict[str, Any], at: int) -> str:
-    """What a stopping job waits for now (`job stop` prints it after `waiting: `): the trainer's stop
-    checkpoint (the step in flight finishes first), then its launchers' exit; the pod's grace period after
-    which every process gets SIGKILL."""
+    """What a stopping job waits for now (`job stop` prints it after `waiting: `): the trainer's
+    stop checkpoint (the step in flight finishes first), then its launchers' exit; the pod's grace
+    period after which every process gets SIGKILL."""
     r = _report(st, float("inf"))
     grace = f"SIGKILL after the {local.grace_s(st['job']):.0f} s grace period"
     if r["summary"] is not None and r["summary"].get("stopped"):
         left = f"{r['nodes_running']} launcher" + ("" if r["nodes_running"] == 1 else "s")
         return f"{left} to exit (stop checkpoint written: {r['checkpoint']})"
     if r["max_steps"]:
-        return f"step {at + 1} to finish and its stop checkpoint ({grace})"  # the one SIGTERM came in
+        return (
+            f"step {at + 1} to finish and its stop checkpoint ({grace})"  # the one SIGTERM came in
+        )
     return f"the launchers to exit: no step trained yet ({grace})"
 
 
-def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool, notes: list[str]) -> list[str]:
-    """One ended job's files, with its lock held (no `job run` of it starts meanwhile); none while its
-    supervisor holds the lock or any process of the job lives. The lock file stays: a starter may hold it.
-    What goes is derived, never read from the state (README "What cleanup may delete"): the entries of
-    the job's own directory (a link among them is removed, never followed) and, with `checkpoints`, the
-    checkpoint directory fsdpctl derives for the job (fsdpctl.statefile.checkpoint_dir)."""
+def _clean_job(
+    st: dict[str, Any], *, checkpoints: bool, dry_run: bool, notes: list[str]
+) -> list[str]:
+    """One ended job's files, with its lock held (no `job run` of it starts meanwhile); none while
+    its supervisor holds the lock or any process of the job lives. The lock file stays: a starter
+    may hold it. What goes is derived, never read from the state (README "What cleanup may delete"):
+    the entries of the job's own directory (a link among them is removed, never followed) and, with
+    `checkpoints`, the checkpoint directory fsdpctl derives for the job
+    (fsdpctl.statefile.checkpoint_dir)."""
     jdir = local.job_dir(st["job"])
     with local.job_lock(jdir, create=not dry_run) as held:
         if not held or local.effective_phase(st) in local.ACTIVE or local.job_processes(st["job"]):
             return []
-        left = local.leftovers(st)  # outside its directory: a network its supervisor did not tear down
+        left = local.leftovers(
+            st
+        )  # outside its directory: a network its supervisor did not tear down
         if not dry_run:
             local.end_leftovers(st)
         doomed = sorted(p for p in jdir.iterdir() if p.name != local.LOCK)
@@ -280,8 +330,8 @@ def _clean_job(st: dict[str, Any], *, checkpoints: bool, dry_run: bool, notes: l
 
 
 def _checkpoints_of(st: dict[str, Any], notes: list[str]) -> list[Path]:
-    """The job's checkpoint directory, if the state names the one fsdpctl derives for it and it is reached
-    without a link; anything else it names is kept, with a note."""
+    """The job's checkpoint directory, if the state names the one fsdpctl derives for it and it is
+    reached without a link; anything else it names is kept, with a note."""
     recorded = st.get("checkpoint_dir")
     found = statefile.checkpoint_dir(home(), st)
     if found is not None and files.reached_without_link(found, home()) and found.is_dir():
@@ -297,8 +347,8 @@ def _checkpoints_of(st: dict[str, Any], notes: list[str]) -> list[Path]:
 
 
 def _remove(path: Path) -> None:
-    """A file, a link (itself, never what it points to) or a directory tree (rmtree never follows a link
-    inside it); gone already is fine."""
+    """A file, a link (itself, never what it points to) or a directory tree (rmtree never follows a
+    link inside it); gone already is fine."""
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
     else:
@@ -306,14 +356,16 @@ def _remove(path: Path) -> None:
 
 
 def _run_events(log_dir: Path) -> list[events.Event]:
-    """A run's trainer events: only the leader (global rank 0) prints them, so every node's log together
-    holds just its (the relay's CRI lines, as text)."""
-    return parse_events(line for f in sorted(log_dir.glob("node-*.log")) for line in crilog.texts(f))
+    """A run's trainer events: only the leader (global rank 0) prints them, so every node's log
+    together holds just its (the relay's CRI lines, as text)."""
+    return parse_events(
+        line for f in sorted(log_dir.glob("node-*.log")) for line in crilog.texts(f)
+    )
 
 
 def _lineage(st: dict[str, Any]) -> list[Path]:
-    """The log directories of the job's runs up to the current one that kept their checkpoints where it
-    does (its CHECKPOINT_SUBDIR: a rerun's curve is its own), oldest first by their records."""
+    """The log directories of the job's runs up to the current one that kept their checkpoints where
+    it does (its CHECKPOINT_SUBDIR: a rerun's curve is its own), oldest first by their records."""
     runs = {r["run_id"]: r for r in record_store.of_job(st["job"])}
     current = runs.get(st["run_id"])
     line = (current or {}).get("settings", {}).get("CHECKPOINT_SUBDIR", "")
@@ -364,11 +416,21 @@ def _report(st: dict[str, Any], stall_after: float) -> Report:
         },
     }
     if not prog["max_steps"]:  # before the first step: how far the start got
-        joined = sum(any(RENDEZVOUS_JOIN in x for x in crilog.texts(f)) for f in local.log_files(st))
+        joined = sum(
+            any(RENDEZVOUS_JOIN in x for x in crilog.texts(f)) for f in local.log_files(st)
+        )
         report["stage"] = stage(parse_events(lines), joined, st["replicas"])
-    report["stalled"] = stalled(phase or "", prog, now - st.get("started", st["created"]), stall_after)
-    if report["prestep"] and report["prestep"]["phase"] in ("Pending", "Running") and not report["step"]:
-        report["stalled"] = False  # no step yet because the trainers wait for the pre-step, not a hang
+    report["stalled"] = stalled(
+        phase or "", prog, now - st.get("started", st["created"]), stall_after
+    )
+    if (
+        report["prestep"]
+        and report["prestep"]["phase"] in ("Pending", "Running")
+        and not report["step"]
+    ):
+        report["stalled"] = (
+            False  # no step yet because the trainers wait for the pre-step, not a hang
+        )
     if report["stalled"]:  # a hung collective: what the flight recorder wrote, on this machine
         where = (st.get("nccl_traces") or ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])[0]
         dumps = [str(d) for d in local.nccl_dumps(st)]
@@ -382,8 +444,8 @@ def _report(st: dict[str, Any], stall_after: float) -> Report:
 
 
 def _no_logs(name: str, logs: Path) -> FsdpctlError:
-    """No log to show: the log directory is not there yet (exit 1), or something else is in its place
-    (exit 2), named either way."""
+    """No log to show: the log directory is not there yet (exit 1), or something else is in its
+    place (exit 2), named either way."""
     if os.path.lexists(logs) and (logs.is_symlink() or not logs.is_dir()):
         return FsdpctlError(
             f"{logs} is not the job's log directory (it is {files.kind_of(logs)})",
@@ -408,17 +470,17 @@ def _checkpoint_shown(st: dict[str, Any]) -> str | None:
 
 
 def _restarts(st: dict[str, Any]) -> int:
-    """Restarts of the job, not of its nodes: rendezvous rounds after the first, over every node's log
-    (kstatus.job_restarts); a node recreated that never reached a round still counts once."""
+    """Restarts of the job, not of its nodes: rendezvous rounds after the first, over every node's
+    log (kstatus.job_restarts); a node recreated that never reached a round still counts once."""
     logs = [crilog.texts(f) for f in local.log_files(st)]
     relaunched = max((lz.get("relaunches", 0) for lz in st.get("launchers", [])), default=0)
     return max(kstatus.job_restarts(logs), relaunched)
 
 
 def _failed_node(st: dict[str, Any]) -> int | None:
-    """The node whose launcher failed the job: the one the supervisor judged (its state's `failed_node`),
-    else the first that exited with a code other than 0 (a launcher the supervisor stopped afterwards may
-    have one too)."""
+    """The node whose launcher failed the job: the one the supervisor judged (its state's
+    `failed_node`), else the first that exited with a code other than 0 (a launcher the supervisor
+    stopped afterwards may have one too)."""
     if st.get("failed_node") is not None:
         return int(st["failed_node"])
     failed = [lz["node"] for lz in st.get("launchers", []) if lz.get("rc") not in (0, None)]
@@ -432,8 +494,9 @@ def _failed_log(st: dict[str, Any]) -> Path | None:
 
 
 def _failure(st: dict[str, Any]) -> Failure | None:
-    """Why the job failed, in the failing rank's words: on the node the supervisor judged, torchrun's root
-    cause (the rank, its error file) and that rank's first error line wherever it is in the node's log."""
+    """Why the job failed, in the failing rank's words: on the node the supervisor judged,
+    torchrun's root cause (the rank, its error file) and that rank's first error line wherever it is
+    in the node's log."""
     log = _failed_log(st)
     if log is None:
         return None
@@ -445,9 +508,9 @@ ERROR_FILE_MAX = 1024 * 1024  # torch's error file holds one exception and its t
 
 
 def _read_error_file(path: str) -> str | None:
-    """A worker's TORCHELASTIC_ERROR_FILE, where torchrun put it on this machine (its log_dir under the
-    temporary directory); None once it is gone. Its path comes from a log: read only if it is a regular
-    file of an error file's size (never a FIFO, a link, a device)."""
+    """A worker's TORCHELASTIC_ERROR_FILE, where torchrun put it on this machine (its log_dir under
+    the temporary directory); None once it is gone. Its path comes from a log: read only if it is a
+    regular file of an error file's size (never a FIFO, a link, a device)."""
     try:
         return files.read_regular(Path(path), ERROR_FILE_MAX).decode("utf-8", "replace")
     except OSError:
@@ -455,7 +518,8 @@ def _read_error_file(path: str) -> str | None:
 
 
 def _prestep(st: dict[str, Any], phase: str | None) -> PrestepReport | None:
-    """The pre-step's progress from its log, its outcome from its marker (the file the trainers wait for)."""
+    """The pre-step's progress from its log, its outcome from its marker (the file the trainers wait
+    for)."""
     pre = st.get("prestep")
     if not pre:
         return None
@@ -469,12 +533,15 @@ def _prestep(st: dict[str, Any], phase: str | None) -> PrestepReport | None:
     last = next((x for x in reversed(lines) if x.strip() and not x.startswith("{")), None)
     if phase in local.ACTIVE and pre.get("rc") in (None, 0):
         return prestep.report(fetch.parse(lines), "Running" if lines else "Pending")
-    return prestep.report(fetch.parse(lines), "Failed", last or f"ended without a verdict: see {log}")
+    return prestep.report(
+        fetch.parse(lines), "Failed", last or f"ended without a verdict: see {log}"
+    )
 
 
 def _marker(path: Path | None) -> dict[str, Any] | None:
-    """The pre-step's verdict (fsdptrain.fetch.write_marker): None while there is none, or when what is
-    there is not one (a marker outside this home, not a regular file, not its shape) - said once."""
+    """The pre-step's verdict (fsdptrain.fetch.write_marker): None while there is none, or when what
+    is there is not one (a marker outside this home, not a regular file, not its shape) - said once.
+    """
     if path is None:
         return None
     try:
@@ -501,8 +568,9 @@ def _chosen_logs(st: dict[str, Any], all_: bool, node: int | None) -> list[Path]
 
 
 class _Follower:
-    """Reads a log file as it grows: whole lines only, a line still being written (no newline yet, or the
-    partial pieces before its last) held for the next read, unless `final` (nothing more will come)."""
+    """Reads a log file as it grows: whole lines only, a line still being written (no newline yet,
+    or the partial pieces before its last) held for the next read, unless `final` (nothing more will
+    come)."""
 
     def __init__(self, path: Path):
         self.path, self.offset, self.carry, self.damaged = path, 0, b"", False
@@ -529,14 +597,16 @@ class _Follower:
         return found
 
     def _new_bytes(self) -> bytes:
-        """What was written since the last read, at most crilog.READ_MAX (the first read of a log over it
-        starts that far from its end, at a line)."""
+        """What was written since the last read, at most crilog.READ_MAX (the first read of a log
+        over it starts that far from its end, at a line)."""
         with files.open_regular(self.path) as fh:
             size = os.fstat(fh.fileno()).st_size
             if self.offset == 0 and size > crilog.READ_MAX:
                 fh.seek(size - crilog.READ_MAX)
                 fh.readline()
                 self.offset = fh.tell()
-                files.skipped(self.path, f"is over {crilog.READ_MAX >> 20} MiB", "only its end shown")
+                files.skipped(
+                    self.path, f"is over {crilog.READ_MAX >> 20} MiB", "only its end shown"
+                )
             fh.seek(self.offset)
             return fh.read(crilog.READ_MAX)

@@ -2,7 +2,8 @@
 simulated node, as Kubernetes would run one per pod, with the pod's command and environment.
 
 A detached supervisor process (`python -m fsdpctl.backends.local JOB_DIR`) owns the launchers, so
-`job status`, `job logs -f` and `job stop` work from any terminal. Everything lives under the job directory:
+`job status`, `job logs -f` and `job stop` work from any terminal. Everything lives under the job
+directory:
 
     FSDPCTL_HOME/jobs/<job>/state.json        phase, process identities, exit codes (written atomically)
     FSDPCTL_HOME/jobs/<job>/lock              flock'ed by the supervisor for its life: one run per job
@@ -43,17 +44,20 @@ from fsdptrain import events, resume
 from fsdptrain.config import TrainConfig
 
 RECORDED_ACTIVE = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING)
-# Orphaned is never recorded: the supervisor died (SIGKILL, OOM) while processes of its job still live
+# Orphaned is never recorded: the supervisor died (SIGKILL, OOM) while processes of its job still
+# live
 ACTIVE = (*RECORDED_ACTIVE, Phase.ORPHANED)
 POD_MARK = "FSDPCTL_POD"
-# every process of a job carries its job directory: the job's identity on this machine, so two FSDPCTL_HOMEs
-# (two users, two test workers) with a job of one name never see each other's processes
+# every process of a job carries its job directory: the job's identity on this machine, so two
+# FSDPCTL_HOMEs (two users, two test workers) with a job of one name never see each other's
+# processes
 JOB_MARK = "FSDPCTL_JOB"
-# and every process of one run the run's own random token (its state's `mark`): a copied FSDPCTL_JOB is not
-# enough to be taken for the job's
+# and every process of one run the run's own random token (its state's `mark`): a copied FSDPCTL_JOB
+# is not enough to be taken for the job's
 RUN_MARK = "FSDPCTL_RUN"
 LOCK = "lock"
-# every environment variable the trainer reads a setting from (MODEL, SEED, ..., CHECKPOINT_DIR, METRICS_FILE)
+# every environment variable the trainer reads a setting from (MODEL, SEED, ..., CHECKPOINT_DIR,
+# METRICS_FILE)
 TRAINER_ENV = frozenset(f.metadata["env"] for f in dataclasses.fields(TrainConfig))
 STOP_GRACE_S = 120  # a job rendered without terminationGracePeriodSeconds
 LOCK_WAIT_S = 30  # the supervisor's wait for the `job run` that started it to let go of the lock
@@ -80,9 +84,9 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def read_state(jdir: Path) -> dict | None:
-    """The job's state; None when it has none; CorruptState (naming the file) when it is not this job's
-    state: not a regular file (a FIFO, a link, a directory), too big, not UTF-8 JSON, the wrong shape
-    (fsdpctl.statefile), a newer version's, or another job's (cleanup deletes by it)."""
+    """The job's state; None when it has none; CorruptState (naming the file) when it is not this
+    job's state: not a regular file (a FIFO, a link, a directory), too big, not UTF-8 JSON, the
+    wrong shape (fsdpctl.statefile), a newer version's, or another job's (cleanup deletes by it)."""
     path = jdir / "state.json"
     try:
         data = files.read_json(path)
@@ -96,13 +100,14 @@ def read_state(jdir: Path) -> dict | None:
 
 
 def log_dir(state: dict) -> Path:
-    """The run's log directory, derived (never the path the file records: it may be damaged or another
-    home's)."""
+    """The run's log directory, derived (never the path the file records: it may be damaged or
+    another home's)."""
     return statefile.log_dir(home(), state)
 
 
 def in_home(state: dict, recorded: str | None) -> Path | None:
-    """A path the state records, if it is in this FSDPCTL_HOME (or was in the home the job ran from)."""
+    """A path the state records, if it is in this FSDPCTL_HOME (or was in the home the job ran
+    from)."""
     return statefile.in_home(home(), state, recorded)
 
 
@@ -124,16 +129,17 @@ def effective_phase(state: dict | None) -> Phase | None:
 
 
 def phase_of(state: dict) -> Phase:
-    """The recorded phase; when the supervisor died without recording an end, Orphaned while a process of
-    the job's pods lives, else the end its processes' output tells (`ended`)."""
+    """The recorded phase; when the supervisor died without recording an end, Orphaned while a
+    process of the job's pods lives, else the end its processes' output tells (`ended`)."""
     if state["phase"] in RECORDED_ACTIVE and not supervisor_alive(state):
         return Phase.ORPHANED if pods_alive(state) else ended(state).phase
     return Phase(state["phase"])
 
 
 def pods_alive(state: dict) -> bool:
-    """Whether any process of the job's pods (its launchers, their workers) lives. etcd and the pre-step,
-    which serve the pods and end with them, carry the supervisor's pod mark (they inherit its environment)."""
+    """Whether any process of the job's pods (its launchers, their workers) lives. etcd and the
+    pre-step, which serve the pods and end with them, carry the supervisor's pod mark (they inherit
+    its environment)."""
     prefix = f"{POD_MARK}=".encode()
 
     def of_a_pod(pid: int) -> bool:
@@ -149,27 +155,44 @@ def ended(state: dict) -> kstatus.Ended:
     logs = {_node_of(f): crilog.texts(f) for f in log_files(state)}
     outcomes = [kstatus.launcher_outcome(logs.get(n, [])) for n in range(state["replicas"])]
     summary = next(
-        (e for lines in logs.values() for e in events.parse(lines) if isinstance(e, events.Summary)), None
+        (
+            e
+            for lines in logs.values()
+            for e in events.parse(lines)
+            if isinstance(e, events.Summary)
+        ),
+        None,
     )
     stopped = summary.stopped if summary is not None else None
     return kstatus.ended(outcomes, stopped, bool(state.get("stop_requested")))
 
 
 def settle(state: dict | None) -> dict | None:
-    """A job whose supervisor died and whose pods all ended is over: whoever sees it first does what the
-    supervisor's end would have (`_ended_by_reader`). Any other state is returned as it is."""
-    if state is None or state["phase"] not in RECORDED_ACTIVE or supervisor_alive(state) or pods_alive(state):
+    """A job whose supervisor died and whose pods all ended is over: whoever sees it first does what
+    the supervisor's end would have (`_ended_by_reader`). Any other state is returned as it is."""
+    if (
+        state is None
+        or state["phase"] not in RECORDED_ACTIVE
+        or supervisor_alive(state)
+        or pods_alive(state)
+    ):
         return state
     return _ended_by_reader(job_dir(state["job"]))
 
 
 def _ended_by_reader(jdir: Path) -> dict | None:
-    """Under the job's lock (one reader settles; a `job run` starting meanwhile holds it and wins): the end
-    its processes' output tells is recorded (state.json no longer says Running), the processes that served
-    its pods (etcd, the pre-step) are stopped, and its network and temp dirs removed."""
+    """Under the job's lock (one reader settles; a `job run` starting meanwhile holds it and wins):
+    the end its processes' output tells is recorded (state.json no longer says Running), the
+    processes that served its pods (etcd, the pre-step) are stopped, and its network and temp dirs
+    removed."""
     with job_lock(jdir, create=False) as held:
         state = read_state(jdir)
-        if not held or state is None or state["phase"] not in RECORDED_ACTIVE or supervisor_alive(state):
+        if (
+            not held
+            or state is None
+            or state["phase"] not in RECORDED_ACTIVE
+            or supervisor_alive(state)
+        ):
             return state
         end = ended(state)
         end_leftovers(state)
@@ -183,7 +206,8 @@ def _ended_by_reader(jdir: Path) -> dict | None:
 
 
 def leftovers(state: dict) -> list[str]:
-    """What an ended job left outside its files that `end_leftovers` removes, in words (cleanup lists it)."""
+    """What an ended job left outside its files that `end_leftovers` removes, in words (cleanup
+    lists it)."""
     found = [f"process {pid} of job {state['job']}" for pid in owned_processes(state)]
     if isinstance(state.get("net_index"), int):
         net = netns.Network(state["net_index"], state["job"], state["replicas"])
@@ -195,8 +219,9 @@ def leftovers(state: dict) -> list[str]:
 
 
 def end_leftovers(state: dict) -> None:
-    """What an ended job may have left: processes of it (etcd, the pre-step: SIGTERM, then SIGKILL), its
-    nodes' network namespaces, bridge, veths and /etc/netns entries, its launchers' temp dirs."""
+    """What an ended job may have left: processes of it (etcd, the pre-step: SIGTERM, then SIGKILL),
+    its nodes' network namespaces, bridge, veths and /etc/netns entries, its launchers' temp dirs.
+    """
     job = state["job"]
     for pid in owned_processes(state):  # only what proves to be the run's (`is_ours`)
         signal_owned(pid, signal.SIGTERM, state)
@@ -214,9 +239,10 @@ def end_leftovers(state: dict) -> None:
 
 
 def temp_dir(jdir: Path, node: int | str) -> Path:
-    """Node N's launcher's TMPDIR: torchrun makes its `torchelastic_*` log dir there (tempfile.mkdtemp in
-    torch/distributed/elastic/multiprocessing/api.py, DefaultLogsSpecs, never removed by torch), as in a
-    pod's /tmp, which goes with its container. Under the node's pod-local disk."""
+    """Node N's launcher's TMPDIR: torchrun makes its `torchelastic_*` log dir there
+    (tempfile.mkdtemp in torch/distributed/elastic/multiprocessing/api.py, DefaultLogsSpecs, never
+    removed by torch), as in a pod's /tmp, which goes with its container. Under the node's pod-local
+    disk."""
     return jdir / "nodes" / f"node-{node}" / "tmp"
 
 
@@ -229,14 +255,16 @@ def remove_temp_dirs(jdir: Path, replicas: int) -> None:
 
 
 def boot_id() -> str:
-    """This boot's random id (proc(5): /proc/sys/kernel/random/boot_id): start times count from boot."""
+    """This boot's random id (proc(5): /proc/sys/kernel/random/boot_id): start times count from
+    boot."""
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def start_ticks(pid: int) -> int | None:
-    """starttime, field 22 of /proc/<pid>/stat (proc(5)): the clock ticks after boot at which the process
-    started. With the boot id it names one process for good, where the PID alone is reused. The command name
-    (field 2) may hold spaces and ')', so fields are counted after its last ')'. None: gone, or a zombie."""
+    """starttime, field 22 of /proc/<pid>/stat (proc(5)): the clock ticks after boot at which the
+    process started. With the boot id it names one process for good, where the PID alone is reused.
+    The command name (field 2) may hold spaces and ')', so fields are counted after its last ')'.
+    None: gone, or a zombie."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
@@ -246,27 +274,27 @@ def start_ticks(pid: int) -> int | None:
 
 
 def identity(pid: int) -> dict | None:
-    """What a state records of a process: its PID, start time and boot (as the kubelet and containerd
-    check a container's process by more than its PID)."""
+    """What a state records of a process: its PID, start time and boot (as the kubelet and
+    containerd check a container's process by more than its PID)."""
     start = start_ticks(pid)
     return None if start is None else {"pid": pid, "start": start, "boot": boot_id()}
 
 
 def same_process(ident: Any) -> bool:
-    """Whether the process recorded as `ident` still lives (not another that was given its PID): psutil's
-    Process.is_running compares (pid, create time) for the same reason before it sends a signal, and runc
-    keeps its init's start time (libcontainer BaseState.InitProcessStartTime, "clock cycles since boot
-    time") to tell that process from a later one with its PID."""
+    """Whether the process recorded as `ident` still lives (not another that was given its PID):
+    psutil's Process.is_running compares (pid, create time) for the same reason before it sends a
+    signal, and runc keeps its init's start time (libcontainer BaseState.InitProcessStartTime,
+    "clock cycles since boot time") to tell that process from a later one with its PID."""
     if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int) or ident["pid"] <= 0:
         return False
     return ident.get("boot") == boot_id() and start_ticks(ident["pid"]) == ident.get("start")
 
 
 def supervisor_alive(state: dict) -> bool:
-    """By its recorded identity, and only while that process proves to be the job's (`is_ours`): a state
-    naming some other live process (a PID reused, or a state copied or edited) has no supervisor alive. A
-    state written before identities were recorded has only a PID, which is trusted for a report but never
-    for a signal (`signal_verified`)."""
+    """By its recorded identity, and only while that process proves to be the job's (`is_ours`): a
+    state naming some other live process (a PID reused, or a state copied or edited) has no
+    supervisor alive. A state written before identities were recorded has only a PID, which is
+    trusted for a report but never for a signal (`signal_verified`)."""
     if "supervisor" in state:
         ident = state["supervisor"]
         return same_process(ident) and is_ours(ident["pid"], state)
@@ -311,16 +339,17 @@ def job_mark(job: str) -> bytes:
 
 
 def job_processes(job: str) -> list[int]:
-    """Every live process carrying the job's mark, whatever its run: supervisor, launchers, workers, etcd,
-    pre-step, and anything that inherited the variable some other way. Enough to hold back (`job run` is
-    refused, `cleanup` keeps the files), never to signal: that takes `owned_processes`."""
+    """Every live process carrying the job's mark, whatever its run: supervisor, launchers, workers,
+    etcd, pre-step, and anything that inherited the variable some other way. Enough to hold back
+    (`job run` is refused, `cleanup` keeps the files), never to signal: that takes
+    `owned_processes`."""
     mark = job_mark(job)
     return marked(lambda var: var == mark)
 
 
 def run_mark(state: dict) -> bytes | None:
-    """The environment entry of the run's own random token (`mark` in its state), which only processes
-    descended from its supervisor carry; None for a state written before runs had one."""
+    """The environment entry of the run's own random token (`mark` in its state), which only
+    processes descended from its supervisor carry; None for a state written before runs had one."""
     return f"{RUN_MARK}={state['mark']}".encode() if state.get("mark") else None
 
 
@@ -329,11 +358,15 @@ def is_ours(pid: int, state: dict) -> bool:
     container's init from a process that took its PID by its start time (libcontainer's
     InitProcessStartTime, /proc/<pid>/stat field 22) and the kubelet's runtime finds a container's
     processes by a membership only its descendants inherit (its cgroup): it started on this boot, no
-    earlier than the run's supervisor (its recorded identity), and carries the job's mark and the run's
-    own token. A variable copied into an unrelated process, or a process older than the run, is not the
-    job's; a state with no supervisor identity proves nothing."""
+    earlier than the run's supervisor (its recorded identity), and carries the job's mark and the
+    run's own token. A variable copied into an unrelated process, or a process older than the run,
+    is not the job's; a state with no supervisor identity proves nothing."""
     sup = state.get("supervisor")
-    if not isinstance(sup, dict) or sup.get("boot") != boot_id() or not isinstance(sup.get("start"), int):
+    if (
+        not isinstance(sup, dict)
+        or sup.get("boot") != boot_id()
+        or not isinstance(sup.get("start"), int)
+    ):
         return False
     started = start_ticks(pid)
     if started is None or started < sup["start"]:
@@ -358,10 +391,11 @@ def supervisor_mark(job: str, run_id: str) -> str:
 
 
 def signal_verified(pid: int, sig: int, check: Callable[[], bool]) -> bool:
-    """`sig` to `pid` only if `check()` holds, with no window for PID reuse between the check and the signal:
-    a pidfd (pidfd_open(2)) pins the process that had the PID when it was opened; if that one died and the
-    PID went to another, the check sees the other and fails, or pidfd_send_signal(2) finds the pinned one
-    gone (ESRCH). Without pidfds (Linux < 5.3) the check and kill(2) follow each other. True when sent."""
+    """`sig` to `pid` only if `check()` holds, with no window for PID reuse between the check and
+    the signal: a pidfd (pidfd_open(2)) pins the process that had the PID when it was opened; if
+    that one died and the PID went to another, the check sees the other and fails, or
+    pidfd_send_signal(2) finds the pinned one gone (ESRCH). Without pidfds (Linux < 5.3) the check
+    and kill(2) follow each other. True when sent."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -390,7 +424,8 @@ def _carries(pid: int, entry: bytes) -> bool:
 
 
 def signal_marked(pid: int, sig: int, mark: bytes) -> bool:
-    """`sig` to a process found by its mark, if it still carries it (not a process that took its PID)."""
+    """`sig` to a process found by its mark, if it still carries it (not a process that took its
+    PID)."""
     return signal_verified(pid, sig, lambda: _carries(pid, mark))
 
 
@@ -404,9 +439,10 @@ def signal_recorded(ident: Any, sig: int, state: dict) -> bool:
 
 @contextmanager
 def job_lock(jdir: Path, wait_s: float = 0, create: bool = True) -> Iterator[bool]:
-    """flock(2) on the job's lock file, waiting up to `wait_s`; yields whether it is held. The kernel drops
-    it when its holder exits however it exits, so a SIGKILLed supervisor leaves no stale lock. Without
-    `create` (a dry run writes nothing) a missing lock file is a lock nobody holds."""
+    """flock(2) on the job's lock file, waiting up to `wait_s`; yields whether it is held. The
+    kernel drops it when its holder exits however it exits, so a SIGKILLed supervisor leaves no
+    stale lock. Without `create` (a dry run writes nothing) a missing lock file is a lock nobody
+    holds."""
     if not create and not os.path.lexists(jdir / LOCK):
         yield True
         return
@@ -419,12 +455,16 @@ def job_lock(jdir: Path, wait_s: float = 0, create: bool = True) -> Iterator[boo
 
 
 def _open_lock(path: Path) -> int:
-    """The lock file, made if missing; CorruptState when something else is there (a link, which O_CREAT
-    would follow to create its target wherever it points; a FIFO; a directory)."""
+    """The lock file, made if missing; CorruptState when something else is there (a link, which
+    O_CREAT would follow to create its target wherever it points; a FIFO; a directory)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        fd = os.open(
+            path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644
+        )
     except OSError as e:
-        what = "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+        what = (
+            "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+        )
         raise CorruptState(f"{path} {what}, not the lock file fsdpctl made") from e
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -459,25 +499,40 @@ def launches(
     net: netns.Network | None = None,
     user: list[str] | None = None,
 ) -> list[Launch]:
-    """Translate the PyTorchJob's worker container into one launcher per replica on this machine: the pod's
-    command and environment, its volumes mapped to directories (`volume_dirs`), and with `net` its own
-    network namespace and address (torchrun's --local-addr: what a pod's hostname resolves to). As in a
-    pod, the trainer's keys are only the container's: a SEED=abc or METRICS_FILE= of the user's shell is
-    dropped. `user`: the argv prefix that runs the container as its securityContext's user
-    (kubelet.as_user), who gets a home of its own in the pod's directory, as an image has one."""
+    """Translate the PyTorchJob's worker container into one launcher per replica on this machine:
+    the pod's command and environment, its volumes mapped to directories (`volume_dirs`), and with
+    `net` its own network namespace and address (torchrun's --local-addr: what a pod's hostname
+    resolves to). As in a pod, the trainer's keys are only the container's: a SEED=abc or
+    METRICS_FILE= of the user's shell is dropped. `user`: the argv prefix that runs the container as
+    its securityContext's user (kubelet.as_user), who gets a home of its own in the pod's directory,
+    as an image has one."""
     total = spec["replicas"] * spec["nproc_per_node"]
     out = []
     for node in range(spec["replicas"]):
         argv = _interpreter(spec["command"])
         for arg in spec["command"][len(argv) :]:
-            argv.append(f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg)
+            argv.append(
+                f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg
+            )
         local_addr = [f"--local-addr={net.address(node)}"] if net is not None else []
-        argv = [*(net.exec_prefix(node) if net else []), *(user or []), *argv[:3], *local_addr, *argv[3:]]
+        argv = [
+            *(net.exec_prefix(node) if net else []),
+            *(user or []),
+            *argv[:3],
+            *local_addr,
+            *argv[3:],
+        ]
         inherited = {k: v for k, v in environ.items() if k not in TRAINER_ENV}
-        env = {**inherited, **_mapped_env(spec, node), POD_MARK: pod_mark(spec, node, environ.get(JOB_MARK))}
+        env = {
+            **inherited,
+            **_mapped_env(spec, node),
+            POD_MARK: pod_mark(spec, node, environ.get(JOB_MARK)),
+        }
         if spec.get("tmp"):  # the pod's /tmp: its own, under the job, removed when the job ends
             env["TMPDIR"] = spec["tmp"].replace("{node}", str(node))
-        if net is not None:  # gloo binds the address the hostname resolves to, unless told the interface
+        if (
+            net is not None
+        ):  # gloo binds the address the hostname resolves to, unless told the interface
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // total)))
         home = pod_home(spec, node) if user else None
@@ -493,31 +548,33 @@ def pod_home(spec: dict, node: int) -> str:
 
 
 def pod_mark(spec: dict, node: int, job_dir: str | None = None) -> str:
-    """Which pod a process belongs to: every process of node N's launcher inherits it in its environment,
-    torchrun's workers too, though torchrun starts them in sessions of their own. It stands in for the
-    container's cgroup, by which the runtime finds every process of a container it stops. It begins with
-    the job's directory where the supervisor has one (its JOB_MARK), so that cutting node 0 of a job in one
-    FSDPCTL_HOME never kills node 0 of a job of the same name in another (two users, two test workers)."""
+    """Which pod a process belongs to: every process of node N's launcher inherits it in its
+    environment, torchrun's workers too, though torchrun starts them in sessions of their own. It
+    stands in for the container's cgroup, by which the runtime finds every process of a container it
+    stops. It begins with the job's directory where the supervisor has one (its JOB_MARK), so that
+    cutting node 0 of a job in one FSDPCTL_HOME never kills node 0 of a job of the same name in
+    another (two users, two test workers)."""
     return f"{job_dir or spec['job']}/{spec['run_id']}/node-{node}"
 
 
 def pod_processes(mark: str) -> list[int]:
-    """Every live process carrying `mark` (/proc/<pid>/environ): found by identity, not by a PID kept."""
+    """Every live process carrying `mark` (/proc/<pid>/environ): found by identity, not by a PID
+    kept."""
     want = f"{POD_MARK}={mark}".encode()
     return marked(lambda var: var == want)
 
 
 def kill_pod(mark: str) -> None:
-    """SIGKILL to every process of the pod, wherever it sits (the kubelet ending a container); each still
-    carrying the mark when the signal goes (`signal_verified`)."""
+    """SIGKILL to every process of the pod, wherever it sits (the kubelet ending a container); each
+    still carrying the mark when the signal goes (`signal_verified`)."""
     exact = f"{POD_MARK}={mark}".encode()
     for pid in pod_processes(mark):
         signal_verified(pid, signal.SIGKILL, partial(_carries, pid, exact))
 
 
 def _interpreter(command: list[str]) -> list[str]:
-    """The command's program as this machine runs it: the image's `python -m MODULE` (the pre-launch check,
-    fsdptrain.launch) or `torchrun` become this interpreter's."""
+    """The command's program as this machine runs it: the image's `python -m MODULE` (the pre-launch
+    check, fsdptrain.launch) or `torchrun` become this interpreter's."""
     if command[0] == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run"]
     return [sys.executable, *command[1:3]]  # python -m MODULE
@@ -537,9 +594,10 @@ def _mapped_env(spec: dict, node: int) -> dict[str, str]:
 
 
 def resume_refusal(spec: dict, training: TrainConfig, world: int) -> str | None:
-    """Why the run `spec` describes must not resume the checkpoint it would (fsdptrain.resume: at or past
-    MAX_STEPS, saved with other settings), judged here with CHECKPOINT_DIR and RESUME as node 0 sees them:
-    `job run` refuses it before anything starts, as the pre-launch check would on every node."""
+    """Why the run `spec` describes must not resume the checkpoint it would (fsdptrain.resume: at or
+    past MAX_STEPS, saved with other settings), judged here with CHECKPOINT_DIR and RESUME as node 0
+    sees them: `job run` refuses it before anything starts, as the pre-launch check would on every
+    node."""
     env = _mapped_env(spec, 0)
     root = Path(env["CHECKPOINT_DIR"]) if env.get("CHECKPOINT_DIR") else None
     mapped = dataclasses.replace(training, resume=env.get("RESUME", training.resume))
@@ -547,8 +605,9 @@ def resume_refusal(spec: dict, training: TrainConfig, world: int) -> str | None:
 
 
 def volume_dirs(spec: dict, node: int) -> dict[str, str]:
-    """Pod mount path -> directory on this machine, as the kubelet would give it to that pod: an emptyDir
-    is the node's own (a pod's scratch disk), a PersistentVolumeClaim one directory every node shares."""
+    """Pod mount path -> directory on this machine, as the kubelet would give it to that pod: an
+    emptyDir is the node's own (a pod's scratch disk), a PersistentVolumeClaim one directory every
+    node shares."""
     return {mount: v.replace("{node}", str(node)) for mount, v in spec["volumes"].items()}
 
 
@@ -580,8 +639,8 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
 
 def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
     """Mount path -> directory template ('{node}' for per-node emptyDirs, downward API volumes and
-    hostPaths). In-memory emptyDirs (/dev/shm) and Secrets (the token travels in the environment) are not
-    mapped."""
+    hostPaths). In-memory emptyDirs (/dev/shm) and Secrets (the token travels in the environment)
+    are not mapped."""
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     out = {}
     for m in container.get("volumeMounts", []):
@@ -606,23 +665,27 @@ def _volume_kinds(pod: dict, container: dict) -> dict[str, str]:
 
 
 def host_dir(jdir: Path, node: int | str, path: str) -> Path:
-    """A hostPath (the /local scratch) on simulated node N: that node's own disk, which outlives its pods
-    (unlike nodes/node-N, a pod's emptyDirs, renewed with each pod) and the job's runs, as a node's does."""
+    """A hostPath (the /local scratch) on simulated node N: that node's own disk, which outlives its
+    pods (unlike nodes/node-N, a pod's emptyDirs, renewed with each pod) and the job's runs, as a
+    node's does."""
     return jdir / "hosts" / f"node-{node}" / path.lstrip("/")
 
 
 def shared_volume_dir(claim: str) -> Path:
-    """A PersistentVolumeClaim on this machine: a directory under FSDPCTL_HOME/volumes that outlives jobs."""
+    """A PersistentVolumeClaim on this machine: a directory under FSDPCTL_HOME/volumes that outlives
+    jobs."""
     return home() / "volumes" / claim
 
 
 def start(job: dict, *, secret_env: dict[str, str], prestep: dict | None = None) -> dict:
-    """Write the spec and start the detached supervisor; returns the initial state. `prestep`: the rendered
-    pre-step Job (fsdpctl.prestep), which the supervisor starts before the launchers."""
+    """Write the spec and start the detached supervisor; returns the initial state. `prestep`: the
+    rendered pre-step Job (fsdpctl.prestep), which the supervisor starts before the launchers."""
     name = job["metadata"]["name"]
     jdir = job_dir(name)
     with job_lock(jdir) as held:
-        if not held:  # a supervisor holds it for its life, or another `job run` is starting this job
+        if (
+            not held
+        ):  # a supervisor holds it for its life, or another `job run` is starting this job
             raise JobBusy(
                 f"job {name!r} is already running: `fsdpctl job stop {name}` first, or pass --replace"
             )
@@ -632,8 +695,9 @@ def start(job: dict, *, secret_env: dict[str, str], prestep: dict | None = None)
 
 
 def _busy_note(name: str, jdir: Path, busy: list[int]) -> str:
-    """Why `job run` waits: processes of the job's last run (`job stop` ends them), or processes that carry
-    the job's mark without being proven its own (fsdpctl signals none of those: the user ends them)."""
+    """Why `job run` waits: processes of the job's last run (`job stop` ends them), or processes
+    that carry the job's mark without being proven its own (fsdpctl signals none of those: the user
+    ends them)."""
     try:
         last = read_state(jdir)
     except CorruptState:
@@ -652,9 +716,10 @@ def _busy_note(name: str, jdir: Path, busy: list[int]) -> str:
 
 
 def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: dict | None) -> dict:
-    """`start` with the job's lock held and none of its processes alive: whatever state is there is over.
-    The supervisor carries the job's mark from its first instruction, so another `job run` that takes the
-    lock once this one lets go finds it; the supervisor then takes the lock itself."""
+    """`start` with the job's lock held and none of its processes alive: whatever state is there is
+    over. The supervisor carries the job's mark from its first instruction, so another `job run`
+    that takes the lock once this one lets go finds it; the supervisor then takes the lock itself.
+    """
     name = job["metadata"]["name"]
     spec = spec_from_job(job, jdir)
     if prestep is not None:
@@ -683,7 +748,11 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
         "labels": job["metadata"].get("labels", {}),  # the PyTorchJob's, for `job list -l`
     }
     write_json(jdir / "state.json", state)
-    marks = {POD_MARK: supervisor_mark(name, spec["run_id"]), JOB_MARK: str(jdir), RUN_MARK: state["mark"]}
+    marks = {
+        POD_MARK: supervisor_mark(name, spec["run_id"]),
+        JOB_MARK: str(jdir),
+        RUN_MARK: state["mark"],
+    }
     env = {**os.environ, **secret_env, **marks}
     argv = [sys.executable, "-m", "fsdpctl.backends.local", str(jdir)]
     proc = shell.spawn(argv, env=env, log=log_dir / "supervisor.log")  # a session of its own
@@ -700,12 +769,14 @@ def _update(jdir: Path, **changes) -> dict:
 
 
 def stop(job_name: str) -> dict | None:
-    """SIGTERM to the supervisor, verified as the one recorded; with the supervisor gone, its orphans are
-    stopped here (`stop_orphans`)."""
+    """SIGTERM to the supervisor, verified as the one recorded; with the supervisor gone, its
+    orphans are stopped here (`stop_orphans`)."""
     jdir = job_dir(job_name)
     state = read_state(jdir)
     if state is None:
-        raise LocalJobError(f"no local job named {job_name!r}: `fsdpctl job list` shows what exists")
+        raise LocalJobError(
+            f"no local job named {job_name!r}: `fsdpctl job list` shows what exists"
+        )
     phase = effective_phase(state)
     if phase in RECORDED_ACTIVE:
         if not signal_recorded(state.get("supervisor"), signal.SIGTERM, state):
@@ -720,15 +791,18 @@ def stop(job_name: str) -> dict | None:
 
 
 def stop_orphans(jdir: Path, state: dict) -> None:
-    """The supervisor's part, done by `job stop` once it is gone: SIGTERM to each launcher still the one
-    recorded (every process proven the run's if none is: `is_ours`), SIGKILL to every process of the run
-    when they have ended or the pod's grace period is over; the job ends Stopped with none of them left."""
+    """The supervisor's part, done by `job stop` once it is gone: SIGTERM to each launcher still the
+    one recorded (every process proven the run's if none is: `is_ours`), SIGKILL to every process of
+    the run when they have ended or the pod's grace period is over; the job ends Stopped with none
+    of them left."""
     job = state["job"]
     _update(jdir, phase=Phase.STOPPING, stop_requested=True)
     launchers = [launcher_identity(lz) for lz in state.get("launchers", []) if isinstance(lz, dict)]
     termed = [lz for lz in launchers if signal_recorded(lz, signal.SIGTERM, state)]
     if not termed:
-        termed = [{"pid": p} for p in owned_processes(state) if signal_owned(p, signal.SIGTERM, state)]
+        termed = [
+            {"pid": p} for p in owned_processes(state) if signal_owned(p, signal.SIGTERM, state)
+        ]
     deadline = time.monotonic() + _grace(jdir)
     while time.monotonic() < deadline and any(is_ours(t["pid"], state) for t in termed):
         time.sleep(0.2)
@@ -739,10 +813,17 @@ def stop_orphans(jdir: Path, state: dict) -> None:
         for pid in left:
             signal_owned(pid, signal.SIGKILL, state)
         time.sleep(0.1)
-    if isinstance(state.get("net_index"), int):  # the namespaces and bridge its `finally` did not remove
+    if isinstance(
+        state.get("net_index"), int
+    ):  # the namespaces and bridge its `finally` did not remove
         netns.destroy(netns.Network(state["net_index"], job, state["replicas"]))
     remove_temp_dirs(jdir, state["replicas"])
-    _update(jdir, phase=Phase.STOPPED, finished=time.time(), reason="supervisor gone; its processes stopped")
+    _update(
+        jdir,
+        phase=Phase.STOPPED,
+        finished=time.time(),
+        reason="supervisor gone; its processes stopped",
+    )
 
 
 def grace_s(job: str) -> float:
@@ -779,8 +860,8 @@ def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict
 
 
 def list_jobs(skipped: list[str] | None = None) -> list[dict]:
-    """Every job's state. A stray file or a damaged state is one line in `skipped` (naming its path), and
-    every other job is still listed."""
+    """Every job's state. A stray file or a damaged state is one line in `skipped` (naming its
+    path), and every other job is still listed."""
     root = home() / "jobs"
     states, notes = [], skipped if skipped is not None else []
     for path in sorted(root.iterdir()) if root.is_dir() else []:
@@ -798,13 +879,14 @@ def list_jobs(skipped: list[str] | None = None) -> list[dict]:
 
 
 def restarts(state: dict) -> int:
-    """Restarts of the job, not of its nodes: every node's agent restarts the group once per job-level
-    restart (and logs kstatus.GROUP_RESTART), a recreated node starts over once; the busiest node counts
-    them all."""
+    """Restarts of the job, not of its nodes: every node's agent restarts the group once per
+    job-level restart (and logs kstatus.GROUP_RESTART), a recreated node starts over once; the
+    busiest node counts them all."""
     relaunched = {lz["node"]: lz.get("relaunches", 0) for lz in state.get("launchers", [])}
     return max(
         (
-            sum(kstatus.GROUP_RESTART in line for line in crilog.texts(f)) + relaunched.get(_node_of(f), 0)
+            sum(kstatus.GROUP_RESTART in line for line in crilog.texts(f))
+            + relaunched.get(_node_of(f), 0)
             for f in log_files(state)
         ),
         default=0,
@@ -816,15 +898,20 @@ def _node_of(log: Path) -> int:
 
 
 def _nccl_traces(spec: dict) -> list[str]:
-    """Each node's TORCH_NCCL_DEBUG_INFO_TEMP_FILE as mapped on this machine (one, on a shared volume)."""
-    found = (_mapped_env(spec, n).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") for n in range(spec["replicas"]))
+    """Each node's TORCH_NCCL_DEBUG_INFO_TEMP_FILE as mapped on this machine (one, on a shared
+    volume)."""
+    found = (
+        _mapped_env(spec, n).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") for n in range(spec["replicas"])
+    )
     return sorted({t for t in found if t})
 
 
 def nccl_dumps(state: dict) -> list[Path]:
-    """The NCCL flight recorder's dump files (`<prefix><rank>`), written when a collective timed out: looked
-    for only in this home (a prefix a state names elsewhere is not the job's)."""
-    prefixes = [p for p in (in_home(state, t) for t in state.get("nccl_traces", [])) if p is not None]
+    """The NCCL flight recorder's dump files (`<prefix><rank>`), written when a collective timed
+    out: looked for only in this home (a prefix a state names elsewhere is not the job's)."""
+    prefixes = [
+        p for p in (in_home(state, t) for t in state.get("nccl_traces", [])) if p is not None
+    ]
     return sorted(d for t in prefixes for d in t.parent.glob(glob.escape(t.name) + "*"))
 
 
@@ -833,12 +920,15 @@ def log_files(state: dict) -> list[Path]:
 
 
 def leader_log(state: dict) -> Path | None:
-    """The node whose launcher hosts global rank 0 (the one printing progress), as its `leader` event says;
-    node 0 until one is seen. After an elastic restart the rendezvous may seat rank 0 elsewhere: the latest
-    event wins."""
+    """The node whose launcher hosts global rank 0 (the one printing progress), as its `leader`
+    event says; node 0 until one is seen. After an elastic restart the rendezvous may seat rank 0
+    elsewhere: the latest event wins."""
     files = log_files(state)
     named = [
-        (e.time, f) for f in files for e in events.parse(crilog.texts(f)) if isinstance(e, events.Leader)
+        (e.time, f)
+        for f in files
+        for e in events.parse(crilog.texts(f))
+        if isinstance(e, events.Leader)
     ]
     if named:
         return max(named)[1]
@@ -856,7 +946,12 @@ def supervise(jdir: Path) -> int:
     # held until this process exits, however it exits: no second run of the job while it lives
     lock = _open_lock(jdir / LOCK)
     if not _flock(lock, LOCK_WAIT_S):
-        _update(jdir, phase=Phase.FAILED, finished=time.time(), reason="another process holds the job's lock")
+        _update(
+            jdir,
+            phase=Phase.FAILED,
+            finished=time.time(),
+            reason="another process holds the job's lock",
+        )
         return 1
     _update(jdir, supervisor=identity(os.getpid()))
     logs = log_dir(state)
@@ -879,7 +974,11 @@ def supervise(jdir: Path) -> int:
         ]
         _start_due(pods, spec, logs)
         _update(
-            jdir, phase=Phase.RUNNING, started=time.time(), rdzv_endpoint=endpoint, **_placement(net, pods)
+            jdir,
+            phase=Phase.RUNNING,
+            started=time.time(),
+            rdzv_endpoint=endpoint,
+            **_placement(net, pods),
         )
         end = _run(pods, stopping, jdir, spec, net, pre)
     except Exception as e:  # recorded for `job status`; the traceback is in supervisor.log
@@ -887,7 +986,9 @@ def supervise(jdir: Path) -> int:
         _update(jdir, phase=Phase.FAILED, finished=time.time(), reason=str(e))
         raise
     finally:
-        _signal(pods, signal.SIGKILL)  # a pod's end leaves none of its processes behind (no orphans)
+        _signal(
+            pods, signal.SIGKILL
+        )  # a pod's end leaves none of its processes behind (no orphans)
         if server:
             server.stop()
         if net is not None:
@@ -906,12 +1007,14 @@ def supervise(jdir: Path) -> int:
     return 0
 
 
-START_DELAYS_ENV = "FSDPCTL_LOCAL_START_DELAYS"  # NODE=SECONDS[,...]: pods that start late, as on a cluster
+START_DELAYS_ENV = (
+    "FSDPCTL_LOCAL_START_DELAYS"  # NODE=SECONDS[,...]: pods that start late, as on a cluster
+)
 
 
 def start_delays(text: str) -> dict[int, float]:
-    """`1=20,3=5`: node 1's pod starts 20 s after the others, node 3's 5 s (an image still pulling, a node
-    still joining the node group, a slow volume mount); a malformed item is ignored."""
+    """`1=20,3=5`: node 1's pod starts 20 s after the others, node 3's 5 s (an image still pulling,
+    a node still joining the node group, a slow volume mount); a malformed item is ignored."""
     found = {}
     for item in filter(None, text.split(",")):
         node, _, seconds = item.partition("=")
@@ -924,8 +1027,9 @@ def start_delays(text: str) -> dict[int, float]:
 
 @dataclass
 class Pod:
-    """One replica's launcher, as the operator's pod for it: recreated (`relaunches`) when its exit code
-    says so; started at `start_at` (monotonic), evicted when `kill_at` is set (SIGKILL then)."""
+    """One replica's launcher, as the operator's pod for it: recreated (`relaunches`) when its exit
+    code says so; started at `start_at` (monotonic), evicted when `kill_at` is set (SIGKILL then).
+    """
 
     launch: Launch
     proc: Any  # subprocess.Popen, through shell.spawn; None until the pod starts
@@ -948,7 +1052,8 @@ def _make_claims(spec: dict) -> None:
 
 def _needs(spec: dict, jdir: Path) -> list[str]:
     """What a pod's user must reach: the interpreter and the packages the trainer imports, the job's
-    directory (its pods' volumes), the claims, and every existing absolute path its environment names."""
+    directory (its pods' volumes), the claims, and every existing absolute path its environment
+    names."""
     import importlib.util
 
     import fsdptrain
@@ -973,8 +1078,9 @@ def _identity_note(run_as: list[int] | None, user: list[str], why: str | None) -
 
 
 def _prepare_pod(spec: dict, node: int, stop_at: str | None = None) -> None:
-    """What the kubelet makes before a pod's containers start: its volumes' directories, the downward API
-    file of its annotations (with the stop request, once `job stop` asked), its user's home."""
+    """What the kubelet makes before a pod's containers start: its volumes' directories, the
+    downward API file of its annotations (with the stop request, once `job stop` asked), its user's
+    home."""
     dirs = volume_dirs(spec, node)
     kubelet.make_pod_dirs(dirs, spec.get("volume_kinds", {}))
     annotations = {**spec.get("annotations", {}), **({STOP_ANNOTATION: stop_at} if stop_at else {})}
@@ -991,9 +1097,9 @@ STOP_ANNOTATION = "fsdpctl.io/stop"  # fsdptrain.disruption.STOP_ANNOTATION
 
 
 def evict(job_name: str, node: int) -> None:
-    """Evict node `node`'s pod, as a drain does: the supervisor's "kubelet" sends the pod's first process
-    SIGTERM and SIGKILLs what is left after terminationGracePeriodSeconds; the operator's rule then decides
-    (exit 143 is retryable: the pod is made again)."""
+    """Evict node `node`'s pod, as a drain does: the supervisor's "kubelet" sends the pod's first
+    process SIGTERM and SIGKILLs what is left after terminationGracePeriodSeconds; the operator's
+    rule then decides (exit 143 is retryable: the pod is made again)."""
     requests = job_dir(job_name) / "evict"
     requests.mkdir(parents=True, exist_ok=True)
     (requests / f"node-{node}").touch()
@@ -1001,8 +1107,9 @@ def evict(job_name: str, node: int) -> None:
 
 def prestep_spec(job: dict, jdir: Path) -> dict:
     """The pre-step Job's containers as this machine runs them: this interpreter, each container's
-    environment and its paths with the claims mapped: volume-prep's directories (`init`, run as root before
-    the rest), then the download with its --marker file (the launchers' trainers wait for that file)."""
+    environment and its paths with the claims mapped: volume-prep's directories (`init`, run as root
+    before the rest), then the download with its --marker file (the launchers' trainers wait for
+    that file)."""
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     command = container["command"]
@@ -1011,7 +1118,12 @@ def prestep_spec(job: dict, jdir: Path) -> dict:
     volumes = _volumes(pod, container, jdir)
     mapped = _mapped_env({"env": {**env, "_MARKER": command[at]}, "volumes": volumes}, 0)
     marker = mapped.pop("_MARKER")
-    argv = [sys.executable, *command[1:at], marker, *command[at + 1 :]]  # the image's `python -m ...`
+    argv = [
+        sys.executable,
+        *command[1:at],
+        marker,
+        *command[at + 1 :],
+    ]  # the image's `python -m ...`
     spec: dict[str, Any] = {
         "argv": argv,
         "env": mapped,
@@ -1021,12 +1133,16 @@ def prestep_spec(job: dict, jdir: Path) -> dict:
     for init in pod.get("initContainers", []):
         init_volumes = _volumes(pod, init, jdir)
         args = [_mapped_arg(a, init_volumes) for a in init["command"][3:]]
-        spec["init"] = {"argv": [sys.executable, *init["command"][1:3], *args], "name": init["name"]}
+        spec["init"] = {
+            "argv": [sys.executable, *init["command"][1:3], *args],
+            "name": init["name"],
+        }
     return spec
 
 
 def _mapped_arg(arg: str, volumes: dict[str, str]) -> str:
-    """A command argument that is a pod path (or `--flag=path`) with its mount mapped to its directory."""
+    """A command argument that is a pod path (or `--flag=path`) with its mount mapped to its
+    directory."""
     flag, eq, value = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
     mapped = _mapped_env({"env": {"_": value}, "volumes": volumes}, 0)["_"]
     return f"{flag}{eq}{mapped}"
@@ -1034,14 +1150,17 @@ def _mapped_arg(arg: str, volumes: dict[str, str]) -> str:
 
 def _prestep_state(spec: dict, log_dir: Path) -> dict | None:
     pre = spec.get("prestep")
-    return {"log": str(log_dir / "prestep.log"), "marker": pre["marker"], "rc": None} if pre else None
+    return (
+        {"log": str(log_dir / "prestep.log"), "marker": pre["marker"], "rc": None} if pre else None
+    )
 
 
 def _start_prestep(spec: dict, jdir: Path, log_dir: Path, user: list[str]) -> Any:
-    """Started first, in this machine's own network (a pod on another node, not one of the job's nodes):
-    its volume-prep as root, then, when that succeeded, its download as the pod's user; the launchers'
-    trainers wait for its marker before any process group exists. A volume-prep that fails fails the pod
-    (its podFailurePolicy FailJob): the download never starts, and the trainers wait out their deadline."""
+    """Started first, in this machine's own network (a pod on another node, not one of the job's
+    nodes): its volume-prep as root, then, when that succeeded, its download as the pod's user; the
+    launchers' trainers wait for its marker before any process group exists. A volume-prep that
+    fails fails the pod (its podFailurePolicy FailJob): the download never starts, and the trainers
+    wait out their deadline."""
     pre = spec.get("prestep")
     if pre is None:
         return None
@@ -1090,8 +1209,9 @@ RELAY_DRAIN_S = 10
 
 
 def _drain(pods: list[Pod]) -> None:
-    """Wait for each pod's log relay to write what its pipes still hold (its processes are gone, so it
-    ends), so that the job's end is recorded after its last line: readers of an ended job see it all."""
+    """Wait for each pod's log relay to write what its pipes still hold (its processes are gone, so
+    it ends), so that the job's end is recorded after its last line: readers of an ended job see it
+    all."""
     deadline = time.monotonic() + RELAY_DRAIN_S
     for pod in pods:
         relay = getattr(pod.proc, "relay", None) if pod.proc is not None else None
@@ -1108,10 +1228,10 @@ def exit_code(returncode: int) -> int:
 
 
 def verdict(code: int, policy: str) -> str:
-    """'done', 'recreate' or 'fail': what the Training Operator does with a replica's container exit code
-    under its restartPolicy (v1.9.4 pkg/controller.v1/common/pod.go): ExitCode recreates the pod for 128-255
-    (killed by a signal) and fails the job for 1-127 (pkg/util/train/train_util.go, IsRetryableExitCode);
-    OnFailure and Always retry any; Never none."""
+    """'done', 'recreate' or 'fail': what the Training Operator does with a replica's container exit
+    code under its restartPolicy (v1.9.4 pkg/controller.v1/common/pod.go): ExitCode recreates the
+    pod for 128-255 (killed by a signal) and fails the job for 1-127 (pkg/util/train/train_util.go,
+    IsRetryableExitCode); OnFailure and Always retry any; Never none."""
     if code == 0:
         return "done"
     if policy == "ExitCode":
@@ -1119,21 +1239,28 @@ def verdict(code: int, policy: str) -> str:
     return "recreate" if policy in ("OnFailure", "Always") else "fail"
 
 
-# Not the operator's: it recreates a pod that dies by a signal without bound (backoffLimit counts restarts
-# in place, none under ExitCode: v1.9.4 pkg/core/job.go, PastBackoffLimit); the pods bound themselves through
-# their start ledger (fsdptrain.disruption.record_start). This only keeps a broken local run from looping.
+# Not the operator's: it recreates a pod that dies by a signal without bound (backoffLimit counts
+# restarts in place, none under ExitCode: v1.9.4 pkg/core/job.go, PastBackoffLimit); the pods bound
+# themselves through their start ledger (fsdptrain.disruption.record_start). This only keeps a
+# broken local run from looping.
 RECREATE_CAP = 100
 
 
 def _run(
-    pods: list[Pod], stopping: dict, jdir: Path, spec: dict, net: netns.Network | None, pre: Any = None
+    pods: list[Pod],
+    stopping: dict,
+    jdir: Path,
+    spec: dict,
+    net: netns.Network | None,
+    pre: Any = None,
 ) -> kstatus.Ended:
-    """Until every launcher has ended: start late pods, evict the ones asked for, recreate the ones the
-    operator's policy retries; once the job is decided (a stop, a permanent failure, or success: a finished
-    job's running pods are deleted, cleanPodPolicy Running), SIGTERM each launcher (the kubelet signals the
-    container's first process, the launcher, which forwards it to torchrun) and SIGKILL every process after
-    the pod's grace period. A stop first puts the stop annotation in every pod's downward API file (the
-    trainers then read the SIGTERM as a stop, not an eviction). Returns how the job ended."""
+    """Until every launcher has ended: start late pods, evict the ones asked for, recreate the ones
+    the operator's policy retries; once the job is decided (a stop, a permanent failure, or success:
+    a finished job's running pods are deleted, cleanPodPolicy Running), SIGTERM each launcher (the
+    kubelet signals the container's first process, the launcher, which forwards it to torchrun) and
+    SIGKILL every process after the pod's grace period. A stop first puts the stop annotation in
+    every pod's downward API file (the trainers then read the SIGTERM as a stop, not an eviction).
+    Returns how the job ended."""
     outcome: kstatus.Ended | None = None
     sent_at, stop_at = None, None
     while True:
@@ -1159,8 +1286,9 @@ def _run(
 
 
 def _request_stop(pods: list[Pod], spec: dict, stop_at: str) -> None:
-    """`job stop` through the pods' annotations, as on a cluster: the kubelet rewrites each running pod's
-    downward API file with fsdpctl.io/stop (here at once, where a kubelet takes up to its sync period)."""
+    """`job stop` through the pods' annotations, as on a cluster: the kubelet rewrites each running
+    pod's downward API file with fsdpctl.io/stop (here at once, where a kubelet takes up to its sync
+    period)."""
     annotations = {**spec.get("annotations", {}), STOP_ANNOTATION: stop_at}
     for pod in pods:
         if pod.proc is None:
@@ -1171,8 +1299,8 @@ def _request_stop(pods: list[Pod], spec: dict, stop_at: str) -> None:
 
 
 def _evictions(pods: list[Pod], jdir: Path, spec: dict) -> None:
-    """The kubelet's part of an eviction (`evict`): SIGTERM to the pod's first process at once, SIGKILL to
-    every process of the pod when terminationGracePeriodSeconds has passed."""
+    """The kubelet's part of an eviction (`evict`): SIGTERM to the pod's first process at once,
+    SIGKILL to every process of the pod when terminationGracePeriodSeconds has passed."""
     requests = jdir / "evict"
     for request in sorted(requests.glob("node-*")) if requests.is_dir() else []:
         request.unlink(missing_ok=True)
@@ -1180,7 +1308,9 @@ def _evictions(pods: list[Pod], jdir: Path, spec: dict) -> None:
         pod = next((p for p in pods if p.launch.node == node), None)
         if pod is not None and pod.running() and pod.kill_at is None:
             pod.evicted, pod.kill_at = True, time.monotonic() + spec.get("grace_s", STOP_GRACE_S)
-            _log_note(jdir, node, f"fsdpctl: node {node} evicted (SIGTERM; SIGKILL after the pod's grace)")
+            _log_note(
+                jdir, node, f"fsdpctl: node {node} evicted (SIGTERM; SIGKILL after the pod's grace)"
+            )
             os.kill(pod.proc.pid, signal.SIGTERM)
     for pod in pods:
         if pod.kill_at is not None and time.monotonic() > pod.kill_at and pod.running():
@@ -1196,12 +1326,15 @@ def _prestep_ended(pre: Any, jdir: Path) -> None:
             _update(jdir, prestep={**state["prestep"], "rc": pre.returncode})
 
 
-def _judge(pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None) -> kstatus.Ended | None:
-    """Act on launchers that ended since the last look, as the Training Operator v1.9.4 does with a worker
-    pod's exit code under its restartPolicy: how the job ended, once it is decided. Any worker that
-    succeeded makes an elastic PyTorchJob Succeeded (pkg/controller.v1/pytorch/pytorchjob_controller.go,
-    UpdateJobStatus); a non-retryable code fails it; a retryable one recreates the pod, and backoffLimit 0
-    fails the job at the first failed pod (pkg/controller.v1/common/job.go, exceedsBackoffLimit)."""
+def _judge(
+    pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None
+) -> kstatus.Ended | None:
+    """Act on launchers that ended since the last look, as the Training Operator v1.9.4 does with a
+    worker pod's exit code under its restartPolicy: how the job ended, once it is decided. Any
+    worker that succeeded makes an elastic PyTorchJob Succeeded
+    (pkg/controller.v1/pytorch/pytorchjob_controller.go, UpdateJobStatus); a non-retryable code
+    fails it; a retryable one recreates the pod, and backoffLimit 0 fails the job at the first
+    failed pod (pkg/controller.v1/common/job.go, exceedsBackoffLimit)."""
     done = 0
     for pod in pods:
         rc = pod.proc.poll() if pod.proc is not None else None
@@ -1233,14 +1366,16 @@ def _judge(pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None) -
 def _log_note(jdir: Path, node: int, note: str) -> None:
     state = read_state(jdir)
     logs = log_dir(state) if state else jdir / "logs"
-    with open(logs / f"node-{node}.log", "a") as log:  # one write: the old relay may still be appending
+    with open(
+        logs / f"node-{node}.log", "a"
+    ) as log:  # one write: the old relay may still be appending
         log.write(crilog.format_line(time.time(), "stdout", note))
 
 
 def _recreate(pod: Pod, jdir: Path, code: int) -> None:
-    """A new pod for the replica: fresh emptyDirs, the same log file (marked), the same launch. An evicted
-    pod's replacement lands on another node (its own was drained), whose disk has none of the old one's
-    hostPath files (the /local scratch): only the claims carry over."""
+    """A new pod for the replica: fresh emptyDirs, the same log file (marked), the same launch. An
+    evicted pod's replacement lands on another node (its own was drained), whose disk has none of
+    the old one's hostPath files (the /local scratch): only the claims carry over."""
     node = pod.launch.node
     shutil.rmtree(jdir / "nodes" / f"node-{node}", ignore_errors=True)
     if pod.evicted:
@@ -1272,15 +1407,18 @@ def network_note(state: dict) -> str:
 def _rendezvous(
     spec: dict, jdir: Path, log_dir: Path, net: netns.Network | None
 ) -> tuple[etcd_adapter.EtcdServer | None, str]:
-    """(etcd server or None, endpoint). c10d with namespaces: the manifest's own `<job>-worker-0:29400`,
-    which each node's hosts file resolves to node 0 as the operator's Service does; on loopback a free port.
-    etcd: a server on the host side of the nodes' bridge (or loopback)."""
+    """(etcd server or None, endpoint). c10d with namespaces: the manifest's own
+    `<job>-worker-0:29400`, which each node's hosts file resolves to node 0 as the operator's
+    Service does; on loopback a free port. etcd: a server on the host side of the nodes' bridge (or
+    loopback)."""
     if spec["rdzv_backend"] == "c10d":
         if net is not None:
             return None, _manifest_endpoint(spec)
         return None, f"127.0.0.1:{etcd_adapter.free_port()}"
     host = net.host_address if net else "127.0.0.1"
-    server = etcd_adapter.start(jdir / "etcd" / spec["run_id"], log_file=log_dir / "etcd.log", host=host)
+    server = etcd_adapter.start(
+        jdir / "etcd" / spec["run_id"], log_file=log_dir / "etcd.log", host=host
+    )
     return server, server.endpoint
 
 
@@ -1316,9 +1454,10 @@ def _launcher_identity(p: Pod) -> dict:
 
 
 def _signal(pods: list[Pod], sig: int) -> None:
-    """SIGTERM to each running launcher, as the kubelet sends it to a container's first process; SIGKILL to
-    every process of the pod (its mark), as the runtime ends a container after the grace period: workers in
-    sessions of their own and orphans of a launcher that already died included."""
+    """SIGTERM to each running launcher, as the kubelet sends it to a container's first process;
+    SIGKILL to every process of the pod (its mark), as the runtime ends a container after the grace
+    period: workers in sessions of their own and orphans of a launcher that already died included.
+    """
     for p in pods:
         if sig == signal.SIGKILL:
             kill_pod(p.launch.env[POD_MARK])

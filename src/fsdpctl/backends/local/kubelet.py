@@ -1,5 +1,5 @@
-"""Adapter: the kubelet's part of running a pod on a simulated node of the local backend (issue 27), so that a
-local job meets the volumes, users and signals a cluster's pods meet:
+"""Adapter: the kubelet's part of running a pod on a simulated node of the local backend (issue 27),
+so that a local job meets the volumes, users and signals a cluster's pods meet:
 
 - a claim is a directory that starts as a new FSx for Lustre file system's root does: owned by root, mode 0755
   (lustre-release lustre/mdd/mdd_device.c, mdd_prepare), and the kubelet gives it no fsGroup (the FSx
@@ -39,8 +39,8 @@ def make_claim(path: Path) -> None:
 
 
 def make_pod_dirs(dirs: Mapping[str, str], kinds: Mapping[str, str]) -> None:
-    """The pod's own volumes on its node, before its containers start: emptyDirs and downward API volumes
-    (fresh with every pod) and hostPaths (the node's, kept)."""
+    """The pod's own volumes on its node, before its containers start: emptyDirs and downward API
+    volumes (fresh with every pod) and hostPaths (the node's, kept)."""
     for mount, directory in dirs.items():
         kind, path = kinds.get(mount), Path(directory)
         if kind in ("emptyDir", "downwardAPI"):
@@ -55,9 +55,9 @@ def _make(path: Path, mode: int) -> None:
 
 
 def write_annotations(directory: str, annotations: Mapping[str, str]) -> None:
-    """The downward API file `annotations`: one `key="value"` line per annotation, sorted, the value quoted
-    (kubernetes pkg/fieldpath/fieldpath.go, FormatMap, %q), replaced whole as the kubelet's atomic writer
-    does."""
+    """The downward API file `annotations`: one `key="value"` line per annotation, sorted, the value
+    quoted (kubernetes pkg/fieldpath/fieldpath.go, FormatMap, %q), replaced whole as the kubelet's
+    atomic writer does."""
     lines = "".join(f"{key}={_quoted(value)}\n" for key, value in sorted(annotations.items()))
     path = Path(directory, "annotations")
     tmp = path.with_name(".annotations.tmp")
@@ -71,8 +71,8 @@ def _quoted(value: str) -> str:
 
 
 def run_as(pod: Mapping[str, Any], container: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(uid, gid) the container runs as by its securityContext (its own over the pod's); None for root or an
-    image default this machine cannot know."""
+    """(uid, gid) the container runs as by its securityContext (its own over the pod's); None for
+    root or an image default this machine cannot know."""
     pod_ctx, ctx = pod.get("securityContext") or {}, container.get("securityContext") or {}
     uid = ctx.get("runAsUser", pod_ctx.get("runAsUser"))
     gid = ctx.get("runAsGroup", pod_ctx.get("runAsGroup", uid))
@@ -82,8 +82,9 @@ def run_as(pod: Mapping[str, Any], container: Mapping[str, Any]) -> tuple[int, i
 
 
 def as_user(ids: tuple[int, int] | None, needs: Iterable[str]) -> tuple[list[str], str | None]:
-    """(argv prefix that runs a command as `ids`, why not when it cannot): setpriv as root, when `ids`
-    reaches every path in `needs` (the interpreter, the packages, the pod's volumes and data)."""
+    """(argv prefix that runs a command as `ids`, why not when it cannot): setpriv as root, when
+    `ids` reaches every path in `needs` (the interpreter, the packages, the pod's volumes and data).
+    """
     if ids is None:
         return [], None
     uid, gid = ids
@@ -104,15 +105,17 @@ def as_user(ids: tuple[int, int] | None, needs: Iterable[str]) -> tuple[list[str
 
 
 def unreachable(path: Path, uid: int, gid: int) -> Path | None:
-    """The first directory on the way to `path` (which must exist) that `uid`/`gid` may not search, by its
-    mode bits as the kernel checks them (owner, else group, else others)."""
+    """The first directory on the way to `path` (which must exist) that `uid`/`gid` may not search,
+    by its mode bits as the kernel checks them (owner, else group, else others)."""
     if not path.exists():
         return None
     for at in [*reversed(path.resolve().parents), path.resolve()]:
         if not at.is_dir():
             continue
         st = at.stat()
-        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
+        bit = (
+            stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
+        )
         if not st.st_mode & bit:
             return at
     return None
