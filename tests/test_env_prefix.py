@@ -81,7 +81,7 @@ def test_a_local_jobs_trainer_gets_the_jobs_values_not_the_shells(cli, tmp_path)
         "LANG": "C.UTF-8",
     }
     for launch in local.launches(spec, "127.0.0.1:1", shell):
-        container = local._mapped_env(
+        container = local.mapped_env(
             spec, launch.node
         )  # the container's, its volume paths mapped here
         for key in trainer_keys:

@@ -179,7 +179,7 @@ def test_the_local_backend_gives_each_node_its_own_scratch_that_outlives_its_pod
     scratches = []
     for node in range(3):
         scratch = jdir / "hosts" / f"node-{node}" / render.NODE_SCRATCH_DIR.lstrip("/")
-        env = local._mapped_env(spec, node)
+        env = local.mapped_env(spec, node)
         assert env["HF_HOME"] == f"{scratch}/hf-cache"
         assert (
             env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{scratch}/nccl-traces/fsdp/nccl_trace_rank_"
@@ -187,7 +187,7 @@ def test_the_local_backend_gives_each_node_its_own_scratch_that_outlives_its_pod
         assert local.volume_dirs(spec, node)["/local"] == str(scratch)
         scratches.append(scratch)
     assert len(set(scratches)) == 3
-    assert local._nccl_traces(spec) == sorted(
+    assert local.nccl_traces(spec) == sorted(
         f"{s}/nccl-traces/fsdp/nccl_trace_rank_" for s in scratches
     )
     # with a shared volume nothing is mapped to a node's disk

@@ -427,7 +427,7 @@ def test_a_job_of_the_same_name_under_another_home_is_not_this_ones(home, tmp_pa
     env = {**os.environ, local.POD_MARK: "fsdp/r/node-0", local.JOB_MARK: str(other)}
     theirs = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
     try:
-        _until(lambda: any(str(other).encode() in v for v in local._environ(theirs.pid)))
+        _until(lambda: any(str(other).encode() in v for v in local.environ_of(theirs.pid)))
         assert local.job_processes("fsdp") == []
         _plant(home.home, {"pid": theirs.pid, "start": 1, "boot": local.boot_id()}, [{"node": 0}])
         assert home("job", "stop", "fsdp").exit_code == 0

@@ -354,7 +354,7 @@ def test_status_names_the_flight_recorder_dumps_of_a_hung_local_job(tmp_path, mo
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     cfg = load(dotenv={"JOB_NODES": "2"})
     spec = local.spec_from_job(render.render_job(cfg, "r")[-1], tmp_path / "jobs/fsdp")
-    prefix = local._nccl_traces(spec)
+    prefix = local.nccl_traces(spec)
     assert prefix == [str(tmp_path / "volumes/fsx-claim/nccl-traces/fsdp/nccl_trace_rank_")]
     log_dir = tmp_path / "jobs" / "fsdp" / "logs" / "r"
     log_dir.mkdir(parents=True)

@@ -819,7 +819,7 @@ def _identity_of(proc: subprocess.Popen) -> dict:
     from fsdpctl.backends.local import engine as local
 
     deadline = time.monotonic() + 10
-    while (ident := local.identity(proc.pid)) is None or not local._environ(proc.pid):
+    while (ident := local.identity(proc.pid)) is None or not local.environ_of(proc.pid):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return ident

@@ -1,5 +1,5 @@
 """The local job's supervisor process: `python -m fsdpctl.backends.local JOB_DIR` (started detached
-by `engine.start`)."""
+by `engine.start`; the loop is supervisor.supervise)."""
 
 import sys
 from pathlib import Path
