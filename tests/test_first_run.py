@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SHARED, yaml_docs
-from fsdpctl import render
+from fsdpctl import jobpolicy, render
 from fsdpctl.settings import load
 from fsdptrain import fetch, launch
 from test_kube import peer  # noqa: F401  (a fixture)
@@ -82,7 +82,7 @@ def test_a_node_may_start_as_late_as_the_join_timeout_allows(kind):
     )  # as dynamic_rendezvous.create_handler reads it
     assert read_timeout >= join_timeout == cfg.rdzv_join_timeout >= SKEW_S
     longer = _store_params(
-        render.launch_command(eks(RDZV_JOIN_TIMEOUT="1800"), "r")
+        jobpolicy.launch_command(eks(RDZV_JOIN_TIMEOUT="1800"), "r")
         if kind == "pytorchjob"
         else command
     )
@@ -97,7 +97,7 @@ def test_etcd_rendezvous_keeps_its_client_timeout():
     etcd_rendezvous_backend.py, create_backend): the server is up before any node, so start skew is
     join_timeout's alone there, and a long read timeout would only hide a dead etcd."""
     for backend in ("etcd", "etcd-v2"):
-        conf = dict(render.rdzv_conf(eks(RDZV_BACKEND=backend)))
+        conf = dict(jobpolicy.rdzv_conf(eks(RDZV_BACKEND=backend)))
         assert "read_timeout" not in conf and conf["join_timeout"] == "600"
 
 
@@ -112,12 +112,12 @@ def test_trainjob_node_0_hosts_the_store_without_asking_dns(rank, host):
     cfg = eks(JOB_KIND="trainjob", JOB_NODES="16")
     command = render.render_job(cfg, "r")[-1]["spec"]["trainer"]["command"]
     env = {"PET_NODE_RANK": rank, "PET_NNODES": "16", "PET_NPROC_PER_NODE": "8"}
-    argv = launch.with_store_host(command[len(render.LAUNCH) :], env)
+    argv = launch.with_store_host(command[len(jobpolicy.LAUNCH) :], env)
     argv = [
         a.replace("$(PET_MASTER_ADDR)", "fsdp-node-0-0.fsdp").replace("$(PET_MASTER_PORT)", "29500")
         for a in argv
     ]
-    params = _store_params([*render.LAUNCH, *argv], env)
+    params = _store_params([*jobpolicy.LAUNCH, *argv], env)
     assert params.get_as_bool("is_host") is (host == "true")
     assert (
         params.get_as_int("read_timeout", 60) == cfg.rdzv_join_timeout
@@ -129,9 +129,10 @@ def test_a_pytorchjob_leaves_the_guess_to_torchrun():
     pkg/controller.v1/pytorch/ envvar.go sets it only beside a Master replica), and worker 0's
     hostname is the endpoint's host, which torchrun matches without DNS: the command is left as
     rendered."""
-    command = render.launch_command(eks(), "r")
+    command = jobpolicy.launch_command(eks(), "r")
     assert (
-        launch.with_store_host(command[len(render.LAUNCH) :], {}) == command[len(render.LAUNCH) :]
+        launch.with_store_host(command[len(jobpolicy.LAUNCH) :], {})
+        == command[len(jobpolicy.LAUNCH) :]
     )
     assert load(dotenv={}).rdzv_join_timeout == SKEW_S
 
@@ -364,7 +365,7 @@ def test_the_stop_request_is_the_pods_annotation_the_trainer_reads(tmp_path):
         {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
     ]
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
-    assert env[disruption.STOP_FILE_ENV] == f"{render.PODINFO_DIR}/annotations"
+    assert env[disruption.STOP_FILE_ENV] == f"{jobpolicy.PODINFO_DIR}/annotations"
     kubelet.write_annotations(str(tmp_path), {"prometheus.io/port": "9101"})
     environ = {disruption.STOP_FILE_ENV: str(tmp_path / "annotations")}
     assert disruption.local_reason(True, environ) == disruption.DISRUPTED

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 import kube_peer_kubelet as rules
 from conftest import FSDPCTL_EXE, prefixed
-from fsdpctl import crilog, render
+from fsdpctl import crilog, jobpolicy
 from fsdpctl.backends.local import engine as local
 from fsdptrain import disruption, events
 from test_kube import peer  # noqa: F401  (a fixture)
@@ -126,7 +126,7 @@ def test_the_start_ledger_bounds_the_pods_starts(tmp_path):
     assert disruption.record_start({}, "pod-0") is None  # a plain torchrun: no ledger
     from fsdpctl.settings import load  # the budget a job is rendered with
 
-    job_env = render.starts_env(load(dotenv={"JOB_NODES": "4", "MAX_RESTARTS": "2"}), "run-1")
+    job_env = jobpolicy.starts_env(load(dotenv={"JOB_NODES": "4", "MAX_RESTARTS": "2"}), "run-1")
     assert job_env[disruption.STARTS_MAX_ENV] == "12"
     assert job_env[disruption.STARTS_DIR_ENV] == "/fsx/checkpoints/fsdp/.fsdpctl/starts/run-1"
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, SHARED, prefixed
-from fsdpctl import render
+from fsdpctl import jobpolicy, render
 from fsdpctl.backends.local import engine as local
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
@@ -85,7 +85,7 @@ def test_without_a_shared_volume_the_traces_and_the_hf_cache_go_to_the_nodes_scr
             assert host == [
                 {
                     "name": "scratch",
-                    "hostPath": {"path": render.NODE_SCRATCH_DIR, "type": "DirectoryOrCreate"},
+                    "hostPath": {"path": jobpolicy.NODE_SCRATCH_DIR, "type": "DirectoryOrCreate"},
                 }
             ]
             mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
@@ -159,7 +159,7 @@ def test_the_script_makes_the_directory_the_pods_mount_when_the_kubelet_starts(t
     argv = shlex.split(command[1:])
     pod = pod_of(render.render_job(load(dotenv={"BACKEND": "eks", **NO_SHARED}), "r")[-1])
     [host] = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
-    assert argv[-1] == host == render.NODE_SCRATCH_DIR
+    assert argv[-1] == host == jobpolicy.NODE_SCRATCH_DIR
     made = root / host.lstrip("/")
     for _ in range(2):
         subprocess.run([*argv[:-1], str(made)], check=True, timeout=30)
@@ -178,7 +178,7 @@ def test_the_local_backend_gives_each_node_its_own_scratch_that_outlives_its_pod
     spec = local.spec_from_job(render.render_job(cfg, "r")[-1], jdir)
     scratches = []
     for node in range(3):
-        scratch = jdir / "hosts" / f"node-{node}" / render.NODE_SCRATCH_DIR.lstrip("/")
+        scratch = jdir / "hosts" / f"node-{node}" / jobpolicy.NODE_SCRATCH_DIR.lstrip("/")
         env = local.mapped_env(spec, node)
         assert env["HF_HOME"] == f"{scratch}/hf-cache"
         assert (
@@ -238,7 +238,7 @@ def test_a_two_node_local_job_keeps_its_traces_and_hf_cache_on_each_nodes_scratc
     )
     assert file_gets(hub)["model.safetensors"] == 2  # one download per node
     for node in (0, 1):
-        scratch = jdir / "hosts" / f"node-{node}" / render.NODE_SCRATCH_DIR.lstrip("/")
+        scratch = jdir / "hosts" / f"node-{node}" / jobpolicy.NODE_SCRATCH_DIR.lstrip("/")
         assert list(
             (scratch / "hf-cache" / "hub").glob("models--org--tiny-llama/snapshots/*/config.json")
         )

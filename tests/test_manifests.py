@@ -13,7 +13,7 @@ import string
 import pytest
 
 from conftest import ROOT, SHARED, yaml_docs
-from fsdpctl import files, record, render
+from fsdpctl import files, jobpolicy, record, render
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 from fsdpctl.validate import crd_schemas, validate
@@ -138,11 +138,11 @@ def test_schema_validation_is_strict(schemas):
 
 def test_output_is_deterministic_and_ids_differ_per_run():
     cfg = eks("p4de.24xlarge", "HYBRID_SHARD", "etcd")
-    assert render.to_yaml(render.render_job(cfg, render.stable_run_id(cfg))) == render.to_yaml(
-        render.render_job(cfg, render.stable_run_id(cfg))
+    assert render.to_yaml(render.render_job(cfg, jobpolicy.stable_run_id(cfg))) == render.to_yaml(
+        render.render_job(cfg, jobpolicy.stable_run_id(cfg))
     )
-    assert render.new_run_id("fsdp") != render.new_run_id("fsdp")
-    assert render.stable_run_id(cfg) != render.stable_run_id(
+    assert jobpolicy.new_run_id("fsdp") != jobpolicy.new_run_id("fsdp")
+    assert jobpolicy.stable_run_id(cfg) != jobpolicy.stable_run_id(
         eks("p4de.24xlarge", "FULL_SHARD", "etcd")
     )
 

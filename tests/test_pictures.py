@@ -146,14 +146,14 @@ def test_tensorboard_dir_off_the_shared_volume_is_refused(cli, value, problem):
 def test_pods_write_events_and_wandb_files_on_the_shared_volume(cli):
     """The pod's TENSORBOARD_DIR is the user's plus the job (the trainer adds the run id); WANDB_DIR
     is on the shared volume too, where an offline run outlives its pod; neither without its key."""
-    from fsdpctl import render
+    from fsdpctl import jobpolicy
     from fsdpctl.settings import load
 
     cfg = load(flags={"TENSORBOARD_DIR": "/fsx/tb/", "WANDB_PROJECT": "p", "JOB_NAME": "j1"})
-    env = render.pod_env(cfg)
+    env = jobpolicy.pod_env(cfg)
     assert env["TENSORBOARD_DIR"] == "/fsx/tb/j1" and env["WANDB_DIR"] == "/fsx/wandb/j1"
     assert env["WANDB_PROJECT"] == "p" and env["WANDB_MODE"] == "online"
-    plain = render.pod_env(load(flags={"JOB_NAME": "j1"}))
+    plain = jobpolicy.pod_env(load(flags={"JOB_NAME": "j1"}))
     assert (
         "WANDB_DIR" not in plain and plain["TENSORBOARD_DIR"] == "" and plain["WANDB_PROJECT"] == ""
     )

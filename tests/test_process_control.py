@@ -640,13 +640,13 @@ def test_a_real_runs_supervisor_killed_then_status_run_and_stop(home, monkeypatc
     the supervisor. `job status` reports the two torchrun launchers as orphaned, a new start is
     refused, and `job stop` ends torchrun and its workers (SIGTERM reaches the trainer through
     torchrun) with no process of the job left."""
-    from fsdpctl import render
+    from fsdpctl import jobpolicy, render
     from fsdpctl.settings import load
 
     cfg = load(
         dotenv={"SEQ_LEN": "64", "PRECISION": "fp32", "WARMUP_STEPS": "2", "MAX_STEPS": "100000"}
     )
-    *infra, job = render.render_job(cfg, render.new_run_id(cfg.job_name))
+    *infra, job = render.render_job(cfg, jobpolicy.new_run_id(cfg.job_name))
     prestep = next(
         o for o in infra if o["kind"] == "Job"
     )  # it prepares the claim the trainers wait on

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, SHARED
-from fsdpctl import deploy, render
+from fsdpctl import deploy, jobpolicy, render
 from fsdpctl.settings import load
 
 VENDOR = SHARED / "vendor"
@@ -266,13 +266,13 @@ def test_the_job_pods_land_on_gpu_nodes_that_make_their_local_scratch(tool, inst
     gpu, system = cluster_nodes(tool, instance)
     assert lands(pod, gpu) and not lands(pod, system)
     hosts = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
-    assert hosts == ([] if shared else [render.NODE_SCRATCH_DIR])
+    assert hosts == ([] if shared else [jobpolicy.NODE_SCRATCH_DIR])
     if tool == "eksctl":
         groups = render.render_clusterconfig(load(dotenv={"INSTANCE_TYPE": instance}))[
             "managedNodeGroups"
         ]
         made = {
-            g["name"]: render.NODE_SCRATCH_DIR in "".join(g.get("preBootstrapCommands", []))
+            g["name"]: jobpolicy.NODE_SCRATCH_DIR in "".join(g.get("preBootstrapCommands", []))
             for g in groups
         }
         assert made == {"system": False, f"gpu-{instance.split('.')[0]}": True}
@@ -283,7 +283,9 @@ def test_the_job_pods_land_on_gpu_nodes_that_make_their_local_scratch(tool, inst
             ['"gpu"']
         ]  # the system group: none
         assert "local.gpu_user_data" in templates[0]['"aws_launch_template"']['"gpu"']["user_data"]
-        assert render.NODE_SCRATCH_DIR in (ROOT / "terraform/modules/eks-gpu/nvme.tf").read_text()
+        assert (
+            jobpolicy.NODE_SCRATCH_DIR in (ROOT / "terraform/modules/eks-gpu/nvme.tf").read_text()
+        )
 
 
 @pytest.mark.parametrize("tool", ["eksctl", "terraform"])

@@ -5,7 +5,7 @@ accepts.
 - EFA interfaces per instance type: `fsdpctl.instances` (terraform's side: tests/test_terraform.py)
 - whether a job uses EFA: `Config.uses_efa`
 - the hybrid-shard group: `fsdptrain.shapes.hsdp_group_size` / `job_mesh_shape`
-- the checkpoint mount: `render.POD_CHECKPOINT_ROOT`
+- the checkpoint mount: `jobpolicy.POD_CHECKPOINT_ROOT`
 - the worker pod: templates/pod.j2, shared by both job kinds
 """
 
@@ -18,7 +18,7 @@ import types
 import pytest
 
 from conftest import ROOT
-from fsdpctl import doctor, kstatus, render
+from fsdpctl import doctor, jobpolicy, kstatus, render
 from fsdpctl import plan as P
 from fsdpctl.errors import SettingsError
 from fsdpctl.instances import INSTANCE_TYPES
@@ -179,13 +179,13 @@ def test_the_checkpoint_mount_has_one_path(backend, kind):
     pod = _pod(render.render_job(cfg, "r")[-1])
     env = {e["name"]: e["value"] for e in _run_fields(render.render_job(cfg, "r")[-1])[0]}
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts["checkpoints"] == render.POD_CHECKPOINT_ROOT
-    assert env["CHECKPOINT_DIR"] == f"{render.POD_CHECKPOINT_ROOT}/ck"
+    assert mounts["checkpoints"] == jobpolicy.POD_CHECKPOINT_ROOT
+    assert env["CHECKPOINT_DIR"] == f"{jobpolicy.POD_CHECKPOINT_ROOT}/ck"
     cleaner = render.render_checkpoint_cleaner(cfg, "ck")["spec"]["containers"][0]
-    assert cleaner["volumeMounts"][0]["mountPath"] == render.POD_CHECKPOINT_ROOT
-    assert cleaner["command"][-1] == f"{render.POD_CHECKPOINT_ROOT}/ck"
+    assert cleaner["volumeMounts"][0]["mountPath"] == jobpolicy.POD_CHECKPOINT_ROOT
+    assert cleaner["command"][-1] == f"{jobpolicy.POD_CHECKPOINT_ROOT}/ck"
     for template in (ROOT / "templates").glob("*.j2"):
-        assert render.POD_CHECKPOINT_ROOT not in template.read_text(), template
+        assert jobpolicy.POD_CHECKPOINT_ROOT not in template.read_text(), template
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED, yaml_docs
-from fsdpctl import kstatus, render, volume
+from fsdpctl import jobpolicy, kstatus, render, volume
 from fsdpctl.backends.local import backend as local_backend
 from fsdpctl.backends.local import engine as local
 from fsdpctl.settings import load
@@ -44,7 +44,7 @@ def torchrun_config(command: list[str], environ: dict[str, str] | None = None):
     """
     from torch.distributed.run import config_from_args, parse_args
 
-    args = command[1:] if command[0] == "torchrun" else command[len(render.LAUNCH) :]
+    args = command[1:] if command[0] == "torchrun" else command[len(jobpolicy.LAUNCH) :]
     saved = dict(os.environ)
     os.environ.update(environ or {})
     try:
@@ -88,19 +88,21 @@ def test_torchrun_waits_for_the_stop_checkpoint_of_a_70b_job():
     assert torchrun_shutdown_timeout(None) == 30  # what the old pods gave the trainer
     given = torchrun_shutdown_timeout(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"))
     assert given > 2 * write_s_at_1gbps
-    timing = render.stop_timing(cfg)
+    timing = jobpolicy.stop_timing(cfg)
     write_s = volume.checkpoint_bytes(cfg) / volume.write_rate(
         cfg
     )  # the whole save at FSx's aggregate rate
     assert given == timing.shutdown_s >= 2 * timing.expected_s > 2 * write_s
     grace = worker(job)["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace == timing.grace_s >= given + render.AGENT_EXIT_S
+    assert grace == timing.grace_s >= given + jobpolicy.AGENT_EXIT_S
 
 
 def test_stop_grace_seconds_overrides_and_small_jobs_keep_torchs_floor():
-    assert render.stop_timing(eks(STOP_GRACE_SECONDS="900")).shutdown_s == 900
-    tiny = render.stop_timing(load(dotenv={}))  # local, tiny model: a few MB per save
-    assert tiny.shutdown_s == render.TORCH_SHUTDOWN_DEFAULT_S + 1 and tiny.grace_s > tiny.shutdown_s
+    assert jobpolicy.stop_timing(eks(STOP_GRACE_SECONDS="900")).shutdown_s == 900
+    tiny = jobpolicy.stop_timing(load(dotenv={}))  # local, tiny model: a few MB per save
+    assert (
+        tiny.shutdown_s == jobpolicy.TORCH_SHUTDOWN_DEFAULT_S + 1 and tiny.grace_s > tiny.shutdown_s
+    )
     # FSx's throughput is the file system's, for all its clients together: more nodes save no faster
     saves = {volume.save_seconds(eks(JOB_NODES=str(n), MODEL="70b")) for n in (32, 16, 8)}
     assert len(saves) == 1
@@ -193,7 +195,7 @@ def test_a_bad_setting_ends_before_torchrun(monkeypatch, tmp_path, capsys):
     execs = []
     monkeypatch.setattr(launch, "run_torchrun", lambda argv, environ: execs.append(argv) or 0)
     cfg = load(dotenv={"JOB_NODES": "2", "SHARED_VOLUME": "fsx-claim"})
-    command = render.launch_command(cfg, "r")
+    command = jobpolicy.launch_command(cfg, "r")
     args = command[3:]
     monkeypatch.setenv(
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(tmp_path / "traces/job/nccl_trace_rank_")
@@ -331,7 +333,7 @@ def test_join_timeout_reaches_the_legacy_etcd_handler(monkeypatch):
     c10d = eks(RDZV_JOIN_TIMEOUT="1800")
     # dynamic rendezvous reads join_timeout; the TCPStore client's wait is read_timeout
     # (test_first_run.py)
-    assert render.rdzv_conf(c10d) == [("join_timeout", "1800"), ("read_timeout", "1800")]
+    assert jobpolicy.rdzv_conf(c10d) == [("join_timeout", "1800"), ("read_timeout", "1800")]
 
 
 def test_hugepages_only_when_asked():
@@ -434,7 +436,7 @@ def _start(tmp_path: Path, monkeypatch, **settings: str) -> dict:
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path / "home"))
     base = {"SEQ_LEN": "64", "PRECISION": "fp32", "WARMUP_STEPS": "2", "JOB_NAME": "t"}
     cfg = load(dotenv={**base, **settings})
-    objs = render.render_job(cfg, render.new_run_id(cfg.job_name))
+    objs = render.render_job(cfg, jobpolicy.new_run_id(cfg.job_name))
     prestep = next(
         (o for o in objs if o["kind"] == "Job"), None
     )  # it prepares the claim the trainers wait on

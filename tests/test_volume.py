@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import invoke
-from fsdpctl import render, volume
+from fsdpctl import jobpolicy, render, volume
 from fsdpctl.errors import SettingsError
 from fsdpctl.settings import load
 from fsdptrain.shapes import MODEL_CONFIGS
@@ -130,7 +130,7 @@ def test_the_stop_grace_follows_the_file_systems_aggregate_throughput():
     assert 292e6 < rate < 294e6
     save_s = 12 * MODEL_CONFIGS["70b"].num_params() / rate
     assert 2800 < save_s < 2850
-    timing = render.stop_timing(cfg)
+    timing = jobpolicy.stop_timing(cfg)
     assert timing.shutdown_s >= 2 * save_s and timing.grace_s > timing.shutdown_s
     job = render.render_job(cfg, "r")[-1]
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -152,7 +152,7 @@ def test_a_save_takes_the_checkpoint_over_the_aggregate_rate_whatever_the_node_c
                   FSX_THROUGHPUT_PER_TIB=str(per_tib))  # fmt: skip
     expected = 12 * MODEL_CONFIGS["13b"].num_params() / (size / 1024 * per_tib * 1e6)
     assert volume.save_seconds(cfg) == pytest.approx(expected)
-    assert render.stop_timing(cfg).expected_s >= expected
+    assert jobpolicy.stop_timing(cfg).expected_s >= expected
 
 
 def test_a_save_slower_than_the_interval_it_protects_is_warned(cli):
@@ -168,7 +168,7 @@ def test_a_save_slower_than_the_interval_it_protects_is_warned(cli):
     [warning] = [line for line in r.output.splitlines() if "CHECKPOINT_INTERVAL=10" in line]
     assert warning.startswith("warning: ") and "longer than the" in warning
     cfg = load(dotenv={**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": "10"})
-    step_s = render.step_seconds(cfg)
+    step_s = jobpolicy.step_seconds(cfg)
     enough = math.ceil(volume.save_seconds(cfg) / step_s)
     assert f"set CHECKPOINT_INTERVAL={enough} or more" in warning
     assert volume.interval_warning(load(dotenv={**EKS, "MODEL": "7b", "CHECKPOINT_INTERVAL": str(enough)}),

@@ -44,10 +44,10 @@ def targets(cfg: Config) -> tuple[float, Path]:
     written: on EKS the planned step and the pod's checkpoint mount; locally the quickstart's rate
     and the job's dir."""
     if cfg.target.gpus:
-        from fsdpctl import plan, render
+        from fsdpctl import jobpolicy, plan
 
         demand = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).tokens_per_s_per_gpu
-        return demand, Path(cfg.training.checkpoint_dir or render.POD_CHECKPOINT_ROOT)
+        return demand, Path(cfg.training.checkpoint_dir or jobpolicy.POD_CHECKPOINT_ROOT)
     from fsdpctl.backends.local.engine import job_dir
 
     return LOCAL_DEMAND, job_dir(cfg.job_name) / "checkpoints"

@@ -5,7 +5,8 @@ own script.
 
 The model is torchx's split (torchx/specs/api.py `AppDef`/`Role`/`Resource`, and a scheduler's
 `_submit_dryrun` turning an AppDef into its request): the spec says what runs, with what and how
-often it may restart; where and how is the backend's.
+often it may restart; where and how is the backend's. Each part is decided in `fsdpctl.jobpolicy`
+(paths, command, environment, budgets), gathered here once.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from fsdpctl import prestep, render
-from fsdpctl.render import StopTiming
+from fsdpctl import jobpolicy, prestep, render
+from fsdpctl.jobpolicy import StopTiming
 from fsdpctl.settings import Config
 from fsdpctl.targets import Target
 from fsdptrain.events import RECORD_ENV
@@ -62,7 +63,7 @@ class Resources:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """torchrun's rendezvous: backend, host, port and --rdzv-conf (`render.rdzv_conf`)."""
+    """torchrun's rendezvous: backend, host, port and --rdzv-conf (`jobpolicy.rdzv_conf`)."""
 
     backend: str
     host: str
@@ -96,7 +97,7 @@ class JobSpec:
     image: str  # what the trainer runs from where the place runs an image (`Target.image`)
     command: tuple[
         str, ...
-    ]  # each node's: the pre-launch check, then torchrun (`render.launch_command`)
+    ]  # each node's: the pre-launch check, then torchrun (`jobpolicy.launch_command`)
     env: Mapping[str, str]
     run_env: Mapping[str, str]
     secret_env: tuple[str, ...]
@@ -122,19 +123,19 @@ def storage(cfg: Config) -> Storage:
     gathered)."""
     mounts = {
         cfg.shared_volume_path: cfg.shared_volume,
-        render.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc,
+        jobpolicy.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc,
     }
-    scratch = render.scratch(cfg)
+    scratch = jobpolicy.scratch(cfg)
     return Storage(
         shared=cfg.shared_volume,
         shared_path=cfg.shared_volume_path,
         checkpoint_claim=cfg.checkpoint_pvc,
-        checkpoint_root=render.checkpoint_root(cfg),
-        checkpoints=render.checkpoint_dir(cfg, cfg.job_name),
-        hf_home=prestep.hf_home(cfg) if cfg.shared_volume else f"{render.POD_SCRATCH}/hf-cache",
-        nccl_traces=render.nccl_trace_file(cfg, cfg.job_name),
-        tensorboard=render.tensorboard_dir(cfg, cfg.job_name),
-        wandb=render.wandb_dir(cfg, cfg.job_name),
+        checkpoint_root=jobpolicy.checkpoint_root(cfg),
+        checkpoints=jobpolicy.checkpoint_dir(cfg, cfg.job_name),
+        hf_home=jobpolicy.hf_home(cfg),
+        nccl_traces=jobpolicy.nccl_trace_file(cfg, cfg.job_name),
+        tensorboard=jobpolicy.tensorboard_dir(cfg, cfg.job_name),
+        wandb=jobpolicy.wandb_dir(cfg, cfg.job_name),
         scratch=(scratch["path"], scratch["mount"]) if scratch else None,
         mounts=MappingProxyType({path: claim for path, claim in mounts.items() if claim}),
     )
@@ -162,11 +163,11 @@ def resources(cfg: Config) -> Resources:
 
 def build(cfg: Config, run_id: str, record_id: str = "") -> JobSpec:
     """The job `cfg` describes, for run `run_id` (`record_id`: its run record's, fsdpctl.record)."""
-    backend, host, port = render.rendezvous(cfg)
+    backend, host, port = jobpolicy.rendezvous(cfg)
     restart = RestartPolicy(
-        cfg.max_restarts, render.backoff_limit(cfg), cfg.job_nodes + render.backoff_limit(cfg)
+        cfg.max_restarts, jobpolicy.backoff_limit(cfg), cfg.job_nodes + jobpolicy.backoff_limit(cfg)
     )
-    run_env = prestep.trainer_env(cfg, run_id) | render.starts_env(cfg, run_id)
+    run_env = prestep.trainer_env(cfg, run_id) | jobpolicy.starts_env(cfg, run_id)
     if record_id:
         run_env[RECORD_ENV] = record_id
     return JobSpec(
@@ -176,16 +177,16 @@ def build(cfg: Config, run_id: str, record_id: str = "") -> JobSpec:
         nodes=cfg.job_nodes,
         procs_per_node=cfg.procs_per_node,
         image=cfg.image_uri,
-        command=tuple(render.launch_command(cfg, run_id)),
-        env=MappingProxyType(render.pod_env(cfg)),
+        command=tuple(jobpolicy.launch_command(cfg, run_id)),
+        env=MappingProxyType(jobpolicy.pod_env(cfg)),
         run_env=MappingProxyType(run_env),
         secret_env=("HF_TOKEN",),
         storage=storage(cfg),
         resources=resources(cfg),
-        rendezvous=Rendezvous(backend, host, port, tuple(render.rdzv_conf(cfg))),
+        rendezvous=Rendezvous(backend, host, port, tuple(jobpolicy.rdzv_conf(cfg))),
         restart=restart,
-        stop=render.stop_timing(cfg),
+        stop=jobpolicy.stop_timing(cfg),
         labels=MappingProxyType(render.labels(cfg, run_id)),
-        metrics_port=render.metrics_port(cfg),
+        metrics_port=jobpolicy.metrics_port(cfg),
         prestep=prestep.needed(cfg),
     )

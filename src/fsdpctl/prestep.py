@@ -50,7 +50,7 @@ CONTAINER = "fetch"
 PREP_CONTAINER = "volume-prep"
 OF_LABEL = "fsdpctl.io/prestep-of"  # on the Job and its pod: the job it downloads for
 SETTING_KEYS = ("PRETRAINED", "TOKENIZER", "DATASET")
-CHECKPOINT_MOUNT = "/checkpoints"  # where pods mount CHECKPOINT_PVC (render.POD_CHECKPOINT_ROOT)
+CHECKPOINT_MOUNT = "/checkpoints"  # where pods mount CHECKPOINT_PVC (jobpolicy.POD_CHECKPOINT_ROOT)
 TRAINER_UID = (
     1000  # the image's `trainer` user (docker/Dockerfile), the pods' runAsUser and fsGroup
 )

@@ -171,7 +171,7 @@ def in_home(home: Path, state: Mapping[str, Any], recorded: str | None) -> Path 
 
 def checkpoint_dir(home: Path, state: Mapping[str, Any]) -> Path | None:
     """The job's checkpoint directory that `cleanup --checkpoints` may delete: the one fsdpctl
-    derives for the job (render.checkpoint_dir: `<root>/<job>`, the root on a claim or the node's
+    derives for the job (jobpolicy.checkpoint_dir: `<root>/<job>`, the root on a claim or the node's
     disk), mapped on this machine to `volumes/<claim>/checkpoints/<job>`, `volumes/<claim>/<job>` or
     a path in the job's own directory. Anything else a state may name (another job's, a claim's
     root, outside the home) is None."""

@@ -214,7 +214,7 @@ def admit(cfg: Config, *, force: bool) -> None:
     each with the fix. With `force`, each refusal becomes a warning and the command goes on. This
     machine's facts are read here, at the edge: its cores and RAM, its paths, and where the local
     backend keeps the claims."""
-    from fsdpctl import plan, render, volume
+    from fsdpctl import jobpolicy, plan, volume
     from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import annotate, placement_problems
 
@@ -235,7 +235,7 @@ def admit(cfg: Config, *, force: bool) -> None:
         raise SettingsError(problems)
     for line in problems:
         warn(f"--force: going on although {line}")
-    if cfg.target.gpus and (slow := volume.interval_warning(cfg, render.step_seconds(cfg))):
+    if cfg.target.gpus and (slow := volume.interval_warning(cfg, jobpolicy.step_seconds(cfg))):
         warn(slow)
 
 
@@ -243,7 +243,7 @@ def _volume_problem(cfg: Config) -> str | None:
     """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file
     system on the cluster; on this machine the free space of the disk of the claim's directory plus
     what this job's checkpoints already take there (they are counted in the need)."""
-    from fsdpctl import backends, render, volume
+    from fsdpctl import backends, jobpolicy, volume
 
     here = backends.create(cfg).here(cfg.shared_volume_path) if cfg.shared_volume else None
     if here is None:
@@ -252,7 +252,7 @@ def _volume_problem(cfg: Config) -> str | None:
     free = _free_bytes(where)
     if free is None:
         return None
-    ours = settings_path_local(render.checkpoint_dir(cfg, cfg.job_name), cfg, where)
+    ours = settings_path_local(jobpolicy.checkpoint_dir(cfg, cfg.job_name), cfg, where)
     return volume.capacity_problem(
         cfg,
         free + _bytes_under(ours),

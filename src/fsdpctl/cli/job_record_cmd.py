@@ -381,10 +381,10 @@ def rerun(
 
     Example: fsdpctl job rerun fsdp-1a2b3c4d-5e6f7a   (then: fsdpctl job diff A B)
     """
-    from fsdpctl import render
+    from fsdpctl import jobpolicy
 
     got = load_record(ctx, name, backend)
-    run_id = render.new_run_id(got.rec["job"])
+    run_id = jobpolicy.new_run_id(got.rec["job"])
     cfg = _settings_for(ctx, got.rec, _rerun_start(ctx, got.rec, run_id), "job rerun")
     drifted, unchecked = _drift(got.rec, cfg)
     if drifted and not allow_drift:
@@ -411,7 +411,7 @@ def _rerun_start(ctx: typer.Context, rec: dict[str, Any], run_id: str) -> dict[s
     """RESUME and CHECKPOINT_SUBDIR of a rerun: where the recorded run started, as its trainer said
     (the checkpoint it resumed, found where the run kept them; never: afresh), and a directory of
     its own."""
-    from fsdpctl import render
+    from fsdpctl import jobpolicy
 
     start = {"CHECKPOINT_SUBDIR": f"reruns/{run_id}"}
     trainer = rec.get("trainer") or {}
@@ -430,7 +430,7 @@ def _rerun_start(ctx: typer.Context, rec: dict[str, Any], run_id: str) -> dict[s
     resumed = trainer.get("resumed_from")
     name = Path(resumed).name if resumed else step_name(trainer["start_step"])
     then = _settings_for(ctx, rec)  # where the recorded run kept its checkpoints
-    return {**start, "RESUME": f"{render.checkpoint_dir(then, then.job_name)}/{name}"}
+    return {**start, "RESUME": f"{jobpolicy.checkpoint_dir(then, then.job_name)}/{name}"}
 
 
 def resume(
@@ -481,10 +481,10 @@ def _has_a_checkpoint(cfg: Config) -> None:
     """A job with nothing to resume is refused (exit 2) where its checkpoints are on this machine:
     `job run` starts it. On a cluster the volume is the pods' to read: the trainer starts afresh
     there when it finds none, and says so."""
-    from fsdpctl import render
+    from fsdpctl import jobpolicy
     from fsdptrain.resume import latest_checkpoint
 
-    where = backends.create(cfg).here(render.checkpoint_dir(cfg, cfg.job_name))
+    where = backends.create(cfg).here(jobpolicy.checkpoint_dir(cfg, cfg.job_name))
     if where is None:
         return
     if latest_checkpoint(Path(where)) is None:

@@ -57,12 +57,12 @@ def manifest(
     Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl apply
     -f -
     """
-    from fsdpctl import files, manifests, render
+    from fsdpctl import files, jobpolicy, manifests, render
 
     run_id = files.run_id(run_id) if run_id is not None else None  # as `job run --run-id` takes it
     cfg = state(ctx).config()
     admit(cfg, force=force)
-    objs = render.render_job(cfg, run_id or render.stable_run_id(cfg))
+    objs = render.render_job(cfg, run_id or jobpolicy.stable_run_id(cfg))
     if validate:
         from fsdpctl.validate import KUBERNETES_VERSION
 

@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from fsdpctl import jobpolicy, volume
 from fsdpctl import plan as P
-from fsdpctl import render, volume
 from fsdpctl.cli import completion
 from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
 
@@ -218,7 +218,7 @@ def plan(
             _print_matrix(rows, tokens)
         return
     r = P.report(job, tokens)
-    grace = {"stop_grace_s": render.stop_timing(cfg).shutdown_s}
+    grace = {"stop_grace_s": jobpolicy.stop_timing(cfg).shutdown_s}
     r["volume"] = volume.report(cfg, r["speed"]["step_s"]) | grace
     if not emit(r, output):
         _print_report(r)

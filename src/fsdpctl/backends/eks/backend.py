@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
-from fsdpctl import deploy, jobspec, kstatus, record_store, render
+from fsdpctl import deploy, jobpolicy, jobspec, kstatus, record_store, render
 from fsdpctl import record as run_record
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.eks import engine as kjobs
@@ -45,12 +45,12 @@ class EksBackend:
                 "IMAGE_REGISTRY",
             )
         if dry_run and not server_dry_run:  # what would be sent; the cluster is not contacted
-            run_id = run_id or render.new_run_id(cfg.job_name)
+            run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
             objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
             lines = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
             return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines)
         token = secret_env(cfg).get("HF_TOKEN", "")
-        run_id = run_id or render.new_run_id(cfg.job_name)
+        run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
         rec = None if server_dry_run else record_store.new(cfg, run_id)
         started = kjobs.run(
             self.kube,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fsdpctl import crilog, kstatus, prestep, render, volume
+from fsdpctl import crilog, jobpolicy, kstatus, prestep, render, volume
 from fsdpctl import record as run_record
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -117,7 +117,7 @@ def run(
     refused unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint). With a
     run `record` (fsdpctl.record) the job carries its hash and the ConfigMap <job>-record, owned by
     the job, holds it."""
-    run_id = run_id or render.new_run_id(cfg.job_name)
+    run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
     objs = render.render_job(cfg, run_id, record["id"] if record else "")
     *infra, job = objs
     if record is not None:
@@ -334,7 +334,7 @@ def report(
         "age_s": kstatus.age(job, now),
         "leader": lead["metadata"]["name"] if lead else None,
         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
-        "checkpoint_dir": render.checkpoint_dir(cfg, name),
+        "checkpoint_dir": jobpolicy.checkpoint_dir(cfg, name),
         **prog,
         "reason": kstatus.failure_reason(job),
         "problems": kstatus.scheduling_problems(pods, events),
@@ -352,7 +352,9 @@ def report(
     if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running") and not r["step"]:
         r["stalled"] = False  # no step yet because the trainers wait for the pre-step, not a hang
     if r["stalled"]:  # the dumps are on the pods' volume: say where
-        r["problems"].append(kstatus.flight_recorder_note(render.nccl_trace_file(cfg, name), None))
+        r["problems"].append(
+            kstatus.flight_recorder_note(jobpolicy.nccl_trace_file(cfg, name), None)
+        )
     if r["restarts"] or phase == "Restarting":
         r["problems"].append(kstatus.on_failure(job["kind"], cfg.max_restarts))
     gave_up = kstatus.root_cause(lines) is not None
@@ -393,7 +395,7 @@ def stop(kube, cfg: Config, name: str, wait: bool = True, timeout: float = 300) 
         if kube.get(api, kind, name, cfg.job_namespace) is None:
             return False
         if request_stop(kube, cfg, name) and wait:
-            _wait_pods_ended(kube, cfg, name, render.stop_timing(cfg).grace_s + STOP_NOTICE_S)
+            _wait_pods_ended(kube, cfg, name, jobpolicy.stop_timing(cfg).grace_s + STOP_NOTICE_S)
         gone = not kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
         if gone:
             return False
@@ -595,11 +597,11 @@ def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]
             done += [f"Pod/{p['metadata']['name']}" for p in pods]
             done.append(f"Secret/{render.secret_name(cfg)}")
             backend = job.get("spec", {}).get("elasticPolicy", {}).get("rdzvBackend", "c10d")
-            keys = render.rendezvous_keys(backend, run_id)
+            keys = jobpolicy.rendezvous_keys(backend, run_id)
             done += [f"etcd key {k}" for k in keys]
             if checkpoints and cfg.checkpoint_claim:
                 done.append(
-                    f"checkpoints {render.checkpoint_dir(cfg, name)} on PVC {cfg.checkpoint_claim}"
+                    f"checkpoints {jobpolicy.checkpoint_dir(cfg, name)} on PVC {cfg.checkpoint_claim}"
                 )
             if dry_run:
                 continue
@@ -625,7 +627,7 @@ def _delete_etcd_key(kube, cfg: Config, key: str) -> None:
             "DELETE",
             cfg.job_namespace,
             "etcd",
-            render.ETCD_PORT,
+            jobpolicy.ETCD_PORT,
             f"/v2/keys{key}",
             query={"recursive": "true"},
         )

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import crilog, files, kstatus, prestep, record_store, render, statefile
+from fsdpctl import crilog, files, jobpolicy, kstatus, prestep, record_store, render, statefile
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.local import engine as local
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -51,7 +51,9 @@ class LocalBackend:
                 "--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks"
             )
         cfg = self.cfg
-        run_id = checked_run_id(run_id) if run_id is not None else render.new_run_id(cfg.job_name)
+        run_id = (
+            checked_run_id(run_id) if run_id is not None else jobpolicy.new_run_id(cfg.job_name)
+        )
         rec = record_store.new(cfg, run_id) if not dry_run else None
         *infra, job = render.render_job(cfg, run_id, rec["id"] if rec else "")
         fetch_job = next(
@@ -216,7 +218,7 @@ class LocalBackend:
         cfg = self.cfg
         claims = {
             cfg.shared_volume_path: cfg.shared_volume,
-            render.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc,
+            jobpolicy.POD_CHECKPOINT_ROOT: cfg.checkpoint_pvc,
         }
         return local_path(
             path, {p: str(local.shared_volume_dir(c)) for p, c in claims.items() if c}
