@@ -19,6 +19,7 @@ from fsdpctl.cli.common import (
     state,
     warn,
 )
+from fsdpctl.targets import NAMES
 
 
 def cleanup(
@@ -29,7 +30,7 @@ def cleanup(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
     dry_run: DryRunOpt = False,
     backend: Annotated[
-        str | None, typer.Option("--backend", help="local or eks (default: BACKEND)")
+        str | None, typer.Option("--backend", help=f"{' or '.join(NAMES)} (default: BACKEND)")
     ] = None,
     output: Output = OutputOpt,
 ) -> None:

@@ -21,6 +21,7 @@ from rich.text import Text
 from fsdpctl.cli import completion
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import add_secrets, redact, redact_obj
+from fsdpctl.targets import NAMES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -143,7 +144,7 @@ ForceOpt = Annotated[
 BackendOpt = Annotated[
     str | None,
     typer.Option(
-        "--backend", help="local or eks (default: where the job was started, else BACKEND)"
+        "--backend", help=f"{' or '.join(NAMES)} (default: where the job was started, else BACKEND)"
     ),
 ]
 NameArg = typer.Argument(

@@ -39,7 +39,7 @@ from fsdpctl.settings.rules import (
     BackendName,
     _k,
 )
-from fsdpctl.targets import Target, target
+from fsdpctl.targets import TARGETS, Target, target
 from fsdptrain.config import TrainConfig
 
 
@@ -126,7 +126,9 @@ class Settings(BaseModel):
         "how `image push` logs in: ecr (a token from "
         "ecr:GetAuthorizationToken) or none (docker is logged in already)",
     )
-    backend: BackendName = _k("local", "job", "where `job run` runs: this machine or the cluster")
+    backend: BackendName = _k(
+        "local", "job", f"where `job run` runs: {' or '.join(t.where for t in TARGETS.values())}"
+    )
     job_name: str = _k(
         "fsdp", "job", "job name (a DNS-1035 label: starts with a letter)", pattern=DNS_1035_LABEL
     )
