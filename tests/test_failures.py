@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import prefixed
-from fsdpctl import kstatus
+from fsdpctl import failures, kstatus
 
 LOG_PREFIX = "I1203 16:28:44.072000 5339 torch/distributed/elastic/agent/server/api.py:553] "
 
@@ -64,11 +64,11 @@ def torchrun_root_cause(tmp_path: Path, rank: int, exitcode: int, message: str |
                 ErrorHandler().record_exception(e)
         finally:
             del os.environ["TORCHELASTIC_ERROR_FILE"]
-    failures = {rank: ProcessFailure(rank % 8, 1000 + rank, exitcode, str(error_file))}
+    by_rank = {rank: ProcessFailure(rank % 8, 1000 + rank, exitcode, str(error_file))}
     other = rank + 1
-    failures[other] = ProcessFailure(other % 8, 2000, -15, str(tmp_path / "none.json"))
-    failures[other].timestamp = failures[rank].timestamp + 5
-    text = f"{kstatus.CHILD_FAILED}: {ChildFailedError('fsdptrain', failures)}"
+    by_rank[other] = ProcessFailure(other % 8, 2000, -15, str(tmp_path / "none.json"))
+    by_rank[other].timestamp = by_rank[rank].timestamp + 5
+    text = f"{failures.CHILD_FAILED}: {ChildFailedError('fsdptrain', by_rank)}"
     return [
         "Traceback (most recent call last):",
         '  File "run.py", line 1, in <module>',
@@ -119,7 +119,7 @@ def test_the_failing_ranks_first_error_line_is_found_wherever_it_is(tmp_path, se
     with_file = rnd.random() < 0.5
     lines += torchrun_root_cause(tmp_path, rank, 1, f"rank {rank} ended" if with_file else None)
 
-    found = kstatus.failure(lines, lambda p: Path(p).read_text() if Path(p).is_file() else None)
+    found = failures.failure(lines, lambda p: Path(p).read_text() if Path(p).is_file() else None)
     assert found["rank"] == rank and found["exitcode"] == 1
     assert found["error"] == f"ValueError: {cause}"
     assert (
@@ -138,7 +138,7 @@ def test_the_trainers_own_one_line_error_and_a_signal():
         "(checked before torchrun: not retried)"
     )
     lines = [*NOISE, *["x"] * 40, own, *NOISE]
-    found = kstatus.failure(lines, lambda p: None)
+    found = failures.failure(lines, lambda p: None)
     assert (found["error"], found["line"], found["rank"]) == (own, len(NOISE) + 41, None)
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -146,7 +146,7 @@ def test_the_trainers_own_one_line_error_and_a_signal():
     block = str(
         ChildFailedError("fsdptrain", {3: ProcessFailure(3, 77, -9, "/nonexistent")})
     ).split("\n")
-    found = kstatus.failure([*NOISE, *block], lambda p: None)
+    found = failures.failure([*NOISE, *block], lambda p: None)
     assert found["rank"] == 3 and found["exitcode"] == -9
     assert found["error"] == found["raised"] == "Signal 9 (SIGKILL) received by PID 77"
 

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from fsdpctl import deploy, kstatus
+from fsdpctl import deploy, kstatus, nodefit
 from test_kube import cli, install_operator, kube, peer, said, set_condition  # noqa: F401 (fixture)
 
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge", "fsdpctl.io/role": "gpu"}
@@ -165,10 +165,10 @@ def test_a_node_is_ready_exactly_when_it_offers_what_a_pod_asks(have, wants):
         "status": {"allocatable": {r: str(n) for r, n in have.items()}},
     }
     rows = deploy.node_rows([node], efa="vpc.amazonaws.com/efa" in wants)
-    [fit] = kstatus.gpu_node_fit(rows, [node], wants, [])
+    [fit] = nodefit.gpu_node_fit(rows, [node], wants, [])
     short = [r for r, n in wants.items() if have[r] < n]
     assert fit["ready"] == (not short) and fit["short"] == short
-    problems = kstatus.node_problems([fit], {})
+    problems = nodefit.node_problems([fit], {})
     assert len(problems) == len(short)
     for r, line in zip(short, problems, strict=True):
         assert kstatus.PLUGIN_OF[r] in line and f"{r}={have[r]} allocatable" in line

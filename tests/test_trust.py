@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from fsdpctl import crilog, kstatus, progress, record
+from fsdpctl import crilog, failures, kstatus, progress, record
 from fsdpctl.adapters import netns
 from fsdpctl.backends.local import engine as local
 from fsdptrain import events
@@ -436,7 +436,7 @@ def test_any_log_line_goes_through_every_view_as_it_is(cli, text):
         cri(1.0e9, "Traceback (most recent call last):", "stderr"),
         cri(1.0e9, f"[rank0]: RuntimeError: {marked}", "stderr"),
         cri(1.0e9, events.to_line(events.Checkpoint(step=1, path=f"/ck/{marked}"))),
-        cri(1.0e9, kstatus.ROOT_CAUSE, "stderr"),
+        cri(1.0e9, failures.ROOT_CAUSE, "stderr"),
         cri(1.0e9, "  rank      : 0 (local_rank: 0)", "stderr"),
         cri(1.0e9, "  exitcode  : 1 (pid: 1)", "stderr"),
     ]
@@ -716,7 +716,7 @@ def test_a_failed_job_that_used_every_restart_says_the_budget_is_spent(
 ):
     lines = [x for r in range(rounds) for x in _round(40000 + r)]
     lines += [kstatus.GROUP_RESTART] * (rounds - 1)
-    lines += [kstatus.ROOT_CAUSE, "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 1)"]
+    lines += [failures.ROOT_CAUSE, "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 1)"]
     lines += ["Traceback (most recent call last):", "RuntimeError: boom"]
     _planted(
         cli.home,
@@ -943,7 +943,7 @@ TRAINER_LINES = [
 
 
 def test_trainer_only_leaves_out_torchs_own_logging(cli):
-    assert [kstatus.from_torch(x) for x in TORCH_LINES + TRAINER_LINES] == [True] * 3 + [False] * 4
+    assert [failures.from_torch(x) for x in TORCH_LINES + TRAINER_LINES] == [True] * 3 + [False] * 4
     _planted(cli.home, "tl", ["".join(cri(1.0, x, "stderr") for x in TORCH_LINES + TRAINER_LINES)])
     out = cli("job", "logs", "tl", "--trainer-only").stdout.splitlines()
     assert out == TRAINER_LINES

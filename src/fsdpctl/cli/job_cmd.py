@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends, crilog, files, kstatus
+from fsdpctl import backends, crilog, failures, files
 from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.common import (
     BackendOpt,
@@ -195,7 +195,7 @@ def logs(
     for line in be.logs(
         name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s
     ):
-        if trainer_only and kstatus.from_torch(line.text):
+        if trainer_only and failures.from_torch(line.text):
             continue
         if output == LogFormat.json:
             out.print(

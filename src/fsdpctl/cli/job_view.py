@@ -10,7 +10,7 @@ from typing import Any
 from rich.markup import escape
 from rich.text import Text
 
-from fsdpctl import crilog, kstatus, prestep
+from fsdpctl import crilog, nodefit, prestep
 from fsdpctl.backends import Backend, LogLine, Started
 from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, styled, warn
 from fsdpctl.errors import BadInput, ExitCode
@@ -204,7 +204,7 @@ def status_table(r: Report) -> PlainTable:
     if r.get("identity"):
         t.add_row("user", r["identity"])
     for i, node in enumerate(r.get("gpu_nodes") or []):
-        t.add_row("GPU nodes" if i == 0 else "", kstatus.describe_node(node))
+        t.add_row("GPU nodes" if i == 0 else "", nodefit.describe_node(node))
     if failure := r.get("failure"):
         t.add_row("error", failure_line(failure))
     t.add_row("checkpoint", r.get("checkpoint") or "-")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
-from fsdpctl import deploy, jobpolicy, jobspec, kstatus, record_store, render
+from fsdpctl import deploy, jobpolicy, jobspec, kstatus, nodefit, record_store, render
 from fsdpctl import record as run_record
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.eks import engine as kjobs
@@ -82,7 +82,7 @@ class EksBackend:
             r["gpu_nodes"] = self.gpu_nodes(name)
             if r["gpu_nodes"] is not None:
                 selector = render.node_selector(self.cfg)
-                r["problems"] += kstatus.node_problems(r["gpu_nodes"], selector)
+                r["problems"] += nodefit.node_problems(r["gpu_nodes"], selector)
         return r
 
     def gpu_nodes(self, name: str) -> list[dict[str, Any]] | None:
@@ -100,13 +100,13 @@ class EksBackend:
                 return None
             with kjobs.calls(self.cfg, "listing nodes"):
                 raise
-        mine = kstatus.job_nodes(nodes, pods, render.node_selector(self.cfg))
+        mine = nodefit.job_nodes(nodes, pods, render.node_selector(self.cfg))
         limits = render.pod_resources(jobspec.resources(self.cfg))[1]
-        wants = kstatus.device_requests(pods) or {
+        wants = nodefit.device_requests(pods) or {
             r: int(n) for r, n in limits.items() if r in kstatus.PLUGIN_OF
         }
         rows = deploy.node_rows(mine, efa="vpc.amazonaws.com/efa" in wants)
-        return kstatus.gpu_node_fit(rows, mine, wants, pods)
+        return nodefit.gpu_node_fit(rows, mine, wants, pods)
 
     def logs(
         self,

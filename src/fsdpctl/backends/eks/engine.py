@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fsdpctl import crilog, jobpolicy, kstatus, prestep, render, volume
+from fsdpctl import crilog, failures, jobpolicy, kstatus, prestep, render, volume
 from fsdpctl import record as run_record
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -357,8 +357,8 @@ def report(
         )
     if r["restarts"] or phase == "Restarting":
         r["problems"].append(kstatus.on_failure(job["kind"], cfg.max_restarts))
-    gave_up = kstatus.root_cause(lines) is not None
-    if spent := kstatus.budget_spent(phase, r["restarts"], cfg.max_restarts, gave_up):
+    gave_up = failures.root_cause(lines) is not None
+    if spent := failures.budget_spent(phase, r["restarts"], cfg.max_restarts, gave_up):
         r["reason"] = f"{spent}: {r['reason']}" if r["reason"] else spent
     return r
 

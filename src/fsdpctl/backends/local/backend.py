@@ -10,7 +10,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import crilog, files, jobpolicy, kstatus, prestep, record_store, render, statefile
+from fsdpctl import (
+    crilog,
+    failures,
+    files,
+    jobpolicy,
+    kstatus,
+    prestep,
+    record_store,
+    render,
+    statefile,
+)
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.local import engine as local
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -440,7 +450,9 @@ def _report(st: dict[str, Any], stall_after: float) -> Report:
     if report["restarts"]:
         report["problems"].append(kstatus.on_failure("PyTorchJob", st.get("max_restarts", 0)))
     gave_up = bool(report["failure"] and report["failure"].get("exitcode") is not None)
-    if spent := kstatus.budget_spent(phase, report["restarts"], st.get("max_restarts", 0), gave_up):
+    if spent := failures.budget_spent(
+        phase, report["restarts"], st.get("max_restarts", 0), gave_up
+    ):
         report["reason"] = f"{spent}; {report['reason']}" if report["reason"] else spent
     return report
 
@@ -502,7 +514,7 @@ def _failure(st: dict[str, Any]) -> Failure | None:
     log = _failed_log(st)
     if log is None:
         return None
-    found = kstatus.failure(crilog.texts(log), _read_error_file)
+    found = failures.failure(crilog.texts(log), _read_error_file)
     return {**found, "node": _failed_node(st), "log": str(log)}
 
 

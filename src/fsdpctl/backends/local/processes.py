@@ -1,5 +1,5 @@
-"""The processes of a local job: who they are (pid, boot, start time, and the marks in their environment),
-signalled only when proven the job's, and the job's lock."""
+"""The processes of a local job: who they are (a PID is reused, (boot id, start time, PID) is not; and
+the marks in their environment), signalled only when proven the job's, and the job's lock."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from fsdpctl import crilog, files, kstatus
+from fsdpctl import crilog, failures, files, kstatus
 from fsdpctl.adapters import netns
 from fsdpctl.backends.local.pods import mapped_env
 from fsdpctl.backends.local.processes import (
@@ -49,11 +49,11 @@ def phase_of(state: dict) -> Phase:
     return Phase(state["phase"])
 
 
-def ended(state: dict) -> kstatus.Ended:
+def ended(state: dict) -> failures.Ended:
     """How a job whose supervisor died ended, from what its processes did: each launcher's last
-    words and the trainer's summary (kstatus.ended)."""
+    words and the trainer's summary (failures.ended)."""
     logs = {_node_of(f): crilog.texts(f) for f in log_files(state)}
-    outcomes = [kstatus.launcher_outcome(logs.get(n, [])) for n in range(state["replicas"])]
+    outcomes = [failures.launcher_outcome(logs.get(n, [])) for n in range(state["replicas"])]
     summary = next(
         (
             e
@@ -64,7 +64,7 @@ def ended(state: dict) -> kstatus.Ended:
         None,
     )
     stopped = summary.stopped if summary is not None else None
-    return kstatus.ended(outcomes, stopped, bool(state.get("stop_requested")))
+    return failures.ended(outcomes, stopped, bool(state.get("stop_requested")))
 
 
 def settle(state: dict | None) -> dict | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import crilog, files, kstatus
+from fsdpctl import crilog, failures, files
 from fsdpctl.adapters import netns, shell
 from fsdpctl.backends.local import kubelet
 from fsdpctl.backends.local.pods import (
@@ -286,7 +286,7 @@ def _run(
     spec: dict,
     net: netns.Network | None,
     pre: Any = None,
-) -> kstatus.Ended:
+) -> failures.Ended:
     """Until every launcher has ended: start late pods, evict the ones asked for, recreate the ones
     the operator's policy retries; once the job is decided (a stop, a permanent failure, or success:
     a finished job's running pods are deleted, cleanPodPolicy Running), SIGTERM each launcher (the
@@ -294,7 +294,7 @@ def _run(
     SIGKILL every process after the pod's grace period. A stop first puts the stop annotation in
     every pod's downward API file (the trainers then read the SIGTERM as a stop, not an eviction).
     Returns how the job ended."""
-    outcome: kstatus.Ended | None = None
+    outcome: failures.Ended | None = None
     sent_at, stop_at = None, None
     while True:
         if outcome is None:
@@ -305,7 +305,7 @@ def _run(
                 stop_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 _request_stop(pods, spec, stop_at)
                 update(jdir, phase=Phase.STOPPING)
-                outcome = kstatus.Ended(Phase.STOPPED, None)
+                outcome = failures.Ended(Phase.STOPPED, None)
             else:
                 outcome = _judge(pods, spec, jdir, net)
             if outcome is not None:
@@ -361,7 +361,7 @@ def _prestep_ended(pre: Any, jdir: Path) -> None:
 
 def _judge(
     pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None
-) -> kstatus.Ended | None:
+) -> failures.Ended | None:
     """Act on launchers that ended since the last look, as the Training Operator v1.9.4 does with a
     worker pod's exit code under its restartPolicy: how the job ended, once it is decided. Any
     worker that succeeded makes an elastic PyTorchJob Succeeded
@@ -381,7 +381,7 @@ def _judge(
         if what == "done":
             done += 1
             if spec.get("elastic") or done == len(pods):
-                return kstatus.Ended(Phase.SUCCEEDED, None)
+                return failures.Ended(Phase.SUCCEEDED, None)
         elif what == "recreate" and limit > 0 and sum(p.relaunches for p in pods) < RECREATE_CAP:
             _recreate(pod, jdir, code)
             update(jdir, **_placement(net, pods))
@@ -392,7 +392,7 @@ def _judge(
                 else f"backoffLimit {limit}"
             )
             reason = f"node {pod.launch.node} exited with code {code} ({why})"
-            return kstatus.Ended(Phase.FAILED, reason, pod.launch.node)
+            return failures.Ended(Phase.FAILED, reason, pod.launch.node)
     return None
 
 
