@@ -681,7 +681,7 @@ def test_clear_errors_for_no_cluster_and_forbidden(peer, tmp_path, monkeypatch):
 
 def test_a_missing_namespace_names_the_setting():
     from fsdpctl.adapters.kube import KubeError
-    from fsdpctl.backends.eks.engine import explain
+    from fsdpctl.backends.eks.api import explain
     from fsdpctl.settings import load
 
     e = explain(

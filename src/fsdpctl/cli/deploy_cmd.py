@@ -66,7 +66,7 @@ def _deploy(
     them). With -o json/yaml stdout gets one document (README "JSON output"), the messages stay on
     stderr."""
     from fsdpctl import deploy, render
-    from fsdpctl.backends.eks import engine as kjobs
+    from fsdpctl.backends.eks import api
 
     cfg = state(ctx).config()
     comps = deploy.components(cfg, which, sources(mirror))
@@ -78,9 +78,9 @@ def _deploy(
             out.print(render.to_yaml(objs), markup=False, end="")
         ok(f"dry run (client): {len(objs)} objects; nothing sent")
         return
-    kube = kjobs.connect(cfg)
+    kube = api.connect(cfg)
     for comp in comps:
-        with kjobs.calls(cfg, f"deploying {comp.name}"), err.status(f"applying {comp.name} ..."):
+        with api.calls(cfg, f"deploying {comp.name}"), err.status(f"applying {comp.name} ..."):
             counts = deploy.apply(kube, comp, server_dry_run=dry_run == "server")
         if dry_run == "server":
             ok(
@@ -193,11 +193,11 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
     Example: fsdpctl deploy status -o json
     """
     from fsdpctl import deploy
-    from fsdpctl.backends.eks import engine as kjobs
+    from fsdpctl.backends.eks import api
 
     cfg = state(ctx).config()
-    kube = kjobs.connect(cfg)
-    with kjobs.calls(cfg, "reading what is deployed"):
+    kube = api.connect(cfg)
+    with api.calls(cfg, "reading what is deployed"):
         rows = deploy.status(kube, cfg)
     if emit(rows, output):
         return

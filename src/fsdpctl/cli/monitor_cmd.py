@@ -50,12 +50,12 @@ def top(
     Example: fsdpctl monitor top -w
     """
     from fsdpctl.adapters import prometheus
-    from fsdpctl.backends.eks import engine as kjobs
+    from fsdpctl.backends.eks import api
 
     cfg = state(ctx).config()
-    kube = kjobs.connect(cfg)
+    kube = api.connect(cfg)
     while True:
-        with kjobs.calls(
+        with api.calls(
             cfg, "monitor top"
         ):  # an unreachable or silent API server: one line naming it
             snap = prometheus.gpu_snapshot(kube, cfg.monitoring_namespace)

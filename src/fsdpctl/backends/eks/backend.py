@@ -11,6 +11,7 @@ from typing import Any
 from fsdpctl import deploy, jobpolicy, jobspec, kstatus, nodefit, record_store, render
 from fsdpctl import record as run_record
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
+from fsdpctl.backends.eks import api, observe
 from fsdpctl.backends.eks import engine as kjobs
 from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.hf_token import secret_env
@@ -29,7 +30,7 @@ class EksBackend:
 
     @cached_property
     def kube(self) -> Any:
-        return kjobs.connect(self.cfg)
+        return api.connect(self.cfg)
 
     def run(
         self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool
@@ -77,7 +78,7 @@ class EksBackend:
         return Started(cfg.job_name, started["run_id"], where)
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
-        r = kjobs.report(self.kube, self.cfg, name, stall_after)
+        r = observe.report(self.kube, self.cfg, name, stall_after)
         if r["phase"] not in FINAL:  # an ended job's pods hold no devices; its nodes may be gone
             r["gpu_nodes"] = self.gpu_nodes(name)
             if r["gpu_nodes"] is not None:
@@ -92,13 +93,13 @@ class EksBackend:
         RBAC often says no)."""
         from fsdpctl.adapters.kube import KubeError
 
-        pods = kjobs.pods_of(self.kube, self.cfg, name)
+        pods = observe.pods_of(self.kube, self.cfg, name)
         try:
             nodes = self.kube.list("v1", "Node")
         except KubeError as e:
             if e.status in (401, 403):
                 return None
-            with kjobs.calls(self.cfg, "listing nodes"):
+            with api.calls(self.cfg, "listing nodes"):
                 raise
         mine = nodefit.job_nodes(nodes, pods, render.node_selector(self.cfg))
         limits = render.pod_resources(jobspec.resources(self.cfg))[1]
@@ -125,7 +126,7 @@ class EksBackend:
                 raise FsdpctlError(
                     "--node applies to PyTorchJob pods", hint="use --pod NAME (see job status)"
                 )
-        return kjobs.logs(
+        return observe.logs(
             self.kube,
             self.cfg,
             name,
@@ -138,10 +139,10 @@ class EksBackend:
 
     def tail(self, name: str, lines: int) -> list[str]:
         leader = self.report(name).get("leader")
-        return kjobs.log_lines(self.kube, self.cfg, leader, tail=lines) if leader else []
+        return observe.log_lines(self.kube, self.cfg, leader, tail=lines) if leader else []
 
     def history(self, name: str) -> list[events.Event]:
-        return kjobs.leader_events(self.kube, self.cfg, name)
+        return observe.leader_events(self.kube, self.cfg, name)
 
     def outcomes(self, name: str) -> dict[str, str]:
         """The current run's only: the pods of earlier runs went with their jobs."""
@@ -151,7 +152,7 @@ class EksBackend:
     def tensorboard_dir(self, name: str) -> str | None:
         """As the job on the cluster has it (its pods' TENSORBOARD_DIR), whatever the settings say
         now."""
-        env = kjobs.container_env(kjobs.require_job(self.kube, self.cfg, name))
+        env = observe.container_env(api.require_job(self.kube, self.cfg, name))
         return env.get("TENSORBOARD_DIR") or None
 
     def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
@@ -176,7 +177,7 @@ class EksBackend:
         return None  # on the claims only pods mount
 
     def kept_record(self, job: str) -> KeptRecord | None:
-        rec, lines, problems = kjobs.record_of(self.kube, self.cfg, job)
+        rec, lines, problems = observe.record_of(self.kube, self.cfg, job)
         if rec is None:
             return None
         where = f"ConfigMap {self.cfg.job_namespace}/{run_record.config_map_name(job)} on {self.kube.server}"
@@ -185,7 +186,7 @@ class EksBackend:
     def stop(
         self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
     ) -> str:
-        job = kjobs.get_job(self.kube, self.cfg, name)
+        job = api.get_job(self.kube, self.cfg, name)
         if job is None:
             return f"no job {name} in {self.cfg.job_namespace}; nothing to stop"
         if dry_run:
@@ -203,7 +204,7 @@ class EksBackend:
         return None
 
     def list_jobs(self) -> list[Report]:
-        rows = kjobs.list_jobs(self.kube, self.cfg)
+        rows = observe.list_jobs(self.kube, self.cfg)
         return [{**r, "labels": {**r["labels"], "fsdpctl.io/backend": "eks"}} for r in rows]
 
     def wait(self, name: str, timeout: float | None) -> Waited:

@@ -1,0 +1,309 @@
+"""What a job on the cluster is doing (BACKEND=eks): its pods, its leader's log, its status report and
+its pre-step's, the job list, the logs of its pods, and its run record (a ConfigMap). Read through the
+Kubernetes adapter; what the objects mean is the pure `kstatus`'s."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+from fsdpctl import crilog, failures, jobpolicy, kstatus, prestep, render
+from fsdpctl import record as run_record
+from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
+from fsdpctl.crilog import LogLine
+from fsdpctl.errors import FsdpctlError
+from fsdpctl.progress import parse_events, progress, stage, stalled
+from fsdpctl.reports import PrestepReport, Report
+from fsdpctl.settings import Config
+from fsdptrain import fetch
+
+LOG_TAIL = (
+    3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
+)
+
+
+def prestep_report(kube, cfg: Config, name: str) -> PrestepReport | None:
+    """The pre-step Job of job `name`: its phase, and its progress from its pod's log; None without
+    one."""
+    from fsdpctl.adapters.kube import KubeError
+
+    with calls(cfg, f"reading the pre-step of {name}"):
+        fetch_job = kube.get("batch/v1", "Job", prestep.job_name(name), cfg.job_namespace)
+        if fetch_job is None:
+            return None
+        pods = kube.list("v1", "Pod", cfg.job_namespace, {prestep.OF_LABEL: name})
+    lines: list[str] = []
+    if pods:  # the newest: a pod lost and retried by the Job starts over, and says so
+        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
+        try:
+            lines = list(
+                kube.logs(
+                    cfg.job_namespace, newest["metadata"]["name"], prestep.CONTAINER, tail=200
+                )
+            )
+        except KubeError:  # not started yet
+            lines = []
+    phase, reason = prestep.job_phase(fetch_job)
+    return prestep.report(fetch.parse(lines), phase, reason)
+
+
+def pods_of(kube, cfg: Config, name: str) -> list[dict]:
+    with calls(cfg, f"listing pods of {name}"):
+        return kube.list("v1", "Pod", cfg.job_namespace, {"fsdpctl.io/job": name})
+
+
+def log_lines(kube, cfg: Config, pod: str, tail: int | None = LOG_TAIL) -> list[str]:
+    from fsdpctl.adapters.kube import KubeError
+
+    try:
+        return list(kube.logs(cfg.job_namespace, pod, _container(cfg), tail=tail))
+    except KubeError:  # not started yet, or gone: no log is a state, not an error
+        return []
+
+
+def _container(cfg: Config) -> str:
+    return "node" if render.job_api(cfg)[1] == "TrainJob" else "pytorch"
+
+
+def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[str]]:
+    """(leader pod, its log lines): replica 0 first, then whichever pod its agent names as
+    master_addr."""
+    first = kstatus.leader(pods)
+    if first is None:
+        return None, []
+    lines = log_lines(kube, cfg, first["metadata"]["name"])
+    named = kstatus.leader(pods, lines)
+    if named is not None and named is not first:
+        return named, log_lines(kube, cfg, named["metadata"]["name"])
+    return first, lines
+
+
+def container_env(job: dict) -> dict[str, str]:
+    """The plain `value` env entries of the job's pod template (PyTorchJob or TrainJob: wherever in
+    the object a container's env list is)."""
+    found: dict[str, str] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "env" and isinstance(value, list):
+                    plain = [e for e in value if isinstance(e, dict) and "value" in e]
+                    found.update({e["name"]: e["value"] for e in plain})
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(job)
+    return found
+
+
+def leader_events(kube, cfg: Config, name: str) -> list:
+    """The events of the leader pod's whole log (not only the LOG_TAIL lines `report` reads)."""
+    require_job(kube, cfg, name)
+    lead, _ = find_leader(kube, cfg, pods_of(kube, cfg, name))
+    return parse_events(log_lines(kube, cfg, lead["metadata"]["name"], tail=None)) if lead else []
+
+
+def report(
+    kube, cfg: Config, name: str, stall_after: float = float("inf"), job: dict | None = None
+) -> Report:
+    job = job or require_job(kube, cfg, name)
+    pods = pods_of(kube, cfg, name)
+    lead, lines = find_leader(kube, cfg, pods)
+    now = time.time()
+    prog = progress(parse_events(lines), now)
+    pending = [
+        p["metadata"]["name"]
+        for p in pods
+        if p.get("status", {}).get("phase", "Pending") == "Pending"
+    ]
+    events = {p: kube.events(cfg.job_namespace, p) for p in pending}
+    network, net_warning = kstatus.network_path(lines, cfg.uses_efa)
+    phase = kstatus.phase(job)
+    labels = job.get("metadata", {}).get("labels", {})
+    by_state = kstatus.pods_by_state(pods)
+    r: Report = {
+        "job": name,
+        "backend": "eks",
+        "kind": job["kind"],
+        "phase": phase,
+        "run_id": labels.get("fsdpctl.io/run-id", "-"),
+        "nodes": _replicas(job),
+        "nodes_running": by_state.get("Running", 0),
+        "pods": by_state,
+        "restarts": kstatus.restarts(pods, lines),
+        "age_s": kstatus.age(job, now),
+        "leader": lead["metadata"]["name"] if lead else None,
+        "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
+        "checkpoint_dir": jobpolicy.checkpoint_dir(cfg, name),
+        **prog,
+        "reason": kstatus.failure_reason(job),
+        "problems": kstatus.scheduling_problems(pods, events),
+        "network": network,
+        "network_warning": net_warning,
+        "labels": dict(labels),
+        "prestep": prestep_report(kube, cfg, name),
+        "stalled": False,
+    }
+    if not prog[
+        "max_steps"
+    ]:  # before the first step: how far the start got (the leader pod's lines)
+        r["stage"] = stage(parse_events(lines), None, r["nodes"])
+    r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
+    if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running") and not r["step"]:
+        r["stalled"] = False  # no step yet because the trainers wait for the pre-step, not a hang
+    if r["stalled"]:  # the dumps are on the pods' volume: say where
+        r["problems"].append(
+            kstatus.flight_recorder_note(jobpolicy.nccl_trace_file(cfg, name), None)
+        )
+    if r["restarts"] or phase == "Restarting":
+        r["problems"].append(kstatus.on_failure(job["kind"], cfg.max_restarts))
+    gave_up = failures.root_cause(lines) is not None
+    if spent := failures.budget_spent(phase, r["restarts"], cfg.max_restarts, gave_up):
+        r["reason"] = f"{spent}: {r['reason']}" if r["reason"] else spent
+    return r
+
+
+def _replicas(job: dict) -> int:
+    spec = job.get("spec", {})
+    if "pytorchReplicaSpecs" in spec:
+        return sum(r.get("replicas", 1) for r in spec["pytorchReplicaSpecs"].values())
+    return spec.get("trainer", {}).get("numNodes", 1)
+
+
+def list_jobs(kube, cfg: Config) -> list[Report]:
+    api, kind = render.job_api(cfg)
+    with calls(cfg, "listing jobs"):
+        jobs = kube.list(api, kind, cfg.job_namespace, {"app.kubernetes.io/managed-by": "fsdpctl"})
+    return [report(kube, cfg, j["metadata"]["name"], job=j) for j in jobs]
+
+
+def logs(
+    kube,
+    cfg: Config,
+    name: str,
+    *,
+    follow: bool,
+    pod: str | None,
+    all_pods: bool,
+    tail: int | None = None,
+    since_s: float | None = None,
+) -> Iterator[LogLine]:
+    """The chosen pods' lines with their times: tail and since are the API's tailLines and
+    sinceSeconds (whole seconds, rounded up as kubectl does), times from ?timestamps=true."""
+    require_job(kube, cfg, name)
+    pods = pods_of(kube, cfg, name)
+    if pod:
+        chosen = [p for p in pods if p["metadata"]["name"] == pod]
+        if not chosen:
+            raise FsdpctlError(
+                f"job {name} has no pod {pod!r}",
+                hint="pods: " + (", ".join(p["metadata"]["name"] for p in pods) or "none yet"),
+            )
+    elif all_pods:
+        chosen = sorted(pods, key=lambda p: (kstatus.rank0_index(p), p["metadata"]["name"]))
+    else:
+        lead, _ = find_leader(kube, cfg, pods)
+        chosen = [lead] if lead else []
+    if not chosen:
+        raise FsdpctlError(
+            f"job {name} has no pods yet", hint="`fsdpctl job status` shows why (Pending reasons)"
+        )
+    since_whole = math.ceil(since_s) if since_s is not None else None
+    where = [{"pod": p["metadata"]["name"], "container": _container(cfg)} for p in chosen]
+    streams = [(w, _stream(kube, cfg, w, follow, tail, since_whole)) for w in where]
+    if len(streams) == 1 or not follow:  # kubectl prints pod after pod unless it follows them
+        for _, stream in streams:
+            yield from stream
+        return
+    yield from _interleave(streams)
+
+
+def _stream(
+    kube, cfg: Config, where: dict[str, str], follow: bool, tail: int | None, since_s: int | None
+) -> Iterator[LogLine]:
+    for raw in kube.logs(
+        cfg.job_namespace,
+        where["pod"],
+        where["container"],
+        follow=follow,
+        tail=tail,
+        since_seconds=since_s,
+        timestamps=True,
+    ):
+        stamp, _, text = raw.partition(" ")
+        try:
+            yield LogLine(where, text, crilog.parse_time(stamp))
+        except (
+            ValueError
+        ):  # no time in front (not a kubelet's answer to timestamps=true): the line whole
+            yield LogLine(where, raw)
+
+
+def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iterator[LogLine]:
+    """Every pod's lines as they arrive (a thread per stream)."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue()
+
+    def pump(where: dict[str, str], stream: Iterator[LogLine]) -> None:
+        try:
+            for line in stream:
+                q.put(line)
+        except Exception as e:  # noqa: BLE001 - one pod's stream ending badly must not stop the others
+            q.put(LogLine(where, f"(log stream ended: {e})"))
+        finally:
+            q.put(None)
+
+    for where, stream in streams:
+        threading.Thread(target=pump, args=(where, stream), daemon=True).start()
+    open_streams = len(streams)
+    while open_streams:
+        item = q.get()
+        if item is None:
+            open_streams -= 1
+        else:
+            yield item
+
+
+def record_of(kube, cfg: Config, name: str) -> tuple[dict | None, list[str], list[str]]:
+    """(the run record of job `name` from its ConfigMap, the leader's log lines, problems). What the
+    cluster learnt since the start (the image digest its pods report, the trainer's `start` event)
+    is merged and written back into the ConfigMap, so it stays once the pods are gone. (None, [],
+    []) without a ConfigMap."""
+    from fsdpctl.adapters.kube import KubeError
+
+    with calls(cfg, f"reading the run record of {name}"):
+        cm = kube.get("v1", "ConfigMap", run_record.config_map_name(name), cfg.job_namespace)
+    if cm is None:
+        return None, [], []
+    try:
+        rec = run_record.from_config_map(cm)
+    except ValueError as e:
+        raise FsdpctlError(
+            f"ConfigMap {run_record.config_map_name(name)} holds no run record ({e})"
+        ) from e
+    job = get_job(kube, cfg, name)
+    cm_name = run_record.config_map_name(name)
+    damaged = run_record.problem(rec)
+    problems = [f"ConfigMap {cm_name}: the record {damaged}"] if damaged else []
+    if job is None:
+        return rec, [], [*problems, f"job {name} is gone: the record is as it was last read"]
+    if (job["metadata"].get("annotations") or {}).get(run_record.ANNOTATION) != rec.get("hash"):
+        problems.append(
+            f"job {name}'s {run_record.ANNOTATION} annotation does not match ConfigMap {cm_name}"
+        )
+    pods = pods_of(kube, cfg, name)
+    _, lines = find_leader(kube, cfg, pods)
+    digest = run_record.image_digest(pods, _container(cfg))
+    now = run_record.learnt(run_record.with_digest(rec, digest), lines)
+    if now != rec and not problems:
+        try:  # worth keeping, not worth failing for: a user who may read but not write ConfigMaps
+            kube.apply(owned_by(run_record.config_map(now, cfg.job_namespace), job))
+        except KubeError as e:
+            problems.append(f"the learnt facts were not saved in the ConfigMap: {e}")
+    return now, lines, problems
