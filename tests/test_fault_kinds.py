@@ -37,7 +37,7 @@ import pytest
 from conftest import logged_events
 from fsdpctl.adapters import netns
 from fsdpctl.backends.local import engine as local
-from fsdpctl.backends.local.backend import _report
+from fsdpctl.backends.local.report import job_report
 from fsdptrain import events
 from test_trust import fake_job, kill_supervisor, running, said_everywhere, until
 
@@ -52,7 +52,7 @@ def _clean(cli) -> None:
 
 def _step(name: str) -> int:
     state = local.read_state(local.job_dir(name))
-    return _report(state, float("inf"))["step"] if state else 0
+    return job_report(state, float("inf"))["step"] if state else 0
 
 
 def _nothing_left(name: str, state: dict) -> None:

@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 
 from fsdpctl import files
 from fsdpctl.adapters import netns
-from fsdpctl.backends.local import backend as local_backend
 from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local.report import job_report
 from fsdpctl.errors import BadInput
 
 SLEEPER = "import time; time.sleep(120)"
@@ -653,9 +653,7 @@ def test_a_real_runs_supervisor_killed_then_status_run_and_stop(home, monkeypatc
     local.start(job, secret_env={}, prestep=prestep)
     name = cfg.job_name
     _until(
-        lambda: (
-            local_backend._report(local.read_state(local.job_dir(name)), float("inf"))["step"] >= 1
-        ),
+        lambda: job_report(local.read_state(local.job_dir(name)), float("inf"))["step"] >= 1,
         timeout=240,
         poll=0.5,
     )

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import SHARED, yaml_docs
 from fsdpctl import jobpolicy, kstatus, render, volume
-from fsdpctl.backends.local import backend as local_backend
 from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local.report import job_report
 from fsdpctl.settings import load
 
 VENDOR = SHARED / "vendor"
@@ -374,14 +374,14 @@ def test_status_names_the_flight_recorder_dumps_of_a_hung_local_job(tmp_path, mo
         "launchers": [],
         "nccl_traces": prefix,
     }
-    hung = local_backend._report(state, stall_after=1)
+    hung = job_report(state, stall_after=1)
     assert hung["stalled"] and f"{prefix[0]}<rank>" in hung["problems"][-1]
     Path(prefix[0]).parent.mkdir(parents=True)
     for rank in (0, 1):
         Path(f"{prefix[0]}{rank}").write_bytes(b"pickle")
-    hung = local_backend._report(state, stall_after=1)
+    hung = job_report(state, stall_after=1)
     assert hung["problems"][-1].endswith(f"{prefix[0]}0, {prefix[0]}1")
-    assert not local_backend._report(state, stall_after=3600)["problems"]
+    assert not job_report(state, stall_after=3600)["problems"]
 
 
 # ---- 9. TrainJob restarts ----------------------------------------------------------------------------------
@@ -445,7 +445,7 @@ def _start(tmp_path: Path, monkeypatch, **settings: str) -> dict:
 
 def _wait_step(name: str, step: int, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
-    while local_backend._report(local.read_state(local.job_dir(name)), float("inf"))["step"] < step:
+    while job_report(local.read_state(local.job_dir(name)), float("inf"))["step"] < step:
         assert time.monotonic() < deadline, local.read_state(local.job_dir(name))
         time.sleep(0.5)
 
@@ -462,7 +462,7 @@ def test_a_bad_setting_fails_a_local_job_once_without_restarts(tmp_path, monkeyp
     kubelet has too, never a restart nor a started torchrun."""
     _start(tmp_path, monkeypatch, DATASET="/fsx/data/none.jsonl", MAX_RESTARTS="3")
     state = local.wait("t", timeout=120)
-    report = local_backend._report(state, float("inf"))
+    report = job_report(state, float("inf"))
     assert report["phase"] == "Failed" and report["restarts"] == 0, report
     assert "exited with code 2" in report["reason"] and "permanent" in report["reason"]
     codes = {lz["node"]: lz["rc"] for lz in state["launchers"]}
@@ -511,7 +511,7 @@ def test_a_killed_node_is_recreated_and_the_job_resumes(tmp_path, monkeypatch):
     victim = local.read_state(local.job_dir("t"))["launchers"][1]["pid"]
     os.killpg(victim, signal.SIGKILL)
     state = local.wait("t", timeout=300)
-    report = local_backend._report(state, float("inf"))
+    report = job_report(state, float("inf"))
     assert report["phase"] == "Succeeded" and report["step"] == 60, report
     assert [lz["relaunches"] for lz in state["launchers"]] == [0, 1]
     assert report["restarts"] == 1, (

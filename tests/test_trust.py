@@ -650,11 +650,11 @@ def test_a_job_whose_supervisor_died_is_failed_only_when_its_processes_say_so(
 def test_status_of_a_stopping_job_names_what_stop_waits_for(home):
     """`job stop` says what it waits for: the step in flight and its stop checkpoint, then the
     launchers."""
-    from fsdpctl.backends.local.backend import _report
+    from fsdpctl.backends.local.report import job_report
 
     local.start(fake_job("stopw", steps=200, step_s=0.3, end="succeed"), secret_env={})
     running("stopw")
-    until(lambda: _report(local.read_state(local.job_dir("stopw")), float("inf"))["step"] >= 1)
+    until(lambda: job_report(local.read_state(local.job_dir("stopw")), float("inf"))["step"] >= 1)
     r = home("job", "stop", "stopw")
     assert r.exit_code == 0 and "Stopped" in r.said, r.output
     assert "waiting: step " in r.stderr and "to finish and its stop checkpoint" in r.stderr, (

@@ -12,33 +12,26 @@ from typing import Any
 
 from fsdpctl import (
     crilog,
-    failures,
     files,
     jobpolicy,
-    kstatus,
-    prestep,
     record_store,
     render,
     statefile,
 )
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local.report import failed_log, job_report, no_logs, run_events
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.files import run_id as checked_run_id
 from fsdpctl.hf_token import secret_env
 from fsdpctl.progress import (
-    RENDEZVOUS_JOIN,
     across_runs,
-    parse_events,
-    progress,
     run_outcome,
-    stage,
-    stalled,
 )
-from fsdpctl.reports import Failure, Phase, PrestepReport, Report, Waited
+from fsdpctl.reports import Phase, Report, Waited
 from fsdpctl.settings import Config, local_path
-from fsdptrain import events, fetch
+from fsdptrain import events
 from fsdptrain.config import missing_packages
 
 
@@ -139,7 +132,7 @@ class LocalBackend:
         return st
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
-        return _report(self._state(name), stall_after)
+        return job_report(self._state(name), stall_after)
 
     def logs(
         self,
@@ -157,7 +150,7 @@ class LocalBackend:
         st = self._state(name)
         chosen = _chosen_logs(st, all_, node)
         if not chosen:
-            raise _no_logs(name, local.log_dir(st))
+            raise no_logs(name, local.log_dir(st))
         readers = {f: _Follower(f) for f in chosen}
         since = (
             time.time() - since_s if since_s is not None else None
@@ -180,7 +173,7 @@ class LocalBackend:
     def tail(self, name: str, lines: int) -> list[str]:
         """The last lines of the failed node's log, else of the leader's."""
         st = self._state(name)
-        log = _failed_log(st) or local.leader_log(st)
+        log = failed_log(st) or local.leader_log(st)
         return crilog.texts(log)[-lines:] if log else []
 
     def history(self, name: str) -> list[events.Event]:
@@ -190,7 +183,7 @@ class LocalBackend:
         # what `job plot` names when it finds no step: the current run's leader log, else its log
         # directory
         self.history_source = str(local.leader_log(st) or local.log_dir(st))
-        return across_runs([_run_events(d) for d in _lineage(st)])
+        return across_runs([run_events(d) for d in _lineage(st)])
 
     def outcomes(self, name: str) -> dict[str, str]:
         st = self._state(name)
@@ -198,9 +191,9 @@ class LocalBackend:
         ours = logs.parent.is_dir() and files.reached_without_link(logs.parent, home())
         runs = sorted(logs.parent.iterdir()) if ours else []
         found = {
-            d.name: run_outcome(_run_events(d)) for d in runs if d.is_dir() and not d.is_symlink()
+            d.name: run_outcome(run_events(d)) for d in runs if d.is_dir() and not d.is_symlink()
         }
-        return {**found, st["run_id"]: run_outcome(_run_events(logs), phase)}
+        return {**found, st["run_id"]: run_outcome(run_events(logs), phase)}
 
     def tensorboard_dir(self, name: str) -> str | None:
         st = self._state(name)
@@ -246,7 +239,7 @@ class LocalBackend:
             return f"job {name} is not running ({phase}); nothing to stop"
         if dry_run:
             return f"dry run: would send SIGTERM to job {name} (run {st['run_id']}, {st['replicas']} nodes)"
-        at = _report(st, float("inf"))["step"]
+        at = job_report(st, float("inf"))["step"]
         try:
             st = (
                 local.stop(name) or st
@@ -276,7 +269,7 @@ class LocalBackend:
         return self.report(name)
 
     def list_jobs(self) -> list[Report]:
-        return [_report(st, float("inf")) for st in local.list_jobs(self.notes)]
+        return [job_report(st, float("inf")) for st in local.list_jobs(self.notes)]
 
     def wait(self, name: str, timeout: float | None) -> Waited:
         self._state(name)
@@ -302,7 +295,7 @@ def _stop_note(st: dict[str, Any], at: int) -> str:
     """What a stopping job waits for now (`job stop` prints it after `waiting: `): the trainer's
     stop checkpoint (the step in flight finishes first), then its launchers' exit; the pod's grace
     period after which every process gets SIGKILL."""
-    r = _report(st, float("inf"))
+    r = job_report(st, float("inf"))
     grace = f"SIGKILL after the {local.grace_s(st['job']):.0f} s grace period"
     if r["summary"] is not None and r["summary"].get("stopped"):
         left = f"{r['nodes_running']} launcher" + ("" if r["nodes_running"] == 1 else "s")
@@ -367,14 +360,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _run_events(log_dir: Path) -> list[events.Event]:
-    """A run's trainer events: only the leader (global rank 0) prints them, so every node's log
-    together holds just its (the relay's CRI lines, as text)."""
-    return parse_events(
-        line for f in sorted(log_dir.glob("node-*.log")) for line in crilog.texts(f)
-    )
-
-
 def _lineage(st: dict[str, Any]) -> list[Path]:
     """The log directories of the job's runs up to the current one that kept their checkpoints where
     it does (its CHECKPOINT_SUBDIR: a rerun's curve is its own), oldest first by their records."""
@@ -390,186 +375,6 @@ def _lineage(st: dict[str, Any]) -> list[Path]:
     logs = local.log_dir(st)  # derived, never the path the state records
     dirs = [logs.parent / r["run_id"] for r in kept if r["run_id"] != st["run_id"]]
     return [d for d in dirs if d.is_dir() and not d.is_symlink()] + [logs]
-
-
-def _report(st: dict[str, Any], stall_after: float) -> Report:
-    """Everything `status` shows, from the state file and the leader's log."""
-    leader = local.leader_log(st)
-    lines = crilog.texts(leader) if leader else []
-    now = time.time()
-    prog = progress(parse_events(lines), now)
-    phase = local.phase_of(st)
-    alive = local.launchers_alive(st)
-    report: Report = {
-        "job": st["job"],
-        "backend": "local",
-        "phase": phase,
-        "run_id": st["run_id"],
-        "nodes": st["replicas"],
-        "nodes_running": alive,
-        "restarts": _restarts(st),
-        "age_s": now - st["created"],
-        "leader": leader.stem if leader else None,
-        "leader_log": str(leader) if leader else None,
-        "checkpoint_dir": _checkpoint_shown(st),
-        "network": local.network_note(st),
-        "identity": st.get("identity"),
-        "prestep": _prestep(st, phase),
-        "stalled": False,
-        **prog,
-        "reason": local.orphan_note(st) if phase == Phase.ORPHANED else st.get("reason"),
-        "failure": _failure(st) if phase == Phase.FAILED else None,
-        "problems": [],
-        "labels": {
-            "fsdpctl.io/job": st["job"],
-            "fsdpctl.io/run-id": st["run_id"],
-            **st.get("labels", {}),
-            "fsdpctl.io/backend": "local",
-        },
-    }
-    if not prog["max_steps"]:  # before the first step: how far the start got
-        joined = sum(
-            any(RENDEZVOUS_JOIN in x for x in crilog.texts(f)) for f in local.log_files(st)
-        )
-        report["stage"] = stage(parse_events(lines), joined, st["replicas"])
-    report["stalled"] = stalled(
-        phase or "", prog, now - st.get("started", st["created"]), stall_after
-    )
-    if (
-        report["prestep"]
-        and report["prestep"]["phase"] in ("Pending", "Running")
-        and not report["step"]
-    ):
-        report["stalled"] = (
-            False  # no step yet because the trainers wait for the pre-step, not a hang
-        )
-    if report["stalled"]:  # a hung collective: what the flight recorder wrote, on this machine
-        where = (st.get("nccl_traces") or ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])[0]
-        dumps = [str(d) for d in local.nccl_dumps(st)]
-        report["problems"].append(kstatus.flight_recorder_note(where, dumps))
-    if report["restarts"]:
-        report["problems"].append(kstatus.on_failure("PyTorchJob", st.get("max_restarts", 0)))
-    gave_up = bool(report["failure"] and report["failure"].get("exitcode") is not None)
-    if spent := failures.budget_spent(
-        phase, report["restarts"], st.get("max_restarts", 0), gave_up
-    ):
-        report["reason"] = f"{spent}; {report['reason']}" if report["reason"] else spent
-    return report
-
-
-def _no_logs(name: str, logs: Path) -> FsdpctlError:
-    """No log to show: the log directory is not there yet (exit 1), or something else is in its
-    place (exit 2), named either way."""
-    if os.path.lexists(logs) and (logs.is_symlink() or not logs.is_dir()):
-        return FsdpctlError(
-            f"{logs} is not the job's log directory (it is {files.kind_of(logs)})",
-            hint=f"remove it; `fsdpctl job run` of {name} writes new logs",
-            code=ExitCode.BAD_INPUT,
-        )
-    if not files.reached_without_link(logs, home()):
-        return FsdpctlError(
-            f"{logs} is reached through a symbolic link fsdpctl did not make",
-            hint="remove the link",
-            code=ExitCode.BAD_INPUT,
-        )
-    return FsdpctlError(
-        f"job {name!r} has no such log yet in {logs}", hint="`fsdpctl job status` shows its nodes"
-    )
-
-
-def _checkpoint_shown(st: dict[str, Any]) -> str | None:
-    """The checkpoint directory as it is in this home (a copied home's own), else as recorded."""
-    found = local.in_home(st, st["checkpoint_dir"])
-    return str(found) if found else st["checkpoint_dir"]
-
-
-def _restarts(st: dict[str, Any]) -> int:
-    """Restarts of the job, not of its nodes: rendezvous rounds after the first, over every node's
-    log (kstatus.job_restarts); a node recreated that never reached a round still counts once."""
-    logs = [crilog.texts(f) for f in local.log_files(st)]
-    relaunched = max((lz.get("relaunches", 0) for lz in st.get("launchers", [])), default=0)
-    return max(kstatus.job_restarts(logs), relaunched)
-
-
-def _failed_node(st: dict[str, Any]) -> int | None:
-    """The node whose launcher failed the job: the one the supervisor judged (its state's
-    `failed_node`), else the first that exited with a code other than 0 (a launcher the supervisor
-    stopped afterwards may have one too)."""
-    if st.get("failed_node") is not None:
-        return int(st["failed_node"])
-    failed = [lz["node"] for lz in st.get("launchers", []) if lz.get("rc") not in (0, None)]
-    return min(failed) if failed else None
-
-
-def _failed_log(st: dict[str, Any]) -> Path | None:
-    if local.effective_phase(st) != Phase.FAILED or (node := _failed_node(st)) is None:
-        return None
-    return next((f for f in local.log_files(st) if f.stem == f"node-{node}"), None)
-
-
-def _failure(st: dict[str, Any]) -> Failure | None:
-    """Why the job failed, in the failing rank's words: on the node the supervisor judged,
-    torchrun's root cause (the rank, its error file) and that rank's first error line wherever it is
-    in the node's log."""
-    log = _failed_log(st)
-    if log is None:
-        return None
-    found = failures.failure(crilog.texts(log), _read_error_file)
-    return {**found, "node": _failed_node(st), "log": str(log)}
-
-
-ERROR_FILE_MAX = 1024 * 1024  # torch's error file holds one exception and its traceback
-
-
-def _read_error_file(path: str) -> str | None:
-    """A worker's TORCHELASTIC_ERROR_FILE, where torchrun put it on this machine (its log_dir under
-    the temporary directory); None once it is gone. Its path comes from a log: read only if it is a
-    regular file of an error file's size (never a FIFO, a link, a device)."""
-    try:
-        return files.read_regular(Path(path), ERROR_FILE_MAX).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def _prestep(st: dict[str, Any], phase: str | None) -> PrestepReport | None:
-    """The pre-step's progress from its log, its outcome from its marker (the file the trainers wait
-    for)."""
-    pre = st.get("prestep")
-    if not pre:
-        return None
-    log = local.log_dir(st) / "prestep.log"
-    lines = crilog.texts(log)
-    verdict = _marker(local.in_home(st, pre["marker"]))
-    if verdict is not None:
-        return prestep.report(
-            fetch.parse(lines), "Succeeded" if verdict["ok"] else "Failed", verdict["error"]
-        )
-    last = next((x for x in reversed(lines) if x.strip() and not x.startswith("{")), None)
-    if phase in local.ACTIVE and pre.get("rc") in (None, 0):
-        return prestep.report(fetch.parse(lines), "Running" if lines else "Pending")
-    return prestep.report(
-        fetch.parse(lines), "Failed", last or f"ended without a verdict: see {log}"
-    )
-
-
-def _marker(path: Path | None) -> dict[str, Any] | None:
-    """The pre-step's verdict (fsdptrain.fetch.write_marker): None while there is none, or when what
-    is there is not one (a marker outside this home, not a regular file, not its shape) - said once.
-    """
-    if path is None:
-        return None
-    try:
-        found = files.read_json(path, limit=1024 * 1024)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        files.skipped(path, files.why(e))
-        return None
-    ok = isinstance(found, dict) and isinstance(found.get("ok"), bool)
-    if not ok or not isinstance(found.get("error"), str | None):
-        files.skipped(path, "is not the pre-step's marker")
-        return None
-    return found
 
 
 def _chosen_logs(st: dict[str, Any], all_: bool, node: int | None) -> list[Path]:
