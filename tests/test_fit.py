@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdpctl import fit
 from fsdpctl import plan as P
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load, local_path, placement_problems
@@ -95,7 +96,7 @@ def test_the_pure_check_agrees_with_plan_memory(ac, micro_batch):
             )
         )
         fits = P.memory(P.job_from(cfg, mfu=0.0, price=None)).fits
-        line = P.fit_problem(cfg, ram_bytes=0)  # RAM is for local jobs only
+        line = fit.fit_problem(cfg, ram_bytes=0)  # RAM is for local jobs only
         assert (line is None) == fits, (model, instance, nodes, strategy, line)
 
 
@@ -235,7 +236,7 @@ def test_local_processes_against_this_machines_cores(cli, extra):
 @pytest.mark.parametrize("model", ["tiny", "7b", "70b"])
 def test_local_memory_against_this_machines_ram(cli, model):
     cfg = load(flags={"MODEL": model})
-    need = P.host_memory(cfg)
+    need = fit.host_memory(cfg)
     r = cli(f"--set=MODEL={model}", "config", "validate")
     assert r.exit_code == (2 if need > RAM else 0), r.output
     if need > RAM:  # (a 70B job's checkpoints may not fit this disk either: its own line)
@@ -262,8 +263,8 @@ def test_the_one_change_a_local_memory_error_names_fits():
             "MICRO_BATCH_SIZE": str(rng.choice([1, 2, 8, 64])),
         }
         cfg = load(flags=flags)
-        ram = int(P.host_memory(cfg) * rng.uniform(0.001, 0.99))
-        line = P.fit_problem(cfg, ram_bytes=ram) or ""
+        ram = int(fit.host_memory(cfg) * rng.uniform(0.001, 0.99))
+        line = fit.fit_problem(cfg, ram_bytes=ram) or ""
         fixed = re.search(
             r": (use MODEL=tiny|lower SEQ_LEN to (\d+)|set MICRO_BATCH_SIZE=1|no single)", line
         )
@@ -274,10 +275,13 @@ def test_the_one_change_a_local_memory_error_names_fits():
         }.get(fixed.group(1), {"SEQ_LEN": fixed.group(2)} if fixed.group(2) else {})
         if not change:
             tries = [{"MODEL": "tiny"}, {"SEQ_LEN": "8"}, {"MICRO_BATCH_SIZE": "1"}]
-            assert all(P.host_memory(load(flags={**flags, **t})) > ram for t in tries), (flags, ram)
+            assert all(fit.host_memory(load(flags={**flags, **t})) > ram for t in tries), (
+                flags,
+                ram,
+            )
             continue
         assert all(flags[k] != v for k, v in change.items()), (flags, line)
-        assert P.host_memory(load(flags={**flags, **change})) <= ram, (flags, change, ram)
+        assert fit.host_memory(load(flags={**flags, **change})) <= ram, (flags, change, ram)
 
 
 def test_local_memory_is_every_process_together():
@@ -285,11 +289,11 @@ def test_local_memory_is_every_process_together():
     four = load(flags={"MODEL": "13b", "JOB_NODES": "2", "LOCAL_PROCS_PER_NODE": "2"})
     state = 16 * P.MODEL_CONFIGS["13b"].num_params()
     assert (
-        P.host_memory(one) > state and P.host_memory(four) > state
+        fit.host_memory(one) > state and fit.host_memory(four) > state
     )  # the state is split, not dropped
-    assert P.host_memory(four) > P.host_memory(one)  # each process adds activations and itself
-    assert P.fit_problem(one, ram_bytes=P.host_memory(one)) is None
-    assert "this machine has" in (P.fit_problem(one, ram_bytes=P.host_memory(one) - 1) or "")
+    assert fit.host_memory(four) > fit.host_memory(one)  # each process adds activations and itself
+    assert fit.fit_problem(one, ram_bytes=fit.host_memory(one)) is None
+    assert "this machine has" in (fit.fit_problem(one, ram_bytes=fit.host_memory(one) - 1) or "")
 
 
 def test_local_paths_map_through_the_shared_volume(cli):

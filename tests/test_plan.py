@@ -9,6 +9,7 @@ import json
 import pytest
 
 from fsdpctl import plan as P
+from fsdpctl import sweep
 
 
 def job(**kw) -> P.Job:
@@ -157,7 +158,7 @@ def test_report_is_the_models_numbers_in_gib_hours_and_usd():
 
 def test_the_sweep_varies_model_instance_and_nodes_only():
     base = job(micro_batch=2, seq_len=2048, precision="fp32")
-    rows = P.matrix(base, tokens=1e9)
+    rows = sweep.matrix(base, tokens=1e9)
     assert [(r["model"], r["instance_type"], r["nodes"]) for r in rows[:6]] == [
         ("7b", "p4de.24xlarge", n) for n in (1, 2, 4, 8, 16)
     ] + [("7b", "p5.48xlarge", 1)]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl import plan as P
+from fsdpctl import sweep
 from fsdptrain.config import MODEL_DEFAULTS
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -85,9 +85,9 @@ def table(cli, *args: str) -> list[dict]:
 @pytest.mark.parametrize(
     "args, models, nodes",
     [
-        ([], set(P.SWEEP_MODELS), set(P.SWEEP_NODES)),
-        (["--model", "13b"], {"13b"}, set(P.SWEEP_NODES)),
-        (["--nodes", "4"], set(P.SWEEP_MODELS), {4}),
+        ([], set(sweep.SWEEP_MODELS), set(sweep.SWEEP_NODES)),
+        (["--model", "13b"], {"13b"}, set(sweep.SWEEP_NODES)),
+        (["--nodes", "4"], set(sweep.SWEEP_MODELS), {4}),
         (["--model", "70b", "--nodes", "8"], {"70b"}, {8}),
     ],
 )
@@ -99,7 +99,7 @@ def test_the_table_keeps_only_the_rows_asked_for_and_they_equal_the_full_tables(
     full = {(r["model"], r["instance_type"], r["nodes"]): r for r in table(cli)}
     rows = table(cli, *args)
     assert {r["model"] for r in rows} == models and {r["nodes"] for r in rows} == nodes
-    assert len(rows) == len(models) * len(nodes) * len(P.SWEEP_INSTANCES)
+    assert len(rows) == len(models) * len(nodes) * len(sweep.SWEEP_INSTANCES)
     for r in rows:
         assert r == full[(r["model"], r["instance_type"], r["nodes"])]
 
@@ -108,7 +108,7 @@ def test_the_table_keeps_only_the_rows_asked_for_and_they_equal_the_full_tables(
 def test_a_node_count_off_the_sweep_is_planned_too_and_scales_against_one_node(cli, nodes):
     """--nodes outside 1..16 gives its own rows; scaling still compares with one node of the same model."""
     rows = table(cli, "--model", "13b", "--nodes", str(nodes))
-    assert [r["nodes"] for r in rows] == [nodes] * len(P.SWEEP_INSTANCES)
+    assert [r["nodes"] for r in rows] == [nodes] * len(sweep.SWEEP_INSTANCES)
     for r in rows:
         alone = json.loads(
             cli(

@@ -45,13 +45,11 @@ Step time (the speed model, `SpeedModel`; one set of global parameters, checked 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
-from fsdpctl.settings import MODEL_DEFAULT
-from fsdptrain.config import model_defaults
 from fsdptrain.shapes import (
     MODEL_CONFIGS,
     PEAK_TFLOPS,
@@ -63,9 +61,16 @@ from fsdptrain.shapes import (
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
 
+
 GIB = 1024**3
+
+
 CUDA_OVERHEAD = 2 * GIB
+
+
 USABLE = 0.95  # of the card's memory, the rest is the driver's and the allocator's fragmentation
+
+
 # HBM bandwidth per GPU, bytes/s (NVIDIA datasheets: A100 80GB SXM 2.0 TB/s, H100 SXM 3.35, H200
 # 4.8).
 HBM_BYTES_PER_S = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}
@@ -102,10 +107,16 @@ SPEED_MODEL = SpeedModel(
     straggler_sigma=0.064,
     selective_share=0.5,
 )
+
+
 # On-demand Linux prices in us-east-1, USD per instance-hour, as AWS listed them after its June 2025
 # GPU price cut; check the EC2 pricing page before relying on them. None: unknown, pass --price.
 PRICES_AS_OF = "2025-06 (us-east-1, on-demand)"
+
+
 PRICE_PER_HOUR = {"p4de.24xlarge": 27.45, "p5.48xlarge": 55.04, "p5e.48xlarge": None}
+
+
 # Compiled decoder layers (COMPILE, auto in the image) against eager, as a factor on the compute efficiency:
 # the trainer on one H200, Llama-2-7B's layer x 8, seq 4096, bf16, micro-batch 1, medians of steps 5-12:
 # 136.9 ms eager, 118.6 ms compiled (shared/gpu/2026-12-04/ANALYSIS.md section 0; BENCHMARKS.md "GPU"). The
@@ -473,140 +484,3 @@ def report(job: Job, tokens: float) -> dict[str, Any]:
         "price_per_hour": price(job),
         "prices_as_of": PRICES_AS_OF,
     }
-
-
-SWEEP_MODELS = ("7b", "13b", "70b")
-SWEEP_INSTANCES = ("p4de.24xlarge", "p5.48xlarge")
-SWEEP_NODES = (1, 2, 4, 8, 16)
-
-
-def matrix(
-    base: Job,
-    tokens: float,
-    per_model: Mapping[str, Job] | None = None,
-    *,
-    models: Sequence[str] = SWEEP_MODELS,
-    nodes: Sequence[int] = SWEEP_NODES,
-) -> list[dict[str, Any]]:
-    """`plan --table`: each of `models` on each instance type at each of `nodes`, the rest of `base`
-    (or of the model's own in `per_model`, see `sweep_bases`) unchanged; scaling is the per-GPU
-    throughput relative to one node (computed even when 1 is not among `nodes`, so a row reads the
-    same in any selection)."""
-    rows = []
-    for model in models:
-        start = (per_model or {}).get(model, replace(base, model=model))
-        for inst in SWEEP_INSTANCES:
-            one_node = speed(replace(start, instance_type=inst, nodes=1)).tokens_per_s_per_gpu
-            jobs = [replace(start, instance_type=inst, nodes=n) for n in nodes]
-            rows += [_sweep_row(job, tokens, one_node) for job in jobs]
-    return rows
-
-
-def sweep_bases(base: Job, cfg: Config) -> dict[str, Job]:
-    """The sweep's job for each model: `base` with the model's own sequence length, micro-batch and
-    checkpointing (fsdptrain.config.MODEL_DEFAULTS) where the user left them to the model, as a job
-    of that MODEL would have them."""
-    left = {key for key, source in cfg.sources.items() if source in ("default", MODEL_DEFAULT)}
-    out = {}
-    for model in SWEEP_MODELS:
-        d = model_defaults(model)
-        job = replace(base, model=model)
-        if "SEQ_LEN" in left:
-            job = replace(job, seq_len=d["seq_len"])
-        if "MICRO_BATCH_SIZE" in left:
-            job = replace(job, micro_batch=d["micro_batch_size"])
-        if "ACTIVATION_CHECKPOINTING" in left:
-            job = replace(job, ac=d["activation_checkpointing"])
-        out[model] = job
-    return out
-
-
-def _sweep_row(job: Job, tokens: float, one_node: float) -> dict[str, Any]:
-    mem, spd = memory(job), speed(job)
-    hours, usd = cost(job, tokens)
-    return {
-        "model": job.model,
-        "instance_type": job.instance_type,
-        "nodes": job.nodes,
-        "memory_gib": mem.total / GIB,
-        "fits": mem.fits,
-        "tokens_per_s_per_gpu": spd.tokens_per_s_per_gpu,
-        "mfu": spd.mfu,
-        "scaling": spd.tokens_per_s_per_gpu / one_node,
-        "hours": hours,
-        "usd": usd,
-    }
-
-
-# --- refusing what cannot fit, before anything is created (config validate, manifest, job run) ----------
-
-# What one local trainer process holds besides the model's numbers: the interpreter, torch and gloo
-# (the whole tiny-model trainer peaks at 0.49 GiB resident on CPU: its summary's mem_peak_rss_gib).
-PROCESS_BASE = GIB // 2
-
-
-def fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | None:
-    """One line naming the settings and the cheapest fix when the job cannot fit where it would run:
-    per GPU on the cluster (`memory`), all processes together in this machine's RAM locally; None
-    when it fits."""
-    if not cfg.target.gpus:
-        return _host_fit_problem(cfg, ram_bytes)
-    job = job_from(cfg, mfu=0.0, price=None)
-    mem = memory(job)
-    if mem.fits:
-        return None
-    fix = cheapest_fix(job, tokens)
-    group = f", shard group {job.shard_size}" if job.strategy == "HYBRID_SHARD" else ""
-    what = (
-        f"MODEL={job.model} needs {mem.total / GIB:.1f} GiB per GPU, {mem.capacity / GIB:.1f} GiB usable on "
-        f"JOB_NODES={job.nodes} x INSTANCE_TYPE={job.instance_type} "
-        f"(SHARDING_STRATEGY={job.strategy}{group}, MICRO_BATCH_SIZE={job.micro_batch}, "
-        f"SEQ_LEN={job.seq_len}, ACTIVATION_CHECKPOINTING={job.ac})"
-    )
-    if fix is None:
-        return f"{what}: no single change fits: use more nodes or a bigger instance type (see `fsdpctl plan`)"
-    more = (
-        f" and NODE_COUNT={fix[1].nodes} (a bigger node group)"
-        if fix[1].nodes > cfg.node_count
-        else ""
-    )
-    return f"{what}: set {fix[0]}{more}, the cheapest change that fits (`fsdpctl plan` shows the numbers)"
-
-
-def host_memory(cfg: Config, **change: Any) -> int:
-    """Bytes all the processes of a local job hold together: each its shard of the state, its
-    activations and transients as on a GPU (no CUDA context), and the process itself. `change`: Job
-    fields to try."""
-    job = replace(job_from(cfg, mfu=0.0, price=None), gpus_per_node=cfg.procs_per_node, **change)
-    mem = memory(job)
-    return cfg.world_size * (mem.total - CUDA_OVERHEAD + PROCESS_BASE)
-
-
-def _host_fit_problem(cfg: Config, ram_bytes: int) -> str | None:
-    need = host_memory(cfg)
-    if need <= ram_bytes:
-        return None
-    t = cfg.training
-    return (
-        f"MODEL={t.model} at SEQ_LEN={t.seq_len} x MICRO_BATCH_SIZE={t.micro_batch_size} needs about "
-        f"{need / GIB:.1f} GiB for {cfg.world_size} local processes (JOB_NODES={cfg.job_nodes} x "
-        f"LOCAL_PROCS_PER_NODE={cfg.local_procs_per_node}), this machine has {ram_bytes / GIB:.1f} GiB: "
-        f"{_host_fix(cfg, ram_bytes)}"
-    )
-
-
-def _host_fix(cfg: Config, ram_bytes: int) -> str:
-    """The first single change that fits here, in the order a user would try them: the tiny model
-    (when another one is set), then a shorter sequence, then one sequence per micro-batch; else the
-    cluster."""
-    t = cfg.training
-    if t.model != "tiny" and host_memory(cfg, model="tiny") <= ram_bytes:
-        return "use MODEL=tiny here, or BACKEND=eks"
-    seq = t.seq_len
-    while seq > 8:
-        seq = max(8, seq // 2)
-        if host_memory(cfg, seq_len=seq) <= ram_bytes:
-            return f"lower SEQ_LEN to {seq} here, or BACKEND=eks"
-    if t.micro_batch_size > 1 and host_memory(cfg, micro_batch=1) <= ram_bytes:
-        return "set MICRO_BATCH_SIZE=1 here, or BACKEND=eks"
-    return "no single change fits this machine: use BACKEND=eks (or fewer, smaller local processes)"

@@ -210,12 +210,12 @@ class AppState:
 
 
 def admit(cfg: Config, *, force: bool) -> None:
-    """Refuse, before anything is written or created, a job that cannot fit (`plan.fit_problem`) or
+    """Refuse, before anything is written or created, a job that cannot fit (`fit.fit_problem`) or
     be scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line
     each with the fix. With `force`, each refusal becomes a warning and the command goes on. This
     machine's facts are read here, at the edge: its cores and RAM, its paths, and where the local
     backend keeps the claims."""
-    from fsdpctl import jobpolicy, plan, volume
+    from fsdpctl import fit, jobpolicy, volume
     from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import annotate, placement_problems
 
@@ -227,8 +227,8 @@ def admit(cfg: Config, *, force: bool) -> None:
         exists=lambda p: Path(p).expanduser().exists(),
         mounts=mounts,
     )
-    fit = plan.fit_problem(cfg, ram_bytes=_ram_bytes())
-    problems = [fit, *problems] if fit else problems
+    misfit = fit.fit_problem(cfg, ram_bytes=_ram_bytes())
+    problems = [misfit, *problems] if misfit else problems
     if room := _volume_problem(cfg):
         problems.append(room)
     problems = annotate(problems, cfg)  # each value with where it came from

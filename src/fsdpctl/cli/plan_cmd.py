@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fsdpctl import jobpolicy, volume
+from fsdpctl import jobpolicy, sweep, volume
 from fsdpctl import plan as P
 from fsdpctl.cli import completion
 from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
@@ -207,12 +207,12 @@ def plan(
     job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
         # --model and --nodes narrow the sweep to their rows; without them it spans every model and size
-        rows = P.matrix(
+        rows = sweep.matrix(
             job,
             tokens,
-            per_model=P.sweep_bases(job, cfg),
-            models=(job.model,) if model is not None else P.SWEEP_MODELS,
-            nodes=(job.nodes,) if nodes is not None else P.SWEEP_NODES,
+            per_model=sweep.sweep_bases(job, cfg),
+            models=(job.model,) if model is not None else sweep.SWEEP_MODELS,
+            nodes=(job.nodes,) if nodes is not None else sweep.SWEEP_NODES,
         )
         if not emit(rows, output):
             _print_matrix(rows, tokens)
