@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -19,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpctl.cli import completion
+from fsdpctl.cli.envfile import read_env_file
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import add_secrets, redact, redact_obj
 from fsdpctl.targets import NAMES
@@ -45,7 +45,11 @@ class _MaskingConsole(Console):
 
 
 err = _MaskingConsole(stderr=True, highlight=False)
+
+
 out = _MaskingConsole(highlight=False, soft_wrap=True)
+
+
 # Off a terminal rich would wrap at 80 columns (or COLUMNS) and fit tables to that: an error, a path
 # or an id would break over lines that grep and log readers cannot join, or be cut with an ellipsis.
 # There nothing wraps and a table takes the width its cells need; on a terminal rich fits the
@@ -60,6 +64,8 @@ def _unwrapped_off_a_terminal(console: Console) -> None:
 
 
 _unwrapped_off_a_terminal(err)
+
+
 _unwrapped_off_a_terminal(out)
 
 
@@ -98,14 +104,19 @@ def command_group(help: str) -> typer.Typer:
 
 OutputOpt = typer.Option("table", "--output", "-o", help="table, json or yaml")
 
+
 # One --dry-run for every command that changes state: a bare flag. Where the Kubernetes API server
 # can check the objects itself, `--dry-run=server` asks it to (dryRun=All: validated and admitted,
 # never stored); the root group spells that as the hidden flag below before click parses (see
 # fsdpctl.cli._Group.main).
 SERVER_DRY_RUN_FLAG = "--dry-run-server"
+
+
 DryRunOpt = Annotated[
     bool, typer.Option("--dry-run", help="show what would change; change nothing")
 ]
+
+
 ServerDryRunOpt = Annotated[
     bool,
     typer.Option(
@@ -114,6 +125,8 @@ ServerDryRunOpt = Annotated[
         help="--dry-run=server: the API server validates and admits everything, stores nothing",
     ),
 ]
+
+
 DRY_RUN_SPELLINGS = {"--dry-run=server": SERVER_DRY_RUN_FLAG, "--dry-run=client": "--dry-run"}
 
 
@@ -147,12 +160,18 @@ BackendOpt = Annotated[
         "--backend", help=f"{' or '.join(NAMES)} (default: where the job was started, else BACKEND)"
     ),
 ]
+
+
 NameArg = typer.Argument(
     None, help="job name (default: JOB_NAME)", autocompletion=completion.job_names
 )
+
+
 DetachOpt = Annotated[
     bool, typer.Option("--detach", "-d", help="start and return; watch with `job status`")
 ]
+
+
 ReplaceOpt = Annotated[
     bool, typer.Option("--replace", help="stop a running job of the same name first")
 ]
@@ -207,163 +226,6 @@ class AppState:
                 return cfg
             self._config = cfg
         return self._config
-
-
-def admit(cfg: Config, *, force: bool) -> None:
-    """Refuse, before anything is written or created, a job that cannot fit (`fit.fit_problem`) or
-    be scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line
-    each with the fix. With `force`, each refusal becomes a warning and the command goes on. This
-    machine's facts are read here, at the edge: its cores and RAM, its paths, and where the local
-    backend keeps the claims."""
-    from fsdpctl import fit, jobpolicy, volume
-    from fsdpctl.backends.local.engine import shared_volume_dir
-    from fsdpctl.settings import annotate, placement_problems
-
-    claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
-    mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
-    problems = placement_problems(
-        cfg,
-        cores=os.cpu_count() or 1,
-        exists=lambda p: Path(p).expanduser().exists(),
-        mounts=mounts,
-    )
-    misfit = fit.fit_problem(cfg, ram_bytes=_ram_bytes())
-    problems = [misfit, *problems] if misfit else problems
-    if room := _volume_problem(cfg):
-        problems.append(room)
-    problems = annotate(problems, cfg)  # each value with where it came from
-    if problems and not force:
-        raise SettingsError(problems)
-    for line in problems:
-        warn(f"--force: going on although {line}")
-    if cfg.target.gpus and (slow := volume.interval_warning(cfg, jobpolicy.step_seconds(cfg))):
-        warn(slow)
-
-
-def _volume_problem(cfg: Config) -> str | None:
-    """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file
-    system on the cluster; on this machine the free space of the disk of the claim's directory plus
-    what this job's checkpoints already take there (they are counted in the need)."""
-    from fsdpctl import backends, jobpolicy, volume
-
-    here = backends.create(cfg).here(cfg.shared_volume_path) if cfg.shared_volume else None
-    if here is None:
-        return volume.fsx_problem(cfg)
-    where = Path(here)
-    free = _free_bytes(where)
-    if free is None:
-        return None
-    ours = settings_path_local(jobpolicy.checkpoint_dir(cfg, cfg.job_name), cfg, where)
-    return volume.capacity_problem(
-        cfg,
-        free + _bytes_under(ours),
-        f"the local volume {where} (the free space of its disk)",
-        fix=f"free space there or mount a larger disk at {where}",
-    )
-
-
-def settings_path_local(path: str, cfg: Config, where: Path) -> Path:
-    """A pod path on the shared volume as the local backend keeps it (under `where`)."""
-    return where / path.removeprefix(cfg.shared_volume_path.rstrip("/")).lstrip("/")
-
-
-def _free_bytes(path: Path) -> int | None:
-    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or would: its
-    nearest existing parent)."""
-    for at in (path, *path.parents):
-        try:
-            st = os.statvfs(at)
-        except OSError:
-            continue
-        return st.f_bavail * st.f_frsize
-    return None
-
-
-def _bytes_under(path: Path) -> int:
-    total = 0
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def _ram_bytes() -> int:
-    """This machine's physical memory (POSIX sysconf)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-# A settings file is a few KB; anything far larger is not one (and would be read whole into memory).
-ENV_FILE_MAX_BYTES = 1024 * 1024
-
-
-def read_env_file(path: Path, *, given: bool = True) -> Mapping[str, str]:
-    """The KEY=VALUE lines of the settings file. `given`: named by the user, so it must exist (the
-    default .env may be absent). Anything but a readable UTF-8 regular file is one line naming the
-    path, exit 2: the file type is checked before opening (open() on a FIFO blocks until a writer
-    comes: a hang), and again on the opened descriptor, opened without blocking, so a swap between
-    the two cannot hang it either."""
-    from fsdpctl.settings import parse_dotenv
-
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        if not given:
-            return {}
-        raise BadInput(
-            f"--env-file {path} does not exist", hint="create it from .env.example"
-        ) from None
-    except (
-        OSError
-    ) as e:  # a file where a folder should be, permissions, a link loop, a name too long
-        raise BadInput(
-            f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT
-        ) from None
-    _check_env_file_kind(path, st)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as e:
-        raise BadInput(
-            f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT
-        ) from None
-    with os.fdopen(fd, "rb") as f:
-        _check_env_file_kind(path, os.fstat(fd))
-        try:
-            data = f.read(ENV_FILE_MAX_BYTES + 1)
-        except OSError as e:  # EISDIR, EIO
-            raise BadInput(
-                f"--env-file {path} cannot be read: {e.strerror}", hint=_ENV_FILE_HINT
-            ) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadInput(
-            f"--env-file {path} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})",
-            hint="save it as UTF-8 KEY=VALUE lines",
-        ) from None
-    return parse_dotenv(text, str(path))
-
-
-_ENV_FILE_HINT = "name a readable KEY=VALUE file (see .env.example)"
-
-
-def _check_env_file_kind(path: Path, st: os.stat_result) -> None:
-    if stat.S_ISDIR(st.st_mode):
-        raise BadInput(
-            f"--env-file {path} is a directory, not a file", hint=f"name the file, e.g. {path}/.env"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        raise BadInput(
-            f"--env-file {path} is not a regular file (a FIFO, socket or device would be waited on)",
-            hint=_ENV_FILE_HINT,
-        )
-    if st.st_size > ENV_FILE_MAX_BYTES:
-        raise BadInput(
-            f"--env-file {path} has {st.st_size} bytes: a settings file has at most {ENV_FILE_MAX_BYTES}",
-            hint=_ENV_FILE_HINT,
-        )
 
 
 def finite(

@@ -6,17 +6,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fsdpctl.cli.common import (
-    ForceOpt,
-    Output,
-    OutputOpt,
-    admit,
-    command_group,
-    emit,
-    ok,
-    out,
-    state,
-)
+from fsdpctl.cli.admission import admit
+from fsdpctl.cli.common import ForceOpt, Output, OutputOpt, command_group, emit, ok, out, state
 from fsdpctl.redact import redact
 
 app = command_group("Show and check the settings (.env, environment, --set).")

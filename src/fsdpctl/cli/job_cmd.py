@@ -11,6 +11,7 @@ import typer
 
 from fsdpctl import backends, crilog, failures, files
 from fsdpctl.cli import job_record_cmd, job_view
+from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import (
     BackendOpt,
     DetachOpt,
@@ -21,7 +22,6 @@ from fsdpctl.cli.common import (
     OutputOpt,
     ReplaceOpt,
     ServerDryRunOpt,
-    admit,
     command_group,
     dry_run_mode,
     emit,

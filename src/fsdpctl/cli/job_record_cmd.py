@@ -16,6 +16,7 @@ from rich.table import Table
 
 from fsdpctl import backends, files
 from fsdpctl.cli import completion, job_view
+from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import (
     BackendOpt,
     DetachOpt,
@@ -25,7 +26,6 @@ from fsdpctl.cli.common import (
     OutputOpt,
     PlainTable,
     ReplaceOpt,
-    admit,
     emit,
     out,
     state,

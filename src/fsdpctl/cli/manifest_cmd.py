@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpctl.cli.common import ForceOpt, admit, ok, out, state, warn
+from fsdpctl.cli.admission import admit
+from fsdpctl.cli.common import ForceOpt, ok, out, state, warn
 from fsdpctl.errors import BadInput, FsdpctlError
 
 if TYPE_CHECKING:

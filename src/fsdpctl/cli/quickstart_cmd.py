@@ -8,7 +8,8 @@ import typer
 
 from fsdpctl import backends
 from fsdpctl.cli import job_view
-from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, admit, emit, ok, out, state
+from fsdpctl.cli.admission import admit
+from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, emit, ok, out, state
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process,
 # CPU. fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).

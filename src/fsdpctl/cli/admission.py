@@ -1,0 +1,100 @@
+"""Admission, before anything is written or created: a job that cannot fit where it would run, or
+whose volume lacks room for what it keeps, is refused (exit 2) unless --force."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fsdpctl.cli.common import warn
+from fsdpctl.errors import SettingsError
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
+
+
+def admit(cfg: Config, *, force: bool) -> None:
+    """Refuse, before anything is written or created, a job that cannot fit (`fit.fit_problem`) or
+    be scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line
+    each with the fix. With `force`, each refusal becomes a warning and the command goes on. This
+    machine's facts are read here, at the edge: its cores and RAM, its paths, and where the local
+    backend keeps the claims."""
+    from fsdpctl import fit, jobpolicy, volume
+    from fsdpctl.backends.local.engine import shared_volume_dir
+    from fsdpctl.settings import annotate, placement_problems
+
+    claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
+    mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
+    problems = placement_problems(
+        cfg,
+        cores=os.cpu_count() or 1,
+        exists=lambda p: Path(p).expanduser().exists(),
+        mounts=mounts,
+    )
+    misfit = fit.fit_problem(cfg, ram_bytes=_ram_bytes())
+    problems = [misfit, *problems] if misfit else problems
+    if room := _volume_problem(cfg):
+        problems.append(room)
+    problems = annotate(problems, cfg)  # each value with where it came from
+    if problems and not force:
+        raise SettingsError(problems)
+    for line in problems:
+        warn(f"--force: going on although {line}")
+    if cfg.target.gpus and (slow := volume.interval_warning(cfg, jobpolicy.step_seconds(cfg))):
+        warn(slow)
+
+
+def _volume_problem(cfg: Config) -> str | None:
+    """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file
+    system on the cluster; on this machine the free space of the disk of the claim's directory plus
+    what this job's checkpoints already take there (they are counted in the need)."""
+    from fsdpctl import backends, jobpolicy, volume
+
+    here = backends.create(cfg).here(cfg.shared_volume_path) if cfg.shared_volume else None
+    if here is None:
+        return volume.fsx_problem(cfg)
+    where = Path(here)
+    free = _free_bytes(where)
+    if free is None:
+        return None
+    ours = settings_path_local(jobpolicy.checkpoint_dir(cfg, cfg.job_name), cfg, where)
+    return volume.capacity_problem(
+        cfg,
+        free + _bytes_under(ours),
+        f"the local volume {where} (the free space of its disk)",
+        fix=f"free space there or mount a larger disk at {where}",
+    )
+
+
+def settings_path_local(path: str, cfg: Config, where: Path) -> Path:
+    """A pod path on the shared volume as the local backend keeps it (under `where`)."""
+    return where / path.removeprefix(cfg.shared_volume_path.rstrip("/")).lstrip("/")
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes for an unprivileged writer on the filesystem that holds `path` (or would: its
+    nearest existing parent)."""
+    for at in (path, *path.parents):
+        try:
+            st = os.statvfs(at)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def _bytes_under(path: Path) -> int:
+    total = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _ram_bytes() -> int:
+    """This machine's physical memory (POSIX sysconf)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
