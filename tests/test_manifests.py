@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT, SHARED, yaml_docs
 from fsdpctl import files, jobpolicy, record, render
+from fsdpctl.backends.eks import configmap
 from fsdpctl.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 from fsdpctl.validate import crd_schemas, validate
@@ -291,7 +292,7 @@ def test_every_label_and_name_from_a_run_id_or_job_name_is_one_the_api_server_ta
         objs = [
             *render.render_job(cfg, run_id),
             render.render_checkpoint_cleaner(cfg, job),
-            record.config_map({**rec, "id": "r1", "hash": "h"}, cfg.job_namespace),
+            configmap.config_map({**rec, "id": "r1", "hash": "h"}, cfg.job_namespace),
         ]
         for obj in objs:
             meta = obj["metadata"]

@@ -14,6 +14,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from fsdpctl import record
+from fsdpctl.backends.eks import configmap
 from fsdpctl.redact import secret_kind
 from fsdpctl.settings import load, parse_dotenv
 from fsdptrain import events, fingerprint
@@ -261,16 +262,16 @@ def test_the_config_map_holds_the_record_and_leaves_out_manifests_over_a_mebibyt
     """kubernetes.io/docs/concepts/configuration/configmap: "The data stored in a ConfigMap cannot
     exceed 1 MiB"."""
     rec = {**_rec(_cfg("eks")), "manifests": "kind: PyTorchJob\n"}
-    cm = record.config_map(rec, "fsdp")
+    cm = configmap.config_map(rec, "fsdp")
     assert (
         cm["metadata"]["name"] == "fsdp-record"
-        and cm["metadata"]["annotations"][record.ANNOTATION] == rec["hash"]
+        and cm["metadata"]["annotations"][configmap.ANNOTATION] == rec["hash"]
     )
-    assert record.from_config_map(cm) == rec and TOKEN not in json.dumps(cm)
-    big = {**rec, "manifests": "x" * record.CONFIG_MAP_MAX_BYTES}
-    data = record.config_map(big, "fsdp")["data"]
+    assert configmap.from_config_map(cm) == rec and TOKEN not in json.dumps(cm)
+    big = {**rec, "manifests": "x" * configmap.CONFIG_MAP_MAX_BYTES}
+    data = configmap.config_map(big, "fsdp")["data"]
     assert "manifests.yaml" not in data and "1 MiB" in data["manifests.note"]
-    assert sum(len(v.encode()) for v in data.values()) < record.CONFIG_MAP_MAX_BYTES
+    assert sum(len(v.encode()) for v in data.values()) < configmap.CONFIG_MAP_MAX_BYTES
 
 
 def test_the_image_digest_comes_from_the_pods_container_status():
@@ -289,8 +290,8 @@ def test_the_image_digest_comes_from_the_pods_container_status():
             },
         },
     ]
-    assert record.image_digest(pods, "pytorch") == (digest, "p1")
+    assert configmap.image_digest(pods, "pytorch") == (digest, "p1")
     rec = _rec(_cfg("eks"))
     rec = {**rec, "image": {"uri": "r/fsdpctl-trainer:0.1.0", "digest": None}}
-    assert record.with_digest(rec, (digest, "p1"))["image"]["digest"] == digest
-    assert record.image_digest(pods[:1], "pytorch") is None
+    assert configmap.with_digest(rec, (digest, "p1"))["image"]["digest"] == digest
+    assert configmap.image_digest(pods[:1], "pytorch") is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from fsdpctl import record
+from fsdpctl.backends.eks import configmap
 from fsdpctl.settings import load, parse_dotenv
 from kube_peer import wait_for
 from test_kube import add_pod, cli, in_fsdp, install_operator, kube, peer  # noqa: F401 - `peer`: a fixture
@@ -52,12 +53,12 @@ def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_des
     assert r.exit_code == 0, r.output
     [job] = peer.objects("pytorchjobs")
     [cm] = [c for c in in_fsdp(peer, "configmaps") if c["metadata"]["name"] == "fsdp-record"]
-    rec = record.from_config_map(cm)
+    rec = configmap.from_config_map(cm)
     assert record.problem(rec) is None
     assert (
-        job["metadata"]["annotations"][record.ANNOTATION]
+        job["metadata"]["annotations"][configmap.ANNOTATION]
         == rec["hash"]
-        == cm["metadata"]["annotations"][record.ANNOTATION]
+        == cm["metadata"]["annotations"][configmap.ANNOTATION]
     )
     [owner] = cm["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == (
@@ -98,7 +99,7 @@ def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_des
     assert got["trainer"]["cuda"] == "12.4" and got["trainer"]["nccl"] == "2.21.5"
     # kept in the ConfigMap, so it outlives the pods
     [cm] = [c for c in in_fsdp(peer, "configmaps") if c["metadata"]["name"] == "fsdp-record"]
-    assert record.from_config_map(cm)["image"]["digest"] == DIGEST
+    assert configmap.from_config_map(cm)["image"]["digest"] == DIGEST
     table = cli("job", "describe", "fsdp")
     assert "ConfigMap fsdp/fsdp-record" in table.said and DIGEST in table.said, table.output
     text = cli("job", "describe", "fsdp", "-o", "env").stdout
@@ -111,10 +112,10 @@ def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_des
     assert "data: the cluster's volume cannot be read from here" in rerun.said  # said, not guessed
     [job2] = peer.objects("pytorchjobs")
     [cm] = [c for c in in_fsdp(peer, "configmaps") if c["metadata"]["name"] == "fsdp-record"]
-    new = record.from_config_map(cm)
+    new = configmap.from_config_map(cm)
     assert (
         new["run_id"] != rec["run_id"]
-        and job2["metadata"]["annotations"][record.ANNOTATION] == new["hash"]
+        and job2["metadata"]["annotations"][configmap.ANNOTATION] == new["hash"]
     )
     assert (
         cm["metadata"]["ownerReferences"][0]["uid"]

@@ -22,7 +22,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fsdpctl import render
 from fsdpctl.files import JOB_NAME, RUN_ID
 from fsdpctl.redact import MASK, secret_kind
 from fsdpctl.settings import SECRET_KEYS, Config, Settings, setting_keys
@@ -30,13 +29,23 @@ from fsdpctl.targets import NAMES
 from fsdptrain import events, fingerprint
 
 KIND = "fsdpctl.io/run-record"
+
+
 VERSION = 1
+
+
 ID_CHARS = 12  # 48 bits: distinct for every run anyone keeps
+
+
 # the parts of a record the id covers; the rest is provenance or learnt after the start
 MADE = ("kind", "version", "job", "run_id", "backend", "settings", "code", "image")
+
+
 # a .env value written without quotes: python-dotenv's unquoted grammar takes it as is (no '#',
 # space, quote)
 BARE = re.compile(r"[A-Za-z0-9_./:,=@+%-]+")
+
+
 # keys that say where a run lives and starts, not how it trains: `job diff` of two runs names them
 # apart (`placement`); a rerun differs from its run in these alone (its own checkpoint directory,
 # its start point)
@@ -384,99 +393,6 @@ def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[dict[str, Any]]:
     """One row per step either run logged: step, loss A, loss B (None where a run has no such step)."""
     return [{"step": s, "a": a.get(s), "b": b.get(s)} for s in sorted(a.keys() | b.keys())]
-
-
-# ---- on a cluster: the job's annotation and the ConfigMap <job>-record ------------------------------------
-
-ANNOTATION = "fsdpctl.io/record-hash"
-# "The data stored in a ConfigMap cannot exceed 1 MiB"
-# (kubernetes.io/docs/concepts/configuration/configmap): the manifests, the largest part, are left
-# out of a record that would not fit, and the ConfigMap says so
-CONFIG_MAP_MAX_BYTES = 1024 * 1024
-METADATA_ROOM = 16 * 1024  # labels, annotations, ownerReferences: the rest of the object
-
-
-def config_map_name(job: str) -> str:
-    return f"{job}-record"
-
-
-def annotated(job: dict[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
-    """The job object carrying its record's hash (what `job describe` checks the ConfigMap against)."""
-    meta = job["metadata"]
-    return {
-        **job,
-        "metadata": {
-            **meta,
-            "annotations": {**meta.get("annotations", {}), ANNOTATION: rec["hash"]},
-        },
-    }
-
-
-def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
-    """The ConfigMap holding `rec`: record.json (without the manifests), settings.env,
-    manifests.yaml."""
-    body = {k: v for k, v in rec.items() if k != "manifests"}
-    data = {
-        "record.json": json.dumps(body, indent=1, sort_keys=True, default=str),
-        "settings.env": env_text(rec),
-        "manifests.yaml": rec.get("manifests") or "",
-    }
-    size = sum(len(k) + len(v.encode()) for k, v in data.items())
-    if size > CONFIG_MAP_MAX_BYTES - METADATA_ROOM:
-        del data["manifests.yaml"]
-        data["manifests.note"] = (
-            f"left out: the record with its manifests is {size} bytes, over a ConfigMap's 1 MiB; "
-            "`fsdpctl job describe` on the machine that started the run shows them"
-        )
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": config_map_name(rec["job"]),
-            "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/managed-by": "fsdpctl",
-                "fsdpctl.io/record-of": rec["job"],
-                "fsdpctl.io/run-id": render.label_value(rec["run_id"]),
-            },
-            "annotations": {ANNOTATION: rec["hash"]},
-        },
-        "data": data,
-    }
-
-
-def from_config_map(cm: Mapping[str, Any]) -> dict[str, Any]:
-    """The record a ConfigMap holds (ValueError when it holds none)."""
-    data = cm.get("data") or {}
-    rec = json.loads(data.get("record.json", "null"))
-    if not isinstance(rec, dict):
-        raise ValueError("no record.json")
-    return {**rec, "manifests": data.get("manifests.yaml")}
-
-
-# ---- what a run's log and pods add -----------------------------------------------------------------------
-
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def image_digest(pods: Sequence[Mapping[str, Any]], container: str) -> tuple[str, str] | None:
-    """(digest, pod) from the first pod whose `container` reports one: the kubelet's
-    status.containerStatuses[].imageID is the image the runtime actually pulled (e.g.
-    `<registry>/<repo>@sha256:...`, or `docker-pullable://...@sha256:...` under dockershim),
-    whatever tag the pod spec named."""
-    for pod in pods:
-        for status in pod.get("status", {}).get("containerStatuses") or []:
-            found = DIGEST.search(str(status.get("imageID") or ""))
-            if status.get("name") == container and found:
-                return found.group(0), pod["metadata"]["name"]
-    return None
-
-
-def with_digest(rec: dict[str, Any], found: tuple[str, str] | None) -> dict[str, Any]:
-    if found is None or rec.get("image") is None or rec["image"].get("digest"):
-        return rec
-    digest_, pod = found
-    return {**rec, "image": {**rec["image"], "digest": digest_, "digest_from": f"pod {pod} status"}}
 
 
 def learnt(rec: dict[str, Any], log: list[str]) -> dict[str, Any]:

@@ -9,9 +9,8 @@ from functools import cached_property
 from typing import Any
 
 from fsdpctl import deploy, jobpolicy, jobspec, kstatus, nodefit, record_store, render
-from fsdpctl import record as run_record
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
-from fsdpctl.backends.eks import api, observe
+from fsdpctl.backends.eks import api, configmap, observe
 from fsdpctl.backends.eks import engine as kjobs
 from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.hf_token import secret_env
@@ -180,7 +179,7 @@ class EksBackend:
         rec, lines, problems = observe.record_of(self.kube, self.cfg, job)
         if rec is None:
             return None
-        where = f"ConfigMap {self.cfg.job_namespace}/{run_record.config_map_name(job)} on {self.kube.server}"
+        where = f"ConfigMap {self.cfg.job_namespace}/{configmap.config_map_name(job)} on {self.kube.server}"
         return KeptRecord(rec, lines, where, problems)
 
     def stop(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from fsdpctl import jobpolicy, kstatus, render, volume
-from fsdpctl import record as run_record
+from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
 from fsdpctl.backends.eks.observe import pods_of
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -33,7 +33,7 @@ def run(
     objs = render.render_job(cfg, run_id, record["id"] if record else "")
     *infra, job = objs
     if record is not None:
-        job = run_record.annotated(job, record)
+        job = configmap.annotated(job, record)
         record = {**record, "manifests": render.to_yaml([*infra, job])}
     # the pre-step and the disruption budget: created owned by the job, so they go with it
     fetch_jobs = [o for o in infra if o["kind"] in DEPENDENTS]
@@ -63,7 +63,7 @@ def run(
             for obj in fetch_jobs:
                 kube.create(owned_by(obj, created))
             if record is not None:
-                kube.apply(owned_by(run_record.config_map(record, cfg.job_namespace), created))
+                kube.apply(owned_by(configmap.config_map(record, cfg.job_namespace), created))
     return {
         "job": cfg.job_name,
         "run_id": run_id,

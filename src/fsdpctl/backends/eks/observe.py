@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from fsdpctl import crilog, failures, jobpolicy, kstatus, prestep, render
 from fsdpctl import record as run_record
+from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
 from fsdpctl.crilog import LogLine
 from fsdpctl.errors import FsdpctlError
@@ -278,32 +279,32 @@ def record_of(kube, cfg: Config, name: str) -> tuple[dict | None, list[str], lis
     from fsdpctl.adapters.kube import KubeError
 
     with calls(cfg, f"reading the run record of {name}"):
-        cm = kube.get("v1", "ConfigMap", run_record.config_map_name(name), cfg.job_namespace)
+        cm = kube.get("v1", "ConfigMap", configmap.config_map_name(name), cfg.job_namespace)
     if cm is None:
         return None, [], []
     try:
-        rec = run_record.from_config_map(cm)
+        rec = configmap.from_config_map(cm)
     except ValueError as e:
         raise FsdpctlError(
-            f"ConfigMap {run_record.config_map_name(name)} holds no run record ({e})"
+            f"ConfigMap {configmap.config_map_name(name)} holds no run record ({e})"
         ) from e
     job = get_job(kube, cfg, name)
-    cm_name = run_record.config_map_name(name)
+    cm_name = configmap.config_map_name(name)
     damaged = run_record.problem(rec)
     problems = [f"ConfigMap {cm_name}: the record {damaged}"] if damaged else []
     if job is None:
         return rec, [], [*problems, f"job {name} is gone: the record is as it was last read"]
-    if (job["metadata"].get("annotations") or {}).get(run_record.ANNOTATION) != rec.get("hash"):
+    if (job["metadata"].get("annotations") or {}).get(configmap.ANNOTATION) != rec.get("hash"):
         problems.append(
-            f"job {name}'s {run_record.ANNOTATION} annotation does not match ConfigMap {cm_name}"
+            f"job {name}'s {configmap.ANNOTATION} annotation does not match ConfigMap {cm_name}"
         )
     pods = pods_of(kube, cfg, name)
     _, lines = find_leader(kube, cfg, pods)
-    digest = run_record.image_digest(pods, _container(cfg))
-    now = run_record.learnt(run_record.with_digest(rec, digest), lines)
+    digest = configmap.image_digest(pods, _container(cfg))
+    now = run_record.learnt(configmap.with_digest(rec, digest), lines)
     if now != rec and not problems:
         try:  # worth keeping, not worth failing for: a user who may read but not write ConfigMaps
-            kube.apply(owned_by(run_record.config_map(now, cfg.job_namespace), job))
+            kube.apply(owned_by(configmap.config_map(now, cfg.job_namespace), job))
         except KubeError as e:
             problems.append(f"the learnt facts were not saved in the ConfigMap: {e}")
     return now, lines, problems
