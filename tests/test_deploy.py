@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 
 from conftest import SHARED
-from fsdpctl import deploy
+from fsdpctl import deploy, deploy_status
 from fsdpctl.adapters.download import DownloadError
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.settings import load
@@ -42,7 +42,7 @@ def test_summary_names_only_what_happened():
 
 
 def test_status_probes_follow_the_job_kind_and_namespaces():
-    v1 = deploy.installed_probes(
+    v1 = deploy_status.installed_probes(
         load(dotenv={"JOB_NAMESPACE": "team-a", "MONITORING_NAMESPACE": "mon"})
     )
     assert v1[0] == {
@@ -62,7 +62,7 @@ def test_status_probes_follow_the_job_kind_and_namespaces():
         ("grafana", "mon"),
         ("dcgm-exporter", "mon"),
     }
-    v2 = deploy.installed_probes(load(dotenv={"JOB_KIND": "trainjob"}))
+    v2 = deploy_status.installed_probes(load(dotenv={"JOB_KIND": "trainjob"}))
     assert [p["name"] for p in v2 if p["component"] == "operator"] == [
         "kubeflow-trainer-controller-manager"
     ]

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from fsdpctl import deploy, kstatus, nodefit
+from fsdpctl import deploy_status, kstatus, nodefit
 from test_kube import cli, install_operator, kube, peer, said, set_condition  # noqa: F401 (fixture)
 
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge", "fsdpctl.io/role": "gpu"}
@@ -159,12 +159,12 @@ RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa")
 def test_a_node_is_ready_exactly_when_it_offers_what_a_pod_asks(have, wants):
     """Every combination of allocatable counts against a pod's ask (with and without EFA): ready iff
     each asked resource is at least the ask; every shortfall is one problem naming that resource's
-    plugin; the node row comes from deploy.node_rows, which only sees GPU nodes."""
+    plugin; the node row comes from deploy_status.node_rows, which only sees GPU nodes."""
     node = {
         "metadata": {"name": "n", "labels": P5},
         "status": {"allocatable": {r: str(n) for r, n in have.items()}},
     }
-    rows = deploy.node_rows([node], efa="vpc.amazonaws.com/efa" in wants)
+    rows = deploy_status.node_rows([node], efa="vpc.amazonaws.com/efa" in wants)
     [fit] = nodefit.gpu_node_fit(rows, [node], wants, [])
     short = [r for r, n in wants.items() if have[r] < n]
     assert fit["ready"] == (not short) and fit["short"] == short

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, SHARED
-from fsdpctl import deploy, jobpolicy, render
+from fsdpctl import deploy, deploy_status, jobpolicy, render
 from fsdpctl.settings import load
 
 VENDOR = SHARED / "vendor"
@@ -353,7 +353,9 @@ def test_deploy_status_shows_per_gpu_node_what_the_plugins_made_allocatable(tmp_
         for node in nodes:
             k.create(node)
             k.request("PUT", f"/api/v1/nodes/{node['metadata']['name']}/status", body=node)
-        rows = deploy.status(k, load(flags={"BACKEND": "eks", "INSTANCE_TYPE": "p5.48xlarge"}))
+        rows = deploy_status.status(
+            k, load(flags={"BACKEND": "eks", "INSTANCE_TYPE": "p5.48xlarge"})
+        )
     finally:
         peer.close()
     assert [r for r in rows if r["object"].startswith("Node/")] == [
@@ -374,7 +376,7 @@ def test_deploy_status_shows_per_gpu_node_what_the_plugins_made_allocatable(tmp_
             "ready": False,
         },
     ]
-    off = deploy.node_rows(nodes, efa=False)
+    off = deploy_status.node_rows(nodes, efa=False)
     assert [(r["object"], r["version"], r["ready"]) for r in off] == [
         ("Node/gpu-a", "nvidia.com/gpu=8", True),
         ("Node/gpu-b", "nvidia.com/gpu=8", True),

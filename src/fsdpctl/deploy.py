@@ -28,15 +28,30 @@ from fsdpctl.settings import Config
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
 
+
 COMPONENTS = ("etcd", "operator", "plugins", "storage", "monitoring")
+
+
 VERSION_LABEL = "app.kubernetes.io/version"
+
+
 PART_OF = "app.kubernetes.io/part-of"
+
+
 MONITORING_VERSION = (
     "1"  # of fsdpctl's monitoring bundle; the images inside are pinned in the template
 )
+
+
 PLUGINS = "device-plugins"  # its key in templates/releases.yaml
+
+
 FSX = "fsx-csi-driver"  # likewise
+
+
 FSX_DRIVER = "fsx.csi.aws.com"
+
+
 # what kustomize's `namespace:` leaves alone in the FSx base: the cluster-scoped kinds
 CLUSTER_SCOPED = {
     "CSIDriver",
@@ -45,15 +60,23 @@ CLUSTER_SCOPED = {
     "PersistentVolume",
     "StorageClass",
 }
+
+
 # The taints fsdpctl puts on its GPU node groups (eksctl/clusterconfig.yaml.j2,
 # terraform/modules/eks-gpu) and the label it gives them: the device plugins must tolerate the
 # first, GPU-only DaemonSets select the second.
 GPU_TAINTS = ({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},)
+
+
 GPU_ROLE = ("fsdpctl.io/role", "gpu")
+
+
 GPU_RESOURCES = (
     "nvidia.com/gpu",
     "vpc.amazonaws.com/efa",
 )  # what the NVIDIA and EFA plugins advertise
+
+
 # The EKS add-on images' registry account (eksctl fills the `%s` of its EFA manifest with
 # `api.EKSResourceAccountID(region)`): 602401143452 except in these regions (AWS, "Amazon container
 # image registries" in the EKS user guide).
@@ -67,6 +90,8 @@ EKS_IMAGE_ACCOUNTS = {
     "us-gov-west-1": "013241004608",
     "us-gov-east-1": "151742754352",
 }
+
+
 DASHBOARD_METRICS = (
     "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_DEV_MEM_COPY_UTIL",
@@ -375,7 +400,7 @@ def summary(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {what}" for what, n in counts.items() if n)
 
 
-def _get(kube: Kube, ref: dict[str, str]) -> dict[str, Any] | None:
+def get(kube: Kube, ref: dict[str, str]) -> dict[str, Any] | None:
     return kube.get("apps/v1", ref["kind"], ref["name"], ref["namespace"])
 
 
@@ -391,7 +416,7 @@ def wait_ready(
     `timeout` seconds an error naming those still not ready."""
     deadline = time.monotonic() + timeout
     pending = list(refs)
-    while pending := [r for r in pending if not is_ready(_get(kube, r))]:
+    while pending := [r for r in pending if not is_ready(get(kube, r))]:
         if time.monotonic() > deadline:
             names = ", ".join(f"{r['kind']}/{r['name']} in {r['namespace']}" for r in pending)
             raise FsdpctlError(
@@ -401,115 +426,6 @@ def wait_ready(
         if on_wait:
             on_wait(len(pending))
         time.sleep(poll)
-
-
-def requirements(kube: Kube, comp: Component) -> tuple[list[dict], list[dict]]:
-    """What the component needs but fsdpctl does not install, split into (missing, present)."""
-    missing = [r for r in comp.requires if _get(kube, r) is None]
-    return missing, [r for r in comp.requires if r not in missing]
-
-
-def missing_message(comp: Component, req: dict[str, str]) -> str:
-    return (
-        f"{comp.name}: {req['kind']}/{req['name']} in {req['namespace']} is not installed; jobs will stay "
-        f"pending until it is: {req['install']}"
-    )
-
-
-def installed_probes(cfg: Config) -> list[dict[str, str]]:
-    """The workloads whose presence tells what is deployed: etcd, the operator's, monitoring's."""
-    rel = releases()[cfg.job_kind]
-    probes = [
-        {"component": "etcd", "kind": "Deployment", "namespace": cfg.job_namespace, "name": "etcd"}
-    ]
-    probes += [
-        {"component": "operator", "kind": r["kind"], "namespace": r["namespace"], "name": r["name"]}
-        for r in rel.get("ready", []) + rel.get("requires", [])
-    ]
-    probes += [{"component": "plugins", **r} for r in releases()[PLUGINS]["ready"]]
-    probes += [{"component": "storage", **r} for r in releases()[FSX]["ready"]]
-    probes += [
-        {"component": "monitoring", "kind": k, "namespace": cfg.monitoring_namespace, "name": n}
-        for k, n in (
-            ("Deployment", "prometheus"),
-            ("Deployment", "grafana"),
-            ("DaemonSet", "dcgm-exporter"),
-        )
-    ]
-    return probes
-
-
-def _workload_row(kube: Kube, probe: dict[str, str]) -> dict[str, Any]:
-    obj = _get(kube, probe)
-    version = "-"
-    if obj is not None:
-        image = obj["spec"]["template"]["spec"]["containers"][0]["image"]
-        version = obj["metadata"].get("labels", {}).get(VERSION_LABEL) or image.rsplit(":", 1)[-1]
-    return {
-        "component": probe["component"],
-        "object": f"{probe['kind']}/{probe['name']}",
-        "namespace": probe["namespace"],
-        "installed": obj is not None,
-        "version": version,
-        "ready": is_ready(obj),
-    }
-
-
-def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
-    """The job CRD as discovery serves it: its name is `<plural>.<group>`, the plural the CRD
-    declares."""
-    from fsdpctl.adapters.kube import KubeError
-
-    api, kind = render.job_api(cfg)
-    group, version = api.split("/")
-    try:
-        crd: str | None = f"{kube.resource(api, kind).plural}.{group}"
-    except KubeError as e:
-        if e.status != 404:
-            raise
-        crd = None
-    return {
-        "component": "operator",
-        "object": f"CRD {crd}" if crd else f"CRD of {kind} ({api})",
-        "namespace": "-",
-        "installed": crd is not None,
-        "version": version,
-        "ready": crd is not None,
-    }
-
-
-def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[dict[str, Any]]:
-    """Per GPU node (fsdpctl's role label or one of its instance types), what the device plugins
-    made allocatable: ready when it offers GPUs and, with EFA on, EFA interfaces."""
-    from fsdpctl.instances import INSTANCE_TYPES
-
-    wanted = GPU_RESOURCES if efa else GPU_RESOURCES[:1]
-    rows = []
-    for node in nodes:
-        labels = node["metadata"].get("labels") or {}
-        gpu_role = labels.get(GPU_ROLE[0]) == GPU_ROLE[1]
-        if not gpu_role and labels.get("node.kubernetes.io/instance-type") not in INSTANCE_TYPES:
-            continue
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        have = {r: str(allocatable.get(r, "0")) for r in wanted}
-        rows.append(
-            {
-                "component": "plugins",
-                "object": f"Node/{node['metadata']['name']}",
-                "namespace": "-",
-                "installed": True,
-                "version": " ".join(f"{r}={n}" for r, n in have.items()),
-                "ready": all(n != "0" for n in have.values()),
-            }
-        )
-    return rows
-
-
-def status(kube: Kube, cfg: Config) -> list[dict[str, Any]]:
-    """What is installed, at which version, and whether it is ready: one row per probe, the job CRD
-    and, per GPU node, whether its GPUs and EFA interfaces are allocatable."""
-    rows = [_workload_row(kube, p) for p in installed_probes(cfg)] + [_crd_row(kube, cfg)]
-    return rows + node_rows(kube.list("v1", "Node"), cfg.efa_per_node > 0)
 
 
 # --- the release cache -------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def _deploy(
     """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks
     them). With -o json/yaml stdout gets one document (README "JSON output"), the messages stay on
     stderr."""
-    from fsdpctl import deploy, render
+    from fsdpctl import deploy, deploy_status, render
     from fsdpctl.backends.eks import api
 
     cfg = state(ctx).config()
@@ -91,9 +91,9 @@ def _deploy(
             continue
         ok(f"{comp.name} ({comp.version}): {deploy.summary(counts)}")
         _wait_ready(kube, comp, comp.ready, timeout)
-        missing, present = deploy.requirements(kube, comp)
+        missing, present = deploy_status.requirements(kube, comp)
         for req in missing:
-            warn(deploy.missing_message(comp, req))
+            warn(deploy_status.missing_message(comp, req))
         if present:
             _wait_ready(kube, comp, present, timeout)
         report.append(
@@ -101,7 +101,7 @@ def _deploy(
                 comp,
                 **counts,
                 ready=True,
-                missing=[deploy.missing_message(comp, r) for r in missing],
+                missing=[deploy_status.missing_message(comp, r) for r in missing],
             )
         )
     emit(_document(mode, report), output)
@@ -192,13 +192,13 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
     Example: fsdpctl deploy status -o json
     """
-    from fsdpctl import deploy
+    from fsdpctl import deploy_status
     from fsdpctl.backends.eks import api
 
     cfg = state(ctx).config()
     kube = api.connect(cfg)
     with api.calls(cfg, "reading what is deployed"):
-        rows = deploy.status(kube, cfg)
+        rows = deploy_status.status(kube, cfg)
     if emit(rows, output):
         return
     t = PlainTable("component", "object", "namespace", "installed", "version", "ready")

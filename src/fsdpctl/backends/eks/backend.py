@@ -8,7 +8,15 @@ from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
-from fsdpctl import deploy, jobpolicy, jobspec, kstatus, nodefit, record_store, render
+from fsdpctl import (
+    deploy_status,
+    jobpolicy,
+    jobspec,
+    kstatus,
+    nodefit,
+    record_store,
+    render,
+)
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.eks import api, configmap, observe
 from fsdpctl.backends.eks import engine as kjobs
@@ -105,7 +113,7 @@ class EksBackend:
         wants = nodefit.device_requests(pods) or {
             r: int(n) for r, n in limits.items() if r in kstatus.PLUGIN_OF
         }
-        rows = deploy.node_rows(mine, efa="vpc.amazonaws.com/efa" in wants)
+        rows = deploy_status.node_rows(mine, efa="vpc.amazonaws.com/efa" in wants)
         return nodefit.gpu_node_fit(rows, mine, wants, pods)
 
     def logs(
