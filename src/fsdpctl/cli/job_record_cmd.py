@@ -7,7 +7,6 @@ machine's copies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,6 +30,7 @@ from fsdpctl.cli.common import (
     state,
     warn,
 )
+from fsdpctl.cli.record_reading import drift, has_a_checkpoint, learnt, load_record, main_line
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:
@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 
     from fsdpctl.settings import Config
 
+
 FORMATS = ("table", "json", "yaml", "env")
+
+
 NameArg = typer.Argument(
     help="job name (its newest run), run id or record id (default: JOB_NAME)",
     autocompletion=completion.job_names,
@@ -46,21 +49,12 @@ NameArg = typer.Argument(
 
 
 JobArg = typer.Argument(help="job name (default: JOB_NAME)", autocompletion=completion.job_names)
+
+
 ResumeArg = typer.Argument(
     help="job name (default: JOB_NAME), or a run id to continue that run's own checkpoints",
     autocompletion=completion.job_names,
 )
-
-
-@dataclass
-class Loaded:
-    """A record as read back, with what its run's log adds: the losses, and what could not be
-    checked."""
-
-    rec: dict[str, Any]
-    losses: dict[int, float] = field(default_factory=dict)
-    where: str = ""
-    problems: list[str] = field(default_factory=list)
 
 
 def register(app: typer.Typer) -> None:
@@ -69,72 +63,6 @@ def register(app: typer.Typer) -> None:
     app.command()(resume)
     app.command()(rerun)
     app.command()(diff)
-
-
-# ---- reading a record back -------------------------------------------------------------------------------
-
-
-def _run_lines(rec: dict[str, Any], cfg: Config) -> list[str] | None:
-    """The recorded run's log lines where this machine keeps them (on the backend it ran on)."""
-    return backends.create(cfg.model_copy(update={"backend": rec["backend"]})).run_lines(
-        rec["job"], rec["run_id"]
-    )
-
-
-def _learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
-    """A run's record with its trainer's start line from its logs where they are here, kept once
-    read (the logs may be cleaned up); any other record as it is."""
-    from fsdpctl import record, record_store
-
-    if rec.get("trainer") or (lines := _run_lines(rec, cfg)) is None:
-        return rec
-    now = record.learnt(rec, lines)
-    if now != rec:
-        record_store.save(now)
-    return now
-
-
-def _from_this_machine(name: str, cfg: Config) -> Loaded | None:
-    from fsdpctl import record, record_store
-
-    rec = record_store.find(name)
-    if rec is None:
-        return None
-    where = str(record_store.path(rec["job"], rec["run_id"]))
-    if (lines := _run_lines(rec, cfg)) is None:
-        return Loaded(rec, where=where)
-    now = record.learnt(rec, lines)
-    if now != rec:  # the trainer's start line, kept once read: the logs may be cleaned up
-        record_store.save(now)
-    return Loaded(now, record.losses(lines), where)
-
-
-def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Loaded:
-    """The record NAME means (see the module's doc); exit 4 with the fix when there is none."""
-    from fsdpctl import record, record_store
-
-    cfg = state(ctx).config()
-    name = name if name is not None else cfg.job_name
-    if not files.RUN_ID.fullmatch(name):
-        raise BadInput(
-            f"NAME {name!r} is not a job name, run id or record id", hint="`fsdpctl job list`"
-        )
-    job = name if files.JOB_NAME.fullmatch(name) else None
-    placed = backends.placed(cfg, job, backend)
-    kept = backends.create(placed).kept_record(job) if job is not None else None
-    if kept is not None:
-        if not kept.problems:  # this machine's copy, with what was learnt
-            record_store.save(kept.record)
-        return Loaded(kept.record, record.losses(kept.lines), kept.where, kept.problems)
-    found = _from_this_machine(name, cfg)
-    if found is None:
-        raise FsdpctlError(
-            f"no run record for {name!r}",
-            hint="`fsdpctl job run` writes one for every run (runs started before fsdpctl kept records "
-            "have none)",
-            code=ExitCode.JOB_NOT_FOUND,
-        )
-    return found
 
 
 def _format(output: str) -> str:
@@ -242,7 +170,7 @@ def history(
     cfg = state(ctx).config()
     job = files.job_name(name) if name is not None else cfg.job_name
     damaged: list[BadInput] = []
-    runs = [_learnt(rec, cfg) for rec in record_store.of_job(job, damaged)]
+    runs = [learnt(rec, cfg) for rec in record_store.of_job(job, damaged)]
     for e in damaged:  # one warning each; the other runs are listed
         warn(f"{e}: skipped")
     if (
@@ -272,53 +200,6 @@ def _history_table(rows: list[dict[str, Any]]) -> PlainTable:
         changed = ", ".join(f"{k}={_shown(v)}" for k, (_, v) in r["changed"].items()) or "-"
         t.add_row(r["run_id"], r["record"], r["started"], r["from"], changed, r["outcome"])
     return t
-
-
-# ---- rerun -----------------------------------------------------------------------------------------------
-
-
-def _inputs_here(cfg: Config) -> dict[str, str] | None:
-    """Where the trainer finds DATASET and TOKENIZER on this machine: builtin -> the asset cache the
-    trainer makes (fsdptrain.assets), a path it sees -> where that is here; None where its files are
-    not here."""
-    from fsdptrain.assets import default_cache
-    from fsdptrain.config import BUILTIN
-
-    be = backends.create(cfg)
-    builtin = {
-        "dataset": default_cache() / "corpus.txt",
-        "tokenizer": default_cache() / "tokenizer",
-    }
-    t = cfg.training
-    values = {"dataset": t.dataset, "tokenizer": t.tokenizer_path}
-    here = {k: be.here(str(builtin[k]) if v == BUILTIN else v) for k, v in values.items()}
-    return None if None in here.values() else {k: str(v) for k, v in here.items()}
-
-
-def _drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
-    """(what differs from the record, what could not be checked here)."""
-    from fsdpctl import record
-    from fsdpctl.adapters.git import code_version
-    from fsdptrain.fingerprint import fingerprint
-
-    unchecked = []
-    data: dict[str, dict[str, Any] | None] = {}
-    if not rec.get("trainer"):
-        unchecked.append(
-            "data: the recorded run never reported its data (no start line): not compared"
-        )
-    elif (inputs := _inputs_here(cfg)) is not None:
-        data = {k: fingerprint(rec["trainer"][k]["source"], p) for k, p in inputs.items()}
-    else:
-        unchecked.append(
-            "data: the cluster's volume cannot be read from here: the new run's start line records it "
-            "(compare with `fsdpctl job diff`)"
-        )
-    if rec.get("image"):
-        unchecked.append(
-            "image: the digest of a tag is known once a pod pulled it; `fsdpctl job diff` compares them after"
-        )
-    return record.drift(rec, code=code_version(), data=data), unchecked
 
 
 def _settings_for(
@@ -386,7 +267,7 @@ def rerun(
     got = load_record(ctx, name, backend)
     run_id = jobpolicy.new_run_id(got.rec["job"])
     cfg = _settings_for(ctx, got.rec, _rerun_start(ctx, got.rec, run_id), "job rerun")
-    drifted, unchecked = _drift(got.rec, cfg)
+    drifted, unchecked = drift(got.rec, cfg)
     if drifted and not allow_drift:
         raise BadInput(
             f"record {got.rec['id']} no longer matches: " + "; ".join(drifted),
@@ -451,10 +332,10 @@ def resume(
     Example: fsdpctl job resume fsdp -d
     """
     got = load_record(ctx, name, backend)
-    rec = _main_line(got.rec) if name is None or name == got.rec["job"] else got.rec
+    rec = main_line(got.rec) if name is None or name == got.rec["job"] else got.rec
     cfg = _settings_for(ctx, rec, {"RESUME": "auto"}, "job resume")
     admit(cfg, force=force)
-    _has_a_checkpoint(cfg)
+    has_a_checkpoint(cfg)
     job_view.launch(
         backends.create(cfg),
         run_id=None,
@@ -464,34 +345,6 @@ def resume(
         output=output,
         said=f", resumed with the settings of record {rec['id']}",
     )
-
-
-def _main_line(rec: dict[str, Any]) -> dict[str, Any]:
-    """For a job named by its name: the newest run that kept its checkpoints in the job's own
-    directory (a rerun keeps its own: `job resume RUN_ID` continues that one)."""
-    from fsdpctl import record_store
-
-    if not rec["settings"].get("CHECKPOINT_SUBDIR"):
-        return rec
-    own = [r for r in record_store.of_job(rec["job"]) if not r["settings"].get("CHECKPOINT_SUBDIR")]
-    return own[-1] if own else rec
-
-
-def _has_a_checkpoint(cfg: Config) -> None:
-    """A job with nothing to resume is refused (exit 2) where its checkpoints are on this machine:
-    `job run` starts it. On a cluster the volume is the pods' to read: the trainer starts afresh
-    there when it finds none, and says so."""
-    from fsdpctl import jobpolicy
-    from fsdptrain.resume import latest_checkpoint
-
-    where = backends.create(cfg).here(jobpolicy.checkpoint_dir(cfg, cfg.job_name))
-    if where is None:
-        return
-    if latest_checkpoint(Path(where)) is None:
-        raise BadInput(
-            f"job {cfg.job_name} has no checkpoint to resume in {where}",
-            hint=f"`fsdpctl job run` starts it; `fsdpctl job history {cfg.job_name}` shows its runs",
-        )
 
 
 # ---- diff ------------------------------------------------------------------------------------------------
