@@ -153,3 +153,17 @@ def test_the_kubernetes_manifests_are_a_rendering_of_the_job_spec(
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert {mounts[claims[c]]: c for c in claims} == dict(spec.storage.mounts)
     assert spec.storage.on_a_claim(spec.storage.checkpoints) == bool(spec.storage.mounts)
+
+
+def test_a_place_without_services_points_the_rendezvous_at_its_own_first_node():
+    """torchrun takes the rendezvous endpoint as one argument (torch/distributed/run.py,
+    --rdzv-endpoint); `command_at` replaces exactly that one and keeps every other."""
+    spec = jobspec.build(load(flags={"BACKEND": "eks", "JOB_NODES": "2"}), "run-1")
+    moved = spec.command_at("node-a:29400")
+    changed = [(a, b) for a, b in zip(spec.command, moved, strict=True) if a != b]
+    assert changed == [
+        (
+            f"--rdzv-endpoint={spec.rendezvous.host}:{spec.rendezvous.port}",
+            "--rdzv-endpoint=node-a:29400",
+        )
+    ]

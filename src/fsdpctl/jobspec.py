@@ -117,6 +117,13 @@ class JobSpec:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    def command_at(self, endpoint: str) -> tuple[str, ...]:
+        """`command` with torchrun's rendezvous at `endpoint` (host:port): for a place that knows its
+        first node's address only when the job runs (a Slurm allocation's first host), where the
+        Kubernetes rendering names worker 0's Service."""
+        flag = "--rdzv-endpoint="
+        return tuple(f"{flag}{endpoint}" if arg.startswith(flag) else arg for arg in self.command)
+
 
 def storage(cfg: Config) -> Storage:
     """Where the job's files go (`render` decides each path; this is the one place they are
