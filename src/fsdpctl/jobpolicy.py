@@ -239,12 +239,9 @@ def rdzv_conf(cfg: Config) -> list[tuple[str, str]]:
 
 
 def backoff_limit(cfg: Config) -> int:
-    """runPolicy.backoffLimit. The operator compares it with the SUM of container restarts over the
-    job's running pods (Training Operator v1.9.4 pkg/core/job.go, PastBackoffLimit), so one
-    coordinated restart of every pod costs JOB_NODES: MAX_RESTARTS job-level restarts cost
-    MAX_RESTARTS x JOB_NODES. Under restartPolicy ExitCode pods never restart in place (the operator
-    recreates them), and 0 makes the first failed pod fail the job (pkg/controller.v1/common/job.go:
-    exceedsBackoffLimit)."""
+    """runPolicy.backoffLimit: MAX_RESTARTS restarts of every node, as the operator sums restarts
+    over the job's pods; 0 fails the job at its first failed pod.
+    Training Operator v1.9.4 pkg/core/job.go PastBackoffLimit, common/job.go exceedsBackoffLimit."""
     return cfg.max_restarts * cfg.job_nodes
 
 

@@ -325,11 +325,8 @@ def end_wait(name: str, phase: str) -> None:
 
 
 def plain(data: Any) -> Any:
-    """`data` as a document may carry it: every string masked (redact_obj) and every float that is
-    not a number (NaN, inf: a run with no step, a diverged loss) as null. Python's json writes them
-    as `NaN`, which is not JSON (RFC 8259 section 6: "Numeric values that cannot be represented ...
-    such as Infinity and NaN are not permitted"), and strict parsers (jq, JSON.parse, Go's
-    encoding/json) refuse it."""
+    """`data` masked (redact_obj), with NaN and inf as null: jq and JSON.parse refuse Python's NaN.
+    RFC 8259 section 6: "Infinity and NaN are not permitted"."""
     return _finite(redact_obj(data))
 
 

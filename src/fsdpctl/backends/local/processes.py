@@ -287,12 +287,9 @@ def flock(fd: int, wait_s: float) -> bool:
 
 
 def pod_mark(spec: dict, node: int, job_dir: str | None = None) -> str:
-    """Which pod a process belongs to: every process of node N's launcher inherits it in its
-    environment, torchrun's workers too, though torchrun starts them in sessions of their own. It
-    stands in for the container's cgroup, by which the runtime finds every process of a container it
-    stops. It begins with the job's directory where the supervisor has one (its JOB_MARK), so that
-    cutting node 0 of a job in one FSDPCTL_HOME never kills node 0 of a job of the same name in
-    another (two users, two test workers)."""
+    """Which pod a process belongs to, inherited by every process of node N's launcher: the local
+    stand-in for the container's cgroup. It starts with the job's directory (JOB_MARK), so a job of
+    the same name in another FSDPCTL_HOME is never touched."""
     return f"{job_dir or spec['job']}/{spec['run_id']}/node-{node}"
 
 
