@@ -11,7 +11,7 @@ import threading
 from conftest import SHARED
 from fsdpctl import render
 from fsdpctl.adapters.kube import Kube
-from fsdpctl.backends.eks import engine as kjobs
+from fsdpctl.backends.eks import engine
 from fsdpctl.settings import load
 from kube_peer import Peer, documents, wait_for
 
@@ -57,7 +57,7 @@ def test_stop_waits_until_the_jobs_pods_are_gone(tmp_path):
 
         stopped: list[bool] = []
         stopper = threading.Thread(
-            target=lambda: stopped.append(kjobs.stop(k, cfg, "fsdp", timeout=30))
+            target=lambda: stopped.append(engine.stop(k, cfg, "fsdp", timeout=30))
         )
         stopper.start()
         wait_for(lambda: all(p["metadata"].get("deletionTimestamp") for p in peer.objects("pods")))

@@ -292,14 +292,14 @@ def test_a_rerun_of_a_run_that_never_said_where_it_started_is_refused(cli):
 
 
 def test_job_resume_continues_the_jobs_own_line_not_a_rerun(cli):
-    from fsdpctl.cli import job_record_cmd
+    from fsdpctl.cli import record_reading
 
     own = _plant_record(cli.home, "fsdp", "fsdp-a", {"MAX_STEPS": "30"}, 1.0)
     rerun = _plant_record(
         cli.home, "fsdp", "fsdp-b", {"MAX_STEPS": "30", "CHECKPOINT_SUBDIR": "reruns/b"}, 2.0
     )
-    assert job_record_cmd._main_line(rerun)["run_id"] == own["run_id"]
-    assert job_record_cmd._main_line(own) is own
+    assert record_reading.main_line(rerun)["run_id"] == own["run_id"]
+    assert record_reading.main_line(own) is own
 
 
 # ---- 3. JSON carries no NaN ----------------------------------------------------------------------------

@@ -18,8 +18,7 @@ from fsdpctl import (
     render,
 )
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
-from fsdpctl.backends.eks import api, configmap, observe
-from fsdpctl.backends.eks import engine as kjobs
+from fsdpctl.backends.eks import api, configmap, engine, observe
 from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.hf_token import secret_env
 from fsdpctl.progress import run_outcome
@@ -60,7 +59,7 @@ class EksBackend:
         token = secret_env(cfg).get("HF_TOKEN", "")
         run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
         rec = None if server_dry_run else record_store.new(cfg, run_id)
-        started = kjobs.run(
+        started = engine.run(
             self.kube,
             cfg,
             run_id=run_id,
@@ -202,7 +201,7 @@ class EksBackend:
             say(
                 f"deleting {job['kind']} {name}: waiting for its pods to checkpoint and end (foreground)"
             )
-        kjobs.stop(self.kube, self.cfg, name, wait=wait)
+        engine.stop(self.kube, self.cfg, name, wait=wait)
         return f"job {name}: {'stopped and deleted' if wait else 'stopping'}"
 
     def interrupt(self, name: str) -> Report | None:
@@ -215,7 +214,7 @@ class EksBackend:
         return [{**r, "labels": {**r["labels"], "fsdpctl.io/backend": "eks"}} for r in rows]
 
     def wait(self, name: str, timeout: float | None) -> Waited:
-        return kjobs.wait(self.kube, self.cfg, name, timeout)
+        return engine.wait(self.kube, self.cfg, name, timeout)
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
-        return kjobs.cleanup(self.kube, self.cfg, checkpoints=checkpoints, dry_run=dry_run)
+        return engine.cleanup(self.kube, self.cfg, checkpoints=checkpoints, dry_run=dry_run)
