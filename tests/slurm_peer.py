@@ -369,6 +369,22 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
 
 
+def _name_nodes_first(cluster: Cluster) -> None:
+    """Each node's hosts file (`ip netns exec` binds /etc/netns/<ns>/hosts over /etc/hosts) with the nodes'
+    names before this machine's: a node's address then reverse-resolves to its own name, as on a cluster
+    whose nodes are named in DNS or /etc/hosts. torchrun's c10d rendezvous seats each node under
+    socket.getfqdn() unless --local-addr is given (torch/distributed/elastic/rendezvous/
+    dynamic_rendezvous.py, _NodeDescGenerator.generate), and rank 0's is the workers' master_addr; with
+    this machine's name first, every node said `vm`, which on the other nodes resolves to themselves."""
+    for node in range(cluster.net.nodes):
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{cluster.net.address(n)} {name}" for n, name in enumerate(cluster.names)]
+        lines.append(f"{cluster.net.address(node)} {socket.gethostname()}")
+        (netns.ETC_NETNS / cluster.net.namespace(node) / "hosts").write_text(
+            "\n".join(lines) + "\n"
+        )
+
+
 @contextmanager
 def running(root: Path, nodes: int = 2) -> Iterator[Cluster]:
     """A cluster of `nodes` simulated nodes, all idle; on exit its daemons are stopped and its
@@ -381,6 +397,7 @@ def running(root: Path, nodes: int = 2) -> Iterator[Cluster]:
     net = netns.claim("slurm", nodes, {f"node{n}": n for n in range(nodes)})
     cluster = Cluster(root, net, munge_dir, _free_port())
     try:
+        _name_nodes_first(cluster)
         _write_conf(cluster)
         cluster._start()
         yield cluster

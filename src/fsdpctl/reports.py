@@ -109,6 +109,9 @@ class Report(Progress):
     network_warning: NotRequired[str | None]
     gpu_nodes: NotRequired[list[dict[str, Any]] | None]
     interrupted: NotRequired[bool]  # Ctrl-C ended the follow
+    scheduler_job: NotRequired[
+        dict[str, Any]
+    ]  # the job in a batch scheduler: its id, state, nodes (Slurm)
 
 
 def is_final(phase: str | None) -> bool:

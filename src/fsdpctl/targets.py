@@ -37,6 +37,9 @@ class Target:
     # what Ctrl-C does to a followed job
     interrupt: str
     where: str  # for `--backend` help: where the job runs
+    # "module:function" (cfg, run_id) -> the text `fsdpctl manifest` prints, for a place that renders the
+    # job as something other than Kubernetes objects (a batch script); "" for those objects
+    manifest: str = ""
 
 
 TARGETS = {
@@ -61,6 +64,19 @@ TARGETS = {
             image=True,
             interrupt="detaching",
             where="the cluster",
+        ),
+        # a Slurm cluster of the same GPU nodes (HyperPod, ParallelCluster); its shared file system is
+        # mounted where fsdpctl runs, at the path the nodes see it, and it keeps no run record of its own
+        Target(
+            "slurm",
+            "fsdpctl.backends.slurm.backend:SlurmBackend",
+            gpus=True,
+            kubernetes=False,
+            on_this_machine=False,
+            image=False,
+            interrupt="detaching",
+            where="a Slurm cluster (sbatch)",
+            manifest="fsdpctl.backends.slurm.script:manifest",
         ),
     )
 }

@@ -234,6 +234,26 @@ class Settings(BaseModel):
         "where pods mount SHARED_VOLUME",
         pattern=r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
     )
+    slurm_python: str = _k(
+        "python3",
+        "job",
+        "Slurm: the Python on the nodes that has fsdptrain (a virtual environment on the shared file system; "
+        "inside SLURM_CONTAINER_IMAGE: its python)",
+        pattern=r"^[A-Za-z0-9._/+-]+$",
+    )
+    slurm_container_image: str = _k(
+        "",
+        "job",
+        "Slurm: the trainer's container through pyxis/enroot (srun --container-image: a .sqsh file or "
+        "docker://...); empty: SLURM_PYTHON on the nodes themselves",
+        pattern=r"^([A-Za-z0-9._/:@#+-]+)?$",
+    )
+    slurm_partition: str = _k(
+        "",
+        "job",
+        "Slurm: the partition (sbatch --partition; empty: the cluster's default)",
+        pattern=r"^([A-Za-z0-9._-]+)?$",
+    )
     fsx_file_system_id: str = _k(
         "",
         "job",

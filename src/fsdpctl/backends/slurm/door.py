@@ -1,0 +1,61 @@
+"""The door to Slurm's client commands (sbatch, scontrol, scancel) through `fsdpctl.adapters.shell`: each
+call bounded by REQUEST_TIMEOUT (a slurmctld that does not answer is named, never waited on forever), each
+refusal one line with Slurm's own words. They find the cluster as a user's shell does (SLURM_CONF, or
+/etc/slurm/slurm.conf; `scontrol ping` answers for it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdpctl.adapters import shell
+from fsdpctl.backends.slurm import states
+from fsdpctl.errors import FsdpctlError
+
+HINT = "is slurmctld up? `scontrol ping` and `sinfo` say; SLURM_CONF names the cluster's slurm.conf"
+
+
+@dataclass(frozen=True)
+class Slurm:
+    timeout: float  # REQUEST_TIMEOUT: per command
+
+    def _call(self, *argv: str, env: dict[str, str] | None = None) -> shell.Captured:
+        got = shell.capture(list(argv), timeout=max(self.timeout, 5.0), env=env)
+        if got.rc != 0:
+            said = (got.stderr or got.stdout).strip().splitlines()
+            raise FsdpctlError(
+                f"`{' '.join(argv[:2])}` failed: {said[-1] if said else f'exit {got.rc}'}",
+                hint=HINT,
+            )
+        return got
+
+    def submit(self, script: str, env: dict[str, str] | None = None) -> int:
+        """sbatch --parsable prints `jobid[;cluster]` (sbatch(1) --parsable)."""
+        out = self._call("sbatch", "--parsable", script, env=env).stdout.strip()
+        try:
+            return int(out.split(";")[0])
+        except ValueError:
+            raise FsdpctlError(f"sbatch printed {out[:80]!r}, not a job id", hint=HINT) from None
+
+    def job(self, job_id: int) -> dict[str, str] | None:
+        """The job's `scontrol -o show job` record; None once slurmctld has forgotten it (MinJobAge after its
+        end: "Invalid job id specified")."""
+        got = shell.capture(
+            ["scontrol", "-o", "show", "job", str(job_id)], timeout=max(self.timeout, 5.0)
+        )
+        if got.rc != 0:
+            if "Invalid job id" in got.stderr:
+                return None
+            said = got.stderr.strip().splitlines()
+            raise FsdpctlError(
+                f"`scontrol show job {job_id}` failed: {said[-1] if said else got.rc}", hint=HINT
+            )
+        line = next((x for x in got.stdout.splitlines() if x.startswith("JobId=")), "")
+        return states.parse_record(line) if line else None
+
+    def signal(self, job_id: int, sig: str = "TERM") -> None:
+        """scancel --signal: the job's steps get it, not the batch shell (scancel(1) --batch, --full), so the
+        trainers checkpoint and end, then the script does."""
+        self._call("scancel", f"--signal={sig}", str(job_id))
+
+    def cancel(self, job_id: int) -> None:
+        self._call("scancel", str(job_id))
