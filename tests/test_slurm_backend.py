@@ -455,7 +455,8 @@ def test_a_two_node_job_trains_requeues_after_a_node_failure_resumes_and_stops(t
        equal the reference; `job wait` exits 0.
     3. A third job is stopped mid-run (`job stop`: the stop file, then scancel --signal=TERM to its steps,
        scancel.1): the trainer writes its stop checkpoint, the job ends Stopped, `job wait` exits 6, and
-       `job list -o json` shows all three."""
+       `job list -o json` shows all three; `job describe -o json` gives the killed job's run record with what
+       its trainer said at start."""
     with slurm_peer.running(tmp_path / "cluster", nodes=3) as cluster:
         ref = _env(cluster, tmp_path, "ref")
         ran = fsdpctl("job", "run", env=ref, timeout=400)
@@ -468,12 +469,12 @@ def test_a_two_node_job_trains_requeues_after_a_node_failure_resumes_and_stops(t
         _until("step 12", lambda: _leader_step(env) >= 12)
         first = _status(env)
         assert (first["phase"], first["nodes"], first["restarts"]) == ("Running", 2, 0)
-        nodes = cluster.hostnames(first["node_list"])
+        nodes = cluster.hostnames(first["scheduler_job"]["nodes"])
         lines = fsdpctl("job", "logs", "--all", "-o", "json", env=env).stdout.splitlines()
         assert {json.loads(x)["node"] for x in lines} == {"node-0", "node-1"}
         victim = cluster.names.index(nodes[1])
         cluster.kill_node(victim)
-        job_id = first["slurm_job"]
+        job_id = first["scheduler_job"]["id"]
         _until(
             "the requeue",
             lambda: (
@@ -487,7 +488,7 @@ def test_a_two_node_job_trains_requeues_after_a_node_failure_resumes_and_stops(t
         waited = fsdpctl("job", "wait", "--timeout", "300", env=env, timeout=330)
         final = _status(env)
         assert waited.returncode == 0 and final["phase"] == "Succeeded", (final, waited.stderr)
-        assert nodes[1] not in cluster.hostnames(final["node_list"])  # ran again on healthy nodes
+        assert nodes[1] not in cluster.hostnames(final["scheduler_job"]["nodes"])  # on healthy nodes
         resumed_at = final["summary"]["start_step"]
         assert resumed_at in (10, 20), final["summary"]
         text = fsdpctl("job", "logs", env=env).stdout
@@ -497,6 +498,11 @@ def test_a_two_node_job_trains_requeues_after_a_node_failure_resumes_and_stops(t
         got = _losses(env)
         for step in range(1, 41):
             assert got[step] == pytest.approx(reference[step], abs=1e-6), step
+        described = fsdpctl("job", "describe", "-o", "json", env=env)
+        assert described.returncode == 0, described.stderr
+        rec = json.loads(described.stdout)
+        assert (rec["backend"], rec["run_id"]) == ("slurm", final["run_id"])
+        assert rec["trainer"], rec  # the trainer's start line, learnt from the leader's log (run_lines)
         batch = next((tmp_path / "fsx/fsdpctl/slurm/killed").glob("*/batch.log")).read_text()
         assert re.search(r"start 0 on node\d", batch) and re.search(r"start 1 on node\d", batch)
 
