@@ -192,8 +192,9 @@ def test_the_script_runs_one_torchrun_task_per_node_with_the_pods_environment(
 
 def test_a_requeue_beyond_max_restarts_ends_the_job_before_any_trainer_starts(tmp_path):
     """A requeued job runs the script again "from its beginning" (sbatch.1 --requeue) with
-    SLURM_RESTART_COUNT set; Slurm's own bound is the cluster's MaxBatchRequeue (slurm.conf.5), so the
-    script bounds it at MAX_RESTARTS: restart 2 of MAX_RESTARTS=2 still trains, restart 3 exits 1 before
+    SLURM_RESTART_COUNT set; Slurm 22.05's own bound is MAX_BATCH_REQUEUE, 5, compiled in (src/slurmctld/
+    slurmctld.h; job_mgr.c holds the job with reason JobHoldMaxRequeue past it), so the script bounds it at
+    MAX_RESTARTS: restart 2 of MAX_RESTARTS=2 still trains, restart 3 exits 1 before
     srun, naming the setting."""
     cfg = cfg_of(MAX_RESTARTS="2", SHARED_VOLUME_PATH=str(tmp_path / "fsx"))
     text = script.render_script(cfg, "fsdp-r1")

@@ -50,6 +50,7 @@ REASONS = {
     "DependencyNeverSatisfied": "depends on a job that will never satisfy it: cancel it",
     "JobHeldUser": "held by its user: `scontrol release <id>` lets it start",
     "JobHeldAdmin": "held by an administrator",
+    "JobHoldMaxRequeue": "requeued more than slurmctld's MAX_BATCH_REQUEUE times, and held",
     "NodeDown": "a node the job needs is DOWN",
     "PartitionDown": "its partition is DOWN",
     "PartitionInactive": "its partition is inactive",
