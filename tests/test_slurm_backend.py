@@ -1,12 +1,14 @@
-"""BACKEND=slurm (issue 32): the job as a Slurm batch script, submitted with sbatch and watched with scontrol.
+"""BACKEND=slurm (issue 32): the job as a Slurm batch script, submitted with sbatch and watched with
+scontrol.
 
 Fast tests read the rendered script against awsome-distributed-training's FSDP sbatch
-(3.test_cases/pytorch/FSDP/slurm/llama2_7b-training.sbatch at 7217859f, "awsome" below) and Slurm 22.05's own
-documentation and source (SchedMD/slurm, tag slurm-22-05-8-1: doc/man/man1/sbatch.1, srun.1, squeue.1,
-scancel.1), run it with real bash and a recording `srun` in place of Slurm's, and read `scontrol -o show job`
-records captured from the real peer (tests/slurm_scontrol_22.05.json: Debian slurm-wlm 22.05.8, the
-tests/slurm_peer.py cluster). The one slow test runs the whole job under that peer: real slurmctld, one slurmd
-per simulated node in its own network and UTS namespace, the real trainer on CPU across two nodes.
+(3.test_cases/pytorch/FSDP/slurm/llama2_7b-training.sbatch at 7217859f, "awsome" below) and Slurm
+22.05's own documentation and source (SchedMD/slurm, tag slurm-22-05-8-1: doc/man/man1/sbatch.1,
+srun.1, squeue.1, scancel.1), run it with real bash and a recording `srun` in place of Slurm's, and
+read `scontrol -o show job` records captured from the real peer (tests/slurm_scontrol_22.05.json:
+Debian slurm-wlm 22.05.8, the tests/slurm_peer.py cluster). The one slow test runs the whole job
+under that peer: real slurmctld, one slurmd per simulated node in its own network and UTS namespace,
+the real trainer on CPU across two nodes.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def directives(text: str) -> list[str]:
 def run_script(
     tmp_path: Path, text: str, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    """The script under real bash, as slurmstepd starts it on the first node (sbatch(1): "a single copy of
-    the batch script on the first node"), with Slurm's output environment and srun recording its call."""
+    """The script under real bash, as slurmstepd starts it on the first node (sbatch(1): "a single
+    copy of the batch script on the first node"), with Slurm's output environment and srun recording
+    its call."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(SRUN)
@@ -112,11 +115,11 @@ def test_the_p5_script_reads_like_awsome_fsdp_sbatch():
 
 
 def test_a_container_image_goes_to_pyxis_and_hyperpod_gets_auto_resume():
-    """awsome: `srun ${AUTO_RESUME} -l --container-image $CONTAINER_IMAGE --container-mounts $FSX_MOUNT`
-    (pyxis's options, NVIDIA/pyxis README), AUTO_RESUME="--auto-resume=1" only `if [ -d
-    "/opt/sagemaker_cluster" ]` (SageMaker HyperPod's resiliency: "srun --auto-resume=1", AWS HyperPod
-    docs). The shared file system is mounted at the same path inside the container. Debian's Slurm has
-    neither pyxis nor --auto-resume, so these are read as the script's words."""
+    """awsome: `srun ${AUTO_RESUME} -l --container-image $CONTAINER_IMAGE --container-mounts
+    $FSX_MOUNT` (pyxis's options, NVIDIA/pyxis README), AUTO_RESUME="--auto-resume=1" only `if [ -d
+    "/opt/sagemaker_cluster" ]` (SageMaker HyperPod's resiliency: "srun --auto-resume=1", AWS
+    HyperPod docs). The shared file system is mounted at the same path inside the container.
+    Debian's Slurm has neither pyxis nor --auto-resume, so these are read as the script's words."""
     cfg = cfg_of(SLURM_CONTAINER_IMAGE="/fsx/pytorch-fsdp.sqsh", SHARED_VOLUME_PATH="/fsx")
     text = script.render_script(cfg, "fsdp-r1")
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
@@ -146,11 +149,12 @@ def test_the_script_runs_one_torchrun_task_per_node_with_the_pods_environment(
     tmp_path, nodes, gpus, restarts, name, token
 ):
     """Real bash runs the script with a recording srun: exactly one srun call, one task per node
-    (srun.1 --ntasks-per-node), each node's output in its own appended file (%n: "Node identifier relative
-    to current job"), the launcher's torchrun arguments with $head and the rendezvous id expanded
-    (SLURM_JOB_ID 77, SLURM_RESTART_COUNT unset on a first run: sbatch.1 OUTPUT ENVIRONMENT VARIABLES), and
-    the environment the EKS pod gets (script.trainer_env) exported to it. The HF token set as HF_TOKEN
-    is nowhere in the script (sbatch passes it from the submitting environment)."""
+    (srun.1 --ntasks-per-node), each node's output in its own appended file (%n: "Node identifier
+    relative to current job"), the launcher's torchrun arguments with $head and the rendezvous id
+    expanded (SLURM_JOB_ID 77, SLURM_RESTART_COUNT unset on a first run: sbatch.1 OUTPUT ENVIRONMENT
+    VARIABLES), and the environment the EKS pod gets (script.trainer_env) exported to it. The HF
+    token set as HF_TOKEN is nowhere in the script (sbatch passes it from the submitting
+    environment)."""
     shared = str(tmp_path / "fsx")
     flags = {
         "JOB_NODES": str(nodes),
@@ -192,10 +196,10 @@ def test_the_script_runs_one_torchrun_task_per_node_with_the_pods_environment(
 
 def test_a_requeue_beyond_max_restarts_ends_the_job_before_any_trainer_starts(tmp_path):
     """A requeued job runs the script again "from its beginning" (sbatch.1 --requeue) with
-    SLURM_RESTART_COUNT set; Slurm 22.05's own bound is MAX_BATCH_REQUEUE, 5, compiled in (src/slurmctld/
-    slurmctld.h; job_mgr.c holds the job with reason JobHoldMaxRequeue past it), so the script bounds it at
-    MAX_RESTARTS: restart 2 of MAX_RESTARTS=2 still trains, restart 3 exits 1 before
-    srun, naming the setting."""
+    SLURM_RESTART_COUNT set; Slurm 22.05's own bound is MAX_BATCH_REQUEUE, 5, compiled in
+    (src/slurmctld/ slurmctld.h; job_mgr.c holds the job with reason JobHoldMaxRequeue past it), so
+    the script bounds it at MAX_RESTARTS: restart 2 of MAX_RESTARTS=2 still trains, restart 3 exits
+    1 before srun, naming the setting."""
     cfg = cfg_of(MAX_RESTARTS="2", SHARED_VOLUME_PATH=str(tmp_path / "fsx"))
     text = script.render_script(cfg, "fsdp-r1")
     got, calls = run_script(tmp_path, text, SLURM_RESTART_COUNT="2")
@@ -237,15 +241,17 @@ def _other_value(key: str) -> str:
 )
 @given(keys=st.lists(st.sampled_from(MEANINGLESS), min_size=1, max_size=3, unique=True))
 def test_settings_that_mean_nothing_on_slurm_are_refused_with_one_line(cli, keys):
-    """Every Kubernetes-only or local-only setting, set away from its default, is refused by `manifest`
-    and `job run` with exit 2 and one line naming the key, its value and where it was set; nothing is
-    written (no run record, no Slurm job record). Each key alone reaches the Slurm refusal."""
+    """Every Kubernetes-only or local-only setting, set away from its default, is refused by
+    `manifest` and `job run` with exit 2 and one line naming the key, its value and where it was
+    set; nothing is written (no run record, no Slurm job record). Each key alone reaches the Slurm
+    refusal."""
     flags = [arg for key in keys for arg in ("--set", f"{key}={_other_value(key)}")]
     for verb in (["manifest"], ["job", "run"]):
         result = cli("--set", "BACKEND=slurm", *flags, *verb)
         assert result.exit_code == 2, result.output
         first = result.stderr.strip().splitlines()[0]
-        # a combination the settings refuse anyway (GANG_SCHEDULING without SCHEDULER_NAME) says so first
+        # a combination the settings refuse anyway (GANG_SCHEDULING without SCHEDULER_NAME) says so
+        # first
         assert any(first.startswith(f"error: {key}=") for key in keys), first
         assert "means nothing on Slurm" in first or "GANG_SCHEDULING" in keys, first
         if "means nothing" in first and len(keys) > 1:
@@ -269,8 +275,8 @@ def test_meaningless_keys_are_settings_with_defaults():
 
 
 def test_manifest_prints_the_script(cli):
-    """`fsdpctl manifest` on Slurm prints the batch script `job run` submits (same settings, same run id:
-    the same text); Kubernetes-only output options are refused."""
+    """`fsdpctl manifest` on Slurm prints the batch script `job run` submits (same settings, same
+    run id: the same text); Kubernetes-only output options are refused."""
     result = cli("--set", "BACKEND=slurm", "--set", "MODEL=tiny", "manifest", "--run-id", "fsdp-r9")
     assert result.exit_code == 0, result.output
     assert result.stdout == script.render_script(
@@ -298,10 +304,11 @@ def test_manifest_prints_the_script(cli):
 def test_records_captured_from_the_peer_read_as_phases_and_reasons_in_words(
     captured, phase, reason
 ):
-    """`scontrol -o show job` records of real jobs on the peer (slurm-wlm 22.05.8): JobState read as the
-    other backends' phases (squeue.1 JOB STATE CODES: CANCELLED "explicitly cancelled by the user", FAILED
-    "non-zero exit code or other failure condition"), Reason as squeue.1 JOB REASON CODES describe it,
-    ExitCode as code:signal (doc/html/job_exit_code.shtml: 3:0 for `exit 3`, 0:15 for scancel)."""
+    """`scontrol -o show job` records of real jobs on the peer (slurm-wlm 22.05.8): JobState read as
+    the other backends' phases (squeue.1 JOB STATE CODES: CANCELLED "explicitly cancelled by the
+    user", FAILED "non-zero exit code or other failure condition"), Reason as squeue.1 JOB REASON
+    CODES describe it, ExitCode as code:signal (doc/html/job_exit_code.shtml: 3:0 for `exit 3`, 0:15
+    for scancel)."""
     job = states.parse_record(CAPTURED[captured])
     assert states.phase(job, stop_requested=False) == phase
     assert states.reason_words(job["Reason"]).startswith(reason)
@@ -309,9 +316,10 @@ def test_records_captured_from_the_peer_read_as_phases_and_reasons_in_words(
 
 
 def test_a_requeued_job_is_restarting_and_a_stop_request_wins():
-    """A requeued job is PENDING again with Restarts>0 (scontrol show job `Requeue=1 Restarts=1`, seen on
-    the peer) or REQUEUED (squeue.1: "Completing job is being requeued"): Restarting. A job asked to stop
-    completes with exit 0 (the trainer's stop checkpoint), which is Stopped, not Succeeded."""
+    """A requeued job is PENDING again with Restarts>0 (scontrol show job `Requeue=1 Restarts=1`,
+    seen on the peer) or REQUEUED (squeue.1: "Completing job is being requeued"): Restarting. A job
+    asked to stop completes with exit 0 (the trainer's stop checkpoint), which is Stopped, not
+    Succeeded."""
     requeued = states.parse_record(CAPTURED["begin"].replace("Restarts=0", "Restarts=1"))
     assert states.phase(requeued, stop_requested=False) == "Restarting"
     assert states.phase({"JobState": "REQUEUED"}, stop_requested=False) == "Restarting"
@@ -489,7 +497,9 @@ def test_a_two_node_job_trains_requeues_after_a_node_failure_resumes_and_stops(t
         waited = fsdpctl("job", "wait", "--timeout", "300", env=env, timeout=330)
         final = _status(env)
         assert waited.returncode == 0 and final["phase"] == "Succeeded", (final, waited.stderr)
-        assert nodes[1] not in cluster.hostnames(final["scheduler_job"]["nodes"])  # on healthy nodes
+        assert nodes[1] not in cluster.hostnames(
+            final["scheduler_job"]["nodes"]
+        )  # on healthy nodes
         resumed_at = final["summary"]["start_step"]
         assert resumed_at in (10, 20), final["summary"]
         text = fsdpctl("job", "logs", env=env).stdout
@@ -503,7 +513,9 @@ def test_a_two_node_job_trains_requeues_after_a_node_failure_resumes_and_stops(t
         assert described.returncode == 0, described.stderr
         rec = json.loads(described.stdout)
         assert (rec["backend"], rec["run_id"]) == ("slurm", final["run_id"])
-        assert rec["trainer"], rec  # the trainer's start line, learnt from the leader's log (run_lines)
+        assert rec["trainer"], (
+            rec
+        )  # the trainer's start line, learnt from the leader's log (run_lines)
         batch = next((tmp_path / "fsx/fsdpctl/slurm/killed").glob("*/batch.log")).read_text()
         assert re.search(r"start 0 on node\d", batch) and re.search(r"start 1 on node\d", batch)
 

@@ -1,10 +1,12 @@
-"""The Slurm backend: the job's batch script (`script.render_script`) submitted with sbatch, watched with
-scontrol, stopped with scancel; the trainers' output in one file per node on the shared file system.
+"""The Slurm backend: the job's batch script (`script.render_script`) submitted with sbatch, watched
+with scontrol, stopped with scancel; the trainers' output in one file per node on the shared file
+system.
 
-fsdpctl runs where the cluster's client commands work and SHARED_VOLUME_PATH is mounted (a login or head
-node: HyperPod and ParallelCluster mount FSx there too), so it reads the logs itself. What it keeps here:
+fsdpctl runs where the cluster's client commands work and SHARED_VOLUME_PATH is mounted (a login or
+head node: HyperPod and ParallelCluster mount FSx there too), so it reads the logs itself. What it
+keeps here:
 
-    FSDPCTL_HOME/slurm/<job>.json    the job's current run: run id, Slurm job id, where its files are
+FSDPCTL_HOME/slurm/<job>.json    the job's current run: run id, Slurm job id, where its files are
 """
 
 from __future__ import annotations
@@ -249,9 +251,10 @@ class SlurmBackend:
     def stop(
         self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
     ) -> str:
-        """The stop request on the shared file system, then SIGTERM to the job's steps (scancel --signal):
-        the trainers finish their step, checkpoint and exit 0 (fsdptrain.disruption.pod_exit), so the job
-        COMPLETES, Stopped. A job with nothing running yet is cancelled."""
+        """The stop request on the shared file system, then SIGTERM to the job's steps (scancel
+        --signal): the trainers finish their step, checkpoint and exit 0
+        (fsdptrain.disruption.pod_exit), so the job COMPLETES, Stopped. A job with nothing running
+        yet is cancelled."""
         rec = self._record(name)
         job = self.slurm.job(rec["slurm_job"])
         phase = self._phase_of(rec, job)
@@ -291,8 +294,8 @@ class SlurmBackend:
         return phase
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
-        """Each ended job's record here and its run's files on the shared file system (script, logs); with
-        `checkpoints` its checkpoint directory too."""
+        """Each ended job's record here and its run's files on the shared file system (script,
+        logs); with `checkpoints` its checkpoint directory too."""
         removed = []
         for job in self.list_jobs():
             if job["phase"] not in FINAL:
@@ -331,8 +334,8 @@ def _record_ok(data: Any) -> bool:
 
 
 def _submit_env(cfg: Config) -> dict[str, str] | None:
-    """sbatch passes the submitting environment to the job (--export=ALL): the token set as HF_TOKEN goes
-    that way, never into the script."""
+    """sbatch passes the submitting environment to the job (--export=ALL): the token set as HF_TOKEN
+    goes that way, never into the script."""
     token = cfg.hf_token.get_secret_value()
     return {**os.environ, "HF_TOKEN": token} if token else None
 
@@ -365,7 +368,8 @@ def _phase_from_log(rec: dict[str, Any], stopping: bool) -> Phase:
 
 
 def _failure(job: dict[str, str], log: str) -> Failure:
-    """Why the job failed as Slurm says it: its exit code and signal (ExitCode=code:signal), its reason."""
+    """Why the job failed as Slurm says it: its exit code and signal (ExitCode=code:signal), its
+    reason."""
     code = states.exit_code(job)
     words = states.reason_words(job.get("Reason", ""))
     said = f"Slurm job state {job.get('JobState', 'unknown')}" + (f": {words}" if words else "")

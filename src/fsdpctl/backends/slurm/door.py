@@ -1,7 +1,7 @@
-"""The door to Slurm's client commands (sbatch, scontrol, scancel) through `fsdpctl.adapters.shell`: each
-call bounded by REQUEST_TIMEOUT (a slurmctld that does not answer is named, never waited on forever), each
-refusal one line with Slurm's own words. They find the cluster as a user's shell does (SLURM_CONF, or
-/etc/slurm/slurm.conf; `scontrol ping` answers for it)."""
+"""The door to Slurm's client commands (sbatch, scontrol, scancel) through `fsdpctl.adapters.shell`:
+each call bounded by REQUEST_TIMEOUT (a slurmctld that does not answer is named, never waited on
+forever), each refusal one line with Slurm's own words. They find the cluster as a user's shell does
+(SLURM_CONF, or /etc/slurm/slurm.conf; `scontrol ping` answers for it)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ class Slurm:
             raise FsdpctlError(f"sbatch printed {out[:80]!r}, not a job id", hint=HINT) from None
 
     def job(self, job_id: int) -> dict[str, str] | None:
-        """The job's `scontrol -o show job` record; None once slurmctld has forgotten it (MinJobAge after its
-        end: "Invalid job id specified")."""
+        """The job's `scontrol -o show job` record; None once slurmctld has forgotten it (MinJobAge
+        after its end: "Invalid job id specified")."""
         got = shell.capture(
             ["scontrol", "-o", "show", "job", str(job_id)], timeout=max(self.timeout, 5.0)
         )
@@ -53,8 +53,8 @@ class Slurm:
         return states.parse_record(line) if line else None
 
     def signal(self, job_id: int, sig: str = "TERM") -> None:
-        """scancel --signal: the job's steps get it, not the batch shell (scancel(1) --batch, --full), so the
-        trainers checkpoint and end, then the script does."""
+        """scancel --signal: the job's steps get it, not the batch shell (scancel(1) --batch,
+        --full), so the trainers checkpoint and end, then the script does."""
         self._call("scancel", f"--signal={sig}", str(job_id))
 
     def cancel(self, job_id: int) -> None:

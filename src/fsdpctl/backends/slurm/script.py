@@ -1,11 +1,12 @@
 """The job as a Slurm batch script (pure): what `sbatch` runs and `fsdpctl manifest` prints.
 
 The shape is awsome-distributed-training's FSDP sbatch (3.test_cases/pytorch/FSDP/slurm/
-llama2_7b-training.sbatch): one batch script on the first node of the allocation, one `srun` task per node
-running torchrun with a c10d rendezvous hosted on that first node, the rendezvous id from the job id, the
-pyxis container options when there is an image, and `--auto-resume=1` on a SageMaker HyperPod cluster. What
-the trainer gets is what the EKS pods get (`render.pod_env`: EFA/NCCL, checkpoint directory, stop timing),
-with the paths a pod would see on the claim read on the shared file system at SHARED_VOLUME_PATH instead.
+llama2_7b-training.sbatch): one batch script on the first node of the allocation, one `srun` task
+per node running torchrun with a c10d rendezvous hosted on that first node, the rendezvous id from
+the job id, the pyxis container options when there is an image, and `--auto-resume=1` on a SageMaker
+HyperPod cluster. What the trainer gets is what the EKS pods get (`render.pod_env`: EFA/NCCL,
+checkpoint directory, stop timing), with the paths a pod would see on the claim read on the shared
+file system at SHARED_VOLUME_PATH instead.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from fsdpctl.jobspec import JobSpec
 from fsdpctl.settings import Config, Settings
 from fsdptrain import disruption
 
-HYPERPOD_MARK = "/opt/sagemaker_cluster"  # awsome's test for a HyperPod cluster: `[ -d /opt/sagemaker_cluster ]`
+# awsome's test for a SageMaker HyperPod cluster: `[ -d "/opt/sagemaker_cluster" ]`
+HYPERPOD_MARK = "/opt/sagemaker_cluster"
 C10D_PORT = render.C10D_PORT  # torchrun's c10d default (awsome's endpoint names no port)
 
 
 @dataclass(frozen=True)
 class Paths:
-    """Where a run's files are on the shared file system (the same path on every node and, for the CLI,
-    on the machine that submits: a login node mounts it too)."""
+    """Where a run's files are on the shared file system (the same path on every node and, for the
+    CLI, on the machine that submits: a login node mounts it too)."""
 
     root: str  # SHARED_VOLUME_PATH/fsdpctl/slurm/<job>/<run id>
 
@@ -87,10 +89,10 @@ def paths(cfg: Config, run_id: str) -> Paths:
 
 
 def trainer_env(spec: JobSpec, cfg: Config) -> dict[str, str]:
-    """The job spec's environment (what the EKS pods get: EFA/NCCL, stop timing, checkpoint directory,
-    the start budget) with the pod-only parts replaced: the stop request is a file on the shared file
-    system, and the pre-step's marker is waited for only when the batch script downloads (a Slurm cluster's
-    file system needs no preparation)."""
+    """The job spec's environment (what the EKS pods get: EFA/NCCL, stop timing, checkpoint
+    directory, the start budget) with the pod-only parts replaced: the stop request is a file on the
+    shared file system, and the pre-step's marker is waited for only when the batch script downloads
+    (a Slurm cluster's file system needs no preparation)."""
     run_env = dict(spec.run_env)
     if not prestep.downloads(cfg):
         run_env = {
@@ -105,7 +107,8 @@ def trainer_env(spec: JobSpec, cfg: Config) -> dict[str, str]:
 
 def sbatch_options(spec: JobSpec, cfg: Config) -> list[str]:
     """The #SBATCH lines' options (sbatch(1)). One task per node: torchrun starts the node's processes.
-    --open-mode=append: a requeued job's output would otherwise be truncated (sbatch(1) --open-mode)."""
+    --open-mode=append: a requeued job's output would otherwise be truncated (sbatch(1) --open-mode).
+    """
     opts = [
         f"--job-name={spec.name}",
         f"--nodes={spec.nodes}",
@@ -113,8 +116,10 @@ def sbatch_options(spec: JobSpec, cfg: Config) -> list[str]:
         "--exclusive",
         f"--output={paths(cfg, spec.run_id).batch_log}",
         "--open-mode=append",
-        f"--comment=fsdpctl-run:{spec.run_id}",  # one word: sbatch splits a directive line at spaces
-        # requeue after a node failure (sbatch(1) --requeue), as often as MAX_RESTARTS lets the script run
+        # one word: sbatch splits a directive line at spaces
+        f"--comment=fsdpctl-run:{spec.run_id}",
+        # requeue after a node failure (sbatch(1) --requeue), as often as MAX_RESTARTS lets the
+        # script run
         "--requeue" if spec.restart.max_restarts > 0 else "--no-requeue",
     ]
     if cfg.slurm_partition:
@@ -138,9 +143,10 @@ def torchrun_args(spec: JobSpec) -> list[str]:
 
 
 def srun_options(spec: JobSpec, cfg: Config) -> list[str]:
-    """srun(1): a task per node, each node's output in its own file (%n: the node's index in the job),
-    appended across requeues; the step ends when one task fails (--kill-on-bad-exit) rather than leaving
-    the others waiting on collectives; pyxis's --container-image/--container-mounts with an image."""
+    """srun(1): a task per node, each node's output in its own file (%n: the node's index in the
+    job), appended across requeues; the step ends when one task fails (--kill-on-bad-exit) rather
+    than leaving the others waiting on collectives; pyxis's --container-image/--container-mounts
+    with an image."""
     opts = [
         f"--nodes={spec.nodes}",
         "--ntasks-per-node=1",
@@ -163,9 +169,10 @@ def _q(word: str) -> str:
 
 
 def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
-    """The job spec (`jobspec.build`, as every backend starts from) as the whole batch script; BadInput
-    naming the first setting Slurm cannot honour (`refusals`). Values are shell-quoted; the HF token never
-    appears (HF_TOKEN_FILE's path does, or sbatch passes HF_TOKEN from the submitting environment)."""
+    """The job spec (`jobspec.build`, as every backend starts from) as the whole batch script;
+    BadInput naming the first setting Slurm cannot honour (`refusals`). Values are shell-quoted; the
+    HF token never appears (HF_TOKEN_FILE's path does, or sbatch passes HF_TOKEN from the submitting
+    environment)."""
     if problems := refusals(cfg):
         more = (
             f"{len(problems) - 1} more such setting(s) after this one"
@@ -217,5 +224,6 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
 
 
 def manifest(cfg: Config, run_id: str) -> str:
-    """What `fsdpctl manifest` prints on Slurm (targets.Target.manifest): the script `job run` submits."""
+    """What `fsdpctl manifest` prints on Slurm (targets.Target.manifest): the script `job run`
+    submits."""
     return render_script(cfg, run_id)

@@ -1,7 +1,7 @@
-"""What Slurm says of a job, in fsdpctl's terms (pure): `scontrol -o show job` records parsed, job states as
-phases, pending reasons in words. Sources: Slurm 22.05 (SchedMD/slurm, tag slurm-22-05-8-1)
-doc/man/man1/squeue.1 "JOB STATE CODES" and "JOB REASON CODES", src/common/slurm_protocol_defs.c
-(job_state_string, job_reason_string)."""
+"""What Slurm says of a job, in fsdpctl's terms (pure): `scontrol -o show job` records parsed, job
+states as phases, pending reasons in words. Sources: Slurm 22.05 (SchedMD/slurm, tag
+slurm-22-05-8-1) doc/man/man1/squeue.1 "JOB STATE CODES" and "JOB REASON CODES",
+src/common/slurm_protocol_defs.c (job_state_string, job_reason_string)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ PHASES: dict[str, Phase] = {
     "PENDING": Phase.PENDING,
     "CONFIGURING": Phase.PENDING,  # allocated, nodes booting (HyperPod, cloud nodes)
     "RUNNING": Phase.RUNNING,
-    "COMPLETING": Phase.RUNNING,  # some processes still active; the state that follows says how it ended
+    # some processes still active; the state that follows says how it ended
+    "COMPLETING": Phase.RUNNING,
     "SIGNALING": Phase.RUNNING,
     "STAGE_OUT": Phase.RUNNING,
     "RESIZING": Phase.RUNNING,
@@ -75,16 +76,17 @@ _LIMIT = re.compile(r"^(Assoc|QOS)(Grp|Max)?\w*(Limit|Threshold)$")
 
 
 def parse_record(line: str) -> dict[str, str]:
-    """One `scontrol -o show job` record: `Key=value` fields separated by spaces, where a value may itself
-    hold spaces (a Reason's free text, a Command's arguments): a field starts at ` Key=`."""
+    """One `scontrol -o show job` record: `Key=value` fields separated by spaces, where a value may
+    itself hold spaces (a Reason's free text, a Command's arguments): a field starts at ` Key=`."""
     fields = re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line.strip())
     pairs = (f.split("=", 1) for f in fields if "=" in f)
     return {key: value.strip() for key, value in pairs}
 
 
 def reason_words(reason: str) -> str:
-    """A pending (or end) reason in words. scontrol writes free text with `_` for spaces; squeue's %r
-    keeps them; a ReqNodeNotAvail names the nodes it waits for (`ReqNodeNotAvail,_UnavailableNodes:node1`)."""
+    """A pending (or end) reason in words. scontrol writes free text with `_` for spaces; squeue's
+    %r keeps them; a ReqNodeNotAvail names the nodes it waits for
+    (`ReqNodeNotAvail,_UnavailableNodes:node1`)."""
     text = reason.replace("_", " ").strip()
     code, _, rest = text.partition(",")
     if code in REASONS:
@@ -97,9 +99,10 @@ def reason_words(reason: str) -> str:
 
 
 def phase(job: dict[str, str], *, stop_requested: bool) -> Phase:
-    """The job's phase from its record. A stop ends the trainer cleanly (exit 0), so a COMPLETED job that
-    was asked to stop is Stopped; a PENDING job that ran before (Restarts>0) is Restarting. A state this
-    table does not know (a later Slurm's) counts as Pending: not final, so `wait` keeps looking."""
+    """The job's phase from its record. A stop ends the trainer cleanly (exit 0), so a COMPLETED job
+    that was asked to stop is Stopped; a PENDING job that ran before (Restarts>0) is Restarting. A
+    state this table does not know (a later Slurm's) counts as Pending: not final, so `wait` keeps
+    looking."""
     state = job.get("JobState", "").split("+")[0]
     found = PHASES.get(state, Phase.PENDING)
     if found == Phase.PENDING and int(job.get("Restarts", "0") or 0) > 0:
