@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -283,6 +284,66 @@ def test_manifest_prints_the_script(cli):
         load(environ={}, flags={"BACKEND": "slurm", "MODEL": "tiny"}), "fsdp-r9"
     )
     assert cli("--set", "BACKEND=slurm", "manifest", "--validate").exit_code == 2
+
+
+CLOSED = """ClusterName=nowhere
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={port}
+NodeName=n0 CPUs=1
+PartitionName=p Nodes=ALL Default=YES
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no Slurm client here (scripts/system-deps)"
+)
+def test_an_unreachable_slurmctld_is_one_line_within_request_timeout_and_leaves_nothing(
+    cli, tmp_path, monkeypatch
+):
+    """Peer: Debian's real sbatch and scontrol (slurm-client 22.05) with a slurm.conf whose controller
+    port nothing listens on. They retry the connection (measured here: sbatch 18 s, scontrol 9 s, then
+    "Unable to contact slurm controller (connect failure)"); fsdpctl waits REQUEST_TIMEOUT (2 s here) and
+    says which command did not answer, exit 1. A failed `job run` leaves no run record, no Slurm record
+    and not the run's directory it made on the shared file system."""
+    from fsdpctl.adapters.etcd import free_port
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(CLOSED.format(port=free_port()))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    shared = tmp_path / "fsx"
+    sets = ["--set", "BACKEND=slurm", "--set", "REQUEST_TIMEOUT=2", "--set", "MODEL=tiny"]
+    sets += ["--set", f"SHARED_VOLUME_PATH={shared}"]
+    result = cli(*sets, "job", "run", "-d")
+    assert result.exit_code == 1, result.output
+    assert re.match(
+        r"error: `sbatch --parsable \S+/job\.sbatch` did not finish within 2 s", result.stderr
+    )
+    assert "REQUEST_TIMEOUT" in result.stderr and len(result.stderr.strip().splitlines()) == 2
+    assert not shared.exists() and not (cli.home / "slurm").exists()
+    assert (
+        not list((cli.home / "records").rglob("*.json"))
+        if (cli.home / "records").exists()
+        else True
+    )
+    record = {"job": "fsdp", "run_id": "fsdp-r1", "slurm_job": 5, "root": str(shared / "r")}
+    record |= {"nodes": 2, "max_restarts": 3, "created": 1.0}
+    (cli.home / "slurm").mkdir(parents=True)
+    (cli.home / "slurm" / "fsdp.json").write_text(json.dumps(record))
+    result = cli(*sets, "job", "status")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: `scontrol -o show job 5` did not finish within 2 s")
+
+
+def test_since_is_refused_on_slurm_logs_that_carry_no_times(cli):
+    """srun's --output files hold what the tasks printed, no time per line (srun.1 --output), so
+    `job logs --since` cannot choose lines: one line, exit 2, before Slurm is asked anything."""
+    record = {"job": "fsdp", "run_id": "fsdp-r1", "slurm_job": 5, "root": "/nonexistent/r"}
+    record |= {"nodes": 2, "max_restarts": 3, "created": 1.0}
+    (cli.home / "slurm").mkdir(parents=True)
+    (cli.home / "slurm" / "fsdp.json").write_text(json.dumps(record))
+    result = cli("--set", "BACKEND=slurm", "job", "logs", "--since", "5m")
+    assert result.exit_code == 2 and "--since needs each line's time" in result.stderr
+    assert cli("--set", "BACKEND=slurm", "job", "status", "nope").exit_code == 4
 
 
 # ---- what Slurm says ---------------------------------------------------------------------------------------

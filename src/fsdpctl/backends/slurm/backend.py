@@ -73,14 +73,15 @@ class SlurmBackend:
         rec = record_store.new(cfg, run_id)
         text = render_script(cfg, run_id, rec["id"])  # the trainer's start line names its record
         saved = record_store.save({**rec, "manifests": text})
+        made = [p for p in (Path(where.root), *Path(where.root).parents) if not p.exists()]
         try:
-            Path(where.root).mkdir(
-                parents=True, exist_ok=True
-            )  # sbatch --output's directory must exist
+            # sbatch --output's directory must exist
+            Path(where.root).mkdir(parents=True, exist_ok=True)
             write_atomic(Path(where.script), text)
             job_id = self.slurm.submit(where.script, env=_submit_env(cfg))
         except (OSError, FsdpctlError) as e:
             record_store.discard(saved)
+            _remove_made(made)
             if isinstance(e, OSError):
                 raise FsdpctlError(
                     f"cannot write the batch script at {where.script}: {e.strerror}",
@@ -199,7 +200,11 @@ class SlurmBackend:
         since_s: float | None = None,
     ) -> Iterator[LogLine]:
         if pod is not None:
-            raise FsdpctlError("--pod names a pod on Kubernetes", hint="on Slurm, use --node N")
+            raise BadInput("--pod names a pod on Kubernetes", hint="on Slurm, use --node N")
+        if since_s is not None:  # srun's output files hold the lines alone
+            raise BadInput(
+                "--since needs each line's time: Slurm's node logs have none", hint="use --tail N"
+            )
         rec = self._record(name)
         p = Paths(rec["root"])
         chosen = range(rec["nodes"]) if all_ else [node or 0]
@@ -313,6 +318,18 @@ class SlurmBackend:
                 else:
                     t.unlink()
         return removed
+
+
+def _remove_made(made: list[Path]) -> None:
+    """What a failed submit made, deepest first: the run's directory (its script), then each parent
+    it had to make while that is empty."""
+    if made:
+        shutil.rmtree(made[0], ignore_errors=True)
+    for folder in made[1:]:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _record_path(job: str) -> Path:

@@ -18,8 +18,16 @@ HINT = "is slurmctld up? `scontrol ping` and `sinfo` say; SLURM_CONF names the c
 class Slurm:
     timeout: float  # REQUEST_TIMEOUT: per command
 
+    def _capture(self, argv: list[str], env: dict[str, str] | None = None) -> shell.Captured:
+        """The command's output; past REQUEST_TIMEOUT one line naming it (a client command retries an
+        unreachable slurmctld for MessageTimeout and more: 18 s for sbatch here)."""
+        try:
+            return shell.capture(argv, timeout=self.timeout, env=env)
+        except shell.ToolTimeout as e:
+            raise FsdpctlError(str(e), hint=f"{HINT}; REQUEST_TIMEOUT sets the wait") from e
+
     def _call(self, *argv: str, env: dict[str, str] | None = None) -> shell.Captured:
-        got = shell.capture(list(argv), timeout=max(self.timeout, 5.0), env=env)
+        got = self._capture(list(argv), env)
         if got.rc != 0:
             said = (got.stderr or got.stdout).strip().splitlines()
             raise FsdpctlError(
@@ -39,9 +47,7 @@ class Slurm:
     def job(self, job_id: int) -> dict[str, str] | None:
         """The job's `scontrol -o show job` record; None once slurmctld has forgotten it (MinJobAge
         after its end: "Invalid job id specified")."""
-        got = shell.capture(
-            ["scontrol", "-o", "show", "job", str(job_id)], timeout=max(self.timeout, 5.0)
-        )
+        got = self._capture(["scontrol", "-o", "show", "job", str(job_id)])
         if got.rc != 0:
             if "Invalid job id" in got.stderr:
                 return None
