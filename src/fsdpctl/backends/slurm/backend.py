@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import files, record_store, render
+from fsdpctl import files, jobpolicy, record_store
 from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
 from fsdpctl.backends.slurm import states
 from fsdpctl.backends.slurm.door import Slurm
@@ -53,7 +53,7 @@ class SlurmBackend:
             raise BadInput(
                 "--dry-run=server needs a Kubernetes API server", hint="use --dry-run on Slurm"
             )
-        run_id = files.run_id(run_id) if run_id is not None else render.new_run_id(cfg.job_name)
+        run_id = files.run_id(run_id) if run_id is not None else jobpolicy.new_run_id(cfg.job_name)
         where = paths(cfg, run_id)
         if dry_run:
             lines = [f"sbatch --parsable {where.script}", *render_script(cfg, run_id).splitlines()]
@@ -158,7 +158,7 @@ class SlurmBackend:
             "age_s": now - rec["created"],
             "leader": "node-0" if leader.exists() else None,
             "leader_log": str(leader) if leader.exists() else None,
-            "checkpoint_dir": render.checkpoint_dir(self.cfg, rec["job"]),
+            "checkpoint_dir": jobpolicy.checkpoint_dir(self.cfg, rec["job"]),
             "reason": reason or None,
             "problems": [],
             "stalled": False,
@@ -237,7 +237,7 @@ class SlurmBackend:
 
     def tensorboard_dir(self, name: str) -> str | None:
         self._record(name)
-        return render.tensorboard_dir(self.cfg, name)
+        return jobpolicy.tensorboard_dir(self.cfg, name)
 
     def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
         return None  # on the shared file system, mounted here: TensorBoard runs here
@@ -308,7 +308,7 @@ class SlurmBackend:
             rec = self._record(job["job"])
             targets = [Path(rec["root"]), _record_path(job["job"])]
             if checkpoints:
-                targets.append(Path(render.checkpoint_dir(self.cfg, job["job"])))
+                targets.append(Path(jobpolicy.checkpoint_dir(self.cfg, job["job"])))
             for t in (t for t in targets if t.exists()):
                 removed.append(str(t))
                 if dry_run:

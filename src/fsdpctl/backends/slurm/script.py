@@ -4,7 +4,7 @@ The shape is awsome-distributed-training's FSDP sbatch (3.test_cases/pytorch/FSD
 llama2_7b-training.sbatch): one batch script on the first node of the allocation, one `srun` task
 per node running torchrun with a c10d rendezvous hosted on that first node, the rendezvous id from
 the job id, the pyxis container options when there is an image, and `--auto-resume=1` on a SageMaker
-HyperPod cluster. What the trainer gets is what the EKS pods get (`render.pod_env`: EFA/NCCL,
+HyperPod cluster. What the trainer gets is what the EKS pods get (`jobpolicy.pod_env`: EFA/NCCL,
 checkpoint directory, stop timing), with the paths a pod would see on the claim read on the shared
 file system at SHARED_VOLUME_PATH instead.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from fsdpctl import jobspec, prestep, render
+from fsdpctl import jobpolicy, jobspec, prestep
 from fsdpctl.errors import BadInput
 from fsdpctl.jobspec import JobSpec
 from fsdpctl.settings import Config, Settings
@@ -22,7 +22,7 @@ from fsdptrain import disruption
 
 # awsome's test for a SageMaker HyperPod cluster: `[ -d "/opt/sagemaker_cluster" ]`
 HYPERPOD_MARK = "/opt/sagemaker_cluster"
-C10D_PORT = render.C10D_PORT  # torchrun's c10d default (awsome's endpoint names no port)
+C10D_PORT = jobpolicy.C10D_PORT  # torchrun's c10d default (awsome's endpoint names no port)
 
 
 @dataclass(frozen=True)
