@@ -84,7 +84,7 @@ def test_the_p5_script_reads_like_awsome_fsdp_sbatch():
     --nproc_per_node; --nnodes=$SLURM_JOB_NUM_NODES, --rdzv_id=$SLURM_JOB_ID, --rdzv_backend=c10d,
     --rdzv_endpoint=$(hostname) evaluated by the batch script (on the first node); `NCCL_DEBUG=INFO` and
     `FI_PROVIDER=efa`; the checkpoint and resume directory on the shared file system. Here the same, from
-    the pods' own environment (render.pod_env: FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1, which awsome's
+    the pods' own environment (jobpolicy.pod_env: FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1, which awsome's
     Kubernetes template says "for P5 ... should be uncommented"), the port c10d's default 29400 (torchrun
     --rdzv-endpoint: "host[:port]"), a fresh rendezvous id per requeue, and --open-mode=append so that a
     requeued job's output is not truncated (sbatch.1 --open-mode)."""
