@@ -10,9 +10,11 @@ by the tests (`running()`, or a fixture built on it), for the Slurm backend (iss
                namespace of its own, host name `node<N>`: slurmd finds its NodeName by that name,
                and what it starts (slurmstepd, the batch script, srun's tasks) inherits both
 
-Every file (slurm.conf, cgroup.conf, state, spool, logs, pid files) lives in the test's directory
-and SLURM_CONF points the client commands (`Cluster.command`) at it; only munge's key and sockets
-need a directory of their own (munged wants its socket's directories searchable by all, up to /).
+Every file (slurm.conf, cgroup.conf, state, logs, pid files) lives in the test's directory and
+SLURM_CONF points the client commands (`Cluster.command`) at it; munge's key and sockets and the
+slurmds' spool need a short directory of their own (munged wants its socket's directories
+searchable by all, up to /; slurmstepd binds a socket in the spool, at most 108 bytes of path:
+under a pytest-xdist worker's directory the test's own spool path was 112 and no job started).
 No slurmdbd, so no `sacct`: `scontrol show job` (a finished job is kept for MinJobAge=300 s) and the
 jobs' output files are the record.
 Bounded in time: every wait has a deadline, and the daemons get SIGTERM when the test process dies
@@ -112,6 +114,10 @@ class Cluster:
     munge_dir: Path
     port: int
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def spool(self) -> Path:
+        return self.munge_dir / "spool"
 
     @property
     def names(self) -> list[str]:
@@ -306,8 +312,10 @@ def _free_port() -> int:
 
 def _write_conf(cluster: Cluster) -> None:
     root, net = cluster.root, cluster.net
-    for sub in ("state", "log", "run", *(f"spool/{name}" for name in cluster.names)):
+    for sub in ("state", "log", "run"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    for name in cluster.names:
+        (cluster.spool / name).mkdir(parents=True, exist_ok=True)
     (root / "plugstack.conf").write_text("")  # not /etc/slurm's: no SPANK plugin of this machine
     # `ip netns exec` mounts a fresh sysfs (ip-netns(8)), so /sys/fs/cgroup is empty on a node;
     # slurmd 22.05 initializes its cgroup plugin whatever the others (slurmd.c:_slurmd_init,
@@ -333,8 +341,9 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={cluster.munge_dir / "run" / "munge.socket"},cred_expire={CRED_EXPIRE}
 StateSaveLocation={root / "state"}
-# %n: the node's name, so the slurmds sharing one file system keep their files apart
-SlurmdSpoolDir={root / "spool"}/%n
+# %n: the node's name, so the slurmds sharing one file system keep their files apart; in the
+# short directory: slurmstepd's socket there must fit sun_path (108 bytes)
+SlurmdSpoolDir={cluster.spool}/%n
 SlurmctldPidFile={root / "run" / "slurmctld.pid"}
 SlurmdPidFile={root / "run"}/slurmd-%n.pid
 SlurmctldLogFile={root / "log" / "slurmctld.log"}
