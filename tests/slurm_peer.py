@@ -60,8 +60,10 @@ STOP_GRACE = 10.0  # SIGTERM to SIGKILL
 SLURMD_TIMEOUT = 6
 # a requeued batch job may start again cred_expire + 1 s after its requeue (job_mgr.c:
 # batch_requeue_fini sets its begin_time; slurm.conf(5) AuthInfo: it "also controls how long a
-# requeued job must wait before starting again"); default 120 s, the least slurm_cred.c takes 5
-CRED_EXPIRE = 5
+# requeued job must wait before starting again"); default 120 s, the least slurm_cred.c takes 5.
+# 15: the tests read the requeued job PENDING (BeginTime) in that window, which 6 s did not always
+# leave to a poll on a loaded machine
+CRED_EXPIRE = 15
 T = TypeVar("T")
 # A node's boot, in its network namespace and the mount namespace `ip netns exec` makes for it: its
 # own munged, then slurmd. One munged per node as on a cluster: munged refuses a credential already
