@@ -40,6 +40,9 @@ class Target:
     # "module:function" (cfg, run_id) -> the text `fsdpctl manifest` prints, for a place that renders the
     # job as something other than Kubernetes objects (a batch script); "" for those objects
     manifest: str = ""
+    # "module:function" (cfg) -> one line per setting that means nothing there (key, value, fix),
+    # refused by admission (`config validate`, `job run`, `manifest`) even with --force; "" none
+    refusals: str = ""
 
 
 TARGETS = {
@@ -77,6 +80,7 @@ TARGETS = {
             interrupt="detaching",
             where="a Slurm cluster (sbatch)",
             manifest="fsdpctl.backends.slurm.script:manifest",
+            refusals="fsdpctl.backends.slurm.script:refusals",
         ),
     )
 }

@@ -24,6 +24,8 @@ def admit(cfg: Config, *, force: bool) -> None:
     from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import annotate, placement_problems
 
+    if meaningless := _target_refusals(cfg):  # not a misfit --force could accept: nothing uses them
+        raise SettingsError(meaningless)
     claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
     mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
     problems = placement_problems(
@@ -43,6 +45,17 @@ def admit(cfg: Config, *, force: bool) -> None:
         warn(f"--force: going on although {line}")
     if cfg.target.gpus and (slow := volume.interval_warning(cfg, jobpolicy.step_seconds(cfg))):
         warn(slow)
+
+
+def _target_refusals(cfg: Config) -> list[str]:
+    """The settings that mean nothing where the job runs, as its Target's `refusals` names them."""
+    if not cfg.target.refusals:
+        return []
+    import importlib
+
+    module, function = cfg.target.refusals.split(":")
+    lines: list[str] = getattr(importlib.import_module(module), function)(cfg)
+    return lines
 
 
 def _volume_problem(cfg: Config) -> str | None:
