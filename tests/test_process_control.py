@@ -137,15 +137,23 @@ def test_start_time_is_field_22_even_when_the_name_holds_a_parenthesis(tmp_path)
     it started, from the same field: /proc/uptime minus ticks / SC_CLK_TCK)."""
     odd = tmp_path / "a) b (c"
     shutil.copy("/bin/sleep", odd)
+
+    def uptime() -> float:
+        return float(Path("/proc/uptime").read_text().split()[0])
+
+    before = uptime()
     proc = subprocess.Popen([str(odd), "30"])
     try:
         _until(lambda: "(a) b (c)" in Path(f"/proc/{proc.pid}/stat").read_text())
         ticks = local.start_ticks(proc.pid)
         etimes = int(subprocess.check_output(["ps", "-o", "etimes=", "-p", str(proc.pid)]))
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        # procps: etimes = uptime - start ticks / SC_CLK_TCK (both since boot; the wall clock's
-        # btime drifts from them where the clock was stepped since boot)
-        assert abs((uptime - ticks / os.sysconf("SC_CLK_TCK")) - etimes) <= 2.5
+        now = uptime()
+        started = ticks / os.sysconf("SC_CLK_TCK")  # seconds since boot, as /proc/uptime counts
+        assert before - 0.5 <= started <= now + 0.5  # the process started while we watched
+        # procps: etimes = uptime - start ticks / SC_CLK_TCK; some procps builds count from the
+        # wall clock and btime instead, which is years off where the clock was set (not since boot)
+        if 0 <= etimes <= now:
+            assert abs((now - started) - etimes) <= 2.5
         ident = local.identity(proc.pid)
         assert local.same_process(ident)
         assert not local.same_process({**ident, "start": ident["start"] + 1})
