@@ -200,9 +200,14 @@ def test_a_killed_node_goes_down_its_requeue_job_runs_again_and_the_other_fails(
     ]
     script = _script(cluster, "long.sh", "\n".join(lines) + "\n")
     output = f"--output={cluster.root}/long-%j.out"
+    # one after the other: two jobs' steps launched in the same instant on the same nodes sometimes
+    # lost one (its step cancelled at launch, the script ended 141) on this loaded 2-core machine
     requeue = cluster.sbatch(script, "-N2", "--requeue", "--open-mode=append", output)
+    jobs = [_until(cluster, requeue, "RUNNING")]
+    log = cluster.root / f"long-{requeue}.out"
+    cluster.wait_for(lambda: log.exists() and "start restart=0" in log.read_text(), "its script")
     fail = cluster.sbatch(script, "-N2", "--no-requeue", output)
-    jobs = [_until(cluster, job_id, "RUNNING") for job_id in (requeue, fail)]
+    jobs.append(_until(cluster, fail, "RUNNING"))
     lists = [cluster.hostnames(job["NodeList"]) for job in jobs]
     victim = [name for name in lists[0] if name in lists[1]][-1]
     cluster.kill_node(cluster.names.index(victim))
@@ -219,7 +224,6 @@ def test_a_killed_node_goes_down_its_requeue_job_runs_again_and_the_other_fails(
 
     again = _until(cluster, requeue, "RUNNING")
     assert again["Restarts"] == "1" and victim not in cluster.hostnames(again["NodeList"])
-    log = cluster.root / f"long-{requeue}.out"
     cluster.wait_for(lambda: "start restart=1 on" in log.read_text(), "the script started again")
     assert "DUE TO NODE FAILURE" in log.read_text().split("start restart=1")[0]
 

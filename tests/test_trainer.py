@@ -127,7 +127,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, tmp_path):
     0. (Without the annotation a SIGTERM is an eviction: test_lifecycle.py.) On the way,
     Prometheus's view: rank 0's /metrics (METRICS_PORT) serves the last logged step."""
     from fsdpctl.adapters.etcd import free_port
-    from fsdpctl.adapters.kubelet import write_annotations
+    from fsdpctl.backends.local.kubelet import write_annotations
     from fsdptrain import disruption
 
     port = free_port()
