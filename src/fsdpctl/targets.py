@@ -9,7 +9,9 @@ scheduler says what it can do.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,9 @@ NAMES = tuple(TARGETS)
 def target(name: str) -> Target:
     """The place named `name` (settings check BACKEND against `NAMES` first)."""
     return TARGETS[name]
+
+
+def resolve(ref: str) -> Any:
+    """What a Target's "module:name" field names, imported only when a command uses it."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)

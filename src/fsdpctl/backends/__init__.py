@@ -11,7 +11,6 @@ after `fsdpctl job run --backend eks -d` looks on the cluster without being told
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import typing
@@ -26,7 +25,7 @@ from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
 from fsdpctl.reports import FINAL, Report, Waited
 from fsdpctl.settings import DNS_LABEL, Config, Settings
-from fsdpctl.targets import NAMES
+from fsdpctl.targets import NAMES, resolve
 from fsdptrain import events
 
 # What a record keeps besides the backend: the settings that say where on that backend the job
@@ -141,8 +140,7 @@ class Backend(Protocol):
 def create(cfg: Config) -> Backend:
     """The implementation for cfg.backend (its `Target.backend`); imports only what that backend
     needs (no kubernetes locally)."""
-    module, cls = cfg.target.backend.split(":")
-    made: Backend = getattr(importlib.import_module(module), cls)(cfg)
+    made: Backend = resolve(cfg.target.backend)(cfg)
     return made
 
 

@@ -51,10 +51,9 @@ def _target_refusals(cfg: Config) -> list[str]:
     """The settings that mean nothing where the job runs, as its Target's `refusals` names them."""
     if not cfg.target.refusals:
         return []
-    import importlib
+    from fsdpctl.targets import resolve
 
-    module, function = cfg.target.refusals.split(":")
-    lines: list[str] = getattr(importlib.import_module(module), function)(cfg)
+    lines: list[str] = resolve(cfg.target.refusals)(cfg)
     return lines
 
 

@@ -64,17 +64,14 @@ def manifest(
     cfg = state(ctx).config()
     admit(cfg, force=force)
     if cfg.target.manifest:  # a place that renders the job as text of its own (a batch script)
-        import importlib
+        from fsdpctl.targets import resolve
 
-        module, function = cfg.target.manifest.split(":")
         if validate or out_dir is not None or output != Format.yaml:
             raise BadInput(
                 f"BACKEND={cfg.backend} renders the job as one script, not Kubernetes objects",
                 hint="drop -o, --out-dir and --validate",
             )
-        text = getattr(importlib.import_module(module), function)(
-            cfg, run_id or jobpolicy.stable_run_id(cfg)
-        )
+        text = resolve(cfg.target.manifest)(cfg, run_id or jobpolicy.stable_run_id(cfg))
         out.print(text, end="", markup=False)
         return
     objs = render.render_job(cfg, run_id or jobpolicy.stable_run_id(cfg))
