@@ -324,7 +324,7 @@ def test_job_run_creates_secret_and_job_and_refuses_a_second(peer, monkeypatch):
         "replicas"
     ] == 2 and TOKEN not in json.dumps(job)
     r = cli("job", "run", "-d")
-    assert r.exit_code == 2 and "job fsdp already exists" in said(r) and "--replace" in said(r)
+    assert r.exit_code == 2 and "job fsdp is running" in said(r) and "--replace" in said(r)
     r = cli("job", "run", "-d", "--replace")
     assert r.exit_code == 0, r.output
     [job] = peer.objects("pytorchjobs")

@@ -45,6 +45,9 @@ class Target:
     # "module:function" (cfg) -> one line per setting that means nothing there (key, value, fix),
     # refused by admission (`config validate`, `job run`, `manifest`) even with --force; "" none
     refusals: str = ""
+    # "module:name" of the `fsdpctl.job.state.Keys` its jobs' state records besides the core's; ""
+    # none
+    state: str = ""
 
 
 TARGETS = {
@@ -59,6 +62,7 @@ TARGETS = {
             image=False,
             interrupt="stopping (SIGTERM: the trainer saves a checkpoint)",
             where="this machine",
+            state="fsdpctl.backends.local.state:KEYS",
         ),
         Target(
             "eks",
@@ -69,6 +73,7 @@ TARGETS = {
             image=True,
             interrupt="detaching",
             where="the cluster",
+            state="fsdpctl.backends.eks.backend:STATE",
         ),
         # a Slurm cluster of the same GPU nodes (HyperPod, ParallelCluster); its shared file system is
         # mounted where fsdpctl runs, at the path the nodes see it, and it keeps no run record of its own
@@ -83,6 +88,7 @@ TARGETS = {
             where="a Slurm cluster (sbatch)",
             manifest="fsdpctl.backends.slurm.script:manifest",
             refusals="fsdpctl.backends.slurm.script:refusals",
+            state="fsdpctl.backends.slurm.backend:STATE",
         ),
     )
 }

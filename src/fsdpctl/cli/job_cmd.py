@@ -36,6 +36,7 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.errors import BadInput
+from fsdpctl.job import runner
 from fsdpctl.redact import redact
 from fsdpctl.reports import FINAL
 
@@ -89,6 +90,7 @@ def run(
     be = backends.create(cfg)
     job_view.launch(
         be,
+        cfg,
         run_id=run_id,
         replace=replace,
         dry_run=dry_run,
@@ -242,7 +244,9 @@ def stop(
     Example: fsdpctl job stop
     """
     be, name = resolve_job(ctx, name, backend)
-    result = be.stop(name, wait=wait_, dry_run=dry_run, say=lambda line: note(f"waiting: {line}"))
+    result = runner.stop(
+        be, name, wait=wait_, dry_run=dry_run, say=lambda line: note(f"waiting: {line}")
+    )
     ok(result)
     emit({"job": name, "result": result, "dry_run": job_view.dry_run_word(dry_run)}, output)
 
@@ -270,22 +274,28 @@ def list_(
         ),
     ] = None,
 ) -> None:
-    """Jobs of one backend (--backend, else BACKEND) with their phase and progress. A job's labels
-    are its PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id, app.kubernetes.io/...) plus
-    fsdpctl.io/backend.
+    """Jobs of every backend that runs one started from here (local, Slurm), and of BACKEND (on
+    EKS the cluster's, started from anywhere), with their backend, phase and progress; --backend
+    lists one backend's. A job's labels are its PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id,
+    app.kubernetes.io/...) plus fsdpctl.io/backend. A backend that cannot be asked fails the command
+    (exit 1) after what could be listed, its jobs recorded here shown Unknown.
 
     Example: fsdpctl job list --phase running,pending -l fsdpctl.io/job=fsdp -o json
     """
     phases = job_view.phase_filter(phase or [])
     reqs = job_view.label_selector(selector) if selector else []
-    be, _ = resolve_job(ctx, None, backend or state(ctx).config().backend)
-    reports = [r for r in be.list_jobs() if job_view.selected(r, phases, reqs)]
-    for skipped in getattr(
-        be, "notes", ()
-    ):  # a stray file or damaged state: every other job is listed
+    backends.check_name(backend)
+    cfg = state(ctx).config()
+    listed = runner.list_jobs(cfg, backends.factory(cfg), only=backend)
+    reports = [r for r in listed.reports if job_view.selected(r, phases, reqs)]
+    for skipped in listed.notes:  # a stray file, a damaged state: every other job is listed
         warn(skipped)
     if not emit(reports, output):
         out.print(job_view.list_table(reports))
+    for failed in listed.failed[1:]:
+        warn(str(failed))
+    if listed.failed:  # what could be listed is shown; the list is not whole: exit 1, as ls does
+        raise listed.failed[0]
 
 
 @app.command()

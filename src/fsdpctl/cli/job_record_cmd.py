@@ -278,6 +278,7 @@ def rerun(
     admit(cfg, force=force)
     job_view.launch(
         backends.create(cfg),
+        cfg,
         run_id=run_id,
         replace=replace,
         dry_run=dry_run,
@@ -338,6 +339,7 @@ def resume(
     has_a_checkpoint(cfg)
     job_view.launch(
         backends.create(cfg),
+        cfg,
         run_id=None,
         replace=replace,
         dry_run=dry_run,

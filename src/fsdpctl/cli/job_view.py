@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.text import Text
@@ -14,12 +14,16 @@ from fsdpctl import crilog, nodefit, prestep
 from fsdpctl.backends import Backend, LogLine, Started
 from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, styled, warn
 from fsdpctl.errors import BadInput, ExitCode
+from fsdpctl.job import runner
 from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
 from fsdpctl.reports import FINAL, Failure, Phase, Report
 from fsdpctl.targets import target
 from fsdpctl.validate import label_value_problem
 from fsdptrain import events
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
 FAILURE_LINES = 15
@@ -61,7 +65,7 @@ def follow(backend: Backend, name: str) -> Report | None:
     except KeyboardInterrupt:  # one line in the end, whatever the job was doing (the spinner goes)
         what = target(backend.name).interrupt
         with err.status(f"interrupted: {what} ..."):
-            stopped = backend.interrupt(name)
+            stopped = runner.interrupt(backend, name)
         return {**stopped, "interrupted": True} if stopped is not None else None
 
 
@@ -286,6 +290,7 @@ def dry_run_done(
 
 def launch(
     backend: Backend,
+    cfg: Config,
     *,
     run_id: str | None,
     replace: bool,
@@ -296,14 +301,23 @@ def launch(
     said: str = "",
     then: str = "",
 ) -> None:
-    """Start the job (`job run`, `rerun`, `resume`), then follow it to its end, or return at once
-    when detached; exits with the code its end calls for. `said`: what the started line adds;
-    `then`: the next command a detached start suggests besides `job status`. -o json/yaml: one
-    document on stdout."""
+    """Start the job (`job run`, `rerun`, `resume`) through the job core (its lock, its record,
+    submit-or-cancel), then follow it to its end, or return at once when detached; exits with the
+    code its end calls for. `said`: what the started line adds; `then`: the next command a detached
+    start suggests besides `job status`. -o json/yaml: one document on stdout."""
     import typer
 
-    started = backend.run(
-        run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run
+    from fsdpctl import backends, jobpolicy
+    from fsdpctl.job import runner
+
+    started = runner.run(
+        backend,
+        cfg,
+        run_id=run_id or jobpolicy.new_run_id(cfg.job_name),
+        replace=replace,
+        dry_run=dry_run,
+        server_dry_run=server_dry_run,
+        other=backends.factory(cfg),
     )
     what = started_object(backend, started)
     if dry_run or server_dry_run:
