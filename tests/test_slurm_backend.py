@@ -475,6 +475,7 @@ def _env(cluster, root: Path, name: str) -> dict[str, str]:
 
     keys = set(setting_keys())
     (root / "home").mkdir(exist_ok=True)  # the fsdpctl process runs there
+    (root / "fsx").mkdir(exist_ok=True)  # the shared file system, mounted on every node and here
     base = {k: v for k, v in cluster.env.items() if k not in keys and not k.startswith("FSDPCTL_")}
     shared = {"SHARED_VOLUME_PATH": str(root / "fsx"), "SLURM_PYTHON": str(Path(os.sys.executable))}
     return (
