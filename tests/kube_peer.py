@@ -286,6 +286,9 @@ class KubeApi(kmock.KubernetesScaffold):
         self.forbidden: set[str] = (
             set()
         )  # plurals this user may not touch (RBAC): 403, as the real API says
+        # plurals whose reads get a broken answer, (status, raw body), as an API server restarting
+        # behind a load balancer or a proxy in between gives: a 503 page, an empty 200, garbage
+        self.broken: dict[str, tuple[int, bytes]] = {}
         self.applied: dict[
             tuple[Key, str], dict
         ] = {}  # (object, field manager) -> its last applied config
@@ -346,6 +349,9 @@ class KubeApi(kmock.KubernetesScaffold):
             raise Reply(404, "NotFound", "the server could not find the requested resource")
         res = self._served(route, method)
         self._authorize(res, route, method, request)
+        if method == "GET" and res.plural in self.broken:
+            code, body = self.broken[res.plural]
+            return aiohttp.web.Response(status=code, body=body, content_type="application/json")
         if route.sub:
             return await self._subresource(request, res, route, method)
         return await self._verb(request, res, route, method)

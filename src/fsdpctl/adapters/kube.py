@@ -156,20 +156,29 @@ class Kube:
         if stream:
             return resp
         data = resp.data
-        return json.loads(data) if data else {}
+        try:
+            return json.loads(data) if data else {}
+        except ValueError:
+            raise _bad_answer(method, url, f"{bytes(data)[:60]!r}, not JSON") from None
 
     # --- objects --------------------------------------------------------------------------------------------
 
     def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict | None:
-        """None when the object, or its kind, is not there."""
-        try:
-            return self.request("GET", self.path(api_version, kind, namespace, name))
+        """None when the object, or its kind, is not there; an answer that is not that object (an
+        empty or stray document from a proxy in between) is a KubeError naming the request."""
+        try:  # a kind the server does not serve is discovery's 404 too
+            path = self.path(api_version, kind, namespace, name)
+            found = self.request("GET", path)
         except KubeError as e:
             if e.status == 404:
                 return None
             raise
+        meta = found.get("metadata") if isinstance(found, dict) else None
+        if not isinstance(meta, dict) or found.get("kind") != kind or meta.get("name") != name:
+            raise _bad_answer("GET", path, f"{_summary(found)}, not {kind} {name}")
+        return found
 
     def list(
         self,
@@ -180,9 +189,12 @@ class Kube:
     ) -> list[dict]:
         """Objects with these labels: the API server evaluates the selector."""
         query = {"labelSelector": selector(labels or {}) or None}
-        return self.request("GET", self.path(api_version, kind, namespace), query=query).get(
-            "items", []
-        )
+        path = self.path(api_version, kind, namespace)
+        found = self.request("GET", path, query=query)
+        items = found.get("items") if isinstance(found, dict) else None
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise _bad_answer("GET", path, f"{_summary(found)}, not a list of {kind}")
+        return items
 
     def create(self, obj: dict) -> dict:
         """POST, with strict field validation (as kubectl): a field the schema lacks fails instead
@@ -413,10 +425,28 @@ def _lines(resp) -> Iterator[bytes]:
         yield buf
 
 
+# what a gateway says of an answer it cannot use (RFC 9110 15.6.3, 502 Bad Gateway): an API answer
+# fsdpctl cannot read as what it asked for is named, never taken for an object
+BAD_ANSWER = 502
+
+
+def _bad_answer(method: str, url: str, what: str) -> KubeError:
+    return KubeError(BAD_ANSWER, "BadAnswer", f"the API server answered {method} {url} with {what}")
+
+
+def _summary(found: Any) -> str:
+    """An answer in a few words: what it is, not what it holds."""
+    if isinstance(found, dict):
+        return f"an object of kind {str(found.get('kind'))[:40]!r}" if found else "an empty answer"
+    return f"a JSON {type(found).__name__}"
+
+
 def _kube_error(status: int, reason: str, body: Any) -> KubeError:
     message = ""
     try:
         parsed = json.loads(body) if body else {}
+        if not isinstance(parsed, dict):
+            raise TypeError
         message, reason = parsed.get("message", ""), parsed.get("reason", reason) or reason
     except (TypeError, ValueError):
         message = (body.decode(errors="replace") if isinstance(body, bytes) else str(body or ""))[

@@ -315,7 +315,7 @@ def wait(
     Example: fsdpctl job wait --timeout 3600 && echo trained
     """
     be, name = resolve_job(ctx, name, backend)
-    phase = be.wait(name, timeout)
+    phase = be.wait(name, timeout, warn)
     try:
         end_wait(name, phase)
     except typer.Exit as e:  # the code end_wait chose, said on stdout too

@@ -144,7 +144,13 @@ class Backend(Protocol):
 
     def list_jobs(self) -> list[Report]: ...
 
-    def wait(self, name: str, timeout: float | None) -> Waited: ...
+    def wait(
+        self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
+    ) -> Waited:
+        """Until the job ends (its final phase) or `timeout` passes (TIMEOUT, or the phase it had).
+        A place that gives no answer is waited out, saying so once through `say`: unknown is not an
+        end."""
+        ...
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
         """Each ended job's files (only `job`'s when given); with `checkpoints` its checkpoints."""

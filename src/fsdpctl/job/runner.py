@@ -93,7 +93,7 @@ def _record(jdir: Any, be: Backend, cfg: Config, run_id: str, sub: Submitted) ->
 
 def _undone(be: Backend, name: str, sub: Submitted, why: BaseException) -> FsdpctlError:
     """The line for a submit whose recording failed: cancelled, or how to cancel it by hand."""
-    said = files.why(why) if isinstance(why, OSError) else str(why) or type(why).__name__
+    said = (why.strerror if isinstance(why, OSError) else None) or str(why) or type(why).__name__
     try:
         be.cancel(sub)
     except Exception as e:  # noqa: BLE001 - named in the line, with the command that does it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
@@ -18,12 +19,12 @@ from fsdpctl import (
 )
 from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submitted, placement_ok
 from fsdpctl.backends.eks import api, configmap, engine, observe
-from fsdpctl.errors import BadInput, FsdpctlError
+from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.hf_token import secret_env
 from fsdpctl.job import home, lock, state
 from fsdpctl.job.state import Keys
 from fsdpctl.progress import run_outcome
-from fsdpctl.reports import FINAL, Report, Waited
+from fsdpctl.reports import FINAL, TIMEOUT, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import events
 
@@ -240,8 +241,27 @@ class EksBackend:
         rows = observe.list_jobs(self.kube, self.cfg)
         return [{**r, "labels": {**r["labels"], "fsdpctl.io/backend": "eks"}} for r in rows]
 
-    def wait(self, name: str, timeout: float | None) -> Waited:
-        return engine.wait(self.kube, self.cfg, name, timeout)
+    def wait(
+        self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
+    ) -> Waited:
+        """Until the job ends or `timeout` passes. An API server that does not answer, or answers
+        with an error (restarting, behind a proxy), is waited out: that is not the job's end. A job
+        that is gone is not found (exit 4)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        said = ""
+        while True:
+            left = None if deadline is None else max(0.01, deadline - time.monotonic())
+            try:
+                return engine.wait(self.kube, self.cfg, name, left)
+            except FsdpctlError as e:
+                if e.code == ExitCode.JOB_NOT_FOUND:
+                    raise
+                if say is not None and str(e) != said:
+                    said = str(e)
+                    say(f"no answer about job {name}, still waiting: {said}")
+            if deadline is not None and time.monotonic() >= deadline:
+                return TIMEOUT
+            time.sleep(self.poll_s)
 
     def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
         """The cluster's ended jobs and what they left (engine.cleanup), then their state in this

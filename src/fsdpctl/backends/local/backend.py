@@ -288,7 +288,9 @@ class LocalBackend:
     def list_jobs(self) -> list[Report]:
         return [job_report(st, float("inf")) for st in local.list_jobs(self.notes)]
 
-    def wait(self, name: str, timeout: float | None) -> Waited:
+    def wait(
+        self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
+    ) -> Waited:
         self._state(name)
         return local.effective_phase(local.wait(name, timeout=timeout)) or Phase.FAILED
 

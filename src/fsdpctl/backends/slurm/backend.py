@@ -128,7 +128,7 @@ class SlurmBackend:
         try:
             files.make_dirs(root, RUN_DIR_MODE)
             files.write_atomic(Path(where.script), record["manifests"])
-            job_id = self.slurm.submit(where.script, env=_submit_env(self.cfg))
+            job_id = self._submit(where.script, run_id)
         except (OSError, FsdpctlError) as e:
             _remove_made(made)
             if isinstance(e, OSError):
@@ -148,6 +148,23 @@ class SlurmBackend:
             outside=f"Slurm job {job_id}",
             cancel_command=f"scancel {job_id}",
         )
+
+    def _submit(self, script: str, run_id: str) -> int:
+        """sbatch; an answer that is not a job id is not used, and the job it may have submitted is
+        found by the comment only this run carries (`fsdpctl-run:<run id>`) and cancelled."""
+        try:
+            return self.slurm.submit(script, env=_submit_env(self.cfg))
+        except shape.Unshaped as e:
+            found = self.slurm.by_comment(f"fsdpctl-run:{run_id}")
+            for job_id in found:
+                self.slurm.cancel(job_id)
+            did = (
+                f"; the job it submitted (Slurm job {', '.join(map(str, found))}, found by its "
+                "comment) was cancelled"
+                if found
+                else "; no job carries the run's comment, so none was left submitted"
+            )
+            raise FsdpctlError(str(e) + did, hint=e.hint) from e
 
     def cancel(self, submitted: Submitted) -> None:
         self.slurm.cancel(submitted.state["slurm_job"])
@@ -180,6 +197,8 @@ class SlurmBackend:
             return Seen(None, _phase_from_log(p, stopping))
         except FsdpctlError as e:
             return Seen(None, Phase.UNKNOWN, str(e))
+        if stranger := _not_this_run(found, st):  # an id that names someone else's job now
+            return Seen(None, Phase.UNKNOWN, stranger)
         return Seen(found, states.phase(found, stop_requested=stopping))
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
@@ -331,13 +350,19 @@ class SlurmBackend:
         """The stop request on the shared file system, then SIGTERM to the job's steps (scancel
         --signal): the trainers finish their step, checkpoint and exit 0
         (fsdptrain.disruption.pod_exit), so the job COMPLETES, Stopped. A job with nothing running
-        yet is cancelled. A job whose state Slurm does not say is still asked to stop: scancel
-        reaches it wherever it is."""
+        yet is cancelled. A job Slurm says nothing certain of (no answer, or the id names another
+        job) is not signalled: the line says why and how to cancel it by hand."""
         st = self._state(name)
         seen = self._seen(st)
         if seen.phase in FINAL:
             return f"job {name} is not running ({seen.phase}); nothing to stop"
         sid = st["slurm_job"]
+        if seen.phase == Phase.UNKNOWN:
+            raise FsdpctlError(
+                f"job {name}: not stopped, Slurm did not say what Slurm job {sid} is ({seen.unknown})",
+                hint=f"`fsdpctl job stop {name}` once Slurm answers; `scancel {sid}` if you know it is"
+                " this run",
+            )
         p = self._paths(name, st["run_id"])
         if dry_run:
             return f"dry run: would write {p.stop_file} and `scancel --signal=TERM {sid}`"
@@ -345,7 +370,7 @@ class SlurmBackend:
             files.write_atomic(
                 Path(p.stop_file), f'{disruption.STOP_ANNOTATION}="{time.time():.0f}"\n'
             )
-        if (seen.record or {}).get("JobState") == "RUNNING" or seen.phase == Phase.UNKNOWN:
+        if (seen.record or {}).get("JobState") == "RUNNING":
             self.slurm.signal(sid, "TERM")
         else:
             self.slurm.cancel(sid)
@@ -425,6 +450,20 @@ class SlurmBackend:
             return [str(t) for t in doomed]
 
 
+def _not_this_run(job: dict[str, str], st: dict[str, Any]) -> str:
+    """Why the Slurm job a state names is not this run (its name is the job's, its comment the
+    run's: `script.sbatch_options`), as a process is proven a job's by more than its PID; "" when it
+    is. A state copied or edited to another job's id must not have that job stopped or judged."""
+    name, comment = job.get("JobName"), job.get("Comment")
+    want = f"fsdpctl-run:{st['run_id']}"
+    if name == st["job"] and comment in (None, want):
+        return ""
+    return (
+        f"Slurm job {st['slurm_job']} is not run {st['run_id']} of job {st['job']} "
+        f"(its name {name!r}, comment {comment!r}): nothing is done to it"
+    )
+
+
 def _remove(path: Path) -> None:
     """A file or a link (itself, never what it points to) or a directory tree (rmtree follows no
     link inside it)."""
@@ -460,11 +499,19 @@ def _run_dirs(job_root: Path) -> list[str]:
     ]
 
 
-def _submit_env(cfg: Config) -> dict[str, str] | None:
+# The job's file-creation mask: slurmstepd creates the batch output (and the batch shell, whose srun
+# steps inherit it, runs) under the SLURM_UMASK the job carries, which sbatch takes from the
+# submitting shell's umask unless it is already set (sbatch(1) OUTPUT ENVIRONMENT VARIABLES; Slurm's
+# own test "propagation of umask to spawned tasks"): a submitter under umask 000 would otherwise
+# leave the run's logs writable by everyone.
+JOB_UMASK = "0022"
+
+
+def _submit_env(cfg: Config) -> dict[str, str]:
     """sbatch passes the submitting environment to the job (--export=ALL): the token set as HF_TOKEN
-    goes that way, never into the script."""
+    goes that way, never into the script; the job's umask is fsdpctl's, not the submitter's."""
     token = cfg.hf_token.get_secret_value()
-    return {**os.environ, "HF_TOKEN": token} if token else None
+    return {**os.environ, "SLURM_UMASK": JOB_UMASK, **({"HF_TOKEN": token} if token else {})}
 
 
 LOG_MAX = 64 * 1024 * 1024

@@ -77,6 +77,17 @@ class Slurm:
         shape.count(record.get("Restarts", "0"), command, "Restarts")
         return record
 
+    def by_comment(self, comment: str) -> list[int]:
+        """The ids of the jobs squeue lists with this comment (squeue(1) -o %i, %k), shaped; a
+        line of another shape is not an id to act on."""
+        got = self._call("squeue", "-h", "-o", "%i %k")
+        found = []
+        for line in got.stdout.splitlines():
+            job_id, _, said = line.strip().partition(" ")
+            if said.strip() == comment:
+                found.append(shape.slurm_id(job_id, "squeue -h -o '%i %k'"))
+        return found
+
     def signal(self, job_id: int, sig: str = "TERM") -> None:
         """scancel --signal: the job's steps get it, not the batch shell (scancel(1) --batch,
         --full), so the trainers checkpoint and end, then the script does."""
