@@ -324,29 +324,7 @@ def test_cleanup_removes_what_root_run_trainers_wrote(efa):
     assert clean["command"] == ["rm", "-rf", "/checkpoints/fsdp"]
 
 
-# ---- defect 4: a drain evicts one pod; only `job stop` ends the job ----------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
-def test_a_disruption_budget_lets_a_drain_evict_one_pod_at_a_time(schemas, kind):
-    """A PodDisruptionBudget over the job's pods with minAvailable JOB_NODES-1: the eviction API
-    refuses a second eviction while one pod is down (kubernetes
-    pkg/registry/core/pod/storage/eviction.go checks the budget's disruptionsAllowed), so a drain of
-    several nodes takes the job's pods one at a time, each checkpointing and coming back before the
-    next. An integer minAvailable because a TrainJob's pods belong to batch Jobs, which have no
-    scale subresource (pkg/controller/disruption/disruption.go, getExpectedPodCount: a number needs
-    none). The selector is the pods' own labels."""
-    cfg = eks(JOB_KIND=kind, JOB_NODES="16")
-    objs = render.render_job(cfg, "run-1")
-    [pdb] = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
-    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["minAvailable"] == 15
-    job = objs[-1]
-    text = json.dumps(job)
-    template_labels = json.loads(text[text.index('"labels"') + 9 :].split("}", 1)[0] + "}")
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
-    from fsdpctl.validate import validate
-
-    assert validate([pdb], schemas) == []
+# ---- defect 4: only `job stop` ends the job (its budget: tests/test_disruption_budget.py) ------------------
 
 
 def test_the_stop_request_is_the_pods_annotation_the_trainer_reads(tmp_path):

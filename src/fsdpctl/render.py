@@ -359,15 +359,15 @@ def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
 
 
 def render_pdb(cfg: Config, run_id: str) -> list[Obj]:
-    """The PodDisruptionBudget of the job's pods (templates/pdb.yaml.j2): one voluntary eviction at
-    a time."""
+    """The PodDisruptionBudget of the job's pods (templates/pdb.yaml.j2): no voluntary eviction of
+    any of them while the job runs; a drain waits for the job to end (`job stop`)."""
     selector = {"fsdpctl.io/job": cfg.job_name, "fsdpctl.io/run-id": label_value(run_id)}
     return render_template(
         "pdb.yaml.j2",
         job_name=cfg.job_name,
         namespace=cfg.job_namespace,
         labels=labels(cfg, run_id),
-        min_available=max(0, cfg.job_nodes - 1),
+        min_available=cfg.job_nodes,
         selector=selector,
     )
 
