@@ -14,7 +14,10 @@ at once must be what `volume.checkpoints_at_once` says, exactly once enough save
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from hypothesis import strategies as st
 from fsdpctl import volume
 from fsdpctl.settings import load
 from lazy import lazy
+from test_lifecycle import interpreter_reachable  # noqa: F401 (a fixture)
 
 torch = lazy("torch")
 dist = lazy("torch.distributed")
@@ -184,3 +188,63 @@ def test_the_need_follows_the_resume_setting_where_nothing_can_be_looked_at(
     assert n.total == n.checkpoints * 12 * volume.params(cfg) + n.cache + n.export
     assert f"CHECKPOINT_KEEP={keep} + the one being saved" in n.parts()
     assert ("the one a resumed run started from" in n.parts()) == resumes
+
+
+@pytest.mark.slow
+def test_a_resumed_run_is_refused_a_volume_its_saves_would_fill(interpreter_reachable):  # noqa: F811
+    """The case of issue 36, for real on the local backend (one torchrun launcher per simulated
+    node, the claim a tmpfs of a few MB as in tests/test_lifecycle.py's full volume). A first run of
+    the tiny model (CHECKPOINT_KEEP=1) saves at steps 4 and 8. A second `job run` with more steps
+    resumes from step 8, which prune spares: from its second save on, three checkpoints are on the
+    volume at once. On a claim that holds two, the old count (CHECKPOINT_KEEP + 1) let it start and
+    its save at step 16 met ENOSPC; now admission refuses it with one line naming the three, and
+    with --force the run meets exactly that full disk. The claim grown to hold three (tmpfs
+    remount), the same resume is admitted and trains to its end."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a tmpfs claim, network namespaces")
+    from test_lifecycle import _env, _finish, _fsdpctl, _mount, _reachable_home, _umount
+
+    home = _reachable_home()
+    claim = home / "volumes" / "small-claim"
+    ckpts = claim / "checkpoints" / "resumed"
+    keys = ["--set", "JOB_NAME=resumed", "--set", "SHARED_VOLUME=small-claim"]
+    more = [
+        "--set",
+        "CHECKPOINT_KEEP=1",
+        "--set",
+        "MAX_STEPS=24",
+        "--set",
+        "ALLOW_SETTING_CHANGES=true",
+    ]
+    try:
+        _mount("tmpfs", claim, "size=30m", "mode=0755", "uid=0", "gid=0")
+        env = _env(home)
+        first = _fsdpctl(env, "job", "run", "-d", *keys, "--set", "CHECKPOINT_KEEP=1",
+                         "--set", "MAX_STEPS=8")  # fmt: skip
+        assert first.returncode == 0, first.stdout + first.stderr
+        done = _finish(env, "resumed", claim, interpreter_reachable)
+        assert done.report["phase"] == "Succeeded", done.report
+        assert [p.name for p in ckpt.complete_checkpoints(ckpts)] == ["step-00000008"]
+
+        refused = _fsdpctl(env, "job", "run", "-d", *keys, *more)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        [line] = [x for x in refused.stderr.splitlines() if "small-claim" in x]
+        assert "3 checkpoints of 10.6 MiB" in line and "the one a resumed run started from" in line
+
+        forced = _fsdpctl(env, "job", "run", "-d", "--force", *keys, *more)
+        assert forced.returncode == 0, forced.stdout + forced.stderr
+        full = _finish(env, "resumed", claim, interpreter_reachable)
+        assert full.report["phase"] == "Failed", full.report
+        text = json.dumps(full.report["failure"])
+        assert "checkpoint at step 16 failed" in text and "space" in text, text
+
+        subprocess.run(["mount", "-o", "remount,size=40m", str(claim)], check=True)
+        again = _fsdpctl(env, "job", "run", "-d", *keys, *more)
+        assert again.returncode == 0, again.stdout + again.stderr
+        ended = _finish(env, "resumed", claim, interpreter_reachable)
+        assert ended.report["phase"] == "Succeeded", ended.report
+        assert ended.report["step"] == 24
+    finally:
+        _fsdpctl(_env(home), "job", "stop", "resumed", timeout=300)
+        _umount(claim)
+        shutil.rmtree(home, ignore_errors=True)
