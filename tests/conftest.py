@@ -364,6 +364,7 @@ SLOW_BESIDE = frozenset(
         "test_silent_endpoints",
         "test_untrusted_state",
         "test_fuzz",
+        "test_disruption_budget",
     }
 )
 

@@ -48,6 +48,11 @@ class Target:
     # "module:name" of the `fsdpctl.job.state.Keys` its jobs' state records besides the core's; ""
     # none
     state: str = ""
+    # the shared volume is the FSx for Lustre file system the FSX_* settings describe and fsdpctl sizes
+    # (on this machine a directory standing in for it): a save's rate follows from FSX_STORAGE_GIB x
+    # FSX_THROUGHPUT_PER_TIB. False: the place's own file system, which fsdpctl neither made nor read
+    # (a Slurm cluster's): its rate is SHARED_VOLUME_WRITE_MBPS or an assumption (fsdpctl.volume.rate)
+    fsx_volume: bool = True
 
 
 TARGETS = {
@@ -89,6 +94,7 @@ TARGETS = {
             manifest="fsdpctl.backends.slurm.script:manifest",
             refusals="fsdpctl.backends.slurm.script:refusals",
             state="fsdpctl.backends.slurm.backend:STATE",
+            fsx_volume=False,
         ),
     )
 }

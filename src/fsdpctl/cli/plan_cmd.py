@@ -12,6 +12,7 @@ from fsdpctl import jobpolicy, sweep, volume
 from fsdpctl import plan as P
 from fsdpctl.cli import completion
 from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
+from fsdptrain.events import seconds_text
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
 # 3 trained on 15e12 tokens; a p5.48xlarge lists at about $55 per hour.
@@ -82,8 +83,8 @@ def _print_volume(v: dict[str, Any]) -> None:
         f"{verdict}{fix}"
     )
     out.print(
-        f"one save {v['save_s']:,.0f} s at {v['write_mb_per_s']:,.0f} MB/s (the file system's, all nodes "
-        f"together) | stop grace {v['stop_grace_s']:,} s"
+        f"one save {seconds_text(v['save_s'])} at {v['write_mb_per_s']:,.0f} MB/s (the file system's, "
+        f"all nodes together: {escape(v['write_rate_basis'])}) | stop grace {v['stop_grace_s']:,} s"
     )
     if v["warning"]:
         out.print(f"[yellow]warning:[/] {escape(v['warning'])}")
@@ -218,7 +219,8 @@ def plan(
             _print_matrix(rows, tokens)
         return
     r = P.report(job, tokens)
-    grace = {"stop_grace_s": jobpolicy.stop_timing(cfg).shutdown_s}
+    timing = jobpolicy.stop_timing(cfg)
+    grace = {"stop_grace_s": timing.shutdown_s, "stop_grace_basis": timing.basis}
     r["volume"] = volume.report(cfg, r["speed"]["step_s"]) | grace
     if not emit(r, output):
         _print_report(r)

@@ -280,6 +280,15 @@ class Settings(BaseModel):
         "fast checkpoints are written, which sets the stop grace",
         ge=1,
     )
+    shared_volume_write_mbps: int = _k(
+        0,
+        "job",
+        "the aggregate write rate, MB/s for all nodes together, of the file system at "
+        "SHARED_VOLUME_PATH: how fast checkpoints are written, which sets the stop grace; 0: "
+        "FSX_STORAGE_GIB x FSX_THROUGHPUT_PER_TIB where fsdpctl sizes the FSx (EKS), assumed (and "
+        "said) on Slurm, whose file system fsdpctl never read",
+        ge=0,
+    )
     fsx_create: bool = _k(
         True,
         "cluster",
