@@ -476,3 +476,36 @@ def test_a_submit_whose_id_is_not_one_is_refused_and_undone(place, tmp_path):
         assert "was cancelled" in r.stderr, (lie, r.stderr)
         assert not (place.home / "jobs" / "alpha" / "state.json").exists()
         until(f"{lie}: the submitted job cancelled", lambda: not place.outside("alpha"))
+
+
+# ---- the record verbs read every backend's runs alike ----------------------------------------------------
+
+
+def test_history_describe_and_list_read_a_run_as_on_every_backend(place):
+    """A run that trained to its end, then `job history`, `job describe` and `job list` as a new
+    user types them (no --backend: the job's state says where it runs): history says it trained
+    from the start to its end, describe has its trainer's start line (the record learnt it from
+    the run's log, where this machine reads it), list shows it with its backend. On eks the peer's
+    pods print nothing (the peer plays the operator), so its start line is never there: declared."""
+    place.ended("alpha")
+    history = place.run("job", "history", "alpha", "-o", "json", JOB_NAME="alpha")
+    assert history.returncode == 0, history.stderr
+    [row] = json.loads(history.stdout)
+    listed = place.run("job", "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    [shown] = [r for r in json.loads(listed.stdout) if r["job"] == "alpha"]
+    assert (shown["backend"], shown["phase"]) == (place.name, "Succeeded")
+    described = place.run("job", "describe", "alpha", "-o", "json", JOB_NAME="alpha")
+    assert described.returncode == 0, described.stderr
+    rec = json.loads(described.stdout)
+    if not place.trains:
+        return  # declared: no trainer printed a start line
+    assert row["from"] == "afresh (step 0)" and row["outcome"] == "Succeeded at step 6", row
+    assert rec["trainer"]["start_step"] == 0 and rec["trainer"]["torch"], rec.get("trainer")
+    # a user whose settings now name another shared file system: the run is still read where it ran
+    # (its record says), and nothing is written there
+    elsewhere = place.run(
+        "job", "history", "alpha", "-o", "json", JOB_NAME="alpha", SHARED_VOLUME_PATH="/elsewhere"
+    )
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert json.loads(elsewhere.stdout) == [row]

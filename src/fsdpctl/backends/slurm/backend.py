@@ -26,7 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import files, jobpolicy
+from fsdpctl import files, jobpolicy, record_store
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.slurm import states
 from fsdpctl.backends.slurm.door import Forgotten, Slurm
@@ -79,8 +79,26 @@ class SlurmBackend:
         return Slurm(self.cfg.request_timeout)
 
     def _paths(self, job: str, run_id: str) -> Paths:
-        """The run's files on the shared file system, derived (never read from the state)."""
+        """The run's files on the shared file system, derived from the settings, the job's name and
+        the run id (never read from the state): where a stop is written and cleanup deletes."""
         return paths(self.cfg.model_copy(update={"job_name": job}), run_id)
+
+    def _seen_paths(self, job: str, run_id: str) -> Paths:
+        """Where the run's files are to be read: the derived place; when it has none and the run's
+        record names another SHARED_VOLUME_PATH (the run was started with settings this command does
+        not have), the place derived from that one. Only read there: never written or deleted."""
+        here = self._paths(job, run_id)
+        if os.path.isdir(here.root):
+            return here
+        try:
+            rec = record_store.read(record_store.path(job, run_id))
+        except (BadInput, OSError):
+            return here
+        then = rec["settings"].get("SHARED_VOLUME_PATH")
+        if not then or then == self.cfg.shared_volume_path:
+            return here
+        cfg = self.cfg.model_copy(update={"job_name": job, "shared_volume_path": then})
+        return paths(cfg, run_id)
 
     # ---- submit ----------------------------------------------------------------------------------------
     def _require_shared(self) -> None:
@@ -187,7 +205,7 @@ class SlurmBackend:
     def _seen(self, st: dict[str, Any]) -> Seen:
         """What Slurm says of the job now. An unreachable controller, an empty answer or one not of
         the shape a job record has is Unknown, with what was asked: never read as an end."""
-        p = self._paths(st["job"], st["run_id"])
+        p = self._seen_paths(st["job"], st["run_id"])
         stopping = os.path.exists(p.stop_file)
         try:
             found = self.slurm.job(st["slurm_job"])
@@ -209,7 +227,7 @@ class SlurmBackend:
         if seen.phase == Phase.UNKNOWN:
             return runner.unknown_report(st, st["nodes"], seen.unknown)
         job = seen.record or {}
-        p = self._paths(st["job"], st["run_id"])
+        p = self._seen_paths(st["job"], st["run_id"])
         leader = Path(p.node_log(0))
         recs = parse_events(_texts(leader))
         now = time.time()
@@ -286,7 +304,7 @@ class SlurmBackend:
     def _follow(
         self, st: dict[str, Any], chosen: Any, follow: bool, tail: int | None
     ) -> Iterator[LogLine]:
-        p = self._paths(st["job"], st["run_id"])
+        p = self._seen_paths(st["job"], st["run_id"])
         offsets = {n: 0 for n in chosen}
         first = True
         while True:
@@ -303,26 +321,26 @@ class SlurmBackend:
 
     def tail(self, name: str, lines: int) -> list[str]:
         st = self._state(name)
-        p = self._paths(st["job"], st["run_id"])
+        p = self._seen_paths(st["job"], st["run_id"])
         return (_texts(Path(p.node_log(0))) or _texts(Path(p.batch_log)))[-lines:]
 
     def history(self, name: str) -> list[events.Event]:
         st = self._state(name)
         return across_runs(
-            [parse_events(_texts(Path(self._paths(name, st["run_id"]).node_log(0))))]
+            [parse_events(_texts(Path(self._seen_paths(name, st["run_id"]).node_log(0))))]
         )
 
     def outcomes(self, name: str) -> dict[str, str]:
         """Every run of the job whose files are still on the shared file system (its directory
         under fsdpctl/slurm/<job>/, derived), the current one with its phase."""
         st = self._state(name)
-        job_root = Path(self._paths(name, st["run_id"]).root).parent
+        job_root = Path(self._seen_paths(name, st["run_id"]).root).parent
         ended = {}
         for run in _run_dirs(job_root):
-            lines = _texts(Path(self._paths(name, run).node_log(0)))
+            lines = _texts(Path(self._seen_paths(name, run).node_log(0)))
             ended[run] = run_outcome(parse_events(lines))
         seen = self._seen(st)
-        lines = _texts(Path(self._paths(name, st["run_id"]).node_log(0)))
+        lines = _texts(Path(self._seen_paths(name, st["run_id"]).node_log(0)))
         phase = None if seen.phase == Phase.UNKNOWN else seen.phase
         return {**ended, st["run_id"]: run_outcome(parse_events(lines), phase)}
 
@@ -335,7 +353,7 @@ class SlurmBackend:
 
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
         """The leader's log of that run, on the shared file system (None once it is gone)."""
-        log = Path(self._paths(job, run_id).node_log(0))
+        log = Path(self._seen_paths(job, run_id).node_log(0))
         return _texts(log) if log.is_file() else None
 
     def here(self, path: str) -> str | None:
@@ -364,6 +382,15 @@ class SlurmBackend:
                 " this run",
             )
         p = self._paths(name, st["run_id"])
+        if not os.path.isdir(p.root):  # a stop without its file reads as an eviction: requeued
+            then = self._seen_paths(name, st["run_id"]).root
+            raise BadInput(
+                f"job {name}: its run's directory is not at {p.root} (SHARED_VOLUME_PATH="
+                f"{self.cfg.shared_volume_path!r}): the trainers would not see the stop request",
+                hint=f"set SHARED_VOLUME_PATH as the run had it (its files are at {then})"
+                if then != p.root
+                else "run fsdpctl where the cluster's shared file system is mounted",
+            )
         if dry_run:
             return f"dry run: would write {p.stop_file} and `scancel --signal=TERM {sid}`"
         if os.path.isdir(p.root):  # the run's own directory, derived; never made by a stop
