@@ -509,3 +509,16 @@ def test_history_describe_and_list_read_a_run_as_on_every_backend(place):
     )
     assert elsewhere.returncode == 0, elsewhere.stderr
     assert json.loads(elsewhere.stdout) == [row]
+
+
+def test_a_node_the_job_does_not_have_is_refused(place):
+    """`job logs --node N` for an N outside the job's nodes (99, -1), and --all with --node: one
+    line naming the range or the clash, exit 2, on every backend (it printed nothing, exit 0)."""
+    place.ended("alpha")
+    for args in (["--node", "99"], ["--node", "-1"], ["--node", "1"], ["--all", "--node", "0"]):
+        r = place.run("job", "logs", "alpha", *args, JOB_NAME="alpha")
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert len([x for x in r.stderr.splitlines() if x.startswith("error:")]) == 1, r.stderr
+        assert "--node" in r.stderr and "error: internal" not in r.stderr
+    ok = place.run("job", "logs", "alpha", "--node", "0", JOB_NAME="alpha")
+    assert ok.returncode == (0 if place.trains else 1), ok.stderr  # eks: the peer made no pods
