@@ -522,3 +522,20 @@ def test_a_node_the_job_does_not_have_is_refused(place):
         assert "--node" in r.stderr and "error: internal" not in r.stderr
     ok = place.run("job", "logs", "alpha", "--node", "0", JOB_NAME="alpha")
     assert ok.returncode == (0 if place.trains else 1), ok.stderr  # eks: the peer made no pods
+
+
+def test_replace_stops_the_running_run_and_starts_exactly_one(place):
+    """`job run -d --replace` of a job that is running, three times in a row: each exits 0 having
+    waited for the old run to end (its stop checkpoint) and for its processes, its lock, to be
+    gone (it lost that race 1 time in 3), and the place runs exactly one run of the job after each."""
+    first = place.run("job", "run", "-d", JOB_NAME="busy", MAX_STEPS="100000")
+    assert first.returncode == 0, first.stderr
+    until("the first run", lambda: place.outside("busy"))
+    for n in range(3):
+        r = place.run(
+            "job", "run", "-d", "--replace", JOB_NAME="busy", MAX_STEPS="100000", timeout=400
+        )
+        assert r.returncode == 0, (n, r.stdout + r.stderr)
+        assert len(until("one run", lambda: place.outside("busy"))) == 1, n
+    stop = place.run("job", "stop", "busy", JOB_NAME="busy", timeout=400)
+    assert stop.returncode == 0, stop.stderr
