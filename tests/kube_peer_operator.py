@@ -1149,6 +1149,7 @@ class PodRun:
     written: Obj | None = None  # the status last written
     deleted: bool = False  # the final delete was sent
     log_sizes: dict[str, int] = field(default_factory=dict)
+    seen_as: dict[str, str] = field(default_factory=dict)  # this machine's name -> the pod's
 
 
 class Cluster:
@@ -1684,7 +1685,10 @@ class Cluster:
         }
         program = Path(argv[0]).name
         if program.startswith("python") or program == "torchrun":
-            endpoint = self._endpoint(run.namespace, _option(argv, "rdzv-endpoint"))
+            given = _option(argv, "rdzv-endpoint")
+            endpoint = self._endpoint(run.namespace, given)
+            if given:
+                run.seen_as[endpoint] = given
             [launch] = launches(spec, endpoint, environ)
         else:  # a program this machine has (`rm`), as it is
             env = {**environ, **mapped_env(spec, 0), "TMPDIR": spec["tmp"]}
@@ -1907,11 +1911,12 @@ class Cluster:
                 self.peer.api.logs[(run.namespace, run.name)] = text
 
     def _as_seen_inside(self, run: PodRun, text: str) -> str:
-        """The container's output with the paths as the container names them: each volume's
-        directory here back to its mount path, the pod's /tmp and home back to theirs (the inverse
-        of the mapping its command and environment went through)."""
+        """The container's output with the names the container gave: each volume's directory here
+        back to its mount path, the pod's /tmp and home back to theirs, the rendezvous endpoint's
+        loopback port back to the Service (the inverse of what its command and environment went
+        through)."""
         inside = {d: m for m, d in run.mounts.items() if m != "/"}
-        inside |= {str(run.dir / "tmp"): "/tmp", str(run.dir / "home"): IMAGE_HOME}
+        inside |= {str(run.dir / "tmp"): "/tmp", str(run.dir / "home"): IMAGE_HOME, **run.seen_as}
         for directory in sorted(inside, key=len, reverse=True):
             text = text.replace(directory, inside[directory])
         return text
