@@ -780,7 +780,15 @@ class KubeApi(kmock.KubernetesScaffold):
         if _dry(request):
             return new
         key = self._key(res, new["metadata"].get("namespace"), new["metadata"]["name"])
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        # an update that leaves an object being deleted without finalizers deletes it, unless it is
+        # in a grace period (a pod its kubelet is ending): apiserver pkg/registry/generic/registry/
+        # store.go, ShouldDeleteDuringUpdate
+        grace = old["metadata"].get("deletionGracePeriodSeconds")
+        if (
+            old["metadata"].get("deletionTimestamp")
+            and not new["metadata"].get("finalizers")
+            and not grace
+        ):
             self.store.remove(key)
             self._schedule_gc()
             return new
@@ -1049,6 +1057,8 @@ class KubeApi(kmock.KubernetesScaffold):
         ):
             grace = 0
         if grace <= 0:
+            if pod["metadata"].get("deletionTimestamp"):  # the kubelet's final delete, grace 0
+                pod["metadata"]["deletionGracePeriodSeconds"] = 0
             return False
         # a pod already being deleted keeps its deadline unless this one is shorter
         # (apiserver pkg/registry/rest/delete.go, BeforeDelete: only a shorter grace period is taken)

@@ -643,12 +643,6 @@ def job_plan(job: Obj, pods: list[Obj], at: float, last_failure: float | None) -
     status = copy.deepcopy(job.get("status") or {})
     old = copy.deepcopy(job.get("status") or {})
     plan = Plan()
-    done = has_condition(status, "Complete") or has_condition(status, "Failed")
-    if done or deleting(job) or spec.get("suspend"):
-        plan.patches += [_release(p) for p in pods if _tracked(p)]
-        plan.status = status if status != old else None
-        return plan
-    status.setdefault("startTime", now(at))
     recorded = old.get("uncountedTerminatedPods") or {}
     uncounted = {k: list(recorded.get(k) or []) for k in ("succeeded", "failed")}
     by_uid = {p["metadata"]["uid"]: p for p in pods}
@@ -656,9 +650,14 @@ def job_plan(job: Obj, pods: list[Obj], at: float, last_failure: float | None) -
         still = [u for u in uids if u in by_uid and _tracked(by_uid[u])]
         status[key] = status.get(key, 0) + len(uids) - len(still)
         uncounted[key] = still
+    done = has_condition(status, "Complete") or has_condition(status, "Failed")
     for pod in pods:
         uid = pod["metadata"]["uid"]
-        if not _tracked(pod) or not terminal(pod):
+        if not _tracked(pod):
+            continue
+        if not terminal(pod):
+            if done or deleting(job):  # being deleted with its job: nothing to count
+                plan.patches.append(_release(pod))
             continue
         key = "succeeded" if phase_of(pod) == "Succeeded" else "failed"
         rule = failure_rule(job, pod) if key == "failed" else None
@@ -669,6 +668,10 @@ def job_plan(job: Obj, pods: list[Obj], at: float, last_failure: float | None) -
         elif uid not in uncounted[key]:
             uncounted[key].append(uid)
     status["uncountedTerminatedPods"] = {k: v for k, v in uncounted.items() if v}
+    if done or deleting(job) or spec.get("suspend"):
+        plan.status = status if status != old else None
+        return plan
+    status.setdefault("startTime", now(at))
     active = [p for p in pods if not terminal(p) and not deleting(p)]
     terminating = [p for p in pods if deleting(p) and not terminal(p)]
     status["active"], status["terminating"] = len(active), len(terminating)
@@ -1260,6 +1263,7 @@ class Cluster:
         objs = self.view()
         for key in [k for k in objs if k[:2] == ("batch", "jobs")]:
             self._job(objs, objs[key], at)
+        self._orphans(objs)
         objs = self.view()
         self._schedule(objs)
         objs = self.view()
@@ -1339,6 +1343,16 @@ class Cluster:
                 self.failed_at[uid] = max(self.failed_at.get(uid, 0.0), finished_at)
         plan = job_plan(job, pods, at, self.failed_at.get(uid))
         self._carry_out(plan, job, "batch/v1", "Job")
+
+    def _orphans(self, objs: dict[Key, Obj]) -> None:
+        """A pod whose Job is gone lets go of its tracking finalizer (the Job controller's orphan
+        pods: job_controller.go, handling a pod with the finalizer and no Job)."""
+        jobs = {o["metadata"]["uid"] for k, o in objs.items() if k[:2] == ("batch", "jobs")}
+        for pod in self._of(objs, "pods"):
+            refs = pod["metadata"].get("ownerReferences") or []
+            mine = [r for r in refs if r.get("controller") and r.get("kind") == "Job"]
+            if _tracked(pod) and (not mine or mine[0]["uid"] not in jobs):
+                self._call("PATCH", _release(pod)[:4], _release(pod)[4], MERGE)
 
     def _carry_out(self, plan: Plan, owner: Obj, api: str, kind: str) -> None:
         for obj in plan.creates:
