@@ -61,6 +61,7 @@ import re
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -1153,6 +1154,8 @@ class PodRun:
     deleted: bool = False  # the final delete was sent
     log_sizes: dict[str, int] = field(default_factory=dict)
     seen_as: dict[str, str] = field(default_factory=dict)  # this machine's name -> the pod's
+    hostname: str = ""
+    hosts: str = ""  # the pod's /etc/hosts as last written
 
 
 class Cluster:
@@ -1171,7 +1174,9 @@ class Cluster:
             tuple[str, str, int], int
         ] = {}  # (namespace, service, port) -> loopback port
         self.failed_at: dict[str, float] = {}  # Job uid -> when its last pod failed
+        self.started: list[tuple[PodRun, Running]] = []  # every container started, in order
         self._ips = 0
+        self.isolated, self.why_not_isolated = pod_namespaces()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -1437,11 +1442,13 @@ class Cluster:
         for uid in [u for u in self.runs if u not in pods]:  # gone from the API: force-deleted
             self._forget(self.runs.pop(uid))
         for uid, pod in pods.items():
+            if uid not in self.runs and not terminal(pod):  # a terminal one it never ran: left
+                self._accept(pod)
+        self._dns(objs)
+        for uid, pod in pods.items():
             run = self.runs.get(uid)
             if run is None:
-                if terminal(pod):
-                    continue  # a pod this kubelet never ran (another cluster's) is left alone
-                run = self._accept(pod)
+                continue
             try:
                 self._sync_pod(objs, pod, run)
             except Exception:  # noqa: BLE001 - one pod's trouble must not stop the others
@@ -1457,8 +1464,9 @@ class Cluster:
             name=meta["name"],
             node=pod["spec"]["nodeName"],
             dir=self.root / "pods" / meta["uid"],
-            ip=f"10.1.{128 + self._ips // 250}.{self._ips % 250 + 2}",
+            ip=f"127.1.{self._ips // 250}.{self._ips % 250 + 2}",
             started=now(),
+            hostname=meta["name"][:63].rstrip("-."),
         )
         self.runs[run.uid] = run
         return run
@@ -1659,6 +1667,7 @@ class Cluster:
         launch = self._launch(pod, run, container, env, argv, mark)
         proc = shell.spawn(launch.argv, env=launch.env, log=log, stamped=True, cwd=cwd)
         run.current = Running(name, proc, mark, log, now(), restarts)
+        self.started.append((run, run.current))
         state = {"running": {"startedAt": run.current.started}}
         run.statuses[name] = self._status(pod, container, restarts, state, previous)
         if run.phase == "Pending" and run.init_done >= len(pod["spec"].get("initContainers") or []):
@@ -1708,11 +1717,15 @@ class Cluster:
             env = {**environ, **mapped_env(spec, 0), "TMPDIR": spec["tmp"]}
             launch = Launch(0, argv, env)
         launch.env[POD_MARK] = mark
+        if self.isolated:  # its own hostname and /etc/hosts, as a pod has
+            launch.argv = [*UNSHARE, run.hostname, str(run.dir / "etc-hosts"), *launch.argv]
         return launch
 
     def _endpoint(self, namespace: str, given: str | None) -> str:
         """A rendezvous endpoint `<service>[.<namespace>[.svc[.cluster.local]]]:<port>` as the pods
-        here reach it: the loopback address, on a port this cluster gives that Service's port."""
+        here reach it: its name (each pod's /etc/hosts answers it as cluster DNS would) or, where
+        pods share this machine's names, the loopback address; on a port this cluster gives that
+        Service's port (every pod listens on this machine's ports)."""
         if not given:
             return "127.0.0.1:0"
         host, _, port = given.rpartition(":")
@@ -1723,7 +1736,46 @@ class Cluster:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 self.ports[key] = s.getsockname()[1]
-        return f"127.0.0.1:{self.ports[key]}"
+        return f"{host if self.isolated else '127.0.0.1'}:{self.ports[key]}"
+
+    def _dns(self, objs: dict[Key, Obj]) -> None:
+        """Each running pod's /etc/hosts (kubelet_pods.go managedHostsFileContent: localhost, then
+        the pod's own address and hostname) with what cluster DNS answers in its namespace: every
+        pod's hostname and each Service's names, headless ones to the addresses of the pods they
+        select (of every pod a kubelet here admitted: ready or not)."""
+        labels = {
+            uid: (objs.get(("", "pods", r.namespace, r.name)) or {})
+            .get("metadata", {})
+            .get("labels")
+            or {}
+            for uid, r in self.runs.items()
+        }
+        for run in self.runs.values():
+            lines = [
+                "# Kubernetes-managed hosts file.",
+                "127.0.0.1\tlocalhost",
+                "::1\tlocalhost ip6-localhost ip6-loopback",
+                f"{run.ip}\t{run.hostname}",
+                "# cluster DNS (kube_peer_operator)",
+            ]
+            mates = [r for r in self.runs.values() if r.namespace == run.namespace and r is not run]
+            lines += [f"{r.ip}\t{r.hostname}" for r in mates]
+            for svc in self._of(objs, "services", run.namespace):
+                selector = (svc.get("spec") or {}).get("selector") or {}
+                name = svc["metadata"]["name"]
+                fqdn = f"{name}.{run.namespace}.svc"
+                names = f"{name} {name}.{run.namespace} {fqdn} {fqdn}.cluster.local"
+                lines += [
+                    f"{r.ip}\t{names}"
+                    for r in [run, *mates]
+                    if selector and all(labels[r.uid].get(k) == v for k, v in selector.items())
+                ]
+            text = "\n".join(lines) + "\n"
+            if text != run.hosts:
+                run.dir.mkdir(parents=True, exist_ok=True)
+                with open(run.dir / "etc-hosts", "w") as f:  # the same file: it is bind-mounted
+                    f.write(text)
+                run.hosts = text
 
     def _argv(
         self, pod: Obj, run: PodRun, container: Obj, env: dict[str, str]
@@ -1937,6 +1989,17 @@ class Cluster:
 
     # --- what a test does to the cluster ----------------------------------------------------------
 
+    def node_logs(self, namespace: str, name: str, container: str) -> list[str]:
+        """Every run of that container in pods of that name, oldest first, one text each: the
+        nodes' /var/log/pods, which outlive the pods (the API serves only a live pod's)."""
+        from fsdpctl import crilog
+
+        return [
+            self._as_seen_inside(run, "\n".join(crilog.texts(c.log)))
+            for run, c in self.started
+            if (run.namespace, run.name, c.name) == (namespace, name, container) and c.log.exists()
+        ]
+
     def pod_run(self, namespace: str, name: str) -> PodRun | None:
         """The kubelet's record of the live pod of that name."""
         found = [r for r in self.runs.values() if (r.namespace, r.name) == (namespace, name)]
@@ -1957,6 +2020,40 @@ class Cluster:
             except ProcessLookupError:
                 pass
         return len(pids)
+
+
+# a pod's processes in UTS and mount namespaces of their own: its hostname, its /etc/hosts
+UNSHARE = [
+    "unshare",
+    "--uts",
+    "--mount",
+    "--propagation",
+    "private",
+    "--",
+    "/bin/sh",
+    "-c",
+    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"',
+    "pod",
+]
+
+
+def pod_namespaces() -> tuple[bool, str]:
+    """Whether pods can have their own hostname and /etc/hosts here (root, util-linux unshare);
+    why not."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return False, "not root: pods share this machine's hostname and the loopback address"
+    if not shutil.which("unshare"):
+        return False, "no unshare (util-linux): pods share this machine's hostname"
+    probe = subprocess.run(
+        ["unshare", "--uts", "--mount", "--propagation", "private", "--", "true"],
+        capture_output=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        return False, f"unshare: {probe.stderr.decode(errors='replace').strip()}"
+    return True, ""
 
 
 class StartRefused(Exception):

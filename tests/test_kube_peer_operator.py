@@ -717,7 +717,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
 
 def _trained(b: Bench, job: str, backend: dict, **settings: str) -> float:
     began = time.monotonic()
-    r = b.run("job", "run", JOB_NAME=job, **backend, **TINY, **settings)
+    r = b.run("job", "run", **{**backend, **TINY, **settings, "JOB_NAME": job})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return time.monotonic() - began
 
@@ -726,10 +726,13 @@ def _trained(b: Bench, job: str, backend: dict, **settings: str) -> float:
 @pytest.mark.parametrize("nodes", ["1", "2"])
 def test_a_job_trains_on_the_cluster_with_the_local_backends_losses(bench, nodes):
     """`fsdpctl job run` (followed to its end) of the tiny model on JOB_NODES pods, one trainer
-    process each: it ends Succeeded at MAX_STEPS, its pods Succeeded (kept: cleanPodPolicy Running),
-    each with its headless Service, and the leader's log through the API has every step's loss
-    equal, to the bit, to the local backend's run of the same settings (same world, same data, same
-    threads per process)."""
+    process each: it ends Succeeded at MAX_STEPS and its leader's log has every step's loss equal,
+    to the bit, to the local backend's run of the same settings (same world, same data, same threads
+    per process). Each pod is Succeeded and kept with its headless Service, or, where another
+    worker's success was seen while it still ran, deleted with its Service after the job's
+    Succeeded (elastic: any worker's success ends the job, and cleanPodPolicy Running deletes the
+    pods still running: pytorchjob_controller.go UpdateJobStatus, common/job.go
+    DeletePodsAndServices). `job status` reads the step from the leader while its pod is there."""
     job = f"train-{nodes}"
     took = {
         "eks": _trained(bench, job, EKS, JOB_NODES=nodes),
@@ -738,20 +741,30 @@ def test_a_job_trains_on_the_cluster_with_the_local_backends_losses(bench, nodes
     print(
         f"\n{nodes}-node tiny job wall time: eks {took['eks']:.1f} s, local {took['local']:.1f} s"
     )
-    eks = record.losses(bench.leader_lines(job))
+    [leader_log] = bench.cluster.node_logs(NS, f"{job}-worker-0", "pytorch")
+    eks = record.losses(leader_log.splitlines())
     assert sorted(eks) == list(range(1, 7)), eks
     assert eks == bench.local_losses(f"{job}-local")
-    pods = bench.cluster.kube.list("v1", "Pod", NS, {op.JOB_NAME_LABEL: job})
-    assert sorted(p["metadata"]["name"] for p in pods) == [
-        f"{job}-worker-{i}" for i in range(int(nodes))
-    ]
-    assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
-    services = bench.cluster.kube.list("v1", "Service", NS, {op.JOB_NAME_LABEL: job})
-    assert sorted(s["metadata"]["name"] for s in services) == sorted(
-        p["metadata"]["name"] for p in pods
+    listed = bench.cluster.kube.list("v1", "Pod", NS, {op.JOB_NAME_LABEL: job})
+    kept = {p["metadata"]["name"]: p for p in listed}
+    assert {p["status"]["phase"] for p in kept.values()} == {"Succeeded"}
+    done_at = min(
+        rv
+        for rv, j in versions(bench, ("kubeflow.org", "pytorchjobs", NS, job), with_rv=True)
+        if op.has_condition(j["status"], "Succeeded")
     )
+    for i in range(int(nodes)):
+        name = f"{job}-worker-{i}"
+        if name not in kept:
+            pod_versions = versions(bench, ("", "pods", NS, name), with_rv=True)
+            deleted = [rv for rv, p in pod_versions if op.deleting(p)]
+            assert deleted and min(deleted) > done_at, name
+    services = bench.cluster.kube.list("v1", "Service", NS, {op.JOB_NAME_LABEL: job})
+    assert sorted(s["metadata"]["name"] for s in services) == sorted(kept)
     status = json.loads(bench.run("job", "status", job, "-o", "json", JOB_NAME=job, **EKS).stdout)
-    assert status["phase"] == "Succeeded" and status["step"] == 6 and status["nodes"] == int(nodes)
+    assert status["phase"] == "Succeeded" and status["nodes"] == int(nodes)
+    if f"{job}-worker-0" in kept:
+        assert status["step"] == 6 and record.losses(bench.leader_lines(job)) == eks
 
 
 LONG = {"MAX_STEPS": "300", "CHECKPOINT_INTERVAL": "50", "MAX_RESTARTS": "1"}
@@ -765,6 +778,18 @@ def reference(bench: Bench) -> dict[int, float]:
     losses = bench.local_losses("ref")
     assert sorted(losses) == list(range(1, 301))
     return losses
+
+
+def versions(b: Bench, key: tuple[str, str, str, str], with_rv: bool = False) -> list[Any]:
+    """Every version of one object the API stored, oldest first (the peer's event history, as a
+    watch from the start sees it); with `with_rv`, each as (resourceVersion, object)."""
+    store = b.peer.api.store
+
+    def grab() -> list[Any]:
+        found = [(rv, json.loads(json.dumps(c))) for rv, k, c, _ in store.history if k == key and c]
+        return found if with_rv else [o for _, o in found]
+
+    return b.peer.call(grab)
 
 
 def _step_seen(b: Bench, job: str, pod: str, step: int) -> bool:
@@ -783,7 +808,7 @@ def test_a_stopped_job_resumes_with_the_losses_of_a_run_never_stopped(bench, ref
     (RESUME=auto, the run record's settings), which trains to MAX_STEPS with, from the step after
     the stop, exactly the losses of the uninterrupted run."""
     job = "pausing"
-    r = bench.run("job", "run", "-d", JOB_NAME=job, JOB_NODES="1", **EKS, **TINY, **LONG)
+    r = bench.run("job", "run", "-d", **{**EKS, **TINY, **LONG, "JOB_NAME": job, "JOB_NODES": "1"})
     assert r.returncode == 0, r.stderr
     until("step 20", lambda: _step_seen(bench, job, f"{job}-worker-0", 20), timeout=240)
     began = time.monotonic()
@@ -793,6 +818,8 @@ def test_a_stopped_job_resumes_with_the_losses_of_a_run_never_stopped(bench, ref
     assert bench.peer.objects("pytorchjobs") == [] or all(
         o["metadata"]["name"] != job for o in bench.peer.objects("pytorchjobs")
     )
+    [first_run] = bench.cluster.node_logs(NS, f"{job}-worker-0", "pytorch")
+    assert "stop requested (fsdpctl job stop): stopped at step" in first_run
     ckpts = bench.cluster.root / "volumes" / NS / "fsx-claim" / "checkpoints" / job
     latest = (ckpts / "latest").read_text().strip()
     stopped_at = int(latest.rpartition("-")[2])
@@ -815,24 +842,24 @@ def test_a_killed_pod_is_recreated_and_the_job_resumes(bench, reference):
     job Restarting meanwhile; the new pod resumes from the last periodic checkpoint on the claim and
     trains to MAX_STEPS Succeeded, with the uninterrupted run's losses."""
     job = "killed"
-    r = bench.run("job", "run", "-d", JOB_NAME=job, JOB_NODES="1", **EKS, **TINY, **LONG)
+    r = bench.run("job", "run", "-d", **{**EKS, **TINY, **LONG, "JOB_NAME": job, "JOB_NODES": "1"})
     assert r.returncode == 0, r.stderr
     pod = f"{job}-worker-0"
     until("step 60", lambda: _step_seen(bench, job, pod, 60), timeout=240)
     first = pod_of(bench.cluster, pod)["metadata"]["uid"]
-    phases: list[str] = []
     assert bench.cluster.kill(NS, pod) > 0
-
-    def recreated() -> bool:
-        found = bench.cluster.kube.get("kubeflow.org/v1", "PyTorchJob", job, NS)
-        phases.append(kstatus.phase(found) if found else "gone")
-        now = pod_of(bench.cluster, pod)
-        return now is not None and now["metadata"]["uid"] != first
-
-    until("a new pod", recreated, timeout=120)
     waited = bench.run("job", "wait", job, "--timeout", "400", JOB_NAME=job, **EKS)
     assert waited.returncode == 0, waited.stdout + waited.stderr
-    assert "Restarting" in phases, phases
+    # every version of the job and of its pods the API stored, as a watch from the start saw them
+    jobs, pods = (
+        versions(bench, ("kubeflow.org", "pytorchjobs", NS, job)),
+        versions(bench, ("", "pods", NS, pod)),
+    )
+    assert "Restarting" in [kstatus.phase(j) for j in jobs]
+    ended = [p for p in pods if p["metadata"]["uid"] == first and p["status"]["phase"] == "Failed"]
+    [cs] = ended[-1]["status"]["containerStatuses"]
+    assert cs["state"]["terminated"]["exitCode"] == 128 + 9
+    assert pod_of(bench.cluster, pod)["metadata"]["uid"] != first
     job_obj = bench.cluster.kube.get("kubeflow.org/v1", "PyTorchJob", job, NS)
     assert kstatus.phase(job_obj) == "Succeeded"
     lines = bench.leader_lines(job)
