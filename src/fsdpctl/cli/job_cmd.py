@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from fsdpctl import backends, crilog, failures, files
+from fsdpctl.backends import LogLine
 from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import (
@@ -205,10 +206,26 @@ def logs(
             f"--node {node}: job {name} has nodes 0 to {nodes - 1}",
             hint="`fsdpctl job status` shows its nodes",
         )
-    for line in be.logs(
-        name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s
-    ):
+
+    def shown(line: LogLine) -> bool:  # what --tail counts: the lines that will be printed
         if trainer_only and failures.from_torch(line.text):
+            return False
+        return (
+            output == LogFormat.json
+            or job_view.log_text(line, prefix=False, timestamps=False) is not None
+        )
+
+    for line in be.logs(
+        name,
+        follow=follow_,
+        all_=all_,
+        node=node,
+        pod=pod,
+        tail=tail,
+        since_s=since_s,
+        keep=shown,
+    ):
+        if not shown(line):
             continue
         if output == LogFormat.json:
             out.print(

@@ -101,10 +101,12 @@ class Backend(Protocol):
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
-        """The chosen logs' lines: per node or pod its last `tail` lines, those of the last
-        `since_s` seconds, as PodLogOptions tailLines and sinceSeconds choose them; with `follow`,
-        then what comes until the job ends."""
+        """The chosen logs' lines that `keep` keeps (all without it): per node or pod its last
+        `tail` of those, those of the last `since_s` seconds, as PodLogOptions tailLines and
+        sinceSeconds choose lines; with `follow`, then what comes until the job ends. `tail` counts
+        kept lines: `job logs --tail 3 --trainer-only` is three of the trainer's lines."""
         ...
 
     def tail(self, name: str, lines: int) -> list[str]: ...

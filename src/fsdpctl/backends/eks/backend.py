@@ -153,6 +153,7 @@ class EksBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if node is not None:
             pod = f"{name}-worker-{node}" if self.cfg.job_kind == "pytorchjob" else None
@@ -169,6 +170,7 @@ class EksBackend:
             all_pods=all_,
             tail=tail,
             since_s=since_s,
+            keep=keep,
         )
 
     def tail(self, name: str, lines: int) -> list[str]:

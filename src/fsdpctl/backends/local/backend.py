@@ -161,6 +161,7 @@ class LocalBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if pod is not None:
             raise FsdpctlError("--pod names a pod on a cluster", hint="locally, use --node N")
@@ -176,12 +177,16 @@ class LocalBackend:
         while True:
             active = local.effective_phase(self._state(name)) in local.ACTIVE
             for f, reader in readers.items():
-                found = reader.read(final=not (follow and active))
+                lines = [
+                    LogLine({"node": f.stem}, line.text, line.time)
+                    for line in reader.read(final=not (follow and active))
+                ]
+                lines = [x for x in lines if keep is None or keep(x)]
                 if (
                     first
                 ):  # the kubelet's choice applies to what is there when asked; the rest is new
-                    found = crilog.select(found, tail=tail, since=since)
-                yield from (LogLine({"node": f.stem}, line.text, line.time) for line in found)
+                    lines = crilog.select(lines, tail=tail, since=since)
+                yield from lines
             first = False
             if not follow or not active:
                 return

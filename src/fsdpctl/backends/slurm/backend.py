@@ -286,6 +286,7 @@ class SlurmBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if pod is not None:
             raise BadInput("--pod names a pod on Kubernetes", hint="on Slurm, use --node N")
@@ -299,10 +300,15 @@ class SlurmBackend:
                 f"--node {node}: job {name} has nodes 0 to {st['nodes'] - 1}",
                 hint="`fsdpctl job status` shows its nodes",
             )
-        return self._follow(st, range(st["nodes"]) if all_ else [node or 0], follow, tail)
+        return self._follow(st, range(st["nodes"]) if all_ else [node or 0], follow, tail, keep)
 
     def _follow(
-        self, st: dict[str, Any], chosen: Any, follow: bool, tail: int | None
+        self,
+        st: dict[str, Any],
+        chosen: Any,
+        follow: bool,
+        tail: int | None,
+        keep: Callable[[LogLine], bool] | None,
     ) -> Iterator[LogLine]:
         p = self._seen_paths(st["job"], st["run_id"])
         offsets = {n: 0 for n in chosen}
@@ -310,10 +316,12 @@ class SlurmBackend:
         while True:
             active = follow and self._seen(st).phase not in FINAL
             for n in chosen:
-                lines, offsets[n] = _read_from(Path(p.node_log(n)), offsets[n])
+                texts, offsets[n] = _read_from(Path(p.node_log(n)), offsets[n])
+                lines = [LogLine({"node": f"node-{n}"}, text) for text in texts]
+                lines = [x for x in lines if keep is None or keep(x)]
                 if first and tail is not None:
                     lines = lines[-tail:] if tail else []
-                yield from (LogLine({"node": f"node-{n}"}, text) for text in lines)
+                yield from lines
             first = False
             if not active:
                 return
