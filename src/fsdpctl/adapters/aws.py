@@ -4,6 +4,7 @@ emulator."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,12 @@ def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
         raise AwsError("CredentialRetrievalError", f"{e} (REQUEST_TIMEOUT)") from None
 
 
+# botocore's errors that say its configuration is wrong, not AWS (botocore/exceptions.py): with every
+# Invalid...Error (InvalidRetryModeError for AWS_RETRY_MODE=x, InvalidDefaultsMode, ...), refused as
+# bad input
+CONFIG_ERRORS = ("ConfigParseError", "PartialCredentialsError", "UnknownCredentialError")
+
+
 # botocore's own default is 60 s to connect and 60 s per read, each retried up to 4 times (legacy
 # mode): a silent endpoint held a command for ten minutes. With a deadline of its own a request is
 # tried twice.
@@ -82,10 +89,14 @@ class Aws:
             raise FsdpctlError("boto3 is not installed", hint="pip install 'fsdpctl[aws]'") from e
         from botocore.exceptions import ProfileNotFound
 
+        from fsdpctl.adapters import aws_config
+
+        aws_config.check_files(os.environ)  # before botocore reads them, in its own way
         try:
             self.botocore = botocore.session.Session(profile=self.profile or None)
             self.session = boto3.Session(region_name=self.region, botocore_session=self.botocore)
             self.botocore.get_scoped_config()  # the profile is looked up here, as boto3.Session did
+            aws_config.check_values(self.botocore, self.profile, os.environ)
             _bound_credential_process(self.botocore, self.timeout, self.profile or "default")
             self.botocore.register("after-call-error", self._note_silence)
             self.botocore.register("before-send", self._fail_fast)
@@ -114,8 +125,24 @@ class Aws:
                 **({} if user_set else {"retries": RETRIES}),
             )
             # credentials are resolved here (the profile's credential_process runs): errors as
-            # _call's
-            self._clients[service] = _call(self.session.client, service_name=service, config=config)
+            # _call's; a setting botocore checks only now is one line naming it
+            try:
+                self._clients[service] = _call(
+                    self.session.client, service_name=service, config=config
+                )
+            except ValueError as e:  # endpoint.py create_endpoint: "Invalid endpoint: ..."
+                raise BadInput(
+                    f"the AWS endpoint for {service} is not valid: {e}",
+                    hint="fix AWS_ENDPOINT_URL (or the profile's endpoint_url): scheme://host[:port]",
+                ) from None
+            except AwsError as e:
+                if e.aws_code.startswith("Invalid") or e.aws_code in CONFIG_ERRORS:
+                    raise BadInput(
+                        f"the AWS configuration: {e}",
+                        hint="fix that setting in the environment or the AWS config file "
+                        "(`aws configure list` shows where each comes from)",
+                    ) from None
+                raise
         return self._clients[service]
 
     def _note_silence(self, exception: BaseException | None = None, **_: Any) -> None:
