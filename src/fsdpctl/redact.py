@@ -84,10 +84,14 @@ def secret_name(name: str) -> bool:
     return bool(SECRET_NAME.search(name.upper()))
 
 
-# A token pasted where a path belongs (HF_TOKEN_FILE=<the token itself>): one word of 20 or more
-# letters and digits mixing cases or digits, with no `/`, `.` or `~` a path would have. A file name is
-# rarely that: `token`, `hf.txt`, `/run/secrets/hf`.
-TOKEN_SHAPED = re.compile(r"(?=[A-Za-z0-9_\-]*[0-9])(?=[A-Za-z0-9_\-]*[A-Za-z])[A-Za-z0-9_\-]{20,}")
+# A token pasted where a path belongs (HF_TOKEN_FILE=<the token itself>): one word with no `/`, `.`
+# or `~` a path would have, either of 20 or more letters and digits mixing capitals, small letters
+# and digits (API tokens: Hugging Face's, GitHub's, OpenAI's), or of 32 or more letters and digits
+# alone (hex keys: Weights & Biases'). A file name is rarely either: `token`, `hf.txt`,
+# `hf-token-2024-personal`.
+TOKEN_SHAPED = re.compile(
+    r"(?=[\w-]*[0-9])(?=[\w-]*[a-z])(?=[\w-]*[A-Z])[A-Za-z0-9_\-]{20,}|[A-Za-z0-9]{32,}"
+)
 
 
 def token_shaped(value: str) -> bool:
