@@ -158,7 +158,7 @@ class Output(str, Enum):
 def command_group(help: str) -> typer.Typer:
     """A group of subcommands (`fsdpctl job ...`): bare `fsdpctl job` shows its help; plain-text
     help; options of a subcommand that exclude each other (EXCLUSIVE) refused before it runs."""
-    return typer.Typer(cls=_Group, no_args_is_help=True, rich_markup_mode=None, help=help)
+    return typer.Typer(cls=_SubGroup, no_args_is_help=True, rich_markup_mode=None, help=help)
 
 
 # Options of one subcommand that contradict each other: at most one of each group may be given. `job
@@ -169,7 +169,7 @@ EXCLUSIVE: dict[tuple[str, str], tuple[tuple[str, ...], ...]] = {
 }
 
 
-class _Group(TyperGroup):
+class _SubGroup(TyperGroup):
     """A subcommand group that refuses EXCLUSIVE options given together, from the words of the
     command line (before the subcommand parses them, so nothing of it runs)."""
 
