@@ -361,3 +361,41 @@ def test_repeated_env_files_are_read_in_order_and_a_later_one_wins(cli, files):
     shown = json.loads(r.stdout)
     for k, v in expected.items():
         assert str(shown["settings"][k]) == v and shown["sources"][k] == where[k], (k, shown)
+
+
+def test_dev_null_is_the_empty_file(outside, monkeypatch):
+    """`AWS_CONFIG_FILE=/dev/null` is how a user says "no config" (botocore reads it as absent:
+    not os.path.isfile); through the door it is the empty file, not a refused device."""
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    with bounded():
+        r = invoke("--env-file", os.devnull, "--set", "REQUEST_TIMEOUT=1", "cluster", "check")
+    assert r.exit_code in (0, 1) and "AWS_CONFIG_FILE" not in r.stderr, r.output
+
+
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        (
+            "[default]\ncredential_process = /nonexistent/helper --flag\n",
+            "error: the AWS profile's credential_process /nonexistent/helper cannot be run",
+        ),
+        (
+            "[default]\nca_bundle = /nonexistent/ca.pem\n",
+            "ca_bundle = '/nonexistent/ca.pem' is not a file",
+        ),
+    ],
+    ids=["credential_process missing", "ca_bundle missing"],
+)
+def test_a_profile_naming_what_is_not_there_is_one_line(outside, monkeypatch, config, said):
+    """botocore runs credential_process with Popen (credentials.py ProcessProvider: a missing
+    program is FileNotFoundError, which escaped as an internal error) and loads ca_bundle at the first
+    https connection."""
+    (outside / "config").write_text(config)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(outside / "config"))
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    with bounded():
+        r = invoke("--set", "REQUEST_TIMEOUT=1", "cluster", "check")
+    assert r.exit_code == 2, r.output
+    [line] = error_lines(r.stderr)
+    assert said in line, line

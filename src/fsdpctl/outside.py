@@ -61,6 +61,8 @@ def read_text(door: Door, path: Path | str, *, missing_ok: bool = False) -> str 
         raise door.refuse(path, "does not exist") from None
     except OSError as e:  # a file where a folder should be, permissions, a link loop
         raise door.refuse(path, f"cannot be read: {e.strerror}") from None
+    if _is_devnull(st):  # `AWS_CONFIG_FILE=/dev/null`: the usual way to say "no such file"
+        return ""
     _check_kind(door, path, st)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -92,6 +94,14 @@ def text_of(door: Door, path: Path | str, data: bytes) -> str:
         line = text.count("\n", 0, text.index("\0")) + 1
         raise door.refuse(path, f"holds a NUL byte (line {line}): it is not a text file")
     return text
+
+
+def _is_devnull(st: os.stat_result) -> bool:
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == null.st_rdev
 
 
 def _check_kind(door: Door, path: Path | str, st: os.stat_result) -> None:

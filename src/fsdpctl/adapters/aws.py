@@ -57,6 +57,14 @@ def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
         raise AwsError(type(e).__name__, str(e)) from e
     except shell.Overdue as e:  # the profile's credential_process
         raise AwsError("CredentialRetrievalError", f"{e} (REQUEST_TIMEOUT)") from None
+    except OSError as e:  # the profile's credential_process cannot be started (Popen)
+        if not e.filename:
+            raise
+        raise BadInput(
+            f"the AWS profile's credential_process {e.filename} cannot be run: {e.strerror}",
+            hint="fix credential_process in the AWS config file (`aws configure list` shows the "
+            "profile)",
+        ) from None
 
 
 # botocore's errors that say its configuration is wrong, not AWS (botocore/exceptions.py): with every
@@ -130,10 +138,20 @@ class Aws:
                 self._clients[service] = _call(
                     self.session.client, service_name=service, config=config
                 )
-            except ValueError as e:  # endpoint.py create_endpoint: "Invalid endpoint: ..."
-                raise BadInput(
-                    f"the AWS endpoint for {service} is not valid: {e}",
-                    hint="fix AWS_ENDPOINT_URL (or the profile's endpoint_url): scheme://host[:port]",
+            except ValueError as e:
+                if str(e).startswith("Invalid endpoint"):  # endpoint.py create_endpoint
+                    raise BadInput(
+                        f"the AWS endpoint for {service} is not valid: {e}",
+                        hint="fix AWS_ENDPOINT_URL (or the profile's endpoint_url): "
+                        "scheme://host[:port]",
+                    ) from None
+                # credentials.py ProcessProvider: json.loads of what the credential_process printed
+                raise AwsError(
+                    "CredentialRetrievalError",
+                    f"the credentials of AWS profile {self.profile or 'default'!r} could not be read: "
+                    f"{e}",
+                    hint="its credential_process must print JSON credentials (Version, AccessKeyId, "
+                    "SecretAccessKey): run it by hand",
                 ) from None
             except AwsError as e:
                 if e.aws_code.startswith("Invalid") or e.aws_code in CONFIG_ERRORS:

@@ -126,6 +126,25 @@ def check_values(session: Any, profile: str, environ: Mapping[str, str]) -> None
         except (ValueError, TypeError):
             raise _bad_value(session, profile, environ, config_name, env_vars, convert) from None
     _check_endpoints(session, profile, environ)
+    _check_ca_bundle(session, profile, environ)
+
+
+def _check_ca_bundle(session: Any, profile: str, environ: Mapping[str, str]) -> None:
+    """AWS_CA_BUNDLE (or the profile's ca_bundle) names the certificates every https request is
+    verified against: urllib3 loads it at the first connection (ssl load_verify_locations), where a
+    missing one failed deep inside the request."""
+    bundle = session.get_config_variable("ca_bundle")
+    if not bundle or os.path.isfile(bundle) or os.path.isdir(bundle):
+        return
+    if environ.get("AWS_CA_BUNDLE"):
+        raise BadInput(
+            f"AWS_CA_BUNDLE={bundle!r} (environment) is not a file",
+            hint="name the PEM file of the CA certificates, or unset AWS_CA_BUNDLE",
+        )
+    raise BadInput(
+        f"{_where(profile, 'ca_bundle')}: ca_bundle = {bundle!r} is not a file",
+        hint="name the PEM file of the CA certificates in that profile",
+    )
 
 
 def _bad_value(
