@@ -399,3 +399,60 @@ def test_a_profile_naming_what_is_not_there_is_one_line(outside, monkeypatch, co
     assert r.exit_code == 2, r.output
     [line] = error_lines(r.stderr)
     assert said in line, line
+
+
+JUNK = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(["", "x", "c", "u"])),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(["name", "cluster", "user", "context", "server", "token"]),
+            inner,
+            max_size=3,
+        ),
+    ),
+    max_leaves=8,
+)
+ENTRY = {
+    "clusters": st.fixed_dictionaries(
+        {"name": st.sampled_from(["c", "d"])},
+        optional={"cluster": st.one_of(JUNK, st.just({"server": "https://127.0.0.1:9"}))},
+    ),
+    "contexts": st.fixed_dictionaries(
+        {"name": st.sampled_from(["x", "y"])},
+        optional={"context": st.one_of(JUNK, st.just({"cluster": "c", "user": "u"}))},
+    ),
+    "users": st.fixed_dictionaries(
+        {"name": st.sampled_from(["u", "v"])},
+        optional={"user": st.one_of(JUNK, st.just({"token": "t"}))},
+    ),
+}
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    doc=st.fixed_dictionaries(
+        {},
+        optional={
+            **{k: st.one_of(st.lists(v, max_size=2), JUNK) for k, v in ENTRY.items()},
+            "current-context": st.one_of(st.sampled_from(["x", "y"]), JUNK),
+        },
+    )
+)
+def test_any_kubeconfig_shape_is_read_or_refused_in_one_line(outside, monkeypatch, doc):
+    """Generated kubeconfig documents, right and wrong in every part: the client connects (a closed
+    port: exit 1), says the kubeconfig names no cluster (exit 1), or the door refuses it (exit 2);
+    never an internal error."""
+    path = outside / "kubeconfig"
+    path.write_text(json.dumps(doc))
+    with monkeypatch.context() as m, bounded():
+        m.setenv("KUBECONFIG", str(path))
+        r = invoke("--set", "BACKEND=eks", "--set", "REQUEST_TIMEOUT=1", "job", "list")
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, (doc, r.stderr)
+    assert r.exit_code in (1, 2) and len(error_lines(r.stderr)) == 1, (doc, r.output)

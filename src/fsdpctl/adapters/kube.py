@@ -358,7 +358,7 @@ class Kube:
 
 
 KUBECONFIG_MAX = 16 * 1024 * 1024  # kubeconfigs with many clusters and embedded certificates: MBs
-KUBECONFIG_ITEMS = ("clusters", "contexts", "users")
+KUBECONFIG_ITEMS = {"clusters": "cluster", "contexts": "context", "users": "user"}
 
 
 def check_kubeconfig(kubeconfig: str | None) -> None:
@@ -399,7 +399,7 @@ def check_kubeconfig(kubeconfig: str | None) -> None:
             raise door.refuse(
                 path, f"is not a kubeconfig: YAML whose top is a {_kind(doc)}, not a mapping"
             )
-        for item in KUBECONFIG_ITEMS:
+        for item, body in KUBECONFIG_ITEMS.items():
             entries = doc.get(item) or []
             if not isinstance(entries, list) or not all(
                 isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
@@ -407,6 +407,13 @@ def check_kubeconfig(kubeconfig: str | None) -> None:
                 raise door.refuse(
                     path, f"is not a kubeconfig: {item} must be a list of entries, each with a name"
                 )
+            for e in entries:  # the client reads each entry's body as a mapping (`'server' in ...`)
+                if not isinstance(e.get(body) or {}, dict):
+                    raise door.refuse(
+                        path,
+                        f"is not a kubeconfig: the {body} of {item[:-1]} {e['name']!r} is a "
+                        f"{_kind(e.get(body))}, not a mapping",
+                    )
 
 
 def _kind(doc: Any) -> str:
