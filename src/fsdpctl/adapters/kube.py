@@ -407,12 +407,12 @@ def check_kubeconfig(kubeconfig: str | None) -> None:
                 raise door.refuse(
                     path, f"is not a kubeconfig: {item} must be a list of entries, each with a name"
                 )
-            for e in entries:  # the client reads each entry's body as a mapping (`'server' in ...`)
-                if not isinstance(e.get(body) or {}, dict):
+            for entry in entries:  # the client reads each body as a mapping (`'server' in ...`)
+                if not isinstance(entry.get(body) or {}, dict):
                     raise door.refuse(
                         path,
-                        f"is not a kubeconfig: the {body} of {item[:-1]} {e['name']!r} is a "
-                        f"{_kind(e.get(body))}, not a mapping",
+                        f"is not a kubeconfig: the {body} of {item[:-1]} {entry['name']!r} is a "
+                        f"{_kind(entry.get(body))}, not a mapping",
                     )
 
 
