@@ -456,3 +456,34 @@ def test_any_kubeconfig_shape_is_read_or_refused_in_one_line(outside, monkeypatc
         r = invoke("--set", "BACKEND=eks", "--set", "REQUEST_TIMEOUT=1", "job", "list")
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr, (doc, r.stderr)
     assert r.exit_code in (1, 2) and len(error_lines(r.stderr)) == 1, (doc, r.output)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    secret=st.text(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/+", min_size=40, max_size=40
+    ),
+    shape=st.sampled_from(
+        [
+            "aws_secret_access_key {s}\n",  # no '=': not `key = value`
+            "aws_secret_access_key = {s}\n[default]\n",  # before any section
+            "[default]\naws_secret_access_key = {s}\n[default]\n",  # a section twice
+            "[default]\nx\n{s}\n",
+        ]
+    ),
+)
+def test_a_broken_credentials_file_never_shows_what_it_holds(outside, monkeypatch, secret, shape):
+    """The line of a credentials file that does not parse is named by number, never quoted: it may be
+    the secret access key itself."""
+    (outside / "credentials").write_text(shape.format(s=secret))
+    with monkeypatch.context() as m, bounded():
+        m.setenv("AWS_SHARED_CREDENTIALS_FILE", str(outside / "credentials"))
+        r = invoke("--debug", "cluster", "check")
+    assert r.exit_code == 2, r.output
+    assert secret not in r.output and secret[:20] not in r.output, r.output

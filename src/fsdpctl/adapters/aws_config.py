@@ -72,15 +72,11 @@ def _parse(door: Door, path: str, text: str) -> None:
     parser = configparser.RawConfigParser()
     try:
         parser.read_string(text, source=path)
+    # the lines themselves are not quoted: they may hold a secret access key
     except configparser.MissingSectionHeaderError as e:
-        raise door.refuse(
-            path, f"line {e.lineno}: {e.line.strip()[:40]!r} comes before any [profile] section"
-        ) from None
+        raise door.refuse(path, f"line {e.lineno} comes before any [profile] section") from None
     except configparser.ParsingError as e:
-        lineno, line = e.errors[0]
-        raise door.refuse(
-            path, f"line {lineno}: {line.strip()[:40]!r} is not `key = value`"
-        ) from None
+        raise door.refuse(path, f"line {e.errors[0][0]} is not `key = value`") from None
     except (configparser.DuplicateSectionError, configparser.DuplicateOptionError) as e:
         what = (
             f"[{e.section}] twice"
@@ -89,7 +85,7 @@ def _parse(door: Door, path: str, text: str) -> None:
         )
         raise door.refuse(path, f"line {e.lineno}: {what}") from None
     except configparser.Error as e:
-        raise door.refuse(path, f"cannot be parsed: {str(e).splitlines()[0]}") from None
+        raise door.refuse(path, f"cannot be parsed ({type(e).__name__})") from None
     for section in parser.sections():
         for option, value in parser.items(section, raw=True):
             nested = value.startswith("\n") and any(
