@@ -461,3 +461,57 @@ def test_a_ten_column_pseudo_terminal_shows_job_list_as_lines(room):
     text = out.decode(errors="replace")
     flat = "".join(text.split())
     assert "job:alpha" in flat and "job:beta" in flat, text
+
+
+LIVE = """
+import time
+from rich.progress import Progress
+from fsdpctl.cli.common import err, out
+with err.status("waiting"):
+    time.sleep(0.3)
+with Progress(console=err) as bar:
+    task = bar.add_task("training", total=3)
+    for _ in range(3):
+        bar.update(task, advance=1)
+        out.print("a line on stdout while the bar shows")
+        print("a plain print while the bar shows")
+err.print("done")
+"""
+
+
+def test_a_live_display_on_a_terminal_writes_through_the_one_writer(tmp_path):
+    """On a terminal rich's live displays (the follow's progress bar, a spinner) put their own
+    FileProxy in sys.stdout and sys.stderr (rich/live.py, redirect_stdout/redirect_stderr): the
+    writer writes to the stream behind it, as rich's Console.file does (`rich_proxied_file`), else
+    each write came back to it without end. A pseudo-terminal (pty(7)) as the terminal, bounded."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LIVE], stdin=follower, stdout=follower, stderr=follower, env=env
+    )
+    os.close(follower)
+    out = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(leader)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the live display did not end: {out[-500:]!r}")
+    assert code == 0, out
+    text = out.decode(errors="replace")
+    assert text.count("a line on stdout while the bar shows") == 3, text
+    assert text.count("a plain print while the bar shows") == 3 and "done" in text, text

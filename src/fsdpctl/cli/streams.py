@@ -73,7 +73,12 @@ def reset() -> None:
 
 
 def _stream(name: Name) -> Any:
-    return sys.stdout if name == "stdout" else sys.stderr
+    """The stream as it is now. While rich shows a live display (a progress bar, a spinner) on a
+    terminal it puts its own FileProxy in sys.stdout and sys.stderr, which prints into the console:
+    the stream behind it is written to (rich's own Console.file does the same: `rich_proxied_file`),
+    else every write would come back here, without end."""
+    stream = sys.stdout if name == "stdout" else sys.stderr
+    return getattr(stream, "rich_proxied_file", stream)
 
 
 def _reason(e: BaseException, stream: Any) -> str:
@@ -119,7 +124,7 @@ def write_data(text: str) -> None:
     """A data document (-o json/yaml/env) byte for byte: UTF-8 to the stream's bytes, whatever the
     stream's text encoding is (JSON and YAML are ASCII as fsdpctl writes them; a .env is UTF-8, the
     encoding fsdpctl reads it in), with no console between."""
-    stream = sys.stdout
+    stream = _stream("stdout")
     raw = getattr(stream, "buffer", None)
     if raw is None or "stdout" in _lost:
         write("stdout", text)
