@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import time
 import unicodedata
 
 from hypothesis import HealthCheck, given, settings
@@ -234,14 +233,12 @@ def test_unknown_key_warnings_are_bounded(cli, n):
 
 
 def test_fifty_thousand_unknown_keys_are_read_and_counted(cli):
-    """The issue's volume: 50,000 unknown keys in .env (628 KB) are 21 lines. Timed only loosely
-    here (a busy machine): the budget lives in benchmarks/."""
+    """The issue's volume: 50,000 unknown keys in .env (628 KB) are 21 lines (its time is measured
+    by benchmarks/settings_volume.py, not here)."""
     (cli.cwd / ".env").write_text("".join(f"K{i}={i}\n" for i in range(50_000)))
-    started = time.process_time()
     r = invoke("config", "validate")
     assert r.exit_code == 0, r.output
     assert len(r.stderr.splitlines()) == 22, r.stderr  # 20 warnings, the count, the ✓ line
-    assert time.process_time() - started < 20
 
 
 DOTENV_TEXT = st.lists(
