@@ -173,7 +173,14 @@ def run_case(root: Path, door: str, path: Path, monkeypatch) -> object:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.parametrize(
+    "door",
+    [
+        # the credentials file passes the config file's door (aws_config._door): slow lane only
+        pytest.param(d, marks=pytest.mark.slow) if d == "AWS_SHARED_CREDENTIALS_FILE" else d
+        for d in DOORS
+    ],
+)
 def test_every_door_refuses_every_bad_kind_with_one_line(outside, monkeypatch, door, kind):
     """Each outside file x each bad kind: exit 2, one error line naming the path and what it is,
     within the bound (a FIFO is refused before it is opened), nothing written."""

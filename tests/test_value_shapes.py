@@ -181,7 +181,7 @@ def lookalikes(draw) -> tuple[str, str]:
     return key, odd
 
 
-@settings(max_examples=30, **GIVEN)
+@settings(max_examples=20, **GIVEN)
 @given(pair=lookalikes(), channel=st.sampled_from(["dotenv", "set", "environment"]))
 def test_a_lookalike_key_gets_did_you_mean(cli, monkeypatch, pair, channel):
     """Generated keys that look like a setting but hold Cyrillic, Greek, fullwidth or invisible
@@ -304,7 +304,7 @@ def secret_cases(draw) -> tuple[str, str, str]:
     return f"{name}={password}\n", password, kind
 
 
-@settings(max_examples=40, **GIVEN)
+@settings(max_examples=30, **GIVEN)
 @given(
     case=secret_cases(),
     args=st.sampled_from(
