@@ -226,8 +226,12 @@ def test_deploy_refuses_a_release_file_that_does_not_match_its_pin(peer, tmp_pat
     r = cli("deploy", "operator", "--from", str(tmp_path / "mirror"))
     assert r.exit_code == 1 and "does not match its pinned sha256" in said(r)
     assert peer.objects("customresourcedefinitions") == []
-    r = cli("deploy", "operator", "--from", str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    r = cli("deploy", "operator", "--from", str(tmp_path / "empty"))
     assert r.exit_code == 1 and "is not in" in said(r) and "mirror" in said(r)
+    # a --from that is no directory at all is bad input, refused before anything (issue 37)
+    r = cli("deploy", "operator", "--from", str(tmp_path / "nowhere"))
+    assert r.exit_code == 2 and f"--from {tmp_path / 'nowhere'} does not exist" in said(r)
 
 
 def test_deploy_etcd_times_out_when_nothing_becomes_ready(peer):

@@ -92,9 +92,11 @@ def test_a_file_system_too_small_is_refused_with_the_size_that_fits(cli, job, sh
     that size passes."""
     fits = cluster(job).fsx_storage_gib
     need = volume.need(cluster(job)).total
-    given_gib = max(1, min(fits - 1, math.floor(need / GIB / volume.FILL_AT_MOST) - short))
-    if given_gib * GIB * volume.FILL_AT_MOST >= need:
+    # a size FSx takes (1200, 2400, n x 2400: settings/rules.py SHAPES) that is too small
+    smaller = [s for s in (1200, *range(2400, fits, 2400)) if s * GIB * volume.FILL_AT_MOST < need]
+    if not smaller:
         return  # only a few MB to keep: any size holds it
+    given_gib = smaller[-min(short, len(smaller))]
     r = invoke(*sets(cluster_env(job, given_gib)), "config", "validate")
     assert r.exit_code == 2, r.output
     line = next(x for x in r.output.splitlines() if "FSX_STORAGE_GIB=" in x)

@@ -194,11 +194,6 @@ def logs(
     Example: fsdpctl job logs -f --all --tail 20 --since 5m --timestamps
     """
     tail, since_s = _log_window(tail, since)
-    if all_ and (node is not None or pod is not None):
-        raise BadInput(
-            f"--all and --{'node' if node is not None else 'pod'} both choose the logs",
-            hint="use --all for every node, or --node N (--pod NAME) for one",
-        )
     be, name = resolve_job(ctx, name, backend)
     nodes = be.report(name)["nodes"] if node is not None else 0
     if node is not None and not 0 <= node < nodes:
