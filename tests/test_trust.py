@@ -949,25 +949,40 @@ def test_trainer_only_leaves_out_torchs_own_logging(cli):
     assert out == TRAINER_LINES
 
 
-def test_readme_names_only_files_the_repository_has():
-    """Every relative link and every backticked repository path in README.md exists (what the tools
-    make, a hidden directory such as benchmarks/.venvs/, aside)."""
-    text = (ROOT / "README.md").read_text()
-    linked = re.findall(r"\]\(((?!https?:|#)[^)\s]+)\)", text)
-    ticked = re.findall(
-        r"`((?:src|tests|trainer|templates|benchmarks|scripts|docker|terraform|eksctl)/[\w./-]+)`",
-        text,
-    )
+# the pages the docs site builds itself (scripts/docs_reference.py): links to them are to the built site
+GENERATED_PAGES = {"docs/reference/settings.md", "docs/reference/cli.md"}
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every page of the docs site (docs/)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_docs_name_only_files_the_repository_has():
+    """Every relative link of README.md and the docs pages (from the page's own folder) and every
+    backticked repository path in them exists (what the tools make, a hidden directory such as
+    benchmarks/.venvs/, aside)."""
     made = re.compile(r"(^|/)\.")
-    missing = sorted(
-        {
-            p
-            for p in [*linked, *ticked]
-            if not made.search(p) and not (ROOT / p.split("#")[0]).exists()
+    missing = set()
+    for page in doc_pages():
+        text = page.read_text()
+        for link in re.findall(r"\]\(((?!https?:|#)[^)\s]+)\)", text):
+            target = (page.parent / link.split("#")[0]).resolve()
+            if str(target.relative_to(ROOT)) not in GENERATED_PAGES and not target.exists():
+                missing.add(f"{page.relative_to(ROOT)}: {link}")
+        ticked = re.findall(
+            r"`((?:src|tests|trainer|templates|benchmarks|scripts|docker|terraform|eksctl|docs)/"
+            r"[\w./-]+)`",
+            text,
+        )
+        missing |= {
+            f"{page.relative_to(ROOT)}: {p}"
+            for p in ticked
+            if not made.search(p) and not (ROOT / p).exists() and p not in GENERATED_PAGES
         }
-    )
-    assert not missing, missing
-    assert "## Contents" in text and "## Your first own job" in text
+    assert not missing, sorted(missing)
+    readme = (ROOT / "README.md").read_text()
+    assert "## Your first own job" in readme and "## Where to go next" in readme
 
 
 def _leaves():
@@ -987,11 +1002,13 @@ def _leaves():
     return dict(walk(typer.main.get_command(app), ()))
 
 
-def test_every_verb_has_the_flags_the_readme_gives_it():
-    """Each `fsdpctl ...` line of README.md: the command it names takes every option the line shows
-    (`[--dry-run]`, `[-o json]`, ...); and every command that changes state has --dry-run."""
+def test_every_verb_has_the_flags_the_docs_give_it():
+    """Each `fsdpctl ...` line of README.md and the docs pages: the command it names takes every
+    option the line shows (`[--dry-run]`, `[-o json]`, ...); and every command that changes state has
+    --dry-run."""
     leaves = _leaves()
-    for line in (ROOT / "README.md").read_text().splitlines():
+    lines = [line for page in doc_pages() for line in page.read_text().splitlines()]
+    for line in lines:
         if not line.startswith("fsdpctl "):
             continue
         words = line.split("#")[0].split()
