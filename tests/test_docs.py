@@ -47,8 +47,9 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def shell_blocks(page: Path) -> list[Block]:
-    """The page's fenced shell blocks, each with the docs-test mark of the comment lines just above."""
+def shell_blocks(page: Path, root: Path = ROOT) -> list[Block]:
+    """The page's fenced shell blocks, each with the docs-test mark of the comment lines just above
+    (`root`: the checkout the page is in)."""
     lines, found, i = page.read_text().splitlines(), [], 0
     while i < len(lines):
         fence = re.match(r"^(`{3,})\s*([\w-]*)", lines[i])
@@ -64,7 +65,7 @@ def shell_blocks(page: Path) -> list[Block]:
             marks = [m for line in above if (m := MARK.match(line))]
             kind, reason = (marks[0].group(1), marks[0].group(2)) if marks else ("run", "")
             text = "\n".join(lines[i + 1 : end]) + "\n"
-            found.append(Block(str(page.relative_to(ROOT)), i + 1, text, kind, reason))
+            found.append(Block(str(page.relative_to(root)), i + 1, text, kind, reason))
         i = end + 1
     return found
 

@@ -120,7 +120,7 @@ def test_the_readme_first_hour_in_a_fresh_clone(tmp_path):
     clone = tmp_path / "fsdpctl"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
     (clone / ".venv").symlink_to(ROOT / ".venv")
-    setup, first_job = shell_blocks(clone / "README.md")[:2]
+    setup, first_job = shell_blocks(clone / "README.md", clone)[:2]
     person = Person(clone, _person_env(tmp_path))
     log = lambda: "\n".join(person.said)  # noqa: E731
 
