@@ -1,17 +1,17 @@
 """What a new user waits for in the first hour (issue 38), measured on this machine.
 
-    python benchmarks/first_hour.py silence [--log FILE] -- COMMAND...
-        runs COMMAND under a pseudo-terminal (as at a person's terminal: pip draws its progress bars) and
-        reports the longest stretch with no output at all, what was last printed before it, and the total
-        time. Issue 38's target for `make quickstart` from a fresh clone with a fresh venv: under 15 s.
-        A fresh clone: git clone . /tmp/fresh && cd /tmp/fresh && python .../first_hour.py silence -- make
-        quickstart
+python benchmarks/first_hour.py silence [--log FILE] -- COMMAND...
+    runs COMMAND under a pseudo-terminal (as at a person's terminal: pip draws its progress bars) and
+    reports the longest stretch with no output at all, what was last printed before it, and the total
+    time. Issue 38's target for `make quickstart` from a fresh clone with a fresh venv: under 15 s.
+    A fresh clone: git clone . /tmp/fresh && cd /tmp/fresh && python .../first_hour.py silence -- make
+    quickstart
 
-    python benchmarks/first_hour.py first-step [--rounds N]
-        starts the README's first job (the tiny Llama, 2 simulated nodes, fp32, BACKEND=local) with
-        `fsdpctl job run -d` in a fresh directory and FSDPCTL_HOME, and reports the seconds from the start of
-        that command to the first `fsdpctl job status -o json` that shows a step (polled every 0.2 s), and
-        the step rate after it; N rounds, each job stopped after.
+python benchmarks/first_hour.py first-step [--rounds N]
+    starts the README's first job (the tiny Llama, 2 simulated nodes, fp32, BACKEND=local) with
+    `fsdpctl job run -d` in a fresh directory and FSDPCTL_HOME, and reports the seconds from the start of
+    that command to the first `fsdpctl job status -o json` that shows a step (polled every 0.2 s), and
+    the step rate after it; N rounds, each job stopped after.
 """
 
 from __future__ import annotations
