@@ -12,26 +12,21 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install quickstart test test-fast golden lint docs bench fuzz
 
-# Each step says what it installs before it starts, and pip names every package as it goes: no step is long
-# and silent. The extras go in four steps rather than one because pip's last phase ("Installing collected
-# packages", unpacking every wheel) prints nothing until it ends: one step of ~150 packages was 85 s of
-# silence; four steps keep each such phase short. Each step resolves everything asked so far, so together
-# they install exactly what one step of all the extras would.
+# Each step says what it installs before it starts, and pip shows each download and then, at a terminal, a bar of
+# the packages it unpacks (pip 25.1 and newer: the venv's own pip 23 printed nothing in that phase, 85 s of silence
+# for the extras); benchmarks/first_hour.py measures the longest silence
 EXTRAS := train,trackers,plot,test,aws,k8s,lint,docs
 $(STAMP): pyproject.toml
 	@echo "installing into $(VENV): about 3-6 minutes and 2.2 GB on disk (torch 2.13 CPU ~0.75 GB, transformers," \
 		"datasets, the test, lint and docs tools); pip shows each download"
-	@echo "== 1/6: a virtual environment in $(VENV) (python3 -m venv) =="
+	@echo "== 1/4: a virtual environment in $(VENV) (python3 -m venv) =="
 	python3 -m venv $(VENV)
-	@echo "== 2/6: torch 2.13.0, the CPU build (~0.75 GB; a bare \`torch\` would pull a multi-GB CUDA build) =="
+	@echo "== 2/4: pip 26.3 in it (its progress bar covers unpacking too) =="
+	$(PY) -m pip install --progress-bar on pip==26.3
+	@echo "== 3/4: torch 2.13.0, the CPU build (~0.75 GB; a bare \`torch\` would pull a multi-GB CUDA build) =="
 	$(PY) -m pip install --progress-bar on torch==2.13.0
-	@echo "== 3/6: fsdpctl and the trainer's libraries (extra train: transformers, datasets, tokenizers, ...) =="
-	$(PY) -m pip install --progress-bar on -e '.[train]'
-	@echo "== 4/6: TensorBoard, Weights & Biases and matplotlib (extras trackers, plot) =="
-	$(PY) -m pip install --progress-bar on -e '.[train,trackers,plot]'
-	@echo "== 5/6: boto3, the Kubernetes client and the test tools (extras aws, k8s, test: pytest, moto, kmock, ...) =="
-	$(PY) -m pip install --progress-bar on -e '.[train,trackers,plot,aws,k8s,test]'
-	@echo "== 6/6: the lint and docs tools (extras lint, docs: ruff, mypy, import-linter, MkDocs, Material) =="
+	@echo "== 4/4: fsdpctl and its extras ($(EXTRAS)): transformers, datasets, TensorBoard, W&B," \
+		"matplotlib, boto3, the Kubernetes client, pytest, moto, ruff, mypy, MkDocs, ... (about 150 packages) =="
 	$(PY) -m pip install --progress-bar on -e '.[$(EXTRAS)]'
 	touch $@
 	@echo "installed: $(VENV)/bin/fsdpctl (put it on PATH with: . $(VENV)/bin/activate)"
@@ -49,6 +44,7 @@ $(CHECKOV):
 	@echo "== checkov 3.3.30 for the security tests, in a venv of its own (.venv-checkov: its pins clash" \
 		"with boto3's): about 1-2 minutes, pip shows each package =="
 	python3 -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install --progress-bar on pip==26.3
 	.venv-checkov/bin/python -m pip install --progress-bar on checkov==3.3.30
 
 # the fast tests on 2 workers as in test-fast, then the slow ones in two processes at once: the multi-process

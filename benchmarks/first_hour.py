@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import statistics
@@ -33,13 +34,23 @@ ROOT = Path(__file__).resolve().parents[1]
 FSDPCTL = Path(sys.executable).parent / "fsdpctl"
 
 
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def visible(data: bytes) -> str:
+    """What a terminal shows of `data`: escape sequences out, the last of the lines a \\r redraws."""
+    text = ANSI.sub(b"", data).decode(errors="replace")
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n")).strip()
+
+
 def silence(command: list[str], log: Path | None) -> dict:
-    """The longest gap between two pieces of output of `command` run under a pty."""
+    """The longest stretch in which what `command` shows at a terminal (a pty) does not change: a
+    progress bar redrawn with the same text is no progress."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: the command on the pty
         os.execvp(command[0], command)
     start = last = time.monotonic()
-    longest, before, tail, chunks = 0.0, "", b"", []
+    longest, before, seen, chunks = 0.0, [""], "", []
     while True:
         ready, _, _ = select.select([fd], [], [], 1.0)
         if not ready:
@@ -51,13 +62,17 @@ def silence(command: list[str], log: Path | None) -> dict:
         if not data:
             break
         now = time.monotonic()
+        shown = visible(data)
+        if not shown or shown == seen:  # nothing new on the screen
+            continue
         if now - last > longest:
             longest = now - last
-            before = tail.decode(errors="replace").replace("\r", "\n").strip().splitlines()[-1:]
-        last = now
-        tail = (tail + data)[-400:]
-        chunks.append(f"{now - start:8.2f} {data.decode(errors='replace')!r}\n")
+            before = seen.splitlines()[-1:]
+        last, seen = now, shown
+        chunks.append(f"{time.monotonic() - start:8.2f} {data.decode(errors='replace')!r}\n")
     _, status = os.waitpid(pid, 0)
+    if time.monotonic() - last > longest:  # quiet up to its end
+        longest, before = time.monotonic() - last, seen.splitlines()[-1:]
     if log:
         log.write_text("".join(chunks))
     return {

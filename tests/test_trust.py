@@ -1074,7 +1074,7 @@ def test_no_long_install_step_is_silent():
         for target in ("$(STAMP)", "$(CHECKOV)", "quickstart")
     }
     for target in ("$(STAMP)", "$(CHECKOV)"):
-        lines = [x.strip() for x in recipes[target].splitlines()]
+        lines = [x.strip() for x in recipes[target].replace("\\\n", " ").splitlines()]
         for i, line in enumerate(lines):
             if "pip install" in line:
                 assert " -q" not in line and "--quiet" not in line, line
