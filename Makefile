@@ -16,18 +16,20 @@ unexport PYTHONDONTWRITEBYTECODE
 # the packages it unpacks (pip 25.1 and newer: the venv's own pip 23 printed nothing in that phase, 85 s of silence
 # for the extras); benchmarks/first_hour.py measures the longest silence
 EXTRAS := train,trackers,plot,test,aws,k8s,lint,docs
+# a line whenever a step's output stands still for 10 s (pip unpacking torch's one big wheel shows nothing moving)
+BEAT := python3 scripts/heartbeat 10
 $(STAMP): pyproject.toml
 	@echo "installing into $(VENV): about 3-6 minutes and 2.2 GB on disk (torch 2.13 CPU ~0.75 GB, transformers," \
 		"datasets, the test, lint and docs tools); pip shows each download"
 	@echo "== 1/4: a virtual environment in $(VENV) (python3 -m venv) =="
 	python3 -m venv $(VENV)
 	@echo "== 2/4: pip 26.3 in it (its progress bar covers unpacking too) =="
-	$(PY) -m pip install --progress-bar on pip==26.3
+	$(BEAT) "installing pip" -- $(PY) -m pip install --progress-bar on pip==26.3
 	@echo "== 3/4: torch 2.13.0, the CPU build (~0.75 GB; a bare \`torch\` would pull a multi-GB CUDA build) =="
-	$(PY) -m pip install --progress-bar on torch==2.13.0
+	$(BEAT) "installing torch" -- $(PY) -m pip install --progress-bar on torch==2.13.0
 	@echo "== 4/4: fsdpctl and its extras ($(EXTRAS)): transformers, datasets, TensorBoard, W&B," \
 		"matplotlib, boto3, the Kubernetes client, pytest, moto, ruff, mypy, MkDocs, ... (about 150 packages) =="
-	$(PY) -m pip install --progress-bar on -e '.[$(EXTRAS)]'
+	$(BEAT) "installing fsdpctl and its extras" -- $(PY) -m pip install --progress-bar on -e '.[$(EXTRAS)]'
 	touch $@
 	@echo "installed: $(VENV)/bin/fsdpctl (put it on PATH with: . $(VENV)/bin/activate)"
 
@@ -44,8 +46,8 @@ $(CHECKOV):
 	@echo "== checkov 3.3.30 for the security tests, in a venv of its own (.venv-checkov: its pins clash" \
 		"with boto3's): about 1-2 minutes, pip shows each package =="
 	python3 -m venv .venv-checkov
-	.venv-checkov/bin/python -m pip install --progress-bar on pip==26.3
-	.venv-checkov/bin/python -m pip install --progress-bar on checkov==3.3.30
+	$(BEAT) "installing pip" -- .venv-checkov/bin/python -m pip install --progress-bar on pip==26.3
+	$(BEAT) "installing checkov" -- .venv-checkov/bin/python -m pip install --progress-bar on checkov==3.3.30
 
 # the fast tests on 2 workers as in test-fast, then the slow ones in two processes at once: the multi-process
 # runs one at a time, and beside them the ones that wait on docker, terraform or endpoints (tests/conftest.py

@@ -1089,6 +1089,36 @@ def test_no_long_install_step_is_silent():
     assert deps.index("echo") < deps.index("apt-get update")
 
 
+def test_the_install_heartbeat_passes_output_through_and_speaks_when_it_stands_still():
+    """scripts/heartbeat, around each pip step of `make install`: the command's output unchanged and
+    in order, a `still ...` line once it has shown nothing new for the given seconds (a pip unpacking
+    torch shows a frozen bar), and the command's own exit code. On a pipe here; at a terminal the command
+    gets a pseudo-terminal so that pip keeps drawing its bars."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "heartbeat"),
+            "0.3",
+            "unpacking",
+            "--",
+            "bash",
+            "-c",
+            "echo first; sleep 1; printf 'second\\n'; exit 3",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    lines = [x for x in p.stdout.decode().splitlines() if x]
+    assert p.returncode == 3 and lines[0] == "first" and lines[-1] == "second", p.stdout
+    assert any(x.startswith("  ... still unpacking (") for x in lines[1:-1]), p.stdout
+    quick = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "heartbeat"), "30", "x", "--", "true"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert quick.returncode == 0 and quick.stdout == b""
+
+
 def test_the_install_says_its_time_and_size_before_it_starts():
     make = (ROOT / "Makefile").read_text()
     recipe = make.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
