@@ -40,7 +40,8 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 def visible(data: bytes) -> str:
     """What a terminal shows of `data`: escape sequences out, the last of the lines a \\r redraws."""
     text = ANSI.sub(b"", data).decode(errors="replace")
-    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n")).strip()
+    # a pty ends lines with \r\n: that \r ends the line, it redraws nothing
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")).strip()
 
 
 def silence(command: list[str], log: Path | None) -> dict:

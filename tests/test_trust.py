@@ -1117,6 +1117,34 @@ def test_the_install_heartbeat_passes_output_through_and_speaks_when_it_stands_s
         timeout=60,
     )
     assert quick.returncode == 0 and quick.stdout == b""
+    # at a terminal: lines that keep coming (a pty ends each with \r\n) are output, not a still screen
+    master, slave = os.openpty()
+    streaming = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "heartbeat"),
+            "0.5",
+            "quiet",
+            "--",
+            "bash",
+            "-c",
+            "for i in $(seq 12); do echo line$i; sleep 0.1; done",
+        ],
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert streaming.wait(timeout=60) == 0 and b"line12" in seen and b"still" not in seen, seen
 
 
 def test_the_install_says_its_time_and_size_before_it_starts():
