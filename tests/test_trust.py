@@ -1103,7 +1103,7 @@ def test_the_install_heartbeat_passes_output_through_and_speaks_when_it_stands_s
             "--",
             "bash",
             "-c",
-            "echo first; sleep 1; printf 'second\\n'; exit 3",
+            "echo first; sleep 0.7; printf 'second\\n'; exit 3",
         ],
         capture_output=True,
         timeout=60,
@@ -1128,7 +1128,7 @@ def test_the_install_heartbeat_passes_output_through_and_speaks_when_it_stands_s
             "--",
             "bash",
             "-c",
-            "for i in $(seq 12); do echo line$i; sleep 0.1; done",
+            "for i in $(seq 8); do echo line$i; sleep 0.1; done",
         ],
         stdout=slave,
         stderr=slave,
@@ -1144,7 +1144,7 @@ def test_the_install_heartbeat_passes_output_through_and_speaks_when_it_stands_s
             break
         seen += chunk
     os.close(master)
-    assert streaming.wait(timeout=60) == 0 and b"line12" in seen and b"still" not in seen, seen
+    assert streaming.wait(timeout=60) == 0 and b"line8" in seen and b"still" not in seen, seen
 
 
 def test_the_install_says_its_time_and_size_before_it_starts():
