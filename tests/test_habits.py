@@ -165,3 +165,24 @@ def test_a_usage_error_says_error_as_every_line_does():
     assert r.exit_code == 2 and "error: No such option: --no-such-option" in r.stderr, r.stderr
     assert "Error:" not in r.stderr
     assert json.dumps(r.stderr)  # one text, nothing else
+
+
+@given(max_steps=st.integers(1, 10_000), at=st.integers(0, 10_050))
+@settings(max_examples=100, derandomize=True)
+def test_stop_never_waits_for_a_step_past_max_steps(max_steps, at):
+    """Item 1: `job stop` of a 60-step job said "waiting: step 61 to finish". Whatever step the
+    SIGTERM came after, the step it says it waits for is one the job will train."""
+    import re
+
+    from fsdpctl.backends.local import backend
+
+    report = {"summary": None, "nodes_running": 1, "max_steps": max_steps, "checkpoint": None}
+    real = backend.job_report
+    backend.job_report = lambda st, stall: report  # the report's fields alone decide the note
+    try:
+        note = backend._stop_note({"job": "j"}, at)
+    finally:
+        backend.job_report = real
+    waits = re.match(r"step (\d+) to finish", note)
+    assert waits is None or int(waits[1]) <= max_steps, note
+    assert waits is not None or "last step" in note, note
