@@ -1,4 +1,4 @@
-"""One exit-code table (README "Exit codes and `-o json`", fsdpctl.errors.ExitCode), held per
+"""One exit-code table (docs/reference/output.md "Exit codes", fsdpctl.errors.ExitCode), held per
 command.
 
 Every leaf command of the CLI is found from the click command tree (`typer.main.get_command`), so a
@@ -41,7 +41,7 @@ def _leaves(cmd=None, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...],
 
 LEAVES = _leaves()
 # commands that read no setting: `deploy fetch` goes by the release pins alone
-NO_SETTINGS = {("deploy", "fetch")}
+NO_SETTINGS = {("deploy", "fetch"), ("version",)}
 
 
 def _has(cmd, flag: str) -> bool:
@@ -55,10 +55,11 @@ def _required_args(cmd) -> tuple[str, ...]:
 
 
 def test_the_readme_table_is_the_exit_code_enum():
-    """The README's table names every code of fsdpctl.errors.ExitCode with its value, and nothing
-    else; the codes the invariants checker allows are all in it."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Exit codes and `-o json`\n", 1)[1].split("\n## ", 1)[0]
+    """The docs' table (docs/reference/output.md, "Exit codes") names every code of
+    fsdpctl.errors.ExitCode with its value, and nothing else; the codes the invariants checker allows
+    are all in it."""
+    page = (ROOT / "docs" / "reference" / "output.md").read_text()
+    section = page.split("## Exit codes\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d+) \| (\w+) \| (.+) \|$", section, re.M)
     assert {int(code): name for code, name, _ in rows} == {int(e): e.name for e in ExitCode}
     assert all(when.strip() for _, _, when in rows)
@@ -102,6 +103,8 @@ def test_the_commands_that_read_no_setting_are_the_ones_named(cli, monkeypatch):
     assert NO_SETTINGS <= set(dict(LEAVES))
     r = invoke("--set", "JOB_NODES=abc", "deploy", "fetch")
     assert r.exit_code == ExitCode.OK, r.output
+    r = invoke("--set", "JOB_NODES=abc", "version")
+    assert r.exit_code == ExitCode.OK and r.stdout.startswith("fsdpctl "), r.output
 
 
 def _terraform_state(cli) -> None:

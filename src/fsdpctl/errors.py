@@ -6,8 +6,8 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """fsdpctl's one table of exit codes (README "Exit codes"; tests/test_exit_codes.py holds the
-    two equal).
+    """fsdpctl's one table of exit codes (docs/reference/output.md "Exit codes";
+    tests/test_exit_codes.py holds the two equal).
 
     1 and 2 follow click (UsageError.exit_code = 2, a usage error; anything else that failed, 1) and
     kubectl's DefaultErrorExitCode = 1 for a failure at runtime. Unlike kubectl (1 for an
@@ -25,7 +25,9 @@ class ExitCode(IntEnum):
     JOB_NOT_FOUND = 4  # also any command naming a job that does not exist
     JOB_TIMED_OUT = 5
     JOB_STOPPED = 6
+    HUNG_UP = 129  # SIGHUP to a followed `job run` or `quickstart` (the terminal closed)
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    TERMINATED = 143  # SIGTERM to a followed `job run` or `quickstart` (CI's timeout, kill)
 
 
 class FsdpctlError(Exception):

@@ -539,3 +539,20 @@ def test_replace_stops_the_running_run_and_starts_exactly_one(place):
         assert len(until("one run", lambda: place.outside("busy"))) == 1, n
     stop = place.run("job", "stop", "busy", JOB_NAME="busy", timeout=400)
     assert stop.returncode == 0, stop.stderr
+
+
+def test_logs_tail_n_prints_n_lines_whatever_is_hidden(place):
+    """`job logs --tail N` prints N lines (the trainer's event lines it shows as human lines, or not
+    at all, no longer count), and `--tail N --trainer-only` N of the trainer's own (it filtered after
+    the tail: --tail 3 --trainer-only printed nothing). On eks the peer's pods print what the test
+    gives them."""
+    place.ended("alpha")
+    if not place.trains:
+        return  # declared: the API peer's pods print nothing of their own
+    for args in (["--tail", "3"], ["--tail", "3", "--trainer-only"], ["--tail", "1"]):
+        r = place.run("job", "logs", "alpha", *args, JOB_NAME="alpha")
+        assert r.returncode == 0, r.stderr
+        assert len(r.stdout.splitlines()) == int(args[1]), (args, r.stdout)
+    every = place.run("job", "logs", "alpha", "--tail", "-1", JOB_NAME="alpha").stdout.splitlines()
+    last = place.run("job", "logs", "alpha", "--tail", "5", JOB_NAME="alpha").stdout.splitlines()
+    assert last == every[-5:]

@@ -3,8 +3,12 @@ the job list and the outcome with its exit code. Shared by `job` and `quickstart
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
@@ -38,7 +42,8 @@ def warnings(r: Report) -> list[str]:
 def follow(backend: Backend, name: str) -> Report | None:
     """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C
     does what the backend does with it (local: stop with a checkpoint; cluster: detach, returning
-    None)."""
+    None). SIGTERM and SIGHUP (CI's timeout, a closed terminal) do the same, then end the command
+    with one line and 128 + the signal's number (143, 129), as a shell reports a process it ended."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -49,24 +54,58 @@ def follow(backend: Backend, name: str) -> Report | None:
         TimeElapsedColumn(),
     )
     warned: set[str] = set()
+    with _signals_as_ctrl_c():
+        try:
+            with Progress(*columns, console=err) as bar:
+                task = bar.add_task("starting", total=None, info="", count="")
+                while True:
+                    r = backend.report(name)
+                    for line in warnings(r):
+                        if line not in warned:
+                            warned.add(line)
+                            bar.console.print("[yellow]warning:[/] " + escape(redact(line)))
+                    _advance(bar, task, r)
+                    if r["phase"] in FINAL:
+                        return r
+                    time.sleep(backend.poll_s)
+        except KeyboardInterrupt as e:  # one line in the end, whatever the job was doing
+            what = target(backend.name).interrupt
+            with err.status(f"interrupted: {what} ..."):
+                stopped = runner.interrupt(backend, name)
+            final: Report | None = {**stopped, "interrupted": True} if stopped is not None else None
+            if isinstance(e, Terminated):  # the command ends here: its line, 128 + the signal
+                outcome(backend, name, final, table=False)
+                import typer
+
+                raise typer.Exit(128 + e.signum) from None
+            return final
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while a job is followed, taken as Ctrl-C is (`follow`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated in the main thread while a job is followed (Python's
+    default for both is to end the process at once, without a word: the job trained on)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        with Progress(*columns, console=err) as bar:
-            task = bar.add_task("starting", total=None, info="", count="")
-            while True:
-                r = backend.report(name)
-                for line in warnings(r):
-                    if line not in warned:
-                        warned.add(line)
-                        bar.console.print("[yellow]warning:[/] " + escape(redact(line)))
-                _advance(bar, task, r)
-                if r["phase"] in FINAL:
-                    return r
-                time.sleep(backend.poll_s)
-    except KeyboardInterrupt:  # one line in the end, whatever the job was doing (the spinner goes)
-        what = target(backend.name).interrupt
-        with err.status(f"interrupted: {what} ..."):
-            stopped = runner.interrupt(backend, name)
-        return {**stopped, "interrupted": True} if stopped is not None else None
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
 
 
 def _advance(bar: Any, task: Any, r: Report) -> None:
@@ -134,12 +173,52 @@ def outcome(backend: Backend, name: str, r: Report | None, table: bool = True) -
     if failure := r.get("failure"):
         err.print("  " + redact(failure_line(failure)), markup=False)
     lines = backend.tail(name, FAILURE_LINES)
+    if full := full_disk(backend, r, lines):
+        err.print("  " + redact(full), markup=False)
     where = failure["log"] if failure else r.get("leader_log")
     if lines:
         err.print(f"last lines of {where}:" if where else "last lines of its log:", markup=False)
         for line in lines:
             err.print("  " + redact(line), markup=False)
     return ExitCode.JOB_FAILED
+
+
+# a file system with less free than this cannot take the next log line or checkpoint shard
+FULL_BELOW_BYTES = 1024 * 1024
+
+
+def full_disk(backend: Backend, r: Report, lines: list[str]) -> str | None:
+    """The line that says a failed job met a full disk: its failure or its last lines say so
+    (failures.DISK_FULL), or, on this machine, the file system of its log or checkpoints has
+    (almost) nothing left: then the trainer may not even have had room to write why."""
+    import shutil
+    from pathlib import Path
+
+    from fsdpctl.failures import says_disk_full
+
+    failure: dict[str, Any] = dict(r.get("failure") or {})
+    said = says_disk_full([failure.get("error"), failure.get("raised"), r.get("reason"), *lines])
+    paths = [p for p in (r.get("checkpoint_dir"), r.get("leader_log")) if p]
+    if target(backend.name).on_this_machine:
+        for path in paths:
+            at = Path(path)
+            while not at.exists() and at != at.parent:
+                at = at.parent
+            try:
+                free = shutil.disk_usage(at).free
+            except OSError:
+                continue
+            if free < FULL_BELOW_BYTES or said:
+                return (
+                    f"the disk is full: the file system of {path} has {free / 2**20:.1f} MiB free "
+                    "(ENOSPC); free space there, or put the job's volume or FSDPCTL_HOME elsewhere"
+                )
+    if said:
+        return (
+            "the disk is full (ENOSPC): the job could not write its checkpoint or logs; free space "
+            "on its volume (SHARED_VOLUME, CHECKPOINT_PVC) or give it a larger one"
+        )
+    return None
 
 
 def failure_line(f: Failure) -> str:
@@ -224,6 +303,50 @@ def print_status(r: Report, stall_after: float) -> None:
         warn(hung_warning(stall_after))
 
 
+def status_view(r: Report, stall_after: float, curves: list[Any] | None) -> Any:
+    """What `job status` shows, as one renderable (the table, its warnings, the curves), for a
+    view redrawn in place."""
+    from rich.console import Group
+
+    from fsdpctl.plots import steps_of, terminal_plot
+
+    parts: list[Any] = [status_table(r)]
+    said = [*warnings(r), *([hung_warning(stall_after)] if r["stalled"] else [])]
+    parts += [Text("warning: " + redact(line), style="yellow") for line in said]
+    if curves is not None and len(steps := steps_of(curves)) >= 2:
+        parts.append(Text(terminal_plot(steps, width=min(out.width, PLOT_MAX_WIDTH))))
+    return Group(*parts)
+
+
+def watch_status(backend: Backend, name: str, stall_after: float, plot: bool) -> None:
+    """`job status -w`: on a terminal the view redrawn in place (rich's Live) every 2 s until the
+    job ends, as `watch` or `kubectl get -w` on a screen; elsewhere (a pipe, a log file) a new view
+    only when something in it changed, never a frame per refresh."""
+    from rich.live import Live
+
+    def changed(r: Report) -> tuple[Any, ...]:  # what a person watches for, not the ticking age
+        return (r["phase"], r["step"], r["restarts"], r["reason"], tuple(warnings(r)))
+
+    if not out.is_terminal:
+        last = None
+        while True:
+            r = backend.report(name, stall_after)
+            if changed(r) != last:
+                last = changed(r)
+                print_status(r, stall_after)
+            if r["phase"] in FINAL:
+                return
+            time.sleep(2)
+    with Live(console=out, auto_refresh=False) as live:
+        while True:
+            r = backend.report(name, stall_after)
+            live.update(status_view(r, stall_after, backend.history(name) if plot else None))
+            live.refresh()
+            if r["phase"] in FINAL:
+                return
+            time.sleep(2)
+
+
 def want_plot(flag: bool | None) -> bool:
     """--plot/--no-plot, else curves only on a terminal: off one (a pipe, a file) the output stays the
     table's lines, for grep."""
@@ -278,12 +401,16 @@ def dry_run_word(dry_run: bool, server: bool = False) -> str:
 
 
 def dry_run_done(
-    what: dict[str, Any], lines: list[str], output: Output, server: bool = False
+    what: dict[str, Any], started: Started, output: Output, server: bool = False
 ) -> None:
-    """What a dry run of `job run` (or `quickstart`) would start: its objects or launch lines on
-    stdout (one object with -o json/yaml), then one line saying nothing was created."""
-    if not emit({**what, "dry_run": dry_run_word(True, server), "objects": lines}, output):
-        for line in lines:
+    """What a dry run of `job run` (or `quickstart`) would start: its lines on stdout (object names,
+    launch commands, the batch script), or with -o json/yaml one document holding the objects it
+    would create themselves (and the script), as kubectl's `--dry-run -o yaml`; then one line saying
+    nothing was created."""
+    doc = {**what, "dry_run": dry_run_word(True, server), "objects": started.objects}
+    doc |= {"script": started.script} if started.script is not None else {}
+    if not emit({**doc, "lines": started.dry_run_lines}, output):
+        for line in started.dry_run_lines:
             out.print(line, markup=False)
     ok(f"dry run: {what['where']}; nothing was created")
 
@@ -321,7 +448,7 @@ def launch(
     )
     what = started_object(backend, started)
     if dry_run or server_dry_run:
-        dry_run_done(what, started.dry_run_lines, output, server_dry_run)
+        dry_run_done(what, started, output, server_dry_run)
         return
     what["dry_run"] = "none"
     ok(f"started job {started.job} (run {started.run_id}) on {backend.name}{said}: {started.where}")
@@ -369,13 +496,27 @@ def selected(r: Report, phases: set[Phase], reqs: list[tuple[str, str, str]]) ->
     return all((labels.get(k) == v) == (op == "=") for k, op, v in reqs)
 
 
-def list_table(reports: list[Report]) -> PlainTable:
-    t = PlainTable("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
-    for column in t.columns[:4]:  # names and run ids are folded on a narrow terminal, never cut
-        column.overflow = "fold"
+def list_table(reports: list[Report], wide: bool = False) -> PlainTable:
+    """`job list`: a row per job. Only names and run ids fold on a narrow terminal; a phase, a
+    count, a loss or an age is never split inside a word (`Succeede`/`d` at 80 columns). `wide`
+    (-o wide, kubectl's) adds the restarts, the newest checkpoint and why the job is where it is."""
+    extra = ("restarts", "checkpoint", "reason") if wide else ()
+    t = PlainTable("job", "backend", "phase", "run", "nodes", "step", "loss", "age", *extra)
+    for column in t.columns:
+        folds = column.header in ("job", "run", "checkpoint", "reason")
+        column.overflow, column.no_wrap = ("fold", False) if folds else ("ellipsis", True)
     for r in reports:
         where = r.get("backend", "-") + (f"/{r['kind']}" if r.get("kind") else "")
         nodes = _nodes_cell(r).split("; pods: ")[-1]
+        more = (
+            (
+                str(r["restarts"]),
+                (r.get("checkpoint") or "-").rsplit("/", 1)[-1],
+                r.get("reason") or "-",
+            )
+            if wide
+            else ()
+        )
         t.add_row(
             r["job"],
             where,
@@ -384,6 +525,7 @@ def list_table(reports: list[Report]) -> PlainTable:
             nodes,
             *step_and_loss(r),
             fmt_duration(r["age_s"]),
+            *more,
         )
     return t
 

@@ -6,12 +6,12 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from fsdpctl import jobpolicy, sweep, volume
 from fsdpctl import plan as P
 from fsdpctl.cli import completion
-from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
+from fsdpctl.cli.common import Output, OutputOpt, PlainTable, emit, finite, out, state, styled
 from fsdptrain.events import seconds_text
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
@@ -39,11 +39,14 @@ def _print_memory(r: dict[str, Any]) -> None:
         f"{j['strategy']}, {j['precision']}, checkpointing {j['ac']}, micro-batch {j['micro_batch']} x "
         f"{j['seq_len']} tokens, accumulation {j['grad_accum']}"
     )
-    t = Table("per GPU", "memory", box=None, pad_edge=False)
+    t = PlainTable("per GPU", "memory", box=None, pad_edge=False)
     for key, label in MEMORY_ROWS:
         t.add_row(label, _gib(m[key]))
-    verdict = "[green]FITS[/]" if r["fits"] else "[red]DOES NOT FIT[/]"
-    t.add_row("[bold]total[/]", f"[bold]{_gib(m['total'])}[/] of {_gib(m['capacity'])}  {verdict}")
+    verdict = ("FITS", "green") if r["fits"] else ("DOES NOT FIT", "red")
+    t.add_row(
+        styled("total", "bold"),
+        Text.assemble((_gib(m["total"]), "bold"), f" of {_gib(m['capacity'])}  ", verdict),
+    )
     out.print(t)
     if not r["fits"]:
         out.print(
@@ -102,14 +105,14 @@ def _print_matrix(rows: list[dict[str, Any]], tokens: float) -> None:
         "scaling",
         f"$/{tokens:.0e} tok",
     )
-    t = Table(*heads, box=None, pad_edge=False)
+    t = PlainTable(*heads, box=None, pad_edge=False)
     for r in rows:
         t.add_row(
             r["model"],
             r["instance_type"].split(".")[0],
             str(r["nodes"]),
             f"{r['memory_gib']:.1f}",
-            "yes" if r["fits"] else "[red]no[/]",
+            "yes" if r["fits"] else styled("no", "red"),
             f"{r['tokens_per_s_per_gpu']:,.0f}",
             f"{100 * r['mfu']:.0f}%",
             f"{100 * r['scaling']:.0f}%",
@@ -182,11 +185,12 @@ def plan(
     ] = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Memory per GPU (FITS / DOES NOT FIT, and the cheapest fix), step time, tokens/s, MFU and
+    """A job's memory, speed and cost before it runs. Memory per GPU (FITS / DOES NOT FIT, and the
+    cheapest fix), step time, tokens/s, MFU and
     cost; the shared volume's need against FSX_STORAGE_GIB, one save's time and the stop grace.
 
     Uses the same settings as the job; the flags vary them. The model behind the numbers is in the
-    README.
+    docs (docs/plan.md, "The model").
 
     Example: fsdpctl plan --model 70b --nodes 1 --instance-type p5.48xlarge
     """

@@ -21,12 +21,16 @@ from fsdptrain import events
 @dataclass
 class Started:
     """What `run` did: the job and run id, where its output goes, and (dry run) what it would have
-    done."""
+    done: in lines for a person, and as the documents it would create (kubectl's `--dry-run -o
+    yaml` prints the objects, not their names): the Kubernetes objects, and on Slurm the batch
+    script."""
 
     job: str
     run_id: str
     where: str
     dry_run_lines: list[str] = field(default_factory=list)
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    script: str | None = None
 
 
 @dataclass
@@ -69,6 +73,14 @@ class Backend(Protocol):
     # merges its own keys in rather than writing the state afresh
     supervised: ClassVar[bool]
 
+    def refusals(self) -> list[str]:
+        """What this place refuses of the job before anything is written, beyond the settings' own
+        checks: one line each, naming the key, the value and the fix (EKS: an image with no
+        registry; local: a package the trainers need, a checkpoint it must not resume; Slurm: a
+        SHARED_VOLUME_PATH not mounted here). `config validate` lists them with every other
+        refusal; `dry_run` and `prepare` refuse on them."""
+        ...
+
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         """What `submit` would do, contacting nothing (server: the place checks it, changing
         nothing); writes nothing."""
@@ -101,10 +113,12 @@ class Backend(Protocol):
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
-        """The chosen logs' lines: per node or pod its last `tail` lines, those of the last
-        `since_s` seconds, as PodLogOptions tailLines and sinceSeconds choose them; with `follow`,
-        then what comes until the job ends."""
+        """The chosen logs' lines that `keep` keeps (all without it): per node or pod its last
+        `tail` of those, those of the last `since_s` seconds, as PodLogOptions tailLines and
+        sinceSeconds choose lines; with `follow`, then what comes until the job ends. `tail` counts
+        kept lines: `job logs --tail 3 --trainer-only` is three of the trainer's lines."""
         ...
 
     def tail(self, name: str, lines: int) -> list[str]: ...

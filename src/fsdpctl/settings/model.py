@@ -21,6 +21,7 @@ from pydantic import (
 
 from fsdpctl.errors import BadInput
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.redact import token_shaped
 from fsdpctl.settings.rules import (
     AZ_LIST,
     DNS_1035_LABEL,
@@ -32,6 +33,7 @@ from fsdpctl.settings.rules import (
     INT_MAX,
     MAX_VALUE_BYTES,
     REGISTRY,
+    SHAPES,
     SUBNET_LIST,
     TOKEN_FILE_HINT,
     TRAIN_KEYS_DERIVED,
@@ -53,7 +55,7 @@ class Settings(BaseModel):
     aws_account_id: str = _k(
         "", "aws", "12-digit account id (default registry: its ECR)", pattern=r"^(\d{12})?$"
     )
-    aws_profile: str = _k("", "aws", "AWS CLI profile to use")
+    aws_profile: str = _k("", "aws", "AWS CLI profile to use", shape="profile")
     request_timeout: float = _k(
         30.0,
         "aws",
@@ -174,7 +176,9 @@ class Settings(BaseModel):
         "Kubernetes job API: pytorchjob (Training Operator v1.9.4, kubeflow.org/v1) or trainjob "
         "(Kubeflow Trainer v2.3.0 TrainJob on the torch-distributed runtime)",
     )
-    kube_context: str = _k("", "job", "kubeconfig context (empty: the current one)")
+    kube_context: str = _k(
+        "", "job", "kubeconfig context (empty: the current one)", shape="context"
+    )
     node_selector: str = _k(
         "",
         "job",
@@ -239,6 +243,7 @@ class Settings(BaseModel):
         "job",
         "Slurm: the Python on the nodes that has fsdptrain (a virtual environment on the shared file system; "
         "inside SLURM_CONTAINER_IMAGE: its python)",
+        shape="program",
         pattern=r"^[A-Za-z0-9._/+-]+$",
     )
     slurm_container_image: str = _k(
@@ -271,6 +276,7 @@ class Settings(BaseModel):
         "job",
         "its StorageCapacity in GiB (the PV's capacity); unset: sized for what the job keeps there (MODEL, "
         "CHECKPOINT_KEEP, PRETRAINED, EXPORT_DIR): 1200, 2400 or a multiple of 2400",
+        shape="fsx_size",
         ge=1,
     )
     fsx_throughput_per_tib: int = _k(
@@ -301,6 +307,18 @@ class Settings(BaseModel):
     )
     hf_token_file: str = _k("", "secrets", "file holding the HF token (instead of HF_TOKEN)")
 
+    @field_validator("hf_token_file", mode="before")
+    @classmethod
+    def _a_path_not_a_token(cls, value: Any) -> Any:
+        """The token itself pasted where its file's path goes: refused (and masked where it shows:
+        redact.token_shaped)."""
+        if isinstance(value, str) and token_shaped(value):
+            raise ValueError(
+                "looks like the token itself, not a path: put the token in HF_TOKEN, or in a file "
+                "whose path HF_TOKEN_FILE names"
+            )
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _int_in_range(cls, value: Any, info: ValidationInfo) -> Any:
@@ -312,54 +330,73 @@ class Settings(BaseModel):
                 raise ValueError(f"is too large: use at most {most}")
         return value
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _has_its_shape(cls, value: Any, info: ValidationInfo) -> Any:
+        """A value whose field declares a shape (rules.SHAPES) has it, once it is of its kind and
+        within its bounds: the line says what is wrong for where the value goes."""
+        field = cls.model_fields.get(info.field_name or "")
+        extra = field.json_schema_extra if field else None
+        shape = SHAPES.get(str(extra.get("shape", ""))) if isinstance(extra, dict) else None
+        if shape is not None and not shape.fits(value):
+            raise ValueError(shape.says)
+        return value
+
     @model_validator(mode="after")
     def _instance_known(self) -> Settings:
+        """The checks across fields, every one of them: one line each in one error (a first problem
+        never hides a second)."""
+        lines = []
         if self.image_tag == "latest":
-            raise ValueError(
+            lines.append(
                 "IMAGE_TAG='latest' is not allowed: pin a version so every pod runs the same image"
             )
         if self.instance_type not in INSTANCE_TYPES:
-            raise ValueError(
+            lines.append(
                 f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
                 f"{', '.join(INSTANCE_TYPES)}"
             )
         if self.gang_scheduling and not self.scheduler_name:
-            raise ValueError(
+            lines.append(
                 "GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
                 "does not start pods as a group"
             )
-        self._existing_vpc()
-        if self.gpus_per_node > self.instance.gpus:
-            raise ValueError(
+        lines += self._existing_vpc()
+        if self.instance_type in INSTANCE_TYPES and self.gpus_per_node > self.instance.gpus:
+            lines.append(
                 f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
                 f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)"
             )
+        if lines:
+            raise ValueError("\n".join(lines))
         return self
 
-    def _existing_vpc(self) -> None:
+    def _existing_vpc(self) -> list[str]:
         """Both or neither; eksctl wants two or more private subnets (MinRequiredSubnets) keyed by
         AZ, so one per AZ, and AVAILABILITY_ZONES, when set, names each subnet's AZ in order."""
         subnets, zones = self.subnet_ids, [z for z in self.availability_zones.split(",") if z]
+        lines = []
         if self.vpc_id and not subnets:
-            raise ValueError(
+            lines.append(
                 f"VPC_ID={self.vpc_id} needs PRIVATE_SUBNET_IDS: set the VPC's private subnets "
                 "(two or more, in different AZs)"
             )
         if subnets and not self.vpc_id:
-            raise ValueError(
+            lines.append(
                 f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} needs VPC_ID: set the VPC they belong to"
             )
         if len(subnets) == 1 or len(set(subnets)) != len(subnets):
-            raise ValueError(
+            lines.append(
                 f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} names too few subnets: give two or more "
                 "distinct ones, in different AZs (EKS needs two AZs)"
             )
         if subnets and zones and (len(zones) != len(subnets) or len(set(zones)) != len(zones)):
-            raise ValueError(
+            lines.append(
                 f"AVAILABILITY_ZONES={self.availability_zones} does not pair with PRIVATE_SUBNET_IDS: "
                 "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: "
                 "`cluster create` reads them from EC2)"
             )
+        return lines
 
     @property
     def subnet_ids(self) -> list[str]:

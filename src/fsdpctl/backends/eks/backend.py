@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from fsdpctl import (
@@ -19,9 +20,10 @@ from fsdpctl import (
 )
 from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submitted, placement_ok
 from fsdpctl.backends.eks import api, configmap, engine, observe
-from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
+from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.hf_token import secret_env
 from fsdpctl.job import home, lock, state
+from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
 from fsdpctl.progress import run_outcome
 from fsdpctl.reports import FINAL, TIMEOUT, Report, Waited
@@ -52,26 +54,32 @@ class EksBackend:
     def kube(self) -> Any:
         return api.connect(self.cfg)
 
-    def _require_registry(self) -> None:
-        """A bare image name is pulled from Docker Hub, where the trainer image is not."""
-        cfg = self.cfg
+    def refusals(self) -> list[str]:
+        """An image with no registry (a bare name is pulled from Docker Hub, where the trainer
+        image is not: ImagePullBackOff), a token file that is not one token."""
+        cfg, lines = self.cfg, []
         if not cfg.registry:
-            raise BadInput(
-                f"the job's image {cfg.image_uri!r} has no registry: its pods would look for it on Docker "
-                "Hub and stay in ImagePullBackOff",
-                hint="set AWS_ACCOUNT_ID (its ECR in AWS_REGION, where `fsdpctl image push` puts it) or "
-                "IMAGE_REGISTRY",
+            lines.append(
+                f"the job's image {cfg.image_uri!r} has no registry: its pods would look for it on "
+                "Docker Hub and stay in ImagePullBackOff; set AWS_ACCOUNT_ID (its ECR in AWS_REGION, "
+                "where `fsdpctl image push` puts it) or IMAGE_REGISTRY"
             )
+        try:  # its contents (whether it exists is the settings' own check)
+            if Path(cfg.hf_token_file).expanduser().is_file():
+                secret_env(cfg)
+        except FsdpctlError as e:
+            lines.append(str(e))
+        return lines
 
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         """Client: what would be sent, the cluster not contacted. Server: every object sent with
         dryRun=All, which the API server admits or refuses as it would, storing nothing."""
         cfg = self.cfg
-        self._require_registry()
+        refuse(self.refusals())
+        objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
         if not server:
-            objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
             lines = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
-            return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines)
+            return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines, objs)
         token = secret_env(cfg).get("HF_TOKEN", "")
         started = engine.run(
             self.kube, cfg, run_id=run_id, replace=False, token=token, server_dry_run=True
@@ -83,11 +91,10 @@ class EksBackend:
             if unchecked
             else ""
         )
-        return Started(cfg.job_name, started["run_id"], where, lines)
+        return Started(cfg.job_name, started["run_id"], where, lines, objs)
 
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
-        self._require_registry()
-        secret_env(self.cfg)  # a token file that is not one token: refused before anything is sent
+        refuse(self.refusals())
         return record
 
     def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
@@ -153,6 +160,7 @@ class EksBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if node is not None:
             pod = f"{name}-worker-{node}" if self.cfg.job_kind == "pytorchjob" else None
@@ -169,6 +177,7 @@ class EksBackend:
             all_pods=all_,
             tail=tail,
             since_s=since_s,
+            keep=keep,
         )
 
     def tail(self, name: str, lines: int) -> list[str]:

@@ -34,6 +34,7 @@ from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.job import home, lock, runner, shape
 from fsdpctl.job import state as core
+from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys, between, is_count
 from fsdpctl.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
 from fsdpctl.reports import FINAL, Failure, Phase, Report, Waited
@@ -101,40 +102,42 @@ class SlurmBackend:
         return paths(cfg, run_id)
 
     # ---- submit ----------------------------------------------------------------------------------------
-    def _require_shared(self) -> None:
+    def refusals(self) -> list[str]:
         """SHARED_VOLUME_PATH is the cluster's shared file system, mounted here as on the nodes: a
         directory that must exist (fsdpctl makes its own directories inside it, never the mount
         point itself: a path made here would be this machine's disk, which no node sees)."""
         where = self.cfg.shared_volume_path
+        fix = (
+            "run fsdpctl where the shared file system is mounted (a login or head node), or set "
+            "SHARED_VOLUME_PATH to its mount point"
+        )
         try:
             mode = os.stat(where).st_mode
         except OSError as e:
-            raise BadInput(
+            return [
                 f"SHARED_VOLUME_PATH={where!r} does not exist on this machine ({e.strerror}): the "
-                "job's script and logs go to the cluster's shared file system there",
-                hint="run fsdpctl where the shared file system is mounted (a login or head node), or "
-                "set SHARED_VOLUME_PATH to its mount point",
-            ) from None
+                f"job's script and logs go to the cluster's shared file system there; {fix}"
+            ]
         if not stat.S_ISDIR(mode):
-            raise BadInput(
-                f"SHARED_VOLUME_PATH={where!r} is not a directory",
-                hint="set SHARED_VOLUME_PATH to the mount point of the cluster's shared file system",
-            )
+            return [f"SHARED_VOLUME_PATH={where!r} is not a directory; {fix}"]
+        return []
 
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         if server:
             raise BadInput(
                 "--dry-run=server needs a Kubernetes API server", hint="use --dry-run on Slurm"
             )
-        self._require_shared()
+        refuse(self.refusals())
         where = paths(self.cfg, run_id)
-        lines = [f"sbatch --parsable {where.script}", *render_script(self.cfg, run_id).splitlines()]
-        return Started(self.cfg.job_name, run_id, f"sbatch would submit {where.script}", lines)
+        text = render_script(self.cfg, run_id)
+        lines = [f"sbatch --parsable {where.script}", *text.splitlines()]
+        said = f"sbatch would submit {where.script}"
+        return Started(self.cfg.job_name, run_id, said, lines, script=text)
 
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
         """The batch script in the record (a setting Slurm cannot honour is refused here, before
         anything is written)."""
-        self._require_shared()
+        refuse(self.refusals())
         return {**record, "manifests": render_script(self.cfg, record["run_id"], record["id"])}
 
     def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
@@ -286,6 +289,7 @@ class SlurmBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if pod is not None:
             raise BadInput("--pod names a pod on Kubernetes", hint="on Slurm, use --node N")
@@ -299,10 +303,15 @@ class SlurmBackend:
                 f"--node {node}: job {name} has nodes 0 to {st['nodes'] - 1}",
                 hint="`fsdpctl job status` shows its nodes",
             )
-        return self._follow(st, range(st["nodes"]) if all_ else [node or 0], follow, tail)
+        return self._follow(st, range(st["nodes"]) if all_ else [node or 0], follow, tail, keep)
 
     def _follow(
-        self, st: dict[str, Any], chosen: Any, follow: bool, tail: int | None
+        self,
+        st: dict[str, Any],
+        chosen: Any,
+        follow: bool,
+        tail: int | None,
+        keep: Callable[[LogLine], bool] | None,
     ) -> Iterator[LogLine]:
         p = self._seen_paths(st["job"], st["run_id"])
         offsets = {n: 0 for n in chosen}
@@ -310,10 +319,12 @@ class SlurmBackend:
         while True:
             active = follow and self._seen(st).phase not in FINAL
             for n in chosen:
-                lines, offsets[n] = _read_from(Path(p.node_log(n)), offsets[n])
+                texts, offsets[n] = _read_from(Path(p.node_log(n)), offsets[n])
+                lines = [LogLine({"node": f"node-{n}"}, text) for text in texts]
+                lines = [x for x in lines if keep is None or keep(x)]
                 if first and tail is not None:
                     lines = lines[-tail:] if tail else []
-                yield from (LogLine({"node": f"node-{n}"}, text) for text in lines)
+                yield from lines
             first = False
             if not active:
                 return
