@@ -32,11 +32,16 @@ kube_peer_rules.py):
 - list items of built-in kinds without apiVersion/kind (kubernetes/kubernetes#3030), RBAC 403 wording;
 - the eviction subresource and the disruption controller's view of a PodDisruptionBudget
   (kube_peer_disruption.py: pkg/registry/core/pod/storage/eviction.go, pkg/controller/disruption).
-And, as before, what tests play instead of the cluster's other parts: pod logs from `peer.api.logs` (there is
-no kubelet: the peer applies tailLines, sinceSeconds, sinceTime and timestamps as the kubelet does, to lines
-with their own CRI times or the time they were stored), Service proxies to handlers the tests register (e.g. a
-real etcd), `forbidden` plurals.
-It has no controllers and no scheduler: tests set pod and job status themselves."""
+- the pods/binding subresource a scheduler binds with, a Secret's stringData stored as base64 data, the
+  selector and pod labels the API server generates for a batch/v1 Job (pkg/registry/batch/job/strategy.go);
+- `store.listeners`, told of every write (an informer's event), for the controllers beside it.
+And what tests play instead of the cluster's other parts: pod logs from `peer.api.logs` (per pod, or per
+(namespace, pod, container); the peer applies tailLines, sinceSeconds, sinceTime and timestamps as the kubelet
+does, to lines with their own CRI times or the time they were stored), Service proxies to handlers the tests
+register (e.g. a real etcd), `forbidden` plurals.
+It has no controllers, no scheduler and no kubelet of its own: tests set pod and job status themselves, or
+attach kube_peer_operator.Cluster, which runs the Training Operator's and the Job controller, a scheduler and
+the nodes' kubelets (real processes) against it."""
 
 from __future__ import annotations
 

@@ -36,18 +36,26 @@ The volumes a pod mounts (under `root`): a claim is `volumes/<namespace>/<claim>
 node and every run (a new FSx file system's root: root's, 0755, kubelet.make_claim); emptyDirs and
 downward API files are the pod's own (`pods/<uid>/volumes/...`), hostPaths the node's
 (`nodes/<node>/hostpath/...`), a Secret's or ConfigMap's keys are files written from the API's
-object. A Service name in a pod's torchrun rendezvous endpoint resolves to the loopback address,
-on a port this cluster gives that Service (pods share this machine's network).
+object. Pods share this machine's network: each has an address of its own on the loopback
+(127.1.x.y, its status.podIP) and, as root, its own hostname (its name) and /etc/hosts in UTS and
+mount namespaces of its own, the kubelet's managed hosts file plus what cluster DNS would answer in
+its namespace (every pod's hostname, each Service's names to the pods it selects); so torchrun on
+`<job>-worker-1` finds `<job>-worker-0` by name and ranks the nodes by their names as on a
+cluster. Every pod listens on this machine's ports, so the rendezvous port a job names is given a
+free one per Service (the container's output shows the name it was given). Where this machine
+does not allow the namespaces, pods share its hostname and reach each other at 127.0.0.1.
 
 Not done, and declared: Master replicas (their env and init container), suspend, TTL after
 finished, gang scheduling; TrainJob (Trainer v2 renders a JobSet, whose CRD and controller are not
 in ../shared/vendor: the Trainer's install pulls JobSet from a release this machine cannot reach);
 Events; the container's user (every container runs as this machine's user, as the local backend's
 does when it cannot switch: its kubelet tests cover runAsUser); probes; resource limits; a pod's
-own network, hostname and /dev/shm (the host's); image pulls (any image runs this checkout's
-trainer: imageID is a digest of the image's reference, not of content). The downward API file is
-rewritten within a pass of the kubelet (a real kubelet takes up to its sync period, about a
-minute: fsdpctl's STOP_NOTICE_S allows for that).
+own network namespace and /dev/shm (the host's); a pod's containers run one after the other,
+never side by side (every pod fsdpctl makes has one, after its init container); paths written
+inside a program's code (only its command, arguments and environment are mapped); image pulls
+(any image runs this checkout's trainer: imageID is a digest of the image's reference, not of
+content). The downward API file is rewritten within a pass of the kubelet (a real kubelet takes up
+to its sync period, about a minute: fsdpctl's STOP_NOTICE_S allows for that).
 """
 
 from __future__ import annotations
@@ -1653,12 +1661,20 @@ class Cluster:
             }
             return
         except StartRefused as e:
-            started = now()
-            run.current = None
-            run.statuses[name] = self._status(pod, container, restarts, {"terminated": {
-                "exitCode": 128, "reason": "StartError", "message": str(e),
-                "startedAt": "1970-01-01T00:00:00Z", "finishedAt": started}})  # fmt: skip
-            run.phase = "Failed" if pod["spec"].get("restartPolicy") == "Never" else run.phase
+            ended = {
+                "exitCode": 128,
+                "reason": "StartError",
+                "message": str(e),
+                "startedAt": "1970-01-01T00:00:00Z",
+                "finishedAt": now(),
+            }
+            run.statuses[name] = self._status(pod, container, restarts, {"terminated": ended})
+            if pod["spec"].get("restartPolicy", "Always") == "Never":
+                run.phase = "Failed"
+            else:  # tried again after its back-off, as any container that failed
+                backoff = CONTAINER_BACKOFF_S * 2**restarts
+                run.restart_at = time.monotonic() + min(MAX_CONTAINER_BACKOFF_S, backoff)
+                run.statuses[name]["restartCount"] = restarts + 1
             return
         run.waiting = None
         log = run.dir / "logs" / name / f"{restarts}.log"
@@ -1996,13 +2012,13 @@ class Cluster:
 
         return [
             self._as_seen_inside(run, "\n".join(crilog.texts(c.log)))
-            for run, c in self.started
+            for run, c in list(self.started)
             if (run.namespace, run.name, c.name) == (namespace, name, container) and c.log.exists()
         ]
 
     def pod_run(self, namespace: str, name: str) -> PodRun | None:
         """The kubelet's record of the live pod of that name."""
-        found = [r for r in self.runs.values() if (r.namespace, r.name) == (namespace, name)]
+        found = [r for r in list(self.runs.values()) if (r.namespace, r.name) == (namespace, name)]
         return found[-1] if found else None
 
     def processes(self, namespace: str, name: str) -> list[int]:
