@@ -421,6 +421,7 @@ def cluster(tmp_path: Path) -> Iterator[op.Cluster]:
     finally:
         c.close()
         peer.close()
+    assert not c.errors, c.errors  # a pass that failed, or a write the API refused
 
 
 TOLERATE = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -713,6 +714,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         yield b
     finally:
         b.close()
+    assert not b.cluster.errors, b.cluster.errors  # a pass that failed, or a write refused
 
 
 def _trained(b: Bench, job: str, backend: dict, **settings: str) -> float:
@@ -759,6 +761,7 @@ def test_a_job_trains_on_the_cluster_with_the_local_backends_losses(bench, nodes
             pod_versions = versions(bench, ("", "pods", NS, name), with_rv=True)
             deleted = [rv for rv, p in pod_versions if op.deleting(p)]
             assert deleted and min(deleted) > done_at, name
+    print(f"pods kept after the job: {sorted(kept)}")
     services = bench.cluster.kube.list("v1", "Service", NS, {op.JOB_NAME_LABEL: job})
     assert sorted(s["metadata"]["name"] for s in services) == sorted(kept)
     status = json.loads(bench.run("job", "status", job, "-o", "json", JOB_NAME=job, **EKS).stdout)

@@ -205,6 +205,7 @@ def eks_place(
     finally:
         cluster.close()
         peer.close()
+    assert not cluster.errors, cluster.errors  # a controller's pass that failed, a write refused
 
 
 def _install_operator(peer: Any, settings: dict[str, str]) -> None:
