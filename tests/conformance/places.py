@@ -71,9 +71,7 @@ class Place:
     home: Path
     settings: dict[str, str]
     environ: dict[str, str]
-    trains: bool  # its jobs' pods really train
     outside: Callable[[str], list[str]]  # what the place runs (or holds) for job NAME, in words
-    settle: Callable[[str, str], None] = lambda job, phase: None  # a played controller (none now)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def env(self, **settings: str) -> dict[str, str]:
@@ -97,7 +95,6 @@ class Place:
         would report it)."""
         r = self.run("job", "run", "-d", JOB_NAME=job, **settings)
         assert r.returncode == 0, r.stderr
-        self.settle(job, "Succeeded")
         waited = self.run("job", "wait", job, "--timeout", "240", timeout=300, JOB_NAME=job)
         assert waited.returncode == 0, waited.stdout + waited.stderr
 
@@ -137,7 +134,6 @@ def local_place(
         root / "home",
         {"BACKEND": "local", "LOCAL_PROCS_PER_NODE": "1", **TINY},
         environ,
-        trains=True,
         outside=outside,
     )
     yield place
@@ -195,9 +191,7 @@ def eks_place(
             if o["metadata"]["name"] == job
         ]
 
-    place = Place(
-        "eks", root / "home", settings, {**os.environ, **env}, trains=True, outside=outside
-    )
+    place = Place("eks", root / "home", settings, {**os.environ, **env}, outside=outside)
     place.peer = peer  # type: ignore[attr-defined]
     place.cluster = cluster  # type: ignore[attr-defined]
     try:
@@ -298,7 +292,6 @@ def slurm_place(
         root / "home",
         {**SLURM, **TINY, "SHARED_VOLUME_PATH": str(fsx)},
         environ,
-        trains=True,
         outside=outside,
     )
     place.cluster = cluster  # type: ignore[attr-defined]
