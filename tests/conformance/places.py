@@ -72,6 +72,9 @@ class Place:
     settings: dict[str, str]
     environ: dict[str, str]
     outside: Callable[[str], list[str]]  # what the place runs (or holds) for job NAME, in words
+    # how the place plays a disruption of job NAME (test_paths.CELLS): True when the place itself
+    # ended the job (an outside scancel), False when the job goes on by itself
+    disrupt: dict[str, Callable[[str], bool]] = field(default_factory=dict)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def env(self, **settings: str) -> dict[str, str]:
@@ -136,8 +139,51 @@ def local_place(
         environ,
         outside=outside,
     )
+    place.disrupt = {
+        "killed node": lambda job: _local_kill_node(job),
+        "outside end": lambda job: _local_evict(job),
+        "controller gone": lambda job: _local_kill_supervisor(job),
+    }
     yield place
     _kill_local(place)
+
+
+def _local_state(job: str) -> dict[str, Any]:
+    from fsdpctl.backends.local import engine as local
+
+    found = local.read_state(local.job_dir(job))
+    assert found is not None, job
+    return found
+
+
+def _local_kill_node(job: str) -> bool:
+    """Every process of node 0's pod at once (a node that dies), by the pod's mark: the operator's
+    rule recreates it (137) and the job resumes from its last checkpoint."""
+    from fsdpctl.backends.local import engine as local
+
+    st = _local_state(job)
+    local.kill_pod(f"{local.job_dir(job)}/{st['run_id']}/node-0")
+    return False
+
+
+def _local_evict(job: str) -> bool:
+    """A drain's eviction of node 0's pod: SIGTERM without the stop request (local.evict)."""
+    from fsdpctl.backends.local import engine as local
+
+    local.evict(job, 0)
+    return False
+
+
+def _local_kill_supervisor(job: str) -> bool:
+    """The controller gone: the supervisor SIGKILLed (an OOM kill); its pods train on, and whoever
+    reads the job next judges its end from their output."""
+    import signal
+
+    from fsdpctl.backends.local import engine as local
+
+    st = _local_state(job)
+    assert local.signal_recorded(st["supervisor"], signal.SIGKILL, st), st.get("supervisor")
+    return False
 
 
 def _kill_local(place: Place) -> None:
@@ -194,12 +240,45 @@ def eks_place(
     place = Place("eks", root / "home", settings, {**os.environ, **env}, outside=outside)
     place.peer = peer  # type: ignore[attr-defined]
     place.cluster = cluster  # type: ignore[attr-defined]
+    place.disrupt = {
+        "killed node": lambda job: _eks_kill_pod(cluster, f"{job}-worker-0"),
+        "outside end": lambda job: _eks_delete_pod(peer, f"{job}-worker-0"),
+        "controller gone": lambda job: _eks_api_away(peer),
+    }
     try:
         yield place
     finally:
         cluster.close()
         peer.close()
     assert not cluster.errors, cluster.errors  # a controller's pass that failed, a write refused
+
+
+def _eks_kill_pod(cluster: Any, pod: str) -> bool:
+    """Every process of the pod at once (its node died): exit 137, which the operator retries."""
+    assert cluster.kill("fsdp", pod), f"no process of pod {pod}"
+    return False
+
+
+def _eks_delete_pod(peer: Any, pod: str) -> bool:
+    """`kubectl delete pod`: the kubelet's SIGTERM without the stop annotation (an eviction to the
+    trainer), SIGKILL after the grace; the operator makes the pod again (143 is retryable)."""
+    from fsdpctl.adapters.kube import Kube
+
+    Kube.connect(kubeconfig=str(peer.kubeconfig)).delete("v1", "Pod", pod, "fsdp")
+    return False
+
+
+API_AWAY_S = 8.0
+
+
+def _eks_api_away(peer: Any) -> bool:
+    """The API server away for API_AWAY_S (a control plane upgrade, a proxy's 503s): reads of the
+    job fail; the cluster's pods train on."""
+    import threading
+
+    peer.api.broken["pytorchjobs"] = (503, b"upstream connect error or disconnect/reset")
+    threading.Timer(API_AWAY_S, peer.api.broken.clear).start()
+    return False
 
 
 def _install_operator(peer: Any, settings: dict[str, str]) -> None:
