@@ -289,7 +289,8 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         "while :; do",
         '    rdzv_id="${SLURM_JOB_ID}-${restarts}-${try}"',
         "    rc=0",
-        # bash before 4.4 calls an empty array unbound under `set -u` (bash CHANGES, 4.4 n.):
+        # bash before 4.4 calls an empty array unbound under `set -u` (bash CHANGES, bash-4.4-rc2,
+        # "3. New Features in Bash" a.):
         # ${a[@]+"${a[@]}"} expands to nothing there (ParallelCluster's Amazon Linux 2: 4.2)
         '    srun ${auto_resume[@]+"${auto_resume[@]}"} '
         + " ".join(_q(w) for w in launch)
