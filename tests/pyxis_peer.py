@@ -21,7 +21,8 @@ in, pyxis README "Installation") and `make`; enroot's five C helpers with glibc 
 `FORCE_GLIBC=1`: its default links them statically against the musl git submodule, which the tarball
 does not carry) and Debian's static libbsd (`-l:libbsd.a` from libbsd-dev), Debian's `makeself`
 standing in for the submodule's, then `make install prefix=DIR` (`-o deps`: nothing to fetch).
-Measured here (2 cores): the first build ~10 s, the image ~15 s; a cached build costs a lookup.
+Measured here (2 cores): the first build 2-9 s and the image 5-11 s (idle to loaded machine; the
+image is 137 MB, uncompressed), both once per machine and cache key; a cached lookup ~0.2 s.
 """
 
 from __future__ import annotations
