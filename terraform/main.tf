@@ -15,6 +15,7 @@ module "eks_gpu" {
   capacity_block          = var.capacity_reservation_id != "" && var.capacity_reservation_type == "capacity-block"
   efa_interfaces          = var.efa_enabled ? var.efa_interfaces : 0
   system_instance_type    = var.system_instance_type
+  system_volume_size      = var.system_volume_size
   gpu_volume_size         = var.gpu_volume_size
   endpoint_public_access  = var.endpoint_public_access
   public_access_cidrs     = var.public_access_cidrs

@@ -90,6 +90,12 @@ variable "system_instance_type" {
   default     = "m5.xlarge"
 }
 
+variable "system_volume_size" {
+  description = "Root volume of each system node in GiB (its images, logs and Prometheus' data): eksctl's default for a managed node group, where EKS's own is 20."
+  type        = number
+  default     = 80
+}
+
 variable "gpu_volume_size" {
   description = "Root volume of each GPU node in GiB (container images and local data)."
   type        = number

@@ -50,6 +50,25 @@ def _shared() -> Path:
 SHARED = _shared()
 
 
+def slack() -> float:
+    """How much slower than idle this machine runs now: its 1-minute load average per core
+    (getloadavg(3)), at least 1, at most 4; FSDPCTL_TEST_SLACK sets it. `make test` runs the slow
+    lane as two pytest processes beside whatever else the machine does: a deadline fit for an idle
+    machine (a daemon's answer, one fuzz case's imports) is too short at load 4 on 2 cores."""
+    if os.environ.get("FSDPCTL_TEST_SLACK"):
+        return max(1.0, float(os.environ["FSDPCTL_TEST_SLACK"]))
+    try:
+        per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 1.0
+    return min(4.0, max(1.0, per_core))
+
+
+def scaled(seconds: float) -> float:
+    """A deadline of `seconds` on an idle machine, stretched by `slack()`."""
+    return seconds * slack()
+
+
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory):
     from fsdptrain.assets import ensure_assets
@@ -372,6 +391,7 @@ SLOW_BESIDE = frozenset(
         "test_silent_endpoints",
         "test_untrusted_state",
         "test_fuzz",
+        "test_disruption_budget",
     }
 )
 

@@ -29,7 +29,9 @@ kube_peer_rules.py):
   owner-reference garbage collector (pkg/controller/garbagecollector/garbagecollector.go), the batch/v1 Job
   default of Orphan, the namespace controller emptying a terminating namespace, CRD deletion removing its
   objects;
-- list items of built-in kinds without apiVersion/kind (kubernetes/kubernetes#3030), RBAC 403 wording.
+- list items of built-in kinds without apiVersion/kind (kubernetes/kubernetes#3030), RBAC 403 wording;
+- the eviction subresource and the disruption controller's view of a PodDisruptionBudget
+  (kube_peer_disruption.py: pkg/registry/core/pod/storage/eviction.go, pkg/controller/disruption).
 And, as before, what tests play instead of the cluster's other parts: pod logs from `peer.api.logs` (there is
 no kubelet: the peer applies tailLines, sinceSeconds, sinceTime and timestamps as the kubelet does, to lines
 with their own CRI times or the time they were stored), Service proxies to handlers the tests register (e.g. a
@@ -58,6 +60,7 @@ import kmock
 import yaml
 from multidict import CIMultiDict
 
+import kube_peer_disruption as disruption
 import kube_peer_kubelet as kubelet
 from conftest import SHARED
 from kube_peer_discovery import Registry, Served, accepts_aggregated
@@ -286,6 +289,9 @@ class KubeApi(kmock.KubernetesScaffold):
         self.forbidden: set[str] = (
             set()
         )  # plurals this user may not touch (RBAC): 403, as the real API says
+        # plurals whose reads get a broken answer, (status, raw body), as an API server restarting
+        # behind a load balancer or a proxy in between gives: a 503 page, an empty 200, garbage
+        self.broken: dict[str, tuple[int, bytes]] = {}
         self.applied: dict[
             tuple[Key, str], dict
         ] = {}  # (object, field manager) -> its last applied config
@@ -346,6 +352,9 @@ class KubeApi(kmock.KubernetesScaffold):
             raise Reply(404, "NotFound", "the server could not find the requested resource")
         res = self._served(route, method)
         self._authorize(res, route, method, request)
+        if method == "GET" and res.plural in self.broken:
+            code, body = self.broken[res.plural]
+            return aiohttp.web.Response(status=code, body=body, content_type="application/json")
         if route.sub:
             return await self._subresource(request, res, route, method)
         return await self._verb(request, res, route, method)
@@ -838,6 +847,8 @@ class KubeApi(kmock.KubernetesScaffold):
             return await self._log(request, route)
         if (res.group, res.plural, top) == ("", "services", "proxy"):
             return await self._proxy(request, route)
+        if (res.group, res.plural, top) == ("", "pods", "eviction") and method == "POST":
+            return self._evict(request, res, route)
         if top == "status" and method == "GET":
             return self._json(self._typed(res, self._existing(res, route)))
         if top == "status" and method == "PUT":
@@ -848,6 +859,32 @@ class KubeApi(kmock.KubernetesScaffold):
         raise Reply(
             405, "MethodNotAllowed", f"{method} {route.sub}: not implemented by this test peer"
         )
+
+    def _evict(self, request, res: Served, route: Route):
+        """POST pods/NAME/eviction (policy/v1 Eviction): the disruption rules of
+        kube_peer_disruption decide; an evicted pod gets the DisruptionTarget condition and is
+        deleted as a DELETE of it would be (its grace period, the Eviction's deleteOptions)."""
+        body = _body(request)
+        pod = self._existing(res, route)
+        namespace = route.namespace or ""
+        budgets = [
+            o
+            for k, o in self.store.objects.items()
+            if k[:3] == ("policy", "poddisruptionbudgets", namespace)
+        ]
+        pods = [o for k, o in self.store.objects.items() if k[:3] == ("", "pods", namespace)]
+        refusal = disruption.eviction(pod, budgets, pods)
+        if refusal is not None:
+            raise Reply(
+                refusal.code, refusal.reason, refusal.message, {"causes": list(refusal.causes)}
+            )
+        options = body.get("deleteOptions") or {}
+        dry = _dry(request) or options.get("dryRun") in ("All", ["All"])
+        key = self._key(res, route.namespace, route.name or "")
+        if not dry and not disruption.can_ignore_budgets(pod):
+            self.store.put(key, disruption.evicted(json.loads(json.dumps(pod))))
+        self._delete(key, options, dry)
+        return self._json(status_body(201, "", ""), 201)
 
     # --- deletion and garbage collection --------------------------------------------------------------------
 

@@ -56,7 +56,7 @@ from typing import TypeVar
 import pytest
 
 import pyxis_peer
-from conftest import ROOT
+from conftest import ROOT, scaled
 from fsdpctl.adapters import netns
 
 CONTROLLER = "slurmctl"
@@ -186,6 +186,7 @@ class Cluster:
     def wait_for(self, check: Callable[[], T], what: str, timeout: float = 180) -> T:
         """Poll `check` until it returns something true; past `timeout` (generous: a loaded 2-core
         CI machine slows slurmctld and slurmd), fail naming `what`."""
+        timeout = scaled(timeout)  # the machine's load stretches every daemon's answer
         deadline = time.monotonic() + timeout
         while not (got := check()):
             if time.monotonic() > deadline:

@@ -6,7 +6,7 @@ shared volume `fsx-claim`, checkpoints under it), started by the real supervisor
 (`backends.local.engine.start`), with one change: the container runs a short Python program that
 prints what fsdptrain's rank 0 prints (the typed event lines of `fsdptrain.events`: leader, start
 with the run record's id, steps, a checkpoint, the summary) instead of torchrun. Its record is
-written by `record_store` and its placement by `backends.save_placement`, as `job run` writes them.
+written by `record_store` and its placement is in its state (the job core's), as `job run` writes them.
 `alpha` succeeds; `beta`'s node 1 fails with a Python traceback (exit 1), so the failure readers run
 too.
 
@@ -107,8 +107,10 @@ FAILURE = [
 
 def build(home: Path) -> None:
     """Both jobs, ended, under `home` (FSDPCTL_HOME must already be `home`; loopback nodes)."""
-    from fsdpctl import backends, crilog, record, record_store, render
+    from fsdpctl import crilog, record, record_store, render
     from fsdpctl.backends.local import engine as local
+    from fsdpctl.job import home as job_home
+    from fsdpctl.job import lock
     from fsdpctl.settings import load
 
     assert os.environ["FSDPCTL_HOME"] == str(home) and os.environ.get("FSDPCTL_LOCAL_NETNS") == "0"
@@ -130,8 +132,8 @@ def build(home: Path) -> None:
         container["env"] += [{"name": "STATE_HOME_LINES", "value": str(lines)}]
         if job == "beta":
             container["env"] += [{"name": "STATE_HOME_EXIT_1", "value": "1"}]
-        local.start(pytorchjob, secret_env={})
-        backends.save_placement(cfg)
+        with lock.held(job_home.job_dir(job)):  # as job run holds it
+            local.start(pytorchjob, secret_env={})
     for job in JOBS:
         deadline = time.monotonic() + 60
         while local.effective_phase(local.read_state(local.job_dir(job))) in local.ACTIVE:

@@ -15,6 +15,7 @@ from conftest import isolate
 from fsdpctl import backends
 from fsdpctl.backends.eks.backend import EksBackend
 from fsdpctl.backends.local.backend import LocalBackend
+from fsdpctl.job import home, state
 from fsdpctl.settings import load
 from fsdpctl.targets import NAMES
 from test_kube import cli, install_operator, peer, said  # noqa: F401  (peer is a fixture)
@@ -41,7 +42,11 @@ def test_a_record_decides_where_a_job_lives_and_brings_its_namespace(tmp_path, m
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     flags = {"BACKEND": "eks", "JOB_NAME": "big", "JOB_NAMESPACE": "team-a", "JOB_KIND": "trainjob"}
     started = load(flags=flags)
-    backends.save_placement(started)
+    placement = {k: getattr(started, k) for k in ("job_namespace", "job_kind", "kube_context")}
+    state.write(
+        home.job_dir("big"),
+        {"job": "big", "backend": "eks", "run_id": "big-1", "created": 1.0, **placement},
+    )
     here = load(flags={"BACKEND": "local", "JOB_NAMESPACE": "fsdp"})
     placed = backends.placed(here, "big", None)
     assert (placed.backend, placed.job_namespace, placed.job_kind) == ("eks", "team-a", "trainjob")
@@ -50,16 +55,18 @@ def test_a_record_decides_where_a_job_lives_and_brings_its_namespace(tmp_path, m
 
 
 def test_damaged_records_count_as_none(tmp_path, monkeypatch):
-    """Any bytes in a record file (cut write, hand edit): resolution falls back to BACKEND, never
-    raises."""
+    """Any bytes in a placement file of a home from before the job core, or in a job's state (cut
+    write, hand edit): resolution falls back to BACKEND, never raises."""
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     cfg = load(flags={"BACKEND": "local"})
     rng = random.Random(12)
     samples = [b"", b"{", b"[]", b'{"backend": "gke"}', b'{"backend": 3}', b"\xff\xfe", b"null"]
     samples += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64))) for _ in range(40)]
     (tmp_path / "started").mkdir()
+    (tmp_path / "jobs" / "fsdp").mkdir(parents=True)
     for blob in samples:
         (tmp_path / "started" / "fsdp.json").write_bytes(blob)
+        (tmp_path / "jobs" / "fsdp" / "state.json").write_bytes(blob)
         assert backends.placed(cfg, "fsdp", None).backend == "local", blob
 
 

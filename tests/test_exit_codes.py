@@ -18,6 +18,7 @@ and makes every refusal before a change 2, whichever way it is reached.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -136,20 +137,23 @@ def tree(root) -> dict[str, bytes]:
     }
 
 
-def test_a_job_already_running_locally_is_2(cli):
-    """A second start of a local job whose lock another `job run` (or its supervisor) holds:
-    flock(2) locks belong to the open file description, so a lock held here through its own open()
-    is refused to the command as a lock held by another process would be."""
-    from fsdpctl.backends.local import engine as local
+def test_a_job_whose_lock_another_verb_holds_is_2(cli, monkeypatch):
+    """A start of a local job whose lock another verb holds past the bounded wait: flock(2) locks
+    belong to the open file description, so a lock held here through its own open() is refused to
+    the command as a lock held by another process would be; the line names the holder as the
+    kernel does (/proc/locks)."""
     from fsdpctl.cli.quickstart_cmd import QUICKSTART
+    from fsdpctl.job import home, lock
 
+    monkeypatch.setattr(lock, "WAIT_S", 0.2)
     sets = [a for k, v in QUICKSTART.items() for a in ("--set", f"{k}={v}")]
-    with local.job_lock(local.job_dir("quickstart")) as held:
+    with lock.held(home.job_dir("quickstart")) as held:
         assert held
         for debug in ((), ("--debug",)):
             r = invoke(*debug, *sets, "job", "run", "-d")
             assert r.exit_code == ExitCode.BAD_INPUT, r.output
-            assert "is already running" in error_lines(r.stderr)[0], r.stderr
+            first = error_lines(r.stderr)[0]
+            assert "job quickstart is busy" in first and f"pid {os.getpid()}" in first, r.stderr
 
 
 def test_a_job_that_already_exists_on_eks_is_2(peer):  # noqa: F811
@@ -163,7 +167,7 @@ def test_a_job_that_already_exists_on_eks_is_2(peer):  # noqa: F811
     for debug in ((), ("--debug",)):
         r = kcli(*debug, "job", "run", "-d")
         assert r.exit_code == ExitCode.BAD_INPUT, r.output
-        assert "job fsdp already exists" in error_lines(r.stderr)[0], r.stderr
+        assert "job fsdp is running" in error_lines(r.stderr)[0], r.stderr
     assert len(peer.objects("pytorchjobs")) == 1
 
 

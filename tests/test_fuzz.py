@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import os
 import shutil
 import signal
@@ -43,7 +44,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conftest import invoke, isolate
+from conftest import invoke, isolate, scaled
 from fsdpctl.redact import MASK, SHAPES
 from hub_peer import fresh_hub_client
 from invariants import DOCUMENTED, JOB_WAIT, check_outcome, snapshot
@@ -499,7 +500,7 @@ def run_case(case: Case, root: Path, mounts: Mounts) -> None:
     with sealed(case, root):
         before = snapshot(*watched)
         previous = signal.signal(signal.SIGALRM, _alarm)
-        signal.alarm(CASE_SECONDS)
+        signal.alarm(math.ceil(scaled(CASE_SECONDS)))  # a busy machine imports transformers slower
         try:
             result = invoke(*case.argv, catch_exceptions=True)
         finally:

@@ -494,6 +494,15 @@ def _check_case(case: str, kind: str, run: Run, outcome: rules.Outcome) -> None:
         failure = report["failure"] or {}
         text = " ".join(str(v) for v in failure.values())
         assert "checkpoint at step" in text and ("full" in text or "space" in text), failure
+        # and `job run`'s last lines say the disk is full in so many words (job_view.outcome,
+        # issue 37), from the failure and the logs' tails it reads
+        from types import SimpleNamespace
+
+        from fsdpctl.cli import job_view
+
+        tail = [line for t in run.logs.values() for line in t.splitlines()[-15:]]
+        said = job_view.full_disk(SimpleNamespace(name="local"), report, tail)
+        assert said and said.startswith("the disk is full"), (said, failure)
         saved = int(latest.rpartition("-")[2])
         assert (
             report["step"] - saved <= 4

@@ -37,6 +37,7 @@ from fsdpctl.adapters import netns
 from fsdpctl.backends.local import engine as local
 from fsdpctl.backends.local.report import job_report
 from fsdpctl.errors import BadInput
+from fsdpctl.job import lock
 
 SLEEPER = "import time; time.sleep(120)"
 # a launcher that starts a "worker" in a session of its own (as torchrun does) and sleeps
@@ -273,7 +274,8 @@ def _race_in_threads(job: dict) -> list[str]:
     def one():
         barrier.wait()
         try:
-            local.start(job, secret_env={})
+            with lock.held(local.job_dir(job["metadata"]["name"])):  # as the job core holds it
+                local.start(job, secret_env={})
             results.append("started")
         except local.JobBusy:
             results.append("busy")
@@ -287,9 +289,10 @@ def _race_in_threads(job: dict) -> list[str]:
 
 
 def test_two_runs_of_one_job_at_the_same_moment_start_exactly_one(home):
-    """Two starts released by one barrier, 8 times (each opens the lock file itself, so flock(2)
-    decides between them as between two processes): exactly one supervisor each time, the other
-    refused; stopping it leaves no process of the job, and the next round starts clean."""
+    """Two starts released by one barrier, 8 times, each holding the job's lock as the job core
+    does (each opens the lock file itself, so flock(2) decides between them as between two
+    processes): exactly one supervisor each time, the other refused once it gets the lock and sees
+    the run; stopping it leaves no process of the job, and the next round starts clean."""
     job = fake_job(replicas=1, grace=2)
     for _ in range(8):
         assert _race_in_threads(job) == ["busy", "started"]
@@ -305,12 +308,14 @@ RACER = """
 import sys, time
 from pathlib import Path
 from fsdpctl.backends.local import engine as local
+from fsdpctl.job import lock
 job = {job!r}
 go = Path(sys.argv[1])
 while not go.exists():
     time.sleep(0.001)
 try:
-    local.start(job, secret_env={{}})
+    with lock.held(local.job_dir(job["metadata"]["name"])):
+        local.start(job, secret_env={{}})
 except local.JobBusy as e:
     print(f"error: {{e}}")
     sys.exit(2)
@@ -514,12 +519,12 @@ def test_list_and_cleanup_skip_stray_files_and_damaged_states_and_go_on(home):
 
 
 def test_cleanup_never_deletes_a_live_jobs_files(home):
-    """An ended state is not enough: a job whose lock is held (a `job run` starting it) and one with
-    a process carrying its mark both keep every file, in a dry run and a real one; an ended job next
-    to them is cleaned."""
+    """An ended state is not enough: a job whose lock is held (a `job run` starting it: said, with
+    its holder) and one with a process carrying its mark both keep every file, in a dry run and a
+    real one; an ended job next to them is cleaned."""
     for name in ("starting", "orphaned", "ended"):
         _ended(home.home, name)
-    fd = os.open(home.home / "jobs" / "starting" / local.LOCK, os.O_RDWR | os.O_CREAT)
+    fd = os.open(home.home / "jobs" / "starting" / lock.NAME, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     env = {
         **os.environ,
@@ -532,7 +537,8 @@ def test_cleanup_never_deletes_a_live_jobs_files(home):
         for args in (["cleanup", "--dry-run"], ["cleanup", "--checkpoints", "--yes"]):
             r = home(*args)
             assert r.exit_code == 0, r.output
-            assert "ended" in r.said and "starting" not in r.said and "orphaned" not in r.said
+            assert "ended" in r.stdout and "starting" not in r.stdout and "orphaned" not in r.stdout
+            assert "job starting is busy" in r.stderr  # said why it was kept
         for name in ("starting", "orphaned"):
             assert (home.home / "jobs" / name / "state.json").exists()
         assert not (home.home / "jobs" / "ended" / "state.json").exists()

@@ -28,7 +28,8 @@ CODE = {
     "diff_sha256": None,
 }
 # keys whose value is free text (no pattern, no choice): where quoting is tested
-FREE_TEXT = ("DATASET_TEXT_FIELD", "DATASET_SPLIT", "AWS_PROFILE", "KUBE_CONTEXT")
+# (AWS_PROFILE and KUBE_CONTEXT have a shape now, one printable line: settings/rules.py SHAPES)
+FREE_TEXT = ("DATASET_TEXT_FIELD", "DATASET_SPLIT", "WANDB_PROJECT")
 # one other valid value per key of a sample: a setting changed between two runs
 OTHER = {
     "LR": "0.002",

@@ -220,13 +220,14 @@ def daemonsets() -> dict[str, tuple[dict, bool]]:
         "aws-efa-k8s-device-plugin",
         "dcgm-exporter",
         "nvtop",
+        "htop",
     }
     out = {
         o["metadata"]["name"]: (o["spec"]["template"]["spec"], o["metadata"]["name"] in gpu_only)
         for o in objs
         if o["kind"] == "DaemonSet"
     }
-    assert set(out) == gpu_only | {"htop"}
+    assert set(out) == gpu_only
     return out
 
 
@@ -234,8 +235,8 @@ def daemonsets() -> dict[str, tuple[dict, bool]]:
 @pytest.mark.parametrize("instance", INSTANCES)
 def test_every_daemonset_lands_on_the_gpu_nodes_and_gpu_only_ones_nowhere_else(tool, instance):
     """Defects 1 and 3 of issue 14 fixed: both device plugins (eksctl v0.230.0 pkg/addons/assets,
-    patched by `deploy.plugins`), the DCGM exporter and nvtop land on the GPU nodes of both tools'
-    renders and not on the system nodes; htop lands on the GPU nodes."""
+    patched by `deploy.plugins`), the DCGM exporter, nvtop and htop land on the GPU nodes of both
+    tools' renders and not on the system nodes (htop runs the trainer's image: issue 36, S4)."""
     gpu, system = cluster_nodes(tool, instance)
     assert "nvidia.com/gpu.present" not in gpu["labels"]
     for name, (pod, gpu_only) in daemonsets().items():
@@ -319,6 +320,118 @@ def test_the_old_monitoring_selector_lands_nowhere(instance):
     }
     for tool in ("eksctl", "terraform"):
         assert not any(lands(old, n) for n in cluster_nodes(tool, instance))
+
+
+# --- the trainer's image stays off the system nodes (issue 36, S4) ----------------------------------------
+
+
+def trainer_image_pods(cfg) -> dict[str, dict]:
+    """name -> pod spec of everything fsdpctl renders that runs the trainer's image (IMAGE_URI): the
+    worker pods (PyTorchJob, or a TrainJob's runtime patch, which carries the same nodeSelector and
+    tolerations), the pre-step Job, the checkpoint cleaner, and the monitoring DaemonSets."""
+    objs = render.render_job(cfg, "r")
+    pods = {}
+    for o in objs:
+        if o["kind"] == "PyTorchJob":
+            pods["worker"] = o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        if o["kind"] == "TrainJob":
+            [patch] = o["spec"]["runtimePatches"]
+            [job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+            pods["worker"] = job["template"]["spec"]["template"]["spec"]
+        if o["kind"] == "Job":
+            pods["pre-step"] = o["spec"]["template"]["spec"]
+            assert o["spec"]["template"]["spec"]["containers"][0]["image"] == cfg.image_uri
+    pods["checkpoint-cleaner"] = render.render_checkpoint_cleaner(cfg, "fsdp")["spec"]
+    for o in deploy.monitoring(cfg).objects:
+        spec = o["spec"]["template"]["spec"] if o["kind"] == "DaemonSet" else {}
+        if any(c["image"] == cfg.image_uri for c in spec.get("containers", [])):
+            pods[o["metadata"]["name"]] = spec
+    assert set(pods) == {"worker", "pre-step", "checkpoint-cleaner", "htop", "nvtop"}
+    return pods
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("tool", ["eksctl", "terraform"])
+@pytest.mark.parametrize("instance", INSTANCES)
+def test_nothing_with_the_trainers_image_lands_on_the_system_nodes(tool, instance, kind):
+    """Issue 36, S4: the pre-step Job had no nodeSelector and htop no affinity, so both pulled the
+    trainer's ~20 GB image onto a system node, whose root volume was EKS's default 20 GiB on
+    terraform (CreateNodegroup diskSize, botocore's eks service model). Now every pod that runs
+    that image selects the nodes the workers run on (their nodeSelector and tolerations, with the
+    NODE_SELECTOR and TOLERATIONS a user adds) and lands on the GPU nodes, never on the system
+    ones; the objects stay valid Kubernetes 1.33 objects (kubernetes-validate, strict)."""
+    from fsdpctl.validate import validate
+
+    extra = {"NODE_SELECTOR": "team=ml", "TOLERATIONS": "dedicated=ml:NoSchedule"}
+    cfg = load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance, "JOB_KIND": kind, **extra})
+    gpu, system = cluster_nodes(tool, instance)
+    # the job's own pods follow NODE_SELECTOR and TOLERATIONS onto nodes a user labelled and tainted
+    # so; the monitoring DaemonSets are the cluster's, made for fsdpctl's own GPU node groups
+    marked = {
+        "labels": {**gpu["labels"], "team": "ml"},
+        "taints": [*gpu["taints"], {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}],
+    }
+    for name, pod in trainer_image_pods(cfg).items():
+        where = gpu if name in ("htop", "nvtop") else marked
+        assert lands(pod, where), f"{name} does not land on the {tool} {instance} GPU nodes"
+        assert not lands(pod, system), f"{name} lands on the {tool} system nodes"
+    objs = [o for o in render.render_job(cfg, "r") if o["kind"] == "Job"]
+    assert validate([*objs, render.render_checkpoint_cleaner(cfg, "fsdp")], {}) == []
+
+
+# EKS's kube-reserved CPU on a node (amazon-eks-ami nodeadm internal/kubelet/config.go,
+# getCPUMillicoresToReserve: 6% of the first core, 1% of the second, 0.5% of the next two, 0.25% of
+# the rest) and memory (255 MiB + 11 MiB per pod of maxPods; 250 pods bounds every GPU type's).
+def _kube_reserved(vcpus: int) -> tuple[float, float]:
+    cores = [0.06, 0.01, 0.005, 0.005] + [0.0025] * max(0, vcpus - 4)
+    return sum(cores[:vcpus]), (255 + 11 * 250) / 1024
+
+
+def _requests(pod: dict) -> tuple[float, float]:
+    """(CPUs, GiB) the scheduler counts for a pod: the larger of its containers' sum and its
+    largest init container (k8s.io/component-helpers resource/helpers.go, PodRequests)."""
+
+    def one(c: dict) -> tuple[float, float]:
+        r = (c.get("resources") or {}).get("requests") or {}
+        cpu = str(r.get("cpu", "0"))
+        mem = str(r.get("memory", "0"))
+        cpus = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        gib = (
+            float(mem[:-2]) / (1024 if mem.endswith("Mi") else 1) if mem[-2:] in ("Mi", "Gi") else 0
+        )
+        return cpus, gib
+
+    main = [one(c) for c in pod["containers"]]
+    init = [one(c) for c in pod.get("initContainers", [])] or [(0.0, 0.0)]
+    return (
+        max(sum(c for c, _ in main), max(c for c, _ in init)),
+        max(sum(m for _, m in main), max(m for _, m in init)),
+    )
+
+
+@pytest.mark.parametrize("instance", INSTANCES)
+def test_the_pre_step_fits_on_a_gpu_node_beside_its_worker(instance):
+    """The pre-step now runs on the GPU nodes, where the workers' pods are created at the same
+    moment and wait for its marker: if a worker's requests left no room beside it, the pre-step
+    would stay Pending and the job would wait out PRESTEP_TIMEOUT. A worker requests 90% of the
+    node's CPUs and 80% of its memory; with every DaemonSet fsdpctl deploys there and EKS's
+    kube-reserved, the pre-step still fits on a node that runs a worker (the FSx CSI node plugin
+    included: aws-fsx-csi-driver deploy/kubernetes/base/node-daemonset.yaml)."""
+    from fsdpctl.instances import INSTANCE_TYPES
+
+    cfg = load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance})
+    pods = trainer_image_pods(cfg)
+    node = INSTANCE_TYPES[instance]
+    cpu, mem = _kube_reserved(node.vcpus)
+    for name in ("worker", "pre-step"):
+        c, m = _requests(pods[name])
+        cpu, mem = cpu + c, mem + m
+    fsx = [o for o in deploy.storage(cfg, [VENDOR]).objects if o["kind"] == "DaemonSet"]
+    assert fsx  # the FSx CSI driver's node plugin runs on every node too
+    for pod in [p for p, _ in daemonsets().values()] + [o["spec"]["template"]["spec"] for o in fsx]:
+        c, m = _requests(pod)
+        cpu, mem = cpu + c, mem + m
+    assert cpu <= node.vcpus and mem <= node.memory_gib, (cpu, mem)
 
 
 # --- what the plugins made allocatable, and a Pending pod that lacks it ------------------------------------

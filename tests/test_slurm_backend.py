@@ -321,14 +321,16 @@ def test_an_unreachable_slurmctld_is_one_line_within_request_timeout_and_leaves_
     controller port nothing listens on. They retry the connection (measured here: sbatch 18 s,
     scontrol 9 s, then "Unable to contact slurm controller (connect failure)"); fsdpctl waits
     REQUEST_TIMEOUT (2 s here) and says which command did not answer, exit 1. A failed `job run`
-    leaves no run record, no Slurm record and not the run's directory it made on the shared file
-    system."""
+    leaves no run record, no state and not the run's directory it made on the shared file system.
+    A job whose controller does not answer is Unknown in `job status`, with what was asked: never
+    an end."""
     from fsdpctl.adapters.etcd import free_port
 
     conf = tmp_path / "slurm.conf"
     conf.write_text(CLOSED.format(port=free_port()))
     monkeypatch.setenv("SLURM_CONF", str(conf))
     shared = tmp_path / "fsx"
+    shared.mkdir()  # the cluster's shared file system, mounted here
     sets = ["--set", "BACKEND=slurm", "--set", "REQUEST_TIMEOUT=2", "--set", "MODEL=tiny"]
     sets += ["--set", f"SHARED_VOLUME_PATH={shared}"]
     result = cli(*sets, "job", "run", "-d")
@@ -337,15 +339,17 @@ def test_an_unreachable_slurmctld_is_one_line_within_request_timeout_and_leaves_
         r"error: `sbatch --parsable \S+/job\.sbatch` did not finish within 2 s", result.stderr
     )
     assert "REQUEST_TIMEOUT" in result.stderr and len(result.stderr.strip().splitlines()) == 2
-    assert not shared.exists() and not (cli.home / "slurm").exists()
+    assert list(shared.iterdir()) == [] and not (cli.home / "jobs" / "fsdp" / "state.json").exists()
     assert not list((cli.home / "records").rglob("*.json"))  # the run record was discarded
-    record = {"job": "fsdp", "run_id": "fsdp-r1", "slurm_job": 5, "root": str(shared / "r")}
-    record |= {"nodes": 2, "max_restarts": 3, "created": 1.0}
-    (cli.home / "slurm").mkdir(parents=True)
-    (cli.home / "slurm" / "fsdp.json").write_text(json.dumps(record))
-    result = cli(*sets, "job", "status")
-    assert result.exit_code == 1
-    assert result.stderr.startswith("error: `scontrol -o show job 5` did not finish within 2 s")
+    state = {"job": "fsdp", "backend": "slurm", "run_id": "fsdp-r1", "slurm_job": 5}
+    state |= {"nodes": 2, "max_restarts": 3, "created": 1.0}
+    (cli.home / "jobs" / "fsdp").mkdir(parents=True, exist_ok=True)  # its lock is there
+    (cli.home / "jobs" / "fsdp" / "state.json").write_text(json.dumps(state))
+    result = cli(*sets, "job", "status", "-o", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["phase"] == "Unknown"
+    assert report["reason"].startswith("`scontrol -o show job 5` did not finish within 2 s")
 
 
 def test_since_is_refused_on_slurm_logs_that_carry_no_times(cli):
@@ -478,6 +482,7 @@ def _env(cluster, root: Path, name: str) -> dict[str, str]:
 
     keys = set(setting_keys())
     (root / "home").mkdir(exist_ok=True)  # the fsdpctl process runs there
+    (root / "fsx").mkdir(exist_ok=True)  # the shared file system, mounted on every node and here
     base = {k: v for k, v in cluster.env.items() if k not in keys and not k.startswith("FSDPCTL_")}
     shared = {"SHARED_VOLUME_PATH": str(root / "fsx"), "SLURM_PYTHON": str(Path(os.sys.executable))}
     return (

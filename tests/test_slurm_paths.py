@@ -33,7 +33,7 @@ import hub_peer
 import pyxis_peer
 import slurm_peer
 from conftest import fsdpctl_process as fsdpctl
-from conftest import logged_events, prefixed
+from conftest import logged_events, prefixed, scaled
 from fsdpctl.backends.slurm import states
 from fsdptrain import events
 
@@ -99,6 +99,8 @@ def leader_step(env: dict[str, str]) -> int:
 
 
 def until(what: str, check, timeout: float = 240):
+    """Poll `check` until true; the deadline stretched by the machine's load (conftest.scaled)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while not (got := check()):
         assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
@@ -108,7 +110,7 @@ def until(what: str, check, timeout: float = 240):
 
 def run_to_end(env: dict[str, str]) -> dict:
     """`job run` followed to its end; the final status."""
-    ran = fsdpctl("job", "run", env=env, timeout=600)
+    ran = fsdpctl("job", "run", env=env, timeout=scaled(600))
     assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
     return status(env)
 
@@ -226,7 +228,7 @@ def test_a_stop_writes_its_checkpoint_and_an_outside_scancel_is_named(tmp_path):
         env["FSDPTRAIN_FAILPOINT"] = "slow-save:4"  # sbatch exports it to the trainers
         assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
         until("step 2", lambda: leader_step(env) >= 2)
-        stopped = fsdpctl("job", "stop", env=env, timeout=300)
+        stopped = fsdpctl("job", "stop", env=env, timeout=scaled(300))
         assert stopped.returncode == 0, stopped.stderr
         final = status(env)
         assert final["phase"] == "Stopped" and final["summary"]["stopped"], final
@@ -308,7 +310,7 @@ def test_a_killed_slurmd_requeues_once_and_the_run_resumes_with_exact_losses(tmp
             timeout=120,
         )
         cluster.start_node(1)
-        waited = fsdpctl("job", "wait", "--timeout", "400", env=env, timeout=430)
+        waited = fsdpctl("job", "wait", "--timeout", "400", env=env, timeout=scaled(430))
         final = status(env)
         assert waited.returncode == 0 and final["phase"] == "Succeeded", (final, waited.stderr)
         assert final["restarts"] == 1 and cluster.job(job)["Restarts"] == "1"
@@ -326,7 +328,7 @@ def test_a_killed_slurmd_requeues_once_and_the_run_resumes_with_exact_losses(tmp
         until("a checkpoint", lambda: leader_step(done) >= 1)
         job = _kill_slurmd_until_requeued(cluster, done, node=1)
         cluster.start_node(1)
-        waited = fsdpctl("job", "wait", "--timeout", "300", env=done, timeout=330)
+        waited = fsdpctl("job", "wait", "--timeout", "300", env=done, timeout=scaled(330))
         final = status(done)
         assert waited.returncode == 0 and final["phase"] == "Succeeded", (final, waited.stderr)
         assert cluster.job(job)["Restarts"] == "1"

@@ -152,6 +152,15 @@ def test_validate_and_plan_against_moto(aws_env, cli):
     assert plan.stdout.count('interface_type        = "efa"') == 32  # every EFA interface of a p5
     _assert_fsx_planned(plan.stdout)
     _assert_raid0_user_data(plan.stdout)
+    _assert_system_disk(plan.stdout)
+
+
+def _assert_system_disk(plan: str) -> None:
+    """Issue 36, S4, as the AWS provider plans it: the system node group's disk_size is eksctl's
+    80 GiB, not left to EKS's 20."""
+    group = plan[plan.index("module.eks_gpu.aws_eks_node_group.system will be created") :]
+    group = group[: group.index("\n    }\n")]
+    assert re.search(r"\+ disk_size\s+= 80\n", group), group
 
 
 def _assert_no_new_placement_group(plan: str) -> None:
@@ -386,6 +395,50 @@ def test_plan_launches_a_capacity_block_with_its_market_type(aws_env, cli):
     assert (
         bad.returncode == 1 and "capacity_reservation_type: default or capacity-block" in bad.stderr
     )
+
+
+def _resource(doc: dict, kind: str, name: str) -> dict:
+    """hcl2 keeps the quotes of block labels: '"aws_eks_node_group"'."""
+    [body] = [
+        b[f'"{kind}"'][f'"{name}"']
+        for b in doc["resource"]
+        if f'"{name}"' in b.get(f'"{kind}"', {})
+    ]
+    return body
+
+
+def test_both_tools_give_the_system_nodes_eksctls_80_gib_root_volume():
+    """Issue 36, S4. A managed node group made without a launch template gets EKS's default root
+    volume, 20 GiB on Linux (CreateNodegroup diskSize, the EKS API reference and botocore's
+    eks/2017-11-01 service model), which terraform's system nodes had: too small for the trainer's
+    ~20 GB image, which the pre-step and htop pulled there. eksctl's default for a managed node
+    group is 80 GiB (v0.230.0 pkg/apis/eksctl.io/v1alpha5/types.go DefaultNodeVolumeSize, its
+    schema's volumeSize default, read here from the vendored schema). Both tools now give the
+    system group that size, terraform through the node group's disk_size (a field EKS refuses
+    beside a launch template: the system group has none), eksctl written out; the ClusterConfig
+    still passes eksctl's schema."""
+    import jsonschema
+
+    from conftest import SHARED
+
+    schema = json.loads(
+        (SHARED / "vendor/eksctl-v0.230.0/clusterconfig-v1alpha5.schema.json").read_text()
+    )
+    eksctl_default = schema["definitions"]["ManagedNodeGroup"]["properties"]["volumeSize"][
+        "default"
+    ]
+    assert eksctl_default == render.SYSTEM_VOLUME_GIB == 80
+    module = hcl2.load((TF / "modules/eks-gpu/main.tf").open())
+    system = _resource(module, "aws_eks_node_group", "system")
+    assert system["disk_size"] == "${var.system_volume_size}" and "launch_template" not in system
+    root = _variables(TF / "variables.tf")["system_volume_size"]
+    assert root["default"] == eksctl_default and root["type"] == "number"
+    cfg = load(dotenv={"INSTANCE_TYPE": "p5.48xlarge"})
+    assert render.terraform_vars(cfg)["system_volume_size"] == eksctl_default
+    cc = render.render_clusterconfig(cfg)
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(cc)) == []
+    [group] = [g for g in cc["managedNodeGroups"] if g["name"] == "system"]
+    assert group["volumeSize"] == eksctl_default
 
 
 def test_the_file_system_sits_in_the_gpu_node_groups_subnet():

@@ -228,12 +228,10 @@ CONTENT_HARMS = ("truncated", "not_utf8", "newer_version")
 
 
 def harmable(home: Path) -> list[Path]:
-    """Every file and directory of job alpha: under its job directory, its records, its placement
-    record."""
+    """Every file and directory of job alpha: under its job directory (its state, which holds its
+    placement, and its lock among them) and its records."""
     roots = [home / "jobs" / "alpha", home / "records" / "alpha"]
-    found = (
-        [p for r in roots for p in sorted(r.rglob("*"))] + roots + [home / "started" / "alpha.json"]
-    )
+    found = [p for r in roots for p in sorted(r.rglob("*"))] + roots
     return sorted(found, key=lambda p: (len(p.parts), str(p)), reverse=True)
 
 
@@ -482,7 +480,6 @@ def test_the_template_is_what_fsdpctl_writes(template, room, decoy):
         "lock",
         "node-0.log",
         "alpha-run-1.json",
-        "alpha.json",
     } <= names
 
 
@@ -499,7 +496,7 @@ FAST_CASES = [
     ("jobs/alpha/state.json", "fifo"),
     ("jobs/alpha/logs/alpha-run-1/node-0.log", "fifo"),
     ("records/alpha/alpha-run-1.json", "fifo"),
-    ("started/alpha.json", "fifo"),
+    ("jobs/alpha/lock", "fifo"),
     ("jobs/alpha/state.json", "other_job"),
     ("records/alpha/alpha-run-1.json", "truncated"),
     ("jobs/alpha/logs/alpha-run-1/node-0.log", "link_dev_zero"),
@@ -655,7 +652,7 @@ def _hostile_case(data, template: Path, root: Path, decoy: dict, n: int, baselin
         target = data.draw(
             st.sampled_from(
                 ["jobs/alpha/state.json", "jobs/alpha/spec.json", "records/alpha/alpha-run-1.json"]
-                + ["started/alpha.json", "jobs/alpha/logs/alpha-run-1/node-0.log"]
+                + ["jobs/alpha/lock", "jobs/alpha/logs/alpha-run-1/node-0.log"]
                 + ["jobs/alpha/logs/alpha-run-1/node-1.log"]
             ),
             label="file",

@@ -25,8 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdpctl import files, statefile
+from fsdpctl import files
 from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local.state import KEYS
+from fsdpctl.job.state import CORE
 from test_process_control import fake_job
 
 NOTICE = "FSDPCTL_HOME=./.fsdpctl"
@@ -44,7 +46,8 @@ def user(cli, monkeypatch, tmp_path):
 
 
 def _ended_job(root: Path, name: str) -> None:
-    """A finished job's state (every key fsdpctl.statefile requires) in the state directory `root`."""
+    """A finished job's state (every key the core and the local backend require) in the state
+    directory `root`."""
     jdir = root / "jobs" / name
     state = {
         "job": name,
@@ -56,7 +59,7 @@ def _ended_job(root: Path, name: str) -> None:
         "checkpoint_dir": None,
         "launchers": [],
     }
-    assert set(state) >= set(statefile.REQUIRED)
+    assert set(state) >= {*CORE.required, *KEYS.required}
     files.write_atomic(jdir / "state.json", json.dumps(state))
 
 

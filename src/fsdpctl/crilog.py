@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 STREAMS = ("stdout", "stderr")
 FULL, PARTIAL = "F", "P"
@@ -194,7 +195,17 @@ def since_seconds(value: str) -> float:
     return seconds
 
 
-def select(found: list[Line], *, tail: int | None, since: float | None) -> list[Line]:
+class Timed(Protocol):
+    """A line with the time its runtime read it (Line, LogLine)."""
+
+    @property
+    def time(self) -> float | None: ...
+
+
+T = TypeVar("T", bound=Timed)
+
+
+def select(found: list[T], *, tail: int | None, since: float | None) -> list[T]:
     """The kubelet's choice among a log's lines (ReadLogs): the last `tail` lines, then those read
     at or after `since` (epoch seconds); a line with no time cannot be shown to be recent and is
     left out."""

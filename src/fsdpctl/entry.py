@@ -18,6 +18,9 @@ def _interrupted(signum: int, frame: object) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, _interrupted)
+    from fsdpctl.cli.streams import guard_std_descriptors
+
+    guard_std_descriptors()  # before anything opens a file that could take a closed stdout's number
     from fsdpctl.cli import main as run
 
     run()  # it hands Ctrl-C to the commands once they are built

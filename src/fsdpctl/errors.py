@@ -25,7 +25,9 @@ class ExitCode(IntEnum):
     JOB_NOT_FOUND = 4  # also any command naming a job that does not exist
     JOB_TIMED_OUT = 5
     JOB_STOPPED = 6
+    HUNG_UP = 129  # SIGHUP to a followed `job run` or `quickstart` (the terminal closed)
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    TERMINATED = 143  # SIGTERM to a followed `job run` or `quickstart` (CI's timeout, kill)
 
 
 class FsdpctlError(Exception):

@@ -136,6 +136,23 @@ def failure(lines: Sequence[str], read: Callable[[str], str | None]) -> RankFail
     }
 
 
+# --- a full disk, in the words of each layer that meets it ----------------------------------------------
+
+# What a write onto a full (or over-quota) file system says: the kernel's strerror for ENOSPC and
+# EDQUOT (errno(3)) as Python prints an OSError, torch's zip writer after a short write
+# (caffe2/serialize/inline_container.cc: "unexpected pos N vs M"), and the trainer's own line for
+# either (fsdptrain.checkpoint._reason: "the disk is full").
+DISK_FULL = re.compile(
+    r"No space left on device|\[Errno 28\]|\bENOSPC\b|Disk quota exceeded|\[Errno 122\]|\bEDQUOT\b"
+    r"|unexpected pos \d+ vs \d+|the disk is full"
+)
+
+
+def says_disk_full(texts: Sequence[str | None]) -> bool:
+    """Whether any of these lines says a write met a full disk (DISK_FULL)."""
+    return any(t and DISK_FULL.search(t) for t in texts)
+
+
 # --- how a launcher ended, from what it printed (its supervisor died and took its exit code along) ----------
 
 # torchrun's agent, torch/distributed/elastic/agent/server/api.py (_invoke_run): on SUCCEEDED it

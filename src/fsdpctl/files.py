@@ -289,13 +289,44 @@ def reached_without_link(path: Path, root: Path) -> bool:
     return True
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """A temp file beside the target, then os.replace; the parent is created, the temp file never
-    left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+# Modes of what fsdpctl makes, set explicitly rather than left to the umask (under umask 000 a job's
+# state, its spec and a batch script would be world-writable, and its supervisor, root's, reads the
+# spec back): files only their owner reads and writes; directories others may enter (a local pod
+# that runs as the job's user walks through the job's directory to its volumes) but not change.
+FILE_MODE = 0o600
+DIR_MODE = 0o755
+PRIVATE_DIR_MODE = 0o700
+
+
+def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
+    """`path` and each missing parent, each made with exactly `mode` (mkdir's mode is masked by the
+    umask: chmod after); what exists is left as it is."""
+    missing = []
+    for p in (path, *path.parents):
+        if os.path.lexists(p):
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode)
+        except FileExistsError:  # made meanwhile by another fsdpctl: its mode is its maker's
+            continue
+        os.chmod(p, mode)
+
+
+def write_atomic(path: Path, text: str, mode: int = FILE_MODE) -> None:
+    """A temp file beside the target (created with `mode`, whatever the umask), then os.replace;
+    the parent is created, the temp file never left. No secret is ever written, whatever key it was
+    pasted into (`redact`)."""
+    make_dirs(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(redact(text))  # no secret is ever written, whatever key it was pasted into
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode
+        )
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(redact(text))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

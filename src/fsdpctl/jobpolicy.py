@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fsdpctl import plan, prestep, volume
 from fsdpctl.settings import Config
 from fsdptrain import disruption
+from fsdptrain.events import seconds_text
 from fsdptrain.shapes import MODEL_CONFIGS
 
 PODINFO_DIR = (
@@ -183,11 +184,15 @@ def scratch(cfg: Config) -> dict[str, str] | None:
 class StopTiming:
     """How long a graceful stop takes: the step in flight plus the stop checkpoint (`expected_s`,
     estimated), torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT (`shutdown_s`) and the pod's
-    terminationGracePeriodSeconds (`grace_s`), each longer than the one before."""
+    terminationGracePeriodSeconds (`grace_s`), each longer than the one before. `basis`: where
+    `shutdown_s` comes from, in the settings' words (`stop_basis`); `assumed`: it rests on a write
+    rate nobody gave (volume.Rate.assumed), which `basis` says."""
 
     expected_s: float
     shutdown_s: int
     grace_s: int
+    basis: str = ""
+    assumed: bool = False
 
 
 def checkpoint_bytes_per_node(cfg: Config) -> int:
@@ -210,9 +215,27 @@ def stop_timing(cfg: Config) -> StopTiming:
     pod's grace outlasts it by AGENT_EXIT_S so torchrun, not the kubelet, ends the workers. The save
     is the whole checkpoint over the volume's aggregate throughput (volume.save_seconds): every node
     writes at once through the same file servers, so more nodes do not make it faster."""
-    expected = step_seconds(cfg) + volume.save_seconds(cfg)
+    step_s, save_s, rate = step_seconds(cfg), volume.save_seconds(cfg), volume.rate(cfg)
+    expected = step_s + save_s
     shutdown = cfg.stop_grace_seconds or TORCH_SHUTDOWN_DEFAULT_S + math.ceil(2 * expected)
-    return StopTiming(expected, shutdown, shutdown + AGENT_EXIT_S)
+    assumed = rate.assumed and not cfg.stop_grace_seconds
+    basis = stop_basis(cfg, step_s, save_s, rate)
+    return StopTiming(expected, shutdown, shutdown + AGENT_EXIT_S, basis, assumed)
+
+
+def stop_basis(cfg: Config, step_s: float, save_s: float, rate: volume.Rate) -> str:
+    """Where the stop grace comes from, one line: 'STOP_GRACE_SECONDS=600', or 'twice the step (0.88
+    s) and a save of 75.3 GiB (552 s at 146 MB/s, assumed: ...) on top of torch's 30 s', for a
+    Slurm script's comment and `plan`."""
+    if cfg.stop_grace_seconds:
+        return f"STOP_GRACE_SECONDS={cfg.stop_grace_seconds}"
+    ckpt = volume.gib(volume.checkpoint_bytes(cfg))
+    # a step of 0: CPU processes, whose step is not estimated
+    step = f"the step ({seconds_text(step_s)}) and " if step_s else ""
+    return (
+        f"twice {step}a save of {ckpt} ({seconds_text(save_s)} at {rate.mb_per_s:.0f} MB/s, "
+        f"{rate.basis}) on top of torch's {TORCH_SHUTDOWN_DEFAULT_S} s"
+    )
 
 
 def rdzv_conf(cfg: Config) -> list[tuple[str, str]]:

@@ -43,6 +43,7 @@ from fsdptrain.fetch import (
     Fetched,
     Progress,
     Target,
+    repo_id_problem,
 )
 from fsdptrain.fetch import targets as fetch_targets
 
@@ -136,6 +137,11 @@ def fetch_command(cfg: Config, run_id: str) -> list[str]:
 def command_targets(cfg: Config, kind: str, repo: str | None, revision: str) -> list[Target]:
     """`model fetch [REPO]` / `data fetch [REPO]`: the repo given, else what the settings name."""
     if repo is not None:
+        if why := repo_id_problem(repo):  # before any line about fetching it
+            raise BadInput(
+                f"{kind} {repo!r} is not a hub id: {why}",
+                hint="give the repo as the hub names it, e.g. meta-llama/Llama-2-7b-hf",
+            )
         patterns = (*MODEL_PATTERNS, *TOKENIZER_PATTERNS) if kind == "model" else None
         key = "model" if kind == "model" else "dataset"
         return [

@@ -60,6 +60,16 @@ def save(rec: dict[str, Any]) -> Path:
     return where
 
 
+def keep(rec: dict[str, Any]) -> None:
+    """What a read verb learnt (the trainer's start line, the cluster's copy), kept when the home can
+    take it: a read verb never needs to write, so a read-only or full home only means it is learnt
+    again next time."""
+    try:
+        save(rec)
+    except OSError:
+        pass
+
+
 def discard(where: Path) -> None:
     """The record of a run that did not start, and the directories made for it alone."""
     where.unlink(missing_ok=True)

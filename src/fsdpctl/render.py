@@ -64,6 +64,12 @@ NODE_CONFIG_RAID0 = {
 }
 
 
+# The system node group's root volume: eksctl's default for a managed node group (80 GiB gp3: v0.230.0
+# DefaultNodeVolumeSize, pkg/apis/eksctl.io/v1alpha5/types.go; its schema's volumeSize default), written
+# out for eksctl and given to terraform, where EKS's own default (aws_eks_node_group disk_size) is 20 GiB.
+SYSTEM_VOLUME_GIB = 80
+
+
 SCRATCH_DROP_IN = "/etc/systemd/system/kubelet.service.d/90-fsdpctl-local.conf"
 
 
@@ -135,6 +141,8 @@ def render_checkpoint_cleaner(cfg: Config, job_name: str) -> Obj:
         image=cfg.image_uri,
         checkpoint_root=POD_CHECKPOINT_ROOT if cfg.checkpoint_pvc else cfg.shared_volume_path,
         path=checkpoint_dir(cfg, job_name),
+        node_selector=node_selector(cfg),
+        tolerations=tolerations(cfg),
     )[0]
 
 
@@ -315,7 +323,7 @@ def prep_dirs(cfg: Config, job_name: str, run_id: str) -> tuple[list[str], list[
 def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
     """The pre-step (fsdpctl.prestep): a one-shot Job that prepares the job's claims (root, nothing
     else) and downloads its hub repos onto the shared volume once; none when the pods mount no
-    claim."""
+    claim. On the workers' nodes (their nodeSelector and tolerations): its image is theirs."""
     if not prestep.needed(cfg):
         return []
     shares, dirs = prep_dirs(cfg, cfg.job_name, run_id)
@@ -345,19 +353,21 @@ def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
         shared_volume_path=cfg.shared_volume_path,
         checkpoint_pvc=cfg.checkpoint_pvc,
         checkpoint_root=POD_CHECKPOINT_ROOT,
+        node_selector=node_selector(cfg),
+        tolerations=tolerations(cfg),
     )
 
 
 def render_pdb(cfg: Config, run_id: str) -> list[Obj]:
-    """The PodDisruptionBudget of the job's pods (templates/pdb.yaml.j2): one voluntary eviction at
-    a time."""
+    """The PodDisruptionBudget of the job's pods (templates/pdb.yaml.j2): no voluntary eviction of
+    any of them while the job runs; a drain waits for the job to end (`job stop`)."""
     selector = {"fsdpctl.io/job": cfg.job_name, "fsdpctl.io/run-id": label_value(run_id)}
     return render_template(
         "pdb.yaml.j2",
         job_name=cfg.job_name,
         namespace=cfg.job_namespace,
         labels=labels(cfg, run_id),
-        min_available=max(0, cfg.job_nodes - 1),
+        min_available=cfg.job_nodes,
         selector=selector,
     )
 
@@ -411,6 +421,7 @@ def render_clusterconfig(cfg: Config) -> Obj:
         kubernetes_version=cfg.kubernetes_version,
         zones=zones,
         system_instance_type=cfg.system_instance_type,
+        system_volume_gib=SYSTEM_VOLUME_GIB,
         instance_type=cfg.instance_type,
         gpu_group=f"gpu-{cfg.instance_type.split('.')[0]}",
         node_count=cfg.node_count,
@@ -446,6 +457,7 @@ def terraform_vars(cfg: Config) -> dict[str, Any]:
         "efa_enabled": cfg.efa_enabled,
         "efa_interfaces": cfg.instance.efa_interfaces,
         "system_instance_type": cfg.system_instance_type,
+        "system_volume_size": SYSTEM_VOLUME_GIB,
         "fsx_storage_gib": cfg.fsx_storage_gib if cfg.fsx_create else 0,
         "fsx_throughput": cfg.fsx_throughput_per_tib,
     }

@@ -23,6 +23,9 @@ class Phase(StrEnum):
     FAILED = "Failed"
     STOPPED = "Stopped"
     ORPHANED = "Orphaned"  # local: its supervisor died while processes of its pods still live
+    # its place gave no answer that says (an empty or malformed scheduler record, an unreachable
+    # controller): never an outcome, so nothing is deleted or marked failed on it
+    UNKNOWN = "Unknown"
 
 
 # A job in one of these has ended; any other phase may still change.

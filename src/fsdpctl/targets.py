@@ -45,6 +45,14 @@ class Target:
     # "module:function" (cfg) -> one line per setting that means nothing there (key, value, fix),
     # refused by admission (`config validate`, `job run`, `manifest`) even with --force; "" none
     refusals: str = ""
+    # "module:name" of the `fsdpctl.job.state.Keys` its jobs' state records besides the core's; ""
+    # none
+    state: str = ""
+    # the shared volume is the FSx for Lustre file system the FSX_* settings describe and fsdpctl sizes
+    # (on this machine a directory standing in for it): a save's rate follows from FSX_STORAGE_GIB x
+    # FSX_THROUGHPUT_PER_TIB. False: the place's own file system, which fsdpctl neither made nor read
+    # (a Slurm cluster's): its rate is SHARED_VOLUME_WRITE_MBPS or an assumption (fsdpctl.volume.rate)
+    fsx_volume: bool = True
 
 
 TARGETS = {
@@ -59,6 +67,7 @@ TARGETS = {
             image=False,
             interrupt="stopping (SIGTERM: the trainer saves a checkpoint)",
             where="this machine",
+            state="fsdpctl.backends.local.state:KEYS",
         ),
         Target(
             "eks",
@@ -69,6 +78,7 @@ TARGETS = {
             image=True,
             interrupt="detaching",
             where="the cluster",
+            state="fsdpctl.backends.eks.backend:STATE",
         ),
         # a Slurm cluster of the same GPU nodes (HyperPod, ParallelCluster); its shared file system is
         # mounted where fsdpctl runs, at the path the nodes see it, and it keeps no run record of its own
@@ -83,6 +93,8 @@ TARGETS = {
             where="a Slurm cluster (sbatch)",
             manifest="fsdpctl.backends.slurm.script:manifest",
             refusals="fsdpctl.backends.slurm.script:refusals",
+            state="fsdpctl.backends.slurm.backend:STATE",
+            fsx_volume=False,
         ),
     )
 }

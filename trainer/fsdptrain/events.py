@@ -161,6 +161,24 @@ def as_record(event: Event) -> dict[str, Any]:
     return {"event": event.kind, **{k: v for k, v in values.items() if k not in omit}}
 
 
+# Below this a save is within what any estimate of it leaves out (the planner's step time has no
+# kernel-launch or collective latency, a save's rate no metadata or fsync latency) and costs next to
+# nothing: neither the trainer's slow-save warning nor fsdpctl's (fsdpctl.volume) speaks of a shorter
+# one, whatever it is compared with.
+MATERIAL_SAVE_S = 1.0
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as the trainer's lines and fsdpctl's warnings print it: never "0 s" for one that is
+    not zero. Whole seconds from 10 s, one decimal from 1 s, two significant digits below (0.038 s,
+    0.00056 s)."""
+    if seconds >= 10:
+        return f"{seconds:,.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.2g} s"
+
+
 def to_line(event: Event) -> str:
     return json.dumps(as_record(event), separators=(",", ":"))
 

@@ -107,6 +107,25 @@ class Progress:
         return json.dumps({"event": "fetch", **asdict(self)}, separators=(",", ":"))
 
 
+# a repo id as huggingface_hub checks it before any request (utils/_validators.py validate_repo_id,
+# REPO_ID_REGEX: an optional namespace and a name of 1-96 ASCII letters, digits, '-', '_', '.', each
+# starting and ending with a letter or digit; no '--' or '..'; not ending in '.git')
+_HUB_REPO_ID = re.compile(
+    r"(?:[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?/)?[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?",
+    re.ASCII,
+)
+
+
+def repo_id_problem(value: str) -> str | None:
+    """Why `value` is not a repo id the hub takes (validate_repo_id's rules), or None."""
+    if _HUB_REPO_ID.fullmatch(value) and "--" not in value and ".." not in value:
+        return None if not value.endswith(".git") else "it ends in .git"
+    return (
+        "a hub id is namespace/name (or name): letters, digits, '-', '_' and '.', at most 96 "
+        "characters each, no '--' or '..'"
+    )
+
+
 def is_hub_id(value: str) -> bool:
     """`namespace/name` as the Hub spells repo ids; paths (/, ./, ~) and `builtin` are not."""
     return value != BUILTIN and bool(_REPO_ID.fullmatch(value)) and ".." not in value
@@ -220,6 +239,11 @@ def explain(e: Exception, target: Target, *, token_given: bool, endpoint: str | 
     )
 
     what = f"{target.key}={target.repo_id!r}"
+    if (
+        type(e).__name__ == "HFValidationError"
+    ):  # huggingface_hub validate_repo_id, before any request
+        why = repo_id_problem(target.repo_id) or str(e)
+        return FetchError(f"{what} is not a hub id: {why}", permanent=True)
     if isinstance(e, GatedRepoError):
         if not token_given:
             return FetchError(

@@ -728,11 +728,18 @@ def _warn_if_slower_than_training(
 ) -> None:
     """A periodic save that takes longer than the training it protects: the job spends more time
     saving than training (the volume's aggregate throughput is too low for the checkpoint; `fsdpctl
-    plan`)."""
-    if cfg.checkpoint_interval and step != cfg.max_steps and save_s > train_s > 0:
+    plan`). Not for a save under a second (events.MATERIAL_SAVE_S), which costs next to nothing
+    whatever it is compared with."""
+    if (
+        cfg.checkpoint_interval
+        and step != cfg.max_steps
+        and save_s > train_s > 0
+        and save_s >= events.MATERIAL_SAVE_S
+    ):
         rt.log(
-            f"warning: checkpoint at step {step} took {save_s:.0f} s, longer than the {train_s:.0f} s of "
-            f"training since the last one: raise CHECKPOINT_INTERVAL or use a faster volume"
+            f"warning: checkpoint at step {step} took {events.seconds_text(save_s)}, longer than the "
+            f"{events.seconds_text(train_s)} of training since the last one: raise CHECKPOINT_INTERVAL "
+            "or use a faster volume"
         )
 
 

@@ -4,6 +4,7 @@ emulator."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,20 @@ def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
         raise AwsError(type(e).__name__, str(e)) from e
     except shell.Overdue as e:  # the profile's credential_process
         raise AwsError("CredentialRetrievalError", f"{e} (REQUEST_TIMEOUT)") from None
+    except OSError as e:  # the profile's credential_process cannot be started (Popen)
+        if not e.filename:
+            raise
+        raise BadInput(
+            f"the AWS profile's credential_process {e.filename} cannot be run: {e.strerror}",
+            hint="fix credential_process in the AWS config file (`aws configure list` shows the "
+            "profile)",
+        ) from None
+
+
+# botocore's errors that say its configuration is wrong, not AWS (botocore/exceptions.py): with every
+# Invalid...Error (InvalidRetryModeError for AWS_RETRY_MODE=x, InvalidDefaultsMode, ...), refused as
+# bad input
+CONFIG_ERRORS = ("ConfigParseError", "PartialCredentialsError", "UnknownCredentialError")
 
 
 # botocore's own default is 60 s to connect and 60 s per read, each retried up to 4 times (legacy
@@ -82,10 +97,14 @@ class Aws:
             raise FsdpctlError("boto3 is not installed", hint="pip install 'fsdpctl[aws]'") from e
         from botocore.exceptions import ProfileNotFound
 
+        from fsdpctl.adapters import aws_config
+
+        aws_config.check_files(os.environ)  # before botocore reads them, in its own way
         try:
             self.botocore = botocore.session.Session(profile=self.profile or None)
             self.session = boto3.Session(region_name=self.region, botocore_session=self.botocore)
             self.botocore.get_scoped_config()  # the profile is looked up here, as boto3.Session did
+            aws_config.check_values(self.botocore, self.profile, os.environ)
             _bound_credential_process(self.botocore, self.timeout, self.profile or "default")
             self.botocore.register("after-call-error", self._note_silence)
             self.botocore.register("before-send", self._fail_fast)
@@ -114,8 +133,34 @@ class Aws:
                 **({} if user_set else {"retries": RETRIES}),
             )
             # credentials are resolved here (the profile's credential_process runs): errors as
-            # _call's
-            self._clients[service] = _call(self.session.client, service_name=service, config=config)
+            # _call's; a setting botocore checks only now is one line naming it
+            try:
+                self._clients[service] = _call(
+                    self.session.client, service_name=service, config=config
+                )
+            except ValueError as e:
+                if str(e).startswith("Invalid endpoint"):  # endpoint.py create_endpoint
+                    raise BadInput(
+                        f"the AWS endpoint for {service} is not valid: {e}",
+                        hint="fix AWS_ENDPOINT_URL (or the profile's endpoint_url): "
+                        "scheme://host[:port]",
+                    ) from None
+                # credentials.py ProcessProvider: json.loads of what the credential_process printed
+                raise AwsError(
+                    "CredentialRetrievalError",
+                    f"the credentials of AWS profile {self.profile or 'default'!r} could not be read: "
+                    f"{e}",
+                    hint="its credential_process must print JSON credentials (Version, AccessKeyId, "
+                    "SecretAccessKey): run it by hand",
+                ) from None
+            except AwsError as e:
+                if e.aws_code.startswith("Invalid") or e.aws_code in CONFIG_ERRORS:
+                    raise BadInput(
+                        f"the AWS configuration: {e}",
+                        hint="fix that setting in the environment or the AWS config file "
+                        "(`aws configure list` shows where each comes from)",
+                    ) from None
+                raise
         return self._clients[service]
 
     def _note_silence(self, exception: BaseException | None = None, **_: Any) -> None:

@@ -61,6 +61,7 @@ class Kube:
 
         # read $KUBECONFIG now: the client computes its default path once, at import
         kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
+        check_kubeconfig(kubeconfig)  # before the client reads it, in its own way
         conf = client.Configuration()
         _bound_exec_plugin(timeout)
         try:
@@ -156,20 +157,29 @@ class Kube:
         if stream:
             return resp
         data = resp.data
-        return json.loads(data) if data else {}
+        try:
+            return json.loads(data) if data else {}
+        except ValueError:
+            raise _bad_answer(method, url, f"{bytes(data)[:60]!r}, not JSON") from None
 
     # --- objects --------------------------------------------------------------------------------------------
 
     def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict | None:
-        """None when the object, or its kind, is not there."""
-        try:
-            return self.request("GET", self.path(api_version, kind, namespace, name))
+        """None when the object, or its kind, is not there; an answer that is not that object (an
+        empty or stray document from a proxy in between) is a KubeError naming the request."""
+        try:  # a kind the server does not serve is discovery's 404 too
+            path = self.path(api_version, kind, namespace, name)
+            found = self.request("GET", path)
         except KubeError as e:
             if e.status == 404:
                 return None
             raise
+        meta = found.get("metadata") if isinstance(found, dict) else None
+        if not isinstance(meta, dict) or found.get("kind") != kind or meta.get("name") != name:
+            raise _bad_answer("GET", path, f"{_summary(found)}, not {kind} {name}")
+        return found
 
     def list(
         self,
@@ -180,9 +190,12 @@ class Kube:
     ) -> list[dict]:
         """Objects with these labels: the API server evaluates the selector."""
         query = {"labelSelector": selector(labels or {}) or None}
-        return self.request("GET", self.path(api_version, kind, namespace), query=query).get(
-            "items", []
-        )
+        path = self.path(api_version, kind, namespace)
+        found = self.request("GET", path, query=query)
+        items = found.get("items") if isinstance(found, dict) else None
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise _bad_answer("GET", path, f"{_summary(found)}, not a list of {kind}")
+        return items
 
     def create(self, obj: dict) -> dict:
         """POST, with strict field validation (as kubectl): a field the schema lacks fails instead
@@ -356,6 +369,71 @@ class Kube:
         return self.request(method, url, query=query)
 
 
+KUBECONFIG_MAX = 16 * 1024 * 1024  # kubeconfigs with many clusters and embedded certificates: MBs
+KUBECONFIG_ITEMS = {"clusters": "cluster", "contexts": "context", "users": "user"}
+
+
+def check_kubeconfig(kubeconfig: str | None) -> None:
+    """Each kubeconfig file the client would read, read first through the one door for outside
+    files (fsdpctl.outside: a directory, a FIFO, a device, NUL bytes, a huge or non-UTF-8 file are
+    one line naming it) and checked as the client reads it: kubernetes/config/kube_config.py
+    KubeConfigMerger splits $KUBECONFIG at ':' (ENV_KUBECONFIG_PATH_SEPARATOR), expands `~`, skips
+    a path that does not exist, then `yaml.safe_load(open(path))` (a YAML error escaped it, a FIFO
+    hung it, a directory was an IsADirectoryError) and treats the document as a mapping whose
+    clusters, contexts and users are lists of mappings with a `name` (`_merge`: anything else was a
+    TypeError or KeyError)."""
+    import yaml
+
+    from fsdpctl.outside import Door, read_text
+
+    given = kubeconfig is not None
+    door = Door(
+        what="KUBECONFIG" if given else "the kubeconfig",
+        noun="a kubeconfig",
+        limit=KUBECONFIG_MAX,
+        hint="fix it, or point KUBECONFIG at a kubeconfig (`aws eks update-kubeconfig` writes one)",
+    )
+    for path in (kubeconfig or "~/.kube/config").split(":"):
+        path = os.path.expanduser(path)
+        if not path or not os.path.exists(path):
+            continue  # as the client: a path that is not there is skipped
+        text = read_text(door, path)
+        try:
+            doc = yaml.safe_load(text or "")
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"line {mark.line + 1}: " if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise door.refuse(path, f"{where}is not YAML ({problem})") from None
+        if doc is None:
+            continue  # the client says "file is empty" itself
+        if not isinstance(doc, dict):
+            raise door.refuse(
+                path, f"is not a kubeconfig: YAML whose top is a {_kind(doc)}, not a mapping"
+            )
+        for item, body in KUBECONFIG_ITEMS.items():
+            entries = doc.get(item) or []
+            if not isinstance(entries, list) or not all(
+                isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
+            ):
+                raise door.refuse(
+                    path, f"is not a kubeconfig: {item} must be a list of entries, each with a name"
+                )
+            for entry in entries:  # the client reads each body as a mapping (`'server' in ...`)
+                if not isinstance(entry.get(body) or {}, dict):
+                    raise door.refuse(
+                        path,
+                        f"is not a kubeconfig: the {body} of {item[:-1]} {entry['name']!r} is a "
+                        f"{_kind(entry.get(body))}, not a mapping",
+                    )
+
+
+def _kind(doc: Any) -> str:
+    return {str: "string", list: "list", int: "number", float: "number", bool: "boolean"}.get(
+        type(doc), type(doc).__name__
+    )
+
+
 def _retries() -> Any:
     """urllib3's retries for every request: a refused or failed connection is tried again (twice), a
     request that was sent and never answered is not (its deadline has passed once already); the
@@ -413,10 +491,28 @@ def _lines(resp) -> Iterator[bytes]:
         yield buf
 
 
+# what a gateway says of an answer it cannot use (RFC 9110 15.6.3, 502 Bad Gateway): an API answer
+# fsdpctl cannot read as what it asked for is named, never taken for an object
+BAD_ANSWER = 502
+
+
+def _bad_answer(method: str, url: str, what: str) -> KubeError:
+    return KubeError(BAD_ANSWER, "BadAnswer", f"the API server answered {method} {url} with {what}")
+
+
+def _summary(found: Any) -> str:
+    """An answer in a few words: what it is, not what it holds."""
+    if isinstance(found, dict):
+        return f"an object of kind {str(found.get('kind'))[:40]!r}" if found else "an empty answer"
+    return f"a JSON {type(found).__name__}"
+
+
 def _kube_error(status: int, reason: str, body: Any) -> KubeError:
     message = ""
     try:
         parsed = json.loads(body) if body else {}
+        if not isinstance(parsed, dict):
+            raise TypeError
         message, reason = parsed.get("message", ""), parsed.get("reason", reason) or reason
     except (TypeError, ValueError):
         message = (body.decode(errors="replace") if isinstance(body, bytes) else str(body or ""))[

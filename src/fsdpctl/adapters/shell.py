@@ -16,12 +16,13 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.redact import redact
@@ -113,7 +114,7 @@ def run(
         return 0
     exe = which(cmd.argv[0])
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a") as log:
+    with _append(log_file, text=True) as log:
         log.write(redact(f"$ {cmd.shell_line()}\n"))
         log.flush()
         with subprocess.Popen(
@@ -134,6 +135,19 @@ def run(
                 if on_line:
                     on_line(line.rstrip("\n"))
             return proc.wait()
+
+
+LOG_MODE = 0o644  # a log anyone on the machine may read, only its writer write, whatever the umask
+
+
+def _append(path: Path, text: bool = False) -> Any:
+    """`path` opened to append to, made with LOG_MODE; a log of ours that others may write (made
+    under umask 000) loses that write bit."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o022:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+    return os.fdopen(fd, "a" if text else "ab")
 
 
 def capture(
@@ -192,7 +206,7 @@ def spawn(
     exe = which(argv[0])
     if stamped and log is not None:
         return _spawn_relayed([exe, *argv[1:]], env=env, log=log, cwd=cwd, new_session=new_session)
-    with open(log, "ab") if log is not None else open(os.devnull, "wb") as sink:
+    with _append(log) if log is not None else open(os.devnull, "wb") as sink:
         return subprocess.Popen(
             [exe, *argv[1:]],
             env=env,

@@ -19,8 +19,9 @@ from typer._click.exceptions import ClickException, UsageError
 from typer.core import TyperGroup
 
 from fsdpctl import __version__
-from fsdpctl.cli import completion
+from fsdpctl.cli import completion, streams
 from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, err, parse_sets, warn
+from fsdpctl.cli.streams import escape_controls
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
 
@@ -50,20 +51,36 @@ class _Group(TyperGroup):
             return super().main(
                 _sets_first(self, argv), prog_name, complete_var, standalone_mode, **kw
             )
+        streams.reset()
+        streams.closed_streams()
         try:
             rv = super().main(_sets_first(self, argv), prog_name, complete_var, False, **kw)
         except ClickException as e:
             shown = io.StringIO()
             e.show(file=shown)
-            sys.stderr.write(redact(shown.getvalue()))
-            sys.exit(e.exit_code)
+            streams.write("stderr", escape_controls(redact(shown.getvalue())))
+            sys.exit(streams.finish(e.exit_code))
         except typer.Abort as e:  # click's: Ctrl-C or end of input while it parsed or prompted
             if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
-                sys.stderr.write("interrupted\n")
+                streams.write("stderr", "interrupted\n")
                 sys.exit(ExitCode.INTERRUPTED)
-            sys.stderr.write("error: aborted: no answer (end of input)\n")
+            streams.write("stderr", "error: aborted: no answer (end of input)\n")
             sys.exit(ExitCode.BAD_INPUT)
-        sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
+        except streams.OutputLost as e:
+            streams.say_lost(e.why)
+            sys.exit(streams.finish(ExitCode.FAILURE))
+        except SystemExit:  # click's own help met EPIPE: it exits 1 and says nothing
+            if (why := streams.unpacified()) is None:
+                raise
+            streams.say_lost(why)
+            sys.exit(streams.finish(ExitCode.FAILURE))
+        except (OSError, UnicodeEncodeError) as e:  # click's own writing: --help, --version
+            why = streams.output_error(e)
+            if why is None:
+                raise
+            streams.say_lost(why)
+            sys.exit(streams.finish(ExitCode.FAILURE))
+        sys.exit(streams.finish(rv if isinstance(rv, int) else ExitCode.OK))
 
     def _main_shell_completion(self, ctx_args, prog_name, complete_var=None):
         """Completion (`_FSDPCTL_COMPLETE` set): `--set` values complete wherever --set stands."""
@@ -88,9 +105,13 @@ class _Group(TyperGroup):
             if e.hint:
                 err.print("  hint: " + escape(redact(e.hint)))
             ctx.exit(e.code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             err.print("interrupted")
-            ctx.exit(ExitCode.INTERRUPTED)
+            # SIGTERM or SIGHUP turned into an interrupt (job_view.follow): 128 + its number, as a
+            # shell reports a process that signal ended
+            ctx.exit(128 + e.signum if isinstance(getattr(e, "signum", None), int) else 130)
+        except streams.OutputLost:
+            raise  # said once, by main, after everything else
         except (
             _overdue()
         ) as e:  # a helper process past its deadline that no adapter turned into a line
@@ -102,6 +123,8 @@ class _Group(TyperGroup):
         except (
             Exception
         ) as e:  # a defect: still one masked line, and the traceback only with --debug
+            if (why := streams.broken_stdout(e)) is not None:  # click's help met a lost stdout
+                raise streams.OutputLost(why) from None
             _traceback_if_debug(ctx)
             if (
                 isinstance(e, OSError) and e.filename
@@ -188,7 +211,7 @@ def _traceback_if_debug(ctx: typer.Context) -> None:
     if _debug(ctx):
         import traceback
 
-        sys.stderr.write(redact(traceback.format_exc()))
+        streams.write("stderr", escape_controls(redact(traceback.format_exc())))
 
 
 app = typer.Typer(
@@ -197,13 +220,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="From nothing to a running, observed, resumable PyTorch FSDP job on EKS, or on this machine.",
+    help="From nothing to a running, observed, resumable PyTorch FSDP job on EKS, or on this machine."
+    "\n\nEvery request to AWS, the Kubernetes API or the Hugging Face Hub, and an AWS profile's "
+    "credential_process or a kubeconfig's exec plugin, ends within REQUEST_TIMEOUT seconds (default 30 s "
+    "per request), naming what did not answer.",
 )
 
 
 def _version(value: bool) -> None:
     if value:
-        print(f"fsdpctl {__version__}")
+        streams.write("stdout", f"fsdpctl {__version__}\n")
         raise typer.Exit()
 
 
@@ -211,11 +237,15 @@ def _version(value: bool) -> None:
 def root(
     ctx: typer.Context,
     env_file: Annotated[
-        Path,
+        list[Path] | None,
         typer.Option(
-            "--env-file", envvar="FSDPCTL_ENV_FILE", help="settings file (KEY=VALUE lines)"
+            "--env-file",
+            envvar="FSDPCTL_ENV_FILE",
+            metavar="PATH",
+            help="settings file (KEY=VALUE lines); repeatable: read in order, a later file's key "
+            "wins over an earlier one's [default: .env]",
         ),
-    ] = Path(".env"),
+    ] = None,
     set_: Annotated[
         list[str] | None,
         typer.Option(
@@ -237,9 +267,11 @@ def root(
     on_skipped(warn)  # a damaged file a reader went on without: one warning line naming it
     if notice := old_home_notice():
         warn(notice)
+    files = env_file or [Path(".env")]
     ctx.obj = AppState(
-        env_file=env_file,
-        env_file_given=given is not None and given.name != "DEFAULT",
+        env_file=files[-1],
+        env_files=files,
+        env_file_given=given is not None and given.name != "DEFAULT" and bool(env_file),
         flags=parse_sets(set_ or []),
         debug=debug,
     )
@@ -288,6 +320,11 @@ def main() -> None:
 
     import typer.main
 
+    streams.guard_std_descriptors()  # `python -m fsdpctl.cli`: not through fsdpctl.entry
     command = typer.main.get_command(app)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.exit(command(prog_name="fsdpctl"))
+    try:
+        code = command(prog_name="fsdpctl")
+    except SystemExit as e:  # _Group.main's, its code already settled with streams.finish
+        code = e.code
+    sys.exit(streams.finish(code if isinstance(code, int) else 1 if code else 0))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from fsdpctl.cli.common import warn
 from fsdpctl.errors import SettingsError
+from fsdptrain.resume import candidates, complete_checkpoints
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
@@ -45,6 +46,8 @@ def admit(cfg: Config, *, force: bool) -> None:
         warn(f"--force: going on although {line}")
     if cfg.target.gpus and (slow := volume.interval_warning(cfg, jobpolicy.step_seconds(cfg))):
         warn(slow)
+    if assumed := volume.rate_warning(cfg):
+        warn(assumed)
 
 
 def _target_refusals(cfg: Config) -> list[str]:
@@ -59,8 +62,11 @@ def _target_refusals(cfg: Config) -> list[str]:
 
 def _volume_problem(cfg: Config) -> str | None:
     """What the job keeps on its shared volume against the room there: the FSX_STORAGE_GIB file
-    system on the cluster; on this machine the free space of the disk of the claim's directory plus
-    what this job's checkpoints already take there (they are counted in the need)."""
+    system on the cluster; where this machine sees the volume (the local backend's directory, a
+    Slurm cluster's file system) the free space of its disk plus what is already there of what the
+    need counts: this job's checkpoints and the one a rerun resumes from elsewhere on the volume.
+    There the need counts what really is on the volume: whether the run resumes (RESUME, and with
+    auto whether the job's directory holds a complete checkpoint) and how many it holds now."""
     from fsdpctl import backends, jobpolicy, volume
 
     here = backends.create(cfg).here(cfg.shared_volume_path) if cfg.shared_volume else None
@@ -71,12 +77,33 @@ def _volume_problem(cfg: Config) -> str | None:
     if free is None:
         return None
     ours = settings_path_local(jobpolicy.checkpoint_dir(cfg, cfg.job_name), cfg, where)
+    start = _resume_point(cfg, ours, where)
+    counted = _bytes_under(ours)
+    if start is not None and not start.is_relative_to(ours):
+        counted += _bytes_under(start)  # on the volume already, and in the need
     return volume.capacity_problem(
         cfg,
-        free + _bytes_under(ours),
+        free + counted,
         f"the local volume {where} (the free space of its disk)",
         fix=f"free space there or mount a larger disk at {where}",
+        kept=volume.need(cfg, resumes=start is not None, present=len(complete_checkpoints(ours))),
     )
+
+
+def _resume_point(cfg: Config, ours: Path, where: Path) -> Path | None:
+    """The checkpoint on the shared volume the run starts from, here, as the trainer chooses it
+    (fsdptrain.resume.candidates: RESUME=auto the job directory's `latest`, else its newest complete
+    one; a path that one); None for a fresh start, checkpoints on CHECKPOINT_PVC or one off the
+    volume."""
+    from fsdpctl import volume
+
+    resume = cfg.training.resume
+    if resume == "never" or cfg.checkpoint_pvc:
+        return None
+    if resume == "auto":
+        return next(iter(candidates(ours, resume)), None)
+    path = settings_path_local(resume, cfg, where)
+    return path if volume.on_volume(cfg, resume) and path.exists() else None
 
 
 def settings_path_local(path: str, cfg: Config, where: Path) -> Path:

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends
+from fsdpctl import backends, files
+from fsdpctl.cli import completion
 from fsdpctl.cli.common import (
     DryRunOpt,
     Output,
@@ -19,35 +20,62 @@ from fsdpctl.cli.common import (
     state,
     warn,
 )
+from fsdpctl.job import runner
+from fsdpctl.settings import Config
 from fsdpctl.targets import NAMES
 
 
 def cleanup(
     ctx: typer.Context,
+    name: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="NAME",
+            help="only this job (default: every ended job)",
+            autocompletion=completion.job_names,
+        ),
+    ] = None,
     checkpoints: Annotated[
         bool, typer.Option("--checkpoints", help="also delete the ended jobs' checkpoints")
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
     dry_run: DryRunOpt = False,
     backend: Annotated[
-        str | None, typer.Option("--backend", help=f"{' or '.join(NAMES)} (default: BACKEND)")
+        str | None,
+        typer.Option(
+            "--backend",
+            help=f"{' or '.join(NAMES)} (default: every backend holding a job here, and BACKEND)",
+        ),
     ] = None,
     output: Output = OutputOpt,
 ) -> None:
     """Remove ended jobs (succeeded, failed or stopped) and what they left: on a cluster the job,
     its pods, its Secret and its rendezvous keys in etcd (no RendezvousClosedError on the next run,
     etcd keeps running); on this machine the job's logs, state, etcd data and node disks, and a
-    network its supervisor did not tear down. Checkpoints stay unless --checkpoints; run records
-    stay (`job diff` reads them). Running jobs are never touched. Lists what it would remove and
-    asks first, unless --yes.
+    network its supervisor did not tear down; on Slurm its runs' scripts and logs on the shared file
+    system. Checkpoints stay unless --checkpoints; run records stay (`job diff` reads them). Running
+    jobs, and jobs whose place cannot say whether they still run, are never touched. Lists what it
+    would remove and asks first, unless --yes.
 
     Example: fsdpctl cleanup --dry-run
     """
-    be = backends.create(backends.placed(state(ctx).config(), None, backend))
+    cfg = state(ctx).config()
+    backends.check_name(backend)
+    job = files.job_name(name) if name is not None else None
+    places = _places(cfg, job, backend)
     warned: list[str] = []
+
+    def clean(dry: bool) -> list[str]:
+        return [
+            item
+            for be in places
+            for item in be.cleanup(checkpoints=checkpoints, dry_run=dry, job=job)
+        ]
+
+    doomed: list[str] = []
     if not dry_run and not yes:
-        doomed = be.cleanup(checkpoints=checkpoints, dry_run=True)
-        warned = _warn_notes(be, warned)
+        doomed = clean(True)
+        warned = _warn_notes(places, warned)
         if doomed:
             for item in doomed:  # on stderr: with -o json stdout holds the document alone
                 err.print("would remove " + item, markup=False, highlight=False)
@@ -56,10 +84,8 @@ def cleanup(
                 refused="cleanup: nothing removed",
                 hint="answer y, or pass --yes (--dry-run shows what would go)",
             )
-    removed = (
-        be.cleanup(checkpoints=checkpoints, dry_run=dry_run) if dry_run or yes or doomed else []
-    )
-    notes = _warn_notes(be, warned)
+    removed = clean(dry_run) if dry_run or yes or doomed else []
+    notes = _warn_notes(places, warned)
     data = {"dry_run": "client" if dry_run else "none", "removed": removed, "skipped": notes}
     if not emit({**data, "checkpoints": checkpoints}, output):
         for item in removed:
@@ -68,10 +94,19 @@ def cleanup(
     ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items{kept}")
 
 
-def _warn_notes(be: backends.Backend, warned: list[str]) -> list[str]:
-    """The backend's notes (a stray file, a damaged state: skipped, the rest is cleaned), each
+def _places(cfg: Config, job: str | None, flag: str | None) -> list[backends.Backend]:
+    """The backends to clean: --backend's; a named job's own (where its state says it runs); else
+    every backend holding a job here, and BACKEND."""
+    if flag is not None or job is not None:
+        return [backends.create(backends.placed(cfg, job, flag))]
+    get = backends.factory(cfg)
+    return [get(n) for n in runner.backends_here(cfg)]
+
+
+def _warn_notes(places: list[backends.Backend], warned: list[str]) -> list[str]:
+    """The backends' notes (a stray file, a damaged state: skipped, the rest is cleaned), each
     warned once however often the command looked."""
-    notes = list(dict.fromkeys([*warned, *getattr(be, "notes", ())]))
+    notes = list(dict.fromkeys([*warned, *(n for be in places for n in getattr(be, "notes", ()))]))
     for note in notes[len(warned) :]:
         warn(note)
     return notes

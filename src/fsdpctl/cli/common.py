@@ -9,16 +9,19 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
-from fsdpctl.cli import completion
-from fsdpctl.cli.envfile import read_env_file
+from fsdpctl.cli import completion, streams
+from fsdpctl.cli.envfile import read_env_files
+from fsdpctl.cli.streams import escape_controls
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import add_secrets, redact, redact_obj
 from fsdpctl.targets import NAMES
@@ -35,19 +38,32 @@ if TYPE_CHECKING:
 class _MaskingConsole(Console):
     """A console that masks secrets (fsdpctl.redact) in everything it writes: strings before rich
     wraps them (so a token is never split across lines out of the mask's reach), and the rendered
-    text again (tables, panels, anything built from parts)."""
+    text again (tables, panels, anything built from parts). Control characters in the text (an
+    escape sequence in a value) are shown escaped, never sent raw (streams.escape_controls): in
+    strings before layout, and in every rendered segment but rich's own cursor controls. It writes
+    through fsdpctl.cli.streams, where a stream that cannot take the text is met."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        super().print(*(redact(o) if isinstance(o, str) else o for o in objects), **kwargs)
+        super().print(
+            *(escape_controls(redact(o)) if isinstance(o, str) else o for o in objects), **kwargs
+        )
 
     def _render_buffer(self, buffer: Any) -> str:
-        return redact(super()._render_buffer(buffer))
+        shown = (s if s.control else Segment(escape_controls(s.text), s.style) for s in buffer)
+        return redact(super()._render_buffer(shown))
+
+    def _check_buffer(self) -> None:
+        try:
+            super()._check_buffer()
+        except streams.OutputLost:
+            del self._buffer[:]  # never written, and never to be written by a later print
+            raise
 
 
-err = _MaskingConsole(stderr=True, highlight=False)
+err = _MaskingConsole(file=cast(IO[str], streams.Sink("stderr")), highlight=False)
 
 
-out = _MaskingConsole(highlight=False, soft_wrap=True)
+out = _MaskingConsole(file=cast(IO[str], streams.Sink("stdout")), highlight=False, soft_wrap=True)
 
 
 # Off a terminal rich would wrap at 80 columns (or COLUMNS) and fit tables to that: an error, a path
@@ -69,20 +85,63 @@ _unwrapped_off_a_terminal(err)
 _unwrapped_off_a_terminal(out)
 
 
+# A column narrower than this (or than its widest cell, when that is less) shows nothing a reader can
+# use: a table that cannot give each column that much is shown as `key: value` lines instead.
+NARROWEST_COLUMN = 8
+
+
 class PlainTable(Table):
     """A table whose text cells are shown as they are. rich reads a str cell as markup: a log line,
     a path or a setting holding `[...]` (gloo's `[/__w/...]`, `[rank0]:`) would vanish in part or
-    raise MarkupError. Here a str is plain text by construction; a cell styled on purpose is passed
-    as a `Text`. Off a terminal (a pipe, a file) it has no box: plain columns for grep and awk."""
+    raise MarkupError. Here a str is plain text by construction (its control characters escaped); a
+    cell styled on purpose is passed as a `Text`. Off a terminal (a pipe, a file) it has no box:
+    plain columns for grep and awk. On a terminal too narrow to give every column room
+    (NARROWEST_COLUMN), each row is shown as `key: value` lines (a table without a header: its
+    first column is the key)."""
 
     def __init__(self, *headers: Any, **kwargs: Any) -> None:
         if not out.is_terminal:
             kwargs["box"] = None
             kwargs.setdefault("pad_edge", False)
         super().__init__(*headers, **kwargs)
+        self.plain_rows: list[list[Text]] = []
 
     def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+        shown = [Text(escape_controls(c, value=True)) if isinstance(c, str) else c for c in cells]
+        self.plain_rows.append([c if isinstance(c, Text) else Text(str(c or "")) for c in shown])
+        super().add_row(*shown, **kwargs)
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        if self._fits(options.max_width):
+            yield from super().__rich_console__(console, options)
+            return
+        yield from self._as_lines()
+
+    def _fits(self, width: int) -> bool:
+        """Whether every column can have NARROWEST_COLUMN cells (or all its widest cell needs)."""
+        need = 0
+        for i, column in enumerate(self.columns):
+            header = Text.from_markup(column.header) if isinstance(column.header, str) else None
+            cells = [row[i].cell_len for row in self.plain_rows if i < len(row)]
+            widest = max([header.cell_len if header else 0, *cells, 1])
+            need += min(widest, NARROWEST_COLUMN) + self.padding[1] + self.padding[3]
+        edges = 0 if self.box is None else len(self.columns) + 1
+        return not self.columns or width >= need + edges
+
+    def _as_lines(self) -> Any:
+        if self.title:
+            yield Text(str(self.title))
+        heads = [str(c.header) for c in self.columns]
+        for n, row in enumerate(self.plain_rows):
+            if self.show_header:
+                if n:
+                    yield Text("")
+                for head, cell in zip(heads, row, strict=False):
+                    yield Text(f"{head}: ").append_text(cell)
+            elif row:
+                key = row[0].plain
+                rest = Text(" ").join(row[1:])
+                yield (Text(f"{key}: ") if key else Text("  ")).append_text(rest)
 
 
 def styled(text: str, style: str) -> Text:
@@ -98,8 +157,51 @@ class Output(str, Enum):
 
 def command_group(help: str) -> typer.Typer:
     """A group of subcommands (`fsdpctl job ...`): bare `fsdpctl job` shows its help; plain-text
-    help."""
-    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=help)
+    help; options of a subcommand that exclude each other (EXCLUSIVE) refused before it runs."""
+    return typer.Typer(cls=_SubGroup, no_args_is_help=True, rich_markup_mode=None, help=help)
+
+
+# Options of one subcommand that contradict each other: at most one of each group may be given. `job
+# logs --all --node 0` would show one node's log or all of them; which is a guess (kubectl refuses
+# a pod name with --selector, or --all-containers with -c, the same way: one line, exit 2).
+EXCLUSIVE: dict[tuple[str, str], tuple[tuple[str, ...], ...]] = {
+    ("job", "logs"): (("--all", "--node", "--pod"),),
+}
+
+
+class _SubGroup(TyperGroup):
+    """A subcommand group that refuses EXCLUSIVE options given together, from the words of the
+    command line (before the subcommand parses them, so nothing of it runs)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        for group in EXCLUSIVE.get((str(ctx.info_name), str(name)), ()):
+            given = [flag for flag in group if _given(cmd, rest, flag)]
+            if len(given) > 1:
+                raise BadInput(
+                    f"{ctx.info_name} {name}: {' and '.join(given)} exclude each other",
+                    hint=f"give one of {', '.join(group)}",
+                )
+        return name, cmd, rest
+
+
+def _given(cmd: Any, args: list[str], flag: str) -> bool:
+    """Whether `flag` is among a subcommand's words (`--node 0`, `--node=0`), not as another
+    option's value, nor after `--`."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return False
+        if arg == flag or arg.startswith(flag + "="):
+            return True
+        takes = any(
+            arg in getattr(p, "opts", ())
+            and not (getattr(p, "is_flag", False) or getattr(p, "count", False))
+            for p in getattr(cmd, "params", [])
+        )
+        i += 2 if takes and "=" not in arg else 1
+    return False
 
 
 OutputOpt = typer.Option("table", "--output", "-o", help="table, json or yaml")
@@ -190,9 +292,11 @@ def resolve_job(ctx: typer.Context, name: str | None, backend: str | None) -> tu
 
 @dataclass
 class AppState:
-    env_file: Path
+    env_file: Path  # the last settings file (the one whose keys win)
     # named by --env-file or FSDPCTL_ENV_FILE: it must exist; the default ./.env may be absent
     env_file_given: bool = False
+    # every --env-file, in the order given: a later one's keys win over an earlier one's
+    env_files: list[Path] = field(default_factory=list)
     flags: dict[str, str] = field(default_factory=dict)
     debug: bool = False
     _config: Config | None = None
@@ -203,13 +307,15 @@ class AppState:
         """Load once: flags (--set and command options) > environment > .env > defaults. `set_by`:
         the command option that set each override (`--model`), which errors and `config show` name.
         """
-        from fsdpctl.settings import load
+        from fsdpctl.settings import load, secrets_by_place
 
         given = {k: str(v) for k, v in overrides.items() if v is not None}
         flags = {**self.flags, **given}
         if self._config is None or overrides:
+            dotenv = read_env_files(self.env_files or [self.env_file], given=self.env_file_given)
+            add_secrets(*secrets_by_place(dotenv, os.environ, flags))
             cfg = load(
-                dotenv=read_env_file(self.env_file, given=self.env_file_given),
+                dotenv=dotenv,
                 environ=os.environ,
                 flags=flags,
                 dotenv_name=str(self.env_file),
@@ -285,7 +391,16 @@ def note(msg: str) -> None:
 
 
 def ok(msg: str) -> None:
-    err.print("[green]✓[/] " + escape(msg))
+    err.print(f"[green]{_mark('✓', 'ok:')}[/] " + escape(msg))
+
+
+def _mark(symbol: str, ascii_word: str) -> str:
+    """A symbol the stream's encoding has, else its word (PYTHONIOENCODING=ascii, LANG=C)."""
+    try:
+        symbol.encode(err.encoding)
+    except (UnicodeEncodeError, LookupError):
+        return ascii_word
+    return symbol
 
 
 def confirm(question: str, *, refused: str, hint: str) -> None:
@@ -354,9 +469,15 @@ def emit(data: Any, output: Output) -> bool:
         text = yaml.safe_dump(plain(data), sort_keys=False, default_flow_style=False)
     else:
         return False
-    out.file.write(redact(text))
-    out.file.flush()
+    streams.write_data(redact(text))
     return True
+
+
+def emit_text(text: str) -> None:
+    """A data document already written out (`job describe -o env`'s .env): masked, then to stdout
+    byte for byte (streams.write_data), never through the console, which would turn a TAB into
+    spaces and drop a CR."""
+    streams.write_data(redact(text))
 
 
 def run_tool(

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from fsdpctl.cli.admission import admit
-from fsdpctl.cli.common import ForceOpt, Output, OutputOpt, command_group, emit, ok, out, state
+from fsdpctl.cli.common import (
+    ForceOpt,
+    Output,
+    OutputOpt,
+    PlainTable,
+    command_group,
+    emit,
+    ok,
+    out,
+    state,
+    styled,
+)
 from fsdpctl.redact import redact
 
 app = command_group("Show and check the settings (.env, environment, --set).")
@@ -46,21 +55,17 @@ def show(ctx: typer.Context, output: Output = OutputOpt) -> None:
     }
     if emit(data, output):
         return
-    table = Table("group", "key", "value", "source", box=None, pad_edge=False)
+    table = PlainTable("group", "key", "value", "source", box=None, pad_edge=False)
     for key in sorted(values, key=lambda k: (_group(k), k)):
         source = cfg.sources[key]
-        table.add_row(
-            _group(key),
-            key,
-            escape(redact(str(values[key]))),
-            {
-                "default": "[dim]default[/]",
-                "model default": f"model default ({cfg.training.model})",
-                "derived": f"derived ({cfg.training.model})",
-            }.get(source, escape(source)),
-        )
+        shown = {
+            "default": styled("default", "dim"),
+            "model default": f"model default ({cfg.training.model})",
+            "derived": f"derived ({cfg.training.model})",
+        }.get(source, source)
+        table.add_row(_group(key), key, redact(str(values[key])), shown)
     for key, value in derived(cfg).items():
-        table.add_row("derived", key, str(value), "[dim]computed[/]")
+        table.add_row("derived", key, str(value), styled("computed", "dim"))
     out.print(table)
 
 

@@ -26,6 +26,7 @@ from fsdpctl.cli.common import (
     styled,
     warn,
 )
+from fsdpctl.errors import BadInput
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
@@ -49,8 +50,19 @@ TimeoutOpt = Annotated[
 
 
 def sources(mirror: Path | None) -> list[Path]:
-    from fsdpctl.files import home
+    """Where the pinned upstream files are looked for: --from (FSDPCTL_MANIFESTS), which must be a
+    directory (a typo would otherwise read as "the file is not in it"), then FSDPCTL_HOME/manifests
+    (`deploy fetch` fills it)."""
+    from fsdpctl.files import home, kind_of
 
+    if mirror is not None and not mirror.is_dir():
+        what = kind_of(mirror)
+        raise BadInput(
+            f"--from {mirror} "
+            + ("does not exist" if what == "missing" else f"is {what}, not a directory"),
+            hint="name the mirror directory (FSDPCTL_MANIFESTS), or drop --from to use what "
+            "`fsdpctl deploy fetch` put in FSDPCTL_HOME/manifests",
+        )
     return [p for p in (mirror, home() / "manifests") if p is not None]
 
 

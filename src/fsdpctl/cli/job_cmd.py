@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from fsdpctl import backends, crilog, failures, files
+from fsdpctl.backends import LogLine
 from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import (
@@ -36,6 +37,7 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.errors import BadInput
+from fsdpctl.job import runner
 from fsdpctl.redact import redact
 from fsdpctl.reports import FINAL
 
@@ -89,6 +91,7 @@ def run(
     be = backends.create(cfg)
     job_view.launch(
         be,
+        cfg,
         run_id=run_id,
         replace=replace,
         dry_run=dry_run,
@@ -192,10 +195,32 @@ def logs(
     """
     tail, since_s = _log_window(tail, since)
     be, name = resolve_job(ctx, name, backend)
-    for line in be.logs(
-        name, follow=follow_, all_=all_, node=node, pod=pod, tail=tail, since_s=since_s
-    ):
+    nodes = be.report(name)["nodes"] if node is not None else 0
+    if node is not None and not 0 <= node < nodes:
+        raise BadInput(
+            f"--node {node}: job {name} has nodes 0 to {nodes - 1}",
+            hint="`fsdpctl job status` shows its nodes",
+        )
+
+    def shown(line: LogLine) -> bool:  # what --tail counts: the lines that will be printed
         if trainer_only and failures.from_torch(line.text):
+            return False
+        return (
+            output == LogFormat.json
+            or job_view.log_text(line, prefix=False, timestamps=False) is not None
+        )
+
+    for line in be.logs(
+        name,
+        follow=follow_,
+        all_=all_,
+        node=node,
+        pod=pod,
+        tail=tail,
+        since_s=since_s,
+        keep=shown,
+    ):
+        if not shown(line):
             continue
         if output == LogFormat.json:
             out.print(
@@ -242,7 +267,9 @@ def stop(
     Example: fsdpctl job stop
     """
     be, name = resolve_job(ctx, name, backend)
-    result = be.stop(name, wait=wait_, dry_run=dry_run, say=lambda line: note(f"waiting: {line}"))
+    result = runner.stop(
+        be, name, wait=wait_, dry_run=dry_run, say=lambda line: note(f"waiting: {line}")
+    )
     ok(result)
     emit({"job": name, "result": result, "dry_run": job_view.dry_run_word(dry_run)}, output)
 
@@ -270,22 +297,28 @@ def list_(
         ),
     ] = None,
 ) -> None:
-    """Jobs of one backend (--backend, else BACKEND) with their phase and progress. A job's labels
-    are its PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id, app.kubernetes.io/...) plus
-    fsdpctl.io/backend.
+    """Jobs of every backend that runs one started from here (local, Slurm), and of BACKEND (on
+    EKS the cluster's, started from anywhere), with their backend, phase and progress; --backend
+    lists one backend's. A job's labels are its PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id,
+    app.kubernetes.io/...) plus fsdpctl.io/backend. A backend that cannot be asked fails the command
+    (exit 1) after what could be listed, its jobs recorded here shown Unknown.
 
     Example: fsdpctl job list --phase running,pending -l fsdpctl.io/job=fsdp -o json
     """
     phases = job_view.phase_filter(phase or [])
     reqs = job_view.label_selector(selector) if selector else []
-    be, _ = resolve_job(ctx, None, backend or state(ctx).config().backend)
-    reports = [r for r in be.list_jobs() if job_view.selected(r, phases, reqs)]
-    for skipped in getattr(
-        be, "notes", ()
-    ):  # a stray file or damaged state: every other job is listed
+    backends.check_name(backend)
+    cfg = state(ctx).config()
+    listed = runner.list_jobs(cfg, backends.factory(cfg), only=backend)
+    reports = [r for r in listed.reports if job_view.selected(r, phases, reqs)]
+    for skipped in listed.notes:  # a stray file, a damaged state: every other job is listed
         warn(skipped)
     if not emit(reports, output):
         out.print(job_view.list_table(reports))
+    for failed in listed.failed[1:]:
+        warn(str(failed))
+    if listed.failed:  # what could be listed is shown; the list is not whole: exit 1, as ls does
+        raise listed.failed[0]
 
 
 @app.command()
@@ -305,7 +338,7 @@ def wait(
     Example: fsdpctl job wait --timeout 3600 && echo trained
     """
     be, name = resolve_job(ctx, name, backend)
-    phase = be.wait(name, timeout)
+    phase = be.wait(name, timeout, warn)
     try:
         end_wait(name, phase)
     except typer.Exit as e:  # the code end_wait chose, said on stdout too

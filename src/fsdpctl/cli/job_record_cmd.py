@@ -26,6 +26,7 @@ from fsdpctl.cli.common import (
     PlainTable,
     ReplaceOpt,
     emit,
+    emit_text,
     out,
     state,
     warn,
@@ -100,7 +101,7 @@ def describe(
     if output in ("json", "yaml"):
         emit(got.rec, Output(output))
     elif output == "env":
-        out.print(record.env_text(got.rec), end="", markup=False, highlight=False)
+        emit_text(record.env_text(got.rec))  # byte for byte: a TAB or CR in a value is kept
     else:
         out.print(_describe_table(got.rec, got.where))
 
@@ -278,6 +279,7 @@ def rerun(
     admit(cfg, force=force)
     job_view.launch(
         backends.create(cfg),
+        cfg,
         run_id=run_id,
         replace=replace,
         dry_run=dry_run,
@@ -338,6 +340,7 @@ def resume(
     has_a_checkpoint(cfg)
     job_view.launch(
         backends.create(cfg),
+        cfg,
         run_id=None,
         replace=replace,
         dry_run=dry_run,

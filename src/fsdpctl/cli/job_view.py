@@ -3,9 +3,13 @@ the job list and the outcome with its exit code. Shared by `job` and `quickstart
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.text import Text
@@ -14,12 +18,16 @@ from fsdpctl import crilog, nodefit, prestep
 from fsdpctl.backends import Backend, LogLine, Started
 from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, styled, warn
 from fsdpctl.errors import BadInput, ExitCode
+from fsdpctl.job import runner
 from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
 from fsdpctl.redact import redact
 from fsdpctl.reports import FINAL, Failure, Phase, Report
 from fsdpctl.targets import target
 from fsdpctl.validate import label_value_problem
 from fsdptrain import events
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
 FAILURE_LINES = 15
@@ -34,7 +42,8 @@ def warnings(r: Report) -> list[str]:
 def follow(backend: Backend, name: str) -> Report | None:
     """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C
     does what the backend does with it (local: stop with a checkpoint; cluster: detach, returning
-    None)."""
+    None). SIGTERM and SIGHUP (CI's timeout, a closed terminal) do the same, then end the command
+    with one line and 128 + the signal's number (143, 129), as a shell reports a process it ended."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -45,24 +54,58 @@ def follow(backend: Backend, name: str) -> Report | None:
         TimeElapsedColumn(),
     )
     warned: set[str] = set()
+    with _signals_as_ctrl_c():
+        try:
+            with Progress(*columns, console=err) as bar:
+                task = bar.add_task("starting", total=None, info="", count="")
+                while True:
+                    r = backend.report(name)
+                    for line in warnings(r):
+                        if line not in warned:
+                            warned.add(line)
+                            bar.console.print("[yellow]warning:[/] " + escape(redact(line)))
+                    _advance(bar, task, r)
+                    if r["phase"] in FINAL:
+                        return r
+                    time.sleep(backend.poll_s)
+        except KeyboardInterrupt as e:  # one line in the end, whatever the job was doing
+            what = target(backend.name).interrupt
+            with err.status(f"interrupted: {what} ..."):
+                stopped = runner.interrupt(backend, name)
+            final: Report | None = {**stopped, "interrupted": True} if stopped is not None else None
+            if isinstance(e, Terminated):  # the command ends here: its line, 128 + the signal
+                outcome(backend, name, final, table=False)
+                import typer
+
+                raise typer.Exit(128 + e.signum) from None
+            return final
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while a job is followed, taken as Ctrl-C is (`follow`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated in the main thread while a job is followed (Python's
+    default for both is to end the process at once, without a word: the job trained on)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        with Progress(*columns, console=err) as bar:
-            task = bar.add_task("starting", total=None, info="", count="")
-            while True:
-                r = backend.report(name)
-                for line in warnings(r):
-                    if line not in warned:
-                        warned.add(line)
-                        bar.console.print("[yellow]warning:[/] " + escape(redact(line)))
-                _advance(bar, task, r)
-                if r["phase"] in FINAL:
-                    return r
-                time.sleep(backend.poll_s)
-    except KeyboardInterrupt:  # one line in the end, whatever the job was doing (the spinner goes)
-        what = target(backend.name).interrupt
-        with err.status(f"interrupted: {what} ..."):
-            stopped = backend.interrupt(name)
-        return {**stopped, "interrupted": True} if stopped is not None else None
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
 
 
 def _advance(bar: Any, task: Any, r: Report) -> None:
@@ -130,12 +173,52 @@ def outcome(backend: Backend, name: str, r: Report | None, table: bool = True) -
     if failure := r.get("failure"):
         err.print("  " + redact(failure_line(failure)), markup=False)
     lines = backend.tail(name, FAILURE_LINES)
+    if full := full_disk(backend, r, lines):
+        err.print("  " + redact(full), markup=False)
     where = failure["log"] if failure else r.get("leader_log")
     if lines:
         err.print(f"last lines of {where}:" if where else "last lines of its log:", markup=False)
         for line in lines:
             err.print("  " + redact(line), markup=False)
     return ExitCode.JOB_FAILED
+
+
+# a file system with less free than this cannot take the next log line or checkpoint shard
+FULL_BELOW_BYTES = 1024 * 1024
+
+
+def full_disk(backend: Backend, r: Report, lines: list[str]) -> str | None:
+    """The line that says a failed job met a full disk: its failure or its last lines say so
+    (failures.DISK_FULL), or, on this machine, the file system of its log or checkpoints has
+    (almost) nothing left: then the trainer may not even have had room to write why."""
+    import shutil
+    from pathlib import Path
+
+    from fsdpctl.failures import says_disk_full
+
+    failure: dict[str, Any] = dict(r.get("failure") or {})
+    said = says_disk_full([failure.get("error"), failure.get("raised"), r.get("reason"), *lines])
+    paths = [p for p in (r.get("checkpoint_dir"), r.get("leader_log")) if p]
+    if target(backend.name).on_this_machine:
+        for path in paths:
+            at = Path(path)
+            while not at.exists() and at != at.parent:
+                at = at.parent
+            try:
+                free = shutil.disk_usage(at).free
+            except OSError:
+                continue
+            if free < FULL_BELOW_BYTES or said:
+                return (
+                    f"the disk is full: the file system of {path} has {free / 2**20:.1f} MiB free "
+                    "(ENOSPC); free space there, or put the job's volume or FSDPCTL_HOME elsewhere"
+                )
+    if said:
+        return (
+            "the disk is full (ENOSPC): the job could not write its checkpoint or logs; free space "
+            "on its volume (SHARED_VOLUME, CHECKPOINT_PVC) or give it a larger one"
+        )
+    return None
 
 
 def failure_line(f: Failure) -> str:
@@ -286,6 +369,7 @@ def dry_run_done(
 
 def launch(
     backend: Backend,
+    cfg: Config,
     *,
     run_id: str | None,
     replace: bool,
@@ -296,14 +380,23 @@ def launch(
     said: str = "",
     then: str = "",
 ) -> None:
-    """Start the job (`job run`, `rerun`, `resume`), then follow it to its end, or return at once
-    when detached; exits with the code its end calls for. `said`: what the started line adds;
-    `then`: the next command a detached start suggests besides `job status`. -o json/yaml: one
-    document on stdout."""
+    """Start the job (`job run`, `rerun`, `resume`) through the job core (its lock, its record,
+    submit-or-cancel), then follow it to its end, or return at once when detached; exits with the
+    code its end calls for. `said`: what the started line adds; `then`: the next command a detached
+    start suggests besides `job status`. -o json/yaml: one document on stdout."""
     import typer
 
-    started = backend.run(
-        run_id=run_id, replace=replace, dry_run=dry_run, server_dry_run=server_dry_run
+    from fsdpctl import backends, jobpolicy
+    from fsdpctl.job import runner
+
+    started = runner.run(
+        backend,
+        cfg,
+        run_id=run_id or jobpolicy.new_run_id(cfg.job_name),
+        replace=replace,
+        dry_run=dry_run,
+        server_dry_run=server_dry_run,
+        other=backends.factory(cfg),
     )
     what = started_object(backend, started)
     if dry_run or server_dry_run:

@@ -6,12 +6,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from fsdpctl import jobpolicy, sweep, volume
 from fsdpctl import plan as P
 from fsdpctl.cli import completion
-from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
+from fsdpctl.cli.common import Output, OutputOpt, PlainTable, emit, finite, out, state, styled
+from fsdptrain.events import seconds_text
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
 # 3 trained on 15e12 tokens; a p5.48xlarge lists at about $55 per hour.
@@ -38,11 +39,14 @@ def _print_memory(r: dict[str, Any]) -> None:
         f"{j['strategy']}, {j['precision']}, checkpointing {j['ac']}, micro-batch {j['micro_batch']} x "
         f"{j['seq_len']} tokens, accumulation {j['grad_accum']}"
     )
-    t = Table("per GPU", "memory", box=None, pad_edge=False)
+    t = PlainTable("per GPU", "memory", box=None, pad_edge=False)
     for key, label in MEMORY_ROWS:
         t.add_row(label, _gib(m[key]))
-    verdict = "[green]FITS[/]" if r["fits"] else "[red]DOES NOT FIT[/]"
-    t.add_row("[bold]total[/]", f"[bold]{_gib(m['total'])}[/] of {_gib(m['capacity'])}  {verdict}")
+    verdict = ("FITS", "green") if r["fits"] else ("DOES NOT FIT", "red")
+    t.add_row(
+        styled("total", "bold"),
+        Text.assemble((_gib(m["total"]), "bold"), f" of {_gib(m['capacity'])}  ", verdict),
+    )
     out.print(t)
     if not r["fits"]:
         out.print(
@@ -82,8 +86,8 @@ def _print_volume(v: dict[str, Any]) -> None:
         f"{verdict}{fix}"
     )
     out.print(
-        f"one save {v['save_s']:,.0f} s at {v['write_mb_per_s']:,.0f} MB/s (the file system's, all nodes "
-        f"together) | stop grace {v['stop_grace_s']:,} s"
+        f"one save {seconds_text(v['save_s'])} at {v['write_mb_per_s']:,.0f} MB/s (the file system's, "
+        f"all nodes together: {escape(v['write_rate_basis'])}) | stop grace {v['stop_grace_s']:,} s"
     )
     if v["warning"]:
         out.print(f"[yellow]warning:[/] {escape(v['warning'])}")
@@ -101,14 +105,14 @@ def _print_matrix(rows: list[dict[str, Any]], tokens: float) -> None:
         "scaling",
         f"$/{tokens:.0e} tok",
     )
-    t = Table(*heads, box=None, pad_edge=False)
+    t = PlainTable(*heads, box=None, pad_edge=False)
     for r in rows:
         t.add_row(
             r["model"],
             r["instance_type"].split(".")[0],
             str(r["nodes"]),
             f"{r['memory_gib']:.1f}",
-            "yes" if r["fits"] else "[red]no[/]",
+            "yes" if r["fits"] else styled("no", "red"),
             f"{r['tokens_per_s_per_gpu']:,.0f}",
             f"{100 * r['mfu']:.0f}%",
             f"{100 * r['scaling']:.0f}%",
@@ -218,7 +222,8 @@ def plan(
             _print_matrix(rows, tokens)
         return
     r = P.report(job, tokens)
-    grace = {"stop_grace_s": jobpolicy.stop_timing(cfg).shutdown_s}
+    timing = jobpolicy.stop_timing(cfg)
+    grace = {"stop_grace_s": timing.shutdown_s, "stop_grace_basis": timing.basis}
     r["volume"] = volume.report(cfg, r["speed"]["step_s"]) | grace
     if not emit(r, output):
         _print_report(r)

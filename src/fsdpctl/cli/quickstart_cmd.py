@@ -6,10 +6,11 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends
+from fsdpctl import backends, jobpolicy
 from fsdpctl.cli import job_view
 from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, emit, ok, out, state
+from fsdpctl.job import runner
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process,
 # CPU. fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
@@ -93,7 +94,14 @@ def quickstart(
     cfg = st.config(**flags, set_by=set_by)
     admit(cfg, force=force)
     be = backends.create(cfg)
-    started = be.run(run_id=None, replace=True, dry_run=dry_run, server_dry_run=False)
+    started = runner.run(
+        be,
+        cfg,
+        run_id=jobpolicy.new_run_id(cfg.job_name),
+        replace=True,
+        dry_run=dry_run,
+        other=backends.factory(cfg),
+    )
     if dry_run:  # (a running quickstart is replaced only by a real run)
         job_view.dry_run_done(job_view.started_object(be, started), started.dry_run_lines, output)
         return

@@ -50,7 +50,7 @@ def learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
         return rec
     now = record.learnt(rec, lines)
     if now != rec:
-        record_store.save(now)
+        record_store.keep(now)
     return now
 
 
@@ -65,7 +65,7 @@ def _from_this_machine(name: str, cfg: Config) -> Loaded | None:
         return Loaded(rec, where=where)
     now = record.learnt(rec, lines)
     if now != rec:  # the trainer's start line, kept once read: the logs may be cleaned up
-        record_store.save(now)
+        record_store.keep(now)
     return Loaded(now, record.losses(lines), where)
 
 
@@ -84,7 +84,7 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
     kept = backends.create(placed).kept_record(job) if job is not None else None
     if kept is not None:
         if not kept.problems:  # this machine's copy, with what was learnt
-            record_store.save(kept.record)
+            record_store.keep(kept.record)
         return Loaded(kept.record, record.losses(kept.lines), kept.where, kept.problems)
     found = _from_this_machine(name, cfg)
     if found is None:

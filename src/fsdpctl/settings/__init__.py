@@ -20,6 +20,7 @@ from fsdpctl.settings.dotenv import (
     masked_line,
     parse_dotenv,
     secret_warnings,
+    secrets_by_place,
 )
 from fsdpctl.settings.load import annotate, config_shown, derived, load, redacted, with_sources
 from fsdpctl.settings.model import (
@@ -103,6 +104,7 @@ __all__ = [
     "placement_problems",
     "redacted",
     "secret_warnings",
+    "secrets_by_place",
     "setting_keys",
     "with_sources",
 ]

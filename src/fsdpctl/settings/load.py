@@ -3,7 +3,6 @@ environment > .env > defaults, validated, every error line naming where its valu
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -17,8 +16,15 @@ from pydantic_core import ErrorDetails
 
 from fsdpctl import volume
 from fsdpctl.errors import SettingsError
+from fsdpctl.redact import MASK, token_shaped
 from fsdpctl.settings.checks import cross_checks
-from fsdpctl.settings.dotenv import dotenv_warnings, environment_settings, secret_warnings
+from fsdpctl.settings.dotenv import (
+    dotenv_warnings,
+    environment_settings,
+    escaped,
+    secret_warnings,
+    unknown_hint,
+)
 from fsdpctl.settings.model import Config, Settings, setting_keys
 from fsdpctl.settings.rules import (
     CAPPED_DEFAULT,
@@ -27,6 +33,7 @@ from fsdpctl.settings.rules import (
     INT_MAX,
     MAX_VALUE_BYTES,
     MODEL_DEFAULT,
+    PATH_KEYS,
 )
 from fsdptrain.config import (
     MODEL_DEFAULTS,
@@ -59,14 +66,20 @@ def load(
     for key, value in (dotenv or {}).items():
         if key in keys:
             raw[key] = value
-            sources[key] = f"{dotenv_name} line {lines[key]}" if key in lines else dotenv_name
+            where = getattr(dotenv, "where", None)
+            sources[key] = (
+                where(key, dotenv_name)
+                if where
+                else f"{dotenv_name} line {lines[key]}"
+                if key in lines
+                else dotenv_name
+            )
     for key, value in env_values.items():
         raw[key], sources[key] = value, env_sources[key]
     for key, value in (flags or {}).items():
         if key not in keys:
-            close = difflib.get_close_matches(key, keys, n=1)
-            hint = f": did you mean {close[0]}?" if close else ""
-            raise SettingsError([f"--set {key}: unknown key{hint}"])
+            hint = unknown_hint(key, keys).removesuffix(": it is ignored")
+            raise SettingsError([f"--set {escaped(key)}: unknown key{hint}"])
         raw[key], sources[key] = value, (set_by or {}).get(key, "--set")
     warnings.extend(secret_warnings(raw, sources))
     try:
@@ -222,7 +235,10 @@ def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
             lines.append(re.sub(r"^Value error, ", "", err["msg"]))
             continue
         key = str(err["loc"][0]).upper()
-        lines.append(f"{key}={raw.get(key, '')!r} {_explain(err)}")
+        value = raw.get(key, "")
+        # a secret by its place: the token pasted where a path goes is not quoted back
+        shown = MASK if key in PATH_KEYS and token_shaped(value) else repr(value)
+        lines.append(f"{key}={shown} {_explain(err)}")
     return lines
 
 

@@ -21,6 +21,7 @@ from pydantic import (
 
 from fsdpctl.errors import BadInput
 from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.redact import token_shaped
 from fsdpctl.settings.rules import (
     AZ_LIST,
     DNS_1035_LABEL,
@@ -32,6 +33,7 @@ from fsdpctl.settings.rules import (
     INT_MAX,
     MAX_VALUE_BYTES,
     REGISTRY,
+    SHAPES,
     SUBNET_LIST,
     TOKEN_FILE_HINT,
     TRAIN_KEYS_DERIVED,
@@ -53,7 +55,7 @@ class Settings(BaseModel):
     aws_account_id: str = _k(
         "", "aws", "12-digit account id (default registry: its ECR)", pattern=r"^(\d{12})?$"
     )
-    aws_profile: str = _k("", "aws", "AWS CLI profile to use")
+    aws_profile: str = _k("", "aws", "AWS CLI profile to use", shape="profile")
     request_timeout: float = _k(
         30.0,
         "aws",
@@ -174,7 +176,9 @@ class Settings(BaseModel):
         "Kubernetes job API: pytorchjob (Training Operator v1.9.4, kubeflow.org/v1) or trainjob "
         "(Kubeflow Trainer v2.3.0 TrainJob on the torch-distributed runtime)",
     )
-    kube_context: str = _k("", "job", "kubeconfig context (empty: the current one)")
+    kube_context: str = _k(
+        "", "job", "kubeconfig context (empty: the current one)", shape="context"
+    )
     node_selector: str = _k(
         "",
         "job",
@@ -239,6 +243,7 @@ class Settings(BaseModel):
         "job",
         "Slurm: the Python on the nodes that has fsdptrain (a virtual environment on the shared file system; "
         "inside SLURM_CONTAINER_IMAGE: its python)",
+        shape="program",
         pattern=r"^[A-Za-z0-9._/+-]+$",
     )
     slurm_container_image: str = _k(
@@ -271,6 +276,7 @@ class Settings(BaseModel):
         "job",
         "its StorageCapacity in GiB (the PV's capacity); unset: sized for what the job keeps there (MODEL, "
         "CHECKPOINT_KEEP, PRETRAINED, EXPORT_DIR): 1200, 2400 or a multiple of 2400",
+        shape="fsx_size",
         ge=1,
     )
     fsx_throughput_per_tib: int = _k(
@@ -279,6 +285,15 @@ class Settings(BaseModel):
         "its PerUnitStorageThroughput, MB/s per TiB (PERSISTENT_2: 125, 250, 500, 1000): with the size, how "
         "fast checkpoints are written, which sets the stop grace",
         ge=1,
+    )
+    shared_volume_write_mbps: int = _k(
+        0,
+        "job",
+        "the aggregate write rate, MB/s for all nodes together, of the file system at "
+        "SHARED_VOLUME_PATH: how fast checkpoints are written, which sets the stop grace; 0: "
+        "FSX_STORAGE_GIB x FSX_THROUGHPUT_PER_TIB where fsdpctl sizes the FSx (EKS), assumed (and "
+        "said) on Slurm, whose file system fsdpctl never read",
+        ge=0,
     )
     fsx_create: bool = _k(
         True,
@@ -292,6 +307,18 @@ class Settings(BaseModel):
     )
     hf_token_file: str = _k("", "secrets", "file holding the HF token (instead of HF_TOKEN)")
 
+    @field_validator("hf_token_file", mode="before")
+    @classmethod
+    def _a_path_not_a_token(cls, value: Any) -> Any:
+        """The token itself pasted where its file's path goes: refused (and masked where it shows:
+        redact.token_shaped)."""
+        if isinstance(value, str) and token_shaped(value):
+            raise ValueError(
+                "looks like the token itself, not a path: put the token in HF_TOKEN, or in a file "
+                "whose path HF_TOKEN_FILE names"
+            )
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _int_in_range(cls, value: Any, info: ValidationInfo) -> Any:
@@ -301,6 +328,18 @@ class Settings(BaseModel):
             most = INT_MAX.get(info.field_name.upper(), INT64_MAX)
             if value > most:
                 raise ValueError(f"is too large: use at most {most}")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _has_its_shape(cls, value: Any, info: ValidationInfo) -> Any:
+        """A value whose field declares a shape (rules.SHAPES) has it, once it is of its kind and
+        within its bounds: the line says what is wrong for where the value goes."""
+        field = cls.model_fields.get(info.field_name or "")
+        extra = field.json_schema_extra if field else None
+        shape = SHAPES.get(str(extra.get("shape", ""))) if isinstance(extra, dict) else None
+        if shape is not None and not shape.fits(value):
+            raise ValueError(shape.says)
         return value
 
     @model_validator(mode="after")

@@ -3,13 +3,16 @@ may have (pure): what the other settings modules share."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import (
     Field,
 )
 
 from fsdpctl.targets import NAMES
+from fsdpctl.volume import FSX_FIRST_GIB, FSX_STEP_GIB
 
 # value shapes the settings accept
 FSX_DNS = r"^(fs-[0-9a-f]{8,17}\.fsx\.[a-z]{2}(-gov)?-[a-z]+-\d\.amazonaws\.com(\.cn)?)?$"
@@ -45,6 +48,9 @@ INT_MAX = {
 GATED_PREFIXES = ("meta-llama/",)
 # keys whose value is a secret (masked by `redacted`, never written)
 SECRET_KEYS = ("HF_TOKEN",)
+# keys whose value is the path of a file holding a secret: the secret itself pasted there (one
+# token-shaped word: redact.token_shaped) is refused, and masked wherever the value shows
+PATH_KEYS = ("HF_TOKEN_FILE",)
 # Keys the job derives itself rather than taking from the user.
 TRAIN_KEYS_DERIVED = {"checkpoint_dir", "metrics_file"}
 # The environment's settings: FSDPCTL_<KEY>. The plain names are the trainer's (pods get MODEL=,
@@ -87,12 +93,81 @@ DERIVED = "derived"
 DERIVED_KEYS = ("FSX_STORAGE_GIB",)
 
 
-def _k(default: Any, group: str, help: str, **constraints: Any) -> Any:
-    return Field(default, description=help, json_schema_extra={"group": group}, **constraints)
+# ---- shapes: what a value must look like where it goes, declared beside the setting (`_k(shape=...)`) ----
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A value's shape for its destination: `fits` says whether a value has it, `says` what is wrong
+    when it has not, with the fix (it follows `KEY='value' `)."""
+
+    fits: Callable[[Any], bool]
+    says: str
+
+
+def _no_option(value: str) -> bool:
+    return not value.startswith("-")
+
+
+def _one_line_name(value: str) -> bool:
+    return value == value.strip() and value.isprintable()
+
+
+def _profile_name(value: str) -> bool:
+    return _one_line_name(value) and not any(c in value for c in "[]")
+
+
+# The FSx for Lustre sizes of the SSD deployment types (SCRATCH_2, PERSISTENT_1, PERSISTENT_2):
+# "1200 GiB, 2400 GiB, and increments of 2400 GiB" (FSx API Reference, CreateFileSystem,
+# StorageCapacity: volume.FSX_FIRST_GIB, FSX_STEP_GIB), an Integer field (at most 2147483647)
+FSX_MAX_GIB = (2**31 - 1) // FSX_STEP_GIB * FSX_STEP_GIB
+
+
+def _fsx_size(value: int) -> bool:
+    return value == FSX_FIRST_GIB or (value % FSX_STEP_GIB == 0 and 0 < value <= FSX_MAX_GIB)
+
+
+SHAPES = {
+    # a program srun or sbatch runs: a leading '-' would be read as one of their options
+    # (`SLURM_PYTHON=--export` became `srun --export ...`)
+    "program": Shape(
+        _no_option,
+        "starts with '-': srun would read it as an option, not a program; give the program's path, "
+        "e.g. /fsx/venv/bin/python",
+    ),
+    # a profile is a section of the AWS config file (`[profile NAME]`, botocore/configloader.py
+    # raw_config_parse through configparser): one line, no brackets, no spaces around it
+    "profile": Shape(
+        _profile_name,
+        "is not a profile name: one line of printable characters with no brackets and no spaces "
+        "around it (`aws configure list-profiles` lists them)",
+    ),
+    # a context is a name in the kubeconfig (`kubectl config get-contexts -o name`)
+    "context": Shape(
+        _one_line_name,
+        "is not a context name: one line of printable characters with no spaces around it "
+        "(`kubectl config get-contexts -o name` lists them)",
+    ),
+    "fsx_size": Shape(
+        _fsx_size,
+        f"is not a size FSx for Lustre takes: use {FSX_FIRST_GIB}, {FSX_STEP_GIB} or a multiple of "
+        f"{FSX_STEP_GIB} up to {FSX_MAX_GIB} (GiB; SSD deployment types, CreateFileSystem "
+        "StorageCapacity)",
+    ),
+}
+
+
+def _k(default: Any, group: str, help: str, shape: str = "", **constraints: Any) -> Any:
+    extra: dict[str, Any] = {"group": group, **({"shape": shape} if shape else {})}
+    return Field(
+        default, description=help, json_schema_extra=cast("JsonDict", extra), **constraints
+    )
 
 
 # BACKEND's values: the registered places (fsdpctl.targets), checked as a Literal would be
 if TYPE_CHECKING:
+    from pydantic.config import JsonDict
+
     BackendName = str
 else:
     BackendName = Literal[NAMES]

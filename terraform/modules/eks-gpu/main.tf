@@ -89,12 +89,17 @@ resource "aws_kms_key" "secrets" {
   policy                  = data.aws_iam_policy_document.secrets_key.json
 }
 
+# The system nodes: the Training Operator, etcd, Prometheus, Grafana, CoreDNS, the FSx controller. Their root
+# volume is eksctl's default for a managed node group (80 GiB gp3: eksctl v0.230.0 DefaultNodeVolumeSize in
+# pkg/apis/eksctl.io/v1alpha5/types.go), not EKS's 20 GiB (the provider's aws_eks_node_group disk_size); no pod
+# with the trainer's ~20 GB image lands here (they select the GPU nodes: src/fsdpctl/render.py node_selector).
 resource "aws_eks_node_group" "system" {
   cluster_name    = aws_eks_cluster.this.name
   node_group_name = "system"
   node_role_arn   = aws_iam_role.node.arn
   subnet_ids      = local.private_subnet_ids
   instance_types  = [var.system_instance_type]
+  disk_size       = var.system_volume_size
   labels          = { "fsdpctl.io/role" = "system" }
   scaling_config {
     desired_size = 2

@@ -62,6 +62,11 @@ variable "system_instance_type" {
   type        = string
 }
 
+variable "system_volume_size" {
+  description = "System node root volume, GiB."
+  type        = number
+}
+
 variable "gpu_volume_size" {
   description = "GPU node root volume, GiB."
   type        = number

@@ -4,84 +4,112 @@ the Kubernetes adapter. Connects on first use, so building one costs nothing."""
 from __future__ import annotations
 
 import shlex
+import shutil
+import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
 from fsdpctl import (
     deploy_status,
-    jobpolicy,
     jobspec,
     kstatus,
     nodefit,
-    record_store,
     render,
 )
-from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
+from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submitted, placement_ok
 from fsdpctl.backends.eks import api, configmap, engine, observe
-from fsdpctl.errors import BadInput, FsdpctlError
+from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.hf_token import secret_env
+from fsdpctl.job import home, lock, state
+from fsdpctl.job.state import Keys
 from fsdpctl.progress import run_outcome
-from fsdpctl.reports import FINAL, Report, Waited
+from fsdpctl.reports import FINAL, TIMEOUT, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import events
+
+
+def _placement_value(key: str) -> Callable[[Any], bool]:
+    """A placement setting as the settings take it (it goes into API paths and kubeconfig lookups)."""
+    return lambda v: isinstance(v, str) and placement_ok({"backend": EksBackend.name, key: v})
+
+
+# what a cluster job's state records besides the core's keys: where on the cluster it lives
+STATE = Keys(optional={k: _placement_value(k) for k in PLACEMENT_KEYS})
 
 
 class EksBackend:
     name = "eks"
     poll_s = 2.0
+    keeps_state = False  # the cluster keeps its jobs; `list` shows those started from anywhere
+    supervised = False
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.notes: list[str] = []  # what cleanup kept of this home's records of cluster jobs
 
     @cached_property
     def kube(self) -> Any:
         return api.connect(self.cfg)
 
-    def run(
-        self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool
-    ) -> Started:
+    def _require_registry(self) -> None:
+        """A bare image name is pulled from Docker Hub, where the trainer image is not."""
         cfg = self.cfg
-        if (
-            not cfg.registry
-        ):  # a bare image name is pulled from Docker Hub, where the trainer image is not
+        if not cfg.registry:
             raise BadInput(
                 f"the job's image {cfg.image_uri!r} has no registry: its pods would look for it on Docker "
                 "Hub and stay in ImagePullBackOff",
                 hint="set AWS_ACCOUNT_ID (its ECR in AWS_REGION, where `fsdpctl image push` puts it) or "
                 "IMAGE_REGISTRY",
             )
-        if dry_run and not server_dry_run:  # what would be sent; the cluster is not contacted
-            run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
+
+    def dry_run(self, *, run_id: str, server: bool) -> Started:
+        """Client: what would be sent, the cluster not contacted. Server: every object sent with
+        dryRun=All, which the API server admits or refuses as it would, storing nothing."""
+        cfg = self.cfg
+        self._require_registry()
+        if not server:
             objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
             lines = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
             return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines)
         token = secret_env(cfg).get("HF_TOKEN", "")
-        run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
-        rec = None if server_dry_run else record_store.new(cfg, run_id)
         started = engine.run(
-            self.kube,
-            cfg,
-            run_id=run_id,
-            replace=replace,
-            token=token,
-            server_dry_run=server_dry_run,
-            record=rec,
+            self.kube, cfg, run_id=run_id, replace=False, token=token, server_dry_run=True
         )
-        if rec is not None:  # this machine's copy: the ConfigMap goes when its job does
-            record_store.save(started["record"])
-        if server_dry_run:
-            lines = [*started["objects"], f"Secret/{render.secret_name(cfg)}"]
-            unchecked = self.kube.unchecked
-            where = f"the API server accepted {len(lines) - len(unchecked)} objects" + (
-                f" ({len(unchecked)} not checkable before their namespace exists: {', '.join(unchecked)})"
-                if unchecked
-                else ""
-            )
-            return Started(cfg.job_name, started["run_id"], where, lines)
-        save_placement(cfg)
-        where = f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}"
-        return Started(cfg.job_name, started["run_id"], where)
+        lines = [*started["objects"], f"Secret/{render.secret_name(cfg)}"]
+        unchecked = self.kube.unchecked
+        where = f"the API server accepted {len(lines) - len(unchecked)} objects" + (
+            f" ({len(unchecked)} not checkable before their namespace exists: {', '.join(unchecked)})"
+            if unchecked
+            else ""
+        )
+        return Started(cfg.job_name, started["run_id"], where, lines)
+
+    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+        self._require_registry()
+        secret_env(self.cfg)  # a token file that is not one token: refused before anything is sent
+        return record
+
+    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+        """Namespace, Secret, the job and what it owns (the pre-step, the budget, the ConfigMap of
+        its record). The record as the cluster got it comes back (with its manifests)."""
+        cfg = self.cfg
+        token = secret_env(cfg).get("HF_TOKEN", "")
+        started = engine.run(
+            self.kube, cfg, run_id=run_id, replace=replace, token=token, record=record
+        )
+        what = f"{cfg.job_kind} {cfg.job_namespace}/{cfg.job_name}"
+        return Submitted(
+            state={},
+            record=started["record"],
+            where=f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}",
+            outside=what,
+            cancel_command=f"kubectl -n {cfg.job_namespace} delete {cfg.job_kind} {cfg.job_name}",
+        )
+
+    def cancel(self, submitted: Submitted) -> None:
+        """The job deleted with its pods first (foreground): it never got to train unrecorded."""
+        engine.cancel(self.kube, self.cfg, self.cfg.job_name)
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
         r = observe.report(self.kube, self.cfg, name, stall_after)
@@ -125,6 +153,7 @@ class EksBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if node is not None:
             pod = f"{name}-worker-{node}" if self.cfg.job_kind == "pytorchjob" else None
@@ -141,6 +170,7 @@ class EksBackend:
             all_pods=all_,
             tail=tail,
             since_s=since_s,
+            keep=keep,
         )
 
     def tail(self, name: str, lines: int) -> list[str]:
@@ -213,8 +243,51 @@ class EksBackend:
         rows = observe.list_jobs(self.kube, self.cfg)
         return [{**r, "labels": {**r["labels"], "fsdpctl.io/backend": "eks"}} for r in rows]
 
-    def wait(self, name: str, timeout: float | None) -> Waited:
-        return engine.wait(self.kube, self.cfg, name, timeout)
+    def wait(
+        self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
+    ) -> Waited:
+        """Until the job ends or `timeout` passes. An API server that does not answer, or answers
+        with an error (restarting, behind a proxy), is waited out: that is not the job's end. A job
+        that is gone is not found (exit 4)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        said = ""
+        while True:
+            left = None if deadline is None else max(0.01, deadline - time.monotonic())
+            try:
+                return engine.wait(self.kube, self.cfg, name, left)
+            except FsdpctlError as e:
+                if e.code == ExitCode.JOB_NOT_FOUND:
+                    raise
+                if say is not None and str(e) != said:
+                    said = str(e)
+                    say(f"no answer about job {name}, still waiting: {said}")
+            if deadline is not None and time.monotonic() >= deadline:
+                return TIMEOUT
+            time.sleep(self.poll_s)
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
-        return engine.cleanup(self.kube, self.cfg, checkpoints=checkpoints, dry_run=dry_run)
+    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
+        """The cluster's ended jobs and what they left (engine.cleanup), then their state in this
+        home (its directory, derived from the job's name)."""
+        done = engine.cleanup(
+            self.kube, self.cfg, checkpoints=checkpoints, dry_run=dry_run, only=job
+        )
+        _, kind = render.job_api(self.cfg)
+        for name in [d.partition("/")[2] for d in done if d.startswith(f"{kind}/")]:
+            done += self._forget(name, dry_run=dry_run)
+        return done
+
+    def _forget(self, name: str, *, dry_run: bool) -> list[str]:
+        """An ended cluster job's state in this home, when it is one of this backend's (the
+        directory is derived from the name; another backend's job of that name is left alone)."""
+        jdir = home.job_dir(name)
+        try:
+            st = state.read(jdir)
+            if st is None or state.backend_of(st) != self.name:
+                return []
+            with lock.held(jdir, wait_s=0, create=False):
+                if not dry_run:
+                    shutil.rmtree(jdir)
+        except (state.Damaged, lock.Busy, lock.CorruptLock) as e:
+            self.notes.append(f"{e}: kept")
+            return []
+        return [str(jdir)]

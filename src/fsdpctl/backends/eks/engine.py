@@ -231,18 +231,29 @@ def wait(kube, cfg: Config, name: str, timeout: float | None) -> Waited:
                 return Phase.STOPPED
 
 
-def cleanup(kube, cfg: Config, *, checkpoints: bool, dry_run: bool) -> list[str]:
-    """Finished jobs, their pods (cleanPodPolicy Running keeps the finished ones for their logs),
-    their Secret and their rendezvous keys in etcd; checkpoints only with `checkpoints` (a short pod
-    removes the job's directory on the PVC). Returns what was (or, dry, would be) removed."""
+def cancel(kube, cfg: Config, name: str) -> None:
+    """A job just created and not recorded: deleted with its pods first (foreground propagation),
+    owned objects (pre-step, budget, record) with it."""
+    api, kind = render.job_api(cfg)
+    with calls(cfg, f"cancelling job {name}"):
+        kube.delete(api, kind, name, cfg.job_namespace, propagation="Foreground")
+
+
+def cleanup(
+    kube, cfg: Config, *, checkpoints: bool, dry_run: bool, only: str | None = None
+) -> list[str]:
+    """Finished jobs (only job `only` when given), their pods (cleanPodPolicy Running keeps the
+    finished ones for their logs), their Secret and their rendezvous keys in etcd; checkpoints only
+    with `checkpoints` (a short pod removes the job's directory on the PVC). Returns what was (or,
+    dry, would be) removed."""
     api, kind = render.job_api(cfg)
     done: list[str] = []
     with calls(cfg, "cleaning up"):
         jobs = kube.list(api, kind, cfg.job_namespace, {"app.kubernetes.io/managed-by": "fsdpctl"})
         for job in jobs:
-            if kstatus.phase(job) not in FINAL:
-                continue
             name = job["metadata"]["name"]
+            if kstatus.phase(job) not in FINAL or only not in (None, name):
+                continue
             run_id = job["metadata"].get("labels", {}).get("fsdpctl.io/run-id", "")
             done.append(f"{kind}/{name}")
             pods = pods_of(kube, cfg, name)

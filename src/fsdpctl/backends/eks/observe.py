@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from fsdpctl import crilog, failures, jobpolicy, kstatus, prestep, render
 from fsdpctl import record as run_record
@@ -192,9 +192,11 @@ def logs(
     all_pods: bool,
     tail: int | None = None,
     since_s: float | None = None,
+    keep: Callable[[LogLine], bool] | None = None,
 ) -> Iterator[LogLine]:
     """The chosen pods' lines with their times: tail and since are the API's tailLines and
-    sinceSeconds (whole seconds, rounded up as kubectl does), times from ?timestamps=true."""
+    sinceSeconds (whole seconds, rounded up as kubectl does), times from ?timestamps=true. With
+    `keep`, the tail counts kept lines (`_kept_tail`)."""
     require_job(kube, cfg, name)
     pods = pods_of(kube, cfg, name)
     if pod:
@@ -215,7 +217,10 @@ def logs(
         )
     since_whole = math.ceil(since_s) if since_s is not None else None
     where = [{"pod": p["metadata"]["name"], "container": _container(cfg)} for p in chosen]
-    streams = [(w, _stream(kube, cfg, w, follow, tail, since_whole)) for w in where]
+    if keep is not None:
+        streams = [(w, _kept(kube, cfg, w, follow, tail, since_whole, keep)) for w in where]
+    else:
+        streams = [(w, _stream(kube, cfg, w, follow, tail, since_whole)) for w in where]
     if len(streams) == 1 or not follow:  # kubectl prints pod after pod unless it follows them
         for _, stream in streams:
             yield from stream
@@ -242,6 +247,35 @@ def _stream(
             ValueError
         ):  # no time in front (not a kubelet's answer to timestamps=true): the line whole
             yield LogLine(where, raw)
+
+
+def _kept(
+    kube,
+    cfg: Config,
+    where: dict[str, str],
+    follow: bool,
+    tail: int | None,
+    since_s: int | None,
+    keep: Callable[[LogLine], bool],
+) -> Iterator[LogLine]:
+    """A pod's kept lines, the last `tail` of them: the API's tailLines counts every line, so the
+    log there is read whole (the kubelet keeps a bounded file), the kept ones taken from its end;
+    following then asks for what came since the last of them (sinceSeconds, whole seconds: a line
+    already shown is not shown again)."""
+    backlog = [x for x in _stream(kube, cfg, where, False, None, since_s) if keep(x)]
+    shown = backlog[-tail:] if tail is not None else backlog
+    shown = shown if tail != 0 else []
+    yield from shown
+    if not follow:
+        return
+    last = backlog[-1].time if backlog else None
+    seen = {(x.time, x.text) for x in backlog if x.time is not None and x.time == last}
+    ago = None if last is None else max(1, math.ceil(time.time() - last) + 1)
+    for x in _stream(kube, cfg, where, True, None, ago if ago is not None else since_s):
+        if last is not None and x.time is not None and (x.time < last or (x.time, x.text) in seen):
+            continue
+        if keep(x):
+            yield x
 
 
 def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iterator[LogLine]:

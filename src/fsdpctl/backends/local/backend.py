@@ -16,15 +16,15 @@ from fsdpctl import (
     jobpolicy,
     record_store,
     render,
-    statefile,
 )
-from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
+from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local import state as local_state
 from fsdpctl.backends.local.report import failed_log, job_report, no_logs, run_events
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
-from fsdpctl.files import run_id as checked_run_id
 from fsdpctl.hf_token import secret_env
+from fsdpctl.job import lock
 from fsdpctl.progress import (
     across_runs,
     run_outcome,
@@ -38,57 +38,74 @@ from fsdptrain.config import missing_packages
 class LocalBackend:
     name = "local"
     poll_s = 0.5
+    keeps_state = True  # every local job is in this home
+    supervised = True  # its supervisor records the run's progress into the state from its start
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.notes: list[
-            str
-        ] = []  # what list_jobs and cleanup skipped (a stray file, a damaged state)
+        # what list_jobs and cleanup skipped (a stray file, a damaged state)
+        self.notes: list[str] = []
         self.history_source = ""  # the log `history` read
 
-    def run(
-        self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool
-    ) -> Started:
-        if server_dry_run:
+    def _rendered(self, run_id: str, record_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The job's objects as the cluster would get them: the PyTorchJob the supervisor runs, and
+        what comes before it (the pre-step's Job among them)."""
+        *infra, job = render.render_job(self.cfg, run_id, record_id)
+        return infra, job
+
+    def dry_run(self, *, run_id: str, server: bool) -> Started:
+        if server:
             raise FsdpctlError(
-                "--dry-run=server needs a cluster", hint="use --dry-run, or --backend eks"
+                "--dry-run=server needs a cluster",
+                hint="use --dry-run, or --backend eks",
+                code=ExitCode.BAD_INPUT,
             )
-        cfg = self.cfg
-        run_id = (
-            checked_run_id(run_id) if run_id is not None else jobpolicy.new_run_id(cfg.job_name)
-        )
-        rec = record_store.new(cfg, run_id) if not dry_run else None
-        *infra, job = render.render_job(cfg, run_id, rec["id"] if rec else "")
-        fetch_job = next(
-            (o for o in infra if o["kind"] == "Job"), None
-        )  # the download before training
-        if dry_run or rec is None:
-            self._refuse_resume(job)
-            return self._dry_run(job, run_id, fetch_job)
-        if missing := missing_packages(cfg.training):  # the trainers run in this environment
+        infra, job = self._rendered(run_id, "")
+        self._refuse_resume(job)
+        return self._dry_run(job, run_id, _prestep_job(infra))
+
+    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+        if missing := missing_packages(self.cfg.training):  # the trainers run in this environment
             raise FsdpctlError(missing[0], code=ExitCode.BAD_INPUT)
-        if replace and local.effective_phase(self._state_or_none(cfg.job_name)) in local.ACTIVE:
-            local.stop(cfg.job_name)
-            local.wait(cfg.job_name)
-        self._refuse_resume(job)  # after a --replace stop: its stop checkpoint is the one resumed
-        secrets = secret_env(
-            cfg
+        infra, job = self._rendered(record["run_id"], record["id"])
+        self._refuse_resume(job)
+        secret_env(
+            self.cfg
         )  # a token file that is not one token: refused before anything is written
-        # the record is on disk before any process of the run starts; gone again if none does
-        saved = record_store.save({**rec, "manifests": render.to_yaml([*infra, job])})
+        return {**record, "manifests": render.to_yaml([*infra, job])}
+
+    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+        """The supervisor started on the rendered job (the core holds the job's lock and stopped a
+        run it replaces; the old supervisor may still be on its way out: waited for up to its
+        grace)."""
+        infra, job = self._rendered(run_id, record["id"])
+        self._refuse_resume(job)  # after a --replace stop: its stop checkpoint is the one resumed
+        settle = local.grace_s(self.cfg.job_name) + 10 if replace else 0
         try:
-            st = local.start(job, secret_env=secrets, prestep=fetch_job)
-        except (
-            local.JobBusy,
-            local.CorruptState,
-        ) as e:  # running, or its lock is not a file fsdpctl made
-            record_store.discard(saved)
+            st = local.start(
+                job, secret_env=secret_env(self.cfg), prestep=_prestep_job(infra), settle_s=settle
+            )
+        except (local.JobBusy, local.CorruptState) as e:  # running, or not a state fsdpctl made
             raise FsdpctlError(str(e), code=ExitCode.BAD_INPUT) from e
+        except OSError as e:  # the home cannot take the job's files: nothing was started
+            raise FsdpctlError(f"cannot start job {self.cfg.job_name}: {files.why(e)}") from e
+        sup = st.get("supervisor") or {"pid": st["supervisor_pid"]}
+        return Submitted(
+            state={},
+            record=record,
+            where=f"logs in {st['log_dir']}",
+            outside=f"its supervisor (pid {sup['pid']})",
+            cancel_command=f"kill -TERM {sup['pid']}",
+        )
+
+    def cancel(self, submitted: Submitted) -> None:
+        """The supervisor stopped, as `job stop` does (its pods get SIGTERM, then SIGKILL after
+        their grace), and waited for."""
+        try:
+            local.stop(self.cfg.job_name)
         except local.LocalJobError as e:
-            record_store.discard(saved)
             raise FsdpctlError(str(e)) from e
-        save_placement(cfg)
-        return Started(st["job"], st["run_id"], f"logs in {st['log_dir']}")
+        local.wait(self.cfg.job_name, timeout=local.grace_s(self.cfg.job_name) + 30)
 
     def _refuse_resume(self, job: dict[str, Any]) -> None:
         """Exit 2, nothing written, when the run would resume a checkpoint it must not (see
@@ -144,6 +161,7 @@ class LocalBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if pod is not None:
             raise FsdpctlError("--pod names a pod on a cluster", hint="locally, use --node N")
@@ -159,12 +177,16 @@ class LocalBackend:
         while True:
             active = local.effective_phase(self._state(name)) in local.ACTIVE
             for f, reader in readers.items():
-                found = reader.read(final=not (follow and active))
+                lines = [
+                    LogLine({"node": f.stem}, line.text, line.time)
+                    for line in reader.read(final=not (follow and active))
+                ]
+                lines = [x for x in lines if keep is None or keep(x)]
                 if (
                     first
                 ):  # the kubelet's choice applies to what is there when asked; the rest is new
-                    found = crilog.select(found, tail=tail, since=since)
-                yield from (LogLine({"node": f.stem}, line.text, line.time) for line in found)
+                    lines = crilog.select(lines, tail=tail, since=since)
+                yield from lines
             first = False
             if not follow or not active:
                 return
@@ -271,24 +293,32 @@ class LocalBackend:
     def list_jobs(self) -> list[Report]:
         return [job_report(st, float("inf")) for st in local.list_jobs(self.notes)]
 
-    def wait(self, name: str, timeout: float | None) -> Waited:
+    def wait(
+        self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
+    ) -> Waited:
         self._state(name)
         return local.effective_phase(local.wait(name, timeout=timeout)) or Phase.FAILED
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
-        """Everything of each ended job but its checkpoints (unless asked): logs, state, etcd data,
-        node disks; with `checkpoints` also its directory on the shared volume."""
+    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
+        """Everything of each ended job (only `job`'s when given) but its checkpoints (unless
+        asked): logs, state, etcd data, node disks; with `checkpoints` also its directory on the
+        shared volume."""
         removed = []
         for st in local.list_jobs(self.notes):
+            if job is not None and st["job"] != job:
+                continue
             try:
                 removed += _clean_job(
                     st, checkpoints=checkpoints, dry_run=dry_run, notes=self.notes
                 )
-            except (
-                local.CorruptState
-            ) as e:  # its lock is not a file fsdpctl made: nothing of it is touched
+            except (lock.CorruptLock, lock.Busy) as e:  # nothing of it is touched
                 self.notes.append(f"{e}: skipped")
         return removed
+
+
+def _prestep_job(infra: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pre-step's Job among the objects before the PyTorchJob: the download before training."""
+    return next((o for o in infra if o["kind"] == "Job"), None)
 
 
 def _stop_note(st: dict[str, Any], at: int) -> str:
@@ -300,10 +330,10 @@ def _stop_note(st: dict[str, Any], at: int) -> str:
     if r["summary"] is not None and r["summary"].get("stopped"):
         left = f"{r['nodes_running']} launcher" + ("" if r["nodes_running"] == 1 else "s")
         return f"{left} to exit (stop checkpoint written: {r['checkpoint']})"
-    if r["max_steps"]:
-        return (
-            f"step {at + 1} to finish and its stop checkpoint ({grace})"  # the one SIGTERM came in
-        )
+    if r["max_steps"] and at >= r["max_steps"]:  # SIGTERM came after its last step: it saves, ends
+        return f"its last step ({r['max_steps']}) is done: its final checkpoint and exit ({grace})"
+    if r["max_steps"]:  # the step SIGTERM came in finishes first
+        return f"step {at + 1} to finish and its stop checkpoint ({grace})"
     return f"the launchers to exit: no step trained yet ({grace})"
 
 
@@ -315,17 +345,17 @@ def _clean_job(
     may hold it. What goes is derived, never read from the state (README "What cleanup may delete"):
     the entries of the job's own directory (a link among them is removed, never followed) and, with
     `checkpoints`, the checkpoint directory fsdpctl derives for the job
-    (fsdpctl.statefile.checkpoint_dir)."""
+    (state.checkpoint_dir)."""
     jdir = local.job_dir(st["job"])
-    with local.job_lock(jdir, create=not dry_run) as held:
-        if not held or local.effective_phase(st) in local.ACTIVE or local.job_processes(st["job"]):
+    with lock.held(jdir, wait_s=0, create=not dry_run):
+        if local.effective_phase(st) in local.ACTIVE or local.job_processes(st["job"]):
             return []
         left = local.leftovers(
             st
         )  # outside its directory: a network its supervisor did not tear down
         if not dry_run:
             local.end_leftovers(st)
-        doomed = sorted(p for p in jdir.iterdir() if p.name != local.LOCK)
+        doomed = sorted(p for p in jdir.iterdir() if p.name != lock.NAME)
         doomed = [p for p in doomed if checkpoints or p.name != "checkpoints"]
         if checkpoints:
             doomed += _checkpoints_of(st, notes)
@@ -338,7 +368,7 @@ def _checkpoints_of(st: dict[str, Any], notes: list[str]) -> list[Path]:
     """The job's checkpoint directory, if the state names the one fsdpctl derives for it and it is
     reached without a link; anything else it names is kept, with a note."""
     recorded = st.get("checkpoint_dir")
-    found = statefile.checkpoint_dir(home(), st)
+    found = local_state.checkpoint_dir(st)
     if found is not None and files.reached_without_link(found, home()) and found.is_dir():
         return [found]
     if recorded and found is None:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from fsdpctl import statefile
+from fsdpctl import files
 from fsdpctl.adapters import netns, shell
 from fsdpctl.backends.local.pods import (
     grace_in,
@@ -43,7 +43,6 @@ from fsdpctl.backends.local.processes import (
     environ_of,
     identity,
     is_ours,
-    job_lock,
     job_mark,
     job_processes,
     kill_pod,
@@ -61,7 +60,6 @@ from fsdpctl.backends.local.processes import (
 )
 from fsdpctl.backends.local.state import (
     ACTIVE,
-    LOCK,
     RECORDED_ACTIVE,
     CorruptState,
     JobBusy,
@@ -93,24 +91,30 @@ from fsdpctl.backends.local.status import (
     wait,
 )
 from fsdpctl.backends.local.supervisor import exit_code, prestep_state, supervise, verdict
+from fsdpctl.job import state as core
 from fsdpctl.reports import Phase
 
 
-def start(job: dict, *, secret_env: dict[str, str], prestep: dict | None = None) -> dict:
-    """Write the spec and start the detached supervisor; returns the initial state. `prestep`: the
-    rendered pre-step Job (fsdpctl.prestep), which the supervisor starts before the launchers."""
+def start(
+    job: dict, *, secret_env: dict[str, str], prestep: dict | None = None, settle_s: float = 0
+) -> dict:
+    """Write the spec and the state and start the detached supervisor; returns the initial state.
+    `prestep`: the rendered pre-step Job (fsdpctl.prestep), which the supervisor starts before the
+    launchers. Called with the job's lock held (fsdpctl.job.runner): refused while a run of the job
+    is active or any process of it lives, after waiting up to `settle_s` for the processes of a run
+    that just ended to exit (a `--replace`: the old supervisor is still on its way out)."""
     name = job["metadata"]["name"]
     jdir = job_dir(name)
-    with job_lock(jdir) as held:
-        if (
-            not held
-        ):  # a supervisor holds it for its life, or another `job run` is starting this job
-            raise JobBusy(
-                f"job {name!r} is already running: `fsdpctl job stop {name}` first, or pass --replace"
-            )
-        if busy := job_processes(name):
-            raise JobBusy(_busy_note(name, jdir, busy))
-        return _start_locked(job, jdir, secret_env, prestep)
+    if effective_phase(settle(read_state(jdir))) in RECORDED_ACTIVE:  # orphans: `_busy_note`
+        raise JobBusy(
+            f"job {name!r} is already running: `fsdpctl job stop {name}` first, or pass --replace"
+        )
+    deadline = time.monotonic() + settle_s
+    while (busy := job_processes(name)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if busy:
+        raise JobBusy(_busy_note(name, jdir, busy))
+    return _start_locked(job, jdir, secret_env, prestep)
 
 
 def _busy_note(name: str, jdir: Path, busy: list[int]) -> str:
@@ -137,18 +141,18 @@ def _busy_note(name: str, jdir: Path, busy: list[int]) -> str:
 def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: dict | None) -> dict:
     """`start` with the job's lock held and none of its processes alive: whatever state is there is
     over. The supervisor carries the job's mark from its first instruction, so another `job run`
-    that takes the lock once this one lets go finds it; the supervisor then takes the lock itself.
-    """
+    that takes the lock once this one lets go finds its processes; the state names its identity."""
     name = job["metadata"]["name"]
     spec = spec_from_job(job, jdir)
     if prestep is not None:
         spec["prestep"] = prestep_spec(prestep, jdir)
     shutil.rmtree(jdir / "nodes", ignore_errors=True)  # new pods get new emptyDirs
     log_dir = jdir / "logs" / spec["run_id"]
-    log_dir.mkdir(parents=True, exist_ok=True)
+    files.make_dirs(log_dir)
     write_json(jdir / "spec.json", spec)
     state = {
-        "version": statefile.VERSION,
+        "version": core.VERSION,
+        "backend": "local",
         "job": name,
         "run_id": spec["run_id"],
         "mark": secrets.token_hex(16),  # the run's own token: its processes inherit it (`is_ours`)
@@ -166,7 +170,7 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
         "stop_requested": False,
         "labels": job["metadata"].get("labels", {}),  # the PyTorchJob's, for `job list -l`
     }
-    write_json(jdir / "state.json", state)
+    core.write(jdir, state)
     marks = {
         POD_MARK: supervisor_mark(name, spec["run_id"]),
         JOB_MARK: str(jdir),
@@ -243,7 +247,7 @@ def evict(job_name: str, node: int) -> None:
     process SIGTERM and SIGKILLs what is left after terminationGracePeriodSeconds; the operator's
     rule then decides (exit 143 is retryable: the pod is made again)."""
     requests = job_dir(job_name) / "evict"
-    requests.mkdir(parents=True, exist_ok=True)
+    files.make_dirs(requests)
     (requests / f"node-{node}").touch()
 
 
@@ -253,7 +257,6 @@ __all__ = [
     "CorruptState",
     "JOB_MARK",
     "JobBusy",
-    "LOCK",
     "LocalJobError",
     "POD_MARK",
     "RUN_MARK",
@@ -268,7 +271,6 @@ __all__ = [
     "in_home",
     "is_ours",
     "job_dir",
-    "job_lock",
     "job_mark",
     "job_processes",
     "kill_pod",

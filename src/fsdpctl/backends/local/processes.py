@@ -1,21 +1,17 @@
 """The processes of a local job: who they are (a PID is reused, (boot id, start time, PID) is not; and
-the marks in their environment), signalled only when proven the job's, and the job's lock."""
+the marks in their environment), signalled only when proven the job's. The job's lock is the core's
+(fsdpctl.job.lock)."""
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import signal
-import stat
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fsdpctl.backends.local.state import LOCK, CorruptState, job_dir
+from fsdpctl.backends.local.state import job_dir
 
 POD_MARK = "FSDPCTL_POD"
 
@@ -237,53 +233,6 @@ def signal_recorded(ident: Any, sig: int, state: dict) -> bool:
         return False
     pid = ident["pid"]
     return signal_verified(pid, sig, lambda: same_process(ident) and is_ours(pid, state))
-
-
-@contextmanager
-def job_lock(jdir: Path, wait_s: float = 0, create: bool = True) -> Iterator[bool]:
-    """flock(2) on the job's lock file, waiting up to `wait_s`; yields whether it is held. The
-    kernel drops it when its holder exits however it exits, so a SIGKILLed supervisor leaves no
-    stale lock. Without `create` (a dry run writes nothing) a missing lock file is a lock nobody
-    holds."""
-    if not create and not os.path.lexists(jdir / LOCK):
-        yield True
-        return
-    jdir.mkdir(parents=True, exist_ok=True)
-    fd = open_lock(jdir / LOCK)
-    try:
-        yield flock(fd, wait_s)
-    finally:
-        os.close(fd)
-
-
-def open_lock(path: Path) -> int:
-    """The lock file, made if missing; CorruptState when something else is there (a link, which
-    O_CREAT would follow to create its target wherever it points; a FIFO; a directory)."""
-    try:
-        fd = os.open(
-            path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644
-        )
-    except OSError as e:
-        what = (
-            "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
-        )
-        raise CorruptState(f"{path} {what}, not the lock file fsdpctl made") from e
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CorruptState(f"{path} is not a regular file, not the lock file fsdpctl made")
-    return fd
-
-
-def flock(fd: int, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
 
 
 def pod_mark(spec: dict, node: int, job_dir: str | None = None) -> str:

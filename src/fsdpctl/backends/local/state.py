@@ -1,14 +1,37 @@
-"""A local job's directory and its state file (FSDPCTL_HOME/jobs/<job>/state.json, fsdpctl.statefile):
-read, checked and updated atomically; the host directories that stand for its volumes."""
+"""A local job's part of its state (FSDPCTL_HOME/jobs/<job>/state.json, the job core's file:
+fsdpctl.job.state): the keys its supervisor records and their checks, the paths derived from it
+rather than taken from it, and the host directories that stand for its volumes.
+
+The state is read back later, perhaps damaged or from another home (`cp -a` keeps absolute paths),
+and `cleanup` deletes by it. So no path is taken from it as it stands: the log directory is
+`jobs/<job>/logs/<run-id>` of this FSDPCTL_HOME, and the other paths it records (checkpoints, the
+pre-step's marker, TensorBoard, NCCL dumps) are used only inside this FSDPCTL_HOME, moved there from
+the home the job was started in when the home was copied or moved.
+"""
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
-from pathlib import Path
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
 
-from fsdpctl import files, statefile
-from fsdpctl.files import home, write_atomic
+from fsdpctl.errors import FsdpctlError
+from fsdpctl.files import home
+from fsdpctl.job import home as job_home
+from fsdpctl.job import state as core
+from fsdpctl.job.state import (
+    Keys,
+    between,
+    is_count,
+    is_int,
+    is_num,
+    is_str,
+    list_of,
+    obj,
+    optional,
+)
 from fsdpctl.reports import Phase
 
 RECORDED_ACTIVE = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING)
@@ -19,58 +42,158 @@ RECORDED_ACTIVE = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING)
 ACTIVE = (*RECORDED_ACTIVE, Phase.ORPHANED)
 
 
-LOCK = "lock"
-
-
 STOP_GRACE_S = 120  # a job rendered without terminationGracePeriodSeconds
+MAX_REPLICAS = 100_000
+# the phases a supervisor records (Orphaned never is: it is what a reader sees when the supervisor
+# died)
+PHASES = (
+    Phase.PENDING,
+    Phase.RUNNING,
+    Phase.STOPPING,
+    Phase.SUCCEEDED,
+    Phase.FAILED,
+    Phase.STOPPED,
+)
+
+_IDENTITY = {"pid": optional(lambda v: is_int(v) and v > 0), "start": optional(is_count)}
+_IDENTITY |= {"boot": optional(is_str)}
+_LAUNCHER = {
+    **_IDENTITY,
+    "node": is_count,
+    "rc": optional(is_int),
+    "address": is_str,
+    "relaunches": is_count,
+}
+# every key of the local backend's a verb reads, with what it must be (the core checks job, run_id,
+# created, version, backend, labels, stop_requested)
+KEYS = Keys(
+    required={
+        "phase": lambda v: v in PHASES,
+        "replicas": between(1, MAX_REPLICAS),
+        "log_dir": is_str,
+        "checkpoint_dir": optional(is_str),
+        "launchers": list_of(obj(_LAUNCHER, required=("node",))),
+    },
+    optional={
+        "tensorboard_dir": optional(is_str),
+        "nccl_traces": list_of(is_str),
+        "max_restarts": is_count,
+        "prestep": optional(
+            obj(
+                {"log": is_str, "marker": is_str, "rc": optional(is_int)},
+                required=("log", "marker"),
+            )
+        ),
+        "supervisor_pid": optional(lambda v: is_int(v) and v > 0),
+        "supervisor": optional(obj(_IDENTITY, required=("pid",))),
+        "mark": is_str,
+        "started": is_num,
+        "finished": is_num,
+        "rdzv_endpoint": is_str,
+        "network": is_str,
+        "net_index": optional(is_count),
+        "reason": optional(is_str),
+        "failed_node": optional(is_count),  # the node whose exit failed the job (the supervisor's)
+        "identity": optional(
+            is_str
+        ),  # the user the pods run as (kubelet.as_user), for `job status`
+    },
+)
 
 
-class LocalJobError(RuntimeError):
+class LocalJobError(FsdpctlError):
     pass
 
 
 class JobBusy(LocalJobError):
-    """`job run` of a job whose lock is held or some process of which still lives."""
+    """`job run` of a job whose run is active or some process of which still lives."""
 
 
-class CorruptState(LocalJobError):
-    """A state.json that cannot be read as a job's state (a stray or damaged file)."""
+CorruptState = core.Damaged  # a state.json that cannot be read as a job's state
 
 
 def job_dir(job_name: str) -> Path:
-    return home() / "jobs" / files.job_name(job_name)
-
-
-def write_json(path: Path, data: dict) -> None:
-    write_atomic(path, json.dumps(data, indent=1))
+    return job_home.job_dir(job_name)
 
 
 def read_state(jdir: Path) -> dict | None:
-    """The job's state; None when it has none; CorruptState (naming the file) when it is not this
-    job's state: not a regular file (a FIFO, a link, a directory), too big, not UTF-8 JSON, the
-    wrong shape (fsdpctl.statefile), a newer version's, or another job's (cleanup deletes by it)."""
-    path = jdir / "state.json"
-    try:
-        data = files.read_json(path)
-    except FileNotFoundError:
+    """The job's state (the core's reader: checked, never followed or blocked on); None when it has
+    none; CorruptState naming the file when it is not this local job's state."""
+    st = core.read(jdir)
+    if st is not None and core.backend_of(st) != core.FIRST_BACKEND:
+        return None  # the job's name is held by a run on another backend: no local job of it
+    return st
+
+
+def update(jdir: Path, **changes: Any) -> dict:
+    return core.update(jdir, **changes)
+
+
+def write_json(path: Path, data: dict) -> None:
+    import json
+
+    from fsdpctl.files import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=1))
+
+
+# ---- paths: derived, or moved into this home ------------------------------------------------------------
+
+
+def log_dir(state: Mapping[str, Any]) -> Path:
+    """Where the run's logs are: always the job's own directory of this home, whatever the file
+    says."""
+    return home() / "jobs" / str(state["job"]) / "logs" / str(state["run_id"])
+
+
+def started_in(state: Mapping[str, Any]) -> PurePosixPath | None:
+    """The FSDPCTL_HOME the job was started in, as its recorded log directory
+    (`<home>/jobs/<job>/logs/<run-id>`) says; None when that is not the shape fsdpctl writes."""
+    recorded = PurePosixPath(os.path.normpath(state["log_dir"]))
+    if recorded.is_absolute() and recorded.parts[-4:] == (
+        "jobs",
+        state["job"],
+        "logs",
+        state["run_id"],
+    ):
+        return recorded.parents[3]
+    return None
+
+
+def in_home(state: Mapping[str, Any], recorded: str | None) -> Path | None:
+    """A path the state records, as it is in this home: itself when it is under this home, moved
+    here when it is under the home the job was started in (a copied or moved home), else None (not
+    fsdpctl's). Normalised first, so `..` cannot walk out."""
+    if not recorded:
         return None
-    except (OSError, ValueError) as e:
-        raise CorruptState(f"{path} {files.why(e)}") from e
-    if problem := statefile.problem(data, jdir.name):
-        raise CorruptState(f"{path} {problem}")
-    return data
+    path = PurePosixPath(os.path.normpath(recorded))
+    if not path.is_absolute():
+        return None
+    here = PurePosixPath(home())
+    if path.is_relative_to(here):
+        return Path(path)
+    then = started_in(state)
+    if then is not None and path.is_relative_to(then):
+        return home() / path.relative_to(then)
+    return None
 
 
-def log_dir(state: dict) -> Path:
-    """The run's log directory, derived (never the path the file records: it may be damaged or
-    another home's)."""
-    return statefile.log_dir(home(), state)
-
-
-def in_home(state: dict, recorded: str | None) -> Path | None:
-    """A path the state records, if it is in this FSDPCTL_HOME (or was in the home the job ran
-    from)."""
-    return statefile.in_home(home(), state, recorded)
+def checkpoint_dir(state: Mapping[str, Any]) -> Path | None:
+    """The job's checkpoint directory that `cleanup --checkpoints` may delete: the one fsdpctl
+    derives for the job (jobpolicy.checkpoint_dir: `<root>/<job>`, the root on a claim or the node's
+    disk), mapped on this machine to `volumes/<claim>/checkpoints/<job>`, `volumes/<claim>/<job>` or
+    a path in the job's own directory. Anything else a state may name (another job's, a claim's
+    root, outside the home) is None."""
+    path = in_home(state, state.get("checkpoint_dir"))
+    job = state["job"]
+    if path is None or path.name != job:
+        return None
+    rel = path.relative_to(home()).parts
+    on_claim = rel[0] == "volumes" and (
+        len(rel) == 3 or (len(rel) == 4 and rel[2] == "checkpoints")
+    )
+    own = rel[:2] == ("jobs", job) and len(rel) > 2
+    return path if on_claim or own else None
 
 
 def temp_dir(jdir: Path, node: int | str) -> Path:
@@ -97,10 +220,3 @@ def shared_volume_dir(claim: str) -> Path:
     """A PersistentVolumeClaim on this machine: a directory under FSDPCTL_HOME/volumes that outlives
     jobs."""
     return home() / "volumes" / claim
-
-
-def update(jdir: Path, **changes) -> dict:
-    state = read_state(jdir) or {}
-    state.update(changes)
-    write_json(jdir / "state.json", state)
-    return state

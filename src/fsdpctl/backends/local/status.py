@@ -9,11 +9,10 @@ import signal
 import time
 from pathlib import Path
 
-from fsdpctl import crilog, failures, files, kstatus
+from fsdpctl import crilog, failures, kstatus
 from fsdpctl.adapters import netns
 from fsdpctl.backends.local.pods import mapped_env
 from fsdpctl.backends.local.processes import (
-    job_lock,
     launchers_alive,
     owned_processes,
     pods_alive,
@@ -31,7 +30,8 @@ from fsdpctl.backends.local.state import (
     remove_temp_dirs,
     update,
 )
-from fsdpctl.files import home
+from fsdpctl.job import home as job_home
+from fsdpctl.job import lock
 from fsdpctl.reports import Phase
 from fsdptrain import events
 
@@ -77,32 +77,36 @@ def settle(state: dict | None) -> dict | None:
         or pods_alive(state)
     ):
         return state
-    return _ended_by_reader(job_dir(state["job"]))
+    return _ended_by_reader(job_dir(state["job"]), state)
 
 
-def _ended_by_reader(jdir: Path) -> dict | None:
-    """Under the job's lock (one reader settles; a `job run` starting meanwhile holds it and wins):
-    the end its processes' output tells is recorded (state.json no longer says Running), the
-    processes that served its pods (etcd, the pre-step) are stopped, and its network and temp dirs
-    removed."""
-    with job_lock(jdir, create=False) as held:
+def _ended_by_reader(jdir: Path, seen: dict) -> dict | None:
+    """The end its processes' output tells, recorded by the reader when it can take the job's lock
+    at once (one reader settles; a verb holding the lock decides) and write the state: the processes
+    that served its pods (etcd, the pre-step) are stopped, and its network and temp dirs removed.
+    A reader that cannot (the lock busy, a read-only or full home) gets the same end without
+    recording it: a read verb never needs to write."""
+    end = ended(seen)
+    told = {
+        **seen,
+        "phase": end.phase,
+        "finished": time.time(),
+        "reason": f"supervisor gone; {end.reason}",
+        "failed_node": end.failed_node,
+    }
+    with lock.try_held(jdir) as held:
+        if not held:
+            return told
         state = read_state(jdir)
-        if (
-            not held
-            or state is None
-            or state["phase"] not in RECORDED_ACTIVE
-            or supervisor_alive(state)
-        ):
+        if state is None or state["phase"] not in RECORDED_ACTIVE or supervisor_alive(state):
             return state
-        end = ended(state)
         end_leftovers(state)
-        return update(
-            jdir,
-            phase=end.phase,
-            finished=time.time(),
-            reason=f"supervisor gone; {end.reason}",
-            failed_node=end.failed_node,
-        )
+        try:
+            return update(
+                jdir, **{k: told[k] for k in ("phase", "finished", "reason", "failed_node")}
+            )
+        except OSError:
+            return told
 
 
 def leftovers(state: dict) -> list[str]:
@@ -159,12 +163,8 @@ def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict
 def list_jobs(skipped: list[str] | None = None) -> list[dict]:
     """Every job's state. A stray file or a damaged state is one line in `skipped` (naming its
     path), and every other job is still listed."""
-    root = home() / "jobs"
     states, notes = [], skipped if skipped is not None else []
-    for path in sorted(root.iterdir()) if root.is_dir() else []:
-        if path.is_symlink() or not path.is_dir() or not files.JOB_NAME.fullmatch(path.name):
-            notes.append(f"{path} is not a job directory: skipped")
-            continue
+    for path in job_home.job_dirs(notes.append):
         try:
             state = settle(read_state(path))
         except CorruptState as e:

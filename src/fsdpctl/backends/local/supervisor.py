@@ -25,9 +25,8 @@ from fsdpctl.backends.local.pods import (
     start_delays,
     volume_dirs,
 )
-from fsdpctl.backends.local.processes import POD_MARK, flock, identity, kill_pod, open_lock
+from fsdpctl.backends.local.processes import POD_MARK, identity, kill_pod
 from fsdpctl.backends.local.state import (
-    LOCK,
     STOP_GRACE_S,
     LocalJobError,
     log_dir,
@@ -38,24 +37,14 @@ from fsdpctl.backends.local.state import (
 from fsdpctl.backends.local.status import wants_network
 from fsdpctl.reports import Phase
 
-LOCK_WAIT_S = 30  # the supervisor's wait for the `job run` that started it to let go of the lock
-
 
 def supervise(jdir: Path) -> int:
     spec = files.read_json(jdir / "spec.json")
     state = read_state(jdir)
     if state is None:
         raise LocalJobError(f"{jdir}: no state.json to supervise")
-    # held until this process exits, however it exits: no second run of the job while it lives
-    lock = open_lock(jdir / LOCK)
-    if not flock(lock, LOCK_WAIT_S):
-        update(
-            jdir,
-            phase=Phase.FAILED,
-            finished=time.time(),
-            reason="another process holds the job's lock",
-        )
-        return 1
+    # no lock of its own: the `job run` that started it held the job's lock (fsdpctl.job.lock) until
+    # the state named this process, and a second run of the job is refused while it lives
     update(jdir, supervisor=identity(os.getpid()))
     logs = log_dir(state)
     stopping = {"flag": False}

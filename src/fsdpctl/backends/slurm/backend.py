@@ -1,190 +1,278 @@
 """The Slurm backend: the job's batch script (`script.render_script`) submitted with sbatch, watched
 with scontrol, stopped with scancel; the trainers' output in one file per node on the shared file
-system.
+system. It only translates: the job's state, lock and run record are the job core's (fsdpctl.job),
+as every backend's.
 
 fsdpctl runs where the cluster's client commands work and SHARED_VOLUME_PATH is mounted (a login or
-head node: HyperPod and ParallelCluster mount FSx there too), so it reads the logs itself. What it
-keeps here:
+head node: HyperPod and ParallelCluster mount FSx there too), so it reads the logs itself. What the
+job's state records of it (FSDPCTL_HOME/jobs/<job>/state.json, besides the core's keys):
 
-FSDPCTL_HOME/slurm/<job>.json    the job's current run: run id, Slurm job id, where its files are
+    slurm_job      the Slurm job id sbatch gave the current run (checked: 1 to 0xfffffffd)
+    nodes          its node count, max_restarts its requeue budget
+
+Every path is derived from the settings, the job's name and the run id
+(SHARED_VOLUME_PATH/fsdpctl/slurm/<job>/<run id>: `script.paths`), never read from a file.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from fsdpctl import files, jobpolicy, record_store
-from fsdpctl.backends import KeptRecord, LogLine, Started, save_placement
+from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.slurm import states
-from fsdpctl.backends.slurm.door import Slurm
+from fsdpctl.backends.slurm.door import Forgotten, Slurm
 from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
-from fsdpctl.files import home, write_atomic
+from fsdpctl.job import home, lock, runner, shape
+from fsdpctl.job import state as core
+from fsdpctl.job.state import Keys, between, is_count
 from fsdpctl.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
 from fsdpctl.reports import FINAL, Failure, Phase, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import disruption, events
 
+MAX_NODES = 100_000
+# what a Slurm job's state records besides the core's keys (fsdpctl.job.state)
+STATE = Keys(
+    required={
+        "slurm_job": shape.is_slurm_id,
+        "nodes": between(1, MAX_NODES),
+        "max_restarts": is_count,
+    }
+)
+RUN_DIR_MODE = (
+    0o700  # the run's script and logs: the submitting user's, as its jobs run as that user
+)
+
+
+@dataclass
+class Seen:
+    """What Slurm said of a job: its scontrol record (None: slurmctld no longer knows it), its
+    phase, and why the phase is Unknown when Slurm gave no answer that says."""
+
+    record: dict[str, str] | None
+    phase: Phase
+    unknown: str = ""
+
 
 class SlurmBackend:
     name = "slurm"
     poll_s = 2.0
+    keeps_state = True  # every Slurm job submitted from here is in this home
+    supervised = False
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.notes: list[str] = []  # what list_jobs and cleanup skipped
 
     @cached_property
     def slurm(self) -> Slurm:
         return Slurm(self.cfg.request_timeout)
 
-    # ---- run -------------------------------------------------------------------------------------------
-    def run(
-        self, *, run_id: str | None, replace: bool, dry_run: bool, server_dry_run: bool
-    ) -> Started:
-        cfg = self.cfg
-        if server_dry_run:
+    def _paths(self, job: str, run_id: str) -> Paths:
+        """The run's files on the shared file system, derived from the settings, the job's name and
+        the run id (never read from the state): where a stop is written and cleanup deletes."""
+        return paths(self.cfg.model_copy(update={"job_name": job}), run_id)
+
+    def _seen_paths(self, job: str, run_id: str) -> Paths:
+        """Where the run's files are to be read: the derived place; when it has none and the run's
+        record names another SHARED_VOLUME_PATH (the run was started with settings this command does
+        not have), the place derived from that one. Only read there: never written or deleted."""
+        here = self._paths(job, run_id)
+        if os.path.isdir(here.root):
+            return here
+        try:
+            rec = record_store.read(record_store.path(job, run_id))
+        except (BadInput, OSError):
+            return here
+        then = rec["settings"].get("SHARED_VOLUME_PATH")
+        if not then or then == self.cfg.shared_volume_path:
+            return here
+        cfg = self.cfg.model_copy(update={"job_name": job, "shared_volume_path": then})
+        return paths(cfg, run_id)
+
+    # ---- submit ----------------------------------------------------------------------------------------
+    def _require_shared(self) -> None:
+        """SHARED_VOLUME_PATH is the cluster's shared file system, mounted here as on the nodes: a
+        directory that must exist (fsdpctl makes its own directories inside it, never the mount
+        point itself: a path made here would be this machine's disk, which no node sees)."""
+        where = self.cfg.shared_volume_path
+        try:
+            mode = os.stat(where).st_mode
+        except OSError as e:
+            raise BadInput(
+                f"SHARED_VOLUME_PATH={where!r} does not exist on this machine ({e.strerror}): the "
+                "job's script and logs go to the cluster's shared file system there",
+                hint="run fsdpctl where the shared file system is mounted (a login or head node), or "
+                "set SHARED_VOLUME_PATH to its mount point",
+            ) from None
+        if not stat.S_ISDIR(mode):
+            raise BadInput(
+                f"SHARED_VOLUME_PATH={where!r} is not a directory",
+                hint="set SHARED_VOLUME_PATH to the mount point of the cluster's shared file system",
+            )
+
+    def dry_run(self, *, run_id: str, server: bool) -> Started:
+        if server:
             raise BadInput(
                 "--dry-run=server needs a Kubernetes API server", hint="use --dry-run on Slurm"
             )
-        run_id = files.run_id(run_id) if run_id is not None else jobpolicy.new_run_id(cfg.job_name)
-        where = paths(cfg, run_id)
-        if dry_run:
-            lines = [f"sbatch --parsable {where.script}", *render_script(cfg, run_id).splitlines()]
-            return Started(cfg.job_name, run_id, f"sbatch would submit {where.script}", lines)
-        render_script(
-            cfg, run_id
-        )  # a setting Slurm cannot honour: refused before anything is written
-        current = self._record_or_none(cfg.job_name)
-        if current is not None and self._phase(current) not in FINAL:
-            if not replace:
-                raise FsdpctlError(
-                    f"job {cfg.job_name} is running as Slurm job {current['slurm_job']}",
-                    hint="`fsdpctl job stop` it, or run with --replace",
-                    code=ExitCode.BAD_INPUT,
-                )
-            self.stop(cfg.job_name, wait=True, dry_run=False)
-        rec = record_store.new(cfg, run_id)
-        text = render_script(cfg, run_id, rec["id"])  # the trainer's start line names its record
-        saved = record_store.save({**rec, "manifests": text})
-        made = [p for p in (Path(where.root), *Path(where.root).parents) if not p.exists()]
+        self._require_shared()
+        where = paths(self.cfg, run_id)
+        lines = [f"sbatch --parsable {where.script}", *render_script(self.cfg, run_id).splitlines()]
+        return Started(self.cfg.job_name, run_id, f"sbatch would submit {where.script}", lines)
+
+    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The batch script in the record (a setting Slurm cannot honour is refused here, before
+        anything is written)."""
+        self._require_shared()
+        return {**record, "manifests": render_script(self.cfg, record["run_id"], record["id"])}
+
+    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+        """The run's directory under SHARED_VOLUME_PATH (mode 0700: sbatch --output's directory must
+        exist), its script (0600), then sbatch; what was made goes again when sbatch refuses."""
+        where = paths(self.cfg, run_id)
+        root = Path(where.root)
+        made = [p for p in (root, *root.parents) if not os.path.lexists(p)]
         try:
-            # sbatch --output's directory must exist
-            Path(where.root).mkdir(parents=True, exist_ok=True)
-            write_atomic(Path(where.script), text)
-            job_id = self.slurm.submit(where.script, env=_submit_env(cfg))
+            files.make_dirs(root, RUN_DIR_MODE)
+            files.write_atomic(Path(where.script), record["manifests"])
+            job_id = self._submit(where.script, run_id)
         except (OSError, FsdpctlError) as e:
-            record_store.discard(saved)
             _remove_made(made)
             if isinstance(e, OSError):
                 raise FsdpctlError(
-                    f"cannot write the batch script at {where.script}: {e.strerror}",
+                    f"cannot write the batch script at {where.script}: {files.why(e)}",
                     hint="run fsdpctl where SHARED_VOLUME_PATH is the cluster's shared file system",
                 ) from e
             raise
-        state = {"job": cfg.job_name, "run_id": run_id, "slurm_job": job_id, "root": where.root}
-        state |= {"nodes": cfg.job_nodes, "max_restarts": cfg.max_restarts, "created": time.time()}
-        write_atomic(_record_path(cfg.job_name), json.dumps(state, indent=1) + "\n")
-        save_placement(cfg)
-        return Started(cfg.job_name, run_id, f"Slurm job {job_id}; logs in {where.root}")
+        return Submitted(
+            state={
+                "slurm_job": job_id,
+                "nodes": self.cfg.job_nodes,
+                "max_restarts": self.cfg.max_restarts,
+            },
+            record=record,
+            where=f"Slurm job {job_id}; logs in {where.root}",
+            outside=f"Slurm job {job_id}",
+            cancel_command=f"scancel {job_id}",
+        )
 
-    # ---- what Slurm and the logs say -------------------------------------------------------------------
-    def _record_or_none(self, name: str) -> dict[str, Any] | None:
-        path = _record_path(files.job_name(name))
+    def _submit(self, script: str, run_id: str) -> int:
+        """sbatch; an answer that is not a job id is not used, and the job it may have submitted is
+        found by the comment only this run carries (`fsdpctl-run:<run id>`) and cancelled."""
         try:
-            data = files.read_json(path)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise FsdpctlError(
-                f"{path} {files.why(e)}", hint="remove it", code=ExitCode.BAD_INPUT
-            ) from e
-        if not _record_ok(data):
-            raise FsdpctlError(
-                f"{path} is not a record fsdpctl wrote", hint="remove it", code=ExitCode.BAD_INPUT
+            return self.slurm.submit(script, env=_submit_env(self.cfg))
+        except shape.Unshaped as e:
+            found = self.slurm.by_comment(f"fsdpctl-run:{run_id}")
+            for job_id in found:
+                self.slurm.cancel(job_id)
+            did = (
+                f"; the job it submitted (Slurm job {', '.join(map(str, found))}, found by its "
+                "comment) was cancelled"
+                if found
+                else "; no job carries the run's comment, so none was left submitted"
             )
-        return dict(data)
+            raise FsdpctlError(str(e) + did, hint=e.hint) from e
 
-    def _record(self, name: str) -> dict[str, Any]:
-        rec = self._record_or_none(name)
-        if rec is None:
+    def cancel(self, submitted: Submitted) -> None:
+        self.slurm.cancel(submitted.state["slurm_job"])
+
+    # ---- what Slurm and the logs say ---------------------------------------------------------------
+    def _state_or_none(self, name: str) -> dict[str, Any] | None:
+        st = core.read(home.job_dir(name))  # Damaged: one line naming the file, exit 2
+        return st if st is not None and core.backend_of(st) == self.name else None
+
+    def _state(self, name: str) -> dict[str, Any]:
+        st = self._state_or_none(name)
+        if st is None:
             raise FsdpctlError(
                 f"no Slurm job named {name!r} started from here",
                 hint="`fsdpctl job list` shows the jobs; `fsdpctl job run` starts one",
                 code=ExitCode.JOB_NOT_FOUND,
             )
-        return rec
+        return st
 
-    def _phase(self, rec: dict[str, Any]) -> Phase:
-        return self._phase_of(rec, self.slurm.job(rec["slurm_job"]))
-
-    def _phase_of(self, rec: dict[str, Any], job: dict[str, str] | None) -> Phase:
-        stopping = os.path.exists(Paths(rec["root"]).stop_file)
-        if (
-            job is None
-        ):  # forgotten by slurmctld (MinJobAge after its end; no accounting): the log says
-            return _phase_from_log(rec, stopping)
-        return states.phase(job, stop_requested=stopping)
+    def _seen(self, st: dict[str, Any]) -> Seen:
+        """What Slurm says of the job now. An unreachable controller, an empty answer or one not of
+        the shape a job record has is Unknown, with what was asked: never read as an end."""
+        p = self._seen_paths(st["job"], st["run_id"])
+        stopping = os.path.exists(p.stop_file)
+        try:
+            found = self.slurm.job(st["slurm_job"])
+        except (
+            Forgotten
+        ):  # slurmctld forgot it (MinJobAge after its end; no accounting): the log says
+            return Seen(None, _phase_from_log(p, stopping))
+        except FsdpctlError as e:
+            return Seen(None, Phase.UNKNOWN, str(e))
+        if stranger := _not_this_run(found, st):  # an id that names someone else's job now
+            return Seen(None, Phase.UNKNOWN, stranger)
+        return Seen(found, states.phase(found, stop_requested=stopping))
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
-        return self._report(self._record(name), stall_after)
+        return self._report(self._state(name), stall_after)
 
-    def _report(self, rec: dict[str, Any], stall_after: float) -> Report:
-        found = self.slurm.job(rec["slurm_job"])
-        phase = self._phase_of(rec, found)
-        job = found or {}
-        leader = Path(Paths(rec["root"]).node_log(0))
+    def _report(self, st: dict[str, Any], stall_after: float) -> Report:
+        seen = self._seen(st)
+        if seen.phase == Phase.UNKNOWN:
+            return runner.unknown_report(st, st["nodes"], seen.unknown)
+        job = seen.record or {}
+        p = self._seen_paths(st["job"], st["run_id"])
+        leader = Path(p.node_log(0))
         recs = parse_events(_texts(leader))
         now = time.time()
         prog = progress(recs, now)
-        restarts = int(job.get("Restarts", "0") or 0)
-        reason = states.reason_words(job.get("Reason", "None")) if phase != Phase.SUCCEEDED else ""
-        nodes = job.get("NodeList") or None
+        restarts = int(job.get("Restarts", "0"))  # checked by the door: a count
         r: Report = {
             **prog,
-            "job": rec["job"],
+            "job": st["job"],
             "backend": self.name,
-            "phase": phase,
-            "run_id": rec["run_id"],
-            "nodes": rec["nodes"],
-            "nodes_running": rec["nodes"] if job.get("JobState") == "RUNNING" else 0,
+            "phase": seen.phase,
+            "run_id": st["run_id"],
+            "nodes": st["nodes"],
+            "nodes_running": st["nodes"] if job.get("JobState") == "RUNNING" else 0,
             "restarts": restarts,
-            "age_s": now - rec["created"],
+            "age_s": now - st["created"],
             "leader": "node-0" if leader.exists() else None,
             "leader_log": str(leader) if leader.exists() else None,
-            "checkpoint_dir": jobpolicy.checkpoint_dir(self.cfg, rec["job"]),
-            "reason": reason or None,
+            "checkpoint_dir": jobpolicy.checkpoint_dir(self.cfg, st["job"]),
+            "reason": _reason(seen, os.path.exists(p.stop_file)) or None,
             "problems": [],
             "stalled": False,
             "labels": {
-                "fsdpctl.io/job": rec["job"],
-                "fsdpctl.io/run-id": rec["run_id"],
+                "fsdpctl.io/job": st["job"],
+                "fsdpctl.io/run-id": st["run_id"],
+                **st.get("labels", {}),
                 "fsdpctl.io/backend": self.name,
             },
             "prestep": None,
             "network": None,
             "scheduler_job": {
-                "id": rec["slurm_job"],
+                "id": st["slurm_job"],
                 "state": job.get("JobState"),
-                "nodes": None if nodes in (None, "(null)") else nodes,
+                "nodes": None if job.get("NodeList") in (None, "(null)") else job["NodeList"],
             },
         }
-        if phase == Phase.FAILED:
-            r["failure"] = _failure(job, Paths(rec["root"]).batch_log)
+        if seen.phase == Phase.FAILED:
+            r["failure"] = _failure(job, p.batch_log)
         if not prog["max_steps"]:
-            waiting = phase in (Phase.PENDING, Phase.RESTARTING)
-            r["stage"] = "waiting for nodes" if waiting else stage(recs, None, rec["nodes"])
-        r["stalled"] = stalled(phase, prog, now - rec["created"], stall_after)
+            waiting = seen.phase in (Phase.PENDING, Phase.RESTARTING)
+            r["stage"] = "waiting for nodes" if waiting else stage(recs, None, st["nodes"])
+        r["stalled"] = stalled(seen.phase, prog, now - st["created"], stall_after)
         if restarts:
             r["problems"].append(
-                f"requeued {restarts} time(s) (of MAX_RESTARTS={rec['max_restarts']}) after a node failure: "
-                "each run resumes from the last checkpoint"
+                f"requeued {restarts} time(s) (of MAX_RESTARTS={st['max_restarts']}) after a node "
+                "failure: each run resumes from the last checkpoint"
             )
         return r
 
@@ -198,6 +286,7 @@ class SlurmBackend:
         pod: str | None,
         tail: int | None = None,
         since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
     ) -> Iterator[LogLine]:
         if pod is not None:
             raise BadInput("--pod names a pod on Kubernetes", hint="on Slurm, use --node N")
@@ -205,38 +294,66 @@ class SlurmBackend:
             raise BadInput(
                 "--since needs each line's time: Slurm's node logs have none", hint="use --tail N"
             )
-        rec = self._record(name)
-        p = Paths(rec["root"])
-        chosen = range(rec["nodes"]) if all_ else [node or 0]
+        st = self._state(name)
+        if node is not None and not 0 <= node < st["nodes"]:
+            raise BadInput(
+                f"--node {node}: job {name} has nodes 0 to {st['nodes'] - 1}",
+                hint="`fsdpctl job status` shows its nodes",
+            )
+        return self._follow(st, range(st["nodes"]) if all_ else [node or 0], follow, tail, keep)
+
+    def _follow(
+        self,
+        st: dict[str, Any],
+        chosen: Any,
+        follow: bool,
+        tail: int | None,
+        keep: Callable[[LogLine], bool] | None,
+    ) -> Iterator[LogLine]:
+        p = self._seen_paths(st["job"], st["run_id"])
         offsets = {n: 0 for n in chosen}
         first = True
         while True:
-            active = follow and self._phase(rec) not in FINAL
+            active = follow and self._seen(st).phase not in FINAL
             for n in chosen:
-                lines, offsets[n] = _read_from(Path(p.node_log(n)), offsets[n])
+                texts, offsets[n] = _read_from(Path(p.node_log(n)), offsets[n])
+                lines = [LogLine({"node": f"node-{n}"}, text) for text in texts]
+                lines = [x for x in lines if keep is None or keep(x)]
                 if first and tail is not None:
                     lines = lines[-tail:] if tail else []
-                yield from (LogLine({"node": f"node-{n}"}, text) for text in lines)
+                yield from lines
             first = False
             if not active:
                 return
             time.sleep(1.0)
 
     def tail(self, name: str, lines: int) -> list[str]:
-        rec = self._record(name)
-        batch = _texts(Path(Paths(rec["root"]).batch_log))
-        return (_texts(Path(Paths(rec["root"]).node_log(0))) or batch)[-lines:]
+        st = self._state(name)
+        p = self._seen_paths(st["job"], st["run_id"])
+        return (_texts(Path(p.node_log(0))) or _texts(Path(p.batch_log)))[-lines:]
 
     def history(self, name: str) -> list[events.Event]:
-        rec = self._record(name)
-        return across_runs([parse_events(_texts(Path(Paths(rec["root"]).node_log(0))))])
+        st = self._state(name)
+        return across_runs(
+            [parse_events(_texts(Path(self._seen_paths(name, st["run_id"]).node_log(0))))]
+        )
 
     def outcomes(self, name: str) -> dict[str, str]:
-        rec = self._record(name)
-        return {rec["run_id"]: run_outcome(self.history(name), self._phase(rec))}
+        """Every run of the job whose files are still on the shared file system (its directory
+        under fsdpctl/slurm/<job>/, derived), the current one with its phase."""
+        st = self._state(name)
+        job_root = Path(self._seen_paths(name, st["run_id"]).root).parent
+        ended = {}
+        for run in _run_dirs(job_root):
+            lines = _texts(Path(self._seen_paths(name, run).node_log(0)))
+            ended[run] = run_outcome(parse_events(lines))
+        seen = self._seen(st)
+        lines = _texts(Path(self._seen_paths(name, st["run_id"]).node_log(0)))
+        phase = None if seen.phase == Phase.UNKNOWN else seen.phase
+        return {**ended, st["run_id"]: run_outcome(parse_events(lines), phase)}
 
     def tensorboard_dir(self, name: str) -> str | None:
-        self._record(name)
+        self._state(name)
         return jobpolicy.tensorboard_dir(self.cfg, name)
 
     def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None:
@@ -244,7 +361,7 @@ class SlurmBackend:
 
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
         """The leader's log of that run, on the shared file system (None once it is gone)."""
-        log = Path(paths(self.cfg.model_copy(update={"job_name": job}), run_id).node_log(0))
+        log = Path(self._seen_paths(job, run_id).node_log(0))
         return _texts(log) if log.is_file() else None
 
     def here(self, path: str) -> str | None:
@@ -259,18 +376,36 @@ class SlurmBackend:
         """The stop request on the shared file system, then SIGTERM to the job's steps (scancel
         --signal): the trainers finish their step, checkpoint and exit 0
         (fsdptrain.disruption.pod_exit), so the job COMPLETES, Stopped. A job with nothing running
-        yet is cancelled."""
-        rec = self._record(name)
-        job = self.slurm.job(rec["slurm_job"])
-        phase = self._phase_of(rec, job)
-        if phase in FINAL:
-            return f"job {name} is not running ({phase}); nothing to stop"
-        sid = rec["slurm_job"]
+        yet is cancelled. A job Slurm says nothing certain of (no answer, or the id names another
+        job) is not signalled: the line says why and how to cancel it by hand."""
+        st = self._state(name)
+        seen = self._seen(st)
+        if seen.phase in FINAL:
+            return f"job {name} is not running ({seen.phase}); nothing to stop"
+        sid = st["slurm_job"]
+        if seen.phase == Phase.UNKNOWN:
+            raise FsdpctlError(
+                f"job {name}: not stopped, Slurm did not say what Slurm job {sid} is ({seen.unknown})",
+                hint=f"`fsdpctl job stop {name}` once Slurm answers; `scancel {sid}` if you know it is"
+                " this run",
+            )
+        p = self._paths(name, st["run_id"])
+        if not os.path.isdir(p.root):  # a stop without its file reads as an eviction: requeued
+            then = self._seen_paths(name, st["run_id"]).root
+            raise BadInput(
+                f"job {name}: its run's directory is not at {p.root} (SHARED_VOLUME_PATH="
+                f"{self.cfg.shared_volume_path!r}): the trainers would not see the stop request",
+                hint=f"set SHARED_VOLUME_PATH as the run had it (its files are at {then})"
+                if then != p.root
+                else "run fsdpctl where the cluster's shared file system is mounted",
+            )
         if dry_run:
-            return f"dry run: would write {Paths(rec['root']).stop_file} and `scancel --signal=TERM {sid}`"
-        stop_file = Path(Paths(rec["root"]).stop_file)
-        write_atomic(stop_file, f'{disruption.STOP_ANNOTATION}="{time.time():.0f}"\n')
-        if job is not None and job.get("JobState") == "RUNNING":
+            return f"dry run: would write {p.stop_file} and `scancel --signal=TERM {sid}`"
+        if os.path.isdir(p.root):  # the run's own directory, derived; never made by a stop
+            files.write_atomic(
+                Path(p.stop_file), f'{disruption.STOP_ANNOTATION}="{time.time():.0f}"\n'
+            )
+        if (seen.record or {}).get("JobState") == "RUNNING":
             self.slurm.signal(sid, "TERM")
         else:
             self.slurm.cancel(sid)
@@ -278,46 +413,99 @@ class SlurmBackend:
             return f"job {name}: stopping (Slurm job {sid})"
         if say is not None:
             say(f"Slurm job {sid}: the trainers' stop checkpoint, then the job's end")
-        return f"job {name}: {self.wait(name, None)}"
+        return f"job {name}: {self.wait(name, None, say)}"
 
     def interrupt(self, name: str) -> Report | None:
         """Ctrl-C while following detaches: the job is slurmctld's, it keeps running."""
         return None
 
     def list_jobs(self) -> list[Report]:
-        folder = home() / "slurm"
-        names = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
-        return [self._report(rec, float("inf")) for n in names if (rec := self._record_or_none(n))]
+        """Every Slurm job of this home; one whose report fails is a row saying so."""
+        rows = []
+        for st in runner.states_of(self.name, self.notes):
+            try:
+                rows.append(self._report(st, float("inf")))
+            except FsdpctlError as e:
+                rows.append(runner.unknown_report(st, st["nodes"], str(e)))
+        return rows
 
-    def wait(self, name: str, timeout: float | None) -> Waited:
-        rec = self._record(name)
+    def wait(
+        self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
+    ) -> Waited:
+        """Until the job ends or `timeout` passes. A controller that does not answer (restarting,
+        unreachable) is waited out: Unknown is not an end."""
+        st = self._state(name)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while (phase := self._phase(rec)) not in FINAL:
+        said = ""
+        while (seen := self._seen(st)).phase not in FINAL:
+            if seen.phase == Phase.UNKNOWN and say is not None and seen.unknown != said:
+                said = seen.unknown
+                say(f"no answer from Slurm, still waiting: {said}")
             if deadline is not None and time.monotonic() > deadline:
-                return phase
+                return seen.phase
             time.sleep(self.poll_s)
-        return phase
+        return seen.phase
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool) -> list[str]:
-        """Each ended job's record here and its run's files on the shared file system (script,
-        logs); with `checkpoints` its checkpoint directory too."""
-        removed = []
-        for job in self.list_jobs():
-            if job["phase"] not in FINAL:
+    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
+        """Each ended job (only `job` when given) with its lock held: its runs' files on the shared
+        file system (SHARED_VOLUME_PATH/fsdpctl/slurm/<job>/, derived), its directory here; with
+        `checkpoints` its checkpoint directory too. A job Slurm cannot say has ended is kept."""
+        removed: list[str] = []
+        for st in runner.states_of(self.name, self.notes):
+            if job is not None and st["job"] != job:
                 continue
-            rec = self._record(job["job"])
-            targets = [Path(rec["root"]), _record_path(job["job"])]
-            if checkpoints:
-                targets.append(Path(jobpolicy.checkpoint_dir(self.cfg, job["job"])))
-            for t in (t for t in targets if t.exists()):
-                removed.append(str(t))
-                if dry_run:
-                    continue
-                if t.is_dir():
-                    shutil.rmtree(t)
-                else:
-                    t.unlink()
+            try:
+                removed += self._clean(st, checkpoints=checkpoints, dry_run=dry_run)
+            except (lock.Busy, lock.CorruptLock) as e:
+                self.notes.append(f"{e}: kept")
         return removed
+
+    def _clean(self, st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[str]:
+        name = st["job"]
+        jdir = home.job_dir(name)
+        with lock.held(jdir, wait_s=0, create=not dry_run):
+            seen = self._seen(st)
+            if seen.phase == Phase.UNKNOWN:
+                self.notes.append(
+                    f"job {name}: kept, whether it still runs is unknown ({seen.unknown})"
+                )
+                return []
+            if seen.phase not in FINAL:
+                return []
+            targets = [Path(self._paths(name, st["run_id"]).root).parent]
+            if checkpoints:
+                targets.append(Path(jobpolicy.checkpoint_dir(self.cfg, name)))
+            doomed = [t for t in targets if os.path.lexists(t)] + [jdir]
+            if not dry_run:
+                for t in doomed[:-1]:
+                    _remove(t)
+                for entry in jdir.iterdir():  # the lock stays: a starter may hold it
+                    if entry.name != lock.NAME:
+                        _remove(entry)
+            return [str(t) for t in doomed]
+
+
+def _not_this_run(job: dict[str, str], st: dict[str, Any]) -> str:
+    """Why the Slurm job a state names is not this run (its name is the job's, its comment the
+    run's: `script.sbatch_options`), as a process is proven a job's by more than its PID; "" when it
+    is. A state copied or edited to another job's id must not have that job stopped or judged."""
+    name, comment = job.get("JobName"), job.get("Comment")
+    want = f"fsdpctl-run:{st['run_id']}"
+    if name == st["job"] and comment in (None, want):
+        return ""
+    return (
+        f"Slurm job {st['slurm_job']} is not run {st['run_id']} of job {st['job']} "
+        f"(its name {name!r}, comment {comment!r}): nothing is done to it"
+    )
+
+
+def _remove(path: Path) -> None:
+    """A file or a link (itself, never what it points to) or a directory tree (rmtree follows no
+    link inside it)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
 
 
 def _remove_made(made: list[Path]) -> None:
@@ -332,56 +520,81 @@ def _remove_made(made: list[Path]) -> None:
             return
 
 
-def _record_path(job: str) -> Path:
-    return home() / "slurm" / f"{job}.json"
+def _run_dirs(job_root: Path) -> list[str]:
+    """The run ids with a directory under the job's own directory on the shared file system
+    (directories of a run id's shape, reached without a link)."""
+    try:
+        entries = sorted(job_root.iterdir())
+    except OSError:
+        return []
+    return [
+        e.name
+        for e in entries
+        if files.RUN_ID.fullmatch(e.name) and not e.is_symlink() and e.is_dir()
+    ]
 
 
-def _record_ok(data: Any) -> bool:
-    kinds = {
-        "job": str,
-        "run_id": str,
-        "slurm_job": int,
-        "root": str,
-        "nodes": int,
-        "max_restarts": int,
-    }
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), t) for k, t in kinds.items()):
-        return False
-    return isinstance(data.get("created"), int | float) and data["root"].startswith("/")
+# The job's file-creation mask: slurmstepd creates the batch output (and the batch shell, whose srun
+# steps inherit it, runs) under the SLURM_UMASK the job carries, which sbatch takes from the
+# submitting shell's umask unless it is already set (sbatch(1) OUTPUT ENVIRONMENT VARIABLES; Slurm's
+# own test "propagation of umask to spawned tasks"): a submitter under umask 000 would otherwise
+# leave the run's logs writable by everyone.
+JOB_UMASK = "0022"
 
 
-def _submit_env(cfg: Config) -> dict[str, str] | None:
+def _submit_env(cfg: Config) -> dict[str, str]:
     """sbatch passes the submitting environment to the job (--export=ALL): the token set as HF_TOKEN
-    goes that way, never into the script."""
+    goes that way, never into the script; the job's umask is fsdpctl's, not the submitter's."""
     token = cfg.hf_token.get_secret_value()
-    return {**os.environ, "HF_TOKEN": token} if token else None
+    return {**os.environ, "SLURM_UMASK": JOB_UMASK, **({"HF_TOKEN": token} if token else {})}
+
+
+LOG_MAX = 64 * 1024 * 1024
 
 
 def _texts(path: Path) -> list[str]:
+    """A log's lines (a regular file only, its last LOG_MAX bytes; nothing when it is not there)."""
     try:
-        return path.read_text(errors="replace").splitlines()
+        data, _ = files.read_tail(path, LOG_MAX)
     except OSError:
         return []
+    return data.decode(errors="replace").splitlines()
 
 
 def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
     """The whole lines after `offset` and the offset after them (a line still being written waits)."""
     try:
-        with open(path, "rb") as f:
+        with files.open_regular(path) as f:
             f.seek(offset)
-            data = f.read()
+            data = f.read(LOG_MAX)
     except OSError:
         return [], offset
     end = data.rfind(b"\n") + 1
     return data[:end].decode(errors="replace").splitlines(), offset + end
 
 
-def _phase_from_log(rec: dict[str, Any], stopping: bool) -> Phase:
-    recs = parse_events(_texts(Path(Paths(rec["root"]).node_log(0))))
+def _phase_from_log(p: Paths, stopping: bool) -> Phase:
+    """A job slurmctld has forgotten ended; how, its leader's summary says (none: it failed)."""
+    recs = parse_events(_texts(Path(p.node_log(0))))
     summary = next((e for e in reversed(recs) if isinstance(e, events.Summary)), None)
     if summary is None:
         return Phase.STOPPED if stopping else Phase.FAILED
     return Phase.STOPPED if summary.stopped or stopping else Phase.SUCCEEDED
+
+
+def _reason(seen: Seen, stopping: bool) -> str:
+    """Why the job is in its phase, in words: Slurm's reason, or a cancel nobody asked fsdpctl for."""
+    job = seen.record or {}
+    if job.get("JobState", "").startswith("CANCELLED") and not stopping:
+        return (
+            "cancelled outside fsdpctl (scancel, or an administrator): its last checkpoint is kept; "
+            "`fsdpctl job resume` continues it"
+        )
+    if seen.record is None and seen.phase in FINAL:
+        return (
+            "slurmctld no longer knows the job (MinJobAge after its end): its leader's log says how"
+        )
+    return states.reason_words(job.get("Reason", "None")) if seen.phase != Phase.SUCCEEDED else ""
 
 
 def _failure(job: dict[str, str], log: str) -> Failure:

@@ -10,8 +10,16 @@ from dataclasses import dataclass
 from fsdpctl.adapters import shell
 from fsdpctl.backends.slurm import states
 from fsdpctl.errors import FsdpctlError
+from fsdpctl.job import shape
 
 HINT = "is slurmctld up? `scontrol ping` and `sinfo` say; SLURM_CONF names the cluster's slurm.conf"
+
+
+class Forgotten(FsdpctlError):
+    """slurmctld no longer knows the job: an answer (it ended long enough ago), not silence."""
+
+    def __init__(self, command: str):
+        super().__init__(f"`{command}`: Invalid job id specified")
 
 
 @dataclass(frozen=True)
@@ -37,31 +45,53 @@ class Slurm:
         return got
 
     def submit(self, script: str, env: dict[str, str] | None = None) -> int:
-        """sbatch --parsable prints `jobid[;cluster]` (sbatch(1) --parsable)."""
+        """sbatch --parsable prints `jobid[;cluster]` (sbatch(1) --parsable); the id is checked for
+        a Slurm job id's shape before anything uses it (shape.slurm_id)."""
         out = self._call("sbatch", "--parsable", script, env=env).stdout.strip()
-        try:
-            return int(out.split(";")[0])
-        except ValueError:
-            raise FsdpctlError(f"sbatch printed {out[:80]!r}, not a job id", hint=HINT) from None
+        return shape.slurm_id(out.split(";")[0], "sbatch --parsable")
 
-    def job(self, job_id: int) -> dict[str, str] | None:
-        """The job's `scontrol -o show job` record; None once slurmctld has forgotten it (MinJobAge
-        after its end: "Invalid job id specified")."""
-        got = self._capture(["scontrol", "-o", "show", "job", str(job_id)])
+    def job(self, job_id: int) -> dict[str, str]:
+        """The job's `scontrol -o show job` record, checked (its JobId the one asked, a JobState, a
+        count of Restarts). Forgotten once slurmctld has forgotten it (MinJobAge after its end:
+        "Invalid job id specified"); FsdpctlError naming the command when it fails, answers nothing
+        or answers something else: what Slurm did not say is never taken for an end."""
+        command = f"scontrol -o show job {job_id}"
+        got = self._capture(
+            ["scontrol", "-o", "show", "job", str(shape.slurm_id(str(job_id), command))]
+        )
         if got.rc != 0:
             if "Invalid job id" in got.stderr:
-                return None
+                raise Forgotten(command)
             said = got.stderr.strip().splitlines()
             raise FsdpctlError(
-                f"`scontrol show job {job_id}` failed: {said[-1] if said else got.rc}", hint=HINT
+                f"`{command}` failed: {said[-1] if said else f'exit {got.rc}'}", hint=HINT
             )
         line = next((x for x in got.stdout.splitlines() if x.startswith("JobId=")), "")
-        return states.parse_record(line) if line else None
+        if not line:
+            raise FsdpctlError(f"`{command}` answered no job record (exit 0)", hint=HINT)
+        record = states.parse_record(line)
+        if shape.slurm_id(record.get("JobId", ""), command, "JobId") != job_id:
+            raise shape.Unshaped(command, "JobId", record["JobId"], f"{job_id}, the job asked for")
+        if not record.get("JobState"):
+            raise shape.Unshaped(command, "JobState", "", "a job state")
+        shape.count(record.get("Restarts", "0"), command, "Restarts")
+        return record
+
+    def by_comment(self, comment: str) -> list[int]:
+        """The ids of the jobs squeue lists with this comment (squeue(1) -o %i, %k), shaped; a
+        line of another shape is not an id to act on."""
+        got = self._call("squeue", "-h", "-o", "%i %k")
+        found = []
+        for line in got.stdout.splitlines():
+            job_id, _, said = line.strip().partition(" ")
+            if said.strip() == comment:
+                found.append(shape.slurm_id(job_id, "squeue -h -o '%i %k'"))
+        return found
 
     def signal(self, job_id: int, sig: str = "TERM") -> None:
         """scancel --signal: the job's steps get it, not the batch shell (scancel(1) --batch,
         --full), so the trainers checkpoint and end, then the script does."""
-        self._call("scancel", f"--signal={sig}", str(job_id))
+        self._call("scancel", f"--signal={sig}", str(shape.slurm_id(str(job_id), "scancel")))
 
     def cancel(self, job_id: int) -> None:
-        self._call("scancel", str(job_id))
+        self._call("scancel", str(shape.slurm_id(str(job_id), "scancel")))

@@ -1,0 +1,159 @@
+"""The Backend protocol: what a place that runs jobs does for the core and the CLI (pure types).
+
+As torchx's Scheduler (torchx/schedulers/api.py: submit_dryrun, schedule, describe, log_iter,
+cancel, list) under its Runner: a backend submits, observes, signals, cancels and says where its
+logs are; the runner (fsdpctl.job.runner) holds the job's lock, records the run and its state, and
+cancels a submit it could not record. Every answer has one shape whichever backend gives it
+(fsdpctl.reports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from fsdpctl.crilog import LogLine
+from fsdpctl.reports import Report, Waited
+from fsdptrain import events
+
+
+@dataclass
+class Started:
+    """What `run` did: the job and run id, where its output goes, and (dry run) what it would have
+    done."""
+
+    job: str
+    run_id: str
+    where: str
+    dry_run_lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Submitted:
+    """What a backend's `submit` started: the keys the job's state records for it (the outside id:
+    a Slurm job id, a supervisor's identity), the run record as submitted (with what the place
+    learnt), where its output goes, and how to cancel it by hand should fsdpctl fail to (named in
+    the line that says so)."""
+
+    state: dict[str, Any]
+    record: dict[str, Any]
+    where: str
+    outside: str  # in words: "Slurm job 1234", "PyTorchJob fsdp/fsdp", "supervisor pid 77"
+    cancel_command: str  # what cancels it by hand: "scancel 1234"
+
+
+@dataclass
+class KeptRecord:
+    """A job's run record as its place keeps it (EKS: a ConfigMap beside the job), with the lines of
+    the leader's log that the record learnt from, where it was read, and what is wrong with it."""
+
+    record: dict[str, Any]
+    lines: list[str]
+    where: str
+    problems: list[str]
+
+
+class Backend(Protocol):
+    """A place where jobs run."""
+
+    name: str
+    poll_s: float
+    # what the backend's `list_jobs` and `cleanup` passed over (a stray file, a damaged state)
+    notes: list[str]
+    # its state keeps a record of every submitted job here (local, Slurm); False where the place
+    # itself keeps them and lists jobs started from anywhere (EKS: the cluster)
+    keeps_state: ClassVar[bool]
+    # a process of the backend records the run's progress into the job's state from its start (the
+    # local supervisor): `submit` writes the state before it starts that process, and the runner
+    # merges its own keys in rather than writing the state afresh
+    supervised: ClassVar[bool]
+
+    def dry_run(self, *, run_id: str, server: bool) -> Started:
+        """What `submit` would do, contacting nothing (server: the place checks it, changing
+        nothing); writes nothing."""
+        ...
+
+    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The run record with what the backend adds before anything is submitted (the manifests or
+        batch script it will submit); BadInput for a setting the place cannot honour."""
+        ...
+
+    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+        """Start the run at its place. Called with the job's lock held and its record saved; on an
+        exception nothing of the run may be left started."""
+        ...
+
+    def cancel(self, submitted: Submitted) -> None:
+        """Undo a `submit` the core could not record (scancel, delete, SIGTERM); FsdpctlError when
+        it cannot."""
+        ...
+
+    def report(self, name: str, stall_after: float = float("inf")) -> Report: ...
+
+    def logs(
+        self,
+        name: str,
+        *,
+        follow: bool,
+        all_: bool,
+        node: int | None,
+        pod: str | None,
+        tail: int | None = None,
+        since_s: float | None = None,
+        keep: Callable[[LogLine], bool] | None = None,
+    ) -> Iterator[LogLine]:
+        """The chosen logs' lines that `keep` keeps (all without it): per node or pod its last
+        `tail` of those, those of the last `since_s` seconds, as PodLogOptions tailLines and
+        sinceSeconds choose lines; with `follow`, then what comes until the job ends. `tail` counts
+        kept lines: `job logs --tail 3 --trainer-only` is three of the trainer's lines."""
+        ...
+
+    def tail(self, name: str, lines: int) -> list[str]: ...
+
+    def history(self, name: str) -> list[events.Event]:
+        """Every event line of the leader's whole log (this run's): what `job plot` draws."""
+        ...
+
+    def outcomes(self, name: str) -> dict[str, str]:
+        """run id -> how that run of the job ended, in words (`progress.run_outcome`), for the runs
+        whose output this backend can still read."""
+        ...
+
+    def tensorboard_dir(self, name: str) -> str | None: ...
+
+    def tensorboard_elsewhere(self, name: str, argv: list[str]) -> list[str] | None: ...
+
+    def run_lines(self, job: str, run_id: str) -> list[str] | None:
+        """The log lines of one run of `job` as this machine can read them (local: every node's log
+        of the run; Slurm: the leader's on the shared file system); None where they are not here."""
+        ...
+
+    def here(self, path: str) -> str | None:
+        """Where a path the trainer sees is on this machine; None where this machine cannot see the
+        job's files."""
+        ...
+
+    def kept_record(self, job: str) -> KeptRecord | None: ...
+
+    def stop(
+        self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
+    ) -> str:
+        """Stop the job; with `wait`, until it has ended, saying through `say` what it waits for."""
+        ...
+
+    def interrupt(self, name: str) -> Report | None: ...
+
+    def list_jobs(self) -> list[Report]: ...
+
+    def wait(
+        self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
+    ) -> Waited:
+        """Until the job ends (its final phase) or `timeout` passes (TIMEOUT, or the phase it had).
+        A place that gives no answer is waited out, saying so once through `say`: unknown is not an
+        end."""
+        ...
+
+    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
+        """Each ended job's files (only `job`'s when given); with `checkpoints` its checkpoints."""
+        ...

@@ -1,0 +1,295 @@
+"""The verbs that change a job, over any backend (fsdpctl.job.protocol), with the rules that protect
+it held here once:
+
+- the job's lock (fsdpctl.job.lock) around every change: run, stop, cleanup;
+- a run is recorded before anything starts (its run record), submitted, then recorded in the job's
+  state; when recording fails after the place accepted the run, the run is cancelled and the line
+  says so, naming the outside id and the command that cancels it should cancelling fail too;
+- a job whose place cannot say whether it still runs (unknown) is never replaced, deleted or marked
+  failed on that: the line says what was asked and what came back;
+- `list` asks every backend that holds a job here, and one backend's or one job's trouble is one
+  warning, never an empty or failed list.
+
+The model is torchx's Runner (torchx/runner/api.py: `run` = dryrun + schedule, then status, cancel,
+list, over any scheduler).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpctl import files, record_store, targets
+from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.job import home, lock, state
+from fsdpctl.job.protocol import Backend, Started, Submitted
+from fsdpctl.reports import FINAL, Phase, Report
+from fsdpctl.settings import Config
+
+# settings that say where on its backend a job lives, kept in its state: a verb on the job finds it
+# there without being told (`placed`)
+PLACEMENT_KEYS = ("job_namespace", "job_kind", "kube_context")
+
+Factory = Callable[[str], Backend]  # a backend by name, with the command's settings
+
+
+def run(
+    be: Backend,
+    cfg: Config,
+    *,
+    run_id: str,
+    replace: bool,
+    dry_run: bool = False,
+    server_dry_run: bool = False,
+    other: Factory,
+) -> Started:
+    """Start a run of cfg.job_name on `be`: refused (exit 2) while a run of the job is active on any
+    backend unless `replace`, which stops it first; recorded before it starts, its state written
+    after its place accepted it, cancelled when that fails."""
+    if dry_run or server_dry_run:
+        return be.dry_run(run_id=run_id, server=server_dry_run)
+    name = cfg.job_name
+    rec = be.prepare(record_store.new(cfg, run_id))  # refusals: before anything is written
+    jdir = home.job_dir(name)
+    with lock.held(jdir):
+        current = state.read(jdir)
+        if current is not None:
+            _make_way(name, current, replace, other)
+        saved = record_store.save(rec)
+        try:
+            sub = be.submit(run_id=run_id, record=rec, replace=replace)
+        except BaseException:
+            record_store.discard(saved)
+            raise
+        try:
+            _record(jdir, be, cfg, run_id, sub)
+        except BaseException as e:  # Ctrl-C or SIGTERM too: a run nobody recorded is a run lost
+            raise _undone(be, name, sub, e) from e
+    return Started(name, run_id, sub.where)
+
+
+def _record(jdir: Any, be: Backend, cfg: Config, run_id: str, sub: Submitted) -> None:
+    """The job's state after its submit: the core's keys, where on its backend it lives, and the
+    backend's keys for the run. A backend whose own process writes the state from its start (the
+    local supervisor) gets its keys merged; any other's state is written afresh (nothing of an
+    earlier run is left in it)."""
+    now = {
+        "job": cfg.job_name,
+        "backend": be.name,
+        "run_id": run_id,
+        "created": time.time(),
+        **{k: getattr(cfg, k) for k in PLACEMENT_KEYS if targets.target(be.name).kubernetes},
+        **sub.state,
+    }
+    if be.supervised:
+        state.update(jdir, **now)
+    else:
+        state.write(jdir, now)
+    if sub.record is not None:
+        record_store.save(sub.record)
+
+
+def _undone(be: Backend, name: str, sub: Submitted, why: BaseException) -> FsdpctlError:
+    """The line for a submit whose recording failed: cancelled, or how to cancel it by hand."""
+    said = (why.strerror if isinstance(why, OSError) else None) or str(why) or type(why).__name__
+    try:
+        be.cancel(sub)
+    except Exception as e:  # noqa: BLE001 - named in the line, with the command that does it
+        return FsdpctlError(
+            f"job {name}: {sub.outside} was started but could not be recorded here ({said}), and "
+            f"cancelling it failed too ({e}): it runs unrecorded",
+            hint=f"cancel it yourself: {sub.cancel_command}",
+        )
+    return FsdpctlError(
+        f"job {name}: {sub.outside} was started but could not be recorded here ({said}): "
+        "cancelled, nothing of the run is left running",
+        hint="free space in FSDPCTL_HOME (or point FSDPCTL_HOME elsewhere) and run it again",
+    )
+
+
+def _make_way(name: str, current: dict[str, Any], replace: bool, other: Factory) -> None:
+    """Refuse a second run of a job whose run is active, on whichever backend runs it; with
+    `replace`, stop that run first (waiting for it to end). Unknown is not "ended": a run whose place
+    cannot say is never replaced."""
+    where = state.backend_of(current)
+    phase, why = phase_of(other(where), name)
+    if phase is None or phase in FINAL:
+        return
+    run = f"run {current['run_id']} on {where}"
+    if phase == Phase.UNKNOWN:
+        raise FsdpctlError(
+            f"job {name}: whether its {run} still runs is unknown ({why})",
+            hint=f"`fsdpctl job status {name}` once its place answers; `fsdpctl job stop {name}` "
+            "stops it",
+            code=ExitCode.BAD_INPUT,
+        )
+    if not replace:
+        raise FsdpctlError(
+            f"job {name} is running ({phase}, {run})",
+            hint=f"`fsdpctl job stop {name}` first, or pass --replace",
+            code=ExitCode.BAD_INPUT,
+        )
+    other(where).stop(name, wait=True, dry_run=False)
+
+
+def phase_of(be: Backend, name: str) -> tuple[Phase | None, str]:
+    """The job's phase as its backend says (None: its place has no such job), and why it is Unknown
+    when its place gave no answer that says."""
+    try:
+        r = be.report(name)
+    except FsdpctlError as e:
+        if e.code == ExitCode.JOB_NOT_FOUND:
+            return None, ""
+        return Phase.UNKNOWN, str(e)
+    return Phase(r["phase"]), r.get("reason") or ""
+
+
+def stop(
+    be: Backend, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
+) -> str:
+    """Stop the job with its lock held (a stop is a change: no run or cleanup of the job meanwhile).
+    Its state is read first, so a damaged one is named before anything is made; a dry run, and a
+    job with no state here (a cluster job started elsewhere, a job that does not exist), make no
+    lock file."""
+    jdir = home.job_dir(name)
+    recorded = state.read(jdir) is not None
+    if dry_run:
+        return be.stop(name, wait=wait, dry_run=True, say=say)
+    with lock.held(jdir, create=recorded):
+        return be.stop(name, wait=wait, dry_run=False, say=say)
+
+
+def interrupt(be: Backend, name: str) -> Report | None:
+    """Ctrl-C (or SIGTERM) while following: what the backend does with it, under the job's lock
+    when it changes the job (local: a stop)."""
+    with lock.held(home.job_dir(name), create=False):
+        return be.interrupt(name)
+
+
+@dataclass
+class Listed:
+    """`job list` over every backend: the reports, what was passed over (one line each), and the
+    backends that could not be asked (their error: the command prints the rest, then fails)."""
+
+    reports: list[Report] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    failed: list[FsdpctlError] = field(default_factory=list)
+
+
+def list_jobs(cfg: Config, other: Factory, only: str | None = None) -> Listed:
+    """The jobs of every backend that holds one in this home, and of `only` (or BACKEND when it is a
+    place that keeps its own jobs, EKS's cluster) besides; with `only`, that backend's alone. A
+    backend that cannot be asked is in `failed`, and its jobs recorded here are listed as Unknown."""
+    names = [only] if only else backends_here(cfg)
+    found = Listed()
+    for name in names:
+        be = other(name)
+        try:
+            rows = be.list_jobs()
+        except FsdpctlError as e:
+            found.failed.append(e)
+            rows = [_unknown_row(s, f"{name}: {e}") for s in _states_of(name)]
+        found.notes += [n for n in getattr(be, "notes", []) if n not in found.notes]
+        found.reports += rows
+    return found
+
+
+def backends_here(cfg: Config) -> list[str]:
+    """The backends holding a job in this home, and BACKEND (EKS lists the cluster's jobs, started
+    from anywhere)."""
+    here = {state.backend_of(s) for s in _all_states()} | {cfg.backend}
+    return [n for n in targets.NAMES if n in here]
+
+
+def _all_states() -> list[dict[str, Any]]:
+    found = []
+    for jdir in home.job_dirs(lambda _: None):
+        try:
+            st = state.read(jdir)
+        except state.Damaged:
+            continue
+        if st is not None:
+            found.append(st)
+    return found
+
+
+def _states_of(backend: str) -> list[dict[str, Any]]:
+    return [s for s in _all_states() if state.backend_of(s) == backend]
+
+
+def states_of(backend: str, notes: list[str]) -> list[dict[str, Any]]:
+    """Every job of `backend` recorded in this home (for a backend's list and cleanup); a damaged
+    state or a stray file is one line in `notes` and the other jobs are still there."""
+    found = []
+    for jdir in home.job_dirs(notes.append):
+        try:
+            st = state.read(jdir)
+        except state.Damaged as e:
+            notes.append(f"{e}: skipped")
+            continue
+        if st is not None and state.backend_of(st) == backend:
+            found.append(st)
+    return found
+
+
+def _unknown_row(st: dict[str, Any], why: str) -> Report:
+    """A recorded job whose backend could not be asked, as a row that says so."""
+    return unknown_report(st, st.get("nodes") or st.get("replicas") or 0, why)
+
+
+def unknown_report(st: dict[str, Any], nodes: int, why: str) -> Report:
+    """A report that knows only what the state records: the job, its backend and run, Unknown with
+    what was asked and what came back."""
+    backend = state.backend_of(st)
+    return {
+        "job": st["job"],
+        "backend": backend,
+        "phase": Phase.UNKNOWN,
+        "run_id": st["run_id"],
+        "nodes": nodes,
+        "nodes_running": 0,
+        "restarts": 0,
+        "age_s": time.time() - st["created"],
+        "leader": None,
+        "leader_log": None,
+        "checkpoint_dir": None,
+        "reason": why,
+        "problems": [why],
+        "stalled": False,
+        "labels": {
+            "fsdpctl.io/job": st["job"],
+            "fsdpctl.io/run-id": st["run_id"],
+            **st.get("labels", {}),
+            "fsdpctl.io/backend": backend,
+        },
+        "prestep": None,
+        "network": None,
+        "step": 0,
+        "max_steps": None,
+        "percent": 0.0,
+        "loss": None,
+        "tokens_per_s": None,
+        "eta_s": None,
+        "last_progress_s": None,
+        "checkpoint": None,
+        "summary": None,
+    }
+
+
+def placement(job: str) -> dict[str, str] | None:
+    """Where the job's state says it lives: its backend, and on a Kubernetes place its namespace,
+    kind and context; None without a state (a damaged one is said once: the verb then looks where
+    BACKEND says)."""
+    jdir = home.job_dir(job)
+    try:
+        st = state.read(jdir)
+    except state.Damaged as e:
+        files.skipped(
+            e.path, str(e).removeprefix(f"{e.path} "), "ignored (the job is looked for at BACKEND)"
+        )
+        return None
+    if st is None:
+        return None
+    return {"backend": state.backend_of(st), **{k: str(st[k]) for k in PLACEMENT_KEYS if k in st}}

@@ -1,0 +1,384 @@
+"""The places the conformance suite runs every backend on, each the most real peer this machine has
+(shared/TESTING.md), behind one shape, `Place`:
+
+    local   this machine: the real supervisor, torchrun on CPU with gloo (loopback nodes here, so a
+            cell costs seconds; the netns pods have their own suites)
+    eks     the Kubernetes API peer (tests/kube_peer.py: discovery, scopes, validation, admission,
+            garbage collection as kube-apiserver) with the Training Operator's install applied; it
+            has no controllers and no kubelet, so the place plays them (`settle`): the cells that
+            need pods that really train are declared absent for eks (`Place.trains`)
+    slurm   a real Slurm 22.05 cluster (tests/slurm_peer.py: slurmctld, a slurmd per node in its own
+            network and UTS namespace, munge), started once per session, its shared file system a
+            directory mounted at the same path on every node and here
+
+Every place runs `fsdpctl` both as the real executable (`run`, as from another terminal) and in
+process (`invoke`, for a fault injected with monkeypatch), with the same environment. What the place
+itself runs for a job (`outside`) is asked of the place, never of fsdpctl: the supervisors and
+their processes (by the job's mark), the PyTorchJobs the API holds, the Slurm jobs squeue lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import SHARED, fsdpctl_process, invoke, isolate, prefixed
+from fsdpctl.targets import NAMES
+
+VENDOR = SHARED / "vendor"
+REGISTRY = "registry.example.com:5000"
+
+# a job every place runs in seconds: one node, one process, the tiny model
+TINY = {
+    "MODEL": "tiny",
+    "SEQ_LEN": "64",
+    "MAX_STEPS": "6",
+    "WARMUP_STEPS": "2",
+    "CHECKPOINT_INTERVAL": "3",
+    "PRECISION": "fp32",
+    "MAX_RESTARTS": "1",
+    "JOB_NODES": "1",
+}
+
+
+def until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
+    """Poll `check` until it returns something true (a loaded machine: generous deadlines, no fixed
+    sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.2)
+    return got
+
+
+@dataclass
+class Place:
+    """One backend on its peer: how fsdpctl is run against it, and what the place runs."""
+
+    name: str
+    home: Path
+    settings: dict[str, str]
+    environ: dict[str, str]
+    trains: bool  # its jobs' pods really train (local, slurm); eks: the peer plays the operator
+    outside: Callable[[str], list[str]]  # what the place runs (or holds) for job NAME, in words
+    settle: Callable[[str, str], None] = lambda job, phase: None  # plays the controllers (eks)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    def env(self, **settings: str) -> dict[str, str]:
+        return {**self.environ, **prefixed({**self.settings, **settings})}
+
+    def run(
+        self, *args: str, timeout: float = 180, **settings: str
+    ) -> subprocess.CompletedProcess[str]:
+        """The real executable, as from another terminal (in its home, as fsdpctl_process runs it)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        return fsdpctl_process(*args, env=self.env(**settings), timeout=timeout)
+
+    def invoke(self, monkeypatch: pytest.MonkeyPatch, *args: str, **settings: str) -> Any:
+        """fsdpctl in this process, with the place's environment (for a fault injected here)."""
+        for key, value in self.env(**settings).items():
+            monkeypatch.setenv(key, value)
+        return invoke(*args)
+
+    def ended(self, job: str, **settings: str) -> None:
+        """A run of `job` that trained to its end (eks: created, then Succeeded as the operator
+        would report it)."""
+        r = self.run("job", "run", "-d", JOB_NAME=job, **settings)
+        assert r.returncode == 0, r.stderr
+        self.settle(job, "Succeeded")
+        waited = self.run("job", "wait", job, "--timeout", "240", timeout=300, JOB_NAME=job)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+
+    def status(self, job: str) -> dict[str, Any]:
+        r = self.run("job", "status", job, "-o", "json", JOB_NAME=job)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+
+# ---- local ---------------------------------------------------------------------------------------------
+
+
+def local_place(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, root: Path
+) -> Iterator[Place]:
+    from fsdpctl.backends.local import engine as local
+
+    isolate(monkeypatch, root)
+    monkeypatch.setenv("FSDPCTL_LOCAL_NETNS", "0")
+    environ = {**os.environ, "FSDPCTL_LOCAL_NETNS": "0"}
+
+    def outside(job: str) -> list[str]:
+        """The runs with a process alive: every process of a run carries the run's own token
+        (FSDPCTL_RUN, inherited from its supervisor), so one run is one entry however many
+        processes it has."""
+        prefix = f"{local.RUN_MARK}=".encode()
+        runs = {
+            v.decode(errors="replace")
+            for pid in local.job_processes(job)
+            for v in local.environ_of(pid)
+            if v.startswith(prefix)
+        }
+        return sorted(f"run {r.partition('=')[2]}" for r in runs)
+
+    place = Place(
+        "local",
+        root / "home",
+        {"BACKEND": "local", "LOCAL_PROCS_PER_NODE": "1", **TINY},
+        environ,
+        trains=True,
+        outside=outside,
+    )
+    yield place
+    _kill_local(place)
+
+
+def _kill_local(place: Place) -> None:
+    """Every process of the test's local jobs, whatever the test left."""
+    import signal
+
+    from fsdpctl import files
+    from fsdpctl.backends.local import engine as local
+
+    jobs = place.home / "jobs"
+    for jdir in jobs.iterdir() if jobs.is_dir() else []:
+        if files.JOB_NAME.fullmatch(jdir.name):
+            for pid in local.job_processes(jdir.name):
+                local.signal_marked(pid, signal.SIGKILL, local.job_mark(jdir.name))
+
+
+# ---- eks -----------------------------------------------------------------------------------------------
+
+
+def eks_place(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, root: Path
+) -> Iterator[Place]:
+    from kube_peer import Peer
+
+    isolate(monkeypatch, root)
+    peer = Peer(root)
+    env = {
+        "KUBECONFIG": str(peer.kubeconfig),
+        "FSDPCTL_MANIFESTS": str(VENDOR),
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings = {"BACKEND": "eks", "IMAGE_REGISTRY": REGISTRY, **TINY}
+    _install_operator(peer, settings)
+
+    def outside(job: str) -> list[str]:
+        return [
+            f"PyTorchJob {o['metadata']['namespace']}/{job}"
+            for o in peer.objects("pytorchjobs")
+            if o["metadata"]["name"] == job
+        ]
+
+    def settle(job: str, phase: str) -> None:
+        _set_phase(peer, job, phase)
+
+    place = Place(
+        "eks",
+        root / "home",
+        settings,
+        {**os.environ, **env},
+        trains=False,
+        outside=outside,
+        settle=settle,
+    )
+    place.peer = peer  # type: ignore[attr-defined]
+    try:
+        yield place
+    finally:
+        peer.close()
+
+
+def _install_operator(peer: Any, settings: dict[str, str]) -> None:
+    """The Training Operator's install (deploy operator, its Deployment played ready) and the shared
+    claim a job's pods mount, as an admin leaves them."""
+    import threading
+
+    from fsdpctl.adapters.kube import Kube
+    from kube_peer import wait_for
+
+    k = Kube.connect(kubeconfig=str(peer.kubeconfig))
+
+    def ready() -> None:
+        wait_for(
+            lambda: k.get("apps/v1", "Deployment", "training-operator", "kubeflow") is not None, 30
+        )
+        k.request(
+            "PATCH",
+            "/apis/apps/v1/namespaces/kubeflow/deployments/training-operator/status",
+            body={"status": {"replicas": 1, "availableReplicas": 1}},
+            content_type="application/merge-patch+json",
+        )
+
+    t = threading.Thread(target=ready, daemon=True)
+    t.start()
+    r = invoke(
+        *[a for k_, v in settings.items() for a in ("--set", f"{k_}={v}")],
+        "deploy",
+        "operator",
+        "--timeout",
+        "30",
+    )
+    assert r.exit_code == 0, r.output
+    t.join()
+    k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fsdp"}})
+    k.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "fsx-claim", "namespace": "fsdp"},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "1200Gi"}},
+            },
+        }
+    )
+
+
+def _set_phase(peer: Any, job: str, phase: str) -> None:
+    """The operator's report of a job's end: its Succeeded/Failed condition (kubeflow/trainer v1.9.4
+    pkg/apis/kubeflow.org/v1 JobConditionType)."""
+    from fsdpctl.adapters.kube import Kube
+
+    if phase not in ("Succeeded", "Failed"):
+        return
+    k = Kube.connect(kubeconfig=str(peer.kubeconfig))
+    found = k.get("kubeflow.org/v1", "PyTorchJob", job, "fsdp")
+    if found is None:
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    conditions = [
+        {"type": "Created", "status": "True", "lastTransitionTime": stamp},
+        {
+            "type": phase,
+            "status": "True",
+            "lastTransitionTime": stamp,
+            "reason": f"PyTorchJob{phase}",
+        },
+    ]
+    k.request(
+        "PATCH",
+        f"/apis/kubeflow.org/v1/namespaces/fsdp/pytorchjobs/{job}/status",
+        body={"status": {"conditions": conditions}},
+        content_type="application/merge-patch+json",
+    )
+
+
+# ---- slurm ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def slurm_cluster(root: Path) -> Iterator[Any]:
+    """A running 2-node cluster with its shared file system at root/fsx (tests/slurm_peer.py)."""
+    import slurm_peer
+
+    with slurm_peer.running(root / "cluster", nodes=2) as cluster:
+        (root / "fsx").mkdir(exist_ok=True)
+        yield cluster
+
+
+# what a Slurm job of this suite runs: p5 nodes as Slurm sees them, one trainer process each on the
+# CPU, gloo
+SLURM = {
+    "BACKEND": "slurm",
+    "INSTANCE_TYPE": "p5.48xlarge",
+    "EFA_ENABLED": "false",
+    "GPUS_PER_NODE": "1",
+    "COLLECTIVE_TIMEOUT": "20",
+    "RDZV_JOIN_TIMEOUT": "60",
+    "SLURM_PYTHON": sys.executable,
+}
+
+
+def slurm_place(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, root: Path
+) -> Iterator[Place]:
+    from fsdpctl.settings import setting_keys
+
+    cluster, shared = request.getfixturevalue("slurm_root")
+
+    isolate(monkeypatch, root)
+    keys = set(setting_keys())
+    environ = {
+        k: v
+        for k, v in cluster.env.items()
+        if k not in keys and not (k.startswith("FSDPCTL_") and k not in ("FSDPCTL_HOME",))
+    }
+    environ |= {
+        "FSDPCTL_HOME": str(root / "home"),
+        "NO_COLOR": "1",
+        "XDG_STATE_HOME": str(root / "state"),
+    }
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    # each test its own corner of the shared file system
+    fsx = shared / root.name
+    fsx.mkdir(exist_ok=True)
+
+    def outside(job: str) -> list[str]:
+        got = cluster.command("squeue", "-h", "-n", job, "-o", "%i %T", check=False).stdout.split(
+            "\n"
+        )
+        return [f"Slurm job {line.strip()}" for line in got if line.strip()]
+
+    place = Place(
+        "slurm",
+        root / "home",
+        {**SLURM, **TINY, "SHARED_VOLUME_PATH": str(fsx)},
+        environ,
+        trains=True,
+        outside=outside,
+    )
+    place.cluster = cluster  # type: ignore[attr-defined]
+    yield place
+    for line in outside_all(cluster):
+        cluster.command("scancel", line, check=False)
+
+
+def outside_all(cluster: Any) -> list[str]:
+    return cluster.command("squeue", "-h", "-o", "%i", check=False).stdout.split()
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- the fixtures every module of the suite imports -----------------------------------------------------
+PLACES = {"local": local_place, "eks": eks_place, "slurm": slurm_place}
+
+
+def generate(metafunc: pytest.Metafunc) -> None:
+    """Each test module's pytest_generate_tests: `place` once per backend of TARGETS."""
+    if "place" in metafunc.fixturenames:
+        metafunc.parametrize("place", NAMES, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path]]:
+    """One Slurm cluster for the session's Slurm cells (its start costs seconds; each test gets a
+    directory of its own on its shared file system)."""
+    root = tmp_path_factory.mktemp("slurm")
+    with slurm_cluster(root) as cluster:
+        yield cluster, root / "fsx"
+
+
+@pytest.fixture
+def place(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    name = request.param
+    if name not in PLACES:
+        pytest.fail(
+            f"backend {name} has no place in the conformance suite (tests/conformance/places.py)"
+        )
+    yield from PLACES[name](request, monkeypatch, tmp_path)
