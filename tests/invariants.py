@@ -25,7 +25,7 @@ from typing import Any
 from fsdpctl.errors import ExitCode
 from fsdpctl.redact import SHAPES
 
-# what a command that is not `job wait` may exit with (README "Exit codes")
+# what a command that is not `job wait` may exit with (docs/reference/output.md "Exit codes")
 DOCUMENTED = frozenset(
     {ExitCode.OK, ExitCode.FAILURE, ExitCode.BAD_INPUT, ExitCode.JOB_NOT_FOUND, 130}
 )

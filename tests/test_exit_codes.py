@@ -1,4 +1,4 @@
-"""One exit-code table (README "Exit codes and `-o json`", fsdpctl.errors.ExitCode), held per
+"""One exit-code table (docs/reference/output.md "Exit codes", fsdpctl.errors.ExitCode), held per
 command.
 
 Every leaf command of the CLI is found from the click command tree (`typer.main.get_command`), so a
@@ -55,10 +55,11 @@ def _required_args(cmd) -> tuple[str, ...]:
 
 
 def test_the_readme_table_is_the_exit_code_enum():
-    """The README's table names every code of fsdpctl.errors.ExitCode with its value, and nothing
-    else; the codes the invariants checker allows are all in it."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Exit codes and `-o json`\n", 1)[1].split("\n## ", 1)[0]
+    """The docs' table (docs/reference/output.md, "Exit codes") names every code of
+    fsdpctl.errors.ExitCode with its value, and nothing else; the codes the invariants checker allows
+    are all in it."""
+    page = (ROOT / "docs" / "reference" / "output.md").read_text()
+    section = page.split("## Exit codes\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d+) \| (\w+) \| (.+) \|$", section, re.M)
     assert {int(code): name for code, name, _ in rows} == {int(e): e.name for e in ExitCode}
     assert all(when.strip() for _, _, when in rows)

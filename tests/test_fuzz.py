@@ -607,7 +607,7 @@ def fuzz_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-# the CI budget: under 3 minutes on 2 cores (README "The CLI fuzzer"); `make fuzz` sets
+# the CI budget: under 3 minutes on 2 cores (docs/testing.md "The CLI fuzzer"); `make fuzz` sets
 # FSDPCTL_TEST_FUZZ_EXAMPLES higher
 EXAMPLES = int(os.environ.get("FSDPCTL_TEST_FUZZ_EXAMPLES", "1500"))
 FAST_EXAMPLES = 40

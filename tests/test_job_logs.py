@@ -526,7 +526,10 @@ def test_run_dry_run_json_is_the_started_object(cli):
     assert r.exit_code == 0, r.output
     said = json.loads(r.stdout)
     assert said["job"] == "fsdp" and said["backend"] == "local" and said["dry_run"] == "client"
-    assert len([o for o in said["objects"] if o.startswith("node ")]) == 2
+    assert len([o for o in said["lines"] if o.startswith("node ")]) == 2
+    # the objects themselves, as kubectl's --dry-run -o json prints them: what the supervisor runs
+    assert [o["kind"] for o in said["objects"]][-1] == "PyTorchJob"
+    assert said["objects"][-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     assert "nothing was created" in r.stderr
 
 

@@ -1,4 +1,4 @@
-"""`-o json` on every command that reports (README "Exit codes and `-o json`"): stdout is exactly
+"""`-o json` on every command that reports (docs/reference/output.md): stdout is exactly
 one JSON document (json.loads of all of it), messages stay on stderr, an action's document carries
 `dry_run` as kubectl's --dry-run values (none, client, server), and the exit code is the one the
 command has without -o.

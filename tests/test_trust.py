@@ -949,25 +949,40 @@ def test_trainer_only_leaves_out_torchs_own_logging(cli):
     assert out == TRAINER_LINES
 
 
-def test_readme_names_only_files_the_repository_has():
-    """Every relative link and every backticked repository path in README.md exists (what the tools
-    make, a hidden directory such as benchmarks/.venvs/, aside)."""
-    text = (ROOT / "README.md").read_text()
-    linked = re.findall(r"\]\(((?!https?:|#)[^)\s]+)\)", text)
-    ticked = re.findall(
-        r"`((?:src|tests|trainer|templates|benchmarks|scripts|docker|terraform|eksctl)/[\w./-]+)`",
-        text,
-    )
+# the pages the docs site builds itself (scripts/docs_reference.py): links to them are to the built site
+GENERATED_PAGES = {"docs/reference/settings.md", "docs/reference/cli.md"}
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every page of the docs site (docs/)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_docs_name_only_files_the_repository_has():
+    """Every relative link of README.md and the docs pages (from the page's own folder) and every
+    backticked repository path in them exists (what the tools make, a hidden directory such as
+    benchmarks/.venvs/, aside)."""
     made = re.compile(r"(^|/)\.")
-    missing = sorted(
-        {
-            p
-            for p in [*linked, *ticked]
-            if not made.search(p) and not (ROOT / p.split("#")[0]).exists()
+    missing = set()
+    for page in doc_pages():
+        text = page.read_text()
+        for link in re.findall(r"\]\(((?!https?:|#)[^)\s]+)\)", text):
+            target = (page.parent / link.split("#")[0]).resolve()
+            if str(target.relative_to(ROOT)) not in GENERATED_PAGES and not target.exists():
+                missing.add(f"{page.relative_to(ROOT)}: {link}")
+        ticked = re.findall(
+            r"`((?:src|tests|trainer|templates|benchmarks|scripts|docker|terraform|eksctl|docs)/"
+            r"[\w./-]+)`",
+            text,
+        )
+        missing |= {
+            f"{page.relative_to(ROOT)}: {p}"
+            for p in ticked
+            if not made.search(p) and not (ROOT / p).exists() and p not in GENERATED_PAGES
         }
-    )
-    assert not missing, missing
-    assert "## Contents" in text and "## Your first own job" in text
+    assert not missing, sorted(missing)
+    readme = (ROOT / "README.md").read_text()
+    assert "## Your first own job" in readme and "## Where to go next" in readme
 
 
 def _leaves():
@@ -987,11 +1002,13 @@ def _leaves():
     return dict(walk(typer.main.get_command(app), ()))
 
 
-def test_every_verb_has_the_flags_the_readme_gives_it():
-    """Each `fsdpctl ...` line of README.md: the command it names takes every option the line shows
-    (`[--dry-run]`, `[-o json]`, ...); and every command that changes state has --dry-run."""
+def test_every_verb_has_the_flags_the_docs_give_it():
+    """Each `fsdpctl ...` line of README.md and the docs pages: the command it names takes every
+    option the line shows (`[--dry-run]`, `[-o json]`, ...); and every command that changes state has
+    --dry-run."""
     leaves = _leaves()
-    for line in (ROOT / "README.md").read_text().splitlines():
+    lines = [line for page in doc_pages() for line in page.read_text().splitlines()]
+    for line in lines:
         if not line.startswith("fsdpctl "):
             continue
         words = line.split("#")[0].split()
@@ -1044,6 +1061,90 @@ def test_ctrl_c_while_the_cli_starts_is_one_line(cli, delay):
     ):  # it finished first, or Python had not started yet
         return
     assert p.returncode == 130 and err.strip() == "interrupted" and out == "", (p.returncode, err)
+
+
+def test_no_long_install_step_is_silent():
+    """Issue 38 item 6: the install, checkov's venv and the Debian packages each say what they install
+    before they start and let pip and apt show their progress (no -q on pip, no -qq or >/dev/null on
+    apt); measured silences: benchmarks/first_hour.py silence. And item 2: `make quickstart` ends with how
+    to get fsdpctl on PATH, whatever the run's outcome."""
+    make = (ROOT / "Makefile").read_text()
+    recipes = {
+        target: make.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        for target in ("$(STAMP)", "$(CHECKOV)", "quickstart")
+    }
+    for target in ("$(STAMP)", "$(CHECKOV)"):
+        lines = [x.strip() for x in recipes[target].replace("\\\n", " ").splitlines()]
+        for i, line in enumerate(lines):
+            if "pip install" in line:
+                assert " -q" not in line and "--quiet" not in line, line
+                # said first: the install before each pip step, checkov before its venv and pip
+                said = lines[i - 1 : i] if target == "$(STAMP)" else lines[:i]
+                assert any(x.startswith("@echo") for x in said), (target, line)
+    quickstart = recipes["quickstart"]
+    assert quickstart.index("fsdpctl quickstart") < quickstart.index(". $(VENV)/bin/activate")
+    assert "exit $$code" in quickstart  # the run's own exit code, after the hint
+    deps = (ROOT / "scripts" / "system-deps").read_text()
+    assert "-qq" not in deps and ">/dev/null\n" not in deps.split("apt-get update", 1)[1]
+    assert deps.index("echo") < deps.index("apt-get update")
+
+
+def test_the_install_heartbeat_passes_output_through_and_speaks_when_it_stands_still():
+    """scripts/heartbeat, around each pip step of `make install`: the command's output unchanged and
+    in order, a `still ...` line once it has shown nothing new for the given seconds (a pip unpacking
+    torch shows a frozen bar), and the command's own exit code. On a pipe here; at a terminal the command
+    gets a pseudo-terminal so that pip keeps drawing its bars."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "heartbeat"),
+            "0.3",
+            "unpacking",
+            "--",
+            "bash",
+            "-c",
+            "echo first; sleep 0.7; printf 'second\\n'; exit 3",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    lines = [x for x in p.stdout.decode().splitlines() if x]
+    assert p.returncode == 3 and lines[0] == "first" and lines[-1] == "second", p.stdout
+    assert any(x.startswith("  ... still unpacking (") for x in lines[1:-1]), p.stdout
+    quick = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "heartbeat"), "30", "x", "--", "true"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert quick.returncode == 0 and quick.stdout == b""
+    # at a terminal: lines that keep coming (a pty ends each with \r\n) are output, not a still screen
+    master, slave = os.openpty()
+    streaming = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "heartbeat"),
+            "0.5",
+            "quiet",
+            "--",
+            "bash",
+            "-c",
+            "for i in $(seq 8); do echo line$i; sleep 0.1; done",
+        ],
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert streaming.wait(timeout=60) == 0 and b"line8" in seen and b"still" not in seen, seen
 
 
 def test_the_install_says_its_time_and_size_before_it_starts():

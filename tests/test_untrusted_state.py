@@ -17,7 +17,7 @@ event lines into the logs.
 Invariants for each verb: it returns before its deadline; its exit code is a documented one and no
 `internal error`; a failure is one line that names the harmed file; it writes nothing when it fails;
 the other job is listed and reported as before and none of its files changes; nothing is deleted but
-what `cleanup` may delete (README "What cleanup may delete"); and no process that is not the job's
+what `cleanup` may delete (docs/local.md "What `cleanup` may delete"); and no process that is not the job's
 receives a signal (a decoy `sleep` whose exact identity the hostile states name stays alive).
 
 `FSDPCTL_TEST_STATE_COLLECT=1` runs every case and prints the count of each broken invariant instead
@@ -272,7 +272,7 @@ def run(*args: str):
 
 
 def may_delete(path: Path, home: Path, args: tuple[str, ...]) -> bool:
-    """What `cleanup` may delete (README "What cleanup may delete"): an ended job's files under
+    """What `cleanup` may delete (docs/local.md "What `cleanup` may delete"): an ended job's files under
     FSDPCTL_HOME/jobs/<job>/ but its lock, and with --checkpoints its directory under the claim's
     checkpoints/. Nothing else, by any verb; nothing outside the home."""
     if args[0] != "cleanup" or "--dry-run" in args:

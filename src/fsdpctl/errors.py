@@ -6,8 +6,8 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """fsdpctl's one table of exit codes (README "Exit codes"; tests/test_exit_codes.py holds the
-    two equal).
+    """fsdpctl's one table of exit codes (docs/reference/output.md "Exit codes";
+    tests/test_exit_codes.py holds the two equal).
 
     1 and 2 follow click (UsageError.exit_code = 2, a usage error; anything else that failed, 1) and
     kubectl's DefaultErrorExitCode = 1 for a failure at runtime. Unlike kubectl (1 for an

@@ -75,7 +75,7 @@ def _deploy(
     output: Output,
 ) -> None:
     """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks
-    them). With -o json/yaml stdout gets one document (README "JSON output"), the messages stay on
+    them). With -o json/yaml stdout gets one document (docs/reference/output.md), the messages stay on
     stderr."""
     from fsdpctl import deploy, deploy_status, render
     from fsdpctl.backends.eks import api

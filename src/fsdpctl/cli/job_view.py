@@ -357,12 +357,16 @@ def dry_run_word(dry_run: bool, server: bool = False) -> str:
 
 
 def dry_run_done(
-    what: dict[str, Any], lines: list[str], output: Output, server: bool = False
+    what: dict[str, Any], started: Started, output: Output, server: bool = False
 ) -> None:
-    """What a dry run of `job run` (or `quickstart`) would start: its objects or launch lines on
-    stdout (one object with -o json/yaml), then one line saying nothing was created."""
-    if not emit({**what, "dry_run": dry_run_word(True, server), "objects": lines}, output):
-        for line in lines:
+    """What a dry run of `job run` (or `quickstart`) would start: its lines on stdout (object names,
+    launch commands, the batch script), or with -o json/yaml one document holding the objects it
+    would create themselves (and the script), as kubectl's `--dry-run -o yaml`; then one line saying
+    nothing was created."""
+    doc = {**what, "dry_run": dry_run_word(True, server), "objects": started.objects}
+    doc |= {"script": started.script} if started.script is not None else {}
+    if not emit({**doc, "lines": started.dry_run_lines}, output):
+        for line in started.dry_run_lines:
             out.print(line, markup=False)
     ok(f"dry run: {what['where']}; nothing was created")
 
@@ -400,7 +404,7 @@ def launch(
     )
     what = started_object(backend, started)
     if dry_run or server_dry_run:
-        dry_run_done(what, started.dry_run_lines, output, server_dry_run)
+        dry_run_done(what, started, output, server_dry_run)
         return
     what["dry_run"] = "none"
     ok(f"started job {started.job} (run {started.run_id}) on {backend.name}{said}: {started.where}")

@@ -189,7 +189,7 @@ def plan(
     cost; the shared volume's need against FSX_STORAGE_GIB, one save's time and the stop grace.
 
     Uses the same settings as the job; the flags vary them. The model behind the numbers is in the
-    README.
+    docs (docs/plan.md, "The model").
 
     Example: fsdpctl plan --model 70b --nodes 1 --instance-type p5.48xlarge
     """

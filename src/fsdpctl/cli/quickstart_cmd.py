@@ -103,7 +103,7 @@ def quickstart(
         other=backends.factory(cfg),
     )
     if dry_run:  # (a running quickstart is replaced only by a real run)
-        job_view.dry_run_done(job_view.started_object(be, started), started.dry_run_lines, output)
+        job_view.dry_run_done(job_view.started_object(be, started), started, output)
         return
     ok(
         f"quickstart: {cfg.job_nodes} nodes x {cfg.procs_per_node} process, {cfg.training.model} Llama, "

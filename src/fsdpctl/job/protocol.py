@@ -21,12 +21,16 @@ from fsdptrain import events
 @dataclass
 class Started:
     """What `run` did: the job and run id, where its output goes, and (dry run) what it would have
-    done."""
+    done: in lines for a person, and as the documents it would create (kubectl's `--dry-run -o
+    yaml` prints the objects, not their names): the Kubernetes objects, and on Slurm the batch
+    script."""
 
     job: str
     run_id: str
     where: str
     dry_run_lines: list[str] = field(default_factory=list)
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    script: str | None = None
 
 
 @dataclass

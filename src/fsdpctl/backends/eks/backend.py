@@ -68,10 +68,10 @@ class EksBackend:
         dryRun=All, which the API server admits or refuses as it would, storing nothing."""
         cfg = self.cfg
         self._require_registry()
+        objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
         if not server:
-            objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
             lines = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
-            return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines)
+            return Started(cfg.job_name, run_id, f"{len(lines)} objects would be sent", lines, objs)
         token = secret_env(cfg).get("HF_TOKEN", "")
         started = engine.run(
             self.kube, cfg, run_id=run_id, replace=False, token=token, server_dry_run=True
@@ -83,7 +83,7 @@ class EksBackend:
             if unchecked
             else ""
         )
-        return Started(cfg.job_name, started["run_id"], where, lines)
+        return Started(cfg.job_name, started["run_id"], where, lines, objs)
 
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
         self._require_registry()

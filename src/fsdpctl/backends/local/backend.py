@@ -62,7 +62,9 @@ class LocalBackend:
             )
         infra, job = self._rendered(run_id, "")
         self._refuse_resume(job)
-        return self._dry_run(job, run_id, _prestep_job(infra))
+        started = self._dry_run(job, run_id, _prestep_job(infra))
+        started.objects = [*infra, job]  # what the supervisor runs, as a cluster would get it
+        return started
 
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
         if missing := missing_packages(self.cfg.training):  # the trainers run in this environment

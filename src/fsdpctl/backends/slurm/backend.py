@@ -128,8 +128,10 @@ class SlurmBackend:
             )
         self._require_shared()
         where = paths(self.cfg, run_id)
-        lines = [f"sbatch --parsable {where.script}", *render_script(self.cfg, run_id).splitlines()]
-        return Started(self.cfg.job_name, run_id, f"sbatch would submit {where.script}", lines)
+        text = render_script(self.cfg, run_id)
+        lines = [f"sbatch --parsable {where.script}", *text.splitlines()]
+        said = f"sbatch would submit {where.script}"
+        return Started(self.cfg.job_name, run_id, said, lines, script=text)
 
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
         """The batch script in the record (a setting Slurm cannot honour is refused here, before
