@@ -493,12 +493,13 @@ def running(
 
 
 @pytest.fixture
-def slurm_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+def slurm_clusters(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     """A factory of running clusters for a test (the conformance suite's Slurm target):
-    `slurm_cluster(nodes=2, containers=False, mounts=None)` starts one (~3 s here; with containers
+    `slurm_clusters(nodes=2, containers=False, mounts=None)` starts one (~3 s here; with containers
     the first of a machine also builds pyxis, enroot and the image, ~20 s, then cached) and every
     one it started is stopped at teardown. Import it into a test module (`from slurm_peer import
-    slurm_cluster`); a longer-lived cluster is `running()` in a fixture of that scope."""
+    slurm_clusters`); a longer-lived cluster is `running()` in a fixture of that scope (as
+    tests/conformance/places.py does: `running(root, 2, containers=True)` for the container cells)."""
     with ExitStack() as stack:
         made = 0
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import slurm_peer
 from fsdpctl.adapters import netns
-from slurm_peer import slurm_cluster  # noqa: F401 - the factory fixture (containers, issue 36)
+from slurm_peer import slurm_clusters  # noqa: F401 - the factory fixture (containers, issue 36)
 
 # One task per node: the task whose host is the rendezvous endpoint serves on it, the others
 # connect and say who they are. Hosting is decided as torchrun's c10d backend does
@@ -287,7 +287,7 @@ SHOW_ENV = "import os, socket; print(socket.gethostname(), os.environ.get('HF_HO
 
 
 @pytest.mark.slow
-def test_pyxis_runs_each_task_in_the_image_whose_env_wins_unless_named(slurm_cluster, tmp_path):  # noqa: F811
+def test_pyxis_runs_each_task_in_the_image_whose_env_wins_unless_named(slurm_clusters, tmp_path):  # noqa: F811
     """The containers=True peer as NVIDIA documents pyxis v0.24.0 and enroot v4.1.2: `srun
     --container-image=<squashfs>` runs each task of the step in the image on its own node (slurmd's
     log: "pyxis: starting container" once per node), with the image's python and the tests'
@@ -295,7 +295,7 @@ def test_pyxis_runs_each_task_in_the_image_whose_env_wins_unless_named(slurm_clu
     /etc/environment one (pyxis_slurmstepd.c spank_import_container_env: `overwrite = 1`) unless
     --container-env names it (then the job's wins: args.c --help). ~25 s here, the first time on a
     machine ~20 s more for the build."""
-    cluster = slurm_cluster(2, containers=True)
+    cluster = slurm_clusters(2, containers=True)
     image = cluster.image
     assert image is not None
     steps = [
