@@ -62,6 +62,7 @@ def env_for(cluster, root: Path, name: str, **settings: str) -> dict[str, str]:
 
     keys = set(setting_keys())
     (root / "home").mkdir(exist_ok=True)
+    (root / "fsx").mkdir(exist_ok=True)  # the shared file system, mounted where fsdpctl runs
     base = {k: v for k, v in cluster.env.items() if k not in keys and not k.startswith("FSDPCTL_")}
     shared = {"SHARED_VOLUME_PATH": str(root / "fsx"), "SLURM_PYTHON": sys.executable}
     return (
@@ -106,6 +107,13 @@ def until(what: str, check, timeout: float = 240):
         assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
         time.sleep(0.3)
     return got
+
+
+def said(cluster, env: dict[str, str]) -> str:
+    """What a failed assertion shows: the run's batch log and the daemons' last lines."""
+    batch = run_dir(env) / "batch.log"
+    text = batch.read_text(errors="replace")[-3000:] if batch.exists() else "(no batch log)"
+    return f"--- batch.log\n{text}\n{cluster.logs(40)}"
 
 
 def run_to_end(env: dict[str, str]) -> dict:
@@ -312,7 +320,7 @@ def test_a_killed_slurmd_requeues_once_and_the_run_resumes_with_exact_losses(tmp
         cluster.start_node(1)
         waited = fsdpctl("job", "wait", "--timeout", "400", env=env, timeout=scaled(430))
         final = status(env)
-        assert waited.returncode == 0 and final["phase"] == "Succeeded", (final, waited.stderr)
+        assert waited.returncode == 0 and final["phase"] == "Succeeded", said(cluster, env)
         assert final["restarts"] == 1 and cluster.job(job)["Restarts"] == "1"
         got = losses(env)
         assert sorted(got) == list(range(1, 25))
@@ -330,7 +338,7 @@ def test_a_killed_slurmd_requeues_once_and_the_run_resumes_with_exact_losses(tmp
         cluster.start_node(1)
         waited = fsdpctl("job", "wait", "--timeout", "300", env=done, timeout=scaled(330))
         final = status(done)
-        assert waited.returncode == 0 and final["phase"] == "Succeeded", (final, waited.stderr)
+        assert waited.returncode == 0 and final["phase"] == "Succeeded", said(cluster, done)
         assert cluster.job(job)["Restarts"] == "1"
         leader = (run_dir(done) / "node-0.log").read_text()
         assert "this run already trained to MAX_STEPS=6" in leader, leader[-2000:]

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,18 +46,23 @@ from test_slurm_backend import CAPTURED
 
 BASE = {"BACKEND": "slurm", "INSTANCE_TYPE": "p5.48xlarge", "JOB_NODES": "2", "MODEL": "7b"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# a recording srun: each call's arguments and environment; it exits with the next code of
-# SRUN_CODES (comma-separated, consumed one per call; 0 when none are left)
+# a recording srun: each call's arguments and environment. SRUN_CODES_FILE holds what each call
+# does, one `rc:codes` entry per call (consumed in order; `0:` when none are left): the launchers
+# that end on their own write their codes where the script looks (FSDPTRAIN_ENDS_DIR, as
+# fsdptrain.disruption.record_end does), then srun exits rc
 SRUN = f"""#!{sys.executable}
 import json, os, sys
 with open(os.environ["SRUN_CALLS"], "a") as f:
     f.write(json.dumps({{"argv": sys.argv[1:], "env": dict(os.environ)}}) + "\\n")
-codes = os.environ.get("SRUN_CODES_FILE")
-left = open(codes).read().split(",") if codes and os.path.exists(codes) else []
-left = [c for c in left if c.strip()]
+plan = os.environ.get("SRUN_CODES_FILE")
+left = [c for c in open(plan).read().split(";") if c] if plan and os.path.exists(plan) else []
 if left:
-    open(codes, "w").write(",".join(left[1:]))
-    sys.exit(int(left[0]))
+    open(plan, "w").write(";".join(left[1:]))
+    rc, _, codes = left[0].partition(":")
+    folder = os.environ.get("FSDPTRAIN_ENDS_DIR")
+    for n, code in enumerate(c for c in codes.split(",") if c):
+        open(os.path.join(folder, f"node{{n}}"), "w").write(code + "\\n")
+    sys.exit(int(rc))
 """
 # what the batch shell would run itself: recorded as a failure of the script's shape
 PYTHON = f"""#!{sys.executable}
@@ -219,6 +225,9 @@ def test_the_download_step_really_reaches_the_hub_where_the_trainers_are_offline
 # ---- the trainers' step started again when Slurm ended it -------------------------------------------
 
 
+OWN = st.sampled_from([0, 1, 2, 143])  # what a launcher that ended on its own says
+
+
 @settings(
     max_examples=25,
     deadline=None,
@@ -226,33 +235,44 @@ def test_the_download_step_really_reaches_the_hub_where_the_trainers_are_offline
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
-    codes=st.lists(st.sampled_from([0, 1, 2, 143, 137, 134, 168, 255, 9]), min_size=1, max_size=4),
+    tries=st.lists(
+        st.tuples(st.sampled_from([0, 1, 2, 137, 143, 168]), st.lists(OWN, max_size=2)),
+        min_size=1,
+        max_size=4,
+    ),
     stop=st.booleans(),
 )
-def test_the_trainers_step_is_started_again_only_when_slurm_ended_it(tmp_path, codes, stop):
-    """srun returns the highest exit code of the tasks, or 128+signal when one was killed (Slurm
-    22.05 src/plugins/launch/slurm/launch_slurm.c _task_finish, srun_job.c fini_srun). The
-    launcher's own codes (script.TRAINER_CODES: done or stopped, failed, refused, ended by the
-    scheduler's SIGTERM) end the script with that code; any other (a task SIGKILLed by an abort,
-    a launch refused with a revoked credential) starts the step again, at most STEP_TRIES times in
-    all and never once the stop request is there, each try with a rendezvous id of its own. The
-    script's exit code is always the last srun's."""
+def test_the_trainers_step_is_started_again_only_when_slurm_ended_it(tmp_path, tries, stop):
+    """srun returns the highest exit code of the tasks, or 128 + the highest signal when one was
+    killed (Slurm 22.05 src/plugins/launch/slurm/launch_slurm.c _task_finish, srun_job.c
+    fini_srun): 143 is a launcher that exited 143 on a SIGTERM or one srun's SIGTERM killed before
+    its handler was in place, so the script reads the launchers' own records instead
+    (fsdptrain.disruption.record_end). The step is over when srun succeeded, a launcher failed on
+    its own (a code other than 0 and 143) or every launcher (2 nodes) ended on its own; otherwise
+    Slurm ended it (a task killed by the abort of a returning node, a launch refused) and it starts
+    again, STEP_TRIES times at most and never once the stop request is there, each try with a
+    rendezvous id and an ends folder of its own. The script's exit code is the last srun's."""
+    shutil.rmtree(tmp_path / "fsx", ignore_errors=True)  # an earlier example's ends folders
     text, _ = render(tmp_path, JOB_NODES="2")
-    stop_file = exported(text)[disruption.STOP_FILE_ENV]
-    Path(stop_file).parent.mkdir(parents=True, exist_ok=True)
-    Path(stop_file).unlink(missing_ok=True)
+    stop_file = Path(exported(text)[disruption.STOP_FILE_ENV])
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.unlink(missing_ok=True)
     if stop:
-        Path(stop_file).write_text(f'{disruption.STOP_ANNOTATION}="1"\n')
-    got, calls, _ = run(tmp_path, text, ",".join(map(str, codes)))
+        stop_file.write_text(f'{disruption.STOP_ANNOTATION}="1"\n')
+    plan = ";".join(f"{rc}:{','.join(map(str, codes))}" for rc, codes in tries)
+    got, calls, _ = run(tmp_path, text, plan)
     expected = []
-    for code in [*codes, *([0] * script.STEP_TRIES)]:
-        expected.append(code)
-        if code in script.TRAINER_CODES or stop or len(expected) == script.STEP_TRIES:
+    for rc, codes in [*tries, *([(0, [])] * script.STEP_TRIES)]:
+        expected.append(rc)
+        theirs = rc == 0 or any(c not in script.PASSED_ON for c in codes) or len(codes) >= 2
+        if theirs or stop or len(expected) == script.STEP_TRIES:
             break
-    assert len(calls) == len(expected), (codes, got.stderr)
-    assert got.returncode == expected[-1] % 256
+    assert len(calls) == len(expected), (tries, got.stderr)
+    assert got.returncode == expected[-1]
     ids = [option(c["argv"], "--rdzv-id") for c in calls]
     assert ids == [f"77-0-{n}" for n in range(1, len(calls) + 1)]
+    folders = [c["env"][disruption.ENDS_DIR_ENV] for c in calls]
+    assert len(set(folders)) == len(calls)
     if len(calls) > 1:
         assert "Slurm ended it" in got.stderr
 
@@ -392,3 +412,18 @@ def test_an_outside_cancel_is_told_from_a_stop():
             states.outside_cancel(states.parse_record(CAPTURED[other]), stop_requested=False)
             is None
         )
+
+
+def test_a_launcher_records_the_code_it_ends_with_where_the_script_reads_it(tmp_path, monkeypatch):
+    """fsdptrain.launch.main writes its exit code into FSDPTRAIN_ENDS_DIR (a file per launcher,
+    whole): here a refusal before torchrun, 2, the code that tells the script the trainers ended
+    the step themselves. Unset, nothing is written."""
+    ends = tmp_path / "ends"
+    monkeypatch.setenv(disruption.ENDS_DIR_ENV, str(ends))
+    monkeypatch.setenv("MAX_STEPS", "many")  # a setting the launcher refuses on the node
+    assert launch.main(["--nnodes=1", "--nproc-per-node=1", "-m", "fsdptrain"]) == 2
+    written = list(ends.iterdir())
+    assert len(written) == 1 and written[0].read_text() == "2\n"
+    monkeypatch.delenv(disruption.ENDS_DIR_ENV)
+    assert launch.main(["--nnodes=1", "--nproc-per-node=1", "-m", "fsdptrain"]) == 2
+    assert list(ends.iterdir()) == written

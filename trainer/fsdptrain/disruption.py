@@ -49,6 +49,10 @@ NOTE_ENV = "FSDPTRAIN_EXIT_NOTE"  # a file the pod's launcher reads after torchr
 # who gets the scheduler's SIGTERM: `pod` (PID 1 alone: Kubernetes, local) or `step` (every process
 # of the job step: Slurm); see the module's docstring
 SIGNALS_ENV = "FSDPTRAIN_SIGNALS"
+# where each launcher of a Slurm step writes the code it ends with (a file per launcher): the batch
+# script tells a step the trainers ended from one Slurm ended under them (a task killed, a launch
+# refused), which it starts again
+ENDS_DIR_ENV = "FSDPTRAIN_ENDS_DIR"
 # agreed across ranks with MAX: a stop request wins over a disruption seen at the same step
 NONE, DISRUPTED, STOP = 0, 1, 2
 RETRYABLE_EXIT = 128 + signal.SIGTERM  # what a container killed by SIGTERM reports
@@ -171,3 +175,19 @@ def record_start(environ: Mapping[str, str], who: str) -> str | None:
         f"this run has started torchrun {count} times, over its budget of {most} (JOB_NODES x (1 + "
         "MAX_RESTARTS)): not starting again; `fsdpctl job logs --all` shows why it kept failing"
     )
+
+
+def record_end(environ: Mapping[str, str], who: str, code: int) -> None:
+    """The launcher's exit code in ENDS_DIR_ENV's folder, written whole (a rename); nothing when
+    unset or not writable (the script then counts this launcher as ended by Slurm)."""
+    folder = environ.get(ENDS_DIR_ENV, "")
+    if not folder:
+        return
+    path = Path(folder) / f"{who}-{os.getpid()}"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(f"{code}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -195,7 +195,14 @@ def wait_for_prestep(environ: Mapping[str, str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The launcher's exit code, also written where a Slurm batch script looks for it
+    (disruption.record_end): a launcher that ends without it was ended by Slurm or the kernel."""
+    code = run_launcher(list(sys.argv[1:] if argv is None else argv))
+    disruption.record_end(os.environ, socket.gethostname(), code)
+    return code
+
+
+def run_launcher(argv: list[str]) -> int:
     if done := already_finished(argv, os.environ):
         print(done, flush=True)
         return 0

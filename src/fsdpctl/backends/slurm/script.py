@@ -42,12 +42,15 @@ from fsdptrain import disruption
 # awsome's test for a SageMaker HyperPod cluster: `[ -d "/opt/sagemaker_cluster" ]`
 HYPERPOD_MARK = "/opt/sagemaker_cluster"
 C10D_PORT = jobpolicy.C10D_PORT  # torchrun's c10d default (awsome's endpoint names no port)
-# the exit codes the trainers' launcher itself ends with (fsdptrain.launch, disruption.pod_exit):
-# done or stopped, failed, refused before torchrun, ended by the scheduler's SIGTERM. srun returns
-# the highest task exit code, or 128+signal when a task was killed (Slurm 22.05
-# src/plugins/launch/slurm/launch_slurm.c _task_finish, srun_job.c fini_srun): anything else is
-# Slurm's doing, and the step is started again
-TRAINER_CODES = (0, 1, 2, disruption.RETRYABLE_EXIT)
+# Who ended the trainers' step is read from the launchers themselves, not from srun's code: srun
+# returns the highest exit code, or 128 + the highest signal when a task was killed (Slurm 22.05
+# src/plugins/launch/slurm/launch_slurm.c _task_finish, srun_job.c fini_srun), so a launcher
+# killed by srun's own SIGTERM before its handler was in place (143) reads as one that exited 143
+# on the scheduler's. Each launcher writes its exit code in the try's ends folder
+# (fsdptrain.disruption.record_end); the trainers ended the step when one of them failed on its
+# own (a code other than 0 and 143, `PASSED_ON`) or every one of them ended on its own; else Slurm
+# ended it (a task killed, a launch refused) and the step is started again
+PASSED_ON = (0, disruption.RETRYABLE_EXIT)  # done or stopped; ended by a SIGTERM it was sent
 STEP_TRIES = 3  # the trainers' step per run of the script: the first and two more
 RETRY_PAUSE_S = 5  # before another try: the aborted step's processes are gone in ~1 s here
 
@@ -201,7 +204,8 @@ def srun_options(spec: JobSpec, cfg: Config) -> list[str]:
         f"--output={paths(cfg, spec.run_id).node_log('%n')}",
         "--open-mode=append",
     ]
-    return opts + container_options(spec, cfg, list(trainer_env(spec, cfg)))
+    names = [*trainer_env(spec, cfg), disruption.ENDS_DIR_ENV]
+    return opts + container_options(spec, cfg, names)
 
 
 def fetch_step(spec: JobSpec, cfg: Config, run_id: str) -> str:
@@ -281,28 +285,37 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         "fsdptrain.launch",
         *torchrun_args(spec),
     ]
-    trainer_codes = "|".join(map(str, TRAINER_CODES))
+    passed_on = "|".join(map(str, PASSED_ON))
     lines += [
         "# the trainers; started again when Slurm, not they, ended the step (see STEP_TRIES in",
         "# fsdpctl's backends/slurm/script.py); a fresh rendezvous per (re)start and try",
         "try=1",
         "while :; do",
         '    rdzv_id="${SLURM_JOB_ID}-${restarts}-${try}"',
+        # where each launcher says how it ended (fsdptrain.disruption.record_end), per try
+        f'    export {disruption.ENDS_DIR_ENV}={shlex.quote(root)}/ends/"$rdzv_id"',
+        f'    mkdir -p "${disruption.ENDS_DIR_ENV}"',
         "    rc=0",
         # bash before 4.4 calls an empty array unbound under `set -u` (bash CHANGES, bash-4.4-rc2,
-        # "3. New Features in Bash" a.):
-        # ${a[@]+"${a[@]}"} expands to nothing there (ParallelCluster's Amazon Linux 2: 4.2)
+        # "3. New Features in Bash" a.): ${a[@]+"${a[@]}"} expands to nothing there
+        # (ParallelCluster's Amazon Linux 2: 4.2)
         '    srun ${auto_resume[@]+"${auto_resume[@]}"} '
         + " ".join(_q(w) for w in launch)
         + " || rc=$?",
-        '    case "$rc" in',
-        f'        {trainer_codes}) exit "$rc" ;;',
-        "    esac",
+        "    ended=0 failed=0",
+        f'    for f in "${disruption.ENDS_DIR_ENV}"/*; do',
+        '        [ -f "$f" ] || continue',
+        "        ended=$((ended + 1))",
+        f'        case "$(cat "$f")" in {passed_on}) ;; *) failed=1 ;; esac',
+        "    done",
+        f'    if [ "$rc" -eq 0 ] || [ "$failed" -eq 1 ] || [ "$ended" -ge {spec.nodes} ]; then',
+        '        exit "$rc"  # the trainers ended it',
+        "    fi",
         f'    if [ "$try" -ge {STEP_TRIES} ] || [ -e "${{{disruption.STOP_FILE_ENV}}}" ]; then',
         '        exit "$rc"',
         "    fi",
-        "    echo \"fsdpctl: the trainers' step ended with $rc, not a code of theirs: Slurm ended it"
-        f' (try $try of {STEP_TRIES}); starting it again" >&2',
+        f"    echo \"fsdpctl: the trainers' step ended with $rc, $ended of {spec.nodes} launchers"
+        f' by themselves: Slurm ended it (try $try of {STEP_TRIES}); starting it again" >&2',
         f"    sleep {RETRY_PAUSE_S}",
         "    try=$((try + 1))",
         "done",
