@@ -417,6 +417,7 @@ def test_each_named_value_of_a_check_over_several_keys_says_where_it_came_from(c
     their sources; the suggested values are not (they came from nowhere)."""
     (cli.cwd / ".env").write_text("# the node group\nNODE_COUNT=2\n")
     monkeypatch.setenv("FSDPCTL_BACKEND", "eks")
+    monkeypatch.setenv("FSDPCTL_IMAGE_REGISTRY", "registry.example.com:5000")
     monkeypatch.setenv("FSDPCTL_JOB_NODES", "3")
     r = cli("config", "validate")
     assert r.exit_code == 2

@@ -41,7 +41,7 @@ def _leaves(cmd=None, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...],
 
 LEAVES = _leaves()
 # commands that read no setting: `deploy fetch` goes by the release pins alone
-NO_SETTINGS = {("deploy", "fetch")}
+NO_SETTINGS = {("deploy", "fetch"), ("version",)}
 
 
 def _has(cmd, flag: str) -> bool:
@@ -103,6 +103,8 @@ def test_the_commands_that_read_no_setting_are_the_ones_named(cli, monkeypatch):
     assert NO_SETTINGS <= set(dict(LEAVES))
     r = invoke("--set", "JOB_NODES=abc", "deploy", "fetch")
     assert r.exit_code == ExitCode.OK, r.output
+    r = invoke("--set", "JOB_NODES=abc", "version")
+    assert r.exit_code == ExitCode.OK and r.stdout.startswith("fsdpctl "), r.output
 
 
 def _terraform_state(cli) -> None:

@@ -204,7 +204,11 @@ def test_config_validate_force_warns_and_passes(cli):
 @pytest.mark.parametrize("job_nodes, node_count", [(1, 1), (2, 2), (2, 3), (3, 2), (16, 4)])
 def test_job_nodes_against_node_count_on_eks_only(cli, job_nodes, node_count):
     values = {"JOB_NODES": str(job_nodes), "NODE_COUNT": str(node_count)}
-    r = cli(*sets({**values, "BACKEND": "eks"}), "config", "validate")
+    r = cli(
+        *sets({**values, "BACKEND": "eks", "IMAGE_REGISTRY": "registry.example.com:5000"}),
+        "config",
+        "validate",
+    )
     assert r.exit_code == (2 if job_nodes > node_count else 0), r.output
     if job_nodes > node_count:
         assert errors(r) == [
@@ -310,7 +314,13 @@ def test_local_paths_map_through_the_shared_volume(cli):
     assert cli(f"--set=DATASET={path}", "config", "validate").exit_code == 0
     # on the cluster the path is inside the pod: not checked here
     assert (
-        cli("--set=DATASET=/fsx/other.jsonl", "--set=BACKEND=eks", "config", "validate").exit_code
+        cli(
+            "--set=DATASET=/fsx/other.jsonl",
+            "--set=BACKEND=eks",
+            "--set=IMAGE_REGISTRY=registry.example.com:5000",
+            "config",
+            "validate",
+        ).exit_code
         == 0
     )
     # with the volume mounted elsewhere, /fsx/... is a path of this machine's own
@@ -336,7 +346,13 @@ def test_local_paths_outside_any_volume_are_the_machines_own(cli, tmp_path, key)
 def test_a_missing_token_file_is_refused_on_both_backends(cli, tmp_path, backend):
     """The token file is read on this machine (into the environment or the Secret), whatever the
     backend."""
-    r = cli(f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=~/no-such-token", "config", "validate")
+    r = cli(
+        f"--set=BACKEND={backend}",
+        "--set=IMAGE_REGISTRY=registry.example.com:5000",
+        "--set=HF_TOKEN_FILE=~/no-such-token",
+        "config",
+        "validate",
+    )
     assert r.exit_code == 2 and errors(r) == [
         "HF_TOKEN_FILE='~/no-such-token' (--set) does not exist: check the path, or set HF_TOKEN"
     ]
@@ -344,17 +360,31 @@ def test_a_missing_token_file_is_refused_on_both_backends(cli, tmp_path, backend
     token.write_text("hf_x\n")
     assert (
         cli(
-            f"--set=BACKEND={backend}", f"--set=HF_TOKEN_FILE={token}", "config", "validate"
+            f"--set=BACKEND={backend}",
+            "--set=IMAGE_REGISTRY=registry.example.com:5000",
+            f"--set=HF_TOKEN_FILE={token}",
+            "config",
+            "validate",
         ).exit_code
         == 0
     )
-    with_token = cli(f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=/nope", "config", "validate")
+    with_token = cli(
+        f"--set=BACKEND={backend}",
+        "--set=IMAGE_REGISTRY=registry.example.com:5000",
+        "--set=HF_TOKEN_FILE=/nope",
+        "config",
+        "validate",
+    )
     assert with_token.exit_code == 2
     os.environ["HF_TOKEN"] = "hf_abcdefghijklmnopqrstuvwxyz012345"
     try:  # HF_TOKEN wins over the file, which then is not read
         assert (
             cli(
-                f"--set=BACKEND={backend}", "--set=HF_TOKEN_FILE=/nope", "config", "validate"
+                f"--set=BACKEND={backend}",
+                "--set=IMAGE_REGISTRY=registry.example.com:5000",
+                "--set=HF_TOKEN_FILE=/nope",
+                "config",
+                "validate",
             ).exit_code
             == 0
         )

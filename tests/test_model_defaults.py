@@ -135,9 +135,10 @@ def test_config_show_says_the_model_chose(cli):
     rows = {line.split()[1]: line for line in table.splitlines()[1:] if line.split()}
     assert rows["SEQ_LEN"].rstrip().endswith("model default (70b)")
     assert rows["LR"].rstrip().endswith("--set") and rows["MAX_STEPS"].rstrip().endswith("default")
-    validated = cli("--set", "MODEL=7b", "--set", "BACKEND=eks", "config", "validate")
+    registry = ("--set", "IMAGE_REGISTRY=registry.example.com:5000")  # one job run would need too
+    validated = cli("--set", "MODEL=7b", "--set", "BACKEND=eks", *registry, "config", "validate")
     assert (
-        validated.exit_code == 0 and "(2 set)" in validated.stderr
+        validated.exit_code == 0 and "(3 set)" in validated.stderr
     )  # model defaults are not "set"
 
 

@@ -205,6 +205,9 @@ def test_the_readmes_first_job_gets_no_warning_on_any_backend(cli, backend):
     env = {f"FSDPCTL_{k}": v for k, v in {**README_FIRST_JOB, "BACKEND": backend}.items()}
     if backend == "eks":
         env["FSDPCTL_AWS_ACCOUNT_ID"] = "123456789012"
+    if backend == "slurm":  # the cluster's shared file system, mounted here (job run needs it)
+        (cli.cwd / "fsx").mkdir()
+        env["FSDPCTL_SHARED_VOLUME_PATH"] = str(cli.cwd / "fsx")
     r = cli.run("config", "validate", env=env)
     assert r.exit_code == 0, r.output
     assert "warning" not in r.output, r.output
@@ -362,7 +365,10 @@ def test_an_assumed_rate_is_said_where_it_sets_the_stop_grace(cli):
     the key that replaces it. Not when SHARED_VOLUME_WRITE_MBPS or STOP_GRACE_SECONDS is set, not for
     the tiny model (its save is ~0.08 s whatever the file system), never on EKS, where the rate
     follows from the FSx fsdpctl sizes."""
+    shared = cli.cwd / "fsx"  # the cluster's shared file system, mounted here (job run needs it)
+    shared.mkdir()
     base = {"MODEL": "7b", "MICRO_BATCH_SIZE": "1", "CHECKPOINT_INTERVAL": "0", "JOB_NODES": "16"}
+    base["SHARED_VOLUME_PATH"] = str(shared)
 
     def lines(**more: str) -> list[str]:
         env = {f"FSDPCTL_{k}": v for k, v in {**base, **more}.items()}
@@ -374,7 +380,7 @@ def test_an_assumed_rate_is_said_where_it_sets_the_stop_grace(cli):
     assert said.startswith(
         "warning: SHARED_VOLUME_WRITE_MBPS is unset: the stop grace counts 552 s"
     )
-    assert "SHARED_VOLUME_PATH=/fsx" in said and "set SHARED_VOLUME_WRITE_MBPS" in said
+    assert f"SHARED_VOLUME_PATH={shared}" in said and "set SHARED_VOLUME_WRITE_MBPS" in said
     assert lines(BACKEND="slurm", SHARED_VOLUME_WRITE_MBPS="4000") == []
     assert lines(BACKEND="slurm", STOP_GRACE_SECONDS="900") == []
     assert lines(BACKEND="slurm", MODEL="tiny", MICRO_BATCH_SIZE="2") == []

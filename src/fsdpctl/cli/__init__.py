@@ -16,11 +16,10 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from typer._click.exceptions import ClickException, UsageError
-from typer.core import TyperGroup
 
 from fsdpctl import __version__
 from fsdpctl.cli import completion, streams
-from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, err, parse_sets, warn
+from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, WholeHelp, err, parse_sets, warn
 from fsdpctl.cli.streams import escape_controls
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.redact import redact
@@ -38,9 +37,16 @@ OS_HINT = (
 )
 
 
-class _Group(TyperGroup):
+class _Group(WholeHelp):
     """Turns fsdpctl's own errors into one line (plus a hint) and an exit code; tracebacks only with
     --debug."""
+
+    # the commands in the order a user meets them: train here, settings and sizing, a job's verbs,
+    # the cluster's life, then the helpers
+    ORDER = (
+        *("quickstart", "config", "plan", "doctor", "job", "manifest", "cleanup"),
+        *("cluster", "deploy", "image", "monitor", "model", "data", "version"),
+    )
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **kw):
         """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse. click's
@@ -57,8 +63,12 @@ class _Group(TyperGroup):
             rv = super().main(_sets_first(self, argv), prog_name, complete_var, False, **kw)
         except ClickException as e:
             shown = io.StringIO()
-            e.show(file=shown)
-            streams.write("stderr", escape_controls(redact(shown.getvalue())))
+            e.show(file=shown)  # click says "Error:"; fsdpctl's lines say "error:", as git's
+            said = "\n".join(
+                "error:" + x[len("Error:") :] if x.startswith("Error:") else x
+                for x in shown.getvalue().split("\n")
+            )
+            streams.write("stderr", escape_controls(redact(said)))
             sys.exit(streams.finish(e.exit_code))
         except typer.Abort as e:  # click's: Ctrl-C or end of input while it parsed or prompted
             if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
@@ -306,6 +316,12 @@ def _register() -> None:
     app.command("quickstart")(quickstart_cmd.quickstart)
     app.command("plan")(plan_cmd.plan)
     app.command("doctor")(doctor_cmd.doctor)
+    app.command("version")(version)
+
+
+def version() -> None:
+    """The fsdpctl version (as --version)."""
+    streams.write("stdout", f"fsdpctl {__version__}\n")
 
 
 _register()

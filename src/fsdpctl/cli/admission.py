@@ -15,18 +15,20 @@ if TYPE_CHECKING:
     from fsdpctl.settings import Config
 
 
-def admit(cfg: Config, *, force: bool) -> None:
+def admit(cfg: Config, *, force: bool, starts: bool = True) -> None:
     """Refuse, before anything is written or created, a job that cannot fit (`fit.fit_problem`) or
     be scheduled (`settings.placement_problems`) where cfg.backend would run it: exit 2, one line
     each with the fix. With `force`, each refusal becomes a warning and the command goes on. This
     machine's facts are read here, at the edge: its cores and RAM, its paths, and where the local
-    backend keeps the claims."""
-    from fsdpctl import fit, jobpolicy, volume
+    backend keeps the claims. `starts`: the command starts the job (or checks that it could:
+    `config validate`), so what its place refuses (Backend.refusals) is refused too; `manifest`
+    only renders it."""
+    from fsdpctl import backends, fit, jobpolicy, volume
     from fsdpctl.backends.local.engine import shared_volume_dir
     from fsdpctl.settings import annotate, placement_problems
 
-    if meaningless := _target_refusals(cfg):  # not a misfit --force could accept: nothing uses them
-        raise SettingsError(meaningless)
+    # not a misfit --force could accept: settings nothing uses there, what the place itself refuses
+    hard = [*_target_refusals(cfg), *(backends.create(cfg).refusals() if starts else [])]
     claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
     mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
     problems = placement_problems(
@@ -40,8 +42,8 @@ def admit(cfg: Config, *, force: bool) -> None:
     if room := _volume_problem(cfg):
         problems.append(room)
     problems = annotate(problems, cfg)  # each value with where it came from
-    if problems and not force:
-        raise SettingsError(problems)
+    if hard or (problems and not force):  # every refusal at once: one error never hides another
+        raise SettingsError([*hard, *([] if force else problems)])
     for line in problems:
         warn(f"--force: going on although {line}")
     if cfg.target.gpus and (slow := volume.interval_warning(cfg, jobpolicy.step_seconds(cfg))):

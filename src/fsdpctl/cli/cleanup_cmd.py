@@ -49,7 +49,8 @@ def cleanup(
     ] = None,
     output: Output = OutputOpt,
 ) -> None:
-    """Remove ended jobs (succeeded, failed or stopped) and what they left: on a cluster the job,
+    """Remove ended jobs and what they left; checkpoints only with --checkpoints. Ended: succeeded,
+    failed or stopped. On a cluster the job,
     its pods, its Secret and its rendezvous keys in etcd (no RendezvousClosedError on the next run,
     etcd keeps running); on this machine the job's logs, state, etcd data and node disks, and a
     network its supervisor did not tear down; on Slurm its runs' scripts and logs on the shared file

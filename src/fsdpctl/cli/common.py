@@ -155,6 +155,17 @@ class Output(str, Enum):
     yaml = "yaml"
 
 
+class ViewOutput(str, Enum):
+    """-o of the views of jobs (`job list`, `job status`): kubectl's `wide` (more columns) and
+    `name` (one job name per line, what the job verbs take) besides Output's."""
+
+    table = "table"
+    wide = "wide"
+    name = "name"
+    json = "json"
+    yaml = "yaml"
+
+
 def command_group(help: str) -> typer.Typer:
     """A group of subcommands (`fsdpctl job ...`): bare `fsdpctl job` shows its help; plain-text
     help; options of a subcommand that exclude each other (EXCLUSIVE) refused before it runs."""
@@ -169,9 +180,48 @@ EXCLUSIVE: dict[tuple[str, str], tuple[tuple[str, ...], ...]] = {
 }
 
 
-class _SubGroup(TyperGroup):
+def first_sentence(text: str) -> str:
+    """A command's line in its group's help: the first sentence of its help, whole (click cut it at
+    45 characters with "...")."""
+    words = text.split("\n\n", 1)[0].split()
+    for i, word in enumerate(words):
+        if word.endswith(".") and not word.endswith("..."):
+            return " ".join(words[: i + 1])
+    return " ".join(words)
+
+
+class WholeHelp(TyperGroup):
+    """A group whose help lists its commands in the order a user meets them (`ORDER`, then the
+    order they were added), each with its first sentence whole; aliases (hidden commands) are not
+    listed."""
+
+    ORDER: tuple[str, ...] = ()
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = list(self.commands)
+        ranked = {n: i for i, n in enumerate(self.ORDER)}
+        return sorted(names, key=lambda n: (ranked.get(n, len(ranked)), names.index(n)))
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, first_sentence(cmd.help or cmd.short_help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class _SubGroup(WholeHelp):
     """A subcommand group that refuses EXCLUSIVE options given together, from the words of the
     command line (before the subcommand parses them, so nothing of it runs)."""
+
+    ORDER = (
+        # job: start and watch, change, then the record's verbs and the pictures
+        *("run", "status", "logs", "list", "wait", "stop", "resume", "rerun"),
+        *("history", "describe", "diff", "plot", "tensorboard"),
+    )
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, cmd, rest = super().resolve_command(ctx, args)
@@ -205,6 +255,9 @@ def _given(cmd: Any, args: list[str], flag: str) -> bool:
 
 
 OutputOpt = typer.Option("table", "--output", "-o", help="table, json or yaml")
+ViewOutputOpt = typer.Option(
+    "table", "--output", "-o", help="table, wide (more columns), name (job names), json or yaml"
+)
 
 
 # One --dry-run for every command that changes state: a bare flag. Where the Kubernetes API server
@@ -457,7 +510,7 @@ def _finite(data: Any) -> Any:
     return data
 
 
-def emit(data: Any, output: Output) -> bool:
+def emit(data: Any, output: Output | ViewOutput) -> bool:
     """Print data as json/yaml to stdout and return True; False means the caller prints its table. The
     document is masked (its values, then its text) and written as it is: rich would lay out a deploy's
     1.5 MB of CRDs line by line for seconds, and has nothing to wrap or colour in it."""
@@ -467,6 +520,9 @@ def emit(data: Any, output: Output) -> bool:
         import yaml
 
         text = yaml.safe_dump(plain(data), sort_keys=False, default_flow_style=False)
+    elif output == ViewOutput.name:  # reports: one job name per line
+        rows = data if isinstance(data, list) else [data]
+        text = "".join(f"{r['job']}\n" for r in rows)
     else:
         return False
     streams.write_data(redact(text))

@@ -23,6 +23,8 @@ from fsdpctl.cli.common import (
     OutputOpt,
     ReplaceOpt,
     ServerDryRunOpt,
+    ViewOutput,
+    ViewOutputOpt,
     command_group,
     dry_run_mode,
     emit,
@@ -42,8 +44,8 @@ from fsdpctl.redact import redact
 from fsdpctl.reports import FINAL
 
 app = command_group(
-    "Run and watch training jobs: BACKEND=local on this machine, BACKEND=eks on the cluster "
-    "of the kubeconfig (KUBE_CONTEXT)."
+    "Run and watch training jobs: on this machine (BACKEND=local), an EKS cluster (eks: the "
+    "kubeconfig's, KUBE_CONTEXT) or a Slurm cluster (slurm)."
 )
 
 
@@ -105,9 +107,15 @@ def run(
 def status(
     ctx: typer.Context,
     name: str | None = NameArg,
-    output: Output = OutputOpt,
+    output: ViewOutput = ViewOutputOpt,
     watch: Annotated[
-        bool, typer.Option("--watch", "-w", help="refresh every 2 s until the job ends")
+        bool,
+        typer.Option(
+            "--watch",
+            "-w",
+            help="refresh every 2 s until the job ends (redrawn in place on a terminal; elsewhere a "
+            "new view only when it changed)",
+        ),
     ] = False,
     stall_after: Annotated[
         float,
@@ -124,7 +132,7 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """Phase, nodes, restarts and training progress (step, ETA, loss, tokens/s) of a job; on a
+    """A job's phase, nodes, restarts and training progress. Progress: step, ETA, loss, tokens/s; on a
     cluster also pods by state, the leader pod, why pods are Pending, and the network path NCCL took
     (EFA or sockets). On a terminal (or with --plot) the loss and tokens/s curves follow the table;
     never with -o json/yaml.
@@ -132,6 +140,9 @@ def status(
     Example: fsdpctl job status -o json
     """
     be, name = resolve_job(ctx, name, backend)
+    if watch and output in (ViewOutput.table, ViewOutput.wide):
+        job_view.watch_status(be, name, stall_after, job_view.want_plot(plot))
+        return
     while True:
         r = be.report(name, stall_after)
         if not emit(r, output):
@@ -185,7 +196,8 @@ def logs(
     ] = False,
     backend: BackendOpt = None,
 ) -> None:
-    """Logs of the leader (the node that hosts rank 0), one node or pod, or all of them, as `kubectl
+    """A job's logs, as `kubectl logs` shows a pod's. The leader's (the node that hosts rank 0),
+    one node or pod, or all of them, as `kubectl
     logs` shows a pod's. The trainer's JSON event lines are not shown raw: a step or summary only as
     the human line the trainer prints with it, a leader or checkpoint event as a short line. `-o
     json`: one JSON object per line for machines (node or pod, time, and the event's fields or the
@@ -277,7 +289,7 @@ def stop(
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    output: Output = OutputOpt,
+    output: ViewOutput = ViewOutputOpt,
     backend: BackendOpt = None,
     phase: Annotated[
         list[str] | None,
@@ -297,7 +309,8 @@ def list_(
         ),
     ] = None,
 ) -> None:
-    """Jobs of every backend that runs one started from here (local, Slurm), and of BACKEND (on
+    """Jobs with their backend, phase and progress. Those of every backend that runs one started
+    from here (local, Slurm), and of BACKEND (on
     EKS the cluster's, started from anywhere), with their backend, phase and progress; --backend
     lists one backend's. A job's labels are its PyTorchJob's (fsdpctl.io/job, fsdpctl.io/run-id,
     app.kubernetes.io/...) plus fsdpctl.io/backend. A backend that cannot be asked fails the command
@@ -314,7 +327,7 @@ def list_(
     for skipped in listed.notes:  # a stray file, a damaged state: every other job is listed
         warn(skipped)
     if not emit(reports, output):
-        out.print(job_view.list_table(reports))
+        out.print(job_view.list_table(reports, wide=output == ViewOutput.wide))
     for failed in listed.failed[1:]:
         warn(str(failed))
     if listed.failed:  # what could be listed is shown; the list is not whole: exit 1, as ls does
@@ -345,6 +358,13 @@ def wait(
         emit({"job": name, "phase": phase, "exit_code": e.exit_code}, output)
         raise
 
+
+# kubectl's, SkyPilot's and torchx's words for the same verbs: aliases, not listed in the help
+app.command("ls", hidden=True, help="Alias of `job list`.")(list_)
+app.command("cancel", hidden=True, help="Alias of `job stop` (SkyPilot's, torchx's).")(stop)
+app.command("delete", hidden=True, help="Alias of `job stop` (kubectl delete deletes the job).")(
+    stop
+)
 
 # `job plot` and `job tensorboard` (pictures of a job) live in their own module
 from fsdpctl.cli import job_plot_cmd  # noqa: E402

@@ -25,7 +25,7 @@ def plot(
     dry_run: DryRunOpt = False,
     backend: BackendOpt = None,
 ) -> None:
-    """Write a PNG of loss, learning rate, tokens/s and MFU over steps, from the leader's step
+    """Write a PNG of loss, learning rate, tokens/s and MFU over steps. From the leader's step
     lines: locally the job's whole curve across its stops and resumes (each run from the step it
     resumed), on EKS the current run's leader pod. Exit 2 when no step finished yet. --dry-run: say
     what it would draw.

@@ -86,7 +86,8 @@ def describe(
     ] = "table",
     backend: BackendOpt = None,
 ) -> None:
-    """What made a run: its resolved settings with where each came from, the code version, the image
+    """What made a run: its settings, code, image, versions and data. Its resolved settings with
+    where each came from, the code version, the image
     (by digest once a pod reported it), the trainer's torch/transformers/CUDA/NCCL versions and the
     fingerprints of its data and tokenizer. `-o env` prints a .env that reproduces the run.
 
@@ -160,7 +161,7 @@ def history(
     ] = Output.table,
     backend: BackendOpt = None,
 ) -> None:
-    """Every run of a job this machine recorded, oldest first: its run id and record, when it
+    """Every run of a job this machine recorded, oldest first. Its run id and record, when it
     started, where it started (afresh, or the checkpoint it resumed), the settings that differ from
     the run before it, and how it ended (from its trainer's lines; runs whose logs are gone say so).
 
@@ -254,7 +255,8 @@ def rerun(
     force: ForceOpt = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Reproduce a run from its record: its settings (with any --set KEY=VALUE over them), a new run
+    """Reproduce a run from its record, with the same losses. Its settings (with any --set
+    KEY=VALUE over them), a new run
     id, the start the run had (afresh, or the checkpoint it resumed: RESUME) and a checkpoint
     directory of its own (CHECKPOINT_SUBDIR=reruns/<run id>), so it trains the same steps with the
     same losses and never touches the job's checkpoints. Refused, with what differs, when the code
@@ -326,7 +328,7 @@ def resume(
     force: ForceOpt = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Continue a stopped (or failed) job from its newest checkpoint with the settings of its own
+    """Continue a stopped (or failed) job from its newest checkpoint. With the settings of its own
     record, not those of today's .env: a new run id, RESUME=auto. --set KEY=VALUE goes over them;
     one that changes the math (precision, model, sharding, LR schedule, MAX_STEPS, sequence length,
     batch) is refused unless ALLOW_SETTING_CHANGES=true, as is a job already at MAX_STEPS.
@@ -401,22 +403,56 @@ def diff(
         out.print(f"{part}:", markup=False)
         for key, (x, y) in d[part].items():
             out.print(f"  {key}: {_shown(x)} -> {_shown(y)}", markup=False, highlight=False)
-    out.print(_loss_table(d["losses"]))
+    out.print(loss_verdict(d["losses"]), markup=False, highlight=False)
+    differing = [r for r in d["losses"] if _delta(r) != 0.0]
+    if differing:
+        out.print(_loss_table(differing[:LOSS_ROWS]))
+        if len(differing) > LOSS_ROWS:
+            out.print(
+                f"... {len(differing) - LOSS_ROWS} more steps differ (-o json has every step)"
+            )
+
+
+LOSS_ROWS = 20  # the differing steps shown; -o json holds them all
 
 
 def _shown(value: Any) -> str:
     return "(empty)" if value in ("", None) else str(value)
 
 
+def _delta(r: dict[str, Any]) -> float | None:
+    """B - A at one step; None where only one run logged it."""
+    return r["b"] - r["a"] if r["a"] is not None and r["b"] is not None else None
+
+
+def loss_verdict(rows: list[dict[str, Any]]) -> str:
+    """The loss curves compared in one line: the same at every step both logged, or where and by
+    how much they part; steps only one of the runs logged are counted apart."""
+    if not rows:
+        return "losses: neither run logged a step"
+    both = [r for r in rows if _delta(r) is not None]
+    only = len(rows) - len(both)
+    apart = f"; {only} steps only one run logged" if only else ""
+    differ = [r for r in both if _delta(r) != 0.0]
+    if not both:
+        return f"losses: no step logged by both runs{apart}"
+    if not differ:
+        return f"losses: the same at all {len(both)} steps both runs logged{apart}"
+    first = differ[0]
+    worst = max(differ, key=lambda r: abs(_delta(r) or 0.0))
+    return (
+        f"losses: B differs from A at {len(differ)} of {len(both)} steps (first at step "
+        f"{first['step']}: {_num(first['a'])} vs {_num(first['b'])}; largest |B - A| "
+        f"{abs(_delta(worst) or 0.0):.6f} at step {worst['step']}){apart}"
+    )
+
+
 def _loss_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="loss", title_justify="left", box=None, pad_edge=False)
+    t = Table(title="loss where they differ", title_justify="left", box=None, pad_edge=False)
     for col in ("step", "A", "B", "B - A"):
         t.add_column(col, justify="right")
     for r in rows:
-        delta = r["b"] - r["a"] if r["a"] is not None and r["b"] is not None else None
-        t.add_row(*(str(r["step"]), _num(r["a"]), _num(r["b"]), _num(delta)))
-    if not rows:
-        t.add_row("-", "no steps logged", "", "")
+        t.add_row(*(str(r["step"]), _num(r["a"]), _num(r["b"]), _num(_delta(r))))
     return t
 
 

@@ -303,6 +303,50 @@ def print_status(r: Report, stall_after: float) -> None:
         warn(hung_warning(stall_after))
 
 
+def status_view(r: Report, stall_after: float, curves: list[Any] | None) -> Any:
+    """What `job status` shows, as one renderable (the table, its warnings, the curves), for a
+    view redrawn in place."""
+    from rich.console import Group
+
+    from fsdpctl.plots import steps_of, terminal_plot
+
+    parts: list[Any] = [status_table(r)]
+    said = [*warnings(r), *([hung_warning(stall_after)] if r["stalled"] else [])]
+    parts += [Text("warning: " + redact(line), style="yellow") for line in said]
+    if curves is not None and len(steps := steps_of(curves)) >= 2:
+        parts.append(Text(terminal_plot(steps, width=min(out.width, PLOT_MAX_WIDTH))))
+    return Group(*parts)
+
+
+def watch_status(backend: Backend, name: str, stall_after: float, plot: bool) -> None:
+    """`job status -w`: on a terminal the view redrawn in place (rich's Live) every 2 s until the
+    job ends, as `watch` or `kubectl get -w` on a screen; elsewhere (a pipe, a log file) a new view
+    only when something in it changed, never a frame per refresh."""
+    from rich.live import Live
+
+    def changed(r: Report) -> tuple[Any, ...]:  # what a person watches for, not the ticking age
+        return (r["phase"], r["step"], r["restarts"], r["reason"], tuple(warnings(r)))
+
+    if not out.is_terminal:
+        last = None
+        while True:
+            r = backend.report(name, stall_after)
+            if changed(r) != last:
+                last = changed(r)
+                print_status(r, stall_after)
+            if r["phase"] in FINAL:
+                return
+            time.sleep(2)
+    with Live(console=out, auto_refresh=False) as live:
+        while True:
+            r = backend.report(name, stall_after)
+            live.update(status_view(r, stall_after, backend.history(name) if plot else None))
+            live.refresh()
+            if r["phase"] in FINAL:
+                return
+            time.sleep(2)
+
+
 def want_plot(flag: bool | None) -> bool:
     """--plot/--no-plot, else curves only on a terminal: off one (a pipe, a file) the output stays the
     table's lines, for grep."""
@@ -452,13 +496,27 @@ def selected(r: Report, phases: set[Phase], reqs: list[tuple[str, str, str]]) ->
     return all((labels.get(k) == v) == (op == "=") for k, op, v in reqs)
 
 
-def list_table(reports: list[Report]) -> PlainTable:
-    t = PlainTable("job", "backend", "phase", "run", "nodes", "step", "loss", "age")
-    for column in t.columns[:4]:  # names and run ids are folded on a narrow terminal, never cut
-        column.overflow = "fold"
+def list_table(reports: list[Report], wide: bool = False) -> PlainTable:
+    """`job list`: a row per job. Only names and run ids fold on a narrow terminal; a phase, a
+    count, a loss or an age is never split inside a word (`Succeede`/`d` at 80 columns). `wide`
+    (-o wide, kubectl's) adds the restarts, the newest checkpoint and why the job is where it is."""
+    extra = ("restarts", "checkpoint", "reason") if wide else ()
+    t = PlainTable("job", "backend", "phase", "run", "nodes", "step", "loss", "age", *extra)
+    for column in t.columns:
+        folds = column.header in ("job", "run", "checkpoint", "reason")
+        column.overflow, column.no_wrap = ("fold", False) if folds else ("ellipsis", True)
     for r in reports:
         where = r.get("backend", "-") + (f"/{r['kind']}" if r.get("kind") else "")
         nodes = _nodes_cell(r).split("; pods: ")[-1]
+        more = (
+            (
+                str(r["restarts"]),
+                (r.get("checkpoint") or "-").rsplit("/", 1)[-1],
+                r.get("reason") or "-",
+            )
+            if wide
+            else ()
+        )
         t.add_row(
             r["job"],
             where,
@@ -467,6 +525,7 @@ def list_table(reports: list[Report]) -> PlainTable:
             nodes,
             *step_and_loss(r),
             fmt_duration(r["age_s"]),
+            *more,
         )
     return t
 

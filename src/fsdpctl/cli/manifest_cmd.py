@@ -62,7 +62,7 @@ def manifest(
 
     run_id = files.run_id(run_id) if run_id is not None else None  # as `job run --run-id` takes it
     cfg = state(ctx).config()
-    admit(cfg, force=force)
+    admit(cfg, force=force, starts=False)
     if cfg.target.manifest:  # a place that renders the job as text of its own (a batch script)
         from fsdpctl.targets import resolve
 

@@ -185,7 +185,8 @@ def plan(
     ] = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Memory per GPU (FITS / DOES NOT FIT, and the cheapest fix), step time, tokens/s, MFU and
+    """A job's memory, speed and cost before it runs. Memory per GPU (FITS / DOES NOT FIT, and the
+    cheapest fix), step time, tokens/s, MFU and
     cost; the shared volume's need against FSX_STORAGE_GIB, one save's time and the stop grace.
 
     Uses the same settings as the job; the flags vary them. The model behind the numbers is in the

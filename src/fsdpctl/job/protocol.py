@@ -73,6 +73,14 @@ class Backend(Protocol):
     # merges its own keys in rather than writing the state afresh
     supervised: ClassVar[bool]
 
+    def refusals(self) -> list[str]:
+        """What this place refuses of the job before anything is written, beyond the settings' own
+        checks: one line each, naming the key, the value and the fix (EKS: an image with no
+        registry; local: a package the trainers need, a checkpoint it must not resume; Slurm: a
+        SHARED_VOLUME_PATH not mounted here). `config validate` lists them with every other
+        refusal; `dry_run` and `prepare` refuse on them."""
+        ...
+
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         """What `submit` would do, contacting nothing (server: the place checks it, changing
         nothing); writes nothing."""

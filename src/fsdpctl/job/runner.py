@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpctl import files, record_store, targets
-from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.job import home, lock, state
 from fsdpctl.job.protocol import Backend, Started, Submitted
 from fsdpctl.reports import FINAL, Phase, Report
@@ -33,6 +33,12 @@ from fsdpctl.settings import Config
 PLACEMENT_KEYS = ("job_namespace", "job_kind", "kube_context")
 
 Factory = Callable[[str], Backend]  # a backend by name, with the command's settings
+
+
+def refuse(lines: list[str]) -> None:
+    """A place's refusals (Backend.refusals), all at once: one line each, exit 2."""
+    if lines:
+        raise SettingsError(lines)
 
 
 def run(

@@ -160,6 +160,7 @@ def _validate(
         settings = Settings(**infra)
     except ValidationError as e:
         errors.extend(_pydantic_lines(e, raw))
+        errors.extend(_across_the_rest(e, infra, raw, errors))
     train_values = {}
     for key, value in raw.items():
         name = keys[key]
@@ -228,11 +229,32 @@ def _kind_problem(key: str, raw: str, value: Any) -> str | None:
     return None
 
 
+def _across_the_rest(
+    e: ValidationError, infra: dict[str, str], raw: dict[str, str], said: list[str]
+) -> list[str]:
+    """The checks across fields (Settings._instance_known) on the values that passed their own:
+    pydantic skips them once a field fails, so `JOB_NODES=0` hid `IMAGE_TAG=latest`. The failed
+    fields take their defaults for this look only; its lines are the ones not said already."""
+    failed = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+    if not failed:
+        return []
+    try:
+        Settings(**{k: v for k, v in infra.items() if k not in failed})
+    except ValidationError as again:
+        names = {k.upper() for k in failed}  # a line about a failed key would judge its default
+        return [
+            x
+            for x in _pydantic_lines(again, raw)
+            if x not in said and not any(re.search(rf"\b{n}\b", x) for n in names)
+        ]
+    return []
+
+
 def _pydantic_lines(e: ValidationError, raw: dict[str, str]) -> list[str]:
     lines = []
     for err in e.errors():
-        if not err["loc"]:  # model-level checks already name their key
-            lines.append(re.sub(r"^Value error, ", "", err["msg"]))
+        if not err["loc"]:  # model-level checks already name their key, one line each
+            lines += re.sub(r"^Value error, ", "", err["msg"]).split("\n")
             continue
         key = str(err["loc"][0]).upper()
         value = raw.get(key, "")

@@ -344,52 +344,59 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _instance_known(self) -> Settings:
+        """The checks across fields, every one of them: one line each in one error (a first problem
+        never hides a second)."""
+        lines = []
         if self.image_tag == "latest":
-            raise ValueError(
+            lines.append(
                 "IMAGE_TAG='latest' is not allowed: pin a version so every pod runs the same image"
             )
         if self.instance_type not in INSTANCE_TYPES:
-            raise ValueError(
+            lines.append(
                 f"INSTANCE_TYPE={self.instance_type!r} is not supported: use one of "
                 f"{', '.join(INSTANCE_TYPES)}"
             )
         if self.gang_scheduling and not self.scheduler_name:
-            raise ValueError(
+            lines.append(
                 "GANG_SCHEDULING=true needs SCHEDULER_NAME (e.g. volcano): the default scheduler "
                 "does not start pods as a group"
             )
-        self._existing_vpc()
-        if self.gpus_per_node > self.instance.gpus:
-            raise ValueError(
+        lines += self._existing_vpc()
+        if self.instance_type in INSTANCE_TYPES and self.gpus_per_node > self.instance.gpus:
+            lines.append(
                 f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
                 f"{self.instance_type}: use at most {self.instance.gpus} (0 = all)"
             )
+        if lines:
+            raise ValueError("\n".join(lines))
         return self
 
-    def _existing_vpc(self) -> None:
+    def _existing_vpc(self) -> list[str]:
         """Both or neither; eksctl wants two or more private subnets (MinRequiredSubnets) keyed by
         AZ, so one per AZ, and AVAILABILITY_ZONES, when set, names each subnet's AZ in order."""
         subnets, zones = self.subnet_ids, [z for z in self.availability_zones.split(",") if z]
+        lines = []
         if self.vpc_id and not subnets:
-            raise ValueError(
+            lines.append(
                 f"VPC_ID={self.vpc_id} needs PRIVATE_SUBNET_IDS: set the VPC's private subnets "
                 "(two or more, in different AZs)"
             )
         if subnets and not self.vpc_id:
-            raise ValueError(
+            lines.append(
                 f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} needs VPC_ID: set the VPC they belong to"
             )
         if len(subnets) == 1 or len(set(subnets)) != len(subnets):
-            raise ValueError(
+            lines.append(
                 f"PRIVATE_SUBNET_IDS={self.private_subnet_ids} names too few subnets: give two or more "
                 "distinct ones, in different AZs (EKS needs two AZs)"
             )
         if subnets and zones and (len(zones) != len(subnets) or len(set(zones)) != len(zones)):
-            raise ValueError(
+            lines.append(
                 f"AVAILABILITY_ZONES={self.availability_zones} does not pair with PRIVATE_SUBNET_IDS: "
                 "give each subnet's AZ in the same order, one subnet per AZ (or leave it empty: "
                 "`cluster create` reads them from EC2)"
             )
+        return lines
 
     @property
     def subnet_ids(self) -> list[str]:

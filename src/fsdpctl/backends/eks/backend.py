@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from fsdpctl import (
@@ -19,9 +20,10 @@ from fsdpctl import (
 )
 from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submitted, placement_ok
 from fsdpctl.backends.eks import api, configmap, engine, observe
-from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
+from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.hf_token import secret_env
 from fsdpctl.job import home, lock, state
+from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
 from fsdpctl.progress import run_outcome
 from fsdpctl.reports import FINAL, TIMEOUT, Report, Waited
@@ -52,22 +54,28 @@ class EksBackend:
     def kube(self) -> Any:
         return api.connect(self.cfg)
 
-    def _require_registry(self) -> None:
-        """A bare image name is pulled from Docker Hub, where the trainer image is not."""
-        cfg = self.cfg
+    def refusals(self) -> list[str]:
+        """An image with no registry (a bare name is pulled from Docker Hub, where the trainer
+        image is not: ImagePullBackOff), a token file that is not one token."""
+        cfg, lines = self.cfg, []
         if not cfg.registry:
-            raise BadInput(
-                f"the job's image {cfg.image_uri!r} has no registry: its pods would look for it on Docker "
-                "Hub and stay in ImagePullBackOff",
-                hint="set AWS_ACCOUNT_ID (its ECR in AWS_REGION, where `fsdpctl image push` puts it) or "
-                "IMAGE_REGISTRY",
+            lines.append(
+                f"the job's image {cfg.image_uri!r} has no registry: its pods would look for it on "
+                "Docker Hub and stay in ImagePullBackOff; set AWS_ACCOUNT_ID (its ECR in AWS_REGION, "
+                "where `fsdpctl image push` puts it) or IMAGE_REGISTRY"
             )
+        try:  # its contents (whether it exists is the settings' own check)
+            if Path(cfg.hf_token_file).expanduser().is_file():
+                secret_env(cfg)
+        except FsdpctlError as e:
+            lines.append(str(e))
+        return lines
 
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         """Client: what would be sent, the cluster not contacted. Server: every object sent with
         dryRun=All, which the API server admits or refuses as it would, storing nothing."""
         cfg = self.cfg
-        self._require_registry()
+        refuse(self.refusals())
         objs = [*render.render_job(cfg, run_id), render.render_secret(cfg, "", run_id)]
         if not server:
             lines = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
@@ -86,8 +94,7 @@ class EksBackend:
         return Started(cfg.job_name, started["run_id"], where, lines, objs)
 
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
-        self._require_registry()
-        secret_env(self.cfg)  # a token file that is not one token: refused before anything is sent
+        refuse(self.refusals())
         return record
 
     def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
@@ -207,7 +214,23 @@ class EksBackend:
         ]
 
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
-        return None  # in the pods (`kept_record` reads the leader's)
+        """The leader pod's log when the cluster's job is that run: its pods keep their logs for as
+        long as they exist (the kubelet serves pods/log; cleanPodPolicy Running keeps the finished
+        ones), and an earlier run's went with its job. None otherwise, or when the cluster does not
+        answer."""
+        try:
+            with api.calls(self.cfg, f"reading the leader's log of {job}"):
+                found = api.get_job(self.kube, self.cfg, job)
+                labels = (found or {}).get("metadata", {}).get("labels") or {}
+                if found is None or labels.get("fsdpctl.io/run-id") != run_id:
+                    return None
+                pods = observe.pods_of(self.kube, self.cfg, job)
+                lead, _ = observe.find_leader(self.kube, self.cfg, pods)
+                if lead is None:
+                    return None
+                return observe.log_lines(self.kube, self.cfg, lead["metadata"]["name"], tail=None)
+        except FsdpctlError:
+            return None
 
     def here(self, path: str) -> str | None:
         return None  # on the claims only pods mount

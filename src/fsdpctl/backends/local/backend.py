@@ -25,6 +25,7 @@ from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.hf_token import secret_env
 from fsdpctl.job import lock
+from fsdpctl.job.runner import refuse
 from fsdpctl.progress import (
     across_runs,
     run_outcome,
@@ -53,6 +54,21 @@ class LocalBackend:
         *infra, job = render.render_job(self.cfg, run_id, record_id)
         return infra, job
 
+    def refusals(self) -> list[str]:
+        """A package the trainers need missing from this environment (they run in it), a token
+        file that is not one token, a checkpoint the run must not resume (the same line the
+        trainer's pre-launch check would give on each node)."""
+        lines = list(missing_packages(self.cfg.training))
+        try:  # its contents (whether it exists is the settings' own check)
+            if Path(self.cfg.hf_token_file).expanduser().is_file():
+                secret_env(self.cfg)
+        except FsdpctlError as e:
+            lines.append(str(e))
+        _, job = self._rendered("refusals", "")
+        if refusal := self._resume_refusal(job):
+            lines.append(refusal)
+        return lines
+
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         if server:
             raise FsdpctlError(
@@ -60,20 +76,15 @@ class LocalBackend:
                 hint="use --dry-run, or --backend eks",
                 code=ExitCode.BAD_INPUT,
             )
+        refuse(self.refusals())
         infra, job = self._rendered(run_id, "")
-        self._refuse_resume(job)
         started = self._dry_run(job, run_id, _prestep_job(infra))
         started.objects = [*infra, job]  # what the supervisor runs, as a cluster would get it
         return started
 
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
-        if missing := missing_packages(self.cfg.training):  # the trainers run in this environment
-            raise FsdpctlError(missing[0], code=ExitCode.BAD_INPUT)
+        refuse(self.refusals())
         infra, job = self._rendered(record["run_id"], record["id"])
-        self._refuse_resume(job)
-        secret_env(
-            self.cfg
-        )  # a token file that is not one token: refused before anything is written
         return {**record, "manifests": render.to_yaml([*infra, job])}
 
     def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
@@ -81,7 +92,8 @@ class LocalBackend:
         run it replaces; the old supervisor may still be on its way out: waited for up to its
         grace)."""
         infra, job = self._rendered(run_id, record["id"])
-        self._refuse_resume(job)  # after a --replace stop: its stop checkpoint is the one resumed
+        if refusal := self._resume_refusal(job):  # after a --replace stop: its stop checkpoint
+            raise FsdpctlError(refusal, code=ExitCode.BAD_INPUT)
         settle = local.grace_s(self.cfg.job_name) + 10 if replace else 0
         try:
             st = local.start(
@@ -109,13 +121,11 @@ class LocalBackend:
             raise FsdpctlError(str(e)) from e
         local.wait(self.cfg.job_name, timeout=local.grace_s(self.cfg.job_name) + 30)
 
-    def _refuse_resume(self, job: dict[str, Any]) -> None:
-        """Exit 2, nothing written, when the run would resume a checkpoint it must not (see
-        local.resume_refusal); the same line the trainer's pre-launch check would give on each node.
-        """
+    def _resume_refusal(self, job: dict[str, Any]) -> str | None:
+        """Why the run must not resume the checkpoint it would (see local.resume_refusal); the same
+        line the trainer's pre-launch check would give on each node."""
         spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
-        if refusal := local.resume_refusal(spec, self.cfg.training, self.cfg.world_size):
-            raise FsdpctlError(refusal, code=ExitCode.BAD_INPUT)
+        return local.resume_refusal(spec, self.cfg.training, self.cfg.world_size)
 
     def _dry_run(
         self, job: dict[str, Any], run_id: str, fetch_job: dict[str, Any] | None

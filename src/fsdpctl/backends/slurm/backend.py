@@ -34,6 +34,7 @@ from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.job import home, lock, runner, shape
 from fsdpctl.job import state as core
+from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys, between, is_count
 from fsdpctl.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
 from fsdpctl.reports import FINAL, Failure, Phase, Report, Waited
@@ -101,32 +102,32 @@ class SlurmBackend:
         return paths(cfg, run_id)
 
     # ---- submit ----------------------------------------------------------------------------------------
-    def _require_shared(self) -> None:
+    def refusals(self) -> list[str]:
         """SHARED_VOLUME_PATH is the cluster's shared file system, mounted here as on the nodes: a
         directory that must exist (fsdpctl makes its own directories inside it, never the mount
         point itself: a path made here would be this machine's disk, which no node sees)."""
         where = self.cfg.shared_volume_path
+        fix = (
+            "run fsdpctl where the shared file system is mounted (a login or head node), or set "
+            "SHARED_VOLUME_PATH to its mount point"
+        )
         try:
             mode = os.stat(where).st_mode
         except OSError as e:
-            raise BadInput(
+            return [
                 f"SHARED_VOLUME_PATH={where!r} does not exist on this machine ({e.strerror}): the "
-                "job's script and logs go to the cluster's shared file system there",
-                hint="run fsdpctl where the shared file system is mounted (a login or head node), or "
-                "set SHARED_VOLUME_PATH to its mount point",
-            ) from None
+                f"job's script and logs go to the cluster's shared file system there; {fix}"
+            ]
         if not stat.S_ISDIR(mode):
-            raise BadInput(
-                f"SHARED_VOLUME_PATH={where!r} is not a directory",
-                hint="set SHARED_VOLUME_PATH to the mount point of the cluster's shared file system",
-            )
+            return [f"SHARED_VOLUME_PATH={where!r} is not a directory; {fix}"]
+        return []
 
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         if server:
             raise BadInput(
                 "--dry-run=server needs a Kubernetes API server", hint="use --dry-run on Slurm"
             )
-        self._require_shared()
+        refuse(self.refusals())
         where = paths(self.cfg, run_id)
         text = render_script(self.cfg, run_id)
         lines = [f"sbatch --parsable {where.script}", *text.splitlines()]
@@ -136,7 +137,7 @@ class SlurmBackend:
     def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
         """The batch script in the record (a setting Slurm cannot honour is refused here, before
         anything is written)."""
-        self._require_shared()
+        refuse(self.refusals())
         return {**record, "manifests": render_script(self.cfg, record["run_id"], record["id"])}
 
     def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
