@@ -260,8 +260,14 @@ def image_key(site_packages: Path) -> str:
     """The interpreter (its prefix and version) and the environment's extension modules decide
     what the image holds."""
     sos = sorted(str(p) for p in site_packages.rglob("*.so*"))
-    parts = [IMAGE_RECIPE, sys.base_prefix, sys.executable, sys.version, IMAGE_HF_HOME, *sos]
+    parts = [IMAGE_RECIPE, sys.base_prefix, _python(), sys.version, IMAGE_HF_HOME, *sos]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _python() -> str:
+    """The virtual environment's python as a normal path (`tests/../.venv/bin/python` is one), its
+    symlink kept: resolved, it would be the base interpreter, outside the environment."""
+    return os.path.abspath(sys.executable)
 
 
 def trainer_image() -> Path:
@@ -321,7 +327,7 @@ def _fill_root(rootfs: Path, site: Path) -> None:
     (etc / "environment").write_text(f"HF_HOME={IMAGE_HF_HOME}\nPATH={IMAGE_PATH}\n")
     wrapper = rootfs / IMAGE_PYTHON.lstrip("/")
     wrapper.parent.mkdir(parents=True)
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {_python()} "$@"\n')
     wrapper.chmod(0o755)
     for sub in ("tmp", "root", "proc", "sys", "dev", "run"):
         (rootfs / sub).mkdir(exist_ok=True)
