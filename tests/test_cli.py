@@ -408,7 +408,7 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
     again = _fsdpctl(
         "job", "run", "--detach"
     )  # same name while running: refused (README: exit 2, one line)
-    assert again.exit_code == 2 and "is already running" in again.stderr, again.output
+    assert again.exit_code == 2 and "job e2e is running (" in again.stderr, again.output
 
     deadline = time.monotonic() + 180
     while True:
