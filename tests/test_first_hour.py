@@ -17,8 +17,9 @@ watching `job logs -f` before Ctrl-C (SIGINT to the command's process group, as 
 the two run ids of `job diff RUN_A RUN_B` read off the history's output, as the README says. The job must
 still be running when `job stop` is typed (item 1: the walkthrough's MAX_STEPS is long enough at a
 person's pace) and be Stopped before its last step; the resume and the rerun end Succeeded; the diff's
-verdict is the same losses at every step both runs logged, no step listed (a CPU rerun is bit-identical). The real peers: torchrun on CPU with gloo, the
-local backend's supervisor, git, GNU make, bash. About 4-5 minutes on 2 busy cores.
+verdict is the same losses at every step both runs logged, no step listed (a CPU rerun is
+bit-identical). The real peers: torchrun on CPU with gloo, the local backend's supervisor, git, GNU
+make, bash. About 4-5 minutes on 2 busy cores.
 """
 
 from __future__ import annotations
