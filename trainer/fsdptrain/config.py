@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# re-exported: its old home, where fsdpctl and the tests import it from
+from fsdptrain.errors import ConfigError as ConfigError
 from fsdptrain.levers import sdpa_problem
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
@@ -37,10 +39,6 @@ OPTIONAL_PACKAGES = {
     "FLOAT8": ("torchao", "float8"),
 }
 BUILTIN = "builtin"  # the offline corpus + tokenizer of fsdptrain.assets
-
-
-class ConfigError(ValueError):
-    """A bad setting; the message is one line naming the key, the value and what is allowed."""
 
 
 # pipe(7): a write(2) of at most PIPE_BUF bytes to a pipe is atomic, never interleaved with
