@@ -33,7 +33,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from fsdptrain import checkpoint as ckpt
-from fsdptrain import disruption, events
+from fsdptrain import disruption, events, hf_io
 from fsdptrain.config import (
     BUILTIN,
     ConfigError,
@@ -311,7 +311,7 @@ def build_model(
     from transformers import AutoConfig
 
     if cfg.pretrained:
-        path = ckpt.resolve_pretrained(cfg.pretrained, local_rank=rt.local_rank)
+        path = hf_io.resolve_pretrained(cfg.pretrained, local_rank=rt.local_rank)
         config = AutoConfig.from_pretrained(str(path))
     else:
         config = llama_config(
@@ -350,7 +350,7 @@ def build_model(
     torch.manual_seed(cfg.seed + 7919 * shard_coord)
     init_weights(model, config, rt.device)
     if cfg.pretrained:
-        ckpt.load_pretrained(path, model=model)
+        hf_io.load_pretrained(path, model=model)
     return model, config, mesh, ac_layers
 
 
@@ -823,7 +823,7 @@ def finish(t: Training, rt: Runtime, out: Outcome) -> events.Summary:
         t.hf_config._attn_implementation = (
             "sdpa"  # transformers' own, not the training-only registration
         )
-        export = ckpt.export_hf(
+        export = hf_io.export_hf(
             Path(t.cfg.export_dir), model=t.model, config=t.hf_config, tokenizer=t.tokenizer
         )
         _hold_until_published(rt)
