@@ -1,13 +1,13 @@
-"""The Hugging Face format at the run's two ends: PRETRAINED weights in (a hub id downloaded once per
-node; rank 0 reads the safetensors files and broadcasts each shard) and EXPORT_DIR out (a full state dict
-gathered on rank 0, written as a `from_pretrained`-ready directory). The sharded checkpoints between
-them are fsdptrain.checkpoint's.
-"""
+"""The Hugging Face format at the run's two ends: PRETRAINED weights in (a hub id downloaded once
+per node; rank 0 reads the safetensors files and broadcasts each shard) and EXPORT_DIR out (a full
+state dict gathered on rank 0, written as a `from_pretrained`-ready directory that every rank waits
+for). The sharded checkpoints between them are fsdptrain.checkpoint's."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from fsdptrain.checkpoint import CheckpointError
+from fsdptrain.runtime import Runtime
 
 
 def export_hf(out_dir: Path, *, model: nn.Module, config: Any, tokenizer: Any) -> Path | None:
@@ -48,6 +49,29 @@ def export_hf(out_dir: Path, *, model: nn.Module, config: Any, tokenizer: Any) -
         shutil.rmtree(out_dir)
     os.rename(tmp, out_dir)
     return out_dir
+
+
+EXPORT_WAIT = timedelta(hours=4)  # rank 0 writing a 70B export (280 GB) to a slow volume
+EXPORT_KEY = "fsdptrain/export-published"
+
+
+def hold_until_published(rt: Runtime) -> None:
+    """Every rank stays until rank 0 has published the export. Rank 0 writes it alone after the
+    gather; a rank that exits meanwhile ends its pod with 0, and the Training Operator marks an
+    elastic PyTorchJob Succeeded once any worker pod succeeded (v1.9.4
+    pkg/controller.v1/pytorch/pytorchjob_controller.go, UpdateJobStatus) and then deletes the pods
+    still running under cleanPodPolicy Running (pkg/controller.v1/common/job.go,
+    DeletePodsAndServices): rank 0's, mid-export. The wait is on the process group's store, with its
+    own deadline, not a collective under the collective timeout; the barrier after it keeps rank 0
+    (the store's host) until every rank has seen the key."""
+    if rt.world == 1:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    if rt.rank == 0:
+        store.set(EXPORT_KEY, "1")
+    else:
+        store.wait([EXPORT_KEY], EXPORT_WAIT)
+    dist.barrier()
 
 
 def resolve_pretrained(name_or_path: str, *, local_rank: int) -> Path:
