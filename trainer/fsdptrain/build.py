@@ -1,7 +1,7 @@
 """Everything the loop runs on, built once per run: the data (fsdptrain.data), the sharded model
 (fsdptrain.model_build), the optimizer (fsdptrain.optim), the checkpoint it resumes
-(fsdptrain.checkpoint), each lever as resolved on this device (fsdptrain.levers) and the numbers each
-step's event needs."""
+(fsdptrain.checkpoint), each lever as resolved on this device (fsdptrain.levers) and the numbers
+each step's event needs."""
 
 from __future__ import annotations
 
@@ -229,7 +229,10 @@ def _levers_resolved(
     (fsdptrain.levers)."""
     ac = f"{checkpointing.mode}, {ac_layers} layers" if ac_layers else "off"
     if checkpointing.note:  # the warning line says why
-        ac += f" (ACTIVATION_CHECKPOINTING={cfg.activation_checkpointing} without compile: layer-level)"
+        ac += (
+            f" (ACTIVATION_CHECKPOINTING={cfg.activation_checkpointing} without compile: "
+            "layer-level)"
+        )
     found = {
         "compile": f"{'on' if compiled.on else 'off'} ({compiled.why})",
         "activation_checkpointing": ac,

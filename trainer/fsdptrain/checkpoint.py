@@ -3,7 +3,8 @@ format of PRETRAINED and EXPORT_DIR: fsdptrain.hf_io).
 
 Layout under CHECKPOINT_DIR (must be a filesystem every node sees, e.g. FSx for Lustre on EKS):
 
-    step-00000020/      DCP shards of model + optimizer, rng-rankNNNNN.pt per rank, meta.json (written last)
+    step-00000020/      DCP shards of model + optimizer, rng-rankNNNNN.pt per rank,
+                        meta.json (written last)
     latest              name of the newest complete checkpoint
     .tmp-step-00000030/ a save in progress; never read, removed by the next save
 
@@ -196,8 +197,8 @@ def stage(root: Path, *, step: int, model: nn.Module, optimizer: Optimizer) -> N
         free = shutil.disk_usage(root).free / 2**20
         raise CheckpointError(
             f"checkpoint at step {step} failed ({failure}; {free:,.0f} MiB free); the last good "
-            f"one is {latest_checkpoint(root) or 'none'}: free space on CHECKPOINT_DIR={str(root)!r} "
-            "or point it elsewhere"
+            f"one is {latest_checkpoint(root) or 'none'}: free space on "
+            f"CHECKPOINT_DIR={str(root)!r} or point it elsewhere"
         )
 
 
@@ -306,13 +307,14 @@ def resume(
             continue
         if skipped:
             log(
-                f"checkpoint {'; '.join(skipped)} is damaged: resumed from {name}, the newest intact one"
+                f"checkpoint {'; '.join(skipped)} is damaged: resumed from {name}, "
+                "the newest intact one"
             )
         return path, loaded
     if skipped:
         raise CheckpointError(
-            f"no intact checkpoint under CHECKPOINT_DIR={str(root)!r}: {'; '.join(skipped)}; remove the "
-            "damaged ones, or RESUME=never to start afresh"
+            f"no intact checkpoint under CHECKPOINT_DIR={str(root)!r}: {'; '.join(skipped)}; "
+            "remove the damaged ones, or RESUME=never to start afresh"
         )
     return None, None
 
@@ -408,7 +410,8 @@ def _unreadable_line(failed: list[tuple[int, tuple[str, str, str]]], *, explicit
         return f"RESUME={path!r} is not a complete checkpoint ({why}): pick another"
     return (
         f"rank {rank} ({where}){others} cannot read checkpoint {path!r} that rank 0 resumes from "
-        f"({why}): every node must see CHECKPOINT_DIR on one shared volume (SHARED_VOLUME or CHECKPOINT_PVC)"
+        f"({why}): every node must see CHECKPOINT_DIR on one shared volume "
+        "(SHARED_VOLUME or CHECKPOINT_PVC)"
     )
 
 

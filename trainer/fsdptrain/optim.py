@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to LR, then cosine down to LR * MIN_LR_RATIO at MAX_STEPS (step counts from 1)."""
+    """Linear warmup to LR, then cosine down to LR * MIN_LR_RATIO at MAX_STEPS (step counts from
+    1)."""
     if cfg.warmup_steps and step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
     span = max(1, cfg.max_steps - cfg.warmup_steps)

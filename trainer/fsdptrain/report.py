@@ -25,8 +25,8 @@ def hf_token_given() -> bool:
 
 
 def banner(t: Training, rt: Runtime, *, host_malloc_kept: bool) -> str:
-    """The run's first human line: the model, the mesh, the precision, the world, the steps and every
-    speed setting it took."""
+    """The run's first human line: the model, the mesh, the precision, the world, the steps and
+    every speed setting it took."""
     cfg = t.cfg
     ac = "off" if t.ac_layers == 0 else f"{t.checkpointing.mode} ({t.ac_layers} layers)"
     return (
@@ -57,7 +57,8 @@ def lever_lines(t: Training) -> list[str]:
     """The human lines of the resolved levers; a choice the user should act on as a warning line."""
     lines = [f"levers: compile {t.levers['compile']}; attention {t.levers['attention']}"]
     lines.append(
-        f"levers: activation checkpointing {t.levers['activation_checkpointing']}; gc {t.levers['gc']}"
+        f"levers: activation checkpointing {t.levers['activation_checkpointing']}; "
+        f"gc {t.levers['gc']}"
     )
     if t.checkpointing.note:
         lines.append(f"warning: {t.checkpointing.note}")
@@ -106,8 +107,8 @@ def step_event(
 
 
 def step_line(e: events.Step) -> str:
-    """A logged step's human line, printed after its event (`fsdpctl job logs` shows this line in the
-    event's place)."""
+    """A logged step's human line, printed after its event (`fsdpctl job logs` shows this line in
+    the event's place)."""
     mfu = f" | MFU {100 * e.mfu:.1f}%" if e.mfu is not None else ""
     mem = (
         f" | mem {e.mem_allocated_gib:.1f}/{e.mem_reserved_gib:.1f} GiB"

@@ -162,7 +162,8 @@ def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) 
             trained_since = time.perf_counter()
         if out.stopped:
             rt.log(
-                f"{disruption.describe(out.reason)}: stopped at step {step}, checkpoint {out.checkpoint}"
+                f"{disruption.describe(out.reason)}: stopped at step {step}, "
+                f"checkpoint {out.checkpoint}"
             )
             break
         if step == t.hold_at:
@@ -280,7 +281,8 @@ def _read_steps(
 
 
 def _hold_until_stop(rt: Runtime, most_s: float = 600) -> None:
-    """The hold-until-stop failpoint: wait (bounded) for this rank's SIGTERM before the next step."""
+    """The hold-until-stop failpoint: wait (bounded) for this rank's SIGTERM before the next
+    step."""
     deadline = time.monotonic() + most_s
     while not rt.stop_requested and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -347,9 +349,9 @@ def _warn_if_slower_than_training(
         and save_s >= events.MATERIAL_SAVE_S
     ):
         rt.log(
-            f"warning: checkpoint at step {step} took {events.seconds_text(save_s)}, longer than the "
-            f"{events.seconds_text(train_s)} of training since the last one: raise CHECKPOINT_INTERVAL "
-            "or use a faster volume"
+            f"warning: checkpoint at step {step} took {events.seconds_text(save_s)}, longer than "
+            f"the {events.seconds_text(train_s)} of training since the last one: raise "
+            "CHECKPOINT_INTERVAL or use a faster volume"
         )
 
 
