@@ -36,6 +36,14 @@ def _shared() -> Path:
     ).stdout.strip()
     if origin and Path(origin).is_dir() and (Path(origin).resolve().parent / "shared").is_dir():
         return Path(origin).resolve().parent / "shared"
+    # a git worktree (`git worktree add /work/wt/x`) finds it beside its main checkout
+    common = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if common and (Path(common).parent.parent / "shared").is_dir():
+        return Path(common).parent.parent / "shared"
     return here
 
 

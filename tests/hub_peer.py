@@ -62,7 +62,8 @@ class HubPeer:
     @property
     def endpoint(self) -> str:
         assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
 
     def add(
         self, kind: str, repo_id: str, files: dict[str, bytes], gated_tokens: set[str] | None = None
@@ -96,10 +97,12 @@ class HubPeer:
 
 
 @contextmanager
-def running(peer: HubPeer | None = None) -> Iterator[HubPeer]:
+def running(peer: HubPeer | None = None, host: str = "127.0.0.1") -> Iterator[HubPeer]:
+    """The peer answering on `host` (another address of this machine: the Slurm peer's nodes reach
+    it at their bridge's, tests/slurm_peer.py)."""
     peer = peer or HubPeer()
     handler = type("Handler", (_Handler,), {"peer": peer})
-    peer.server = _Server(("127.0.0.1", 0), handler)
+    peer.server = _Server((host, 0), handler)
     thread = threading.Thread(target=peer.server.serve_forever, daemon=True)
     thread.start()
     fresh_hub_client()

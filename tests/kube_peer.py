@@ -32,11 +32,16 @@ kube_peer_rules.py):
 - list items of built-in kinds without apiVersion/kind (kubernetes/kubernetes#3030), RBAC 403 wording;
 - the eviction subresource and the disruption controller's view of a PodDisruptionBudget
   (kube_peer_disruption.py: pkg/registry/core/pod/storage/eviction.go, pkg/controller/disruption).
-And, as before, what tests play instead of the cluster's other parts: pod logs from `peer.api.logs` (there is
-no kubelet: the peer applies tailLines, sinceSeconds, sinceTime and timestamps as the kubelet does, to lines
-with their own CRI times or the time they were stored), Service proxies to handlers the tests register (e.g. a
-real etcd), `forbidden` plurals.
-It has no controllers and no scheduler: tests set pod and job status themselves."""
+- the pods/binding subresource a scheduler binds with, a Secret's stringData stored as base64 data, the
+  selector and pod labels the API server generates for a batch/v1 Job (pkg/registry/batch/job/strategy.go);
+- `store.listeners`, told of every write (an informer's event), for the controllers beside it.
+And what tests play instead of the cluster's other parts: pod logs from `peer.api.logs` (per pod, or per
+(namespace, pod, container); the peer applies tailLines, sinceSeconds, sinceTime and timestamps as the kubelet
+does, to lines with their own CRI times or the time they were stored), Service proxies to handlers the tests
+register (e.g. a real etcd), `forbidden` plurals.
+It has no controllers, no scheduler and no kubelet of its own: tests set pod and job status themselves, or
+attach kube_peer_operator.Cluster, which runs the Training Operator's and the Job controller, a scheduler and
+the nodes' kubelets (real processes) against it."""
 
 from __future__ import annotations
 
@@ -193,6 +198,9 @@ class Store:
         self.rv = 1
         self.history: deque[tuple[int, Key, dict | None, dict | None]] = deque(maxlen=HISTORY)
         self.watchers: set[Watcher] = set()
+        # called on the server's loop with the key of every write, as an informer's event handler
+        # is (kube_peer_operator wakes its controllers with it); they must only take note
+        self.listeners: list[Callable[[Key], None]] = []
 
     def put(self, key: Key, obj: dict) -> dict:
         self.rv += 1
@@ -212,6 +220,8 @@ class Store:
         self.history.append((self.rv, key, cur, prev))
         for w in list(self.watchers):
             w.offer(key, cur, prev, self.rv)
+        for listener in list(self.listeners):
+            listener(key)
 
     def by_uid(self, uid: str) -> tuple[Key, dict] | None:
         return next(
@@ -295,6 +305,9 @@ class KubeApi(kmock.KubernetesScaffold):
         self.applied: dict[
             tuple[Key, str], dict
         ] = {}  # (object, field manager) -> its last applied config
+        # without a kubelet (kube_peer_operator.Cluster attaches one) the peer plays the kubelet's
+        # part of a stop request (kube_peer_kubelet); a real one acts on it with the processes
+        self.plays_kubelet = True
         self._gc_scheduled = False
         for name in (*IMMORTAL, "kube-node-lease"):
             self._stamp_new(
@@ -603,6 +616,10 @@ class KubeApi(kmock.KubernetesScaffold):
             meta["finalizers"] = sorted(
                 {*meta.get("finalizers", []), "customresourcecleanup.apiextensions.k8s.io"}
             )
+        if (res.group, res.plural) == ("batch", "jobs") and not obj.get("spec", {}).get(
+            "manualSelector"
+        ):
+            _generate_selector(obj)
         key = self._key(res, meta.get("namespace"), meta["name"])
         if dry:
             return obj
@@ -615,7 +632,12 @@ class KubeApi(kmock.KubernetesScaffold):
     def _after_write(self, res: Served, obj: dict) -> None:
         if res.plural == "customresourcedefinitions" and res.group == "apiextensions.k8s.io":
             self.registry.crds[obj["metadata"]["name"]] = obj  # established at once
-        if res.plural == "pods" and res.group == "" and kubelet.stop_requested(obj):
+        if (
+            res.plural == "pods"
+            and res.group == ""
+            and self.plays_kubelet
+            and kubelet.stop_requested(obj)
+        ):
             asyncio.get_running_loop().call_later(0.1, self._pod_stops, obj["metadata"]["namespace"],
                                                   obj["metadata"]["name"])  # fmt: skip
 
@@ -677,7 +699,7 @@ class KubeApi(kmock.KubernetesScaffold):
         pruned."""
         schema = self.schemas.of(res)
         if schema is None:
-            return obj, []
+            return _converted(res, obj), []
         if mode == "apply" and applied is not None:
             unknown = schema.check(applied).unknown
             # the typed patch conversion of server-side apply fails whatever fieldValidation says
@@ -703,7 +725,7 @@ class KubeApi(kmock.KubernetesScaffold):
                 f"error: {', '.join(warnings)}",
             )
         self._check_values(res, obj, checked.invalid)
-        return checked.value, warnings if directive == "Warn" else []
+        return _converted(res, checked.value), warnings if directive == "Warn" else []
 
     def _check_values(self, res: Served, obj: dict, invalid: list[tuple[str, str]]) -> None:
         if not invalid:
@@ -763,7 +785,15 @@ class KubeApi(kmock.KubernetesScaffold):
         if _dry(request):
             return new
         key = self._key(res, new["metadata"].get("namespace"), new["metadata"]["name"])
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        # an update that leaves an object being deleted without finalizers deletes it, unless it is
+        # in a grace period (a pod its kubelet is ending): apiserver pkg/registry/generic/registry/
+        # store.go, ShouldDeleteDuringUpdate
+        grace = old["metadata"].get("deletionGracePeriodSeconds")
+        if (
+            old["metadata"].get("deletionTimestamp")
+            and not new["metadata"].get("finalizers")
+            and not grace
+        ):
             self.store.remove(key)
             self._schedule_gc()
             return new
@@ -849,6 +879,8 @@ class KubeApi(kmock.KubernetesScaffold):
             return await self._proxy(request, route)
         if (res.group, res.plural, top) == ("", "pods", "eviction") and method == "POST":
             return self._evict(request, res, route)
+        if (res.group, res.plural, top) == ("", "pods", "binding") and method == "POST":
+            return self._bind(request, res, route)
         if top == "status" and method == "GET":
             return self._json(self._typed(res, self._existing(res, route)))
         if top == "status" and method == "PUT":
@@ -859,6 +891,37 @@ class KubeApi(kmock.KubernetesScaffold):
         raise Reply(
             405, "MethodNotAllowed", f"{method} {route.sub}: not implemented by this test peer"
         )
+
+    def _bind(self, request, res: Served, route: Route):
+        """POST pods/NAME/binding (a scheduler's Binding): the pod gets its node and the
+        PodScheduled condition; a pod that has one already, or is being deleted, is a 409
+        (pkg/registry/core/pod/storage/storage.go, BindingREST.Create and assignPod)."""
+        body = _body(request)
+        pod = json.loads(json.dumps(self._existing(res, route)))
+        node = ((body.get("target") or {}).get("name")) or ""
+        name = pod["metadata"]["name"]
+        if not node:
+            raise _invalid(res, name, [("target.name", "Required value")])
+        if pod["metadata"].get("deletionTimestamp"):
+            raise Reply(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": '
+                        "pod is being deleted, cannot be assigned to a host")  # fmt: skip
+        if pod.get("spec", {}).get("nodeName"):
+            raise Reply(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+                f'assigned to node "{pod["spec"]["nodeName"]}"',
+            )
+        pod["spec"]["nodeName"] = node
+        status = pod.setdefault("status", {})
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        status["conditions"] = [
+            *conditions,
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()},
+        ]
+        if not _dry(request):
+            self.store.put(self._key(res, route.namespace, name), pod)
+        return self._json(status_body(201, "", ""), 201)
 
     def _evict(self, request, res: Served, route: Route):
         """POST pods/NAME/eviction (policy/v1 Eviction): the disruption rules of
@@ -999,7 +1062,14 @@ class KubeApi(kmock.KubernetesScaffold):
         ):
             grace = 0
         if grace <= 0:
+            if pod["metadata"].get("deletionTimestamp"):  # the kubelet's final delete, grace 0
+                pod["metadata"]["deletionGracePeriodSeconds"] = 0
             return False
+        # a pod already being deleted keeps its deadline unless this one is shorter
+        # (apiserver pkg/registry/rest/delete.go, BeforeDelete: only a shorter grace period is taken)
+        current = pod["metadata"].get("deletionGracePeriodSeconds")
+        if pod["metadata"].get("deletionTimestamp") and current is not None and current <= grace:
+            return True
         pod["metadata"]["deletionTimestamp"] = now(grace)
         pod["metadata"]["deletionGracePeriodSeconds"] = grace
         return True
@@ -1117,9 +1187,10 @@ class KubeApi(kmock.KubernetesScaffold):
             raise Reply(
                 400, "BadRequest", f"container {container} is not valid for pod {route.name}"
             )
-        text = _kubelet_log(
-            self.logs.lines((route.namespace or "", route.name or "")), request.params
-        )
+        # a container's own log when a kubelet keeps one per container, else the pod's
+        key = (route.namespace or "", route.name or "")
+        own = (*key, container or names[0]) if names else key
+        text = _kubelet_log(self.logs.lines(own if own in self.logs else key), request.params)
         if request.params.get("follow") != "true":
             return aiohttp.web.Response(text=text, content_type="text/plain")
         resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -1251,6 +1322,39 @@ def _invalid(res: Served, name: str, causes: list) -> Reply:
         "causes": [{"field": p, "message": m} for p, m in causes],
     }
     return Reply(422, "Invalid", f'{res.qualified_kind} "{name}" is invalid: {joined}', details)
+
+
+def _converted(res: Served, obj: dict) -> dict:
+    """What the API server stores of a Secret: its stringData merged into data, base64-encoded,
+    and never kept (pkg/apis/core/v1/conversion.go, Convert_v1_Secret_To_core_Secret: "StringData
+    overwrites Data")."""
+    if (res.group, res.plural) != ("", "secrets") or "stringData" not in obj:
+        return obj
+    import base64
+
+    data = dict(obj.get("data") or {})
+    for key, value in (obj.get("stringData") or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    return {**{k: v for k, v in obj.items() if k != "stringData"}, "data": data}
+
+
+# the labels a Job's pods are selected by, set by the API server when the Job is created without a
+# manual selector (pkg/registry/batch/job/strategy.go, generateSelector: the legacy unprefixed
+# labels and the batch.kubernetes.io/ ones; the selector is the controller uid's)
+JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
+JOB_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
+
+
+def _generate_selector(job: dict) -> None:
+    meta = job["metadata"]
+    template = job.setdefault("spec", {}).setdefault("template", {})
+    labels = template.setdefault("metadata", {}).setdefault("labels", {})
+    for key in JOB_NAME_LABELS:
+        labels.setdefault(key, meta["name"])
+    for key in JOB_UID_LABELS:
+        labels.setdefault(key, meta["uid"])
+    selector = job["spec"].setdefault("selector", {})
+    selector.setdefault("matchLabels", {}).setdefault(JOB_UID_LABELS[1], meta["uid"])
 
 
 def _default_policy(key: Key, options: dict) -> str:

@@ -22,6 +22,15 @@ Bounded in time: every wait has a deadline, and the daemons get SIGTERM when the
 namespace (steps, tasks) and removes the namespaces and links. Without root, iproute2, util-linux or
 the packages, `available()` says why in one line and `running()` skips with it.
 
+With `containers=True` (issue 36) every slurmd also runs jobs in containers as HyperPod's and
+ParallelCluster's do: pyxis v0.24.0 registered as a SPANK plugin (plugstack.conf, named by
+PlugStackConfig=) and enroot v4.1.2 on the slurmds' PATH, both built from ../shared/vendor by
+tests/pyxis_peer.py (once per cache key); each node keeps enroot's and pyxis's state in a directory
+of its own (its "local disk", bound over the build's node-local mount point in its mount namespace),
+and `Cluster.image` is a squashfs that runs the tests' Python, with the checkout and its virtual
+environment mounted into every container by the nodes' enroot configuration (mounts.d), as a
+cluster's administrator mounts the shared file system.
+
 The configuration follows slurm.conf(5) of Slurm 22.05 (SchedMD/slurm, tag slurm-22-05-8-1,
 doc/man/man5/slurm.conf.5); each choice that shapes what a test sees says why where it is made.
 """
@@ -35,17 +44,19 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
-from conftest import scaled
+import pyxis_peer
+from conftest import ROOT, scaled
 from fsdpctl.adapters import netns
 
 CONTROLLER = "slurmctl"
@@ -85,6 +96,7 @@ tries=0
 until [ -S "$3/munge.socket" ]; do
     tries=$((tries + 1)); [ "$tries" -le 300 ] || exit 1; sleep 0.1
 done
+if [ -n "${7-}" ]; then mount --bind "$7" "$8"; fi
 exec slurmd -D
 """
 
@@ -117,6 +129,8 @@ class Cluster:
     munge_dir: Path
     port: int
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    containers: pyxis_peer.Build | None = None  # pyxis + enroot on every node
+    image: Path | None = None  # with containers: the trainer's squashfs (pyxis_peer.trainer_image)
 
     @property
     def spool(self) -> Path:
@@ -206,8 +220,34 @@ class Cluster:
         log = self.root / "log" / f"munged-{name}.log"
         args = [name, own, self.munge_dir / "run", self.munge_dir / "munge.key"]
         args += [self.pid_file(f"munged-{name}"), log]
+        env = self.env
+        if self.containers is not None:  # this node's local disk where enroot and pyxis look
+            args += [self.node_local(node), self.containers.node_local]
+            env = self.node_env(node)
         boot = ["unshare", "--uts", "--", "sh", "-c", NODE_BOOT, "boot", *map(str, args)]
-        self._spawn(f"slurmd-{name}", [*self.net.exec_prefix(node), *boot])
+        self._spawn(f"slurmd-{name}", [*self.net.exec_prefix(node), *boot], env)
+
+    def node_local(self, node: int) -> Path:
+        """With containers: node N's directory for enroot's and pyxis's state (its local disk)."""
+        return self.munge_dir / "local" / self.names[node]
+
+    def node_env(self, node: int) -> dict[str, str]:
+        """slurmd's environment with containers: enroot's bin first on PATH (pyxis runs `enroot`
+        by PATH, the one variable it keeps of slurmstepd's: pyxis_slurmstepd.c slurm_clear_env),
+        and ENROOT_*_PATH naming this node's directories for an `enroot` run by hand on the node;
+        what pyxis runs reads them from enroot.conf (pyxis_peer.Build)."""
+        assert self.containers is not None
+        build = self.containers
+        bound = {k: str(v) for k, v in build.local_dirs().items()}
+        return self.env | bound | {"PATH": f"{build.bin}:{os.environ.get('PATH', '')}"}
+
+    def kill_slurmd(self, node: int) -> None:
+        """SIGKILL to node N's slurmd alone, as a crash or the OOM killer would: its slurmstepds
+        and the job's tasks keep running, unknown to slurmctld until the node registers again.
+        (Its munged goes with it here: PR_SET_PDEATHSIG from NODE_BOOT.)"""
+        pid = daemon_pid(self.pid_file(f"slurmd-{self.names[node]}"), "slurmd")
+        assert pid is not None, f"no slurmd running on {self.names[node]}"
+        _signal(pid, signal.SIGKILL)
 
     def kill_node(self, node: int) -> None:
         """A power loss: SIGKILL to every process in the node's network namespace (slurmd,
@@ -221,12 +261,12 @@ class Cluster:
         got = subprocess.run(argv, capture_output=True, text=True, timeout=20)
         return [int(p) for p in got.stdout.split()]
 
-    def _spawn(self, daemon: str, argv: list[str]) -> None:
+    def _spawn(self, daemon: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         """A daemon in the foreground (-D, -F): this process's child, so it dies with it."""
         with open(self.root / "log" / f"{daemon}.stderr", "ab") as err:
             self.procs[daemon] = subprocess.Popen(
                 argv,
-                env=self.env,
+                env=self.env if env is None else env,
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=subprocess.STDOUT,
@@ -320,7 +360,9 @@ def _write_conf(cluster: Cluster) -> None:
         (root / sub).mkdir(parents=True, exist_ok=True)
     for name in cluster.names:
         (cluster.spool / name).mkdir(parents=True, exist_ok=True)
-    (root / "plugstack.conf").write_text("")  # not /etc/slurm's: no SPANK plugin of this machine
+    # not /etc/slurm's: no SPANK plugin of this machine; pyxis when the cluster runs containers
+    plugins = cluster.containers.plugstack_line() if cluster.containers is not None else ""
+    (root / "plugstack.conf").write_text(plugins)
     # `ip netns exec` mounts a fresh sysfs (ip-netns(8)), so /sys/fs/cgroup is empty on a node;
     # slurmd 22.05 initializes its cgroup plugin whatever the others (slurmd.c:_slurmd_init,
     # cgroup_g_init) and autodetection fails there (common/cgroup.c:autodetect_cgroup_version).
@@ -398,23 +440,75 @@ def _name_nodes_first(cluster: Cluster) -> None:
         )
 
 
+def _prepare_containers(cluster: Cluster, mounts: Sequence[Path]) -> None:
+    """Each node's local directories for enroot and pyxis, and its enroot mounts.d binding
+    `mounts` into every container at their own paths (enroot reads ENROOT_CONFIG_PATH/mounts.d
+    after the system's: src/runtime.sh mount_dirs)."""
+    assert cluster.containers is not None
+    for node in range(cluster.net.nodes):
+        local = cluster.node_local(node)
+        for sub in ("run", "cache", "data", "tmp", "pyxis", "config/mounts.d"):
+            (local / sub).mkdir(parents=True, exist_ok=True)
+        fstab = local / "config" / "mounts.d" / "50-fsdpctl-peer.fstab"
+        fstab.write_text(pyxis_peer.mounts_fstab(mounts))
+
+
+def container_mounts() -> list[Path]:
+    """What the trainer's image lacks: the checkout and the virtual environment the tests run
+    (the image has their interpreter, pyxis_peer.trainer_image)."""
+    found = [ROOT, Path(sys.prefix)]
+    return [p for i, p in enumerate(found) if not any(p.is_relative_to(q) for q in found[:i])]
+
+
 @contextmanager
-def running(root: Path, nodes: int = 2) -> Iterator[Cluster]:
+def running(
+    root: Path, nodes: int = 2, *, containers: bool = False, mounts: Sequence[Path] | None = None
+) -> Iterator[Cluster]:
     """A cluster of `nodes` simulated nodes, all idle; on exit its daemons are stopped and its
-    namespaces and links gone."""
+    namespaces and links gone. `containers`: pyxis and enroot on every node and `Cluster.image`,
+    the trainer's image (`mounts`: host paths every container sees, default `container_mounts()`);
+    skipped with the reason when they cannot be built here."""
     usable, why = available()
+    if containers and usable:
+        usable, why = pyxis_peer.available()
     if not usable:
         pytest.skip(why)
+    build = pyxis_peer.build() if containers else None
+    image = pyxis_peer.trainer_image() if containers else None
     munge_dir = Path(tempfile.mkdtemp(prefix="fsdpctl-munge-"))
     munge_dir.chmod(0o755)  # munged wants its socket's directories searchable by all, up to /
     net = netns.claim("slurm", nodes, {f"node{n}": n for n in range(nodes)})
-    cluster = Cluster(root, net, munge_dir, _free_port())
+    cluster = Cluster(root, net, munge_dir, _free_port(), containers=build, image=image)
     try:
         _name_nodes_first(cluster)
         _write_conf(cluster)
+        if build is not None:
+            _prepare_containers(cluster, container_mounts() if mounts is None else mounts)
         cluster._start()
         yield cluster
     finally:
         cluster.stop()
         netns.destroy(net)
         shutil.rmtree(munge_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_clusters(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """A factory of running clusters for a test (the conformance suite's Slurm target):
+    `slurm_clusters(nodes=2, containers=False, mounts=None)` starts one (~3 s here; with containers
+    the first of a machine also builds pyxis, enroot and the image, ~20 s, then cached) and every
+    one it started is stopped at teardown. Import it into a test module (`from slurm_peer import
+    slurm_clusters`); a longer-lived cluster is `running()` in a fixture of that scope (as
+    tests/conformance/places.py does: `running(root, 2, containers=True)` for the container cells)."""
+    with ExitStack() as stack:
+        made = 0
+
+        def start(
+            nodes: int = 2, *, containers: bool = False, mounts: Sequence[Path] | None = None
+        ) -> Cluster:
+            nonlocal made
+            made += 1
+            root = tmp_path / f"slurm-{made}"
+            return stack.enter_context(running(root, nodes, containers=containers, mounts=mounts))
+
+        yield start

@@ -9,6 +9,7 @@ instead."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -319,9 +320,9 @@ def test_job_run_creates_secret_and_job_and_refuses_a_second(peer, monkeypatch):
     assert r.exit_code == 0, r.output
     assert TOKEN not in r.output
     [secret] = in_fsdp(peer, "secrets")
-    assert (
-        secret["stringData"]["HF_TOKEN"] == TOKEN and secret["metadata"]["name"] == "fsdp-hf-token"
-    )
+    # the API server keeps stringData as base64 data (kube_peer._converted)
+    assert "stringData" not in secret and secret["metadata"]["name"] == "fsdp-hf-token"
+    assert base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == TOKEN
     [job] = peer.objects("pytorchjobs")
     first_id = job["spec"]["elasticPolicy"]["rdzvId"]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"][

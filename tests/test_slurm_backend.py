@@ -53,6 +53,13 @@ def directives(text: str) -> list[str]:
     ]
 
 
+def trainer_srun(text: str) -> str:
+    """The script's line that starts the trainers (inside its try loop), without the `|| rc=$?`."""
+    line = next(x.strip() for x in text.splitlines() if " fsdptrain.launch " in x)
+    assert line.startswith("srun ") and line.endswith(" || rc=$?"), line
+    return line.removesuffix(" || rc=$?")
+
+
 def run_script(
     tmp_path: Path, text: str, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
@@ -102,8 +109,8 @@ def test_the_p5_script_reads_like_awsome_fsdp_sbatch():
     assert "export FI_PROVIDER=efa" in text and "export NCCL_DEBUG=INFO" in text
     assert "export FI_EFA_USE_DEVICE_RDMA=1" in text and "export FI_EFA_FORK_SAFE=1" in text
     assert "export CHECKPOINT_DIR=/fsx/checkpoints/fsdp" in text
-    assert 'head="$(hostname)"' in text and 'rdzv_id="${SLURM_JOB_ID}-${restarts}"' in text
-    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert 'head="$(hostname)"' in text and 'rdzv_id="${SLURM_JOB_ID}-${restarts}-${try}"' in text
+    srun = trainer_srun(text)
     for arg in (
         "--nnodes=4",
         "--nproc-per-node=8",
@@ -123,8 +130,8 @@ def test_a_container_image_goes_to_pyxis_and_hyperpod_gets_auto_resume():
     Debian's Slurm has neither pyxis nor --auto-resume, so these are read as the script's words."""
     cfg = cfg_of(SLURM_CONTAINER_IMAGE="/fsx/pytorch-fsdp.sqsh", SHARED_VOLUME_PATH="/fsx")
     text = script.render_script(cfg, "fsdp-r1")
-    srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    words = shlex.split(srun.replace('"${auto_resume[@]}"', "AUTO"))
+    srun = trainer_srun(text)
+    words = shlex.split(srun.replace('${auto_resume[@]+"${auto_resume[@]}"}', "AUTO"))
     assert words[:2] == ["srun", "AUTO"]
     assert (
         "--container-image=/fsx/pytorch-fsdp.sqsh" in words
@@ -187,7 +194,7 @@ def test_the_script_runs_one_torchrun_task_per_node_with_the_pods_environment(
         f"--nproc-per-node={cfg.gpus}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={head}:29400",
-        "--rdzv-id=77-0",
+        "--rdzv-id=77-0-1",
     ]
     assert launch[-3:] == [f"--max-restarts={restarts}", "-m", "fsdptrain"]
     for key, value in script.trainer_env(jobspec.build(cfg, f"{name}-r1"), cfg).items():
@@ -204,7 +211,7 @@ def test_a_requeue_beyond_max_restarts_ends_the_job_before_any_trainer_starts(tm
     cfg = cfg_of(MAX_RESTARTS="2", SHARED_VOLUME_PATH=str(tmp_path / "fsx"))
     text = script.render_script(cfg, "fsdp-r1")
     got, calls = run_script(tmp_path, text, SLURM_RESTART_COUNT="2")
-    assert got.returncode == 0 and "--rdzv-id=77-2" in calls[0]["argv"]
+    assert got.returncode == 0 and "--rdzv-id=77-2-1" in calls[0]["argv"]
     got, calls = run_script(tmp_path, text, SLURM_RESTART_COUNT="3")
     assert got.returncode == 1 and not calls
     assert "restart 3 exceeds MAX_RESTARTS=2" in got.stderr

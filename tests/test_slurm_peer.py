@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import slurm_peer
 from fsdpctl.adapters import netns
+from slurm_peer import slurm_clusters  # noqa: F401 - the factory fixture (containers, issue 36)
 
 # One task per node: the task whose host is the rendezvous endpoint serves on it, the others
 # connect and say who they are. Hosting is decided as torchrun's c10d backend does
@@ -278,3 +279,62 @@ def test_parse_record_reads_back_any_one_line_scontrol_record(fields):
     job_info.c one_liner); whatever the values (no `=`), parse_record gives every field back."""
     line = " ".join(f"{k}={v}" for k, v in fields.items())
     assert slurm_peer.parse_record(line) == fields
+
+
+# ---- containers: pyxis + enroot (issue 36) -------------------------------------------------------
+
+SHOW_ENV = "import os, socket; print(socket.gethostname(), os.environ.get('HF_HOME'))"
+
+
+@pytest.mark.slow
+def test_pyxis_runs_each_task_in_the_image_whose_env_wins_unless_named(slurm_clusters, tmp_path):  # noqa: F811
+    """The containers=True peer as NVIDIA documents pyxis v0.24.0 and enroot v4.1.2: `srun
+    --container-image=<squashfs>` runs each task of the step in the image on its own node (slurmd's
+    log: "pyxis: starting container" once per node), with the image's python and the tests'
+    environment mounted by the nodes' enroot mounts.d; an exported HF_HOME loses to the image's
+    /etc/environment one (pyxis_slurmstepd.c spank_import_container_env: `overwrite = 1`) unless
+    --container-env names it (then the job's wins: args.c --help). ~25 s here, the first time on a
+    machine ~20 s more for the build."""
+    cluster = slurm_clusters(2, containers=True)
+    image = cluster.image
+    assert image is not None
+    steps = [
+        f'srun -N2 --ntasks-per-node=1 --container-image={image} {sys.executable} -c "{SHOW_ENV}"',
+        f"srun -N1 --container-image={image} --container-env=HF_HOME {sys.executable} "
+        f'-c "{SHOW_ENV}"',
+    ]
+    job_script = tmp_path / "job.sh"
+    job_script.write_text("#!/bin/bash\nset -e\nexport HF_HOME=/job/hf\n" + "\n".join(steps) + "\n")
+    out = tmp_path / "out.log"
+    job = cluster.sbatch(job_script, "-N2", f"--output={out}")
+    cluster.wait_for(lambda: cluster.job(job)["JobState"] in ENDED, "the job's end")
+    assert cluster.job(job)["JobState"] == "COMPLETED", out.read_text()
+    image_home = slurm_peer.pyxis_peer.IMAGE_HF_HOME
+    text = out.read_text().splitlines()
+    assert sorted(text) == sorted([f"node0 {image_home}", f"node1 {image_home}", "node0 /job/hf"])
+    logs = "".join(p.read_text() for p in (cluster.root / "log").glob("slurmd-node*.log"))
+    assert logs.count(f"[{job}.0] pyxis: starting container") == 2
+
+
+def test_the_vendored_sources_are_built_only_when_their_sha256_is_the_pinned_one(
+    tmp_path, monkeypatch
+):
+    """tests/pyxis_peer.py checks each tarball against ../shared/vendor/SHA256SUMS before it
+    builds: the pinned files pass; a copy with one byte changed is refused naming both digests."""
+    import pyxis_peer
+
+    if not (pyxis_peer.VENDOR / pyxis_peer.PYXIS_TARBALL).is_file():
+        pytest.skip(f"no pinned sources in {pyxis_peer.VENDOR}")
+    for name in (pyxis_peer.PYXIS_TARBALL, pyxis_peer.ENROOT_TARBALL):
+        assert pyxis_peer.verified(name).is_file()
+    fake = tmp_path / "vendor"
+    shutil.copytree(pyxis_peer.VENDOR / "pyxis-v0.24.0", fake / "pyxis-v0.24.0")
+    shutil.copy2(pyxis_peer.VENDOR / "SHA256SUMS", fake / "SHA256SUMS")
+    tarball = fake / pyxis_peer.PYXIS_TARBALL
+    tarball.chmod(0o644)
+    data = bytearray(tarball.read_bytes())
+    data[-1] ^= 1
+    tarball.write_bytes(bytes(data))
+    monkeypatch.setattr(pyxis_peer, "VENDOR", fake)
+    with pytest.raises(AssertionError, match="pinned 063653ba"):
+        pyxis_peer.verified(pyxis_peer.PYXIS_TARBALL)

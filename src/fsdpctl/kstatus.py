@@ -78,7 +78,11 @@ def _conditions_phase(job: Obj) -> Phase:
             return _CONDITIONS[final]
     known = [c for c in conds if c["type"] in _CONDITIONS]
     if known:
-        latest = max(known, key=lambda c: c.get("lastTransitionTime") or "")
+        # times have whole seconds: within one second the later in the list is the newer (the
+        # operator appends a changed condition last: v1.9.4 pkg/util/status.go, setCondition)
+        _, latest = max(
+            enumerate(known), key=lambda ic: (ic[1].get("lastTransitionTime") or "", ic[0])
+        )
         return _CONDITIONS[latest["type"]]
     if any(j.get("active") for j in job.get("status", {}).get("jobsStatus") or []):
         return Phase.RUNNING  # TrainJob: no Running condition, its child jobs say it

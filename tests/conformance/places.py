@@ -4,9 +4,10 @@
     local   this machine: the real supervisor, torchrun on CPU with gloo (loopback nodes here, so a
             cell costs seconds; the netns pods have their own suites)
     eks     the Kubernetes API peer (tests/kube_peer.py: discovery, scopes, validation, admission,
-            garbage collection as kube-apiserver) with the Training Operator's install applied; it
-            has no controllers and no kubelet, so the place plays them (`settle`): the cells that
-            need pods that really train are declared absent for eks (`Place.trains`)
+            garbage collection as kube-apiserver) with the Training Operator's install applied and
+            a cluster behind it (tests/kube_peer_operator.py: the Training Operator v1.9.4's
+            PyTorchJob controller, the Job controller, a scheduler and two p5 nodes' kubelets that
+            run each pod's container as a process here, CPU and gloo): its jobs train
     slurm   a real Slurm 22.05 cluster (tests/slurm_peer.py: slurmctld, a slurmd per node in its own
             network and UTS namespace, munge), started once per session, its shared file system a
             directory mounted at the same path on every node and here
@@ -70,9 +71,10 @@ class Place:
     home: Path
     settings: dict[str, str]
     environ: dict[str, str]
-    trains: bool  # its jobs' pods really train (local, slurm); eks: the peer plays the operator
     outside: Callable[[str], list[str]]  # what the place runs (or holds) for job NAME, in words
-    settle: Callable[[str, str], None] = lambda job, phase: None  # plays the controllers (eks)
+    # how the place plays a disruption of job NAME (test_paths.CELLS): True when the place itself
+    # ended the job (an outside scancel), False when the job goes on by itself
+    disrupt: dict[str, Callable[[str], bool]] = field(default_factory=dict)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def env(self, **settings: str) -> dict[str, str]:
@@ -96,7 +98,6 @@ class Place:
         would report it)."""
         r = self.run("job", "run", "-d", JOB_NAME=job, **settings)
         assert r.returncode == 0, r.stderr
-        self.settle(job, "Succeeded")
         waited = self.run("job", "wait", job, "--timeout", "240", timeout=300, JOB_NAME=job)
         assert waited.returncode == 0, waited.stdout + waited.stderr
 
@@ -136,11 +137,53 @@ def local_place(
         root / "home",
         {"BACKEND": "local", "LOCAL_PROCS_PER_NODE": "1", **TINY},
         environ,
-        trains=True,
         outside=outside,
     )
+    place.disrupt = {
+        "killed node": lambda job: _local_kill_node(job),
+        "outside end": lambda job: _local_evict(job),
+        "controller gone": lambda job: _local_kill_supervisor(job),
+    }
     yield place
     _kill_local(place)
+
+
+def _local_state(job: str) -> dict[str, Any]:
+    from fsdpctl.backends.local import engine as local
+
+    found = local.read_state(local.job_dir(job))
+    assert found is not None, job
+    return found
+
+
+def _local_kill_node(job: str) -> bool:
+    """Every process of node 0's pod at once (a node that dies), by the pod's mark: the operator's
+    rule recreates it (137) and the job resumes from its last checkpoint."""
+    from fsdpctl.backends.local import engine as local
+
+    st = _local_state(job)
+    local.kill_pod(f"{local.job_dir(job)}/{st['run_id']}/node-0")
+    return False
+
+
+def _local_evict(job: str) -> bool:
+    """A drain's eviction of node 0's pod: SIGTERM without the stop request (local.evict)."""
+    from fsdpctl.backends.local import engine as local
+
+    local.evict(job, 0)
+    return False
+
+
+def _local_kill_supervisor(job: str) -> bool:
+    """The controller gone: the supervisor SIGKILLed (an OOM kill); its pods train on, and whoever
+    reads the job next judges its end from their output."""
+    import signal
+
+    from fsdpctl.backends.local import engine as local
+
+    st = _local_state(job)
+    assert local.signal_recorded(st["supervisor"], signal.SIGKILL, st), st.get("supervisor")
+    return False
 
 
 def _kill_local(place: Place) -> None:
@@ -160,21 +203,32 @@ def _kill_local(place: Place) -> None:
 # ---- eks -----------------------------------------------------------------------------------------------
 
 
+# a p5 node's one GPU per pod: one trainer process per node, as the other places run
+EKS = {"BACKEND": "eks", "IMAGE_REGISTRY": REGISTRY, "GPUS_PER_NODE": "1"}
+
+
 def eks_place(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, root: Path
 ) -> Iterator[Place]:
     from kube_peer import Peer
+    from kube_peer_operator import Cluster
 
     isolate(monkeypatch, root)
     peer = Peer(root)
+    cluster = Cluster(peer, root / "cluster").start()
     env = {
         "KUBECONFIG": str(peer.kubeconfig),
         "FSDPCTL_MANIFESTS": str(VENDOR),
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    settings = {"BACKEND": "eks", "IMAGE_REGISTRY": REGISTRY, **TINY}
-    _install_operator(peer, settings)
+    settings = {**EKS, **TINY}
+    try:
+        _install_operator(peer, settings)
+    except BaseException:
+        cluster.close()
+        peer.close()
+        raise
 
     def outside(job: str) -> list[str]:
         return [
@@ -183,48 +237,57 @@ def eks_place(
             if o["metadata"]["name"] == job
         ]
 
-    def settle(job: str, phase: str) -> None:
-        _set_phase(peer, job, phase)
-
-    place = Place(
-        "eks",
-        root / "home",
-        settings,
-        {**os.environ, **env},
-        trains=False,
-        outside=outside,
-        settle=settle,
-    )
+    place = Place("eks", root / "home", settings, {**os.environ, **env}, outside=outside)
     place.peer = peer  # type: ignore[attr-defined]
+    place.cluster = cluster  # type: ignore[attr-defined]
+    place.disrupt = {
+        "killed node": lambda job: _eks_kill_pod(cluster, f"{job}-worker-0"),
+        "outside end": lambda job: _eks_delete_pod(peer, f"{job}-worker-0"),
+        "controller gone": lambda job: _eks_api_away(peer),
+    }
     try:
         yield place
     finally:
+        cluster.close()
         peer.close()
+    assert not cluster.errors, cluster.errors  # a controller's pass that failed, a write refused
+
+
+def _eks_kill_pod(cluster: Any, pod: str) -> bool:
+    """Every process of the pod at once (its node died): exit 137, which the operator retries."""
+    assert cluster.kill("fsdp", pod), f"no process of pod {pod}"
+    return False
+
+
+def _eks_delete_pod(peer: Any, pod: str) -> bool:
+    """`kubectl delete pod`: the kubelet's SIGTERM without the stop annotation (an eviction to the
+    trainer), SIGKILL after the grace; the operator makes the pod again (143 is retryable)."""
+    from fsdpctl.adapters.kube import Kube
+
+    Kube.connect(kubeconfig=str(peer.kubeconfig)).delete("v1", "Pod", pod, "fsdp")
+    return False
+
+
+API_AWAY_S = 8.0
+
+
+def _eks_api_away(peer: Any) -> bool:
+    """The API server away for API_AWAY_S (a control plane upgrade, a proxy's 503s): reads of the
+    job fail; the cluster's pods train on."""
+    import threading
+
+    peer.api.broken["pytorchjobs"] = (503, b"upstream connect error or disconnect/reset")
+    threading.Timer(API_AWAY_S, peer.api.broken.clear).start()
+    return False
 
 
 def _install_operator(peer: Any, settings: dict[str, str]) -> None:
-    """The Training Operator's install (deploy operator, its Deployment played ready) and the shared
-    claim a job's pods mount, as an admin leaves them."""
-    import threading
-
+    """The Training Operator's install (`deploy operator`: the cluster runs the operator once its
+    Deployment is there, and reports it available) and the shared claim a job's pods mount, as an
+    admin leaves them."""
     from fsdpctl.adapters.kube import Kube
-    from kube_peer import wait_for
 
     k = Kube.connect(kubeconfig=str(peer.kubeconfig))
-
-    def ready() -> None:
-        wait_for(
-            lambda: k.get("apps/v1", "Deployment", "training-operator", "kubeflow") is not None, 30
-        )
-        k.request(
-            "PATCH",
-            "/apis/apps/v1/namespaces/kubeflow/deployments/training-operator/status",
-            body={"status": {"replicas": 1, "availableReplicas": 1}},
-            content_type="application/merge-patch+json",
-        )
-
-    t = threading.Thread(target=ready, daemon=True)
-    t.start()
     r = invoke(
         *[a for k_, v in settings.items() for a in ("--set", f"{k_}={v}")],
         "deploy",
@@ -233,7 +296,6 @@ def _install_operator(peer: Any, settings: dict[str, str]) -> None:
         "30",
     )
     assert r.exit_code == 0, r.output
-    t.join()
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fsdp"}})
     k.apply(
         {
@@ -245,35 +307,6 @@ def _install_operator(peer: Any, settings: dict[str, str]) -> None:
                 "resources": {"requests": {"storage": "1200Gi"}},
             },
         }
-    )
-
-
-def _set_phase(peer: Any, job: str, phase: str) -> None:
-    """The operator's report of a job's end: its Succeeded/Failed condition (kubeflow/trainer v1.9.4
-    pkg/apis/kubeflow.org/v1 JobConditionType)."""
-    from fsdpctl.adapters.kube import Kube
-
-    if phase not in ("Succeeded", "Failed"):
-        return
-    k = Kube.connect(kubeconfig=str(peer.kubeconfig))
-    found = k.get("kubeflow.org/v1", "PyTorchJob", job, "fsdp")
-    if found is None:
-        return
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    conditions = [
-        {"type": "Created", "status": "True", "lastTransitionTime": stamp},
-        {
-            "type": phase,
-            "status": "True",
-            "lastTransitionTime": stamp,
-            "reason": f"PyTorchJob{phase}",
-        },
-    ]
-    k.request(
-        "PATCH",
-        f"/apis/kubeflow.org/v1/namespaces/fsdp/pytorchjobs/{job}/status",
-        body={"status": {"conditions": conditions}},
-        content_type="application/merge-patch+json",
     )
 
 
@@ -338,7 +371,6 @@ def slurm_place(
         root / "home",
         {**SLURM, **TINY, "SHARED_VOLUME_PATH": str(fsx)},
         environ,
-        trains=True,
         outside=outside,
     )
     place.cluster = cluster  # type: ignore[attr-defined]

@@ -18,6 +18,16 @@ Two reasons, told apart by what the trainer reads, never by the signal alone:
 A third note, **failed**, says no restart can help (the volume is full or not writable): the
 launcher ends the pod with 1 at once instead of letting torchrun retry the same save MAX_RESTARTS
 times.
+
+Who gets the signal differs (FSDPTRAIN_SIGNALS): the kubelet sends SIGTERM to the container's PID 1
+alone, the launcher, which forwards it to torchrun (`pod`, the default). Slurm signals every process
+of a job step at once (`step`: slurmstepd's signal_container goes through the proctrack plugin,
+Slurm 22.05 src/slurmd/slurmstepd/req.c _handle_signal_container, proctrack/linuxproc and
+proctrack/cgroup kill every process of the step), so torchrun already has it and a forwarded copy
+would be its second: torch's elastic agent raises SignalException on each one
+(torch/distributed/elastic/multiprocessing/api.py, _terminate_process_handler), and a second one
+lands inside its shutdown (`_close` waiting for the workers) and abandons it, killing workers that
+are still writing the stop checkpoint. On Slurm the launcher therefore forwards nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +46,13 @@ STOP_FILE_ENV = (
 )
 STOP_ANNOTATION = "fsdpctl.io/stop"
 NOTE_ENV = "FSDPTRAIN_EXIT_NOTE"  # a file the pod's launcher reads after torchrun ends
+# who gets the scheduler's SIGTERM: `pod` (PID 1 alone: Kubernetes, local) or `step` (every process
+# of the job step: Slurm); see the module's docstring
+SIGNALS_ENV = "FSDPTRAIN_SIGNALS"
+# where each launcher of a Slurm step writes the code it ends with (a file per launcher): the batch
+# script tells a step the trainers ended from one Slurm ended under them (a task killed, a launch
+# refused), which it starts again
+ENDS_DIR_ENV = "FSDPTRAIN_ENDS_DIR"
 # agreed across ranks with MAX: a stop request wins over a disruption seen at the same step
 NONE, DISRUPTED, STOP = 0, 1, 2
 RETRYABLE_EXIT = 128 + signal.SIGTERM  # what a container killed by SIGTERM reports
@@ -67,11 +84,22 @@ def local_reason(signalled: bool, environ: Mapping[str, str]) -> int:
     return DISRUPTED if signalled else NONE
 
 
-def describe(reason: int) -> str:
-    return {
-        STOP: "stop requested (fsdpctl job stop)",
-        DISRUPTED: "disrupted (SIGTERM: pod evicted)",
-    }.get(reason, "none")
+def signals_reach_every_process(environ: Mapping[str, str]) -> bool:
+    """Whether the scheduler signals every process of the step (Slurm), not the launcher alone."""
+    return environ.get(SIGNALS_ENV, "pod") == "step"
+
+
+def describe(reason: int, environ: Mapping[str, str] | None = None) -> str:
+    """The reason in words. A SIGTERM without a stop request is an eviction on Kubernetes; on Slurm
+    it comes from the scheduler: a `scancel` from outside fsdpctl (scancel(1): SIGTERM, then SIGKILL
+    after KillWait), a preemption or a time limit."""
+    step = signals_reach_every_process(os.environ if environ is None else environ)
+    disrupted = (
+        "disrupted (SIGTERM from the scheduler: scancel, preemption or time limit)"
+        if step
+        else "disrupted (SIGTERM: pod evicted)"
+    )
+    return {STOP: "stop requested (fsdpctl job stop)", DISRUPTED: disrupted}.get(reason, "none")
 
 
 def write_note(environ: Mapping[str, str], kind: str, **detail: Any) -> None:
@@ -147,3 +175,19 @@ def record_start(environ: Mapping[str, str], who: str) -> str | None:
         f"this run has started torchrun {count} times, over its budget of {most} (JOB_NODES x (1 + "
         "MAX_RESTARTS)): not starting again; `fsdpctl job logs --all` shows why it kept failing"
     )
+
+
+def record_end(environ: Mapping[str, str], who: str, code: int) -> None:
+    """The launcher's exit code in ENDS_DIR_ENV's folder, written whole (a rename); nothing when
+    unset or not writable (the script then counts this launcher as ended by Slurm)."""
+    folder = environ.get(ENDS_DIR_ENV, "")
+    if not folder:
+        return
+    path = Path(folder) / f"{who}-{os.getpid()}"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(f"{code}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -150,14 +151,35 @@ def targets(
 
 
 def token_from(env: Mapping[str, str]) -> str:
-    """HF_TOKEN, else the file HF_TOKEN_PATH (the Secret in a pod) or HF_TOKEN_FILE; '' when none."""
+    """HF_TOKEN, else the file HF_TOKEN_PATH (the Secret in a pod, which is optional: absent, no
+    token) or HF_TOKEN_FILE; '' when none. HF_TOKEN_FILE is the user's own setting (on Slurm the
+    batch script passes it to the node that downloads): a file that is not there, or not readable,
+    on this machine is a permanent FetchError naming it, where a silent '' would turn into a
+    misleading "not found / gated" from the hub."""
     if env.get("HF_TOKEN"):
         return env["HF_TOKEN"].strip()
     for key in ("HF_TOKEN_PATH", "HF_TOKEN_FILE"):
         path = Path(env.get(key, "")).expanduser()
         if env.get(key) and path.is_file():
-            return path.read_text().strip()
+            try:
+                return path.read_text().strip()
+            except (OSError, UnicodeDecodeError) as e:
+                raise FetchError(
+                    f"{key}={env[key]} cannot be read on {socket.gethostname()}: {_why(e)}",
+                    permanent=True,
+                ) from e
+    if env.get("HF_TOKEN_FILE"):
+        raise FetchError(
+            f"HF_TOKEN_FILE={env['HF_TOKEN_FILE']} is not a file on {socket.gethostname()}, where "
+            "the download runs: put the token file where every node sees it (the shared file "
+            "system), or set HF_TOKEN",
+            permanent=True,
+        )
     return ""
+
+
+def _why(e: Exception) -> str:
+    return e.strerror or str(e) if isinstance(e, OSError) else "not UTF-8 text"
 
 
 def hub_cache(env: Mapping[str, str]) -> Path:

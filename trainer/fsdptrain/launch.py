@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fsdptrain import disruption, fetch
+from fsdptrain import disruption, events, fetch, resume
 from fsdptrain.config import (
     ConfigError,
     TrainConfig,
@@ -154,6 +154,34 @@ def with_store_host(argv: Sequence[str], environ: Mapping[str, str]) -> list[str
     return out
 
 
+def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The line saying this run already trained to MAX_STEPS, when the checkpoint it would resume is
+    its own last one (meta.json's step at MAX_STEPS and record_id this run's, FSDPTRAIN_RECORD_ID);
+    else None. A Slurm job requeued after its node stopped answering runs its script again from the
+    start (sbatch(1) --requeue), also when its trainers had finished meanwhile: slurmctld sets a node
+    DOWN only SlurmdTimeout after its last answer (slurmctld/ping_nodes.c) while its tasks keep
+    training. That copy has nothing to do and must not fail the job, where a checkpoint at MAX_STEPS
+    of another run (a finished job started again) stays refused (fsdptrain.resume)."""
+    args, record = trainer_args(argv), environ.get(events.RECORD_ENV, "")
+    if args is None or not record:
+        return None
+    try:
+        cfg = from_sources(args, environ)
+    except ConfigError:
+        return None  # preflight says what is wrong
+    wanted = resume.candidates(Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None, cfg.resume)
+    meta = resume.read_meta(wanted[0]) if wanted else None
+    if meta is None or meta.get("record_id") != record:
+        return None
+    step = meta.get("step")
+    if not isinstance(step, int) or step < cfg.max_steps:
+        return None
+    return (
+        f"fsdptrain: this run already trained to MAX_STEPS={cfg.max_steps}: its checkpoint "
+        f"{wanted[0]} (step {step}) is its last; nothing left to do"
+    )
+
+
 def wait_for_prestep(environ: Mapping[str, str]) -> None:
     """The job's pre-step marker (fsdpctl.prestep), once per pod and before torchrun: a failed
     download, or none within FSDPTRAIN_FETCH_WAIT_S, is a ConfigError, so the pod exits 2 and the
@@ -167,7 +195,17 @@ def wait_for_prestep(environ: Mapping[str, str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The launcher's exit code, also written where a Slurm batch script looks for it
+    (disruption.record_end): a launcher that ends without it was ended by Slurm or the kernel."""
+    code = run_launcher(list(sys.argv[1:] if argv is None else argv))
+    disruption.record_end(os.environ, socket.gethostname(), code)
+    return code
+
+
+def run_launcher(argv: list[str]) -> int:
+    if done := already_finished(argv, os.environ):
+        print(done, flush=True)
+        return 0
     try:
         preflight(argv, os.environ)
         wait_for_prestep(os.environ)
@@ -185,12 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
     """torchrun as this process's child, started again after another node's disruption (within the
-    run's start budget); returns the pod's exit code (disruption.pod_exit)."""
+    run's start budget); returns the pod's exit code (disruption.pod_exit). A SIGTERM or SIGINT is
+    forwarded to torchrun, unless the scheduler signals every process of the step (Slurm: torchrun
+    has it already, and a second one would cut its shutdown short: fsdptrain.disruption)."""
     signalled: list[int] = []
+    along = disruption.signals_reach_every_process(environ)
 
     def forward(signum: int, _frame: object) -> None:
         signalled.append(signum)
-        if child:
+        if child and not along:
             _signal(child[0], signum)
 
     child: list[int] = []
@@ -199,6 +240,9 @@ def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
     note = os.path.join(tempfile.mkdtemp(prefix="fsdptrain-launch-"), "note.json")
     env = {**environ, disruption.NOTE_ENV: note}
     while True:
+        stopping = disruption.stop_requested(environ)
+        if signalled:  # before (another) torchrun: none would get the signal that came already
+            return disruption.pod_exit(-signalled[0], signalled=True, note=None, stopping=stopping)
         if refusal := disruption.record_start(environ, socket.gethostname()):
             print(f"fsdptrain: error: {refusal}", file=sys.stderr, flush=True)
             return 1
@@ -210,6 +254,11 @@ def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
             note=disruption.read_note(note),
             stopping=disruption.stop_requested(environ),
         )
+        if verdict == disruption.RESTART and along:
+            # Slurm ends and restarts the whole step (or requeues the job): no node rejoins alone,
+            # and a launcher left behind on a node whose slurmd died must not start torchrun
+            # again for a job that moved on
+            return disruption.RETRYABLE_EXIT
         if verdict != disruption.RESTART:
             return verdict
         print(

@@ -214,7 +214,23 @@ class EksBackend:
         ]
 
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
-        return None  # in the pods (`kept_record` reads the leader's)
+        """The leader pod's log when the cluster's job is that run: its pods keep their logs for as
+        long as they exist (the kubelet serves pods/log; cleanPodPolicy Running keeps the finished
+        ones), and an earlier run's went with its job. None otherwise, or when the cluster does not
+        answer."""
+        try:
+            with api.calls(self.cfg, f"reading the leader's log of {job}"):
+                found = api.get_job(self.kube, self.cfg, job)
+                labels = (found or {}).get("metadata", {}).get("labels") or {}
+                if found is None or labels.get("fsdpctl.io/run-id") != run_id:
+                    return None
+                pods = observe.pods_of(self.kube, self.cfg, job)
+                lead, _ = observe.find_leader(self.kube, self.cfg, pods)
+                if lead is None:
+                    return None
+                return observe.log_lines(self.kube, self.cfg, lead["metadata"]["name"], tail=None)
+        except FsdpctlError:
+            return None
 
     def here(self, path: str) -> str | None:
         return None  # on the claims only pods mount

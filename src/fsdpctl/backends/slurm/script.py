@@ -7,6 +7,25 @@ the job id, the pyxis container options when there is an image, and `--auto-resu
 HyperPod cluster. What the trainer gets is what the EKS pods get (`jobpolicy.pod_env`: EFA/NCCL,
 checkpoint directory, stop timing), with the paths a pod would see on the claim read on the shared
 file system at SHARED_VOLUME_PATH instead.
+
+Before the trainers, a job with Hub repos downloads them once: a one-task `srun` step on the first
+node, online (HF_HUB_OFFLINE is the trainers' alone: huggingface_hub reads it once, at import,
+constants.py, and refuses every request under it), in the trainers' container when there is one
+(pyxis applies its --container-* options to `srun`, NVIDIA/pyxis README; `#SBATCH
+--container-image` would put the whole script, `srun` included, into an image that has no Slurm).
+In a container the job's own variables are named in `--container-env`: otherwise an image's ENV of
+the same name wins over the exported value (pyxis v0.24.0 pyxis_slurmstepd.c,
+spank_import_container_env: `overwrite = 1` except for --container-env names; args.c's --help: "their
+existing values in the image take precedence").
+
+The trainers' step is started again (at most STEP_TRIES times per run of the script) when Slurm,
+not the trainers, ended it: a task killed by a signal or a launch it refused. That happens to a
+requeued job on a node that still held a step of the job's earlier run when its slurmd registered
+again: slurmctld then sends it an abort for the job id (job_mgr.c validate_jobs_on_node: "Registered
+PENDING ... on node", abort_job_on_node), which revokes the job's credentials issued up to that
+second and kills every step of the job on the node (slurmd/req.c _rpc_abort_job,
+slurm_cred.c _credential_revoked), the requeued run's new step included when it started first. The
+retry's step, launched later, is not affected.
 """
 
 from __future__ import annotations
@@ -23,6 +42,17 @@ from fsdptrain import disruption
 # awsome's test for a SageMaker HyperPod cluster: `[ -d "/opt/sagemaker_cluster" ]`
 HYPERPOD_MARK = "/opt/sagemaker_cluster"
 C10D_PORT = jobpolicy.C10D_PORT  # torchrun's c10d default (awsome's endpoint names no port)
+# Who ended the trainers' step is read from the launchers themselves, not from srun's code: srun
+# returns the highest exit code, or 128 + the highest signal when a task was killed (Slurm 22.05
+# src/plugins/launch/slurm/launch_slurm.c _task_finish, srun_job.c fini_srun), so a launcher
+# killed by srun's own SIGTERM before its handler was in place (143) reads as one that exited 143
+# on the scheduler's. Each launcher writes its exit code in the try's ends folder
+# (fsdptrain.disruption.record_end); the trainers ended the step when one of them failed on its
+# own (a code other than 0 and 143, `PASSED_ON`) or every one of them ended on its own; else Slurm
+# ended it (a task killed, a launch refused) and the step is started again
+PASSED_ON = (0, disruption.RETRYABLE_EXIT)  # done or stopped; ended by a SIGTERM it was sent
+STEP_TRIES = 3  # the trainers' step per run of the script: the first and two more
+RETRY_PAUSE_S = 5  # before another try: the aborted step's processes are gone in ~1 s here
 
 
 @dataclass(frozen=True)
@@ -90,19 +120,40 @@ def paths(cfg: Config, run_id: str) -> Paths:
 
 def trainer_env(spec: JobSpec, cfg: Config) -> dict[str, str]:
     """The job spec's environment (what the EKS pods get: EFA/NCCL, stop timing, checkpoint
-    directory, the start budget) with the pod-only parts replaced: the stop request is a file on the
-    shared file system, and the pre-step's marker is waited for only when the batch script downloads
-    (a Slurm cluster's file system needs no preparation)."""
-    run_env = dict(spec.run_env)
+    directory) with the pod-only parts replaced: the stop request is a file on the shared file
+    system, and the pre-step's marker is waited for only when the batch script downloads (a Slurm
+    cluster's file system needs no preparation). No torchrun start budget
+    (fsdptrain.disruption.record_start): it bounds pods that an ExitCode restart policy recreates
+    without end; here the script bounds every start itself (MAX_RESTARTS requeues, STEP_TRIES
+    tries of the step, torchrun's --max-restarts), and the budget would only refuse a retry it
+    allows."""
+    pod_only = {disruption.STARTS_DIR_ENV, disruption.STARTS_MAX_ENV}
     if not prestep.downloads(cfg):
-        run_env = {
-            k: v for k, v in run_env.items() if k not in prestep.trainer_env(cfg, spec.run_id)
-        }
+        pod_only |= set(prestep.trainer_env(cfg, spec.run_id))
+    run_env = {k: v for k, v in spec.run_env.items() if k not in pod_only}
     env = dict(spec.env) | run_env
     env[disruption.STOP_FILE_ENV] = paths(cfg, spec.run_id).stop_file
+    # Slurm signals every process of a step: the launcher must not forward a second SIGTERM
+    env[disruption.SIGNALS_ENV] = "step"
     if cfg.hf_token_file:  # read on the node; the token itself never enters the script
+        # huggingface_hub's own name for the file, and the setting's, which the download checks
+        # on the node (fsdptrain.fetch.token_from: a missing file fails naming it)
         env["HF_TOKEN_PATH"] = cfg.hf_token_file
+        env["HF_TOKEN_FILE"] = cfg.hf_token_file
     return env
+
+
+def container_options(spec: JobSpec, cfg: Config, names: list[str]) -> list[str]:
+    """pyxis's options for a step with the image (none without one): the image, the shared file
+    system at its own path, and `names`, the job's variables that must win over the image's ENV."""
+    if not cfg.slurm_container_image:
+        return []
+    shared = spec.storage.shared_path.rstrip("/")
+    return [
+        f"--container-image={cfg.slurm_container_image}",
+        f"--container-mounts={shared}:{shared}",
+        "--container-env=" + ",".join(dict.fromkeys(names)),
+    ]
 
 
 def sbatch_options(spec: JobSpec, cfg: Config) -> list[str]:
@@ -145,8 +196,7 @@ def torchrun_args(spec: JobSpec) -> list[str]:
 def srun_options(spec: JobSpec, cfg: Config) -> list[str]:
     """srun(1): a task per node, each node's output in its own file (%n: the node's index in the
     job), appended across requeues; the step ends when one task fails (--kill-on-bad-exit) rather
-    than leaving the others waiting on collectives; pyxis's --container-image/--container-mounts
-    with an image."""
+    than leaving the others waiting on collectives; pyxis's options with an image."""
     opts = [
         f"--nodes={spec.nodes}",
         "--ntasks-per-node=1",
@@ -154,13 +204,33 @@ def srun_options(spec: JobSpec, cfg: Config) -> list[str]:
         f"--output={paths(cfg, spec.run_id).node_log('%n')}",
         "--open-mode=append",
     ]
-    if cfg.slurm_container_image:
-        shared = spec.storage.shared_path.rstrip("/")
-        opts += [
-            f"--container-image={cfg.slurm_container_image}",
-            f"--container-mounts={shared}:{shared}",
-        ]
-    return opts
+    names = [*trainer_env(spec, cfg), disruption.ENDS_DIR_ENV]
+    return opts + container_options(spec, cfg, names)
+
+
+def fetch_step(spec: JobSpec, cfg: Config, run_id: str) -> str:
+    """The download's line: one task on the first node (its output in the batch log), online
+    (`env -u HF_HUB_OFFLINE`, also when the submitting shell had it: sbatch exports it), with the
+    pre-step's variables, in the trainers' container when there is one."""
+    fetch = prestep.fetch_env(cfg)
+    step = ["--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1"]
+    own = [k for k in trainer_env(spec, cfg) if k != "HF_HUB_OFFLINE"]
+    step += container_options(spec, cfg, [*own, *fetch])
+    marker = prestep.marker(cfg, run_id)
+    argv = [
+        "env",
+        "-u",
+        "HF_HUB_OFFLINE",
+        *(f"{k}={v}" for k, v in fetch.items()),
+        "srun",
+        *step,
+        cfg.slurm_python,
+        "-m",
+        "fsdptrain.fetch",
+        "--marker",
+        marker,
+    ]
+    return " ".join(shlex.quote(w) for w in argv)
 
 
 def _q(word: str) -> str:
@@ -182,7 +252,6 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         raise BadInput(problems[0], hint=more)
     spec = jobspec.build(cfg, run_id, record_id)
     root = paths(cfg, run_id).root
-    python = shlex.quote(cfg.slurm_python)
     most = spec.restart.max_restarts
     lines = [
         "#!/bin/bash",
@@ -204,14 +273,11 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         "# the batch script runs on the first node, which hosts the c10d store",
         "# (awsome-distributed-training: --rdzv_endpoint=$(hostname))",
         'head="$(hostname)"',
-        'rdzv_id="${SLURM_JOB_ID}-${restarts}"  # a fresh rendezvous per (re)start of the job',
         "auto_resume=()",
         f"if [ -d {HYPERPOD_MARK} ]; then auto_resume=(--auto-resume=1); fi  # SageMaker HyperPod",
     ]
     if prestep.downloads(cfg):  # once per run, on the first node, before any trainer starts
-        fetch = " ".join(f"{k}={shlex.quote(v)}" for k, v in prestep.fetch_env(cfg).items())
-        marker = shlex.quote(prestep.marker(cfg, run_id))
-        lines.append(f"env {fetch} {python} -m fsdptrain.fetch --marker {marker}")
+        lines += ["# the download: online, before any trainer", fetch_step(spec, cfg, run_id)]
     launch = [
         *srun_options(spec, cfg),
         cfg.slurm_python,
@@ -219,7 +285,41 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         "fsdptrain.launch",
         *torchrun_args(spec),
     ]
-    lines.append('srun "${auto_resume[@]}" ' + " ".join(_q(w) for w in launch))
+    passed_on = "|".join(map(str, PASSED_ON))
+    lines += [
+        "# the trainers; started again when Slurm, not they, ended the step (see STEP_TRIES in",
+        "# fsdpctl's backends/slurm/script.py); a fresh rendezvous per (re)start and try",
+        "try=1",
+        "while :; do",
+        '    rdzv_id="${SLURM_JOB_ID}-${restarts}-${try}"',
+        # where each launcher says how it ended (fsdptrain.disruption.record_end), per try
+        f'    export {disruption.ENDS_DIR_ENV}={shlex.quote(root)}/ends/"$rdzv_id"',
+        f'    mkdir -p "${disruption.ENDS_DIR_ENV}"',
+        "    rc=0",
+        # bash before 4.4 calls an empty array unbound under `set -u` (bash CHANGES, bash-4.4-rc2,
+        # "3. New Features in Bash" a.): ${a[@]+"${a[@]}"} expands to nothing there
+        # (ParallelCluster's Amazon Linux 2: 4.2)
+        '    srun ${auto_resume[@]+"${auto_resume[@]}"} '
+        + " ".join(_q(w) for w in launch)
+        + " || rc=$?",
+        "    ended=0 failed=0",
+        f'    for f in "${disruption.ENDS_DIR_ENV}"/*; do',
+        '        [ -f "$f" ] || continue',
+        "        ended=$((ended + 1))",
+        f'        case "$(cat "$f")" in {passed_on}) ;; *) failed=1 ;; esac',
+        "    done",
+        f'    if [ "$rc" -eq 0 ] || [ "$failed" -eq 1 ] || [ "$ended" -ge {spec.nodes} ]; then',
+        '        exit "$rc"  # the trainers ended it',
+        "    fi",
+        f'    if [ "$try" -ge {STEP_TRIES} ] || [ -e "${{{disruption.STOP_FILE_ENV}}}" ]; then',
+        '        exit "$rc"',
+        "    fi",
+        f"    echo \"fsdpctl: the trainers' step ended with $rc, $ended of {spec.nodes} launchers"
+        f' by themselves: Slurm ended it (try $try of {STEP_TRIES}); starting it again" >&2',
+        f"    sleep {RETRY_PAUSE_S}",
+        "    try=$((try + 1))",
+        "done",
+    ]
     return "\n".join(lines) + "\n"
 
 

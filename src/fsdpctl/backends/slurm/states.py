@@ -114,6 +114,25 @@ def phase(job: dict[str, str], *, stop_requested: bool) -> Phase:
     return found
 
 
+# what ended a job that fsdpctl did not stop (squeue(1) JOB STATE CODES: CANCELLED "Job was
+# explicitly cancelled by the user or system administrator", PREEMPTED "terminated due to
+# preemption"); `scancel JOB` sends SIGTERM then SIGKILL after KillWait (scancel(1))
+OUTSIDE = {
+    "CANCELLED": "cancelled outside fsdpctl (`scancel` by a user or an administrator, or a "
+    "preemption that cancels): the trainers checkpointed on its SIGTERM if KillWait let them",
+    "PREEMPTED": "preempted by a higher-priority job (the partition's PreemptMode): the trainers "
+    "checkpointed on its SIGTERM if the grace time let them",
+}
+
+
+def outside_cancel(job: dict[str, str], *, stop_requested: bool) -> str | None:
+    """Why the job ended when something outside fsdpctl ended it: CANCELLED or PREEMPTED without
+    fsdpctl's stop request (`job stop` writes it first, then signals or cancels the job); None for
+    a stop, or any other end."""
+    state = job.get("JobState", "").split("+")[0]
+    return None if stop_requested else OUTSIDE.get(state)
+
+
 def exit_code(job: dict[str, str]) -> tuple[int, int] | None:
     """ExitCode=code:signal (doc/html/job_exit_code.shtml)."""
     m = re.fullmatch(r"(\d+):(\d+)", job.get("ExitCode", ""))
