@@ -5,9 +5,10 @@ themselves, one rank per node downloads while the others wait in a collective ba
 process group's timeout (10 minutes; 70B weights are about 138 GB), and every node downloads its own
 copy. Instead:
 
-- on a cluster, the pre-step (a one-shot Kubernetes Job that `fsdpctl job run` creates with the training job;
-  locally a process the supervisor starts first) runs `python -m fsdptrain.fetch --marker M`: it downloads
-  every repo once into the Hugging Face cache on the shared volume (HF_HOME) and writes the marker M;
+- on a cluster, the pre-step (a one-shot Kubernetes Job that `fsdpctl job run` creates with the
+  training job; locally a process the supervisor starts first) runs `python -m fsdptrain.fetch
+  --marker M`: it downloads every repo once into the Hugging Face cache on the shared volume
+  (HF_HOME) and writes the marker M;
 - every trainer process waits for M before it builds a process group (`before_process_group`): no
   collective, no timeout; then it runs with HF_HUB_OFFLINE=1, so no rank touches the hub;
 - without a pre-step (no shared volume, a plain `torchrun`), local rank 0 of each node runs the same
@@ -21,7 +22,8 @@ which is what an offline load resolves. Progress goes to stdout as event lines:
     {"event":"fetch","repo":"org/name","kind":"model","state":"downloading","files_done":3,...}
 
 The token comes from HF_TOKEN, else the file HF_TOKEN_PATH (the Kubernetes Secret) or HF_TOKEN_FILE;
-it is never printed.
+it is never printed. Which repos a job names, and each one's download, are fsdptrain.hub's; this
+module is the program that runs them and the marker that tells the trainers.
 """
 
 from __future__ import annotations
@@ -91,9 +93,8 @@ def read_marker(path: Path) -> dict[str, Any] | None:
         return None
 
 
-WAIT_ENV = (
-    "FSDPTRAIN_FETCH_WAIT_S"  # how long a trainer waits for the pre-step's marker (PRESTEP_TIMEOUT)
-)
+# how long a trainer waits for the pre-step's marker (PRESTEP_TIMEOUT)
+WAIT_ENV = "FSDPTRAIN_FETCH_WAIT_S"
 DEFAULT_WAIT_S = 7200.0
 
 
@@ -123,12 +124,14 @@ def wait_for_marker(
     while (record := read_marker(path)) is None:
         if clock() - start >= timeout_s:
             raise ConfigError(
-                f"the download before training gave no result in {timeout_s:.0f} s (PRESTEP_TIMEOUT): no "
-                f"marker {path}; `fsdpctl job status` shows the pre-step and `fsdpctl job logs` its log"
+                f"the download before training gave no result in {timeout_s:.0f} s "
+                f"(PRESTEP_TIMEOUT): no marker {path}; `fsdpctl job status` shows the pre-step and "
+                "`fsdpctl job logs` its log"
             )
         if clock() >= next_say:
             say(
-                f"fsdptrain: waiting for the download before training ({clock() - start:.0f} s): {path}"
+                "fsdptrain: waiting for the download before training "
+                f"({clock() - start:.0f} s): {path}"
             )
             next_say = clock() + say_every_s
         sleep(poll_s)
@@ -146,13 +149,11 @@ def before_process_group(values: Mapping[str, str], environ: MutableMapping[str,
         if environ.get("RANK", "0") == "0":
             print(msg, flush=True)
 
-    if environ.get(
-        MARKER_ENV
-    ):  # the job's pre-step: it prepared the volumes, and downloaded if it could
+    # the job's pre-step: it prepared the volumes, and downloaded if it could
+    if environ.get(MARKER_ENV):
         wait_for_marker(Path(environ[MARKER_ENV]), say=say, timeout_s=wait_timeout(environ))
-        if (
-            environ.get("HF_HUB_OFFLINE") == "1"
-        ):  # fsdpctl sets it when the pre-step downloads for the job
+        # fsdpctl sets it when the pre-step downloads for the job
+        if environ.get("HF_HUB_OFFLINE") == "1":
             return
     if environ.get("HF_HUB_OFFLINE") == "1" or not targets(values):
         return
@@ -174,9 +175,8 @@ def _fetch_in_child(values: Mapping[str, str], marker: Path) -> None:
     )
     child.start()
     child.join()
-    if (
-        read_marker(marker) is None
-    ):  # it died before it could say: the waiting ranks must not wait forever
+    # it died before it could say: the waiting ranks must not wait forever
+    if read_marker(marker) is None:
         write_marker(marker, error=f"the download process exited with {child.exitcode}", fetched=[])
 
 
@@ -207,8 +207,8 @@ def local_snapshot(repo_id: str, kind: str) -> str | None:
         return snapshot_download(repo_id, repo_type=kind, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - LocalEntryNotFoundError and its relatives
         raise ConfigError(
-            f"{repo_id!r} is not in the Hugging Face cache ({hub_cache(os.environ)}) and HF_HUB_OFFLINE=1: "
-            "fetch it first (`fsdpctl data fetch` / `fsdpctl model fetch`)"
+            f"{repo_id!r} is not in the Hugging Face cache ({hub_cache(os.environ)}) and "
+            "HF_HUB_OFFLINE=1: fetch it first (`fsdpctl data fetch` / `fsdpctl model fetch`)"
         ) from e
 
 
@@ -239,17 +239,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fsdptrain.fetch: error: {e}", file=sys.stderr, flush=True)
         _tell(args.marker, error=str(e), fetched=[])
         return 2 if e.permanent else 1
-    except (
-        OSError
-    ) as e:  # the cache cannot be written: one line, and the trainers told if the marker can be
+    # the cache cannot be written: one line, and the trainers told if the marker can be
+    except OSError as e:
         print(
             f"fsdptrain.fetch: error: {_unwritable(e, hub_cache(env))}", file=sys.stderr, flush=True
         )
         _tell(args.marker, error=_unwritable(e, hub_cache(env)), fetched=[])
         return 1
-    except (
-        BaseException
-    ) as e:  # a bug or a signal: still tell the waiting trainers, then fail loudly
+    # a bug or a signal: still tell the waiting trainers, then fail loudly
+    except BaseException as e:
         _tell(args.marker, error=f"{type(e).__name__}: {e}", fetched=[])
         raise
     return 0 if _tell(args.marker, error=None, fetched=fetched) else 1
@@ -257,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unwritable(e: OSError, cache: Path) -> str:
     return (
-        f"cannot write {e.filename or cache} ({e.strerror or e}): the shared volume's directories must be "
-        "writable by this pod's user (fsdpctl prepares them: volume-prep)"
+        f"cannot write {e.filename or cache} ({e.strerror or e}): the shared volume's directories "
+        "must be writable by this pod's user (fsdpctl prepares them: volume-prep)"
     )
 
 

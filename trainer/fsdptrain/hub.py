@@ -206,7 +206,8 @@ def plan(target: Target, cache: Path, *, token: str, endpoint: str | None) -> Fe
 
 
 def explain(e: Exception, target: Target, *, token_given: bool, endpoint: str | None) -> FetchError:
-    """A hub error as one line that names the setting and the fix (the token itself never appears)."""
+    """A hub error as one line that names the setting and the fix (the token itself never
+    appears)."""
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -215,9 +216,8 @@ def explain(e: Exception, target: Target, *, token_given: bool, endpoint: str | 
     )
 
     what = f"{target.key}={target.repo_id!r}"
-    if (
-        type(e).__name__ == "HFValidationError"
-    ):  # huggingface_hub validate_repo_id, before any request
+    # huggingface_hub validate_repo_id, before any request
+    if type(e).__name__ == "HFValidationError":
         why = repo_id_problem(target.repo_id) or str(e)
         return FetchError(f"{what} is not a hub id: {why}", permanent=True)
     if isinstance(e, GatedRepoError):
