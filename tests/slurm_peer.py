@@ -249,6 +249,18 @@ class Cluster:
         assert pid is not None, f"no slurmd running on {self.names[node]}"
         _signal(pid, signal.SIGKILL)
 
+    def restart_controller(self, down_s: float = 0.0) -> None:
+        """slurmctld stopped (SIGTERM: it saves its state to StateSaveLocation, slurmctld(8)), away
+        `down_s` seconds, then started again: it reads its jobs back and the nodes re-register, as
+        an upgrade or a failover does."""
+        pid = daemon_pid(self.pid_file("slurmctld"), "slurmctld")
+        assert pid is not None, "no slurmctld running"
+        _terminate([pid])
+        self.procs["slurmctld"].wait(timeout=STOP_GRACE * 2)
+        time.sleep(down_s)  # the outage itself: what a client sees meanwhile is the point
+        named = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', CONTROLLER]
+        self._spawn("slurmctld", [*named, "slurmctld", "-D"])
+
     def kill_node(self, node: int) -> None:
         """A power loss: SIGKILL to every process in the node's network namespace (slurmd,
         slurmstepd, the job's tasks)."""

@@ -72,6 +72,11 @@ class Place:
     settings: dict[str, str]
     environ: dict[str, str]
     outside: Callable[[str], list[str]]  # what the place runs (or holds) for job NAME, in words
+    # this machine's address as the place's nodes reach it (a hub, a registry served here)
+    here: str = "127.0.0.1"
+    # the settings that run the job's trainers in a container image the place runs, where it has
+    # one of its own to run (Slurm's pyxis + enroot); None: declared in `NO_CONTAINERS`
+    container: dict[str, str] | None = None
     # how the place plays a disruption of job NAME (test_paths.CELLS): True when the place itself
     # ended the job (an outside scancel), False when the job goes on by itself
     disrupt: dict[str, Callable[[str], bool]] = field(default_factory=dict)
@@ -315,10 +320,11 @@ def _install_operator(peer: Any, settings: dict[str, str]) -> None:
 
 @contextmanager
 def slurm_cluster(root: Path) -> Iterator[Any]:
-    """A running 2-node cluster with its shared file system at root/fsx (tests/slurm_peer.py)."""
+    """A running 2-node cluster with its shared file system at root/fsx, pyxis and enroot on its
+    nodes and the trainer's image (tests/slurm_peer.py, tests/pyxis_peer.py)."""
     import slurm_peer
 
-    with slurm_peer.running(root / "cluster", nodes=2) as cluster:
+    with slurm_peer.running(root / "cluster", nodes=2, containers=True) as cluster:
         (root / "fsx").mkdir(exist_ok=True)
         yield cluster
 
@@ -374,9 +380,59 @@ def slurm_place(
         outside=outside,
     )
     place.cluster = cluster  # type: ignore[attr-defined]
+    place.here = cluster.net.host_address  # the nodes' bridge: their 127.0.0.1 is their own
+    if cluster.image is not None:
+        import pyxis_peer
+
+        place.container = {
+            "SLURM_CONTAINER_IMAGE": str(cluster.image),
+            "SLURM_PYTHON": pyxis_peer.IMAGE_PYTHON,  # a path only the image has
+        }
+    place.disrupt = {
+        "killed node": lambda job: _slurm_power_loss(cluster, place, job),
+        "outside end": lambda job: _slurm_scancel(cluster, place, job),
+        "controller gone": lambda job: _slurm_controller_away(cluster),
+    }
     yield place
     for line in outside_all(cluster):
         cluster.command("scancel", line, check=False)
+
+
+def _slurm_job_id(place: Place, job: str) -> int:
+    return int(place.status(job)["scheduler_job"]["id"])
+
+
+def _slurm_power_loss(cluster: Any, place: Place, job: str) -> bool:
+    """A power loss on the job's second node (not the batch host: a batch host lost with its
+    step is Slurm's own trouble to resolve, tests/test_slurm_paths.py): every process in its
+    namespace SIGKILLed; slurmctld sets it DOWN after SlurmdTimeout and requeues the job
+    (sbatch(1) --requeue); the node boots again and the requeued run starts on it."""
+    job_id = _slurm_job_id(place, job)
+    cluster.kill_node(1)
+    until("the requeue", lambda: cluster.job(job_id).get("Restarts") == "1", timeout=180)
+    cluster.start_node(1)
+    return False
+
+
+def _slurm_scancel(cluster: Any, place: Place, job: str) -> bool:
+    """A plain `scancel` by someone else (an administrator, a script): the job ends CANCELLED,
+    which fsdpctl names as a cancel from outside; the test resumes it."""
+    cluster.command("scancel", str(_slurm_job_id(place, job)))
+    return True
+
+
+CONTROLLER_AWAY_S = 8.0
+
+
+def _slurm_controller_away(cluster: Any) -> bool:
+    """slurmctld away for CONTROLLER_AWAY_S, then back with its saved state (restart_controller),
+    in the background: the job's steps train on meanwhile."""
+    import threading
+
+    threading.Thread(
+        target=cluster.restart_controller, args=(CONTROLLER_AWAY_S,), daemon=True
+    ).start()
+    return False
 
 
 def outside_all(cluster: Any) -> list[str]:
@@ -385,6 +441,15 @@ def outside_all(cluster: Any) -> list[str]:
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+# the places whose jobs run in no container of the place's own, and why that is not a cell here
+NO_CONTAINERS = {
+    "local": "the local backend runs this checkout's trainer; the trainer's image has its own test "
+    "(tests/test_image.py builds it and runs it)",
+    "eks": "the API peer's kubelets run the container's command on this machine: the image is the "
+    "cluster's (tests/test_image.py builds the one it pulls)",
+}
 
 
 # ---- the fixtures every module of the suite imports -----------------------------------------------------

@@ -39,7 +39,14 @@ pytest_generate_tests = places.generate
 
 MODEL = "org/tiny-llama"
 STEPS = 16
-PATH_SETTINGS = {"MAX_STEPS": str(STEPS), "CHECKPOINT_INTERVAL": "4", "MAX_RESTARTS": "2"}
+# two nodes: a killed node is then one of several, as on a cluster (the second: on Slurm the first
+# hosts the batch script, whose loss is Slurm's own to resolve)
+PATH_SETTINGS = {
+    "MAX_STEPS": str(STEPS),
+    "CHECKPOINT_INTERVAL": "4",
+    "MAX_RESTARTS": "2",
+    "JOB_NODES": "2",
+}
 # (source, disruption): every source twice, every disruption once, the sources rotating over them
 CELLS = [
     ("checkout", "none"),
@@ -82,16 +89,17 @@ def hub(tiny_model):
     over its bridge)."""
     from hub_peer import HubPeer, running
 
-    with running(HubPeer()) as served:
+    with running(HubPeer(), host="0.0.0.0") as served:
         served.add_dir("model", MODEL, tiny_model)
         yield served
 
 
-def hub_environ(source: str, hub) -> dict[str, str]:
+def hub_environ(source: str, hub, here: str = "127.0.0.1") -> dict[str, str]:
     """Where huggingface_hub finds the hub (its HF_ENDPOINT: constants.py), for the pre-step that
-    downloads: in the environment fsdpctl, and so the supervisor, sbatch and the peer's kubelets,
-    pass on."""
-    return {"HF_ENDPOINT": hub.endpoint} if source == "hub" else {}
+    downloads, at the address the place's nodes reach this machine by: in the environment fsdpctl,
+    and so the supervisor, sbatch and the peer's kubelets, pass on."""
+    port = hub.server.server_address[1]
+    return {"HF_ENDPOINT": f"http://{here}:{port}"} if source == "hub" else {}
 
 
 def source_settings(source: str, tiny_model: Path, hub) -> dict[str, str]:
@@ -158,8 +166,8 @@ def test_a_cell_trains_to_max_steps_with_the_reference_losses(
     job = "cell"
     settings = {**PATH_SETTINGS, **source_settings(source, tiny_model, hub), "JOB_NAME": job}
     place.settings = {**place.settings, **settings}
-    place.environ = {**place.environ, **hub_environ(source, hub)}
-    for key, value in hub_environ(source, hub).items():  # the peer's kubelets: this process's
+    place.environ = {**place.environ, **hub_environ(source, hub, place.here)}
+    for key, value in hub_environ(source, hub, place.here).items():  # the peer's kubelets' too
         monkeypatch.setenv(key, value)
     want = references[source]
     seen: dict[int, float] = {}
@@ -202,6 +210,27 @@ def test_a_cell_trains_to_max_steps_with_the_reference_losses(
     assert max(seen) == STEPS
     if disruption == "killed node" or (disruption == "outside end" and not ended_outside):
         assert final["restarts"] >= 1, final  # the node's pod came back, the job resumed
+
+
+CONTAINER_CELLS = [("hub", "none"), ("checkout", "stop")]
+
+
+@pytest.mark.parametrize(
+    "source, disruption", CONTAINER_CELLS, ids=[f"{s}-{d}" for s, d in CONTAINER_CELLS]
+)
+def test_a_cell_in_a_container_trains_as_outside_one(
+    place, source, disruption, references, tiny_model, hub, monkeypatch
+):
+    """The same cells with the trainers in the place's container image (Slurm: pyxis + enroot,
+    the image's own python, its ENV HF_HOME overridden by the job's); a place without one declares
+    why (places.NO_CONTAINERS)."""
+    if place.container is None:
+        assert place.name in places.NO_CONTAINERS
+        return
+    place.settings = {**place.settings, **place.container}
+    test_a_cell_trains_to_max_steps_with_the_reference_losses(
+        place, source, disruption, references, tiny_model, hub, monkeypatch
+    )
 
 
 def _run_to_the_end(place, job: str, want: dict[int, float]) -> None:

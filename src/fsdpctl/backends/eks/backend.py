@@ -23,6 +23,7 @@ from fsdpctl.backends.eks import api, configmap, engine, observe
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.hf_token import secret_env
 from fsdpctl.job import home, lock, state
+from fsdpctl.job.outage import Outage
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
 from fsdpctl.progress import run_outcome
@@ -270,17 +271,23 @@ class EksBackend:
         self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
     ) -> Waited:
         """Until the job ends or `timeout` passes. An API server that does not answer, or answers
-        with an error (restarting, behind a proxy), is waited out: that is not the job's end. A job
-        that is gone is not found (exit 4)."""
+        with an error (restarting, behind a proxy), is waited out for a bounded outage (job.outage):
+        that is not the job's end. A job that is gone is not found (exit 4)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         said = ""
+        away = Outage(self.cfg.request_timeout)
         while True:
             left = None if deadline is None else max(0.01, deadline - time.monotonic())
+            began = time.monotonic()
             try:
                 return engine.wait(self.kube, self.cfg, name, left)
             except FsdpctlError as e:
                 if e.code == ExitCode.JOB_NOT_FOUND:
                     raise
+                # a watch that streamed for longer than a few requests' deadlines had answers
+                if time.monotonic() - began > 3 * self.cfg.request_timeout:
+                    away.answered()
+                away.unanswered(str(e))
                 if say is not None and str(e) != said:
                     said = str(e)
                     say(f"no answer about job {name}, still waiting: {said}")

@@ -41,7 +41,9 @@ def run(
     existing = get_job(kube, cfg, cfg.job_name)  # first: a missing CRD is the first thing to fix
     require_claims(kube, cfg)
     if existing is not None and not server_dry_run:
-        if not replace:
+        # an ended job is the last run's: a new run takes its place (the job core's rule on every
+        # backend, fsdpctl.job.runner._make_way); its record stays in the home's history
+        if not replace and kstatus.phase(existing) not in FINAL:
             raise FsdpctlError(
                 f"job {cfg.job_name} already exists ({kstatus.phase(existing)})",
                 hint="`fsdpctl job run --replace` replaces it; `fsdpctl job stop` removes it",

@@ -34,6 +34,7 @@ from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.job import home, lock, runner, shape
 from fsdpctl.job import state as core
+from fsdpctl.job.outage import Outage
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys, between, is_count
 from fsdpctl.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
@@ -436,11 +437,16 @@ class SlurmBackend:
         self, name: str, timeout: float | None, say: Callable[[str], None] | None = None
     ) -> Waited:
         """Until the job ends or `timeout` passes. A controller that does not answer (restarting,
-        unreachable) is waited out: Unknown is not an end."""
+        unreachable) is waited out for a bounded outage (job.outage): Unknown is not an end."""
         st = self._state(name)
         deadline = None if timeout is None else time.monotonic() + timeout
         said = ""
+        away = Outage(self.cfg.request_timeout)
         while (seen := self._seen(st)).phase not in FINAL:
+            if seen.phase != Phase.UNKNOWN:
+                away.answered()
+            else:
+                away.unanswered(f"Slurm about job {name}: {seen.unknown}")
             if seen.phase == Phase.UNKNOWN and say is not None and seen.unknown != said:
                 said = seen.unknown
                 say(f"no answer from Slurm, still waiting: {said}")
