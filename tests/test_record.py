@@ -296,3 +296,39 @@ def test_the_image_digest_comes_from_the_pods_container_status():
     rec = {**rec, "image": {"uri": "r/fsdpctl-trainer:0.1.0", "digest": None}}
     assert configmap.with_digest(rec, (digest, "p1"))["image"]["digest"] == digest
     assert configmap.image_digest(pods[:1], "pytorch") is None
+
+
+@hsettings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    losses=st.lists(st.floats(0.01, 20, allow_nan=False), min_size=1, max_size=20),
+    start_step=st.integers(0, 50),
+    ended=st.booleans(),
+)
+def test_a_record_keeps_the_losses_of_an_ended_run_and_its_id(losses, start_step, ended):
+    """An ended run's losses are kept in its record (`learnt`), so a later `job diff` has them when
+    the log went with the run's pods (EKS: a rerun replaces the job; the kubelet serves a pod's log
+    only while the pod exists). What is kept changes neither the record's id nor its validity; a
+    run still going keeps none yet; a tampered kept loss makes the record refused."""
+    rec = _rec(_cfg("eks"))
+    start = events.Start(
+        record_id=rec["id"], python="3.11", torch="2.6.0", transformers="4.50", cuda=None,
+        nccl=None, device="cpu", start_step=start_step,
+        dataset={"source": "builtin", "local": False},
+        tokenizer={"source": "builtin", "local": False}, time=1.0,
+    )  # fmt: skip
+    log = [events.to_line(start)]
+    if ended:
+        from dataclasses import replace
+
+        from test_events import SUMMARY
+
+        log.append(events.to_line(replace(SUMMARY, start_step=start_step, losses=losses)))
+    now = record.learnt(rec, log)
+    assert now["id"] == rec["id"] and record.problem(now) is None
+    want = {start_step + 1 + i: x for i, x in enumerate(losses)} if ended else {}
+    assert record.kept_losses(json.loads(json.dumps(now))) == want
+    if ended:
+        assert record.problem({**now, "losses": {"1": "nan"}}) is not None
+        assert record.problem({**now, "losses": {"x": 1.0}}) is not None

@@ -427,3 +427,44 @@ def test_a_launcher_records_the_code_it_ends_with_where_the_script_reads_it(tmp_
     monkeypatch.delenv(disruption.ENDS_DIR_ENV)
     assert launch.main(["--nnodes=1", "--nproc-per-node=1", "-m", "fsdptrain"]) == 2
     assert list(ends.iterdir()) == written
+
+
+@pytest.mark.parametrize("stop_reason", [None, "stop", "disrupted"])
+@pytest.mark.parametrize("stopped", [False, True])
+@pytest.mark.parametrize("stopping", [False, True])
+@pytest.mark.parametrize("summary", [False, True])
+def test_a_forgotten_job_ends_as_its_leaders_summary_says(
+    tmp_path, summary, stopping, stopped, stop_reason
+):
+    """slurmctld forgets an ended job MinJobAge after its end (slurm.conf(5) MinJobAge, 300 s by
+    default; no accounting here, so no sacct): what the leader's log on the shared file system
+    says decides. No summary: Failed (Stopped when fsdpctl asked). A summary that stopped on a
+    SIGTERM fsdpctl did not send (fsdptrain.disruption: stop_reason "disrupted", no stop file) was
+    ended from outside, and says so; a stop fsdpctl asked for is Stopped with no such words."""
+    from fsdpctl.backends.slurm import backend
+    from fsdptrain import events
+
+    p = script.Paths(str(tmp_path))
+    if stopping:
+        Path(p.stop_file).write_text("stop\n")
+    lines = []
+    if summary:
+        import dataclasses
+
+        from test_events import SUMMARY
+
+        lines.append(
+            events.to_line(dataclasses.replace(SUMMARY, stopped=stopped, stop_reason=stop_reason))
+        )
+    Path(p.node_log(0)).write_text("".join(f"{line}\n" for line in lines))
+    seen = backend._seen_in_log(p, stopping)
+    if not summary:
+        assert seen.phase == ("Stopped" if stopping else "Failed")
+    elif stopped or stopping:
+        assert seen.phase == "Stopped"
+    else:
+        assert seen.phase == "Succeeded"
+    outside = summary and stopped and stop_reason == "disrupted" and not stopping
+    assert bool(seen.outside) == outside
+    reason = backend._reason(seen, stopping)
+    assert ("outside fsdpctl" in reason) == outside, reason

@@ -189,7 +189,15 @@ _PARTS: dict[str, Callable[[Any], bool]] = {
     "image": _plain,
     "trainer": _trainer,
     "manifests": lambda v: v is None or isinstance(v, str),
+    "losses": lambda v: v is None or _losses(v),
 }
+
+
+def _losses(v: Any) -> bool:
+    """The run's losses as kept (`learnt`): step (as text) -> a finite number."""
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and k.isdigit() and _finite_number(x) for k, x in v.items()
+    )
 
 
 def with_start(rec: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
@@ -396,11 +404,23 @@ def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[dict[st
 
 
 def learnt(rec: dict[str, Any], log: list[str]) -> dict[str, Any]:
-    """`rec` with this run's `start` event from the leader's log, when it is there."""
+    """`rec` with this run's `start` event from the leader's log, when it is there, and the losses
+    the log holds once the run ended (its summary): a cluster's logs go with the run's pods (a
+    rerun on EKS replaces the job), the record stays to be compared."""
     for e in events.parse(log):
         if isinstance(e, events.Start) and e.record_id == rec["id"]:
-            return with_start(rec, events.as_record(e))
+            rec = with_start(rec, events.as_record(e))
+            break
+    else:
+        return rec
+    if any(isinstance(e, events.Summary) for e in events.parse(log)):
+        rec = {**rec, "losses": {str(k): v for k, v in sorted(losses(log).items())}}
     return rec
+
+
+def kept_losses(rec: Mapping[str, Any]) -> dict[int, float]:
+    """The losses a record kept when its run's log was read after its end (`learnt`)."""
+    return {int(k): v for k, v in (rec.get("losses") or {}).items()}
 
 
 def losses(log: list[str]) -> dict[int, float]:

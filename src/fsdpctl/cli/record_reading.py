@@ -46,7 +46,7 @@ def learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
     read (the logs may be cleaned up); any other record as it is."""
     from fsdpctl import record, record_store
 
-    if rec.get("trainer") or (lines := _run_lines(rec, cfg)) is None:
+    if (rec.get("trainer") and rec.get("losses")) or (lines := _run_lines(rec, cfg)) is None:
         return rec
     now = record.learnt(rec, lines)
     if now != rec:
@@ -61,8 +61,8 @@ def _from_this_machine(name: str, cfg: Config) -> Loaded | None:
     if rec is None:
         return None
     where = str(record_store.path(rec["job"], rec["run_id"]))
-    if (lines := _run_lines(rec, cfg)) is None:
-        return Loaded(rec, where=where)
+    if (lines := _run_lines(rec, cfg)) is None:  # gone with its pods: what the record kept
+        return Loaded(rec, record.kept_losses(rec), where=where)
     now = record.learnt(rec, lines)
     if now != rec:  # the trainer's start line, kept once read: the logs may be cleaned up
         record_store.keep(now)

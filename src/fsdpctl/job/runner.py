@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpctl import files, record_store, targets
+from fsdpctl import files, record, record_store, targets
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.job import home, lock, state
 from fsdpctl.job.protocol import Backend, Started, Submitted
@@ -63,6 +63,7 @@ def run(
         current = state.read(jdir)
         if current is not None:
             _make_way(name, current, replace, other)
+            _learn_before_it_goes(current, other)
         saved = record_store.save(rec)
         try:
             sub = be.submit(run_id=run_id, record=rec, replace=replace)
@@ -138,6 +139,22 @@ def _make_way(name: str, current: dict[str, Any], replace: bool, other: Factory)
             code=ExitCode.BAD_INPUT,
         )
     other(where).stop(name, wait=True, dry_run=False)
+
+
+def _learn_before_it_goes(current: dict[str, Any], other: Factory) -> None:
+    """The run a new one replaces, learnt from its logs while they exist (its trainer's start line
+    and losses into its record, fsdpctl.record.learnt): on a cluster they go with its pods. A run
+    whose logs cannot be read is left as it is."""
+    where = record_store.path(current["job"], current["run_id"])
+    try:
+        rec = record_store.read(where) if where.exists() else None
+    except FsdpctlError:  # a damaged record is named by the verbs that read it
+        return
+    if rec is None or rec.get("losses"):
+        return
+    lines = other(state.backend_of(current)).run_lines(current["job"], current["run_id"])
+    if lines is not None and (now := record.learnt(rec, lines)) != rec:
+        record_store.keep(now)
 
 
 def phase_of(be: Backend, name: str) -> tuple[Phase | None, str]:

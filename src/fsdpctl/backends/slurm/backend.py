@@ -64,6 +64,7 @@ class Seen:
     record: dict[str, str] | None
     phase: Phase
     unknown: str = ""
+    outside: str = ""  # a forgotten job's leader ended on a SIGTERM fsdpctl did not send
 
 
 class SlurmBackend:
@@ -216,7 +217,7 @@ class SlurmBackend:
         except (
             Forgotten
         ):  # slurmctld forgot it (MinJobAge after its end; no accounting): the log says
-            return Seen(None, _phase_from_log(p, stopping))
+            return _seen_in_log(p, stopping)
         except FsdpctlError as e:
             return Seen(None, Phase.UNKNOWN, str(e))
         if stranger := _not_this_run(found, st):  # an id that names someone else's job now
@@ -582,23 +583,27 @@ def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
     return data[:end].decode(errors="replace").splitlines(), offset + end
 
 
-def _phase_from_log(p: Paths, stopping: bool) -> Phase:
-    """A job slurmctld has forgotten ended; how, its leader's summary says (none: it failed)."""
+def _seen_in_log(p: Paths, stopping: bool) -> Seen:
+    """A job slurmctld has forgotten ended; how, its leader's summary says (none: it failed). A
+    leader that stopped on a SIGTERM (stop_reason "disrupted", fsdptrain.disruption) with no stop
+    request from fsdpctl was ended from outside: a `scancel` or a preemption, named as such."""
     recs = parse_events(_texts(Path(p.node_log(0))))
     summary = next((e for e in reversed(recs) if isinstance(e, events.Summary)), None)
     if summary is None:
-        return Phase.STOPPED if stopping else Phase.FAILED
-    return Phase.STOPPED if summary.stopped or stopping else Phase.SUCCEEDED
+        return Seen(None, Phase.STOPPED if stopping else Phase.FAILED)
+    if not summary.stopped and not stopping:
+        return Seen(None, Phase.SUCCEEDED)
+    outside = summary.stop_reason == "disrupted" and not stopping
+    return Seen(None, Phase.STOPPED, outside=states.OUTSIDE["CANCELLED"] if outside else "")
 
 
 def _reason(seen: Seen, stopping: bool) -> str:
-    """Why the job is in its phase, in words: Slurm's reason, or a cancel nobody asked fsdpctl for."""
+    """Why the job is in its phase, in words: Slurm's reason, or an end nobody asked fsdpctl for
+    (states.outside_cancel: CANCELLED or PREEMPTED without a stop request)."""
     job = seen.record or {}
-    if job.get("JobState", "").startswith("CANCELLED") and not stopping:
-        return (
-            "cancelled outside fsdpctl (scancel, or an administrator): its last checkpoint is kept; "
-            "`fsdpctl job resume` continues it"
-        )
+    outside = seen.outside or states.outside_cancel(job, stop_requested=stopping)
+    if outside:
+        return f"{outside}; `fsdpctl job resume` continues from its last checkpoint"
     if seen.record is None and seen.phase in FINAL:
         return (
             "slurmctld no longer knows the job (MinJobAge after its end): its leader's log says how"
