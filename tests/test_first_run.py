@@ -460,11 +460,11 @@ def rank(r, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK=str(r), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=r, world_size=2)
     from fsdptrain.runtime import Runtime
-    from fsdptrain.train import _hold_until_published
+    from fsdptrain.hf_io import hold_until_published
     if r == 0:
         time.sleep(2)  # writing the export alone: seconds here, minutes for 70B
         published = time.time()
-    _hold_until_published(Runtime(r, r, 2, 2, None))
+    hold_until_published(Runtime(r, r, 2, 2, None))
     left = time.time()
     with open(f"{out}.{r}", "w") as f:
         json.dump({"left": left, **({"published": published} if r == 0 else {})}, f)

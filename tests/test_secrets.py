@@ -96,16 +96,16 @@ def test_no_secret_in_any_output_or_file_of_a_real_local_run(cli, tmp_path, monk
 
 
 def test_trainer_sees_the_token_from_env_or_the_mounted_secret_file(tmp_path, monkeypatch):
-    from fsdptrain.train import _hf_token_given
+    from fsdptrain.report import hf_token_given
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "HF_TOKEN"))
-    assert not _hf_token_given()  # optional Secret absent: no file
+    assert not hf_token_given()  # optional Secret absent: no file
     (tmp_path / "HF_TOKEN").write_text("hf_x")
-    assert _hf_token_given()
+    assert hf_token_given()
     monkeypatch.delenv("HF_TOKEN_PATH")
     monkeypatch.setenv("HF_TOKEN", "hf_y")
-    assert _hf_token_given()
+    assert hf_token_given()
 
 
 # ---- secret-shaped values in keys that are not secret, on every output path ------------------------------

@@ -281,7 +281,7 @@ def broken(args: tuple[str, ...], result: CliResult, took: float, outside: Outsi
 def _each(outside: Outside, monkeypatch) -> tuple[list[str], list[str]]:
     for key, value in outside.env.items():
         monkeypatch.setenv(key, value)
-    from fsdptrain.fetch import _DEADLINE
+    from fsdptrain.hub import _DEADLINE
     from hub_peer import fresh_hub_client
 
     fresh_hub_client()
@@ -337,7 +337,7 @@ def test_the_named_silent_endpoint_cases_return_naming_it(silent, cli, tmp_path,
     outside = silent_servers(silent, tmp_path, "http" if args == ("job", "list") else "https")
     for key, value in outside.env.items():
         monkeypatch.setenv(key, value)
-    from fsdptrain.fetch import _DEADLINE
+    from fsdptrain.hub import _DEADLINE
     from hub_peer import fresh_hub_client
 
     fresh_hub_client()

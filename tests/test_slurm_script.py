@@ -20,7 +20,7 @@ Upstream read for each:
   `"${auto_resume[@]}"` of the empty array killed the script under `set -u`;
   `${a[@]+"${a[@]}"}` expands to nothing there (the form enroot itself uses for bash >= 4.2:
   src/runtime.sh `${environ[@]+"${environ[@]}"}`).
-- S8: the token file is read where the download runs (fsdptrain.fetch.token_from).
+- S8: the token file is read where the download runs (fsdptrain.hub.token_from).
 """
 
 from __future__ import annotations

@@ -786,7 +786,7 @@ def test_a_run_that_continues_a_checkpoint_continues_its_tracker_run(monkeypatch
     """TensorBoard and W&B show a job's whole curve across stops and resumes: RESUME=auto writes
     into the run kept in the checkpoint's meta.json; an explicit RESUME (a rerun) and a fresh start
     get their own."""
-    from fsdptrain.train import _tracker_run
+    from fsdptrain.build import _tracker_run
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "now")
     assert _tracker_run(TrainConfig(), {"tracker_run": "first"}) == "first"

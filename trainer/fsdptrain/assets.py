@@ -101,7 +101,8 @@ def default_cache() -> Path:
 
 
 def ensure_assets(root: str | os.PathLike) -> tuple[Path, Path]:
-    """Create corpus + tokenizer under root once (atomically); return (corpus file, tokenizer dir)."""
+    """Create corpus + tokenizer under root once (atomically); return (corpus file, tokenizer
+    dir)."""
     root = Path(root)
     corpus, tok_dir = root / "corpus.txt", root / "tokenizer"
     if corpus.exists() and (tok_dir / "tokenizer.json").exists():

@@ -1,9 +1,10 @@
-"""Sharded checkpoints with `torch.distributed.checkpoint`, written atomically, plus HF export and
-import.
+"""Sharded checkpoints with `torch.distributed.checkpoint`, written atomically (the Hugging Face
+format of PRETRAINED and EXPORT_DIR: fsdptrain.hf_io).
 
 Layout under CHECKPOINT_DIR (must be a filesystem every node sees, e.g. FSx for Lustre on EKS):
 
-    step-00000020/      DCP shards of model + optimizer, rng-rankNNNNN.pt per rank, meta.json (written last)
+    step-00000020/      DCP shards of model + optimizer, rng-rankNNNNN.pt per rank,
+                        meta.json (written last)
     latest              name of the newest complete checkpoint
     .tmp-step-00000030/ a save in progress; never read, removed by the next save
 
@@ -32,8 +33,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    ValueType,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -198,8 +197,8 @@ def stage(root: Path, *, step: int, model: nn.Module, optimizer: Optimizer) -> N
         free = shutil.disk_usage(root).free / 2**20
         raise CheckpointError(
             f"checkpoint at step {step} failed ({failure}; {free:,.0f} MiB free); the last good "
-            f"one is {latest_checkpoint(root) or 'none'}: free space on CHECKPOINT_DIR={str(root)!r} "
-            "or point it elsewhere"
+            f"one is {latest_checkpoint(root) or 'none'}: free space on "
+            f"CHECKPOINT_DIR={str(root)!r} or point it elsewhere"
         )
 
 
@@ -308,13 +307,14 @@ def resume(
             continue
         if skipped:
             log(
-                f"checkpoint {'; '.join(skipped)} is damaged: resumed from {name}, the newest intact one"
+                f"checkpoint {'; '.join(skipped)} is damaged: resumed from {name}, "
+                "the newest intact one"
             )
         return path, loaded
     if skipped:
         raise CheckpointError(
-            f"no intact checkpoint under CHECKPOINT_DIR={str(root)!r}: {'; '.join(skipped)}; remove the "
-            "damaged ones, or RESUME=never to start afresh"
+            f"no intact checkpoint under CHECKPOINT_DIR={str(root)!r}: {'; '.join(skipped)}; "
+            "remove the damaged ones, or RESUME=never to start afresh"
         )
     return None, None
 
@@ -410,7 +410,8 @@ def _unreadable_line(failed: list[tuple[int, tuple[str, str, str]]], *, explicit
         return f"RESUME={path!r} is not a complete checkpoint ({why}): pick another"
     return (
         f"rank {rank} ({where}){others} cannot read checkpoint {path!r} that rank 0 resumes from "
-        f"({why}): every node must see CHECKPOINT_DIR on one shared volume (SHARED_VOLUME or CHECKPOINT_PVC)"
+        f"({why}): every node must see CHECKPOINT_DIR on one shared volume "
+        "(SHARED_VOLUME or CHECKPOINT_PVC)"
     )
 
 
@@ -441,71 +442,3 @@ def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any
     if meta["world_size"] == dist.get_world_size() and rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))
     return meta
-
-
-def export_hf(out_dir: Path, *, model: nn.Module, config: Any, tokenizer: Any) -> Path | None:
-    """Collective. Gathers a full state dict on rank 0 and writes a `from_pretrained`-ready
-    directory."""
-    from safetensors.torch import save_file
-
-    full = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if dist.get_rank() != 0:
-        return None
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(
-        {k: v.contiguous() for k, v in full.items() if isinstance(v, torch.Tensor)},  # all are
-        str(tmp / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    config.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.rename(tmp, out_dir)
-    return out_dir
-
-
-def resolve_pretrained(name_or_path: str, *, local_rank: int) -> Path:
-    """A local dir as is; a hub id downloaded once per node (HF_TOKEN for gated Llama-2 weights)."""
-    path = Path(name_or_path)
-    if path.is_dir():
-        return path
-    if name_or_path.startswith(("/", ".", "~")):
-        raise CheckpointError(
-            f"PRETRAINED={name_or_path!r} does not exist: check the path or mount"
-        )
-    if local_rank == 0:
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(
-            name_or_path,
-            token=os.environ.get("HF_TOKEN") or None,
-            allow_patterns=["*.safetensors", "*.json", "tokenizer*"],
-        )
-    dist.barrier()
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(name_or_path, local_files_only=True))
-
-
-def load_pretrained(path: Path, *, model: nn.Module) -> None:
-    """Collective. Rank 0 memory-maps the safetensors files and broadcasts each shard: one copy per
-    job, not one per rank."""
-    from safetensors.torch import load_file
-
-    full: dict[str, ValueType] = {}
-    if dist.get_rank() == 0:
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(
-                f"PRETRAINED={str(path)!r} has no *.safetensors files: convert or re-download"
-            )
-        for f in files:
-            full.update(load_file(str(f)))
-    set_model_state_dict(
-        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    )

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# re-exported: its old home, where fsdpctl and the tests import it from
+from fsdptrain.errors import ConfigError as ConfigError
 from fsdptrain.levers import sdpa_problem
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
@@ -37,10 +39,6 @@ OPTIONAL_PACKAGES = {
     "FLOAT8": ("torchao", "float8"),
 }
 BUILTIN = "builtin"  # the offline corpus + tokenizer of fsdptrain.assets
-
-
-class ConfigError(ValueError):
-    """A bad setting; the message is one line naming the key, the value and what is allowed."""
 
 
 # pipe(7): a write(2) of at most PIPE_BUF bytes to a pipe is atomic, never interleaved with
@@ -121,8 +119,8 @@ class TrainConfig:
     activation_checkpointing: str = _f(
         "ACTIVATION_CHECKPOINTING",
         "none",
-        "recompute activations: full (every layer), every-k, selective (compiled: every layer, keeping "
-        "matmul outputs; without compile: every 2nd layer)",
+        "recompute activations: full (every layer), every-k, selective (compiled: every layer, "
+        "keeping matmul outputs; without compile: every 2nd layer)",
         choices=AC_MODES,
     )
     ac_every: int = _f(
@@ -131,40 +129,44 @@ class TrainConfig:
     fsdp_prefetch: int = _f(
         "FSDP_PREFETCH",
         1,
-        "all-gather the next N decoder layers ahead in forward and backward (0: FSDP2's implicit order)",
+        "all-gather the next N decoder layers ahead in forward and backward "
+        "(0: FSDP2's implicit order)",
         minimum=0,
     )
     compile: str = _f(
         "COMPILE",
         "auto",
-        "torch.compile each decoder layer: auto (on with CUDA where Triton finds a C compiler and Python's "
-        "headers, off elsewhere), true, false",
+        "torch.compile each decoder layer: auto (on with CUDA where Triton finds a C compiler and "
+        "Python's headers, off elsewhere), true, false",
         choices=COMPILE_MODES,
         aliases=BOOL_WORDS,
     )
     float8: bool = _f(
         "FLOAT8",
         False,
-        "float8 training of the decoder's linear layers through torchao (needs fsdpctl[float8] and a GPU "
-        "of compute capability 8.9+: H100/H200/L40S; runs compiled unless COMPILE=false)",
+        "float8 training of the decoder's linear layers through torchao (needs fsdpctl[float8] "
+        "and a GPU of compute capability 8.9+: H100/H200/L40S; runs compiled unless "
+        "COMPILE=false)",
     )
     float8_recipe: str = _f(
         "FLOAT8_RECIPE",
         "tensorwise",
-        "float8 scaling: tensorwise (one scale per tensor: torchao's fastest; on several GPUs FSDP "
-        "all-gathers the weights in float8) or rowwise (a scale per row: more accurate, all-gathers in bf16)",
+        "float8 scaling: tensorwise (one scale per tensor: torchao's fastest; on several GPUs "
+        "FSDP all-gathers the weights in float8) or rowwise (a scale per row: more accurate, "
+        "all-gathers in bf16)",
         choices=FLOAT8_RECIPES,
     )
     sdpa_backends: str = _f(
         "SDPA_BACKENDS",
         "cudnn,flash,efficient,math",
-        "attention kernels in priority order (torchtitan's: cuDNN first); the one that runs is logged",
+        "attention kernels in priority order (torchtitan's: cuDNN first); "
+        "the one that runs is logged",
     )
     gc_interval: int = _f(
         "GC_INTERVAL",
         50,
-        "Python's automatic garbage collection off, one collection every N steps (torchtitan's gc_freq); "
-        "0: Python's own",
+        "Python's automatic garbage collection off, one collection every N steps "
+        "(torchtitan's gc_freq); 0: Python's own",
         minimum=0,
     )
     collective_timeout: int = _f(
@@ -207,8 +209,8 @@ class TrainConfig:
     allow_setting_changes: bool = _f(
         "ALLOW_SETTING_CHANGES",
         False,
-        "resume a checkpoint saved with other settings that change the math (precision, model, sharding, "
-        "LR schedule, MAX_STEPS, sequence length, batch); refused otherwise",
+        "resume a checkpoint saved with other settings that change the math (precision, model, "
+        "sharding, LR schedule, MAX_STEPS, sequence length, batch); refused otherwise",
     )
     export_dir: str = _f(
         "EXPORT_DIR", "", "write a consolidated HF safetensors model here at the end"
@@ -230,13 +232,14 @@ class TrainConfig:
     tensorboard_dir: str = _f(
         "TENSORBOARD_DIR",
         "",
-        "write TensorBoard scalars of each logged step under DIR/<run id> (rank 0; needs fsdpctl[trackers]; "
-        "empty: off)",
+        "write TensorBoard scalars of each logged step under DIR/<run id> "
+        "(rank 0; needs fsdpctl[trackers]; empty: off)",
     )
     wandb_project: str = _f(
         "WANDB_PROJECT",
         "",
-        "log each logged step to this Weights & Biases project (rank 0; needs fsdpctl[trackers]; empty: off)",
+        "log each logged step to this Weights & Biases project "
+        "(rank 0; needs fsdpctl[trackers]; empty: off)",
     )
     wandb_mode: str = _f(
         "WANDB_MODE",
@@ -247,8 +250,8 @@ class TrainConfig:
     deterministic: str = _f(
         "DETERMINISTIC",
         "auto",
-        "torch deterministic algorithms: auto (on for CPU, off with CUDA, where they slow kernels), "
-        "true, false",
+        "torch deterministic algorithms: auto (on for CPU, off with CUDA, where they slow "
+        "kernels), true, false",
         choices=DETERMINISTIC_MODES,
     )
 
@@ -321,22 +324,25 @@ class ModelDefaults:
     activation_checkpointing: str
     lr: float  # peak, training from scratch
     finetune_lr: float  # peak, with PRETRAINED
-    warmup_steps: (
-        int  # from scratch; capped at a tenth of MAX_STEPS so a short run still reaches the peak
-    )
+    # from scratch; capped at a tenth of MAX_STEPS so a short run still reaches the peak
+    warmup_steps: int
 
 
-# The tiny models keep the field defaults above (the quickstart and the tests depend on them). Sources:
-# - LR and warmup from scratch: the Llama 2 paper (Touvron et al. 2023, section 2.2 and table 1): AdamW with a
-#   peak of 3e-4 for 7B and 13B and 1.5e-4 for 34B and 70B, 2000 warmup steps, cosine decay to 10% of the
-#   peak (MIN_LR_RATIO 0.1), weight decay 0.1, gradient clipping 1.0 (the field defaults already).
+# The tiny models keep the field defaults above (the quickstart and the tests depend on them).
+# Sources:
+# - LR and warmup from scratch: the Llama 2 paper (Touvron et al. 2023, section 2.2 and table 1):
+#   AdamW with a peak of 3e-4 for 7B and 13B and 1.5e-4 for 34B and 70B, 2000 warmup steps, cosine
+#   decay to 10% of the peak (MIN_LR_RATIO 0.1), weight decay 0.1, gradient clipping 1.0 (the field
+#   defaults already).
 # - LR when fine-tuning (PRETRAINED set): 1e-4, the default of the FSDP Llama-2 case of
-#   aws-samples/awsome-distributed-training (src/model_utils/arguments.py), 30x below the tiny model's 3e-3;
-#   70B gets half, as the paper halves 70B's pretraining peak. Its warmup: that case's 0.32% of the steps.
+#   aws-samples/awsome-distributed-training (src/model_utils/arguments.py), 30x below the tiny
+#   model's 3e-3; 70B gets half, as the paper halves 70B's pretraining peak. Its warmup: that case's
+#   0.32% of the steps.
 # - SEQ_LEN: the models' 4096-token context (fsdptrain.shapes.MODEL_CONFIGS). MICRO_BATCH_SIZE and
-#   ACTIVATION_CHECKPOINTING: IBM/Meta's fms-fsdp runs of these shapes (its README: 7B batch 2 and 13B batch 1
-#   without checkpointing) and awsome-distributed-training's 70B (models/llama2_70b.txt: batch 1 with
-#   activation checkpointing), the configurations the published FSDP throughput comes from.
+#   ACTIVATION_CHECKPOINTING: IBM/Meta's fms-fsdp runs of these shapes (its README: 7B batch 2 and
+#   13B batch 1 without checkpointing) and awsome-distributed-training's 70B
+#   (models/llama2_70b.txt: batch 1 with activation checkpointing), the configurations the
+#   published FSDP throughput comes from.
 MODEL_DEFAULTS: dict[str, ModelDefaults] = {
     "7b": ModelDefaults(4096, 2, "none", 3e-4, 1e-4, 2000),
     "13b": ModelDefaults(4096, 1, "none", 3e-4, 1e-4, 2000),
@@ -353,7 +359,8 @@ MODEL_DEFAULT_KEYS = (
 
 
 def model_defaults(model: str, *, pretrained: str = "", max_steps: int = 30) -> dict[str, Any]:
-    """The named model's defaults (field name -> value); {} for the tiny models and unknown names."""
+    """The named model's defaults (field name -> value); {} for the tiny models and unknown
+    names."""
     d = MODEL_DEFAULTS.get(model)
     if d is None:
         return {}
@@ -434,7 +441,8 @@ def from_sources(
             dest=f.name,
             default=None,
             metavar=f.metadata["env"],
-            help=f"{f.metadata['help']} (env {f.metadata['env']}, default {f.default!r}{per_model})",
+            help=f"{f.metadata['help']} "
+            f"(env {f.metadata['env']}, default {f.default!r}{per_model})",
         )
     args = vars(parser.parse_args(argv))
     values = {}
@@ -473,8 +481,8 @@ def float8_refusal(device: str, capability: tuple[int, int] | None) -> str | Non
         else f"{device} (compute capability {capability[0]}.{capability[1]})"
     )
     return (
-        f"FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L40S) and this "
-        f"process has {has}: unset FLOAT8 or run on such a GPU"
+        "FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L40S) and "
+        f"this process has {has}: unset FLOAT8 or run on such a GPU"
     )
 
 

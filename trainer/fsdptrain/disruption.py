@@ -1,19 +1,20 @@
 """How a run ends before MAX_STEPS, and what its pod's exit code then tells the controllers.
 
 Two reasons, told apart by what the trainer reads, never by the signal alone:
-- **stop**: `fsdpctl job stop` puts the annotation `fsdpctl.io/stop` on the job's pods; the kubelet writes the
-  pod's annotations into a downward API file (FSDPTRAIN_STOP_FILE) and every rank reads it once per step.
-  The ranks checkpoint and exit 0: the job ends Stopped.
-- **disruption**: SIGTERM without that annotation: the pod is evicted (a drain, a node repair, a managed
-  node group update, a Spot or Capacity Block end). torchrun forwards the signal to the workers; the ranks
-  checkpoint and end *without* success, because a PyTorchJob with an elasticPolicy is marked Succeeded as
-  soon as any worker pod succeeds (Training Operator v1.9.4
-  pkg/controller.v1/pytorch/pytorchjob_controller.go, UpdateJobStatus). Local rank 0 of each node leaves a
-  note (FSDPTRAIN_EXIT_NOTE) for the pod's launcher (fsdptrain.launch), which starts torchrun again on the
-  nodes that were not evicted, and exits 128+15 on the evicted one: a code the operator retries by
-  recreating the pod (pkg/util/train/train_util.go, IsRetryableExitCode: >= 128), where torchrun itself
-  exits 1 on SIGTERM (torch/distributed/elastic/agent/server/api.py, `run`: SignalException re-raised),
-  which ExitCode makes permanent. The job comes back and resumes from the checkpoint it just wrote.
+- **stop**: `fsdpctl job stop` puts the annotation `fsdpctl.io/stop` on the job's pods; the kubelet
+  writes the pod's annotations into a downward API file (FSDPTRAIN_STOP_FILE) and every rank reads
+  it once per step. The ranks checkpoint and exit 0: the job ends Stopped.
+- **disruption**: SIGTERM without that annotation: the pod is evicted (a drain, a node repair, a
+  managed node group update, a Spot or Capacity Block end). torchrun forwards the signal to the
+  workers; the ranks checkpoint and end *without* success, because a PyTorchJob with an
+  elasticPolicy is marked Succeeded as soon as any worker pod succeeds (Training Operator v1.9.4
+  pkg/controller.v1/pytorch/pytorchjob_controller.go, UpdateJobStatus). Local rank 0 of each node
+  leaves a note (FSDPTRAIN_EXIT_NOTE) for the pod's launcher (fsdptrain.launch), which starts
+  torchrun again on the nodes that were not evicted, and exits 128+15 on the evicted one: a code the
+  operator retries by recreating the pod (pkg/util/train/train_util.go, IsRetryableExitCode:
+  >= 128), where torchrun itself exits 1 on SIGTERM (torch/distributed/elastic/agent/server/api.py,
+  `run`: SignalException re-raised), which ExitCode makes permanent. The job comes back and resumes
+  from the checkpoint it just wrote.
 
 A third note, **failed**, says no restart can help (the volume is full or not writable): the
 launcher ends the pod with 1 at once instead of letting torchrun retry the same save MAX_RESTARTS
@@ -126,7 +127,7 @@ def read_note(path: str) -> dict[str, Any] | None:
     return note if isinstance(note, dict) else None
 
 
-# ---- what the pod's launcher does when torchrun ends ----------------------------------------------------
+# ---- what the pod's launcher does when torchrun ends ---------------------------------------------
 
 RESTART = -1  # `pod_exit`: start torchrun again in this pod
 

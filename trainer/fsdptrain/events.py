@@ -163,15 +163,15 @@ def as_record(event: Event) -> dict[str, Any]:
 
 # Below this a save is within what any estimate of it leaves out (the planner's step time has no
 # kernel-launch or collective latency, a save's rate no metadata or fsync latency) and costs next to
-# nothing: neither the trainer's slow-save warning nor fsdpctl's (fsdpctl.volume) speaks of a shorter
-# one, whatever it is compared with.
+# nothing: neither the trainer's slow-save warning nor fsdpctl's (fsdpctl.volume) speaks of a
+# shorter one, whatever it is compared with.
 MATERIAL_SAVE_S = 1.0
 
 
 def seconds_text(seconds: float) -> str:
-    """A duration as the trainer's lines and fsdpctl's warnings print it: never "0 s" for one that is
-    not zero. Whole seconds from 10 s, one decimal from 1 s, two significant digits below (0.038 s,
-    0.00056 s)."""
+    """A duration as the trainer's lines and fsdpctl's warnings print it: never "0 s" for one that
+    is not zero. Whole seconds from 10 s, one decimal from 1 s, two significant digits below
+    (0.038 s, 0.00056 s)."""
     if seconds >= 10:
         return f"{seconds:,.0f} s"
     if seconds >= 1:

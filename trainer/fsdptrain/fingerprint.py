@@ -100,7 +100,8 @@ def difference(recorded: Mapping[str, Any] | None, now: Mapping[str, Any] | None
     changed = sorted(n for n in old.keys() & new.keys() if old[n] != new[n])
     gone, added = sorted(old.keys() - new.keys()), sorted(new.keys() - old.keys())
     parts = [
-        f"{recorded['files']} files/{recorded['bytes']} bytes then, {now['files']}/{now['bytes']} now"
+        f"{recorded['files']} files/{recorded['bytes']} bytes then, "
+        f"{now['files']}/{now['bytes']} now"
     ]
     parts += [
         f"{what}: {', '.join(names[:3])}"

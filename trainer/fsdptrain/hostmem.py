@@ -39,7 +39,8 @@ USER_SETTINGS = (*(name for _, name, _ in THRESHOLDS), "MALLOC_MMAP_MAX_")
 
 
 def environment() -> dict[str, str]:
-    """The same thresholds as glibc's variables: for another program run under fsdptrain's settings."""
+    """The same thresholds as glibc's variables: for another program run under fsdptrain's
+    settings."""
     return {name: str(value) for _, name, value in THRESHOLDS}
 
 

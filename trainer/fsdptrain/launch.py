@@ -158,8 +158,8 @@ def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> str | N
     """The line saying this run already trained to MAX_STEPS, when the checkpoint it would resume is
     its own last one (meta.json's step at MAX_STEPS and record_id this run's, FSDPTRAIN_RECORD_ID);
     else None. A Slurm job requeued after its node stopped answering runs its script again from the
-    start (sbatch(1) --requeue), also when its trainers had finished meanwhile: slurmctld sets a node
-    DOWN only SlurmdTimeout after its last answer (slurmctld/ping_nodes.c) while its tasks keep
+    start (sbatch(1) --requeue), also when its trainers had finished meanwhile: slurmctld sets a
+    node DOWN only SlurmdTimeout after its last answer (slurmctld/ping_nodes.c) while its tasks keep
     training. That copy has nothing to do and must not fail the job, where a checkpoint at MAX_STEPS
     of another run (a finished job started again) stays refused (fsdptrain.resume)."""
     args, record = trainer_args(argv), environ.get(events.RECORD_ENV, "")

@@ -103,8 +103,9 @@ def resolve_activation_checkpointing(mode: str, every: int, compiled: bool) -> C
         return Checkpointing(
             "every-k",
             LAYER_SELECTIVE_EVERY,
-            "ACTIVATION_CHECKPOINTING=selective without compile: every 2nd layer checkpointed (layer-level); "
-            "op-level selective runs compiled only (eager it lost to full: 23.5k vs 25.1k tok/s on an H200)",
+            "ACTIVATION_CHECKPOINTING=selective without compile: every 2nd layer checkpointed "
+            "(layer-level); op-level selective runs compiled only (eager it lost to full: 23.5k vs "
+            "25.1k tok/s on an H200)",
         )
     return Checkpointing(mode, every)
 

@@ -57,7 +57,8 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 
 class GpuTelemetry:
-    """Utilisation, temperature and power through NVML when the driver and nvidia-ml-py are present."""
+    """Utilisation, temperature and power through NVML when the driver and nvidia-ml-py are
+    present."""
 
     def __init__(self, device: torch.device):
         self.handle = None

@@ -1,4 +1,5 @@
-"""Llama-2 shapes as named configs, built on the meta device so no rank ever holds the whole model."""
+"""Llama-2 shapes as named configs, built on the meta device so no rank ever holds the whole
+model."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ activation checkpointing, then compile, then FSDP.
 The four FSDP1 strategies users know map onto FSDP2 like this:
 - FULL_SHARD: 1-D mesh over all ranks, parameters resharded after forward.
 - SHARD_GRAD_OP: same mesh, parameters kept gathered between forward and backward.
-- HYBRID_SHARD: 2-D mesh (replicate, shard): shard inside a group (a node by default), replicate across
-  groups.
+- HYBRID_SHARD: 2-D mesh (replicate, shard): shard inside a group (a node by default), replicate
+  across groups.
 - NO_SHARD: 2-D mesh (world, 1): every rank holds everything, gradients all-reduced (DDP semantics).
 """
 

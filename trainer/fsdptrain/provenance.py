@@ -17,7 +17,8 @@ from fsdptrain.fingerprint import fingerprint
 
 
 def record_id() -> str:
-    """The run record's id fsdpctl put in the environment ('' when the trainer was started by hand)."""
+    """The run record's id fsdpctl put in the environment ('' when the trainer was started by
+    hand)."""
     return os.environ.get(events.RECORD_ENV, "")
 
 
@@ -43,7 +44,8 @@ def _files_of(value: str, kind: str) -> str | None:
 
     try:
         return local_snapshot(value, kind)
-    except Exception:  # noqa: BLE001 - not cached: the record says "not local" rather than fail the run
+    # not cached: the record says "not local" rather than fail the run
+    except Exception:  # noqa: BLE001
         return None
 
 

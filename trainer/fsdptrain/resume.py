@@ -128,7 +128,10 @@ def problem(meta: Mapping[str, Any], cfg: TrainConfig, world: int, *, where: str
         why.append(f"it was saved by a run with other settings ({', '.join(changed)})")
     fixes = "`fsdpctl job resume` continues a stopped job with its own settings; "
     if done:
-        fixes += "a larger MAX_STEPS with ALLOW_SETTING_CHANGES=true trains further (another LR schedule); "
+        fixes += (
+            "a larger MAX_STEPS with ALLOW_SETTING_CHANGES=true trains further "
+            "(another LR schedule); "
+        )
     elif changed:
         fixes += "ALLOW_SETTING_CHANGES=true resumes it anyway; "
     fixes += (

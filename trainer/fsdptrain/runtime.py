@@ -104,7 +104,8 @@ def open_outputs(cfg: TrainConfig, rt: Runtime) -> None:
             rt.log(f"metrics: http://0.0.0.0:{rt.exporter.port}/metrics")
         except OSError as e:
             rt.log(
-                f"metrics: port {cfg.metrics_port} unavailable ({e.strerror}); training goes on without it"
+                f"metrics: port {cfg.metrics_port} unavailable ({e.strerror}); "
+                "training goes on without it"
             )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdptrain.config import ConfigError
+from fsdptrain.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ defined fsGroup will be applied" (k8s.io/api storage/v1 FSGroupPolicy) and only 
 download running as uid 1000 got EACCES on /fsx/hf-cache.
 
 So, idempotently and without recursion (a job's checkpoints may be terabytes):
-- each `--share ROOT` (a volume's mount point) gets the group GID and mode 2775: the job's user can create
-  its directories there, and new ones inherit the group (setgid), whoever makes them;
+- each `--share ROOT` (a volume's mount point) gets the group GID and mode 2775: the job's user can
+  create its directories there, and new ones inherit the group (setgid), whoever makes them;
 - each DIR is made if missing and given owner UID:GID and mode 2775.
-The trainers run with umask 002, so what a root trainer (EFA pods run as root) writes there stays writable by
-the group: a later non-root run can prune it, the cleanup pod can remove it.
+The trainers run with umask 002, so what a root trainer (EFA pods run as root) writes there stays
+writable by the group: a later non-root run can prune it, the cleanup pod can remove it.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             prepare(d, int(uid), int(gid or uid), own=True)
     except OSError as e:
         print(
-            f"fsdptrain.volumes: error: cannot prepare {e.filename} ({e.strerror}): the shared volume must "
-            "be mounted read-write, and root in this container must be root on it (no root squash)",
+            f"fsdptrain.volumes: error: cannot prepare {e.filename} ({e.strerror}): the shared "
+            "volume must be mounted read-write, and root in this container must be root on it "
+            "(no root squash)",
             file=sys.stderr,
         )
         return 1
