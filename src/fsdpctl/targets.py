@@ -51,7 +51,7 @@ class Target:
     # the shared volume is the FSx for Lustre file system the FSX_* settings describe and fsdpctl sizes
     # (on this machine a directory standing in for it): a save's rate follows from FSX_STORAGE_GIB x
     # FSX_THROUGHPUT_PER_TIB. False: the place's own file system, which fsdpctl neither made nor read
-    # (a Slurm cluster's): its rate is SHARED_VOLUME_WRITE_MBPS or an assumption (fsdpctl.volume.rate)
+    # (a Slurm cluster's): its rate is SHARED_VOLUME_WRITE_MBPS or an assumption (fsdpctl.plan.volume.rate)
     fsx_volume: bool = True
 
 

@@ -271,7 +271,7 @@ class Aws:
         user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
         return user, password
 
-    # ---- the shared FSx for Lustre file system of an eksctl cluster (fsdpctl.fsx plans the requests) ----
+    # ---- the shared FSx for Lustre file system of an eksctl cluster (fsdpctl.cluster.fsx plans them) ----
 
     def nodegroup(self, cluster: str, name: str) -> dict | None:
         try:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from fsdpctl.adapters import shell
     from fsdpctl.backends import Backend
-    from fsdpctl.checks import Check
+    from fsdpctl.cluster.checks import Check
     from fsdpctl.settings import Config
 
 
@@ -584,7 +584,7 @@ CHECK_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
 
 def report_checks(checks: list[Check], output: Output) -> None:
     """The table (or -o json) of doctor / cluster check results; exits 1 when any failed."""
-    from fsdpctl.checks import any_failed
+    from fsdpctl.cluster.checks import any_failed
     from fsdpctl.errors import ExitCode
 
     failed = any_failed(checks)

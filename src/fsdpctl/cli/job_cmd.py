@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends, crilog, failures, files
+from fsdpctl import backends, files
 from fsdpctl.backends import LogLine
 from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.admission import admit
@@ -39,9 +39,9 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.errors import BadInput
-from fsdpctl.job import runner
+from fsdpctl.job import crilog, failures, runner
+from fsdpctl.job.reports import FINAL
 from fsdpctl.redact import redact
-from fsdpctl.reports import FINAL
 
 app = command_group(
     "Run and watch training jobs: on this machine (BACKEND=local), an EKS cluster (eks: the "

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.text import Text
 
-from fsdpctl import crilog, nodefit, prestep
 from fsdpctl.backends import Backend, LogLine, Started
 from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, styled, warn
 from fsdpctl.errors import BadInput, ExitCode
-from fsdpctl.job import runner
-from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
+from fsdpctl.job import crilog, prestep, runner
+from fsdpctl.job.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
+from fsdpctl.job.reports import FINAL, Failure, Phase, Report
+from fsdpctl.job.validate import label_value_problem
+from fsdpctl.plan import nodefit
 from fsdpctl.redact import redact
-from fsdpctl.reports import FINAL, Failure, Phase, Report
 from fsdpctl.targets import target
-from fsdpctl.validate import label_value_problem
 from fsdptrain import events
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ def full_disk(backend: Backend, r: Report, lines: list[str]) -> str | None:
     import shutil
     from pathlib import Path
 
-    from fsdpctl.failures import says_disk_full
+    from fsdpctl.job.failures import says_disk_full
 
     failure: dict[str, Any] = dict(r.get("failure") or {})
     said = says_disk_full([failure.get("error"), failure.get("raised"), r.get("reason"), *lines])
@@ -308,7 +308,7 @@ def status_view(r: Report, stall_after: float, curves: list[Any] | None) -> Any:
     view redrawn in place."""
     from rich.console import Group
 
-    from fsdpctl.plots import steps_of, terminal_plot
+    from fsdpctl.cli.plots import steps_of, terminal_plot
 
     parts: list[Any] = [status_table(r)]
     said = [*warnings(r), *([hung_warning(stall_after)] if r["stalled"] else [])]
@@ -358,7 +358,7 @@ PLOT_MAX_WIDTH = 120
 
 def print_curves(recs: list[Any]) -> None:
     """Loss and tokens/s over the steps of the leader's log (plotext); nothing before two steps."""
-    from fsdpctl.plots import steps_of, terminal_plot
+    from fsdpctl.cli.plots import steps_of, terminal_plot
 
     steps = steps_of(recs)
     if len(steps) >= 2:
@@ -434,7 +434,8 @@ def launch(
     start suggests besides `job status`. -o json/yaml: one document on stdout."""
     import typer
 
-    from fsdpctl import backends, jobpolicy
+    from fsdpctl import backends
+    from fsdpctl.job import policy as jobpolicy
     from fsdpctl.job import runner
 
     started = runner.run(

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fsdpctl import render
 from fsdpctl.errors import FsdpctlError
+from fsdpctl.job import render
 from fsdpctl.settings import Config
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def gpu_node_affinity() -> dict[str, Any]:
     """GPU nodes by labels EKS 1.33 nodes carry (`nvidia.com/gpu.present` needs GPU Feature
     Discovery, or nodeadm on kubelet >= 1.35): the kubelet's instance type among fsdpctl's GPU
     types, or fsdpctl's node-group role."""
-    from fsdpctl.instances import INSTANCE_TYPES
+    from fsdpctl.plan.instances import INSTANCE_TYPES
 
     terms = [
         {

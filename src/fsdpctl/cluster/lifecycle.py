@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl import fsx, render
 from fsdpctl.adapters import eksctl, terraform
+from fsdpctl.cluster import fsx
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.files import home
+from fsdpctl.job import render
 from fsdpctl.settings import Config
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fsdpctl.reports import Phase, RankFailure
+from fsdpctl.job.reports import Phase, RankFailure
 
 # --- why a worker failed, in torchrun's and the rank's own words --------------------------------------------
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdpctl.reports import FINAL, Phase
+from fsdpctl.job.reports import FINAL, Phase
 
 MASTER_ADDR = re.compile(r"master_addr=([^\s,]+)")
 

@@ -1,6 +1,6 @@
 """What a job is, whichever backend runs it (pure): where its files go, how its nodes start (torchrun's
 command and rendezvous), the trainer's environment, its restart budget and how long a graceful stop
-takes. `fsdpctl.jobspec` gathers these into the JobSpec every backend renders."""
+takes. `fsdpctl.job.spec` gathers these into the JobSpec every backend renders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from fsdpctl import plan, prestep, volume
+from fsdpctl.job import prestep
+from fsdpctl.plan import planner as plan
+from fsdpctl.plan import volume
 from fsdpctl.settings import Config
 from fsdptrain import disruption
 from fsdptrain.events import seconds_text
@@ -86,7 +88,7 @@ LAUNCH = ["python", "-m", "fsdptrain.launch"]
 # Graceful stop. On SIGTERM torchrun forwards it to the workers and SIGKILLs them
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (default 30: torch/distributed/launcher/api.py, run.py
 # --shutdown-timeout), whatever the pod's grace period; the trainer needs that long for its step and its stop
-# checkpoint, which goes to the volume at the file system's aggregate throughput (fsdpctl.volume).
+# checkpoint, which goes to the volume at the file system's aggregate throughput (fsdpctl.plan.volume).
 CHECKPOINT_BYTES_PER_PARAM = volume.CHECKPOINT_BYTES_PER_PARAM
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl.errors import BadInput
-from fsdpctl.reports import PrestepReport
+from fsdpctl.job.reports import PrestepReport
 from fsdpctl.settings import Config
 from fsdptrain.fetch import (
     MARKER_ENV,

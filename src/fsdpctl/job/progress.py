@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdpctl.reports import FINAL, Phase, Progress
+from fsdpctl.job.reports import FINAL, Phase, Progress
 from fsdptrain import events
 
 

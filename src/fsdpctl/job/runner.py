@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpctl import files, record_store, targets
+from fsdpctl import files, targets
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.job import home, lock, state
+from fsdpctl.job import store as record_store
 from fsdpctl.job.protocol import Backend, Started, Submitted
-from fsdpctl.reports import FINAL, Phase, Report
+from fsdpctl.job.reports import FINAL, Phase, Report
 from fsdpctl.settings import Config
 
 # settings that say where on its backend a job lives, kept in its state: a verb on the job finds it

@@ -1,4 +1,4 @@
-"""Where run records live on this machine, and making one at `job run` (fsdpctl.record is the pure
+"""Where run records live on this machine, and making one at `job run` (fsdpctl.job.record is the pure
 core).
 
     FSDPCTL_HOME/records/<job>/<run-id>.json    one per run, whatever the backend (EKS: a copy of the
@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import files, record, render
+from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
+from fsdpctl.job import record, render
 from fsdpctl.settings import Config
 
 
@@ -86,7 +87,7 @@ def read(where: Path) -> dict[str, Any]:
     not JSON, another version's, changed since (its hash), or the record of another job or run than
     its path says."""
     try:
-        rec = files.read_json(where)
+        rec: dict[str, Any] = files.read_json(where)
     except (OSError, ValueError) as e:
         raise BadInput(f"run record {where} {files.why(e)}", hint="remove it") from e
     problem = record.problem(rec)

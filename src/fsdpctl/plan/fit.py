@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl.plan import CUDA_OVERHEAD, GIB, cheapest_fix, job_from, memory
+from fsdpctl.plan.planner import CUDA_OVERHEAD, GIB, cheapest_fix, job_from, memory
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config

@@ -14,7 +14,7 @@ HSDP_SHARD_SIZE; NO_SHARD: 1), p = bytes of the compute dtype (2 for bf16/fp16, 
   recomputed activations under checkpointing, the logits' temporaries (6 V per token), and 2 GiB for the CUDA
   context and NCCL buffers.
 Step time (the speed model, `SpeedModel`; one set of global parameters, checked against published runs in
-`fsdpctl.published` and BENCHMARKS.md "Planner against published numbers"):
+`fsdpctl.plan.published` and BENCHMARKS.md "Planner against published numbers"):
 - compute = tokens x (6 N' + attention + 2 N' per recomputed share of the layers) / (peak x efficiency);
   efficiency = matmul efficiency of the GPU generation / (1 + k x (peak FLOP/s / HBM bytes/s) / hidden): the
   memory-bound work (norms, rotary, SwiGLU, softmax) grows as hidden per token while matmuls grow as hidden^2,
@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.plan.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.shapes import (
     MODEL_CONFIGS,
     PEAK_TFLOPS,
@@ -122,7 +122,7 @@ PRICE_PER_HOUR = {"p4de.24xlarge": 27.45, "p5.48xlarge": 55.04, "p5e.48xlarge": 
 # 136.9 ms eager, 118.6 ms compiled (shared/gpu/2026-12-04/ANALYSIS.md section 0; BENCHMARKS.md "GPU"). The
 # same factor for the H100 (same Hopper SMs, less HBM bandwidth for the memory-bound work compile fuses: if
 # anything it gains more); none for the A100, where no compiled step was measured. The published rows the
-# speed model is checked against ran eager (fsdpctl.published), so they keep a factor of 1.
+# speed model is checked against ran eager (fsdpctl.plan.published), so they keep a factor of 1.
 COMPILE_GAIN = {"H100": 136.9 / 118.6, "H200": 136.9 / 118.6}
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fsdpctl import render
 from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.job import render
 from fsdpctl.settings import Config
 
 

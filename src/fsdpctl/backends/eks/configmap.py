@@ -8,8 +8,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fsdpctl import render
-from fsdpctl.record import env_text
+from fsdpctl.job import validate
+from fsdpctl.job.record import env_text
 
 # ---- on a cluster: the job's annotation and the ConfigMap <job>-record ------------------------------------
 
@@ -66,7 +66,7 @@ def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
             "labels": {
                 "app.kubernetes.io/managed-by": "fsdpctl",
                 "fsdpctl.io/record-of": rec["job"],
-                "fsdpctl.io/run-id": render.label_value(rec["run_id"]),
+                "fsdpctl.io/run-id": validate.label_value(rec["run_id"]),
             },
             "annotations": {ANNOTATION: rec["hash"]},
         },

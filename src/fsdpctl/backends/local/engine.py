@@ -92,14 +92,14 @@ from fsdpctl.backends.local.status import (
 )
 from fsdpctl.backends.local.supervisor import exit_code, prestep_state, supervise, verdict
 from fsdpctl.job import state as core
-from fsdpctl.reports import Phase
+from fsdpctl.job.reports import Phase
 
 
 def start(
     job: dict, *, secret_env: dict[str, str], prestep: dict | None = None, settle_s: float = 0
 ) -> dict:
     """Write the spec and the state and start the detached supervisor; returns the initial state.
-    `prestep`: the rendered pre-step Job (fsdpctl.prestep), which the supervisor starts before the
+    `prestep`: the rendered pre-step Job (fsdpctl.job.prestep), which the supervisor starts before the
     launchers. Called with the job's lock held (fsdpctl.job.runner): refused while a run of the job
     is active or any process of it lives, after waiting up to `settle_s` for the processes of a run
     that just ended to exit (a `--replace`: the old supervisor is still on its way out)."""

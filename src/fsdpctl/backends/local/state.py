@@ -21,6 +21,7 @@ from fsdpctl.errors import FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.job import home as job_home
 from fsdpctl.job import state as core
+from fsdpctl.job.reports import Phase
 from fsdpctl.job.state import (
     Keys,
     between,
@@ -32,7 +33,6 @@ from fsdpctl.job.state import (
     obj,
     optional,
 )
-from fsdpctl.reports import Phase
 
 RECORDED_ACTIVE = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING)
 

@@ -9,7 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-from fsdpctl import crilog, failures, kstatus
 from fsdpctl.adapters import netns
 from fsdpctl.backends.local.pods import mapped_env
 from fsdpctl.backends.local.processes import (
@@ -30,9 +29,9 @@ from fsdpctl.backends.local.state import (
     remove_temp_dirs,
     update,
 )
+from fsdpctl.job import crilog, failures, kstatus, lock
 from fsdpctl.job import home as job_home
-from fsdpctl.job import lock
-from fsdpctl.reports import Phase
+from fsdpctl.job.reports import Phase
 from fsdptrain import events
 
 

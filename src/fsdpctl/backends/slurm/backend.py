@@ -26,19 +26,21 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import files, jobpolicy, record_store
+from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.slurm import states
 from fsdpctl.backends.slurm.door import Forgotten, Slurm
 from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.job import home, lock, runner, shape
+from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import state as core
+from fsdpctl.job import store as record_store
 from fsdpctl.job.outage import Outage
+from fsdpctl.job.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
+from fsdpctl.job.reports import FINAL, Failure, Phase, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys, between, is_count
-from fsdpctl.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
-from fsdpctl.reports import FINAL, Failure, Phase, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import disruption, events
 
@@ -372,7 +374,7 @@ class SlurmBackend:
         return path  # the cluster's shared file system is mounted here where the nodes mount it
 
     def kept_record(self, job: str) -> KeptRecord | None:
-        return None  # Slurm keeps none: this machine's records are the job's (fsdpctl.record_store)
+        return None  # Slurm keeps none: this machine's records are the job's (fsdpctl.job.store)
 
     def stop(
         self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None

@@ -33,9 +33,11 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from fsdpctl import jobpolicy, jobspec, prestep
 from fsdpctl.errors import BadInput
-from fsdpctl.jobspec import JobSpec
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import prestep
+from fsdpctl.job import spec as jobspec
+from fsdpctl.job.spec import JobSpec
 from fsdpctl.settings import Config, Settings
 from fsdptrain import disruption
 
