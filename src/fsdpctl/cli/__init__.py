@@ -219,8 +219,9 @@ def _debug(ctx: typer.Context) -> bool:
 
 
 def _traceback_if_debug(ctx: typer.Context) -> None:
-    """--debug: the traceback of the error being handled, masked like every other line (Python's own hook
-    would print a token that reached a message); the one-line error and its exit code follow as without.
+    """--debug: the traceback of the error being handled, masked like every other line (Python's own
+    hook would print a token that reached a message); the one-line error and its exit code follow as
+    without.
     """
     if _debug(ctx):
         import traceback

@@ -97,8 +97,8 @@ def check(ctx: typer.Context, output: Output = OutputOpt) -> None:
     capacity reservation (type, instance type, AZ, count; a Capacity Block's start and end), a
     cluster of the same name. Exit 1 on any fail.
 
-    Example: fsdpctl --set INSTANCE_TYPE=p4de.24xlarge --set CAPACITY_RESERVATION_ID=cr-0123456789abcdef0
-    cluster check
+    Example: fsdpctl --set INSTANCE_TYPE=p4de.24xlarge --set
+    CAPACITY_RESERVATION_ID=cr-0123456789abcdef0 cluster check
     """
     from fsdpctl.cluster import lifecycle as cluster
     from fsdpctl.cluster import preflight

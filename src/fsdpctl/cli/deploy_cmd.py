@@ -75,8 +75,8 @@ def _deploy(
     output: Output,
 ) -> None:
     """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks
-    them). With -o json/yaml stdout gets one document (docs/reference/output.md), the messages stay on
-    stderr."""
+    them). With -o json/yaml stdout gets one document (docs/reference/output.md), the messages stay
+    on stderr."""
     from fsdpctl.backends.eks import api
     from fsdpctl.cluster import deploy, deploy_status
     from fsdpctl.job import render

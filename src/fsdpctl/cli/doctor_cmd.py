@@ -1,5 +1,5 @@
-"""fsdpctl doctor: the checks are `fsdpctl.cluster.doctor`'s; this shows them as they finish and reports
-them."""
+"""fsdpctl doctor: the checks are `fsdpctl.cluster.doctor`'s; this shows them as they finish and
+reports them."""
 
 from __future__ import annotations
 

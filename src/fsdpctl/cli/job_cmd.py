@@ -132,10 +132,10 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """A job's phase, nodes, restarts and training progress. Progress: step, ETA, loss, tokens/s; on a
-    cluster also pods by state, the leader pod, why pods are Pending, and the network path NCCL took
-    (EFA or sockets). On a terminal (or with --plot) the loss and tokens/s curves follow the table;
-    never with -o json/yaml.
+    """A job's phase, nodes, restarts and training progress. Progress: step, ETA, loss, tokens/s; on
+    a cluster also pods by state, the leader pod, why pods are Pending, and the network path NCCL
+    took (EFA or sockets). On a terminal (or with --plot) the loss and tokens/s curves follow the
+    table; never with -o json/yaml.
 
     Example: fsdpctl job status -o json
     """
@@ -247,7 +247,8 @@ def logs(
 
 
 def _log_window(tail: int | None, since: str | None) -> tuple[int | None, float | None]:
-    """--tail and --since as kubectl checks them: a tail of -1 or more (-1: all), a positive duration."""
+    """--tail and --since as kubectl checks them: a tail of -1 or more (-1: all), a positive
+    duration."""
     if tail is not None and tail < -1:
         raise BadInput(f"--tail {tail} is below -1", hint="use a number of lines, or -1 for all")
     if since is None:

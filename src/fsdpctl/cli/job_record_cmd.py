@@ -1,4 +1,5 @@
-"""fsdpctl job describe|rerun|diff: a run's record (fsdpctl.job.record), shown, started again, compared.
+"""fsdpctl job describe|rerun|diff: a run's record (fsdpctl.job.record), shown, started again,
+compared.
 
 Registered on the `job` group by job_cmd (`register`). A NAME is a job name (its newest run), a run
 id or a record id; on a cluster a job name reads the ConfigMap <job>-record, anything else this
@@ -75,7 +76,7 @@ def _format(output: str) -> str:
     return output
 
 
-# ---- describe --------------------------------------------------------------------------------------------
+# ---- describe ------------------------------------------------------------------------------------
 
 
 def describe(
@@ -108,7 +109,8 @@ def describe(
 
 
 def _describe_table(rec: dict[str, Any], where: str) -> Group:
-    """The run in a few rows, then one `KEY value source` row per setting not at its plain default."""
+    """The run in a few rows, then one `KEY value source` row per setting not at its plain
+    default."""
     from rich.console import Group
 
     from fsdpctl.job import record
@@ -150,7 +152,7 @@ def _fingerprint_text(fp: dict[str, Any]) -> str:
     return f"{fp['source']}: {fp['files']} files, {fp['bytes']} bytes, sha256 {fp['digest'][:16]}"
 
 
-# ---- history ---------------------------------------------------------------------------------------------
+# ---- history -------------------------------------------------------------------------------------
 
 
 def history(
@@ -353,7 +355,7 @@ def resume(
     )
 
 
-# ---- diff ------------------------------------------------------------------------------------------------
+# ---- diff ----------------------------------------------------------------------------------------
 
 
 def diff(

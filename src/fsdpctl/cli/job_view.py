@@ -43,7 +43,8 @@ def follow(backend: Backend, name: str) -> Report | None:
     """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C
     does what the backend does with it (local: stop with a checkpoint; cluster: detach, returning
     None). SIGTERM and SIGHUP (CI's timeout, a closed terminal) do the same, then end the command
-    with one line and 128 + the signal's number (143, 129), as a shell reports a process it ended."""
+    with one line and 128 + the signal's number (143, 129), as a shell reports a process it
+    ended."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -348,8 +349,8 @@ def watch_status(backend: Backend, name: str, stall_after: float, plot: bool) ->
 
 
 def want_plot(flag: bool | None) -> bool:
-    """--plot/--no-plot, else curves only on a terminal: off one (a pipe, a file) the output stays the
-    table's lines, for grep."""
+    """--plot/--no-plot, else curves only on a terminal: off one (a pipe, a file) the output stays
+    the table's lines, for grep."""
     return flag if flag is not None else out.is_terminal
 
 
@@ -373,7 +374,8 @@ PHASES = tuple(Phase)  # every phase a job can be reported in, for `job list --p
 
 
 def phase_filter(values: list[str]) -> set[Phase]:
-    """--phase values (repeated or comma lists, any case) as phase names; BadInput naming the known ones."""
+    """--phase values (repeated or comma lists, any case) as phase names; BadInput naming the known
+    ones."""
     known = {p.lower(): p for p in PHASES}
     chosen = set()
     for value in (v.strip() for vs in values for v in vs.split(",")):
@@ -396,7 +398,8 @@ def started_object(backend: Backend, started: Started) -> dict[str, Any]:
 
 
 def dry_run_word(dry_run: bool, server: bool = False) -> str:
-    """A document's `dry_run`: kubectl's --dry-run values, none, client or server, in every command."""
+    """A document's `dry_run`: kubectl's --dry-run values, none, client or server, in every
+    command."""
     return "server" if server else ("client" if dry_run else "none")
 
 

@@ -55,8 +55,8 @@ def manifest(
     does not fit or cannot be scheduled is refused (exit 2, nothing printed or written) unless
     --force.
 
-    Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl apply
-    -f -
+    Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl
+    apply -f -
     """
     from fsdpctl import files
     from fsdpctl.cluster import manifests

@@ -212,7 +212,8 @@ def plan(
     )
     job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
-        # --model and --nodes narrow the sweep to their rows; without them it spans every model and size
+        # --model and --nodes narrow the sweep to their rows; without them it spans every model and
+        # size
         rows = sweep.matrix(
             job,
             tokens,

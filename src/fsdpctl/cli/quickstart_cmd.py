@@ -113,7 +113,8 @@ def quickstart(
     code = job_view.outcome(
         be, started.job, job_view.follow(be, started.job), table=output == Output.table
     )
-    # -o json|yaml: the job's final report and the next commands as one document (progress stays on stderr)
+    # -o json|yaml: the job's final report and the next commands as one document (progress stays on
+    # stderr)
     report = {"job": started.job, "run_id": started.run_id, "dry_run": "none", "exit_code": code}
     if emit(
         {

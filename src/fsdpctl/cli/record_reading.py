@@ -1,6 +1,7 @@
-"""A run record read back for `job describe|history|rerun|resume|diff`: by job name (its newest run),
-run id or record id, from where its place keeps it (`Backend.kept_record`) else this machine's copies,
-with what its run's logs add; and what differs from it now (drift) or would stop a resume."""
+"""A run record read back for `job describe|history|rerun|resume|diff`: by job name (its newest
+run), run id or record id, from where its place keeps it (`Backend.kept_record`) else this machine's
+copies, with what its run's logs add; and what differs from it now (drift) or would stop a
+resume."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class Loaded:
     problems: list[str] = field(default_factory=list)
 
 
-# ---- reading a record back -------------------------------------------------------------------------------
+# ---- reading a record back -----------------------------------------------------------------------
 
 
 def _run_lines(rec: dict[str, Any], cfg: Config) -> list[str] | None:
@@ -100,7 +101,7 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
     return found
 
 
-# ---- rerun -----------------------------------------------------------------------------------------------
+# ---- rerun ---------------------------------------------------------------------------------------
 
 
 def _inputs_here(cfg: Config) -> dict[str, str] | None:

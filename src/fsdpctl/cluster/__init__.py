@@ -1,10 +1,10 @@
 """The cluster a job runs on: made, checked, provisioned and inspected, before and beside the jobs.
 
     preflight      `cluster check`: ask AWS (quotas, offerings, the VPC) before any money is spent
-    lifecycle      the EKS cluster the settings describe, through eksctl or terraform (create, delete)
+    lifecycle the EKS cluster the settings describe, through eksctl or terraform (create, delete)
     fsx            the shared FSx for Lustre file system of an eksctl cluster
-    deploy         what `fsdpctl deploy` installs: etcd, the job operator, device plugins, monitoring
-    deploy_status  what is installed (`deploy status`), which the EKS backend also reads before a run
+    deploy what `fsdpctl deploy` installs: etcd, the job operator, device plugins, monitoring
+    deploy_status what is installed (`deploy status`), which the EKS backend also reads before a run
     image          the trainer image: built, tagged, pushed to ECR
     manifests      `fsdpctl manifest`: the job's objects as YAML or JSON, validated
     doctor         preflight checks for a workstation, a GPU node or a pod (`fsdpctl doctor`)

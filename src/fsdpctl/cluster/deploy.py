@@ -366,7 +366,7 @@ def is_ready(obj: dict | None) -> bool:
     return True
 
 
-# --- on the cluster ----------------------------------------------------------------------------------------
+# --- on the cluster -------------------------------------------------------------------------------
 
 
 def contains(have: Any, want: Any) -> bool:
@@ -428,7 +428,7 @@ def wait_ready(
         time.sleep(poll)
 
 
-# --- the release cache -------------------------------------------------------------------------------------
+# --- the release cache ----------------------------------------------------------------------------
 
 CACHED, FETCHED, UNPUBLISHED, WOULD_FETCH = "cached", "fetched", "unpublished", "would fetch"
 

@@ -1,5 +1,6 @@
 """What is installed on the cluster (`deploy status`): each component's workloads and CRDs, the GPU
-nodes and what they offer, and what `job run` needs that is missing, with the command that adds it."""
+nodes and what they offer, and what `job run` needs that is missing, with the command that adds
+it."""
 
 from __future__ import annotations
 

@@ -372,7 +372,8 @@ def _trainer_config(cfg: Config) -> Any:
 
 
 def _loader_rate(cfg: Config) -> tuple[float, float]:
-    """(tokens/s the trainer's loader yields in one process, seconds it took to prepare the data)."""
+    """(tokens/s the trainer's loader yields in one process, seconds it took to prepare the
+    data)."""
     from fsdptrain.data import Loader, load_blocks, load_tokenizer
 
     tcfg = _trainer_config(cfg)

@@ -12,7 +12,8 @@ from fsdpctl.settings import Config
 
 
 def source_root(context: Path | None) -> Path:
-    """The build context: a fsdpctl checkout (the Dockerfile installs the trainer from its sources)."""
+    """The build context: a fsdpctl checkout (the Dockerfile installs the trainer from its
+    sources)."""
     from fsdpctl.job.render import data_dir
 
     root = context

@@ -5,7 +5,7 @@ signals and cancels it, and says where its logs are. The rules that keep a job s
 once, and every backend uses them:
 
     home      the job's directory FSDPCTL_HOME/jobs/<job>/ and the modes of what fsdpctl makes there
-    lock      its lock: every verb that changes the job holds it, waiting a bounded time for a holder
+    lock its lock: every verb that changes the job holds it, waiting a bounded time for a holder
     state     its state file (versioned, typed, checked on read, written atomically, mode 0600)
     shape     what outside programs answer (ids, counts, node indices), checked before it is used
     protocol  the Backend protocol the CLI and the runner speak

@@ -1,4 +1,5 @@
-"""Training progress from the trainer's JSON log lines (pure): what `job status` and `job run` show."""
+"""Training progress from the trainer's JSON log lines (pure): what `job status` and `job run`
+show."""
 
 from __future__ import annotations
 

@@ -64,9 +64,10 @@ NODE_CONFIG_RAID0 = {
 }
 
 
-# The system node group's root volume: eksctl's default for a managed node group (80 GiB gp3: v0.230.0
-# DefaultNodeVolumeSize, pkg/apis/eksctl.io/v1alpha5/types.go; its schema's volumeSize default), written
-# out for eksctl and given to terraform, where EKS's own default (aws_eks_node_group disk_size) is 20 GiB.
+# The system node group's root volume: eksctl's default for a managed node group (80 GiB gp3:
+# v0.230.0 DefaultNodeVolumeSize, pkg/apis/eksctl.io/v1alpha5/types.go; its schema's volumeSize
+# default), written out for eksctl and given to terraform, where EKS's own default
+# (aws_eks_node_group disk_size) is 20 GiB.
 SYSTEM_VOLUME_GIB = 80
 
 
@@ -83,7 +84,8 @@ systemctl daemon-reload
 
 
 def data_dir(name: str) -> Path:
-    """Inside a wheel: fsdpctl/<name>; in a checkout: the repository's <name>/ (templates, eksctl)."""
+    """Inside a wheel: fsdpctl/<name>; in a checkout: the repository's <name>/ (templates,
+    eksctl)."""
     package = Path(__file__).resolve().parents[1]  # fsdpctl/, above this module's job/
     for candidate in (package / name, package.parents[1] / name):
         if candidate.is_dir():
@@ -253,8 +255,8 @@ def job_api(cfg: Config) -> tuple[str, str]:
 
 def render_job(cfg: Config, run_id: str, record_id: str = "") -> list[Obj]:
     """Namespace, etcd (with an etcd rendezvous), the pre-step, the PodDisruptionBudget and the job:
-    everything but the Secret. The job comes last. `record_id`: the run record's (fsdpctl.job.record),
-    which the trainer echoes into its summary and checkpoints."""
+    everything but the Secret. The job comes last. `record_id`: the run record's
+    (fsdpctl.job.record), which the trainer echoes into its summary and checkpoints."""
     values = job_values(build_spec(cfg, run_id, record_id), cfg)
     objs = render_namespace(cfg)
     if cfg.rdzv_backend != "c10d":
@@ -303,9 +305,9 @@ def prep_dirs(cfg: Config, job_name: str, run_id: str) -> tuple[list[str], list[
 
 
 def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
-    """The pre-step (fsdpctl.job.prestep): a one-shot Job that prepares the job's claims (root, nothing
-    else) and downloads its hub repos onto the shared volume once; none when the pods mount no
-    claim. On the workers' nodes (their nodeSelector and tolerations): its image is theirs."""
+    """The pre-step (fsdpctl.job.prestep): a one-shot Job that prepares the job's claims (root,
+    nothing else) and downloads its hub repos onto the shared volume once; none when the pods mount
+    no claim. On the workers' nodes (their nodeSelector and tolerations): its image is theirs."""
     if not prestep.needed(cfg):
         return []
     shares, dirs = prep_dirs(cfg, cfg.job_name, run_id)

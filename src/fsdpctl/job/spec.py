@@ -1,7 +1,7 @@
 """A job, whatever runs it (pure): settings -> `JobSpec` once, then each backend renders it into its
-own objects. The Kubernetes manifests (`fsdpctl.job.render.render_job`, which both the EKS and the local
-backend start from) are one rendering; a scheduler without Kubernetes renders the same spec into its
-own script.
+own objects. The Kubernetes manifests (`fsdpctl.job.render.render_job`, which both the EKS and the
+local backend start from) are one rendering; a scheduler without Kubernetes renders the same spec
+into its own script.
 
 The model is torchx's split (torchx/specs/api.py `AppDef`/`Role`/`Resource`, and a scheduler's
 `_submit_dryrun` turning an AppDef into its request): the spec says what runs, with what and how
@@ -120,8 +120,8 @@ class JobSpec:
         return self.nodes * self.procs_per_node
 
     def command_at(self, endpoint: str) -> tuple[str, ...]:
-        """`command` with torchrun's rendezvous at `endpoint` (host:port): for a place that knows its
-        first node's address only when the job runs (a Slurm allocation's first host), where the
+        """`command` with torchrun's rendezvous at `endpoint` (host:port): for a place that knows
+        its first node's address only when the job runs (a Slurm allocation's first host), where the
         Kubernetes rendering names worker 0's Service."""
         flag = "--rdzv-endpoint="
         return tuple(f"{flag}{endpoint}" if arg.startswith(flag) else arg for arg in self.command)
@@ -180,7 +180,8 @@ def resources(cfg: Config) -> Resources:
 
 
 def build(cfg: Config, run_id: str, record_id: str = "") -> JobSpec:
-    """The job `cfg` describes, for run `run_id` (`record_id`: its run record's, fsdpctl.job.record)."""
+    """The job `cfg` describes, for run `run_id` (`record_id`: its run record's,
+    fsdpctl.job.record)."""
     backend, host, port = jobpolicy.rendezvous(cfg)
     restart = RestartPolicy(
         cfg.max_restarts, jobpolicy.backoff_limit(cfg), cfg.job_nodes + jobpolicy.backoff_limit(cfg)

@@ -1,7 +1,7 @@
-"""Where run records live on this machine, and making one at `job run` (fsdpctl.job.record is the pure
-core).
+"""Where run records live on this machine, and making one at `job run` (fsdpctl.job.record is the
+pure core).
 
-    FSDPCTL_HOME/records/<job>/<run-id>.json    one per run, whatever the backend (EKS: a copy of the
+    FSDPCTL_HOME/records/<job>/<run-id>.json one per run, whatever the backend (EKS: a copy of the
                                                  ConfigMap <job>-record, which goes with its job)
 
 Beside the jobs directory, not in it: `cleanup` removes an ended job's files, and a record is what
@@ -62,9 +62,9 @@ def save(rec: dict[str, Any]) -> Path:
 
 
 def keep(rec: dict[str, Any]) -> None:
-    """What a read verb learnt (the trainer's start line, the cluster's copy), kept when the home can
-    take it: a read verb never needs to write, so a read-only or full home only means it is learnt
-    again next time."""
+    """What a read verb learnt (the trainer's start line, the cluster's copy), kept when the home
+    can take it: a read verb never needs to write, so a read-only or full home only means it is
+    learnt again next time."""
     try:
         save(rec)
     except OSError:
@@ -149,7 +149,8 @@ def find(name: str) -> dict[str, Any] | None:
 
 
 def _job_dirs() -> list[Path]:
-    """The directories of records/, one per job; anything else there is said once and passed over."""
+    """The directories of records/, one per job; anything else there is said once and passed
+    over."""
     found = []
     for entry in sorted(root().iterdir()) if root().is_dir() else []:
         if entry.is_symlink() or not entry.is_dir():

@@ -7,7 +7,7 @@ from typing import Any
 
 from fsdpctl.job.kstatus import PLUGIN_OF, Obj
 
-# --- what the job's GPU nodes offer -------------------------------------------------------------------------
+# --- what the job's GPU nodes offer ---------------------------------------------------------------
 
 
 def _quantity(value: Any) -> int:

@@ -2,8 +2,8 @@
 (pure).
 
 Every row names where its number was printed and the configuration it was measured in; `predict`
-runs the planner's one speed model (`fsdpctl.plan.planner.SPEED_MODEL`, the same parameters for every row)
-on that configuration. BENCHMARKS.md's "Planner against published numbers" is
+runs the planner's one speed model (`fsdpctl.plan.planner.SPEED_MODEL`, the same parameters for
+every row) on that configuration. BENCHMARKS.md's "Planner against published numbers" is
 `benchmarks/published.py`'s output.
 """
 

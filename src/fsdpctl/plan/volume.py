@@ -1,16 +1,17 @@
 """The shared volume as the job uses it (pure): how fast the job can write to it, whether a save
 fits the checkpoint interval, and the report `fsdpctl plan` prints. What the job keeps there and the
-FSx capacity that holds it are the settings' (`fsdpctl.settings.storage`, which sizes FSX_STORAGE_GIB
-where it is unset); their names are re-exported here, where plan, admission and the job policy read
-them.
+FSx capacity that holds it are the settings' (`fsdpctl.settings.storage`, which sizes
+FSX_STORAGE_GIB where it is unset); their names are re-exported here, where plan, admission and the
+job policy read them.
 
 FSx for Lustre: a PERSISTENT_2 SSD file system holds 1200 GiB, 2400 GiB or a multiple of 2400 GiB
 (CreateFileSystem, StorageCapacity) and writes at PerUnitStorageThroughput MB/s per TiB of capacity,
 for all its clients together (FSx for Lustre User Guide, "Aggregate file system performance"): the
-default 1200 GiB at 250 MB/s/TiB is about 293 MB/s for every node of the job at once. That is the rate
-where fsdpctl sizes the file system (EKS; the local backend's directory stands in for it). On a Slurm
-cluster the shared file system is the cluster's own, which fsdpctl neither made nor read: its rate is
-SHARED_VOLUME_WRITE_MBPS, or an assumption that `rate` marks as one and admission names (`rate_warning`).
+default 1200 GiB at 250 MB/s/TiB is about 293 MB/s for every node of the job at once. That is the
+rate where fsdpctl sizes the file system (EKS; the local backend's directory stands in for it). On a
+Slurm cluster the shared file system is the cluster's own, which fsdpctl neither made nor read: its
+rate is SHARED_VOLUME_WRITE_MBPS, or an assumption that `rate` marks as one and admission names
+(`rate_warning`).
 """
 
 from __future__ import annotations
@@ -81,10 +82,11 @@ from fsdptrain.events import MATERIAL_SAVE_S, seconds_text
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
 
-# The shared file system's rate where nobody gave it (a Slurm cluster without SHARED_VOLUME_WRITE_MBPS): the
-# slowest FSx for Lustre SSD file system a cluster is made with, 1200 GiB at PERSISTENT_2's lowest 125
-# MB/s/TiB (CreateFileSystem: StorageCapacity, PerUnitStorageThroughput), ~146 MB/s. Low on purpose: a stop
-# grace too long costs only the wait for a hung worker, one too short kills the stop checkpoint.
+# The shared file system's rate where nobody gave it (a Slurm cluster without
+# SHARED_VOLUME_WRITE_MBPS): the slowest FSx for Lustre SSD file system a cluster is made with, 1200
+# GiB at PERSISTENT_2's lowest 125 MB/s/TiB (CreateFileSystem: StorageCapacity,
+# PerUnitStorageThroughput), ~146 MB/s. Low on purpose: a stop grace too long costs only the wait
+# for a hung worker, one too short kills the stop checkpoint.
 ASSUMED_GIB, ASSUMED_PER_TIB = FSX_FIRST_GIB, FSX_THROUGHPUTS[0]
 
 
@@ -95,7 +97,8 @@ def throughput(storage_gib: int, per_tib: int) -> float:
 
 @dataclass(frozen=True)
 class Rate:
-    """How fast a checkpoint goes to its volume, all nodes together, and where the number comes from."""
+    """How fast a checkpoint goes to its volume, all nodes together, and where the number comes
+    from."""
 
     bytes_per_s: float
     basis: str  # in the settings' words: "FSX_STORAGE_GIB=1200 x FSX_THROUGHPUT_PER_TIB=250"
@@ -111,7 +114,8 @@ def rate(cfg: Config) -> Rate:
     taken to be a file system of FSx's kind just big enough for the checkpoints it keeps. Else the
     shared volume: SHARED_VOLUME_WRITE_MBPS when set; where fsdpctl sizes an FSx for Lustre file
     system for it (the place's `fsx_volume`), FSX_STORAGE_GIB x FSX_THROUGHPUT_PER_TIB; elsewhere (a
-    Slurm cluster's own file system) the assumed ASSUMED_GIB x ASSUMED_PER_TIB, marked as assumed."""
+    Slurm cluster's own file system) the assumed ASSUMED_GIB x ASSUMED_PER_TIB, marked as
+    assumed."""
     per_tib = cfg.fsx_throughput_per_tib
     if cfg.checkpoint_pvc:
         keeps, _ = checkpoints_at_once(cfg.training.checkpoint_keep, resumes=could_resume(cfg))

@@ -1,6 +1,7 @@
-"""The loaded settings (pure): `Config`, the infrastructure keys of `Settings` (fsdpctl.settings.model)
-with the training ones (fsdptrain.config.TrainConfig), their sources and the numbers derived from them,
-as every command sees them; and the parsers and key table built on the declaration."""
+"""The loaded settings (pure): `Config`, the infrastructure keys of `Settings`
+(fsdpctl.settings.model) with the training ones (fsdptrain.config.TrainConfig), their sources and
+the numbers derived from them, as every command sees them; and the parsers and key table built on
+the declaration."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ class Config(Settings):
 
     @property
     def efa_per_node(self) -> int:
-        """EFA interfaces each GPU node gets: all its instance type has (plan/instances.py), or none."""
+        """EFA interfaces each GPU node gets: all its instance type has (plan/instances.py), or
+        none."""
         return self.instance.efa_interfaces if self.efa_enabled else 0
 
     @property
@@ -92,7 +94,8 @@ class Config(Settings):
 
     @property
     def registry(self) -> str:
-        """IMAGE_REGISTRY, else the ECR of AWS_ACCOUNT_ID; '' when neither is set (then STS knows)."""
+        """IMAGE_REGISTRY, else the ECR of AWS_ACCOUNT_ID; '' when neither is set (then STS
+        knows)."""
         if self.image_registry:
             return self.image_registry
         return self.ecr_registry(self.aws_account_id) if self.aws_account_id else ""

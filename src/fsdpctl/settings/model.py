@@ -1,5 +1,6 @@
 """The settings declared (pure): `Settings`, the infrastructure keys with their defaults and bounds.
-`Config`, the loaded settings with the training ones and their sources, is `fsdpctl.settings.config`."""
+`Config`, the loaded settings with the training ones and their sources, is
+`fsdpctl.settings.config`."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ DERIVED = "derived"
 DERIVED_KEYS = ("FSX_STORAGE_GIB",)
 
 
-# ---- shapes: what a value must look like where it goes, declared beside the setting (`_k(shape=...)`) ----
+# ---- shapes: what a value must look like where it goes, declared beside the setting (`_k(shape=...)`)
 
 
 @dataclass(frozen=True)

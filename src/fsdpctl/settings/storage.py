@@ -1,20 +1,23 @@
 """What one job keeps on its shared volume and the FSx for Lustre capacity that holds it (pure): the
-settings' own derivation of FSX_STORAGE_GIB where it is unset (`default_fsx_gib`, which `load` calls),
-so it lives with the settings; `fsdpctl.plan.volume` adds the write rate and the warnings on top.
+settings' own derivation of FSX_STORAGE_GIB where it is unset (`default_fsx_gib`, which `load`
+calls), so it lives with the settings; `fsdpctl.plan.volume` adds the write rate and the warnings on
+top.
 
 What one job keeps on its shared volume (SHARED_VOLUME, at SHARED_VOLUME_PATH):
-- checkpoints, unless CHECKPOINT_PVC holds them: 12 bytes per parameter each (fp32 weights and AdamW's two
-  fp32 moments; DCP writes each replicated shard once, torch/distributed/checkpoint/_dedup_save_plans.py).
-  The trainer prunes to CHECKPOINT_KEEP only after the next one is published (fsdptrain.checkpoint.prune), so
-  CHECKPOINT_KEEP + 1 exist at once during every save; and `prune` never removes the checkpoint a run
-  resumed from (its `spare`), so a resumed run has one more once CHECKPOINT_KEEP newer ones exist:
-  CHECKPOINT_KEEP + 2 during its later saves (`checkpoints_at_once`);
-- the Hugging Face cache when PRETRAINED is a hub repo: the pre-step downloads its safetensors, 2 bytes per
-  parameter (Llama 2's hub checkpoints are fp16);
-- EXPORT_DIR when it is on the volume: the full fp32 state dict as safetensors, 4 bytes per parameter, and
-  a second copy while a new export is written beside the old one before the rename
+- checkpoints, unless CHECKPOINT_PVC holds them: 12 bytes per parameter each (fp32 weights and
+  AdamW's two fp32 moments; DCP writes each replicated shard once,
+  torch/distributed/checkpoint/_dedup_save_plans.py). The trainer prunes to CHECKPOINT_KEEP only
+  after the next one is published (fsdptrain.checkpoint.prune), so CHECKPOINT_KEEP + 1 exist at once
+  during every save; and `prune` never removes the checkpoint a run resumed from (its `spare`), so a
+  resumed run has one more once CHECKPOINT_KEEP newer ones exist: CHECKPOINT_KEEP + 2 during its
+  later saves (`checkpoints_at_once`);
+- the Hugging Face cache when PRETRAINED is a hub repo: the pre-step downloads its safetensors, 2
+  bytes per parameter (Llama 2's hub checkpoints are fp16);
+- EXPORT_DIR when it is on the volume: the full fp32 state dict as safetensors, 4 bytes per
+  parameter, and a second copy while a new export is written beside the old one before the rename
   (fsdptrain.checkpoint.export_hf);
-- the data set, whose size fsdpctl does not know (a hub data set is streamed, a local one you copied there).
+- the data set, whose size fsdpctl does not know (a hub data set is streamed, a local one you copied
+  there).
 
 FSx for Lustre: a PERSISTENT_2 SSD file system holds 1200 GiB, 2400 GiB or a multiple of 2400 GiB
 (CreateFileSystem, StorageCapacity), filled to FILL_AT_MOST at most (`fsx_size_gib`).
@@ -95,10 +98,10 @@ def on_volume(cfg: Config, path: str) -> bool:
 
 def could_resume(cfg: Config) -> bool:
     """Whether the run may start from a checkpoint on the volume that holds its checkpoints, judged
-    from the settings alone (where nothing here can look, e.g. a cluster's claim): RESUME=never never
-    does; RESUME=auto does whenever the job ran before (`job resume`, a second `job run`); a RESUME
-    path does when it is on that volume (with CHECKPOINT_PVC any path off the shared one is taken
-    to be on the claim)."""
+    from the settings alone (where nothing here can look, e.g. a cluster's claim): RESUME=never
+    never does; RESUME=auto does whenever the job ran before (`job resume`, a second `job run`); a
+    RESUME path does when it is on that volume (with CHECKPOINT_PVC any path off the shared one is
+    taken to be on the claim)."""
     resume = cfg.training.resume
     if resume in ("auto", "never"):
         return resume == "auto"

@@ -12,7 +12,8 @@ from fsdpctl.settings import Config
 
 
 def connect(cfg: Config):
-    """The cluster from the kubeconfig (KUBE_CONTEXT), or one line naming the command that fixes it."""
+    """The cluster from the kubeconfig (KUBE_CONTEXT), or one line naming the command that fixes
+    it."""
     try:
         from fsdpctl.adapters.kube import Kube, NoCluster
     except ImportError as e:

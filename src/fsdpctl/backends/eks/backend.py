@@ -29,7 +29,8 @@ from fsdptrain import events
 
 
 def _placement_value(key: str) -> Callable[[Any], bool]:
-    """A placement setting as the settings take it (it goes into API paths and kubeconfig lookups)."""
+    """A placement setting as the settings take it (it goes into API paths and kubeconfig
+    lookups)."""
     return lambda v: isinstance(v, str) and placement_ok({"backend": EksBackend.name, key: v})
 
 

@@ -1,6 +1,6 @@
-"""What a job on the cluster is doing (BACKEND=eks): its pods, its leader's log, its status report and
-its pre-step's, the job list, the logs of its pods, and its run record (a ConfigMap). Read through the
-Kubernetes adapter; what the objects mean is the pure `kstatus`'s."""
+"""What a job on the cluster is doing (BACKEND=eks): its pods, its leader's log, its status report
+and its pre-step's, the job list, the logs of its pods, and its run record (a ConfigMap). Read
+through the Kubernetes adapter; what the objects mean is the pure `kstatus`'s."""
 
 from __future__ import annotations
 

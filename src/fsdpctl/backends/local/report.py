@@ -1,5 +1,6 @@
-"""A local job's status report (fsdpctl.job.reports.Report) from its state file and its logs: progress from
-the leader's lines, the restarts, the pre-step, and why it failed in the failing rank's own words."""
+"""A local job's status report (fsdpctl.job.reports.Report) from its state file and its logs:
+progress from the leader's lines, the restarts, the pre-step, and why it failed in the failing
+rank's own words."""
 
 from __future__ import annotations
 

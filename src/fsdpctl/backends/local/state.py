@@ -137,7 +137,7 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
-# ---- paths: derived, or moved into this home ------------------------------------------------------------
+# ---- paths: derived, or moved into this home -----------------------------------------------------
 
 
 def log_dir(state: Mapping[str, Any]) -> Path:

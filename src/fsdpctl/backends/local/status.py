@@ -1,5 +1,5 @@
-"""What a local job is doing or how it ended, from its state, its processes and its logs; a job whose
-supervisor died is settled by whoever reads it first."""
+"""What a local job is doing or how it ended, from its state, its processes and its logs; a job
+whose supervisor died is settled by whoever reads it first."""
 
 from __future__ import annotations
 
@@ -232,7 +232,8 @@ def leader_log(state: dict) -> Path | None:
 
 
 def wants_network() -> bool:
-    """Namespaces when this machine allows them (root, iproute2) and FSDPCTL_LOCAL_NETNS is not 0."""
+    """Namespaces when this machine allows them (root, iproute2) and FSDPCTL_LOCAL_NETNS is not
+    0."""
     usable, _ = netns.available()
     return usable and os.environ.get("FSDPCTL_LOCAL_NETNS", "1") != "0"
 

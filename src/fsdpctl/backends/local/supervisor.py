@@ -1,5 +1,6 @@
-"""The supervisor (`python -m fsdpctl.backends.local JOB_DIR`): starts the pods, applies the Training
-Operator's restart policy to their exits, stops them as the kubelet would, and records how the job ended."""
+"""The supervisor (`python -m fsdpctl.backends.local JOB_DIR`): starts the pods, applies the
+Training Operator's restart policy to their exits, stops them as the kubelet would, and records how
+the job ended."""
 
 from __future__ import annotations
 

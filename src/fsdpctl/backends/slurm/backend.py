@@ -104,7 +104,7 @@ class SlurmBackend:
         cfg = self.cfg.model_copy(update={"job_name": job, "shared_volume_path": then})
         return paths(cfg, run_id)
 
-    # ---- submit ----------------------------------------------------------------------------------------
+    # ---- submit ----------------------------------------------------------------------------------
     def refusals(self) -> list[str]:
         """SHARED_VOLUME_PATH is the cluster's shared file system, mounted here as on the nodes: a
         directory that must exist (fsdpctl makes its own directories inside it, never the mount
@@ -193,7 +193,7 @@ class SlurmBackend:
     def cancel(self, submitted: Submitted) -> None:
         self.slurm.cancel(submitted.state["slurm_job"])
 
-    # ---- what Slurm and the logs say ---------------------------------------------------------------
+    # ---- what Slurm and the logs say -------------------------------------------------------------
     def _state_or_none(self, name: str) -> dict[str, Any] | None:
         st = core.read(home.job_dir(name))  # Damaged: one line naming the file, exit 2
         return st if st is not None and core.backend_of(st) == self.name else None
@@ -573,7 +573,8 @@ def _texts(path: Path) -> list[str]:
 
 
 def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
-    """The whole lines after `offset` and the offset after them (a line still being written waits)."""
+    """The whole lines after `offset` and the offset after them (a line still being written
+    waits)."""
     try:
         with files.open_regular(path) as f:
             f.seek(offset)
@@ -594,7 +595,8 @@ def _phase_from_log(p: Paths, stopping: bool) -> Phase:
 
 
 def _reason(seen: Seen, stopping: bool) -> str:
-    """Why the job is in its phase, in words: Slurm's reason, or a cancel nobody asked fsdpctl for."""
+    """Why the job is in its phase, in words: Slurm's reason, or a cancel nobody asked fsdpctl
+    for."""
     job = seen.record or {}
     if job.get("JobState", "").startswith("CANCELLED") and not stopping:
         return (
