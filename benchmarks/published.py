@@ -1,4 +1,5 @@
-"""Regenerate BENCHMARKS.md's "Planner against published numbers" from fsdpctl.published (no GPU, no network).
+"""Regenerate BENCHMARKS.md's "Planner against published numbers" from fsdpctl.plan.published
+(no GPU, no network).
 
 python benchmarks/published.py          # rewrites the section between its markers in BENCHMARKS.md
 python benchmarks/published.py --check  # exit 1 when the section is stale (CI-friendly)
@@ -9,8 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fsdpctl.plan import HBM_BYTES_PER_S, SPEED_MODEL
-from fsdpctl.published import CLUSTERS, POINTS, Prediction, predictions
+from fsdpctl.plan.planner import HBM_BYTES_PER_S, SPEED_MODEL
+from fsdpctl.plan.published import CLUSTERS, POINTS, Prediction, predictions
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 BEGIN = "<!-- published:begin (benchmarks/published.py writes this section) -->"
@@ -39,8 +40,9 @@ def section() -> str:
         BEGIN,
         "## Planner against published numbers",
         "",
-        "`fsdpctl plan`'s speed model (`src/fsdpctl/plan.py`) predicts every published row below from the "
-        "row's configuration and ONE set of global parameters; `tests/test_published.py` holds each "
+        "`fsdpctl plan`'s speed model (`src/fsdpctl/plan/planner.py`) predicts every published row "
+        "below from the row's configuration and ONE set of global parameters; "
+        "`tests/test_published.py` holds each "
         "within 10% (a known miss is listed with its reason). Regenerate with "
         "`python benchmarks/published.py`.",
         "",

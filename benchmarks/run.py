@@ -267,8 +267,8 @@ def throughput(rounds: int, steps: int) -> dict:
 
 def memory(steps: int) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
-    from fsdpctl.plan import Job
-    from fsdpctl.plan import memory as plan_memory
+    from fsdpctl.plan.planner import Job
+    from fsdpctl.plan.planner import memory as plan_memory
 
     out = {}
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"):

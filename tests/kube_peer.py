@@ -241,7 +241,7 @@ def schemas_dir() -> Path:
     targets."""
     import kubernetes_validate
 
-    from fsdpctl.validate import KUBERNETES_VERSION
+    from fsdpctl.job.validate import KUBERNETES_VERSION
 
     return (
         Path(kubernetes_validate.__file__).parent

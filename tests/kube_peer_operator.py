@@ -85,7 +85,7 @@ from fsdpctl.adapters.kube import Kube, KubeError
 from fsdpctl.backends.local import kubelet as local_kubelet
 from fsdpctl.backends.local.pods import Launch, launches, mapped_env
 from fsdpctl.backends.local.processes import POD_MARK, kill_pod, pod_processes
-from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.plan.instances import INSTANCE_TYPES
 
 Key = tuple[str, str, str, str]  # group, plural, namespace, name (kube_peer.Key)
 Obj = dict[str, Any]
@@ -2008,7 +2008,7 @@ class Cluster:
     def node_logs(self, namespace: str, name: str, container: str) -> list[str]:
         """Every run of that container in pods of that name, oldest first, one text each: the
         nodes' /var/log/pods, which outlive the pods (the API serves only a live pod's)."""
-        from fsdpctl import crilog
+        from fsdpctl.job import crilog
 
         return [
             self._as_seen_inside(run, "\n".join(crilog.texts(c.log)))

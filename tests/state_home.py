@@ -107,10 +107,10 @@ FAILURE = [
 
 def build(home: Path) -> None:
     """Both jobs, ended, under `home` (FSDPCTL_HOME must already be `home`; loopback nodes)."""
-    from fsdpctl import crilog, record, record_store, render
     from fsdpctl.backends.local import engine as local
+    from fsdpctl.job import crilog, lock, record, render
     from fsdpctl.job import home as job_home
-    from fsdpctl.job import lock
+    from fsdpctl.job import store as record_store
     from fsdpctl.settings import load
 
     assert os.environ["FSDPCTL_HOME"] == str(home) and os.environ.get("FSDPCTL_LOCAL_NETNS") == "0"

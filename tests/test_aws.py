@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conftest import SHARED
-from fsdpctl import preflight, render
 from fsdpctl.adapters.aws import Aws
+from fsdpctl.cluster import preflight
+from fsdpctl.job import render
 from fsdpctl.settings import load
 
 SCHEMA = SHARED / "vendor" / "eksctl-v0.230.0" / "clusterconfig-v1alpha5.schema.json"
@@ -209,8 +210,8 @@ def test_create_and_delete(aws_env, tmp_path, cli):
 
 
 def test_eksctl_command_lines_and_the_tool_environment(tmp_path):
-    from fsdpctl import cluster
     from fsdpctl.adapters import eksctl
+    from fsdpctl.cluster import lifecycle as cluster
 
     path = eksctl.write_config(tmp_path, "kind: ClusterConfig\n")
     assert path == tmp_path / "clusterconfig.yaml" and path.read_text() == "kind: ClusterConfig\n"
@@ -327,7 +328,7 @@ def test_create_puts_the_gpu_nodes_in_the_capacity_blocks_az(aws_env, cli, monke
     there: the ClusterConfig validates against eksctl's schema with instanceMarketOptions.marketType
     capacity-block (eksctl v0.230.0's ManagedNodeGroup.instanceMarketOptions), and terraform's
     tfvars carry the type."""
-    from fsdpctl import cluster
+    from fsdpctl.cluster import lifecycle as cluster
 
     aws = Aws("us-east-1")
     stub = _stubbed(aws, "ec2")

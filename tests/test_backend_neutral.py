@@ -1,6 +1,6 @@
 """Backends own their differences (issue 31): no code outside `fsdpctl/backends/` branches on a
 backend's name (it asks the place's `fsdpctl.targets.Target`), each registered place is a folder
-there with a `Backend`, and the job every backend starts from is one `fsdpctl.jobspec.JobSpec`.
+there with a `Backend`, and the job every backend starts from is one `fsdpctl.job.spec.JobSpec`.
 
 Peers: Python's own parser (`ast`) for the scan; the Kubernetes rendering (`render.render_job`,
 pure) for the spec. The split follows torchx (torchx/specs/api.py `AppDef`,
@@ -20,7 +20,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fsdpctl import backends, jobspec, render
+from fsdpctl import backends
+from fsdpctl.job import render
+from fsdpctl.job import spec as jobspec
 from fsdpctl.settings import load
 from fsdpctl.targets import NAMES, TARGETS
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fsdpctl import deploy, render
+from fsdpctl.cluster import deploy
+from fsdpctl.job import render
 from fsdpctl.settings import load
 
 ACCEPTED = {

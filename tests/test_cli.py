@@ -168,7 +168,7 @@ def test_manifest_stdout_files_and_validation(cli, tmp_path, monkeypatch):
 
 
 def render_file_name(obj: dict) -> str:
-    from fsdpctl import render
+    from fsdpctl.job import render
 
     return render.file_name(obj)
 

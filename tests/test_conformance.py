@@ -16,8 +16,9 @@ import json
 import pytest
 
 from conftest import SHARED
-from fsdpctl import deploy, render
 from fsdpctl.adapters.kube import Kube, KubeError
+from fsdpctl.cluster import deploy
+from fsdpctl.job import render
 from fsdpctl.settings import load
 from kube_peer import DISCOVERY, Peer, documents
 

@@ -1,6 +1,6 @@
-"""fsdpctl.deploy apart from the cluster (the cluster side is in test_kube.py): the diff that makes a rerun a
-no-op, the probes `deploy status` reads, and `fetch` filling the release cache from a real HTTP server on
-127.0.0.1 (each file's sha256 checked before it replaces anything)."""
+"""fsdpctl.cluster.deploy apart from the cluster (the cluster side is in test_kube.py): the diff that
+makes a rerun a no-op, the probes `deploy status` reads, and `fetch` filling the release cache from
+a real HTTP server on 127.0.0.1 (each file's sha256 checked before it replaces anything)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import urllib.parse
 import pytest
 
 from conftest import SHARED
-from fsdpctl import deploy, deploy_status
 from fsdpctl.adapters.download import DownloadError
+from fsdpctl.cluster import deploy, deploy_status
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.settings import load
 

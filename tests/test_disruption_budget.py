@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kube_peer_disruption as rules
-from fsdpctl import render
+from fsdpctl.job import render
 from fsdpctl.settings import load
 from kube_peer import wait_for
 from test_kube import cli, install_operator, peer  # noqa: F401 (the fixture)
@@ -74,7 +74,7 @@ def test_the_budget_needs_every_pod_and_lets_unhealthy_ones_go(kind):
     """minAvailable JOB_NODES, an integer (the disruption controller counts the pods its selector
     finds, getExpectedPodCount, whatever their controller), AlwaysAllow for pods that are not Ready,
     and the pods' own labels as the selector; a valid policy/v1 object on Kubernetes 1.33."""
-    from fsdpctl.validate import validate
+    from fsdpctl.job.validate import validate
 
     budget, template = _budget_and_template(16, kind)
     assert budget["apiVersion"] == "policy/v1" and budget["spec"]["minAvailable"] == 16

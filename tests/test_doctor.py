@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl import doctor as D
+from fsdpctl.cluster import doctor as D
 from fsdpctl.settings import load
 
 NO_GPU = shutil.which("nvidia-smi") is None
@@ -156,7 +156,7 @@ def test_a_hung_driver_or_efa_probe_is_a_failure_not_a_hang(fake_bin, monkeypatc
 
 
 def test_what_the_data_loader_must_keep_up_with_and_where_checkpoints_go(tmp_path, monkeypatch):
-    from fsdpctl import plan
+    from fsdpctl.plan import planner as plan
 
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     local = load(dotenv={"JOB_NAME": "exp1"})

@@ -11,9 +11,9 @@ import re
 import pytest
 
 from conftest import ROOT, SHARED, prefixed, yaml_docs
-from fsdpctl import render
+from fsdpctl.job import render
+from fsdpctl.job.validate import crd_schemas, validate
 from fsdpctl.settings import load, parse_dotenv, setting_keys
-from fsdpctl.validate import crd_schemas, validate
 
 HEADER = "## A cluster run of"
 CRDS = [

@@ -68,8 +68,8 @@ def test_a_local_jobs_trainer_gets_the_jobs_values_not_the_shells(cli, tmp_path)
     as in a pod, every key the trainer reads (fsdptrain.config.TrainConfig's env names) is the
     container's only. A stray SEED=abc or MODEL= cannot reach a trainer, nor METRICS_FILE, which the
     container does not set."""
-    from fsdpctl import render
     from fsdpctl.backends.local import engine as local
+    from fsdpctl.job import render
     from fsdptrain.config import TrainConfig
 
     cfg = load()

@@ -8,8 +8,8 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from fsdpctl import progress
 from fsdpctl.backends.local import engine as local
+from fsdpctl.job import progress
 from fsdptrain import events
 
 STEP = events.Step(

@@ -18,9 +18,10 @@ from itertools import permutations
 import pytest
 
 from conftest import SHARED
-from fsdpctl import cluster, render
+from fsdpctl.cluster import lifecycle as cluster
 from fsdpctl.errors import BadInput
-from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.job import render
+from fsdpctl.plan.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 
 SCHEMA = SHARED / "vendor" / "eksctl-v0.230.0" / "clusterconfig-v1alpha5.schema.json"

@@ -97,7 +97,7 @@ def test_every_command_keeps_the_table(path, cli):
 def test_the_commands_that_read_no_setting_are_the_ones_named(cli, monkeypatch):
     """NO_SETTINGS is not a way to skip a command: `deploy fetch` with no release file to fetch
     succeeds with a bad setting, since it never reads one."""
-    from fsdpctl import deploy
+    from fsdpctl.cluster import deploy
 
     monkeypatch.setattr(deploy, "releases", lambda: {})
     assert NO_SETTINGS <= set(dict(LEAVES))

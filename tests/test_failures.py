@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import prefixed
-from fsdpctl import failures, kstatus
+from fsdpctl.job import failures, kstatus
 
 LOG_PREFIX = "I1203 16:28:44.072000 5339 torch/distributed/elastic/agent/server/api.py:553] "
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SHARED, yaml_docs
-from fsdpctl import jobpolicy, render
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import render
 from fsdpctl.settings import load
 from fsdptrain import fetch, launch
 from test_kube import peer  # noqa: F401  (a fixture)
@@ -144,7 +145,7 @@ CSIDRIVER = SHARED / "vendor" / "aws-fsx-csi-driver-chart-1.17.0" / "base" / "cs
 
 @pytest.fixture(scope="module")
 def schemas():
-    from fsdpctl.validate import crd_schemas
+    from fsdpctl.job.validate import crd_schemas
     from test_manifests import CRD, TRAINJOB_CRD
 
     return crd_schemas([*yaml_docs(CRD), *yaml_docs(TRAINJOB_CRD)])
@@ -169,7 +170,7 @@ def test_the_volume_is_prepared_as_root_before_anything_of_the_job_writes(schema
     assert driver["spec"]["fsGroupPolicy"] == "ReadWriteOnceWithFSType"
     cfg = eks(JOB_KIND=kind, EFA_ENABLED=efa, TENSORBOARD_DIR="/fsx/tb")
     objs = render.render_job(cfg, "run-1")
-    from fsdpctl.validate import validate
+    from fsdpctl.job.validate import validate
 
     assert validate(objs, schemas) == []
     [pre] = [o for o in objs if o["kind"] == "Job"]
@@ -365,7 +366,7 @@ def test_htop_and_nvtop_install_nothing_at_start():
     """A private cluster has no internet: the DaemonSets ran `apt-get install` at every start and
     crash-looped there. They now run the trainer image, which ships both (docker/Dockerfile
     MONITORING_TOOLS), as a non-root user."""
-    from fsdpctl import deploy
+    from fsdpctl.cluster import deploy
 
     cfg = eks()
     tools = [
@@ -420,7 +421,7 @@ def test_job_stop_asks_the_trainers_then_deletes_the_job(peer):  # noqa: F811
     then does the delete come, so no pod reads its SIGTERM as an eviction. While it stops, and
     after, the job reads Stopped, not the Succeeded the operator infers from the pods' 0 (an elastic
     PyTorchJob: any worker that succeeded)."""
-    from fsdpctl import kstatus
+    from fsdpctl.job import kstatus
     from test_kube import add_pod, cli, install_operator, kube
 
     install_operator(peer)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl import fit
-from fsdpctl import plan as P
-from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.plan import fit
+from fsdpctl.plan import planner as P
+from fsdpctl.plan.instances import INSTANCE_TYPES
 from fsdpctl.settings import load, local_path, placement_problems
 
 MODELS = ("7b", "13b", "70b")

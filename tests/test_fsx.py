@@ -35,8 +35,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from fsdpctl import cluster, fsx
 from fsdpctl.adapters.aws import Aws
+from fsdpctl.cluster import fsx
+from fsdpctl.cluster import lifecycle as cluster
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.settings import load
 

@@ -190,7 +190,7 @@ def test_status_curves_of_a_fixed_run():
     terminal."""
     import math
 
-    from fsdpctl.plots import terminal_plot
+    from fsdpctl.cli.plots import terminal_plot
     from fsdptrain.events import Step
 
     steps = [

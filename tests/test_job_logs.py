@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from fsdpctl import crilog
 from fsdpctl.adapters import shell
+from fsdpctl.job import crilog
 from test_golden import GOLDEN, check
 
 # 2026-01-02T03:04:05.123456789Z: fixed log times make whole outputs comparable

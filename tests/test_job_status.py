@@ -16,7 +16,9 @@ import json
 
 import pytest
 
-from fsdpctl import deploy_status, kstatus, nodefit
+from fsdpctl.cluster import deploy_status
+from fsdpctl.job import kstatus
+from fsdpctl.plan import nodefit
 from test_kube import cli, install_operator, kube, peer, said, set_condition  # noqa: F401 (fixture)
 
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge", "fsdpctl.io/role": "gpu"}

@@ -151,7 +151,7 @@ def test_deploy_fetch(tmp_path, monkeypatch, cli):
     import http.server
     import threading
 
-    from fsdpctl import deploy
+    from fsdpctl.cluster import deploy
 
     www = tmp_path / "www"
     www.mkdir()

@@ -476,7 +476,7 @@ def test_logs_options_reach_the_api_as_pod_log_options(peer):
     its human line, or hidden, is not one: issue 38), so it is not the API's tailLines, which counts
     every line: the pod's log since then is asked whole (the kubelet keeps a bounded file) and its
     last printed lines taken here (tests/kube_peer.py)."""
-    from fsdpctl import crilog
+    from fsdpctl.job import crilog
 
     install_operator(peer)
     assert cli("job", "run", "-d").exit_code == 0

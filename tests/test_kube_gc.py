@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 
 from conftest import SHARED
-from fsdpctl import render
 from fsdpctl.adapters.kube import Kube
 from fsdpctl.backends.eks import engine
+from fsdpctl.job import render
 from fsdpctl.settings import load
 from kube_peer import Peer, documents, wait_for
 

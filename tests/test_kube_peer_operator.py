@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 import kube_peer_kubelet as rules
 import kube_peer_operator as op
 from conftest import SHARED, fsdpctl_process, prefixed
-from fsdpctl import kstatus, record, render
+from fsdpctl.job import kstatus, record, render
 from fsdpctl.settings import load, setting_keys
 from fsdptrain import events
 
@@ -701,7 +701,7 @@ class Bench:
         return list(self.cluster.kube.logs(NS, f"{job}-worker-0", "pytorch"))
 
     def local_losses(self, job: str) -> dict[int, float]:
-        from fsdpctl import crilog
+        from fsdpctl.job import crilog
 
         logs = sorted((self.root / "home" / "jobs" / job / "logs").glob("*/node-*.log"))
         return record.losses([line for p in logs for line in crilog.texts(p)])

@@ -38,8 +38,9 @@ from hypothesis import strategies as st
 
 import kube_peer_kubelet as rules
 from conftest import FSDPCTL_EXE, prefixed
-from fsdpctl import crilog, jobpolicy
 from fsdpctl.backends.local import engine as local
+from fsdpctl.job import crilog
+from fsdpctl.job import policy as jobpolicy
 from fsdptrain import disruption, events
 from test_kube import peer  # noqa: F401  (a fixture)
 

@@ -27,11 +27,12 @@ import pytest
 import yaml
 
 from conftest import ROOT, SHARED, prefixed
-from fsdpctl import jobpolicy, render
 from fsdpctl.backends.local import engine as local
-from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import render
+from fsdpctl.job.validate import validate
+from fsdpctl.plan.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
-from fsdpctl.validate import validate
 from test_manifests import schemas  # noqa: F401 - the fixture: CRD schemas for validate()
 from test_prestep import hub, tiny_model  # noqa: F401 - the Hub peer fixture serving a tiny Llama
 

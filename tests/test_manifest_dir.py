@@ -5,7 +5,7 @@ Renders are generated (hypothesis, fixed seed): a run of renders into one direct
 own job name (two jobs share one namespace, so one Namespace file), JOB_NODES, RDZV_BACKEND (etcd
 brings a Deployment, Service and NetworkPolicy that c10d does not), DATASET (a hub data set brings
 the pre-step Job) and format (yaml or json: the files of the other format are stale too). After each
-render the directory is compared to what `fsdpctl.render` produces for each job's last render, file
+render the directory is compared to what `fsdpctl.job.render` produces for each job's last render, file
 by file, and to the index fsdpctl keeps (`sha256sum` lines, checked here with hashlib as `sha256sum
 -c` would). A file fsdpctl did not write in the way of a render is refused with one line, exit 2,
 and nothing in the directory changes; a stale file changed since fsdpctl wrote it is kept.
@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import invoke
-from fsdpctl import manifests, render
+from fsdpctl.cluster import manifests
 from fsdpctl.errors import ExitCode
+from fsdpctl.job import render
 from fsdpctl.settings import load
 from invariants import check_outcome, error_lines, snapshot
 

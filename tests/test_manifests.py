@@ -13,11 +13,13 @@ import string
 import pytest
 
 from conftest import ROOT, SHARED, yaml_docs
-from fsdpctl import files, jobpolicy, record, render
+from fsdpctl import files
 from fsdpctl.backends.eks import configmap
-from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import record, render
+from fsdpctl.job.validate import crd_schemas, validate
+from fsdpctl.plan.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
-from fsdpctl.validate import crd_schemas, validate
 
 CRD = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
 TRAINJOB_CRD = SHARED / "vendor" / "kubeflow-trainer-v2.3.0" / "trainer.kubeflow.org_trainjobs.yaml"
@@ -224,7 +226,7 @@ def test_deploy_components_validate_and_the_dashboard_has_its_panels(schemas):
     trainer's included."""
     import json
 
-    from fsdpctl import deploy
+    from fsdpctl.cluster import deploy
 
     cfg = eks("p5.48xlarge", "FULL_SHARD", "etcd")
     objs = (

@@ -327,7 +327,7 @@ def test_describe_env_reproduces_every_value_byte_for_byte(cli, value):
     and quotes included (rich's rendering turned a TAB into spaces and dropped a CR)."""
     from dotenv import dotenv_values
 
-    from fsdpctl import record_store
+    from fsdpctl.job import store as record_store
     from fsdpctl.settings import load
 
     cfg = load(flags={"DATASET_SPLIT": value, "JOB_NAME": "exact"})

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdpctl import plots
+from fsdpctl.cli import plots
 from fsdptrain import events
 from fsdptrain.trackers import SCALARS, scalars, tracker_config
 from test_kube import add_pod, install_operator, kube, peer, set_condition, step_line  # noqa: F401 (fixture)
@@ -146,7 +146,7 @@ def test_tensorboard_dir_off_the_shared_volume_is_refused(cli, value, problem):
 def test_pods_write_events_and_wandb_files_on_the_shared_volume(cli):
     """The pod's TENSORBOARD_DIR is the user's plus the job (the trainer adds the run id); WANDB_DIR
     is on the shared volume too, where an offline run outlives its pod; neither without its key."""
-    from fsdpctl import jobpolicy
+    from fsdpctl.job import policy as jobpolicy
     from fsdpctl.settings import load
 
     cfg = load(flags={"TENSORBOARD_DIR": "/fsx/tb/", "WANDB_PROJECT": "p", "JOB_NAME": "j1"})

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from fsdpctl import plan as P
-from fsdpctl import sweep
+from fsdpctl.plan import planner as P
+from fsdpctl.plan import sweep
 
 
 def job(**kw) -> P.Job:

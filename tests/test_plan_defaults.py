@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl import sweep
+from fsdpctl.plan import sweep
 from fsdptrain.config import MODEL_DEFAULTS
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -18,8 +18,8 @@ import pytest
 
 from conftest import KEEP_FSDPCTL_VARS, logged_events, prefixed
 from conftest import fsdpctl_process as fsdpctl
-from fsdpctl import crilog
 from fsdpctl.adapters import netns
+from fsdpctl.job import crilog
 from fsdptrain import events
 
 NETNS, WHY_NOT = netns.available()

@@ -1,4 +1,4 @@
-"""The job's hub downloads happen once, before any process group (fsdpctl.prestep, fsdptrain.fetch),
+"""The job's hub downloads happen once, before any process group (fsdpctl.job.prestep, fsdptrain.fetch),
 and `fsdpctl model fetch` / `data fetch` pre-stage them.
 
 Peer: no Hugging Face Hub is reachable from these machines, so tests/hub_peer.py serves the Hub's
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, invoke, prefixed
-from fsdpctl import prestep, render
+from fsdpctl.job import prestep, render
+from fsdpctl.job.validate import validate
 from fsdpctl.settings import load
-from fsdpctl.validate import validate
 from fsdptrain import fetch
 from fsdptrain.config import ConfigError
 from hub_peer import HubPeer, running

@@ -654,7 +654,8 @@ def test_a_real_runs_supervisor_killed_then_status_run_and_stop(home, monkeypatc
     the supervisor. `job status` reports the two torchrun launchers as orphaned, a new start is
     refused, and `job stop` ends torchrun and its workers (SIGTERM reaches the trainer through
     torchrun) with no process of the job left."""
-    from fsdpctl import jobpolicy, render
+    from fsdpctl.job import policy as jobpolicy
+    from fsdpctl.job import render
     from fsdpctl.settings import load
 
     cfg = load(

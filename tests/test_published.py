@@ -16,8 +16,8 @@ from dataclasses import replace
 
 import pytest
 
-from fsdpctl import plan as P
-from fsdpctl import published as PUB
+from fsdpctl.plan import planner as P
+from fsdpctl.plan import published as PUB
 
 TOLERANCE = 0.10
 

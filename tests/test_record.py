@@ -1,4 +1,4 @@
-"""Run records (fsdpctl.record, fsdptrain.fingerprint): built from generated settings, hashed,
+"""Run records (fsdpctl.job.record, fsdptrain.fingerprint): built from generated settings, hashed,
 written as a .env that loads back to the same run, compared, checked for drift. Pure and fast; the
 real runs are in tests/test_record_runs.py (local, slow) and tests/test_record_kube.py (the
 Kubernetes API peer)."""
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fsdpctl import record
 from fsdpctl.backends.eks import configmap
+from fsdpctl.job import record
 from fsdpctl.redact import secret_kind
 from fsdpctl.settings import load, parse_dotenv
 from fsdptrain import events, fingerprint

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from fsdpctl import record
 from fsdpctl.backends.eks import configmap
+from fsdpctl.job import record
 from fsdpctl.settings import load, parse_dotenv
 from kube_peer import wait_for
 from test_kube import add_pod, cli, in_fsdp, install_operator, kube, peer  # noqa: F401 - `peer`: a fixture

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from fsdpctl import record
+from fsdpctl.job import record
 from fsdpctl.settings import load, parse_dotenv
 
 TOKEN = "hf_RecordRunTokenZyXwVuTsRqPoNmLkJi98"

@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, SHARED
-from fsdpctl import deploy, deploy_status, jobpolicy, render
+from fsdpctl.cluster import deploy, deploy_status
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import render
 from fsdpctl.settings import load
 
 VENDOR = SHARED / "vendor"
@@ -360,7 +362,7 @@ def test_nothing_with_the_trainers_image_lands_on_the_system_nodes(tool, instanc
     that image selects the nodes the workers run on (their nodeSelector and tolerations, with the
     NODE_SELECTOR and TOLERATIONS a user adds) and lands on the GPU nodes, never on the system
     ones; the objects stay valid Kubernetes 1.33 objects (kubernetes-validate, strict)."""
-    from fsdpctl.validate import validate
+    from fsdpctl.job.validate import validate
 
     extra = {"NODE_SELECTOR": "team=ml", "TOLERATIONS": "dedicated=ml:NoSchedule"}
     cfg = load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance, "JOB_KIND": kind, **extra})
@@ -417,7 +419,7 @@ def test_the_pre_step_fits_on_a_gpu_node_beside_its_worker(instance):
     node's CPUs and 80% of its memory; with every DaemonSet fsdpctl deploys there and EKS's
     kube-reserved, the pre-step still fits on a node that runs a worker (the FSx CSI node plugin
     included: aws-fsx-csi-driver deploy/kubernetes/base/node-daemonset.yaml)."""
-    from fsdpctl.instances import INSTANCE_TYPES
+    from fsdpctl.plan.instances import INSTANCE_TYPES
 
     cfg = load(dotenv={"BACKEND": "eks", "INSTANCE_TYPE": instance})
     pods = trainer_image_pods(cfg)
@@ -499,7 +501,7 @@ def test_deploy_status_shows_per_gpu_node_what_the_plugins_made_allocatable(tmp_
 def test_a_pending_pod_names_the_plugin_that_would_advertise_what_it_lacks():
     """The scheduler's own wording (kube-scheduler NodeResourcesFit: "Insufficient <resource>") on a
     pod that asks for EFA interfaces no node advertises: the problem names the EFA device plugin."""
-    from fsdpctl import kstatus
+    from fsdpctl.job import kstatus
 
     message = (
         "0/3 nodes are available: 1 Insufficient vpc.amazonaws.com/efa, "

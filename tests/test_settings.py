@@ -157,7 +157,7 @@ def test_label_rules_match_apimachinery():
     subdomain prefix of at most 253, then a name of at most 63 that starts and ends alphanumeric,
     with - _ . between) and IsValidLabelValue (the same as the name, possibly empty). Boundaries at
     63/64 and 253/254."""
-    from fsdpctl.validate import label_value_problem, qualified_name_problem
+    from fsdpctl.job.validate import label_value_problem, qualified_name_problem
 
     valid = ["a", "a" * 63, "A.b-c_d", "example.com/a", ("a" * 63 + ".") * 3 + "b" * 61 + "/n"]
     invalid = [

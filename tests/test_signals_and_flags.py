@@ -168,7 +168,7 @@ def test_a_signal_to_a_real_job_run_stops_the_job_with_a_checkpoint(tmp_path, si
 
 
 def _lines(path) -> list[str]:
-    from fsdpctl import crilog
+    from fsdpctl.job import crilog
 
     return list(crilog.texts(path))
 
@@ -285,7 +285,7 @@ DISK_FULL_LINES = [
 
 @pytest.mark.parametrize("line", DISK_FULL_LINES)
 def test_each_layers_words_for_a_full_disk_are_read(line):
-    from fsdpctl.failures import says_disk_full
+    from fsdpctl.job.failures import says_disk_full
 
     assert says_disk_full([line]) and not says_disk_full(["OSError: [Errno 2] No such file"])
 

@@ -2,7 +2,7 @@
 the answer of its one source, for every instance type, backend, job kind and world shape fsdpctl
 accepts.
 
-- EFA interfaces per instance type: `fsdpctl.instances` (terraform's side: tests/test_terraform.py)
+- EFA interfaces per instance type: `fsdpctl.plan.instances` (terraform's side: tests/test_terraform.py)
 - whether a job uses EFA: `Config.uses_efa`
 - the hybrid-shard group: `fsdptrain.shapes.hsdp_group_size` / `job_mesh_shape`
 - the checkpoint mount: `jobpolicy.POD_CHECKPOINT_ROOT`
@@ -18,10 +18,12 @@ import types
 import pytest
 
 from conftest import ROOT
-from fsdpctl import doctor, jobpolicy, kstatus, render
-from fsdpctl import plan as P
+from fsdpctl.cluster import doctor
 from fsdpctl.errors import SettingsError
-from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.job import kstatus, render
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.plan import planner as P
+from fsdpctl.plan.instances import INSTANCE_TYPES
 from fsdpctl.settings import Config, load
 from fsdptrain.config import ConfigError
 
@@ -72,7 +74,7 @@ def test_every_reader_of_efa_agrees_with_the_settings(
         pod["containers"][0]["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
     ) == cfg.uses_efa
     assert pod["securityContext"].get("runAsNonRoot", False) != cfg.uses_efa
-    # the cluster: terraform gets the count of instances.py whatever the backend
+    # the cluster: terraform gets the count of plan/instances.py whatever the backend
     tfvars = render.terraform_vars(cfg)
     assert (tfvars["efa_interfaces"], tfvars["efa_enabled"]) == (interfaces, efa == "true")
     # job status warns about a socket fallback, and doctor expects EFA devices, exactly when the job

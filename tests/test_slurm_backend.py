@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 import slurm_peer
 from conftest import ROOT, logged_events, prefixed
 from conftest import fsdpctl_process as fsdpctl
-from fsdpctl import jobspec
 from fsdpctl.backends.slurm import script, states
+from fsdpctl.job import spec as jobspec
 from fsdpctl.settings import Settings, load
 from fsdptrain import events
 

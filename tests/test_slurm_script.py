@@ -38,8 +38,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdpctl import prestep
 from fsdpctl.backends.slurm import script, states
+from fsdpctl.job import prestep
 from fsdpctl.settings import load
 from fsdptrain import disruption, fetch, launch
 from test_slurm_backend import CAPTURED

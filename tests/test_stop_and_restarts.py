@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED, yaml_docs
-from fsdpctl import jobpolicy, kstatus, render, volume
 from fsdpctl.backends.local import engine as local
 from fsdpctl.backends.local.report import job_report
+from fsdpctl.job import kstatus, render
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.plan import volume
 from fsdpctl.settings import load
 
 VENDOR = SHARED / "vendor"

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from conftest import SHARED
-from fsdpctl import deploy, render
+from fsdpctl.cluster import deploy
 from fsdpctl.errors import FsdpctlError, SettingsError
+from fsdpctl.job import render
+from fsdpctl.job.validate import validate
 from fsdpctl.settings import load
-from fsdpctl.validate import validate
 
 FSX = SHARED / "vendor" / "aws-fsx-csi-driver-chart-1.17.0"
 FS_ID = "fs-0199e5a63bd90f796"  # the id of upstream's static_provisioning_pv.yaml

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from fsdpctl import render
-from fsdpctl.instances import INSTANCE_TYPES
+from fsdpctl.job import render
+from fsdpctl.plan.instances import INSTANCE_TYPES
 from fsdpctl.settings import load
 
 TF = ROOT / "terraform"
@@ -48,7 +48,7 @@ def test_every_root_variable_has_a_description_and_a_default():
     assert all(
         b.get("description") for b in _variables(TF / "modules/eks-gpu/variables.tf").values()
     )
-    # the EFA count is one number fsdpctl writes from instances.py, not a table of terraform's own:
+    # the EFA count is one number fsdpctl writes from plan/instances.py, not a table of terraform's own:
     # no .tf file names an instance type other than the default one
     assert (
         variables["efa_interfaces"]["type"] == "number"
@@ -260,7 +260,7 @@ run "{name}" {{
 )
 def test_nodes_get_the_efa_interfaces_the_pods_request(tmp_path):
     """For every instance type, EFA on and off: the launch template terraform plans from fsdpctl's
-    tfvars lists as many EFA interfaces as the rendered pod requests, both from instances.py
+    tfvars lists as many EFA interfaces as the rendered pod requests, both from plan/instances.py
     (`terraform test` with a mock AWS provider)."""
     work = tmp_path / "terraform"
     shutil.copytree(TF, work)

@@ -280,7 +280,7 @@ def test_flags_override_environment(assets):
 def test_plan_memory_estimate_matches_the_measured_allocation(strategy_runs, strategy):
     """`fsdpctl plan`'s per-rank estimate vs what the trainer measured: sharded state + bytes held
     for backward."""
-    from fsdpctl.plan import Job, memory
+    from fsdpctl.plan.planner import Job, memory
 
     settings = STRATEGY_RUNS[strategy]
     s = strategy_runs(strategy).summary

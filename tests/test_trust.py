@@ -33,9 +33,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from fsdpctl import crilog, failures, kstatus, progress, record
 from fsdpctl.adapters import netns
 from fsdpctl.backends.local import engine as local
+from fsdpctl.job import crilog, failures, kstatus, progress, record
 from fsdptrain import events
 from fsdptrain.config import TrainConfig
 from fsdptrain.resume import MATH_KEYS, candidates, math_settings, problem, step_name
@@ -219,7 +219,7 @@ def test_job_resume_without_a_checkpoint_is_one_line(cli):
 def _plant_record(
     home: Path, job: str, run_id: str, settings_: dict, created: float, trainer=None
 ) -> dict:
-    from fsdpctl import record_store
+    from fsdpctl.job import store as record_store
     from fsdpctl.settings import load
 
     cfg = load(dotenv={"JOB_NAME": job, **settings_})
@@ -776,7 +776,7 @@ def test_the_curve_across_runs_is_each_run_from_where_it_started(runs):
         )
         logs.append([start_event, *steps])
         expect = {k: v for k, v in expect.items() if k <= start} | {e.step: e.loss for e in steps}
-    from fsdpctl.plots import steps_of
+    from fsdpctl.cli.plots import steps_of
 
     got = {e.step: e.loss for e in steps_of(progress.across_runs(logs))}
     assert got == expect

@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import invoke
-from fsdpctl import jobpolicy, render, volume
 from fsdpctl.errors import SettingsError
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import render
+from fsdpctl.plan import volume
 from fsdpctl.settings import load
 from fsdptrain.shapes import MODEL_CONFIGS
 

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdpctl import volume
+from fsdpctl.plan import volume
 from fsdpctl.settings import load
 from lazy import lazy
 from test_lifecycle import interpreter_reachable  # noqa: F401 (a fixture)

@@ -33,7 +33,8 @@ OLD_DEFAULT = Path(".fsdpctl")  # before: under the current directory, so a `cd`
 
 
 def default_home() -> Path:
-    """fsdpctl's directory under the user's state base: one place, whatever the current directory."""
+    """fsdpctl's directory under the user's state base: one place, whatever the current
+    directory."""
     xdg = os.environ.get("XDG_STATE_HOME", "")
     base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "state"
     return base / "fsdpctl"
@@ -107,13 +108,13 @@ def run_id(value: str) -> str:
     return value
 
 
-# ---- reading back what fsdpctl wrote: untrusted input ---------------------------------------------------
+# ---- reading back what fsdpctl wrote: untrusted input --------------------------------------------
 #
-# A file under FSDPCTL_HOME may since have become anything: a FIFO (open(2) for reading blocks until a writer
-# comes: fifo(7)), a link to /dev/zero (a read that never ends), a directory, a file too big to be one
-# fsdpctl wrote. fsdpctl writes regular files only (write_atomic) and makes no links, so it reads them back
-# as such: opened without following a link and without blocking, checked on the descriptor (no window for a
-# swap between a check and the open), and read up to a limit.
+# A file under FSDPCTL_HOME may since have become anything: a FIFO (open(2) for reading blocks until
+# a writer comes: fifo(7)), a link to /dev/zero (a read that never ends), a directory, a file too
+# big to be one fsdpctl wrote. fsdpctl writes regular files only (write_atomic) and makes no links,
+# so it reads them back as such: opened without following a link and without blocking, checked on
+# the descriptor (no window for a swap between a check and the open), and read up to a limit.
 
 STATE_MAX_BYTES = (
     16 * 1024 * 1024

@@ -48,9 +48,9 @@ MASK = "***"
 URL_PASSWORD = re.compile(
     r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@'\"<>]*):((?!\d{1,5}(?:/|$))[^\s@'\"<>]+)@"
 )
-# The same without a scheme, where a registry or a host is written bare: IMAGE_REGISTRY=user:pass@host
-# (`docker login`'s user and password pasted into it). Not an image reference's tag and digest
-# (`repo:1.0@sha256:...`, the OCI distribution spec's digest form).
+# The same without a scheme, where a registry or a host is written bare:
+# IMAGE_REGISTRY=user:pass@host (`docker login`'s user and password pasted into it). Not an image
+# reference's tag and digest (`repo:1.0@sha256:...`, the OCI distribution spec's digest form).
 HOST_PASSWORD = re.compile(
     r"(?<![\w.+%/:-])([A-Za-z0-9._%+-]+):([^\s/@:'\"<>]+)@(?!sha\d+:)(?=[A-Za-z0-9\[])"
 )
@@ -64,8 +64,8 @@ NAMED_SECRET = re.compile(
     r"(['\"]?\s*[:=]+\s*['\"]?)([^\s'\"<*$][^\s'\"]{15,})"
 )
 # A key whose name says it holds a secret, as other tools name theirs (WANDB_API_KEY, GITHUB_TOKEN,
-# OPENAI_API_KEY, DB_PASSWORD, CLIENT_SECRET): the name ends in the word. Not a file or a path holding
-# one (HF_TOKEN_FILE), nor a count (MAX_TOKENS).
+# OPENAI_API_KEY, DB_PASSWORD, CLIENT_SECRET): the name ends in the word. Not a file or a path
+# holding one (HF_TOKEN_FILE), nor a count (MAX_TOKENS).
 SECRET_NAME = re.compile(
     r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|SECRET_?KEY|PRIVATE_?KEY"
     r"|AUTH|CREDENTIALS?)$"

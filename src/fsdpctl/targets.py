@@ -39,8 +39,9 @@ class Target:
     # what Ctrl-C does to a followed job
     interrupt: str
     where: str  # for `--backend` help: where the job runs
-    # "module:function" (cfg, run_id) -> the text `fsdpctl manifest` prints, for a place that renders the
-    # job as something other than Kubernetes objects (a batch script); "" for those objects
+    # "module:function" (cfg, run_id) -> the text `fsdpctl manifest` prints, for a place that
+    # renders the job as something other than Kubernetes objects (a batch script); "" for those
+    # objects
     manifest: str = ""
     # "module:function" (cfg) -> one line per setting that means nothing there (key, value, fix),
     # refused by admission (`config validate`, `job run`, `manifest`) even with --force; "" none
@@ -48,10 +49,11 @@ class Target:
     # "module:name" of the `fsdpctl.job.state.Keys` its jobs' state records besides the core's; ""
     # none
     state: str = ""
-    # the shared volume is the FSx for Lustre file system the FSX_* settings describe and fsdpctl sizes
-    # (on this machine a directory standing in for it): a save's rate follows from FSX_STORAGE_GIB x
-    # FSX_THROUGHPUT_PER_TIB. False: the place's own file system, which fsdpctl neither made nor read
-    # (a Slurm cluster's): its rate is SHARED_VOLUME_WRITE_MBPS or an assumption (fsdpctl.volume.rate)
+    # the shared volume is the FSx for Lustre file system the FSX_* settings describe and fsdpctl
+    # sizes (on this machine a directory standing in for it): a save's rate follows from
+    # FSX_STORAGE_GIB x FSX_THROUGHPUT_PER_TIB. False: the place's own file system, which fsdpctl
+    # neither made nor read (a Slurm cluster's): its rate is SHARED_VOLUME_WRITE_MBPS or an
+    # assumption (fsdpctl.plan.volume.rate)
     fsx_volume: bool = True
 
 
@@ -80,8 +82,9 @@ TARGETS = {
             where="the cluster",
             state="fsdpctl.backends.eks.backend:STATE",
         ),
-        # a Slurm cluster of the same GPU nodes (HyperPod, ParallelCluster); its shared file system is
-        # mounted where fsdpctl runs, at the path the nodes see it, and it keeps no run record of its own
+        # a Slurm cluster of the same GPU nodes (HyperPod, ParallelCluster); its shared file system
+        # is mounted where fsdpctl runs, at the path the nodes see it, and it keeps no run record of
+        # its own
         Target(
             "slurm",
             "fsdpctl.backends.slurm.backend:SlurmBackend",

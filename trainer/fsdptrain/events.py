@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from fsdptrain import fingerprint
 
 PREFIX = '{"event"'
-# The id of the run record fsdpctl wrote for this run (fsdpctl.record): set in the pods'
+# The id of the run record fsdpctl wrote for this run (fsdpctl.job.record): set in the pods'
 # environment, echoed by the trainer's start and summary lines and kept in every checkpoint's
 # meta.json.
 RECORD_ENV = "FSDPTRAIN_RECORD_ID"
@@ -163,7 +163,7 @@ def as_record(event: Event) -> dict[str, Any]:
 
 # Below this a save is within what any estimate of it leaves out (the planner's step time has no
 # kernel-launch or collective latency, a save's rate no metadata or fsync latency) and costs next to
-# nothing: neither the trainer's slow-save warning nor fsdpctl's (fsdpctl.volume) speaks of a
+# nothing: neither the trainer's slow-save warning nor fsdpctl's (fsdpctl.plan.volume) speaks of a
 # shorter one, whatever it is compared with.
 MATERIAL_SAVE_S = 1.0
 

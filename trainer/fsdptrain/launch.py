@@ -183,7 +183,7 @@ def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> str | N
 
 
 def wait_for_prestep(environ: Mapping[str, str]) -> None:
-    """The job's pre-step marker (fsdpctl.prestep), once per pod and before torchrun: a failed
+    """The job's pre-step marker (fsdpctl.job.prestep), once per pod and before torchrun: a failed
     download, or none within FSDPTRAIN_FETCH_WAIT_S, is a ConfigError, so the pod exits 2 and the
     job fails with that line, instead of every GPU waiting for a marker that will never come (a
     pre-step that could not write it)."""

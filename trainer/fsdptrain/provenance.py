@@ -1,5 +1,5 @@
 """The trainer's `start` event: the library versions it runs with and the fingerprints of the data
-and the tokenizer it reads, for the run record fsdpctl keeps (fsdpctl.record). Rank 0 only; read
+and the tokenizer it reads, for the run record fsdpctl keeps (fsdpctl.job.record). Rank 0 only; read
 once per run."""
 
 from __future__ import annotations

@@ -67,9 +67,9 @@ def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
         ) from None
 
 
-# botocore's errors that say its configuration is wrong, not AWS (botocore/exceptions.py): with every
-# Invalid...Error (InvalidRetryModeError for AWS_RETRY_MODE=x, InvalidDefaultsMode, ...), refused as
-# bad input
+# botocore's errors that say its configuration is wrong, not AWS (botocore/exceptions.py): with
+# every Invalid...Error (InvalidRetryModeError for AWS_RETRY_MODE=x, InvalidDefaultsMode, ...),
+# refused as bad input
 CONFIG_ERRORS = ("ConfigParseError", "PartialCredentialsError", "UnknownCredentialError")
 
 
@@ -271,7 +271,7 @@ class Aws:
         user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
         return user, password
 
-    # ---- the shared FSx for Lustre file system of an eksctl cluster (fsdpctl.fsx plans the requests) ----
+    # ---- the shared FSx for Lustre file system of an eksctl cluster (fsdpctl.cluster.fsx plans them)
 
     def nodegroup(self, cluster: str, name: str) -> dict | None:
         try:
@@ -372,7 +372,8 @@ class Aws:
                 raise
 
     def kms_key(self, alias: str) -> str | None:
-        """The ARN of the key behind `alias`; None without one or when it is scheduled for deletion."""
+        """The ARN of the key behind `alias`; None without one or when it is scheduled for
+        deletion."""
         meta = self._key(alias)
         return meta["Arn"] if meta else None
 

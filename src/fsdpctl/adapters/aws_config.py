@@ -1,8 +1,9 @@
-"""The AWS configuration botocore reads, checked before botocore reads it: the config and credentials
-files through the one door for outside files (fsdpctl.outside), parsed as botocore parses them, and
-the settings botocore converts or checks only when a client is made. Each problem is one line naming
-the file (and line) or the variable, and the fix (exit 2), where botocore would raise a ValueError or
-a ConfigParseError from deep inside a request (an internal error), or ignore the file in silence.
+"""The AWS configuration botocore reads, checked before botocore reads it: the config and
+credentials files through the one door for outside files (fsdpctl.outside), parsed as botocore
+parses them, and the settings botocore converts or checks only when a client is made. Each problem
+is one line naming the file (and line) or the variable, and the fix (exit 2), where botocore would
+raise a ValueError or a ConfigParseError from deep inside a request (an internal error), or ignore
+the file in silence.
 
 What botocore does (botocore 1.44, read in its sources):
 - configloader.raw_config_parse: `os.path.isfile` or the file is skipped as absent (a directory or a

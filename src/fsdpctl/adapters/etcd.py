@@ -1,4 +1,5 @@
-"""Adapter: a real etcd server (Debian's etcd-server) on loopback, for torchrun's etcd rendezvous."""
+"""Adapter: a real etcd server (Debian's etcd-server) on loopback, for torchrun's etcd
+rendezvous."""
 
 from __future__ import annotations
 

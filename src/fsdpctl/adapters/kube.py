@@ -84,7 +84,7 @@ class Kube:
     def server(self) -> str:
         return self.api.configuration.host
 
-    # --- paths ----------------------------------------------------------------------------------------------
+    # --- paths ------------------------------------------------------------------------------------
 
     def resource(self, api_version: str, kind: str) -> Resource:
         """The kind as the server serves it; KubeError 404 when it serves no such kind."""
@@ -109,7 +109,7 @@ class Kube:
             )
         return res.path(meta.get("namespace"), meta.get("name") if with_name else None)
 
-    # --- raw ------------------------------------------------------------------------------------------------
+    # --- raw --------------------------------------------------------------------------------------
 
     def request(
         self,
@@ -162,7 +162,7 @@ class Kube:
         except ValueError:
             raise _bad_answer(method, url, f"{bytes(data)[:60]!r}, not JSON") from None
 
-    # --- objects --------------------------------------------------------------------------------------------
+    # --- objects ----------------------------------------------------------------------------------
 
     def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None

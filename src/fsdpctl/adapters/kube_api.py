@@ -1,5 +1,6 @@
 """The Kubernetes API apart from a connection to it: its errors, and which kinds a server serves as
-kubectl finds them (discovery: the aggregated document, else one list per group version, and CRDs)."""
+kubectl finds them (discovery: the aggregated document, else one list per group version, and
+CRDs)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ class Resource:
 
 
 def resources_from_list(doc: dict) -> list[Resource]:
-    """An APIResourceList (/api/v1, /apis/G/V): entries named 'pods/log' are subresources of 'pods'."""
+    """An APIResourceList (/api/v1, /apis/G/V): entries named 'pods/log' are subresources of
+    'pods'."""
     gv = doc["groupVersion"]
     entries = doc.get("resources") or []
     subs: dict[str, list[str]] = {}

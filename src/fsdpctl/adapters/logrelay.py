@@ -1,9 +1,9 @@
 """Adapter: a pod's container runtime log writer. `python -m fsdpctl.adapters.logrelay LOG ERR_FD`
 reads the pod's stdout (its stdin) and stderr (fd ERR_FD) from pipes and appends each line to LOG in
-the CRI log format (fsdpctl.crilog), stamped when it was read, as containerd's CRI plugin does for a
-container (pkg/cri/io/logger.go, redirectLogs). It is a process of its own, like containerd-shim or
-conmon: the pod's output keeps flowing to its log if the supervisor dies, and it ends when every
-writer of the pipes is gone.
+the CRI log format (fsdpctl.job.crilog), stamped when it was read, as containerd's CRI plugin does
+for a container (pkg/cri/io/logger.go, redirectLogs). It is a process of its own, like
+containerd-shim or conmon: the pod's output keeps flowing to its log if the supervisor dies, and it
+ends when every writer of the pipes is gone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import selectors
 import sys
 import time
 
-from fsdpctl import crilog
+from fsdpctl.job import crilog
 
 
 def relay(log: str, fds: dict[int, str]) -> None:

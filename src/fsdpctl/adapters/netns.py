@@ -174,7 +174,8 @@ def _add_node(net: Network, node: int) -> None:
 
 
 def destroy(net: Network) -> None:
-    """Everything `create` made, whatever exists of it; never raises (teardown runs on every path)."""
+    """Everything `create` made, whatever exists of it; never raises (teardown runs on every
+    path)."""
     for node in range(net.nodes):
         for args in (("link", "del", net.veth(node)), ("netns", "del", net.namespace(node))):
             try:

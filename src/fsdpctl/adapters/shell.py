@@ -1,9 +1,12 @@
 """Adapter: every outside program fsdpctl starts goes through here.
 
-- `run`: a tool the user sees work (eksctl, terraform, docker build/push), its output streamed line by line
-  and appended to a log file; with `dry_run` nothing runs and the exact command line is reported instead.
-- `capture`: a short query whose output is read (`docker version`, `nvidia-smi`, `fi_info`), bounded in time.
-- `spawn`: a long-lived process fsdpctl supervises (torchrun launchers, etcd), detached from the terminal.
+- `run`: a tool the user sees work (eksctl, terraform, docker build/push), its output streamed line
+  by line and appended to a log file; with `dry_run` nothing runs and the exact command line is
+  reported instead.
+- `capture`: a short query whose output is read (`docker version`, `nvidia-smi`, `fi_info`), bounded
+  in time.
+- `spawn`: a long-lived process fsdpctl supervises (torchrun launchers, etcd), detached from the
+  terminal.
 
 A program that is not on PATH raises `ToolMissing` (one line and how to install it), a `capture`
 past its time limit raises `ToolTimeout`; both are fsdpctl errors, so a command needs no conversion
@@ -261,7 +264,7 @@ def _spawn_relayed(
     return proc
 
 
-# ---- processes a library starts for fsdpctl ----------------------------------------------------------------
+# ---- processes a library starts for fsdpctl ------------------------------------------------------
 
 
 class Overdue(BaseException):

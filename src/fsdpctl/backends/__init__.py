@@ -2,7 +2,7 @@
 local/, slurm/), resolved once per command.
 
 Each place is registered once, in `fsdpctl.targets.TARGETS` (what it is, and its `Backend` class);
-each renders the same `fsdpctl.jobspec.JobSpec`. Every job verb (run, status, logs, stop, list,
+each renders the same `fsdpctl.job.spec.JobSpec`. Every job verb (run, status, logs, stop, list,
 wait, cleanup, the run record's, TensorBoard's) speaks to a `Backend`, through the job core
 (fsdpctl.job) for what changes a job, and no code outside this package compares a backend's name
 (tests/test_backend_neutral.py). A job's placement, the backend it was started on, is in its state
@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl import files
-from fsdpctl.crilog import LogLine
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home
+from fsdpctl.job.crilog import LogLine
 from fsdpctl.job.protocol import Backend, KeptRecord, Started, Submitted
+from fsdpctl.job.reports import FINAL
 from fsdpctl.job.runner import PLACEMENT_KEYS, placement
-from fsdpctl.reports import FINAL
 from fsdpctl.settings import DNS_LABEL, Config, Settings
 from fsdpctl.targets import NAMES, resolve
 
-# a job's log line (fsdpctl.crilog); the protocol's types (fsdpctl.job.protocol)
+# a job's log line (fsdpctl.job.crilog); the protocol's types (fsdpctl.job.protocol)
 __all__ = ["FINAL", "Backend", "KeptRecord", "LogLine", "Started", "Submitted"]
 
 

@@ -1,5 +1,9 @@
-"""fsdpctl command line. Thin commands over the pure core (settings, render, progress) and the
-adapters.
+"""fsdpctl command line. Thin commands over the pure core (settings, plan, the job core) and the
+adapters; `plots` draws a run's curves for `job plot`.
+
+Imports: every domain package (settings, plan, job, cluster, backends, adapters); nothing imports
+the CLI but `fsdpctl.entry` (contracts in pyproject.toml), and its command modules do not import
+each other.
 
 Nothing heavy is imported here: torch, transformers, boto3 and kubernetes load only inside the
 commands that need them, so `fsdpctl --help` starts fast.
@@ -215,8 +219,9 @@ def _debug(ctx: typer.Context) -> bool:
 
 
 def _traceback_if_debug(ctx: typer.Context) -> None:
-    """--debug: the traceback of the error being handled, masked like every other line (Python's own hook
-    would print a token that reached a message); the one-line error and its exit code follow as without.
+    """--debug: the traceback of the error being handled, masked like every other line (Python's own
+    hook would print a token that reached a message); the one-line error and its exit code follow as
+    without.
     """
     if _debug(ctx):
         import traceback

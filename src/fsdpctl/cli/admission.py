@@ -23,8 +23,10 @@ def admit(cfg: Config, *, force: bool, starts: bool = True) -> None:
     backend keeps the claims. `starts`: the command starts the job (or checks that it could:
     `config validate`), so what its place refuses (Backend.refusals) is refused too; `manifest`
     only renders it."""
-    from fsdpctl import backends, fit, jobpolicy, volume
+    from fsdpctl import backends
     from fsdpctl.backends.local.engine import shared_volume_dir
+    from fsdpctl.job import policy as jobpolicy
+    from fsdpctl.plan import fit, volume
     from fsdpctl.settings import annotate, placement_problems
 
     # not a misfit --force could accept: settings nothing uses there, what the place itself refuses
@@ -69,7 +71,9 @@ def _volume_problem(cfg: Config) -> str | None:
     need counts: this job's checkpoints and the one a rerun resumes from elsewhere on the volume.
     There the need counts what really is on the volume: whether the run resumes (RESUME, and with
     auto whether the job's directory holds a complete checkpoint) and how many it holds now."""
-    from fsdpctl import backends, jobpolicy, volume
+    from fsdpctl import backends
+    from fsdpctl.job import policy as jobpolicy
+    from fsdpctl.plan import volume
 
     here = backends.create(cfg).here(cfg.shared_volume_path) if cfg.shared_volume else None
     if here is None:
@@ -97,7 +101,7 @@ def _resume_point(cfg: Config, ours: Path, where: Path) -> Path | None:
     (fsdptrain.resume.candidates: RESUME=auto the job directory's `latest`, else its newest complete
     one; a path that one); None for a fresh start, checkpoints on CHECKPOINT_PVC or one off the
     volume."""
-    from fsdpctl import volume
+    from fsdpctl.plan import volume
 
     resume = cfg.training.resume
     if resume == "never" or cfg.checkpoint_pvc:

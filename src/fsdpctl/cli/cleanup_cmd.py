@@ -1,4 +1,5 @@
-"""fsdpctl cleanup: ended jobs and what they leave behind; checkpoints only when asked. Asks first."""
+"""fsdpctl cleanup: ended jobs and what they leave behind; checkpoints only when asked. Asks
+first."""
 
 from __future__ import annotations
 

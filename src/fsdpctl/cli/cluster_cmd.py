@@ -1,4 +1,5 @@
-"""fsdpctl cluster check|status|create|delete: over `fsdpctl.cluster` and `fsdpctl.preflight`."""
+"""fsdpctl cluster check|status|create|delete: over `fsdpctl.cluster.lifecycle` and
+`fsdpctl.cluster.preflight`."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def _in_reservation_zone(
     """With a reservation and no AVAILABILITY_ZONES, the GPU node group goes in the reservation's AZ
     (its nodes launch nowhere else). Without an answer from EC2 a real create stops; the dry run
     says so and keeps the default zones."""
-    from fsdpctl import cluster
     from fsdpctl.adapters.aws import AwsError
+    from fsdpctl.cluster import lifecycle as cluster
 
     if cfg.availability_zones or not cfg.capacity_reservation_id:
         return cfg
@@ -71,8 +72,8 @@ def _in_subnet_zones(ctx: typer.Context, cfg: Config, tool: str | None, dry_run:
     """An existing VPC's subnets checked against EC2 (in VPC_ID, one per AZ, in AVAILABILITY_ZONES'
     order) and their AZs as AVAILABILITY_ZONES, which the ClusterConfig keys them by. Without an
     answer from EC2 only a dry run with AVAILABILITY_ZONES set goes on."""
-    from fsdpctl import cluster
     from fsdpctl.adapters.aws import AwsError
+    from fsdpctl.cluster import lifecycle as cluster
 
     if not cfg.subnet_ids:
         return cfg
@@ -96,10 +97,11 @@ def check(ctx: typer.Context, output: Output = OutputOpt) -> None:
     capacity reservation (type, instance type, AZ, count; a Capacity Block's start and end), a
     cluster of the same name. Exit 1 on any fail.
 
-    Example: fsdpctl --set INSTANCE_TYPE=p4de.24xlarge --set CAPACITY_RESERVATION_ID=cr-0123456789abcdef0
-    cluster check
+    Example: fsdpctl --set INSTANCE_TYPE=p4de.24xlarge --set
+    CAPACITY_RESERVATION_ID=cr-0123456789abcdef0 cluster check
     """
-    from fsdpctl import cluster, preflight
+    from fsdpctl.cluster import lifecycle as cluster
+    from fsdpctl.cluster import preflight
 
     cfg = state(ctx).config()
     report_checks(preflight.run_checks(cfg, cluster.connect(cfg)), output)
@@ -111,7 +113,7 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
     Example: fsdpctl cluster status -o json
     """
-    from fsdpctl import cluster
+    from fsdpctl.cluster import lifecycle as cluster
 
     data = cluster.status(state(ctx).config())
     if not emit(data, output):
@@ -144,7 +146,7 @@ def create(
 
     Example: fsdpctl cluster create --tool terraform --dry-run
     """
-    from fsdpctl import cluster
+    from fsdpctl.cluster import lifecycle as cluster
 
     cfg = _in_reservation_zone(
         ctx, _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run), tool, dry_run
@@ -194,7 +196,7 @@ def _fsx_dry_run(cfg: Config, table: bool) -> list[dict[str, Any]]:
     future choices named."""
     import json
 
-    from fsdpctl import cluster
+    from fsdpctl.cluster import lifecycle as cluster
 
     plan = cluster.fsx_placeholder_plan(cfg)
     try:
@@ -221,7 +223,8 @@ def _fsx_dry_run(cfg: Config, table: bool) -> list[dict[str, Any]]:
 
 def _fsx_create(cfg: Config, table: bool) -> dict[str, str]:
     """The file system, AVAILABLE, and the settings `deploy storage` needs (stdout, .env lines)."""
-    from fsdpctl import cluster, fsx
+    from fsdpctl.cluster import fsx
+    from fsdpctl.cluster import lifecycle as cluster
 
     fs = cluster.ensure_fsx(cfg, ok)
     settings = fsx.settings(fs)
@@ -252,7 +255,7 @@ def delete(
 
     Example: fsdpctl cluster delete --yes
     """
-    from fsdpctl import cluster
+    from fsdpctl.cluster import lifecycle as cluster
 
     cfg = _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run)  # eksctl's input keys them by AZ
     what = _what_to_delete(cfg, dry_run)
@@ -310,7 +313,7 @@ def delete(
 
 
 def fsx_summary(fs: dict[str, Any]) -> str:
-    from fsdpctl import fsx
+    from fsdpctl.cluster import fsx
 
     return fsx.summary(fs)
 
@@ -344,8 +347,8 @@ def _confirm_fsx(cfg: Config, file_systems: list[dict[str, Any]]) -> None:
 def _fsx_to_delete(cfg: Config, dry_run: bool) -> tuple[list[dict[str, Any]], list[str]]:
     """The cluster's file systems and (eksctl) the Lustre security groups to remove before eksctl
     runs. A dry run that cannot reach AWS says so and goes on; a real run stops on the error."""
-    from fsdpctl import cluster
     from fsdpctl.adapters.aws import AwsError
+    from fsdpctl.cluster import lifecycle as cluster
 
     if cfg.cluster_tool == "terraform":
         return cluster.fsx_of_cluster(cfg), []  # destroy deletes them with the rest of the state
@@ -363,7 +366,7 @@ def _what_to_delete(cfg: Config, dry_run: bool) -> str | None:
     """What the delete commands would remove, None (said why) when there is nothing. terraform goes
     by its state alone (read offline, so the dry run tells the truth too); eksctl by the cluster in
     EKS."""
-    from fsdpctl import cluster
+    from fsdpctl.cluster import lifecycle as cluster
 
     name = f"cluster {cfg.cluster_name} in {cfg.aws_region}"
     if cfg.cluster_tool == "terraform":

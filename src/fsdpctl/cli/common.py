@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from fsdpctl.adapters import shell
     from fsdpctl.backends import Backend
-    from fsdpctl.checks import Check
+    from fsdpctl.cluster.checks import Check
     from fsdpctl.settings import Config
 
 
@@ -85,8 +85,8 @@ _unwrapped_off_a_terminal(err)
 _unwrapped_off_a_terminal(out)
 
 
-# A column narrower than this (or than its widest cell, when that is less) shows nothing a reader can
-# use: a table that cannot give each column that much is shown as `key: value` lines instead.
+# A column narrower than this (or than its widest cell, when that is less) shows nothing a reader
+# can use: a table that cannot give each column that much is shown as `key: value` lines instead.
 NARROWEST_COLUMN = 8
 
 
@@ -511,9 +511,9 @@ def _finite(data: Any) -> Any:
 
 
 def emit(data: Any, output: Output | ViewOutput) -> bool:
-    """Print data as json/yaml to stdout and return True; False means the caller prints its table. The
-    document is masked (its values, then its text) and written as it is: rich would lay out a deploy's
-    1.5 MB of CRDs line by line for seconds, and has nothing to wrap or colour in it."""
+    """Print data as json/yaml to stdout and return True; False means the caller prints its table.
+    The document is masked (its values, then its text) and written as it is: rich would lay out a
+    deploy's 1.5 MB of CRDs line by line for seconds, and has nothing to wrap or colour in it."""
     if output == Output.json:
         text = json.dumps(plain(data), default=str, indent=2, allow_nan=False) + "\n"
     elif output == Output.yaml:
@@ -584,7 +584,7 @@ CHECK_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
 
 def report_checks(checks: list[Check], output: Output) -> None:
     """The table (or -o json) of doctor / cluster check results; exits 1 when any failed."""
-    from fsdpctl.checks import any_failed
+    from fsdpctl.cluster.checks import any_failed
     from fsdpctl.errors import ExitCode
 
     failed = any_failed(checks)

@@ -1,6 +1,6 @@
 """fsdpctl deploy etcd|operator|plugins|storage|monitoring|all|status|fetch: what the cluster needs
 before a job runs (the components, the diff, the readiness wait and the cache are
-`fsdpctl.deploy`'s)."""
+`fsdpctl.cluster.deploy`'s)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from fsdpctl.errors import BadInput
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
-    from fsdpctl.deploy import Component
+    from fsdpctl.cluster.deploy import Component
 
 app = command_group(
     "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2), the device plugins, the FSx CSI driver "
@@ -75,10 +75,11 @@ def _deploy(
     output: Output,
 ) -> None:
     """`dry_run`: '' (apply, wait), 'client' (print the objects) or 'server' (the API server checks
-    them). With -o json/yaml stdout gets one document (docs/reference/output.md), the messages stay on
-    stderr."""
-    from fsdpctl import deploy, deploy_status, render
+    them). With -o json/yaml stdout gets one document (docs/reference/output.md), the messages stay
+    on stderr."""
     from fsdpctl.backends.eks import api
+    from fsdpctl.cluster import deploy, deploy_status
+    from fsdpctl.job import render
 
     cfg = state(ctx).config()
     comps = deploy.components(cfg, which, sources(mirror))
@@ -140,7 +141,7 @@ def _dry_run_verdict(total: int, unchecked: list[str]) -> str:
 
 
 def _wait_ready(kube: Kube, comp: Component, refs: list[dict], timeout: float) -> None:
-    from fsdpctl import deploy
+    from fsdpctl.cluster import deploy
 
     with err.status(f"waiting for {comp.name} to be ready ...") as spinner:
         deploy.wait_ready(
@@ -204,8 +205,8 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
 
     Example: fsdpctl deploy status -o json
     """
-    from fsdpctl import deploy_status
     from fsdpctl.backends.eks import api
+    from fsdpctl.cluster import deploy_status
 
     cfg = state(ctx).config()
     kube = api.connect(cfg)
@@ -229,7 +230,7 @@ def fetch(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = Outpu
 
     Example: fsdpctl deploy fetch
     """
-    from fsdpctl import deploy
+    from fsdpctl.cluster import deploy
     from fsdpctl.files import home
 
     files: list[dict[str, str]] = []

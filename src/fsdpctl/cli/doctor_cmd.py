@@ -1,5 +1,5 @@
-"""fsdpctl doctor: the checks are `fsdpctl.doctor`'s; this shows them as they finish and reports
-them."""
+"""fsdpctl doctor: the checks are `fsdpctl.cluster.doctor`'s; this shows them as they finish and
+reports them."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def doctor(
 
     Example: fsdpctl doctor -o json
     """
-    from fsdpctl import doctor as D
+    from fsdpctl.cluster import doctor as D
 
     cfg = state(ctx).config()
     demand, checkpoints = D.targets(cfg)

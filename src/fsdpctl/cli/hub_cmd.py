@@ -1,5 +1,5 @@
 """fsdpctl model fetch | data fetch: repos from the Hugging Face Hub into the cache a job reads,
-ahead of the job (fsdpctl.prestep). Pre-staged, the job's own pre-step finds them complete and
+ahead of the job (fsdpctl.job.prestep). Pre-staged, the job's own pre-step finds them complete and
 downloads nothing."""
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ def _fetch(
     dry_run: bool,
     output: Output = Output.table,
 ) -> None:
-    from fsdpctl import prestep
     from fsdpctl.adapters import hub
     from fsdpctl.files import home
-    from fsdpctl.hf_token import secret_env
+    from fsdpctl.job import prestep
+    from fsdpctl.job.hf_token import secret_env
 
     cfg = state(ctx).config()
     wanted = prestep.command_targets(cfg, kind, repo, revision)

@@ -1,5 +1,5 @@
 """fsdpctl image build|push: the trainer image from docker/Dockerfile, pushed to ECR (over
-`fsdpctl.image` and the Docker adapter)."""
+`fsdpctl.cluster.image` and the Docker adapter)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def build(
 
     Example: fsdpctl image build --build-arg EFA_INSTALLER_VERSION=1.43.2
     """
-    from fsdpctl import image
     from fsdpctl.adapters import docker
+    from fsdpctl.cluster import image
 
     cfg = state(ctx).config()
     args = parse_sets(build_arg or [], "--build-arg", "INSTALL_EFA=false")
@@ -80,8 +80,8 @@ def push(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = Output
 
     Example: fsdpctl image push
     """
-    from fsdpctl import image
     from fsdpctl.adapters import docker
+    from fsdpctl.cluster import image
     from fsdpctl.errors import FsdpctlError
 
     cfg = state(ctx).config()
@@ -120,8 +120,8 @@ def push(ctx: typer.Context, dry_run: DryRunOpt = False, output: Output = Output
 
 
 def _ecr_login(cfg: Config, registry: str, dry_run: bool, shown: list[str] | None) -> None:
-    from fsdpctl import image
     from fsdpctl.adapters import docker
+    from fsdpctl.cluster import image
 
     if dry_run:
         note = (

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends, crilog, failures, files
+from fsdpctl import backends, files
 from fsdpctl.backends import LogLine
 from fsdpctl.cli import job_record_cmd, job_view
 from fsdpctl.cli.admission import admit
@@ -39,9 +39,9 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.errors import BadInput
-from fsdpctl.job import runner
+from fsdpctl.job import crilog, failures, runner
+from fsdpctl.job.reports import FINAL
 from fsdpctl.redact import redact
-from fsdpctl.reports import FINAL
 
 app = command_group(
     "Run and watch training jobs: on this machine (BACKEND=local), an EKS cluster (eks: the "
@@ -132,10 +132,10 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """A job's phase, nodes, restarts and training progress. Progress: step, ETA, loss, tokens/s; on a
-    cluster also pods by state, the leader pod, why pods are Pending, and the network path NCCL took
-    (EFA or sockets). On a terminal (or with --plot) the loss and tokens/s curves follow the table;
-    never with -o json/yaml.
+    """A job's phase, nodes, restarts and training progress. Progress: step, ETA, loss, tokens/s; on
+    a cluster also pods by state, the leader pod, why pods are Pending, and the network path NCCL
+    took (EFA or sockets). On a terminal (or with --plot) the loss and tokens/s curves follow the
+    table; never with -o json/yaml.
 
     Example: fsdpctl job status -o json
     """
@@ -247,7 +247,8 @@ def logs(
 
 
 def _log_window(tail: int | None, since: str | None) -> tuple[int | None, float | None]:
-    """--tail and --since as kubectl checks them: a tail of -1 or more (-1: all), a positive duration."""
+    """--tail and --since as kubectl checks them: a tail of -1 or more (-1: all), a positive
+    duration."""
     if tail is not None and tail < -1:
         raise BadInput(f"--tail {tail} is below -1", hint="use a number of lines, or -1 for all")
     if since is None:

@@ -34,7 +34,7 @@ def plot(
     """
     import importlib.util
 
-    from fsdpctl import plots
+    from fsdpctl.cli import plots
 
     if (
         importlib.util.find_spec("matplotlib") is None

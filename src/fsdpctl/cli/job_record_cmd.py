@@ -1,4 +1,5 @@
-"""fsdpctl job describe|rerun|diff: a run's record (fsdpctl.record), shown, started again, compared.
+"""fsdpctl job describe|rerun|diff: a run's record (fsdpctl.job.record), shown, started again,
+compared.
 
 Registered on the `job` group by job_cmd (`register`). A NAME is a job name (its newest run), a run
 id or a record id; on a cluster a job name reads the ConfigMap <job>-record, anything else this
@@ -75,7 +76,7 @@ def _format(output: str) -> str:
     return output
 
 
-# ---- describe --------------------------------------------------------------------------------------------
+# ---- describe ------------------------------------------------------------------------------------
 
 
 def describe(
@@ -93,7 +94,7 @@ def describe(
 
     Example: fsdpctl job describe -o env > run.env
     """
-    from fsdpctl import record
+    from fsdpctl.job import record
 
     _format(output)
     got = load_record(ctx, name, backend)
@@ -108,10 +109,11 @@ def describe(
 
 
 def _describe_table(rec: dict[str, Any], where: str) -> Group:
-    """The run in a few rows, then one `KEY value source` row per setting not at its plain default."""
+    """The run in a few rows, then one `KEY value source` row per setting not at its plain
+    default."""
     from rich.console import Group
 
-    from fsdpctl import record
+    from fsdpctl.job import record
 
     t = PlainTable(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
@@ -150,7 +152,7 @@ def _fingerprint_text(fp: dict[str, Any]) -> str:
     return f"{fp['source']}: {fp['files']} files, {fp['bytes']} bytes, sha256 {fp['digest'][:16]}"
 
 
-# ---- history ---------------------------------------------------------------------------------------------
+# ---- history -------------------------------------------------------------------------------------
 
 
 def history(
@@ -167,7 +169,8 @@ def history(
 
     Example: fsdpctl job history fsdp -o json
     """
-    from fsdpctl import record, record_store
+    from fsdpctl.job import record
+    from fsdpctl.job import store as record_store
 
     cfg = state(ctx).config()
     job = files.job_name(name) if name is not None else cfg.job_name
@@ -265,7 +268,7 @@ def rerun(
 
     Example: fsdpctl job rerun fsdp-1a2b3c4d-5e6f7a   (then: fsdpctl job diff A B)
     """
-    from fsdpctl import jobpolicy
+    from fsdpctl.job import policy as jobpolicy
 
     got = load_record(ctx, name, backend)
     run_id = jobpolicy.new_run_id(got.rec["job"])
@@ -296,7 +299,7 @@ def _rerun_start(ctx: typer.Context, rec: dict[str, Any], run_id: str) -> dict[s
     """RESUME and CHECKPOINT_SUBDIR of a rerun: where the recorded run started, as its trainer said
     (the checkpoint it resumed, found where the run kept them; never: afresh), and a directory of
     its own."""
-    from fsdpctl import jobpolicy
+    from fsdpctl.job import policy as jobpolicy
 
     start = {"CHECKPOINT_SUBDIR": f"reruns/{run_id}"}
     trainer = rec.get("trainer") or {}
@@ -352,7 +355,7 @@ def resume(
     )
 
 
-# ---- diff ------------------------------------------------------------------------------------------------
+# ---- diff ----------------------------------------------------------------------------------------
 
 
 def diff(
@@ -376,7 +379,7 @@ def diff(
 
     Example: fsdpctl job diff fsdp-1a2b3c4d-5e6f7a fsdp-1a2b3d00-8c9d0e
     """
-    from fsdpctl import record
+    from fsdpctl.job import record
 
     if output not in ("table", "json"):
         raise BadInput(

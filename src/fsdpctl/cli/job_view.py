@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.text import Text
 
-from fsdpctl import crilog, nodefit, prestep
 from fsdpctl.backends import Backend, LogLine, Started
 from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, styled, warn
 from fsdpctl.errors import BadInput, ExitCode
-from fsdpctl.job import runner
-from fsdpctl.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
+from fsdpctl.job import crilog, prestep, runner
+from fsdpctl.job.progress import describe, fmt_duration, hung_warning, progress_rows, step_and_loss
+from fsdpctl.job.reports import FINAL, Failure, Phase, Report
+from fsdpctl.job.validate import label_value_problem
+from fsdpctl.plan import nodefit
 from fsdpctl.redact import redact
-from fsdpctl.reports import FINAL, Failure, Phase, Report
 from fsdpctl.targets import target
-from fsdpctl.validate import label_value_problem
 from fsdptrain import events
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ def follow(backend: Backend, name: str) -> Report | None:
     """A progress bar fed by the leader's step lines until the job ends; the final report. Ctrl-C
     does what the backend does with it (local: stop with a checkpoint; cluster: detach, returning
     None). SIGTERM and SIGHUP (CI's timeout, a closed terminal) do the same, then end the command
-    with one line and 128 + the signal's number (143, 129), as a shell reports a process it ended."""
+    with one line and 128 + the signal's number (143, 129), as a shell reports a process it
+    ended."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -194,7 +195,7 @@ def full_disk(backend: Backend, r: Report, lines: list[str]) -> str | None:
     import shutil
     from pathlib import Path
 
-    from fsdpctl.failures import says_disk_full
+    from fsdpctl.job.failures import says_disk_full
 
     failure: dict[str, Any] = dict(r.get("failure") or {})
     said = says_disk_full([failure.get("error"), failure.get("raised"), r.get("reason"), *lines])
@@ -308,7 +309,7 @@ def status_view(r: Report, stall_after: float, curves: list[Any] | None) -> Any:
     view redrawn in place."""
     from rich.console import Group
 
-    from fsdpctl.plots import steps_of, terminal_plot
+    from fsdpctl.cli.plots import steps_of, terminal_plot
 
     parts: list[Any] = [status_table(r)]
     said = [*warnings(r), *([hung_warning(stall_after)] if r["stalled"] else [])]
@@ -348,8 +349,8 @@ def watch_status(backend: Backend, name: str, stall_after: float, plot: bool) ->
 
 
 def want_plot(flag: bool | None) -> bool:
-    """--plot/--no-plot, else curves only on a terminal: off one (a pipe, a file) the output stays the
-    table's lines, for grep."""
+    """--plot/--no-plot, else curves only on a terminal: off one (a pipe, a file) the output stays
+    the table's lines, for grep."""
     return flag if flag is not None else out.is_terminal
 
 
@@ -358,7 +359,7 @@ PLOT_MAX_WIDTH = 120
 
 def print_curves(recs: list[Any]) -> None:
     """Loss and tokens/s over the steps of the leader's log (plotext); nothing before two steps."""
-    from fsdpctl.plots import steps_of, terminal_plot
+    from fsdpctl.cli.plots import steps_of, terminal_plot
 
     steps = steps_of(recs)
     if len(steps) >= 2:
@@ -373,7 +374,8 @@ PHASES = tuple(Phase)  # every phase a job can be reported in, for `job list --p
 
 
 def phase_filter(values: list[str]) -> set[Phase]:
-    """--phase values (repeated or comma lists, any case) as phase names; BadInput naming the known ones."""
+    """--phase values (repeated or comma lists, any case) as phase names; BadInput naming the known
+    ones."""
     known = {p.lower(): p for p in PHASES}
     chosen = set()
     for value in (v.strip() for vs in values for v in vs.split(",")):
@@ -396,7 +398,8 @@ def started_object(backend: Backend, started: Started) -> dict[str, Any]:
 
 
 def dry_run_word(dry_run: bool, server: bool = False) -> str:
-    """A document's `dry_run`: kubectl's --dry-run values, none, client or server, in every command."""
+    """A document's `dry_run`: kubectl's --dry-run values, none, client or server, in every
+    command."""
     return "server" if server else ("client" if dry_run else "none")
 
 
@@ -434,7 +437,8 @@ def launch(
     start suggests besides `job status`. -o json/yaml: one document on stdout."""
     import typer
 
-    from fsdpctl import backends, jobpolicy
+    from fsdpctl import backends
+    from fsdpctl.job import policy as jobpolicy
     from fsdpctl.job import runner
 
     started = runner.run(

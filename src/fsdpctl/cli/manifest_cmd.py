@@ -1,5 +1,5 @@
-"""fsdpctl manifest: renders through `fsdpctl.render`, checks and writes through
-`fsdpctl.manifests`."""
+"""fsdpctl manifest: renders through `fsdpctl.job.render`, checks and writes through
+`fsdpctl.cluster.manifests`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from fsdpctl.cli.common import ForceOpt, ok, out, state, warn
 from fsdpctl.errors import BadInput, FsdpctlError
 
 if TYPE_CHECKING:
-    from fsdpctl import manifests
+    from fsdpctl.cluster import manifests
 
 
 class Format(str, Enum):
@@ -55,10 +55,13 @@ def manifest(
     does not fit or cannot be scheduled is refused (exit 2, nothing printed or written) unless
     --force.
 
-    Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl apply
-    -f -
+    Example: fsdpctl --set BACKEND=eks --set MODEL=7b manifest --run-id "fsdp-$(date +%s)" | kubectl
+    apply -f -
     """
-    from fsdpctl import files, jobpolicy, manifests, render
+    from fsdpctl import files
+    from fsdpctl.cluster import manifests
+    from fsdpctl.job import policy as jobpolicy
+    from fsdpctl.job import render
 
     run_id = files.run_id(run_id) if run_id is not None else None  # as `job run --run-id` takes it
     cfg = state(ctx).config()
@@ -76,7 +79,7 @@ def manifest(
         return
     objs = render.render_job(cfg, run_id or jobpolicy.stable_run_id(cfg))
     if validate:
-        from fsdpctl.validate import KUBERNETES_VERSION
+        from fsdpctl.job.validate import KUBERNETES_VERSION
 
         manifests.check(objs, crd_dir)
         ok(f"{len(objs)} objects valid against Kubernetes {KUBERNETES_VERSION} and the CRD schemas")
@@ -98,7 +101,7 @@ def _write_dir(objs: list[dict], out_dir: Path, fmt: str, job: str) -> manifests
     """manifests.write_dir (all files or none), its OSError as one line naming --out-dir, exit 2
     (exit 1 for a full disk: not the input's fault); the folders it made for them removed again when
     it failed."""
-    from fsdpctl import manifests
+    from fsdpctl.cluster import manifests
 
     made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:

@@ -1,4 +1,4 @@
-"""fsdpctl plan: the numbers come from `fsdpctl.plan`; this prints them."""
+"""fsdpctl plan: the numbers come from `fsdpctl.plan.planner`; this prints them."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from fsdpctl import jobpolicy, sweep, volume
-from fsdpctl import plan as P
 from fsdpctl.cli import completion
 from fsdpctl.cli.common import Output, OutputOpt, PlainTable, emit, finite, out, state, styled
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.plan import planner as P
+from fsdpctl.plan import sweep, volume
 from fsdptrain.events import seconds_text
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
@@ -211,7 +212,8 @@ def plan(
     )
     job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
-        # --model and --nodes narrow the sweep to their rows; without them it spans every model and size
+        # --model and --nodes narrow the sweep to their rows; without them it spans every model and
+        # size
         rows = sweep.matrix(
             job,
             tokens,

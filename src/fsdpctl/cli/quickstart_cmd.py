@@ -6,10 +6,11 @@ from typing import Annotated
 
 import typer
 
-from fsdpctl import backends, jobpolicy
+from fsdpctl import backends
 from fsdpctl.cli import job_view
 from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, emit, ok, out, state
+from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import runner
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process,
@@ -112,7 +113,8 @@ def quickstart(
     code = job_view.outcome(
         be, started.job, job_view.follow(be, started.job), table=output == Output.table
     )
-    # -o json|yaml: the job's final report and the next commands as one document (progress stays on stderr)
+    # -o json|yaml: the job's final report and the next commands as one document (progress stays on
+    # stderr)
     report = {"job": started.job, "run_id": started.run_id, "dry_run": "none", "exit_code": code}
     if emit(
         {

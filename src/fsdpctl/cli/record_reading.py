@@ -1,6 +1,7 @@
-"""A run record read back for `job describe|history|rerun|resume|diff`: by job name (its newest run),
-run id or record id, from where its place keeps it (`Backend.kept_record`) else this machine's copies,
-with what its run's logs add; and what differs from it now (drift) or would stop a resume."""
+"""A run record read back for `job describe|history|rerun|resume|diff`: by job name (its newest
+run), run id or record id, from where its place keeps it (`Backend.kept_record`) else this machine's
+copies, with what its run's logs add; and what differs from it now (drift) or would stop a
+resume."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class Loaded:
     problems: list[str] = field(default_factory=list)
 
 
-# ---- reading a record back -------------------------------------------------------------------------------
+# ---- reading a record back -----------------------------------------------------------------------
 
 
 def _run_lines(rec: dict[str, Any], cfg: Config) -> list[str] | None:
@@ -44,7 +45,8 @@ def _run_lines(rec: dict[str, Any], cfg: Config) -> list[str] | None:
 def learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
     """A run's record with its trainer's start line from its logs where they are here, kept once
     read (the logs may be cleaned up); any other record as it is."""
-    from fsdpctl import record, record_store
+    from fsdpctl.job import record
+    from fsdpctl.job import store as record_store
 
     if (rec.get("trainer") and rec.get("losses")) or (lines := _run_lines(rec, cfg)) is None:
         return rec
@@ -55,7 +57,8 @@ def learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
 
 
 def _from_this_machine(name: str, cfg: Config) -> Loaded | None:
-    from fsdpctl import record, record_store
+    from fsdpctl.job import record
+    from fsdpctl.job import store as record_store
 
     rec = record_store.find(name)
     if rec is None:
@@ -71,7 +74,8 @@ def _from_this_machine(name: str, cfg: Config) -> Loaded | None:
 
 def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Loaded:
     """The record NAME means (see the module's doc); exit 4 with the fix when there is none."""
-    from fsdpctl import record, record_store
+    from fsdpctl.job import record
+    from fsdpctl.job import store as record_store
 
     cfg = state(ctx).config()
     name = name if name is not None else cfg.job_name
@@ -97,7 +101,7 @@ def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Lo
     return found
 
 
-# ---- rerun -----------------------------------------------------------------------------------------------
+# ---- rerun ---------------------------------------------------------------------------------------
 
 
 def _inputs_here(cfg: Config) -> dict[str, str] | None:
@@ -120,8 +124,8 @@ def _inputs_here(cfg: Config) -> dict[str, str] | None:
 
 def drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
     """(what differs from the record, what could not be checked here)."""
-    from fsdpctl import record
     from fsdpctl.adapters.git import code_version
+    from fsdpctl.job import record
     from fsdptrain.fingerprint import fingerprint
 
     unchecked = []
@@ -147,7 +151,7 @@ def drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
 def main_line(rec: dict[str, Any]) -> dict[str, Any]:
     """For a job named by its name: the newest run that kept its checkpoints in the job's own
     directory (a rerun keeps its own: `job resume RUN_ID` continues that one)."""
-    from fsdpctl import record_store
+    from fsdpctl.job import store as record_store
 
     if not rec["settings"].get("CHECKPOINT_SUBDIR"):
         return rec
@@ -159,7 +163,7 @@ def has_a_checkpoint(cfg: Config) -> None:
     """A job with nothing to resume is refused (exit 2) where its checkpoints are on this machine:
     `job run` starts it. On a cluster the volume is the pods' to read: the trainer starts afresh
     there when it finds none, and says so."""
-    from fsdpctl import jobpolicy
+    from fsdpctl.job import policy as jobpolicy
     from fsdptrain.resume import latest_checkpoint
 
     where = backends.create(cfg).here(jobpolicy.checkpoint_dir(cfg, cfg.job_name))

@@ -24,11 +24,11 @@ from typing import Any, Literal
 
 Name = Literal["stdout", "stderr"]
 
-# ---- terminal text ----------------------------------------------------------------------------------------
+# ---- terminal text -------------------------------------------------------------------------------
 
 # C0 controls but TAB and LF, DEL, the C1 controls (U+0080-U+009F: U+009B is a one-character CSI on
-# terminals that take 8-bit controls, ECMA-48 section 5.3), and Unicode's bidirectional overrides and
-# isolates (U+202A-U+202E, U+2066-U+2069: they reorder what a terminal shows, CVE-2021-42574)
+# terminals that take 8-bit controls, ECMA-48 section 5.3), and Unicode's bidirectional overrides
+# and isolates (U+202A-U+202E, U+2066-U+2069: they reorder what a terminal shows, CVE-2021-42574)
 CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -50,7 +50,7 @@ def escape_controls(text: str, *, value: bool = False) -> str:
     return (CONTROLS_IN_A_VALUE if value else CONTROLS).sub(_escaped, text)
 
 
-# ---- the streams ------------------------------------------------------------------------------------------
+# ---- the streams ---------------------------------------------------------------------------------
 
 
 class OutputLost(BaseException):  # noqa: N818 (a BaseException, as KeyboardInterrupt is)
@@ -234,8 +234,8 @@ def broken_stdout(e: BaseException) -> str | None:
     return None
 
 
-# what a write to a standard stream fails with (write(2)): a full or over-quota file system, a reader
-# gone, a descriptor closed, a terminal hung up, a file over its size limit
+# what a write to a standard stream fails with (write(2)): a full or over-quota file system, a
+# reader gone, a descriptor closed, a terminal hung up, a file over its size limit
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EPIPE, errno.EBADF, errno.EIO, errno.EFBIG)
 
 
@@ -310,8 +310,8 @@ def closed_streams() -> None:
 
 
 class Sink:
-    """The file a console writes to: whatever sys.stdout (sys.stderr) is at the time of the write (the
-    test runner swaps them), through `write`."""
+    """The file a console writes to: whatever sys.stdout (sys.stderr) is at the time of the write
+    (the test runner swaps them), through `write`."""
 
     def __init__(self, name: Name) -> None:
         self.name = name

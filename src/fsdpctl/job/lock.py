@@ -28,7 +28,8 @@ HOLDER_MAX = 4096
 
 
 class CorruptLock(FsdpctlError):
-    """What is at the lock's path is not the lock file fsdpctl made (a link, a FIFO, a directory)."""
+    """What is at the lock's path is not the lock file fsdpctl made (a link, a FIFO, a
+    directory)."""
 
     def __init__(self, message: str):
         super().__init__(

@@ -1,8 +1,8 @@
 """How long a waiter rides out an outside system that does not answer.
 
-`job wait` (and a followed `job run`) must not take an API server restart or a slurmctld failover for
-the job's end, nor wait forever on a control plane that is gone: kubectl's own `wait` fails on the
-first request error; fsdpctl rides out an outage of up to OUTAGE_REQUESTS request deadlines
+`job wait` (and a followed `job run`) must not take an API server restart or a slurmctld failover
+for the job's end, nor wait forever on a control plane that is gone: kubectl's own `wait` fails on
+the first request error; fsdpctl rides out an outage of up to OUTAGE_REQUESTS request deadlines
 (REQUEST_TIMEOUT each: 5 minutes by default, longer than an EKS control-plane restart's blip), then
 fails naming what did not answer.
 """

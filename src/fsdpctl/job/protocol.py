@@ -4,7 +4,7 @@ As torchx's Scheduler (torchx/schedulers/api.py: submit_dryrun, schedule, descri
 cancel, list) under its Runner: a backend submits, observes, signals, cancels and says where its
 logs are; the runner (fsdpctl.job.runner) holds the job's lock, records the run and its state, and
 cancels a submit it could not record. Every answer has one shape whichever backend gives it
-(fsdpctl.reports).
+(fsdpctl.job.reports).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from fsdpctl.crilog import LogLine
-from fsdpctl.reports import Report, Waited
+from fsdpctl.job.crilog import LogLine
+from fsdpctl.job.reports import Report, Waited
 from fsdptrain import events
 
 

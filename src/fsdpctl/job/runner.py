@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpctl import files, record, record_store, targets
+from fsdpctl import files, targets
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
-from fsdpctl.job import home, lock, state
+from fsdpctl.job import home, lock, record, state
+from fsdpctl.job import store as record_store
 from fsdpctl.job.protocol import Backend, Started, Submitted
-from fsdpctl.reports import FINAL, Phase, Report
+from fsdpctl.job.reports import FINAL, Phase, Report
 from fsdpctl.settings import Config
 
 # settings that say where on its backend a job lives, kept in its state: a verb on the job finds it
@@ -118,8 +119,8 @@ def _undone(be: Backend, name: str, sub: Submitted, why: BaseException) -> Fsdpc
 
 def _make_way(name: str, current: dict[str, Any], replace: bool, other: Factory) -> None:
     """Refuse a second run of a job whose run is active, on whichever backend runs it; with
-    `replace`, stop that run first (waiting for it to end). Unknown is not "ended": a run whose place
-    cannot say is never replaced."""
+    `replace`, stop that run first (waiting for it to end). Unknown is not "ended": a run whose
+    place cannot say is never replaced."""
     where = state.backend_of(current)
     phase, why = phase_of(other(where), name)
     if phase is None or phase in FINAL:
@@ -204,7 +205,8 @@ class Listed:
 def list_jobs(cfg: Config, other: Factory, only: str | None = None) -> Listed:
     """The jobs of every backend that holds one in this home, and of `only` (or BACKEND when it is a
     place that keeps its own jobs, EKS's cluster) besides; with `only`, that backend's alone. A
-    backend that cannot be asked is in `failed`, and its jobs recorded here are listed as Unknown."""
+    backend that cannot be asked is in `failed`, and its jobs recorded here are listed as
+    Unknown."""
     names = [only] if only else backends_here(cfg)
     found = Listed()
     for name in names:

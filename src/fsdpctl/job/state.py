@@ -41,7 +41,7 @@ FIRST_BACKEND = "local"  # version 1 states were the local backend's alone
 Check = Callable[[Any], bool]
 
 
-# ---- checks of a value's type and range, composed per key ------------------------------------------
+# ---- checks of a value's type and range, composed per key ----------------------------------------
 
 
 def is_int(v: Any) -> bool:

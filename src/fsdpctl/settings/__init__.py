@@ -14,6 +14,7 @@ layers.
 
 from __future__ import annotations
 
+from fsdpctl.settings.config import Config, parse_node_selector, parse_tolerations, setting_keys
 from fsdpctl.settings.dotenv import (
     Dotenv,
     environment_settings,
@@ -23,13 +24,7 @@ from fsdpctl.settings.dotenv import (
     secrets_by_place,
 )
 from fsdpctl.settings.load import annotate, config_shown, derived, load, redacted, with_sources
-from fsdpctl.settings.model import (
-    Config,
-    Settings,
-    parse_node_selector,
-    parse_tolerations,
-    setting_keys,
-)
+from fsdpctl.settings.model import Settings
 from fsdpctl.settings.placement import LOCAL_PROCS_PER_CORE, local_path, placement_problems
 from fsdpctl.settings.rules import (
     AZ_LIST,

@@ -3,10 +3,10 @@ storage, TensorBoard and FSx; each problem one line with its fix."""
 
 from __future__ import annotations
 
-from fsdpctl import volume
-from fsdpctl.settings.model import Config, parse_node_selector, parse_tolerations
+from fsdpctl.job.validate import LABEL_MAX, label_value_problem, qualified_name_problem
+from fsdpctl.settings import storage
+from fsdpctl.settings.config import Config, parse_node_selector, parse_tolerations
 from fsdpctl.settings.rules import GATED_PREFIXES
-from fsdpctl.validate import LABEL_MAX, label_value_problem, qualified_name_problem
 from fsdptrain.config import ConfigError
 from fsdptrain.shapes import job_mesh_shape
 
@@ -145,10 +145,10 @@ def _fsx_checks(cfg: Config) -> list[str]:
     """A static FSx PV needs all three of the file system's names (aws-fsx-csi-driver's
     static_provisioning example: volumeHandle, dnsname, mountname) and a claim to bind. PERSISTENT_2
     takes four throughputs (CreateFileSystem LustreConfiguration.PerUnitStorageThroughput)."""
-    if cfg.fsx_throughput_per_tib not in volume.FSX_THROUGHPUTS:
+    if cfg.fsx_throughput_per_tib not in storage.FSX_THROUGHPUTS:
         return [
             f"FSX_THROUGHPUT_PER_TIB={cfg.fsx_throughput_per_tib} is not a PERSISTENT_2 throughput: use one "
-            f"of {', '.join(map(str, volume.FSX_THROUGHPUTS))} (MB/s per TiB)"
+            f"of {', '.join(map(str, storage.FSX_THROUGHPUTS))} (MB/s per TiB)"
         ]
     if not cfg.fsx_file_system_id:
         return []

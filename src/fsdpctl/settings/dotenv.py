@@ -22,8 +22,8 @@ from fsdpctl.settings.rules import (
 
 
 class Dotenv(dict[str, str]):
-    """A .env file's KEY -> value, with the line each key was last set on (`lines`) and, when several
-    files were read, the file (`origins`): errors name them."""
+    """A .env file's KEY -> value, with the line each key was last set on (`lines`) and, when
+    several files were read, the file (`origins`): errors name them."""
 
     def __init__(
         self,
@@ -42,8 +42,9 @@ class Dotenv(dict[str, str]):
 
 
 def merged(files: list[Dotenv]) -> Dotenv:
-    """Several settings files in the order given: a key set in a later one wins over an earlier one's
-    (docker's repeated --env-file, `docker run` reference), each value keeping its file and line."""
+    """Several settings files in the order given: a key set in a later one wins over an earlier
+    one's (docker's repeated --env-file, `docker run` reference), each value keeping its file and
+    line."""
     out = Dotenv()
     for d in files:
         for key, value in d.items():
@@ -75,10 +76,10 @@ def parse_dotenv(text: str, origin: str = ".env") -> Dotenv:
     return values
 
 
-# python-dotenv 1.2's grammar (dotenv/parser.py: its regular expressions, parse_binding, parse_value),
-# read in one pass: python-dotenv counts the lines of every piece it reads with re.findall and spends
-# about 110 us a line (50,000 lines: 5.6 s); this reads the same bindings from the same text
-# (tests/test_edges.py holds the two equal on generated text) in a few us a line.
+# python-dotenv 1.2's grammar (dotenv/parser.py: its regular expressions, parse_binding,
+# parse_value), read in one pass: python-dotenv counts the lines of every piece it reads with
+# re.findall and spends about 110 us a line (50,000 lines: 5.6 s); this reads the same bindings from
+# the same text (tests/test_edges.py holds the two equal on generated text) in a few us a line.
 _multiline_whitespace = re.compile(r"\s*", re.MULTILINE)
 _whitespace = re.compile(r"[^\S\r\n]*")
 _export = re.compile(r"(?:export[^\S\r\n]+)?")
@@ -94,8 +95,8 @@ _rest_of_line = re.compile(r"[^\r\n]*(?:\r|\n|\r\n)?")
 _double_quote_escapes = re.compile(r"\\[\\'\"abfnrtv]")
 _single_quote_escapes = re.compile(r"\\[\\']")
 _inline_comment = re.compile(r"\s+#.*")
-# the common line, `KEY=value` with no space, quote or comment: what the rules above make of it, read
-# in one match
+# the common line, `KEY=value` with no space, quote or comment: what the rules above make of it,
+# read in one match
 _simple = re.compile(r"([^=\#\s'][^=\#\s]*)=([^\s'\"#]\S*)?(\r\n|\n|\r|$)")
 
 
@@ -223,9 +224,10 @@ def escaped(text: str) -> str:
     return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
 
 
-# Letters of other scripts that look like Latin capitals and small letters (Unicode Technical Standard
-# #39, confusables.txt: the Cyrillic and Greek entries whose prototype is one Latin letter). A key typed
-# on a Cyrillic or Greek layout, or pasted from a document, is the key it looks like.
+# Letters of other scripts that look like Latin capitals and small letters (Unicode Technical
+# Standard #39, confusables.txt: the Cyrillic and Greek entries whose prototype is one Latin
+# letter). A key typed on a Cyrillic or Greek layout, or pasted from a document, is the key it looks
+# like.
 CONFUSABLES = str.maketrans(
     "АВЕЅІЈКМНОРСТХУԚԜаеіјоѕрсхуһԁԛԝӏӀΑΒΕΖΗΙΚΜΝΟΡΤΥΧοιν",
     "ABESIJKMHOPCTXYQWaeijospcxyhdqwlIABEZHIKMNOPTYXoiv",
@@ -234,9 +236,9 @@ CONFUSABLES = str.maketrans(
 
 def looks_like(key: str) -> str:
     """The name `key` looks like: compatibility forms folded (NFKC: fullwidth ＭＯＤＥＬ is MODEL), the
-    Cyrillic and Greek lookalikes of Latin letters read as those letters (CONFUSABLES), and invisible
-    characters (format characters, Unicode category Cf: a zero-width space, a BOM, a bidi mark) and
-    spaces dropped."""
+    Cyrillic and Greek lookalikes of Latin letters read as those letters (CONFUSABLES), and
+    invisible characters (format characters, Unicode category Cf: a zero-width space, a BOM, a bidi
+    mark) and spaces dropped."""
     folded = unicodedata.normalize("NFKC", key).translate(CONFUSABLES)
     return "".join(c for c in folded if unicodedata.category(c) != "Cf" and not c.isspace())
 

@@ -14,10 +14,11 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from fsdpctl import volume
 from fsdpctl.errors import SettingsError
 from fsdpctl.redact import MASK, token_shaped
+from fsdpctl.settings import storage
 from fsdpctl.settings.checks import cross_checks
+from fsdpctl.settings.config import Config, setting_keys
 from fsdpctl.settings.dotenv import (
     dotenv_warnings,
     environment_settings,
@@ -25,7 +26,7 @@ from fsdpctl.settings.dotenv import (
     secret_warnings,
     unknown_hint,
 )
-from fsdpctl.settings.model import Config, Settings, setting_keys
+from fsdpctl.settings.model import Settings
 from fsdpctl.settings.rules import (
     CAPPED_DEFAULT,
     DERIVED,
@@ -188,9 +189,11 @@ def _validate(
     if errors or settings is None:  # settings is None only when its errors were listed
         raise SettingsError(errors, warnings)
     cfg = Config.of(settings, training, sources, warnings)
-    if "FSX_STORAGE_GIB" not in raw:  # sized for what this job keeps on the volume (fsdpctl.volume)
+    if (
+        "FSX_STORAGE_GIB" not in raw
+    ):  # sized for what this job keeps on the volume (fsdpctl.plan.volume)
         sources["FSX_STORAGE_GIB"] = DERIVED
-        sized = settings.model_copy(update={"fsx_storage_gib": volume.default_fsx_gib(cfg)})
+        sized = settings.model_copy(update={"fsx_storage_gib": storage.default_fsx_gib(cfg)})
         cfg = Config.of(sized, training, sources, warnings)
     errors = cross_checks(cfg)
     if errors:

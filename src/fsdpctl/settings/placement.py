@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from fsdpctl.settings.model import Config
+from fsdpctl.settings.config import Config
 
 # A local job beyond this many processes per core spends its time switching between them: the
 # collectives time out before the steps end.

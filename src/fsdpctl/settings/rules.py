@@ -11,8 +11,8 @@ from pydantic import (
     Field,
 )
 
+from fsdpctl.settings.storage import FSX_FIRST_GIB, FSX_STEP_GIB
 from fsdpctl.targets import NAMES
-from fsdpctl.volume import FSX_FIRST_GIB, FSX_STEP_GIB
 
 # value shapes the settings accept
 FSX_DNS = r"^(fs-[0-9a-f]{8,17}\.fsx\.[a-z]{2}(-gov)?-[a-z]+-\d\.amazonaws\.com(\.cn)?)?$"
@@ -87,13 +87,13 @@ CAPPED_DEFAULT = (
     "default, at most MAX_STEPS"  # WARMUP_STEPS of a run shorter than its default warmup
 )
 # The source of a value computed from other settings because the user set none (FSX_STORAGE_GIB:
-# sized for what the job keeps on the volume, fsdpctl.volume); .env.example leaves these keys
+# sized for what the job keeps on the volume, fsdpctl.plan.volume); .env.example leaves these keys
 # commented out too.
 DERIVED = "derived"
 DERIVED_KEYS = ("FSX_STORAGE_GIB",)
 
 
-# ---- shapes: what a value must look like where it goes, declared beside the setting (`_k(shape=...)`) ----
+# ---- shapes: what a value must look like where it goes, declared beside the setting (`_k(shape=...)`)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fsdpctl import render
 from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.job import render
 from fsdpctl.settings import Config
 
 
 def connect(cfg: Config):
-    """The cluster from the kubeconfig (KUBE_CONTEXT), or one line naming the command that fixes it."""
+    """The cluster from the kubeconfig (KUBE_CONTEXT), or one line naming the command that fixes
+    it."""
     try:
         from fsdpctl.adapters.kube import Kube, NoCluster
     except ImportError as e:

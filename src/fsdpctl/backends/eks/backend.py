@@ -11,29 +11,26 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import (
-    deploy_status,
-    jobspec,
-    kstatus,
-    nodefit,
-    render,
-)
 from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submitted, placement_ok
 from fsdpctl.backends.eks import api, configmap, engine, observe
+from fsdpctl.cluster import deploy_status
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.hf_token import secret_env
-from fsdpctl.job import home, lock, state
+from fsdpctl.job import home, kstatus, lock, render, state
+from fsdpctl.job import spec as jobspec
+from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.outage import Outage
+from fsdpctl.job.progress import run_outcome
+from fsdpctl.job.reports import FINAL, TIMEOUT, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
-from fsdpctl.progress import run_outcome
-from fsdpctl.reports import FINAL, TIMEOUT, Report, Waited
+from fsdpctl.plan import nodefit
 from fsdpctl.settings import Config
 from fsdptrain import events
 
 
 def _placement_value(key: str) -> Callable[[Any], bool]:
-    """A placement setting as the settings take it (it goes into API paths and kubeconfig lookups)."""
+    """A placement setting as the settings take it (it goes into API paths and kubeconfig
+    lookups)."""
     return lambda v: isinstance(v, str) and placement_ok({"backend": EksBackend.name, key: v})
 
 

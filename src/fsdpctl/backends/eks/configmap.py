@@ -1,5 +1,6 @@
 """The run record as the cluster keeps it (BACKEND=eks): the job's record-hash annotation, the
-ConfigMap <job>-record owned by the job, and the image digest its pods report, merged back into it."""
+ConfigMap <job>-record owned by the job, and the image digest its pods report, merged back into
+it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fsdpctl import render
-from fsdpctl.record import env_text
+from fsdpctl.job import validate
+from fsdpctl.job.record import env_text
 
-# ---- on a cluster: the job's annotation and the ConfigMap <job>-record ------------------------------------
+# ---- on a cluster: the job's annotation and the ConfigMap <job>-record ---------------------------
 
 ANNOTATION = "fsdpctl.io/record-hash"
 
@@ -30,7 +31,8 @@ def config_map_name(job: str) -> str:
 
 
 def annotated(job: dict[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
-    """The job object carrying its record's hash (what `job describe` checks the ConfigMap against)."""
+    """The job object carrying its record's hash (what `job describe` checks the ConfigMap
+    against)."""
     meta = job["metadata"]
     return {
         **job,
@@ -66,7 +68,7 @@ def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
             "labels": {
                 "app.kubernetes.io/managed-by": "fsdpctl",
                 "fsdpctl.io/record-of": rec["job"],
-                "fsdpctl.io/run-id": render.label_value(rec["run_id"]),
+                "fsdpctl.io/run-id": validate.label_value(rec["run_id"]),
             },
             "annotations": {ANNOTATION: rec["hash"]},
         },
@@ -83,7 +85,7 @@ def from_config_map(cm: Mapping[str, Any]) -> dict[str, Any]:
     return {**rec, "manifests": data.get("manifests.yaml")}
 
 
-# ---- what a run's log and pods add -----------------------------------------------------------------------
+# ---- what a run's log and pods add ---------------------------------------------------------------
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 

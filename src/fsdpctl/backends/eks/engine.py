@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import time
 
-from fsdpctl import jobpolicy, kstatus, render, volume
 from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
 from fsdpctl.backends.eks.observe import pods_of
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.reports import FINAL, TIMEOUT, Phase, Waited
+from fsdpctl.job import kstatus, render
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job.reports import FINAL, TIMEOUT, Phase, Waited
+from fsdpctl.plan import volume
 from fsdpctl.settings import Config
 
 
@@ -27,8 +29,8 @@ def run(
 ) -> dict:
     """Namespace (+ etcd) applied, the Secret applied, the job created. A job of the same name is
     refused unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint). With a
-    run `record` (fsdpctl.record) the job carries its hash and the ConfigMap <job>-record, owned by
-    the job, holds it."""
+    run `record` (fsdpctl.job.record) the job carries its hash and the ConfigMap <job>-record, owned
+    by the job, holds it."""
     run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
     objs = render.render_job(cfg, run_id, record["id"] if record else "")
     *infra, job = objs
@@ -284,7 +286,8 @@ def cleanup(
 
 
 def _delete_etcd_key(kube, cfg: Config, key: str) -> None:
-    """Through the API server's service proxy to etcd's v2 keys API; a missing key is already clean."""
+    """Through the API server's service proxy to etcd's v2 keys API; a missing key is already
+    clean."""
     from fsdpctl.adapters.kube import KubeError
 
     try:

@@ -1,6 +1,6 @@
-"""What a job on the cluster is doing (BACKEND=eks): its pods, its leader's log, its status report and
-its pre-step's, the job list, the logs of its pods, and its run record (a ConfigMap). Read through the
-Kubernetes adapter; what the objects mean is the pure `kstatus`'s."""
+"""What a job on the cluster is doing (BACKEND=eks): its pods, its leader's log, its status report
+and its pre-step's, the job list, the logs of its pods, and its run record (a ConfigMap). Read
+through the Kubernetes adapter; what the objects mean is the pure `kstatus`'s."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import math
 import time
 from collections.abc import Callable, Iterator
 
-from fsdpctl import crilog, failures, jobpolicy, kstatus, prestep, render
-from fsdpctl import record as run_record
 from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
-from fsdpctl.crilog import LogLine
 from fsdpctl.errors import FsdpctlError
-from fsdpctl.progress import parse_events, progress, stage, stalled
-from fsdpctl.reports import PrestepReport, Report
+from fsdpctl.job import crilog, failures, kstatus, prestep, render
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import record as run_record
+from fsdpctl.job.crilog import LogLine
+from fsdpctl.job.progress import parse_events, progress, stage, stalled
+from fsdpctl.job.reports import PrestepReport, Report
 from fsdpctl.settings import Config
 from fsdptrain import fetch
 

@@ -10,27 +10,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import (
-    crilog,
-    files,
-    jobpolicy,
-    record_store,
-    render,
-)
+from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.local import engine as local
 from fsdpctl.backends.local import state as local_state
 from fsdpctl.backends.local.report import failed_log, job_report, no_logs, run_events
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
-from fsdpctl.hf_token import secret_env
-from fsdpctl.job import lock
-from fsdpctl.job.runner import refuse
-from fsdpctl.progress import (
+from fsdpctl.job import crilog, lock, render
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import store as record_store
+from fsdpctl.job.hf_token import secret_env
+from fsdpctl.job.progress import (
     across_runs,
     run_outcome,
 )
-from fsdpctl.reports import Phase, Report, Waited
+from fsdpctl.job.reports import Phase, Report, Waited
+from fsdpctl.job.runner import refuse
 from fsdpctl.settings import Config, local_path
 from fsdptrain import events
 from fsdptrain.config import missing_packages

@@ -5,12 +5,15 @@ A detached supervisor process (`python -m fsdpctl.backends.local JOB_DIR`) owns 
 `job status`, `job logs -f` and `job stop` work from any terminal. Everything lives under the job
 directory:
 
-    FSDPCTL_HOME/jobs/<job>/state.json        phase, process identities, exit codes (written atomically)
-    FSDPCTL_HOME/jobs/<job>/lock              flock'ed by the supervisor for its life: one run per job
-    FSDPCTL_HOME/jobs/<job>/spec.json         what to launch (no secrets: the token is in the environment)
-    FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log   a pod's output, each line stamped (CRI log format, crilog)
-    FSDPCTL_HOME/jobs/<job>/checkpoints/      the pod's /checkpoints volume; survives runs, so runs resume
-    FSDPCTL_HOME/jobs/<job>/hosts/node-N/...  node N's hostPath directories (the /local scratch); survive runs
+    FSDPCTL_HOME/jobs/<job>/state.json phase, process identities, exit codes (written atomically)
+    FSDPCTL_HOME/jobs/<job>/lock flock'ed by the supervisor for its life: one run per job
+    FSDPCTL_HOME/jobs/<job>/spec.json what to launch (no secrets: the token is in the environment)
+    FSDPCTL_HOME/jobs/<job>/logs/<run>/node-N.log a pod's output, each line stamped (CRI log format,
+    crilog)
+    FSDPCTL_HOME/jobs/<job>/checkpoints/ the pod's /checkpoints volume; survives runs, so runs
+    resume
+    FSDPCTL_HOME/jobs/<job>/hosts/node-N/... node N's hostPath directories (the /local scratch);
+    survive runs
 """
 
 from __future__ import annotations
@@ -92,17 +95,17 @@ from fsdpctl.backends.local.status import (
 )
 from fsdpctl.backends.local.supervisor import exit_code, prestep_state, supervise, verdict
 from fsdpctl.job import state as core
-from fsdpctl.reports import Phase
+from fsdpctl.job.reports import Phase
 
 
 def start(
     job: dict, *, secret_env: dict[str, str], prestep: dict | None = None, settle_s: float = 0
 ) -> dict:
     """Write the spec and the state and start the detached supervisor; returns the initial state.
-    `prestep`: the rendered pre-step Job (fsdpctl.prestep), which the supervisor starts before the
-    launchers. Called with the job's lock held (fsdpctl.job.runner): refused while a run of the job
-    is active or any process of it lives, after waiting up to `settle_s` for the processes of a run
-    that just ended to exit (a `--replace`: the old supervisor is still on its way out)."""
+    `prestep`: the rendered pre-step Job (fsdpctl.job.prestep), which the supervisor starts before
+    the launchers. Called with the job's lock held (fsdpctl.job.runner): refused while a run of the
+    job is active or any process of it lives, after waiting up to `settle_s` for the processes of a
+    run that just ended to exit (a `--replace`: the old supervisor is still on its way out)."""
     name = job["metadata"]["name"]
     jdir = job_dir(name)
     if effective_phase(settle(read_state(jdir))) in RECORDED_ACTIVE:  # orphans: `_busy_note`

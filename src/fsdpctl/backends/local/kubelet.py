@@ -1,16 +1,17 @@
 """Adapter: the kubelet's part of running a pod on a simulated node of the local backend (issue 27),
 so that a local job meets the volumes, users and signals a cluster's pods meet:
 
-- a claim is a directory that starts as a new FSx for Lustre file system's root does: owned by root, mode 0755
-  (lustre-release lustre/mdd/mdd_device.c, mdd_prepare), and the kubelet gives it no fsGroup (the FSx
-  CSIDriver's fsGroupPolicy ReadWriteOnceWithFSType); only the pre-step's root volume-prep makes it writable
-  for the job's user;
-- an emptyDir is made 0777 (kubelet pkg/volume/emptydir/empty_dir.go, `perm`), the node's /local scratch 1777
-  (the node's user data, render.SCRATCH_SCRIPT), a downward API volume holds the pod's annotations as
-  `key="value"` lines (what `job stop` adds its request to);
-- a container's processes run as its securityContext says (runAsUser, runAsGroup; the container's over the
-  pod's), through util-linux's setpriv, when this machine lets us: as root, with setpriv, and every path the
-  pod reads reachable for that user. Otherwise they run as this user, and `job status` says why.
+- a claim is a directory that starts as a new FSx for Lustre file system's root does: owned by root,
+  mode 0755 (lustre-release lustre/mdd/mdd_device.c, mdd_prepare), and the kubelet gives it no
+  fsGroup (the FSx CSIDriver's fsGroupPolicy ReadWriteOnceWithFSType); only the pre-step's root
+  volume-prep makes it writable for the job's user;
+- an emptyDir is made 0777 (kubelet pkg/volume/emptydir/empty_dir.go, `perm`), the node's /local
+  scratch 1777 (the node's user data, render.SCRATCH_SCRIPT), a downward API volume holds the pod's
+  annotations as `key="value"` lines (what `job stop` adds its request to);
+- a container's processes run as its securityContext says (runAsUser, runAsGroup; the container's
+  over the pod's), through util-linux's setpriv, when this machine lets us: as root, with setpriv,
+  and every path the pod reads reachable for that user. Otherwise they run as this user, and `job
+  status` says why.
 """
 
 from __future__ import annotations

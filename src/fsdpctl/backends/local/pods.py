@@ -1,5 +1,6 @@
-"""The pods a rendered PyTorchJob describes, as the local backend launches them: one torchrun launcher per
-simulated node with the pod's command, environment and volumes mapped to directories here."""
+"""The pods a rendered PyTorchJob describes, as the local backend launches them: one torchrun
+launcher per simulated node with the pod's command, environment and volumes mapped to directories
+here."""
 
 from __future__ import annotations
 
@@ -176,7 +177,8 @@ def _volumes(pod: dict, container: dict, jdir: Path) -> dict[str, str]:
 
 
 def _volume_kinds(pod: dict, container: dict) -> dict[str, str]:
-    """Mount path -> the kind of volume behind it (persistentVolumeClaim, emptyDir, hostPath, ...)."""
+    """Mount path -> the kind of volume behind it (persistentVolumeClaim, emptyDir, hostPath,
+    ...)."""
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     kinds = {}
     for m in container.get("volumeMounts", []):

@@ -1,6 +1,6 @@
-"""The processes of a local job: who they are (a PID is reused, (boot id, start time, PID) is not; and
-the marks in their environment), signalled only when proven the job's. The job's lock is the core's
-(fsdpctl.job.lock)."""
+"""The processes of a local job: who they are (a PID is reused, (boot id, start time, PID) is not;
+and the marks in their environment), signalled only when proven the job's. The job's lock is the
+core's (fsdpctl.job.lock)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""A local job's status report (fsdpctl.reports.Report) from its state file and its logs: progress from
-the leader's lines, the restarts, the pre-step, and why it failed in the failing rank's own words."""
+"""A local job's status report (fsdpctl.job.reports.Report) from its state file and its logs:
+progress from the leader's lines, the restarts, the pre-step, and why it failed in the failing
+rank's own words."""
 
 from __future__ import annotations
 
@@ -8,24 +9,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import (
-    crilog,
-    failures,
-    files,
-    kstatus,
-    prestep,
-)
+from fsdpctl import files
 from fsdpctl.backends.local import engine as local
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
-from fsdpctl.progress import (
+from fsdpctl.job import crilog, failures, kstatus, prestep
+from fsdpctl.job.progress import (
     RENDEZVOUS_JOIN,
     parse_events,
     progress,
     stage,
     stalled,
 )
-from fsdpctl.reports import Failure, Phase, PrestepReport, Report
+from fsdpctl.job.reports import Failure, Phase, PrestepReport, Report
 from fsdptrain import events, fetch
 
 

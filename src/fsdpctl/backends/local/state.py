@@ -21,6 +21,7 @@ from fsdpctl.errors import FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.job import home as job_home
 from fsdpctl.job import state as core
+from fsdpctl.job.reports import Phase
 from fsdpctl.job.state import (
     Keys,
     between,
@@ -32,7 +33,6 @@ from fsdpctl.job.state import (
     obj,
     optional,
 )
-from fsdpctl.reports import Phase
 
 RECORDED_ACTIVE = (Phase.PENDING, Phase.RUNNING, Phase.STOPPING)
 
@@ -137,7 +137,7 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
-# ---- paths: derived, or moved into this home ------------------------------------------------------------
+# ---- paths: derived, or moved into this home -----------------------------------------------------
 
 
 def log_dir(state: Mapping[str, Any]) -> Path:

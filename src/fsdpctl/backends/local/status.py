@@ -1,5 +1,5 @@
-"""What a local job is doing or how it ended, from its state, its processes and its logs; a job whose
-supervisor died is settled by whoever reads it first."""
+"""What a local job is doing or how it ended, from its state, its processes and its logs; a job
+whose supervisor died is settled by whoever reads it first."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-from fsdpctl import crilog, failures, kstatus
 from fsdpctl.adapters import netns
 from fsdpctl.backends.local.pods import mapped_env
 from fsdpctl.backends.local.processes import (
@@ -30,9 +29,9 @@ from fsdpctl.backends.local.state import (
     remove_temp_dirs,
     update,
 )
+from fsdpctl.job import crilog, failures, kstatus, lock
 from fsdpctl.job import home as job_home
-from fsdpctl.job import lock
-from fsdpctl.reports import Phase
+from fsdpctl.job.reports import Phase
 from fsdptrain import events
 
 
@@ -233,7 +232,8 @@ def leader_log(state: dict) -> Path | None:
 
 
 def wants_network() -> bool:
-    """Namespaces when this machine allows them (root, iproute2) and FSDPCTL_LOCAL_NETNS is not 0."""
+    """Namespaces when this machine allows them (root, iproute2) and FSDPCTL_LOCAL_NETNS is not
+    0."""
     usable, _ = netns.available()
     return usable and os.environ.get("FSDPCTL_LOCAL_NETNS", "1") != "0"
 

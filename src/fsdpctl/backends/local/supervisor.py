@@ -1,5 +1,6 @@
-"""The supervisor (`python -m fsdpctl.backends.local JOB_DIR`): starts the pods, applies the Training
-Operator's restart policy to their exits, stops them as the kubelet would, and records how the job ended."""
+"""The supervisor (`python -m fsdpctl.backends.local JOB_DIR`): starts the pods, applies the
+Training Operator's restart policy to their exits, stops them as the kubelet would, and records how
+the job ended."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import crilog, failures, files
+from fsdpctl import files
 from fsdpctl.adapters import netns, shell
 from fsdpctl.backends.local import kubelet
 from fsdpctl.backends.local.pods import (
@@ -35,7 +36,8 @@ from fsdpctl.backends.local.state import (
     update,
 )
 from fsdpctl.backends.local.status import wants_network
-from fsdpctl.reports import Phase
+from fsdpctl.job import crilog, failures
+from fsdpctl.job.reports import Phase
 
 
 def supervise(jdir: Path) -> int:

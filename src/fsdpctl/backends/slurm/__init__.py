@@ -1,1 +1,2 @@
-"""The Slurm backend: the job as a batch script, submitted and watched through Slurm's own commands."""
+"""The Slurm backend: the job as a batch script, submitted and watched through Slurm's own
+commands."""

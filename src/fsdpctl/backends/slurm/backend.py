@@ -26,19 +26,21 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import files, jobpolicy, record_store
+from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.slurm import states
 from fsdpctl.backends.slurm.door import Forgotten, Slurm
 from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.job import home, lock, runner, shape
+from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import state as core
+from fsdpctl.job import store as record_store
 from fsdpctl.job.outage import Outage
+from fsdpctl.job.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
+from fsdpctl.job.reports import FINAL, Failure, Phase, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys, between, is_count
-from fsdpctl.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
-from fsdpctl.reports import FINAL, Failure, Phase, Report, Waited
 from fsdpctl.settings import Config
 from fsdptrain import disruption, events
 
@@ -103,7 +105,7 @@ class SlurmBackend:
         cfg = self.cfg.model_copy(update={"job_name": job, "shared_volume_path": then})
         return paths(cfg, run_id)
 
-    # ---- submit ----------------------------------------------------------------------------------------
+    # ---- submit ----------------------------------------------------------------------------------
     def refusals(self) -> list[str]:
         """SHARED_VOLUME_PATH is the cluster's shared file system, mounted here as on the nodes: a
         directory that must exist (fsdpctl makes its own directories inside it, never the mount
@@ -192,7 +194,7 @@ class SlurmBackend:
     def cancel(self, submitted: Submitted) -> None:
         self.slurm.cancel(submitted.state["slurm_job"])
 
-    # ---- what Slurm and the logs say ---------------------------------------------------------------
+    # ---- what Slurm and the logs say -------------------------------------------------------------
     def _state_or_none(self, name: str) -> dict[str, Any] | None:
         st = core.read(home.job_dir(name))  # Damaged: one line naming the file, exit 2
         return st if st is not None and core.backend_of(st) == self.name else None
@@ -373,7 +375,7 @@ class SlurmBackend:
         return path  # the cluster's shared file system is mounted here where the nodes mount it
 
     def kept_record(self, job: str) -> KeptRecord | None:
-        return None  # Slurm keeps none: this machine's records are the job's (fsdpctl.record_store)
+        return None  # Slurm keeps none: this machine's records are the job's (fsdpctl.job.store)
 
     def stop(
         self, name: str, *, wait: bool, dry_run: bool, say: Callable[[str], None] | None = None
@@ -572,7 +574,8 @@ def _texts(path: Path) -> list[str]:
 
 
 def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
-    """The whole lines after `offset` and the offset after them (a line still being written waits)."""
+    """The whole lines after `offset` and the offset after them (a line still being written
+    waits)."""
     try:
         with files.open_regular(path) as f:
             f.seek(offset)

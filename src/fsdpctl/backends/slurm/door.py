@@ -27,8 +27,8 @@ class Slurm:
     timeout: float  # REQUEST_TIMEOUT: per command
 
     def _capture(self, argv: list[str], env: dict[str, str] | None = None) -> shell.Captured:
-        """The command's output; past REQUEST_TIMEOUT one line naming it (a client command retries an
-        unreachable slurmctld for MessageTimeout and more: 18 s for sbatch here)."""
+        """The command's output; past REQUEST_TIMEOUT one line naming it (a client command retries
+        an unreachable slurmctld for MessageTimeout and more: 18 s for sbatch here)."""
         try:
             return shell.capture(argv, timeout=self.timeout, env=env)
         except shell.ToolTimeout as e:

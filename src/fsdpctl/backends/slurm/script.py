@@ -15,8 +15,8 @@ constants.py, and refuses every request under it), in the trainers' container wh
 --container-image` would put the whole script, `srun` included, into an image that has no Slurm).
 In a container the job's own variables are named in `--container-env`: otherwise an image's ENV of
 the same name wins over the exported value (pyxis v0.24.0 pyxis_slurmstepd.c,
-spank_import_container_env: `overwrite = 1` except for --container-env names; args.c's --help: "their
-existing values in the image take precedence").
+spank_import_container_env: `overwrite = 1` except for --container-env names; args.c's --help:
+"their existing values in the image take precedence").
 
 The trainers' step is started again (at most STEP_TRIES times per run of the script) when Slurm,
 not the trainers, ended it: a task killed by a signal or a launch it refused. That happens to a
@@ -33,9 +33,11 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from fsdpctl import jobpolicy, jobspec, prestep
 from fsdpctl.errors import BadInput
-from fsdpctl.jobspec import JobSpec
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import prestep
+from fsdpctl.job import spec as jobspec
+from fsdpctl.job.spec import JobSpec
 from fsdpctl.settings import Config, Settings
 from fsdptrain import disruption
 
@@ -137,7 +139,7 @@ def trainer_env(spec: JobSpec, cfg: Config) -> dict[str, str]:
     env[disruption.SIGNALS_ENV] = "step"
     if cfg.hf_token_file:  # read on the node; the token itself never enters the script
         # huggingface_hub's own name for the file, and the setting's, which the download checks
-        # on the node (fsdptrain.fetch.token_from: a missing file fails naming it)
+        # on the node (fsdptrain.hub.token_from: a missing file fails naming it)
         env["HF_TOKEN_PATH"] = cfg.hf_token_file
         env["HF_TOKEN_FILE"] = cfg.hf_token_file
     return env
@@ -157,8 +159,9 @@ def container_options(spec: JobSpec, cfg: Config, names: list[str]) -> list[str]
 
 
 def sbatch_options(spec: JobSpec, cfg: Config) -> list[str]:
-    """The #SBATCH lines' options (sbatch(1)). One task per node: torchrun starts the node's processes.
-    --open-mode=append: a requeued job's output would otherwise be truncated (sbatch(1) --open-mode).
+    """The #SBATCH lines' options (sbatch(1)). One task per node: torchrun starts the node's
+    processes. --open-mode=append: a requeued job's output would otherwise be truncated (sbatch(1)
+    --open-mode).
     """
     opts = [
         f"--job-name={spec.name}",
@@ -179,7 +182,8 @@ def sbatch_options(spec: JobSpec, cfg: Config) -> list[str]:
 
 
 def torchrun_args(spec: JobSpec) -> list[str]:
-    """fsdptrain.launch's (torchrun's) arguments; `$head` and `$rdzv_id` are the script's variables."""
+    """fsdptrain.launch's (torchrun's) arguments; `$head` and `$rdzv_id` are the script's
+    variables."""
     return [
         f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.procs_per_node}",

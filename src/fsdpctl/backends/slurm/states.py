@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from fsdpctl.reports import Phase
+from fsdpctl.job.reports import Phase
 
 # JobState -> phase. A requeued job passes COMPLETING, then PENDING with Restarts>0 (`phase` says
 # Restarting then); what ended is final.

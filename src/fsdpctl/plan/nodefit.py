@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdpctl.kstatus import PLUGIN_OF, Obj
+from fsdpctl.job.kstatus import PLUGIN_OF, Obj
 
-# --- what the job's GPU nodes offer -------------------------------------------------------------------------
+# --- what the job's GPU nodes offer ---------------------------------------------------------------
 
 
 def _quantity(value: Any) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl.plan import GIB, Job, cost, memory, speed
+from fsdpctl.plan.planner import GIB, Job, cost, memory, speed
 from fsdpctl.settings import MODEL_DEFAULT
 from fsdptrain.config import model_defaults
 

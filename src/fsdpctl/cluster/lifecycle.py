@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl import fsx, render
 from fsdpctl.adapters import eksctl, terraform
+from fsdpctl.cluster import fsx
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 from fsdpctl.files import home
+from fsdpctl.job import render
 from fsdpctl.settings import Config
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def _nodegroup(g: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# ---- the shared FSx for Lustre file system (eksctl: made and deleted here through boto3) ------------------
+# ---- the shared FSx for Lustre file system (eksctl: made and deleted here through boto3) ---------
 
 Say = Callable[[str], None]
 
@@ -239,7 +240,8 @@ def fsx_of_cluster(cfg: Config, aws: Aws | None = None) -> list[dict[str, Any]]:
 
 
 def terraform_file_systems(tf_dir: Path) -> list[dict[str, Any]]:
-    """aws_fsx_lustre_file_system instances in terraform's local state, as FSx names their fields."""
+    """aws_fsx_lustre_file_system instances in terraform's local state, as FSx names their
+    fields."""
     path = tf_dir / terraform.STATE_FILE
     if not path.is_file() or not path.read_text().strip():
         return []

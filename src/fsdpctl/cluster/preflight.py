@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from fsdpctl.adapters.aws import P_INSTANCES_QUOTA, Aws, AwsError
-from fsdpctl.checks import FAIL, OK, WARN, Check
+from fsdpctl.cluster.checks import FAIL, OK, WARN, Check
 from fsdpctl.settings import Config
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl.adapters import shell
-from fsdpctl.checks import FAIL, OK, SKIPPED, WARN, Check
+from fsdpctl.cluster.checks import FAIL, OK, SKIPPED, WARN, Check
 from fsdpctl.settings import Config
 
 __all__ = ["FAIL", "OK", "SKIPPED", "WARN", "Check", "Facts", "run_checks", "targets"]
@@ -44,11 +44,12 @@ def targets(cfg: Config) -> tuple[float, Path]:
     written: on EKS the planned step and the pod's checkpoint mount; locally the quickstart's rate
     and the job's dir."""
     if cfg.target.gpus:
-        from fsdpctl import jobpolicy, plan
+        from fsdpctl.job import policy as jobpolicy
+        from fsdpctl.plan import planner as plan
 
         demand = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).tokens_per_s_per_gpu
         return demand, Path(cfg.training.checkpoint_dir or jobpolicy.POD_CHECKPOINT_ROOT)
-    from fsdpctl.backends.local.engine import job_dir
+    from fsdpctl.job.home import job_dir
 
     return LOCAL_DEMAND, job_dir(cfg.job_name) / "checkpoints"
 
@@ -371,7 +372,8 @@ def _trainer_config(cfg: Config) -> Any:
 
 
 def _loader_rate(cfg: Config) -> tuple[float, float]:
-    """(tokens/s the trainer's loader yields in one process, seconds it took to prepare the data)."""
+    """(tokens/s the trainer's loader yields in one process, seconds it took to prepare the
+    data)."""
     from fsdptrain.data import Loader, load_blocks, load_tokenizer
 
     tcfg = _trainer_config(cfg)

@@ -131,6 +131,13 @@ LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
 
 
+def label_value(text: str) -> str:
+    """At most 63 characters that still end in a letter or digit, as a label value (and a DNS label)
+    must (apimachinery pkg/util/validation IsValidLabelValue): a bare [:63] of a 64-128 character
+    run id could end in '-', '_' or '.', and the API server would refuse the whole object."""
+    return text[:LABEL_MAX].rstrip("-_.")
+
+
 def qualified_name_problem(key: str) -> str | None:
     """Why `key` is no valid label (or taint) key, or None."""
     prefix, slash, name = key.rpartition("/")

@@ -1,5 +1,6 @@
-"""Why a job failed, from its logs (pure): torchrun's root cause, the failing rank's own first error and
-error file, how a launcher ended when nobody saw its exit code, and which lines are torch's own."""
+"""Why a job failed, from its logs (pure): torchrun's root cause, the failing rank's own first error
+and error file, how a launcher ended when nobody saw its exit code, and which lines are torch's
+own."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fsdpctl.reports import Phase, RankFailure
+from fsdpctl.job.reports import Phase, RankFailure
 
-# --- why a worker failed, in torchrun's and the rank's own words --------------------------------------------
+# --- why a worker failed, in torchrun's and the rank's own words ----------------------------------
 
 # What torchrun prints when its agent gives up
 # (torch/distributed/elastic/multiprocessing/errors/__init__.py, _MSG_FORMAT_TEMPLATE and
@@ -136,7 +137,7 @@ def failure(lines: Sequence[str], read: Callable[[str], str | None]) -> RankFail
     }
 
 
-# --- a full disk, in the words of each layer that meets it ----------------------------------------------
+# --- a full disk, in the words of each layer that meets it ----------------------------------------
 
 # What a write onto a full (or over-quota) file system says: the kernel's strerror for ENOSPC and
 # EDQUOT (errno(3)) as Python prints an OSError, torch's zip writer after a short write
@@ -153,7 +154,7 @@ def says_disk_full(texts: Sequence[str | None]) -> bool:
     return any(t and DISK_FULL.search(t) for t in texts)
 
 
-# --- how a launcher ended, from what it printed (its supervisor died and took its exit code along) ----------
+# --- how a launcher ended, from what it printed (its supervisor died and took its exit code along)
 
 # torchrun's agent, torch/distributed/elastic/agent/server/api.py (_invoke_run): on SUCCEEDED it
 # logs this and waits at the exit barrier, then run.py's main returns (exit 0); when it gives up it

@@ -1,7 +1,7 @@
-"""Where run records live on this machine, and making one at `job run` (fsdpctl.record is the pure
-core).
+"""Where run records live on this machine, and making one at `job run` (fsdpctl.job.record is the
+pure core).
 
-    FSDPCTL_HOME/records/<job>/<run-id>.json    one per run, whatever the backend (EKS: a copy of the
+    FSDPCTL_HOME/records/<job>/<run-id>.json one per run, whatever the backend (EKS: a copy of the
                                                  ConfigMap <job>-record, which goes with its job)
 
 Beside the jobs directory, not in it: `cleanup` removes an ended job's files, and a record is what
@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import files, record, render
+from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
+from fsdpctl.job import record, render
 from fsdpctl.settings import Config
 
 
@@ -61,9 +62,9 @@ def save(rec: dict[str, Any]) -> Path:
 
 
 def keep(rec: dict[str, Any]) -> None:
-    """What a read verb learnt (the trainer's start line, the cluster's copy), kept when the home can
-    take it: a read verb never needs to write, so a read-only or full home only means it is learnt
-    again next time."""
+    """What a read verb learnt (the trainer's start line, the cluster's copy), kept when the home
+    can take it: a read verb never needs to write, so a read-only or full home only means it is
+    learnt again next time."""
     try:
         save(rec)
     except OSError:
@@ -86,7 +87,7 @@ def read(where: Path) -> dict[str, Any]:
     not JSON, another version's, changed since (its hash), or the record of another job or run than
     its path says."""
     try:
-        rec = files.read_json(where)
+        rec: dict[str, Any] = files.read_json(where)
     except (OSError, ValueError) as e:
         raise BadInput(f"run record {where} {files.why(e)}", hint="remove it") from e
     problem = record.problem(rec)
@@ -148,7 +149,8 @@ def find(name: str) -> dict[str, Any] | None:
 
 
 def _job_dirs() -> list[Path]:
-    """The directories of records/, one per job; anything else there is said once and passed over."""
+    """The directories of records/, one per job; anything else there is said once and passed
+    over."""
     found = []
     for entry in sorted(root().iterdir()) if root().is_dir() else []:
         if entry.is_symlink() or not entry.is_dir():

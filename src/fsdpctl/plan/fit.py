@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl.plan import CUDA_OVERHEAD, GIB, cheapest_fix, job_from, memory
+from fsdpctl.plan.planner import CUDA_OVERHEAD, GIB, cheapest_fix, job_from, memory
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config
 
-# --- refusing what cannot fit, before anything is created (config validate, manifest, job run) ----------
+# --- refusing what cannot fit, before anything is created (config validate, manifest, job run) ----
 
 # What one local trainer process holds besides the model's numbers: the interpreter, torch and gloo
 # (the whole tiny-model trainer peaks at 0.49 GiB resident on CPU: its summary's mem_peak_rss_gib).

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fsdpctl import prestep
 from fsdpctl.errors import BadInput
-from fsdpctl.jobpolicy import (
+from fsdpctl.job import prestep
+from fsdpctl.job.policy import (
     LAUNCH,
     NODE_SCRATCH_DIR,
     POD_CHECKPOINT_ROOT,
@@ -26,15 +26,15 @@ from fsdpctl.jobpolicy import (
     tensorboard_dir,
     wandb_dir,
 )
+from fsdpctl.job.spec import JobSpec, Resources, labels
+from fsdpctl.job.spec import build as build_spec
+from fsdpctl.job.validate import label_value
 from fsdpctl.redact import redact_obj
 from fsdpctl.settings import Config, parse_node_selector, parse_tolerations
-from fsdpctl.validate import LABEL_MAX
 from fsdptrain import disruption
 
 if TYPE_CHECKING:
     import jinja2
-
-    from fsdpctl.jobspec import JobSpec, Resources
 
 
 Obj = dict[str, Any]  # a Kubernetes object (or any YAML mapping) as parsed
@@ -64,9 +64,10 @@ NODE_CONFIG_RAID0 = {
 }
 
 
-# The system node group's root volume: eksctl's default for a managed node group (80 GiB gp3: v0.230.0
-# DefaultNodeVolumeSize, pkg/apis/eksctl.io/v1alpha5/types.go; its schema's volumeSize default), written
-# out for eksctl and given to terraform, where EKS's own default (aws_eks_node_group disk_size) is 20 GiB.
+# The system node group's root volume: eksctl's default for a managed node group (80 GiB gp3:
+# v0.230.0 DefaultNodeVolumeSize, pkg/apis/eksctl.io/v1alpha5/types.go; its schema's volumeSize
+# default), written out for eksctl and given to terraform, where EKS's own default
+# (aws_eks_node_group disk_size) is 20 GiB.
 SYSTEM_VOLUME_GIB = 80
 
 
@@ -83,9 +84,10 @@ systemctl daemon-reload
 
 
 def data_dir(name: str) -> Path:
-    """Inside a wheel: fsdpctl/<name>; in a checkout: the repository's <name>/ (templates, eksctl)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / name, here.parents[1] / name):
+    """Inside a wheel: fsdpctl/<name>; in a checkout: the repository's <name>/ (templates,
+    eksctl)."""
+    package = Path(__file__).resolve().parents[1]  # fsdpctl/, above this module's job/
+    for candidate in (package / name, package.parents[1] / name):
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"fsdpctl's {name}/ not found: reinstall fsdpctl")
@@ -108,22 +110,6 @@ def render_template(template: str, **values: Any) -> list[Obj]:
     text = _env().get_template(template).render(**values)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [doc for doc in yaml.load_all(text, Loader=loader) if doc]
-
-
-def label_value(text: str) -> str:
-    """At most 63 characters that still end in a letter or digit, as a label value (and a DNS label)
-    must (apimachinery pkg/util/validation IsValidLabelValue): a bare [:63] of a 64-128 character
-    run id could end in '-', '_' or '.', and the API server would refuse the whole object."""
-    return text[:LABEL_MAX].rstrip("-_.")
-
-
-def labels(cfg: Config, run_id: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "fsdpctl-job",
-        "app.kubernetes.io/managed-by": "fsdpctl",
-        "fsdpctl.io/job": cfg.job_name,
-        "fsdpctl.io/run-id": label_value(run_id),
-    }
 
 
 def secret_name(cfg: Config) -> str:
@@ -269,11 +255,9 @@ def job_api(cfg: Config) -> tuple[str, str]:
 
 def render_job(cfg: Config, run_id: str, record_id: str = "") -> list[Obj]:
     """Namespace, etcd (with an etcd rendezvous), the pre-step, the PodDisruptionBudget and the job:
-    everything but the Secret. The job comes last. `record_id`: the run record's (fsdpctl.record),
-    which the trainer echoes into its summary and checkpoints."""
-    from fsdpctl import jobspec
-
-    values = job_values(jobspec.build(cfg, run_id, record_id), cfg)
+    everything but the Secret. The job comes last. `record_id`: the run record's
+    (fsdpctl.job.record), which the trainer echoes into its summary and checkpoints."""
+    values = job_values(build_spec(cfg, run_id, record_id), cfg)
     objs = render_namespace(cfg)
     if cfg.rdzv_backend != "c10d":
         objs += render_etcd(cfg)
@@ -321,9 +305,9 @@ def prep_dirs(cfg: Config, job_name: str, run_id: str) -> tuple[list[str], list[
 
 
 def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
-    """The pre-step (fsdpctl.prestep): a one-shot Job that prepares the job's claims (root, nothing
-    else) and downloads its hub repos onto the shared volume once; none when the pods mount no
-    claim. On the workers' nodes (their nodeSelector and tolerations): its image is theirs."""
+    """The pre-step (fsdpctl.job.prestep): a one-shot Job that prepares the job's claims (root,
+    nothing else) and downloads its hub repos onto the shared volume once; none when the pods mount
+    no claim. On the workers' nodes (their nodeSelector and tolerations): its image is theirs."""
     if not prestep.needed(cfg):
         return []
     shares, dirs = prep_dirs(cfg, cfg.job_name, run_id)
@@ -438,7 +422,7 @@ def render_clusterconfig(cfg: Config) -> Obj:
 
 def terraform_vars(cfg: Config) -> dict[str, Any]:
     """fsdpctl.auto.tfvars.json for terraform/: the same settings, the module's variable names. The
-    EFA interface count comes from instances.py: terraform/ keeps no table of its own."""
+    EFA interface count comes from plan/instances.py: terraform/ keeps no table of its own."""
     zones = [z for z in cfg.availability_zones.split(",") if z] or [
         f"{cfg.aws_region}a",
         f"{cfg.aws_region}b",

@@ -1,12 +1,12 @@
 """What is installed on the cluster (`deploy status`): each component's workloads and CRDs, the GPU
-nodes and what they offer, and what `job run` needs that is missing, with the command that adds it."""
+nodes and what they offer, and what `job run` needs that is missing, with the command that adds
+it."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl import render
-from fsdpctl.deploy import (
+from fsdpctl.cluster.deploy import (
     FSX,
     GPU_RESOURCES,
     GPU_ROLE,
@@ -17,6 +17,7 @@ from fsdpctl.deploy import (
     is_ready,
     releases,
 )
+from fsdpctl.job import render
 from fsdpctl.settings import Config
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
 def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[dict[str, Any]]:
     """Per GPU node (fsdpctl's role label or one of its instance types), what the device plugins
     made allocatable: ready when it offers GPUs and, with EFA on, EFA interfaces."""
-    from fsdpctl.instances import INSTANCE_TYPES
+    from fsdpctl.plan.instances import INSTANCE_TYPES
 
     wanted = GPU_RESOURCES if efa else GPU_RESOURCES[:1]
     rows = []

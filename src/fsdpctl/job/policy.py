@@ -1,6 +1,6 @@
-"""What a job is, whichever backend runs it (pure): where its files go, how its nodes start (torchrun's
-command and rendezvous), the trainer's environment, its restart budget and how long a graceful stop
-takes. `fsdpctl.jobspec` gathers these into the JobSpec every backend renders."""
+"""What a job is, whichever backend runs it (pure): where its files go, how its nodes start
+(torchrun's command and rendezvous), the trainer's environment, its restart budget and how long a
+graceful stop takes. `fsdpctl.job.spec` gathers these into the JobSpec every backend renders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from fsdpctl import plan, prestep, volume
+from fsdpctl.job import prestep
+from fsdpctl.plan import planner as plan
+from fsdpctl.plan import volume
 from fsdpctl.settings import Config
 from fsdptrain import disruption
 from fsdptrain.events import seconds_text
@@ -84,9 +86,10 @@ LAUNCH = ["python", "-m", "fsdptrain.launch"]
 
 
 # Graceful stop. On SIGTERM torchrun forwards it to the workers and SIGKILLs them
-# TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (default 30: torch/distributed/launcher/api.py, run.py
-# --shutdown-timeout), whatever the pod's grace period; the trainer needs that long for its step and its stop
-# checkpoint, which goes to the volume at the file system's aggregate throughput (fsdpctl.volume).
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (default 30: torch/distributed/launcher/api.py,
+# run.py --shutdown-timeout), whatever the pod's grace period; the trainer needs that long for its
+# step and its stop checkpoint, which goes to the volume at the file system's aggregate throughput
+# (fsdpctl.plan.volume).
 CHECKPOINT_BYTES_PER_PARAM = volume.CHECKPOINT_BYTES_PER_PARAM
 
 
@@ -204,7 +207,8 @@ def checkpoint_bytes_per_node(cfg: Config) -> int:
 
 
 def step_seconds(cfg: Config) -> float:
-    """The planner's step time on GPUs; 0 for CPU processes, where a CPU step is not the question."""
+    """The planner's step time on GPUs; 0 for CPU processes, where a CPU step is not the
+    question."""
     if not cfg.target.gpus:
         return 0.0
     return plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).step_s

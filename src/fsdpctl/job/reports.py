@@ -37,7 +37,7 @@ Waited = Phase | Literal["Timeout"]
 
 
 class Progress(TypedDict):
-    """Training progress from the leader's event lines (`fsdpctl.progress.progress`)."""
+    """Training progress from the leader's event lines (`fsdpctl.job.progress.progress`)."""
 
     step: int
     max_steps: int | None
@@ -52,7 +52,7 @@ class Progress(TypedDict):
 
 
 class RankFailure(TypedDict):
-    """Why a rank failed, in its own words, from its node's log (`fsdpctl.kstatus.failure`)."""
+    """Why a rank failed, in its own words, from its node's log (`fsdpctl.job.kstatus.failure`)."""
 
     rank: int | None
     exitcode: int | None
@@ -70,7 +70,7 @@ class Failure(RankFailure):
 
 
 class PrestepReport(TypedDict):
-    """The pre-step's phase and the totals of its download (`fsdpctl.prestep.report`)."""
+    """The pre-step's phase and the totals of its download (`fsdpctl.job.prestep.report`)."""
 
     phase: str
     repos: list[str]

@@ -1,4 +1,5 @@
-"""The Hugging Face token a job gets besides its spec (JobSpec.secret_env), read at the last moment."""
+"""The Hugging Face token a job gets besides its spec (JobSpec.secret_env), read at the last
+moment."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _read_file(path: str) -> str:
 
 
 def secret_env(cfg: Config) -> dict[str, str]:
-    """HF_TOKEN for the local launchers' environment or the EKS Secret; empty when no token is set."""
+    """HF_TOKEN for the local launchers' environment or the EKS Secret; empty when no token is
+    set."""
     token = cfg.hf_token_value(_read_file)
     add_secrets(token)  # a token from HF_TOKEN_FILE is masked like one from HF_TOKEN
     return {"HF_TOKEN": token} if token else {}

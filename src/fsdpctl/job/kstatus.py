@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdpctl.reports import FINAL, Phase
+from fsdpctl.job.reports import FINAL, Phase
 
 MASTER_ADDR = re.compile(r"master_addr=([^\s,]+)")
 
@@ -129,7 +129,8 @@ def restarts(pods: list[Obj], agent_lines: Sequence[str] = ()) -> int:
 
 
 def on_failure(kind: str, max_restarts: int) -> str:
-    """What the job does after a failure, in words for `job status`, from the sources it relies on."""
+    """What the job does after a failure, in words for `job status`, from the sources it relies
+    on."""
     group = (
         f"a failed worker restarts the whole worker group on every node (torchrun, c10d rendezvous), up to "
         f"MAX_RESTARTS={max_restarts} times"
@@ -273,7 +274,7 @@ def age(obj: Obj, now: float) -> float:
     return now - created if created else 0.0
 
 
-# --- restarts of the whole job, from every node's agent -----------------------------------------------------
+# --- restarts of the whole job, from every node's agent -------------------------------------------
 
 # torch 2.13's agent logs each rendezvous round it takes part in
 # (torch/distributed/elastic/agent/server/ api.py, `_rendezvous`): "Rendezvous complete for workers.

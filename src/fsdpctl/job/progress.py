@@ -1,11 +1,12 @@
-"""Training progress from the trainer's JSON log lines (pure): what `job status` and `job run` show."""
+"""Training progress from the trainer's JSON log lines (pure): what `job status` and `job run`
+show."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdpctl.reports import FINAL, Phase, Progress
+from fsdpctl.job.reports import FINAL, Phase, Progress
 from fsdptrain import events
 
 

@@ -12,8 +12,9 @@ from fsdpctl.settings import Config
 
 
 def source_root(context: Path | None) -> Path:
-    """The build context: a fsdpctl checkout (the Dockerfile installs the trainer from its sources)."""
-    from fsdpctl.render import data_dir
+    """The build context: a fsdpctl checkout (the Dockerfile installs the trainer from its
+    sources)."""
+    from fsdpctl.job.render import data_dir
 
     root = context
     if root is None:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpctl import render
 from fsdpctl.errors import BadInput, FsdpctlError
+from fsdpctl.job import render
 from fsdpctl.redact import redact_obj
 
 Obj = dict[str, Any]
@@ -143,7 +143,7 @@ def load_crd_schemas(crd_dir: Path) -> dict[tuple[str, str], Obj]:
     """The openAPIV3Schema of every CRD in the YAML files under `crd_dir`."""
     import yaml
 
-    from fsdpctl.validate import crd_schemas
+    from fsdpctl.job.validate import crd_schemas
 
     files = sorted(crd_dir.rglob("*.yaml"))
     if not files:
@@ -163,7 +163,7 @@ def load_crd_schemas(crd_dir: Path) -> dict[tuple[str, str], Obj]:
 def check(objs: list[Obj], crd_dir: Path | None) -> None:
     """Every object against the Kubernetes OpenAPI and the CRD schemas in `crd_dir`; one error
     listing every problem."""
-    from fsdpctl.validate import validate
+    from fsdpctl.job.validate import validate
 
     if crd_dir is None:
         raise BadInput(

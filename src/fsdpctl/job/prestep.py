@@ -16,11 +16,12 @@ which a download of that size outlasts. Why not an init container on every pod: 
 unless they took a lock on the shared volume, and FSx for Lustre honours flock only when mounted
 with it. So:
 
-- `job run` creates a one-shot Job `<job>-fetch` (batch/v1; locally a process the supervisor starts before
-  the launchers) that runs `python -m fsdptrain.fetch` with the job's PRETRAINED, TOKENIZER and DATASET into
-  HF_HOME on the shared volume, once, and writes a marker file there;
-- the workers get FSDPTRAIN_FETCH_MARKER and HF_HUB_OFFLINE=1: each trainer process polls for the marker
-  before it builds a process group (a file poll: no collective, no timeout), then reads only the cache;
+- `job run` creates a one-shot Job `<job>-fetch` (batch/v1; locally a process the supervisor starts
+  before the launchers) that runs `python -m fsdptrain.fetch` with the job's PRETRAINED, TOKENIZER
+  and DATASET into HF_HOME on the shared volume, once, and writes a marker file there;
+- the workers get FSDPTRAIN_FETCH_MARKER and HF_HUB_OFFLINE=1: each trainer process polls for the
+  marker before it builds a process group (a file poll: no collective, no timeout), then reads only
+  the cache;
 - `job status` shows the pre-step's progress (files and bytes) from its event lines.
 
 Only with a shared volume: without one there is no disk the pre-step and the workers share, and the
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpctl.errors import BadInput
-from fsdpctl.reports import PrestepReport
+from fsdpctl.job.reports import PrestepReport
 from fsdpctl.settings import Config
 from fsdptrain.fetch import (
     MARKER_ENV,
@@ -68,7 +69,8 @@ def targets(cfg: Config) -> list[Target]:
 
 
 def needed(cfg: Config) -> bool:
-    """Whenever a pod mounts a claim: its directories are prepared first (and hub repos downloaded)."""
+    """Whenever a pod mounts a claim: its directories are prepared first (and hub repos
+    downloaded)."""
     return bool(cfg.shared_volume or cfg.checkpoint_pvc)
 
 
@@ -105,7 +107,8 @@ def trainer_env(cfg: Config, run_id: str) -> dict[str, str]:
 
 
 def fetch_env(cfg: Config) -> dict[str, str]:
-    """The pre-step container's environment (the token comes as the Secret's file, HF_TOKEN_PATH)."""
+    """The pre-step container's environment (the token comes as the Secret's file,
+    HF_TOKEN_PATH)."""
     train = cfg.train_env()
     repos = {k: train[k] for k in SETTING_KEYS} if downloads(cfg) else {}
     home = {"HF_HOME": hf_home(cfg)} if cfg.shared_volume else {}
@@ -131,7 +134,7 @@ def fetch_command(cfg: Config, run_id: str) -> list[str]:
     return ["python", "-m", "fsdptrain.fetch", "--marker", marker(cfg, run_id)]
 
 
-# ---- fsdpctl model fetch / data fetch ------------------------------------------------------------------
+# ---- fsdpctl model fetch / data fetch ------------------------------------------------------------
 
 
 def command_targets(cfg: Config, kind: str, repo: str | None, revision: str) -> list[Target]:
@@ -202,7 +205,7 @@ def counts(files_done: int, files_total: int, bytes_done: int, bytes_total: int)
     return f"{files_done}/{files_total} files, {fmt_bytes(bytes_done)} of {fmt_bytes(bytes_total)}"
 
 
-# ---- job status -------------------------------------------------------------------------------------------
+# ---- job status ----------------------------------------------------------------------------------
 
 
 def report(records: list[dict[str, Any]], phase: str, reason: str | None = None) -> PrestepReport:

@@ -2,8 +2,8 @@
 (pure).
 
 Every row names where its number was printed and the configuration it was measured in; `predict`
-runs the planner's one speed model (`fsdpctl.plan.SPEED_MODEL`, the same parameters for every row)
-on that configuration. BENCHMARKS.md's "Planner against published numbers" is
+runs the planner's one speed model (`fsdpctl.plan.planner.SPEED_MODEL`, the same parameters for
+every row) on that configuration. BENCHMARKS.md's "Planner against published numbers" is
 `benchmarks/published.py`'s output.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fsdpctl.instances import INSTANCE_TYPES, InstanceType
-from fsdpctl.plan import SPEED_MODEL, Job, SpeedModel, speed
+from fsdpctl.plan.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.plan.planner import SPEED_MODEL, Job, SpeedModel, speed
 
 IBM_BLOG = "https://pytorch.org/blog/maximizing-training/ (IBM/Meta, 2024-03-13, Table 1)"
 FMS_FSDP = "github.com/foundation-model-stack/fms-fsdp README.md (sharding per model)"

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fsdpctl import render
 from fsdpctl.errors import FsdpctlError
+from fsdpctl.job import render
 from fsdpctl.settings import Config
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def gpu_node_affinity() -> dict[str, Any]:
     """GPU nodes by labels EKS 1.33 nodes carry (`nvidia.com/gpu.present` needs GPU Feature
     Discovery, or nodeadm on kubelet >= 1.35): the kubelet's instance type among fsdpctl's GPU
     types, or fsdpctl's node-group role."""
-    from fsdpctl.instances import INSTANCE_TYPES
+    from fsdpctl.plan.instances import INSTANCE_TYPES
 
     terms = [
         {
@@ -366,7 +366,7 @@ def is_ready(obj: dict | None) -> bool:
     return True
 
 
-# --- on the cluster ----------------------------------------------------------------------------------------
+# --- on the cluster -------------------------------------------------------------------------------
 
 
 def contains(have: Any, want: Any) -> bool:
@@ -428,7 +428,7 @@ def wait_ready(
         time.sleep(poll)
 
 
-# --- the release cache -------------------------------------------------------------------------------------
+# --- the release cache ----------------------------------------------------------------------------
 
 CACHED, FETCHED, UNPUBLISHED, WOULD_FETCH = "cached", "fetched", "unpublished", "would fetch"
 

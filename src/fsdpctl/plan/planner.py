@@ -1,45 +1,50 @@
 """Before launch: memory per GPU, step time, throughput, MFU and cost, from a small documented model
 (pure).
 
-Memory per GPU (bytes), for N parameters, shard group size S (FULL_SHARD/SHARD_GRAD_OP: world; HYBRID_SHARD:
-HSDP_SHARD_SIZE; NO_SHARD: 1), p = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32):
-- sharded state: FSDP2 keeps fp32 sharded parameters and fp32 gradients, AdamW two fp32 moments: 16 N / S.
-- activations saved for backward per micro-batch of T = batch x seq tokens, measured on HF Llama (sdpa):
-  per layer and token p/2 x (12 h + 4 h_kv + 8 i + 24) + 8 h (RMSNorm keeps an fp32 copy); a checkpointed
-  layer keeps only its input, p x h; after the layers 4 V (fp32 log-softmax for the loss) + p/2 x 4 h + 4 h
-  + 16.
-- parameters left unsharded at the end of forward under SHARD_GRAD_OP: those of the layers that are not
-  checkpointed and the output head, at p bytes.
-- GPU only: the layers FSDP gathers ahead (2 layers' parameters at p, their gradients at 4 bytes), one layer's
-  recomputed activations under checkpointing, the logits' temporaries (6 V per token), and 2 GiB for the CUDA
-  context and NCCL buffers.
-Step time (the speed model, `SpeedModel`; one set of global parameters, checked against published runs in
-`fsdpctl.published` and BENCHMARKS.md "Planner against published numbers"):
-- compute = tokens x (6 N' + attention + 2 N' per recomputed share of the layers) / (peak x efficiency);
-  efficiency = matmul efficiency of the GPU generation / (1 + k x (peak FLOP/s / HBM bytes/s) / hidden): the
-  memory-bound work (norms, rotary, SwiGLU, softmax) grows as hidden per token while matmuls grow as hidden^2,
-  and costs more where a GPU has fewer bytes of HBM bandwidth per FLOP (H100 vs A100, as IBM/Meta note).
-- checkpointing recomputes the forward of the checkpointed layers: all under full, one in k under every-k,
-  SELECTIVE_SHARE of the layer under selective (per-op SAC recomputes about every other matmul).
-- communication = all-gathers of p N per forward and backward of every micro-batch (one under SHARD_GRAD_OP),
-  one reduce-scatter per step in the job's reduce dtype (`Job.reduce_dtype`: fp32 as fsdptrain's
-  MixedPrecisionPolicy and torchtitan's; bf16 as fms-fsdp's bfSixteen), and under HYBRID/NO_SHARD an
-  all-reduce across replicas in the same dtype; a ring moves (n-1)/n of the data over the slowest link it
-  crosses: NVLink inside a node, the node's EFA bandwidth across nodes, at the collective efficiency of line
-  rate (see `_bandwidth`).
-- overlap, per phase (IBM/Meta's blog, appendix "Communication computation overlap": the gathers overlap
-  the forward; the next unit's gather and the gradient scatter overlap the backward; HSDP's all-reduce only
-  the backward): forward of a micro-batch = g / L + max(forward, g (1 - 1/L)) (the first layer's gather
-  cannot be hidden); backward = max(backward, g), and on the last micro-batch max(backward, g + r (1 - 1/L))
-  + r / L (nor the last layer's reduction), with g one gather, r the reduction, forward a third of the
-  6 N' + attention FLOPs and backward the rest plus the recompute. A step is never faster than its compute
-  or its communication alone, nor slower than the two one after the other.
-- stragglers: every collective waits for the slowest node, so compute over n nodes whose per-node times
-  vary with relative deviation sigma takes about (1 + sigma x sqrt(2 ln n)) of one node's (the leading
-  term of the expected maximum of n Gaussians); on one node the GPUs share a clock domain and NVLink. The
-  factor scales the compute inside each phase, not the communication: a slow node's extra compute is
-  absorbed while the network is the bottleneck, and the collectives' own speed at scale is the link
-  efficiency.
+Memory per GPU (bytes), for N parameters, shard group size S (FULL_SHARD/SHARD_GRAD_OP: world;
+HYBRID_SHARD: HSDP_SHARD_SIZE; NO_SHARD: 1), p = bytes of the compute dtype (2 for bf16/fp16, 4 for
+fp32):
+- sharded state: FSDP2 keeps fp32 sharded parameters and fp32 gradients, AdamW two fp32 moments: 16
+  N / S.
+- activations saved for backward per micro-batch of T = batch x seq tokens, measured on HF Llama
+  (sdpa): per layer and token p/2 x (12 h + 4 h_kv + 8 i + 24) + 8 h (RMSNorm keeps an fp32 copy); a
+  checkpointed layer keeps only its input, p x h; after the layers 4 V (fp32 log-softmax for the
+  loss) + p/2 x 4 h + 4 h + 16.
+- parameters left unsharded at the end of forward under SHARD_GRAD_OP: those of the layers that are
+  not checkpointed and the output head, at p bytes.
+- GPU only: the layers FSDP gathers ahead (2 layers' parameters at p, their gradients at 4 bytes),
+  one layer's recomputed activations under checkpointing, the logits' temporaries (6 V per token),
+  and 2 GiB for the CUDA context and NCCL buffers.
+Step time (the speed model, `SpeedModel`; one set of global parameters, checked against published
+runs in `fsdpctl.plan.published` and BENCHMARKS.md "Planner against published numbers"):
+- compute = tokens x (6 N' + attention + 2 N' per recomputed share of the layers) / (peak x
+  efficiency); efficiency = matmul efficiency of the GPU generation / (1 + k x (peak FLOP/s / HBM
+  bytes/s) / hidden): the memory-bound work (norms, rotary, SwiGLU, softmax) grows as hidden per
+  token while matmuls grow as hidden^2, and costs more where a GPU has fewer bytes of HBM bandwidth
+  per FLOP (H100 vs A100, as IBM/Meta note).
+- checkpointing recomputes the forward of the checkpointed layers: all under full, one in k under
+  every-k, SELECTIVE_SHARE of the layer under selective (per-op SAC recomputes about every other
+  matmul).
+- communication = all-gathers of p N per forward and backward of every micro-batch (one under
+  SHARD_GRAD_OP), one reduce-scatter per step in the job's reduce dtype (`Job.reduce_dtype`: fp32 as
+  fsdptrain's MixedPrecisionPolicy and torchtitan's; bf16 as fms-fsdp's bfSixteen), and under
+  HYBRID/NO_SHARD an all-reduce across replicas in the same dtype; a ring moves (n-1)/n of the data
+  over the slowest link it crosses: NVLink inside a node, the node's EFA bandwidth across nodes, at
+  the collective efficiency of line rate (see `_bandwidth`).
+- overlap, per phase (IBM/Meta's blog, appendix "Communication computation overlap": the gathers
+  overlap the forward; the next unit's gather and the gradient scatter overlap the backward; HSDP's
+  all-reduce only the backward): forward of a micro-batch = g / L + max(forward, g (1 - 1/L)) (the
+  first layer's gather cannot be hidden); backward = max(backward, g), and on the last micro-batch
+  max(backward, g + r (1 - 1/L)) + r / L (nor the last layer's reduction), with g one gather, r the
+  reduction, forward a third of the 6 N' + attention FLOPs and backward the rest plus the recompute.
+  A step is never faster than its compute or its communication alone, nor slower than the two one
+  after the other.
+- stragglers: every collective waits for the slowest node, so compute over n nodes whose per-node
+  times vary with relative deviation sigma takes about (1 + sigma x sqrt(2 ln n)) of one node's (the
+  leading term of the expected maximum of n Gaussians); on one node the GPUs share a clock domain
+  and NVLink. The factor scales the compute inside each phase, not the communication: a slow node's
+  extra compute is absorbed while the network is the bottleneck, and the collectives' own speed at
+  scale is the link efficiency.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from fsdpctl.instances import INSTANCE_TYPES, InstanceType
+from fsdpctl.plan.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.shapes import (
     MODEL_CONFIGS,
     PEAK_TFLOPS,
@@ -82,15 +87,19 @@ class SpeedModel:
     per-row fits).
 
     Where each value comes from (BENCHMARKS.md shows every row against it):
-    - matmul_efficiency: share of the dense bf16 peak a large GEMM reaches, per GPU generation. A100 ~0.9
-      and H100 ~0.7 are what cuBLAS bf16 GEMMs reach (H200 measured here: 788 of 989 TFLOP/s, 0.80); the
-      values are set so that the 70B rows (the largest matmuls) of IBM/Meta's table come out right.
+    - matmul_efficiency: share of the dense bf16 peak a large GEMM reaches, per GPU generation. A100
+      ~0.9 and H100 ~0.7 are what cuBLAS bf16 GEMMs reach (H200 measured here: 788 of 989 TFLOP/s,
+      0.80); the values are set so that the 70B rows (the largest matmuls) of IBM/Meta's table come
+      out right.
     - membound_k: the memory-bound term's weight, set by the trend of IBM/Meta's HFU from 7B to 70B.
-    - link_efficiency: collective bus bandwidth / line rate (nccl-tests: ~40 GB/s bus on 400 Gbps p4d).
-    - straggler_sigma: relative per-node compute-time deviation, set by the one published scaling figure
-      (AWS, 87% at 16 p5 nodes); it is the only number that moves scaling when communication is hidden.
-    - selective_share: recomputed share of a layer's forward under selective checkpointing (torchtitan's
-      per-op SAC recomputes every other matmul; IBM/Meta's "selective" checkpoints every other block).
+    - link_efficiency: collective bus bandwidth / line rate (nccl-tests: ~40 GB/s bus on 400 Gbps
+      p4d).
+    - straggler_sigma: relative per-node compute-time deviation, set by the one published scaling
+      figure (AWS, 87% at 16 p5 nodes); it is the only number that moves scaling when communication
+      is hidden.
+    - selective_share: recomputed share of a layer's forward under selective checkpointing
+      (torchtitan's per-op SAC recomputes every other matmul; IBM/Meta's "selective" checkpoints
+      every other block).
     """
 
     matmul_efficiency: Mapping[str, float]
@@ -117,12 +126,13 @@ PRICES_AS_OF = "2025-06 (us-east-1, on-demand)"
 PRICE_PER_HOUR = {"p4de.24xlarge": 27.45, "p5.48xlarge": 55.04, "p5e.48xlarge": None}
 
 
-# Compiled decoder layers (COMPILE, auto in the image) against eager, as a factor on the compute efficiency:
-# the trainer on one H200, Llama-2-7B's layer x 8, seq 4096, bf16, micro-batch 1, medians of steps 5-12:
-# 136.9 ms eager, 118.6 ms compiled (shared/gpu/2026-12-04/ANALYSIS.md section 0; BENCHMARKS.md "GPU"). The
-# same factor for the H100 (same Hopper SMs, less HBM bandwidth for the memory-bound work compile fuses: if
-# anything it gains more); none for the A100, where no compiled step was measured. The published rows the
-# speed model is checked against ran eager (fsdpctl.published), so they keep a factor of 1.
+# Compiled decoder layers (COMPILE, auto in the image) against eager, as a factor on the compute
+# efficiency: the trainer on one H200, Llama-2-7B's layer x 8, seq 4096, bf16, micro-batch 1,
+# medians of steps 5-12: 136.9 ms eager, 118.6 ms compiled (shared/gpu/2026-12-04/ANALYSIS.md
+# section 0; BENCHMARKS.md "GPU"). The same factor for the H100 (same Hopper SMs, less HBM bandwidth
+# for the memory-bound work compile fuses: if anything it gains more); none for the A100, where no
+# compiled step was measured. The published rows the speed model is checked against ran eager
+# (fsdpctl.plan.published), so they keep a factor of 1.
 COMPILE_GAIN = {"H100": 136.9 / 118.6, "H200": 136.9 / 118.6}
 
 

@@ -1,11 +1,11 @@
 """A job, whatever runs it (pure): settings -> `JobSpec` once, then each backend renders it into its
-own objects. The Kubernetes manifests (`fsdpctl.render.render_job`, which both the EKS and the local
-backend start from) are one rendering; a scheduler without Kubernetes renders the same spec into its
-own script.
+own objects. The Kubernetes manifests (`fsdpctl.job.render.render_job`, which both the EKS and the
+local backend start from) are one rendering; a scheduler without Kubernetes renders the same spec
+into its own script.
 
 The model is torchx's split (torchx/specs/api.py `AppDef`/`Role`/`Resource`, and a scheduler's
 `_submit_dryrun` turning an AppDef into its request): the spec says what runs, with what and how
-often it may restart; where and how is the backend's. Each part is decided in `fsdpctl.jobpolicy`
+often it may restart; where and how is the backend's. Each part is decided in `fsdpctl.job.policy`
 (paths, command, environment, budgets), gathered here once.
 """
 
@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from fsdpctl import jobpolicy, prestep, render
-from fsdpctl.jobpolicy import StopTiming
+from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import prestep
+from fsdpctl.job.policy import StopTiming
+from fsdpctl.job.validate import label_value
 from fsdpctl.settings import Config
 from fsdpctl.targets import Target
 from fsdptrain.events import RECORD_ENV
@@ -87,7 +89,7 @@ class JobSpec:
     """One run of a job: what every backend renders. `env` is the job's (the same for each run);
     `run_env` is this run's (the pre-step's marker, the start budget's ledger, the run record's id).
     Secrets are not in it: `secret_env` names what the backend supplies at start
-    (fsdpctl.hf_token.secret_env)."""
+    (fsdpctl.job.hf_token.secret_env)."""
 
     name: str
     run_id: str
@@ -118,11 +120,20 @@ class JobSpec:
         return self.nodes * self.procs_per_node
 
     def command_at(self, endpoint: str) -> tuple[str, ...]:
-        """`command` with torchrun's rendezvous at `endpoint` (host:port): for a place that knows its
-        first node's address only when the job runs (a Slurm allocation's first host), where the
+        """`command` with torchrun's rendezvous at `endpoint` (host:port): for a place that knows
+        its first node's address only when the job runs (a Slurm allocation's first host), where the
         Kubernetes rendering names worker 0's Service."""
         flag = "--rdzv-endpoint="
         return tuple(f"{flag}{endpoint}" if arg.startswith(flag) else arg for arg in self.command)
+
+
+def labels(cfg: Config, run_id: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "fsdpctl-job",
+        "app.kubernetes.io/managed-by": "fsdpctl",
+        "fsdpctl.io/job": cfg.job_name,
+        "fsdpctl.io/run-id": label_value(run_id),
+    }
 
 
 def storage(cfg: Config) -> Storage:
@@ -169,7 +180,8 @@ def resources(cfg: Config) -> Resources:
 
 
 def build(cfg: Config, run_id: str, record_id: str = "") -> JobSpec:
-    """The job `cfg` describes, for run `run_id` (`record_id`: its run record's, fsdpctl.record)."""
+    """The job `cfg` describes, for run `run_id` (`record_id`: its run record's,
+    fsdpctl.job.record)."""
     backend, host, port = jobpolicy.rendezvous(cfg)
     restart = RestartPolicy(
         cfg.max_restarts, jobpolicy.backoff_limit(cfg), cfg.job_nodes + jobpolicy.backoff_limit(cfg)
@@ -193,7 +205,7 @@ def build(cfg: Config, run_id: str, record_id: str = "") -> JobSpec:
         rendezvous=Rendezvous(backend, host, port, tuple(jobpolicy.rdzv_conf(cfg))),
         restart=restart,
         stop=jobpolicy.stop_timing(cfg),
-        labels=MappingProxyType(render.labels(cfg, run_id)),
+        labels=MappingProxyType(labels(cfg, run_id)),
         metrics_port=jobpolicy.metrics_port(cfg),
         prestep=prestep.needed(cfg),
     )

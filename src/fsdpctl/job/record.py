@@ -73,7 +73,8 @@ def resolved_settings(cfg: Config) -> dict[str, str]:
 
 
 def secret_refs(cfg: Config, secret_name: str) -> dict[str, str]:
-    """Where each secret of the run lives, in words: never its value. Empty when the run has none."""
+    """Where each secret of the run lives, in words: never its value. Empty when the run has
+    none."""
     if not (cfg.hf_token.get_secret_value() or cfg.hf_token_file):
         return {}
     given = (
@@ -162,7 +163,8 @@ def _plain(v: Any) -> bool:
 
 
 def _trainer(v: Any) -> bool:
-    """The trainer's start event as merged (`with_start`): versions as text, the two fingerprints."""
+    """The trainer's start event as merged (`with_start`): versions as text, the two
+    fingerprints."""
     if v is None:
         return True
     if not isinstance(v, dict) or not all(
@@ -208,7 +210,7 @@ def with_start(rec: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
     return {**rec, "trainer": {k: v for k, v in start.items() if k not in ("event", "record_id")}}
 
 
-# ---- .env ------------------------------------------------------------------------------------------------
+# ---- .env ----------------------------------------------------------------------------------------
 
 
 def quoted(value: str) -> str:
@@ -314,7 +316,7 @@ def image_text(image: Mapping[str, Any]) -> str:
     return f"{image.get('uri')} @ {digest_}" if digest_ else f"{image.get('uri')} (digest unknown)"
 
 
-# ---- rerun: what changed since ---------------------------------------------------------------------------
+# ---- rerun: what changed since -------------------------------------------------------------------
 
 
 def drift(
@@ -356,7 +358,7 @@ def _changes(code: Mapping[str, Any]) -> str:
     return f"sha256 {str(code.get('diff_sha256'))[:12]}" if code.get("dirty") else "none"
 
 
-# ---- diff ------------------------------------------------------------------------------------------------
+# ---- diff ----------------------------------------------------------------------------------------
 
 
 def versions(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -399,7 +401,8 @@ def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[dict[str, Any]]:
-    """One row per step either run logged: step, loss A, loss B (None where a run has no such step)."""
+    """One row per step either run logged: step, loss A, loss B (None where a run has no such
+    step)."""
     return [{"step": s, "a": a.get(s), "b": b.get(s)} for s in sorted(a.keys() | b.keys())]
 
 
