@@ -997,6 +997,9 @@ def node_capacity(node: Obj) -> dict[str, str]:
 
 # the trainer image's own environment (docker/Dockerfile ENV), under the pod's
 IMAGE_ENV = {"PYTHONUNBUFFERED": "1", "PIP_NO_CACHE_DIR": "1"}
+# the tests' fault injection into every container, as a mutating admission webhook adds a variable to
+# the pods it admits (the trainer's failpoints: a test sets it in its own environment)
+INJECTED = ("FSDPTRAIN_FAILPOINT",)
 IMAGE_HOME = "/home/trainer"  # its WORKDIR, the trainer user's home
 MIN_GRACE_S = 2  # the kubelet's minimumGracePeriodInSeconds
 CONTAINER_BACKOFF_S, MAX_CONTAINER_BACKOFF_S = 10.0, 300.0  # CrashLoopBackOff
@@ -1719,6 +1722,7 @@ class Cluster:
             "HOME": str(run.dir / "home"),
             "HF_HOME": str(run.dir / "home" / ".cache" / "huggingface"),
             **IMAGE_ENV,
+            **{k: os.environ[k] for k in INJECTED if k in os.environ},
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS")
             or str(max(1, (os.cpu_count() or 1) // share)),
         }

@@ -633,3 +633,60 @@ def watch_status(cli, env: dict[str, str]) -> dict:
         if time.monotonic() > deadline:
             return r
         time.sleep(0.5)
+
+
+@pytest.mark.parametrize(
+    "endpoint, forwarded",
+    [
+        ("", False),
+        ("http://127.0.0.1:8080", True),
+        ("https://hub.internal.example", True),
+        ("https://mirror.example:8443/prefix", True),
+        ("http://user:Hub-Pa55word-x1@127.0.0.1:9", "credentials"),
+        ("https://Hub-Pa55word-x1@hub.example", "credentials"),
+        ("ftp://hub.example", "bad"),
+        ("hub.example", "bad"),
+        ("http://", "bad"),
+        ("http://[::1", "bad"),
+    ],
+)
+def test_hf_endpoint_reaches_the_containers_that_download_without_credentials(
+    endpoint, forwarded, monkeypatch
+):
+    """huggingface_hub reads HF_ENDPOINT from its process environment (constants.py ENDPOINT). A
+    pod's environment is only what its manifest says (kubelet_pods.go makeEnvironmentVariables),
+    where a local or Slurm job inherits the shell's (sbatch(1) --export=ALL): so the pre-step's
+    container and the trainers get fsdpctl's HF_ENDPOINT in the rendered job. One holding
+    credentials would put them in the manifest: refused without printing them; one that is no
+    http(s) URL is refused naming it."""
+    if endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    else:
+        monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    cfg = load(environ={}, flags={"BACKEND": "eks", "MODEL": "tiny", "SHARED_VOLUME": "fsx"})
+    if forwarded in ("credentials", "bad"):
+        from fsdpctl.errors import BadInput
+
+        with pytest.raises(BadInput) as refused:
+            render.render_job(cfg, "fsdp-r1")
+        said = f"{refused.value} {refused.value.hint}"
+        assert "HF_ENDPOINT" in said and "Pa55word" not in said
+        return
+    objs = render.render_job(cfg, "fsdp-r1")
+    envs = [
+        {e["name"]: e.get("value") for e in c.get("env", [])}
+        for o in objs
+        for spec in _pod_specs(o)
+        for c in spec.get("containers", [])
+    ]
+    assert envs and all((e.get("HF_ENDPOINT") == endpoint) == forwarded for e in envs), envs
+
+
+def _pod_specs(obj: dict) -> list[dict]:
+    """Every pod template's spec in an object (a Job's, each replica's of a PyTorchJob)."""
+    found = []
+    if obj.get("kind") == "Job":
+        found.append(obj["spec"]["template"]["spec"])
+    for replica in (obj.get("spec", {}).get("pytorchReplicaSpecs") or {}).values():
+        found.append(replica["template"]["spec"])
+    return found

@@ -315,6 +315,7 @@ def pod_env(cfg: Config) -> dict[str, str]:
     if wdir := wandb_dir(cfg, cfg.job_name):
         env["WANDB_DIR"] = wdir
     env["HF_HOME"] = hf_home(cfg)
+    env.update(prestep.hub_endpoint())  # trainers that download for themselves (no pre-step)
     if metrics_port(cfg):
         env["METRICS_PORT"] = str(metrics_port(cfg))
     env.update(COMMON_ENV)

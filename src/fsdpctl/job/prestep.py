@@ -30,8 +30,10 @@ trainer downloads per node, still before any process group (fsdptrain.fetch.befo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fsdpctl.errors import BadInput
 from fsdpctl.job.reports import PrestepReport
@@ -112,7 +114,34 @@ def fetch_env(cfg: Config) -> dict[str, str]:
     train = cfg.train_env()
     repos = {k: train[k] for k in SETTING_KEYS} if downloads(cfg) else {}
     home = {"HF_HOME": hf_home(cfg)} if cfg.shared_volume else {}
-    return {**home, **repos, "PYTHONUNBUFFERED": "1"}
+    return {**home, **repos, **hub_endpoint(), "PYTHONUNBUFFERED": "1"}
+
+
+def hub_endpoint() -> dict[str, str]:
+    """HF_ENDPOINT from fsdpctl's environment (huggingface_hub's constants.py: another hub, or a
+    mirror) for the containers that download: a pod's environment is what its manifest says, where
+    a local or a Slurm job inherits the shell's (sbatch --export=ALL). An endpoint with credentials
+    in it is refused, unprinted: a manifest is no place for a secret (HF_TOKEN is the token's)."""
+    endpoint = os.environ.get("HF_ENDPOINT", "")
+    if not endpoint:
+        return {}
+    try:
+        parts = urlsplit(endpoint)
+        credentials = parts.username is not None or parts.password is not None
+        url = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        credentials, url = False, False
+    if credentials:
+        raise BadInput(
+            "HF_ENDPOINT holds credentials (user:password@): the job's manifest would carry them",
+            hint="set HF_ENDPOINT without them and the token in HF_TOKEN",
+        )
+    if not url:
+        raise BadInput(
+            f"HF_ENDPOINT={endpoint!r} is not an http(s) URL",
+            hint="set HF_ENDPOINT to the hub's address (https://host[:port]) or unset it",
+        )
+    return {"HF_ENDPOINT": endpoint}
 
 
 def prep_command(shares: list[str], dirs: list[str]) -> list[str]:
