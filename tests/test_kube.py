@@ -566,6 +566,11 @@ def test_stop_deletes_with_foreground_propagation(peer):
     delete = [q for q in peer.requests() if q.method.value == "DELETE"][-1]
     assert delete.data["propagationPolicy"] == "Foreground"
     assert "nothing to stop" in said(cli("job", "stop"))
+    # deleted, yet the job fsdpctl stopped is Stopped (its state here says so), as on every backend
+    stopped = json.loads(cli("job", "status", "-o", "json").stdout)
+    assert stopped["phase"] == "Stopped" and "job resume" in stopped["reason"], stopped
+    assert cli("job", "run", "-d").exit_code == 0  # a new run: no longer the stopped one
+    assert json.loads(cli("job", "status", "-o", "json").stdout)["phase"] != "Stopped"
 
 
 @pytest.mark.skipif(

@@ -182,7 +182,29 @@ def stop(
     if dry_run:
         return be.stop(name, wait=wait, dry_run=True, say=say)
     with lock.held(jdir, create=recorded):
-        return be.stop(name, wait=wait, dry_run=False, say=say)
+        said = be.stop(name, wait=wait, dry_run=False, say=say)
+        if recorded and not be.supervised:  # (the local supervisor keeps its own state)
+            _mark_stopped(jdir)
+        return said
+
+
+def _mark_stopped(jdir: Any) -> None:
+    """The state says fsdpctl stopped the run: a place that deletes a stopped job's objects (EKS)
+    still reports it Stopped, not gone. A home that cannot take it only loses that word."""
+    try:
+        state.update(jdir, stop_requested=True)
+    except (OSError, state.Damaged):
+        pass
+
+
+def stopped_report(st: dict[str, Any], nodes: int) -> Report:
+    """A run fsdpctl stopped whose place deleted it (EKS: `job stop` deletes the job and its
+    pods), from what the state records."""
+    why = (
+        "stopped with `fsdpctl job stop`; its place deleted the job's objects: `fsdpctl job resume` "
+        "continues from its last checkpoint"
+    )
+    return {**unknown_report(st, nodes, why), "phase": Phase.STOPPED, "problems": []}
 
 
 def interrupt(be: Backend, name: str) -> Report | None:

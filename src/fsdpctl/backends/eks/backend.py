@@ -15,7 +15,7 @@ from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submi
 from fsdpctl.backends.eks import api, configmap, engine, observe
 from fsdpctl.cluster import deploy_status
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.job import home, kstatus, lock, render, state
+from fsdpctl.job import home, kstatus, lock, render, runner, state
 from fsdpctl.job import spec as jobspec
 from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.outage import Outage
@@ -117,7 +117,12 @@ class EksBackend:
         engine.cancel(self.kube, self.cfg, self.cfg.job_name)
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
-        r = observe.report(self.kube, self.cfg, name, stall_after)
+        try:
+            r = observe.report(self.kube, self.cfg, name, stall_after)
+        except FsdpctlError as e:  # a job `job stop` deleted is Stopped, as on every backend
+            if e.code == ExitCode.JOB_NOT_FOUND and (st := self._stopped_here(name)) is not None:
+                return runner.stopped_report(st, self.cfg.job_nodes)
+            raise
         if r["phase"] not in FINAL:  # an ended job's pods hold no devices; its nodes may be gone
             r["gpu_nodes"] = self.gpu_nodes(name)
             if r["gpu_nodes"] is not None:
@@ -302,6 +307,16 @@ class EksBackend:
         for name in [d.partition("/")[2] for d in done if d.startswith(f"{kind}/")]:
             done += self._forget(name, dry_run=dry_run)
         return done
+
+    def _stopped_here(self, name: str) -> dict[str, Any] | None:
+        """This home's state of job `name` when it is this backend's and fsdpctl stopped it."""
+        try:
+            st = state.read(home.job_dir(name))
+        except state.Damaged:
+            return None
+        if st is None or state.backend_of(st) != self.name or not st.get("stop_requested"):
+            return None
+        return st
 
     def _forget(self, name: str, *, dry_run: bool) -> list[str]:
         """An ended cluster job's state in this home, when it is one of this backend's (the
