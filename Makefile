@@ -10,7 +10,7 @@ CHECKOV := .venv-checkov/bin/checkov
 # seconds of CPU each; with it unset the bytecode is kept in __pycache__ (git-ignored)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install quickstart test test-fast golden lint docs bench fuzz
+.PHONY: install quickstart test test-all conformance test-fast golden lint docs bench fuzz
 
 # Each step says what it installs before it starts, and pip shows each download and then, at a terminal, a bar of
 # the packages it unpacks (pip 25.1 and newer: the venv's own pip 23 printed nothing in that phase, 85 s of silence
@@ -51,15 +51,26 @@ $(CHECKOV):
 
 # the fast tests on 2 workers as in test-fast, then the slow ones in two processes at once: the multi-process
 # runs one at a time, and beside them the ones that wait on docker, terraform or endpoints (tests/conftest.py
-# SLOW_BESIDE), whose report follows; it fails if either fails
+# SLOW_BESIDE), whose report follows; it fails if either fails. CI's budget leaves out the slow tests marked
+# `extended` (tests/conftest.py EXTENDED, the conformance cells not in CI_CELLS): `make test-all` runs them too
+SCOPE ?= not extended
 test: install $(CHECKOV)
 	scripts/system-deps
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 	@beside=$$(mktemp); \
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and beside" >$$beside 2>&1 & pid=$$!; \
-	$(PY) -m pytest -q -m "slow and not beside"; serial=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and beside and $(SCOPE)" >$$beside 2>&1 & pid=$$!; \
+	$(PY) -m pytest -q -m "slow and not beside and $(SCOPE)"; serial=$$?; \
 	wait $$pid; besides=$$?; echo "== the slow tests run beside (exit $$besides) =="; cat $$beside; rm -f $$beside; \
 	test $$serial = 0 && test $$besides = 0
+
+# everything CI runs and the slow tests it leaves out (about twice as long)
+test-all:
+	$(MAKE) test SCOPE="(extended or not extended)"
+
+# the conformance suite alone, every cell on every backend (tests/conformance; about 40 minutes here)
+conformance: install
+	scripts/system-deps
+	$(PY) -m pytest -q -p no:cacheprovider tests/conformance
 
 # everything but the tests marked slow (multi-process runs, real terraform, checkov, docker): settings,
 # manifests, plan, CLI and goldens, Kubernetes and AWS peers; 2 workers on 2 cores (under 2 minutes; 4

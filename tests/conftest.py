@@ -396,6 +396,28 @@ SLOW_BESIDE = frozenset(
 )
 
 
+# slow tests CI leaves to `make test-all` (marked `extended`): each repeats a class the conformance
+# suite (tests/conformance) plays on every backend in CI, on a path of its own that costs minutes; CI's
+# 40 minutes hold the conformance cells instead (docs/testing.md "What CI runs")
+EXTENDED = frozenset(
+    {
+        # a killed node resumed exactly: test_paths' "killed node" cell on local, EKS and Slurm
+        "tests/test_faults.py::test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly",
+        "tests/test_stop_and_restarts.py::test_a_killed_node_is_recreated_and_the_job_resumes",
+        "tests/test_kube_peer_operator.py::test_a_killed_pod_is_recreated_and_the_job_resumes",
+        "tests/test_slurm_backend.py::test_a_two_node_job_trains_requeues_after_a_node_failure_resumes"
+        "_and_stops",
+        # the batch host's slurmd killed (the Slurm cell kills the second node's)
+        "tests/test_slurm_paths.py::test_a_killed_slurmd_requeues_once_and_the_run_resumes_with_exact"
+        "_losses",
+        # the GPU check's rehearsal on CPU: the script a GPU session runs, not the product
+        "tests/test_gpu_check.py::test_a_cpu_rehearsal_runs_every_row",
+    }
+)
+# mostly a person's pauses (the first hour typed at a reading pace): beside the others, as SLOW_BESIDE
+PAUSED = frozenset({"tests/test_first_hour.py::test_the_readme_first_hour_in_a_fresh_clone"})
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it reads the `beside` mark added here
 def pytest_collection_modifyitems(config, items):
     """The `beside` mark (SLOW_BESIDE), and for `--dist loadgroup` in the fast lane: the tests that
@@ -404,8 +426,11 @@ def pytest_collection_modifyitems(config, items):
     longer reads, so today the groups do not hold and each worker pays those start-ups; the fast
     lane stays under 2 minutes anyway.)"""
     for item in items:
-        if item.module.__name__.rpartition(".")[2] in SLOW_BESIDE:
+        if item.module.__name__.rpartition(".")[2] in SLOW_BESIDE or item.nodeid in PAUSED:
             item.add_marker(pytest.mark.beside)
+        in_ci = getattr(item.module, "IN_CI", None)  # a module that says which of its cells CI runs
+        if item.nodeid.partition("[")[0] in EXTENDED or (in_ci is not None and not in_ci(item)):
+            item.add_marker(pytest.mark.extended)
         if "assets" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("torch"))
         elif "moto_server" in item.fixturenames:

@@ -57,6 +57,24 @@ CELLS = [
     ("path", "none"),
 ]
 
+# what CI runs (the rest: `make test-all`, marked `extended` by conftest through IN_CI): every cell on
+# the local place; on EKS and Slurm the plain path with every verb, a stop and resume and a killed
+# node, every source once. Their outside ends, controllers gone and containers have tests of their
+# own in CI (test_slurm_paths.py, test_disruption_budget.py, test_kube_peer_operator.py).
+CI_CELLS = {
+    "local": set(CELLS),
+    "eks": {("checkout", "none"), ("hub", "stop"), ("path", "killed node")},
+    "slurm": {("checkout", "none"), ("hub", "stop"), ("path", "killed node")},
+}
+
+
+def IN_CI(item: pytest.Item) -> bool:  # noqa: N802 - read by conftest like a constant
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    cell = (params.get("source"), params.get("disruption"))
+    if item.originalname == "test_a_cell_in_a_container_trains_as_outside_one":
+        return False  # test_slurm_paths.py runs a container job in CI
+    return "source" not in params or cell in CI_CELLS.get(params.get("place", ""), set())
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory, assets) -> Path:
