@@ -20,6 +20,7 @@ from fsdpctl.job import spec as jobspec
 from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.outage import Outage
 from fsdpctl.job.progress import run_outcome
+from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, TIMEOUT, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
@@ -91,11 +92,11 @@ class EksBackend:
         )
         return Started(cfg.job_name, started["run_id"], where, lines, objs)
 
-    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, record: RunRecord) -> RunRecord:
         refuse(self.refusals())
         return record
 
-    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+    def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """Namespace, Secret, the job and what it owns (the pre-step, the budget, the ConfigMap of
         its record). The record as the cluster got it comes back (with its manifests)."""
         cfg = self.cfg
@@ -308,7 +309,7 @@ class EksBackend:
             done += self._forget(name, dry_run=dry_run)
         return done
 
-    def _stopped_here(self, name: str) -> dict[str, Any] | None:
+    def _stopped_here(self, name: str) -> state.JobState | None:
         """This home's state of job `name` when it is this backend's and fsdpctl stopped it."""
         try:
             st = state.read(home.job_dir(name))
