@@ -21,7 +21,7 @@ from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.outage import Outage
 from fsdpctl.job.progress import run_outcome
 from fsdpctl.job.record import RunRecord
-from fsdpctl.job.reports import FINAL, TIMEOUT, Report, Waited
+from fsdpctl.job.reports import FINAL, TIMEOUT, GpuNode, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
 from fsdpctl.plan import nodefit
@@ -131,7 +131,7 @@ class EksBackend:
                 r["problems"] += nodefit.node_problems(r["gpu_nodes"], selector)
         return r
 
-    def gpu_nodes(self, name: str) -> list[dict[str, Any]] | None:
+    def gpu_nodes(self, name: str) -> list[GpuNode] | None:
         """The GPU nodes the job's pods run on or wait for, each with whether the device plugins
         made the GPUs and EFA interfaces a pod asks for allocatable (deploy status's per-node rows,
         narrowed to the job). None where this identity may not list nodes (they are cluster-scoped:
