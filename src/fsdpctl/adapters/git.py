@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from fsdpctl.adapters import shell
 
@@ -20,7 +20,18 @@ def _git(root: Path, *args: str) -> str | None:
     return r.stdout if r.rc == 0 else None
 
 
-def code_version() -> dict[str, Any]:
+class CodeVersion(TypedDict):
+    """fsdpctl.job.record.CodeVersion's shape (an adapter imports no domain module: the two are
+    one type to mypy, key by key)."""
+
+    fsdpctl: str
+    fsdptrain: str
+    commit: str | None
+    dirty: bool | None
+    diff_sha256: str | None
+
+
+def code_version() -> CodeVersion:
     """fsdpctl's and fsdptrain's versions, and the commit of the checkout they run from with whether
     (and how) it differs from that commit: `git diff HEAD` over tracked files, hashed, so two dirty
     checkouts of one commit compare equal only with the same changes. No commit when not run from a
@@ -29,13 +40,20 @@ def code_version() -> dict[str, Any]:
     import fsdptrain
 
     root = Path(fsdpctl.__file__).resolve().parent
-    version = {"fsdpctl": fsdpctl.__version__, "fsdptrain": fsdptrain.__version__}
+    ours, theirs = fsdpctl.__version__, fsdptrain.__version__
     head = _git(root, "rev-parse", "HEAD")
     if head is None:
-        return {**version, "commit": None, "dirty": None, "diff_sha256": None}
+        return {
+            "fsdpctl": ours,
+            "fsdptrain": theirs,
+            "commit": None,
+            "dirty": None,
+            "diff_sha256": None,
+        }
     changes = _git(root, "diff", "HEAD", "--binary") or ""
     return {
-        **version,
+        "fsdpctl": ours,
+        "fsdptrain": theirs,
         "commit": head.strip(),
         "dirty": bool(changes),
         "diff_sha256": hashlib.sha256(changes.encode()).hexdigest() if changes else None,

@@ -36,8 +36,11 @@ from fsdpctl.cli.record_reading import drift, has_a_checkpoint, learnt, load_rec
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from rich.console import Group
 
+    from fsdpctl.job.record import Fingerprint, HistoryRow, LossRow, RunRecord
     from fsdpctl.settings import Config
 
 
@@ -108,7 +111,7 @@ def describe(
         out.print(_describe_table(got.rec, got.where))
 
 
-def _describe_table(rec: dict[str, Any], where: str) -> Group:
+def _describe_table(rec: RunRecord, where: str) -> Group:
     """The run in a few rows, then one `KEY value source` row per setting not at its plain
     default."""
     from rich.console import Group
@@ -121,16 +124,16 @@ def _describe_table(rec: dict[str, Any], where: str) -> Group:
     t.add_row("record", f"{rec['id']} ({where})")
     t.add_row("job", f"{rec['job']}, run {rec['run_id']}, backend {rec['backend']}")
     t.add_row("code", record.code_text(rec.get("code")))
-    if rec.get("image"):
-        t.add_row("image", record.image_text(rec["image"]))
+    if image := rec.get("image"):
+        t.add_row("image", record.image_text(image))
     trainer = rec.get("trainer")
     if trainer:
         libs = f"python {trainer['python']}, torch {trainer['torch']}, transformers {trainer['transformers']}"
         t.add_row(
             "trainer", f"{libs}, CUDA {trainer['cuda'] or '-'}, NCCL {trainer['nccl'] or '-'}"
         )
-        for key in ("dataset", "tokenizer"):
-            t.add_row(key, _fingerprint_text(trainer[key]))
+        t.add_row("dataset", _fingerprint_text(trainer["dataset"]))
+        t.add_row("tokenizer", _fingerprint_text(trainer["tokenizer"]))
         t.add_row("started", record.start_text(trainer))
     else:
         t.add_row("trainer", "not started yet (its start line has not been read)")
@@ -146,7 +149,7 @@ def _describe_table(rec: dict[str, Any], where: str) -> Group:
     return Group(t, rows)
 
 
-def _fingerprint_text(fp: dict[str, Any]) -> str:
+def _fingerprint_text(fp: Fingerprint) -> str:
     if not fp.get("local"):
         return f"{fp['source']} (no files here to fingerprint: read from the hub)"
     return f"{fp['source']}: {fp['files']} files, {fp['bytes']} bytes, sha256 {fp['digest'][:16]}"
@@ -197,7 +200,7 @@ def history(
         out.print(_history_table(rows))
 
 
-def _history_table(rows: list[dict[str, Any]]) -> PlainTable:
+def _history_table(rows: list[HistoryRow]) -> PlainTable:
     t = PlainTable(
         "run", "record", "started", "from", "settings changed", "outcome", box=None, pad_edge=False
     )
@@ -208,7 +211,7 @@ def _history_table(rows: list[dict[str, Any]]) -> PlainTable:
 
 
 def _settings_for(
-    ctx: typer.Context, rec: dict[str, Any], derived: dict[str, str] | None = None, by: str = ""
+    ctx: typer.Context, rec: RunRecord, derived: dict[str, str] | None = None, by: str = ""
 ) -> Config:
     """The record's settings (the .env it reproduces) under --set (anywhere on the line: the root
     group takes them); the secrets from where this command runs, as `job run` takes them. `derived`:
@@ -295,14 +298,14 @@ def rerun(
     )
 
 
-def _rerun_start(ctx: typer.Context, rec: dict[str, Any], run_id: str) -> dict[str, str]:
+def _rerun_start(ctx: typer.Context, rec: RunRecord, run_id: str) -> dict[str, str]:
     """RESUME and CHECKPOINT_SUBDIR of a rerun: where the recorded run started, as its trainer said
     (the checkpoint it resumed, found where the run kept them; never: afresh), and a directory of
     its own."""
     from fsdpctl.job import policy as jobpolicy
 
     start = {"CHECKPOINT_SUBDIR": f"reruns/{run_id}"}
-    trainer = rec.get("trainer") or {}
+    trainer = rec.get("trainer")
     if not trainer:
         if rec["settings"].get("RESUME") == "never":
             return {**start, "RESUME": "never"}
@@ -399,12 +402,15 @@ def diff(
     out.print(
         f"B: record {d['b']['id']} (job {d['b']['job']}, run {d['b']['run_id']})", markup=False
     )
-    for part in ("settings", "placement", "versions", "data"):
-        if not d[part]:
+    parts: Mapping[str, dict[str, list[Any]]] = {
+        k: d[k] for k in ("settings", "placement", "versions", "data")
+    }
+    for part in parts:
+        if not parts[part]:
             out.print(f"{part}: same", markup=False)
             continue
         out.print(f"{part}:", markup=False)
-        for key, (x, y) in d[part].items():
+        for key, (x, y) in parts[part].items():
             out.print(f"  {key}: {_shown(x)} -> {_shown(y)}", markup=False, highlight=False)
     out.print(loss_verdict(d["losses"]), markup=False, highlight=False)
     differing = [r for r in d["losses"] if _delta(r) != 0.0]
@@ -423,12 +429,12 @@ def _shown(value: Any) -> str:
     return "(empty)" if value in ("", None) else str(value)
 
 
-def _delta(r: dict[str, Any]) -> float | None:
+def _delta(r: LossRow) -> float | None:
     """B - A at one step; None where only one run logged it."""
     return r["b"] - r["a"] if r["a"] is not None and r["b"] is not None else None
 
 
-def loss_verdict(rows: list[dict[str, Any]]) -> str:
+def loss_verdict(rows: list[LossRow]) -> str:
     """The loss curves compared in one line: the same at every step both logged, or where and by
     how much they part; steps only one of the runs logged are counted apart."""
     if not rows:
@@ -450,7 +456,7 @@ def loss_verdict(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _loss_table(rows: list[dict[str, Any]]) -> Table:
+def _loss_table(rows: list[LossRow]) -> Table:
     t = Table(title="loss where they differ", title_justify="left", box=None, pad_edge=False)
     for col in ("step", "A", "B", "B - A"):
         t.add_column(col, justify="right")

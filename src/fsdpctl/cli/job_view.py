@@ -197,8 +197,9 @@ def full_disk(backend: Backend, r: Report, lines: list[str]) -> str | None:
 
     from fsdpctl.job.failures import says_disk_full
 
-    failure: dict[str, Any] = dict(r.get("failure") or {})
-    said = says_disk_full([failure.get("error"), failure.get("raised"), r.get("reason"), *lines])
+    failure = r.get("failure")
+    words = [failure.get("error"), failure.get("raised")] if failure else []
+    said = says_disk_full([*words, r.get("reason"), *lines])
     paths = [p for p in (r.get("checkpoint_dir"), r.get("leader_log")) if p]
     if target(backend.name).on_this_machine:
         for path in paths:

@@ -13,6 +13,8 @@ from fsdpctl.cli.common import Output, OutputOpt, PlainTable, emit, finite, out,
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.plan import planner as P
 from fsdpctl.plan import sweep, volume
+from fsdpctl.plan.planner import PlanReport
+from fsdpctl.plan.sweep import SweepRow
 from fsdptrain.events import seconds_text
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
@@ -33,7 +35,7 @@ def _gib(x: float) -> str:
     return f"{x:,.1f} GiB"
 
 
-def _print_memory(r: dict[str, Any]) -> None:
+def _print_memory(r: PlanReport) -> None:
     j, m = r["job"], r["memory_gib"]
     out.print(
         f"[bold]{j['model']}[/] on {j['nodes']} x {j['instance_type']} ({j['gpus_per_node']} GPUs each), "
@@ -50,14 +52,15 @@ def _print_memory(r: dict[str, Any]) -> None:
     )
     out.print(t)
     if not r["fits"]:
+        fixed = r["fix_memory_gib"]  # set with `fix`
         out.print(
-            f"cheapest change that fits: [bold]{r['fix']}[/] ({_gib(r['fix_memory_gib'])} per GPU)"
-            if r["fix"]
+            f"cheapest change that fits: [bold]{r['fix']}[/] ({_gib(fixed)} per GPU)"
+            if r["fix"] and fixed is not None
             else "no single change fits: use a bigger instance type or more nodes"
         )
 
 
-def _print_report(r: dict[str, Any]) -> None:
+def _print_report(r: PlanReport) -> None:
     _print_memory(r)
     if "volume" in r:
         _print_volume(r["volume"])
@@ -94,7 +97,7 @@ def _print_volume(v: dict[str, Any]) -> None:
         out.print(f"[yellow]warning:[/] {escape(v['warning'])}")
 
 
-def _print_matrix(rows: list[dict[str, Any]], tokens: float) -> None:
+def _print_matrix(rows: list[SweepRow], tokens: float) -> None:
     heads = (
         "model",
         "node",

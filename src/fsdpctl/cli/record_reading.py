@@ -18,6 +18,9 @@ from fsdpctl.cli.common import (
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from fsdpctl.job.record import RunRecord
     from fsdpctl.settings import Config
 
 
@@ -26,7 +29,7 @@ class Loaded:
     """A record as read back, with what its run's log adds: the losses, and what could not be
     checked."""
 
-    rec: dict[str, Any]
+    rec: RunRecord
     losses: dict[int, float] = field(default_factory=dict)
     where: str = ""
     problems: list[str] = field(default_factory=list)
@@ -35,14 +38,14 @@ class Loaded:
 # ---- reading a record back -----------------------------------------------------------------------
 
 
-def _run_lines(rec: dict[str, Any], cfg: Config) -> list[str] | None:
+def _run_lines(rec: RunRecord, cfg: Config) -> list[str] | None:
     """The recorded run's log lines where this machine keeps them (on the backend it ran on)."""
     return backends.create(cfg.model_copy(update={"backend": rec["backend"]})).run_lines(
         rec["job"], rec["run_id"]
     )
 
 
-def learnt(rec: dict[str, Any], cfg: Config) -> dict[str, Any]:
+def learnt(rec: RunRecord, cfg: Config) -> RunRecord:
     """A run's record with its trainer's start line from its logs where they are here, kept once
     read (the logs may be cleaned up); any other record as it is."""
     from fsdpctl.job import record
@@ -122,7 +125,7 @@ def _inputs_here(cfg: Config) -> dict[str, str] | None:
     return None if None in here.values() else {k: str(v) for k, v in here.items()}
 
 
-def drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
+def drift(rec: RunRecord, cfg: Config) -> tuple[list[str], list[str]]:
     """(what differs from the record, what could not be checked here)."""
     from fsdpctl.adapters.git import code_version
     from fsdpctl.job import record
@@ -135,7 +138,8 @@ def drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
             "data: the recorded run never reported its data (no start line): not compared"
         )
     elif (inputs := _inputs_here(cfg)) is not None:
-        data = {k: fingerprint(rec["trainer"][k]["source"], p) for k, p in inputs.items()}
+        started: Mapping[str, Any] = rec.get("trainer") or {}
+        data = {k: fingerprint(started[k]["source"], p) for k, p in inputs.items()}
     else:
         unchecked.append(
             "data: the cluster's volume cannot be read from here: the new run's start line records it "
@@ -148,7 +152,7 @@ def drift(rec: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
     return record.drift(rec, code=code_version(), data=data), unchecked
 
 
-def main_line(rec: dict[str, Any]) -> dict[str, Any]:
+def main_line(rec: RunRecord) -> RunRecord:
     """For a job named by its name: the newest run that kept its checkpoints in the job's own
     directory (a rerun keeps its own: `job resume RUN_ID` continues that one)."""
     from fsdpctl.job import store as record_store

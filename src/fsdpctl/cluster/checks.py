@@ -4,7 +4,6 @@ name, a status, what was found and the fix in one line (pure)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
 
@@ -16,7 +15,7 @@ class Check:
     detail: str
     fix: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str]:
         return asdict(self)
 
 

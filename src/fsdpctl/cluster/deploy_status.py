@@ -4,7 +4,7 @@ it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from fsdpctl.cluster.deploy import (
     FSX,
@@ -60,7 +60,18 @@ def installed_probes(cfg: Config) -> list[dict[str, str]]:
     return probes
 
 
-def _workload_row(kube: Kube, probe: dict[str, str]) -> dict[str, Any]:
+class ComponentRow(TypedDict):
+    """A row of `deploy status` (`status`): one deployed object and whether it is ready."""
+
+    component: str
+    object: str  # Kind/name, CRD <name>, Node/<name>
+    namespace: str  # '-' for a cluster-scoped one
+    installed: bool
+    version: str  # '-' when not known
+    ready: bool
+
+
+def _workload_row(kube: Kube, probe: dict[str, str]) -> ComponentRow:
     obj = get(kube, probe)
     version = "-"
     if obj is not None:
@@ -76,7 +87,7 @@ def _workload_row(kube: Kube, probe: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
+def _crd_row(kube: Kube, cfg: Config) -> ComponentRow:
     """The job CRD as discovery serves it: its name is `<plural>.<group>`, the plural the CRD
     declares."""
     from fsdpctl.adapters.kube import KubeError
@@ -99,13 +110,13 @@ def _crd_row(kube: Kube, cfg: Config) -> dict[str, Any]:
     }
 
 
-def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[dict[str, Any]]:
+def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[ComponentRow]:
     """Per GPU node (fsdpctl's role label or one of its instance types), what the device plugins
     made allocatable: ready when it offers GPUs and, with EFA on, EFA interfaces."""
     from fsdpctl.plan.instances import INSTANCE_TYPES
 
     wanted = GPU_RESOURCES if efa else GPU_RESOURCES[:1]
-    rows = []
+    rows: list[ComponentRow] = []
     for node in nodes:
         labels = node["metadata"].get("labels") or {}
         gpu_role = labels.get(GPU_ROLE[0]) == GPU_ROLE[1]
@@ -126,7 +137,7 @@ def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def status(kube: Kube, cfg: Config) -> list[dict[str, Any]]:
+def status(kube: Kube, cfg: Config) -> list[ComponentRow]:
     """What is installed, at which version, and whether it is ready: one row per probe, the job CRD
     and, per GPU node, whether its GPUs and EFA interfaces are allocatable."""
     rows = [_workload_row(kube, p) for p in installed_probes(cfg)] + [_crd_row(kube, cfg)]

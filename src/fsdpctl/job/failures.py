@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from fsdpctl.job.reports import Phase, RankFailure
 
@@ -46,7 +46,17 @@ RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 OWN_ERROR = "fsdptrain: error: "  # the trainer's and its pre-launch check's one-line errors
 
 
-def root_cause(lines: Sequence[str]) -> dict[str, Any] | None:
+class RootCause(TypedDict):
+    """torchrun's root cause of a failed launcher (`root_cause`)."""
+
+    rank: int | None
+    local_rank: int | None
+    exitcode: int | None
+    error_file: str | None  # None for <N/A>
+    message: str  # the traceback it read from the error file, or why there is none
+
+
+def root_cause(lines: Sequence[str]) -> RootCause | None:
     """The last root cause torchrun printed in this log: rank, local_rank, exitcode, error_file
     (None for <N/A>) and message (the traceback it read from the error file, or why there is none).
     """
@@ -115,22 +125,23 @@ def failure(lines: Sequence[str], read: Callable[[str], str | None]) -> RankFail
     """Why a node's launcher failed, from its log: torchrun's root cause (the failing rank, and
     through `read` its error file), that rank's first error line wherever it is in the log (its
     index), and the message that ended the rank when it says more than that line."""
-    cause = root_cause(lines) or {}
-    rank = cause.get("rank")
+    cause = root_cause(lines)
+    rank = cause["rank"] if cause else None
+    error_file = cause["error_file"] if cause else None
     found = first_error(lines, rank) or (first_error(lines) if rank is not None else None)
     raised = None
-    if cause.get("error_file"):
-        text = read(cause["error_file"])
+    if error_file:
+        text = read(error_file)
         raised = error_file_message(text) if text else None
-    message = cause.get("message") or ""
+    message = (cause["message"] if cause else "") or ""
     if raised is None and message and not message.startswith(NO_TRACEBACK):
         raised = message.strip().splitlines()[
             -1
         ]  # a signal ("Signal 9 (SIGKILL) received by PID ...")
     return {
         "rank": rank,
-        "exitcode": cause.get("exitcode"),
-        "error_file": cause.get("error_file"),
+        "exitcode": cause["exitcode"] if cause else None,
+        "error_file": error_file,
         "error": found[1] if found else raised,
         "line": found[0] + 1 if found else None,
         "raised": raised,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from fsdpctl.job.crilog import LogLine
+from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import Report, Waited
 from fsdptrain import events
 
@@ -40,8 +41,8 @@ class Submitted:
     learnt), where its output goes, and how to cancel it by hand should fsdpctl fail to (named in
     the line that says so)."""
 
-    state: dict[str, Any]
-    record: dict[str, Any]
+    state: dict[str, Any]  # the backend's own keys (its Target's `state` Keys), over the core's
+    record: RunRecord
     where: str
     outside: str  # in words: "Slurm job 1234", "PyTorchJob fsdp/fsdp", "supervisor pid 77"
     cancel_command: str  # what cancels it by hand: "scancel 1234"
@@ -52,7 +53,7 @@ class KeptRecord:
     """A job's run record as its place keeps it (EKS: a ConfigMap beside the job), with the lines of
     the leader's log that the record learnt from, where it was read, and what is wrong with it."""
 
-    record: dict[str, Any]
+    record: RunRecord
     lines: list[str]
     where: str
     problems: list[str]
@@ -86,12 +87,12 @@ class Backend(Protocol):
         nothing); writes nothing."""
         ...
 
-    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, record: RunRecord) -> RunRecord:
         """The run record with what the backend adds before anything is submitted (the manifests or
         batch script it will submit); BadInput for a setting the place cannot honour."""
         ...
 
-    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+    def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """Start the run at its place. Called with the job's lock held and its record saved; on an
         exception nothing of the run may be left started."""
         ...

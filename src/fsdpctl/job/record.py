@@ -20,7 +20,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired, Required, TypedDict, cast
 
 from fsdpctl.files import JOB_NAME, RUN_ID
 from fsdpctl.redact import MASK, secret_kind
@@ -50,6 +50,84 @@ BARE = re.compile(r"[A-Za-z0-9_./:,=@+%-]+")
 # apart (`placement`); a rerun differs from its run in these alone (its own checkpoint directory,
 # its start point)
 PLACEMENT = ("JOB_NAME", "BACKEND", "JOB_NAMESPACE", "KUBE_CONTEXT", "CHECKPOINT_SUBDIR", "RESUME")
+
+
+class CodeVersion(TypedDict):
+    """The code a run ran (fsdpctl.adapters.git.code_version has this shape): the versions, and the
+    commit of the checkout with whether (and how: `git diff HEAD`, hashed) it differed; commit None
+    when not a git checkout."""
+
+    fsdpctl: str
+    fsdptrain: str
+    commit: str | None
+    dirty: bool | None
+    diff_sha256: str | None
+
+
+class ImageRef(TypedDict):
+    """The image a run asked for, and its digest once a pod reported it (EKS: configmap.with_digest)."""
+
+    uri: str
+    digest: str | None
+    digest_from: str
+
+
+class FileEntry(TypedDict):
+    name: str
+    size: int
+    head_sha256: str | None
+
+
+class Fingerprint(TypedDict, total=False):
+    """An input's fingerprint (fsdptrain.fingerprint.fingerprint; checked by its `well_formed`): a
+    source with no files here is named only (`local` False)."""
+
+    source: Required[str]
+    local: Required[bool]
+    files: int
+    bytes: int
+    digest: str
+    listed: list[FileEntry]
+
+
+class TrainerStart(TypedDict):
+    """The trainer's `start` event as a record keeps it (`with_start`: fsdptrain.events.Start less
+    its `event` and `record_id`)."""
+
+    python: str
+    torch: str
+    transformers: str
+    cuda: str | None
+    nccl: str | None
+    device: str
+    start_step: int
+    dataset: Fingerprint
+    tokenizer: Fingerprint
+    time: float
+    levers: dict[str, str]
+    resumed_from: NotRequired[str | None]
+
+
+class RunRecord(TypedDict):
+    """A run record as `build` makes it and fsdpctl.job.store.read reads it back (checked by
+    `problem`): the parts that made the run (MADE, hashed), then provenance and what was learnt."""
+
+    kind: str
+    version: int
+    job: str
+    run_id: str
+    backend: str
+    settings: dict[str, str]  # KEY -> its .env value, secrets left out
+    code: CodeVersion | None
+    image: ImageRef | None
+    created: float
+    sources: dict[str, str]  # KEY -> where its value came from
+    secrets: dict[str, str]  # KEY -> where the secret lives, in words
+    trainer: TrainerStart | None  # the trainer's `start` event, merged when read back
+    manifests: str | None  # what the backend submits (Slurm: the batch script), once prepared
+    hash: str
+    id: str
+    losses: NotRequired[dict[str, float] | None]  # step (as text) -> loss, once the run ended
 
 
 def value_text(value: Any) -> str:
@@ -106,13 +184,13 @@ def build(
     cfg: Config,
     *,
     run_id: str,
-    code: dict[str, Any],
-    image: dict[str, Any] | None,
+    code: CodeVersion,
+    image: ImageRef | None,
     created: float,
     secret_name: str,
-) -> dict[str, Any]:
+) -> RunRecord:
     """The record of a run about to start (no manifests yet: they are rendered with its id)."""
-    rec: dict[str, Any] = {
+    rec: RunRecord = {
         "kind": KIND,
         "version": VERSION,
         "job": cfg.job_name,
@@ -126,8 +204,10 @@ def build(
         "secrets": secret_refs(cfg, secret_name),
         "trainer": None,  # the trainer's `start` event, merged when read back
         "manifests": None,
+        "hash": "",
+        "id": "",
     }
-    rec["hash"] = digest(rec)
+    rec["hash"] = digest(rec)  # (not of itself: `hash` and `id` are not MADE)
     rec["id"] = rec["hash"][:ID_CHARS]
     return rec
 
@@ -202,12 +282,16 @@ def _losses(v: Any) -> bool:
     )
 
 
-def with_start(rec: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
+def with_start(rec: RunRecord, start: Mapping[str, Any]) -> RunRecord:
     """`rec` with the trainer's `start` event (versions, data fingerprints), when the event is this
     run's."""
     if start.get("record_id") != rec["id"]:
         return rec
-    return {**rec, "trainer": {k: v for k, v in start.items() if k not in ("event", "record_id")}}
+    # the event's line as fsdptrain.events writes it: a Start's fields
+    trainer = cast(
+        TrainerStart, {k: v for k, v in start.items() if k not in ("event", "record_id")}
+    )
+    return {**rec, "trainer": trainer}
 
 
 # ---- .env ----------------------------------------------------------------------------------------
@@ -222,15 +306,15 @@ def quoted(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def env_text(rec: Mapping[str, Any]) -> str:
+def env_text(rec: RunRecord) -> str:
     """The record as a .env that reproduces the run: every resolved setting with where it came from,
     the secrets as comments saying where they live (set them again where you run it)."""
     lines = [
         f"# fsdpctl run record {rec['id']}: job {rec['job']}, run {rec['run_id']}, backend {rec['backend']}",
         f"# code: {code_text(rec.get('code'))}",
     ]
-    if rec.get("image"):
-        lines.append(f"# image: {image_text(rec['image'])}")
+    if image := rec.get("image"):
+        lines.append(f"# image: {image_text(image)}")
     for key, value in rec["settings"].items():
         lines.append(f"{key}={quoted(value)}  # {rec.get('sources', {}).get(key, 'default')}")
     for key, ref in rec.get("secrets", {}).items():
@@ -238,7 +322,7 @@ def env_text(rec: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def not_default(rec: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+def not_default(rec: RunRecord) -> dict[str, tuple[str, str]]:
     """KEY -> (value, where it came from) for every setting that did not come from its plain default
     (a rerun's `record <id>: default` is still a default, and so is a value derived from the others
     when unset, such as FSX_STORAGE_GIB)."""
@@ -259,7 +343,7 @@ def first_source(source: str) -> str:
     return source
 
 
-def start_text(trainer: Mapping[str, Any], short: bool = False) -> str:
+def start_text(trainer: TrainerStart, short: bool = False) -> str:
     """Where the run started, as its trainer said: afresh, or the checkpoint it resumed (`short`: by
     its name, without the directory)."""
     if resumed := trainer.get("resumed_from"):
@@ -270,16 +354,29 @@ def start_text(trainer: Mapping[str, Any], short: bool = False) -> str:
     )
 
 
-def history_rows(
-    runs: Sequence[Mapping[str, Any]], outcomes: Mapping[str, str]
-) -> list[dict[str, Any]]:
+# a row of `job history` (`history_rows`): `started` in UTC, ISO 8601; `from`: where it started
+# (a keyword, hence the functional form); `changed`: KEY -> [before, after]
+HistoryRow = TypedDict(
+    "HistoryRow",
+    {
+        "run_id": str,
+        "record": str,
+        "started": str,
+        "from": str,
+        "changed": dict[str, list[Any]],
+        "outcome": str,
+    },
+)
+
+
+def history_rows(runs: Sequence[RunRecord], outcomes: Mapping[str, str]) -> list[HistoryRow]:
     """`job history`: one row per run record, oldest first: run id, record id, when it started
     (UTC), where it started, the settings (placement keys too) that differ from the run before, how
     it ended (`outcomes` by run id; a run whose output is gone: unknown)."""
     import time
 
-    rows: list[dict[str, Any]] = []
-    before: Mapping[str, Any] | None = None
+    rows: list[HistoryRow] = []
+    before: RunRecord | None = None
     for rec in runs:
         changed = _changed(before["settings"], rec["settings"]) if before is not None else {}
         trainer = rec.get("trainer")
@@ -299,7 +396,7 @@ def history_rows(
     return rows
 
 
-def code_text(code: Mapping[str, Any] | None) -> str:
+def code_text(code: CodeVersion | None) -> str:
     if not code:
         return "unknown"
     commit = code.get("commit")
@@ -311,7 +408,7 @@ def code_text(code: Mapping[str, Any] | None) -> str:
     return f"fsdpctl {code.get('fsdpctl')}, fsdptrain {code.get('fsdptrain')}, {where}"
 
 
-def image_text(image: Mapping[str, Any]) -> str:
+def image_text(image: ImageRef) -> str:
     digest_ = image.get("digest")
     return f"{image.get('uri')} @ {digest_}" if digest_ else f"{image.get('uri')} (digest unknown)"
 
@@ -320,9 +417,9 @@ def image_text(image: Mapping[str, Any]) -> str:
 
 
 def drift(
-    rec: Mapping[str, Any],
+    rec: RunRecord,
     *,
-    code: Mapping[str, Any],
+    code: CodeVersion,
     data: Mapping[str, Mapping[str, Any] | None],
     image_digest: str | None = None,
 ) -> list[str]:
@@ -330,41 +427,47 @@ def drift(
     local changes), the image digest (when both are known), the data or tokenizer files (`data`: the
     fingerprints computed now, by input name). Empty when nothing that can be checked differs."""
     found = []
-    was = rec.get("code") or {}
+    was: Mapping[str, object] = rec.get("code") or {}
+    now: Mapping[str, object] = code
     for key in ("fsdpctl", "fsdptrain", "commit"):
-        if was.get(key) != code.get(key):
-            found.append(f"code: {key} was {was.get(key)}, now {code.get(key)}")
-    if was.get("commit") and was.get("commit") == code.get("commit"):
-        if (was.get("dirty"), was.get("diff_sha256")) != (
-            code.get("dirty"),
-            code.get("diff_sha256"),
-        ):
+        if was.get(key) != now.get(key):
+            found.append(f"code: {key} was {was.get(key)}, now {now.get(key)}")
+    if was.get("commit") and was.get("commit") == now.get("commit"):
+        if (was.get("dirty"), was.get("diff_sha256")) != (now.get("dirty"), now.get("diff_sha256")):
             before, after = _changes(was), _changes(code)
             found.append(f"code: uncommitted changes (git diff HEAD) were {before}, now {after}")
-    recorded = (rec.get("image") or {}).get("digest")
-    if recorded and image_digest and recorded != image_digest:
-        found.append(
-            f"image: {(rec.get('image') or {}).get('uri')} was {recorded}, now {image_digest}"
-        )
+    image, trainer = rec.get("image"), rec.get("trainer")
+    recorded = image.get("digest") if image else None
+    if image and recorded and image_digest and recorded != image_digest:
+        found.append(f"image: {image.get('uri')} was {recorded}, now {image_digest}")
     for name, fp_now in data.items():
-        fp_then = (rec.get("trainer") or {}).get(name)
+        fp_then = _fingerprint(trainer, name)
         change = fingerprint.difference(fp_then, fp_now)
         if change:
             found.append(f"{name} ({fp_then.get('source') if fp_then else '?'}): {change}")
     return found
 
 
-def _changes(code: Mapping[str, Any]) -> str:
+def _fingerprint(trainer: TrainerStart | None, name: str) -> Fingerprint | None:
+    """The fingerprint of input `name` (dataset, tokenizer) the trainer's start line gave."""
+    if trainer is None or name not in ("dataset", "tokenizer"):
+        return None
+    return trainer.get("dataset") if name == "dataset" else trainer.get("tokenizer")
+
+
+def _changes(code: Mapping[str, object]) -> str:
     return f"sha256 {str(code.get('diff_sha256'))[:12]}" if code.get("dirty") else "none"
 
 
 # ---- diff ----------------------------------------------------------------------------------------
 
 
-def versions(rec: Mapping[str, Any]) -> dict[str, Any]:
-    """The versions a record names: fsdpctl's code, the image, and the trainer's libraries."""
-    code, trainer = rec.get("code") or {}, rec.get("trainer") or {}
-    image = rec.get("image") or {}
+def versions(rec: RunRecord) -> dict[str, object]:
+    """The versions a record names: fsdpctl's code, the image, and the trainer's libraries (each a
+    str, whether the checkout was dirty, or None: unknown)."""
+    code: Mapping[str, object] = rec.get("code") or {}
+    trainer: Mapping[str, object] = rec.get("trainer") or {}
+    image: Mapping[str, object] = rec.get("image") or {}
     return {
         "fsdpctl": code.get("fsdpctl"),
         "fsdptrain": code.get("fsdptrain"),
@@ -376,16 +479,43 @@ def versions(rec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def data_of(rec: Mapping[str, Any]) -> dict[str, Any]:
-    trainer = rec.get("trainer") or {}
-    return {name: (trainer.get(name) or {}).get("digest") for name in ("dataset", "tokenizer")}
+def data_of(rec: RunRecord) -> dict[str, str | None]:
+    """The digest of each input the trainer read (None: unknown, or no files on its machine)."""
+    found = {name: _fingerprint(rec.get("trainer"), name) for name in ("dataset", "tokenizer")}
+    return {name: fp.get("digest") if fp else None for name, fp in found.items()}
 
 
 def _changed(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, list[Any]]:
     return {k: [a.get(k), b.get(k)] for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
-def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+class LossRow(TypedDict):
+    """A step of `job diff --losses` (`side_by_side`): the loss of run A and of run B there."""
+
+    step: int
+    a: float | None
+    b: float | None
+
+
+class RunName(TypedDict):
+    id: str
+    job: str
+    run_id: str
+
+
+class RecordDiff(TypedDict):
+    """`job diff` of two runs (`diff`): each part KEY -> [A's value, B's value], where they differ."""
+
+    a: RunName
+    b: RunName
+    settings: dict[str, list[Any]]
+    placement: dict[str, list[Any]]
+    versions: dict[str, list[Any]]
+    data: dict[str, list[Any]]
+    losses: NotRequired[list[LossRow]]  # `job diff` adds them (`side_by_side`)
+
+
+def diff(a: RunRecord, b: RunRecord) -> RecordDiff:
     """What differs between two runs, each part only where it differs: the settings that change
     training, the placement keys (job name, backend, namespace), the versions, and the data
     fingerprints."""
@@ -400,13 +530,13 @@ def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[dict[str, Any]]:
+def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[LossRow]:
     """One row per step either run logged: step, loss A, loss B (None where a run has no such
     step)."""
     return [{"step": s, "a": a.get(s), "b": b.get(s)} for s in sorted(a.keys() | b.keys())]
 
 
-def learnt(rec: dict[str, Any], log: list[str]) -> dict[str, Any]:
+def learnt(rec: RunRecord, log: list[str]) -> RunRecord:
     """`rec` with this run's `start` event from the leader's log, when it is there, and the losses
     the log holds once the run ended (its summary): a cluster's logs go with the run's pods (a
     rerun on EKS replaces the job), the record stays to be compared."""
@@ -421,7 +551,7 @@ def learnt(rec: dict[str, Any], log: list[str]) -> dict[str, Any]:
     return rec
 
 
-def kept_losses(rec: Mapping[str, Any]) -> dict[int, float]:
+def kept_losses(rec: RunRecord) -> dict[int, float]:
     """The losses a record kept when its run's log was read after its end (`learnt`)."""
     return {int(k): v for k, v in (rec.get("losses") or {}).items()}
 

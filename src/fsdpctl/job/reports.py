@@ -82,6 +82,27 @@ class PrestepReport(TypedDict):
     error: str | None
 
 
+class GpuNode(TypedDict):
+    """A GPU node of a job on a cluster (`fsdpctl.plan.nodefit.gpu_node_fit`): what its device
+    plugins made allocatable against what one of the job's pods asks for, and the job's pods on
+    it."""
+
+    node: str
+    allocatable: dict[str, int]  # resource -> count
+    wants: dict[str, int]
+    ready: bool
+    short: list[str]  # the resources it has fewer of than a pod asks for
+    pods: list[str]
+
+
+class SchedulerJob(TypedDict):
+    """The job in a batch scheduler (Slurm: scontrol's record of it)."""
+
+    id: int
+    state: str | None  # JobState
+    nodes: str | None  # NodeList, a hostlist expression; None before it has any
+
+
 class Report(Progress):
     """`job status` of one job: the same keys from every backend, then what only some have."""
 
@@ -110,11 +131,9 @@ class Report(Progress):
     kind: NotRequired[str]  # the job's kind on a cluster (PyTorchJob, TrainJob)
     pods: NotRequired[dict[str, int]]  # pods by state (cluster)
     network_warning: NotRequired[str | None]
-    gpu_nodes: NotRequired[list[dict[str, Any]] | None]
+    gpu_nodes: NotRequired[list[GpuNode] | None]
     interrupted: NotRequired[bool]  # Ctrl-C ended the follow
-    scheduler_job: NotRequired[
-        dict[str, Any]
-    ]  # the job in a batch scheduler: its id, state, nodes (Slurm)
+    scheduler_job: NotRequired[SchedulerJob]
 
 
 def is_final(phase: str | None) -> bool:

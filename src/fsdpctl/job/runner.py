@@ -17,9 +17,9 @@ list, over any scheduler).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 from fsdpctl import files, targets
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
@@ -27,6 +27,7 @@ from fsdpctl.job import home, lock, record, state
 from fsdpctl.job import store as record_store
 from fsdpctl.job.protocol import Backend, Started, Submitted
 from fsdpctl.job.reports import FINAL, Phase, Report
+from fsdpctl.job.state import JobState
 from fsdpctl.settings import Config
 
 # settings that say where on its backend a job lives, kept in its state: a verb on the job finds it
@@ -78,7 +79,7 @@ def run(
     return Started(name, run_id, sub.where)
 
 
-def _record(jdir: Any, be: Backend, cfg: Config, run_id: str, sub: Submitted) -> None:
+def _record(jdir: Path, be: Backend, cfg: Config, run_id: str, sub: Submitted) -> None:
     """The job's state after its submit: the core's keys, where on its backend it lives, and the
     backend's keys for the run. A backend whose own process writes the state from its start (the
     local supervisor) gets its keys merged; any other's state is written afresh (nothing of an
@@ -117,7 +118,7 @@ def _undone(be: Backend, name: str, sub: Submitted, why: BaseException) -> Fsdpc
     )
 
 
-def _make_way(name: str, current: dict[str, Any], replace: bool, other: Factory) -> None:
+def _make_way(name: str, current: JobState, replace: bool, other: Factory) -> None:
     """Refuse a second run of a job whose run is active, on whichever backend runs it; with
     `replace`, stop that run first (waiting for it to end). Unknown is not "ended": a run whose
     place cannot say is never replaced."""
@@ -142,7 +143,7 @@ def _make_way(name: str, current: dict[str, Any], replace: bool, other: Factory)
     other(where).stop(name, wait=True, dry_run=False)
 
 
-def _learn_before_it_goes(current: dict[str, Any], other: Factory) -> None:
+def _learn_before_it_goes(current: JobState, other: Factory) -> None:
     """The run a new one replaces, learnt from its logs while they exist (its trainer's start line
     and losses into its record, fsdpctl.record.learnt): on a cluster they go with its pods. A run
     whose logs cannot be read is left as it is."""
@@ -188,7 +189,7 @@ def stop(
         return said
 
 
-def _mark_stopped(jdir: Any) -> None:
+def _mark_stopped(jdir: Path) -> None:
     """The state says fsdpctl stopped the run: a place that deletes a stopped job's objects (EKS)
     still reports it Stopped, not gone. A home that cannot take it only loses that word."""
     try:
@@ -197,7 +198,7 @@ def _mark_stopped(jdir: Any) -> None:
         pass
 
 
-def stopped_report(st: dict[str, Any], nodes: int) -> Report:
+def stopped_report(st: JobState, nodes: int) -> Report:
     """A run fsdpctl stopped whose place deleted it (EKS: `job stop` deletes the job and its
     pods), from what the state records."""
     why = (
@@ -250,7 +251,7 @@ def backends_here(cfg: Config) -> list[str]:
     return [n for n in targets.NAMES if n in here]
 
 
-def _all_states() -> list[dict[str, Any]]:
+def _all_states() -> list[JobState]:
     found = []
     for jdir in home.job_dirs(lambda _: None):
         try:
@@ -262,11 +263,11 @@ def _all_states() -> list[dict[str, Any]]:
     return found
 
 
-def _states_of(backend: str) -> list[dict[str, Any]]:
+def _states_of(backend: str) -> list[JobState]:
     return [s for s in _all_states() if state.backend_of(s) == backend]
 
 
-def states_of(backend: str, notes: list[str]) -> list[dict[str, Any]]:
+def states_of(backend: str, notes: list[str]) -> list[JobState]:
     """Every job of `backend` recorded in this home (for a backend's list and cleanup); a damaged
     state or a stray file is one line in `notes` and the other jobs are still there."""
     found = []
@@ -281,12 +282,18 @@ def states_of(backend: str, notes: list[str]) -> list[dict[str, Any]]:
     return found
 
 
-def _unknown_row(st: dict[str, Any], why: str) -> Report:
+def _unknown_row(st: JobState, why: str) -> Report:
     """A recorded job whose backend could not be asked, as a row that says so."""
-    return unknown_report(st, st.get("nodes") or st.get("replicas") or 0, why)
+    return unknown_report(st, _nodes(st), why)
 
 
-def unknown_report(st: dict[str, Any], nodes: int, why: str) -> Report:
+def _nodes(st: Mapping[str, object]) -> int:
+    """The node count a backend's own keys record (Slurm: nodes, local: replicas; checked ints)."""
+    n = st.get("nodes") or st.get("replicas") or 0
+    return n if isinstance(n, int) else 0
+
+
+def unknown_report(st: JobState, nodes: int, why: str) -> Report:
     """A report that knows only what the state records: the job, its backend and run, Unknown with
     what was asked and what came back."""
     backend = state.backend_of(st)
@@ -339,4 +346,8 @@ def placement(job: str) -> dict[str, str] | None:
         return None
     if st is None:
         return None
-    return {"backend": state.backend_of(st), **{k: str(st[k]) for k in PLACEMENT_KEYS if k in st}}
+    recorded: Mapping[str, object] = st
+    return {
+        "backend": state.backend_of(st),
+        **{k: str(recorded[k]) for k in PLACEMENT_KEYS if k in st},
+    }

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 from fsdpctl import files, targets
 from fsdpctl.errors import ExitCode, FsdpctlError
@@ -113,6 +113,24 @@ CORE = Keys(
 )
 
 
+class JobState(TypedDict, total=False):
+    """A job's state as `read` returns it, checked: the core's keys (CORE), and where on a cluster
+    the job lives (the runner writes these for a Kubernetes backend: runner.PLACEMENT_KEYS, checked
+    by the EKS backend's Keys). A backend's own keys are in its own type, which extends this one
+    (backends/local/state.py LocalState, backends/slurm SlurmState) and is read through it."""
+
+    job: Required[str]
+    run_id: Required[str]
+    created: Required[float]
+    version: int
+    backend: str
+    labels: dict[str, str]
+    stop_requested: bool
+    job_namespace: str
+    job_kind: str
+    kube_context: str
+
+
 def backend_of(data: Mapping[str, Any]) -> str:
     """The backend a state says runs the job (a state of version 1: the local backend's)."""
     return str(data.get("backend", FIRST_BACKEND))
@@ -155,7 +173,7 @@ class Damaged(FsdpctlError):
         self.path = path
 
 
-def read(jdir: Path) -> dict[str, Any] | None:
+def read(jdir: Path) -> JobState | None:
     """The job's state; None when it has none; Damaged (naming the file) when it is not this job's
     state: not a regular file (a FIFO, a link, a directory: read without following or blocking),
     too big, not UTF-8 JSON, the wrong shape, a newer version's, or another job's."""
@@ -168,7 +186,8 @@ def read(jdir: Path) -> dict[str, Any] | None:
         raise Damaged(path, files.why(e)) from e
     if why := problem(data, jdir.name):
         raise Damaged(path, why)
-    return dict(data)
+    # problem() checked every key the core and the job's backend read, each for its type
+    return cast(JobState, dict(data))
 
 
 def write(jdir: Path, state: Mapping[str, Any]) -> None:
@@ -177,10 +196,10 @@ def write(jdir: Path, state: Mapping[str, Any]) -> None:
     files.write_atomic(jdir / NAME, json.dumps({**state, "version": VERSION}, indent=1))
 
 
-def update(jdir: Path, **changes: Any) -> dict[str, Any]:
-    """The state with `changes` over it, written back; the new state."""
-    state = read(jdir) or {}
-    state.update(changes)
+def update(jdir: Path, **changes: Any) -> JobState:
+    """The state with `changes` over it, written back; the new state (the caller's keys: a
+    backend's own, or the core's)."""
+    state = cast(JobState, {**(read(jdir) or {}), **changes})
     write(jdir, state)
     return state
 

@@ -14,12 +14,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
 from fsdpctl.job import record, render
+from fsdpctl.job.record import ImageRef, RunRecord
 from fsdpctl.settings import Config
 
 
@@ -31,12 +32,12 @@ def path(job: str, run_id: str) -> Path:
     return root() / files.job_name(job) / f"{files.run_id(run_id)}.json"
 
 
-def new(cfg: Config, run_id: str) -> dict[str, Any]:
+def new(cfg: Config, run_id: str) -> RunRecord:
     """The record of the run about to start: the settings, the code it runs, the image (EKS: by
     reference; its digest is known once a pod pulled it)."""
     from fsdpctl.adapters.git import code_version
 
-    image = None
+    image: ImageRef | None = None
     if cfg.target.image:
         image = {
             "uri": cfg.image_uri,
@@ -53,7 +54,7 @@ def new(cfg: Config, run_id: str) -> dict[str, Any]:
     )
 
 
-def save(rec: dict[str, Any]) -> Path:
+def save(rec: RunRecord) -> Path:
     """Atomically (files.write_atomic: a reader sees the old record or the new one, never half of
     one)."""
     where = path(rec["job"], rec["run_id"])
@@ -61,7 +62,7 @@ def save(rec: dict[str, Any]) -> Path:
     return where
 
 
-def keep(rec: dict[str, Any]) -> None:
+def keep(rec: RunRecord) -> None:
     """What a read verb learnt (the trainer's start line, the cluster's copy), kept when the home
     can take it: a read verb never needs to write, so a read-only or full home only means it is
     learnt again next time."""
@@ -81,16 +82,17 @@ def discard(where: Path) -> None:
             return
 
 
-def read(where: Path) -> dict[str, Any]:
+def read(where: Path) -> RunRecord:
     """The record in file `where`; BadInput naming the file when it is not one this fsdpctl wrote
     there: not a regular file (read without following a link or blocking: fsdpctl.files), too big,
     not JSON, another version's, changed since (its hash), or the record of another job or run than
     its path says."""
     try:
-        rec: dict[str, Any] = files.read_json(where)
+        data = files.read_json(where)
     except (OSError, ValueError) as e:
         raise BadInput(f"run record {where} {files.why(e)}", hint="remove it") from e
-    problem = record.problem(rec)
+    problem = record.problem(data)
+    rec = cast(RunRecord, data)  # when no problem: record.problem checked each part a reader uses
     if not problem and (rec["job"], rec["run_id"]) != (where.parent.name, where.stem):
         problem = f"is the record of job {rec['job']} run {rec['run_id']}, not of the path it is at"
     if problem:
@@ -100,7 +102,7 @@ def read(where: Path) -> dict[str, Any]:
     return rec
 
 
-def of_job(job: str, damaged: list[BadInput] | None = None) -> list[dict[str, Any]]:
+def of_job(job: str, damaged: list[BadInput] | None = None) -> list[RunRecord]:
     """Every run record of job `job` on this machine, oldest first; damaged ones skipped (into
     `damaged`, newest last, when given)."""
     found = []
@@ -120,7 +122,7 @@ def of_job(job: str, damaged: list[BadInput] | None = None) -> list[dict[str, An
     return sorted(found, key=lambda r: r["created"])
 
 
-def find(name: str) -> dict[str, Any] | None:
+def find(name: str) -> RunRecord | None:
     """The record `name` means: the newest run of job `name` (a job's own name wins over another
     job's run id or record that happens to equal it), else a run id or a record id (any job). A job
     whose every record is damaged is that damage, one line naming the newest file (not "no record").

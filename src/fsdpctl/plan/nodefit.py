@@ -3,9 +3,11 @@ their allocatable GPUs and EFA interfaces, and one line per node for `job status
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fsdpctl.job.kstatus import PLUGIN_OF, Obj
+from fsdpctl.job.reports import GpuNode
 
 # --- what the job's GPU nodes offer ---------------------------------------------------------------
 
@@ -57,14 +59,14 @@ def job_nodes(nodes: list[Obj], pods: list[Obj], selector: dict[str, str]) -> li
 
 
 def gpu_node_fit(
-    rows: list[Obj], nodes: list[Obj], wants: dict[str, int], pods: list[Obj]
-) -> list[Obj]:
+    rows: Sequence[Mapping[str, Any]], nodes: list[Obj], wants: dict[str, int], pods: list[Obj]
+) -> list[GpuNode]:
     """Per GPU node of the job (`rows` from deploy.node_rows, which picks the GPU nodes and says
     what the plugins made allocatable), whether it offers as many of each device as one of the job's
     pods asks for (at least one where the pods ask for none), the resources it falls short of, and
     the job's pods on it."""
     by_name = {n["metadata"]["name"]: n for n in nodes}
-    out = []
+    out: list[GpuNode] = []
     for row in rows:
         name = row["object"].partition("/")[2]
         allocatable = (by_name[name].get("status") or {}).get("allocatable") or {}
@@ -84,7 +86,7 @@ def gpu_node_fit(
     return out
 
 
-def node_problems(fit: list[Obj], selector: dict[str, str]) -> list[str]:
+def node_problems(fit: list[GpuNode], selector: dict[str, str]) -> list[str]:
     """A line per device a GPU node of the job lacks, naming the plugin that advertises it; or one
     line saying that no GPU node matches the job's selector."""
     if not fit:
@@ -103,7 +105,7 @@ def node_problems(fit: list[Obj], selector: dict[str, str]) -> list[str]:
     ]
 
 
-def describe_node(node: Obj) -> str:
+def describe_node(node: GpuNode) -> str:
     """One line of `job status`: what the node offers against what a pod asks, and the job's pods on
     it."""
     have = " ".join(f"{r} {n}/{node['wants'][r]}" for r, n in node["allocatable"].items())

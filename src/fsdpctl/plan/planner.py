@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from fsdpctl.plan.instances import INSTANCE_TYPES, InstanceType
 from fsdptrain.shapes import (
@@ -474,7 +474,24 @@ def job_from(cfg: Config, *, mfu: float, price: float | None) -> Job:
     )
 
 
-def report(job: Job, tokens: float) -> dict[str, Any]:
+class PlanReport(TypedDict):
+    """`fsdpctl plan` of one job (`report`; what -o json prints): GiB, seconds, hours, USD."""
+
+    job: dict[str, Any]  # the Job's fields (dataclasses.asdict)
+    memory_gib: dict[str, float]  # per GPU: each of Memory's parts, the total, the state
+    fits: bool
+    fix: str | None  # the cheapest single change that fits, when it does not
+    fix_memory_gib: float | None
+    speed: dict[str, float]  # Speed's fields
+    tokens: float
+    hours: float
+    usd: float | None  # None: no list price
+    price_per_hour: float | None
+    prices_as_of: str
+    volume: NotRequired[dict[str, object]]  # `plan` adds the shared volume's (plan.volume.report)
+
+
+def report(job: Job, tokens: float) -> PlanReport:
     """Everything `fsdpctl plan` says about one job, in GiB, seconds, hours and USD (what -o json
     prints)."""
     mem, spd = memory(job), speed(job)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from fsdpctl.plan.planner import GIB, Job, cost, memory, speed
 from fsdpctl.settings import MODEL_DEFAULT
@@ -23,6 +23,21 @@ SWEEP_INSTANCES = ("p4de.24xlarge", "p5.48xlarge")
 SWEEP_NODES = (1, 2, 4, 8, 16)
 
 
+class SweepRow(TypedDict):
+    """A row of `plan --table` (`matrix`)."""
+
+    model: str
+    instance_type: str
+    nodes: int
+    memory_gib: float  # per GPU
+    fits: bool
+    tokens_per_s_per_gpu: float
+    mfu: float
+    scaling: float  # per-GPU throughput relative to one node
+    hours: float
+    usd: float | None  # None: no list price
+
+
 def matrix(
     base: Job,
     tokens: float,
@@ -30,7 +45,7 @@ def matrix(
     *,
     models: Sequence[str] = SWEEP_MODELS,
     nodes: Sequence[int] = SWEEP_NODES,
-) -> list[dict[str, Any]]:
+) -> list[SweepRow]:
     """`plan --table`: each of `models` on each instance type at each of `nodes`, the rest of `base`
     (or of the model's own in `per_model`, see `sweep_bases`) unchanged; scaling is the per-GPU
     throughput relative to one node (computed even when 1 is not among `nodes`, so a row reads the
@@ -64,7 +79,7 @@ def sweep_bases(base: Job, cfg: Config) -> dict[str, Job]:
     return out
 
 
-def _sweep_row(job: Job, tokens: float, one_node: float) -> dict[str, Any]:
+def _sweep_row(job: Job, tokens: float, one_node: float) -> SweepRow:
     mem, spd = memory(job), speed(job)
     hours, usd = cost(job, tokens)
     return {

@@ -20,7 +20,8 @@ from fsdpctl.job import spec as jobspec
 from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.outage import Outage
 from fsdpctl.job.progress import run_outcome
-from fsdpctl.job.reports import FINAL, TIMEOUT, Report, Waited
+from fsdpctl.job.record import RunRecord
+from fsdpctl.job.reports import FINAL, TIMEOUT, GpuNode, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
 from fsdpctl.plan import nodefit
@@ -91,11 +92,11 @@ class EksBackend:
         )
         return Started(cfg.job_name, started["run_id"], where, lines, objs)
 
-    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, record: RunRecord) -> RunRecord:
         refuse(self.refusals())
         return record
 
-    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+    def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """Namespace, Secret, the job and what it owns (the pre-step, the budget, the ConfigMap of
         its record). The record as the cluster got it comes back (with its manifests)."""
         cfg = self.cfg
@@ -130,7 +131,7 @@ class EksBackend:
                 r["problems"] += nodefit.node_problems(r["gpu_nodes"], selector)
         return r
 
-    def gpu_nodes(self, name: str) -> list[dict[str, Any]] | None:
+    def gpu_nodes(self, name: str) -> list[GpuNode] | None:
         """The GPU nodes the job's pods run on or wait for, each with whether the device plugins
         made the GPUs and EFA interfaces a pod asks for allocatable (deploy status's per-node rows,
         narrowed to the job). None where this identity may not list nodes (they are cluster-scoped:
@@ -308,7 +309,7 @@ class EksBackend:
             done += self._forget(name, dry_run=dry_run)
         return done
 
-    def _stopped_here(self, name: str) -> dict[str, Any] | None:
+    def _stopped_here(self, name: str) -> state.JobState | None:
         """This home's state of job `name` when it is this backend's and fsdpctl stopped it."""
         try:
             st = state.read(home.job_dir(name))

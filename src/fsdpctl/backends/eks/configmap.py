@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from fsdpctl.job import validate
-from fsdpctl.job.record import env_text
+from fsdpctl.job.record import RunRecord, env_text
 
 # ---- on a cluster: the job's annotation and the ConfigMap <job>-record ---------------------------
 
@@ -30,7 +30,7 @@ def config_map_name(job: str) -> str:
     return f"{job}-record"
 
 
-def annotated(job: dict[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
+def annotated(job: dict[str, Any], rec: RunRecord) -> dict[str, Any]:
     """The job object carrying its record's hash (what `job describe` checks the ConfigMap
     against)."""
     meta = job["metadata"]
@@ -43,7 +43,7 @@ def annotated(job: dict[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+def config_map(rec: RunRecord, namespace: str) -> dict[str, Any]:
     """The ConfigMap holding `rec`: record.json (without the manifests), settings.env,
     manifests.yaml."""
     body = {k: v for k, v in rec.items() if k != "manifests"}
@@ -76,13 +76,14 @@ def config_map(rec: Mapping[str, Any], namespace: str) -> dict[str, Any]:
     }
 
 
-def from_config_map(cm: Mapping[str, Any]) -> dict[str, Any]:
-    """The record a ConfigMap holds (ValueError when it holds none)."""
+def from_config_map(cm: Mapping[str, Any]) -> RunRecord:
+    """The record a ConfigMap holds (ValueError when it holds none). Not checked here: its reader
+    (observe.record_of) names what record.problem finds wrong with it."""
     data = cm.get("data") or {}
     rec = json.loads(data.get("record.json", "null"))
     if not isinstance(rec, dict):
         raise ValueError("no record.json")
-    return {**rec, "manifests": data.get("manifests.yaml")}
+    return cast(RunRecord, {**rec, "manifests": data.get("manifests.yaml")})
 
 
 # ---- what a run's log and pods add ---------------------------------------------------------------
@@ -103,8 +104,9 @@ def image_digest(pods: Sequence[Mapping[str, Any]], container: str) -> tuple[str
     return None
 
 
-def with_digest(rec: dict[str, Any], found: tuple[str, str] | None) -> dict[str, Any]:
-    if found is None or rec.get("image") is None or rec["image"].get("digest"):
+def with_digest(rec: RunRecord, found: tuple[str, str] | None) -> RunRecord:
+    image = rec.get("image")
+    if found is None or image is None or image.get("digest"):
         return rec
     digest_, pod = found
-    return {**rec, "image": {**rec["image"], "digest": digest_, "digest_from": f"pod {pod} status"}}
+    return {**rec, "image": {**image, "digest": digest_, "digest_from": f"pod {pod} status"}}

@@ -12,6 +12,7 @@ from fsdpctl.backends.eks.observe import pods_of
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.job import kstatus, render
 from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, TIMEOUT, Phase, Waited
 from fsdpctl.plan import volume
 from fsdpctl.settings import Config
@@ -25,7 +26,7 @@ def run(
     replace: bool,
     token: str,
     server_dry_run: bool = False,
-    record: dict | None = None,
+    record: RunRecord | None = None,
 ) -> dict:
     """Namespace (+ etcd) applied, the Secret applied, the job created. A job of the same name is
     refused unless `replace`, which deletes it first (its pods get SIGTERM and checkpoint). With a

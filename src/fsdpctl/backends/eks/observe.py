@@ -306,7 +306,9 @@ def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iter
             yield item
 
 
-def record_of(kube, cfg: Config, name: str) -> tuple[dict | None, list[str], list[str]]:
+def record_of(
+    kube, cfg: Config, name: str
+) -> tuple[run_record.RunRecord | None, list[str], list[str]]:
     """(the run record of job `name` from its ConfigMap, the leader's log lines, problems). What the
     cluster learnt since the start (the image digest its pods report, the trainer's `start` event)
     is merged and written back into the ConfigMap, so it stays once the pods are gone. (None, [],

@@ -15,6 +15,7 @@ from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.local import engine as local
 from fsdpctl.backends.local import state as local_state
 from fsdpctl.backends.local.report import failed_log, job_report, no_logs, run_events
+from fsdpctl.backends.local.state import LocalState
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.job import crilog, lock, render
@@ -25,6 +26,7 @@ from fsdpctl.job.progress import (
     across_runs,
     run_outcome,
 )
+from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import Phase, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.settings import Config, local_path
@@ -78,12 +80,12 @@ class LocalBackend:
         started.objects = [*infra, job]  # what the supervisor runs, as a cluster would get it
         return started
 
-    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, record: RunRecord) -> RunRecord:
         refuse(self.refusals())
         infra, job = self._rendered(record["run_id"], record["id"])
         return {**record, "manifests": render.to_yaml([*infra, job])}
 
-    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+    def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """The supervisor started on the rendered job (the core holds the job's lock and stopped a
         run it replaces; the old supervisor may still be on its way out: waited for up to its
         grace)."""
@@ -135,7 +137,7 @@ class LocalBackend:
         where = f"{spec['replicas']} launchers x {spec['nproc_per_node']} processes"
         return Started(self.cfg.job_name, run_id, where, lines)
 
-    def _state_or_none(self, name: str) -> dict[str, Any] | None:
+    def _state_or_none(self, name: str) -> LocalState | None:
         """The job's state; None when it has none; a damaged one is one line naming it, exit 2."""
         try:
             return local.settle(local.read_state(local.job_dir(name)))  # ended unseen: ended now
@@ -146,7 +148,7 @@ class LocalBackend:
                 code=ExitCode.BAD_INPUT,
             ) from e
 
-    def _state(self, name: str) -> dict[str, Any]:
+    def _state(self, name: str) -> LocalState:
         st = self._state_or_none(name)
         if st is None:
             raise FsdpctlError(
@@ -329,7 +331,7 @@ def _prestep_job(infra: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((o for o in infra if o["kind"] == "Job"), None)
 
 
-def _stop_note(st: dict[str, Any], at: int) -> str:
+def _stop_note(st: LocalState, at: int) -> str:
     """What a stopping job waits for now (`job stop` prints it after `waiting: `): the trainer's
     stop checkpoint (the step in flight finishes first), then its launchers' exit; the pod's grace
     period after which every process gets SIGKILL."""
@@ -345,9 +347,7 @@ def _stop_note(st: dict[str, Any], at: int) -> str:
     return f"the launchers to exit: no step trained yet ({grace})"
 
 
-def _clean_job(
-    st: dict[str, Any], *, checkpoints: bool, dry_run: bool, notes: list[str]
-) -> list[str]:
+def _clean_job(st: LocalState, *, checkpoints: bool, dry_run: bool, notes: list[str]) -> list[str]:
     """One ended job's files, with its lock held (no `job run` of it starts meanwhile); none while
     its supervisor holds the lock or any process of the job lives. The lock file stays: a starter
     may hold it. What goes is derived, never read from the state (README "What cleanup may delete"):
@@ -372,7 +372,7 @@ def _clean_job(
         return left + [str(p) for p in doomed]
 
 
-def _checkpoints_of(st: dict[str, Any], notes: list[str]) -> list[Path]:
+def _checkpoints_of(st: LocalState, notes: list[str]) -> list[Path]:
     """The job's checkpoint directory, if the state names the one fsdpctl derives for it and it is
     reached without a link; anything else it names is kept, with a note."""
     recorded = st.get("checkpoint_dir")
@@ -398,24 +398,24 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _lineage(st: dict[str, Any]) -> list[Path]:
+def _lineage(st: LocalState) -> list[Path]:
     """The log directories of the job's runs up to the current one that kept their checkpoints where
     it does (its CHECKPOINT_SUBDIR: a rerun's curve is its own), oldest first by their records."""
     runs = {r["run_id"]: r for r in record_store.of_job(st["job"])}
     current = runs.get(st["run_id"])
-    line = (current or {}).get("settings", {}).get("CHECKPOINT_SUBDIR", "")
+    line = current["settings"].get("CHECKPOINT_SUBDIR", "") if current else ""
+    until = current.get("created", float("inf")) if current else float("inf")
     kept = [
         r
         for r in runs.values()
-        if r["settings"].get("CHECKPOINT_SUBDIR", "") == line
-        and r.get("created", 0) <= (current or {}).get("created", float("inf"))
+        if r["settings"].get("CHECKPOINT_SUBDIR", "") == line and r.get("created", 0) <= until
     ]
     logs = local.log_dir(st)  # derived, never the path the state records
     dirs = [logs.parent / r["run_id"] for r in kept if r["run_id"] != st["run_id"]]
     return [d for d in dirs if d.is_dir() and not d.is_symlink()] + [logs]
 
 
-def _chosen_logs(st: dict[str, Any], all_: bool, node: int | None) -> list[Path]:
+def _chosen_logs(st: LocalState, all_: bool, node: int | None) -> list[Path]:
     if node is not None:
         return [f for f in local.log_files(st) if f.stem == f"node-{node}"]
     if all_:

@@ -51,6 +51,7 @@ from fsdpctl.backends.local.processes import (
     kill_pod,
     launcher_identity,
     launchers_alive,
+    ours_if_started,
     owned_processes,
     pod_processes,
     pods_alive,
@@ -67,6 +68,7 @@ from fsdpctl.backends.local.state import (
     CorruptState,
     JobBusy,
     LocalJobError,
+    LocalState,
     in_home,
     job_dir,
     log_dir,
@@ -187,7 +189,7 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
     return state
 
 
-def stop(job_name: str) -> dict | None:
+def stop(job_name: str) -> LocalState | None:
     """SIGTERM to the supervisor, verified as the one recorded; with the supervisor gone, its
     orphans are stopped here (`stop_orphans`)."""
     jdir = job_dir(job_name)
@@ -209,7 +211,7 @@ def stop(job_name: str) -> dict | None:
     return read_state(jdir)
 
 
-def stop_orphans(jdir: Path, state: dict) -> None:
+def stop_orphans(jdir: Path, state: LocalState) -> None:
     """The supervisor's part, done by `job stop` once it is gone: SIGTERM to each launcher still the
     one recorded (every process proven the run's if none is: `is_ours`), SIGKILL to every process of
     the run when they have ended or the pod's grace period is over; the job ends Stopped with none
@@ -223,7 +225,7 @@ def stop_orphans(jdir: Path, state: dict) -> None:
             {"pid": p} for p in owned_processes(state) if signal_owned(p, signal.SIGTERM, state)
         ]
     deadline = time.monotonic() + grace_in(jdir)
-    while time.monotonic() < deadline and any(is_ours(t["pid"], state) for t in termed):
+    while time.monotonic() < deadline and any(ours_if_started(t["pid"], state) for t in termed):
         time.sleep(0.2)
     for _ in range(50):  # SIGKILL is not ignorable: the kernel takes a moment at most
         left = owned_processes(state)
@@ -232,10 +234,9 @@ def stop_orphans(jdir: Path, state: dict) -> None:
         for pid in left:
             signal_owned(pid, signal.SIGKILL, state)
         time.sleep(0.1)
-    if isinstance(
-        state.get("net_index"), int
-    ):  # the namespaces and bridge its `finally` did not remove
-        netns.destroy(netns.Network(state["net_index"], job, state["replicas"]))
+    # the namespaces and bridge its `finally` did not remove
+    if isinstance(index := state.get("net_index"), int):
+        netns.destroy(netns.Network(index, job, state["replicas"]))
     remove_temp_dirs(jdir, state["replicas"])
     update(
         jdir,

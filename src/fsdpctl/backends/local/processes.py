@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fsdpctl.backends.local.state import job_dir
+from fsdpctl.backends.local.state import Identity, Launcher, LocalState, job_dir
 
 POD_MARK = "FSDPCTL_POD"
 
@@ -39,7 +39,7 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
-def pods_alive(state: dict) -> bool:
+def pods_alive(state: LocalState) -> bool:
     """Whether any process of the job's pods (its launchers, their workers) lives. etcd and the
     pre-step, which serve the pods and end with them, carry the supervisor's pod mark (they inherit
     its environment)."""
@@ -71,7 +71,7 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def identity(pid: int) -> dict | None:
+def identity(pid: int) -> Identity | None:
     """What a state records of a process: its PID, start time and boot (as the kubelet and
     containerd check a container's process by more than its PID)."""
     start = start_ticks(pid)
@@ -88,26 +88,26 @@ def same_process(ident: Any) -> bool:
     return ident.get("boot") == boot_id() and start_ticks(ident["pid"]) == ident.get("start")
 
 
-def supervisor_alive(state: dict) -> bool:
+def supervisor_alive(state: LocalState) -> bool:
     """By its recorded identity, and only while that process proves to be the job's (`is_ours`): a
     state naming some other live process (a PID reused, or a state copied or edited) has no
     supervisor alive. A state written before identities were recorded has only a PID, which is
     trusted for a report but never for a signal (`signal_verified`)."""
     if "supervisor" in state:
         ident = state["supervisor"]
-        return same_process(ident) and is_ours(ident["pid"], state)
+        return same_process(ident) and ident is not None and ours_if_started(ident["pid"], state)
     return pid_alive(state.get("supervisor_pid"))
 
 
-def launcher_identity(lz: dict) -> dict:
+def launcher_identity(lz: Launcher) -> Identity:
     return {"pid": lz.get("pid"), "start": lz.get("start"), "boot": lz.get("boot")}
 
 
-def launchers_alive(state: dict) -> int:
+def launchers_alive(state: LocalState) -> int:
     """Launchers still the processes recorded (a state without identities: by PID, as before)."""
     launchers = [lz for lz in state.get("launchers", []) if isinstance(lz, dict)]
     return sum(
-        same_process(launcher_identity(lz)) and is_ours(lz["pid"], state)
+        same_process(launcher_identity(lz)) and ours_if_started(lz["pid"], state)
         if "start" in lz
         else pid_alive(lz.get("pid"))
         for lz in launchers
@@ -145,13 +145,18 @@ def job_processes(job: str) -> list[int]:
     return marked(lambda var: var == mark)
 
 
-def run_mark(state: dict) -> bytes | None:
+def run_mark(state: LocalState) -> bytes | None:
     """The environment entry of the run's own random token (`mark` in its state), which only
     processes descended from its supervisor carry; None for a state written before runs had one."""
     return f"{RUN_MARK}={state['mark']}".encode() if state.get("mark") else None
 
 
-def is_ours(pid: int, state: dict) -> bool:
+def ours_if_started(pid: int | None, state: LocalState) -> bool:
+    """`is_ours` of a recorded PID (None: a launcher not started: none)."""
+    return pid is not None and is_ours(pid, state)
+
+
+def is_ours(pid: int, state: LocalState) -> bool:
     """Whether live process `pid` is proven a process of the run `state` records, as runc tells a
     container's init from a process that took its PID by its start time (libcontainer's
     InitProcessStartTime, /proc/<pid>/stat field 22) and the kubelet's runtime finds a container's
@@ -160,26 +165,23 @@ def is_ours(pid: int, state: dict) -> bool:
     run's own token. A variable copied into an unrelated process, or a process older than the run,
     is not the job's; a state with no supervisor identity proves nothing."""
     sup = state.get("supervisor")
-    if (
-        not isinstance(sup, dict)
-        or sup.get("boot") != boot_id()
-        or not isinstance(sup.get("start"), int)
-    ):
+    since = sup.get("start") if isinstance(sup, dict) else None
+    if not isinstance(sup, dict) or sup.get("boot") != boot_id() or not isinstance(since, int):
         return False
     started = start_ticks(pid)
-    if started is None or started < sup["start"]:
+    if started is None or started < since:
         return False
     env = environ_of(pid)
     token = run_mark(state)
     return job_mark(state["job"]) in env and (token is None or token in env)
 
 
-def owned_processes(state: dict) -> list[int]:
+def owned_processes(state: LocalState) -> list[int]:
     """The live processes proven the run's (`is_ours`): what `job stop` may signal."""
     return [pid for pid in job_processes(state["job"]) if is_ours(pid, state)]
 
 
-def signal_owned(pid: int, sig: int, state: dict) -> bool:
+def signal_owned(pid: int, sig: int, state: LocalState) -> bool:
     """`sig` to `pid` if it is (still, through a pidfd: `signal_verified`) a process of the run."""
     return signal_verified(pid, sig, lambda: is_ours(pid, state))
 
@@ -227,7 +229,7 @@ def signal_marked(pid: int, sig: int, mark: bytes) -> bool:
     return signal_verified(pid, sig, lambda: _carries(pid, mark))
 
 
-def signal_recorded(ident: Any, sig: int, state: dict) -> bool:
+def signal_recorded(ident: Any, sig: int, state: LocalState) -> bool:
     """`sig` to a process recorded in a state, if it is still that process and proven the run's."""
     if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int) or ident["pid"] <= 0:
         return False

@@ -11,6 +11,7 @@ from typing import Any
 
 from fsdpctl import files
 from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local.state import LocalState
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.job import crilog, failures, kstatus, prestep
@@ -33,7 +34,7 @@ def run_events(log_dir: Path) -> list[events.Event]:
     )
 
 
-def job_report(st: dict[str, Any], stall_after: float) -> Report:
+def job_report(st: LocalState, stall_after: float) -> Report:
     """Everything `status` shows, from the state file and the leader's log."""
     leader = local.leader_log(st)
     lines = crilog.texts(leader) if leader else []
@@ -118,13 +119,13 @@ def no_logs(name: str, logs: Path) -> FsdpctlError:
     )
 
 
-def _checkpoint_shown(st: dict[str, Any]) -> str | None:
+def _checkpoint_shown(st: LocalState) -> str | None:
     """The checkpoint directory as it is in this home (a copied home's own), else as recorded."""
     found = local.in_home(st, st["checkpoint_dir"])
     return str(found) if found else st["checkpoint_dir"]
 
 
-def _restarts(st: dict[str, Any]) -> int:
+def _restarts(st: LocalState) -> int:
     """Restarts of the job, not of its nodes: rendezvous rounds after the first, over every node's
     log (kstatus.job_restarts); a node recreated that never reached a round still counts once."""
     logs = [crilog.texts(f) for f in local.log_files(st)]
@@ -132,23 +133,23 @@ def _restarts(st: dict[str, Any]) -> int:
     return max(kstatus.job_restarts(logs), relaunched)
 
 
-def _failed_node(st: dict[str, Any]) -> int | None:
+def _failed_node(st: LocalState) -> int | None:
     """The node whose launcher failed the job: the one the supervisor judged (its state's
     `failed_node`), else the first that exited with a code other than 0 (a launcher the supervisor
     stopped afterwards may have one too)."""
-    if st.get("failed_node") is not None:
-        return int(st["failed_node"])
+    if (node := st.get("failed_node")) is not None:
+        return int(node)
     failed = [lz["node"] for lz in st.get("launchers", []) if lz.get("rc") not in (0, None)]
     return min(failed) if failed else None
 
 
-def failed_log(st: dict[str, Any]) -> Path | None:
+def failed_log(st: LocalState) -> Path | None:
     if local.effective_phase(st) != Phase.FAILED or (node := _failed_node(st)) is None:
         return None
     return next((f for f in local.log_files(st) if f.stem == f"node-{node}"), None)
 
 
-def _failure(st: dict[str, Any]) -> Failure | None:
+def _failure(st: LocalState) -> Failure | None:
     """Why the job failed, in the failing rank's words: on the node the supervisor judged,
     torchrun's root cause (the rank, its error file) and that rank's first error line wherever it is
     in the node's log."""
@@ -172,7 +173,7 @@ def _read_error_file(path: str) -> str | None:
         return None
 
 
-def _prestep(st: dict[str, Any], phase: str | None) -> PrestepReport | None:
+def _prestep(st: LocalState, phase: str | None) -> PrestepReport | None:
     """The pre-step's progress from its log, its outcome from its marker (the file the trainers wait
     for)."""
     pre = st.get("prestep")

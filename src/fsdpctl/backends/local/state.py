@@ -15,7 +15,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.files import home
@@ -101,6 +101,55 @@ KEYS = Keys(
 )
 
 
+class Identity(TypedDict, total=False):
+    """A process as the supervisor identifies it (its pid, start time and boot: a pid alone may be
+    reused)."""
+
+    pid: Required[int | None]
+    start: int | None
+    boot: str | None
+
+
+class Launcher(Identity, total=False):
+    """A node's torchrun launcher as the supervisor records it."""
+
+    node: Required[int]
+    rc: int | None
+    address: str
+    relaunches: int
+
+
+class PrestepState(TypedDict, total=False):
+    log: Required[str]
+    marker: Required[str]
+    rc: int | None
+
+
+class LocalState(core.JobState, total=False):
+    """A local job's state: the core's keys and its supervisor's (KEYS checks each as read)."""
+
+    phase: Required[str]
+    replicas: Required[int]
+    log_dir: Required[str]
+    checkpoint_dir: Required[str | None]
+    launchers: Required[list[Launcher]]
+    tensorboard_dir: str | None
+    nccl_traces: list[str]
+    max_restarts: int
+    prestep: PrestepState | None
+    supervisor_pid: int | None
+    supervisor: Identity | None
+    mark: str
+    started: float
+    finished: float
+    rdzv_endpoint: str
+    network: str
+    net_index: int | None
+    reason: str | None
+    failed_node: int | None
+    identity: str | None
+
+
 class LocalJobError(FsdpctlError):
     pass
 
@@ -116,17 +165,17 @@ def job_dir(job_name: str) -> Path:
     return job_home.job_dir(job_name)
 
 
-def read_state(jdir: Path) -> dict | None:
+def read_state(jdir: Path) -> LocalState | None:
     """The job's state (the core's reader: checked, never followed or blocked on); None when it has
     none; CorruptState naming the file when it is not this local job's state."""
     st = core.read(jdir)
     if st is not None and core.backend_of(st) != core.FIRST_BACKEND:
         return None  # the job's name is held by a run on another backend: no local job of it
-    return st
+    return cast(LocalState, st)  # core.read checked KEYS (the local Target's `state`)
 
 
-def update(jdir: Path, **changes: Any) -> dict:
-    return core.update(jdir, **changes)
+def update(jdir: Path, **changes: Any) -> LocalState:
+    return cast(LocalState, core.update(jdir, **changes))
 
 
 def write_json(path: Path, data: dict) -> None:

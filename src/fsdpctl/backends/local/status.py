@@ -22,6 +22,7 @@ from fsdpctl.backends.local.state import (
     ACTIVE,
     RECORDED_ACTIVE,
     CorruptState,
+    LocalState,
     in_home,
     job_dir,
     log_dir,
@@ -35,12 +36,12 @@ from fsdpctl.job.reports import Phase
 from fsdptrain import events
 
 
-def effective_phase(state: dict | None) -> Phase | None:
+def effective_phase(state: LocalState | None) -> Phase | None:
     """`phase_of` the state; None without one."""
     return None if state is None else phase_of(state)
 
 
-def phase_of(state: dict) -> Phase:
+def phase_of(state: LocalState) -> Phase:
     """The recorded phase; when the supervisor died without recording an end, Orphaned while a
     process of the job's pods lives, else the end its processes' output tells (`ended`)."""
     if state["phase"] in RECORDED_ACTIVE and not supervisor_alive(state):
@@ -48,7 +49,7 @@ def phase_of(state: dict) -> Phase:
     return Phase(state["phase"])
 
 
-def ended(state: dict) -> failures.Ended:
+def ended(state: LocalState) -> failures.Ended:
     """How a job whose supervisor died ended, from what its processes did: each launcher's last
     words and the trainer's summary (failures.ended)."""
     logs = {_node_of(f): crilog.texts(f) for f in log_files(state)}
@@ -66,7 +67,7 @@ def ended(state: dict) -> failures.Ended:
     return failures.ended(outcomes, stopped, bool(state.get("stop_requested")))
 
 
-def settle(state: dict | None) -> dict | None:
+def settle(state: LocalState | None) -> LocalState | None:
     """A job whose supervisor died and whose pods all ended is over: whoever sees it first does what
     the supervisor's end would have (`_ended_by_reader`). Any other state is returned as it is."""
     if (
@@ -79,14 +80,14 @@ def settle(state: dict | None) -> dict | None:
     return _ended_by_reader(job_dir(state["job"]), state)
 
 
-def _ended_by_reader(jdir: Path, seen: dict) -> dict | None:
+def _ended_by_reader(jdir: Path, seen: LocalState) -> LocalState | None:
     """The end its processes' output tells, recorded by the reader when it can take the job's lock
     at once (one reader settles; a verb holding the lock decides) and write the state: the processes
     that served its pods (etcd, the pre-step) are stopped, and its network and temp dirs removed.
     A reader that cannot (the lock busy, a read-only or full home) gets the same end without
     recording it: a read verb never needs to write."""
     end = ended(seen)
-    told = {
+    told: LocalState = {
         **seen,
         "phase": end.phase,
         "finished": time.time(),
@@ -108,12 +109,12 @@ def _ended_by_reader(jdir: Path, seen: dict) -> dict | None:
             return told
 
 
-def leftovers(state: dict) -> list[str]:
+def leftovers(state: LocalState) -> list[str]:
     """What an ended job left outside its files that `end_leftovers` removes, in words (cleanup
     lists it)."""
     found = [f"process {pid} of job {state['job']}" for pid in owned_processes(state)]
-    if isinstance(state.get("net_index"), int):
-        net = netns.Network(state["net_index"], state["job"], state["replicas"])
+    if isinstance(index := state.get("net_index"), int):
+        net = netns.Network(index, state["job"], state["replicas"])
         if netns.exists(net):
             found.append(
                 f"network of job {state['job']}: bridge {net.bridge}, namespaces {net.namespace(0)}.."
@@ -121,7 +122,7 @@ def leftovers(state: dict) -> list[str]:
     return found
 
 
-def end_leftovers(state: dict) -> None:
+def end_leftovers(state: LocalState) -> None:
     """What an ended job may have left: processes of it (etcd, the pre-step: SIGTERM, then SIGKILL),
     its nodes' network namespaces, bridge, veths and /etc/netns entries, its launchers' temp dirs.
     """
@@ -134,21 +135,21 @@ def end_leftovers(state: dict) -> None:
         time.sleep(0.1)
         for pid in left:
             signal_owned(pid, signal.SIGKILL, state)
-    if isinstance(state.get("net_index"), int):
-        net = netns.Network(state["net_index"], job, state["replicas"])
+    if isinstance(index := state.get("net_index"), int):
+        net = netns.Network(index, job, state["replicas"])
         if netns.exists(net):
             netns.destroy(net)
     remove_temp_dirs(job_dir(job), state["replicas"])
 
 
-def orphan_note(state: dict) -> str:
+def orphan_note(state: LocalState) -> str:
     """What `job status` says of a job whose supervisor is gone while some of its processes live."""
     running, left = launchers_alive(state), len(owned_processes(state))
     what = f"{running} launchers still running" if running else f"{left} processes still running"
     return f"supervisor gone; {what} (orphaned): `fsdpctl job stop {state['job']}` stops them"
 
 
-def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict | None:
+def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> LocalState | None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         state = settle(read_state(job_dir(job_name)))
@@ -159,7 +160,7 @@ def wait(job_name: str, timeout: float | None = None, poll: float = 0.5) -> dict
         time.sleep(poll)
 
 
-def list_jobs(skipped: list[str] | None = None) -> list[dict]:
+def list_jobs(skipped: list[str] | None = None) -> list[LocalState]:
     """Every job's state. A stray file or a damaged state is one line in `skipped` (naming its
     path), and every other job is still listed."""
     states, notes = [], skipped if skipped is not None else []
@@ -174,7 +175,7 @@ def list_jobs(skipped: list[str] | None = None) -> list[dict]:
     return states
 
 
-def restarts(state: dict) -> int:
+def restarts(state: LocalState) -> int:
     """Restarts of the job, not of its nodes: every node's agent restarts the group once per
     job-level restart (and logs kstatus.GROUP_RESTART), a recreated node starts over once; the
     busiest node counts them all."""
@@ -202,7 +203,7 @@ def nccl_traces(spec: dict) -> list[str]:
     return sorted({t for t in found if t})
 
 
-def nccl_dumps(state: dict) -> list[Path]:
+def nccl_dumps(state: LocalState) -> list[Path]:
     """The NCCL flight recorder's dump files (`<prefix><rank>`), written when a collective timed
     out: looked for only in this home (a prefix a state names elsewhere is not the job's)."""
     prefixes = [
@@ -211,11 +212,11 @@ def nccl_dumps(state: dict) -> list[Path]:
     return sorted(d for t in prefixes for d in t.parent.glob(glob.escape(t.name) + "*"))
 
 
-def log_files(state: dict) -> list[Path]:
+def log_files(state: LocalState) -> list[Path]:
     return sorted(log_dir(state).glob("node-*.log"))
 
 
-def leader_log(state: dict) -> Path | None:
+def leader_log(state: LocalState) -> Path | None:
     """The node whose launcher hosts global rank 0 (the one printing progress), as its `leader`
     event says; node 0 until one is seen. After an elastic restart the rendezvous may seat rank 0
     elsewhere: the latest event wins."""
@@ -238,6 +239,6 @@ def wants_network() -> bool:
     return usable and os.environ.get("FSDPCTL_LOCAL_NETNS", "1") != "0"
 
 
-def network_note(state: dict) -> str:
+def network_note(state: LocalState) -> str:
     """What `job status` says about the nodes' addresses."""
     return state.get("network") or "loopback"

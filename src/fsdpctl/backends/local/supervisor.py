@@ -29,6 +29,7 @@ from fsdpctl.backends.local.pods import (
 from fsdpctl.backends.local.processes import POD_MARK, identity, kill_pod
 from fsdpctl.backends.local.state import (
     STOP_GRACE_S,
+    Identity,
     LocalJobError,
     log_dir,
     read_state,
@@ -345,9 +346,9 @@ def _prestep_ended(pre: Any, jdir: Path) -> None:
     """Record the pre-step's exit code once it ended (`job status` shows a failed one)."""
     if pre is not None and pre.poll() is not None and not getattr(pre, "recorded", False):
         pre.recorded = True
-        state = read_state(jdir) or {}
-        if state.get("prestep"):
-            update(jdir, prestep={**state["prestep"], "rc": pre.returncode})
+        state = read_state(jdir)
+        if state and (recorded := state.get("prestep")):
+            update(jdir, prestep={**recorded, "rc": pre.returncode})
 
 
 def _judge(
@@ -437,7 +438,7 @@ def _placement(net: netns.Network | None, pods: list[Pod]) -> dict:
     return {"network": note, "net_index": net.index if net else None, "launchers": launchers}
 
 
-def _launcher_identity(p: Pod) -> dict:
+def _launcher_identity(p: Pod) -> Identity:
     """The launcher's identity for the state; a pod not started yet (a late node) has none."""
     if p.proc is None:
         return {"pid": None, "start": None, "boot": None}

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
@@ -38,6 +38,7 @@ from fsdpctl.job import state as core
 from fsdpctl.job import store as record_store
 from fsdpctl.job.outage import Outage
 from fsdpctl.job.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
+from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, Failure, Phase, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys, between, is_count
@@ -53,6 +54,16 @@ STATE = Keys(
         "max_restarts": is_count,
     }
 )
+
+
+class SlurmState(core.JobState):
+    """A Slurm job's state: the core's keys and STATE's (checked as read)."""
+
+    slurm_job: int
+    nodes: int
+    max_restarts: int
+
+
 RUN_DIR_MODE = (
     0o700  # the run's script and logs: the submitting user's, as its jobs run as that user
 )
@@ -138,13 +149,13 @@ class SlurmBackend:
         said = f"sbatch would submit {where.script}"
         return Started(self.cfg.job_name, run_id, said, lines, script=text)
 
-    def prepare(self, record: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, record: RunRecord) -> RunRecord:
         """The batch script in the record (a setting Slurm cannot honour is refused here, before
         anything is written)."""
         refuse(self.refusals())
         return {**record, "manifests": render_script(self.cfg, record["run_id"], record["id"])}
 
-    def submit(self, *, run_id: str, record: dict[str, Any], replace: bool) -> Submitted:
+    def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """The run's directory under SHARED_VOLUME_PATH (mode 0700: sbatch --output's directory must
         exist), its script (0600), then sbatch; what was made goes again when sbatch refuses."""
         where = paths(self.cfg, run_id)
@@ -152,7 +163,7 @@ class SlurmBackend:
         made = [p for p in (root, *root.parents) if not os.path.lexists(p)]
         try:
             files.make_dirs(root, RUN_DIR_MODE)
-            files.write_atomic(Path(where.script), record["manifests"])
+            files.write_atomic(Path(where.script), record["manifests"] or "")  # (prepare's)
             job_id = self._submit(where.script, run_id)
         except (OSError, FsdpctlError) as e:
             _remove_made(made)
@@ -195,11 +206,16 @@ class SlurmBackend:
         self.slurm.cancel(submitted.state["slurm_job"])
 
     # ---- what Slurm and the logs say -------------------------------------------------------------
-    def _state_or_none(self, name: str) -> dict[str, Any] | None:
+    def _state_or_none(self, name: str) -> SlurmState | None:
         st = core.read(home.job_dir(name))  # Damaged: one line naming the file, exit 2
-        return st if st is not None and core.backend_of(st) == self.name else None
+        # core.read checked STATE's keys of a state whose backend is this one
+        return cast(SlurmState, st) if st is not None and core.backend_of(st) == self.name else None
 
-    def _state(self, name: str) -> dict[str, Any]:
+    def _states(self) -> list[SlurmState]:
+        """Every Slurm job of this home (runner.states_of: checked with STATE's keys)."""
+        return [cast(SlurmState, st) for st in runner.states_of(self.name, self.notes)]
+
+    def _state(self, name: str) -> SlurmState:
         st = self._state_or_none(name)
         if st is None:
             raise FsdpctlError(
@@ -209,7 +225,7 @@ class SlurmBackend:
             )
         return st
 
-    def _seen(self, st: dict[str, Any]) -> Seen:
+    def _seen(self, st: SlurmState) -> Seen:
         """What Slurm says of the job now. An unreachable controller, an empty answer or one not of
         the shape a job record has is Unknown, with what was asked: never read as an end."""
         p = self._seen_paths(st["job"], st["run_id"])
@@ -229,7 +245,7 @@ class SlurmBackend:
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
         return self._report(self._state(name), stall_after)
 
-    def _report(self, st: dict[str, Any], stall_after: float) -> Report:
+    def _report(self, st: SlurmState, stall_after: float) -> Report:
         seen = self._seen(st)
         if seen.phase == Phase.UNKNOWN:
             return runner.unknown_report(st, st["nodes"], seen.unknown)
@@ -311,7 +327,7 @@ class SlurmBackend:
 
     def _follow(
         self,
-        st: dict[str, Any],
+        st: SlurmState,
         chosen: Any,
         follow: bool,
         tail: int | None,
@@ -429,7 +445,7 @@ class SlurmBackend:
     def list_jobs(self) -> list[Report]:
         """Every Slurm job of this home; one whose report fails is a row saying so."""
         rows = []
-        for st in runner.states_of(self.name, self.notes):
+        for st in self._states():
             try:
                 rows.append(self._report(st, float("inf")))
             except FsdpctlError as e:
@@ -463,7 +479,7 @@ class SlurmBackend:
         file system (SHARED_VOLUME_PATH/fsdpctl/slurm/<job>/, derived), its directory here; with
         `checkpoints` its checkpoint directory too. A job Slurm cannot say has ended is kept."""
         removed: list[str] = []
-        for st in runner.states_of(self.name, self.notes):
+        for st in self._states():
             if job is not None and st["job"] != job:
                 continue
             try:
@@ -472,7 +488,7 @@ class SlurmBackend:
                 self.notes.append(f"{e}: kept")
         return removed
 
-    def _clean(self, st: dict[str, Any], *, checkpoints: bool, dry_run: bool) -> list[str]:
+    def _clean(self, st: SlurmState, *, checkpoints: bool, dry_run: bool) -> list[str]:
         name = st["job"]
         jdir = home.job_dir(name)
         with lock.held(jdir, wait_s=0, create=not dry_run):
@@ -497,7 +513,7 @@ class SlurmBackend:
             return [str(t) for t in doomed]
 
 
-def _not_this_run(job: dict[str, str], st: dict[str, Any]) -> str:
+def _not_this_run(job: dict[str, str], st: SlurmState) -> str:
     """Why the Slurm job a state names is not this run (its name is the job's, its comment the
     run's: `script.sbatch_options`), as a process is proven a job's by more than its PID; "" when it
     is. A state copied or edited to another job's id must not have that job stopped or judged."""
