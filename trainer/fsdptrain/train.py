@@ -89,31 +89,10 @@ def _ended(rt: Runtime, summary: events.Summary) -> int:
     since a 0 from any worker pod would mark the whole elastic PyTorchJob Succeeded
     (fsdptrain.disruption)."""
     if summary.stop_reason != "disrupted":
-        if not summary.stopped:  # a stop deletes the job's pods itself, after the trainers
-            _leader_first(rt)
         return 0
     if rt.local_rank == 0:
         disruption.write_note(os.environ, "disrupted", step=summary.start_step + summary.steps)
     return DISRUPTED_EXIT
-
-
-# seconds the other nodes wait after the leader's summary before they exit (0: none; set for pods)
-LEADER_FIRST_ENV = "FSDPTRAIN_LEADER_FIRST_S"
-
-
-def _leader_first(rt: Runtime) -> None:
-    """On Kubernetes the leader's node exits first. An elastic PyTorchJob is Succeeded as soon as
-    any worker pod succeeds, and cleanPodPolicy Running then deletes the pods still running
-    (training-operator v1.9.4 pytorchjob_controller.go UpdateJobStatus, common/job.go
-    DeletePodsAndServices): the leader, last to finish (its summary, the export), was deleted with
-    its log. So every rank meets after the summary, and the ranks of the other nodes (GROUP_RANK,
-    torchrun's node rank; global rank 0 is on node 0) wait LEADER_FIRST_S before they exit."""
-    wait_s = float(os.environ.get(LEADER_FIRST_ENV) or 0)
-    if wait_s <= 0 or not dist.is_initialized():
-        return
-    dist.barrier()
-    if os.environ.get("GROUP_RANK", "0") != "0":
-        time.sleep(wait_s)
 
 
 def train(cfg: TrainConfig, rt: Runtime) -> events.Summary:

@@ -40,10 +40,6 @@ DEFAULT_METRICS_PORT = 9101  # beside DCGM's 9400 and node-exporter's 9100
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
 
 
-# how long the other nodes outlive the leader's summary on Kubernetes: longer than a kubelet takes
-# to report the leader's container terminated (PLEG relist 1 s, then the status manager's update)
-LEADER_FIRST_S = 10
-
 COMMON_ENV = {
     "NCCL_DEBUG": "INFO",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -329,8 +325,6 @@ def pod_env(cfg: Config) -> dict[str, str]:
     if cfg.uses_efa:
         env.update(EFA_ENV)
     env[disruption.STOP_FILE_ENV] = f"{PODINFO_DIR}/annotations"
-    if cfg.target.kubernetes:  # the leader's pod ends first, its log kept (fsdptrain.train)
-        env["FSDPTRAIN_LEADER_FIRST_S"] = str(LEADER_FIRST_S)
     return env
 
 
