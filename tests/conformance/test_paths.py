@@ -58,12 +58,18 @@ CELLS = [
 ]
 
 # what CI runs (the rest: `make test-all`, marked `extended` by conftest through IN_CI): every cell on
-# the local place; on EKS and Slurm the plain path with every verb, a stop and resume and a killed
-# node, every source once. Their outside ends, controllers gone and containers have tests of their
-# own in CI (test_slurm_paths.py, test_disruption_budget.py, test_kube_peer_operator.py).
+# the local place; on Slurm the plain path with every verb, a stop and resume and a killed node, every
+# source once. Their outside ends, controllers gone and containers have tests of their own in CI
+# (test_slurm_paths.py, test_disruption_budget.py, test_kube_peer_operator.py). No EKS cell: each
+# reads the leader's log after the job Succeeded, and an elastic PyTorchJob is Succeeded as soon as one
+# worker pod is, when cleanPodPolicy Running deletes the pods still running (training-operator v1.9.4
+# UpdateJobStatus, DeletePodsAndServices): torchrun's agents leave their exit barrier together, so in
+# about one run in three the leader's pod, and its log, is among them (docs/eks/index.md "Known
+# limits"). EKS meets the job core's rules in CI (test_job_core.py) and trains there
+# (test_kube_peer_operator.py).
 CI_CELLS = {
     "local": set(CELLS),
-    "eks": {("checkout", "none"), ("hub", "stop"), ("path", "killed node")},
+    "eks": set(),
     "slurm": {("checkout", "none"), ("hub", "stop"), ("path", "killed node")},
 }
 
