@@ -119,6 +119,45 @@ def write_note(environ: Mapping[str, str], kind: str, **detail: Any) -> None:
         pass
 
 
+# On Kubernetes the leader's pod ends first (fsdpctl sets this, in seconds, for pods): an elastic
+# PyTorchJob is Succeeded as soon as any worker pod succeeds, and cleanPodPolicy Running then deletes
+# the pods still running (training-operator v1.9.4 pytorchjob_controller.go UpdateJobStatus,
+# common/job.go DeletePodsAndServices). torchrun's agents leave their exit barrier together
+# (torch/distributed/elastic/agent/server/api.py _exit_barrier), so the leader's pod, with its log
+# (the summary, the losses), was deleted in about one run in three. The nodes whose ranks do not
+# include global rank 0 mark themselves followers; their launchers wait this long after torchrun.
+LEADER_FIRST_ENV = "FSDPTRAIN_LEADER_FIRST_S"
+
+
+def follower_mark(environ: Mapping[str, str]) -> str | None:
+    """Where a follower node's launcher learns it is one: beside its exit note."""
+    path = environ.get(NOTE_ENV)
+    return f"{path}.follower" if path else None
+
+
+def mark_follower(environ: Mapping[str, str], group_rank: str | None) -> None:
+    """Written by a node's local rank 0 at a successful end when its node is not node 0 (torchrun's
+    GROUP_RANK: global rank 0, the leader, is on group rank 0) and the pod's launcher waits."""
+    mark = follower_mark(environ)
+    if mark and group_rank not in (None, "0") and float(environ.get(LEADER_FIRST_ENV) or 0) > 0:
+        try:
+            Path(mark).touch()
+        except OSError:  # the launcher then ends as soon as torchrun does
+            pass
+
+
+def leader_first_s(environ: Mapping[str, str]) -> float:
+    """How long this pod's launcher waits after torchrun succeeded: LEADER_FIRST_S on a follower
+    node, else 0."""
+    mark = follower_mark(environ)
+    if not mark or not os.path.exists(mark):
+        return 0.0
+    try:
+        return max(0.0, float(environ.get(LEADER_FIRST_ENV) or 0))
+    except ValueError:
+        return 0.0
+
+
 def read_note(path: str) -> dict[str, Any] | None:
     try:
         note = json.loads(Path(path).read_text())

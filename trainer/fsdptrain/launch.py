@@ -259,12 +259,23 @@ def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
             # and a launcher left behind on a node whose slurmd died must not start torchrun
             # again for a job that moved on
             return disruption.RETRYABLE_EXIT
+        if verdict == 0:
+            _follow_the_leader(env, signalled)
         if verdict != disruption.RESTART:
             return verdict
         print(
             "fsdptrain: another node was disrupted: starting torchrun again to rejoin", flush=True
         )
         os.unlink(note)
+
+
+def _follow_the_leader(environ: Mapping[str, str], signalled: list[int]) -> None:
+    """A follower node's pod outlives the leader's by LEADER_FIRST_S (disruption.LEADER_FIRST_ENV),
+    so the job's success comes from the leader's pod and cleanPodPolicy Running deletes this one,
+    not the leader's with its log; a signal (that deletion) ends the wait."""
+    deadline = time.monotonic() + disruption.leader_first_s(environ)
+    while not signalled and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _spawn(argv: list[str], env: Mapping[str, str]) -> int:

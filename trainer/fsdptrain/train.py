@@ -89,6 +89,8 @@ def _ended(rt: Runtime, summary: events.Summary) -> int:
     since a 0 from any worker pod would mark the whole elastic PyTorchJob Succeeded
     (fsdptrain.disruption)."""
     if summary.stop_reason != "disrupted":
+        if not summary.stopped and rt.local_rank == 0:  # a stop deletes the pods itself
+            disruption.mark_follower(os.environ, os.environ.get("GROUP_RANK"))
         return 0
     if rt.local_rank == 0:
         disruption.write_note(os.environ, "disrupted", step=summary.start_step + summary.steps)

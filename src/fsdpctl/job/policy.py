@@ -40,6 +40,11 @@ DEFAULT_METRICS_PORT = 9101  # beside DCGM's 9400 and node-exporter's 9100
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
 
 
+# how long a follower node's pod outlives the leader's on Kubernetes: longer than a kubelet takes to
+# report the leader's container ended (PLEG's 1 s relist, then the status manager's update) and the
+# operator to see it
+LEADER_FIRST_S = 10
+
 COMMON_ENV = {
     "NCCL_DEBUG": "INFO",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -325,6 +330,8 @@ def pod_env(cfg: Config) -> dict[str, str]:
     if cfg.uses_efa:
         env.update(EFA_ENV)
     env[disruption.STOP_FILE_ENV] = f"{PODINFO_DIR}/annotations"
+    if cfg.target.kubernetes:  # the leader's pod ends first, with its log (fsdptrain.disruption)
+        env[disruption.LEADER_FIRST_ENV] = str(LEADER_FIRST_S)
     return env
 
 
