@@ -63,10 +63,10 @@ CELLS = [
 # (test_slurm_paths.py, test_disruption_budget.py, test_kube_peer_operator.py). No EKS cell: each
 # reads the leader's log after the job Succeeded, and an elastic PyTorchJob is Succeeded as soon as one
 # worker pod is, when cleanPodPolicy Running deletes the pods still running (training-operator v1.9.4
-# UpdateJobStatus, DeletePodsAndServices): torchrun's agents leave their exit barrier together, so in
-# about one run in three the leader's pod, and its log, is among them (docs/eks/index.md "Known
-# limits"). EKS meets the job core's rules in CI (test_job_core.py) and trains there
-# (test_kube_peer_operator.py).
+# UpdateJobStatus, DeletePodsAndServices). The leader's pod now ends first (fsdptrain.disruption
+# LEADER_FIRST_ENV), which holds on the plain path; after a pod is killed or evicted and made again the
+# log is still sometimes gone (docs/eks/jobs.md "Known limits"). EKS meets the job core's rules in CI
+# (test_job_core.py) and trains there (test_kube_peer_operator.py).
 CI_CELLS = {
     "local": set(CELLS),
     "eks": set(),
