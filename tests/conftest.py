@@ -412,6 +412,12 @@ EXTENDED = frozenset(
         "_losses",
         # the GPU check's rehearsal on CPU: the script a GPU session runs, not the product
         "tests/test_gpu_check.py::test_a_cpu_rehearsal_runs_every_row",
+        # a worker and then the supervisor SIGKILLed, a save killed until the budget is spent, on real
+        # training: the fault kinds on launchers that behave as torchrun's stay in CI, and the local
+        # cells "killed node" and "controller gone" play the real-training kills
+        "tests/test_fault_kinds.py::test_fault_kinds_on_real_training",
+        # the quickstart on two nodes: test_first_hour.py runs `make quickstart` itself, in CI
+        "tests/test_cli.py::test_quickstart_trains_two_simulated_nodes",
     }
 )
 # mostly a person's pauses (the first hour typed at a reading pace): beside the others, as SLOW_BESIDE
