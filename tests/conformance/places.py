@@ -426,13 +426,11 @@ CONTROLLER_AWAY_S = 8.0
 
 
 def _slurm_controller_away(cluster: Any) -> bool:
-    """slurmctld away for CONTROLLER_AWAY_S, then back with its saved state (restart_controller),
-    in the background: the job's steps train on meanwhile."""
-    import threading
-
-    threading.Thread(
-        target=cluster.restart_controller, args=(CONTROLLER_AWAY_S,), daemon=True
-    ).start()
+    """slurmctld away for CONTROLLER_AWAY_S, then back with its saved state (restart_controller):
+    the job's steps train on meanwhile under their slurmstepd. Done from the test's own thread: the
+    peer's daemons die with the thread that started them (PR_SET_PDEATHSIG follows the thread, not
+    the process: prctl(2)), so a helper thread's slurmctld died as the thread ended."""
+    cluster.restart_controller(CONTROLLER_AWAY_S)
     return False
 
 
