@@ -102,7 +102,13 @@ def _person_env(root: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("FSDPCTL_", "VIRTUAL_ENV")) and k not in setting_keys()
+        if not k.startswith(("FSDPCTL_", "VIRTUAL_ENV"))
+        and k not in setting_keys()
+        # a person's shell is no make's child: under `make test` a nested make inherits MAKELEVEL and
+        # MAKEFLAGS and prints "make[1]: Entering directory" lines a person never sees (GNU make
+        # manual, "Recursive Use of make": --print-directory is on for sub-makes)
+        and k
+        not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
     }
     # PATH without this venv: `fsdpctl` is found only once the README's activate line ran
     path = [p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != VENV_BIN]
