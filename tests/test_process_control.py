@@ -288,6 +288,7 @@ def _race_in_threads(job: dict) -> list[str]:
     return sorted(results)
 
 
+@pytest.mark.slow  # real supervisors racing: 6-7 s each, kept out of the fast lane
 def test_two_runs_of_one_job_at_the_same_moment_start_exactly_one(home):
     """Two starts released by one barrier, 8 times, each holding the job's lock as the job core
     does (each opens the lock file itself, so flock(2) decides between them as between two
@@ -322,6 +323,7 @@ except local.JobBusy as e:
 """
 
 
+@pytest.mark.slow  # real supervisors racing: 6-7 s each, kept out of the fast lane
 def test_two_job_run_processes_released_together_start_exactly_one(home, tmp_path):
     """The same race between two processes (as two terminals): both wait on a file, which the test
     creates; each round exactly one exits 0 and the other exits 2 with one line."""
