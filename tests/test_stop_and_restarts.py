@@ -502,23 +502,30 @@ def test_job_stop_waits_for_a_slow_stop_checkpoint(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_killed_node_is_recreated_and_the_job_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("victim", [0, 1], ids=["store host", "other node"])
+def test_a_killed_node_is_recreated_and_the_job_resumes(tmp_path, monkeypatch, victim):
     """A node's launcher killed by SIGKILL (exit 137, as an OOM-killed or lost pod): the Training
     Operator recreates a pod whose exit code is retryable (>= 128 under ExitCode), and so does the
-    supervisor, with a fresh emptyDir; the new torchrun joins the c10d rendezvous the surviving
-    agent re-opens, and the job resumes from the shared checkpoint and succeeds; `job status` counts
-    one restart."""
+    supervisor, with a fresh emptyDir; the job resumes from the shared checkpoint and succeeds;
+    `job status` counts one restart. Node 1 killed: the surviving agent re-opens the c10d rendezvous
+    it hosts and the new torchrun joins it. Node 0 killed (it hosts the store: `<job>-worker-0`,
+    which each node's hosts file resolves to node 0's own address): node 1's agent loses the store
+    and exits 1 (torch c10d_rendezvous_backend.py `_call_store`, RendezvousConnectionError), and its
+    launcher starts torchrun again to join the store node 0's new pod hosts (tests/test_store_host.py
+    has the rule); before that rule the job failed on node 1's permanent 1."""
     _start(tmp_path, monkeypatch, MAX_STEPS="60", CHECKPOINT_INTERVAL="10", MAX_RESTARTS="2")
     _wait_step("t", 15)
-    victim = local.read_state(local.job_dir("t"))["launchers"][1]["pid"]
-    os.killpg(victim, signal.SIGKILL)
+    victim_pid = local.read_state(local.job_dir("t"))["launchers"][victim]["pid"]
+    os.killpg(victim_pid, signal.SIGKILL)
     state = local.wait("t", timeout=300)
     report = job_report(state, float("inf"))
     assert report["phase"] == "Succeeded" and report["step"] == 60, report
-    assert [lz["relaunches"] for lz in state["launchers"]] == [0, 1]
+    assert [lz["relaunches"] for lz in state["launchers"]] == [int(n == victim) for n in (0, 1)]
     assert report["restarts"] == 1, (
         report
     )  # one new rendezvous round of the job, whichever node logged it
     logs = {f.stem: f.read_text() for f in local.log_files(state)}
-    assert "exited with code 137; recreated" in logs["node-1"]
+    assert "exited with code 137; recreated" in logs[f"node-{victim}"]
     assert any("resumed from" in text for text in logs.values())
+    if victim == 0:
+        assert "the rendezvous store went away with the node hosting it" in logs["node-1"]

@@ -20,6 +20,17 @@ A third note, **failed**, says no restart can help (the volume is full or not wr
 launcher ends the pod with 1 at once instead of letting torchrun retry the same save MAX_RESTARTS
 times.
 
+A **lost store** needs no note: with RDZV_BACKEND=c10d the rendezvous lives in a TCPStore that the
+agent of node 0 (worker 0) hosts. When that node dies, an agent elsewhere that asks the store
+anything (each monitor pass asks `num_nodes_waiting`; a restart asks for the next round) raises
+RendezvousConnectionError (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py,
+`_call_store`) and torchrun exits 1, a code ExitCode makes permanent: the whole job would fail for
+one lost node. torchrun's `main` is wrapped in `elastic.multiprocessing.errors.record`, which writes
+the agent's own exception to TORCHELASTIC_ERROR_FILE (errors/error_handler.py, record_exception;
+each worker is given a file of its own, multiprocessing/api.py), so the launcher reads why its agent
+ended and starts torchrun again, whose fresh agent joins the store the recreated pod hosts (a client
+retries its connect for `read_timeout`, set to RDZV_JOIN_TIMEOUT).
+
 Who gets the signal differs (FSDPTRAIN_SIGNALS): the kubelet sends SIGTERM to the container's PID 1
 alone, the launcher, which forwards it to torchrun (`pod`, the default). Slurm signals every process
 of a job step at once (`step`: slurmstepd's signal_container goes through the proctrack plugin,
@@ -171,10 +182,18 @@ def read_note(path: str) -> dict[str, Any] | None:
 RESTART = -1  # `pod_exit`: start torchrun again in this pod
 
 
-def pod_exit(rc: int, *, signalled: bool, note: dict[str, Any] | None, stopping: bool) -> int:
+def pod_exit(
+    rc: int,
+    *,
+    signalled: bool,
+    note: dict[str, Any] | None,
+    stopping: bool,
+    store_lost: bool = False,
+) -> int:
     """The pod's exit code once torchrun ended with `rc` (negative: killed by that signal), or
     RESTART. `signalled`: the kubelet sent this pod SIGTERM; `note`: what the trainer left;
-    `stopping`: the stop annotation is there. Under restartPolicy ExitCode the operator recreates a
+    `stopping`: the stop annotation is there; `store_lost`: the agent's own error was its
+    rendezvous store gone (`lost_store`). Under restartPolicy ExitCode the operator recreates a
     pod that exits 128-255 and fails the job on 1-127 (Training Operator v1.9.4
     pkg/controller.v1/common/pod.go, ReconcilePods)."""
     if stopping and (signalled or rc == 0):
@@ -185,7 +204,24 @@ def pod_exit(rc: int, *, signalled: bool, note: dict[str, Any] | None, stopping:
         return 1  # no restart can help: fail the job now
     if note and note.get("kind") == "disrupted":
         return RESTART  # another node was evicted: rejoin with a fresh agent (and store)
+    if store_lost and rc == 1 and not stopping:
+        return RESTART  # the node hosting the store died: rejoin the one its new pod hosts
     return 128 - rc if rc < 0 else rc  # as a container runtime reports a death by signal
+
+
+AGENT_ERROR_ENV = "TORCHELASTIC_ERROR_FILE"  # where torchrun's agent writes why it ended
+STORE_LOST = "RendezvousConnectionError"
+
+
+def lost_store(path: str) -> bool:
+    """torchrun's agent ended because its rendezvous store stopped answering: the error file it
+    left (`{"message": {"message": "<ExceptionType>: ...", ...}}`, error_handler.record_exception)
+    names RendezvousConnectionError. A worker's failure copied there (ChildFailedError) names the
+    worker's own exception, and no file (an agent killed, or a torch that writes none) is False."""
+    note = read_note(path)
+    message = note.get("message") if note else None
+    text = message.get("message") if isinstance(message, dict) else message
+    return isinstance(text, str) and text.startswith(f"{STORE_LOST}:")
 
 
 STARTS_DIR_ENV = "FSDPTRAIN_STARTS_DIR"  # the run's ledger of torchrun starts, on the shared volume

@@ -17,13 +17,14 @@ until the exec.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fsdptrain import disruption, events, fetch, resume
@@ -218,14 +219,26 @@ def run_launcher(argv: list[str]) -> int:
             file=sys.stderr,
         )
     sys.stdout.flush()
-    return run_torchrun(with_store_host(argv, os.environ), os.environ)
+    return run_torchrun(
+        with_store_host(argv, os.environ),
+        os.environ,
+        finished=lambda: already_finished(argv, os.environ),
+    )
 
 
-def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
-    """torchrun as this process's child, started again after another node's disruption (within the
-    run's start budget); returns the pod's exit code (disruption.pod_exit). A SIGTERM or SIGINT is
-    forwarded to torchrun, unless the scheduler signals every process of the step (Slurm: torchrun
-    has it already, and a second one would cut its shutdown short: fsdptrain.disruption)."""
+def run_torchrun(
+    argv: list[str],
+    environ: Mapping[str, str],
+    *,
+    finished: Callable[[], str | None] = lambda: None,
+) -> int:
+    """torchrun as this process's child, started again after another node's disruption or the loss
+    of the node hosting the rendezvous store (within the run's start budget); returns the pod's exit
+    code (disruption.pod_exit). A SIGTERM or SIGINT is forwarded to torchrun, unless the scheduler
+    signals every process of the step (Slurm: torchrun has it already, and a second one would cut
+    its shutdown short: fsdptrain.disruption). `finished`: the line saying the run already trained
+    to its end (checked before starting again: a store host whose run ended takes its store away
+    too, and a rejoin would wait for nodes that are done)."""
     signalled: list[int] = []
     along = disruption.signals_reach_every_process(environ)
 
@@ -237,8 +250,9 @@ def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
     child: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    note = os.path.join(tempfile.mkdtemp(prefix="fsdptrain-launch-"), "note.json")
-    env = {**environ, disruption.NOTE_ENV: note}
+    folder = tempfile.mkdtemp(prefix="fsdptrain-launch-")
+    note, agent_error = os.path.join(folder, "note.json"), os.path.join(folder, "agent-error.json")
+    env = {**environ, disruption.NOTE_ENV: note, disruption.AGENT_ERROR_ENV: agent_error}
     while True:
         stopping = disruption.stop_requested(environ)
         if signalled:  # before (another) torchrun: none would get the signal that came already
@@ -253,6 +267,7 @@ def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
             signalled=bool(signalled),
             note=disruption.read_note(note),
             stopping=disruption.stop_requested(environ),
+            store_lost=disruption.lost_store(agent_error),
         )
         if verdict == disruption.RESTART and along:
             # Slurm ends and restarts the whole step (or requeues the job): no node rejoins alone,
@@ -263,10 +278,19 @@ def run_torchrun(argv: list[str], environ: Mapping[str, str]) -> int:
             _follow_the_leader(env, signalled)
         if verdict != disruption.RESTART:
             return verdict
-        print(
-            "fsdptrain: another node was disrupted: starting torchrun again to rejoin", flush=True
-        )
-        os.unlink(note)
+        if done := finished():
+            print(done, flush=True)
+            return 0
+        print(f"fsdptrain: {_why_again(note)}: starting torchrun again to rejoin", flush=True)
+        for left in (note, agent_error):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(left)
+
+
+def _why_again(note: str) -> str:
+    if disruption.read_note(note):
+        return "another node was disrupted"
+    return "the rendezvous store went away with the node hosting it"
 
 
 def _follow_the_leader(environ: Mapping[str, str], signalled: list[int]) -> None:
