@@ -417,6 +417,45 @@ def test_status_reads_progress_leader_pending_reasons_and_the_network_path(peer)
     assert [j["job"] for j in json.loads(r.stdout)] == ["fsdp"]
 
 
+def test_a_job_ended_by_a_pod_that_found_the_run_finished_reports_the_run_s_end(
+    peer, tmp_path, capsys
+):
+    """A node dies after the last checkpoint and before its pod ended (the exit barrier, the
+    followers' LEADER_FIRST_S): the operator recreates worker-0, whose launcher finds the run's own
+    checkpoint at MAX_STEPS and ends 0 at once (fsdptrain.launch.already_finished), which ends the
+    elastic PyTorchJob Succeeded (Training Operator v1.9.4 pytorchjob_controller.go,
+    UpdateJobStatus); the leader's log went with its old pod. `job status` used to say Succeeded at
+    step 0; it reads the launcher's `finished` line (printed here by the real launcher code) as the
+    run's end: step 30/30 and the checkpoint's loss. Peer: the Kubernetes API peer serving the pod's
+    log."""
+    from fsdptrain import launch
+
+    root = tmp_path / "ckpt" / "step-00000030"
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text(json.dumps({"step": 30, "record_id": "r1", "loss": 2.25}))
+    (root.parent / "latest").write_text(root.name)
+    environ = {"CHECKPOINT_DIR": str(root.parent), "MAX_STEPS": "30", "FSDPTRAIN_RECORD_ID": "r1"}
+    done = launch.already_finished(["--nnodes=2", "-m", "fsdptrain"], environ)
+    assert done is not None
+    launch.say_finished(done)
+    log = capsys.readouterr().out
+    install_operator(peer)
+    assert cli("job", "run", "-d").exit_code == 0
+    k = kube(peer)
+    [job] = peer.objects("pytorchjobs")
+    set_condition(k, job, "Succeeded")
+    add_pod(k, peer, "fsdp", 0, phase="Succeeded", log=log)
+    r = cli("job", "status", "-o", "json")
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert (s["phase"], s["step"], s["max_steps"], s["loss"]) == ("Succeeded", 30, 30, 2.25), s
+    assert s["checkpoint"] == str(root)
+    text = said(cli("job", "status"))
+    assert "step 30/30 (100%)" in text and "2.2500" in text, text
+    logs = said(cli("job", "logs"))
+    assert "nothing left to train" in logs or "already trained to MAX_STEPS=30" in logs, logs
+
+
 def test_run_follows_the_job_to_its_end_and_status_watch_stops_there(peer):
     """`job run` without -d: a progress bar from the leader's step lines until the job's condition
     says done."""

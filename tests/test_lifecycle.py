@@ -117,14 +117,17 @@ def test_the_start_ledger_bounds_the_pods_starts(tmp_path):
     run leaves a file in its ledger on the shared volume; the start over JOB_NODES x (1 +
     MAX_RESTARTS) is refused with one line, and the launcher exits 1, which fails the job."""
     env = {disruption.STARTS_DIR_ENV: str(tmp_path / "starts"), disruption.STARTS_MAX_ENV: "4"}
-    assert [disruption.record_start(env, f"pod-{i % 2}") for i in range(4)] == [None] * 4
-    refused = disruption.record_start(env, "pod-0")
+    ledgers = [disruption.record_start(env, f"pod-{i % 2}") for i in range(4)]
+    assert ledgers == [(i, None) for i in range(1, 5)]
+    assert [disruption.restart_line(g, env, 2) for g in ledgers][:2] == [None, None]
+    assert "torchrun start 4 of this run, at most 4" in disruption.restart_line(ledgers[3], env, 2)
+    refused = disruption.record_start(env, "pod-0").refusal
     assert (
         refused
         and "started torchrun 5 times, over its budget of 4" in refused
         and "\n" not in refused
     )
-    assert disruption.record_start({}, "pod-0") is None  # a plain torchrun: no ledger
+    assert disruption.record_start({}, "pod-0") == (None, None)  # a plain torchrun: no ledger
     from fsdpctl.settings import load  # the budget a job is rendered with
 
     job_env = jobpolicy.starts_env(load(dotenv={"JOB_NODES": "4", "MAX_RESTARTS": "2"}), "run-1")

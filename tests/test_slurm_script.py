@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from fsdpctl.backends.slurm import script, states
 from fsdpctl.job import prestep
 from fsdpctl.settings import load
-from fsdptrain import disruption, fetch, launch
+from fsdptrain import disruption, events, fetch, launch
 from test_slurm_backend import CAPTURED
 
 BASE = {"BACKEND": "slurm", "INSTANCE_TYPE": "p5.48xlarge", "JOB_NODES": "2", "MODEL": "7b"}
@@ -382,19 +382,26 @@ def _checkpoint(root: Path, step: int, record: str) -> None:
         (30, None, False),
     ],
 )
-def test_a_requeued_copy_of_a_finished_run_ends_0_and_only_that(tmp_path, step, record, done):
+def test_a_requeued_copy_of_a_finished_run_ends_0_and_only_that(
+    tmp_path, capsys, step, record, done
+):
     """fsdptrain.launch.already_finished: the checkpoint the launcher would resume is this run's
-    own (meta.json's record_id is FSDPTRAIN_RECORD_ID) at MAX_STEPS or past: one line, exit 0.
-    Another run's checkpoint at MAX_STEPS stays refused by the preflight (fsdptrain.resume), one
-    before MAX_STEPS is resumed."""
+    own (meta.json's record_id is FSDPTRAIN_RECORD_ID) at MAX_STEPS or past: its end as an event
+    line a reader parses (fsdptrain.events.Finished) and one line of words, exit 0. Another run's
+    checkpoint at MAX_STEPS stays refused by the preflight (fsdptrain.resume), one before MAX_STEPS
+    is resumed."""
     root = tmp_path / "ckpt"
     _checkpoint(root, step, record)
     environ = {"CHECKPOINT_DIR": str(root), "MAX_STEPS": "30", "FSDPTRAIN_RECORD_ID": "rec1"}
     argv = ["--nnodes=2", "--nproc-per-node=1", "-m", "fsdptrain"]
     said = launch.already_finished(argv, environ)
     assert bool(said) == done
-    if done:
-        assert said.startswith("fsdptrain: this run already trained to MAX_STEPS=30")
+    if said:
+        assert (said.step, said.max_steps, said.record_id) == (step, 30, "rec1")
+        launch.say_finished(said)
+        out = capsys.readouterr().out.splitlines()
+        assert list(events.parse(out)) == [said]
+        assert out[1].startswith("fsdptrain: this run already trained to MAX_STEPS=30")
     assert launch.already_finished(argv, {**environ, "FSDPTRAIN_RECORD_ID": ""}) is None
 
 

@@ -195,7 +195,7 @@ def test_a_bad_setting_ends_before_torchrun(monkeypatch, tmp_path, capsys):
     from fsdptrain import launch
 
     execs = []
-    monkeypatch.setattr(launch, "run_torchrun", lambda argv, environ: execs.append(argv) or 0)
+    monkeypatch.setattr(launch, "run_torchrun", lambda argv, environ, **_: execs.append(argv) or 0)
     cfg = load(dotenv={"JOB_NODES": "2", "SHARED_VOLUME": "fsx-claim"})
     command = jobpolicy.launch_command(cfg, "r")
     args = command[3:]

@@ -27,7 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kube_peer_kubelet as rules
-from fsdptrain import disruption, launch
+from fsdpctl.job import kstatus
+from fsdptrain import disruption, events, launch
 
 
 def _agent_error(path: Path, exc: BaseException, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,9 +116,12 @@ def test_a_lost_store_restarts_only_an_agent_that_exited_1_unasked(rc, stopping,
         assert with_it == without
 
 
-@pytest.mark.parametrize("finished", [None, "fsdptrain: this run already trained to MAX_STEPS"])
+FINISHED = events.Finished(step=8, max_steps=8, loss=5.1, checkpoint="/c/step-8", record_id="r")
+
+
+@pytest.mark.parametrize("finished", [None, FINISHED])
 def test_the_launcher_rejoins_after_a_lost_store_unless_the_run_is_done(
-    monkeypatch, capsys, finished
+    monkeypatch, capsys, tmp_path, finished
 ):
     """The real loop with torchrun scripted: its first agent ends on a lost store (torch's own error
     file), so the launcher starts torchrun again, with the old file gone, and ends 0 with the
@@ -145,10 +149,54 @@ def test_the_launcher_rejoins_after_a_lost_store_unless_the_run_is_done(
 
     monkeypatch.setattr(launch, "_spawn", spawn)
     monkeypatch.setattr(launch, "_wait", wait)
-    assert launch.run_torchrun(["-m", "x"], {}, finished=lambda: finished) == 0
+    ledger = {
+        disruption.STARTS_DIR_ENV: str(tmp_path / "starts"),
+        disruption.STARTS_MAX_ENV: "4",
+    }
+    argv = ["--nnodes=1", "-m", "x"]
+    assert launch.run_torchrun(argv, ledger, finished=lambda: finished) == 0
     assert len(spawned) == (1 if finished else 2)
     said = capsys.readouterr().out
+    restarted = "fsdptrain: torchrun start 2 of this run, at most 4: the job restarted"
+    assert (restarted in said) is (not finished)
     if finished:
-        assert finished in said
+        assert "this run already trained to MAX_STEPS=8" in said
+        assert list(events.parse(said.splitlines())) == [finished]
     else:
         assert "the rendezvous store went away with the node hosting it" in said
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    nodes=st.integers(1, 16),
+    rounds=st.integers(0, 5),
+    begun=st.integers(0, 15),
+    leader=st.data(),
+    kind=st.sampled_from(("killed", "rejoined")),
+)
+def test_the_ledger_counts_a_job_restart_once_whichever_pod_prints_it(
+    tmp_path_factory, nodes, rounds, begun, leader, kind
+):
+    """`job status` on EKS reads the leader's log alone. A restart that recreates a pod and starts
+    torchrun again on the others leaves no restartCount (ExitCode pods are recreated, Training
+    Operator v1.9.4 pkg/controller.v1/common/pod.go) and no agent restart line (a fresh agent), so
+    each launcher prints the ledger's count at a start past the first JOB_NODES: each job restart
+    adds one start per node, so any pod's highest line gives the job's restarts, a round still being
+    joined (`begun` of its starts) counting as one."""
+    begun = begun % nodes if nodes > 1 else 0
+    folder = tmp_path_factory.mktemp("starts")
+    env = {disruption.STARTS_DIR_ENV: str(folder), disruption.STARTS_MAX_ENV: "999"}
+    printed: list[list[str]] = [[] for _ in range(nodes)]
+    total = nodes * (1 + rounds) + begun
+    for i in range(total):
+        ledger = disruption.record_start(env, f"pod-{i % nodes}")
+        if line := disruption.restart_line(ledger, env, nodes):
+            printed[i % nodes].append(line)
+    want = rounds + (1 if begun else 0)
+    last = leader.draw(st.integers(0, nodes - 1))
+    if kind == "killed":  # read the pod that printed last (the highest count)
+        last = (total - 1) % nodes
+    seen = kstatus.ledger_restarts(printed[last], nodes)
+    assert seen == want if kind == "killed" else seen <= want
+    assert kstatus.restarts([], printed[last], nodes) == seen
+    assert kstatus.ledger_restarts(printed[last], 0) == 0  # a job of unknown size: no guess

@@ -199,10 +199,18 @@ def test_a_cell_trains_to_max_steps_with_the_reference_losses(
     if disruption == "none":
         _run_to_the_end(place, job, want)
         return
-    if disruption == "stop":  # the trainers hold after step 6 until their SIGTERM: a stop mid-run
-        hold = {"FSDPTRAIN_FAILPOINT": "hold-until-stop:6"}
-        place.environ = {**place.environ, **hold}
-        monkeypatch.setenv("FSDPTRAIN_FAILPOINT", hold["FSDPTRAIN_FAILPOINT"])
+    # the trainers hold after step 6 (a checkpoint at 4 behind them) until their SIGTERM, or for the
+    # other disruptions until the release file exists: every disruption lands mid-run, whatever the
+    # machine's speed (16 steps take about a second; a pod kill found through the API peer used to
+    # land after the last step, and the cell then tested a finished run)
+    release = place.home.parent / "release"
+    hold = {
+        "FSDPTRAIN_FAILPOINT": "hold-until-stop:6"
+        if disruption == "stop"
+        else f"hold-until-file:6:{release}"
+    }
+    place.environ = {**place.environ, **hold}
+    monkeypatch.setenv("FSDPTRAIN_FAILPOINT", hold["FSDPTRAIN_FAILPOINT"])
     started = place.run("job", "run", "-d")
     assert started.returncode == 0, started.stderr
     if disruption == "stop":
@@ -216,8 +224,9 @@ def test_a_cell_trains_to_max_steps_with_the_reference_losses(
         resumed = place.run("job", "resume", job, "-d")
         assert resumed.returncode == 0, resumed.stderr
     else:
-        until("a checkpoint", lambda: _step(place, job) >= 5, timeout=300)
+        until("step 6, held", lambda: _step(place, job) >= 6, timeout=300)
         ended_outside = place.disrupt[disruption](job)
+        release.touch()  # the survivors go on (and fail on the lost peer); new pods pass step 6
         if ended_outside:  # the place ended the job (an outside scancel): said so; resumed
             r = place.run("job", "wait", job, "--timeout", "300", timeout=330)
             assert r.returncode == 6, r.stdout + r.stderr

@@ -70,7 +70,9 @@ class Training:
     gpu: GpuTelemetry
     kill_at_save: int | None  # FSDPTRAIN_FAILPOINT (the fault tests); None in every real run
     slow_save_s: float = 0.0  # FSDPTRAIN_FAILPOINT=slow-save (the stop tests); 0 in every real run
-    hold_at: int | None = None  # FSDPTRAIN_FAILPOINT=hold-until-stop (the walk-through test)
+    # FSDPTRAIN_FAILPOINT=hold-until-stop|hold-until-file (the walk-through and conformance tests):
+    # the step to wait after, and the file whose existence also ends the wait ("": none)
+    hold: tuple[int, str] | None = None
     # the TensorBoard/W&B run it writes: that of the run whose checkpoint it continues
     # (RESUME=auto), else its own id; kept in each checkpoint it saves, so a job's curve is one
     # across stops and resumes
@@ -136,7 +138,7 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
         gpu=GpuTelemetry(rt.device),
         kill_at_save=ckpt.failpoint_step(os.environ),
         slow_save_s=ckpt.failpoint_slow_save(os.environ),
-        hold_at=ckpt.failpoint_hold(os.environ),
+        hold=ckpt.failpoint_hold(os.environ),
         tracker_run=_tracker_run(cfg, meta),
         # collective: every rank makes it here, in the same order
         control_group=dist.new_group(backend="gloo") if rt.device.type == "cuda" else None,

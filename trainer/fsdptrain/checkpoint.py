@@ -160,12 +160,20 @@ def failpoint_slow_save(environ: Mapping[str, str]) -> float:
     return float(seconds) if name == "slow-save" and seconds.replace(".", "", 1).isdigit() else 0.0
 
 
-def failpoint_hold(environ: Mapping[str, str]) -> int | None:
+def failpoint_hold(environ: Mapping[str, str]) -> tuple[int, str] | None:
     """FSDPTRAIN_FAILPOINT=hold-until-stop:STEP: every rank waits after step STEP until its SIGTERM
     comes, so a `job stop` sent once STEP shows ends the run at step STEP+1 whatever the machine's
-    speed. Only the walk-through test sets it, to freeze its output; no real run does."""
-    name, _, step = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
-    return int(step) if name == "hold-until-stop" and step.isdigit() else None
+    speed. FSDPTRAIN_FAILPOINT=hold-until-file:STEP:PATH: the same wait, which also ends once PATH
+    exists, so a test can disrupt a run at a known step (a killed node, a lost controller) and let
+    the survivors and the new pods go on, which pass STEP without waiting. (STEP, PATH or ""); only
+    tests set it, no real run does."""
+    name, _, rest = environ.get("FSDPTRAIN_FAILPOINT", "").partition(":")
+    step, _, path = rest.partition(":")
+    if not step.isdigit() or name not in ("hold-until-stop", "hold-until-file"):
+        return None
+    if name == "hold-until-file" and not path:
+        return None
+    return int(step), path if name == "hold-until-file" else ""
 
 
 def die_on_rank0() -> None:

@@ -51,7 +51,7 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 STOP_FILE_ENV = (
     "FSDPTRAIN_STOP_FILE"  # the pod's annotations as the kubelet writes them (downward API)
@@ -228,29 +228,47 @@ STARTS_DIR_ENV = "FSDPTRAIN_STARTS_DIR"  # the run's ledger of torchrun starts, 
 STARTS_MAX_ENV = "FSDPTRAIN_STARTS_MAX"  # JOB_NODES x (1 + MAX_RESTARTS)
 
 
-def record_start(environ: Mapping[str, str], who: str) -> str | None:
+class Ledger(NamedTuple):
+    starts: int | None  # this run's torchrun starts so far, this one included; None: no ledger
+    refusal: str | None  # the line refusing this start (over the budget), else None
+
+
+def record_start(environ: Mapping[str, str], who: str) -> Ledger:
     """Count a torchrun start of this run in its ledger (a file per start, in a directory every pod
-    sees); the line that refuses it when the job has started more often than its budget. Under
+    sees); with the line that refuses it when the job has started more often than its budget. Under
     restartPolicy ExitCode a pod that dies by a signal is recreated without bound (the operator's
     backoffLimit counts the restarts of running containers, and with ExitCode pods never restart in
     place: v1.9.4 pkg/core/job.go, PastBackoffLimit), so the pods bound themselves: JOB_NODES first
-    starts plus MAX_RESTARTS restarts of every node. None: within budget, or no ledger (a plain
+    starts plus MAX_RESTARTS restarts of every node. No count and no refusal: no ledger (a plain
     torchrun, or a volume it cannot write to)."""
     folder, most = environ.get(STARTS_DIR_ENV, ""), environ.get(STARTS_MAX_ENV, "")
     if not folder or not most.isdigit():
-        return None
+        return Ledger(None, None)
     try:
         os.makedirs(folder, exist_ok=True)
         Path(folder, f"{who}-{os.getpid()}-{time.time_ns()}").touch()
         count = len(os.listdir(folder))
     except OSError:
-        return None
+        return Ledger(None, None)
     if count <= int(most):
-        return None
-    return (
+        return Ledger(count, None)
+    return Ledger(
+        count,
         f"this run has started torchrun {count} times, over its budget of {most} (JOB_NODES x (1 + "
-        "MAX_RESTARTS)): not starting again; `fsdpctl job logs --all` shows why it kept failing"
+        "MAX_RESTARTS)): not starting again; `fsdpctl job logs --all` shows why it kept failing",
     )
+
+
+# What a launcher prints at a torchrun start past the run's first JOB_NODES (fsdpctl.job.kstatus
+# reads it: on Kubernetes a pod recreated or a torchrun started again leaves no restartCount and no
+# agent restart line, and the ledger is the one count every pod shares)
+RESTART_LINE = "fsdptrain: torchrun start {count} of this run, at most {most}: the job restarted"
+
+
+def restart_line(ledger: Ledger, environ: Mapping[str, str], nodes: int) -> str | None:
+    if ledger.starts is None or ledger.starts <= nodes:
+        return None
+    return RESTART_LINE.format(count=ledger.starts, most=environ.get(STARTS_MAX_ENV, "?"))
 
 
 def record_end(environ: Mapping[str, str], who: str, code: int) -> None:

@@ -145,9 +145,25 @@ class Stage:
     time: float
 
 
-Event = Leader | Step | Checkpoint | Summary | Start | Stage
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """Printed by a pod's launcher instead of training when the run already trained to MAX_STEPS
+    (fsdptrain.launch.already_finished: a pod recreated after its node died past the last step, a
+    Slurm job requeued after its trainers ended). Such a pod may be the one whose exit ends the job
+    while the leader's log is gone with its pod: this line, from the run's last checkpoint, is then
+    what a reader has of where the run got to."""
+
+    kind: ClassVar[str] = "finished"
+    step: int  # the last checkpoint's step, at MAX_STEPS
+    max_steps: int
+    loss: float | None  # the loss its meta.json kept (None in a checkpoint without one)
+    checkpoint: str
+    record_id: str
+
+
+Event = Leader | Step | Checkpoint | Summary | Start | Stage | Finished
 KINDS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start, Stage)
+    cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start, Stage, Finished)
 }
 
 

@@ -99,6 +99,13 @@ def sizes(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[int, int] | 
     return int(most_nodes) * int(nproc), int(nproc)
 
 
+def nodes(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """The job's node count from torchrun's --nnodes (`N` or `MIN:MAX`: the most); 1 when unset."""
+    value = option(argv, "nnodes", environ) or "1"
+    most = value.rpartition(":")[2]
+    return int(most) if most.isdigit() else 1
+
+
 def trainer_args(argv: Sequence[str]) -> list[str] | None:
     """The trainer's own flags (after `-m fsdptrain`); None when the command runs something else."""
     if "-m" in argv:
@@ -155,14 +162,15 @@ def with_store_host(argv: Sequence[str], environ: Mapping[str, str]) -> list[str
     return out
 
 
-def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
-    """The line saying this run already trained to MAX_STEPS, when the checkpoint it would resume is
-    its own last one (meta.json's step at MAX_STEPS and record_id this run's, FSDPTRAIN_RECORD_ID);
-    else None. A Slurm job requeued after its node stopped answering runs its script again from the
-    start (sbatch(1) --requeue), also when its trainers had finished meanwhile: slurmctld sets a
-    node DOWN only SlurmdTimeout after its last answer (slurmctld/ping_nodes.c) while its tasks keep
-    training. That copy has nothing to do and must not fail the job, where a checkpoint at MAX_STEPS
-    of another run (a finished job started again) stays refused (fsdptrain.resume)."""
+def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> events.Finished | None:
+    """The run's end, when the checkpoint it would resume is its own last one (meta.json's step at
+    MAX_STEPS and record_id this run's, FSDPTRAIN_RECORD_ID); else None. A Slurm job requeued after
+    its node stopped answering runs its script again from the start (sbatch(1) --requeue), also
+    when its trainers had finished meanwhile: slurmctld sets a node DOWN only SlurmdTimeout after
+    its last answer (slurmctld/ping_nodes.c) while its tasks keep training. A pod recreated after
+    its node died past the last step is the same. That copy has nothing to do and must not fail the
+    job, where a checkpoint at MAX_STEPS of another run (a finished job started again) stays refused
+    (fsdptrain.resume)."""
     args, record = trainer_args(argv), environ.get(events.RECORD_ENV, "")
     if args is None or not record:
         return None
@@ -174,12 +182,27 @@ def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> str | N
     meta = resume.read_meta(wanted[0]) if wanted else None
     if meta is None or meta.get("record_id") != record:
         return None
-    step = meta.get("step")
+    step, loss = meta.get("step"), meta.get("loss")
     if not isinstance(step, int) or step < cfg.max_steps:
         return None
-    return (
-        f"fsdptrain: this run already trained to MAX_STEPS={cfg.max_steps}: its checkpoint "
-        f"{wanted[0]} (step {step}) is its last; nothing left to do"
+    if not isinstance(loss, int | float) or isinstance(loss, bool):
+        loss = None  # a checkpoint written without one (older trainers)
+    return events.Finished(
+        step=step,
+        max_steps=cfg.max_steps,
+        loss=None if loss is None else float(loss),
+        checkpoint=str(wanted[0]),
+        record_id=record,
+    )
+
+
+def say_finished(done: events.Finished) -> None:
+    """Its event line (what `fsdpctl job status` reads when no trainer's log is left) and its words."""
+    print(events.to_line(done), flush=True)
+    print(
+        f"fsdptrain: this run already trained to MAX_STEPS={done.max_steps}: its checkpoint "
+        f"{done.checkpoint} (step {done.step}) is its last; nothing left to do",
+        flush=True,
     )
 
 
@@ -205,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_launcher(argv: list[str]) -> int:
     if done := already_finished(argv, os.environ):
-        print(done, flush=True)
+        say_finished(done)
         return 0
     try:
         preflight(argv, os.environ)
@@ -230,7 +253,7 @@ def run_torchrun(
     argv: list[str],
     environ: Mapping[str, str],
     *,
-    finished: Callable[[], str | None] = lambda: None,
+    finished: Callable[[], events.Finished | None] = lambda: None,
 ) -> int:
     """torchrun as this process's child, started again after another node's disruption or the loss
     of the node hosting the rendezvous store (within the run's start budget); returns the pod's exit
@@ -257,9 +280,12 @@ def run_torchrun(
         stopping = disruption.stop_requested(environ)
         if signalled:  # before (another) torchrun: none would get the signal that came already
             return disruption.pod_exit(-signalled[0], signalled=True, note=None, stopping=stopping)
-        if refusal := disruption.record_start(environ, socket.gethostname()):
-            print(f"fsdptrain: error: {refusal}", file=sys.stderr, flush=True)
+        ledger = disruption.record_start(environ, socket.gethostname())
+        if ledger.refusal:
+            print(f"fsdptrain: error: {ledger.refusal}", file=sys.stderr, flush=True)
             return 1
+        if line := disruption.restart_line(ledger, environ, nodes(argv, environ)):
+            print(line, flush=True)
         child[:] = [_spawn(argv, env)]
         rc = _wait(child[0], note, signalled)
         verdict = disruption.pod_exit(
@@ -279,7 +305,7 @@ def run_torchrun(
         if verdict != disruption.RESTART:
             return verdict
         if done := finished():
-            print(done, flush=True)
+            say_finished(done)
             return 0
         print(f"fsdptrain: {_why_again(note)}: starting torchrun again to rejoin", flush=True)
         for left in (note, agent_error):

@@ -168,8 +168,8 @@ def loop(t: Training, rt: Runtime, gc_control: GarbageCollection | None = None) 
                 f"checkpoint {out.checkpoint}"
             )
             break
-        if step == t.hold_at:
-            _hold_until_stop(rt)
+        if t.hold and step == t.hold[0]:
+            _hold_until_stop(rt, release=t.hold[1])
         since = time.perf_counter()  # logging and checkpointing are not step time
     return out
 
@@ -282,11 +282,13 @@ def _read_steps(
     ]
 
 
-def _hold_until_stop(rt: Runtime, most_s: float = 600) -> None:
-    """The hold-until-stop failpoint: wait (bounded) for this rank's SIGTERM before the next
-    step."""
+def _hold_until_stop(rt: Runtime, release: str = "", most_s: float = 600) -> None:
+    """The hold failpoints: wait (bounded) for this rank's SIGTERM, or for `release` to exist,
+    before the next step."""
     deadline = time.monotonic() + most_s
     while not rt.stop_requested and time.monotonic() < deadline:
+        if release and os.path.exists(release):
+            return
         time.sleep(0.05)
 
 

@@ -111,12 +111,14 @@ def pods_by_state(pods: list[Obj]) -> dict[str, int]:
 GROUP_RESTART = "will restart worker group"
 
 
-def restarts(pods: list[Obj], agent_lines: Sequence[str] = ()) -> int:
+def restarts(pods: list[Obj], agent_lines: Sequence[str] = (), nodes: int = 0) -> int:
     """Restarts of the job, not of its pods. A coordinated restart restarts every pod's container
     once (OnFailure, as a TrainJob's pods), so the most restarted container counts them, not the
     sum; torchrun's restarts of the whole group happen inside the containers, and the leader's agent
     logs each one. A PyTorchJob's pods (restartPolicy ExitCode) are recreated, never restarted in
-    place."""
+    place, and a pod whose launcher starts torchrun again to rejoin leaves neither: the launcher's
+    ledger line (`ledger_restarts`) counts those. The larger count wins: a killed node that did not
+    host the store shows in both (its new pod's start, the survivors' group restart)."""
     most = max(
         (
             cs.get("restartCount", 0)
@@ -125,7 +127,21 @@ def restarts(pods: list[Obj], agent_lines: Sequence[str] = ()) -> int:
         ),
         default=0,
     )
-    return int(most) + sum(GROUP_RESTART in line for line in agent_lines)
+    in_place = int(most) + sum(GROUP_RESTART in line for line in agent_lines)
+    return max(in_place, ledger_restarts(agent_lines, nodes))
+
+
+# fsdptrain.disruption.RESTART_LINE: a launcher's torchrun start past the run's first JOB_NODES,
+# counted in the run's ledger on the shared volume (every pod's starts, whichever pod prints it)
+LEDGER_START = re.compile(r"fsdptrain: torchrun start (\d+) of this run")
+
+
+def ledger_restarts(lines: Sequence[str], nodes: int) -> int:
+    """Restarts of the job from the highest ledger count in these lines: every restart of the job
+    starts torchrun once more on each of its `nodes` (a recreated pod, the others rejoining), so
+    starts past the first `nodes`, in whole or begun rounds of `nodes`."""
+    most = max((int(m.group(1)) for line in lines if (m := LEDGER_START.search(line))), default=0)
+    return -(-(most - nodes) // nodes) if nodes and most > nodes else 0
 
 
 def on_failure(kind: str, max_restarts: int) -> str:

@@ -34,13 +34,15 @@ def run_outcome(recs: Sequence[events.Event], phase: str | None = None) -> str:
     """How a run ended, in words, from its trainer's events; `phase`: the job's phase when this is
     its current run (what the processes did), else the run is over and its events say all there is.
     """
-    steps = [e.step for e in recs if isinstance(e, events.Step)]
+    steps = [e.step for e in recs if isinstance(e, events.Step | events.Finished)]
     summary = next((e for e in reversed(recs) if isinstance(e, events.Summary)), None)
     at = f" at step {max(steps)}" if steps else " before its first step"
     if phase is not None and (phase == "Failed" or summary is None):
         return f"{phase}{at}"  # its processes' own verdict, the job's phase
     if summary is not None:
         return f"{'Stopped' if summary.stopped else 'Succeeded'} at step {summary.start_step + summary.steps}"
+    if any(isinstance(e, events.Finished) for e in recs):
+        return f"Succeeded{at} (its last checkpoint was at MAX_STEPS already)"
     return f"ended without a summary{at} (failed or killed)"
 
 
@@ -79,7 +81,8 @@ def progress(recs: Sequence[events.Event], now: float) -> Progress:
         "summary": events.as_record(summary) if summary else None,
     }
     if not steps:
-        return out
+        done = next((r for r in reversed(recs) if isinstance(r, events.Finished)), None)
+        return out if done is None else _finished(out, done)
     last = steps[-1]
     recent = steps[-10:]
     step_time = sum(r.step_time_s for r in recent) / len(recent)
@@ -93,6 +96,19 @@ def progress(recs: Sequence[events.Event], now: float) -> Progress:
         "mfu": last.mfu,
         "eta_s": (last.max_steps - last.step) * step_time,
         "last_progress_s": max(0.0, now - last.time),
+    }
+
+
+def _finished(out: Progress, done: events.Finished) -> Progress:
+    """Where a run got to when all a reader has is a launcher's `finished` line (the leader's log
+    went with its pod): the last checkpoint's step and loss; no rate, no time of a last step."""
+    return {
+        **out,
+        "step": done.step,
+        "max_steps": done.max_steps,
+        "percent": 100.0 * done.step / done.max_steps,
+        "loss": done.loss,
+        "checkpoint": out["checkpoint"] or done.checkpoint,
     }
 
 
@@ -113,9 +129,13 @@ def progress_rows(r: Mapping[str, Any]) -> list[tuple[str, str]]:
         return [("progress", r.get("stage") or "no step finished yet")]
     ended = r.get("phase") in FINAL  # nothing left to estimate
     eta = "" if ended else f", ETA {fmt_duration(r['eta_s'])}"
+    rows = [("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%){eta}")]
+    if r["loss"] is not None:
+        rows.append(("loss", f"{r['loss']:.4f}"))
+    if r["tokens_per_s"] is None:  # a launcher's `finished` line alone: no step was seen
+        return rows
     return [
-        ("progress", f"step {r['step']}/{r['max_steps']} ({r['percent']:.0f}%){eta}"),
-        ("loss", f"{r['loss']:.4f}"),
+        *rows,
         (
             "throughput",
             f"{r['tokens_per_s']:.0f} tokens/s (last step)"
@@ -160,6 +180,11 @@ def describe(event: events.Event) -> str:
             f"start: torch {event.torch}, transformers {event.transformers}, {cuda} on {event.device}, "
             f"from step {event.start_step}"
             + (f", record {event.record_id}" if event.record_id else "")
+        )
+    if isinstance(event, events.Finished):
+        return (
+            f"finished already: the run's checkpoint {event.checkpoint} is at step "
+            f"{event.step}/{event.max_steps}, nothing left to train"
         )
     what = "stopped" if event.stopped else "done"
     return (

@@ -136,7 +136,7 @@ def report(
         "nodes": _replicas(job),
         "nodes_running": by_state.get("Running", 0),
         "pods": by_state,
-        "restarts": kstatus.restarts(pods, lines),
+        "restarts": kstatus.restarts(pods, lines, _replicas(job)),
         "age_s": kstatus.age(job, now),
         "leader": lead["metadata"]["name"] if lead else None,
         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
