@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import yaml
 
@@ -381,10 +381,18 @@ def contains(have: Any, want: Any) -> bool:
     return bool(have == want)
 
 
-def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> dict[str, int]:
+class ApplyCounts(TypedDict):
+    """What an apply did to a component's objects, as kubectl apply says it per object."""
+
+    created: int
+    configured: int
+    unchanged: int
+
+
+def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> ApplyCounts:
     """Server-side apply of each object unless the cluster already holds exactly it, so that a rerun
     changes nothing and says so: how many objects were created, configured and left unchanged."""
-    counts = {"created": 0, "configured": 0, "unchanged": 0}
+    counts: ApplyCounts = {"created": 0, "configured": 0, "unchanged": 0}
     for obj in comp.objects:
         meta = obj["metadata"]
         current = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
@@ -396,7 +404,7 @@ def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> dict[
     return counts
 
 
-def summary(counts: dict[str, int]) -> str:
+def summary(counts: ApplyCounts) -> str:
     return ", ".join(f"{n} {what}" for what, n in counts.items() if n)
 
 
