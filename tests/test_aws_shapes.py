@@ -129,6 +129,11 @@ def conformance(value: Any, hint: Any, where: str = "answer") -> list[str]:
     if hint in KINDS:
         good = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
         return [] if good else [f"{where}: {value!r} is not {hint.__name__}"]
+    if get_origin(hint) is dict:  # a map: its values (keys are JSON's, always strings)
+        if not isinstance(value, dict):
+            return [f"{where}: {value!r} is not an object"]
+        value_hint = get_args(hint)[1]
+        return [e for k, v in value.items() for e in conformance(v, value_hint, f"{where}[{k}]")]
     if get_origin(hint) is list:
         if not isinstance(value, list):
             return [f"{where}: {value!r} is not a list"]
