@@ -26,6 +26,7 @@ CORE, APPS, META = (
     "io.k8s.api.apps.v1.",
     "io.k8s.apimachinery.pkg.apis.meta.v1.",
 )
+BATCH = "io.k8s.api.batch.v1."
 # each TypedDict: the API types it is a part of (a field must be in one of them, of the same kind)
 MODEL = {
     kube_shapes.ObjectMeta: [META + "ObjectMeta"],
@@ -44,6 +45,9 @@ MODEL = {
     kube_shapes.Workload: [APPS + "Deployment", APPS + "DaemonSet"],
     kube_shapes.NodeStatus: [CORE + "NodeStatus"],
     kube_shapes.Node: [CORE + "Node"],
+    kube_shapes.JobCondition: [BATCH + "JobCondition"],
+    kube_shapes.JobStatus: [BATCH + "JobStatus"],
+    kube_shapes.BatchJob: [BATCH + "Job"],
 }
 
 

@@ -135,3 +135,28 @@ class Node(TypedDict, total=False):
     kind: str
     metadata: ObjectMeta
     status: NodeStatus
+
+
+class JobCondition(TypedDict):
+    """batch/v1 `JobCondition` (type and status required)."""
+
+    type: str  # Complete, Failed, SuccessCriteriaMet, FailureTarget, Suspended
+    status: str  # "True", "False", "Unknown"
+    reason: NotRequired[str]
+    message: NotRequired[str]
+
+
+class JobStatus(TypedDict, total=False):
+    """batch/v1 `JobStatus`."""
+
+    active: int
+    conditions: list[JobCondition]
+
+
+class BatchJob(TypedDict, total=False):
+    """batch/v1 `Job` (the pre-step's download)."""
+
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    status: JobStatus
