@@ -36,7 +36,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from fsdptrain.config import ConfigError
 
@@ -275,9 +275,26 @@ def _tell(marker: Path | None, *, error: str | None, fetched: list[Fetched]) -> 
         return False
 
 
-def parse(lines: Iterable[str]) -> list[dict[str, Any]]:
+class FetchEvent(TypedDict, total=False):
+    """A `fetch` event line (fsdptrain.hub.Progress.line) as parsed back from a log: any field may
+    be missing from a line cut short or written by another version, so readers `.get` each."""
+
+    event: str  # "fetch"
+    repo: str
+    kind: str
+    state: str  # checking | planned | downloading | complete | failed
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    downloaded_bytes: int
+    error: str | None
+    time: float
+
+
+def parse(lines: Iterable[str]) -> list[FetchEvent]:
     """The last `fetch` event of each repo among a log's lines, in order of first appearance."""
-    last: dict[str, dict[str, Any]] = {}
+    last: dict[str, FetchEvent] = {}
     for raw in lines:
         line = raw.strip()
         if not line.startswith('{"event":"fetch"'):

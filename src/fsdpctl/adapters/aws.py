@@ -11,6 +11,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fsdpctl.adapters import shell
+from fsdpctl.adapters.aws_shapes import (
+    AuthorizeSecurityGroupIngressRequest,
+    Cluster,
+    CreateFileSystemRequest,
+    CreateKeyRequest,
+    CreateSecurityGroupRequest,
+    FileSystem,
+    LaunchTemplateSpecification,
+    Nodegroup,
+    SecurityGroup,
+    Subnet,
+)
 from fsdpctl.errors import BadInput, FsdpctlError
 
 CREDENTIALS_HINT = "check credentials and AWS_REGION (`fsdpctl cluster check`)"
@@ -30,6 +42,8 @@ P_INSTANCES_QUOTA = ("ec2", "L-417A185B")
 
 
 def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
+    """botocore's parsed answer: plain dicts and lists (Any). The methods of Aws below are the
+    boundary: each returns its part as the model's shape (fsdpctl.adapters.aws_shapes)."""
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
@@ -221,7 +235,7 @@ class Aws:
             if z.get("State", "available") == "available"
         )
 
-    def cluster(self, name: str) -> dict | None:
+    def cluster(self, name: str) -> Cluster | None:
         try:
             return _call(self.client("eks").describe_cluster, name=name)["cluster"]
         except AwsError as e:
@@ -229,7 +243,7 @@ class Aws:
                 return None
             raise
 
-    def nodegroups(self, cluster: str) -> list[dict]:
+    def nodegroups(self, cluster: str) -> list[Nodegroup]:
         eks = self.client("eks")
         names = _call(eks.list_nodegroups, clusterName=cluster)["nodegroups"]
         return [
@@ -273,7 +287,7 @@ class Aws:
 
     # ---- the shared FSx for Lustre file system of an eksctl cluster (fsdpctl.cluster.fsx plans them)
 
-    def nodegroup(self, cluster: str, name: str) -> dict | None:
+    def nodegroup(self, cluster: str, name: str) -> Nodegroup | None:
         try:
             return _call(
                 self.client("eks").describe_nodegroup, clusterName=cluster, nodegroupName=name
@@ -283,10 +297,10 @@ class Aws:
                 return None
             raise
 
-    def subnets(self, ids: list[str]) -> list[dict]:
+    def subnets(self, ids: list[str]) -> list[Subnet]:
         return _call(self.client("ec2").describe_subnets, SubnetIds=ids)["Subnets"] if ids else []
 
-    def launch_template_groups(self, template: dict) -> list[str]:
+    def launch_template_groups(self, template: LaunchTemplateSpecification) -> list[str]:
         """The security groups a node group's launch template gives its nodes (eksctl: the shared
         node group, EFA's; on the primary interface when EFA interfaces are listed)."""
         version = str(template.get("version") or "$Default")
@@ -301,9 +315,9 @@ class Aws:
             groups += nic.get("Groups", [])
         return groups
 
-    def lustre_file_systems(self) -> list[dict]:
+    def lustre_file_systems(self) -> list[FileSystem]:
         fsx = self.client("fsx")
-        found: list[dict] = []
+        found: list[FileSystem] = []
         token: dict[str, str] = {}
         while True:
             r = _call(fsx.describe_file_systems, **token)
@@ -312,7 +326,7 @@ class Aws:
                 return found
             token = {"NextToken": r["NextToken"]}
 
-    def file_system(self, fs_id: str) -> dict | None:
+    def file_system(self, fs_id: str) -> FileSystem | None:
         """None once it is gone (FSx answers FileSystemNotFound)."""
         try:
             found = _call(self.client("fsx").describe_file_systems, FileSystemIds=[fs_id])[
@@ -324,7 +338,7 @@ class Aws:
             raise
         return found[0] if found else None
 
-    def create_file_system(self, request: dict) -> dict:
+    def create_file_system(self, request: CreateFileSystemRequest) -> FileSystem:
         return _call(self.client("fsx").create_file_system, **request)["FileSystem"]
 
     def delete_file_system(self, fs_id: str) -> None:
@@ -344,20 +358,24 @@ class Aws:
         )
         return r["SecurityGroups"][0]["GroupId"] if r["SecurityGroups"] else None
 
-    def tagged_security_groups(self, key: str, value: str) -> list[dict]:
+    def tagged_security_groups(self, key: str, value: str) -> list[SecurityGroup]:
         r = _call(
             self.client("ec2").describe_security_groups,
             Filters=[{"Name": f"tag:{key}", "Values": [value]}],
         )
         return r["SecurityGroups"]
 
-    def create_security_group(self, request: dict, ingress: Callable[[str], dict]) -> str:
+    def create_security_group(
+        self,
+        request: CreateSecurityGroupRequest,
+        ingress: Callable[[str], AuthorizeSecurityGroupIngressRequest],
+    ) -> str:
         """The group with its ingress rules; rules already there (a rerun) are kept."""
         group_id = _call(self.client("ec2").create_security_group, **request)["GroupId"]
         self.authorize_ingress(ingress(group_id))
         return group_id
 
-    def authorize_ingress(self, request: dict) -> None:
+    def authorize_ingress(self, request: AuthorizeSecurityGroupIngressRequest) -> None:
         try:
             _call(self.client("ec2").authorize_security_group_ingress, **request)
         except AwsError as e:
@@ -386,7 +404,7 @@ class Aws:
             raise
         return None if meta.get("KeyState") == "PendingDeletion" else meta
 
-    def create_kms_key(self, request: dict, alias: str) -> str:
+    def create_kms_key(self, request: CreateKeyRequest, alias: str) -> str:
         """A symmetric key with yearly rotation, named by `alias` (how a rerun finds it)."""
         kms = self.client("kms")
         meta = _call(kms.create_key, **request)["KeyMetadata"]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, NotRequired, TypedDict
 
 import typer
 
@@ -25,6 +25,9 @@ from fsdpctl.cli.common import (
 from fsdpctl.errors import BadInput, FsdpctlError
 
 if TYPE_CHECKING:
+    from fsdpctl.adapters.aws_shapes import FileSystem, Request
+    from fsdpctl.cluster.fsx import FsxSettings
+    from fsdpctl.cluster.lifecycle import ClusterStatus
     from fsdpctl.settings import Config
 
 app = command_group("The EKS cluster: preflight, status, create and delete (eksctl or terraform).")
@@ -120,7 +123,7 @@ def status(ctx: typer.Context, output: Output = OutputOpt) -> None:
         _print_status(data)
 
 
-def _print_status(data: dict[str, Any]) -> None:
+def _print_status(data: ClusterStatus) -> None:
     out.print(
         f"cluster {data['name']}: {data['status']} (Kubernetes {data['version']}) {data['endpoint'] or ''}"
     )
@@ -129,6 +132,26 @@ def _print_status(data: dict[str, Any]) -> None:
         sizes = (str(g["desired"]), str(g["min"]), str(g["max"]))
         t.add_row(g["name"], g["status"], ", ".join(g["instance_types"] or []), *sizes)
     out.print(t)
+
+
+class AwsRequest(TypedDict):
+    """A request `cluster create --dry-run` would send to AWS: the call and its parameters."""
+
+    call: str  # "<service> <Operation>", e.g. "fsx CreateFileSystem"
+    request: Request
+
+
+class CreateReport(TypedDict):
+    """`cluster create -o json|yaml`."""
+
+    dry_run: str  # none | client
+    cluster: str
+    tool: str
+    tool_input: str
+    action: str  # would create | exists | created
+    commands: list[str]
+    aws_requests: NotRequired[list[AwsRequest]]  # eksctl, FSX_CREATE, dry run
+    fsx_settings: NotRequired[FsxSettings]  # eksctl, FSX_CREATE
 
 
 @app.command()
@@ -158,11 +181,9 @@ def create(
     run = cluster.prepare(cfg, "create")
     table = output == Output.table
     done = "would create" if dry_run else "exists" if existing else "created"
-    report: dict[str, Any] = {
+    report: CreateReport = {
         "dry_run": "client" if dry_run else "none",
         "cluster": cfg.cluster_name,
-    }
-    report |= {
         "tool": cfg.cluster_tool,
         "tool_input": str(run.tool_input),
         "action": done,
@@ -190,7 +211,7 @@ def create(
         )
 
 
-def _fsx_dry_run(cfg: Config, table: bool) -> list[dict[str, Any]]:
+def _fsx_dry_run(cfg: Config, table: bool) -> list[AwsRequest]:
     """The AWS requests that would make the file system, as `# ` comments after the ClusterConfig
     (`table`) and returned: planned from the cluster when it exists (read only), else with eksctl's
     future choices named."""
@@ -221,7 +242,7 @@ def _fsx_dry_run(cfg: Config, table: bool) -> list[dict[str, Any]]:
     return [{"call": call, "request": request} for call, request in requests]
 
 
-def _fsx_create(cfg: Config, table: bool) -> dict[str, str]:
+def _fsx_create(cfg: Config, table: bool) -> FsxSettings:
     """The file system, AVAILABLE, and the settings `deploy storage` needs (stdout, .env lines)."""
     from fsdpctl.cluster import fsx
     from fsdpctl.cluster import lifecycle as cluster
@@ -233,6 +254,19 @@ def _fsx_create(cfg: Config, table: bool) -> dict[str, str]:
     where = "the lines above" if table else "fsx_settings"
     ok(f"FSx for Lustre {fs['FileSystemId']} AVAILABLE; add {where} to .env for `deploy storage`")
     return settings
+
+
+class DeleteReport(TypedDict):
+    """`cluster delete -o json|yaml`."""
+
+    dry_run: str  # none | client
+    cluster: str
+    tool: str
+    cluster_deleted: bool
+    what: str | None  # what the tool deletes, None when nothing
+    commands: list[str]
+    file_systems: list[str]  # FSx file system ids
+    security_groups: list[str]  # ids
 
 
 @app.command()
@@ -260,17 +294,13 @@ def delete(
     cfg = _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run)  # eksctl's input keys them by AZ
     what = _what_to_delete(cfg, dry_run)
     file_systems, groups = _fsx_to_delete(cfg, dry_run)
-    report: dict[str, Any] = {
+    report: DeleteReport = {
         "dry_run": "client" if dry_run else "none",
         "cluster": cfg.cluster_name,
-    }
-    report |= {
         "tool": cfg.cluster_tool,
         "cluster_deleted": bool(what),
         "what": what,
         "commands": [],
-    }
-    report |= {
         "file_systems": [fs["FileSystemId"] for fs in file_systems],
         "security_groups": groups,
     }
@@ -312,7 +342,7 @@ def delete(
         warn(f"cluster {cfg.cluster_name} deleted; checkpoints on its volumes are gone with it")
 
 
-def fsx_summary(fs: dict[str, Any]) -> str:
+def fsx_summary(fs: FileSystem) -> str:
     from fsdpctl.cluster import fsx
 
     return fsx.summary(fs)
@@ -324,7 +354,7 @@ def _interactive() -> bool:
     return sys.stdin.isatty()
 
 
-def _confirm_fsx(cfg: Config, file_systems: list[dict[str, Any]]) -> None:
+def _confirm_fsx(cfg: Config, file_systems: list[FileSystem]) -> None:
     """A file system's data outlives jobs: its deletion is asked on its own, never taken from piped
     input."""
     if not file_systems:
@@ -344,7 +374,7 @@ def _confirm_fsx(cfg: Config, file_systems: list[dict[str, Any]]) -> None:
     )
 
 
-def _fsx_to_delete(cfg: Config, dry_run: bool) -> tuple[list[dict[str, Any]], list[str]]:
+def _fsx_to_delete(cfg: Config, dry_run: bool) -> tuple[list[FileSystem], list[str]]:
     """The cluster's file systems and (eksctl) the Lustre security groups to remove before eksctl
     runs. A dry run that cannot reach AWS says so and goes on; a real run stops on the error."""
     from fsdpctl.adapters.aws import AwsError

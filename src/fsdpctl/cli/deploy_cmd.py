@@ -5,7 +5,7 @@ before a job runs (the components, the diff, the readiness wait and the cache ar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, TypedDict
 
 import typer
 
@@ -30,7 +30,7 @@ from fsdpctl.errors import BadInput
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
-    from fsdpctl.cluster.deploy import Component
+    from fsdpctl.cluster.deploy import ApplyCounts, Component
 
 app = command_group(
     "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2), the device plugins, the FSx CSI driver "
@@ -83,11 +83,12 @@ def _deploy(
 
     cfg = state(ctx).config()
     comps = deploy.components(cfg, which, sources(mirror))
-    report: list[dict[str, Any]] = []
+    report: list[DeployRow] = []
     mode = dry_run or "none"  # kubectl's --dry-run values: none, client, server
     if dry_run == "client":
         objs = [o for c in comps for o in c.objects]
-        if not emit(_document(mode, [_row(c, objects=c.objects) for c in comps]), output):
+        rows: list[DeployRow] = [{**_row(c), "objects": c.objects} for c in comps]
+        if not emit(_document(mode, rows), output):
             out.print(render.to_yaml(objs), markup=False, end="")
         ok(f"dry run (client): {len(objs)} objects; nothing sent")
         return
@@ -99,7 +100,7 @@ def _deploy(
             ok(
                 f"{comp.name} ({comp.version}): {_dry_run_verdict(len(comp.objects), kube.unchecked)}"
             )
-            report.append(_row(comp, **counts, unchecked=list(kube.unchecked)))
+            report.append({**_row(comp, counts), "unchecked": list(kube.unchecked)})
             kube.unchecked.clear()
             continue
         ok(f"{comp.name} ({comp.version}): {deploy.summary(counts)}")
@@ -109,22 +110,43 @@ def _deploy(
             warn(deploy_status.missing_message(comp, req))
         if present:
             _wait_ready(kube, comp, present, timeout)
-        report.append(
-            _row(
-                comp,
-                **counts,
-                ready=True,
-                missing=[deploy_status.missing_message(comp, r) for r in missing],
-            )
-        )
+        missing_messages = [deploy_status.missing_message(comp, r) for r in missing]
+        report.append({**_row(comp, counts), "ready": True, "missing": missing_messages})
     emit(_document(mode, report), output)
 
 
-def _row(comp: Component, **what: Any) -> dict[str, Any]:
-    return {"component": comp.name, "version": comp.version, **what}
+class DeployRow(TypedDict):
+    """A component in the document of `deploy <component> -o json|yaml` (`components`): the
+    client dry run gives its objects, the server dry run what the API server would do and which
+    objects it could not check, a real deploy what it did and what is missing."""
+
+    component: str
+    version: str
+    # the component's manifests as the pinned upstream files hold them (CRDs, Deployments, RBAC,
+    # ...: any kind), parsed and passed through
+    objects: NotRequired[list[dict[str, Any]]]
+    created: NotRequired[int]
+    configured: NotRequired[int]
+    unchanged: NotRequired[int]
+    unchecked: NotRequired[list[str]]  # server dry run: Kind/name of objects not checkable yet
+    ready: NotRequired[bool]
+    missing: NotRequired[list[str]]  # what must be installed by other means
 
 
-def _document(dry_run: str, components: list[dict[str, Any]]) -> dict[str, Any]:
+class DeployDocument(TypedDict):
+    """`deploy <component> -o json|yaml`."""
+
+    dry_run: str  # none | client | server
+    components: list[DeployRow]
+
+
+def _row(comp: Component, counts: ApplyCounts | None = None) -> DeployRow:
+    """The component's name and version, then what the apply counted (in ApplyCounts' order)."""
+    row: DeployRow = {"component": comp.name, "version": comp.version}
+    return {**row, **counts} if counts is not None else row
+
+
+def _document(dry_run: str, components: list[DeployRow]) -> DeployDocument:
     return {"dry_run": dry_run, "components": components}
 
 

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from rich.markup import escape
 from rich.text import Text
@@ -388,7 +388,18 @@ def phase_filter(values: list[str]) -> set[Phase]:
     return chosen
 
 
-def started_object(backend: Backend, started: Started) -> dict[str, Any]:
+class StartedObject(TypedDict):
+    """What `job run` and `quickstart` say they started (-o json|yaml), before the dry run's
+    objects or the followed job's report."""
+
+    job: str
+    run_id: str
+    backend: str  # the place's name (BACKEND)
+    where: str  # where its output goes
+    dry_run: NotRequired[str]  # "none": set once it was really started
+
+
+def started_object(backend: Backend, started: Started) -> StartedObject:
     """What `job run` and `quickstart` say they started (-o json): job, run_id, backend, where."""
     return {
         "job": started.job,
@@ -405,7 +416,7 @@ def dry_run_word(dry_run: bool, server: bool = False) -> str:
 
 
 def dry_run_done(
-    what: dict[str, Any], started: Started, output: Output, server: bool = False
+    what: StartedObject, started: Started, output: Output, server: bool = False
 ) -> None:
     """What a dry run of `job run` (or `quickstart`) would start: its lines on stdout (object names,
     launch commands, the batch script), or with -o json/yaml one document holding the objects it

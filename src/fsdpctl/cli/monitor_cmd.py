@@ -4,15 +4,18 @@ API server (the queries are `adapters.prometheus`')."""
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fsdpctl.cli.common import Output, OutputOpt, PlainTable, command_group, emit, out, state
 
+if TYPE_CHECKING:
+    from fsdpctl.adapters.prometheus import GpuSnapshot, NodeKey
+
 app = command_group("Watch GPUs and training from the terminal.")
 
-NODE_COLUMNS = (
+NODE_COLUMNS: tuple[tuple[str, NodeKey], ...] = (
     ("GPUs", "gpus"),
     ("GPU util %", "util"),
     ("mem copy %", "mem_copy"),
@@ -22,7 +25,7 @@ NODE_COLUMNS = (
 )
 
 
-def _print(snap: dict[str, list[dict[str, Any]]]) -> None:
+def _print(snap: GpuSnapshot) -> None:
     t = PlainTable("node", *(head for head, _ in NODE_COLUMNS))
     for n in snap["nodes"]:
         t.add_row(n["node"], *(f"{n[key]:.0f}" if key in n else "-" for _, key in NODE_COLUMNS))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,7 @@ from fsdpctl.plan import planner as P
 from fsdpctl.plan import sweep, volume
 from fsdpctl.plan.planner import PlanReport
 from fsdpctl.plan.sweep import SweepRow
+from fsdpctl.plan.volume import VolumeReport
 from fsdptrain.events import seconds_text
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
@@ -81,7 +82,7 @@ def _print_report(r: PlanReport) -> None:
         )
 
 
-def _print_volume(v: dict[str, Any]) -> None:
+def _print_volume(v: VolumeReport) -> None:
     """The shared volume: what the job keeps there against FSX_STORAGE_GIB, how fast a save goes."""
     verdict = "[green]FITS[/]" if v["fits"] else "[red]DOES NOT FIT[/]"
     fix = "" if v["fits"] else f": set FSX_STORAGE_GIB={v['size_that_fits_gib']}"
@@ -229,7 +230,8 @@ def plan(
         return
     r = P.report(job, tokens)
     timing = jobpolicy.stop_timing(cfg)
-    grace = {"stop_grace_s": timing.shutdown_s, "stop_grace_basis": timing.basis}
-    r["volume"] = volume.report(cfg, r["speed"]["step_s"]) | grace
+    shared = volume.report(cfg, r["speed"]["step_s"])
+    shared["stop_grace_s"], shared["stop_grace_basis"] = timing.shutdown_s, timing.basis
+    r["volume"] = shared
     if not emit(r, output):
         _print_report(r)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import yaml
 
@@ -27,6 +27,13 @@ from fsdpctl.settings import Config
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
+    from fsdpctl.job.kube_shapes import (
+        Affinity,
+        NodeSelectorRequirement,
+        PodSpec,
+        Toleration,
+        Workload,
+    )
 
 
 COMPONENTS = ("etcd", "operator", "plugins", "storage", "monitoring")
@@ -176,13 +183,13 @@ def operator(cfg: Config, sources: list[Path]) -> Component:
     )
 
 
-def gpu_node_affinity() -> dict[str, Any]:
+def gpu_node_affinity() -> Affinity:
     """GPU nodes by labels EKS 1.33 nodes carry (`nvidia.com/gpu.present` needs GPU Feature
     Discovery, or nodeadm on kubelet >= 1.35): the kubelet's instance type among fsdpctl's GPU
     types, or fsdpctl's node-group role."""
     from fsdpctl.plan.instances import INSTANCE_TYPES
 
-    terms = [
+    terms: list[NodeSelectorRequirement] = [
         {
             "key": "node.kubernetes.io/instance-type",
             "operator": "In",
@@ -204,13 +211,13 @@ def eks_image_registry(region: str) -> str:
     return f"{EKS_IMAGE_ACCOUNTS.get(region, '602401143452')}.dkr.ecr.{region}.{suffix}"
 
 
-def _tolerating(pod: dict[str, Any], region: str) -> None:
+def _tolerating(pod: PodSpec, region: str) -> None:
     """eksctl's plugin manifests as eksctl itself finishes them, plus what eksctl leaves out: a
     toleration of every fsdpctl GPU taint (eksctl's EFADevicePlugin.SetTolerations returns nil) and,
     for the NVIDIA plugin, which has no affinity of its own, GPU nodes only."""
     tolerations = pod.setdefault("tolerations", [])
     for taint in GPU_TAINTS:
-        wanted = {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
+        wanted: Toleration = {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
         if wanted not in tolerations:
             tolerations.append(wanted)
     if "affinity" not in pod:
@@ -347,7 +354,7 @@ def components(cfg: Config, which: str, sources: list[Path]) -> list[Component]:
     return [build[n]() for n in names]
 
 
-def is_ready(obj: dict | None) -> bool:
+def is_ready(obj: Workload | None) -> bool:
     """Deployments: every replica available; DaemonSets: every scheduled pod ready; CRDs:
     Established."""
     if obj is None:
@@ -381,10 +388,18 @@ def contains(have: Any, want: Any) -> bool:
     return bool(have == want)
 
 
-def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> dict[str, int]:
+class ApplyCounts(TypedDict):
+    """What an apply did to a component's objects, as kubectl apply says it per object."""
+
+    created: int
+    configured: int
+    unchanged: int
+
+
+def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> ApplyCounts:
     """Server-side apply of each object unless the cluster already holds exactly it, so that a rerun
     changes nothing and says so: how many objects were created, configured and left unchanged."""
-    counts = {"created": 0, "configured": 0, "unchanged": 0}
+    counts: ApplyCounts = {"created": 0, "configured": 0, "unchanged": 0}
     for obj in comp.objects:
         meta = obj["metadata"]
         current = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
@@ -396,12 +411,14 @@ def apply(kube: Kube, comp: Component, *, server_dry_run: bool = False) -> dict[
     return counts
 
 
-def summary(counts: dict[str, int]) -> str:
+def summary(counts: ApplyCounts) -> str:
     return ", ".join(f"{n} {what}" for what, n in counts.items() if n)
 
 
-def get(kube: Kube, ref: dict[str, str]) -> dict[str, Any] | None:
-    return kube.get("apps/v1", ref["kind"], ref["name"], ref["namespace"])
+def get(kube: Kube, ref: dict[str, str]) -> Workload | None:
+    # the API server's answer for an apps/v1 kind (Deployment, DaemonSet), parsed JSON: the adapter
+    # checked that it is that object (Kube.get), the fields read from it are Workload's
+    return cast("Workload | None", kube.get("apps/v1", ref["kind"], ref["name"], ref["namespace"]))
 
 
 def wait_ready(

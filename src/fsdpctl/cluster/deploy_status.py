@@ -4,7 +4,7 @@ it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from fsdpctl.cluster.deploy import (
     FSX,
@@ -22,6 +22,7 @@ from fsdpctl.settings import Config
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.kube import Kube
+    from fsdpctl.job.kube_shapes import Node
 
 
 def requirements(kube: Kube, comp: Component) -> tuple[list[dict], list[dict]]:
@@ -110,7 +111,7 @@ def _crd_row(kube: Kube, cfg: Config) -> ComponentRow:
     }
 
 
-def node_rows(nodes: list[dict[str, Any]], efa: bool) -> list[ComponentRow]:
+def node_rows(nodes: list[Node], efa: bool) -> list[ComponentRow]:
     """Per GPU node (fsdpctl's role label or one of its instance types), what the device plugins
     made allocatable: ready when it offers GPUs and, with EFA on, EFA interfaces."""
     from fsdpctl.plan.instances import INSTANCE_TYPES
@@ -141,4 +142,6 @@ def status(kube: Kube, cfg: Config) -> list[ComponentRow]:
     """What is installed, at which version, and whether it is ready: one row per probe, the job CRD
     and, per GPU node, whether its GPUs and EFA interfaces are allocatable."""
     rows = [_workload_row(kube, p) for p in installed_probes(cfg)] + [_crd_row(kube, cfg)]
-    return rows + node_rows(kube.list("v1", "Node"), cfg.efa_per_node > 0)
+    # the API server's Node list, parsed JSON: the fields node_rows reads are Node's
+    nodes = cast("list[Node]", kube.list("v1", "Node"))
+    return rows + node_rows(nodes, cfg.efa_per_node > 0)

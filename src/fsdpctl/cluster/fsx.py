@@ -11,10 +11,22 @@ fails with "do not permit Lustre LNET network traffic on port 988" otherwise:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
+from fsdpctl.adapters.aws_shapes import (
+    AuthorizeSecurityGroupIngressRequest,
+    Cluster,
+    CreateFileSystemRequest,
+    CreateKeyRequest,
+    CreateSecurityGroupRequest,
+    FileSystem,
+    Nodegroup,
+    Subnet,
+    Tag,
+    UserIdGroupPair,
+)
 from fsdpctl.errors import FsdpctlError
 
 # how `cluster create` finds its file system again and `cluster delete` finds it
@@ -44,7 +56,7 @@ def key_alias(cluster: str) -> str:
     return f"alias/fsdpctl/{cluster}/fsx"
 
 
-def tags(cluster: str) -> list[dict[str, str]]:
+def tags(cluster: str) -> list[Tag]:
     return [
         {"Key": TAG_KEY, "Value": cluster},
         {"Key": "Name", "Value": f"{cluster}-shared"},
@@ -52,7 +64,7 @@ def tags(cluster: str) -> list[dict[str, str]]:
     ]
 
 
-def is_ours(fs: Mapping[str, Any], cluster: str) -> bool:
+def is_ours(fs: FileSystem, cluster: str) -> bool:
     """A Lustre file system tagged for this cluster and not on its way out."""
     tagged = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
     return (
@@ -76,7 +88,7 @@ class Plan:
     storage_gib: int
     throughput_per_tib: int = THROUGHPUT_MB_PER_TIB  # FSX_THROUGHPUT_PER_TIB
 
-    def security_group_request(self) -> dict[str, Any]:
+    def security_group_request(self) -> CreateSecurityGroupRequest:
         return {
             "GroupName": group_name(self.cluster),
             "Description": "FSx for Lustre: TCP 988 and 1018-1023 from the nodes and the file servers",
@@ -84,9 +96,9 @@ class Plan:
             "TagSpecifications": [{"ResourceType": "security-group", "Tags": tags(self.cluster)}],
         }
 
-    def ingress_request(self, group_id: str) -> dict[str, Any]:
+    def ingress_request(self, group_id: str) -> AuthorizeSecurityGroupIngressRequest:
         """Lustre's ports from the group itself (server to server) and from every client group."""
-        pairs = [{"GroupId": g} for g in (group_id, *self.client_groups)]
+        pairs: list[UserIdGroupPair] = [{"GroupId": g} for g in (group_id, *self.client_groups)]
         return {
             "GroupId": group_id,
             "IpPermissions": [
@@ -95,13 +107,13 @@ class Plan:
             ],
         }
 
-    def key_request(self) -> dict[str, Any]:
+    def key_request(self) -> CreateKeyRequest:
         return {
             "Description": f"{self.cluster}: FSx for Lustre encryption at rest",
             "Tags": [{"TagKey": t["Key"], "TagValue": t["Value"]} for t in tags(self.cluster)],
         }
 
-    def file_system_request(self, group_id: str, kms_key_id: str) -> dict[str, Any]:
+    def file_system_request(self, group_id: str, kms_key_id: str) -> CreateFileSystemRequest:
         return {
             # no ClientRequestToken: botocore fills a fresh one per call (idempotencyToken in the
             # model), covering its own retries; a fixed one would hand a re-create after a delete
@@ -125,9 +137,9 @@ class Plan:
 def plan(
     cluster_name: str,
     storage_gib: int,
-    cluster: Mapping[str, Any],
-    nodegroup: Mapping[str, Any],
-    subnets: Sequence[Mapping[str, Any]],
+    cluster: Cluster,
+    nodegroup: Nodegroup,
+    subnets: Sequence[Subnet],
     launch_template_groups: Sequence[str] = (),
     throughput_per_tib: int = THROUGHPUT_MB_PER_TIB,
 ) -> Plan:
@@ -168,7 +180,17 @@ def plan(
     )
 
 
-def settings(fs: Mapping[str, Any]) -> dict[str, str]:
+class FsxSettings(TypedDict):
+    """The FSX_* settings `deploy storage` reads, as `cluster create` prints them (.env lines, or
+    `fsx_settings` in its -o json document)."""
+
+    FSX_FILE_SYSTEM_ID: str
+    FSX_DNS_NAME: str
+    FSX_MOUNT_NAME: str
+    FSX_STORAGE_GIB: str
+
+
+def settings(fs: FileSystem) -> FsxSettings:
     """What `deploy storage` reads (FSX_* settings) from DescribeFileSystems' answer."""
     return {
         "FSX_FILE_SYSTEM_ID": fs["FileSystemId"],
@@ -178,7 +200,7 @@ def settings(fs: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def summary(fs: Mapping[str, Any]) -> str:
+def summary(fs: FileSystem) -> str:
     """One line for the delete question: id, size, what is on it."""
     return (
         f"FSx for Lustre {fs['FileSystemId']} ({fs.get('StorageCapacity', '?')} GiB"

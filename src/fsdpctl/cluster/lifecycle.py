@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from fsdpctl.adapters import eksctl, terraform
 from fsdpctl.cluster import fsx
@@ -21,6 +21,7 @@ from fsdpctl.settings import Config
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.aws import Aws
+    from fsdpctl.adapters.aws_shapes import Cluster, FileSystem, Nodegroup, Request, Subnet
     from fsdpctl.adapters.shell import Command
 
 
@@ -85,7 +86,7 @@ def subnet_zones(cfg: Config) -> str:
     return zones_of_subnets(cfg, connect(cfg).subnets(cfg.subnet_ids))
 
 
-def zones_of_subnets(cfg: Config, described: list[dict[str, Any]]) -> str:
+def zones_of_subnets(cfg: Config, described: list[Subnet]) -> str:
     """The check of `subnet_zones` on EC2's Subnets: every subnet in VPC_ID, one per AZ (eksctl keys
     them by AZ), and AVAILABILITY_ZONES, when set, naming those AZs in the same order."""
     by_id = {s["SubnetId"]: s for s in described}
@@ -118,12 +119,33 @@ def connect(cfg: Config) -> Aws:
     return Aws(cfg.aws_region, cfg.aws_profile, cfg.request_timeout)
 
 
-def find(cfg: Config) -> dict[str, Any] | None:
+def find(cfg: Config) -> Cluster | None:
     """The cluster as EKS describes it, None when there is none of that name in AWS_REGION."""
     return connect(cfg).cluster(cfg.cluster_name)
 
 
-def status(cfg: Config) -> dict[str, Any]:
+class NodegroupStatus(TypedDict):
+    """A node group in `cluster status` (-o json: `nodegroups`), from EKS's Nodegroup."""
+
+    name: str
+    status: str
+    instance_types: list[str] | None
+    desired: int | None
+    min: int | None
+    max: int | None
+
+
+class ClusterStatus(TypedDict):
+    """`cluster status` (-o json), from EKS's Cluster and its node groups."""
+
+    name: str
+    status: str
+    version: str | None
+    endpoint: str | None
+    nodegroups: list[NodegroupStatus]
+
+
+def status(cfg: Config) -> ClusterStatus:
     """The cluster and its node groups (instance types, sizes, state); exit 4 when there is none."""
     aws = connect(cfg)
     cluster = aws.cluster(cfg.cluster_name)
@@ -142,7 +164,7 @@ def status(cfg: Config) -> dict[str, Any]:
     }
 
 
-def _nodegroup(g: dict[str, Any]) -> dict[str, Any]:
+def _nodegroup(g: Nodegroup) -> NodegroupStatus:
     scaling = g.get("scalingConfig", {})
     return {
         "name": g["nodegroupName"],
@@ -217,7 +239,7 @@ def fsx_placeholder_plan(cfg: Config) -> fsx.Plan:
     )
 
 
-def fsx_requests(p: fsx.Plan, group_id: str, key_arn: str) -> list[tuple[str, dict[str, Any]]]:
+def fsx_requests(p: fsx.Plan, group_id: str, key_arn: str) -> list[tuple[str, Request]]:
     """The AWS calls that make the file system, in order (for the dry run)."""
     alias = fsx.key_alias(p.cluster)
     return [
@@ -230,7 +252,7 @@ def fsx_requests(p: fsx.Plan, group_id: str, key_arn: str) -> list[tuple[str, di
     ]
 
 
-def fsx_of_cluster(cfg: Config, aws: Aws | None = None) -> list[dict[str, Any]]:
+def fsx_of_cluster(cfg: Config, aws: Aws | None = None) -> list[FileSystem]:
     """The cluster's file systems: tagged for it in FSx (eksctl), in terraform's state (offline)."""
     if cfg.cluster_tool == "terraform":
         return terraform_file_systems(workdir(cfg) / "terraform")
@@ -239,13 +261,14 @@ def fsx_of_cluster(cfg: Config, aws: Aws | None = None) -> list[dict[str, Any]]:
     ]
 
 
-def terraform_file_systems(tf_dir: Path) -> list[dict[str, Any]]:
+def terraform_file_systems(tf_dir: Path) -> list[FileSystem]:
     """aws_fsx_lustre_file_system instances in terraform's local state, as FSx names their
-    fields."""
+    fields: the resource's `id` and `storage_capacity` attributes (terraform-provider-aws,
+    internal/service/fsx/lustre_file_system.go) under the state's resources[].instances[]."""
     path = tf_dir / terraform.STATE_FILE
     if not path.is_file() or not path.read_text().strip():
         return []
-    found = []
+    found: list[FileSystem] = []
     for r in json.loads(path.read_text()).get("resources", []):
         if r.get("mode") == "managed" and r.get("type") == "aws_fsx_lustre_file_system":
             for inst in r.get("instances", []):
@@ -259,7 +282,7 @@ def terraform_file_systems(tf_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
-def ensure_fsx(cfg: Config, say: Say, waiting: Waiting | None = None) -> dict[str, Any]:
+def ensure_fsx(cfg: Config, say: Say, waiting: Waiting | None = None) -> FileSystem:
     """The cluster's file system, AVAILABLE: the one tagged for it if there is one (a rerun makes no
     second), else a new one with its security group and KMS key (each reused when a half-done run
     left it)."""
@@ -286,7 +309,7 @@ def ensure_fsx(cfg: Config, say: Say, waiting: Waiting | None = None) -> dict[st
     return wait_available(aws, fs, say, waiting)
 
 
-def wait_available(aws: Aws, fs: dict[str, Any], say: Say, waiting: Waiting) -> dict[str, Any]:
+def wait_available(aws: Aws, fs: FileSystem, say: Say, waiting: Waiting) -> FileSystem:
     fs_id, waited = fs["FileSystemId"], 0.0
     while fs.get("Lifecycle") != fsx.READY:
         if fs.get("Lifecycle") in fsx.FAILED:
@@ -313,7 +336,7 @@ def wait_available(aws: Aws, fs: dict[str, Any], say: Say, waiting: Waiting) -> 
 
 
 def delete_fsx(
-    cfg: Config, file_systems: list[dict[str, Any]], say: Say, waiting: Waiting | None = None
+    cfg: Config, file_systems: list[FileSystem], say: Say, waiting: Waiting | None = None
 ) -> None:
     """Before `eksctl delete cluster`: the file systems (waiting until FSx has released their
     network interfaces in the cluster's subnets), then the Lustre security group (its rules name the

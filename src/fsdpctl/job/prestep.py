@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Literal
 from urllib.parse import urlsplit
 
 from fsdpctl.errors import BadInput
+from fsdpctl.job.kube_shapes import BatchJob
 from fsdpctl.job.reports import PrestepReport
 from fsdpctl.settings import Config
 from fsdptrain.fetch import (
@@ -44,6 +45,7 @@ from fsdptrain.fetch import (
     TOKENIZER_PATTERNS,
     WAIT_ENV,
     Fetched,
+    FetchEvent,
     Progress,
     Target,
     repo_id_problem,
@@ -237,11 +239,13 @@ def counts(files_done: int, files_total: int, bytes_done: int, bytes_total: int)
 # ---- job status ----------------------------------------------------------------------------------
 
 
-def report(records: list[dict[str, Any]], phase: str, reason: str | None = None) -> PrestepReport:
+def report(records: list[FetchEvent], phase: str, reason: str | None = None) -> PrestepReport:
     """What `job status` says about the pre-step: its phase (Pending, Running, Succeeded, Failed)
     and the totals of its repos' last `fetch` lines."""
 
-    def total(key: str) -> int:
+    def total(
+        key: Literal["files_done", "files_total", "bytes_done", "bytes_total", "downloaded_bytes"],
+    ) -> int:
         return sum(int(r.get(key) or 0) for r in records)
 
     failed = [r for r in records if r.get("state") == "failed"]
@@ -274,7 +278,7 @@ def describe(p: PrestepReport) -> str:
     return f"{p['phase']}: {done}{cached}{repos}"
 
 
-def job_phase(job: dict[str, Any]) -> tuple[str, str | None]:
+def job_phase(job: BatchJob) -> tuple[str, str | None]:
     """A batch/v1 Job's phase as `job status` names it, and why it failed (its condition's message:
     which exit code met which podFailurePolicy rule, or the backoff limit)."""
     status = job.get("status") or {}

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fsdpctl.job.kstatus import PLUGIN_OF, Obj
+from fsdpctl.job.kube_shapes import Node
 from fsdpctl.job.reports import GpuNode
 
 # --- what the job's GPU nodes offer ---------------------------------------------------------------
@@ -34,12 +35,12 @@ def device_requests(pods: list[Obj]) -> dict[str, int]:
     return wants
 
 
-def _selects(selector: dict[str, str], node: Obj) -> bool:
+def _selects(selector: dict[str, str], node: Node) -> bool:
     labels = node.get("metadata", {}).get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def job_nodes(nodes: list[Obj], pods: list[Obj], selector: dict[str, str]) -> list[Obj]:
+def job_nodes(nodes: list[Node], pods: list[Obj], selector: dict[str, str]) -> list[Node]:
     """The nodes the job's pods run on (spec.nodeName) or wait for: for a pod not bound yet, every
     node its nodeSelector matches (all pairs, as the scheduler's NodeAffinity filter); `selector`,
     the job's own, while no pod exists yet."""
@@ -59,7 +60,7 @@ def job_nodes(nodes: list[Obj], pods: list[Obj], selector: dict[str, str]) -> li
 
 
 def gpu_node_fit(
-    rows: Sequence[Mapping[str, Any]], nodes: list[Obj], wants: dict[str, int], pods: list[Obj]
+    rows: Sequence[Mapping[str, Any]], nodes: list[Node], wants: dict[str, int], pods: list[Obj]
 ) -> list[GpuNode]:
     """Per GPU node of the job (`rows` from deploy.node_rows, which picks the GPU nodes and says
     what the plugins made allocatable), whether it offers as many of each device as one of the job's

@@ -64,6 +64,7 @@ from fsdptrain.shapes import (
 )
 
 if TYPE_CHECKING:
+    from fsdpctl.plan.volume import VolumeReport
     from fsdpctl.settings import Config
 
 
@@ -488,7 +489,7 @@ class PlanReport(TypedDict):
     usd: float | None  # None: no list price
     price_per_hour: float | None
     prices_as_of: str
-    volume: NotRequired[dict[str, object]]  # `plan` adds the shared volume's (plan.volume.report)
+    volume: NotRequired[VolumeReport]  # `plan` adds the shared volume's (plan.volume.report)
 
 
 def report(job: Job, tokens: float) -> PlanReport:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from fsdpctl.settings.storage import (
     CHECKPOINT_BYTES_PER_PARAM as CHECKPOINT_BYTES_PER_PARAM,
@@ -255,7 +255,26 @@ def _interval_fix(cfg: Config, save_s: float, step_s: float) -> str:
     return f"set CHECKPOINT_INTERVAL={steps} or more, or a faster file system"
 
 
-def report(cfg: Config, step_s: float) -> dict[str, object]:
+class VolumeReport(TypedDict):
+    """`plan`'s `volume` (-o json|yaml): what the job keeps on the shared volume against
+    FSX_STORAGE_GIB, the write rate and one save; `plan` adds the stop grace it leads to."""
+
+    need_gib: float
+    holds: str  # what is counted, in words (storage.Need.parts)
+    not_counted: list[str]
+    fsx_storage_gib: int
+    fits: bool
+    size_that_fits_gib: int
+    write_mb_per_s: float
+    write_rate_basis: str
+    write_rate_assumed: bool
+    save_s: float
+    warning: str | None
+    stop_grace_s: NotRequired[int]  # job.policy.stop_timing's shutdown_s
+    stop_grace_basis: NotRequired[str]
+
+
+def report(cfg: Config, step_s: float) -> VolumeReport:
     """What `plan` says about the shared volume: the need against FSX_STORAGE_GIB, the rate, one
     save."""
     n = need(cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import (
     SecretStr,
@@ -311,7 +311,20 @@ def redacted(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def derived(cfg: Config) -> dict[str, Any]:
+class Derived(TypedDict):
+    """What the settings imply (`config show`: `derived`): the instance type's GPUs and the job's
+    world."""
+
+    gpus_per_node: int
+    procs_per_node: int
+    world_size: int
+    efa_per_node: int
+    image_uri: str
+    gpu: str
+    gpu_memory_gib: float
+
+
+def derived(cfg: Config) -> Derived:
     return {
         "gpus_per_node": cfg.gpus,
         "procs_per_node": cfg.procs_per_node,

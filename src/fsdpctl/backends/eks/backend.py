@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submitted, placement_ok
 from fsdpctl.backends.eks import api, configmap, engine, observe
@@ -27,6 +27,9 @@ from fsdpctl.job.state import Keys
 from fsdpctl.plan import nodefit
 from fsdpctl.settings import Config
 from fsdptrain import events
+
+if TYPE_CHECKING:
+    from fsdpctl.job.kube_shapes import Node
 
 
 def _placement_value(key: str) -> Callable[[Any], bool]:
@@ -140,7 +143,8 @@ class EksBackend:
 
         pods = observe.pods_of(self.kube, self.cfg, name)
         try:
-            nodes = self.kube.list("v1", "Node")
+            # the API server's Node list, parsed JSON: the fields read from it are Node's
+            nodes = cast("list[Node]", self.kube.list("v1", "Node"))
         except KubeError as e:
             if e.status in (401, 403):
                 return None

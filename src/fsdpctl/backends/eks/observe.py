@@ -15,6 +15,7 @@ from fsdpctl.job import crilog, failures, kstatus, prestep, render
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import record as run_record
 from fsdpctl.job.crilog import LogLine
+from fsdpctl.job.kube_shapes import BatchJob
 from fsdpctl.job.progress import parse_events, progress, stage, stalled
 from fsdpctl.job.reports import PrestepReport, Report
 from fsdpctl.settings import Config
@@ -31,7 +32,10 @@ def prestep_report(kube, cfg: Config, name: str) -> PrestepReport | None:
     from fsdpctl.adapters.kube import KubeError
 
     with calls(cfg, f"reading the pre-step of {name}"):
-        fetch_job = kube.get("batch/v1", "Job", prestep.job_name(name), cfg.job_namespace)
+        # the API server's batch/v1 Job, parsed JSON: what job_phase reads of it is BatchJob's
+        fetch_job: BatchJob | None = kube.get(
+            "batch/v1", "Job", prestep.job_name(name), cfg.job_namespace
+        )
         if fetch_job is None:
             return None
         pods = kube.list("v1", "Pod", cfg.job_namespace, {prestep.OF_LABEL: name})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from fsdpctl import files
 from fsdpctl.backends.local import engine as local
@@ -194,7 +194,14 @@ def _prestep(st: LocalState, phase: str | None) -> PrestepReport | None:
     )
 
 
-def _marker(path: Path | None) -> dict[str, Any] | None:
+class PrestepVerdict(TypedDict):
+    """What the pre-step's marker says (fsdptrain.fetch.write_marker; the two fields read here)."""
+
+    ok: bool
+    error: str | None
+
+
+def _marker(path: Path | None) -> PrestepVerdict | None:
     """The pre-step's verdict (fsdptrain.fetch.write_marker): None while there is none, or when what
     is there is not one (a marker outside this home, not a regular file, not its shape) - said once.
     """
@@ -211,4 +218,4 @@ def _marker(path: Path | None) -> dict[str, Any] | None:
     if not ok or not isinstance(found.get("error"), str | None):
         files.skipped(path, "is not the pre-step's marker")
         return None
-    return found
+    return {"ok": found["ok"], "error": found.get("error")}  # checked above
