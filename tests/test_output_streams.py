@@ -167,6 +167,7 @@ def check(situation: str, args: tuple[str, ...], code: int, stderr: str) -> None
     assert reason[situation] in lines[-1], said
 
 
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
 def test_every_view_command_on_every_stream_that_fails(room, tmp_path):
     """The whole product: each view command x each situation, in process (about a second for all)."""
     for args in VIEWS:

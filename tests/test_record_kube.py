@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fsdpctl.backends.eks import configmap
 from fsdpctl.job import record
 from fsdpctl.settings import load, parse_dotenv
@@ -43,6 +45,7 @@ def _start_line(record_id: str) -> str:
     )
 
 
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
 def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_describe_reads_it(
     peer,  # noqa: F811
     monkeypatch,

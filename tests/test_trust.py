@@ -583,6 +583,7 @@ def home(cli, monkeypatch):
 @pytest.mark.skipif(
     not netns.available()[0], reason="no network namespace per node here (root, iproute2)"
 )
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
 def test_a_job_whose_supervisor_was_killed_ends_as_its_processes_did(home, monkeypatch):
     """The issue's case: the supervisor SIGKILLed while the job runs on. Before: the job succeeded,
     but `job status`, `list` and `wait` said Failed, state.json said Running, and the namespaces,
