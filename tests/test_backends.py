@@ -78,7 +78,8 @@ def test_every_job_verb_takes_backend_and_refuses_an_unknown_one(verb, tmp_path,
     assert "gke" in r.output and "local or eks" in r.output and "Traceback" not in r.output
 
 
-@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes; no training processes, so
+@pytest.mark.beside  # CI runs it beside the serial slow lane
 def test_a_job_started_on_eks_is_found_there_by_every_verb(peer, monkeypatch):  # noqa: F811
     """`job run --backend eks -d` with BACKEND=local: status, logs, stop and wait look on the
     cluster."""

@@ -414,7 +414,8 @@ def test_every_scraped_pod_serves_metrics(monkeypatch):
     )
 
 
-@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes; no training processes, so
+@pytest.mark.beside  # CI runs it beside the serial slow lane
 def test_job_stop_asks_the_trainers_then_deletes_the_job(peer):  # noqa: F811
     """On the cluster `job stop` annotates the job and its running pods (merge patches) before it
     deletes the job: the kubelet (the peer's, kube_peer_kubelet: at its next sync of the pod) hands

@@ -90,7 +90,8 @@ def test_this_machine(cli):
     )  # exit 4: no document, one line
 
 
-@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes; no training processes, so
+@pytest.mark.beside  # CI runs it beside the serial slow lane
 def test_the_kubernetes_api(peer):  # noqa: F811
     """Every deploy subcommand (the operator through `all`): a client dry run (the objects, per
     component), a server dry run, a real apply (created, then unchanged on a rerun, ready), status;

@@ -456,7 +456,8 @@ def test_a_job_ended_by_a_pod_that_found_the_run_finished_reports_the_run_s_end(
     assert "nothing left to train" in logs or "already trained to MAX_STEPS=30" in logs, logs
 
 
-@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes; no training processes, so
+@pytest.mark.beside  # CI runs it beside the serial slow lane
 def test_run_follows_the_job_to_its_end_and_status_watch_stops_there(peer):
     """`job run` without -d: a progress bar from the leader's step lines until the job's condition
     says done."""

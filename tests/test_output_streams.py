@@ -167,7 +167,8 @@ def check(situation: str, args: tuple[str, ...], code: int, stderr: str) -> None
     assert reason[situation] in lines[-1], said
 
 
-@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes; no training processes, so
+@pytest.mark.beside  # CI runs it beside the serial slow lane
 def test_every_view_command_on_every_stream_that_fails(room, tmp_path):
     """The whole product: each view command x each situation, in process (about a second for all)."""
     for args in VIEWS:

@@ -45,7 +45,8 @@ def _start_line(record_id: str) -> str:
     )
 
 
-@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes; no training processes, so
+@pytest.mark.beside  # CI runs it beside the serial slow lane
 def test_job_run_on_eks_records_the_run_in_a_config_map_owned_by_the_job_and_describe_reads_it(
     peer,  # noqa: F811
     monkeypatch,

@@ -314,7 +314,8 @@ PartitionName=p Nodes=ALL Default=YES
 @pytest.mark.skipif(
     shutil.which("sbatch") is None, reason="no Slurm client here (scripts/system-deps)"
 )
-@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes (CI runs it in the slow lane)
+@pytest.mark.slow  # 3-7 s: the fast lane keeps under 2 minutes; no training processes, so
+@pytest.mark.beside  # CI runs it beside the serial slow lane
 def test_an_unreachable_slurmctld_is_one_line_within_request_timeout_and_leaves_nothing(
     cli, tmp_path, monkeypatch
 ):
