@@ -19,6 +19,7 @@ The three real runs are shared by the eight cases (module fixture), about 100 s 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -273,6 +274,28 @@ def _umount(at: Path) -> None:
     subprocess.run(["umount", "-l", str(at)], check=False)
 
 
+def _fill(path: Path, leave: int = 1024 * 1024) -> None:
+    """All but `leave` bytes of the file system, allocated for real, so the next save (~10 MB) cannot
+    fit. The job trains on meanwhile and its own saves take space between the look at what is free
+    and the allocation (ENOSPC, seen in CI): look again, up to the space it left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for _ in range(20):
+            st = os.statvfs(path.parent)
+            free = st.f_bavail * st.f_frsize
+            if free <= leave:
+                return
+            try:
+                os.posix_fallocate(fd, os.fstat(fd).st_size, free - leave)
+                return
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+        raise AssertionError(f"could not fill {path.parent}: the job kept writing")
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture(scope="module")
 def runs(interpreter_reachable) -> Iterator[dict[str, Run]]:
     """The three real runs:
@@ -310,12 +333,7 @@ def runs(interpreter_reachable) -> Iterator[dict[str, Run]]:
         )
         assert started.returncode == 0, started.stdout + started.stderr
         _wait_step(env, "full", 5)
-        free = os.statvfs(full).f_bavail * os.statvfs(full).f_frsize
-        fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
-        try:  # all but 1 MB, allocated for real: the next save (~10 MB) cannot fit
-            os.posix_fallocate(fd, 0, max(1, free - 1024 * 1024))
-        finally:
-            os.close(fd)
+        _fill(full / "filler")
         out["full"] = _finish(env, "full", full, interpreter_reachable)
 
         readonly = home / "volumes" / "ro-claim"
