@@ -67,13 +67,14 @@ CELLS = [
 # LEADER_FIRST_ENV), which holds on the plain path; after a pod is killed or evicted and made again the
 # log is still sometimes gone (docs/eks/jobs.md "Known limits"). EKS meets the job core's rules in CI
 # (test_job_core.py) and trains there (test_kube_peer_operator.py).
-# what CI's 40 minutes hold: on each backend the plain path, a stop and resume, and a killed node (on EKS
-# the last alone: the killed store host, worker 0); the local outside end and controller gone have their
-# CI tests in test_lifecycle.py (an eviction) and test_trust.py (a killed supervisor)
+# what CI's 40 minutes hold: a stop and resume and a killed node on each backend (on EKS the killed node
+# alone: the killed store host, worker 0). The plain path has its CI tests beside: test_cli.py's detached
+# job (local) and test_slurm_paths.py's Hub and container jobs (Slurm); the local outside end and
+# controller gone, test_lifecycle.py (an eviction) and test_trust.py (a killed supervisor)
 CI_CELLS = {
-    "local": {("checkout", "none"), ("hub", "stop"), ("path", "killed node")},
+    "local": {("hub", "stop"), ("path", "killed node")},
     "eks": {("path", "killed node")},
-    "slurm": {("checkout", "none"), ("hub", "stop"), ("path", "killed node")},
+    "slurm": {("hub", "stop"), ("path", "killed node")},
 }
 
 
