@@ -461,6 +461,7 @@ def launch(
         dry_run=dry_run,
         server_dry_run=server_dry_run,
         other=backends.factory(cfg),
+        say=warn,
     )
     what = started_object(backend, started)
     if dry_run or server_dry_run:

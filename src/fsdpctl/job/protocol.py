@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from fsdpctl.job.crilog import LogLine
+from fsdpctl.job.owner import Owner
 from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import Report, Waited
 from fsdptrain import events
@@ -95,6 +96,12 @@ class Backend(Protocol):
     def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """Start the run at its place. Called with the job's lock held and its record saved; on an
         exception nothing of the run may be left started."""
+        ...
+
+    def find_submitted(self, mine: Owner) -> Submitted | None:
+        """The submission of run `mine` its place holds, found by the run's owner token (a Slurm
+        job's comment, a Kubernetes label), whatever an interrupted submit said; None when the
+        place holds none; FsdpctlError when the place cannot answer (unknown is not "none")."""
         ...
 
     def cancel(self, submitted: Submitted) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fsdpctl import files, targets
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
-from fsdpctl.job import home, lock, record, state
+from fsdpctl.job import home, intent, lock, owner, record, state
 from fsdpctl.job import store as record_store
 from fsdpctl.job.protocol import Backend, Started, Submitted
 from fsdpctl.job.reports import FINAL, Phase, Report
@@ -52,31 +52,134 @@ def run(
     dry_run: bool = False,
     server_dry_run: bool = False,
     other: Factory,
+    say: Callable[[str], None] | None = None,
 ) -> Started:
     """Start a run of cfg.job_name on `be`: refused (exit 2) while a run of the job is active on any
     backend unless `replace`, which stops it first; recorded before it starts, its state written
-    after its place accepted it, cancelled when that fails."""
+    after its place accepted it, cancelled when that fails.
+
+    Exactly once: the intent (the backend and the run's owner token) is written before the submit;
+    an error or a signal during the submit finds the submission by its token and cancels it, and a
+    `job run` killed outright (SIGKILL) leaves the intent, which the next verb on the job settles
+    (`settle`: recorded when the place holds it, dropped when not, never guessed)."""
     if dry_run or server_dry_run:
         return be.dry_run(run_id=run_id, server=server_dry_run)
     name = cfg.job_name
     rec = be.prepare(record_store.new(cfg, run_id))  # refusals: before anything is written
     jdir = home.job_dir(name)
     with lock.held(jdir):
+        settle(jdir, other, say)
+        _unique_run_id(name, run_id)
         current = state.read(jdir)
         if current is not None:
             _make_way(name, current, replace, other)
             _learn_before_it_goes(current, other)
+        mine = owner.Owner(owner.home_id(), name, run_id)
         saved = record_store.save(rec)
+        intent.write(jdir, be.name, mine)
         try:
             sub = be.submit(run_id=run_id, record=rec, replace=replace)
-        except BaseException:
+        except BaseException as e:
+            found = _cancel_found(be, mine, e)
             record_store.discard(saved)
+            intent.clear(jdir)
+            if found:
+                raise FsdpctlError(
+                    f"job {name}: the submit failed ({_said(e)}) after its place took it: {found}",
+                    code=e.code if isinstance(e, FsdpctlError) else ExitCode.FAILURE,
+                ) from e
             raise
         try:
             _record(jdir, be, cfg, run_id, sub)
+            intent.clear(jdir)
         except BaseException as e:  # Ctrl-C or SIGTERM too: a run nobody recorded is a run lost
-            raise _undone(be, name, sub, e) from e
+            err = _undone(be, name, sub, e)
+            if "cancelled" in str(err):
+                intent.clear(jdir)
+            raise err from e
     return Started(name, run_id, sub.where)
+
+
+def _said(e: BaseException) -> str:
+    return (e.strerror if isinstance(e, OSError) else None) or str(e) or type(e).__name__
+
+
+def _cancel_found(be: Backend, mine: owner.Owner, why: BaseException) -> str | None:
+    """After a submit that raised (its own error, a timeout, Ctrl-C, SIGTERM): the submission its
+    place may hold all the same, found by the run's token and cancelled. The line says which; None
+    when the place holds none."""
+    try:
+        found = be.find_submitted(mine)
+    except FsdpctlError as e:
+        return (
+            f"whether its place holds the submission could not be asked ({e}): look for token "
+            f"{mine.token} and cancel it by hand"
+        )
+    if found is None:
+        return None
+    try:
+        be.cancel(found)
+    except Exception as e:  # noqa: BLE001 - named in the line, with the command that does it
+        return f"{found.outside} was found by its token and cancelling it failed ({e}): " + (
+            f"cancel it yourself: {found.cancel_command}"
+        )
+    return f"{found.outside} was found by its token and cancelled: nothing of the run runs"
+
+
+def settle(jdir: Path, other: Factory, say: Callable[[str], None] | None = None) -> None:
+    """An intent a killed `job run` left (its submit began, nothing recorded it): the place is asked
+    for the submission by its token. Found: recorded as the job's run, as if that `job run` had
+    ended well. Not found: the intent goes. The place cannot answer: refused, saying so (a run
+    that may be running is never started again). Called with the job's lock held."""
+    pending = intent.read(jdir)
+    if pending is None:
+        return
+    be = other(pending.backend)
+    mine = owner.Owner(pending.home, jdir.name, pending.run_id)
+    try:
+        found = be.find_submitted(mine)
+    except FsdpctlError as e:
+        raise FsdpctlError(
+            f"job {jdir.name}: an interrupted `job run` may have submitted run {pending.run_id} on "
+            f"{pending.backend}, and its place cannot say ({e})",
+            hint="run the command again once the place answers; nothing is started meanwhile",
+            code=ExitCode.BAD_INPUT,
+        ) from e
+    if found is None:
+        intent.clear(jdir)
+        return
+    if (where := record_store.path(jdir.name, pending.run_id)).exists():
+        rec = record_store.read(where)
+        found = Submitted(found.state, rec, found.where, found.outside, found.cancel_command)
+    now = {
+        "job": jdir.name,
+        "backend": pending.backend,
+        "run_id": pending.run_id,
+        "created": pending.at,
+        **found.state,
+    }
+    if be.supervised:
+        state.update(jdir, **now)
+    else:
+        state.write(jdir, now)
+    intent.clear(jdir)
+    if say is not None:
+        say(
+            f"job {jdir.name}: an interrupted `job run` had submitted run {pending.run_id} "
+            f"({found.outside}): found by its token and recorded"
+        )
+
+
+def _unique_run_id(name: str, run_id: str) -> None:
+    """A run id names one run of a job: one already recorded here is refused (its record, the
+    history's line and the run's files would be another run's)."""
+    if record_store.path(name, run_id).exists():
+        raise FsdpctlError(
+            f"--run-id {run_id!r}: job {name} already has a run with this id",
+            hint="leave --run-id out (a new id is made), or pass one not used before "
+            f"(`fsdpctl job history {name}` lists them)",
+            code=ExitCode.BAD_INPUT,
+        )
 
 
 def _record(jdir: Path, be: Backend, cfg: Config, run_id: str, sub: Submitted) -> None:

@@ -15,10 +15,12 @@ from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submi
 from fsdpctl.backends.eks import api, configmap, engine, observe
 from fsdpctl.cluster import deploy_status
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.job import home, kstatus, lock, render, runner, state
+from fsdpctl.job import home, kstatus, lock, render, runner, state, validate
 from fsdpctl.job import spec as jobspec
+from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.outage import Outage
+from fsdpctl.job.owner import Owner
 from fsdpctl.job.progress import run_outcome
 from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, TIMEOUT, GpuNode, Report, Waited
@@ -114,6 +116,21 @@ class EksBackend:
             where=f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}",
             outside=what,
             cancel_command=f"kubectl -n {cfg.job_namespace} delete {cfg.job_kind} {cfg.job_name}",
+        )
+
+    def find_submitted(self, mine: Owner) -> Submitted | None:
+        """The job object that carries the run's labels (its run id), whatever the submit said."""
+        cfg = self.cfg
+        found = api.get_job(self.kube, cfg, mine.job)
+        labels = (found or {}).get("metadata", {}).get("labels") or {}
+        if found is None or labels.get("fsdpctl.io/run-id") != validate.label_value(mine.run_id):
+            return None
+        return Submitted(
+            state={},
+            record=record_store.new(cfg, mine.run_id),
+            where=f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}",
+            outside=f"{cfg.job_kind} {cfg.job_namespace}/{mine.job}",
+            cancel_command=f"kubectl -n {cfg.job_namespace} delete {cfg.job_kind} {mine.job}",
         )
 
     def cancel(self, submitted: Submitted) -> None:

@@ -22,6 +22,7 @@ from fsdpctl.job import crilog, lock, render
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
+from fsdpctl.job.owner import Owner
 from fsdpctl.job.progress import (
     across_runs,
     run_outcome,
@@ -105,6 +106,24 @@ class LocalBackend:
         return Submitted(
             state={},
             record=record,
+            where=f"logs in {st['log_dir']}",
+            outside=f"its supervisor (pid {sup['pid']})",
+            cancel_command=f"kill -TERM {sup['pid']}",
+        )
+
+    def find_submitted(self, mine: Owner) -> Submitted | None:
+        """The local submit writes the job's state before it starts the supervisor (the state is
+        its intent): the run is this home's when the state names it and a supervisor of it was
+        started."""
+        st = self._state_or_none(mine.job)
+        if st is None or st["run_id"] != mine.run_id:
+            return None
+        sup = st.get("supervisor") or {"pid": st.get("supervisor_pid")}
+        if sup.get("pid") is None:
+            return None
+        return Submitted(
+            state={},
+            record=record_store.new(self.cfg, mine.run_id),
             where=f"logs in {st['log_dir']}",
             outside=f"its supervisor (pid {sup['pid']})",
             cancel_command=f"kill -TERM {sup['pid']}",

@@ -37,6 +37,7 @@ from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import state as core
 from fsdpctl.job import store as record_store
 from fsdpctl.job.outage import Outage
+from fsdpctl.job.owner import Owner
 from fsdpctl.job.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
 from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, Failure, Phase, Report, Waited
@@ -201,6 +202,25 @@ class SlurmBackend:
                 else "; no job carries the run's comment, so none was left submitted"
             )
             raise FsdpctlError(str(e) + did, hint=e.hint) from e
+
+    def find_submitted(self, mine: Owner) -> Submitted | None:
+        """The queued or running Slurm job that carries the run's comment (squeue %k)."""
+        found = self.slurm.by_comment(f"fsdpctl-run:{mine.run_id}")
+        if not found:
+            return None
+        job_id = found[0]
+        where = paths(self.cfg, mine.run_id)
+        return Submitted(
+            state={
+                "slurm_job": job_id,
+                "nodes": self.cfg.job_nodes,
+                "max_restarts": self.cfg.max_restarts,
+            },
+            record=record_store.new(self.cfg, mine.run_id),
+            where=f"Slurm job {job_id}; logs in {where.root}",
+            outside=f"Slurm job {job_id}",
+            cancel_command=f"scancel {job_id}",
+        )
 
     def cancel(self, submitted: Submitted) -> None:
         self.slurm.cancel(submitted.state["slurm_job"])
