@@ -16,8 +16,11 @@ list, over any scheduler).
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
 from fsdpctl.job import home, intent, lock, owner, record, state
 from fsdpctl.job import store as record_store
 from fsdpctl.job.protocol import Backend, Started, Submitted
+from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, Phase, Report
 from fsdpctl.job.state import JobState
 from fsdpctl.settings import Config
@@ -77,43 +81,92 @@ def run(
         mine = owner.Owner(owner.home_id(), name, run_id)
         saved = record_store.save(rec)
         intent.write(jdir, be.name, mine)
-        try:
-            sub = be.submit(run_id=run_id, record=rec, replace=replace)
-        except BaseException as e:
-            found = _cancel_found(be, mine, e)
-            record_store.discard(saved)
-            intent.clear(jdir)
-            if found:
-                raise FsdpctlError(
-                    f"job {name}: the submit failed ({_said(e)}) after its place took it: {found}",
-                    code=e.code if isinstance(e, FsdpctlError) else ExitCode.FAILURE,
-                ) from e
-            raise
-        try:
-            _record(jdir, be, cfg, run_id, sub)
-            intent.clear(jdir)
-        except BaseException as e:  # Ctrl-C or SIGTERM too: a run nobody recorded is a run lost
-            err = _undone(be, name, sub, e)
-            if "cancelled" in str(err):
+        with _signals_interrupt():
+            sub = _submit(be, mine, rec, replace, saved, jdir)
+            try:
+                _record(jdir, be, cfg, run_id, sub)
                 intent.clear(jdir)
-            raise err from e
+            except BaseException as e:  # Ctrl-C or SIGTERM too: a run nobody recorded is lost
+                err = _undone(be, name, sub, e)
+                if "cancelled" in str(err):
+                    intent.clear(jdir)
+                raise err from e
     return Started(name, run_id, sub.where)
 
 
-def _said(e: BaseException) -> str:
-    return (e.strerror if isinstance(e, OSError) else None) or str(e) or type(e).__name__
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a submit, taken as Ctrl-C is: the submission is found and
+    cancelled before the command ends with 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _cancel_found(be: Backend, mine: owner.Owner, why: BaseException) -> str | None:
-    """After a submit that raised (its own error, a timeout, Ctrl-C, SIGTERM): the submission its
-    place may hold all the same, found by the run's token and cancelled. The line says which; None
-    when the place holds none."""
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted while a submit is under way (main thread only: Python
+    delivers signals there), so a `job run` that CI's timeout or a closed terminal ends still
+    cancels or records what it submitted. SIGKILL cannot be caught: its intent stays (`settle`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+UNCHECKED = "unchecked: "
+
+
+def _submit(
+    be: Backend, mine: owner.Owner, rec: RunRecord, replace: bool, saved: Path, jdir: Path
+) -> Submitted:
+    """The backend's submit; when it raises (its own error, a timeout, Ctrl-C, SIGTERM), the
+    submission its place may hold all the same is found by the run's token and cancelled, and the
+    line says which: nothing of the run is left running unnamed. A place that cannot be asked
+    keeps the intent, for the next verb to settle."""
+    try:
+        return be.submit(run_id=mine.run_id, record=rec, replace=replace)
+    except BaseException as e:
+        found = _cancel_found(be, mine)
+        record_store.discard(saved)
+        if found is None:
+            intent.clear(jdir)
+            raise
+        if not found.startswith(UNCHECKED):
+            intent.clear(jdir)
+        raise _submit_error(mine, e, found.removeprefix(UNCHECKED)) from e
+
+
+def _submit_error(mine: owner.Owner, e: BaseException, found: str) -> FsdpctlError:
+    if isinstance(e, FsdpctlError):
+        return FsdpctlError(f"{e}; {found}", hint=e.hint, code=e.code)
+    signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+    code = {signal.SIGTERM: ExitCode.TERMINATED, signal.SIGHUP: ExitCode.HUNG_UP}
+    return FsdpctlError(
+        f"job {mine.job}: the submit was interrupted ({signal.Signals(signum).name}): {found}",
+        code=code.get(signal.Signals(signum), ExitCode.INTERRUPTED),
+    )
+
+
+def _cancel_found(be: Backend, mine: owner.Owner) -> str | None:
+    """The submission of run `mine` its place holds after a submit that raised, cancelled; what was
+    done, in words (UNCHECKED first when the place could not be asked); None when the place holds
+    none."""
     try:
         found = be.find_submitted(mine)
-    except FsdpctlError as e:
+    except FsdpctlError:
         return (
-            f"whether its place holds the submission could not be asked ({e}): look for token "
-            f"{mine.token} and cancel it by hand"
+            f"{UNCHECKED}whether its place holds a submission of run {mine.run_id} could not be "
+            f"checked: the next `fsdpctl job run` of {mine.job} looks again (token {mine.token})"
         )
     if found is None:
         return None
