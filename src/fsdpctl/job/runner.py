@@ -149,6 +149,8 @@ def _submit(
 def _submit_error(mine: owner.Owner, e: BaseException, found: str) -> FsdpctlError:
     if isinstance(e, FsdpctlError):
         return FsdpctlError(f"{e}; {found}", hint=e.hint, code=e.code)
+    if not isinstance(e, KeyboardInterrupt):  # a timeout, a defect: named as it is
+        return FsdpctlError(f"job {mine.job}: the submit failed ({type(e).__name__}: {e}): {found}")
     signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
     code = {signal.SIGTERM: ExitCode.TERMINATED, signal.SIGHUP: ExitCode.HUNG_UP}
     return FsdpctlError(
