@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import state_home
-from conftest import invoke
+from conftest import invoke, scaled
 from test_exit_codes import LEAVES, _has
 from test_kube import become_ready, install_operator, peer  # noqa: F401  (peer is a fixture)
 from test_kube import cli as kcli
@@ -114,11 +114,11 @@ def test_the_kubernetes_api(peer):  # noqa: F811
     assert server["dry_run"] == "server" and server["components"][0]["component"] == "etcd"
     assert peer.objects("deployments") == []  # a dry run stores nothing
     ready = become_ready(peer, "Deployment", "fsdp", "etcd")
-    applied = _json("deploy", "etcd", "--timeout", "20", via=kcli)
+    applied = _json("deploy", "etcd", "--timeout", str(round(scaled(60))), via=kcli)
     ready.join()
     [etcd] = applied["components"]
     assert applied["dry_run"] == "none" and etcd["created"] > 0 and etcd["ready"] is True
-    [again] = _json("deploy", "etcd", "--timeout", "20", via=kcli)["components"]
+    [again] = _json("deploy", "etcd", "--timeout", str(round(scaled(60))), via=kcli)["components"]
     assert again["created"] == again["configured"] == 0 and again["unchanged"] == etcd["created"]
     rows = _json("deploy", "status", via=kcli)
     assert any(r["component"] == "etcd" and r["installed"] for r in rows)

@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import SHARED, invoke, isolate
+from conftest import SHARED, invoke, isolate, scaled
 from fsdpctl.adapters.kube import Kube
 from kube_peer import Peer, wait_for
 
@@ -90,7 +90,7 @@ def become_ready(peer, kind: str, namespace: str, name: str) -> threading.Thread
 def install_operator(peer, **settings):
     """The operator, plus the shared claim (SHARED_VOLUME, default fsx-claim) a job's pods mount."""
     ready = become_ready(peer, "Deployment", "kubeflow", "training-operator")
-    r = cli("deploy", "operator", "--timeout", "20", **settings)
+    r = cli("deploy", "operator", "--timeout", str(round(scaled(60))), **settings)
     assert r.exit_code == 0, r.output
     ready.join()
     add_claim(

@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from conftest import scaled
 from fsdpctl.job import policy
 from fsdpctl.settings import load
 from fsdptrain import disruption
@@ -54,6 +55,7 @@ def test_pods_are_told_to_let_the_leader_end_first_and_nothing_else_is(backend):
 TORCHRUN = """import os, sys
 from pathlib import Path
 Path(os.environ["FSDPTRAIN_EXIT_NOTE"] + ".follower").touch() if sys.argv[-1] == "follower" else None
+Path(os.environ["TEST_TORCHRUN_DONE"]).touch()
 """
 
 
@@ -70,6 +72,7 @@ def test_the_launcher_outlives_torchrun_on_a_follower_node_until_signalled(tmp_p
         **os.environ,
         "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         disruption.LEADER_FIRST_ENV: "600",
+        "TEST_TORCHRUN_DONE": str(tmp_path / "torchrun-done"),
     }
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -78,7 +81,13 @@ def test_the_launcher_outlives_torchrun_on_a_follower_node_until_signalled(tmp_p
     if role == "leader":
         assert proc.wait(timeout=120) == 0
         return
+    # the event, not a pace: on a busy machine torchrun may take longer than any fixed wait, and a
+    # SIGTERM while it runs is forwarded to it (the pod's 143), not the end of the follower's wait
+    deadline = time.monotonic() + scaled(120)
+    while not (tmp_path / "torchrun-done").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "torchrun never ended"
+        time.sleep(0.05)
     with pytest.raises(subprocess.TimeoutExpired):
-        proc.wait(timeout=2)  # a follower's launcher is still waiting after torchrun ended
+        proc.wait(timeout=1)  # a follower's launcher is still waiting after torchrun ended
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0 and time.monotonic() - started < 300
