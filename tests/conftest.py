@@ -463,3 +463,64 @@ def logged_events(json_lines: str) -> list:
     return list(
         events.parse(json.dumps(o["event"]) for o in objs if isinstance(o.get("event"), dict))
     )
+
+
+# ---- nothing a test run started outlives it ------------------------------------------------------
+#
+# A test's own teardown stops what it started; this is the net under it. Every process this run
+# starts inherits RUN_MARK (a fresh id per pytest controller; xdist workers inherit the controller's),
+# and so do the processes Slurm starts for a batch job (sbatch --export=ALL: the script, its srun
+# and tasks) though slurmstepd is no child of the test's. At the end of the run, any process still
+# carrying this run's mark is listed and killed (CI once found a killed-node cell's batch script and
+# srun running 30 minutes after the run, their cluster gone).
+RUN_MARK = "PYTEST_FSDPCTL_RUN"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller: workers inherit its environment
+        os.environ[RUN_MARK] = os.urandom(8).hex()
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput") or not (mark := os.environ.get(RUN_MARK)):
+        return
+    left = outliving(mark)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        names = ", ".join(f"{pid} ({left[pid]})" for pid in sorted(left))
+        sys.stderr.write(f"\nwarning: {len(left)} processes outlived the tests, killed: {names}\n")
+
+
+def _ancestors() -> set[int]:
+    found, pid = set(), os.getpid()
+    while pid > 1:
+        found.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return found
+
+
+def outliving(mark: str) -> dict[int, str]:
+    """pid -> command line of every living process (not this one or its ancestors) that carries
+    this run's mark in its environment."""
+    want = f"{RUN_MARK}={mark}".encode()
+    mine, found = _ancestors(), {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            if want not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(") ", 1)[1][0]
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            found[int(entry.name)] = argv.strip()[:80]
+    return found
