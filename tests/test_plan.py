@@ -169,3 +169,29 @@ def test_the_sweep_varies_model_instance_and_nodes_only():
     assert row["memory_gib"] == P.memory(one).total / P.GIB and row["usd"] == P.cost(one, 1e9)[1]
     assert all(r["scaling"] == 1.0 for r in rows if r["nodes"] == 1)
     assert all(0 < r["scaling"] <= 1.0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("where", "expect"),
+    [
+        ("env-file", "PRECISION=fp32 (.env line 2)"),
+        ("environment", "PRECISION=fp32 (environment FSDPCTL_PRECISION)"),
+        ("option", None),
+        ("none", None),
+    ],
+)
+def test_plan_names_the_settings_it_did_not_get_from_its_options(cli, monkeypatch, where, expect):
+    """The walkthrough's .env sets PRECISION=fp32, and the quickstart's hint `plan --model 7b` then
+    says DOES NOT FIT with nothing saying why (issue 44): a plan key set by a .env, the environment
+    or --set is named with its source; one this command's option set, or a default, is not."""
+    if where == "env-file":
+        (cli.cwd / ".env").write_text("JOB_NAME=x\nPRECISION=fp32\n")
+    if where == "environment":
+        monkeypatch.setenv("FSDPCTL_PRECISION", "fp32")
+    extra = ["--precision", "fp32"] if where == "option" else []
+    said = cli("plan", "--model", "7b", *extra).stdout
+    lines = [x for x in said.splitlines() if x.startswith("from your settings")]
+    if expect is None:
+        assert lines == []
+    else:
+        assert lines == [f"from your settings, not this command: {expect}"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -17,6 +18,9 @@ from fsdpctl.plan.planner import PlanReport
 from fsdpctl.plan.sweep import SweepRow
 from fsdpctl.plan.volume import VolumeReport
 from fsdptrain.events import seconds_text
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 # Bounds far beyond any real run that keep the products finite (1e308 tokens printed `$inf`): Llama
 # 3 trained on 15e12 tokens; a p5.48xlarge lists at about $55 per hour.
@@ -124,6 +128,23 @@ def _print_matrix(rows: list[SweepRow], tokens: float) -> None:
             f"{r['usd']:,.0f}" if r["usd"] is not None else "-",
         )
     out.print(t)
+
+
+def _given_elsewhere(cfg: Config, keys: Iterable[str]) -> str:
+    """The plan's keys a .env, the environment or --set gave (not this command's options, not a
+    default): a verdict that surprises (DOES NOT FIT after a walkthrough's PRECISION=fp32) names
+    where its inputs came from."""
+    from fsdpctl.settings import redacted
+
+    values = redacted(cfg)
+    shown = [
+        f"{key}={values[key]} ({cfg.sources[key]})"
+        for key in keys
+        if cfg.sources.get(key, "default") not in ("default", "model default", "derived")
+        and cfg.sources[key] != PLAN_OPTIONS.get(key)
+        and key in values
+    ]
+    return ", ".join(shown)
 
 
 # the option that sets each key, as errors and sources name it
@@ -235,3 +256,5 @@ def plan(
     r["volume"] = shared
     if not emit(r, output):
         _print_report(r)
+        if given := _given_elsewhere(cfg, flags):
+            out.print(f"[dim]from your settings, not this command: {escape(given)}[/]")
