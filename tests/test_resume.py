@@ -174,3 +174,25 @@ def test_a_checkpoint_only_a_later_node_sees_is_not_resumed_by_anyone(assets, sa
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:] + runs[1].stderr[-3000:]
     assert "resumed from" not in runs[0].stdout and "steps 1..2" in runs[0].stdout
     assert (node0 / ckpt.LATEST).read_text() == "step-00000002"
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_a_refused_checkpoint_offers_first_a_way_out_that_works(done):
+    """A finished job's checkpoint is refused by `job resume` too (it resumes the same checkpoint),
+    so its refusal does not offer it, and puts the way out (a new JOB_NAME, RESUME=never) first
+    (issue 44); a checkpoint of other settings still offers `job resume`, which keeps its own."""
+    from fsdptrain import resume
+    from fsdptrain.config import TrainConfig
+
+    cfg = TrainConfig(max_steps=6)
+    saved = resume.math_settings(cfg, 2)
+    if not done:
+        saved = {**saved, "PRECISION": "fp32" if cfg.precision != "fp32" else "bf16"}
+    line = resume.problem({"step": 6 if done else 3, "settings": saved}, cfg, 2, where="ckpt")
+    assert line is not None
+    ways = line.split("): ", 1)[1] if done else line
+    if done:
+        assert ways.startswith("to start again, use a new JOB_NAME or RESUME=never")
+        assert "job resume" not in line
+    else:
+        assert "`fsdpctl job resume` continues a stopped job" in line

@@ -126,18 +126,25 @@ def problem(meta: Mapping[str, Any], cfg: TrainConfig, world: int, *, where: str
     why = [f"it is at or past MAX_STEPS={cfg.max_steps} (nothing is left to train)"] if done else []
     if changed:
         why.append(f"it was saved by a run with other settings ({', '.join(changed)})")
-    fixes = "`fsdpctl job resume` continues a stopped job with its own settings; "
-    if done:
-        fixes += (
-            "a larger MAX_STEPS with ALLOW_SETTING_CHANGES=true trains further "
-            "(another LR schedule); "
-        )
-    elif changed:
-        fixes += "ALLOW_SETTING_CHANGES=true resumes it anyway; "
-    fixes += (
-        "`fsdpctl job rerun` repeats a run in a directory of its own; RESUME=never starts afresh"
+    return (
+        f"checkpoint {where} (step {step}) is not resumed: {' and '.join(why)}: {_ways_out(done)}"
     )
-    return f"checkpoint {where} (step {step}) is not resumed: {' and '.join(why)}: {fixes}"
+
+
+def _ways_out(done: bool) -> str:
+    """What to do instead, the way out first. A finished job's checkpoint is refused by `job
+    resume` too (it resumes the same checkpoint), so that one is not offered there."""
+    if done:
+        return (
+            "to start again, use a new JOB_NAME or RESUME=never (`fsdpctl job rerun` repeats the run "
+            "in a directory of its own); to train further, a larger MAX_STEPS with "
+            "ALLOW_SETTING_CHANGES=true (another LR schedule)"
+        )
+    return (
+        "`fsdpctl job resume` continues a stopped job with its own settings; "
+        "ALLOW_SETTING_CHANGES=true resumes it anyway; `fsdpctl job rerun` repeats a run in a "
+        "directory of its own; RESUME=never starts afresh"
+    )
 
 
 def first_problem(root: Path | None, cfg: TrainConfig, world: int) -> str | None:
