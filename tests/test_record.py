@@ -332,3 +332,21 @@ def test_a_record_keeps_the_losses_of_an_ended_run_and_its_id(losses, start_step
     if ended:
         assert record.problem({**now, "losses": {"1": "nan"}}) is not None
         assert record.problem({**now, "losses": {"x": 1.0}}) is not None
+
+
+@pytest.mark.parametrize("model", ["", "7b"])
+def test_a_copy_of_the_env_example_sets_no_key_off_its_default(tmp_path, model):
+    """After `cp .env.example .env` every key comes from `.env line N`, each at its default: `job
+    describe` listed about 90 keys as "not at their default" (issue 44). Only what differs from the
+    defaults (the model's own, for a model's keys) is listed, with where it came from."""
+    from conftest import ROOT
+    from fsdpctl.settings import parse_dotenv
+
+    dotenv = parse_dotenv((ROOT / ".env.example").read_text())
+    if model:
+        dotenv = {**dotenv, "MODEL": model}  # its MICRO_BATCH_SIZE, LR, ...: the model's defaults
+    rec = _rec(load(dotenv={**dotenv, "SEED": "99"}))
+    assert all(src.startswith(".env") for k, src in rec["sources"].items() if k in dotenv)
+    chosen = record.not_default(rec, record.defaults_of(rec["settings"]["MODEL"]))
+    assert set(chosen) == {"SEED", *(["MODEL"] if model else [])}
+    assert chosen["SEED"] == ("99", ".env")

@@ -139,7 +139,7 @@ def _describe_table(rec: RunRecord, where: str) -> Group:
         t.add_row("trainer", "not started yet (its start line has not been read)")
     for key, ref in rec.get("secrets", {}).items():
         t.add_row(key, ref)
-    chosen = record.not_default(rec)
+    chosen = record.not_default(rec, _defaults(rec))
     t.add_row("settings", f"{len(rec['settings'])} keys; {len(chosen)} not at their default:")
     rows = PlainTable(show_header=False, box=None, pad_edge=False)
     for _ in range(3):
@@ -147,6 +147,18 @@ def _describe_table(rec: RunRecord, where: str) -> Group:
     for key, (value, source) in chosen.items():
         rows.add_row(f"  {key}", value, source)
     return Group(t, rows)
+
+
+def _defaults(rec: RunRecord) -> dict[str, str]:
+    """The defaults of the record's model, or none where this fsdpctl cannot make them (a record of
+    a model or key it does not know): every key set is then listed, as before."""
+    from fsdpctl.errors import FsdpctlError
+    from fsdpctl.job import record
+
+    try:
+        return record.defaults_of(rec["settings"].get("MODEL", ""))
+    except FsdpctlError:
+        return {}
 
 
 def _fingerprint_text(fp: Fingerprint) -> str:

@@ -322,18 +322,31 @@ def env_text(rec: RunRecord) -> str:
     return "\n".join(lines) + "\n"
 
 
-def not_default(rec: RunRecord) -> dict[str, tuple[str, str]]:
+def not_default(
+    rec: RunRecord, defaults: Mapping[str, str] | None = None
+) -> dict[str, tuple[str, str]]:
     """KEY -> (value, where it came from) for every setting that did not come from its plain default
-    (a rerun's `record <id>: default` is still a default, and so is a value derived from the others
-    when unset, such as FSX_STORAGE_GIB)."""
+    (a rerun's `record <id>: default` is still a default, and so are a model's own defaults and a
+    value derived from the others when unset, such as FSX_STORAGE_GIB), nor equals it (`defaults`: the record's model's: a copy of
+    .env.example sets every key, each to its default)."""
     sources = rec.get("sources", {})
     chosen = {k: sources.get(k, "default") for k in rec["settings"]}
-    automatic = ("default", "derived")
+    automatic = ("default", "model default", "derived")
+    same = defaults or {}
     return {
         k: (v, chosen[k])
         for k, v in rec["settings"].items()
-        if first_source(chosen[k]) not in automatic
+        if first_source(chosen[k]) not in automatic and same.get(k) != v
     }
+
+
+def defaults_of(model: str) -> dict[str, str]:
+    """Every key at its default for `model` (its model defaults included), as a record keeps
+    them."""
+    from fsdpctl.settings import load
+
+    found = resolved_settings(load(flags={"MODEL": model} if model else {}))
+    return {**found, "MODEL": resolved_settings(load())["MODEL"]}
 
 
 def first_source(source: str) -> str:
