@@ -325,7 +325,7 @@ def test_an_unreachable_slurmctld_is_one_line_within_request_timeout_and_leaves_
     REQUEST_TIMEOUT (2 s here) and says which command did not answer, exit 1. A failed `job run`
     leaves no run record, no state and not the run's directory it made on the shared file system.
     A job whose controller does not answer is Unknown in `job status`, with what was asked: never
-    an end."""
+    an end, and exit 1, so that a script tells it from a job that is fine."""
     from fsdpctl.adapters.etcd import free_port
 
     conf = tmp_path / "slurm.conf"
@@ -348,7 +348,7 @@ def test_an_unreachable_slurmctld_is_one_line_within_request_timeout_and_leaves_
     (cli.home / "jobs" / "fsdp").mkdir(parents=True, exist_ok=True)  # its lock is there
     (cli.home / "jobs" / "fsdp" / "state.json").write_text(json.dumps(state))
     result = cli(*sets, "job", "status", "-o", "json")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # shown, and not "fine": kubectl's 1 when unreachable
     report = json.loads(result.stdout)
     assert report["phase"] == "Unknown"
     assert report["reason"].startswith("`scontrol -o show job 5` did not finish within 2 s")

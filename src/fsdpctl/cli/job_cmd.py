@@ -38,9 +38,9 @@ from fsdpctl.cli.common import (
     state,
     warn,
 )
-from fsdpctl.errors import BadInput
+from fsdpctl.errors import BadInput, ExitCode
 from fsdpctl.job import crilog, failures, runner
-from fsdpctl.job.reports import FINAL
+from fsdpctl.job.reports import FINAL, Phase
 from fsdpctl.redact import redact
 
 app = command_group(
@@ -149,6 +149,8 @@ def status(
             job_view.print_status(r, stall_after)
             if job_view.want_plot(plot):
                 job_view.print_curves(be.history(name))
+        if not watch and r["phase"] == Phase.UNKNOWN:  # shown, and told apart from "fine"
+            raise typer.Exit(ExitCode.FAILURE)
         if not watch or r["phase"] in FINAL:
             return
         time.sleep(2)

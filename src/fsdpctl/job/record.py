@@ -327,8 +327,8 @@ def not_default(
 ) -> dict[str, tuple[str, str]]:
     """KEY -> (value, where it came from) for every setting that did not come from its plain default
     (a rerun's `record <id>: default` is still a default, and so are a model's own defaults and a
-    value derived from the others when unset, such as FSX_STORAGE_GIB), nor equals it (`defaults`: the record's model's: a copy of
-    .env.example sets every key, each to its default)."""
+    value derived from the others when unset, such as FSX_STORAGE_GIB), nor equals it (`defaults`:
+    the record's model's: a copy of .env.example sets every key, each to its default)."""
     sources = rec.get("sources", {})
     chosen = {k: sources.get(k, "default") for k in rec["settings"]}
     automatic = ("default", "model default", "derived")
