@@ -410,12 +410,13 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
     )  # same name while running: refused (README: exit 2, one line)
     assert again.exit_code == 2 and "job e2e is running (" in again.stderr, again.output
 
-    deadline = time.monotonic() + 180
-    while True:
-        status = json.loads(_fsdpctl("job", "status", "-o", "json").stdout)
-        if status["step"] >= 3 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    # the event, not a pace: `job wait --for` (kubectl wait --for) returns once step 3 is done
+    reached = _fsdpctl(
+        "job", "wait", "--for", "step=3", "--timeout", "180", "-o", "json", timeout=200
+    )
+    assert reached.exit_code == 0, reached.output
+    assert json.loads(reached.stdout)["step"] >= 3
+    status = json.loads(_fsdpctl("job", "status", "-o", "json").stdout)
     assert status["phase"] == "Running" and status["step"] >= 3, status
     assert status["max_steps"] == 300 and status["eta_s"] > 0
 
@@ -435,6 +436,9 @@ def test_detached_job_over_real_etcd_status_logs_stop_and_resume(cli, tmp_path):
     assert _fsdpctl("job", "wait", "--timeout", "240", timeout=300).exit_code == 0
     final = json.loads(_fsdpctl("job", "status", "-o", "json").stdout)
     assert final["phase"] == "Succeeded" and final["step"] == 300
+    assert _fsdpctl("job", "wait", "--for", "checkpoint").exit_code == 0
+    short = _fsdpctl("job", "wait", "--for", "step=301")  # ended short of it: no wait, exit 1
+    assert short.exit_code == 1 and "before step 301" in short.stderr, short.output
     assert final["summary"]["start_step"] == after_stop["step"]
     assert "resumed from" in _fsdpctl("job", "logs").stdout
     # the token reached the trainer's environment only, never the job's files

@@ -11,7 +11,7 @@ import typer
 
 from fsdpctl import backends, files
 from fsdpctl.backends import LogLine
-from fsdpctl.cli import job_record_cmd, job_view
+from fsdpctl.cli import job_record_cmd, job_view, job_wait
 from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import (
     BackendOpt,
@@ -39,7 +39,7 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.errors import BadInput, ExitCode
-from fsdpctl.job import crilog, failures, runner
+from fsdpctl.job import crilog, failures, runner, waitfor
 from fsdpctl.job.reports import FINAL, Phase
 from fsdpctl.redact import redact
 
@@ -347,13 +347,26 @@ def wait(
     ] = None,
     backend: BackendOpt = None,
     output: Output = OutputOpt,
+    for_: Annotated[
+        str | None,
+        typer.Option(
+            "--for",
+            help="instead of its end, wait for: step=N (step N done), checkpoint (one published) or "
+            "phase=P; 0 once it holds, 1 if the job ended short of it",
+        ),
+    ] = None,
 ) -> None:
     """Wait for a job to end; the exit code says how: 0 succeeded, 3 failed, 4 not found, 5 timed
-    out, 6 stopped. -o json: {job, phase, exit_code} on stdout.
+    out, 6 stopped. -o json: {job, phase, exit_code} on stdout. With --for, wait for a condition
+    instead (as kubectl wait --for), whatever the machine's pace.
 
-    Example: fsdpctl job wait --timeout 3600 && echo trained
+    Example: fsdpctl job wait --timeout 3600 && echo trained; fsdpctl job wait first --for step=100
     """
+    cond = waitfor.parse(for_) if for_ is not None else None  # bad input before anything is asked
     be, name = resolve_job(ctx, name, backend)
+    if cond is not None:
+        job_wait.wait_for(be, name, cond, timeout, output)
+        return
     phase = be.wait(name, timeout, warn)
     try:
         end_wait(name, phase)
