@@ -18,11 +18,13 @@ unexport PYTHONDONTWRITEBYTECODE
 EXTRAS := train,trackers,plot,test,aws,k8s,lint,docs
 # a line whenever a step's output stands still for 10 s (pip unpacking torch's one big wheel shows nothing moving)
 BEAT := python3 scripts/heartbeat 10
+# pytest prints a dot per test, a line per 72: a slow test holds the line for minutes (a CI log looks hung)
+TESTBEAT := python3 scripts/heartbeat 30
 $(STAMP): pyproject.toml
 	@echo "installing into $(VENV): about 3-6 minutes and 2.2 GB on disk (torch 2.13 CPU ~0.75 GB, transformers," \
 		"datasets, the test, lint and docs tools); pip shows each download"
 	@echo "== 1/4: a virtual environment in $(VENV) (python3 -m venv) =="
-	python3 -m venv $(VENV)
+	$(BEAT) "making the venv" -- python3 -m venv $(VENV)
 	@echo "== 2/4: pip 26.3 in it (its progress bar covers unpacking too) =="
 	$(BEAT) "installing pip" -- $(PY) -m pip install --progress-bar on pip==26.3
 	@echo "== 3/4: torch 2.13.0, the CPU build (~0.75 GB; a bare \`torch\` would pull a multi-GB CUDA build) =="
@@ -45,7 +47,7 @@ quickstart: install
 $(CHECKOV):
 	@echo "== checkov 3.3.30 for the security tests, in a venv of its own (.venv-checkov: its pins clash" \
 		"with boto3's): about 1-2 minutes, pip shows each package =="
-	python3 -m venv .venv-checkov
+	$(BEAT) "making checkov's venv" -- python3 -m venv .venv-checkov
 	$(BEAT) "installing pip" -- .venv-checkov/bin/python -m pip install --progress-bar on pip==26.3
 	$(BEAT) "installing checkov" -- .venv-checkov/bin/python -m pip install --progress-bar on checkov==3.3.30
 
@@ -59,7 +61,7 @@ test: install $(CHECKOV)
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 	@beside=$$(mktemp); \
 	$(PY) -m pytest -q -p no:cacheprovider -m "slow and beside and $(SCOPE)" >$$beside 2>&1 & pid=$$!; \
-	$(PY) -m pytest -q -m "slow and not beside and $(SCOPE)"; serial=$$?; \
+	$(TESTBEAT) "the slow tests (one at a time)" -- $(PY) -m pytest -q -m "slow and not beside and $(SCOPE)"; serial=$$?; \
 	wait $$pid; besides=$$?; echo "== the slow tests run beside (exit $$besides) =="; cat $$beside; rm -f $$beside; \
 	test $$serial = 0 && test $$besides = 0
 
