@@ -531,3 +531,36 @@ def test_a_live_display_on_a_terminal_writes_through_the_one_writer(tmp_path):
     text = out.decode(errors="replace")
     assert text.count("a line on stdout while the bar shows") == 3, text
     assert text.count("a plain print while the bar shows") == 3 and "done" in text, text
+
+
+def test_a_followed_job_speaks_off_a_terminal(capsys, monkeypatch):
+    """Off a terminal no bar is drawn (rich draws its live display only on one), and a followed job
+    or quickstart was silent until its end (65 s in the quickstart; issue 44). Now: a plain line when
+    its stage changes, and one every PLAIN_EVERY_S while it stays."""
+    from fsdpctl.cli import job_view
+
+    clock = [100.0]
+    monkeypatch.setattr(job_view.time, "monotonic", lambda: clock[0])
+    base = {"phase": "Running", "max_steps": None, "prestep": None, "step": 0, "loss": None}
+    seen = [
+        {**base, "phase": "Pending"},
+        {**base, "stage": "rendezvous 1/2"},
+        {**base, "stage": "rendezvous 1/2"},  # the same stage: nothing new to say
+        {**base, "stage": "loading data"},
+        {**base, "max_steps": 600, "step": 3, "loss": 4.5, "tokens_per_s": 900.0},
+        {**base, "max_steps": 600, "step": 9, "loss": 4.1, "tokens_per_s": 910.0},  # < 30 s
+    ]
+    spoken = job_view.Spoken("first")
+    for r in seen:
+        spoken.say(r)
+        clock[0] += 5
+    clock[0] += job_view.PLAIN_EVERY_S
+    spoken.say({**base, "max_steps": 600, "step": 200, "loss": 3.0, "tokens_per_s": 905.0})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "first: pending ...",
+        "first: rendezvous 1/2 ...",
+        "first: loading data ...",
+        "first: step 3/600 | loss 4.5000 | 900 tok/s",
+        "first: step 200/600 | loss 3.0000 | 905 tok/s",
+    ]

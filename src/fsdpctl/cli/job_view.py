@@ -55,6 +55,7 @@ def follow(backend: Backend, name: str) -> Report | None:
         TimeElapsedColumn(),
     )
     warned: set[str] = set()
+    spoken = Spoken(name)
     with _signals_as_ctrl_c():
         try:
             with Progress(*columns, console=err) as bar:
@@ -66,6 +67,8 @@ def follow(backend: Backend, name: str) -> Report | None:
                             warned.add(line)
                             bar.console.print("[yellow]warning:[/] " + escape(redact(line)))
                     _advance(bar, task, r)
+                    if not err.is_terminal:  # no bar is drawn: a plain line now and then
+                        spoken.say(r)
                     if r["phase"] in FINAL:
                         return r
                     time.sleep(backend.poll_s)
@@ -107,6 +110,39 @@ def _signals_as_ctrl_c() -> Iterator[None]:
     finally:
         for sig, previous in saved.items():
             signal.signal(sig, previous)
+
+
+# off a terminal (a CI log, `| tee`), where no bar is drawn, a followed job says where it is this often,
+# and at once when its stage changes
+PLAIN_EVERY_S = 30.0
+
+
+class Spoken:
+    """A followed job's progress as plain lines where no bar is drawn: one per stage (starting,
+    downloading, rendezvous 1/2, training, ...) and, within one, one every PLAIN_EVERY_S."""
+
+    def __init__(self, job: str) -> None:
+        self.job, self.stage, self.at = job, "", 0.0
+
+    def say(self, r: Report) -> None:
+        stage, line = plain_line(r)
+        now = time.monotonic()
+        if stage != self.stage or now - self.at >= PLAIN_EVERY_S:
+            err.print(escape(redact(f"{self.job}: {line}")), highlight=False)
+            self.stage, self.at = stage, now
+
+
+def plain_line(r: Report) -> tuple[str, str]:
+    """(stage, line) of a report, as the bar would show it."""
+    if r["max_steps"]:
+        loss = f" | loss {r['loss']:.4f}" if r["loss"] is not None else ""
+        speed = f" | {r['tokens_per_s']:.0f} tok/s" if r["tokens_per_s"] else ""
+        return "training", f"step {r['step']}/{r['max_steps']}{loss}{speed}"
+    if (pre := r.get("prestep")) and pre["phase"] in ("Pending", "Running"):
+        return "downloading", f"downloading {prestep.describe(pre).partition(': ')[2]} ..."
+    stage = r.get("stage") if r["phase"] == "Running" else None
+    what = str(stage or r["phase"]).lower()
+    return what, f"{what} ..."
 
 
 def _advance(bar: Any, task: Any, r: Report) -> None:
