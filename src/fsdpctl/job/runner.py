@@ -16,6 +16,8 @@ list, over any scheduler).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -78,7 +80,9 @@ def run(
         saved = record_store.save(rec)
         intent.write(jdir, be.name, mine)
         try:
+            failpoint("intent")
             sub = be.submit(run_id=run_id, record=rec, replace=replace)
+            failpoint("submitted")
         except BaseException as e:
             found = _cancel_found(be, mine, e)
             record_store.discard(saved)
@@ -91,6 +95,7 @@ def run(
             raise
         try:
             _record(jdir, be, cfg, run_id, sub)
+            failpoint("recorded")
             intent.clear(jdir)
         except BaseException as e:  # Ctrl-C or SIGTERM too: a run nobody recorded is a run lost
             err = _undone(be, name, sub, e)
@@ -98,6 +103,21 @@ def run(
                 intent.clear(jdir)
             raise err from e
     return Started(name, run_id, sub.where)
+
+
+FAILPOINT_ENV = "FSDPCTL_TEST_FAILPOINT"
+FAILPOINTS = ("intent", "submitted", "recorded")
+
+
+def failpoint(at: str) -> None:
+    """Test-only (FSDPCTL_TEST_* is the test suite's): FSDPCTL_TEST_FAILPOINT=<at>:<SIGNAL> sends
+    this process SIGNAL (SIGINT, SIGTERM, SIGKILL) at point `at` of a submit: `intent` (written,
+    nothing submitted), `submitted` (the place took it, nothing recorded), `recorded` (the state
+    written, the intent not yet cleared). tests/test_ownership_local.py interrupts `job run` there;
+    unset, it does nothing."""
+    point, _, name = os.environ.get(FAILPOINT_ENV, "").partition(":")
+    if point == at and name in ("SIGINT", "SIGTERM", "SIGKILL"):
+        os.kill(os.getpid(), getattr(signal, name))
 
 
 def _said(e: BaseException) -> str:
