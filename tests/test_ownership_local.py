@@ -310,8 +310,9 @@ def test_an_interrupted_job_run_then_another_runs_exactly_one(tmp_path, point, s
         assert "Traceback" not in first.stderr, first.stderr
         second = _fsdpctl(home, "job", "run", "-d", "-s", f"JOB_NAME={job}")
         assert second.returncode in (0, 2), second.stdout + second.stderr
-        if second.returncode == 2:
-            assert "already running" in second.stderr, second.stderr
+        if second.returncode == 2:  # the first's run, found by its token, recorded, and so running
+            assert "found by its token and recorded" in second.stderr, second.stderr
+            assert f"job {job} is running" in second.stderr, second.stderr
         sups = supervisors(home, job)
         assert len(sups) == 1, (point, sig, sups, first.stderr, second.stderr)
         st = json.loads((home / "jobs" / job / "state.json").read_text())
