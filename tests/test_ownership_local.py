@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests import state_home
 from tests.invariants import snapshot, written
 
@@ -154,8 +153,10 @@ def test_cleanup_changes_only_what_this_home_owns(template, tmp_path, cli, monke
             after = snapshot(b)
             changed = {p for p in before if p not in after} | set(written(before, after))
             dry = "--dry-run" in args
-            may_go = not dry and "--checkpoints" in args and (
-                who == "own" or (who == "no owner" and "--force" in args)
+            may_go = (
+                not dry
+                and "--checkpoints" in args
+                and (who == "own" or (who == "no owner" and "--force" in args))
             )
             for p in changed:
                 rel = p.relative_to(b).parts
@@ -199,7 +200,12 @@ def _fsdpctl(home: Path, *args: str, env: dict[str, str] | None = None, timeout:
         **(env or {}),
     }
     return subprocess.run(
-        [*exe, *args], env=full, cwd=home.parent, capture_output=True, text=True, timeout=timeout,
+        [*exe, *args],
+        env=full,
+        cwd=home.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
 
@@ -266,7 +272,11 @@ def test_job_run_writes_only_into_its_own_checkpoints(template, tmp_path, who, r
                 st = json.loads((b / "jobs" / JOB / "state.json").read_text())
                 with _as_home(b):
                     mark = owner.read_file(ckpt)
-                    assert (mark.home, mark.job, mark.run_id) == (owner.home_id(), JOB, st["run_id"])
+                    assert (mark.home, mark.job, mark.run_id) == (
+                        owner.home_id(),
+                        JOB,
+                        st["run_id"],
+                    )
                 assert supervisors(b, JOB)
             assert _other(a) == other_before
         finally:
@@ -303,7 +313,12 @@ def test_an_interrupted_job_run_then_another_runs_exactly_one(tmp_path, point, s
     job = "once"
     try:
         first = _fsdpctl(
-            home, "job", "run", "-d", "-s", f"JOB_NAME={job}",
+            home,
+            "job",
+            "run",
+            "-d",
+            "-s",
+            f"JOB_NAME={job}",
             env={"FSDPCTL_TEST_FAILPOINT": f"{point}:{sig}"},
         )
         assert first.returncode != 0, first.stdout + first.stderr
