@@ -101,13 +101,19 @@ def cleanup(
     kept = [line for be in places for line in getattr(be, "kept", ())]
     data = {"dry_run": "client" if dry_run else "none", "removed": removed, "skipped": notes}
     if not emit({**data, "kept": kept, "checkpoints": checkpoints}, output):
-        for item in removed:
-            out.print(("would remove " if dry_run else "removed ") + item, markup=False)
-        for line in kept:  # "kept <what>: <why> (owner: <describe>)", the shape every backend uses
-            out.print("kept " + line, markup=False)
+        _say(removed, kept, dry_run)
     left = "" if checkpoints else "; checkpoints kept"
     left += f"; {len(kept)} kept (not proven this home's)" if kept else ""
     ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items{left}")
+
+
+def _say(removed: list[str], kept: list[str], dry_run: bool) -> None:
+    """The lines every backend's items make (docs/ownership.md): "removed <what> (owner: ...)" or
+    "would remove ...", then "kept <what>: <why> (owner: ...)"."""
+    for item in removed:
+        out.print(("would remove " if dry_run else "removed ") + item, markup=False)
+    for line in kept:
+        out.print("kept " + line, markup=False)
 
 
 def _places(cfg: Config, job: str | None, flag: str | None) -> list[backends.Backend]:

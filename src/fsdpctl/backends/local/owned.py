@@ -83,8 +83,8 @@ def claim(directory: Path | None, mine: Owner) -> None:
     """The run's owner file in the job's checkpoint directory (made if missing, as the claim's root
     and parents the kubelet and volume-prep would make): written before the run starts, so nothing
     of the run is on the shared volume without it."""
-    if directory is None:
-        return
+    if directory is None or not files.reached_without_link(directory, files.home()):
+        return  # a claim linked elsewhere: neither written through nor ever cleaned (cleanup keeps it)
     claim_root = files.home() / Path(*directory.relative_to(files.home()).parts[:2])
     kubelet.make_claim(claim_root)
     if os.geteuid() == 0:  # what the pre-step's volume-prep (run as root) makes: the trainer's
