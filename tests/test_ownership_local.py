@@ -352,3 +352,40 @@ def test_the_failpoint_is_inert_unless_named(monkeypatch):
     monkeypatch.setenv(runner.FAILPOINT_ENV, "intent:SIGTERM")
     runner.failpoint("intent")
     assert sent == [signal.SIGTERM]
+
+
+# ---- where the owner file goes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pvc", ["", "ck"])
+@pytest.mark.parametrize("shared", ["fsx-claim", ""])
+@pytest.mark.parametrize("subdir", ["", "r2", "a/b"])
+def test_the_owner_file_goes_where_cleanup_looks(cli, pvc, shared, subdir):
+    """For every placement of checkpoints (the shared volume, CHECKPOINT_PVC, pod-local) and any
+    CHECKPOINT_SUBDIR: the owner file's directory is the job's own one on the claim, the directory
+    `cleanup --checkpoints` derives and removes (state.checkpoint_dir), above the run's subdirectory;
+    none without a claim (pod-local checkpoints are in this home's job directory, shared with nobody).
+    A claim linked elsewhere gets none written through the link."""
+    from fsdpctl import files
+    from fsdpctl.backends.local import engine, owned
+    from fsdpctl.job import owner, render
+    from fsdpctl.settings import load
+
+    flags = {"JOB_NAME": "jj", "CHECKPOINT_PVC": pvc, "SHARED_VOLUME": shared}
+    flags |= {"CHECKPOINT_SUBDIR": subdir} | ({} if shared or pvc else {"JOB_NODES": "1"})
+    *_, job = render.render_job(load(flags=flags), "r1", "x")
+    spec = engine.spec_from_job(job, files.home() / "jobs" / "jj")
+    found = owned.checkpoint_dir(spec, "jj")
+    claim = pvc or shared
+    if not claim:
+        assert found is None
+        return
+    want = files.home() / "volumes" / claim / ("jj" if pvc else "checkpoints/jj")
+    assert found == want
+    assert engine.mapped_env(spec, 0)["CHECKPOINT_DIR"] == str(want / subdir if subdir else want)
+    elsewhere = cli.home.parent / "elsewhere"
+    elsewhere.mkdir()
+    (files.home() / "volumes").mkdir(parents=True)
+    (files.home() / "volumes" / claim).symlink_to(elsewhere)
+    owned.claim(found, owner.Owner(owner.home_id(), "jj", "r1"))
+    assert list(elsewhere.iterdir()) == []

@@ -420,7 +420,7 @@ def _clean_job(
                     kept.append(f"{path}: {why} (owner: {mark.describe()})")
         for path in doomed if not dry_run else []:
             _remove(path)
-        return left + items
+        return [f"{x} (owner: {here.describe()})" for x in left] + items
 
 
 def _checkpoints_of(st: LocalState, notes: list[str]) -> list[Path]:
