@@ -46,6 +46,8 @@ class LocalBackend:
         self.cfg = cfg
         # what list_jobs and cleanup skipped (a stray file, a damaged state)
         self.notes: list[str] = []
+        # what the last cleanup kept, "<what>: <why> (owner: ...)" (cli.cleanup_cmd prints "kept ...")
+        self.kept: list[str] = []
         self.history_source = ""  # the log `history` read
 
     def _rendered(self, run_id: str, record_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -342,7 +344,7 @@ class LocalBackend:
         shared volume when its owner file proves it this home's job's (with `force`, also one that
         has no owner file). Each item names its owner; what is kept is in `kept`, with why."""
         removed = []
-        self.kept: list[str] = []
+        self.kept = []
         for st in local.list_jobs(self.notes):
             if job is not None and st["job"] != job:
                 continue
@@ -408,7 +410,9 @@ def _clean_job(
         doomed = sorted(p for p in jdir.iterdir() if p.name != lock.NAME)
         doomed = [p for p in doomed if checkpoints or p.name != "checkpoints"]
         # the job's own directory is this home's by where it is (FSDPCTL_HOME/jobs/<job>)
-        here = Mark(owned.this_home() or "this home", st["job"], run_id=st["run_id"])
+        here = Mark(
+            owned.this_home() or "(this home, no home-id yet)", st["job"], run_id=st["run_id"]
+        )
         items = [f"{p} (owner: {here.describe()})" for p in doomed]
         if checkpoints:
             for path in _checkpoints_of(st, notes):
