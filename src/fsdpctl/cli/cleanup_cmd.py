@@ -40,6 +40,14 @@ def cleanup(
         bool, typer.Option("--checkpoints", help="also delete the ended jobs' checkpoints")
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="also remove what carries no fsdpctl owner (made before owner marks, or by hand); "
+            "never what another home or job owns",
+        ),
+    ] = False,
     dry_run: DryRunOpt = False,
     backend: Annotated[
         str | None,
@@ -56,8 +64,10 @@ def cleanup(
     etcd keeps running); on this machine the job's logs, state, etcd data and node disks, and a
     network its supervisor did not tear down; on Slurm its runs' scripts and logs on the shared file
     system. Checkpoints stay unless --checkpoints; run records stay (`job diff` reads them). Running
-    jobs, and jobs whose place cannot say whether they still run, are never touched. Lists what it
-    would remove and asks first, unless --yes.
+    jobs, and jobs whose place cannot say whether they still run, are never touched. Only what
+    carries this home's owner mark goes (docs/ownership.md); each line names the owner, and what is
+    kept says why ("kept <what>: <why> (owner: ...)"). Lists what it would remove and asks first,
+    unless --yes.
 
     Example: fsdpctl cleanup --dry-run
     """
@@ -71,7 +81,7 @@ def cleanup(
         return [
             item
             for be in places
-            for item in be.cleanup(checkpoints=checkpoints, dry_run=dry, job=job)
+            for item in be.cleanup(checkpoints=checkpoints, dry_run=dry, job=job, force=force)
         ]
 
     doomed: list[str] = []
@@ -88,12 +98,22 @@ def cleanup(
             )
     removed = clean(dry_run) if dry_run or yes or doomed else []
     notes = _warn_notes(places, warned)
+    kept = [line for be in places for line in getattr(be, "kept", ())]
     data = {"dry_run": "client" if dry_run else "none", "removed": removed, "skipped": notes}
-    if not emit({**data, "checkpoints": checkpoints}, output):
-        for item in removed:
-            out.print(("would remove " if dry_run else "removed ") + item, markup=False)
-    kept = "" if checkpoints else "; checkpoints kept"
-    ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items{kept}")
+    if not emit({**data, "kept": kept, "checkpoints": checkpoints}, output):
+        _say(removed, kept, dry_run)
+    left = "" if checkpoints else "; checkpoints kept"
+    left += f"; {len(kept)} kept (not proven this home's)" if kept else ""
+    ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items{left}")
+
+
+def _say(removed: list[str], kept: list[str], dry_run: bool) -> None:
+    """The lines every backend's items make (docs/ownership.md): "removed <what> (owner: ...)" or
+    "would remove ...", then "kept <what>: <why> (owner: ...)"."""
+    for item in removed:
+        out.print(("would remove " if dry_run else "removed ") + item, markup=False)
+    for line in kept:
+        out.print("kept " + line, markup=False)
 
 
 def _places(cfg: Config, job: str | None, flag: str | None) -> list[backends.Backend]:

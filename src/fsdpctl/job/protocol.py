@@ -174,6 +174,11 @@ class Backend(Protocol):
         end."""
         ...
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
-        """Each ended job's files (only `job`'s when given); with `checkpoints` its checkpoints."""
+    def cleanup(
+        self, *, checkpoints: bool, dry_run: bool, job: str | None = None, force: bool = False
+    ) -> list[str]:
+        """Each ended job's files (only `job`'s when given); with `checkpoints` its checkpoints.
+        Only what carries this home's owner mark; with `force` also what carries none (never
+        another home's or job's). Each item is "<what> (owner: <Mark.describe()>)"; what is kept
+        goes to the backend's `kept` list as "<what>: <why> (owner: ...)" (docs/ownership.md)."""
         ...

@@ -16,6 +16,7 @@ list, over any scheduler).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -85,13 +86,31 @@ def run(
             sub = _submit(be, mine, rec, replace, saved, jdir)
             try:
                 _record(jdir, be, cfg, run_id, sub)
-                intent.clear(jdir)
             except BaseException as e:  # Ctrl-C or SIGTERM too: a run nobody recorded is lost
                 err = _undone(be, name, sub, e)
                 if "cancelled" in str(err):
                     intent.clear(jdir)
                 raise err from e
+            # recorded: a signal from here on leaves the run running and named (an intent left
+            # behind is settled by the next verb: the state already names its run)
+            failpoint("recorded")
+            intent.clear(jdir)
     return Started(name, run_id, sub.where)
+
+
+FAILPOINT_ENV = "FSDPCTL_TEST_FAILPOINT"
+FAILPOINTS = ("intent", "submitted", "recorded")
+
+
+def failpoint(at: str) -> None:
+    """Test-only (FSDPCTL_TEST_* is the test suite's): FSDPCTL_TEST_FAILPOINT=<at>:<SIGNAL> sends
+    this process SIGNAL (SIGINT, SIGTERM, SIGKILL) at point `at` of a submit: `intent` (written,
+    nothing submitted), `submitted` (the place took it, nothing recorded), `recorded` (the state
+    written, the intent not yet cleared). tests/test_ownership_local.py interrupts `job run` there;
+    unset, it does nothing."""
+    point, _, name = os.environ.get(FAILPOINT_ENV, "").partition(":")
+    if point == at and name in ("SIGINT", "SIGTERM", "SIGKILL"):
+        os.kill(os.getpid(), getattr(signal, name))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -134,7 +153,10 @@ def _submit(
     line says which: nothing of the run is left running unnamed. A place that cannot be asked
     keeps the intent, for the next verb to settle."""
     try:
-        return be.submit(run_id=mine.run_id, record=rec, replace=replace)
+        failpoint("intent")
+        sub = be.submit(run_id=mine.run_id, record=rec, replace=replace)
+        failpoint("submitted")
+        return sub
     except BaseException as e:
         found = _cancel_found(be, mine)
         record_store.discard(saved)

@@ -13,6 +13,7 @@ from typing import Any
 from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.local import engine as local
+from fsdpctl.backends.local import owned
 from fsdpctl.backends.local import state as local_state
 from fsdpctl.backends.local.report import failed_log, job_report, no_logs, run_events
 from fsdpctl.backends.local.state import LocalState
@@ -22,7 +23,7 @@ from fsdpctl.job import crilog, lock, render
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
-from fsdpctl.job.owner import Owner
+from fsdpctl.job.owner import Mark, Owner
 from fsdpctl.job.progress import (
     across_runs,
     run_outcome,
@@ -45,6 +46,8 @@ class LocalBackend:
         self.cfg = cfg
         # what list_jobs and cleanup skipped (a stray file, a damaged state)
         self.notes: list[str] = []
+        # what the last cleanup kept, "<what>: <why> (owner: ...)" (cli.cleanup_cmd prints "kept ...")
+        self.kept: list[str] = []
         self.history_source = ""  # the log `history` read
 
     def _rendered(self, run_id: str, record_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -65,6 +68,11 @@ class LocalBackend:
             lines.append(str(e))
         _, job = self._rendered("refusals", "")
         if refusal := self._resume_refusal(job):
+            lines.append(refusal)
+        spec = local.spec_from_job(job, local.job_dir(self.cfg.job_name))
+        if refusal := owned.refusal(
+            owned.checkpoint_dir(spec, self.cfg.job_name), self.cfg.job_name
+        ):
             lines.append(refusal)
         return lines
 
@@ -98,7 +106,7 @@ class LocalBackend:
             st = local.start(
                 job, secret_env=secret_env(self.cfg), prestep=_prestep_job(infra), settle_s=settle
             )
-        except (local.JobBusy, local.CorruptState) as e:  # running, or not a state fsdpctl made
+        except (local.JobBusy, local.CorruptState, local.NotOurs) as e:  # running, not fsdpctl's
             raise FsdpctlError(str(e), code=ExitCode.BAD_INPUT) from e
         except OSError as e:  # the home cannot take the job's files: nothing was started
             raise FsdpctlError(f"cannot start job {self.cfg.job_name}: {files.why(e)}") from e
@@ -328,17 +336,26 @@ class LocalBackend:
         self._state(name)
         return local.effective_phase(local.wait(name, timeout=timeout)) or Phase.FAILED
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
+    def cleanup(
+        self, *, checkpoints: bool, dry_run: bool, job: str | None = None, force: bool = False
+    ) -> list[str]:
         """Everything of each ended job (only `job`'s when given) but its checkpoints (unless
         asked): logs, state, etcd data, node disks; with `checkpoints` also its directory on the
-        shared volume."""
+        shared volume when its owner file proves it this home's job's (with `force`, also one that
+        has no owner file). Each item names its owner; what is kept is in `kept`, with why."""
         removed = []
+        self.kept = []
         for st in local.list_jobs(self.notes):
             if job is not None and st["job"] != job:
                 continue
             try:
                 removed += _clean_job(
-                    st, checkpoints=checkpoints, dry_run=dry_run, notes=self.notes
+                    st,
+                    checkpoints=checkpoints,
+                    dry_run=dry_run,
+                    notes=self.notes,
+                    kept=self.kept,
+                    force=force,
                 )
             except (lock.CorruptLock, lock.Busy) as e:  # nothing of it is touched
                 self.notes.append(f"{e}: skipped")
@@ -366,13 +383,21 @@ def _stop_note(st: LocalState, at: int) -> str:
     return f"the launchers to exit: no step trained yet ({grace})"
 
 
-def _clean_job(st: LocalState, *, checkpoints: bool, dry_run: bool, notes: list[str]) -> list[str]:
+def _clean_job(
+    st: LocalState,
+    *,
+    checkpoints: bool,
+    dry_run: bool,
+    notes: list[str],
+    kept: list[str],
+    force: bool,
+) -> list[str]:
     """One ended job's files, with its lock held (no `job run` of it starts meanwhile); none while
     its supervisor holds the lock or any process of the job lives. The lock file stays: a starter
     may hold it. What goes is derived, never read from the state (README "What cleanup may delete"):
     the entries of the job's own directory (a link among them is removed, never followed) and, with
-    `checkpoints`, the checkpoint directory fsdpctl derives for the job
-    (state.checkpoint_dir)."""
+    `checkpoints`, the checkpoint directory fsdpctl derives for the job (state.checkpoint_dir) when
+    its owner file proves it this home's job's (owned.verdict)."""
     jdir = local.job_dir(st["job"])
     with lock.held(jdir, wait_s=0, create=not dry_run):
         if local.effective_phase(st) in local.ACTIVE or local.job_processes(st["job"]):
@@ -384,11 +409,22 @@ def _clean_job(st: LocalState, *, checkpoints: bool, dry_run: bool, notes: list[
             local.end_leftovers(st)
         doomed = sorted(p for p in jdir.iterdir() if p.name != lock.NAME)
         doomed = [p for p in doomed if checkpoints or p.name != "checkpoints"]
+        # the job's own directory is this home's by where it is (FSDPCTL_HOME/jobs/<job>)
+        here = Mark(
+            owned.this_home() or "(this home, no home-id yet)", st["job"], run_id=st["run_id"]
+        )
+        items = [f"{p} (owner: {here.describe()})" for p in doomed]
         if checkpoints:
-            doomed += _checkpoints_of(st, notes)
+            for path in _checkpoints_of(st, notes):
+                ours, why, mark = owned.verdict(path, st["job"], force=force)
+                if ours:
+                    doomed.append(path)
+                    items.append(f"{path} (owner: {mark.describe()})")
+                else:
+                    kept.append(f"{path}: {why} (owner: {mark.describe()})")
         for path in doomed if not dry_run else []:
             _remove(path)
-        return left + [str(p) for p in doomed]
+        return [f"{x} (owner: {here.describe()})" for x in left] + items
 
 
 def _checkpoints_of(st: LocalState, notes: list[str]) -> list[Path]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from fsdpctl import files
 from fsdpctl.adapters import netns, shell
+from fsdpctl.backends.local import owned
 from fsdpctl.backends.local.pods import (
     grace_in,
     grace_s,
@@ -69,6 +70,7 @@ from fsdpctl.backends.local.state import (
     JobBusy,
     LocalJobError,
     LocalState,
+    NotOurs,
     in_home,
     job_dir,
     log_dir,
@@ -97,6 +99,7 @@ from fsdpctl.backends.local.status import (
 )
 from fsdpctl.backends.local.supervisor import exit_code, prestep_state, supervise, verdict
 from fsdpctl.job import state as core
+from fsdpctl.job.owner import Owner, home_id
 from fsdpctl.job.reports import Phase
 
 
@@ -119,6 +122,8 @@ def start(
         time.sleep(0.1)
     if busy:
         raise JobBusy(_busy_note(name, jdir, busy))
+    if why := owned.refusal(owned.checkpoint_dir(spec_from_job(job, jdir), name), name):
+        raise NotOurs(why)  # checked with the lock held: a refusals() look may be stale
     return _start_locked(job, jdir, secret_env, prestep)
 
 
@@ -151,6 +156,8 @@ def _start_locked(job: dict, jdir: Path, secret_env: dict[str, str], prestep: di
     spec = spec_from_job(job, jdir)
     if prestep is not None:
         spec["prestep"] = prestep_spec(prestep, jdir)
+    # the owner file first: nothing of the run is on a shared volume without it
+    owned.claim(owned.checkpoint_dir(spec, name), Owner(home_id(), name, spec["run_id"]))
     shutil.rmtree(jdir / "nodes", ignore_errors=True)  # new pods get new emptyDirs
     log_dir = jdir / "logs" / spec["run_id"]
     files.make_dirs(log_dir)

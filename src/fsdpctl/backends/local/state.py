@@ -158,6 +158,11 @@ class JobBusy(LocalJobError):
     """`job run` of a job whose run is active or some process of which still lives."""
 
 
+class NotOurs(LocalJobError):
+    """`job run` of a job whose checkpoint directory on a claim another home's or another job's
+    owner file names (fsdpctl.backends.local.owned)."""
+
+
 CorruptState = core.Damaged  # a state.json that cannot be read as a job's state
 
 

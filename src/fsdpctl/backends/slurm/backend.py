@@ -494,7 +494,9 @@ class SlurmBackend:
             time.sleep(self.poll_s)
         return seen.phase
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
+    def cleanup(
+        self, *, checkpoints: bool, dry_run: bool, job: str | None = None, force: bool = False
+    ) -> list[str]:
         """Each ended job (only `job` when given) with its lock held: its runs' files on the shared
         file system (SHARED_VOLUME_PATH/fsdpctl/slurm/<job>/, derived), its directory here; with
         `checkpoints` its checkpoint directory too. A job Slurm cannot say has ended is kept."""
