@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -174,6 +175,24 @@ def failpoint_hold(environ: Mapping[str, str]) -> tuple[int, str] | None:
     if name == "hold-until-file" and not path:
         return None
     return int(step), path if name == "hold-until-file" else ""
+
+
+# FSDPTRAIN_TRACE=DIR: what the elastic-resume tests count (tests/test_elastic.py): each rank's data
+# positions (fsdptrain.data.Loader) and, after a resume, the whole model as loaded. Only tests set it.
+TRACE_ENV = "FSDPTRAIN_TRACE"
+
+
+def trace_loaded(model: nn.Module, step: int) -> None:
+    """Collective, with FSDPTRAIN_TRACE only: rank 0 writes the model's full parameters as this run
+    loaded them (gathered from the shards of this world), to compare with the checkpoint's."""
+    trace = os.environ.get(TRACE_ENV)
+    if not trace:
+        return
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=options)
+    if dist.get_rank() == 0:
+        name = f"loaded-step{step:08d}-world{dist.get_world_size()}.pt"
+        torch.save(full, Path(trace) / name)
 
 
 def die_on_rank0() -> None:
