@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SAME, CONSTANT, PER_RANK = "same", "constant", "per-rank"
+# FRESH: no checkpoint, this run's world sets the job's global batch
+FRESH, CONSTANT, PER_RANK = "fresh", "constant", "per-rank"
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Batch:
     grad_accum: int  # micro-batches per rank per optimizer step, as trained (not the setting)
     global_batch: int  # sequences per optimizer step on this world
     target: int  # the job's global batch, fixed by the world it started on
-    rule: str  # SAME (the world that set the target), CONSTANT or PER_RANK
+    rule: str  # FRESH, CONSTANT or PER_RANK
 
     def as_meta(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,8 +50,8 @@ def batch_for(*, micro_batch: int, grad_accum: int, world: int, target: int | No
     """The rule applied to a run of `world` ranks whose job's global batch is `target` (None: a
     fresh start, whose own world sets it)."""
     own = micro_batch * grad_accum * world
-    if target is None or target == own:
-        return Batch(world, grad_accum, own, own if target is None else target, SAME)
+    if target is None:
+        return Batch(world, grad_accum, own, own, FRESH)
     per_step = micro_batch * world  # sequences one micro-batch on every rank takes
     if target % per_step == 0:
         return Batch(world, target // per_step, target, target, CONSTANT)
