@@ -444,7 +444,10 @@ def _unreadable_line(failed: list[tuple[int, tuple[str, str, str]]], *, explicit
 
 def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
     """Collective. Restores model, optimizer and this rank's RNG; returns the trainer state from
-    meta.json."""
+    meta.json. On any world size: DCP reads into this world's shards whatever layout saved them
+    (torch 2.13 torch/distributed/checkpoint/default_planner.py, create_default_local_load_plan:
+    "handles resharding by issuing multiple read requests"); the RNG only on the world that saved
+    it, whose ranks are these ranks (fsdptrain.elastic)."""
     meta_file = path / META
     if not meta_file.is_file():
         raise CheckpointError(
