@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdptrain import checkpoint as ckpt
-from fsdptrain import events
+from fsdptrain import elastic, events
 from fsdptrain.config import BUILTIN, TrainConfig, resolve_deterministic
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.hostmem import keep_host_memory
@@ -79,6 +79,16 @@ class Training:
     tracker_run: str = ""
     # where ranks agree to stop: a gloo group on GPUs, None (the default) on CPU
     control_group: Any = None
+    # the global batch on this world, and the rule that made it (fsdptrain.elastic); None only in
+    # a Training built by hand (tests): then GRAD_ACCUM_STEPS as set
+    batch: elastic.Batch | None = None
+    # every world change of the job up to this run's, oldest first: kept in each checkpoint
+    world_changes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per rank per step as trained: GRAD_ACCUM_STEPS unless the world changed."""
+        return self.batch.grad_accum if self.batch is not None else self.cfg.grad_accum_steps
 
 
 def set_up_torch(cfg: TrainConfig, device: torch.device) -> bool:
@@ -111,6 +121,7 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
     start_step, consumed = (meta["step"], meta["consumed"]) if meta is not None else (0, 0)
     if resumed_from is not None:
         rt.log(f"resumed from {resumed_from} at step {start_step}")
+    batch, world_changes = _elastic(cfg, rt, meta, resumed_from)
     n_params, embed_params = param_counts(model)
     return Training(
         cfg=cfg,
@@ -134,7 +145,7 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
             n_params, embed_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.seq_len
         ),
         peak_tflops=peak_tflops(rt.device, cfg.precision, cfg.peak_tflops),
-        tokens_per_step=cfg.micro_batch_size * cfg.seq_len * cfg.grad_accum_steps * rt.world,
+        tokens_per_step=batch.global_batch * cfg.seq_len,
         gpu=GpuTelemetry(rt.device),
         kill_at_save=ckpt.failpoint_step(os.environ),
         slow_save_s=ckpt.failpoint_slow_save(os.environ),
@@ -142,7 +153,60 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
         tracker_run=_tracker_run(cfg, meta),
         # collective: every rank makes it here, in the same order
         control_group=dist.new_group(backend="gloo") if rt.device.type == "cuda" else None,
+        batch=batch,
+        world_changes=world_changes,
     )
+
+
+def _elastic(
+    cfg: TrainConfig, rt: Runtime, meta: dict[str, Any] | None, resumed_from: Path | None
+) -> tuple[elastic.Batch, list[dict[str, Any]]]:
+    """The global batch rule on this world (fsdptrain.elastic), and the job's world changes with
+    this run's own when it resumed a checkpoint saved on another world: then a log line says which
+    rule applied and a `world` event records it."""
+    batch = elastic.batch_for(
+        micro_batch=cfg.micro_batch_size,
+        grad_accum=cfg.grad_accum_steps,
+        world=rt.world,
+        target=elastic.job_target(
+            meta, micro_batch=cfg.micro_batch_size, grad_accum=cfg.grad_accum_steps
+        ),
+    )
+    changes = elastic.changes(meta)
+    was = meta.get("world_size") if meta is not None else None
+    if meta is None or not isinstance(was, int) or was == rt.world:
+        return batch, changes
+    step = int(meta["step"])
+    event = events.World(
+        step=step,
+        from_world=was,
+        to_world=rt.world,
+        from_nodes=meta.get("nodes") if isinstance(meta.get("nodes"), int) else None,
+        to_nodes=nodes(rt),
+        rule=batch.rule,
+        grad_accum=batch.grad_accum,
+        global_batch=batch.global_batch,
+        target_global_batch=batch.target,
+        checkpoint=str(resumed_from),
+        time=time.time(),
+    )
+    rt.log(
+        elastic.describe(
+            batch,
+            was=was,
+            micro_batch=cfg.micro_batch_size,
+            grad_accum=cfg.grad_accum_steps,
+            step=step,
+        )
+    )
+    rt.emit(event)
+    return batch, [*changes, events.as_record(event)]
+
+
+def nodes(rt: Runtime) -> int:
+    """The job's nodes: its ranks over the processes each node runs (torchrun's LOCAL_WORLD_SIZE,
+    the same on every node here)."""
+    return max(1, rt.world // max(1, rt.local_world))
 
 
 def _compile_and_checkpointing(
@@ -169,7 +233,7 @@ def _resume(
     """The checkpoint RESUME names, loaded into the model and the optimizer: (its path, its
     meta.json), or (None, None) for a fresh start (fsdptrain.checkpoint.resume)."""
     rt.emit(events.Stage(stage="choosing a checkpoint to resume", time=time.time()))
-    return ckpt.resume(  # one decision for every rank
+    path, meta = ckpt.resume(  # one decision for every rank
         root,
         cfg.resume,
         model=model,
@@ -177,10 +241,14 @@ def _resume(
         check=lambda meta, where: resume_problem(meta, cfg, rt.world, where=where),
         log=rt.log,
     )
+    if meta is not None:
+        ckpt.trace_loaded(model, int(meta["step"]))
+    return path, meta
 
 
 def _loader(cfg: TrainConfig, rt: Runtime, blocks: Any, consumed: int) -> Loader:
     """This rank's micro-batches, from the first block the resumed run had not trained on."""
+    trace = os.environ.get(ckpt.TRACE_ENV)
     return Loader(
         blocks,
         rank=rt.rank,
@@ -189,6 +257,7 @@ def _loader(cfg: TrainConfig, rt: Runtime, blocks: Any, consumed: int) -> Loader
         consumed=consumed,
         prefetch=2,  # batches built on a background thread while the step runs
         pin_memory=rt.device.type == "cuda",
+        trace=Path(trace) / f"data-rank{rt.rank:05d}-pid{os.getpid()}.txt" if trace else None,
     )
 
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -174,6 +175,24 @@ def failpoint_hold(environ: Mapping[str, str]) -> tuple[int, str] | None:
     if name == "hold-until-file" and not path:
         return None
     return int(step), path if name == "hold-until-file" else ""
+
+
+# FSDPTRAIN_TRACE=DIR: what the elastic-resume tests count (tests/test_elastic.py): each rank's data
+# positions (fsdptrain.data.Loader) and, after a resume, the whole model as loaded. Only tests set it.
+TRACE_ENV = "FSDPTRAIN_TRACE"
+
+
+def trace_loaded(model: nn.Module, step: int) -> None:
+    """Collective, with FSDPTRAIN_TRACE only: rank 0 writes the model's full parameters as this run
+    loaded them (gathered from the shards of this world), to compare with the checkpoint's."""
+    trace = os.environ.get(TRACE_ENV)
+    if not trace:
+        return
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=options)
+    if dist.get_rank() == 0:
+        name = f"loaded-step{step:08d}-world{dist.get_world_size()}.pt"
+        torch.save(full, Path(trace) / name)
 
 
 def die_on_rank0() -> None:
@@ -425,7 +444,10 @@ def _unreadable_line(failed: list[tuple[int, tuple[str, str, str]]], *, explicit
 
 def load(path: Path, *, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
     """Collective. Restores model, optimizer and this rank's RNG; returns the trainer state from
-    meta.json."""
+    meta.json. On any world size: DCP reads into this world's shards whatever layout saved them
+    (torch 2.13 torch/distributed/checkpoint/default_planner.py, create_default_local_load_plan:
+    "handles resharding by issuing multiple read requests"); the RNG only on the world that saved
+    it, whose ranks are these ranks (fsdptrain.elastic)."""
     meta_file = path / META
     if not meta_file.is_file():
         raise CheckpointError(

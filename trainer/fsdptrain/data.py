@@ -229,8 +229,10 @@ class Loader:
         consumed: int = 0,
         prefetch: int = 0,
         pin_memory: bool = False,
+        trace: Path | None = None,
     ) -> None:
         self.blocks, self.rank, self.world, self.micro_batch = blocks, rank, world, micro_batch
+        self.trace = trace  # FSDPTRAIN_TRACE (tests only): a line per micro-batch this rank takes
         self.consumed = consumed
         self.prefetch, self.pin_memory = prefetch, pin_memory
         self._queue: queue.Queue[tuple[int, Any]] | None = None
@@ -259,8 +261,16 @@ class Loader:
             batch = self.batch_at(self.consumed)
         else:
             batch = self._take_prefetched()
+        if self.trace is not None:
+            self._trace()
         self.consumed += self.micro_batch * self.world
         return batch
+
+    def _trace(self) -> None:
+        """`FIRST COUNT`: the global block indices of the micro-batch this rank just took."""
+        assert self.trace is not None
+        with open(self.trace, "a") as f:
+            f.write(f"{self.consumed + self.rank * self.micro_batch} {self.micro_batch}\n")
 
     def _take_prefetched(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._thread is None:

@@ -11,6 +11,7 @@ lines:
     {"event":"summary","steps":100,"start_step":0,"final_loss":2.9,...}
     {"event":"start","record_id":"3f9c...","torch":"2.6.0",...,"dataset":{...},"tokenizer":{...}}
     {"event":"stage","stage":"loading data","time":1718000001.0}
+    {"event":"world","step":120,"from_world":3,"to_world":2,"rule":"constant","grad_accum":3,...}
 
 `to_line` writes one; `parse` reads a log back, skipping every other line, a line cut by a crash
 mid-write, an event kind it does not know (a newer trainer's) and fields it does not know.
@@ -161,9 +162,29 @@ class Finished:
     record_id: str
 
 
-Event = Leader | Step | Checkpoint | Summary | Start | Stage | Finished
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """Printed by rank 0 when a run resumes a checkpoint saved on another world size (a node lost,
+    or back): which rule the global batch follows now (fsdptrain.elastic). Worlds are ranks; the
+    nodes are those ranks over the processes per node, for a reader that speaks of nodes."""
+
+    kind: ClassVar[str] = "world"
+    step: int  # the checkpoint's step: the first step on the new world is the next one
+    from_world: int
+    to_world: int
+    from_nodes: int | None = field(default=None, metadata=_OPTIONAL)  # None: not known
+    to_nodes: int
+    rule: str  # "constant" (by gradient accumulation) or "per-rank"
+    grad_accum: int  # micro-batches per rank per step on the new world
+    global_batch: int  # sequences per step on the new world
+    target_global_batch: int  # the job's, kept whatever the rule
+    checkpoint: str
+    time: float
+
+
+Event = Leader | Step | Checkpoint | Summary | Start | Stage | Finished | World
 KINDS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start, Stage, Finished)
+    cls.kind: cls for cls in (Leader, Step, Checkpoint, Summary, Start, Stage, Finished, World)
 }
 
 
@@ -203,7 +224,19 @@ def to_line(event: Event) -> str:
 # type before a reader does arithmetic with it. Times, rates and counts are finite; a loss may be
 # NaN or inf (a diverged run prints what it computed).
 MAY_DIVERGE = frozenset({"loss", "grad_norm", "final_loss", "first_loss", "losses", "mfu"})
-POSITIVE = frozenset({"max_steps", "world"})  # divided by
+POSITIVE = frozenset(  # divided by, or a count of something that exists
+    {
+        "max_steps",
+        "world",
+        "from_world",
+        "to_world",
+        "from_nodes",
+        "to_nodes",
+        "grad_accum",
+        "global_batch",
+        "target_global_batch",
+    }
+)
 
 
 def _typed(name: str, declared: str, value: Any) -> bool:

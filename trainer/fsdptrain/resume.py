@@ -8,6 +8,9 @@ learning-rate schedule, sequence length or batch it would not continue that run 
 else from its weights, and with MAX_STEPS at or below the checkpoint's step it would train nothing.
 Both are refused with one line naming each difference (exit 2, before torchrun in a pod: not
 retried); ALLOW_SETTING_CHANGES=true resumes anyway.
+
+The world size is kept too (WORLD_SIZE: the world the checkpoint was saved on) but never refused: a
+run resumes on any world, the global batch following one rule (fsdptrain.elastic).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ META = "meta.json"
 LATEST = "latest"
 # what a step computes: the model and its start, the numerics and sharding (reduction order), the
 # data each step sees (sequence length, batch, seed: the order), and the optimizer with its schedule
-# (LR, warmup, the cosine that ends at MAX_STEPS); the world size joins them (the global batch)
-# under WORLD_SIZE
+# (LR, warmup, the cosine that ends at MAX_STEPS); the world size joins them under WORLD_SIZE, for
+# the reader: a resume on another world is not refused (fsdptrain.elastic's rule keeps the batch)
 MATH_KEYS = (
     "model",
     "pretrained",
@@ -112,14 +115,13 @@ def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
 def problem(meta: Mapping[str, Any], cfg: TrainConfig, world: int, *, where: str) -> str | None:
     """Why this run must not resume the checkpoint `where` (whose meta.json is `meta`), or None: its
     step at or past MAX_STEPS (always), the settings it was saved with that differ (unless
-    ALLOW_SETTING_CHANGES)."""
+    ALLOW_SETTING_CHANGES). Another `world` is not one of them (fsdptrain.elastic)."""
     step = meta.get("step")
     done = isinstance(step, int) and step >= cfg.max_steps
     saved = meta.get("settings")
+    now = {k: v for k, v in math_settings(cfg, world).items() if k != WORLD}
     changed = (
-        []
-        if cfg.allow_setting_changes or not isinstance(saved, dict)
-        else differences(saved, math_settings(cfg, world))
+        [] if cfg.allow_setting_changes or not isinstance(saved, dict) else differences(saved, now)
     )
     if not (done or changed):
         return None

@@ -35,7 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from fsdptrain import checkpoint as ckpt
 from fsdptrain import disruption, events, hf_io, report
-from fsdptrain.build import Training, build, set_up_torch
+from fsdptrain.build import Training, build, nodes, set_up_torch
 from fsdptrain.config import ConfigError, TrainConfig, print_error
 from fsdptrain.data import Loader
 from fsdptrain.levers import GarbageCollection
@@ -196,7 +196,12 @@ def _train_step(
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
     loss_sum, data_wait = _forward_backward(
-        cfg=cfg, rt=rt, model=model, scaler=t.scaler, loader=t.loader, measure=measure
+        accum=t.grad_accum,
+        rt=rt,
+        model=model,
+        scaler=t.scaler,
+        loader=t.loader,
+        measure=measure,
     )
     grad_norm = clip_and_step(cfg, model, optimizer, t.scaler)
     # float8: the next forward's weight scales, while the weights are fresh
@@ -216,29 +221,29 @@ def _train_step(
 
 def _forward_backward(
     *,
-    cfg: TrainConfig,
+    accum: int,
     rt: Runtime,
     model: nn.Module,
     scaler: ShardedGradScaler | None,
     loader: Loader,
     measure: SavedActivations | None,
 ) -> tuple[torch.Tensor, float]:
-    """Gradients of GRAD_ACCUM_STEPS micro-batches; (their summed loss, seconds spent waiting for
-    data)."""
+    """Gradients of `accum` micro-batches (GRAD_ACCUM_STEPS, or what the world-size rule made of it:
+    fsdptrain.elastic); (their summed loss, seconds spent waiting for data)."""
     data_wait, loss_sum = 0.0, torch.zeros((), device=rt.device)
-    for micro in range(cfg.grad_accum_steps):
+    for micro in range(accum):
         td = time.perf_counter()
         inputs, labels = loader.next_batch()
         inputs = inputs.to(rt.device, non_blocking=True)
         labels = labels.to(rt.device, non_blocking=True)
         data_wait += time.perf_counter() - td
         # reduce-scatter the gradients once per step, on the last micro-batch
-        cast(FSDPModule, model).set_requires_gradient_sync(micro == cfg.grad_accum_steps - 1)
+        cast(FSDPModule, model).set_requires_gradient_sync(micro == accum - 1)
         counting = measure if micro == 0 else None
         with counting if counting is not None else contextlib.nullcontext():
             logits = model(input_ids=inputs).logits
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-            loss = loss / cfg.grad_accum_steps
+            loss = loss / accum
         if counting is not None:
             counting.measure()
         # torch's Tensor.backward carries no annotations
@@ -315,7 +320,7 @@ def _checkpoint(
     """A checkpoint of the step `event` reports: saved, announced, and warned about when it took
     longer than the training since the end of the last one (`trained_since`)."""
     began = time.perf_counter()
-    path = _save_checkpoint(t, root, step=event.step, loss=event.loss)
+    path = _save_checkpoint(t, root, step=event.step, loss=event.loss, node_count=nodes(rt))
     rt.emit(events.Checkpoint(step=event.step, path=path))
     _warn_if_slower_than_training(
         rt, t.cfg, event.step, time.perf_counter() - began, began - trained_since
@@ -323,7 +328,7 @@ def _checkpoint(
     return path
 
 
-def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float) -> str:
+def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float, node_count: int) -> str:
     """Collective: every rank stages its shards, rank 0 publishes them and prunes the oldest."""
     ckpt.stage(root, step=step, model=t.model, optimizer=t.optimizer)
     if step == t.kill_at_save:
@@ -334,6 +339,11 @@ def _save_checkpoint(t: Training, root: Path, *, step: int, loss: float) -> str:
     # what the steps computed: a run resumes this only with the same (fsdptrain.resume)
     state["settings"] = math_settings(t.cfg, dist.get_world_size())
     state["tracker_run"] = t.tracker_run
+    # the world it trained on and its global batch rule, and every world change of the job
+    # (fsdptrain.elastic): a resume on another world keeps the job's global batch from these
+    state["nodes"] = node_count
+    state["batch"] = t.batch.as_meta() if t.batch is not None else None
+    state["world_changes"] = t.world_changes
     final = ckpt.publish(root, step=step, trainer_state=state)
     ckpt.prune(root, keep=t.cfg.checkpoint_keep, spare=t.resumed_from)
     return str(final)

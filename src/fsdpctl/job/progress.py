@@ -186,9 +186,30 @@ def describe(event: events.Event) -> str:
             f"finished already: the run's checkpoint {event.checkpoint} is at step "
             f"{event.step}/{event.max_steps}, nothing left to train"
         )
+    if isinstance(event, events.World):
+        return _world_line(event)
     what = "stopped" if event.stopped else "done"
     return (
         f"{what}: {event.steps} steps (from step {event.start_step}), loss {event.first_loss:.4f} -> "
         f"{event.final_loss:.4f}, {event.tokens_per_s:.0f} tokens/s"
         + (f", checkpoint {event.checkpoint}" if event.checkpoint else "")
+    )
+
+
+def _world_line(event: events.World) -> str:
+    """A resume on another world size (fsdptrain.elastic), in nodes where the trainer knew both."""
+    nodes = (
+        f" ({event.from_nodes} -> {event.to_nodes} nodes)"
+        if event.from_nodes is not None and event.from_nodes != event.to_nodes
+        else ""
+    )
+    batch = (
+        f"global batch kept at {event.global_batch} by gradient accumulation {event.grad_accum}"
+        if event.rule == "constant"
+        else f"per-rank batch kept: global batch {event.global_batch}, "
+        f"not the job's {event.target_global_batch}"
+    )
+    return (
+        f"world: {event.from_world} -> {event.to_world} processes{nodes} from the checkpoint at "
+        f"step {event.step}, {batch}"
     )
