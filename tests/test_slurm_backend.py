@@ -348,7 +348,8 @@ def test_an_unreachable_slurmctld_is_one_line_within_request_timeout_and_leaves_
     (cli.home / "jobs" / "fsdp").mkdir(parents=True, exist_ok=True)  # its lock is there
     (cli.home / "jobs" / "fsdp" / "state.json").write_text(json.dumps(state))
     result = cli(*sets, "job", "status", "-o", "json")
-    assert result.exit_code == 1, result.output  # shown, and not "fine": kubectl's 1 when unreachable
+    # shown, and not "fine": kubectl exits 1 when it cannot reach its server
+    assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert report["phase"] == "Unknown"
     assert report["reason"].startswith("`scontrol -o show job 5` did not finish within 2 s")
