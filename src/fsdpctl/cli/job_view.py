@@ -3,12 +3,8 @@ the job list and the outcome with its exit code. Shared by `job` and `quickstart
 
 from __future__ import annotations
 
-import contextlib
 import re
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from rich.markup import escape
@@ -56,7 +52,7 @@ def follow(backend: Backend, name: str) -> Report | None:
     )
     warned: set[str] = set()
     spoken = Spoken(name)
-    with _signals_as_ctrl_c():
+    with runner.signals_interrupt():  # SIGTERM, SIGHUP: as Ctrl-C
         try:
             with Progress(*columns, console=err) as bar:
                 task = bar.add_task("starting", total=None, info="", count="")
@@ -77,39 +73,12 @@ def follow(backend: Backend, name: str) -> Report | None:
             with err.status(f"interrupted: {what} ..."):
                 stopped = runner.interrupt(backend, name)
             final: Report | None = {**stopped, "interrupted": True} if stopped is not None else None
-            if isinstance(e, Terminated):  # the command ends here: its line, 128 + the signal
+            if isinstance(e, runner.Interrupted):  # the command ends: its line, 128 + the signal
                 outcome(backend, name, final, table=False)
                 import typer
 
                 raise typer.Exit(128 + e.signum) from None
             return final
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP while a job is followed, taken as Ctrl-C is (`follow`)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_as_ctrl_c() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Terminated in the main thread while a job is followed (Python's
-    default for both is to end the process at once, without a word: the job trained on)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Terminated(signum)
-
-    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, previous in saved.items():
-            signal.signal(sig, previous)
 
 
 # off a terminal (a CI log, `| tee`), where no bar is drawn, a followed job says where it is this often,

@@ -82,7 +82,7 @@ def run(
         mine = owner.Owner(owner.home_id(), name, run_id)
         saved = record_store.save(rec)
         intent.write(jdir, be.name, mine)
-        with _signals_interrupt():
+        with signals_interrupt():
             sub = _submit(be, mine, rec, replace, saved, jdir)
             try:
                 _record(jdir, be, cfg, run_id, sub)
@@ -114,19 +114,21 @@ def failpoint(at: str) -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP during a submit, taken as Ctrl-C is: the submission is found and
-    cancelled before the command ends with 128 + the signal's number."""
+    """SIGTERM or SIGHUP during a submit or while a job is followed, taken as Ctrl-C is (a submit's
+    submission is found and cancelled; a followed job is stopped or left), before the command ends
+    with 128 + the signal's number, as a shell reports a process that signal ended."""
 
     def __init__(self, signum: int):
-        super().__init__(signum)
+        super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
 @contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Interrupted while a submit is under way (main thread only: Python
-    delivers signals there), so a `job run` that CI's timeout or a closed terminal ends still
-    cancels or records what it submitted. SIGKILL cannot be caught: its intent stays (`settle`)."""
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted in the block (main thread only: Python delivers signals
+    there; its default for both ends the process at once, without a word), so a `job run` that CI's
+    timeout or a closed terminal ends still cancels or records what it submitted, and a followed
+    job is let go as Ctrl-C would. SIGKILL cannot be caught: a submit's intent stays (`settle`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
