@@ -52,3 +52,34 @@ def test_a_bad_condition_is_one_line_naming_it(text):
 def test_a_bad_condition_exits_2_before_the_job_is_looked_for(cli):
     r = cli("job", "wait", "nothing-here", "--for", "stepp=3")
     assert r.exit_code == 2 and "--for 'stepp=3' is not a condition" in r.stderr
+
+
+def test_a_followed_log_that_shows_nothing_says_what_the_job_is_doing(capsys, monkeypatch):
+    """`job logs -f --trainer-only` printed nothing while the job started (issue 44): while the
+    follow has shown no line, a line per stage the job is seen in goes to stderr; none once a line
+    was shown, and the watcher ends with the follow."""
+    import threading
+
+    from fsdpctl.cli import job_wait
+
+    monkeypatch.setattr(job_wait, "QUIET_S", 0.05)
+    stages = iter(["rendezvous 1/2", "rendezvous 1/2", "loading data"])
+    seen = threading.Event()
+
+    class Starting:
+        def report(self, name):
+            stage = next(stages, None)
+            if stage is None:
+                seen.set()
+                stage = "loading data"
+            return {"phase": "Running", "stage": stage, "max_steps": None, "prestep": None}
+
+    with job_wait.Quiet(Starting(), "first") as quiet:
+        assert seen.wait(10)
+        quiet.shown()
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "waiting for the log's lines: rendezvous 1/2 ...",
+        "waiting for the log's lines: loading data ...",
+    ]
+    assert not quiet.thread.is_alive()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from enum import Enum
@@ -224,28 +225,36 @@ def logs(
             or job_view.log_text(line, prefix=False, timestamps=False) is not None
         )
 
-    for line in be.logs(
-        name,
-        follow=follow_,
-        all_=all_,
-        node=node,
-        pod=pod,
-        tail=tail,
-        since_s=since_s,
-        keep=shown,
-    ):
-        if not shown(line):
-            continue
-        if output == LogFormat.json:
-            out.print(
-                json.dumps(plain(job_view.log_record(line)), allow_nan=False),
-                markup=False,
-                highlight=False,
-            )
-        else:
-            text = job_view.log_text(line, prefix=all_, timestamps=timestamps)
-            if text is not None:
-                out.print(redact(text), markup=False, highlight=False)
+    quiet = job_wait.Quiet(be, name) if follow_ else contextlib.nullcontext()
+    with quiet:
+        for line in be.logs(
+            name,
+            follow=follow_,
+            all_=all_,
+            node=node,
+            pod=pod,
+            tail=tail,
+            since_s=since_s,
+            keep=shown,
+        ):
+            if not shown(line):
+                continue
+            if isinstance(quiet, job_wait.Quiet):
+                quiet.shown()
+            _print_line(line, output, all_, timestamps)
+
+
+def _print_line(line: LogLine, output: LogFormat, all_: bool, timestamps: bool) -> None:
+    if output == LogFormat.json:
+        out.print(
+            json.dumps(plain(job_view.log_record(line)), allow_nan=False),
+            markup=False,
+            highlight=False,
+        )
+    else:
+        text = job_view.log_text(line, prefix=all_, timestamps=timestamps)
+        if text is not None:
+            out.print(redact(text), markup=False, highlight=False)
 
 
 def _log_window(tail: int | None, since: str | None) -> tuple[int | None, float | None]:

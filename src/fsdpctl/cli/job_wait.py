@@ -60,3 +60,47 @@ def wait_for(
             raise typer.Exit(ExitCode.JOB_TIMED_OUT)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         time.sleep(min(be.poll_s, left) if left is not None else be.poll_s)
+
+
+# a followed log that has shown nothing for this long says what the job is doing
+QUIET_S = 5.0
+
+
+class Quiet:
+    """While a followed log has shown nothing (a job still starting: `job logs -f --trainer-only`
+    printed nothing for its whole start, issue 44), say on stderr what the job is doing instead, a
+    line per stage it is seen in: `waiting for the trainer's lines: rendezvous 1/2`. A thread asks
+    the job's report every QUIET_S until `shown` is called or the follow ends; a report that cannot
+    be had says nothing."""
+
+    def __init__(self, be: Backend, name: str) -> None:
+        import threading
+
+        self.be, self.name = be, name
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.said = ""
+
+    def __enter__(self) -> Quiet:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(timeout=QUIET_S)
+
+    def shown(self) -> None:
+        self.done.set()
+
+    def _watch(self) -> None:
+        from fsdpctl.cli.job_view import plain_line
+
+        while not self.done.wait(QUIET_S):
+            try:
+                r = self.be.report(self.name)
+            except Exception:  # noqa: BLE001 - a view: the follow itself says what went wrong
+                continue
+            stage, line = plain_line(r)
+            if stage != self.said and not self.done.is_set():
+                err.print(f"waiting for the log's lines: {line}", markup=False, highlight=False)
+                self.said = stage
