@@ -41,6 +41,14 @@ def cleanup(
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
     dry_run: DryRunOpt = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help='also a job whose place cannot prove it ended (Slurm: "Invalid job id" while '
+            "its run's log is fresh, or no answer); never a running one",
+        ),
+    ] = False,
     backend: Annotated[
         str | None,
         typer.Option(
@@ -56,8 +64,9 @@ def cleanup(
     etcd keeps running); on this machine the job's logs, state, etcd data and node disks, and a
     network its supervisor did not tear down; on Slurm its runs' scripts and logs on the shared file
     system. Checkpoints stay unless --checkpoints; run records stay (`job diff` reads them). Running
-    jobs, and jobs whose place cannot say whether they still run, are never touched. Lists what it
-    would remove and asks first, unless --yes.
+    jobs are never touched, nor (without --force) jobs whose place cannot say whether they still
+    run; only what carries this home's owner identity goes, each item naming its owner. Lists what
+    it would remove and asks first, unless --yes.
 
     Example: fsdpctl cleanup --dry-run
     """
@@ -71,7 +80,7 @@ def cleanup(
         return [
             item
             for be in places
-            for item in be.cleanup(checkpoints=checkpoints, dry_run=dry, job=job)
+            for item in be.cleanup(checkpoints=checkpoints, dry_run=dry, job=job, force=force)
         ]
 
     doomed: list[str] = []

@@ -453,16 +453,19 @@ def launch(
     from fsdpctl.job import policy as jobpolicy
     from fsdpctl.job import runner
 
-    started = runner.run(
-        backend,
-        cfg,
-        run_id=run_id or jobpolicy.new_run_id(cfg.job_name),
-        replace=replace,
-        dry_run=dry_run,
-        server_dry_run=server_dry_run,
-        other=backends.factory(cfg),
-        say=warn,
-    )
+    # SIGTERM and SIGHUP during the submit as Ctrl-C: the core then finds what the place took by
+    # its token and cancels it, rather than the process ending with a job queued and unrecorded
+    with _signals_as_ctrl_c():
+        started = runner.run(
+            backend,
+            cfg,
+            run_id=run_id or jobpolicy.new_run_id(cfg.job_name),
+            replace=replace,
+            dry_run=dry_run,
+            server_dry_run=server_dry_run,
+            other=backends.factory(cfg),
+            say=warn,
+        )
     what = started_object(backend, started)
     if dry_run or server_dry_run:
         dry_run_done(what, started, output, server_dry_run)

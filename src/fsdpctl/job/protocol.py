@@ -174,6 +174,11 @@ class Backend(Protocol):
         end."""
         ...
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
-        """Each ended job's files (only `job`'s when given); with `checkpoints` its checkpoints."""
+    def cleanup(
+        self, *, checkpoints: bool, dry_run: bool, job: str | None = None, force: bool = False
+    ) -> list[str]:
+        """Each ended job's files (only `job`'s when given); with `checkpoints` its checkpoints.
+        Only what carries this home's owner identity; each item names its owner. `force`: a job
+        whose place cannot prove it ended (Slurm: "Invalid job id" while its log is fresh) is
+        cleaned all the same; a running one never is."""
         ...

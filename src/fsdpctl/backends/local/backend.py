@@ -328,10 +328,13 @@ class LocalBackend:
         self._state(name)
         return local.effective_phase(local.wait(name, timeout=timeout)) or Phase.FAILED
 
-    def cleanup(self, *, checkpoints: bool, dry_run: bool, job: str | None = None) -> list[str]:
+    def cleanup(
+        self, *, checkpoints: bool, dry_run: bool, job: str | None = None, force: bool = False
+    ) -> list[str]:
         """Everything of each ended job (only `job`'s when given) but its checkpoints (unless
         asked): logs, state, etcd data, node disks; with `checkpoints` also its directory on the
-        shared volume."""
+        shared volume. `force` changes nothing here: the supervisor's state says whether a job
+        ended."""
         removed = []
         for st in local.list_jobs(self.notes):
             if job is not None and st["job"] != job:
