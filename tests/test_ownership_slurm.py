@@ -30,6 +30,20 @@ import fake_slurm
 from conftest import prefixed
 from fsdpctl.job import owner
 
+# the fast lane keeps one cell of each class (a lie recorded, a signal while sbatch runs, stop over
+# every kind of thing); the other generated cells run in the slow lane (each is an in-process
+# `job run`, ~1 s on this 2-core machine)
+SLOW = pytest.mark.slow
+
+
+def _lane(values, fast):
+    """Each value a cell; those not in `fast` in the slow lane (a tuple: one argument each)."""
+    return [
+        pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=() if v in fast else SLOW)
+        for v in values
+    ]
+
+
 OTHER_HOME = "f" * 16
 OTHER_UID = 4242
 SETTINGS = {
@@ -133,7 +147,7 @@ LIES = {
 }
 
 
-@pytest.mark.parametrize("lie", sorted(LIES))
+@pytest.mark.parametrize("lie", _lane(sorted(LIES), {"other-id"}))
 def test_a_lying_sbatch_leaves_exactly_one_submission_recorded_or_cancelled(place, lie):
     """sbatch queues the job (or not: fail-before), then prints another user's id (a job of the
     same name whose comment is copied: proven not ours by UserId), garbage, non-UTF-8 bytes, an
@@ -166,6 +180,9 @@ def test_a_lying_sbatch_leaves_exactly_one_submission_recorded_or_cancelled(plac
 # ---- a signal at each point of a submit -----------------------------------------------------------
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _at(point: str, sig: int, place: Place, monkeypatch) -> None:
     """Arrange `sig` at `point`: before sbatch runs, while it runs (it has queued the job), or after
     it returned and before the state is recorded."""
@@ -189,8 +206,13 @@ def _at(point: str, sig: int, place: Place, monkeypatch) -> None:
     monkeypatch.setattr(target, name, signalled)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("point", ["before sbatch", "during sbatch", "after sbatch"])
+@pytest.mark.parametrize(
+    ("point", "sig"),
+    _lane(
+        [(p, s) for p in ("before sbatch", "during sbatch", "after sbatch") for s in SIGNALS],
+        {("during sbatch", signal.SIGINT)},
+    ),
+)
 def test_a_signal_at_each_point_of_a_submit_leaves_no_job_running_untracked(place, point, sig):
     """Ctrl-C or SIGTERM at each point of `job run -d`: nothing queued yet (the command ends,
     interrupted); the queued job found by its token and cancelled, the line saying so (during
@@ -244,8 +266,10 @@ def _started(place: Place) -> tuple[str, str]:
     return str(st["slurm_job"]), st["run_id"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("verb", ["stop", "run --replace"])
+@pytest.mark.parametrize(
+    ("verb", "kind"),
+    _lane([(v, k) for v in ("stop", "run --replace") for k in KINDS], {("stop", k) for k in KINDS}),
+)
 def test_stop_and_replace_signal_only_a_slurm_job_proven_ours(place, verb, kind):
     """The job's recorded id now names `kind`'s job (id reuse after slurmctld lost its state): its
     record must prove it is this run (JobName, UserId, Comment's home, job and token) before any
@@ -284,7 +308,7 @@ def _dirs_of_others(place: Place, run_id: str) -> dict[str, Path]:
     return made
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", _lane(KINDS, {"own"}))
 def test_cleanup_removes_only_run_directories_and_jobs_proven_ours(place, kind):
     """Our run ended (COMPLETED) or its id now names `kind`'s job; beside our run directory on the
     shared volume sit another home's, another job's and an ownerless one. cleanup --yes: only our
@@ -309,6 +333,7 @@ def test_cleanup_removes_only_run_directories_and_jobs_proven_ours(place, kind):
         assert place.state() is not None and "unknown" in r.output
 
 
+@SLOW
 def test_an_invalid_job_id_with_a_fresh_log_is_not_an_end_but_force_is(place):
     """scontrol "Invalid job id specified" while the run's log was written a moment ago: cleanup
     keeps everything and says why (owned.QUIET_GRACE_S, 15 min); cleanup --force removes it."""
@@ -327,6 +352,7 @@ def test_an_invalid_job_id_with_a_fresh_log_is_not_an_end_but_force_is(place):
     assert place.state() is None
 
 
+@SLOW
 def test_force_cleans_a_forgotten_run_with_a_fresh_log(place):
     job_id, run_id = _started(place)
     place.set_job(job_id, forgotten=True)
