@@ -83,6 +83,7 @@ def sbatch(argv: list[str]) -> int:
         print("sbatch: error: Batch job submission failed: Socket timed out", file=sys.stderr)
         return 1
     elif mode == "hang":  # a timeout, or the moment a signal reaches `job run`
+        (_db() / "sbatch.pid").write_text(str(os.getpid()))  # for the test that must end it
         time.sleep(60)
     return 0
 

@@ -237,6 +237,40 @@ def test_a_signal_at_each_point_of_a_submit_leaves_no_job_running_untracked(plac
     _exactly_one_recorded_or_none(place)
 
 
+@SLOW
+def test_sigkill_while_sbatch_runs_is_settled_by_the_next_job_run(place):
+    """SIGKILL of the real `fsdpctl job run -d` while sbatch runs (it queued the job): nothing of
+    the process runs on, its intent (jobs/alpha/submitting.json) stays. The next `job run -d` asks
+    Slurm for the run's token (squeue --me, %k), records the job it finds and says so, then refuses
+    a second copy beside it (running): exactly one submission, recorded."""
+    place.mode("hang")
+    proc = place.cli.popen("job", "run", "-d")
+    try:
+        deadline = time.monotonic() + 60
+        while not (place.where / "sbatch.pid").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        proc.kill()
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if (pid := place.where / "sbatch.pid").exists():  # sbatch's own session: ended here
+            try:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert (place.cli.home / "jobs" / "alpha" / "submitting.json").exists()
+    assert len(place.ours_live()) == 1 and place.state() is None
+    place.mode("ok")
+    again = place.cli("job", "run", "-d")
+    assert again.exit_code == 2 and "is running" in again.output, again.output
+    assert "found by its token and recorded" in again.output
+    assert place.submits() == 1
+    _exactly_one_recorded_or_none(place)
+
+
 # ---- verbs x things: only what is proven ours changes ---------------------------------------------
 
 
