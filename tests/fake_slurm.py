@@ -130,7 +130,7 @@ def install(where: Path, jobs: dict | None = None) -> dict[str, str]:
     (where / "bin").mkdir(parents=True, exist_ok=True)
     for tool in TOOLS:
         exe = where / "bin" / tool
-        exe.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S {__file__} {tool} \"$@\"\n")
+        exe.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S {__file__} {tool} "$@"\n')
         exe.chmod(0o755)
     save_to(where, {"next": 100, "other": "", "jobs": jobs or {}})
     return {"FAKE_SLURM": str(where), "PATH": f"{where / 'bin'}:{os.environ['PATH']}"}

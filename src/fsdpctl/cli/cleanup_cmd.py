@@ -65,8 +65,8 @@ def cleanup(
     network its supervisor did not tear down; on Slurm its runs' scripts and logs on the shared file
     system. Checkpoints stay unless --checkpoints; run records stay (`job diff` reads them). Running
     jobs are never touched, nor (without --force) jobs whose place cannot say whether they still
-    run; only what carries this home's owner identity goes, each item naming its owner. Lists what
-    it would remove and asks first, unless --yes.
+    run; only what carries this home's owner identity goes (on Slurm each item names its owner).
+    Lists what it would remove and asks first, unless --yes.
 
     Example: fsdpctl cleanup --dry-run
     """
