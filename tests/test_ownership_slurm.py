@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fake_slurm
 from conftest import prefixed
@@ -132,6 +134,53 @@ def _signal_soon(sig: int, when) -> threading.Thread:
     t = threading.Thread(target=send, daemon=True)
     t.start()
     return t
+
+
+# ---- the proof itself, over generated records ----------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(["alpha", "beta", "", "alpha "]),
+    uid=st.sampled_from([os.getuid(), OTHER_UID, None]),
+    comment=st.sampled_from(["ours", "legacy", "other home", "other job", "other run", "none"])
+    | st.text(max_size=80),
+    recorded_home=st.booleans(),
+)
+def test_a_slurm_record_is_ours_only_with_our_name_user_and_comment(
+    name, uid, comment, recorded_home
+):
+    """owned.not_this_run over generated `scontrol show job` records: "" (ours) exactly when
+    JobName is the job's, UserId's uid the submitter's and Comment this home's job and token (or,
+    for a state from before the owner identity, the comment it was submitted with); any other
+    answer is a line naming the id and saying nothing is done to it."""
+    from fsdpctl.backends.slurm import owned
+
+    home, run_id = "0123456789abcdef", "alpha-r1"
+    comments = {
+        "ours": owner.Owner(home, "alpha", run_id).comment(),
+        "legacy": f"fsdpctl-run:{run_id}",
+        "other home": owner.Owner(OTHER_HOME, "alpha", run_id).comment(),
+        "other job": owner.Owner(home, "beta", run_id).comment(),
+        "other run": owner.Owner(home, "alpha", "alpha-r2").comment(),
+        "none": "",
+    }
+    said = comments.get(comment, comment)
+    record = {"JobId": "7", "JobName": name, "Comment": said}
+    if uid is not None:
+        record["UserId"] = f"someone({uid})"
+    state = {"job": "alpha", "run_id": run_id, "slurm_job": 7}
+    if recorded_home:
+        state |= {"owner_home": home, "slurm_user": os.getuid()}
+    why = owned.not_this_run(record, state, home)
+    ours = (
+        name == "alpha"
+        and uid == os.getuid()
+        and (said == comments["ours"] or (said == comments["legacy"] and not recorded_home))
+    )
+    assert (why == "") == ours, (record, state, why)
+    if why:
+        assert why.startswith("Slurm job 7 is not run alpha-r1") and "nothing is done" in why
 
 
 # ---- lying schedulers: sbatch errs, times out, or prints what is not this submit's job -----------

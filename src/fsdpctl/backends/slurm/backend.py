@@ -583,7 +583,7 @@ class SlurmBackend:
             if why := self._kept_why(st, force):
                 self.notes += [f"job {name}: kept, {why}"] if why != "running" else []
                 return []
-            me = st.get("owner_home") or owner.home_id()
+            me = owner.home_id()
             job_root = Path(self._paths(name, st["run_id"]).root).parent
             doomed = self._owned_dirs(job_root, me, name, checkpoints)
             if not dry_run:
@@ -640,8 +640,7 @@ def _not_this_run(job: dict[str, str], st: SlurmState) -> str:
     comment), as a process is proven a job's by more than its PID; "" when it is. A state copied or
     edited to another job's id, or an id slurmctld gave again to another user's job, must not have
     that job stopped or judged."""
-    home_id = st.get("owner_home") or owner.home_id()
-    return owned.not_this_run(job, dict(st), home_id)
+    return owned.not_this_run(job, dict(st), owner.home_id())
 
 
 def _own_checkpoints(root: Path, mine: Owner) -> None:

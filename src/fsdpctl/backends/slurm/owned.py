@@ -43,9 +43,10 @@ def user_of(record: dict[str, str]) -> int | None:
 
 
 def not_this_run(record: dict[str, str], st: dict[str, Any], home: str) -> str:
-    """Why the Slurm job `record` is not the run the state `st` names (its job, run id, user and
-    owner home); "" when it is. A state from before the owner identity (no `owner_home`) also
-    accepts the comment it was submitted with, from this user."""
+    """Why the Slurm job `record` is not the run the state `st` names, made from this `home` (its
+    job, run id and user; this home, never the home a state says: a state copied from another
+    home names that home's jobs); "" when it is. A state from before the owner identity (no
+    `owner_home`) also accepts the comment it was submitted with, from this user."""
     job, run_id = st["job"], st["run_id"]
     name, comment = record.get("JobName"), record.get("Comment")
     want_uid = st.get("slurm_user", os.getuid())
@@ -57,7 +58,7 @@ def not_this_run(record: dict[str, str], st: dict[str, Any], home: str) -> str:
     elif "owner_home" not in st and comment == LEGACY_COMMENT.format(run_id=run_id):
         return ""
     else:
-        mine = owner.Owner(st.get("owner_home") or home, job, run_id)
+        mine = owner.Owner(home, job, run_id)
         found = owner.of_comment(comment)
         why = owner.why_not_ours(found, mine.home, job, mine.token) or ""
         if not why:
