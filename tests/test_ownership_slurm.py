@@ -2,8 +2,9 @@
 
 Sources (SchedMD/slurm, 22.05): sbatch(1) --comment and --parsable (`jobid[;cluster]`); squeue(1)
 --me ("Equivalent to --user=<my username>") and -o %k ("Comment associated with the job");
-scontrol(1) `show job`, whose record src/api/job_info.c (slurm_sprint_job_info) prints with
-`UserId=name(uid)` and, when set, `Comment=`; scancel(1) (a user's scancel of another user's job is
+scontrol(1) `show job`, whose record src/api/job_info.c (slurm_sprint_job_info, tag
+slurm-22-05-8-1) prints with `UserId=%s(%u)` (line 425) and, when set, `Comment=%s` (line 929);
+src/squeue/opts.c `--me` (line 119) and `%k` (line 758); scancel(1) (a user's scancel of another user's job is
 refused by slurmctld: "Access/permission denied"); "Invalid job id specified" once slurmctld no
 longer knows a job (MinJobAge after its end, slurm.conf(5); or after it lost its StateSaveLocation,
 when ids are also handed out again from FirstJobId).

@@ -4,9 +4,10 @@ reading the shared file system).
 
 A Slurm job is this run's when its `scontrol -o show job` record says so three ways: JobName is
 the job's (sbatch --job-name), UserId is the user who submitted it (recorded in the state as
-`slurm_user`; "name(uid)" in scontrol's record, slurm_sprint_job_info in src/api/job_info.c), and
-Comment carries this home's owner identity for the run (sbatch --comment; `Comment=` in the same
-record, `%k` in squeue). A job id alone proves nothing: slurmctld hands ids out again after it
+`slurm_user`), and Comment carries this home's owner identity for the run (sbatch --comment).
+SchedMD/slurm at slurm-22-05-8-1, src/api/job_info.c slurm_sprint_job_info: `UserId=%s(%u)` (line
+425) and, when the job has one, `Comment=%s` (line 929); src/squeue/opts.c: `--me` (line 119) and
+the `%k` field, the comment (line 758). A job id alone proves nothing: slurmctld hands ids out again after it
 loses its state (FirstJobId, StateSaveLocation), so a recorded id may name another user's job of
 the same name.
 
