@@ -485,3 +485,57 @@ def test_a_checkpoint_already_at_max_steps_is_refused_before_submit(place):
     r = place.cli("job", "run", "-d")
     assert r.exit_code == 2 and "MAX_STEPS" in r.output, r.output
     assert place.submits() == 0 and place.state() is None
+
+
+# ---- a few cells on the real peer ------------------------------------------------------------------
+
+
+@SLOW
+def test_on_real_slurm_a_lying_sbatch_is_recorded_and_a_reused_id_is_never_signalled(tmp_path):
+    """The real peer (tests/slurm_peer.py: Debian slurm-wlm 22.05.8, one node). A foreign job of
+    the same name and no comment (`sbatch --job-name=alpha --wrap`) holds the node. `job run -d`
+    through an sbatch that queues the job and prints garbage: recorded by its token (real squeue
+    --me %k), Pending behind the foreign job (real `scontrol show job` Comment= and UserId=
+    proven). The state pointed at the foreign job's id (as after slurmctld's state loss): `job
+    stop` refuses, the foreign job still runs. Pointed back: `job stop` cancels ours alone."""
+    import slurm_peer
+    from conftest import fsdpctl_process
+
+    with slurm_peer.running(tmp_path / "cluster", nodes=1) as cluster:
+        foreign = cluster.command(
+            "sbatch", "--parsable", "--job-name=alpha", "--exclusive", "--wrap", "sleep 600"
+        ).stdout.strip()
+        try:
+            (tmp_path / "home").mkdir()
+            (tmp_path / "fsx").mkdir()
+            lying = tmp_path / "lying"
+            lying.mkdir()
+            real = cluster.command("sh", "-c", "command -v sbatch").stdout.strip()
+            (lying / "sbatch").write_text(
+                f'#!/bin/sh\n{real} "$@" >/dev/null || exit $?\necho "Submitted batch job"\n'
+            )
+            (lying / "sbatch").chmod(0o755)
+            base = {k: v for k, v in cluster.env.items() if not k.startswith("FSDPCTL_")}
+            env = base | {"FSDPCTL_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+            env |= prefixed({**SETTINGS, "SHARED_VOLUME_PATH": str(tmp_path / "fsx")})
+            env["FSDPCTL_REQUEST_TIMEOUT"] = "30"
+            run = fsdpctl_process("job", "run", "-d", env=env | {"PATH": f"{lying}:{env['PATH']}"})
+            assert run.returncode == 0, run.stderr
+            assert "found by the run's token" in run.stderr
+            path = tmp_path / "home" / "jobs" / "alpha" / "state.json"
+            st = json.loads(path.read_text())
+            status = fsdpctl_process("job", "status", "alpha", "-o", "json", env=env)
+            assert json.loads(status.stdout)["phase"] == "Pending", status.stdout + status.stderr
+            path.write_text(json.dumps({**st, "slurm_job": int(foreign)}))
+            refused = fsdpctl_process("job", "stop", "alpha", env=env)
+            assert refused.returncode == 1 and "is not run" in refused.stderr, refused.stderr
+            queued = cluster.command("squeue", "-h", "-o", "%i %T").stdout.split("\n")
+            assert f"{foreign} RUNNING" in queued, queued
+            path.write_text(json.dumps(st))
+            stopped = fsdpctl_process("job", "stop", "alpha", env=env)
+            assert stopped.returncode == 0, stopped.stderr
+            queued = cluster.command("squeue", "-h", "-o", "%i %T").stdout.split("\n")
+            assert f"{foreign} RUNNING" in queued
+            assert not [q for q in queued if q.startswith(f"{st['slurm_job']} ")], queued
+        finally:
+            cluster.command("scancel", foreign, check=False)
