@@ -462,14 +462,14 @@ def test_a_pre_core_record_is_adopted_listed_and_never_run_beside(place):
     old.parent.mkdir(parents=True)
     record = {"job": "alpha", "run_id": run_id, "slurm_job": 7, "root": str(root)}
     old.write_text(json.dumps({**record, "nodes": 1, "max_restarts": 0, "created": time.time()}))
+    again = place.cli("job", "run", "-d")  # the first verb after the upgrade
+    assert again.exit_code == 2 and "is running" in again.output, again.output
+    assert place.submits() == 0
+    assert not old.exists() and old.with_name("alpha.json.adopted").exists()
     listed = place.cli("job", "list", "-o", "json")
     assert listed.exit_code == 0, listed.output
     [row] = [r for r in json.loads(listed.stdout) if r["job"] == "alpha"]
     assert row["phase"] == "Running" and row["run_id"] == run_id
-    assert not old.exists() and old.with_name("alpha.json.adopted").exists()
-    again = place.cli("job", "run", "-d")
-    assert again.exit_code == 2 and "is running" in again.output, again.output
-    assert place.submits() == 0
     (place.cli.home / "slurm" / "beta.json").write_text("{not json")
     damaged = place.cli("job", "status", "beta")
     assert damaged.exit_code == 2 and "beta.json" in damaged.output, damaged.output

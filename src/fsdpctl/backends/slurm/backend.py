@@ -176,8 +176,10 @@ class SlurmBackend:
 
     def prepare(self, record: RunRecord) -> RunRecord:
         """The batch script in the record (a setting Slurm cannot honour is refused here, before
-        anything is written)."""
+        anything is written). A pre-core record of the job is adopted first: the runner then finds
+        the run it would start a second copy beside."""
         refuse(self.refusals())
+        legacy.adopt(self.cfg.job_name, self.cfg.shared_volume_path)
         return {**record, "manifests": render_script(self.cfg, record["run_id"], record["id"])}
 
     def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
@@ -295,7 +297,7 @@ class SlurmBackend:
         for name in legacy.pending():
             try:
                 legacy.adopt(name, self.cfg.shared_volume_path)
-            except FsdpctlError as e:  # (lock.Busy too)
+            except FsdpctlError as e:
                 self.notes.append(f"{e}" + (f" ({e.hint})" if e.hint else ""))
         return [cast(SlurmState, st) for st in runner.states_of(self.name, self.notes)]
 

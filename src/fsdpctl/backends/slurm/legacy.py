@@ -19,7 +19,7 @@ from typing import Any
 
 from fsdpctl import files
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.job import home, lock, shape
+from fsdpctl.job import home, shape
 from fsdpctl.job import state as core
 
 FOLDER = "slurm"
@@ -42,21 +42,29 @@ def pending() -> list[str]:
 
 
 def adopt(job: str, shared_volume_path: str) -> bool:
-    """The job's pre-core file made its core state, with the job's lock held; True when it adopted
-    one. FsdpctlError (exit 2) naming the file and how to move it when it cannot."""
+    """The job's pre-core file made its core state; True when it adopted one. FsdpctlError (exit 2)
+    naming the file and how to move it when it cannot. Without the job's lock: verbs call it with
+    the lock held (stop) and without (list), and every step is atomic; two adopting at once write
+    the same state, and a state already there for the same Slurm job is this adoption's."""
     old = path_of(job)
     if not os.path.lexists(old):
         return False
+    data = _read(old, job)
     jdir = home.job_dir(job)
-    with lock.held(jdir):
-        if not os.path.lexists(old):  # another fsdpctl adopted it meanwhile
-            return False
-        data = _read(old, job)
-        if core.read(jdir) is not None:
-            raise _refused(old, f"and {jdir / core.NAME} both hold job {job}", job)
+    now = core.read(jdir)
+    same = now is not None and (now["run_id"], now.get("slurm_job")) == (
+        data["run_id"],
+        data["slurm_job"],
+    )
+    if now is not None and not same:
+        raise _refused(old, f"and {jdir / core.NAME} both hold job {job}", job)
+    if now is None:
         _same_volume(old, data, shared_volume_path)
         core.write(jdir, _core_state(data))
+    try:
         os.replace(old, old.with_name(old.name + DONE))
+    except FileNotFoundError:  # another fsdpctl adopted it meanwhile
+        pass
     return True
 
 
