@@ -476,6 +476,25 @@ def test_a_pre_core_record_is_adopted_listed_and_never_run_beside(place):
     assert "Traceback" not in damaged.output
 
 
+def test_a_pre_core_job_is_listed_whatever_backend_is_set(place, monkeypatch):
+    """`job list` with BACKEND=local asks Slurm too while FSDPCTL_HOME/slurm/ holds a pre-core
+    record (runner.backends_here): the job is listed, not omitted."""
+    run_id = "alpha-old2"
+    jobs = {"7": {"name": "alpha", "uid": os.getuid(), "comment": f"fsdpctl-run:{run_id}"}}
+    fake_slurm.save_to(place.where, {"next": 100, "other": "", "jobs": jobs})
+    place.set_job("7", state="PENDING")
+    old = place.cli.home / "slurm" / "alpha.json"
+    old.parent.mkdir(parents=True)
+    root = place.shared / "fsdpctl" / "slurm" / "alpha" / run_id
+    record = {"job": "alpha", "run_id": run_id, "slurm_job": 7, "root": str(root), "nodes": 1}
+    old.write_text(json.dumps({**record, "max_restarts": 0, "created": time.time()}))
+    monkeypatch.setenv("FSDPCTL_BACKEND", "local")
+    listed = place.cli("job", "list", "-o", "json")
+    assert listed.exit_code == 0, listed.output
+    [row] = [r for r in json.loads(listed.stdout) if r["job"] == "alpha"]
+    assert (row["backend"], row["phase"]) == ("slurm", "Pending")
+
+
 def test_a_checkpoint_already_at_max_steps_is_refused_before_submit(place):
     """As the local backend (local.resume_refusal): the checkpoint the run would resume, visible on
     the shared volume, is at MAX_STEPS: `job run` says so, exit 2, nothing submitted."""
