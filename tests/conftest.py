@@ -392,6 +392,7 @@ SLOW_BESIDE = frozenset(
         "test_untrusted_state",
         "test_fuzz",
         "test_disruption_budget",
+        "test_ownership_slurm",
     }
 )
 

@@ -459,22 +459,30 @@ def _with(place, env: dict[str, str], *args: str) -> subprocess.CompletedProcess
     return fsdpctl_process(*args, env={**place.env(JOB_NAME="alpha"), **env}, timeout=120)
 
 
-def test_a_submit_whose_id_is_not_one_is_refused_and_undone(place, tmp_path):
-    """sbatch submits, then prints something that is not a job id (SBATCH_LIES): `job run` exits 1
-    with one line naming what sbatch said, records nothing, and the job it submitted, found by the
-    comment only this run carries, is cancelled. (eks: the API's create answers with the object or
-    an error status, which the Kubernetes client checks; local: no outside id.)"""
+def test_a_submit_whose_id_is_not_one_is_recorded_by_its_token(place, tmp_path):
+    """sbatch submits, then prints something that is not a job id (SBATCH_LIES): its answer is not
+    believed; this user's job whose comment carries the run's owner token (squeue --me, %k) is
+    recorded and the line says so (exit 0), and the next `job run` refuses a second copy beside it
+    (issue 42: submit exactly once). (eks: the API's create answers with the object or an error
+    status, which the Kubernetes client checks; local: no outside id.)"""
     if place.name != "slurm":
         return  # declared: an id to shape exists on Slurm only
-    for lie, text in SBATCH_LIES.items():
+    from conftest import fsdpctl_process
+
+    place.home.mkdir(parents=True, exist_ok=True)
+    for n, (lie, text) in enumerate(SBATCH_LIES.items()):
+        job = f"lie{n}"
         body = f'REAL "$@" >/dev/null || exit $?\nprintf "%s\\n" {_shell_quote(text)}'
-        env = _lying(place, tmp_path, "sbatch", body)
-        r = _with(place, env, "job", "run", "-d")
-        assert r.returncode == 1, (lie, r.stdout + r.stderr)
-        assert "sbatch --parsable" in r.stderr and "not a Slurm job id" in r.stderr, (lie, r.stderr)
-        assert "was cancelled" in r.stderr, (lie, r.stderr)
-        assert not (place.home / "jobs" / "alpha" / "state.json").exists()
-        until(f"{lie}: the submitted job cancelled", lambda: not place.outside("alpha"))
+        env = {**place.env(JOB_NAME=job), **_lying(place, tmp_path, "sbatch", body)}
+        r = fsdpctl_process("job", "run", "-d", env=env, timeout=120)
+        said = r.stdout + r.stderr
+        assert r.returncode == 0 and "found by the run's token" in said, (lie, said)
+        assert (place.home / "jobs" / job / "state.json").exists(), lie
+        assert len(place.outside(job)) == 1, lie
+        again = place.run("job", "run", "-d", JOB_NAME=job)
+        assert again.returncode == 2 and len(place.outside(job)) == 1, (lie, again.stderr)
+        assert place.run("job", "stop", job, JOB_NAME=job).returncode == 0, lie
+        until(f"{lie}: the recorded job stopped", lambda job=job: not place.outside(job))
 
 
 # ---- the record verbs read every backend's runs alike ----------------------------------------------------

@@ -167,6 +167,9 @@ def capture(
         env=env,
         cwd=cwd,
         text=True,
+        # a program's bytes that are not UTF-8 (a site's sbatch, a controller in another locale)
+        # are shown escaped, never an internal error
+        errors="backslashreplace",
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -44,8 +44,9 @@ def cleanup(
         bool,
         typer.Option(
             "--force",
-            help="also remove what carries no fsdpctl owner (made before owner marks, or by hand); "
-            "never what another home or job owns",
+            help="also what fsdpctl cannot prove: what carries no owner mark (made before owner "
+            'marks, or by hand), a job whose place cannot prove it ended (Slurm: "Invalid job id" '
+            "while its log is fresh); never another home's or job's, never a running job",
         ),
     ] = False,
     dry_run: DryRunOpt = False,
@@ -64,10 +65,10 @@ def cleanup(
     etcd keeps running); on this machine the job's logs, state, etcd data and node disks, and a
     network its supervisor did not tear down; on Slurm its runs' scripts and logs on the shared file
     system. Checkpoints stay unless --checkpoints; run records stay (`job diff` reads them). Running
-    jobs, and jobs whose place cannot say whether they still run, are never touched. Only what
-    carries this home's owner mark goes (docs/ownership.md); each line names the owner, and what is
-    kept says why ("kept <what>: <why> (owner: ...)"). Lists what it would remove and asks first,
-    unless --yes.
+    jobs are never touched, nor (without --force) jobs whose place cannot say whether they still run.
+    Only what carries this home's owner mark goes (docs/ownership.md); each line names the owner,
+    and what is kept says why ("kept <what>: <why> (owner: ...)"). Lists what it would remove and
+    asks first, unless --yes.
 
     Example: fsdpctl cleanup --dry-run
     """

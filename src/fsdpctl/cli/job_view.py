@@ -458,6 +458,7 @@ def launch(
     from fsdpctl.job import policy as jobpolicy
     from fsdpctl.job import runner
 
+    # (the core takes SIGTERM and SIGHUP during its submit as Ctrl-C: runner.signals_interrupt)
     started = runner.run(
         backend,
         cfg,

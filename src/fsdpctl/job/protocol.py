@@ -179,6 +179,8 @@ class Backend(Protocol):
     ) -> list[str]:
         """Each ended job's files (only `job`'s when given); with `checkpoints` its checkpoints.
         Only what carries this home's owner mark; with `force` also what carries none (never
-        another home's or job's). Each item is "<what> (owner: <Mark.describe()>)"; what is kept
-        goes to the backend's `kept` list as "<what>: <why> (owner: ...)" (docs/ownership.md)."""
+        another home's or job's), and a job whose place cannot prove it ended (Slurm: "Invalid job
+        id" while its log is fresh; a running one never). Each item is "<what> (owner:
+        <Mark.describe()>)"; what is kept goes to the backend's `kept` list as "<what>: <why>
+        (owner: ...)" (docs/ownership.md)."""
         ...

@@ -323,7 +323,8 @@ class EksBackend:
         self, *, checkpoints: bool, dry_run: bool, job: str | None = None, force: bool = False
     ) -> list[str]:
         """The cluster's ended jobs and what they left (engine.cleanup), then their state in this
-        home (its directory, derived from the job's name)."""
+        home (its directory, derived from the job's name). `force` changes nothing here: the
+        cluster answers whether a job ended (an unanswered one is kept)."""
         done = engine.cleanup(
             self.kube, self.cfg, checkpoints=checkpoints, dry_run=dry_run, only=job
         )

@@ -7,8 +7,15 @@ fsdpctl runs where the cluster's client commands work and SHARED_VOLUME_PATH is 
 head node: HyperPod and ParallelCluster mount FSx there too), so it reads the logs itself. What the
 job's state records of it (FSDPCTL_HOME/jobs/<job>/state.json, besides the core's keys):
 
-    slurm_job      the Slurm job id sbatch gave the current run (checked: 1 to 0xfffffffd)
+    slurm_job      the Slurm job id sbatch gave the current run (checked: 1 to 0xfffffffd), proven
+                   this run's before it was recorded (its Comment carries the run's owner token,
+                   its UserId is this user: `owned`)
+    slurm_user     the uid that submitted it; owner_home the home id its comment carries
     nodes          its node count, max_restarts its requeue budget
+
+Before any scancel or signal (stop, --replace, cleanup) the job's record must prove it is this run
+(owned.not_this_run): after slurmctld reuses an id, another user's job of the same name is never
+signalled.
 
 Every path is derived from the settings, the job's name and the run id
 (SHARED_VOLUME_PATH/fsdpctl/slurm/<job>/<run id>: `script.paths`), never read from a file.
@@ -16,6 +23,7 @@ Every path is derived from the settings, the job's name and the run id
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import stat
@@ -28,11 +36,11 @@ from typing import Any, cast
 
 from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
-from fsdpctl.backends.slurm import states
+from fsdpctl.backends.slurm import legacy, owned, states
 from fsdpctl.backends.slurm.door import Forgotten, Slurm
 from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
-from fsdpctl.job import home, lock, runner, shape
+from fsdpctl.job import home, lock, owner, runner, shape
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import state as core
 from fsdpctl.job import store as record_store
@@ -44,7 +52,7 @@ from fsdpctl.job.reports import FINAL, Failure, Phase, Report, Waited
 from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys, between, is_count
 from fsdpctl.settings import Config
-from fsdptrain import disruption, events
+from fsdptrain import disruption, events, resume
 
 MAX_NODES = 100_000
 # what a Slurm job's state records besides the core's keys (fsdpctl.job.state)
@@ -53,7 +61,11 @@ STATE = Keys(
         "slurm_job": shape.is_slurm_id,
         "nodes": between(1, MAX_NODES),
         "max_restarts": is_count,
-    }
+    },
+    optional={
+        "slurm_user": is_count,
+        "owner_home": lambda v: isinstance(v, str) and bool(owner.HOME_ID.fullmatch(v)),
+    },
 )
 
 
@@ -63,6 +75,8 @@ class SlurmState(core.JobState):
     slurm_job: int
     nodes: int
     max_restarts: int
+    slurm_user: int
+    owner_home: str
 
 
 RUN_DIR_MODE = (
@@ -79,6 +93,7 @@ class Seen:
     phase: Phase
     unknown: str = ""
     outside: str = ""  # a forgotten job's leader ended on a SIGTERM fsdpctl did not send
+    forgotten: bool = False  # slurmctld said "Invalid job id": the phase is the log's reading
 
 
 class SlurmBackend:
@@ -136,7 +151,16 @@ class SlurmBackend:
             ]
         if not stat.S_ISDIR(mode):
             return [f"SHARED_VOLUME_PATH={where!r} is not a directory; {fix}"]
-        return []
+        return [r] if (r := self._resume_refusal()) else []
+
+    def _resume_refusal(self) -> str | None:
+        """The checkpoint the run would resume, as the trainers' pre-launch check judges it
+        (fsdptrain.resume.first_problem: at or past MAX_STEPS, saved with other settings), read on
+        the shared file system mounted here, as the local backend refuses it before launch
+        (local.resume_refusal): a run that would only fail on the nodes is never submitted."""
+        root = Path(jobpolicy.checkpoint_dir(self.cfg, self.cfg.job_name))
+        seen = root if root.is_dir() and not root.is_symlink() else None
+        return resume.first_problem(seen, self.cfg.training, self.cfg.world_size)
 
     def dry_run(self, *, run_id: str, server: bool) -> Started:
         if server:
@@ -152,20 +176,30 @@ class SlurmBackend:
 
     def prepare(self, record: RunRecord) -> RunRecord:
         """The batch script in the record (a setting Slurm cannot honour is refused here, before
-        anything is written)."""
+        anything is written). A pre-core record of the job is adopted first: the runner then finds
+        the run it would start a second copy beside."""
         refuse(self.refusals())
+        legacy.adopt(self.cfg.job_name, self.cfg.shared_volume_path)
         return {**record, "manifests": render_script(self.cfg, record["run_id"], record["id"])}
 
     def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """The run's directory under SHARED_VOLUME_PATH (mode 0700: sbatch --output's directory must
-        exist), its script (0600), then sbatch; what was made goes again when sbatch refuses."""
+        exist) with its owner file, its script (0600), then sbatch, whose answer is proven (`_submit`);
+        what was made goes again when sbatch refuses. The checkpoint directory gets an owner file
+        when it has none (cleanup --checkpoints removes only what names this home)."""
+        if refusal := self._resume_refusal():  # after a --replace stop: its stop checkpoint
+            raise FsdpctlError(refusal, code=ExitCode.BAD_INPUT)
         where = paths(self.cfg, run_id)
         root = Path(where.root)
+        mine = owner.Owner(owner.home_id(), self.cfg.job_name, run_id)
         made = [p for p in (root, *root.parents) if not os.path.lexists(p)]
         try:
             files.make_dirs(root, RUN_DIR_MODE)
+            owner.write_file(root, mine)
+            if ckpt := self._shared_checkpoints(mine.job):
+                _own_checkpoints(ckpt, mine)
             files.write_atomic(Path(where.script), record["manifests"] or "")  # (prepare's)
-            job_id = self._submit(where.script, run_id)
+            job_id, said = self._submit(where.script, mine)
         except (OSError, FsdpctlError) as e:
             _remove_made(made)
             if isinstance(e, OSError):
@@ -174,65 +208,97 @@ class SlurmBackend:
                     hint="run fsdpctl where SHARED_VOLUME_PATH is the cluster's shared file system",
                 ) from e
             raise
+        return self._submitted(job_id, mine, record, said)
+
+    def _submitted(self, job_id: int, mine: Owner, record: RunRecord, said: str = "") -> Submitted:
         return Submitted(
             state={
                 "slurm_job": job_id,
                 "nodes": self.cfg.job_nodes,
                 "max_restarts": self.cfg.max_restarts,
+                "slurm_user": os.getuid(),
+                "owner_home": mine.home,
             },
             record=record,
-            where=f"Slurm job {job_id}; logs in {where.root}",
+            where=f"Slurm job {job_id}{said}; logs in {paths(self.cfg, mine.run_id).root}",
             outside=f"Slurm job {job_id}",
             cancel_command=f"scancel {job_id}",
         )
 
-    def _submit(self, script: str, run_id: str) -> int:
-        """sbatch; an answer that is not a job id is not used, and the job it may have submitted is
-        found by the comment only this run carries (`fsdpctl-run:<run id>`) and cancelled."""
+    def _submit(self, script: str, mine: Owner) -> tuple[int, str]:
+        """sbatch, its answer not believed on its own: the id it prints must name a job whose
+        Comment carries this run's token and whose UserId is this user (scontrol). When it does
+        not (another user's id, garbage, nothing), this user's job carrying the token is found with
+        squeue --me and recorded, the line saying so; none found: the error, nothing submitted.
+        sbatch failing or timing out raises: the core then finds the job by its token and cancels
+        it (runner._cancel_found)."""
         try:
-            return self.slurm.submit(script, env=_submit_env(self.cfg))
+            job_id = self.slurm.submit(script, env=_submit_env(self.cfg))
         except shape.Unshaped as e:
-            found = self.slurm.by_comment(f"fsdpctl-run:{run_id}")
-            for job_id in found:
-                self.slurm.cancel(job_id)
-            did = (
-                f"; the job it submitted (Slurm job {', '.join(map(str, found))}, found by its "
-                "comment) was cancelled"
-                if found
-                else "; no job carries the run's comment, so none was left submitted"
-            )
-            raise FsdpctlError(str(e) + did, hint=e.hint) from e
+            return self._found_instead(mine, str(e), e.hint)
+        why = self._not_mine(job_id, mine)
+        if not why:
+            return job_id, ""
+        return self._found_instead(mine, f"sbatch printed Slurm job {job_id}, {why}", None)
+
+    def _not_mine(self, job_id: int, mine: Owner) -> str:
+        """Why the job sbatch named is not this submit's; "" when its record proves it is."""
+        try:
+            record = self.slurm.job(job_id)
+        except FsdpctlError as e:
+            return f"whose record could not be read ({e})"
+        st = {"job": mine.job, "run_id": mine.run_id, "slurm_job": job_id}
+        st |= {"owner_home": mine.home, "slurm_user": os.getuid()}
+        return owned.not_this_run(record, st, mine.home).removesuffix(": nothing is done to it")
+
+    def _found_instead(self, mine: Owner, said: str, hint: str | None) -> tuple[int, str]:
+        """The job this submit queued, found by its token when sbatch's answer did not name it."""
+        found = self.slurm.mine(mine.token)
+        if len(found) == 1:
+            return found[0], f" (sbatch's answer was not it: {said}; found by the run's token)"
+        for job_id in found:  # several carry one token: none is trusted to be the one
+            self.slurm.cancel(job_id)
+        did = (
+            f"; the jobs carrying the run's token (Slurm job {', '.join(map(str, found))}) were "
+            "cancelled"
+            if found
+            else "; no job of this user carries the run's token, so none was left submitted"
+        )
+        raise FsdpctlError(said + did, hint=hint)
+
+    def _shared_checkpoints(self, job: str) -> Path | None:
+        """The job's checkpoint directory when it is on the shared file system (the one this
+        machine sees as the nodes do); None when it is elsewhere (a node-local path)."""
+        ckpt = jobpolicy.checkpoint_dir(self.cfg, job)
+        shared = self.cfg.shared_volume_path.rstrip("/") + "/"
+        return Path(ckpt) if ckpt.startswith(shared) else None
 
     def find_submitted(self, mine: Owner) -> Submitted | None:
-        """The queued or running Slurm job that carries the run's comment (squeue %k)."""
-        found = self.slurm.by_comment(f"fsdpctl-run:{mine.run_id}")
+        """This user's queued or running Slurm job whose comment carries the run's owner token
+        (squeue --me, %k): another user's job is never found, whatever its comment says."""
+        found = self.slurm.mine(mine.token)
         if not found:
             return None
-        job_id = found[0]
-        where = paths(self.cfg, mine.run_id)
-        return Submitted(
-            state={
-                "slurm_job": job_id,
-                "nodes": self.cfg.job_nodes,
-                "max_restarts": self.cfg.max_restarts,
-            },
-            record=record_store.new(self.cfg, mine.run_id),
-            where=f"Slurm job {job_id}; logs in {where.root}",
-            outside=f"Slurm job {job_id}",
-            cancel_command=f"scancel {job_id}",
-        )
+        return self._submitted(found[0], mine, record_store.new(self.cfg, mine.run_id))
 
     def cancel(self, submitted: Submitted) -> None:
         self.slurm.cancel(submitted.state["slurm_job"])
 
     # ---- what Slurm and the logs say -------------------------------------------------------------
     def _state_or_none(self, name: str) -> SlurmState | None:
+        legacy.adopt(name, self.cfg.shared_volume_path)  # a pre-core record: adopted, or refused
         st = core.read(home.job_dir(name))  # Damaged: one line naming the file, exit 2
         # core.read checked STATE's keys of a state whose backend is this one
         return cast(SlurmState, st) if st is not None and core.backend_of(st) == self.name else None
 
     def _states(self) -> list[SlurmState]:
-        """Every Slurm job of this home (runner.states_of: checked with STATE's keys)."""
+        """Every Slurm job of this home (runner.states_of: checked with STATE's keys), pre-core
+        records adopted first (one that cannot be is a note saying how to move it)."""
+        for name in legacy.pending():
+            try:
+                legacy.adopt(name, self.cfg.shared_volume_path)
+            except FsdpctlError as e:
+                self.notes.append(f"{e}" + (f" ({e.hint})" if e.hint else ""))
         return [cast(SlurmState, st) for st in runner.states_of(self.name, self.notes)]
 
     def _state(self, name: str) -> SlurmState:
@@ -255,7 +321,7 @@ class SlurmBackend:
         except (
             Forgotten
         ):  # slurmctld forgot it (MinJobAge after its end; no accounting): the log says
-            return _seen_in_log(p, stopping)
+            return dataclasses.replace(_seen_in_log(p, stopping), forgotten=True)
         except FsdpctlError as e:
             return Seen(None, Phase.UNKNOWN, str(e))
         if stranger := _not_this_run(found, st):  # an id that names someone else's job now
@@ -497,56 +563,94 @@ class SlurmBackend:
     def cleanup(
         self, *, checkpoints: bool, dry_run: bool, job: str | None = None, force: bool = False
     ) -> list[str]:
-        """Each ended job (only `job` when given) with its lock held: its runs' files on the shared
-        file system (SHARED_VOLUME_PATH/fsdpctl/slurm/<job>/, derived), its directory here; with
-        `checkpoints` its checkpoint directory too. A job Slurm cannot say has ended is kept."""
+        """Each ended job (only `job` when given) with its lock held: its runs' directories on the
+        shared file system whose owner file names this home and job (another home's runs of a job
+        of the same name are kept, and said), its directory here; with `checkpoints` its checkpoint
+        directory too when its owner file names this home. Each item names its owner. A job Slurm
+        cannot say has ended is kept (`_kept_why`), unless `force`."""
         removed: list[str] = []
         for st in self._states():
             if job is not None and st["job"] != job:
                 continue
             try:
-                removed += self._clean(st, checkpoints=checkpoints, dry_run=dry_run)
+                removed += self._clean(st, checkpoints=checkpoints, dry_run=dry_run, force=force)
             except (lock.Busy, lock.CorruptLock) as e:
                 self.notes.append(f"{e}: kept")
         return removed
 
-    def _clean(self, st: SlurmState, *, checkpoints: bool, dry_run: bool) -> list[str]:
+    def _clean(self, st: SlurmState, *, checkpoints: bool, dry_run: bool, force: bool) -> list[str]:
         name = st["job"]
         jdir = home.job_dir(name)
         with lock.held(jdir, wait_s=0, create=not dry_run):
-            seen = self._seen(st)
-            if seen.phase == Phase.UNKNOWN:
-                self.notes.append(
-                    f"job {name}: kept, whether it still runs is unknown ({seen.unknown})"
-                )
+            if why := self._kept_why(st, force):
+                self.notes += [f"job {name}: kept, {why}"] if why != "running" else []
                 return []
-            if seen.phase not in FINAL:
-                return []
-            targets = [Path(self._paths(name, st["run_id"]).root).parent]
-            if checkpoints:
-                targets.append(Path(jobpolicy.checkpoint_dir(self.cfg, name)))
-            doomed = [t for t in targets if os.path.lexists(t)] + [jdir]
+            me = owner.home_id()
+            job_root = Path(self._paths(name, st["run_id"]).root).parent
+            doomed = self._owned_dirs(job_root, me, name, checkpoints)
             if not dry_run:
-                for t in doomed[:-1]:
-                    _remove(t)
+                for path, _ in doomed:
+                    _remove(path)
+                _remove_if_empty(job_root)
                 for entry in jdir.iterdir():  # the lock stays: a starter may hold it
                     if entry.name != lock.NAME:
                         _remove(entry)
-            return [str(t) for t in doomed]
+            return [f"{p} ({who})" for p, who in doomed] + [f"{jdir} (this home's job {name})"]
+
+    def _kept_why(self, st: SlurmState, force: bool) -> str:
+        """Why the job's files stay: "running"; its end unknown (no answer, or the id names
+        another's job); or slurmctld no longer knows it ("Invalid job id") while its run's files
+        were written within owned.QUIET_GRACE_S, which is not proof it ended (a controller that
+        lost its state forgets running jobs too). `force` keeps only a running job; "" to clean."""
+        seen = self._seen(st)
+        if seen.phase not in FINAL and seen.phase != Phase.UNKNOWN:
+            return "running"
+        if force:
+            return ""
+        again = "`fsdpctl cleanup --force` removes its files all the same"
+        if seen.phase == Phase.UNKNOWN:
+            return f"whether it still runs is unknown ({seen.unknown}); {again}"
+        root = Path(self._paths(st["job"], st["run_id"]).root)
+        if seen.forgotten and (quiet := owned.quiet_for(root)) < owned.QUIET_GRACE_S:
+            return (
+                f"slurmctld no longer knows Slurm job {st['slurm_job']} (Invalid job id) and its "
+                f"run's files at {root} were written {quiet:.0f} s ago (under the "
+                f"{owned.QUIET_GRACE_S // 60} min grace): it may still run; {again}"
+            )
+        return ""
+
+    def _owned_dirs(
+        self, job_root: Path, me: str, name: str, checkpoints: bool
+    ) -> list[tuple[Path, str]]:
+        """The run directories under the job's directory (and with `checkpoints` its checkpoint
+        directory) whose owner file names this home and job, each with its owner in words; the
+        others are notes, kept."""
+        dirs = [job_root / run for run in _run_dirs(job_root)]
+        if checkpoints and (ckpt := self._shared_checkpoints(name)) and os.path.lexists(ckpt):
+            dirs.append(ckpt)
+        owned_dirs = []
+        for d in dirs:
+            if why := owned.run_dir_refusal(d, me, name):
+                self.notes.append(why + f" (remove it by hand if it is yours: rm -r {d})")
+            else:
+                owned_dirs.append((d, f"owner: {owner.read_file(d).describe()}"))
+        return owned_dirs
 
 
 def _not_this_run(job: dict[str, str], st: SlurmState) -> str:
-    """Why the Slurm job a state names is not this run (its name is the job's, its comment the
-    run's: `script.sbatch_options`), as a process is proven a job's by more than its PID; "" when it
-    is. A state copied or edited to another job's id must not have that job stopped or judged."""
-    name, comment = job.get("JobName"), job.get("Comment")
-    want = f"fsdpctl-run:{st['run_id']}"
-    if name == st["job"] and comment in (None, want):
-        return ""
-    return (
-        f"Slurm job {st['slurm_job']} is not run {st['run_id']} of job {st['job']} "
-        f"(its name {name!r}, comment {comment!r}): nothing is done to it"
-    )
+    """Why the Slurm job a state names is not this run (owned.not_this_run: its name, user and
+    comment), as a process is proven a job's by more than its PID; "" when it is. A state copied or
+    edited to another job's id, or an id slurmctld gave again to another user's job, must not have
+    that job stopped or judged."""
+    return owned.not_this_run(job, dict(st), owner.home_id())
+
+
+def _own_checkpoints(root: Path, mine: Owner) -> None:
+    """The job's checkpoint directory, made when missing, with an owner file when it has none (the
+    first home that trains the job there owns it; another home's is left as it is)."""
+    files.make_dirs(root)
+    if owner.read_file(root).home is None and not os.path.lexists(root / owner.OWNER_FILE):
+        owner.write_file(root, mine)
 
 
 def _remove(path: Path) -> None:
@@ -568,6 +672,15 @@ def _remove_made(made: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             return
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """The job's directory on the shared file system once its last run directory went (another
+    home's runs, or anything else in it, keep it)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def _run_dirs(job_root: Path) -> list[str]:

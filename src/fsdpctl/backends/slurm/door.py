@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fsdpctl.adapters import shell
 from fsdpctl.backends.slurm import states
 from fsdpctl.errors import FsdpctlError
-from fsdpctl.job import shape
+from fsdpctl.job import owner, shape
 
 HINT = "is slurmctld up? `scontrol ping` and `sinfo` say; SLURM_CONF names the cluster's slurm.conf"
 
@@ -77,15 +77,18 @@ class Slurm:
         shape.count(record.get("Restarts", "0"), command, "Restarts")
         return record
 
-    def by_comment(self, comment: str) -> list[int]:
-        """The ids of the jobs squeue lists with this comment (squeue(1) -o %i, %k), shaped; a
-        line of another shape is not an id to act on."""
-        got = self._call("squeue", "-h", "-o", "%i %k")
+    def mine(self, token: str) -> list[int]:
+        """The ids of this user's jobs whose comment carries the owner token `token` (squeue(1)
+        --me: "Equivalent to --user=<my username>"; -o %i the job id, %k "Comment associated with
+        the job"), shaped: a line of another shape is not an id to act on. Another user's job is
+        never listed, whatever its comment says."""
+        command = "squeue --me -h -o '%i %k'"
+        got = self._call("squeue", "--me", "-h", "-o", "%i %k")
         found = []
         for line in got.stdout.splitlines():
             job_id, _, said = line.strip().partition(" ")
-            if said.strip() == comment:
-                found.append(shape.slurm_id(job_id, "squeue -h -o '%i %k'"))
+            if owner.of_comment(said).token == token:
+                found.append(shape.slurm_id(job_id, command))
         return found
 
     def signal(self, job_id: int, sig: str = "TERM") -> None:

@@ -34,8 +34,8 @@ import shlex
 from dataclasses import dataclass
 
 from fsdpctl.errors import BadInput
+from fsdpctl.job import owner, prestep
 from fsdpctl.job import policy as jobpolicy
-from fsdpctl.job import prestep
 from fsdpctl.job import spec as jobspec
 from fsdpctl.job.spec import JobSpec
 from fsdpctl.settings import Config, Settings
@@ -158,10 +158,12 @@ def container_options(spec: JobSpec, cfg: Config, names: list[str]) -> list[str]
     ]
 
 
-def sbatch_options(spec: JobSpec, cfg: Config) -> list[str]:
+def sbatch_options(spec: JobSpec, cfg: Config, comment: str) -> list[str]:
     """The #SBATCH lines' options (sbatch(1)). One task per node: torchrun starts the node's
     processes. --open-mode=append: a requeued job's output would otherwise be truncated (sbatch(1)
-    --open-mode).
+    --open-mode). --comment is the run's owner (fsdpctl.job.owner.Owner.comment: home id, job,
+    token): `scontrol show job` shows it as Comment= and `squeue -o %k` lists it, so a verb proves
+    a Slurm job is this run's before it signals it, and finds an interrupted submit by it.
     """
     opts = [
         f"--job-name={spec.name}",
@@ -170,8 +172,8 @@ def sbatch_options(spec: JobSpec, cfg: Config) -> list[str]:
         "--exclusive",
         f"--output={paths(cfg, spec.run_id).batch_log}",
         "--open-mode=append",
-        # one word: sbatch splits a directive line at spaces
-        f"--comment=fsdpctl-run:{spec.run_id}",
+        # one word: sbatch splits a directive line at spaces (the owner's comment has none)
+        f"--comment={comment}",
         # requeue after a node failure (sbatch(1) --requeue), as often as MAX_RESTARTS lets the
         # script run
         "--requeue" if spec.restart.max_restarts > 0 else "--no-requeue",
@@ -246,7 +248,8 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
     """The job spec (`jobspec.build`, as every backend starts from) as the whole batch script;
     BadInput naming the first setting Slurm cannot honour (`refusals`). Values are shell-quoted; the
     HF token never appears (HF_TOKEN_FILE's path does, or sbatch passes HF_TOKEN from the submitting
-    environment)."""
+    environment). Its --comment carries this home's owner identity for the run (the home id is
+    made once, on the first render: `manifest` shows the very script `job run` submits)."""
     if problems := refusals(cfg):
         more = (
             f"{len(problems) - 1} more such setting(s) after this one"
@@ -255,12 +258,13 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         )
         raise BadInput(problems[0], hint=more)
     spec = jobspec.build(cfg, run_id, record_id)
+    comment = owner.Owner(owner.home_id(), cfg.job_name, run_id).comment()
     root = paths(cfg, run_id).root
     most = spec.restart.max_restarts
     lines = [
         "#!/bin/bash",
         f"# fsdpctl job {spec.name}, run {run_id}: `fsdpctl manifest` prints it, `job run` submits it",
-        *(f"#SBATCH {opt}" for opt in sbatch_options(spec, cfg)),
+        *(f"#SBATCH {opt}" for opt in sbatch_options(spec, cfg, comment)),
         "set -euo pipefail",
         "",
         *(f"export {k}={shlex.quote(v)}" for k, v in trainer_env(spec, cfg).items()),
