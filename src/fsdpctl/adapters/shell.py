@@ -67,6 +67,13 @@ class Command:
         return cd + (prefix + " " if prefix else "") + shlex.join(self.argv)
 
 
+# How an outside program's output is read: as UTF-8 whatever the locale (sbatch, scontrol, kubectl,
+# git print UTF-8 or ASCII), a byte that is not UTF-8 shown escaped (`\xff`) rather than an
+# internal error (UnicodeDecodeError) in the middle of a verb. A line still reads, and what is
+# parsed from it (an id, a state) is checked by its parser as any other text.
+DECODING: dict[str, Any] = {"encoding": "utf-8", "errors": "backslashreplace"}
+
+
 @dataclass(frozen=True)
 class Captured:
     rc: int
@@ -125,6 +132,7 @@ def run(
             env={**os.environ, **cmd.env},
             cwd=cmd.cwd,
             text=True,
+            **DECODING,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
@@ -167,6 +175,7 @@ def capture(
         env=env,
         cwd=cwd,
         text=True,
+        **DECODING,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
