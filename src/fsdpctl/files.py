@@ -337,6 +337,12 @@ def _no_link_from(root: Path | None, path: Path) -> None:
             return
 
 
+def no_link_to(path: Path) -> None:
+    """NotOurs when `path`, under FSDPCTL_HOME, is reached through a symbolic link (a job or run
+    directory replaced by one): what a writer checks before it makes anything there."""
+    _no_link_from(_home_of(path), path)
+
+
 def kind_of(path: Path) -> str:
     """What is at `path`, in words (not following a link): 'a FIFO', 'a regular file', ..."""
     try:
@@ -405,9 +411,9 @@ def write_atomic(path: Path, text: str, mode: int = FILE_MODE) -> None:
     (a job or run directory replaced by a link is refused: NotOurs, naming it), and a link at the
     target itself is replaced, never written through (rename(2) replaces the link). No secret is
     ever written, whatever key it was pasted into (`redact`)."""
-    _no_link_from(_home_of(path), path)
+    no_link_to(path)
     make_dirs(path.parent)
-    _no_link_from(_home_of(path), path)  # made meanwhile: checked again, now that it exists
+    no_link_to(path)  # made meanwhile: checked again, now that it exists
     if os.path.islink(path.parent):  # a run directory on a shared volume, anywhere: its own
         raise NotOurs(path, f"would be written through {path.parent}, a symbolic link")
     fd, tmp = temp_beside(path, mode)

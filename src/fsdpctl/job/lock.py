@@ -69,6 +69,7 @@ def open_lock(path: Path, *, create: bool = True) -> int | None:
     and not to be made. CorruptLock when something else is at the path: O_NOFOLLOW, so a link is
     never followed to create or lock its target; a FIFO is opened without blocking and refused."""
     flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    files.no_link_to(path)  # a job directory replaced by a link: no lock made or taken through it
     try:
         if create:
             files.make_dirs(path.parent)

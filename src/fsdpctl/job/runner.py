@@ -64,8 +64,8 @@ def run(
     `job run` killed outright (SIGKILL) leaves the intent, which the next verb on the job settles
     (`settle`: recorded when the place holds it, dropped when not, never guessed)."""
     name = cfg.job_name
+    _unique_run_id(name, run_id)  # before its place is asked anything; again under the lock
     if dry_run or server_dry_run:
-        _unique_run_id(name, run_id)  # what the real run would refuse, the dry run says
         return be.dry_run(run_id=run_id, server=server_dry_run)
     rec = be.prepare(record_store.new(cfg, run_id))  # refusals: before anything is written
     jdir = home.job_dir(name)
