@@ -420,6 +420,31 @@ def test_a_lock_the_file_system_refuses_says_what_is_wrong_not_remove_the_lock(
     assert isinstance(got.value, lock.CorruptLock)  # cleanup passes over it as over a bad lock
 
 
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM])
+def test_a_state_the_user_may_not_read_is_not_called_damaged_or_to_be_removed(
+    cli, monkeypatch, code
+):
+    """open(2) of a job's state.json failing with EACCES or EPERM (another user's job, a mount's
+    permissions; faked here: the tests run as root, whom permission bits do not stop): the file
+    may be whole, so the line says access, and the hint never says to remove the job's directory
+    (which would lose its logs)."""
+    from fsdpctl.job import state
+
+    jdir = cli.home / "jobs" / "perm"
+    state.write(jdir, _slurm_state("perm", "r-1"))
+    real_open = os.open
+
+    def refusing(path, flags, mode=0o777, **kw):
+        if str(path).endswith("/state.json"):
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", refusing)
+    r = invoke("job", "status", "perm")
+    assert r.exit_code == 2 and "cannot be read" in r.said, r.output
+    assert "remove" not in r.said and "internal error" not in r.output, r.output
+
+
 def test_no_inodes_is_told_apart_from_no_space(monkeypatch, tmp_path):
     """ENOSPC is both (open(2)); statvfs(3)'s f_favail says there are no inodes left."""
     from fsdpctl import files
