@@ -418,8 +418,18 @@ def write_atomic(path: Path, text: str, mode: int = FILE_MODE) -> None:
         raise NotOurs(path, f"would be written through {path.parent}, a symbolic link")
     fd, tmp = temp_beside(path, mode)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(redact(text))
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encoded(redact(text)))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _encoded(text: str) -> bytes:
+    """UTF-8; a path's byte that was not UTF-8 (a surrogate escape, PEP 383) written back as that
+    byte, so a script names the very path (FSDPCTL_HOME with such a byte); any other lone surrogate
+    (only from a damaged file read back) escaped rather than an internal error."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace")
