@@ -571,6 +571,19 @@ def test_a_backend_flag_that_is_not_the_jobs_own_is_refused_and_nothing_changes(
     assert _snapshot(cli.home) == before, args
 
 
+@pytest.mark.parametrize("verb", ["status", "logs"])
+def test_a_reading_verb_with_another_backend_says_which_backend_holds_the_job(cli, verb):
+    """`job status`/`job logs` with a --backend that is not the job's look where the flag says (a
+    job of that name another home started there may be meant), and say in a warning where this
+    home's job of that name runs; nothing changes."""
+    _plant("rs", "rs-r1", "slurm", cli.home)
+    before = _snapshot(cli.home)
+    r = invoke("job", verb, "rs", "--backend", "local")
+    assert "was started here on slurm" in r.said and "--backend local" in r.said, r.output
+    assert "internal error" not in r.output
+    assert _snapshot(cli.home) == before
+
+
 def test_the_core_refuses_a_stop_on_another_backend_than_the_state_names(cli):
     """Not only the CLI: runner.stop given a backend that is not the one the job's state names
     (a caller that resolved it wrong) refuses, and the state is not marked stop-requested."""

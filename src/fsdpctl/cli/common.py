@@ -343,7 +343,14 @@ def resolve_job(
     name = (
         files.job_name(name) if name is not None else cfg.job_name
     )  # before any path is built from it
-    return backends.create(backends.placed(cfg, name, backend, acts=acts)), name
+    placed = backends.placed(cfg, name, backend, acts=acts)
+    where = backends.placement_of(name) if backend is not None else None
+    if where is not None and where["backend"] != backend:  # a reading verb: it looks where asked
+        warn(
+            f"job {name} was started here on {where['backend']}; --backend {backend} looks for a "
+            f"job of that name there instead (leave --backend out for this one)"
+        )
+    return backends.create(placed), name
 
 
 @dataclass
