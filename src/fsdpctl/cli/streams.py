@@ -148,7 +148,13 @@ def write_data(text: str) -> None:
         return
     try:
         stream.flush()  # what the console wrote before comes first
-        raw.write(escape_surrogates(text).encode("utf-8"))
+        # byte for byte: a value's byte that was not UTF-8 goes out as that byte (a .env that
+        # reproduces it); JSON and YAML escape it themselves (\udcff)
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no byte stands for: shown escaped
+            data = escape_surrogates(text).encode("utf-8")
+        raw.write(data)
         raw.flush()
     except (OSError, ValueError) as e:
         _lost["stdout"] = _reason(e, stream)
