@@ -166,6 +166,34 @@ def test_a_thing_planted_at_a_temp_name_is_never_written_through_or_waited_on(
 
 
 @SETTINGS
+@given(
+    kind=st.sampled_from(["symlink", "fifo", "directory"]), via=st.sampled_from(["run", "spawn"])
+)
+def test_a_link_or_fifo_at_a_log_path_is_refused_not_followed_or_waited_on(
+    cli, tmp_path, kind, via
+):
+    """Logs are appended to (O_APPEND), not replaced: a symbolic link there was followed (a file
+    elsewhere appended to), a FIFO with no reader blocked open(2) for writing (fifo(7)). Now
+    O_NOFOLLOW|O_NONBLOCK and a check on the descriptor: NotOurs at once, the victim untouched,
+    nothing started."""
+    from fsdpctl import files
+    from fsdpctl.adapters import shell
+
+    with fresh_home(tmp_path) as home:
+        victim = home.parent / "victim"
+        victim.write_text("precious")
+        log = home / "jobs" / "lg" / "logs" / "r-1" / "node-0.log"
+        log.parent.mkdir(parents=True)
+        _plant_at(log, kind, victim)
+        with no_hang(), pytest.raises(files.NotOurs):
+            if via == "run":
+                shell.run(shell.Command(["true"], {}), log_file=log)
+            else:
+                shell.spawn(["true"], env=dict(os.environ), log=log).wait()
+        assert victim.read_text() == "precious"
+
+
+@SETTINGS
 @given(writer=st.sampled_from(["state", "intent", "owner"]))
 def test_a_job_or_run_directory_replaced_by_a_link_is_refused_not_written_through(
     cli, tmp_path, writer

@@ -343,6 +343,28 @@ def no_link_to(path: Path) -> None:
     _no_link_from(_home_of(path), path)
 
 
+def open_append(path: Path | str, mode: int) -> int:
+    """A log opened to append to (made with `mode` when missing): a descriptor. What is at the path
+    must be a regular file reached without a link (under FSDPCTL_HOME, no link on the way; the file
+    itself never followed: O_NOFOLLOW) and is opened without blocking (a FIFO planted there with no
+    reader is refused at once, ENXIO, not waited on: fifo(7)); NotOurs otherwise."""
+    path = Path(path)
+    no_link_to(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise NotOurs(path, f"is {kind_of(path)}, not a log fsdpctl writes") from None
+        raise
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        raise NotOurs(path, f"is {KINDS.get(kind, 'not a regular file')}, not a log fsdpctl writes")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def kind_of(path: Path) -> str:
     """What is at `path`, in words (not following a link): 'a FIFO', 'a regular file', ..."""
     try:

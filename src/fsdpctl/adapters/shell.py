@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fsdpctl import files
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.redact import redact
 
@@ -154,7 +155,7 @@ LOG_MODE = 0o644  # a log anyone on the machine may read, only its writer write,
 def _append(path: Path, text: bool = False) -> Any:
     """`path` opened to append to, made with LOG_MODE; a log of ours that others may write (made
     under umask 000) loses that write bit."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+    fd = files.open_append(path, LOG_MODE)  # a link or FIFO there: refused, never followed
     st = os.fstat(fd)
     if st.st_uid == os.geteuid() and st.st_mode & 0o022:
         os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
