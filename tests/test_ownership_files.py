@@ -214,14 +214,16 @@ def test_a_job_or_run_directory_replaced_by_a_link_is_refused_not_written_throug
 
 
 def test_a_job_directory_that_is_a_link_is_one_line_exit_2_through_the_cli(cli, tmp_path):
-    """`job stop` of a job whose directory is a link: its state is not read or written through it,
-    one line naming the link, exit 2, nothing made where it leads."""
+    """`job stop`, `job status` and `job run` of a job whose directory is a link: its state is not
+    read, nor its lock, intent or state made, through it: one line naming the link, exit 2, nothing
+    made where it leads."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "state.json").write_text(json.dumps(_slurm_state("ln", "r-1")))
     (cli.home / "jobs").mkdir(parents=True)
     (cli.home / "jobs" / "ln").symlink_to(elsewhere)
-    for verb in (["job", "stop", "ln"], ["job", "status", "ln"]):
+    run = ["--set", "JOB_NAME=ln", "--set", "MODEL=tiny", "job", "run", "-d"]
+    for verb in (["job", "stop", "ln"], ["job", "status", "ln"], run):
         r = invoke(*verb)
         assert r.exit_code == 2, r.output
         assert "symbolic link" in r.said and "internal error" not in r.output
