@@ -8,6 +8,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -174,11 +175,44 @@ def why(e: BaseException) -> str:
         return e.why
     if isinstance(e, UnicodeDecodeError):
         return f"is not UTF-8 text (byte {e.start})"
+    if isinstance(e, TooDeep):
+        return str(e)
     if isinstance(e, ValueError):
         return "is not valid JSON (cut short, or not fsdpctl's)"
     if isinstance(e, OSError):
         return f"cannot be read ({e.strerror or type(e).__name__})"
     return f"cannot be read ({type(e).__name__})"
+
+
+# The errors a file system gives that are the file system's, not a file's: what is wrong and what
+# fixes it, in words (errno(3); ENOSPC is both "no space" and "no inodes": statvfs(3) says which).
+FS_ERRORS = {
+    errno.EROFS: "the file system is read-only",
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+}
+
+
+def fs_error(e: OSError, path: Path | str | None = None) -> str | None:
+    """What a file system error means, in words; None when it is not one of the file system's own
+    (a missing file, a link, a FIFO: the file's, see NotOurs)."""
+    said = FS_ERRORS.get(e.errno or 0)
+    if e.errno == errno.ENOSPC and path is not None and _no_inodes(Path(path)):
+        said = "no inodes left on the device (space remains, but no file can be made)"
+    return said
+
+
+def _no_inodes(path: Path) -> bool:
+    for p in (path, *path.parents):
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        return st.f_files > 0 and st.f_favail == 0
+    return False
 
 
 def open_regular(path: Path, *, follow_links: bool = False) -> BinaryIO:
@@ -221,10 +255,45 @@ def read_regular(path: Path, limit: int = STATE_MAX_BYTES, *, follow_links: bool
     return data
 
 
+# How deep a document fsdpctl writes nests: a record's settings and manifests are a few levels. A
+# deeper one is damaged or planted; parsing it would end in RecursionError (CPython's json recurses
+# once per level), so its depth is measured before it is parsed.
+JSON_MAX_DEPTH = 64
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]')
+
+
+class TooDeep(ValueError):
+    """A JSON document nested deeper than any fsdpctl writes."""
+
+
+def json_depth(data: bytes, limit: int = JSON_MAX_DEPTH) -> int:
+    """How deep `data` nests its arrays and objects (strings skipped), counted up to `limit` + 1:
+    linear in the size, no recursion."""
+    depth = deepest = 0
+    for m in _JSON_TOKENS.finditer(data):
+        c = m.group()[:1]
+        if c in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                break
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def loads(data: bytes, *, depth: int = JSON_MAX_DEPTH) -> Any:
+    """JSON bytes from a file or a place that is not trusted: TooDeep over `depth` levels, ValueError
+    when not UTF-8 JSON; NaN and Infinity refused (fsdpctl writes neither)."""
+    if data.count(b"[") + data.count(b"{") > depth and json_depth(data, depth) > depth:
+        raise TooDeep(f"nests deeper than the {depth} levels any file fsdpctl writes has")
+    return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+
+
 def read_json(path: Path, limit: int = STATE_MAX_BYTES) -> Any:
-    """A JSON file fsdpctl wrote: its document, parsed with NaN and Infinity refused (fsdpctl writes
-    neither); OSError (NotOurs) or ValueError (not UTF-8, not JSON) otherwise."""
-    return json.loads(read_regular(path, limit).decode("utf-8"), parse_constant=_no_constant)
+    """A JSON file fsdpctl wrote: its document (`loads`: size, depth and constants limited);
+    OSError (NotOurs) or ValueError (not UTF-8, not JSON, too deep) otherwise."""
+    return loads(read_regular(path, limit))
 
 
 def _no_constant(name: str) -> Any:
@@ -266,6 +335,34 @@ def _no_link_from(root: Path | None, path: Path) -> None:
                 )
         except FileNotFoundError:
             return
+
+
+def no_link_to(path: Path) -> None:
+    """NotOurs when `path`, under FSDPCTL_HOME, is reached through a symbolic link (a job or run
+    directory replaced by one): what a writer checks before it makes anything there."""
+    _no_link_from(_home_of(path), path)
+
+
+def open_append(path: Path | str, mode: int) -> int:
+    """A log opened to append to (made with `mode` when missing): a descriptor. What is at the path
+    must be a regular file reached without a link (under FSDPCTL_HOME, no link on the way; the file
+    itself never followed: O_NOFOLLOW) and is opened without blocking (a FIFO planted there with no
+    reader is refused at once, ENXIO, not waited on: fifo(7)); NotOurs otherwise."""
+    path = Path(path)
+    no_link_to(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise NotOurs(path, f"is {kind_of(path)}, not a log fsdpctl writes") from None
+        raise
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        raise NotOurs(path, f"is {KINDS.get(kind, 'not a regular file')}, not a log fsdpctl writes")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def kind_of(path: Path) -> str:
@@ -315,19 +412,46 @@ def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
         os.chmod(p, mode)
 
 
-def write_atomic(path: Path, text: str, mode: int = FILE_MODE) -> None:
-    """A temp file beside the target (created with `mode`, whatever the umask), then os.replace;
-    the parent is created, the temp file never left. No secret is ever written, whatever key it was
-    pasted into (`redact`)."""
-    make_dirs(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def temp_beside(path: Path, mode: int = FILE_MODE) -> tuple[int, Path]:
+    """A new temp file beside `path` for a writer that replaces `path` with it: (its descriptor,
+    its path). mkstemp's name (random, made with O_EXCL|O_NOFOLLOW: a link, a hard link or a FIFO
+    planted at a name guessed beforehand is never opened, written through or waited on), its mode
+    `mode` whatever the umask."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode
-        )
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(redact(text))
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        os.unlink(name)
+        raise
+    return fd, Path(name)
+
+
+def write_atomic(path: Path, text: str, mode: int = FILE_MODE) -> None:
+    """A temp file beside the target (`temp_beside`), then os.replace; the parent is created, the
+    temp file never left. Under FSDPCTL_HOME no symbolic link is followed on the way to the target
+    (a job or run directory replaced by a link is refused: NotOurs, naming it), and a link at the
+    target itself is replaced, never written through (rename(2) replaces the link). No secret is
+    ever written, whatever key it was pasted into (`redact`)."""
+    no_link_to(path)
+    make_dirs(path.parent)
+    no_link_to(path)  # made meanwhile: checked again, now that it exists
+    if os.path.islink(path.parent):  # a run directory on a shared volume, anywhere: its own
+        raise NotOurs(path, f"would be written through {path.parent}, a symbolic link")
+    fd, tmp = temp_beside(path, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encoded(redact(text)))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _encoded(text: str) -> bytes:
+    """UTF-8; a path's byte that was not UTF-8 (a surrogate escape, PEP 383) written back as that
+    byte, so a script names the very path (FSDPCTL_HOME with such a byte); any other lone surrogate
+    (only from a damaged file read back) escaped rather than an internal error."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace")

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
+from fsdptrain import atomic
 from fsdptrain.config import ConfigError
 from fsdptrain.resume import (
     LATEST,
@@ -69,12 +70,7 @@ class DamagedCheckpoint(CheckpointError):
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic.write_text(path, text, fsync=True)
 
 
 def _fsync_dir(path: Path) -> None:

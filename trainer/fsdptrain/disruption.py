@@ -53,6 +53,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fsdptrain import atomic
+
 STOP_FILE_ENV = (
     "FSDPTRAIN_STOP_FILE"  # the pod's annotations as the kubelet writes them (downward API)
 )
@@ -121,11 +123,8 @@ def write_note(environ: Mapping[str, str], kind: str, **detail: Any) -> None:
     path = environ.get(NOTE_ENV)
     if not path:
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump({"kind": kind, **detail}, f)
-        os.replace(tmp, path)
+        atomic.write_text(path, json.dumps({"kind": kind, **detail}))
     except OSError:  # the launcher then goes by the exit code alone
         pass
 
@@ -280,8 +279,6 @@ def record_end(environ: Mapping[str, str], who: str, code: int) -> None:
     path = Path(folder) / f"{who}-{os.getpid()}"
     try:
         os.makedirs(folder, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(f"{code}\n")
-        os.replace(tmp, path)
+        atomic.write_text(path, f"{code}\n")
     except OSError:
         pass

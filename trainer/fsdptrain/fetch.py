@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, TypedDict
 
+from fsdptrain import atomic
 from fsdptrain.config import ConfigError
 
 # re-exported: what a job reads from the hub and the download itself live in fsdptrain.hub;
@@ -81,9 +82,7 @@ def write_marker(path: Path, *, error: str | None, fetched: list[Fetched]) -> No
         ],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record) + "\n")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(record) + "\n")
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsdptrain import atomic
 from fsdptrain.config import BUILTIN
 
 PROGRESS_ENV = "FSDPTRAIN_FETCH_PROGRESS_S"  # seconds between progress lines (default 10)
@@ -317,9 +318,7 @@ def download(
 def publish_ref(cache: Path, target: Target, sha: str) -> None:
     ref = storage_dir(cache, target) / "refs" / target.revision
     ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-    tmp.write_text(sha)
-    os.replace(tmp, ref)
+    atomic.write_text(ref, sha)
 
 
 def progress_now(f: Fetched, cache: Path, state: str) -> Progress:

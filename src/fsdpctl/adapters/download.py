@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from fsdpctl import files
 from fsdpctl.errors import FsdpctlError
 
 NETWORK_HINT = "check the network (or a proxy), or fill the cache from a mirror (--from)"
@@ -33,13 +34,16 @@ def download(url: str, dest: Path, *, timeout: float = 60) -> Path:
     except (OSError, http.client.HTTPException, ValueError) as e:
         raise DownloadError(f"cannot download {url}: {_reason(e)}", hint=NETWORK_HINT) from e
     made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp: Path | None = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(body)
+        fd, tmp = files.temp_beside(dest, 0o644)  # a random name: nothing planted written through
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
         os.replace(tmp, dest)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         for (
             folder
         ) in made:  # deepest first: only the folders this call made, and only if left empty

@@ -13,6 +13,7 @@ import selectors
 import sys
 import time
 
+from fsdpctl import files
 from fsdpctl.job import crilog
 
 
@@ -22,7 +23,7 @@ def relay(log: str, fds: dict[int, str]) -> None:
     in P pieces; a CR LF ending is dropped like a LF one (containerd's readLine); what is left at
     the end without a newline is written as a P piece, as redirectLogs does at EOF (readers show it
     whole once no more can come)."""
-    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    out = files.open_append(log, 0o644)  # a link or FIFO at the log: refused, never followed
     sel = selectors.DefaultSelector()
     pending = dict.fromkeys(fds, b"")
     for fd in fds:

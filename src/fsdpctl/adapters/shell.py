@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fsdpctl import files
 from fsdpctl.errors import FsdpctlError
 from fsdpctl.redact import redact
 
@@ -65,6 +66,13 @@ class Command:
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         cd = f"cd {shlex.quote(str(self.cwd))} && " if self.cwd else ""
         return cd + (prefix + " " if prefix else "") + shlex.join(self.argv)
+
+
+# How an outside program's output is read: as UTF-8 whatever the locale (sbatch, scontrol, kubectl,
+# git print UTF-8 or ASCII), a byte that is not UTF-8 shown escaped (`\xff`) rather than an
+# internal error (UnicodeDecodeError) in the middle of a verb. A line still reads, and what is
+# parsed from it (an id, a state) is checked by its parser as any other text.
+DECODING: dict[str, Any] = {"encoding": "utf-8", "errors": "backslashreplace"}
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ def run(
             env={**os.environ, **cmd.env},
             cwd=cmd.cwd,
             text=True,
+            **DECODING,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
@@ -146,7 +155,7 @@ LOG_MODE = 0o644  # a log anyone on the machine may read, only its writer write,
 def _append(path: Path, text: bool = False) -> Any:
     """`path` opened to append to, made with LOG_MODE; a log of ours that others may write (made
     under umask 000) loses that write bit."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+    fd = files.open_append(path, LOG_MODE)  # a link or FIFO there: refused, never followed
     st = os.fstat(fd)
     if st.st_uid == os.geteuid() and st.st_mode & 0o022:
         os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
@@ -167,9 +176,7 @@ def capture(
         env=env,
         cwd=cwd,
         text=True,
-        # a program's bytes that are not UTF-8 (a site's sbatch, a controller in another locale)
-        # are shown escaped, never an internal error
-        errors="backslashreplace",
+        **DECODING,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

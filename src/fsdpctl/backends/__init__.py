@@ -99,11 +99,16 @@ def placement_ok(data: Any) -> bool:
     return namespace_ok and data.get("job_kind", kinds[0]) in kinds
 
 
-def placed(cfg: Config, job: str | None, flag: str | None) -> Config:
+def placed(cfg: Config, job: str | None, flag: str | None, *, acts: bool = False) -> Config:
     """The settings a verb on `job` runs with: `--backend` wins; else where the job was started;
-    else BACKEND. When the record decides, its namespace, kind and context come with it."""
+    else BACKEND. When the record decides, its namespace, kind and context come with it. `acts`: a
+    verb that changes the job (stop, cleanup): a --backend that is not the one the job's state
+    names is refused (one line naming both), never taken to mean another backend's job of that
+    name (which this home did not start)."""
     check_name(flag)
     if flag is not None:
+        if acts and job:
+            not_its_backend(job, placement_of(job), flag)
         return cfg.model_copy(update={"backend": flag})
     record = placement_of(job) if job else None
     if record is None:
@@ -111,3 +116,13 @@ def placed(cfg: Config, job: str | None, flag: str | None) -> Config:
     return cfg.model_copy(
         update={k: v for k, v in record.items() if k == "backend" or k in PLACEMENT_KEYS}
     )
+
+
+def not_its_backend(job: str, where: dict[str, str] | None, flag: str) -> None:
+    """BadInput when job `job` is recorded here on another backend than --backend `flag`."""
+    if where is not None and where["backend"] != flag:
+        raise BadInput(
+            f"job {job} runs on {where['backend']} (its state here says so), not on --backend {flag}",
+            hint=f"leave --backend out (the verb acts where the job runs), or pass --backend "
+            f"{where['backend']}",
+        )

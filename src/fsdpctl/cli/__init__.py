@@ -140,20 +140,29 @@ class _Group(WholeHelp):
             if (why := streams.broken_stdout(e)) is not None:  # click's help met a lost stdout
                 raise streams.OutputLost(why) from None
             _traceback_if_debug(ctx)
-            if (
-                isinstance(e, OSError) and e.filename
-            ):  # the file system said no: the path and its reason
-                err.print(
-                    "[red]error:[/] "
-                    + escape(redact(f"cannot write or read {e.filename}: {e.strerror}"))
-                )
-                err.print("  hint: " + OS_HINT)
-                ctx.exit(ExitCode.FAILURE)
+            if isinstance(e, OSError) and e.filename:
+                ctx.exit(_os_error(e))
             err.print(
                 "[red]error:[/] " + escape(redact(f"internal error: {type(e).__name__}: {e}"))
             )
             err.print("  hint: rerun with --debug for the traceback and report it")
             ctx.exit(ExitCode.FAILURE)
+
+
+def _os_error(e: OSError) -> int:
+    """The file system said no: the path and what is wrong, one line; its exit code. A thing at
+    one of fsdpctl's paths that is not what fsdpctl made there (a link, a FIFO: files.NotOurs) is
+    refused as bad input."""
+    from fsdpctl import files
+
+    if isinstance(e, files.NotOurs):
+        err.print("[red]error:[/] " + escape(redact(f"{e.filename} {e.why}")))
+        err.print("  hint: fsdpctl makes no links there: remove it (or move it back) and rerun")
+        return ExitCode.BAD_INPUT
+    said = files.fs_error(e, e.filename) or e.strerror
+    err.print("[red]error:[/] " + escape(redact(f"cannot write or read {e.filename}: {said}")))
+    err.print("  hint: " + OS_HINT)
+    return ExitCode.FAILURE
 
 
 def _overdue() -> type[BaseException]:

@@ -121,7 +121,7 @@ def _places(cfg: Config, job: str | None, flag: str | None) -> list[backends.Bac
     """The backends to clean: --backend's; a named job's own (where its state says it runs); else
     every backend holding a job here, and BACKEND."""
     if flag is not None or job is not None:
-        return [backends.create(backends.placed(cfg, job, flag))]
+        return [backends.create(backends.placed(cfg, job, flag, acts=True))]
     get = backends.factory(cfg)
     return [get(n) for n in runner.backends_here(cfg)]
 

@@ -332,15 +332,25 @@ ReplaceOpt = Annotated[
 ]
 
 
-def resolve_job(ctx: typer.Context, name: str | None, backend: str | None) -> tuple[Backend, str]:
-    """The backend holding job NAME: --backend, else the one it was started on, else BACKEND."""
+def resolve_job(
+    ctx: typer.Context, name: str | None, backend: str | None, *, acts: bool = False
+) -> tuple[Backend, str]:
+    """The backend holding job NAME: --backend, else the one it was started on, else BACKEND.
+    `acts`: the verb changes the job: a --backend that is not the job's own is refused."""
     from fsdpctl import backends, files
 
     cfg = state(ctx).config()
     name = (
         files.job_name(name) if name is not None else cfg.job_name
     )  # before any path is built from it
-    return backends.create(backends.placed(cfg, name, backend)), name
+    placed = backends.placed(cfg, name, backend, acts=acts)
+    where = backends.placement_of(name) if backend is not None else None
+    if where is not None and where["backend"] != backend:  # a reading verb: it looks where asked
+        warn(
+            f"job {name} was started here on {where['backend']}; --backend {backend} looks for a "
+            f"job of that name there instead (leave --backend out for this one)"
+        )
+    return backends.create(placed), name
 
 
 @dataclass

@@ -290,7 +290,7 @@ def stop(
 
     Example: fsdpctl job stop
     """
-    be, name = resolve_job(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend, acts=True)
     result = runner.stop(
         be, name, wait=wait_, dry_run=dry_run, say=lambda line: note(f"waiting: {line}")
     )

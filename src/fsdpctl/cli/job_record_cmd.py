@@ -48,7 +48,7 @@ FORMATS = ("table", "json", "yaml", "env")
 
 
 NameArg = typer.Argument(
-    help="job name (its newest run), run id or record id (default: JOB_NAME)",
+    help="job name (its newest run), run id, JOB/RUN or record id (default: JOB_NAME)",
     autocompletion=completion.job_names,
 )
 
@@ -285,7 +285,7 @@ def rerun(
     """
     from fsdpctl.job import policy as jobpolicy
 
-    got = load_record(ctx, name, backend)
+    got = load_record(ctx, name, backend, acts=True)
     run_id = jobpolicy.new_run_id(got.rec["job"])
     cfg = _settings_for(ctx, got.rec, _rerun_start(ctx, got.rec, run_id), "job rerun")
     drifted, unchecked = drift(got.rec, cfg)
@@ -353,7 +353,7 @@ def resume(
 
     Example: fsdpctl job resume fsdp -d
     """
-    got = load_record(ctx, name, backend)
+    got = load_record(ctx, name, backend, acts=True)
     rec = main_line(got.rec) if name is None or name == got.rec["job"] else got.rec
     cfg = _settings_for(ctx, rec, {"RESUME": "auto"}, "job resume")
     admit(cfg, force=force)
@@ -379,7 +379,7 @@ def diff(
         str,
         typer.Argument(
             metavar="A",
-            help="a run: job name, run id or record id",
+            help="a run: job name, run id, JOB/RUN or record id",
             autocompletion=completion.job_names,
         ),
     ],

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdpctl import files
 from fsdptrain import events
 
 
@@ -97,9 +98,10 @@ def write_png(steps: Sequence[events.Step], path: Path, title: str) -> None:
             ax.set_xticks([])
             ax.set_yticks([])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, tmp = files.temp_beside(path, 0o644)  # a random name: nothing planted is written through
     try:
-        fig.savefig(tmp, format="png")
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -75,19 +75,42 @@ def _from_this_machine(name: str, cfg: Config) -> Loaded | None:
     return Loaded(now, record.losses(lines), where)
 
 
-def load_record(ctx: typer.Context, name: str | None, backend: str | None) -> Loaded:
-    """The record NAME means (see the module's doc); exit 4 with the fix when there is none."""
+def load_record(
+    ctx: typer.Context, name: str | None, backend: str | None, *, acts: bool = False
+) -> Loaded:
+    """The record NAME means (see the module's doc); exit 4 with the fix when there is none.
+    `acts`: the verb starts a run from it (resume, rerun): a --backend that is not the backend of
+    the job (its state) or of the record is refused, one line naming both."""
+    got = _load_record(ctx, name, backend, acts=acts)
+    if acts and backend is not None and backend != got.rec["backend"]:
+        rec = got.rec
+        raise BadInput(
+            f"job {rec['job']} run {rec['run_id']} ran on {rec['backend']}, not on --backend "
+            f"{backend}",
+            hint=f"leave --backend out (it runs where the record says), or pass --backend "
+            f"{rec['backend']}",
+        )
+    return got
+
+
+def _load_record(
+    ctx: typer.Context, name: str | None, backend: str | None, *, acts: bool
+) -> Loaded:
     from fsdpctl.job import record
     from fsdpctl.job import store as record_store
 
     cfg = state(ctx).config()
     name = name if name is not None else cfg.job_name
-    if not files.RUN_ID.fullmatch(name):
+    if "/" in name:  # JOB/RUN: one job's run, where a run id alone names runs of several jobs
+        job_part, _, run_part = name.partition("/")
+        name = f"{files.job_name(job_part)}/{files.run_id(run_part)}"
+    elif not files.RUN_ID.fullmatch(name):
         raise BadInput(
-            f"NAME {name!r} is not a job name, run id or record id", hint="`fsdpctl job list`"
+            f"NAME {name!r} is not a job name, run id, JOB/RUN or record id",
+            hint="`fsdpctl job list`",
         )
     job = name if files.JOB_NAME.fullmatch(name) else None
-    placed = backends.placed(cfg, job, backend)
+    placed = backends.placed(cfg, job, backend, acts=acts)
     kept = backends.create(placed).kept_record(job) if job is not None else None
     if kept is not None:
         if not kept.problems:  # this machine's copy, with what was learnt

@@ -37,6 +37,22 @@ CONTROLS_IN_A_VALUE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]
 NAMED = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
 
 
+# lone surrogates: a byte that was not UTF-8 in a path or in what an outside program printed, as
+# Python gives it (surrogateescape: U+DC80-U+DCFF for bytes 0x80-0xFF; PEP 383). No stream can
+# encode one (sys.stdout raises UnicodeEncodeError): shown as the byte it was, `\xff`.
+SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate(m: re.Match[str]) -> str:
+    c = ord(m.group(0))
+    return f"\\x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"\\u{c:04x}"
+
+
+def escape_surrogates(text: str) -> str:
+    """`text` with each lone surrogate shown escaped: the byte it stands for (`\\xff`)."""
+    return SURROGATES.sub(_surrogate, text)
+
+
 def _escaped(m: re.Match[str]) -> str:
     c = m.group(0)
     if c in NAMED:
@@ -47,7 +63,7 @@ def _escaped(m: re.Match[str]) -> str:
 def escape_controls(text: str, *, value: bool = False) -> str:
     """`text` with every control character shown escaped (`\\x1b`, `\\r`, `\\u202e`); TAB and
     newlines stay, unless `value` (one value, one line: `\\t`, `\\n`)."""
-    return (CONTROLS_IN_A_VALUE if value else CONTROLS).sub(_escaped, text)
+    return escape_surrogates((CONTROLS_IN_A_VALUE if value else CONTROLS).sub(_escaped, text))
 
 
 # ---- the streams ---------------------------------------------------------------------------------
@@ -109,6 +125,7 @@ def write(name: Name, text: str) -> None:
     try:
         if stream is None:  # the interpreter found the descriptor closed at start (`>&-`)
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        text = escape_surrogates(text)  # never encodable: a non-UTF-8 byte shown as `\xff`
         if name == "stderr":
             text = _encodable(text, stream)
         stream.write(text)
@@ -131,7 +148,13 @@ def write_data(text: str) -> None:
         return
     try:
         stream.flush()  # what the console wrote before comes first
-        raw.write(text.encode("utf-8", "surrogateescape"))
+        # byte for byte: a value's byte that was not UTF-8 goes out as that byte (a .env that
+        # reproduces it); JSON and YAML escape it themselves (\udcff)
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no byte stands for: shown escaped
+            data = escape_surrogates(text).encode("utf-8")
+        raw.write(data)
         raw.flush()
     except (OSError, ValueError) as e:
         _lost["stdout"] = _reason(e, stream)

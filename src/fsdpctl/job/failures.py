@@ -87,10 +87,10 @@ def root_cause(lines: Sequence[str]) -> RootCause | None:
 def error_file_message(text: str) -> str | None:
     """The exception an error file records ({"message": {"message": "<Type>: <text>", "extraInfo":
     ...}}, torch's ErrorHandler.record_exception), or None for anything else."""
-    import json
+    from fsdpctl import files
 
-    try:
-        data = json.loads(text)
+    try:  # depth-limited: a file a failing process left is no proof of its shape
+        data = files.loads(text.encode("utf-8", "surrogateescape"))
     except ValueError:
         return None
     message = data.get("message") if isinstance(data, dict) else None

@@ -37,6 +37,22 @@ class CorruptLock(FsdpctlError):
         )
 
 
+class Unwritable(CorruptLock):
+    """The job's lock cannot be made or opened because of the file system (read-only, full, no
+    inodes, permissions): said as that, never as a lock to remove (the lock is fine; the place is
+    not). A CorruptLock for the verbs that pass over a job whose lock they cannot take (cleanup
+    keeps it, with this line)."""
+
+    def __init__(self, path: Path, why: str):
+        FsdpctlError.__init__(
+            self,
+            f"{path}: the job's lock cannot be made or opened: {why}",
+            hint="free space or inodes, make the file system writable or fix its permissions, or "
+            "point FSDPCTL_HOME elsewhere; then run the command again",
+            code=ExitCode.FAILURE,
+        )
+
+
 class Busy(FsdpctlError):
     """Another process held the job's lock for the whole wait."""
 
@@ -53,16 +69,19 @@ def open_lock(path: Path, *, create: bool = True) -> int | None:
     and not to be made. CorruptLock when something else is at the path: O_NOFOLLOW, so a link is
     never followed to create or lock its target; a FIFO is opened without blocking and refused."""
     flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-    if create:
-        files.make_dirs(path.parent)
-        flags |= os.O_CREAT
+    files.no_link_to(path)  # a job directory replaced by a link: no lock made or taken through it
     try:
+        if create:
+            files.make_dirs(path.parent)
+            flags |= os.O_CREAT
         fd = os.open(path, flags, files.FILE_MODE)
     except FileNotFoundError:
         if create:
             raise
         return None
     except OSError as e:
+        if (fs := files.fs_error(e, path.parent)) is not None:
+            raise Unwritable(path, fs) from e
         what = (
             "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
         )

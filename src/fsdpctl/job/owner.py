@@ -178,7 +178,7 @@ def read_file(directory: Path) -> Mark:
     """What a run directory's owner file says; no owner when it is missing, damaged or not a
     regular file (a link or FIFO there is nobody's proof)."""
     try:
-        data = json.loads(files.read_regular(directory / OWNER_FILE, 4096).decode("utf-8"))
+        data = files.loads(files.read_regular(directory / OWNER_FILE, 4096))
     except (OSError, ValueError):
         return Mark(None, None)
     if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("home", "job")):

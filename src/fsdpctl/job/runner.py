@@ -67,9 +67,10 @@ def run(
     an error or a signal during the submit finds the submission by its token and cancels it, and a
     `job run` killed outright (SIGKILL) leaves the intent, which the next verb on the job settles
     (`settle`: recorded when the place holds it, dropped when not, never guessed)."""
+    name = cfg.job_name
+    _unique_run_id(name, run_id)  # before its place is asked anything; again under the lock
     if dry_run or server_dry_run:
         return be.dry_run(run_id=run_id, server=server_dry_run)
-    name = cfg.job_name
     rec = be.prepare(record_store.new(cfg, run_id))  # refusals: before anything is written
     jdir = home.job_dir(name)
     with lock.held(jdir):
@@ -252,7 +253,12 @@ def settle(jdir: Path, other: Factory, say: Callable[[str], None] | None = None)
 def _unique_run_id(name: str, run_id: str) -> None:
     """A run id names one run of a job: one already recorded here is refused (its record, the
     history's line and the run's files would be another run's)."""
-    if record_store.path(name, run_id).exists():
+    try:
+        current = state.read(home.job_dir(name))
+    except state.Damaged:  # named by the verb that reads it next; the records still say
+        current = None
+    recorded = os.path.lexists(record_store.path(name, run_id))
+    if recorded or (current is not None and current["run_id"] == run_id):
         raise FsdpctlError(
             f"--run-id {run_id!r}: job {name} already has a run with this id",
             hint="leave --run-id out (a new id is made), or pass one not used before "
@@ -361,7 +367,15 @@ def stop(
     job with no state here (a cluster job started elsewhere, a job that does not exist), make no
     lock file."""
     jdir = home.job_dir(name)
-    recorded = state.read(jdir) is not None
+    st = state.read(jdir)
+    recorded = st is not None
+    if st is not None and state.backend_of(st) != be.name:  # never another backend's job, or
+        # its state marked stopped for a stop that went elsewhere
+        raise FsdpctlError(
+            f"job {name} runs on {state.backend_of(st)} (its state here says so), not on {be.name}",
+            hint=f"`fsdpctl job stop {name}` (without --backend) stops it where it runs",
+            code=ExitCode.BAD_INPUT,
+        )
     if dry_run:
         return be.stop(name, wait=wait, dry_run=True, say=say)
     with lock.held(jdir, create=recorded):

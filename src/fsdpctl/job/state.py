@@ -173,6 +173,21 @@ class Damaged(FsdpctlError):
         self.path = path
 
 
+class Unreadable(Damaged):
+    """A state.json the file system will not let this user read (permissions, an I/O error): the
+    file may be whole, so the hint is to fix the access, never to remove the job's directory. A
+    Damaged for the verbs that pass over a job they cannot read (list, cleanup keep it)."""
+
+    def __init__(self, path: Path, why: str):
+        FsdpctlError.__init__(
+            self,
+            f"{path} cannot be read: {why}",
+            hint="fix its permissions (or run as the user who started the job); nothing was changed",
+            code=ExitCode.BAD_INPUT,
+        )
+        self.path = path
+
+
 def read(jdir: Path) -> JobState | None:
     """The job's state; None when it has none; Damaged (naming the file) when it is not this job's
     state: not a regular file (a FIFO, a link, a directory: read without following or blocking),
@@ -182,7 +197,11 @@ def read(jdir: Path) -> JobState | None:
         data = files.read_json(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        if not isinstance(e, files.NotOurs) and (fs := files.fs_error(e, path)):
+            raise Unreadable(path, fs) from e
+        raise Damaged(path, files.why(e)) from e
+    except ValueError as e:
         raise Damaged(path, files.why(e)) from e
     if why := problem(data, jdir.name):
         raise Damaged(path, why)

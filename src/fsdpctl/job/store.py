@@ -123,10 +123,15 @@ def of_job(job: str, damaged: list[BadInput] | None = None) -> list[RunRecord]:
 
 
 def find(name: str) -> RunRecord | None:
-    """The record `name` means: the newest run of job `name` (a job's own name wins over another
-    job's run id or record that happens to equal it), else a run id or a record id (any job). A job
-    whose every record is damaged is that damage, one line naming the newest file (not "no record").
-    """
+    """The record `name` means: `JOB/RUN` (that job's run), else the newest run of job `name` (a
+    job's own name wins over another job's run id or record that happens to equal it), else a run
+    id or a record id (any job). A run id two jobs share is refused, naming both as `JOB/RUN` (never
+    one picked silently). A job whose every record is damaged is that damage, one line naming the
+    newest file (not "no record")."""
+    if "/" in name:
+        job, _, run = name.partition("/")
+        where = path(job, run)  # bad input when either part is not a name
+        return read(where) if os.path.lexists(where) else None
     damaged: list[BadInput] = []
     runs = of_job(name, damaged)
     if runs:
@@ -135,19 +140,40 @@ def find(name: str) -> RunRecord | None:
         raise damaged[-1]
     dirs = _job_dirs()
     if files.RUN_ID.fullmatch(name) and ".." not in name:
-        for d in dirs:  # lexists: a link or a FIFO where the record was is named, not passed over
-            if os.path.lexists(d / f"{name}.json"):
-                return read(d / f"{name}.json")
-    for p in (
-        (p for d in dirs for p in sorted(d.glob("*.json"))) if len(name) == record.ID_CHARS else []
-    ):
+        # lexists: a link or a FIFO where the record was is named, not passed over
+        hits = [d / f"{name}.json" for d in dirs if os.path.lexists(d / f"{name}.json")]
+        if len(hits) > 1:
+            raise Ambiguous(f"run id {name!r}", [f"{p.parent.name}/{name}" for p in hits])
+        if hits:
+            return read(hits[0])
+    if len(name) != record.ID_CHARS:
+        return None
+    found = [rec for rec in _all_records(dirs) if rec["id"] == name]
+    if len({(r["job"], r["run_id"]) for r in found}) > 1:
+        raise Ambiguous(f"record id {name!r}", [f"{r['job']}/{r['run_id']}" for r in found])
+    return found[0] if found else None
+
+
+class Ambiguous(BadInput):
+    """An id more than one run answers to: each named in the form that means it alone."""
+
+    def __init__(self, what: str, forms: list[str]):
+        super().__init__(
+            f"{what} names {len(forms)} runs: {', '.join(forms)}",
+            hint=f"name one as JOB/RUN, e.g. `fsdpctl job describe {forms[0]}`",
+        )
+        self.forms = forms
+
+
+def _all_records(dirs: list[Path]) -> list[RunRecord]:
+    """Every readable record in `dirs` (a record id lookup: damaged ones are passed over)."""
+    found = []
+    for p in (p for d in dirs for p in sorted(d.glob("*.json"))):
         try:
-            rec = read(p)
+            found.append(read(p))
         except BadInput:
             continue
-        if rec["id"] == name:
-            return rec
-    return None
+    return found
 
 
 def _job_dirs() -> list[Path]:

@@ -21,6 +21,7 @@ from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
 from fsdpctl.job import crilog, lock, render
 from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import state as core_state
 from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.owner import Mark, Owner
@@ -171,7 +172,10 @@ class LocalBackend:
         except local.CorruptState as e:
             raise FsdpctlError(
                 str(e),
-                hint=f"remove {local.job_dir(name)} and run the job again",
+                # a file this user may not read may well be whole: never "remove" for that
+                hint=e.hint
+                if isinstance(e, core_state.Unreadable)
+                else f"remove {local.job_dir(name)} and run the job again",
                 code=ExitCode.BAD_INPUT,
             ) from e
 

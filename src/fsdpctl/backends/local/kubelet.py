@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fsdpctl import files
+
 EMPTY_DIR_MODE = 0o777
 SCRATCH_MODE = 0o1777
 CLAIM_MODE = 0o755
@@ -61,10 +63,13 @@ def write_annotations(directory: str, annotations: Mapping[str, str]) -> None:
     atomic writer does."""
     lines = "".join(f"{key}={_quoted(value)}\n" for key, value in sorted(annotations.items()))
     path = Path(directory, "annotations")
-    tmp = path.with_name(".annotations.tmp")
-    tmp.write_text(lines)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    fd, tmp = files.temp_beside(path, 0o644)  # a random name: nothing planted is written through
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(lines)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _quoted(value: str) -> str:
