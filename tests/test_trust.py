@@ -1157,3 +1157,44 @@ def test_the_install_says_its_time_and_size_before_it_starts():
     assert "minutes" in recipe[:first_pip] and "GB" in recipe[:first_pip]
     assert "-q torch" not in recipe  # pip's progress shows for the big download
     assert sys.executable  # (the same Makefile as CI runs)
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_history_never_cuts_the_ids_a_user_copies_and_diff_takes_a_prefix(cli, columns):
+    """`job history` cut its run ids at 80 and 120 columns (`first-6b16cc71-f607…`), and `job diff`
+    refused what a user pasted (issue 44). The id columns are never cut (the prose columns wrap),
+    and every verb that takes a run takes a unique prefix of its id, as git and docker do; a pasted
+    cut id (its "…") is a prefix; a prefix two runs share is refused naming both."""
+    runs = [f"first-6b16cc71-f607-4a{n}c-9e2d-long-run-id" for n in range(3)]
+    for n, run in enumerate(runs):
+        _plant_record(cli.home, "first", run, {"LR": f"0.00{n + 1}", "MAX_STEPS": "600"}, n + 1.0)
+    table = _at_a_terminal(cli, columns, "job", "history", "first")
+    assert all(run in table for run in runs), table
+    assert max(map(len, table.splitlines())) <= columns, table
+    said = cli("job", "diff", runs[0][:-10] + "…", runs[2])
+    assert said.exit_code == 0, said.output
+    short = cli("job", "describe", "first-6b16")
+    assert short.exit_code == 2 and "names 3 runs" in short.stderr
+    assert all(f"first/{run}" in short.stderr for run in runs)
+
+
+def _at_a_terminal(cli, columns: int, *args: str) -> str:
+    """What fsdpctl prints on a terminal `columns` wide (a pseudo-terminal: rich fits its tables to
+    a terminal only), without the escape sequences."""
+    master, slave = os.openpty()
+    env = {**cli.env(COLUMNS=str(columns)), "TERM": "dumb"}
+    proc = subprocess.Popen(cli.argv(*args), stdout=slave, stderr=slave, env=env, cwd=cli.cwd)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, seen
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    return text.replace("\r\n", "\n")

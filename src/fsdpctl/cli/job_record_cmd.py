@@ -219,6 +219,13 @@ def _history_table(rows: list[HistoryRow]) -> PlainTable:
     for r in rows:
         changed = ", ".join(f"{k}={_shown(v)}" for k, (_, v) in r["changed"].items()) or "-"
         t.add_row(r["run_id"], r["record"], r["started"], r["from"], changed, r["outcome"])
+    # the ids are what a user copies (into `job diff`): never cut; the prose columns wrap instead
+    for i, column in enumerate(t.columns):
+        if i < 2:
+            column.no_wrap = True
+            column.min_width = max([len(str(column.header)), *(len(x[i]) for x in t.plain_rows)])
+        else:
+            column.overflow = "fold"
     return t
 
 

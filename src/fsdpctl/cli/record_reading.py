@@ -104,9 +104,9 @@ def _load_record(
     if "/" in name:  # JOB/RUN: one job's run, where a run id alone names runs of several jobs
         job_part, _, run_part = name.partition("/")
         name = f"{files.job_name(job_part)}/{files.run_id(run_part)}"
-    elif not files.RUN_ID.fullmatch(name):
+    elif not files.RUN_ID.fullmatch(name.removesuffix("…").removesuffix("...")):  # (a prefix)
         raise BadInput(
-            f"NAME {name!r} is not a job name, run id, JOB/RUN or record id",
+            f"NAME {name!r} is not a job name, run id (or a prefix of one), JOB/RUN or record id",
             hint="`fsdpctl job list`",
         )
     job = name if files.JOB_NAME.fullmatch(name) else None

@@ -127,7 +127,8 @@ def find(name: str) -> RunRecord | None:
     job's own name wins over another job's run id or record that happens to equal it), else a run
     id or a record id (any job). A run id two jobs share is refused, naming both as `JOB/RUN` (never
     one picked silently). A job whose every record is damaged is that damage, one line naming the
-    newest file (not "no record")."""
+    newest file (not "no record"). Failing all of those, a unique prefix of a run id or record id
+    (at least PREFIX_MIN characters; a trailing "…" of a cut table cell is taken off)."""
     if "/" in name:
         job, _, run = name.partition("/")
         where = path(job, run)  # bad input when either part is not a name
@@ -146,12 +147,35 @@ def find(name: str) -> RunRecord | None:
             raise Ambiguous(f"run id {name!r}", [f"{p.parent.name}/{name}" for p in hits])
         if hits:
             return read(hits[0])
-    if len(name) != record.ID_CHARS:
+    if len(name) == record.ID_CHARS:
+        found = [rec for rec in _all_records(dirs) if rec["id"] == name]
+        if len({(r["job"], r["run_id"]) for r in found}) > 1:
+            raise Ambiguous(f"record id {name!r}", [f"{r['job']}/{r['run_id']}" for r in found])
+        if found:
+            return found[0]
+    return _by_prefix(name, dirs)
+
+
+# the shortest prefix of a run or record id taken for the whole (git's and docker's 4); a table cut
+# at a narrow terminal ends an id with "…", which is taken off
+PREFIX_MIN = 4
+
+
+def _by_prefix(name: str, dirs: list[Path]) -> RunRecord | None:
+    """The one run whose run id or record id starts with `name`, as git and docker take a unique
+    prefix; more than one is refused naming each as JOB/RUN; None when none."""
+    prefix = name.removesuffix("…").removesuffix("...")
+    if len(prefix) < PREFIX_MIN or not files.RUN_ID.fullmatch(prefix.rstrip("-_.") or "-"):
         return None
-    found = [rec for rec in _all_records(dirs) if rec["id"] == name]
-    if len({(r["job"], r["run_id"]) for r in found}) > 1:
-        raise Ambiguous(f"record id {name!r}", [f"{r['job']}/{r['run_id']}" for r in found])
-    return found[0] if found else None
+    runs = {(d.name, p.stem) for d in dirs for p in d.glob("*.json") if p.stem.startswith(prefix)}
+    if all(c in "0123456789abcdef" for c in prefix):
+        runs |= {(r["job"], r["run_id"]) for r in _all_records(dirs) if r["id"].startswith(prefix)}
+    if len(runs) > 1:
+        raise Ambiguous(f"prefix {prefix!r}", [f"{j}/{r}" for j, r in sorted(runs)])
+    if not runs:
+        return None
+    job, run = runs.pop()
+    return read(path(job, run))
 
 
 class Ambiguous(BadInput):
