@@ -15,11 +15,15 @@ import io
 import os
 import sys
 from pathlib import Path
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from typer._click.exceptions import ClickException, UsageError
+from typer._coercion import RuntimeParam
+from typer.core import TyperCommand
 
 from fsdpctl import __version__
 from fsdpctl.cli import completion, streams
@@ -51,6 +55,18 @@ class _Group(WholeHelp):
         *("quickstart", "config", "plan", "doctor", "job", "manifest", "cleanup"),
         *("cluster", "deploy", "image", "monitor", "model", "data", "version"),
     )
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = LazyCommands(self.commands)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        """With typer's completion options (added after __init__) and click's --help."""
+        return _plainly(super().get_params(ctx))
+
+    def short_help_of(self, name: str) -> str | None:
+        """A command's line in the root's help, from COMMANDS: no module imported for --help."""
+        return COMMANDS[name][2] if name in COMMANDS else None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **kw):
         """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse. click's
@@ -202,7 +218,7 @@ def _sets_first(root: Any, argv: list[str]) -> list[str]:
         if arg.startswith("-"):
             i += 2 if "=" not in arg and _takes_value(cmd, arg) else 1
             continue
-        sub = getattr(cmd, "commands", {}).get(arg)
+        sub = getattr(cmd, "commands", {}).get(arg)  # the root's: imported here, as it runs next
         if sub is None:  # a positional argument of a command: keep walking its options
             i += 1
             continue
@@ -292,44 +308,192 @@ def root(
     )
 
 
-def _register() -> None:
-    from fsdpctl.cli import (
-        cleanup_cmd,
-        cluster_cmd,
-        config_cmd,
-        deploy_cmd,
-        doctor_cmd,
-        hub_cmd,
-        image_cmd,
-        job_cmd,
-        manifest_cmd,
-        monitor_cmd,
-        plan_cmd,
-        quickstart_cmd,
+# Every command of the root, in the order they were added: its module, the attribute there (a
+# typer.Typer group or a command function) and the first sentence of its help, which the root's
+# --help lists without importing the module (tests/test_cli_imports.py holds the sentences equal to
+# the commands'). A command's module is imported when the command runs, so `fsdpctl version` pays
+# for no settings, pydantic or backend (docs/code-layout.md, "How commands load").
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "config": ("fsdpctl.cli.config_cmd", "app", "Show and check the settings (.env, environment, --set)."),
+    "job": (
+        "fsdpctl.cli.job_cmd",
+        "app",
+        "Run and watch training jobs: on this machine (BACKEND=local), an EKS cluster (eks: the "
+        "kubeconfig's, KUBE_CONTEXT) or a Slurm cluster (slurm).",
+    ),
+    "cluster": (
+        "fsdpctl.cli.cluster_cmd",
+        "app",
+        "The EKS cluster: preflight, status, create and delete (eksctl or terraform).",
+    ),
+    "image": (
+        "fsdpctl.cli.image_cmd",
+        "app",
+        "The trainer image: build it from docker/Dockerfile, push it to ECR.",
+    ),
+    "deploy": (
+        "fsdpctl.cli.deploy_cmd",
+        "app",
+        "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2), the device plugins, the FSx "
+        "CSI driver and monitoring on the cluster.",
+    ),
+    "monitor": ("fsdpctl.cli.monitor_cmd", "app", "Watch GPUs and training from the terminal."),
+    "model": (
+        "fsdpctl.cli.hub_cmd",
+        "model_app",
+        "Models on the Hugging Face Hub: pre-stage one where jobs read it.",
+    ),
+    "data": (
+        "fsdpctl.cli.hub_cmd",
+        "data_app",
+        "Data sets on the Hugging Face Hub: pre-stage one where jobs read it.",
+    ),
+    "cleanup": (
+        "fsdpctl.cli.cleanup_cmd",
+        "cleanup",
+        "Remove ended jobs and what they left; checkpoints only with --checkpoints.",
+    ),
+    "manifest": (
+        "fsdpctl.cli.manifest_cmd",
+        "manifest",
+        "Render the job's Kubernetes objects (Namespace, etcd if used, PyTorchJob) from the settings.",
+    ),
+    "quickstart": (
+        "fsdpctl.cli.quickstart_cmd",
+        "quickstart",
+        "Train a tiny Llama with FSDP on this machine: 2 simulated nodes, real torchrun rendezvous, "
+        "checkpoints.",
+    ),
+    "plan": ("fsdpctl.cli.plan_cmd", "plan", "A job's memory, speed and cost before it runs."),
+    "doctor": (
+        "fsdpctl.cli.doctor_cmd",
+        "doctor",
+        "Preflight: GPU, driver vs CUDA, a forward/backward on cuda, bf16, NCCL bandwidth, EFA, "
+        "/dev/shm, disk, data.",
+    ),
+    "version": ("fsdpctl.cli", "version", "The fsdpctl version (as --version)."),
+}
+
+
+def _build(name: str) -> Any:
+    """The click command of COMMANDS[name], built as typer's add_typer/command would have built it
+    at the root: its module imported now, with the root's markup and exception settings."""
+    import importlib
+
+    import typer.main
+    import typer.models
+
+    module, attr, _ = COMMANDS[name]
+    found = getattr(importlib.import_module(module), attr)
+    if isinstance(found, typer.Typer):
+        return typer.main.get_group_from_info(
+            typer.models.TyperInfo(found, name=name),
+            pretty_exceptions_short=app.pretty_exceptions_short,
+            rich_markup_mode=app.rich_markup_mode,
+            suggest_commands=app.suggest_commands,
+        )
+    return typer.main.get_command_from_info(
+        typer.models.CommandInfo(name=name, callback=found, cls=_Command),
+        pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode,
     )
 
-    app.add_typer(config_cmd.app, name="config")
-    app.add_typer(job_cmd.app, name="job")
-    app.add_typer(cluster_cmd.app, name="cluster")
-    app.add_typer(image_cmd.app, name="image")
-    app.add_typer(deploy_cmd.app, name="deploy")
-    app.add_typer(monitor_cmd.app, name="monitor")
-    app.add_typer(hub_cmd.model_app, name="model")
-    app.add_typer(hub_cmd.data_app, name="data")
-    app.command("cleanup")(cleanup_cmd.cleanup)
-    app.command("manifest")(manifest_cmd.manifest)
-    app.command("quickstart")(quickstart_cmd.quickstart)
-    app.command("plan")(plan_cmd.plan)
-    app.command("doctor")(doctor_cmd.doctor)
-    app.command("version")(version)
+
+@dataclass(frozen=True)
+class PlainValues(RuntimeParam):
+    """typer (0.2x) converts every option's value through a pydantic TypeAdapter it builds on first
+    use, even for a flag left unset: importing pydantic and building one costs about 0.1 s of CPU,
+    more than `fsdpctl version` does otherwise. The root's own options are strings, paths (no checks
+    asked of them) and flags: a command line's words are converted here to what typer's adapter
+    gives (a list for a repeated option; tests/test_cli_imports.py holds the two equal on generated
+    values); anything else, and every command's own options, go through typer's."""
+
+    takes: type = str
+    convert: Callable[[Any], Any] = str
+
+    def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+        many = isinstance(value, (list, tuple))
+        items = value if many else [value]
+        if not all(isinstance(v, self.takes) for v in items):
+            from typer._coercion import build_runtime_param
+
+            return build_runtime_param(param.type_descriptor)._coerce_value(value, param, ctx)
+        converted = [self.convert(v) for v in items]
+        return converted if many else converted[0]
+
+
+# the annotations of the root's options that PlainValues converts: what a word must be, and how
+PLAIN: dict[Any, tuple[type, Callable[[Any], Any]]] = {
+    bool: (bool, bool),
+    list[str] | None: (str, str),
+    list[str]: (str, str),
+    list[Path] | None: (str, Path),
+    list[Path]: (str, Path),
+}
+
+
+def _convert_plainly(param: Any) -> None:
+    """The root's option `param` converted by PlainValues where its annotation is one of PLAIN's and
+    typer was asked no path check of it; any other stays typer's."""
+    info = getattr(param, "type_descriptor", None)
+    if info is None or info.file_annotation is not None:
+        return  # an older typer converts with click's types, no pydantic
+    checks = ("exists", "resolve_path", "allow_dash", "writable")
+    asked = any(getattr(info.parameter_info, k, False) for k in checks)
+    if info.annotation in PLAIN and not asked:
+        takes, convert = PLAIN[info.annotation]
+        param._runtime_param = PlainValues(
+            info.parameter_info, info.annotation, takes=takes, convert=convert
+        )
+
+
+def _plainly(params: list[Any]) -> list[Any]:
+    for param in params:
+        _convert_plainly(param)
+    return params
+
+
+class _Command(TyperCommand):
+    """A command of the root (`fsdpctl version`, `plan`, ...): its flags and list options, and its
+    --help, converted by PlainValues."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plainly(super().get_params(ctx))
+
+
+class LazyCommands(MutableMapping[str, Any]):
+    """The root group's `commands`: every name of COMMANDS is there from the start, and its command
+    is built on first use (click's "lazy loading subcommands" pattern, as a mapping, so that what
+    reads `group.commands` (completion, the tests' walks, the docs' reference) sees every command).
+    Names are listed without importing anything; `items()` builds them all."""
+
+    def __init__(self, built: MutableMapping[str, Any]) -> None:
+        self.built = dict(built)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self.built[name] = _build(name)
+        return self.built[name]
+
+    def __setitem__(self, name: str, cmd: Any) -> None:
+        self.built[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self.built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from COMMANDS
+        yield from (n for n in self.built if n not in COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS.keys() | self.built.keys())
 
 
 def version() -> None:
     """The fsdpctl version (as --version)."""
     streams.write("stdout", f"fsdpctl {__version__}\n")
-
-
-_register()
 
 
 def main() -> None:
