@@ -2,7 +2,8 @@
 (resource.getrusage(RUSAGE_CHILDREN), the difference around each run), the minimum of N runs, for
 `python -c pass` (the interpreter's own floor), `fsdpctl version`, `fsdpctl --help`, `fsdpctl job
 list` and `fsdpctl job status <missing>` on a fresh FSDPCTL_HOME. CPU time, not wall time, and the
-minimum: on a machine others share, waiting for a core is not the CLI's cost.
+minimum: on a machine others share, waiting for a core is not the CLI's cost. Modules run from
+their cached bytecode, as an installed fsdpctl's do (a first round, not counted, writes it).
 
 Each command runs as the `fsdpctl` console script does (fsdpctl.entry.main), with the source tree
 given first on PYTHONPATH. `--before DIR` measures a second tree (e.g. `git archive main | tar -x -C
@@ -58,13 +59,20 @@ def cpu_of(argv: list[str], env: dict[str, str], cwd: str) -> float:
 
 def env_for(tree: Path, home: Path) -> dict[str, str]:
     path = f"{tree / 'src'}{os.pathsep}{tree / 'trainer'}"
-    return {**os.environ, "PYTHONPATH": path, "FSDPCTL_HOME": str(home), "NO_COLOR": "1"}
+    env = {**os.environ, "PYTHONPATH": path, "FSDPCTL_HOME": str(home), "NO_COLOR": "1"}
+    # as an installed fsdpctl runs: from cached bytecode (pip writes it; a checkout's first run
+    # does), not compiling every module on every start
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def measure(trees: dict[str, Path], rounds: int) -> dict[str, dict[str, float]]:
     """{tree label: {command: min CPU s}}: every round runs every command of every tree in turn."""
     best: dict[str, dict[str, float]] = {label: {} for label in trees}
     with tempfile.TemporaryDirectory() as tmp:
+        for label, tree in trees.items():  # not counted: writes each tree's bytecode cache
+            for args in COMMANDS.values():
+                cpu_of(argv_of(args), env_for(tree, Path(tmp) / "warm"), tmp)
         for _ in range(rounds):
             for label, tree in trees.items():
                 home = Path(tmp) / label / "home"  # fresh: no job, no record, no config
