@@ -70,7 +70,7 @@ def measure(trees: dict[str, Path], rounds: int) -> dict[str, dict[str, float]]:
     """{tree label: {command: min CPU s}}: every round runs every command of every tree in turn."""
     best: dict[str, dict[str, float]] = {label: {} for label in trees}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, tree in trees.items():  # not counted: writes each tree's bytecode cache
+        for tree in trees.values():  # not counted: writes each tree's bytecode cache
             for args in COMMANDS.values():
                 cpu_of(argv_of(args), env_for(tree, Path(tmp) / "warm"), tmp)
         for _ in range(rounds):
@@ -91,7 +91,7 @@ def section(best: dict[str, dict[str, float]], rounds: int) -> str:
         f"## Command start-up CPU (user + sys, min of {rounds}; `benchmarks/cli_start.py`)",
         "",
         "Each command runs as the `fsdpctl` script does, on a fresh FSDPCTL_HOME, beside `python -c "
-        "pass`. Commands load lazily (docs/code-layout.md, \"How commands load\"); "
+        'pass`. Commands load lazily (docs/code-layout.md, "How commands load"); '
         "`tests/test_cli_imports.py` fails when a read verb imports torch, pydantic or a backend it "
         "does not use.",
         "",

@@ -57,7 +57,9 @@ CASES = {
 }
 
 
-def modules_of(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+def modules_of(
+    args: list[str], tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """The modules a real `fsdpctl ARGS` had imported when it exited, on a fresh FSDPCTL_HOME."""
     dump = tmp_path / "modules.json"
     env = {

@@ -14,9 +14,9 @@ from __future__ import annotations
 import io
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -314,7 +314,11 @@ def root(
 # the commands'). A command's module is imported when the command runs, so `fsdpctl version` pays
 # for no settings, pydantic or backend (docs/code-layout.md, "How commands load").
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "config": ("fsdpctl.cli.config_cmd", "app", "Show and check the settings (.env, environment, --set)."),
+    "config": (
+        "fsdpctl.cli.config_cmd",
+        "app",
+        "Show and check the settings (.env, environment, --set).",
+    ),
     "job": (
         "fsdpctl.cli.job_cmd",
         "app",

@@ -429,7 +429,8 @@ def parse_sets(items: list[str], flag: str = "--set", example: str = "MODEL=7b")
         if (
             not sep or not key
         ):  # quoted masked: `HF_TOKEN value` or `HF_TOKEN:value` holds a secret by place
-            from fsdpctl.settings import masked_line  # pydantic's settings: only to say what is wrong
+            # the settings (pydantic) only to say what is wrong
+            from fsdpctl.settings import masked_line
 
             raise BadInput(
                 f"{flag} {masked_line(item)!r} is not KEY=VALUE", hint=f"e.g. {flag} {example}"
