@@ -23,8 +23,9 @@ import typer.main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsdpctl.cli import COMMANDS, PLAIN, PlainValues, _Group, app
+from fsdpctl.cli import COMMANDS, _Group, app
 from fsdpctl.cli.common import first_sentence
+from fsdpctl.cli.lazy import PLAIN, PlainValues
 from fsdpctl.errors import ExitCode
 
 # the console script's lines, then sys.modules written where FSDPCTL_TEST_MODULES says at exit

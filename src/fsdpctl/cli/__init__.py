@@ -14,19 +14,16 @@ from __future__ import annotations
 import io
 import os
 import sys
-from collections.abc import Callable, Iterator, MutableMapping
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from typer._click.exceptions import ClickException, UsageError
-from typer._coercion import RuntimeParam
-from typer.core import TyperCommand
 
 from fsdpctl import __version__
-from fsdpctl.cli import completion, streams
+from fsdpctl.cli import completion, lazy, streams
 from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, WholeHelp, err, parse_sets, warn
 from fsdpctl.cli.streams import escape_controls
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
@@ -58,11 +55,11 @@ class _Group(WholeHelp):
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
-        self.commands = LazyCommands(self.commands)
+        self.commands = lazy.LazyCommands(self.commands, {n: partial(_build, n) for n in COMMANDS})
 
     def get_params(self, ctx: Any) -> list[Any]:
         """With typer's completion options (added after __init__) and click's --help."""
-        return _plainly(super().get_params(ctx))
+        return lazy.plainly(super().get_params(ctx))
 
     def short_help_of(self, name: str) -> str | None:
         """A command's line in the root's help, from COMMANDS: no module imported for --help."""
@@ -381,118 +378,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 def _build(name: str) -> Any:
     """The click command of COMMANDS[name], built as typer's add_typer/command would have built it
-    at the root: its module imported now, with the root's markup and exception settings."""
-    import importlib
-
-    import typer.main
-    import typer.models
-
+    at the root (its markup and exception settings): its module imported now."""
     module, attr, _ = COMMANDS[name]
-    found = getattr(importlib.import_module(module), attr)
-    if isinstance(found, typer.Typer):
-        return typer.main.get_group_from_info(
-            typer.models.TyperInfo(found, name=name),
-            pretty_exceptions_short=app.pretty_exceptions_short,
-            rich_markup_mode=app.rich_markup_mode,
-            suggest_commands=app.suggest_commands,
-        )
-    return typer.main.get_command_from_info(
-        typer.models.CommandInfo(name=name, callback=found, cls=_Command),
-        pretty_exceptions_short=app.pretty_exceptions_short,
-        rich_markup_mode=app.rich_markup_mode,
-    )
-
-
-@dataclass(frozen=True)
-class PlainValues(RuntimeParam):
-    """typer (0.2x) converts every option's value through a pydantic TypeAdapter it builds on first
-    use, even for a flag left unset: importing pydantic and building one costs about 0.1 s of CPU,
-    more than `fsdpctl version` does otherwise. The root's own options are strings, paths (no checks
-    asked of them) and flags: a command line's words are converted here to what typer's adapter
-    gives (a list for a repeated option; tests/test_cli_imports.py holds the two equal on generated
-    values); anything else, and every command's own options, go through typer's."""
-
-    takes: type = str
-    convert: Callable[[Any], Any] = str
-
-    def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-        many = isinstance(value, (list, tuple))
-        items = value if many else [value]
-        if not all(isinstance(v, self.takes) for v in items):
-            from typer._coercion import build_runtime_param
-
-            return build_runtime_param(param.type_descriptor)._coerce_value(value, param, ctx)
-        converted = [self.convert(v) for v in items]
-        return converted if many else converted[0]
-
-
-# the annotations of the root's options that PlainValues converts: what a word must be, and how
-PLAIN: dict[Any, tuple[type, Callable[[Any], Any]]] = {
-    bool: (bool, bool),
-    list[str] | None: (str, str),
-    list[str]: (str, str),
-    list[Path] | None: (str, Path),
-    list[Path]: (str, Path),
-}
-
-
-def _convert_plainly(param: Any) -> None:
-    """The root's option `param` converted by PlainValues where its annotation is one of PLAIN's and
-    typer was asked no path check of it; any other stays typer's."""
-    info = getattr(param, "type_descriptor", None)
-    if info is None or info.file_annotation is not None:
-        return  # an older typer converts with click's types, no pydantic
-    checks = ("exists", "resolve_path", "allow_dash", "writable")
-    asked = any(getattr(info.parameter_info, k, False) for k in checks)
-    if info.annotation in PLAIN and not asked:
-        takes, convert = PLAIN[info.annotation]
-        param._runtime_param = PlainValues(
-            info.parameter_info, info.annotation, takes=takes, convert=convert
-        )
-
-
-def _plainly(params: list[Any]) -> list[Any]:
-    for param in params:
-        _convert_plainly(param)
-    return params
-
-
-class _Command(TyperCommand):
-    """A command of the root (`fsdpctl version`, `plan`, ...): its flags and list options, and its
-    --help, converted by PlainValues."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _plainly(super().get_params(ctx))
-
-
-class LazyCommands(MutableMapping[str, Any]):
-    """The root group's `commands`: every name of COMMANDS is there from the start, and its command
-    is built on first use (click's "lazy loading subcommands" pattern, as a mapping, so that what
-    reads `group.commands` (completion, the tests' walks, the docs' reference) sees every command).
-    Names are listed without importing anything; `items()` builds them all."""
-
-    def __init__(self, built: MutableMapping[str, Any]) -> None:
-        self.built = dict(built)
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.built:
-            if name not in COMMANDS:
-                raise KeyError(name)
-            self.built[name] = _build(name)
-        return self.built[name]
-
-    def __setitem__(self, name: str, cmd: Any) -> None:
-        self.built[name] = cmd
-
-    def __delitem__(self, name: str) -> None:
-        del self.built[name]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from COMMANDS
-        yield from (n for n in self.built if n not in COMMANDS)
-
-    def __len__(self) -> int:
-        return len(COMMANDS.keys() | self.built.keys())
+    return lazy.build(module, attr, name, app)
 
 
 def version() -> None:
