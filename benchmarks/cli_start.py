@@ -1,9 +1,11 @@
 """CPU time a command costs before it does anything (issue 44): user + sys CPU of the child process
 (resource.getrusage(RUSAGE_CHILDREN), the difference around each run), the minimum of N runs, for
-`python -c pass` (the interpreter's own floor), `fsdpctl version`, `fsdpctl --help`, `fsdpctl job
-list` and `fsdpctl job status <missing>` on a fresh FSDPCTL_HOME. CPU time, not wall time, and the
-minimum: on a machine others share, waiting for a core is not the CLI's cost. Modules run from
-their cached bytecode, as an installed fsdpctl's do (a first round, not counted, writes it).
+`python -c pass` (the interpreter's own floor), the imports every command or every settings reader
+pays (typer and rich; pydantic and the settings model), `fsdpctl version`, `fsdpctl --help`,
+`fsdpctl job list` and `fsdpctl job status <missing>` on a fresh FSDPCTL_HOME. CPU time, not wall
+time, and the minimum: on a machine others share, waiting for a core is not the CLI's cost.
+Modules run from their cached bytecode, as an installed fsdpctl's do (a first round, not counted,
+writes it).
 
 Each command runs as the `fsdpctl` console script does (fsdpctl.entry.main), with the source tree
 given first on PYTHONPATH. `--before DIR` measures a second tree (e.g. `git archive main | tar -x -C
@@ -20,6 +22,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,12 +31,18 @@ BEGIN = "<!-- cli-start:begin (benchmarks/cli_start.py --write writes this secti
 END = "<!-- cli-start:end -->"
 # the console script's own lines (pip's wrapper), so `python -c` costs what `fsdpctl` costs
 SCRIPT = "import sys; from fsdpctl.entry import main; sys.argv[0] = 'fsdpctl'; sys.exit(main())"
-COMMANDS: dict[str, list[str]] = {
-    "`python -c pass`": [],
-    "`fsdpctl version`": ["version"],
-    "`fsdpctl --help`": ["--help"],
-    "`fsdpctl job list`": ["job", "list"],
-    "`fsdpctl job status missing`": ["job", "status", "missing"],
+FSDPCTL = ["-c", SCRIPT]
+COMMANDS: dict[str, list[str]] = {  # python's arguments
+    "`python -c pass`": ["-c", "pass"],
+    # what every command imports before its own code (typer, rich), and a verb that reads the
+    # settings before it reads them (pydantic and the settings model): the floors the rows below sit on
+    "`import typer, rich.console, rich.table`": ["-c", "import typer, rich.console, rich.table"],
+    "`import pydantic`": ["-c", "import pydantic"],
+    "`import fsdpctl.settings` (pydantic + the settings model)": ["-c", "import fsdpctl.settings"],
+    "`fsdpctl version`": [*FSDPCTL, "version"],
+    "`fsdpctl --help`": [*FSDPCTL, "--help"],
+    "`fsdpctl job list`": [*FSDPCTL, "job", "list"],
+    "`fsdpctl job status missing`": [*FSDPCTL, "job", "status", "missing"],
 }
 TARGETS = {  # the issue's targets, CPU seconds
     "`fsdpctl version`": 0.25,
@@ -44,9 +53,7 @@ TARGETS = {  # the issue's targets, CPU seconds
 
 
 def argv_of(args: list[str]) -> list[str]:
-    if not args:
-        return [sys.executable, "-c", "pass"]
-    return [sys.executable, "-c", SCRIPT, *args]
+    return [sys.executable, *args]
 
 
 def cpu_of(argv: list[str], env: dict[str, str], cwd: str) -> float:
@@ -93,7 +100,18 @@ def section(best: dict[str, dict[str, float]], rounds: int) -> str:
         "Each command runs as the `fsdpctl` script does, on a fresh FSDPCTL_HOME, beside `python -c "
         'pass`. Commands load lazily (docs/code-layout.md, "How commands load"); '
         "`tests/test_cli_imports.py` fails when a read verb imports torch, pydantic or a backend it "
-        "does not use.",
+        "does not use. `job list` and `job status` read the settings: they sit on the `import "
+        "fsdpctl.settings` row (pydantic and the settings model, built at import), and on typer's.",
+        *(
+            [
+                "",
+                "The columns ran interleaved in the same rounds; the import rows, the same code in both, "
+                "show how far this machine's load moves a number.",
+            ]
+            if len(labels) > 1
+            else []
+        ),
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores.",
         "",
         f"| command | {head} | target |",
         "|---|" + "---|" * len(labels) + "---|",
