@@ -5,8 +5,10 @@ Imports: every domain package (settings, plan, job, cluster, backends, adapters)
 the CLI but `fsdpctl.entry` (contracts in pyproject.toml), and its command modules do not import
 each other.
 
-Nothing heavy is imported here: torch, transformers, boto3 and kubernetes load only inside the
-commands that need them, so `fsdpctl --help` starts fast.
+Nothing heavy is imported here: a command's module is imported when that command runs (COMMANDS,
+built by `cli.lazy`), so `fsdpctl version` and `--help` load no settings, pydantic or backend, and
+torch, transformers, boto3 and kubernetes load only inside the commands that need them
+(docs/code-layout.md, "How commands load"; tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
