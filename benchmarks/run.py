@@ -492,6 +492,10 @@ def main() -> None:
     (ROOT / "BENCHMARKS.md").write_text(report)
     # the planner-against-published section is data, not a measurement: appended by its own script
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "published.py")], check=True)
+    # and the commands' start-up CPU, by its own script too
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cli_start.py"), "--write"], check=True
+    )
     print((ROOT / "BENCHMARKS.md").read_text())
 
 

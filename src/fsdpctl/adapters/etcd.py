@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +35,8 @@ class EtcdServer:
         return f"{self.host}:{self.client_port}"
 
     def healthy(self) -> bool:
+        import urllib.request  # (with http.client, ssl) only when etcd is asked, not to list jobs
+
         try:
             with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as r:
                 return b"true" in r.read()

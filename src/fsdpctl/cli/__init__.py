@@ -5,8 +5,10 @@ Imports: every domain package (settings, plan, job, cluster, backends, adapters)
 the CLI but `fsdpctl.entry` (contracts in pyproject.toml), and its command modules do not import
 each other.
 
-Nothing heavy is imported here: torch, transformers, boto3 and kubernetes load only inside the
-commands that need them, so `fsdpctl --help` starts fast.
+Nothing heavy is imported here: a command's module is imported when that command runs (COMMANDS,
+built by `cli.lazy`), so `fsdpctl version` and `--help` load no settings, pydantic or backend, and
+torch, transformers, boto3 and kubernetes load only inside the commands that need them
+(docs/code-layout.md, "How commands load"; tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,7 +25,7 @@ from rich.markup import escape
 from typer._click.exceptions import ClickException, UsageError
 
 from fsdpctl import __version__
-from fsdpctl.cli import completion, streams
+from fsdpctl.cli import completion, lazy, streams
 from fsdpctl.cli.common import DRY_RUN_SPELLINGS, AppState, WholeHelp, err, parse_sets, warn
 from fsdpctl.cli.streams import escape_controls
 from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
@@ -51,6 +54,18 @@ class _Group(WholeHelp):
         *("quickstart", "config", "plan", "doctor", "job", "manifest", "cleanup"),
         *("cluster", "deploy", "image", "monitor", "model", "data", "version"),
     )
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = lazy.LazyCommands(self.commands, {n: partial(_build, n) for n in COMMANDS})
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        """With typer's completion options (added after __init__) and click's --help."""
+        return lazy.plainly(super().get_params(ctx))
+
+    def short_help_of(self, name: str) -> str | None:
+        """A command's line in the root's help, from COMMANDS: no module imported for --help."""
+        return COMMANDS[name][2] if name in COMMANDS else None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **kw):
         """`--dry-run=server` and `--dry-run=client` are spelled as flags click can parse. click's
@@ -211,7 +226,7 @@ def _sets_first(root: Any, argv: list[str]) -> list[str]:
         if arg.startswith("-"):
             i += 2 if "=" not in arg and _takes_value(cmd, arg) else 1
             continue
-        sub = getattr(cmd, "commands", {}).get(arg)
+        sub = getattr(cmd, "commands", {}).get(arg)  # the root's: imported here, as it runs next
         if sub is None:  # a positional argument of a command: keep walking its options
             i += 1
             continue
@@ -301,44 +316,87 @@ def root(
     )
 
 
-def _register() -> None:
-    from fsdpctl.cli import (
-        cleanup_cmd,
-        cluster_cmd,
-        config_cmd,
-        deploy_cmd,
-        doctor_cmd,
-        hub_cmd,
-        image_cmd,
-        job_cmd,
-        manifest_cmd,
-        monitor_cmd,
-        plan_cmd,
-        quickstart_cmd,
-    )
+# Every command of the root, in the order they were added: its module, the attribute there (a
+# typer.Typer group or a command function) and the first sentence of its help, which the root's
+# --help lists without importing the module (tests/test_cli_imports.py holds the sentences equal to
+# the commands'). A command's module is imported when the command runs, so `fsdpctl version` pays
+# for no settings, pydantic or backend (docs/code-layout.md, "How commands load").
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "config": (
+        "fsdpctl.cli.config_cmd",
+        "app",
+        "Show and check the settings (.env, environment, --set).",
+    ),
+    "job": (
+        "fsdpctl.cli.job_cmd",
+        "app",
+        "Run and watch training jobs: on this machine (BACKEND=local), an EKS cluster (eks: the "
+        "kubeconfig's, KUBE_CONTEXT) or a Slurm cluster (slurm).",
+    ),
+    "cluster": (
+        "fsdpctl.cli.cluster_cmd",
+        "app",
+        "The EKS cluster: preflight, status, create and delete (eksctl or terraform).",
+    ),
+    "image": (
+        "fsdpctl.cli.image_cmd",
+        "app",
+        "The trainer image: build it from docker/Dockerfile, push it to ECR.",
+    ),
+    "deploy": (
+        "fsdpctl.cli.deploy_cmd",
+        "app",
+        "Install etcd, the job operator (PyTorchJob v1 or TrainJob v2), the device plugins, the FSx "
+        "CSI driver and monitoring on the cluster.",
+    ),
+    "monitor": ("fsdpctl.cli.monitor_cmd", "app", "Watch GPUs and training from the terminal."),
+    "model": (
+        "fsdpctl.cli.hub_cmd",
+        "model_app",
+        "Models on the Hugging Face Hub: pre-stage one where jobs read it.",
+    ),
+    "data": (
+        "fsdpctl.cli.hub_cmd",
+        "data_app",
+        "Data sets on the Hugging Face Hub: pre-stage one where jobs read it.",
+    ),
+    "cleanup": (
+        "fsdpctl.cli.cleanup_cmd",
+        "cleanup",
+        "Remove ended jobs and what they left; checkpoints only with --checkpoints.",
+    ),
+    "manifest": (
+        "fsdpctl.cli.manifest_cmd",
+        "manifest",
+        "Render the job's Kubernetes objects (Namespace, etcd if used, PyTorchJob) from the settings.",
+    ),
+    "quickstart": (
+        "fsdpctl.cli.quickstart_cmd",
+        "quickstart",
+        "Train a tiny Llama with FSDP on this machine: 2 simulated nodes, real torchrun rendezvous, "
+        "checkpoints.",
+    ),
+    "plan": ("fsdpctl.cli.plan_cmd", "plan", "A job's memory, speed and cost before it runs."),
+    "doctor": (
+        "fsdpctl.cli.doctor_cmd",
+        "doctor",
+        "Preflight: GPU, driver vs CUDA, a forward/backward on cuda, bf16, NCCL bandwidth, EFA, "
+        "/dev/shm, disk, data.",
+    ),
+    "version": ("fsdpctl.cli", "version", "The fsdpctl version (as --version)."),
+}
 
-    app.add_typer(config_cmd.app, name="config")
-    app.add_typer(job_cmd.app, name="job")
-    app.add_typer(cluster_cmd.app, name="cluster")
-    app.add_typer(image_cmd.app, name="image")
-    app.add_typer(deploy_cmd.app, name="deploy")
-    app.add_typer(monitor_cmd.app, name="monitor")
-    app.add_typer(hub_cmd.model_app, name="model")
-    app.add_typer(hub_cmd.data_app, name="data")
-    app.command("cleanup")(cleanup_cmd.cleanup)
-    app.command("manifest")(manifest_cmd.manifest)
-    app.command("quickstart")(quickstart_cmd.quickstart)
-    app.command("plan")(plan_cmd.plan)
-    app.command("doctor")(doctor_cmd.doctor)
-    app.command("version")(version)
+
+def _build(name: str) -> Any:
+    """The click command of COMMANDS[name], built as typer's add_typer/command would have built it
+    at the root (its markup and exception settings): its module imported now."""
+    module, attr, _ = COMMANDS[name]
+    return lazy.build(module, attr, name, app)
 
 
 def version() -> None:
     """The fsdpctl version (as --version)."""
     streams.write("stdout", f"fsdpctl {__version__}\n")
-
-
-_register()
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from fsdpctl.cli import completion, streams
-from fsdpctl.cli.envfile import read_env_files
 from fsdpctl.cli.streams import escape_controls
 from fsdpctl.errors import BadInput, SettingsError
 from fsdpctl.redact import add_secrets, redact, redact_obj
@@ -197,6 +196,11 @@ class WholeHelp(TyperGroup):
 
     ORDER: tuple[str, ...] = ()
 
+    def short_help_of(self, name: str) -> str | None:
+        """A command's line known without building the command (the root's lazy commands); None:
+        ask the command."""
+        return None
+
     def list_commands(self, ctx: Any) -> list[str]:
         names = list(self.commands)
         ranked = {n: i for i, n in enumerate(self.ORDER)}
@@ -205,6 +209,9 @@ class WholeHelp(TyperGroup):
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows = []
         for name in self.list_commands(ctx):
+            if (known := self.short_help_of(name)) is not None:
+                rows.append((name, known))
+                continue
             cmd = self.get_command(ctx, name)
             if cmd is not None and not cmd.hidden:
                 rows.append((name, first_sentence(cmd.help or cmd.short_help or "")))
@@ -370,6 +377,7 @@ class AppState:
         """Load once: flags (--set and command options) > environment > .env > defaults. `set_by`:
         the command option that set each override (`--model`), which errors and `config show` name.
         """
+        from fsdpctl.cli.envfile import read_env_files  # the settings (pydantic): only when read
         from fsdpctl.settings import load, secrets_by_place
 
         given = {k: str(v) for k, v in overrides.items() if v is not None}
@@ -425,14 +433,15 @@ def finite(
 
 
 def parse_sets(items: list[str], flag: str = "--set", example: str = "MODEL=7b") -> dict[str, str]:
-    from fsdpctl.settings import masked_line
-
     flags = {}
     for item in items:
         key, sep, value = item.partition("=")
         if (
             not sep or not key
         ):  # quoted masked: `HF_TOKEN value` or `HF_TOKEN:value` holds a secret by place
+            # the settings (pydantic) only to say what is wrong
+            from fsdpctl.settings import masked_line
+
             raise BadInput(
                 f"{flag} {masked_line(item)!r} is not KEY=VALUE", hint=f"e.g. {flag} {example}"
             )

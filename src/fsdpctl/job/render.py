@@ -9,8 +9,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from fsdpctl.errors import BadInput
 from fsdpctl.job import prestep
 from fsdpctl.job.policy import (
@@ -107,6 +105,8 @@ def _env() -> jinja2.Environment:
 
 
 def render_template(template: str, **values: Any) -> list[Obj]:
+    import yaml  # here, not at the top: a job verb that renders nothing (job list) never loads it
+
     text = _env().get_template(template).render(**values)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [doc for doc in yaml.load_all(text, Loader=loader) if doc]
@@ -398,6 +398,8 @@ def render_clusterconfig(cfg: Config) -> Obj:
             hint="set AVAILABILITY_ZONES to each subnet's AZ in the same order, or run `fsdpctl cluster "
             "create`, which reads them from EC2",
         )
+    import yaml
+
     return render_template(
         "clusterconfig.yaml.j2",
         cluster_name=cfg.cluster_name,
@@ -448,6 +450,8 @@ def terraform_vars(cfg: Config) -> dict[str, Any]:
 
 
 def to_yaml(objs: list[Obj]) -> str:
+    import yaml
+
     dumper = getattr(
         yaml, "CSafeDumper", yaml.SafeDumper
     )  # libyaml when present: same output, faster

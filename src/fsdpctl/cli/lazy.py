@@ -1,0 +1,148 @@
+"""Commands built when they are first used (issue 44): what `fsdpctl.cli`'s root group and each
+command group hold in `commands`, and the root's option values converted without pydantic.
+
+click's documented pattern (click docs, "Complex Applications: Lazily Loading Subcommands"): a
+group names its commands without building them and builds one when asked. Here it is a mapping, so
+that whatever reads `group.commands` (click's completion, the tests' walks over the tree, the docs'
+CLI reference) sees every command: naming them costs nothing, `items()` builds them all.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import typer
+import typer.main
+import typer.models
+from typer._coercion import RuntimeParam
+from typer.core import TyperCommand
+
+
+class LazyCommands(MutableMapping[str, Any]):
+    """A group's `commands`: every name of `builders` is there from the start, its command built by
+    its builder on first use; `built` holds those built, and any added later."""
+
+    def __init__(
+        self, built: MutableMapping[str, Any], builders: Mapping[str, Callable[[], Any]]
+    ) -> None:
+        self.built = dict(built)
+        self.builders = builders
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.built:
+            if name not in self.builders:
+                raise KeyError(name)
+            self.built[name] = self.builders[name]()
+        return self.built[name]
+
+    def __setitem__(self, name: str, cmd: Any) -> None:
+        self.built[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self.built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.builders
+        yield from (n for n in self.built if n not in self.builders)
+
+    def __len__(self) -> int:
+        return len(self.builders.keys() | self.built.keys())
+
+
+def build(module: str, attr: str, name: str, root: typer.Typer) -> Any:
+    """The click command `name` for `module.attr` (a typer.Typer group or a command function), as
+    typer's add_typer or command would build it under `root`; a group's own commands are lazy too,
+    so `job list` builds the options of `list`, not of every job verb."""
+    found = getattr(importlib.import_module(module), attr)
+    settings: dict[str, Any] = {
+        "pretty_exceptions_short": root.pretty_exceptions_short,
+        "rich_markup_mode": root.rich_markup_mode,
+    }
+    if not isinstance(found, typer.Typer):
+        info = typer.models.CommandInfo(name=name, callback=found, cls=Command)
+        return typer.main.get_command_from_info(info, **settings)
+    bare = copy.copy(found)  # the group itself (its callback, help, class), its commands apart
+    bare.registered_commands = []
+    group = typer.main.get_group_from_info(
+        typer.models.TyperInfo(bare, name=name), suggest_commands=root.suggest_commands, **settings
+    )
+    builders = {
+        _name_of(info): partial(typer.main.get_command_from_info, info, **settings)
+        for info in found.registered_commands
+    }
+    group.commands = LazyCommands(group.commands, builders)
+    return group
+
+
+def _name_of(info: typer.models.CommandInfo) -> str:
+    """A command's name as typer gives it: its own, else its function's, dashed."""
+    assert info.callback is not None
+    return info.name or typer.main.get_command_name(info.callback.__name__)
+
+
+@dataclass(frozen=True)
+class PlainValues(RuntimeParam):
+    """typer (0.2x) converts every option's value through a pydantic TypeAdapter it builds on first
+    use, even for a flag left unset: importing pydantic and building one costs about 0.1 s of CPU,
+    more than `fsdpctl version` does otherwise. The root's own options are strings, paths (no checks
+    asked of them) and flags: a command line's words are converted here to what typer's adapter
+    gives (a list for a repeated option; tests/test_cli_imports.py holds the two equal on generated
+    values); anything else, and every command's own options, go through typer's."""
+
+    takes: type = str
+    convert: Callable[[Any], Any] = str
+
+    def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+        many = isinstance(value, (list, tuple))
+        items = value if many else [value]
+        if not all(isinstance(v, self.takes) for v in items):
+            from typer._coercion import build_runtime_param
+
+            return build_runtime_param(param.type_descriptor)._coerce_value(value, param, ctx)
+        converted = [self.convert(v) for v in items]
+        return converted if many else converted[0]
+
+
+# the annotations of the root's options that PlainValues converts: what a word must be, and how
+PLAIN: dict[Any, tuple[type, Callable[[Any], Any]]] = {
+    bool: (bool, bool),
+    list[str] | None: (str, str),
+    list[str]: (str, str),
+    list[Path] | None: (str, Path),
+    list[Path]: (str, Path),
+}
+
+
+def convert_plainly(param: Any) -> None:
+    """The root's option `param` converted by PlainValues where its annotation is one of PLAIN's and
+    typer was asked no path check of it; any other stays typer's."""
+    info = getattr(param, "type_descriptor", None)
+    if info is None or info.file_annotation is not None:
+        return  # an older typer converts with click's types, no pydantic
+    checks = ("exists", "resolve_path", "allow_dash", "writable")
+    asked = any(getattr(info.parameter_info, k, False) for k in checks)
+    if info.annotation in PLAIN and not asked:
+        takes, convert = PLAIN[info.annotation]
+        param._runtime_param = PlainValues(
+            info.parameter_info, info.annotation, takes=takes, convert=convert
+        )
+
+
+def plainly(params: list[Any]) -> list[Any]:
+    for param in params:
+        convert_plainly(param)
+    return params
+
+
+class Command(TyperCommand):
+    """A command of the root (`fsdpctl version`, `plan`, ...): its flags and list options, and its
+    --help, converted by PlainValues."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plainly(super().get_params(ctx))
