@@ -58,7 +58,7 @@ def run(
         _make_room(kube, cfg, existing, replace)
         with calls(cfg, f"starting job {cfg.job_name}"):
             for obj in infra:
-                kube.apply(obj)
+                _apply_infra(kube, obj)
             created = kube.create(job)
             kube.apply(owned_by(secret, created))
             for obj in fetch_jobs:
@@ -78,6 +78,16 @@ def run(
 
 
 DEPENDENTS = ("Job", "PodDisruptionBudget")
+
+
+def _apply_infra(kube, obj: dict) -> None:
+    """The namespace is made when missing and otherwise left as it is (an admin's, or another
+    team's, is not fsdpctl's to relabel); the rendezvous etcd is fsdpctl's shared one, applied."""
+    if obj["kind"] == "Namespace":
+        if kube.get("v1", "Namespace", obj["metadata"]["name"]) is None:
+            kube.apply(obj)
+        return
+    kube.apply(obj)
 
 
 def _make_room(kube, cfg: Config, existing: dict | None, replace: bool) -> None:

@@ -1,0 +1,215 @@
+"""fsdpctl acts only on what it can prove it owns on a cluster (issue 42), against the Kubernetes API
+peer (tests/kube_peer.py: label selectors evaluated by the server, UIDs and resourceVersions, the
+owner-reference garbage collector, DeleteOptions.preconditions), driven through the CLI.
+
+Upstream behaviour the code and these tests rely on:
+- ownerReferences and the garbage collector: "Owners and dependents" and "Garbage collection"
+  (kubernetes.io/docs/concepts/overview/working-with-objects/owners-dependents,
+  kubernetes.io/docs/concepts/architecture/garbage-collection; kubernetes
+  pkg/controller/garbagecollector/garbagecollector.go): a dependent whose owner (by UID) is gone is
+  deleted by the collector, so the job's Secret, ConfigMap, budget and pre-step go with the job and
+  fsdpctl never deletes them by name;
+- DeleteOptions.preconditions.uid (apimachinery pkg/apis/meta/v1 types.go, Preconditions): a
+  delete of a same-named object with another UID is 409 Conflict, so a delete hits only the object
+  whose labels were checked;
+- label selectors are evaluated by the API server (API concepts, "Label selectors"): cleanup lists
+  only this home's objects, and checks each one's labels again;
+- the kubelet and a secret volume marked optional (kubernetes.io/docs/concepts/configuration/secret,
+  "Optional Secrets"; kubelet pkg/volume/secret/secret.go): a pod whose optional Secret does not
+  exist yet starts with an empty volume, and the kubelet projects the keys once the Secret exists
+  (mounted Secrets are updated on its sync), so the job may be created before its Secret.
+
+The generated matrix: every verb that stops, deletes, replaces or cleans x a thing of every owner
+(this home's job, no fsdpctl labels, another home's, another job's of this home) x every kind of
+per-job object (PyTorchJob, Secret, ConfigMap, PodDisruptionBudget). The invariant checked on every
+cell: comparing the peer's whole store before and after, only objects carrying this home's labels
+for the job changed; a thing in the way that is not the job's is refused in one line naming it and
+the kubectl that acts on it (exit 2)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from conftest import SHARED
+from fsdpctl.backends.eks import configmap
+from fsdpctl.job import owner, render
+from fsdpctl.job import store as record_store
+from fsdpctl.settings import load
+from kube_peer import documents, wait_for
+from test_kube import add_claim, cli, kube, peer, said, set_condition  # noqa: F401 - `peer`: a fixture
+
+CRD = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
+OTHER_HOME = "0123456789abcdef"
+
+OWNERS = ("own", "foreign", "other-home", "other-job")
+KINDS = ("PyTorchJob", "Secret", "ConfigMap", "PodDisruptionBudget")
+VERBS = ("stop", "run", "run --replace", "cleanup", "resume")
+
+
+@pytest.fixture
+def cluster(peer):  # noqa: F811
+    """The peer with the PyTorchJob CRD, the job namespace and the shared claim the pods mount
+    (what `deploy operator` and `deploy storage` leave)."""
+    k = kube(peer)
+    k.apply(documents(CRD)[0])
+    add_claim(peer, "fsdp", "fsx-claim")
+    return peer
+
+
+def labels_of(who: str, job: str) -> dict[str, str]:
+    if who == "foreign":
+        return {"team": "theirs"}
+    home, of = {
+        "own": (owner.home_id(), job),
+        "other-home": (OTHER_HOME, job),
+        "other-job": (owner.home_id(), "someone-else"),
+    }[who]
+    return owner.Owner(home, of, "r-old").labels()
+
+
+def plant(cluster, kind: str, job: str, labels: dict[str, str]) -> dict:
+    """A `kind` object named as job `job`'s own would be, carrying `labels`."""
+    cfg = load(flags={"BACKEND": "eks", "JOB_NAME": job})
+    meta = {"namespace": "fsdp", "labels": labels}
+    obj = {
+        "PyTorchJob": lambda: render.render_job(cfg, "r-old")[-1],
+        "PodDisruptionBudget": lambda: render.render_pdb(cfg, "r-old")[0],
+        "Secret": lambda: {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": render.secret_name(cfg)},
+            "stringData": {"HF_TOKEN": "theirs"},
+        },
+        "ConfigMap": lambda: {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{job}-record"},
+            "data": _record_data(job),
+        },
+    }[kind]()
+    obj = {**obj, "metadata": {**obj["metadata"], **meta}}
+    return kube(cluster).create(obj)
+
+
+def _record_data(job: str) -> dict[str, str]:
+    """A ConfigMap's data: the newest record this home has of `job` (what an earlier run's
+    ConfigMap held), or data that is no record."""
+    runs = record_store.of_job(job, [])
+    if not runs:
+        return {"theirs": "yes"}
+    return configmap.config_map(runs[-1], "fsdp")["data"]
+
+
+def store(cluster) -> dict[tuple, tuple[str, str, dict]]:
+    """Every object the peer holds: (uid, resourceVersion, labels) by key."""
+    return {
+        key: (
+            o["metadata"]["uid"],
+            o["metadata"].get("resourceVersion"),
+            o["metadata"].get("labels") or {},
+        )
+        for key, o in cluster.call(lambda: dict(cluster.api.store.objects)).items()
+    }
+
+
+def only_ours_changed(before: dict, after: dict, job: str) -> list:
+    """The objects that changed or went though they are not this home's job's."""
+    home = owner.home_id()
+    return [
+        key
+        for key, (uid, rv, labels) in before.items()
+        if owner.why_not_ours(owner.of_labels(labels), home, job) is not None
+        and after.get(key, (None, None, None))[:2] != (uid, rv)
+    ]
+
+
+def verb_args(verb: str, job: str) -> list[str]:
+    return {
+        "stop": ["job", "stop", job],
+        "run": ["--set", f"JOB_NAME={job}", "job", "run", "-d"],
+        "run --replace": ["--set", f"JOB_NAME={job}", "job", "run", "-d", "--replace"],
+        "cleanup": ["--set", f"JOB_NAME={job}", "cleanup", "--yes"],
+        "resume": ["job", "resume", job, "-d"],
+    }[verb]
+
+
+def touches(verb: str, kind: str) -> bool:
+    """Whether the verb acts on an object of `kind` named as the job's: a run makes every per-job
+    object; stop and cleanup act on the job object (its dependents go with it)."""
+    return verb in ("run", "run --replace", "resume") or kind == "PyTorchJob"
+
+
+def before_verb(cluster, verb: str, kind: str, job: str) -> None:
+    """What each verb needs first: a run of the job to resume (this home's, then gone from the
+    cluster as after `kubectl delete`: its dependents with it)."""
+    if verb != "resume":
+        return
+    assert cli("job", "run", "-d", JOB_NAME=job).exit_code == 0
+    k = kube(cluster)
+    k.delete("kubeflow.org/v1", "PyTorchJob", job, "fsdp", propagation="Background")
+    wait_for(
+        lambda: (
+            not any(
+                (o["metadata"].get("labels") or {}).get(owner.JOB_LABEL) == job
+                for p in ("pytorchjobs", "secrets", "configmaps", "poddisruptionbudgets")
+                for o in cluster.objects(p)
+            )
+        )
+    )
+
+
+RUNS = ("run", "resume")  # without --replace: this home's running job is refused (needs --replace)
+# the fast lane keeps two cells (about 1.5 s each); the slow lane runs the whole product (~40 s)
+FAST = {("run", "foreign"), ("stop", "other-home")}
+CELLS = [
+    pytest.param(v, w, id=f"{v}-{w}", marks=() if (v, w) in FAST else pytest.mark.slow)
+    for v, w in itertools.product(VERBS, OWNERS)
+]
+
+
+@pytest.mark.parametrize("verb, who", CELLS)
+def test_a_verb_changes_only_what_this_home_s_job_owns(cluster, verb, who):
+    bystander = plant(cluster, "Secret", "bystander", {})  # never anyone's business here
+    for i, kind in enumerate(KINDS):
+        job = f"j{i}-{kind.lower()[:6]}"
+        before_verb(cluster, verb, kind, job)
+        planted = plant(cluster, kind, job, labels_of(who, job))
+        if verb == "cleanup" and kind == "PyTorchJob":
+            set_condition(kube(cluster), planted, "Succeeded")
+        before = store(cluster)
+        r = cli(*verb_args(verb, job))
+        after = store(cluster)
+        cell = f"{verb} x {who} {kind}: {r.output}"
+        assert only_ours_changed(before, after, job) == [], cell
+        assert r.exception is None or isinstance(r.exception, SystemExit), cell
+        key = next(
+            k for k in before if k[3] == planted["metadata"]["name"] and k[1] == plural(kind)
+        )
+        gone_or_new = key not in after or after[key][0] != planted["metadata"]["uid"]
+        if who != "own" and touches(verb, kind) and verb != "cleanup":
+            assert r.exit_code == 2, cell
+            # named, with the kubectl that acts on it; a resume without --replace of a job whose
+            # run this home recorded is refused earlier, as a run of it that still runs would be
+            named = f"{kind} fsdp/{planted['metadata']['name']}" in said(r)
+            assert (named and "kubectl -n fsdp delete" in said(r)) or (
+                verb == "resume" and kind == "PyTorchJob" and "is running" in said(r)
+            ), cell
+            assert len(r.stderr.strip().splitlines()) <= 2, cell  # the line and its hint
+        elif who == "own" and touches(verb, kind) and not (verb in RUNS and kind == "PyTorchJob"):
+            assert r.exit_code == 0, cell
+            if verb in ("stop", "cleanup"):
+                wait_for(lambda key=key: key not in store(cluster))
+            else:  # made again for the new run
+                assert gone_or_new, cell
+    assert (
+        kube(cluster).get("v1", "Secret", "bystander-hf-token", "fsdp")["metadata"][
+            "resourceVersion"
+        ]
+        == bystander["metadata"]["resourceVersion"]
+    )
+
+
+def plural(kind: str) -> str:
+    return {"PodDisruptionBudget": "poddisruptionbudgets"}.get(kind, kind.lower() + "s")
