@@ -29,6 +29,8 @@ the kubectl that acts on it (exit 2)."""
 from __future__ import annotations
 
 import itertools
+import json
+import signal
 
 import pytest
 
@@ -213,3 +215,140 @@ def test_a_verb_changes_only_what_this_home_s_job_owns(cluster, verb, who):
 
 def plural(kind: str) -> str:
     return {"PodDisruptionBudget": "poddisruptionbudgets"}.get(kind, kind.lower() + "s")
+
+
+# ---- submit exactly once; a job's end is kept -----------------------------------------------------
+
+JOB_KINDS = ("pytorchjobs", "secrets", "configmaps", "poddisruptionbudgets", "jobs")
+
+
+def of_job(cluster, job: str) -> dict[str, list[dict]]:
+    """The objects of the namespace that carry job `job`'s label or are named from it."""
+    return {
+        p: [
+            o
+            for o in cluster.objects(p)
+            if o["metadata"].get("namespace") == "fsdp"
+            and (
+                (o["metadata"].get("labels") or {}).get(owner.JOB_LABEL) == job
+                or o["metadata"]["name"].startswith(job)
+            )
+        ]
+        for p in JOB_KINDS
+    }
+
+
+@pytest.mark.parametrize("code, reason", [(500, "InternalError"), (503, "ServiceUnavailable")])
+def test_a_job_the_api_refuses_to_create_leaves_no_secret_and_nothing_of_the_run(
+    cluster, monkeypatch, code, reason
+):
+    """The job object is created first and its Secret after it, owned by it: a create that fails
+    leaves no token on the cluster (the issue's case: a 500 on the PyTorchJob's create left the
+    job's token Secret behind)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_NeverLeftBehindAbCdEfGhIjKlMnOp")
+    cluster.api.failing[("POST", "pytorchjobs")] = (code, reason)
+    r = cli("job", "run", "-d", JOB_NAME="ec")
+    assert r.exit_code != 0 and str(code) in said(r), r.output
+    assert all(objs == [] for objs in of_job(cluster, "ec").values()), of_job(cluster, "ec")
+    assert not (owner_home() / "jobs" / "ec" / "submitting.json").exists()
+    assert cli("job", "run", "-d", JOB_NAME="ec").exit_code == 0  # nothing in the way after
+
+
+def owner_home():
+    from fsdpctl import files
+
+    return files.home()
+
+
+KILLED_AFTER_CREATE = """
+import os, signal, sys
+from fsdpctl.adapters import kube
+
+create = kube.Kube.create
+
+def create_then_die(self, obj):
+    made = create(self, obj)
+    if obj.get("kind") == "PyTorchJob":  # the API holds the job; nothing after it ran
+        os.kill(os.getpid(), signal.SIGKILL)
+    return made
+
+kube.Kube.create = create_then_die
+from fsdpctl.cli import app
+sys.argv[0] = "fsdpctl"
+app()
+"""
+
+
+@pytest.mark.slow  # ~6 s: a real process started and killed
+def test_a_run_killed_once_the_api_held_its_job_is_recorded_by_the_next_run_which_is_refused(
+    cluster, tmp_path
+):
+    """SIGKILL of `job run -d` (a real process, killed by the kernel: no handler runs) the moment
+    the API server held the PyTorchJob, before its Secret: the next `job run -d` settles the intent
+    the first left, finds the job by its submit token (fsdpctl.io/submit, a label selector the API
+    server evaluates), records it, makes the Secret it lacked (owned by it) and is refused as a
+    second run of a running job: one job, never two."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_AFTER_CREATE)
+    first = subprocess.run(
+        [sys.executable, str(script), "job", "run", "-d"], capture_output=True, timeout=120
+    )
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    [job] = of_job(cluster, "fsdp")["pytorchjobs"]
+    assert of_job(cluster, "fsdp")["secrets"] == []  # killed before its Secret
+    assert (owner_home() / "jobs" / "fsdp" / "submitting.json").exists()
+
+    again = cli("job", "run", "-d")
+    assert again.exit_code == 2, again.output
+    assert "found by its token and recorded" in said(again), again.output
+    assert "is running" in said(again) and "--replace" in said(again), again.output
+    [still] = of_job(cluster, "fsdp")["pytorchjobs"]
+    assert still["metadata"]["uid"] == job["metadata"]["uid"]
+    [secret] = of_job(cluster, "fsdp")["secrets"]
+    assert owned_refs(secret) == [job["metadata"]["uid"]]
+    status = json.loads(cli("job", "status", "-o", "json").stdout)
+    assert status["run_id"] == job["metadata"]["labels"][owner.RUN_LABEL]
+    assert not (owner_home() / "jobs" / "fsdp" / "submitting.json").exists()
+
+
+def owned_refs(obj: dict) -> list[str]:
+    return [ref["uid"] for ref in obj["metadata"].get("ownerReferences") or []]
+
+
+@pytest.mark.parametrize("end", ["Succeeded", "Failed"])
+def test_stop_of_an_ended_job_leaves_it_and_how_it_ended(cluster, end):
+    """How a run ended is the user's record: `job stop` of an ended job deletes nothing and
+    annotates nothing (the issue's case: stop of a Succeeded job deleted it and said Stopped)."""
+    assert cli("job", "run", "-d").exit_code == 0
+    [job] = of_job(cluster, "fsdp")["pytorchjobs"]
+    set_condition(kube(cluster), job, end, "ENOSPC at a save" if end == "Failed" else "")
+    before = store(cluster)
+    r = cli("job", "stop", "fsdp")
+    assert r.exit_code == 0 and f"is not running ({end}); nothing to stop" in said(r), r.output
+    assert store(cluster) == before
+    assert json.loads(cli("job", "status", "-o", "json").stdout)["phase"] == end
+
+
+def test_every_object_of_a_run_carries_its_owner_and_cleanup_names_it(cluster):
+    """Every object `job run` makes for the job carries the owner labels; the per-job ones are
+    owned by the job object (garbage-collected with it); `cleanup --dry-run` names each one's
+    owner."""
+    assert cli("job", "run", "-d", MAX_STEPS="50").exit_code == 0
+    made = of_job(cluster, "fsdp")
+    [job] = made["pytorchjobs"]
+    who = owner.of_labels(job["metadata"]["labels"])
+    assert who.home == owner.home_id() and who.job == "fsdp" and who.token
+    for plural, objs in made.items():
+        for o in objs:
+            assert owner.of_labels(o["metadata"]["labels"]) == who, (plural, o["metadata"])
+            if plural != "pytorchjobs":
+                assert owned_refs(o) == [job["metadata"]["uid"]], (plural, o["metadata"])
+    set_condition(kube(cluster), job, "Succeeded")
+    r = cli("cleanup", "--dry-run")
+    line = f"(owner: {who.describe()})"
+    assert f"would remove PyTorchJob/fsdp {line}" in said(r), r.output
+    assert f"would remove Secret/fsdp-hf-token {line}" in said(r), r.output
+    assert f"would remove ConfigMap/fsdp-record {line}" in said(r), r.output
