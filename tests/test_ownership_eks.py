@@ -40,7 +40,16 @@ from fsdpctl.job import owner, render
 from fsdpctl.job import store as record_store
 from fsdpctl.settings import load
 from kube_peer import documents, wait_for
-from test_kube import add_claim, cli, kube, peer, said, set_condition  # noqa: F401 - `peer`: a fixture
+from test_kube import (  # noqa: F401 - `peer`: a fixture
+    add_claim,
+    add_pod,
+    cli,
+    kube,
+    peer,
+    said,
+    set_condition,
+    step_line,
+)
 
 CRD = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
 OTHER_HOME = "0123456789abcdef"
@@ -352,3 +361,22 @@ def test_every_object_of_a_run_carries_its_owner_and_cleanup_names_it(cluster):
     assert f"would remove PyTorchJob/fsdp {line}" in said(r), r.output
     assert f"would remove Secret/fsdp-hf-token {line}" in said(r), r.output
     assert f"would remove ConfigMap/fsdp-record {line}" in said(r), r.output
+
+
+def test_a_failed_run_s_outcome_stays_in_history_after_the_job_is_resumed(cluster):
+    """The issue's case: a run that failed (ENOSPC at a save) read `unknown: its output is gone` in
+    `job history` once `job resume` replaced its job object (its pods and their logs went with it).
+    How it ended is learnt into its record before the old job goes (runner._learn_before_it_goes)."""
+    assert cli("job", "run", "-d").exit_code == 0
+    [job] = of_job(cluster, "fsdp")["pytorchjobs"]
+    first = job["metadata"]["labels"][owner.RUN_LABEL]
+    log = "master_addr=fsdp-worker-0\n" + "\n".join(step_line(s) for s in (10, 20, 30)) + "\n"
+    log += "OSError: [Errno 28] No space left on device\n"
+    add_pod(kube(cluster), cluster, "fsdp", 0, phase="Failed", log=log, owner=job)
+    set_condition(kube(cluster), job, "Failed", "ENOSPC at a save")
+    r = cli("job", "resume", "fsdp", "-d")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(cli("job", "history", "fsdp", "-o", "json").stdout)
+    [old] = [row for row in rows if row["run_id"] == first]
+    assert old["outcome"].startswith("Failed at step 30"), rows
+    assert len(rows) == 2 and rows[-1]["run_id"] != first
