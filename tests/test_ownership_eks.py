@@ -247,18 +247,26 @@ def of_job(cluster, job: str) -> dict[str, list[dict]]:
     }
 
 
-@pytest.mark.parametrize("code, reason", [(500, "InternalError"), (503, "ServiceUnavailable")])
-def test_a_job_the_api_refuses_to_create_leaves_no_secret_and_nothing_of_the_run(
-    cluster, monkeypatch, code, reason
+@pytest.mark.parametrize(
+    "write, code, reason",
+    [
+        (("POST", "pytorchjobs"), 500, "InternalError"),
+        (("POST", "pytorchjobs"), 503, "ServiceUnavailable"),
+        (("PATCH", "secrets"), 500, "InternalError"),  # the job made, its Secret not
+    ],
+)
+def test_a_run_the_api_fails_leaves_no_secret_and_nothing_of_the_run(
+    cluster, monkeypatch, write, code, reason
 ):
     """The job object is created first and its Secret after it, owned by it: a create that fails
     leaves no token on the cluster (the issue's case: a 500 on the PyTorchJob's create left the
-    job's token Secret behind)."""
+    job's token Secret behind); a job made whose Secret failed is found by its token and deleted,
+    what it owns with it (the garbage collector)."""
     monkeypatch.setenv("HF_TOKEN", "hf_NeverLeftBehindAbCdEfGhIjKlMnOp")
-    cluster.api.failing[("POST", "pytorchjobs")] = (code, reason)
+    cluster.api.failing[write] = (code, reason)
     r = cli("job", "run", "-d", JOB_NAME="ec")
     assert r.exit_code != 0 and str(code) in said(r), r.output
-    assert all(objs == [] for objs in of_job(cluster, "ec").values()), of_job(cluster, "ec")
+    wait_for(lambda: all(objs == [] for objs in of_job(cluster, "ec").values()))
     assert not (owner_home() / "jobs" / "ec" / "submitting.json").exists()
     assert cli("job", "run", "-d", JOB_NAME="ec").exit_code == 0  # nothing in the way after
 

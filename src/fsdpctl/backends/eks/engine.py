@@ -36,11 +36,10 @@ def run(
     job's; a running one unless `replace`, which stops it first (SIGTERM, checkpoint)."""
     run_id = run_id or jobpolicy.new_run_id(cfg.job_name)
     who = owned.mine(cfg, run_id)
-    objs = [
-        owned.stamped(o, who)
-        for o in render.render_job(cfg, run_id, record["id"] if record else "")
-    ]
-    *infra, job = objs
+    *infra, job = render.render_job(cfg, run_id, record["id"] if record else "")
+    # the job's own objects carry its owner; the namespace and etcd are shared by every job
+    job = owned.stamped(job, who)
+    infra = [owned.stamped(o, who) if o["kind"] in DEPENDENTS else o for o in infra]
     if record is not None:
         job = configmap.annotated(job, record)
         record = {**record, "manifests": render.to_yaml([*infra, job])}
