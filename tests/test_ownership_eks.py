@@ -371,6 +371,7 @@ def test_every_object_of_a_run_carries_its_owner_and_cleanup_names_it(cluster):
     assert f"would remove ConfigMap/fsdp-record {line}" in said(r), r.output
 
 
+@pytest.mark.slow  # ~3 s: a run, its end and a resume through the CLI
 def test_a_failed_run_s_outcome_stays_in_history_after_the_job_is_resumed(cluster):
     """The issue's case: a run that failed (ENOSPC at a save) read `unknown: its output is gone` in
     `job history` once `job resume` replaced its job object (its pods and their logs went with it).
