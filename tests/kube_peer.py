@@ -302,6 +302,9 @@ class KubeApi(kmock.KubernetesScaffold):
         # plurals whose reads get a broken answer, (status, raw body), as an API server restarting
         # behind a load balancer or a proxy in between gives: a 503 page, an empty 200, garbage
         self.broken: dict[str, tuple[int, bytes]] = {}
+        # (method, plural) whose next write gets this error (status, reason) without being
+        # stored, as an API server failing a create (a 500 from an etcd timeout): one per entry
+        self.failing: dict[tuple[str, str], tuple[int, str]] = {}
         self.applied: dict[
             tuple[Key, str], dict
         ] = {}  # (object, field manager) -> its last applied config
@@ -368,6 +371,8 @@ class KubeApi(kmock.KubernetesScaffold):
         if method == "GET" and res.plural in self.broken:
             code, body = self.broken[res.plural]
             return aiohttp.web.Response(status=code, body=body, content_type="application/json")
+        if (fail := self.failing.pop((method, res.plural), None)) is not None:
+            raise Reply(fail[0], fail[1], f"injected: {method} {res.plural} failed")
         if route.sub:
             return await self._subresource(request, res, route, method)
         return await self._verb(request, res, route, method)

@@ -145,9 +145,32 @@ def set_condition(k: Kube, job: dict, cond: str, message: str = "") -> None:
 
 
 def add_pod(
-    k: Kube, peer, job: str, index: int, phase: str = "Running", log: str = "", **status
+    k: Kube,
+    peer,
+    job: str,
+    index: int,
+    phase: str = "Running",
+    log: str = "",
+    owner: dict | None = None,
+    **status,
 ) -> str:
+    """A pod of `job` as the operator makes it; with `owner` (the job object) it carries the
+    ownerReference the operator sets (controller: true)."""
     name = f"{job}-worker-{index}"
+    refs = (
+        [
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        if owner
+        else []
+    )
     k.create(
         {
             "apiVersion": "v1",
@@ -159,6 +182,7 @@ def add_pod(
                     "fsdpctl.io/job": job,
                     "training.kubeflow.org/replica-index": str(index),
                 },
+                **({"ownerReferences": refs} if refs else {}),
             },
             "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
         }
@@ -651,7 +675,7 @@ def test_cleanup_removes_finished_jobs_pods_secret_and_real_etcd_keys(peer, tmp_
             )
         )
         k = kube(peer)
-        add_pod(k, peer, "fsdp", 0, phase="Succeeded")
+        add_pod(k, peer, "fsdp", 0, phase="Succeeded", owner=job)
 
         r = cli("cleanup", **settings)  # still running: untouched
         assert r.exit_code == 0 and "0 items" in said(r) and len(peer.objects("pytorchjobs")) == 1

@@ -269,18 +269,15 @@ class Kube:
         name: str,
         namespace: str | None = None,
         propagation: str = "Foreground",
+        uid: str | None = None,
     ) -> bool:
-        """False when it was already gone."""
+        """False when it was already gone. With `uid`, only that object: a same-named one made
+        since is a 409 Conflict (DeleteOptions.preconditions), not deleted."""
+        body: dict = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
-            self.request(
-                "DELETE",
-                self.path(api_version, kind, namespace, name),
-                body={
-                    "kind": "DeleteOptions",
-                    "apiVersion": "v1",
-                    "propagationPolicy": propagation,
-                },
-            )
+            self.request("DELETE", self.path(api_version, kind, namespace, name), body=body)
             return True
         except KubeError as e:
             if e.status == 404:

@@ -128,6 +128,8 @@ class RunRecord(TypedDict):
     hash: str
     id: str
     losses: NotRequired[dict[str, float] | None]  # step (as text) -> loss, once the run ended
+    # how the run ended, learnt before its place's trace of it went (a cluster job replaced)
+    outcome: NotRequired[str | None]
 
 
 def value_text(value: Any) -> str:
@@ -272,6 +274,7 @@ _PARTS: dict[str, Callable[[Any], bool]] = {
     "trainer": _trainer,
     "manifests": lambda v: v is None or isinstance(v, str),
     "losses": lambda v: v is None or _losses(v),
+    "outcome": lambda v: v is None or (isinstance(v, str) and len(v) < 1000),
 }
 
 
@@ -385,7 +388,8 @@ HistoryRow = TypedDict(
 def history_rows(runs: Sequence[RunRecord], outcomes: Mapping[str, str]) -> list[HistoryRow]:
     """`job history`: one row per run record, oldest first: run id, record id, when it started
     (UTC), where it started, the settings (placement keys too) that differ from the run before, how
-    it ended (`outcomes` by run id; a run whose output is gone: unknown)."""
+    it ended (`outcomes` by run id, else what its record learnt before its output went; neither:
+    unknown)."""
     import time
 
     rows: list[HistoryRow] = []
@@ -402,7 +406,9 @@ def history_rows(runs: Sequence[RunRecord], outcomes: Mapping[str, str]) -> list
                 if trainer
                 else "never trained (no start line)",
                 "changed": changed,
-                "outcome": outcomes.get(rec["run_id"], "unknown: its output is gone"),
+                "outcome": outcomes.get(rec["run_id"])
+                or rec.get("outcome")
+                or "unknown: its output is gone",
             }
         )
         before = rec

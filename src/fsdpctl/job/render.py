@@ -113,7 +113,12 @@ def render_template(template: str, **values: Any) -> list[Obj]:
 
 
 def secret_name(cfg: Config) -> str:
-    return f"{cfg.job_name}-hf-token"
+    return job_secret_name(cfg.job_name)
+
+
+def job_secret_name(job: str) -> str:
+    """The job's own HF-token Secret (one per job, owned by the job object)."""
+    return f"{job}-hf-token"
 
 
 def render_checkpoint_cleaner(cfg: Config, job_name: str) -> Obj:

@@ -332,19 +332,37 @@ def _make_way(name: str, current: JobState, replace: bool, other: Factory) -> No
 
 
 def _learn_before_it_goes(current: JobState, other: Factory) -> None:
-    """The run a new one replaces, learnt from its logs while they exist (its trainer's start line
-    and losses into its record, fsdpctl.record.learnt): on a cluster they go with its pods. A run
-    whose logs cannot be read is left as it is."""
+    """The run a new one replaces, learnt while its place still has it: its trainer's start line
+    and losses from its logs (fsdpctl.record.learnt), and how it ended (a cluster's logs and
+    phase go with its pods and job object). A run whose place cannot say is left as it is."""
     where = record_store.path(current["job"], current["run_id"])
     try:
         rec = record_store.read(where) if where.exists() else None
     except FsdpctlError:  # a damaged record is named by the verbs that read it
         return
-    if rec is None or rec.get("losses"):
+    if rec is None:
         return
-    lines = other(state.backend_of(current)).run_lines(current["job"], current["run_id"])
-    if lines is not None and (now := record.learnt(rec, lines)) != rec:
+    be = other(state.backend_of(current))
+    now = rec
+    if not rec.get("losses"):
+        lines = be.run_lines(current["job"], current["run_id"])
+        now = record.learnt(now, lines) if lines is not None else now
+    if not now.get("outcome") and (ended := _ended_as(be, current)) is not None:
+        now = {**now, "outcome": ended}
+    if now != rec:
         record_store.keep(now)
+
+
+def _ended_as(be: Backend, current: JobState) -> str | None:
+    """How the run ended, as its place says while it still holds it; None when it has not ended
+    or its place cannot say."""
+    phase, _ = phase_of(be, current["job"])
+    if phase not in FINAL:
+        return None
+    try:
+        return be.outcomes(current["job"]).get(current["run_id"])
+    except FsdpctlError:
+        return None
 
 
 def phase_of(be: Backend, name: str) -> tuple[Phase | None, str]:

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submitted, placement_ok
-from fsdpctl.backends.eks import api, configmap, engine, observe
+from fsdpctl.backends.eks import api, configmap, engine, observe, owned
 from fsdpctl.cluster import deploy_status
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.job import home, kstatus, lock, render, runner, state, validate
+from fsdpctl.job import home, kstatus, lock, owner, render, runner, state
 from fsdpctl.job import spec as jobspec
 from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
@@ -119,22 +119,48 @@ class EksBackend:
         )
 
     def find_submitted(self, mine: Owner) -> Submitted | None:
-        """The job object that carries the run's labels (its run id), whatever the submit said."""
+        """The job object that carries the run's submit token (fsdpctl.io/submit, selected by the
+        API server) and this run's home, whatever the submit said. A submit killed between the job
+        and its Secret left a job whose pods would find no token: the Secret is made now, owned by
+        it."""
         cfg = self.cfg
-        found = api.get_job(self.kube, cfg, mine.job)
-        labels = (found or {}).get("metadata", {}).get("labels") or {}
-        if found is None or labels.get("fsdpctl.io/run-id") != validate.label_value(mine.run_id):
-            return None
+        api_version, kind = render.job_api(cfg)
+        with api.calls(cfg, f"looking for run {mine.run_id} of job {mine.job}"):
+            found = [
+                j
+                for j in self._jobs_with(api_version, kind, {owner.TOKEN_LABEL: mine.token})
+                if owner.why_not_ours(owned.mark(j), mine.home, mine.job, mine.token) is None
+                and j["metadata"]["name"] == mine.job
+            ]
+            if not found:
+                return None
+            if self.kube.get("v1", "Secret", render.secret_name(cfg), cfg.job_namespace) is None:
+                token = secret_env(cfg).get("HF_TOKEN", "")
+                secret = owned.stamped(render.render_secret(cfg, token, mine.run_id), mine)
+                self.kube.apply(api.owned_by(secret, {**found[0], "kind": kind}))
         return Submitted(
             state={},
             record=record_store.new(cfg, mine.run_id),
-            where=f"{cfg.job_kind} in namespace {cfg.job_namespace} on {self.kube.server}",
-            outside=f"{cfg.job_kind} {cfg.job_namespace}/{mine.job}",
+            where=f"{kind} in namespace {cfg.job_namespace} on {self.kube.server}",
+            outside=f"{kind} {cfg.job_namespace}/{mine.job}",
             cancel_command=f"kubectl -n {cfg.job_namespace} delete {cfg.job_kind} {mine.job}",
         )
 
+    def _jobs_with(self, api_version: str, kind: str, labels: dict[str, str]) -> list[dict]:
+        """The job objects with these labels; none where the cluster serves no such kind (its CRD
+        is missing: no job of it can exist), an error for any other failure."""
+        from fsdpctl.adapters.kube import KubeError
+
+        try:
+            return self.kube.list(api_version, kind, self.cfg.job_namespace, labels)
+        except KubeError as e:
+            if e.status == 404 and "namespace" not in e.message.lower():
+                return []
+            raise
+
     def cancel(self, submitted: Submitted) -> None:
-        """The job deleted with its pods first (foreground): it never got to train unrecorded."""
+        """The job deleted with its pods first (foreground): it never got to train unrecorded. Only
+        this home's job (found by its labels), by its UID."""
         engine.cancel(self.kube, self.cfg, self.cfg.job_name)
 
     def report(self, name: str, stall_after: float = float("inf")) -> Report:
@@ -273,13 +299,18 @@ class EksBackend:
         job = api.get_job(self.kube, self.cfg, name)
         if job is None:
             return f"no job {name} in {self.cfg.job_namespace}; nothing to stop"
+        with api.calls(self.cfg, f"stopping job {name}"):
+            owned.check(job, self.cfg, name)  # a foreign job is refused, nothing changed
+        if (phase := kstatus.phase(job)) in FINAL:
+            # how it ended is the user's record: the object and its outcome stay as they are
+            return f"job {name} is not running ({phase}); nothing to stop"
         if dry_run:
             return f"dry run: would delete {job['kind']} {name} (pods get SIGTERM and checkpoint)"
         if wait and say is not None:
             say(
                 f"deleting {job['kind']} {name}: waiting for its pods to checkpoint and end (foreground)"
             )
-        engine.stop(self.kube, self.cfg, name, wait=wait)
+        engine.stop(self.kube, self.cfg, name, wait=wait, uid=job["metadata"]["uid"])
         return f"job {name}: {'stopped and deleted' if wait else 'stopping'}"
 
     def interrupt(self, name: str) -> Report | None:
@@ -329,7 +360,8 @@ class EksBackend:
             self.kube, self.cfg, checkpoints=checkpoints, dry_run=dry_run, only=job
         )
         _, kind = render.job_api(self.cfg)
-        for name in [d.partition("/")[2] for d in done if d.startswith(f"{kind}/")]:
+        # each line: "Kind/name (owner: ...)"
+        for name in [d.partition("/")[2].split(" ")[0] for d in done if d.startswith(f"{kind}/")]:
             done += self._forget(name, dry_run=dry_run)
         return done
 

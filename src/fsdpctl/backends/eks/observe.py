@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
 from fsdpctl.errors import FsdpctlError
-from fsdpctl.job import crilog, failures, kstatus, prestep, render
+from fsdpctl.job import crilog, failures, kstatus, owner, prestep, render
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import record as run_record
 from fsdpctl.job.crilog import LogLine
@@ -310,6 +310,22 @@ def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iter
             yield item
 
 
+def _a_record_of(cm: dict, name: str) -> bool:
+    """A ConfigMap fsdpctl made for job `name` (from any home: a teammate's run is read, not
+    changed); one of that name that someone else made is not the job's record."""
+    labels = cm["metadata"].get("labels") or {}
+    mark = owner.of_labels(labels)
+    return (mark.home is not None and mark.job == name) or labels.get(
+        "fsdpctl.io/record-of"
+    ) == name
+
+
+def _ours(obj: dict, name: str) -> bool:
+    """Whether `obj` is this home's job `name`'s: only then is it written to."""
+    mark = owner.of_labels(obj["metadata"].get("labels"))
+    return owner.why_not_ours(mark, owner.home_id(), name) is None
+
+
 def record_of(
     kube, cfg: Config, name: str
 ) -> tuple[run_record.RunRecord | None, list[str], list[str]]:
@@ -321,7 +337,7 @@ def record_of(
 
     with calls(cfg, f"reading the run record of {name}"):
         cm = kube.get("v1", "ConfigMap", configmap.config_map_name(name), cfg.job_namespace)
-    if cm is None:
+    if cm is None or not _a_record_of(cm, name):
         return None, [], []
     try:
         rec = configmap.from_config_map(cm)
@@ -343,9 +359,12 @@ def record_of(
     _, lines = find_leader(kube, cfg, pods)
     digest = configmap.image_digest(pods, _container(cfg))
     now = run_record.learnt(configmap.with_digest(rec, digest), lines)
-    if now != rec and not problems:
+    if now != rec and not problems and _ours(cm, name) and _ours(job, name):
+        kept = configmap.config_map(now, cfg.job_namespace)
+        labels = {**(cm["metadata"].get("labels") or {}), **kept["metadata"]["labels"]}
+        kept = {**kept, "metadata": {**kept["metadata"], "labels": labels}}
         try:  # worth keeping, not worth failing for: a user who may read but not write ConfigMaps
-            kube.apply(owned_by(configmap.config_map(now, cfg.job_namespace), job))
+            kube.apply(owned_by(kept, job))
         except KubeError as e:
             problems.append(f"the learnt facts were not saved in the ConfigMap: {e}")
     return now, lines, problems
