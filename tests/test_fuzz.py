@@ -674,6 +674,6 @@ def test_found_fsdpctl_home_on_a_read_only_file_system_is_one_line_naming_the_pa
     assert result.exit_code == 1, result.stderr
     error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
     assert error.startswith(
-        f"error: cannot write or read {mounts.read_only / 'home'}: Read-only file system"
+        f"error: cannot write or read {mounts.read_only / 'home'}: the file system is read-only"
     )
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr

@@ -55,6 +55,10 @@ class Target:
     # neither made nor read (a Slurm cluster's): its rate is SHARED_VOLUME_WRITE_MBPS or an
     # assumption (fsdpctl.plan.volume.rate)
     fsx_volume: bool = True
+    # a directory of FSDPCTL_HOME where a layout before the job core kept its jobs (Slurm's
+    # slurm/<job>.json, adopted as the backend lists them): a job there is a job of this home; ""
+    # none
+    legacy_dir: str = ""
 
 
 TARGETS = {
@@ -98,6 +102,7 @@ TARGETS = {
             refusals="fsdpctl.backends.slurm.script:refusals",
             state="fsdpctl.backends.slurm.backend:STATE",
             fsx_volume=False,
+            legacy_dir="slurm",
         ),
     )
 }

@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from fsdpctl.adapters import shell
 from fsdpctl.adapters.kube_api import CRD_API, Discovery, Resource, resources_from_crd
@@ -32,6 +32,15 @@ FIELD_MANAGER = "fsdpctl"
 
 def selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+class DeleteOptions(TypedDict, total=False):
+    """meta/v1 DeleteOptions, the fields fsdpctl sends (apimachinery types.go)."""
+
+    kind: str
+    apiVersion: str
+    propagationPolicy: str
+    preconditions: dict[str, str]  # Preconditions: {"uid": ...}
 
 
 @dataclass
@@ -273,7 +282,7 @@ class Kube:
     ) -> bool:
         """False when it was already gone. With `uid`, only that object: a same-named one made
         since is a 409 Conflict (DeleteOptions.preconditions), not deleted."""
-        body: dict = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        body = DeleteOptions(kind="DeleteOptions", apiVersion="v1", propagationPolicy=propagation)
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         try:

@@ -48,7 +48,7 @@ FORMATS = ("table", "json", "yaml", "env")
 
 
 NameArg = typer.Argument(
-    help="job name (its newest run), run id, JOB/RUN or record id (default: JOB_NAME)",
+    help="job name (its newest run), run id or record id (or a unique prefix), JOB/RUN (default: JOB_NAME)",
     autocompletion=completion.job_names,
 )
 
@@ -386,7 +386,7 @@ def diff(
         str,
         typer.Argument(
             metavar="A",
-            help="a run: job name, run id, JOB/RUN or record id",
+            help="a run: job name, run id or record id (or a unique prefix), JOB/RUN",
             autocompletion=completion.job_names,
         ),
     ],

@@ -20,28 +20,29 @@ from typing import Any
 import typer
 import typer.main
 import typer.models
+from typer._click import Command as ClickCommand
 from typer._coercion import RuntimeParam
 from typer.core import TyperCommand
 
 
-class LazyCommands(MutableMapping[str, Any]):
+class LazyCommands(MutableMapping[str, ClickCommand]):
     """A group's `commands`: every name of `builders` is there from the start, its command built by
     its builder on first use; `built` holds those built, and any added later."""
 
     def __init__(
-        self, built: MutableMapping[str, Any], builders: Mapping[str, Callable[[], Any]]
+        self, built: MutableMapping[str, ClickCommand], builders: Mapping[str, Callable[[], Any]]
     ) -> None:
         self.built = dict(built)
         self.builders = builders
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> ClickCommand:
         if name not in self.built:
             if name not in self.builders:
                 raise KeyError(name)
             self.built[name] = self.builders[name]()
         return self.built[name]
 
-    def __setitem__(self, name: str, cmd: Any) -> None:
+    def __setitem__(self, name: str, cmd: ClickCommand) -> None:
         self.built[name] = cmd
 
     def __delitem__(self, name: str) -> None:
@@ -60,22 +61,23 @@ def build(module: str, attr: str, name: str, root: typer.Typer) -> Any:
     typer's add_typer or command would build it under `root`; a group's own commands are lazy too,
     so `job list` builds the options of `list`, not of every job verb."""
     found = getattr(importlib.import_module(module), attr)
-    settings: dict[str, Any] = {
-        "pretty_exceptions_short": root.pretty_exceptions_short,
-        "rich_markup_mode": root.rich_markup_mode,
-    }
+    looks = partial(
+        typer.main.get_command_from_info,
+        pretty_exceptions_short=root.pretty_exceptions_short,
+        rich_markup_mode=root.rich_markup_mode,
+    )
     if not isinstance(found, typer.Typer):
         info = typer.models.CommandInfo(name=name, callback=found, cls=Command)
-        return typer.main.get_command_from_info(info, **settings)
+        return looks(info)
     bare = copy.copy(found)  # the group itself (its callback, help, class), its commands apart
     bare.registered_commands = []
     group = typer.main.get_group_from_info(
-        typer.models.TyperInfo(bare, name=name), suggest_commands=root.suggest_commands, **settings
+        typer.models.TyperInfo(bare, name=name),
+        suggest_commands=root.suggest_commands,
+        pretty_exceptions_short=root.pretty_exceptions_short,
+        rich_markup_mode=root.rich_markup_mode,
     )
-    builders = {
-        _name_of(info): partial(typer.main.get_command_from_info, info, **settings)
-        for info in found.registered_commands
-    }
+    builders = {_name_of(info): partial(looks, info) for info in found.registered_commands}
     group.commands = LazyCommands(group.commands, builders)
     return group
 

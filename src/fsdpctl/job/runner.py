@@ -462,10 +462,13 @@ def backends_here(cfg: Config) -> list[str]:
     """The backends holding a job in this home, and BACKEND (EKS lists the cluster's jobs, started
     from anywhere)."""
     here = {state.backend_of(s) for s in _all_states()} | {cfg.backend}
-    # the layout before the job core kept Slurm jobs in FSDPCTL_HOME/slurm/ (the Slurm backend
-    # adopts them as it lists): a job there is a job here
-    if "slurm" in targets.NAMES and (files.home() / "slurm").is_dir():
-        here.add("slurm")
+    # a layout before the job core (Slurm's FSDPCTL_HOME/slurm/, which its backend adopts as it
+    # lists): a job there is a job here
+    here |= {
+        n
+        for n in targets.NAMES
+        if (d := targets.target(n).legacy_dir) and (files.home() / d).is_dir()
+    }
     return [n for n in targets.NAMES if n in here]
 
 

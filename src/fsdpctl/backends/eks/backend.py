@@ -146,7 +146,7 @@ class EksBackend:
             cancel_command=f"kubectl -n {cfg.job_namespace} delete {cfg.job_kind} {mine.job}",
         )
 
-    def _jobs_with(self, api_version: str, kind: str, labels: dict[str, str]) -> list[dict]:
+    def _jobs_with(self, api_version: str, kind: str, labels: dict[str, str]) -> list[render.Obj]:
         """The job objects with these labels; none where the cluster serves no such kind (its CRD
         is missing: no job of it can exist), an error for any other failure."""
         from fsdpctl.adapters.kube import KubeError

@@ -79,7 +79,7 @@ def run(
 DEPENDENTS = ("Job", "PodDisruptionBudget")
 
 
-def _apply_infra(kube, obj: dict) -> None:
+def _apply_infra(kube, obj: render.Obj) -> None:
     """The namespace is made when missing and otherwise left as it is (an admin's, or another
     team's, is not fsdpctl's to relabel); the rendezvous etcd is fsdpctl's shared one, applied."""
     if obj["kind"] == "Namespace":
@@ -89,7 +89,7 @@ def _apply_infra(kube, obj: dict) -> None:
     kube.apply(obj)
 
 
-def _make_room(kube, cfg: Config, existing: dict | None, replace: bool) -> None:
+def _make_room(kube, cfg: Config, existing: render.Obj | None, replace: bool) -> None:
     """The job object and the per-job objects an earlier run of this home's job left, deleted (by
     UID) before the new run's are made; anything of that name that is not this home's job's is
     refused first, with or without `replace`, and nothing changed."""
@@ -113,7 +113,7 @@ def _make_room(kube, cfg: Config, existing: dict | None, replace: bool) -> None:
             _delete_left(kube, cfg, obj)
 
 
-def _delete_left(kube, cfg: Config, obj: dict) -> None:
+def _delete_left(kube, cfg: Config, obj: render.Obj) -> None:
     """One object an earlier run left (its owner gone, the collector not there yet; or one applied
     from `fsdpctl manifest`): a Job's pod template cannot be changed and a Secret must hold this
     run's token, so it goes, by UID, before the new one is made."""
@@ -316,7 +316,7 @@ def cleanup(
     return done
 
 
-def _clean_job(kube, cfg: Config, job: dict, checkpoints: bool, dry_run: bool) -> list[str]:
+def _clean_job(kube, cfg: Config, job: render.Obj, checkpoints: bool, dry_run: bool) -> list[str]:
     api, kind = render.job_api(cfg)
     name, uid = job["metadata"]["name"], job["metadata"]["uid"]
     whose = f"(owner: {owned.mark(job).describe()})"

@@ -310,7 +310,7 @@ def _interleave(streams: list[tuple[dict[str, str], Iterator[LogLine]]]) -> Iter
             yield item
 
 
-def _a_record_of(cm: dict, name: str) -> bool:
+def _a_record_of(cm: render.Obj, name: str) -> bool:
     """A ConfigMap fsdpctl made for job `name` (from any home: a teammate's run is read, not
     changed); one of that name that someone else made is not the job's record."""
     labels = cm["metadata"].get("labels") or {}
@@ -320,7 +320,7 @@ def _a_record_of(cm: dict, name: str) -> bool:
     ) == name
 
 
-def _ours(obj: dict, name: str) -> bool:
+def _ours(obj: render.Obj, name: str) -> bool:
     """Whether `obj` is this home's job `name`'s: only then is it written to."""
     mark = owner.of_labels(obj["metadata"].get("labels"))
     return owner.why_not_ours(mark, owner.home_id(), name) is None

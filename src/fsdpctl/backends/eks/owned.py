@@ -17,6 +17,7 @@ from typing import Any
 from fsdpctl.backends.eks import configmap
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.job import owner, prestep, render
+from fsdpctl.job.render import Obj
 from fsdpctl.settings import Config
 
 
@@ -26,18 +27,18 @@ def mine(cfg: Config, run_id: str) -> owner.Owner:
     return owner.Owner(owner.home_id(), cfg.job_name, run_id)
 
 
-def stamped(obj: dict[str, Any], who: owner.Owner) -> dict[str, Any]:
+def stamped(obj: Obj, who: owner.Owner) -> Obj:
     """`obj` with the owner labels on its metadata (not its pod template: the job's pods are
     selected by fsdpctl.io/job, and a pre-step pod is not one of them)."""
     meta = obj["metadata"]
     return {**obj, "metadata": {**meta, "labels": {**(meta.get("labels") or {}), **who.labels()}}}
 
 
-def mark(obj: dict[str, Any]) -> owner.Mark:
+def mark(obj: Obj) -> owner.Mark:
     return owner.of_labels((obj.get("metadata") or {}).get("labels"))
 
 
-def refusal(obj: dict[str, Any], why: str, namespace: str) -> FsdpctlError:
+def refusal(obj: Obj, why: str, namespace: str) -> FsdpctlError:
     """One line naming the object, why it is not this job's, and how to act on it by hand."""
     kind, name = obj.get("kind") or "object", obj["metadata"]["name"]
     return FsdpctlError(
@@ -48,7 +49,7 @@ def refusal(obj: dict[str, Any], why: str, namespace: str) -> FsdpctlError:
     )
 
 
-def check(obj: dict[str, Any], cfg: Config, job: str | None = None) -> None:
+def check(obj: Obj, cfg: Config, job: str | None = None) -> None:
     """Refused (exit 2) unless `obj` carries this home's labels for `job` (default: the settings'
     job)."""
     why = owner.why_not_ours(mark(obj), owner.home_id(), job or cfg.job_name)
@@ -67,7 +68,7 @@ def dependents(cfg: Config, name: str) -> list[tuple[str, str, str]]:
     ]
 
 
-def in_the_way(kube: Any, cfg: Config) -> list[dict[str, Any]]:
+def in_the_way(kube: Any, cfg: Config) -> list[Obj]:
     """The per-job objects an earlier run left (owned: they go before the new ones are made);
     refused, before anything changed, when any of them is not this home's job's."""
     found = []
@@ -79,5 +80,5 @@ def in_the_way(kube: Any, cfg: Config) -> list[dict[str, Any]]:
     return found
 
 
-def owned_by_uid(obj: dict[str, Any], uid: str) -> bool:
+def owned_by_uid(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])

@@ -20,9 +20,7 @@ in it, and:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from fsdpctl import files
 from fsdpctl.backends.local import kubelet
@@ -31,6 +29,7 @@ from fsdpctl.backends.local.pods import mapped_env
 from fsdpctl.job import owner
 from fsdpctl.job.owner import Mark, Owner
 from fsdpctl.job.prestep import TRAINER_UID
+from fsdpctl.job.render import Obj
 from fsdptrain import volumes
 
 
@@ -42,7 +41,7 @@ def this_home() -> str | None:
     return owner.home_id()
 
 
-def checkpoint_dir(spec: Mapping[str, Any], job: str) -> Path | None:
+def checkpoint_dir(spec: Obj, job: str) -> Path | None:
     """The job's checkpoint directory on a claim as node 0 sees it (`volumes/<claim>/checkpoints/<job>`
     or `volumes/<claim>/<job>`): CHECKPOINT_DIR mapped, up past a CHECKPOINT_SUBDIR to the job's own
     directory, the one `cleanup --checkpoints` deletes. None without a claim (pod-local checkpoints
