@@ -27,6 +27,8 @@ class ExitCode(IntEnum):
     JOB_STOPPED = 6
     HUNG_UP = 129  # SIGHUP to a followed `job run` or `quickstart` (the terminal closed)
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    # stdout's reader went away (`fsdpctl job logs | head`): silent, 128 + SIGPIPE as Unix tools end
+    BROKEN_PIPE = 141
     TERMINATED = 143  # SIGTERM to a followed `job run` or `quickstart` (CI's timeout, kill)
 
 

@@ -4,7 +4,9 @@ that cannot take the text is met in one place, as GNU coreutils meet it (gnulib 
 close_stdout and lib/close-stream.c close_stream): a failed write to stdout (ENOSPC on /dev/full,
 EPIPE from a reader that closed, EBADF from `>&-`, EIO from a terminal gone, an encoding that has no
 such character) is one line on stderr, `error: cannot write to stdout: <reason>`, and exit 1; when
-stderr is gone too, the exit code alone. A stdout that is closed but never written to is no error
+stderr is gone too, the exit code alone. A reader that went away (EPIPE: `fsdpctl job logs | head`)
+gets no line and exit 141, as a Unix tool that SIGPIPE ended (CPython ignores SIGPIPE, so here it is
+an error to meet, not a death). A stdout that is closed but never written to is no error
 (close_stream: EBADF with nothing pending). A failure on stderr is silent and makes a command that
 would have succeeded exit 1 (close_stdout: `_exit (exit_failure)` when stderr does not close).
 
@@ -21,6 +23,8 @@ import os
 import re
 import sys
 from typing import Any, Literal
+
+from fsdpctl.errors import ExitCode
 
 Name = Literal["stdout", "stderr"]
 
@@ -206,8 +210,15 @@ def lost(name: Name) -> str | None:
 
 
 def say_lost(why: str) -> None:
-    """The one line for a stdout that could not be written to (on stderr, while it stands)."""
-    write("stderr", f"error: cannot write to stdout: {why}\n")
+    """The one line for a stdout that could not be written to (on stderr, while it stands). None
+    for a reader that went away (`fsdpctl job logs | head`): Unix tools are silent there (they die
+    of SIGPIPE, which CPython ignores), and the exit code says it (BROKEN_PIPE, `finish`)."""
+    if not why.endswith(EPIPE_MARK):
+        write("stderr", f"error: cannot write to stdout: {why}\n")
+
+
+# how `_reason` ends the words for EPIPE
+EPIPE_MARK = f"({errno.errorcode[errno.EPIPE]})"
 
 
 def output_error(e: BaseException) -> str | None:
@@ -280,9 +291,15 @@ def finish(code: int) -> int:
         except (OSError, ValueError):
             _lost["stderr"] = "closed"
             _quiet("stderr")
+    if _lost.get("stdout", "").endswith(EPIPE_MARK):  # its reader went away (`| head`)
+        return BROKEN_PIPE
     if "stderr" in _lost and code == 0:
         return 1
     return code
+
+
+# 128 + SIGPIPE: what a shell reports for `yes | head`'s yes, and git's code there
+BROKEN_PIPE = int(ExitCode.BROKEN_PIPE)
 
 
 class _ClosedRaw(io.RawIOBase):
