@@ -306,6 +306,7 @@ def _register() -> None:
         monitor_cmd,
         plan_cmd,
         quickstart_cmd,
+        sandbox_cmd,
     )
 
     app.add_typer(config_cmd.app, name="config")
@@ -316,6 +317,7 @@ def _register() -> None:
     app.add_typer(monitor_cmd.app, name="monitor")
     app.add_typer(hub_cmd.model_app, name="model")
     app.add_typer(hub_cmd.data_app, name="data")
+    app.add_typer(sandbox_cmd.app, name="sandbox")
     app.command("cleanup")(cleanup_cmd.cleanup)
     app.command("manifest")(manifest_cmd.manifest)
     app.command("quickstart")(quickstart_cmd.quickstart)
