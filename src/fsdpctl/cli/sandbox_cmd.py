@@ -104,19 +104,18 @@ def down(dry_run: DryRunOpt = False) -> None:
     from fsdpctl.sandbox import slurm
 
     where = slurm.root()
+    found = slurm.load(where)
+    if found is None:
+        ok(f"no Slurm sandbox in {where}: nothing to do")
+        return
     if dry_run:
-        found = slurm.load(where)
-        if found is None:
-            note(f"no Slurm sandbox in {where}")
-            return
         running = [n for n, alive in found.living().items() if alive]
         out.print(f"would stop {', '.join(running) or 'no daemon'}; remove {where}", markup=False)
         return
     slurm.require()
-    done = slurm.down(where)
-    for line in done:
+    for line in slurm.down(where):
         note(line)
-    ok("Slurm sandbox down" if done else f"no Slurm sandbox in {where}: nothing to do")
+    ok("Slurm sandbox down")
 
 
 @slurm_app.command()
