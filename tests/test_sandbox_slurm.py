@@ -210,3 +210,44 @@ def test_every_node_is_named_once_at_its_own_address_and_the_spool_fits_a_socket
     assert f"SlurmctldHost={slurm_layout.CONTROLLER}({net.host_address})" in conf
     socket_path = f"{layout.spool}/node{nodes - 1}/{slurm_layout.CONTROLLER}_4294967294.4294967294"
     assert len(socket_path) < 108
+
+
+@settings(
+    max_examples=6,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(off=st.sampled_from(["start", "boot", "pid", None]))
+def test_down_signals_a_recorded_daemon_only_while_it_is_the_process_recorded(
+    tmp_path, monkeypatch, off
+):
+    """proc(5) starttime with the boot id names one process for good, where a pid is reused: a
+    recorded daemon whose pid now belongs to a process started at another time (or another boot)
+    is left alone by `down`; the process recorded (off=None) is stopped. The network calls are
+    stubbed here: the slow test above plays them for real."""
+    from fsdpctl.backends.local.processes import identity
+
+    monkeypatch.setattr(slurm.netns, "destroy", lambda net: None)
+    monkeypatch.setattr(slurm, "_pids_in", lambda net, node: [])
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        ident = identity(proc.pid)
+        assert ident is not None
+        if off == "start":
+            ident["start"] = (ident["start"] or 0) + 1
+        elif off == "boot":
+            ident["boot"] = "another-boot"
+        elif off == "pid":
+            ident["pid"] = proc.pid + 1_000_000  # no such process
+        where = tmp_path / f"sandbox-{off}"
+        munge = tmp_path / f"{slurm.MUNGE_PREFIX}x"
+        munge.mkdir(exist_ok=True)
+        layout = slurm_layout.Layout(where, netns.Network(9, slurm.NETWORK, 1), munge, 1)
+        slurm.save(slurm.Sandbox(layout, {"slurmctld-not": ident, "munged": ident}))
+        slurm.down(where)
+        assert (proc.poll() is None) == (off is not None), off
+        assert not where.exists()
+    finally:
+        proc.kill()
+        proc.wait()
