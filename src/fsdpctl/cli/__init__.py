@@ -49,7 +49,7 @@ class _Group(WholeHelp):
     # the cluster's life, then the helpers
     ORDER = (
         *("quickstart", "config", "plan", "doctor", "job", "manifest", "cleanup"),
-        *("cluster", "deploy", "image", "monitor", "model", "data", "version"),
+        *("sandbox", "cluster", "deploy", "image", "monitor", "model", "data", "version"),
     )
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **kw):
