@@ -251,3 +251,48 @@ def test_down_signals_a_recorded_daemon_only_while_it_is_the_process_recorded(
     finally:
         proc.kill()
         proc.wait()
+
+
+@settings(
+    max_examples=15,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(odd=st.sampled_from([" ", "=", ",", "$", "'", "é", "#", ":"]))
+def test_a_home_whose_path_slurm_conf_cannot_hold_is_refused_before_anything_starts(
+    cli, monkeypatch, tmp_path, odd
+):
+    """slurm.conf(5) lines are space-separated Key=value pairs, and SHARED_VOLUME_PATH's pattern takes
+    letters, digits and . _ - /: an FSDPCTL_HOME with anything else is one line naming it, exit 2,
+    and no sandbox directory is made."""
+    monkeypatch.setattr(slurm, "require", lambda: None)
+    home = tmp_path / f"home{odd}x"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("FSDPCTL_HOME", str(home))
+    got = cli("sandbox", "slurm", "up")
+    assert got.exit_code == 2 and "FSDPCTL_HOME=" in got.stderr.splitlines()[0], got.output
+    assert not (home / "sandbox").exists()
+
+
+def test_a_second_up_or_down_waits_for_the_first_and_is_refused_past_its_wait(cli, monkeypatch):
+    """flock(2) on sandbox/slurm.lock: while another `up` or `down` holds it, this one is refused
+    with one line naming the lock (exit 2) once its wait is over, and touches nothing."""
+    import fcntl
+
+    monkeypatch.setattr(slurm, "require", lambda: None)
+    monkeypatch.setattr(slurm, "LOCK_WAIT", 0.2)
+    lock = cli.home / "sandbox" / "slurm.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        state = cli.home / "sandbox" / "slurm" / "sandbox.json"
+        for verb in ("up", "down"):
+            if verb == "down":  # a sandbox to take down: its state as `up` records it first
+                layout = slurm_layout.Layout(
+                    state.parent, netns.Network(9, "sandbox", 1), Path("/run/fsdpctl-slurm-x"), 1
+                )
+                slurm.save(slurm.Sandbox(layout))
+            got = cli("sandbox", "slurm", verb)
+            assert got.exit_code == 2 and str(lock) in got.stderr.splitlines()[0], got.output
+        assert state.exists()

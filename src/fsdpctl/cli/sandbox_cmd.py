@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 app = command_group("A place on this machine to try a backend: fsdpctl sandbox slurm up.")
 slurm_app = command_group(
     "A real Slurm cluster on this machine (slurmctld, a slurmd per simulated node, munge) for BACKEND=slurm."
+)
+# its verbs in a session's order (the groups' shared ORDER is the job verbs', where status is second)
+slurm_app.info.cls = type(
+    "SandboxVerbs", (cast(type, slurm_app.info.cls),), {"ORDER": ("up", "status", "down")}
 )
 app.add_typer(slurm_app, name="slurm")
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from fsdpctl.adapters import netns, shell
 from fsdpctl.backends.local.processes import identity, same_process
 from fsdpctl.backends.local.state import Identity
 from fsdpctl.errors import BadInput, FsdpctlError
+from fsdpctl.job.lock import flock
 from fsdpctl.sandbox.slurm_layout import CONTROLLER_BOOT, PARTITION, PROGRAMS, Layout, write_files
 
 NETWORK = "sandbox"  # the namespaces' job name: fsdpctl-<i>-sandbox-<N>
@@ -36,6 +40,9 @@ START_TIMEOUT = 90.0  # until every node is idle; ~3 s on a loaded 2-core machin
 STOP_GRACE = 10.0  # SIGTERM to SIGKILL
 CANCEL_WAIT = 15.0  # scancel to the jobs' end (KillWait=2 s, and a loaded machine)
 MUNGE_PREFIX = "fsdpctl-slurm-"
+LOCK_WAIT = START_TIMEOUT + 30  # another `up` may take that long before this one may look
+# the paths go into slurm.conf (space-separated Key=value) and SHARED_VOLUME_PATH (its pattern)
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 def root() -> Path:
@@ -158,10 +165,40 @@ def plan(nodes: int, where: Path) -> Layout:
     return Layout(where, net, Path("/run") / f"{MUNGE_PREFIX}XXXXXXXX", 6817)
 
 
+@contextmanager
+def locked(where: Path) -> Iterator[None]:
+    """One `up` or `down` at a time per FSDPCTL_HOME (two `up`s at once would start two clusters
+    and record one): flock(2) on a file beside the sandbox's directory, which `down` removes; the
+    kernel drops it when its holder exits, however it exits."""
+    files.make_dirs(where.parent)
+    path = where.parent / f"{where.name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, files.FILE_MODE)
+    try:
+        if not flock(fd, LOCK_WAIT):
+            raise BadInput(
+                f"another `fsdpctl sandbox slurm up` or `down` holds {path}",
+                hint="wait for it to finish, then run this again",
+            )
+        yield
+    finally:
+        os.close(fd)
+
+
 def up(nodes: int, where: Path) -> tuple[Sandbox, bool]:
     """A running sandbox of `nodes` nodes, every node idle, and whether it ran already. A sandbox
     left half-started (a daemon gone) is taken down first."""
     require()
+    if not SAFE_PATH.match(str(where)):
+        raise BadInput(
+            f"FSDPCTL_HOME={str(files.home())!r}: the sandbox's directory {str(where)!r} would go into "
+            "slurm.conf and SHARED_VOLUME_PATH, which take letters, digits and . _ - / only",
+            hint="point FSDPCTL_HOME at such a directory for the sandbox",
+        )
+    with locked(where):
+        return _up(nodes, where)
+
+
+def _up(nodes: int, where: Path) -> tuple[Sandbox, bool]:
     found = load(where)
     if found is not None and found.complete():
         if found.layout.net.nodes != nodes:
@@ -172,7 +209,7 @@ def up(nodes: int, where: Path) -> tuple[Sandbox, bool]:
             )
         return found, True
     if found is not None:
-        down(where)
+        _down(where)
     return _start(nodes, where), False
 
 
@@ -189,7 +226,7 @@ def _start(nodes: int, where: Path) -> Sandbox:
     try:
         _boot(sb)
     except BaseException:
-        down(where)
+        _down(where)
         raise
     return sb
 
@@ -318,6 +355,12 @@ def exports(sb: Sandbox) -> dict[str, str]:
 
 
 def down(where: Path) -> list[str]:
+    """`_down` under the sandbox's lock."""
+    with locked(where):
+        return _down(where)
+
+
+def _down(where: Path) -> list[str]:
     """Stop everything the sandbox in `where` started and remove what it made; what was done, a line
     each (empty: no sandbox). Its jobs are cancelled first (their steps end as a cluster ends them),
     then its daemons by identity, then whatever still runs in its nodes' namespaces."""
