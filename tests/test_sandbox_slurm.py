@@ -107,6 +107,7 @@ def test_up_trains_a_job_is_one_sandbox_twice_and_down_leaves_nothing(tmp_path):
         sleeper = subprocess.run(
             ["sbatch", "--parsable", "-N2", "--wrap", "srun sleep 600"],
             env=slurm.client_env(sb.layout),
+            cwd=tmp_path,  # its slurm-<id>.out, not in the checkout
             capture_output=True,
             text=True,
             check=True,
