@@ -10,6 +10,8 @@ by the tests (`running()`, or a fixture built on it), for the Slurm backend (iss
                namespace of its own, host name `node<N>`: slurmd finds its NodeName by that name,
                and what it starts (slurmstepd, the batch script, srun's tasks) inherits both
 
+The cluster's files and boot lines are the product's (fsdpctl.sandbox.slurm_layout): the tests run the
+very cluster `fsdpctl sandbox slurm up` starts for a user, supervised here instead of detached.
 Every file (slurm.conf, cgroup.conf, state, logs, pid files) lives in the test's directory and
 SLURM_CONF points the client commands (`Cluster.command`) at it; munge's key and sockets and the
 slurmds' spool need a short directory of their own (munged wants its socket's directories
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import shutil
 import signal
 import socket
@@ -58,47 +59,24 @@ import pytest
 import pyxis_peer
 from conftest import ROOT, scaled
 from fsdpctl.adapters import netns
+from fsdpctl.sandbox import slurm_layout
+from fsdpctl.sandbox.slurm_layout import (  # noqa: F401 - the peer's names, as other tests use them
+    CONTROLLER,
+    CONTROLLER_BOOT,
+    CRED_EXPIRE,
+    NODE_BOOT,
+    PARTITION,
+    PROGRAMS,
+    SLURMD_TIMEOUT,
+    Layout,
+    parse_record,
+)
 
-CONTROLLER = "slurmctl"
-PARTITION = "train"
-PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol")
-PROGRAMS += ("sinfo", "scancel", "unshare", "nsenter", "setpriv", "mount")
+# the cluster itself (its files, slurm.conf, how its daemons boot) is the product's, the one
+# `fsdpctl sandbox slurm up` starts for users: fsdpctl.sandbox.slurm_layout
 START_TIMEOUT = 60.0  # until every node is idle; ~2 s on this loaded 2-core machine
 STOP_GRACE = 10.0  # SIGTERM to SIGKILL
-# slurmctld pings a node every SlurmdTimeout/3 and sets it DOWN once its last answer is older than
-# SlurmdTimeout (slurmctld/controller.c:_slurmctld_background, ping_nodes.c:ping_nodes); measured
-# here, a killed node is NOT_RESPONDING after ~7 s and DOWN after ~15 s. Short for a test, long
-# enough that a node slowed by the test's own load is not taken for dead.
-SLURMD_TIMEOUT = 6
-# a requeued batch job may start again cred_expire + 1 s after its requeue (job_mgr.c:
-# batch_requeue_fini sets its begin_time; slurm.conf(5) AuthInfo: it "also controls how long a
-# requeued job must wait before starting again"); default 120 s, the least slurm_cred.c takes 5.
-# 15: the tests read the requeued job PENDING (BeginTime) in that window, which 6 s did not always
-# leave to a poll on a loaded machine
-CRED_EXPIRE = 15
 T = TypeVar("T")
-# A node's boot, in its network namespace and the mount namespace `ip netns exec` makes for it: its
-# own munged, then slurmd. One munged per node as on a cluster: munged refuses a credential already
-# decoded "on this host" (munged(8) DESCRIPTION, NOTES), while a launch message forwarded from node
-# to node carries one credential, which Slurm accepts replayed only when built for several slurmds
-# on one host (src/plugins/auth/munge/auth_munge.c, MULTIPLE_SLURMD; Debian's is not). Seen here
-# with one munged for all: a step failing "Unable to send "ok" to slurmd". Each node's munged is
-# bound over the socket directory slurm.conf names, in that node's mount namespace only, so slurmd,
-# slurmstepd and srun on the node find their node's munged. setpriv --pdeathsig: munged goes when
-# its node's slurmd does.
-NODE_BOOT = r"""
-set -e
-hostname "$1"
-mount --bind "$2" "$3"
-setpriv --pdeathsig TERM munged -F --socket="$3/munge.socket" --key-file="$4" --pid-file="$5" \
-    --seed-file="$2/munged.seed" 2>>"$6" &
-tries=0
-until [ -S "$3/munge.socket" ]; do
-    tries=$((tries + 1)); [ "$tries" -le 300 ] || exit 1; sleep 0.1
-done
-if [ -n "${7-}" ]; then mount --bind "$7" "$8"; fi
-exec slurmd -D
-"""
 
 
 def available() -> tuple[bool, str]:
@@ -112,37 +90,14 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-def parse_record(line: str) -> dict[str, str]:
-    """One `scontrol -o show job|node` record: `Key=value` fields separated by spaces, where a value
-    may hold spaces (a node's `Reason=Not responding [root@...]`): a field starts at ` Key=`."""
-    fields = re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line.strip())
-    pairs = (f.split("=", 1) for f in fields if "=" in f)
-    return {key: value.strip() for key, value in pairs}
-
-
 @dataclass
-class Cluster:
-    """A running cluster: its directory, the nodes' network, its daemons, its client commands."""
+class Cluster(Layout):
+    """A running cluster: its directory, the nodes' network (`Layout`), its daemons, its client
+    commands."""
 
-    root: Path
-    net: netns.Network
-    munge_dir: Path
-    port: int
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     containers: pyxis_peer.Build | None = None  # pyxis + enroot on every node
     image: Path | None = None  # with containers: the trainer's squashfs (pyxis_peer.trainer_image)
-
-    @property
-    def spool(self) -> Path:
-        return self.munge_dir / "spool"
-
-    @property
-    def names(self) -> list[str]:
-        return [f"node{n}" for n in range(self.net.nodes)]
-
-    @property
-    def conf(self) -> Path:
-        return self.root / "slurm.conf"
 
     @property
     def env(self) -> dict[str, str]:
@@ -204,28 +159,16 @@ class Cluster:
         )
 
     # ---- the daemons ----
-    def pid_file(self, daemon: str) -> Path:
-        return self.root / "run" / f"{daemon}.pid"
-
     def start_node(self, node: int) -> None:
         """slurmd of node N in its network namespace and a new UTS namespace named node<N>. slurmd
         registers as the NodeName of its host name (slurmd.c:_read_config, fatal "Unable to
         determine this slurmd's NodeName" otherwise); `-N NAME` instead would need a build with
         --enable-multiple-slurmd (slurmd(8))."""
-        name = self.names[node]
-        own = self.munge_dir / name  # this node's munged: its socket (bound over `run`) and seed
-        own.mkdir(mode=0o755, exist_ok=True)
-        for stale in own.glob("munge.socket*"):  # a killed node's
-            stale.unlink()
-        log = self.root / "log" / f"munged-{name}.log"
-        args = [name, own, self.munge_dir / "run", self.munge_dir / "munge.key"]
-        args += [self.pid_file(f"munged-{name}"), log]
-        env = self.env
+        env, bind = self.env, None
         if self.containers is not None:  # this node's local disk where enroot and pyxis look
-            args += [self.node_local(node), self.containers.node_local]
+            bind = (self.node_local(node), self.containers.node_local)
             env = self.node_env(node)
-        boot = ["unshare", "--uts", "--", "sh", "-c", NODE_BOOT, "boot", *map(str, args)]
-        self._spawn(f"slurmd-{name}", [*self.net.exec_prefix(node), *boot], env)
+        self._spawn(f"slurmd-{self.names[node]}", self.node_argv(node, bind), env)
 
     def node_local(self, node: int) -> Path:
         """With containers: node N's directory for enroot's and pyxis's state (its local disk)."""
@@ -258,8 +201,7 @@ class Cluster:
         _terminate([pid])
         self.procs["slurmctld"].wait(timeout=STOP_GRACE * 2)
         time.sleep(down_s)  # the outage itself: what a client sees meanwhile is the point
-        named = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', CONTROLLER]
-        self._spawn("slurmctld", [*named, "slurmctld", "-D"])
+        self._spawn("slurmctld", [*CONTROLLER_BOOT, "slurmctld", "-D"])
 
     def kill_node(self, node: int) -> None:
         """A power loss: SIGKILL to every process in the node's network namespace (slurmd,
@@ -286,15 +228,11 @@ class Cluster:
             )
 
     def _start(self) -> None:
-        munge = self.munge_dir
-        key, sock = munge / "munge.key", munge / "run" / "munge.socket"
-        (munge / "run").mkdir(mode=0o755)
-        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, timeout=20)
-        files = [f"--pid-file={self.pid_file('munged')}", f"--seed-file={munge / 'munged.seed'}"]
-        self._spawn("munged", ["munged", "-F", f"--socket={sock}", f"--key-file={key}", *files])
-        self.wait_for(sock.exists, "munged's socket", timeout=20)
-        named = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', CONTROLLER]
-        self._spawn("slurmctld", [*named, "slurmctld", "-D"])
+        key = f"--keyfile={self.munge_key}"
+        subprocess.run(["mungekey", "--create", key], check=True, timeout=20)
+        self._spawn("munged", self.munged_argv())
+        self.wait_for(self.munge_socket.exists, "munged's socket", timeout=20)
+        self._spawn("slurmctld", [*CONTROLLER_BOOT, "slurmctld", "-D"])
         for node in range(self.net.nodes):
             self.start_node(node)
         self.wait_for(lambda: self.idle() == self.names, "every node idle", timeout=START_TIMEOUT)
@@ -302,8 +240,7 @@ class Cluster:
     def stop(self) -> None:
         """Every daemon by its pid file (SIGTERM, SIGKILL after STOP_GRACE), then whatever is left
         in the nodes' namespaces (the steps and tasks of a killed slurmd); never raises."""
-        daemons = [f"{d}-{name}" for name in self.names for d in ("slurmd", "munged")]
-        daemons += ["slurmctld", "munged"]
+        daemons = self.daemons()
         _terminate([p for d in daemons if (p := daemon_pid(self.pid_file(d), d.split("-")[0]))])
         for node in range(self.net.nodes):
             _terminate(self.pids_in(node))
@@ -367,89 +304,14 @@ def _free_port() -> int:
 
 
 def _write_conf(cluster: Cluster) -> None:
-    root, net = cluster.root, cluster.net
-    for sub in ("state", "log", "run"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    for name in cluster.names:
-        (cluster.spool / name).mkdir(parents=True, exist_ok=True)
-    # not /etc/slurm's: no SPANK plugin of this machine; pyxis when the cluster runs containers
+    # pyxis when the cluster runs containers
     plugins = cluster.containers.plugstack_line() if cluster.containers is not None else ""
-    (root / "plugstack.conf").write_text(plugins)
-    # `ip netns exec` mounts a fresh sysfs (ip-netns(8)), so /sys/fs/cgroup is empty on a node;
-    # slurmd 22.05 initializes its cgroup plugin whatever the others (slurmd.c:_slurmd_init,
-    # cgroup_g_init) and autodetection fails there (common/cgroup.c:autodetect_cgroup_version).
-    # Naming the plugin skips the detection; nothing uses it with proctrack/linuxproc and
-    # task/none. cgroup.conf is read from beside slurm.conf.
-    (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
-    cpus = os.cpu_count() or 1
-    nodes = "\n".join(
-        f"NodeName={name} NodeAddr={net.address(n)} CPUs={cpus} State=UNKNOWN"
-        for n, name in enumerate(cluster.names)
-    )
-    cluster.conf.write_text(f"""\
-ClusterName=fsdpctl
-# slurmctld starts only where its host name is SlurmctldHost (controller.c:_controller_index):
-# the name of its UTS namespace, and the address the nodes reach it at
-SlurmctldHost={CONTROLLER}({net.host_address})
-SlurmctldPort={cluster.port}
-SlurmdPort=6818
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={cluster.munge_dir / "run" / "munge.socket"},cred_expire={CRED_EXPIRE}
-StateSaveLocation={root / "state"}
-# %n: the node's name, so the slurmds sharing one file system keep their files apart; in the
-# short directory: slurmstepd's socket there must fit sun_path (108 bytes)
-SlurmdSpoolDir={cluster.spool}/%n
-SlurmctldPidFile={root / "run" / "slurmctld.pid"}
-SlurmdPidFile={root / "run"}/slurmd-%n.pid
-SlurmctldLogFile={root / "log" / "slurmctld.log"}
-SlurmdLogFile={root / "log"}/slurmd-%n.log
-PlugStackConfig={root / "plugstack.conf"}
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-# the main scheduling loop every 2 s (default 60): a submit or a job's end starts a pass of its
-# own, a begin time passing does not, so a requeued job waited up to a minute after its BeginTime
-SchedulerParameters=sched_interval=2
-MpiDefault=none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-# a node set DOWN for not responding is back in service when its slurmd registers again
-ReturnToService=1
-# batch jobs may be requeued (node failure, scontrol requeue) unless submitted --no-requeue
-JobRequeue=1
-SlurmdTimeout={SLURMD_TIMEOUT}
-MessageTimeout=5
-# SIGTERM to SIGKILL when a job is cancelled or out of time (default 30 s)
-KillWait=2
-InactiveLimit=0
-# a finished job stays in `scontrol show job` this long: without accounting, its only record
-MinJobAge=300
-{nodes}
-PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
+    slurm_layout.write_files(cluster, plugins)
 
 
 def _name_nodes_first(cluster: Cluster) -> None:
-    """Each node's hosts file (`ip netns exec` binds /etc/netns/<ns>/hosts over /etc/hosts) with the nodes'
-    names before this machine's: a node's address then reverse-resolves to its own name, as on a cluster
-    whose nodes are named in DNS or /etc/hosts. torchrun's c10d rendezvous seats each node under
-    socket.getfqdn() unless --local-addr is given (torch/distributed/elastic/rendezvous/
-    dynamic_rendezvous.py, _NodeDescGenerator.generate), and rank 0's is the workers' master_addr; with
-    this machine's name first, every node said `vm`, which on the other nodes resolves to themselves."""
-    for node in range(cluster.net.nodes):
-        lines = ["127.0.0.1 localhost"]
-        lines += [f"{cluster.net.address(n)} {name}" for n, name in enumerate(cluster.names)]
-        lines.append(f"{cluster.net.address(node)} {socket.gethostname()}")
-        (netns.ETC_NETNS / cluster.net.namespace(node) / "hosts").write_text(
-            "\n".join(lines) + "\n"
-        )
+    """Each node's hosts file names the nodes before this machine (slurm_layout.write_hosts)."""
+    slurm_layout.write_hosts(cluster)
 
 
 def _prepare_containers(cluster: Cluster, mounts: Sequence[Path]) -> None:

@@ -53,6 +53,9 @@ COMMANDS = [
     ["monitor", "top"],
     ["model", "fetch"],
     ["data", "fetch"],
+    ["sandbox", "slurm", "up"],
+    ["sandbox", "slurm", "down"],
+    ["sandbox", "slurm", "status"],
 ]
 
 

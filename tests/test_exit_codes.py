@@ -42,6 +42,8 @@ def _leaves(cmd=None, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...],
 LEAVES = _leaves()
 # commands that read no setting: `deploy fetch` goes by the release pins alone
 NO_SETTINGS = {("deploy", "fetch"), ("version",)}
+# the sandbox is a place, not a job: a bad setting in .env must not keep a user from starting or stopping it
+NO_SETTINGS |= {("sandbox", "slurm", verb) for verb in ("up", "down", "status")}
 
 
 def _has(cmd, flag: str) -> bool:
@@ -105,6 +107,8 @@ def test_the_commands_that_read_no_setting_are_the_ones_named(cli, monkeypatch):
     assert r.exit_code == ExitCode.OK, r.output
     r = invoke("--set", "JOB_NODES=abc", "version")
     assert r.exit_code == ExitCode.OK and r.stdout.startswith("fsdpctl "), r.output
+    r = invoke("--set", "JOB_NODES=abc", "sandbox", "slurm", "status")
+    assert r.exit_code == ExitCode.OK and "no Slurm sandbox" in r.stderr, r.output
 
 
 def _terraform_state(cli) -> None:

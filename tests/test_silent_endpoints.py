@@ -56,6 +56,8 @@ LOCAL_ONLY |= {("manifest",), ("image", "build")}
 # (so a bad one cannot keep a user from fetching): its deadline is the download adapter's own 60 s
 # per request
 LOCAL_ONLY |= {("deploy", "fetch")}
+# the one-machine Slurm: daemons of this machine, no endpoint of AWS, Kubernetes or the Hub
+LOCAL_ONLY |= {("sandbox", "slurm", verb) for verb in ("up", "down", "status")}
 
 
 class Silent:

@@ -52,7 +52,7 @@ class _Group(WholeHelp):
     # the cluster's life, then the helpers
     ORDER = (
         *("quickstart", "config", "plan", "doctor", "job", "manifest", "cleanup"),
-        *("cluster", "deploy", "image", "monitor", "model", "data", "version"),
+        *("sandbox", "cluster", "deploy", "image", "monitor", "model", "data", "version"),
     )
 
     def __init__(self, **attrs: Any) -> None:
@@ -359,6 +359,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "fsdpctl.cli.hub_cmd",
         "data_app",
         "Data sets on the Hugging Face Hub: pre-stage one where jobs read it.",
+    ),
+    "sandbox": (
+        "fsdpctl.cli.sandbox_cmd",
+        "app",
+        "A place on this machine to try a backend: fsdpctl sandbox slurm up.",
     ),
     "cleanup": (
         "fsdpctl.cli.cleanup_cmd",
