@@ -160,19 +160,28 @@ def test_the_site_builds_strictly_with_every_setting_and_command(tmp_path):
         timeout=300,
     )
     assert p.returncode == 0, p.stderr
-    settings = (site / "reference" / "settings" / "index.html").read_text()
+    settings = (site / "reference" / "settings.html").read_text()
     for key in setting_keys():
         assert f'id="{key.lower()}"' in settings, key
-    cli = (site / "reference" / "cli" / "index.html").read_text()
+    cli = (site / "reference" / "cli.html").read_text()
     ref = _reference()
     for path, cmd, ctx in ref.commands():
         assert f'id="{ref._anchor(path)}"' in cli, path
         for opt in _options(cmd, ctx):
             assert opt in cli, (path, opt)
     for page in (ROOT / "docs").rglob("*.md"):
-        rel = page.relative_to(ROOT / "docs").with_suffix("")
-        built = site / (rel.parent if rel.name == "index" else rel) / "index.html"
+        built = site / page.relative_to(ROOT / "docs").with_suffix(".html")
         assert built.exists(), page
+    # opened from the disk (`open site/index.html`, no web server): every link between pages names a
+    # file that is there, never a folder (a browser shows a folder's listing)
+    for html in site.rglob("*.html"):
+        if html.name == "404.html":  # served by a web server for any path: it links from the root
+            continue
+        for href in re.findall(r'href="([^"#:?]+)(?:#[^"]*)?"', html.read_text()):
+            target = (html.parent / href).resolve()
+            if href.endswith((".css", ".js", ".png", ".svg", ".ico", ".xml", ".json")):
+                continue
+            assert target.is_file(), (html.relative_to(site), href)
 
 
 def _reader_env(root: Path) -> dict[str, str]:
