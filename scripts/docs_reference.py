@@ -334,3 +334,16 @@ def on_files(files: Any, config: Any) -> Any:
     for path, text in ((SETTINGS_PAGE, settings_markdown()), (CLI_PAGE, cli_markdown())):
         files.append(File.generated(config, path, content=text))
     return files
+
+
+# A page that shows a part of another file writes `<!-- include: FILE:SECTION -->`: invisible where the
+# markdown itself is read (GitHub showed the raw `--8<--` line), and on the site the snippet of that
+# section (pymdownx.snippets, which runs after this hook). The line after a `<!-- github-only -->` line
+# is for those readers alone (a link to the file itself, outside the site) and is left out of the site.
+INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", re.M)
+GITHUB_ONLY = re.compile(r"^<!-- github-only -->\n.*\n", re.M)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """MkDocs hook: the site's form of a page's includes (see INCLUDE)."""
+    return GITHUB_ONLY.sub("", INCLUDE.sub(lambda m: f'--8<-- "{m.group(1)}"', markdown))

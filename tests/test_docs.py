@@ -172,6 +172,11 @@ def test_the_site_builds_strictly_with_every_setting_and_command(tmp_path):
     for page in (ROOT / "docs").rglob("*.md"):
         built = site / page.relative_to(ROOT / "docs").with_suffix(".html")
         assert built.exists(), page
+        # an include is the included text on the site, and an invisible comment where the markdown
+        # is read as it is (GitHub): no raw `--8<--` line either way
+        assert "--8<--" not in page.read_text() and "--8&lt;--" not in built.read_text(), page
+        assert "include: " not in built.read_text() and "github-only" not in built.read_text(), page
+    assert "make quickstart" in (site / "getting-started.html").read_text()
     # opened from the disk (`open site/index.html`, no web server): every link between pages names a
     # file that is there, never a folder (a browser shows a folder's listing)
     for html in site.rglob("*.html"):
