@@ -231,3 +231,20 @@ def test_the_docs_shell_blocks_run(page, tmp_path):
             f"{b.page}:{b.line} exit {p.returncode}\n{b.text}\n{p.stdout}\n{p.stderr}"
         )
         assert "Traceback" not in p.stderr, f"{b.page}:{b.line}\n{p.stderr}"
+
+
+# what a code block shows whole in the docs site at a 1280-pixel-wide window (mkdocs-material's content
+# column, its code font): a longer line scrolls, and its comment is what is cut off
+CODE_COLUMNS = 88
+
+
+def test_the_readme_blocks_the_docs_include_fit_the_site_column():
+    """The README's first screen and walkthrough are included in the docs' getting-started page; their
+    explanations are trailing comments, which a 1280-pixel window cut off (issue 44)."""
+    long = [
+        line
+        for block in shell_blocks(ROOT / "README.md", ROOT)[:2]
+        for line in block.text.splitlines()
+        if len(line) > CODE_COLUMNS
+    ]
+    assert long == [], long
