@@ -419,10 +419,18 @@ EXTENDED = frozenset(
         "tests/test_fault_kinds.py::test_fault_kinds_on_real_training",
         # the quickstart on two nodes: test_first_hour.py runs `make quickstart` itself, in CI
         "tests/test_cli.py::test_quickstart_trains_two_simulated_nodes",
+        # the first hour on a busy machine (4 spinning processes): the same walkthrough as CI's, twice
+        # as long
+        "tests/test_first_hour.py::test_the_readme_first_hour_on_a_busy_machine",
     }
 )
 # mostly a person's pauses (the first hour typed at a reading pace): beside the others, as SLOW_BESIDE
-PAUSED = frozenset({"tests/test_first_hour.py::test_the_readme_first_hour_in_a_fresh_clone"})
+PAUSED = frozenset(
+    {
+        "tests/test_first_hour.py::test_the_readme_first_hour_in_a_fresh_clone",
+        "tests/test_first_hour.py::test_the_readme_first_hour_on_a_busy_machine",
+    }
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it reads the `beside` mark added here

@@ -28,6 +28,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def _person_env(root: Path) -> dict[str, str]:
         PATH=os.pathsep.join(path),
         XDG_STATE_HOME=str(root / "state"),
         KUBECONFIG=str(root / "no-kubeconfig"),
-        COLUMNS="100",
+        COLUMNS="80",  # the terminal most people keep (issue 44: the history's ids were cut at 80)
         NO_COLOR="1",
     )
     return env
@@ -124,6 +125,34 @@ def _person_env(root: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_the_readme_first_hour_in_a_fresh_clone(tmp_path):
+    first_hour(tmp_path)
+
+
+# a busy laptop: this many processes spinning beside the walkthrough (load 4 on 2 cores: the
+# walkthrough must wait for what it needs, `job wait --for`, not assume a pace; issue 44)
+BUSY = 4
+
+
+@pytest.mark.slow
+def test_the_readme_first_hour_on_a_busy_machine(tmp_path):
+    """The same first hour with BUSY processes spinning beside it, as on a laptop doing other work
+    (make test-all: it doubles the walkthrough's minutes). Started and ended by the test, bounded by
+    its own run."""
+    spin = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(BUSY)
+    ]
+    started = time.monotonic()
+    try:
+        first_hour(tmp_path)
+    finally:
+        for proc in spin:
+            proc.kill()
+            proc.wait(timeout=30)
+    print(f"first hour at load {BUSY}: {time.monotonic() - started:.0f} s")
+
+
+def first_hour(tmp_path: Path) -> None:
     clone = tmp_path / "fsdpctl"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
     (clone / ".venv").symlink_to(ROOT / ".venv")
