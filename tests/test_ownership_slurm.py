@@ -507,6 +507,31 @@ def test_a_checkpoint_already_at_max_steps_is_refused_before_submit(place):
     assert place.submits() == 0 and place.state() is None
 
 
+@pytest.mark.parametrize("kind", ["another home's", "another job's", "own", "no owner"])
+def test_a_checkpoint_directory_owned_by_another_home_or_job_is_refused_before_submit(place, kind):
+    """Two laptops with one job name on one FSx: their runs would resume and overwrite each other's
+    checkpoints. A checkpoint directory whose owner file names another home or another job is
+    refused (exit 2, naming the owner and the way out), nothing submitted; this home's job's, and
+    one with no owner file (adopted, as on the local backend), are run."""
+    from fsdpctl.job import owner
+
+    ckpt = place.shared / "checkpoints" / "alpha"
+    ckpt.mkdir(parents=True)
+    mine = owner.home_id()
+    home = {"another home's": "0" * 16}.get(kind, mine)
+    job = "beta" if kind == "another job's" else "alpha"
+    if kind != "no owner":
+        owner.write_file(ckpt, owner.Owner(home, job, "alpha-earlier"))
+    r = place.cli("job", "run", "-d")
+    if kind in ("own", "no owner"):
+        assert r.exit_code == 0 and place.submits() == 1, r.output
+        assert owner.read_file(ckpt).home == mine
+        return
+    assert r.exit_code == 2 and "is not job alpha's of this home" in r.output, r.output
+    assert f"owner: home {home}, job {job}" in r.output and "JOB_NAME" in r.output
+    assert place.submits() == 0 and place.state() is None
+
+
 # ---- a few cells on the real peer ------------------------------------------------------------------
 
 

@@ -71,6 +71,14 @@ def home_id(root: Path | None = None) -> str:
     return made
 
 
+def this_home() -> str | None:
+    """This home's id, or None when it has none yet (then nothing anywhere carries it; nothing is
+    made by asking: `cleanup --dry-run` and `config validate` write nothing)."""
+    if not (files.home() / HOME_ID_FILE).exists():
+        return None
+    return home_id()
+
+
 def _read_id(path: Path) -> str:
     try:
         text = files.read_regular(path, 1024).decode("ascii", errors="replace").strip()
@@ -189,4 +197,24 @@ def read_file(directory: Path) -> Mark:
         data["job"],
         token if isinstance(token, str) else None,
         run_id if isinstance(run_id, str) else None,
+    )
+
+
+def dir_refusal(directory: Path | None, job: str) -> str | None:
+    """Why a run of `job` must not write into the checkpoint directory `directory`: its owner file
+    names another home (two laptops with one job name on one FSx) or another job. None when it is
+    this home's job's, has no owner file (adopted by the run), or does not exist."""
+    if directory is None or not directory.is_dir():
+        return None
+    found = read_file(directory)
+    if found.home is None:
+        return None
+    why = why_not_ours(found, this_home() or "", job)
+    if why is None:
+        return None
+    return (
+        f"checkpoint directory {directory} is not job {job}'s of this home: {why} "
+        f"(owner: {found.describe()}); this run would resume and overwrite its checkpoints. "
+        f"Use another JOB_NAME or CHECKPOINT_SUBDIR, or, if it is yours to take, remove "
+        f"{directory / OWNER_FILE}"
     )

@@ -32,13 +32,7 @@ from fsdpctl.job.prestep import TRAINER_UID
 from fsdpctl.job.render import Obj
 from fsdptrain import volumes
 
-
-def this_home() -> str | None:
-    """This home's id, or None when it has none yet (then nothing here carries it; nothing is made
-    by asking: `cleanup --dry-run` writes nothing)."""
-    if not (files.home() / owner.HOME_ID_FILE).exists():
-        return None
-    return owner.home_id()
+this_home = owner.this_home
 
 
 def checkpoint_dir(spec: Obj, job: str) -> Path | None:
@@ -60,22 +54,8 @@ def checkpoint_dir(spec: Obj, job: str) -> Path | None:
 
 
 def refusal(directory: Path | None, job: str) -> str | None:
-    """Why `job run` of `job` must not write into `directory`: its owner file names another home or
-    another job. None when it is this home's job's, has no owner file (adopted), or does not exist."""
-    if directory is None or not directory.is_dir():
-        return None
-    found = owner.read_file(directory)
-    if found.home is None:
-        return None
-    why = owner.why_not_ours(found, this_home() or "", job)
-    if why is None:
-        return None
-    return (
-        f"checkpoint directory {directory} is not job {job}'s of this home: {why} "
-        f"(owner: {found.describe()}); this run would resume and overwrite its checkpoints. "
-        f"Use another JOB_NAME or CHECKPOINT_SUBDIR, or, if it is yours to take, remove "
-        f"{directory / owner.OWNER_FILE}"
-    )
+    """Why `job run` of `job` must not write into `directory` (owner.dir_refusal)."""
+    return owner.dir_refusal(directory, job)
 
 
 def claim(directory: Path | None, mine: Owner) -> None:

@@ -160,6 +160,8 @@ class SlurmBackend:
         (local.resume_refusal): a run that would only fail on the nodes is never submitted."""
         root = Path(jobpolicy.checkpoint_dir(self.cfg, self.cfg.job_name))
         seen = root if root.is_dir() and not root.is_symlink() else None
+        if why := owner.dir_refusal(seen, self.cfg.job_name):  # another home's or job's
+            return why
         return resume.first_problem(seen, self.cfg.training, self.cfg.world_size)
 
     def dry_run(self, *, run_id: str, server: bool) -> Started:
