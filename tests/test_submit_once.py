@@ -207,3 +207,26 @@ def test_a_reused_run_id_is_refused(cli, tmp_path):
     with pytest.raises(FsdpctlError, match="already has a run with this id") as e:
         _run(be, "r-1")
     assert e.value.code == ExitCode.BAD_INPUT and place.live("once") == []
+
+
+def test_a_stop_after_a_job_run_killed_outright_reaches_what_it_submitted(cli, tmp_path):
+    """`job stop` is the user's way to end a run a killed `job run` left unnamed: the intent is
+    settled first (found by its token, recorded), then the stop reaches that run."""
+    place = tmp_path / "place.json"
+    code = CHILD.format(tests=str(Path(__file__).parent), place=str(place))
+    assert subprocess.run([sys.executable, "-c", code], env=cli.env(), timeout=120).returncode < 0
+    stopped = []
+
+    class Stoppable(FakeBackend):
+        def stop(self, name, *, wait, dry_run, say=None):
+            st = state.read(home.job_dir(name))
+            assert st is not None and st["run_id"] == "r-1"  # recorded before the stop
+            self.cancel(self._submitted(str(st["slurm_job"]), None))
+            stopped.append(name)
+            return "stopped"
+
+    said: list[str] = []
+    runner.stop(Stoppable(Place(place)), "once", wait=True, dry_run=False, say=said.append)
+    assert stopped == ["once"] and Place(place).live("once") == []
+    assert any("found by its token and recorded" in line for line in said)
+    assert intent.read(home.job_dir("once")) is None

@@ -396,7 +396,13 @@ def stop(
         )
     if dry_run:
         return be.stop(name, wait=wait, dry_run=True, say=say)
-    with lock.held(jdir, create=recorded):
+    pending = intent.read(jdir)
+    with lock.held(jdir, create=recorded or pending is not None):
+        if pending is not None and pending.backend == be.name:
+            # a `job run` killed mid-submit: what it submitted is found by its token and recorded
+            # first, so that this stop reaches it (the user's way to end a run nothing names yet)
+            settle(jdir, lambda _: be, say)
+            recorded = state.read(jdir) is not None
         said = be.stop(name, wait=wait, dry_run=False, say=say)
         if recorded and not be.supervised:  # (the local supervisor keeps its own state)
             _mark_stopped(jdir)
