@@ -131,7 +131,9 @@ def _elastic_checks(cfg: Config) -> list[str]:
             procs_per_node=cfg.procs_per_node,
         )
     except ConfigError as e:
-        return [f"MIN_NODES={cfg.min_nodes}: at the minimum {e}; set MIN_NODES to a node count it holds"]
+        return [
+            f"MIN_NODES={cfg.min_nodes}: at the minimum {e}; set MIN_NODES to a node count it holds"
+        ]
     return []
 
 
