@@ -82,7 +82,7 @@ def test_the_mesh_must_divide_the_world_at_the_minimum_too():
 
 
 @settings(max_examples=12, derandomize=True, deadline=None)
-@example(model="70b", nodes=8, low=1)  # 70B on one p5: the line, naming 4
+@example(model="70b", nodes=8, low=1)  # 70B on one p5: the line, naming 3
 @given(
     model=st.sampled_from(["7b", "13b", "70b"]),
     nodes=st.integers(2, 16),
