@@ -1,7 +1,7 @@
 """A lost node on the local backend, with and without an elastic range (issue 43), in one run:
 
     PYTHONPATH=src:trainer .venv/bin/python benchmarks/elastic.py [--steps 40] [--interval 5] \
-        [--lose-at 12] [--away 60] [--markdown]
+        [--lose-at 12] [--away 60] [--markdown] [--write]
 
 Both legs: tiny model, 3 simulated nodes (a network namespace each when root, else loopback), a
 checkpoint every --interval steps, node 1 lost (engine.lose: every process of its pod SIGKILLed,
@@ -10,7 +10,8 @@ later. `elastic`: MIN_NODES=2; `today`: MIN_NODES=0 (= JOB_NODES, the behaviour 
 survivors wait for the third node). Per leg: (a) seconds from the loss to the first step trained
 after it, and on how many nodes; (b) steps lost (the highest step logged before the resume, past the
 checkpoint resumed); (c) seconds from the node's return to the first step on 3 nodes; the restarts
-`job status` counts and the final phase. Prints JSON, or a Markdown table with --markdown.
+`job status` counts and the final phase. Prints JSON, or a Markdown table with --markdown; --write
+puts that table in BENCHMARKS.md between its `elastic` markers (the prose around it stays).
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def main() -> int:
     p.add_argument("--lose-at", type=int, default=12)
     p.add_argument("--away", type=float, default=60.0)
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--write", action="store_true", help="the table into BENCHMARKS.md")
     args = p.parse_args()
     load_avg = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     with tempfile.TemporaryDirectory(prefix="fsdpctl-elastic-") as tmp:
@@ -155,8 +157,29 @@ def main() -> int:
             leg(Path(tmp) / "elastic", min_nodes=2, args=args),
             leg(Path(tmp) / "today", min_nodes=0, args=args),
         ]
-    print(markdown(rows, args, load_avg) if args.markdown else json.dumps(rows, indent=1))
+    table = markdown(rows, args, load_avg)
+    if args.write:
+        write(table)
+    print(table if args.markdown else json.dumps(rows, indent=1))
     return 0
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+START, END = "<!-- elastic:start -->", "<!-- elastic:end -->"
+
+
+def write(table: str) -> None:
+    """The measured lines (from the one after the heading up to the table's end) replaced in the
+    section between the markers; the heading and the explanation after the table are kept."""
+    text = BENCHMARKS.read_text()
+    head, _, rest = text.partition(START)
+    section, _, tail = rest.partition(END)
+    lines = section.strip("\n").splitlines()
+    heading = lines[0]
+    after = [i for i, line in enumerate(lines) if line.startswith("|")]
+    prose = lines[after[-1] + 1 :] if after else []
+    body = "\n".join([heading, "", table.strip(), *prose])
+    BENCHMARKS.write_text(f"{head}{START}\n{body}\n{END}{tail}")
 
 
 if __name__ == "__main__":
