@@ -105,8 +105,8 @@ def validate(ctx: typer.Context, force: ForceOpt = False, output: Output = Outpu
     )
     low = cfg.fewest_nodes
     elastic = (
-        f", {low * cfg.procs_per_node} on the elastic range's {low} nodes (fits; `fsdpctl plan`: its "
-        "speed and cost)"
+        f", {low * cfg.procs_per_node} on the elastic range's {low} nodes (`fsdpctl plan`: its speed "
+        "and cost)"
         if low < cfg.job_nodes
         else ""
     )
