@@ -28,9 +28,12 @@ def admit(cfg: Config, *, force: bool, starts: bool = True) -> None:
     from fsdpctl.job import policy as jobpolicy
     from fsdpctl.plan import fit, volume
     from fsdpctl.settings import annotate, placement_problems
+    from fsdpctl.settings.checks import elastic_refusal
 
     # not a misfit --force could accept: settings nothing uses there, what the place itself refuses
     hard = [*_target_refusals(cfg), *(backends.create(cfg).refusals() if starts else [])]
+    if elastic := elastic_refusal(cfg):
+        hard.append(elastic)
     claims = {cfg.shared_volume_path: cfg.shared_volume, "/checkpoints": cfg.checkpoint_pvc}
     mounts = {path: str(shared_volume_dir(claim)) for path, claim in claims.items() if claim}
     problems = placement_problems(
@@ -39,7 +42,8 @@ def admit(cfg: Config, *, force: bool, starts: bool = True) -> None:
         exists=lambda p: Path(p).expanduser().exists(),
         mounts=mounts,
     )
-    misfit = fit.fit_problem(cfg, ram_bytes=_ram_bytes())
+    ram = _ram_bytes()
+    misfit = fit.fit_problem(cfg, ram_bytes=ram) or fit.minimum_fit_problem(cfg, ram_bytes=ram)
     problems = [misfit, *problems] if misfit else problems
     if room := _volume_problem(cfg):
         problems.append(room)

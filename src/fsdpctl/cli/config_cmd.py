@@ -98,11 +98,19 @@ def validate(ctx: typer.Context, force: ForceOpt = False, output: Output = Outpu
             "settings": len(cfg.sources),
             "set": sum(s not in UNSET for s in cfg.sources.values()),
             "world_size": cfg.world_size,
+            "min_world_size": cfg.fewest_nodes * cfg.procs_per_node,
             "backend": cfg.backend,
         },
         output,
     )
+    low = cfg.fewest_nodes
+    elastic = (
+        f", {low * cfg.procs_per_node} on the elastic range's {low} nodes (`fsdpctl plan`: its speed "
+        "and cost)"
+        if low < cfg.job_nodes
+        else ""
+    )
     ok(
         f"{len(cfg.sources)} settings valid ({sum(s not in UNSET for s in cfg.sources.values())} set); "
-        f"world size {cfg.world_size} on {cfg.backend}"
+        f"world size {cfg.world_size}{elastic} on {cfg.backend}"
     )

@@ -214,11 +214,21 @@ def history(
 
 def _history_table(rows: list[HistoryRow]) -> PlainTable:
     t = PlainTable(
-        "run", "record", "started", "from", "settings changed", "outcome", box=None, pad_edge=False
+        "run",
+        "record",
+        "started",
+        "from",
+        "settings changed",
+        "outcome",
+        "world",
+        box=None,
+        pad_edge=False,
     )
     for r in rows:
         changed = ", ".join(f"{k}={_shown(v)}" for k, (_, v) in r["changed"].items()) or "-"
-        t.add_row(r["run_id"], r["record"], r["started"], r["from"], changed, r["outcome"])
+        t.add_row(
+            r["run_id"], r["record"], r["started"], r["from"], changed, r["outcome"], r["world"]
+        )
     # the ids are what a user copies (into `job diff`): never cut; the prose columns wrap instead
     for i, column in enumerate(t.columns):
         if i < 2:
@@ -422,7 +432,7 @@ def diff(
         f"B: record {d['b']['id']} (job {d['b']['job']}, run {d['b']['run_id']})", markup=False
     )
     parts: Mapping[str, dict[str, list[Any]]] = {
-        k: d[k] for k in ("settings", "placement", "versions", "data")
+        k: d[k] for k in ("settings", "placement", "versions", "data", "world")
     }
     for part in parts:
         if not parts[part]:

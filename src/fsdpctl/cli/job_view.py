@@ -284,6 +284,8 @@ def status_table(r: Report) -> PlainTable:
     t.add_row(
         "nodes", f"{_nodes_cell(r)}; {r['restarts']} restarts; age {fmt_duration(r['age_s'])}"
     )
+    for i, change in enumerate(r.get("world_changes") or []):
+        t.add_row("world" if i == 0 else "", change)
     t.add_row("leader", r.get("leader") or "-")
     for row in progress_rows(r):
         t.add_row(*row)

@@ -69,6 +69,8 @@ def _print_report(r: PlanReport) -> None:
     _print_memory(r)
     if "volume" in r:
         _print_volume(r["volume"])
+    if "minimum" in r:
+        _print_minimum(r["minimum"])
     s = r["speed"]
     out.print(
         f"step {s['step_s']:.2f} s (compute {s['compute_s']:.2f} s, communication {s['comm_s']:.2f} s) | "
@@ -84,6 +86,21 @@ def _print_report(r: PlanReport) -> None:
             f"{time}, ${r['usd']:,.0f} on-demand "
             f"(${r['price_per_hour']:.2f}/node-hour, prices as of {r['prices_as_of']})"
         )
+
+
+def _print_minimum(m: P.MinimumReport) -> None:
+    """What the job looks like on the fewest nodes of its elastic range, after losing the others."""
+    verdict = "[green]FITS[/]" if m["fits"] else "[red]DOES NOT FIT[/]: raise MIN_NODES"
+    batch = (
+        f"global batch kept (accumulation {m['grad_accum']})"
+        if m["rule"] == "constant"
+        else f"per-rank batch kept (accumulation {m['grad_accum']}): a smaller global batch"
+    )
+    usd = f", ${m['usd']:,.0f}" if m["usd"] is not None else ""
+    out.print(
+        f"at MIN_NODES={m['nodes']}: {_gib(m['memory_gib'])} per GPU {verdict} | "
+        f"{m['tokens_per_s']:,.0f} tokens/s | {batch} | {m['hours']:,.1f} h{usd} were it all there"
+    )
 
 
 def _print_volume(v: VolumeReport) -> None:
@@ -254,6 +271,8 @@ def plan(
     shared = volume.report(cfg, r["speed"]["step_s"])
     shared["stop_grace_s"], shared["stop_grace_basis"] = timing.shutdown_s, timing.basis
     r["volume"] = shared
+    if cfg.fewest_nodes < cfg.job_nodes:
+        r["minimum"] = P.at_minimum(job, cfg.fewest_nodes, tokens)
     if not emit(r, output):
         _print_report(r)
         if given := _given_elsewhere(cfg, flags):

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NotRequired, Required, TypedDict, cast
 
 from fsdpctl.files import JOB_NAME, RUN_ID
+from fsdpctl.job import world
+from fsdpctl.job.world import WorldChange
 from fsdpctl.redact import MASK, secret_kind
 from fsdpctl.settings import SECRET_KEYS, Config, Settings, setting_keys
 from fsdpctl.targets import NAMES
@@ -130,6 +132,7 @@ class RunRecord(TypedDict):
     losses: NotRequired[dict[str, float] | None]  # step (as text) -> loss, once the run ended
     # how the run ended, learnt before its place's trace of it went (a cluster job replaced)
     outcome: NotRequired[str | None]
+    worlds: NotRequired[list[WorldChange] | None]  # its world changes, once the run ended
 
 
 def value_text(value: Any) -> str:
@@ -275,7 +278,14 @@ _PARTS: dict[str, Callable[[Any], bool]] = {
     "manifests": lambda v: v is None or isinstance(v, str),
     "losses": lambda v: v is None or _losses(v),
     "outcome": lambda v: v is None or (isinstance(v, str) and len(v) < 1000),
+    "worlds": lambda v: v is None or _worlds(v),
 }
+
+
+def _worlds(v: Any) -> bool:
+    """The run's world changes as kept (`learnt`): objects of the WorldChange keys."""
+    keys = set(WorldChange.__annotations__)
+    return isinstance(v, list) and all(isinstance(c, dict) and set(c) == keys for c in v)
 
 
 def _losses(v: Any) -> bool:
@@ -381,6 +391,7 @@ HistoryRow = TypedDict(
         "from": str,
         "changed": dict[str, list[Any]],
         "outcome": str,
+        "world": str,
     },
 )
 
@@ -409,6 +420,7 @@ def history_rows(runs: Sequence[RunRecord], outcomes: Mapping[str, str]) -> list
                 "outcome": outcomes.get(rec["run_id"])
                 or rec.get("outcome")
                 or "unknown: its output is gone",
+                "world": worlds_text(rec),
             }
         )
         before = rec
@@ -531,6 +543,7 @@ class RecordDiff(TypedDict):
     placement: dict[str, list[Any]]
     versions: dict[str, list[Any]]
     data: dict[str, list[Any]]
+    world: dict[str, list[Any]]  # the world changes, where both runs' ends were read and differ
     losses: NotRequired[list[LossRow]]  # `job diff` adds them (`side_by_side`)
 
 
@@ -546,7 +559,15 @@ def diff(a: RunRecord, b: RunRecord) -> RecordDiff:
         "placement": {k: v for k, v in settings.items() if k in PLACEMENT},
         "versions": _changed(versions(a), versions(b)),
         "data": _changed(data_of(a), data_of(b)),
+        "world": _world_diff(a, b),
     }
+
+
+def _world_diff(a: RunRecord, b: RunRecord) -> dict[str, list[Any]]:
+    """The world changes of two runs where both runs' ends were read (before that, unknown)."""
+    if a.get("worlds") is None or b.get("worlds") is None:
+        return {}
+    return _changed({"changes": worlds_text(a)}, {"changes": worlds_text(b)})
 
 
 def side_by_side(a: Mapping[int, float], b: Mapping[int, float]) -> list[LossRow]:
@@ -567,7 +588,17 @@ def learnt(rec: RunRecord, log: list[str]) -> RunRecord:
         return rec
     if any(isinstance(e, events.Summary) for e in events.parse(log)):
         rec = {**rec, "losses": {str(k): v for k, v in sorted(losses(log).items())}}
+        rec = {**rec, "worlds": world.changes(log)}
     return rec
+
+
+def worlds_text(rec: RunRecord) -> str:
+    """The run's world changes in a line ("3 → 2 nodes at step 120: node-1 lost; ..."); "-" none,
+    "unknown" before its end was read."""
+    found = rec.get("worlds")
+    if found is None:
+        return "unknown"
+    return "; ".join(world.text(c) for c in found) or "-"
 
 
 def kept_losses(rec: RunRecord) -> dict[int, float]:

@@ -134,6 +134,7 @@ class Report(Progress):
     gpu_nodes: NotRequired[list[GpuNode] | None]
     interrupted: NotRequired[bool]  # Ctrl-C ended the follow
     scheduler_job: NotRequired[SchedulerJob]
+    world_changes: NotRequired[list[str]]  # "3 → 2 nodes at step 120: node-1 lost" (job.world)
 
 
 def is_final(phase: str | None) -> bool:

@@ -47,6 +47,33 @@ def fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | No
     return f"{what}: set {fix[0]}{more}, the cheapest change that fits (`fsdpctl plan` shows the numbers)"
 
 
+def minimum_fit_problem(cfg: Config, *, ram_bytes: int, tokens: float = 1e9) -> str | None:
+    """The job must also fit on the fewest nodes of its elastic range (MIN_NODES): there each rank
+    holds a larger shard of the same state. One line naming the fewest nodes that hold it, None
+    when the minimum fits (or there is no range)."""
+    low = cfg.fewest_nodes
+    if low == cfg.job_nodes or fit_problem(cfg, ram_bytes=ram_bytes, tokens=tokens) is not None:
+        return None  # no range, or the full job's own line says what is wrong
+    if fit_problem(_on(cfg, low), ram_bytes=ram_bytes, tokens=tokens) is None:
+        return None
+    holds = next(
+        n
+        for n in range(low + 1, cfg.job_nodes + 1)
+        if fit_problem(_on(cfg, n), ram_bytes=ram_bytes, tokens=tokens) is None
+    )
+    where = "per GPU" if cfg.target.gpus else "in this machine's RAM"
+    return (
+        f"MIN_NODES={cfg.min_nodes} cannot hold MODEL={cfg.training.model}: on {low} of the "
+        f"JOB_NODES={cfg.job_nodes} nodes each rank's shard does not fit {where}; set MIN_NODES={holds} "
+        "(the fewest nodes that hold it), or 0 to wait for a lost node"
+    )
+
+
+def _on(cfg: Config, nodes: int) -> Config:
+    """The same job on `nodes` nodes (its elastic range's bottom: MIN_NODES=0 there)."""
+    return cfg.model_copy(update={"job_nodes": nodes, "min_nodes": 0})
+
+
 def host_memory(cfg: Config, **change: Any) -> int:
     """Bytes all the processes of a local job hold together: each its shard of the state, its
     activations and transients as on a GPU (no CUDA context), and the process itself. `change`: Job

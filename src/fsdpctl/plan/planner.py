@@ -490,6 +490,47 @@ class PlanReport(TypedDict):
     price_per_hour: float | None
     prices_as_of: str
     volume: NotRequired[VolumeReport]  # `plan` adds the shared volume's (plan.volume.report)
+    minimum: NotRequired[MinimumReport]  # `plan` adds it where MIN_NODES sets an elastic range
+
+
+class MinimumReport(TypedDict):
+    """The job on the fewest nodes of its elastic range (MIN_NODES), under the trainer's batch rule
+    (fsdptrain.elastic): what a stretch on lost nodes costs."""
+
+    nodes: int
+    fits: bool
+    memory_gib: float  # per GPU
+    rule: str  # constant (the global batch kept by gradient accumulation) or per-rank
+    grad_accum: int
+    tokens_per_s: float
+    hours: float  # for all the tokens, were the whole run at the minimum
+    usd: float | None
+
+
+def at_minimum(job: Job, nodes: int, tokens: float) -> MinimumReport:
+    """`job` on `nodes` nodes, its gradient accumulation as the trainer's one rule sets it on the
+    smaller world (elastic.batch_for: the job's global batch kept where the world divides it)."""
+    from fsdptrain import elastic
+
+    world = job.gpus_per_node
+    rule = elastic.batch_for(
+        micro_batch=job.micro_batch,
+        grad_accum=job.grad_accum,
+        world=nodes * world,
+        target=job.micro_batch * job.grad_accum * job.nodes * world,
+    )
+    low = replace(job, nodes=nodes, grad_accum=rule.grad_accum)
+    mem, hours_usd = memory(low), cost(low, tokens)
+    return {
+        "nodes": nodes,
+        "fits": mem.fits,
+        "memory_gib": mem.total / GIB,
+        "rule": rule.rule,
+        "grad_accum": rule.grad_accum,
+        "tokens_per_s": speed(low).tokens_per_s,
+        "hours": hours_usd[0],
+        "usd": hours_usd[1],
+    }
 
 
 def report(job: Job, tokens: float) -> PlanReport:

@@ -77,6 +77,7 @@ def cross_checks(cfg: Config) -> list[str]:
         errors.append(
             f"{e} (world = JOB_NODES {cfg.job_nodes} x {cfg.procs_per_node} processes per node)"
         )
+    errors.extend(_elastic_checks(cfg))
     errors.extend(_storage_checks(cfg))
     if cfg.job_kind == "trainjob" and cfg.target.kubernetes:
         if cfg.rdzv_backend != "c10d":
@@ -97,6 +98,43 @@ def cross_checks(cfg: Config) -> list[str]:
             "or HF_TOKEN_FILE (it goes into a Kubernetes Secret, never into a manifest)"
         )
     return errors
+
+
+# where MIN_NODES below JOB_NODES is carried out; elsewhere it is refused, never ignored
+ELASTIC_BACKENDS = frozenset({"local"})
+
+
+def elastic_refusal(cfg: Config) -> str | None:
+    """MIN_NODES below JOB_NODES where the backend would not carry it out (`admit` refuses it for
+    the job's place; `plan` speaks of the cluster whatever BACKEND says, so this is not a check of
+    the settings themselves)."""
+    if cfg.fewest_nodes == cfg.job_nodes or cfg.backend in ELASTIC_BACKENDS:
+        return None
+    return (
+        f"MIN_NODES={cfg.min_nodes} with BACKEND={cfg.backend}: the elastic range is carried out on "
+        f"{', '.join(sorted(ELASTIC_BACKENDS))} so far; set MIN_NODES=0 (wait for a lost node)"
+    )
+
+
+def _elastic_checks(cfg: Config) -> list[str]:
+    """An elastic range (MIN_NODES < JOB_NODES) needs a backend that trains on through a lost node,
+    and a world at the minimum that the sharding still divides (fsdptrain.shapes, as at the top)."""
+    low = cfg.fewest_nodes
+    if low == cfg.job_nodes:
+        return []
+    t = cfg.training
+    try:
+        job_mesh_shape(
+            t.sharding_strategy,
+            low * cfg.procs_per_node,
+            hsdp_shard_size=t.hsdp_shard_size,
+            procs_per_node=cfg.procs_per_node,
+        )
+    except ConfigError as e:
+        return [
+            f"MIN_NODES={cfg.min_nodes}: at the minimum {e}; set MIN_NODES to a node count it holds"
+        ]
+    return []
 
 
 def _storage_checks(cfg: Config) -> list[str]:

@@ -127,6 +127,14 @@ class Settings(BaseModel):
     )
     job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
     job_nodes: int = _k(2, "job", "nodes (pods) in the job; local: simulated nodes", ge=1, le=1024)
+    min_nodes: int = _k(
+        0,
+        "job",
+        "the fewest nodes the job trains on after losing some (elastic range MIN_NODES..JOB_NODES; "
+        "0: JOB_NODES, no range: a lost node is waited for, as before); local backend so far",
+        ge=0,
+        le=1024,
+    )
     gpus_per_node: int = _k(0, "job", "GPUs per pod (0: all the instance has)", ge=0)
     local_procs_per_node: int = _k(
         1, "job", "local backend: processes per simulated node", ge=1, le=64
@@ -353,6 +361,11 @@ class Settings(BaseModel):
                 "does not start pods as a group"
             )
         lines += self._existing_vpc()
+        if self.min_nodes > self.job_nodes:
+            lines.append(
+                f"MIN_NODES={self.min_nodes} exceeds JOB_NODES={self.job_nodes}: the elastic range is "
+                f"MIN_NODES..JOB_NODES; set MIN_NODES to at most {self.job_nodes} (0: JOB_NODES)"
+            )
         if self.instance_type in INSTANCE_TYPES and self.gpus_per_node > self.instance.gpus:
             lines.append(
                 f"GPUS_PER_NODE={self.gpus_per_node} exceeds the {self.instance.gpus} GPUs of a "
@@ -388,6 +401,11 @@ class Settings(BaseModel):
                 "`cluster create` reads them from EC2)"
             )
         return lines
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The bottom of the elastic range: MIN_NODES, or JOB_NODES where it is 0 (no range)."""
+        return self.min_nodes or self.job_nodes
 
     @property
     def subnet_ids(self) -> list[str]:

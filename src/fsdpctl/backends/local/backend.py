@@ -55,6 +55,9 @@ class LocalBackend:
         """The job's objects as the cluster would get them: the PyTorchJob the supervisor runs, and
         what comes before it (the pre-step's Job among them)."""
         *infra, job = render.render_job(self.cfg, run_id, record_id)
+        # the elastic range as a PyTorchJob states it (elasticPolicy.minReplicas); the supervisor
+        # turns it into torchrun's --nnodes=MIN:MAX (pods.elastic_command)
+        job["spec"]["elasticPolicy"]["minReplicas"] = self.cfg.fewest_nodes
         return infra, job
 
     def refusals(self) -> list[str]:

@@ -262,6 +262,21 @@ def evict(job_name: str, node: int) -> None:
     (requests / f"node-{node}").touch()
 
 
+def lose(job_name: str, node: int) -> None:
+    """Lose node `node` (a hardware fault, a reservation ending): the supervisor SIGKILLs every
+    process of its pod at once and, unlike after an eviction, makes no new one until `bring_back`:
+    the node is gone, not its pod."""
+    requests = job_dir(job_name) / "lost"
+    files.make_dirs(requests)
+    (requests / f"node-{node}").touch()
+
+
+def bring_back(job_name: str, node: int) -> None:
+    """Node `node` (or its replacement) is back: the supervisor starts its pod again, which joins
+    the running job at its next rendezvous."""
+    (job_dir(job_name) / "lost" / f"node-{node}").unlink(missing_ok=True)
+
+
 # the engine's API for the backend, the CLI and the tests, wherever each part lives
 __all__ = [
     "ACTIVE",

@@ -14,6 +14,7 @@ from typing import Any
 from fsdpctl import files
 from fsdpctl.adapters import etcd as etcd_adapter
 from fsdpctl.adapters import netns
+from fsdpctl.adapters import rdzv_store as store
 from fsdpctl.backends.local import kubelet
 from fsdpctl.backends.local.processes import JOB_MARK, POD_MARK, pod_mark
 from fsdpctl.backends.local.state import (
@@ -57,7 +58,7 @@ def launches(
     out = []
     for node in range(spec["replicas"]):
         argv = _interpreter(spec["command"])
-        for arg in spec["command"][len(argv) :]:
+        for arg in elastic_command(spec)[len(argv) :]:
             argv.append(
                 f"--rdzv-endpoint={endpoint}" if arg.startswith("--rdzv-endpoint=") else arg
             )
@@ -86,6 +87,27 @@ def launches(
         if home:
             env["HOME"] = home
         out.append(Launch(node, argv, env, home))
+    return out
+
+
+def elastic(spec: dict) -> bool:
+    """Whether the job trains on through a lost node (MIN_NODES below JOB_NODES)."""
+    return int(spec.get("min_nodes", spec["replicas"])) < int(spec["replicas"])
+
+
+def elastic_command(spec: dict) -> list[str]:
+    """The container's command with the elastic range: torchrun's --nnodes=MIN:MAX (what the
+    Training Operator's elasticPolicy minReplicas/maxReplicas mean), and with c10d `is_host=false`
+    for every node's agent, whose store the supervisor hosts (`rendezvous`)."""
+    if not elastic(spec):
+        return list(spec["command"])
+    out = []
+    for arg in spec["command"]:
+        if arg.startswith("--nnodes="):
+            arg = f"--nnodes={spec['min_nodes']}:{spec['replicas']}"
+        elif arg.startswith("--rdzv-conf=") and spec["rdzv_backend"] == "c10d":
+            arg = f"{arg},is_host=false"
+        out.append(arg)
     return out
 
 
@@ -147,6 +169,7 @@ def spec_from_job(job: dict, jdir: Path) -> dict:
         "run_id": job["spec"]["elasticPolicy"]["rdzvId"],
         "rdzv_backend": job["spec"]["elasticPolicy"]["rdzvBackend"],
         "replicas": worker["replicas"],
+        "min_nodes": job["spec"]["elasticPolicy"].get("minReplicas", worker["replicas"]),
         "nproc_per_node": int(job["spec"]["nprocPerNode"]),
         "command": container["command"],
         "env": {e["name"]: e["value"] for e in container["env"] if "value" in e},
@@ -265,16 +288,21 @@ def _mapped_arg(arg: str, volumes: dict[str, str]) -> str:
 
 def rendezvous(
     spec: dict, jdir: Path, log_dir: Path, net: netns.Network | None
-) -> tuple[etcd_adapter.EtcdServer | None, str]:
-    """(etcd server or None, endpoint). c10d with namespaces: the manifest's own
+) -> tuple[etcd_adapter.EtcdServer | store.StoreHost | None, str]:
+    """(etcd server, store host or None, endpoint). c10d with namespaces: the manifest's own
     `<job>-worker-0:29400`, which each node's hosts file resolves to node 0 as the operator's
-    Service does; on loopback a free port. etcd: a server on the host side of the nodes' bridge (or
+    Service does; on loopback a free port. An elastic c10d job: a store the supervisor hosts
+    (fsdptrain.rdzv_store), on no node. etcd: a server on the host side of the nodes' bridge (or
     loopback)."""
+    host = net.host_address if net else "127.0.0.1"
+    if spec["rdzv_backend"] == "c10d" and elastic(spec):
+        env = {k: v for k, v in os.environ.items() if k not in TRAINER_ENV}
+        hosted = store.start(host, log_file=log_dir / "rdzv-store.log", env=env)
+        return hosted, hosted.endpoint
     if spec["rdzv_backend"] == "c10d":
         if net is not None:
             return None, _manifest_endpoint(spec)
         return None, f"127.0.0.1:{etcd_adapter.free_port()}"
-    host = net.host_address if net else "127.0.0.1"
     server = etcd_adapter.start(
         jdir / "etcd" / spec["run_id"], log_file=log_dir / "etcd.log", host=host
     )

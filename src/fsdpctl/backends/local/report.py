@@ -14,7 +14,7 @@ from fsdpctl.backends.local import engine as local
 from fsdpctl.backends.local.state import LocalState
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
-from fsdpctl.job import crilog, failures, kstatus, prestep
+from fsdpctl.job import crilog, failures, kstatus, prestep, world
 from fsdpctl.job.progress import (
     RENDEZVOUS_JOIN,
     parse_events,
@@ -42,6 +42,7 @@ def job_report(st: LocalState, stall_after: float) -> Report:
     prog = progress(parse_events(lines), now)
     phase = local.phase_of(st)
     alive = local.launchers_alive(st)
+    worlds = world.changes([x for f in local.log_files(st) for x in crilog.texts(f)])
     report: Report = {
         "job": st["job"],
         "backend": "local",
@@ -49,7 +50,9 @@ def job_report(st: LocalState, stall_after: float) -> Report:
         "run_id": st["run_id"],
         "nodes": st["replicas"],
         "nodes_running": alive,
-        "restarts": _restarts(st),
+        # a node back is a new round, not a failure: restarts as users count them
+        "restarts": max(0, _restarts(st) - world.grew(worlds)),
+        "world_changes": [world.text(c) for c in worlds],
         "age_s": now - st["created"],
         "leader": leader.stem if leader else None,
         "leader_log": str(leader) if leader else None,

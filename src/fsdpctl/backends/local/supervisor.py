@@ -115,6 +115,7 @@ class Pod:
     start_at: float = 0.0
     kill_at: float | None = None  # an eviction's end of grace
     evicted: bool = False
+    lost: bool = False  # its node is gone (engine.lose): no new pod until it is back
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -292,6 +293,7 @@ def _run(
         if outcome is None:
             _start_due(pods, spec, jdir / "logs" / spec["run_id"], stop_at)
             _evictions(pods, jdir, spec)
+            _losses(pods, jdir, spec)
             _prestep_ended(pre, jdir)
             if stopping["flag"]:
                 stop_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -340,6 +342,36 @@ def _evictions(pods: list[Pod], jdir: Path, spec: dict) -> None:
     for pod in pods:
         if pod.kill_at is not None and time.monotonic() > pod.kill_at and pod.running():
             kill_pod(pod.launch.env[POD_MARK])
+
+
+def _losses(pods: list[Pod], jdir: Path, spec: dict) -> None:
+    """A node lost (engine.lose): every process of its pod SIGKILLed at once, as a node that powers
+    off, and no new pod while the loss stands; the other nodes' agents see their workers fail and
+    meet again at MIN..MAX nodes. Once it is back (engine.bring_back) its pod starts again and
+    joins at the next rendezvous."""
+    requests = jdir / "lost"
+    gone = (
+        {int(r.name.rpartition("-")[2]) for r in requests.glob("node-*")}
+        if requests.is_dir()
+        else set()
+    )
+    for pod in pods:
+        node = pod.launch.node
+        if node in gone and not pod.lost and pod.proc is not None:
+            pod.lost, pod.judged = True, True  # not the operator's to judge: there is no pod
+            kill_pod(pod.launch.env[POD_MARK])
+            _log_note(
+                jdir, node, f"fsdpctl: node {node} lost (every process killed; not recreated)"
+            )
+        elif pod.lost and node not in gone:
+            if pod.proc is not None:
+                pod.proc.wait()
+            _log_note(jdir, node, f"fsdpctl: node {node} is back; its pod starts again")
+            shutil.rmtree(jdir / "nodes" / f"node-{node}", ignore_errors=True)
+            _prepare_pod(spec, node)
+            state = read_state(jdir)
+            pod.proc = _spawn(pod.launch, log_dir(state) if state else jdir / "logs")
+            pod.lost, pod.judged = False, False
 
 
 def _prestep_ended(pre: Any, jdir: Path) -> None:
