@@ -24,6 +24,7 @@ from fsdpctl.backends.local.state import (
     shared_volume_dir,
     temp_dir,
 )
+from fsdpctl.job.render import Obj
 from fsdptrain import resume
 from fsdptrain.config import TrainConfig
 
@@ -90,12 +91,13 @@ def launches(
     return out
 
 
-def elastic(spec: dict) -> bool:
+def elastic(spec: Obj) -> bool:
     """Whether the job trains on through a lost node (MIN_NODES below JOB_NODES)."""
-    return int(spec.get("min_nodes", spec["replicas"])) < int(spec["replicas"])
+    replicas = int(spec["replicas"])
+    return int(spec.get("min_nodes") or replicas) < replicas
 
 
-def elastic_command(spec: dict) -> list[str]:
+def elastic_command(spec: Obj) -> list[str]:
     """The container's command with the elastic range: torchrun's --nnodes=MIN:MAX (what the
     Training Operator's elasticPolicy minReplicas/maxReplicas mean), and with c10d `is_host=false`
     for every node's agent, whose store the supervisor hosts (`rendezvous`)."""

@@ -38,6 +38,7 @@ from fsdpctl.backends.local.state import (
 )
 from fsdpctl.backends.local.status import wants_network
 from fsdpctl.job import crilog, failures
+from fsdpctl.job.render import Obj
 from fsdpctl.job.reports import Phase
 
 
@@ -344,7 +345,7 @@ def _evictions(pods: list[Pod], jdir: Path, spec: dict) -> None:
             kill_pod(pod.launch.env[POD_MARK])
 
 
-def _losses(pods: list[Pod], jdir: Path, spec: dict) -> None:
+def _losses(pods: list[Pod], jdir: Path, spec: Obj) -> None:
     """A node lost (engine.lose): every process of its pod SIGKILLed at once, as a node that powers
     off, and no new pod while the loss stands; the other nodes' agents see their workers fail and
     meet again at MIN..MAX nodes. Once it is back (engine.bring_back) its pod starts again and
