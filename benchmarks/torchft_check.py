@@ -16,6 +16,7 @@ when torchft is not installed (CI does not install it). Every wait is bounded an
 is killed on the way out.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -268,13 +269,20 @@ def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         worker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
         return 0
-    try:
-        import torch
-        import torchft  # noqa: F401
-    except ImportError as e:
-        print(json.dumps({"skipped": f"torchft not installed ({e}); see this file's docstring"}))
+    if (
+        importlib.util.find_spec("torchft") is None
+    ):  # asked before importing torch: the skip is instant
+        print(
+            json.dumps(
+                {
+                    "skipped": "torchft not installed (no module named 'torchft'); see this file's docstring"
+                }
+            )
+        )
         return 0
     from importlib.metadata import version
+
+    import torch
 
     workdir = Path(os.environ.get("TORCHFT_CHECK_DIR", "/tmp/torchft_check"))
     t0 = time.monotonic()
