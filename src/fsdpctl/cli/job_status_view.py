@@ -9,8 +9,9 @@ from typing import Any
 from rich.text import Text
 
 from fsdpctl.backends import Backend
-from fsdpctl.cli.common import PlainTable, out, styled, warn
+from fsdpctl.cli.common import out, warn
 from fsdpctl.cli.job_view import PHASE_COLOR, failure_line, nodes_cell, warnings
+from fsdpctl.cli.tables import PlainTable, styled
 from fsdpctl.job import prestep
 from fsdpctl.job.progress import fmt_duration, hung_warning, progress_rows
 from fsdpctl.job.reports import FINAL, Report

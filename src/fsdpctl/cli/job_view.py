@@ -12,7 +12,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from fsdpctl.backends import Backend, LogLine, Started
-from fsdpctl.cli.common import Output, PlainTable, emit, err, ok, out, warn
+from fsdpctl.cli.common import Output, emit, err, ok, out, warn
+from fsdpctl.cli.tables import PlainTable
 from fsdpctl.errors import BadInput, ExitCode
 from fsdpctl.job import crilog, prestep, runner
 from fsdpctl.job.progress import describe, fmt_duration, step_and_loss
