@@ -12,7 +12,7 @@ import typer
 
 from fsdpctl import backends, files
 from fsdpctl.backends import LogLine
-from fsdpctl.cli import job_record_cmd, job_status_view, job_view, job_wait
+from fsdpctl.cli import job_record_cmd, job_view, job_wait
 from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import (
     BackendOpt,
@@ -140,6 +140,8 @@ def status(
 
     Example: fsdpctl job status -o json
     """
+    from fsdpctl.cli import job_status_view  # the status view: `job list` does not pay for it
+
     be, name = resolve_job(ctx, name, backend)
     if watch and output in (ViewOutput.table, ViewOutput.wide):
         job_status_view.watch_status(be, name, stall_after, job_status_view.want_plot(plot))
