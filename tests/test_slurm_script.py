@@ -448,7 +448,7 @@ def test_a_forgotten_job_ends_as_its_leaders_summary_says(
     says decides. No summary: Failed (Stopped when fsdpctl asked). A summary that stopped on a
     SIGTERM fsdpctl did not send (fsdptrain.disruption: stop_reason "disrupted", no stop file) was
     ended from outside, and says so; a stop fsdpctl asked for is Stopped with no such words."""
-    from fsdpctl.backends.slurm import backend
+    from fsdpctl.backends.slurm import logs
     from fsdptrain import events
 
     p = script.Paths(str(tmp_path))
@@ -464,7 +464,7 @@ def test_a_forgotten_job_ends_as_its_leaders_summary_says(
             events.to_line(dataclasses.replace(SUMMARY, stopped=stopped, stop_reason=stop_reason))
         )
     Path(p.node_log(0)).write_text("".join(f"{line}\n" for line in lines))
-    seen = backend._seen_in_log(p, stopping)
+    seen = logs.seen_in_log(p, stopping)
     if not summary:
         assert seen.phase == ("Stopped" if stopping else "Failed")
     elif stopped or stopping:
@@ -473,5 +473,5 @@ def test_a_forgotten_job_ends_as_its_leaders_summary_says(
         assert seen.phase == "Succeeded"
     outside = summary and stopped and stop_reason == "disrupted" and not stopping
     assert bool(seen.outside) == outside
-    reason = backend._reason(seen, stopping)
+    reason = logs.reason(seen, stopping)
     assert ("outside fsdpctl" in reason) == outside, reason

@@ -100,7 +100,7 @@ TARGETS = {
             where="a Slurm cluster (sbatch)",
             manifest="fsdpctl.backends.slurm.script:manifest",
             refusals="fsdpctl.backends.slurm.script:refusals",
-            state="fsdpctl.backends.slurm.backend:STATE",
+            state="fsdpctl.backends.slurm.state:STATE",
             fsx_volume=False,
             legacy_dir="slurm",
         ),

@@ -9,18 +9,8 @@ import typer
 
 from fsdpctl import backends, files
 from fsdpctl.cli import completion
-from fsdpctl.cli.common import (
-    DryRunOpt,
-    Output,
-    OutputOpt,
-    confirm,
-    emit,
-    err,
-    ok,
-    out,
-    state,
-    warn,
-)
+from fsdpctl.cli.common import DryRunOpt, Output, OutputOpt, emit, err, ok, out, state, warn
+from fsdpctl.cli.tools import confirm
 from fsdpctl.job import runner
 from fsdpctl.settings import Config
 from fsdpctl.targets import NAMES

@@ -11,17 +11,15 @@ from fsdpctl.cli.common import (
     DryRunOpt,
     Output,
     OutputOpt,
-    PlainTable,
     command_group,
-    confirm,
     emit,
     ok,
     out,
-    report_checks,
-    run_tool,
     state,
     warn,
 )
+from fsdpctl.cli.tables import PlainTable
+from fsdpctl.cli.tools import confirm, report_checks, run_tool
 from fsdpctl.errors import BadInput, FsdpctlError
 
 if TYPE_CHECKING:

@@ -15,8 +15,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.segment import Segment
-from rich.table import Table
-from rich.text import Text
 from typer.core import TyperGroup
 
 from fsdpctl.cli import completion, streams
@@ -28,9 +26,7 @@ from fsdpctl.targets import NAMES
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from fsdpctl.adapters import shell
     from fsdpctl.backends import Backend
-    from fsdpctl.cluster.checks import Check
     from fsdpctl.settings import Config
 
 
@@ -82,70 +78,6 @@ _unwrapped_off_a_terminal(err)
 
 
 _unwrapped_off_a_terminal(out)
-
-
-# A column narrower than this (or than its widest cell, when that is less) shows nothing a reader
-# can use: a table that cannot give each column that much is shown as `key: value` lines instead.
-NARROWEST_COLUMN = 8
-
-
-class PlainTable(Table):
-    """A table whose text cells are shown as they are. rich reads a str cell as markup: a log line,
-    a path or a setting holding `[...]` (gloo's `[/__w/...]`, `[rank0]:`) would vanish in part or
-    raise MarkupError. Here a str is plain text by construction (its control characters escaped); a
-    cell styled on purpose is passed as a `Text`. Off a terminal (a pipe, a file) it has no box:
-    plain columns for grep and awk. On a terminal too narrow to give every column room
-    (NARROWEST_COLUMN), each row is shown as `key: value` lines (a table without a header: its
-    first column is the key)."""
-
-    def __init__(self, *headers: Any, **kwargs: Any) -> None:
-        if not out.is_terminal:
-            kwargs["box"] = None
-            kwargs.setdefault("pad_edge", False)
-        super().__init__(*headers, **kwargs)
-        self.plain_rows: list[list[Text]] = []
-
-    def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        shown = [Text(escape_controls(c, value=True)) if isinstance(c, str) else c for c in cells]
-        self.plain_rows.append([c if isinstance(c, Text) else Text(str(c or "")) for c in shown])
-        super().add_row(*shown, **kwargs)
-
-    def __rich_console__(self, console: Console, options: Any) -> Any:
-        if self._fits(options.max_width):
-            yield from super().__rich_console__(console, options)
-            return
-        yield from self._as_lines()
-
-    def _fits(self, width: int) -> bool:
-        """Whether every column can have NARROWEST_COLUMN cells (or all its widest cell needs)."""
-        need = 0
-        for i, column in enumerate(self.columns):
-            header = Text.from_markup(column.header) if isinstance(column.header, str) else None
-            cells = [row[i].cell_len for row in self.plain_rows if i < len(row)]
-            widest = max([header.cell_len if header else 0, *cells, 1])
-            need += min(widest, NARROWEST_COLUMN) + self.padding[1] + self.padding[3]
-        edges = 0 if self.box is None else len(self.columns) + 1
-        return not self.columns or width >= need + edges
-
-    def _as_lines(self) -> Any:
-        if self.title:
-            yield Text(str(self.title))
-        heads = [str(c.header) for c in self.columns]
-        for n, row in enumerate(self.plain_rows):
-            if self.show_header:
-                if n:
-                    yield Text("")
-                for head, cell in zip(heads, row, strict=False):
-                    yield Text(f"{head}: ").append_text(cell)
-            elif row:
-                key = row[0].plain
-                rest = Text(" ").join(row[1:])
-                yield (Text(f"{key}: ") if key else Text("  ")).append_text(rest)
-
-
-def styled(text: str, style: str) -> Text:
-    """A cell in a style of its own (a phase in its colour), its text still plain."""
-    return Text(text, style=style)
 
 
 class Output(str, Enum):
@@ -475,25 +407,6 @@ def _mark(symbol: str, ascii_word: str) -> str:
     return symbol
 
 
-def confirm(question: str, *, refused: str, hint: str) -> None:
-    """Ask on stderr and read one line of stdin: "y"/"yes" goes on; anything else, and no answer at
-    all (end of input: a closed or empty pipe), is refused before anything changed, one line and
-    exit 2 either way. click's confirm would turn end of input into Abort (exit 1) and a bare Enter
-    into its default; Ctrl-C stays an interrupt (130)."""
-    import sys
-
-    err.print(f"{question} [y/N]: ", end="", markup=False)
-    answer = sys.stdin.readline()
-    if (
-        not answer or not sys.stdin.isatty()
-    ):  # no terminal echoed the Enter: the next line starts anew
-        err.print()
-    if not answer:
-        raise BadInput(f"{refused}: no answer (end of input)", hint=hint)
-    if answer.strip().lower() not in ("y", "yes"):
-        raise BadInput(f"{refused}: answered {answer.strip()[:20]!r}", hint=hint)
-
-
 def end_wait(name: str, phase: str) -> None:
     """`job wait`'s last line and exit code from the phase it ended in; anything not final is a
     timeout."""
@@ -553,66 +466,6 @@ def emit_text(text: str) -> None:
     byte for byte (streams.write_data), never through the console, which would turn a TAB into
     spaces and drop a CR."""
     streams.write_data(redact(text))
-
-
-def run_tool(
-    cmd: shell.Command,
-    log: Path,
-    *,
-    dry_run: bool = False,
-    stdin_text: str | None = None,
-    on_line: Callable[[str], None] | None = None,
-    failed: str = "",
-    hint: str | None = None,
-    comment: bool = False,
-    shown: list[str] | None = None,
-) -> None:
-    """An outside command line (eksctl, terraform, docker) under a spinner, its output streamed and
-    logged; an error naming the log when it fails (`failed`: what to call it, default its first
-    words). With `dry_run` the shell adapter runs nothing and the command line goes to stdout (as a
-    `# ` comment with `comment`: after a YAML or JSON document there); with `shown` it goes there
-    instead, and a real run's command line too (a -o json document's `commands`: what ran, or
-    would)."""
-    from fsdpctl.adapters import shell
-    from fsdpctl.errors import FsdpctlError
-
-    if dry_run:
-        prefix = "# " if comment else ""
-        say = shown.append if shown is not None else lambda s: out.print(prefix + s, markup=False)
-        shell.run(cmd, log_file=log, dry_run=True, on_line=say)
-        return
-    if shown is not None:
-        shown.append(cmd.shell_line())
-    words = " ".join(a for a in cmd.argv[1:3] if not a.startswith("-"))
-    with err.status(f"{cmd.argv[0]} {words} ... (log: {log})"):
-        rc = shell.run(
-            cmd, log_file=log, stdin_text=stdin_text, on_line=lambda line: _show(line, on_line)
-        )
-    if rc != 0:
-        raise FsdpctlError(f"{failed or ' '.join(cmd.argv[:3])} failed: see {log}", hint=hint)
-
-
-def _show(line: str, also) -> None:
-    err.print("  " + redact(line), markup=False, highlight=False)
-    if also:
-        also(line)
-
-
-CHECK_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
-
-
-def report_checks(checks: list[Check], output: Output) -> None:
-    """The table (or -o json) of doctor / cluster check results; exits 1 when any failed."""
-    from fsdpctl.cluster.checks import any_failed
-    from fsdpctl.errors import ExitCode
-
-    failed = any_failed(checks)
-    if not emit({"checks": [c.as_dict() for c in checks], "ok": not failed}, output):
-        t = PlainTable("check", "status", "detail", "fix", box=None, pad_edge=False)
-        for c in checks:
-            t.add_row(c.name, styled(c.status, CHECK_STYLE[c.status]), c.detail, c.fix)
-        out.print(t)
-    raise typer.Exit(ExitCode.FAILURE if failed else ExitCode.OK)
 
 
 __all__ = [

@@ -5,18 +5,8 @@ from __future__ import annotations
 import typer
 
 from fsdpctl.cli.admission import admit
-from fsdpctl.cli.common import (
-    ForceOpt,
-    Output,
-    OutputOpt,
-    PlainTable,
-    command_group,
-    emit,
-    ok,
-    out,
-    state,
-    styled,
-)
+from fsdpctl.cli.common import ForceOpt, Output, OutputOpt, command_group, emit, ok, out, state
+from fsdpctl.cli.tables import PlainTable, styled
 from fsdpctl.redact import redact
 
 app = command_group("Show and check the settings (.env, environment, --set).")

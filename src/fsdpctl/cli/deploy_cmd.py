@@ -13,7 +13,6 @@ from fsdpctl.cli.common import (
     DryRunOpt,
     Output,
     OutputOpt,
-    PlainTable,
     ServerDryRunOpt,
     command_group,
     dry_run_mode,
@@ -23,9 +22,9 @@ from fsdpctl.cli.common import (
     ok,
     out,
     state,
-    styled,
     warn,
 )
+from fsdpctl.cli.tables import PlainTable, styled
 from fsdpctl.errors import BadInput
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from fsdpctl.cli.common import CHECK_STYLE, Output, OutputOpt, err, report_checks, state
+from fsdpctl.cli.common import Output, OutputOpt, err, state
+from fsdpctl.cli.tools import CHECK_STYLE, report_checks
 
 
 def doctor(

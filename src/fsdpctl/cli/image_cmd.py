@@ -17,9 +17,9 @@ from fsdpctl.cli.common import (
     ok,
     out,
     parse_sets,
-    run_tool,
     state,
 )
+from fsdpctl.cli.tools import run_tool
 
 if TYPE_CHECKING:
     from fsdpctl.settings import Config

@@ -140,16 +140,18 @@ def status(
 
     Example: fsdpctl job status -o json
     """
+    from fsdpctl.cli import job_status_view  # the status view: `job list` does not pay for it
+
     be, name = resolve_job(ctx, name, backend)
     if watch and output in (ViewOutput.table, ViewOutput.wide):
-        job_view.watch_status(be, name, stall_after, job_view.want_plot(plot))
+        job_status_view.watch_status(be, name, stall_after, job_status_view.want_plot(plot))
         return
     while True:
         r = be.report(name, stall_after)
         if not emit(r, output):
-            job_view.print_status(r, stall_after)
-            if job_view.want_plot(plot):
-                job_view.print_curves(be.history(name))
+            job_status_view.print_status(r, stall_after)
+            if job_status_view.want_plot(plot):
+                job_status_view.print_curves(be.history(name))
         if not watch and r["phase"] == Phase.UNKNOWN:  # shown, and told apart from "fine"
             raise typer.Exit(ExitCode.FAILURE)
         if not watch or r["phase"] in FINAL:

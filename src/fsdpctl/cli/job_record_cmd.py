@@ -24,7 +24,6 @@ from fsdpctl.cli.common import (
     ForceOpt,
     Output,
     OutputOpt,
-    PlainTable,
     ReplaceOpt,
     emit,
     emit_text,
@@ -33,6 +32,7 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.cli.record_reading import drift, has_a_checkpoint, learnt, load_record, main_line
+from fsdpctl.cli.tables import PlainTable
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpctl.cli.common import Output, OutputOpt, PlainTable, command_group, emit, out, state
+from fsdpctl.cli.common import Output, OutputOpt, command_group, emit, out, state
+from fsdpctl.cli.tables import PlainTable
 
 if TYPE_CHECKING:
     from fsdpctl.adapters.prometheus import GpuSnapshot, NodeKey

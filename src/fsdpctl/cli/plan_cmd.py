@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from fsdpctl.cli import completion
-from fsdpctl.cli.common import Output, OutputOpt, PlainTable, emit, finite, out, state, styled
+from fsdpctl.cli.common import Output, OutputOpt, emit, finite, out, state
+from fsdpctl.cli.tables import PlainTable, styled
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.plan import planner as P
 from fsdpctl.plan import sweep, volume

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from fsdpctl import backends
-from fsdpctl.cli import job_view
+from fsdpctl.cli import job_status_view, job_view
 from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, emit, ok, out, state
 from fsdpctl.job import policy as jobpolicy
@@ -125,7 +125,7 @@ def quickstart(
         output,
     ):
         raise typer.Exit(code)
-    if job_view.want_plot(plot):
-        job_view.print_curves(be.history(started.job))
+    if job_status_view.want_plot(plot):
+        job_status_view.print_curves(be.history(started.job))
     out.print(next_commands(started.job), end="", markup=False)
     raise typer.Exit(code)

@@ -12,7 +12,6 @@ from fsdpctl.cli.common import (
     DryRunOpt,
     Output,
     OutputOpt,
-    PlainTable,
     command_group,
     emit,
     emit_text,
@@ -20,6 +19,7 @@ from fsdpctl.cli.common import (
     ok,
     out,
 )
+from fsdpctl.cli.tables import PlainTable
 
 if TYPE_CHECKING:
     from fsdpctl.sandbox.slurm_layout import Layout

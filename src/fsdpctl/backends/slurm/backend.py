@@ -25,75 +25,33 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
 from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
-from fsdpctl.backends.slurm import legacy, owned, states
+from fsdpctl.backends.slurm import legacy, owned, rundirs, states, submitting
 from fsdpctl.backends.slurm.door import Forgotten, Slurm
+from fsdpctl.backends.slurm.logs import Seen, read_from, report_of, seen_in_log, texts
 from fsdpctl.backends.slurm.script import Paths, paths, render_script
+from fsdpctl.backends.slurm.state import SlurmState
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
-from fsdpctl.job import home, lock, owner, runner, shape
+from fsdpctl.job import home, lock, owner, runner
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import state as core
 from fsdpctl.job import store as record_store
 from fsdpctl.job.outage import Outage
 from fsdpctl.job.owner import Owner
-from fsdpctl.job.progress import across_runs, parse_events, progress, run_outcome, stage, stalled
+from fsdpctl.job.progress import across_runs, parse_events, run_outcome
 from fsdpctl.job.record import RunRecord
-from fsdpctl.job.reports import FINAL, Failure, Phase, Report, Waited
+from fsdpctl.job.reports import FINAL, Phase, Report, Waited
 from fsdpctl.job.runner import refuse
-from fsdpctl.job.state import Keys, between, is_count
 from fsdpctl.settings import Config
 from fsdptrain import disruption, events, resume
-
-MAX_NODES = 100_000
-# what a Slurm job's state records besides the core's keys (fsdpctl.job.state)
-STATE = Keys(
-    required={
-        "slurm_job": shape.is_slurm_id,
-        "nodes": between(1, MAX_NODES),
-        "max_restarts": is_count,
-    },
-    optional={
-        "slurm_user": is_count,
-        "owner_home": lambda v: isinstance(v, str) and bool(owner.HOME_ID.fullmatch(v)),
-    },
-)
-
-
-class SlurmState(core.JobState):
-    """A Slurm job's state: the core's keys and STATE's (checked as read)."""
-
-    slurm_job: int
-    nodes: int
-    max_restarts: int
-    slurm_user: int
-    owner_home: str
-
-
-RUN_DIR_MODE = (
-    0o700  # the run's script and logs: the submitting user's, as its jobs run as that user
-)
-
-
-@dataclass
-class Seen:
-    """What Slurm said of a job: its scontrol record (None: slurmctld no longer knows it), its
-    phase, and why the phase is Unknown when Slurm gave no answer that says."""
-
-    record: dict[str, str] | None
-    phase: Phase
-    unknown: str = ""
-    outside: str = ""  # a forgotten job's leader ended on a SIGTERM fsdpctl did not send
-    forgotten: bool = False  # slurmctld said "Invalid job id": the phase is the log's reading
 
 
 class SlurmBackend:
@@ -186,9 +144,10 @@ class SlurmBackend:
 
     def submit(self, *, run_id: str, record: RunRecord, replace: bool) -> Submitted:
         """The run's directory under SHARED_VOLUME_PATH (mode 0700: sbatch --output's directory must
-        exist) with its owner file, its script (0600), then sbatch, whose answer is proven (`_submit`);
-        what was made goes again when sbatch refuses. The checkpoint directory gets an owner file
-        when it has none (cleanup --checkpoints removes only what names this home)."""
+        exist) with its owner file, its script (0600), then sbatch, whose answer is proven
+        (`submitting.submit`); what was made goes again when sbatch refuses. The checkpoint
+        directory gets an owner file when it has none (cleanup --checkpoints removes only what
+        names this home)."""
         if refusal := self._resume_refusal():  # after a --replace stop: its stop checkpoint
             raise FsdpctlError(refusal, code=ExitCode.BAD_INPUT)
         where = paths(self.cfg, run_id)
@@ -196,14 +155,14 @@ class SlurmBackend:
         mine = owner.Owner(owner.home_id(), self.cfg.job_name, run_id)
         made = [p for p in (root, *root.parents) if not os.path.lexists(p)]
         try:
-            files.make_dirs(root, RUN_DIR_MODE)
+            files.make_dirs(root, rundirs.RUN_DIR_MODE)
             owner.write_file(root, mine)
             if ckpt := self._shared_checkpoints(mine.job):
-                _own_checkpoints(ckpt, mine)
+                rundirs.own_checkpoints(ckpt, mine)
             files.write_atomic(Path(where.script), record["manifests"] or "")  # (prepare's)
-            job_id, said = self._submit(where.script, mine)
+            job_id, said = submitting.submit(self.slurm, self.cfg, where.script, mine)
         except (OSError, FsdpctlError) as e:
-            _remove_made(made)
+            rundirs.remove_made(made)
             if isinstance(e, OSError):
                 raise FsdpctlError(
                     f"cannot write the batch script at {where.script}: {files.why(e)}",
@@ -226,47 +185,6 @@ class SlurmBackend:
             outside=f"Slurm job {job_id}",
             cancel_command=f"scancel {job_id}",
         )
-
-    def _submit(self, script: str, mine: Owner) -> tuple[int, str]:
-        """sbatch, its answer not believed on its own: the id it prints must name a job whose
-        Comment carries this run's token and whose UserId is this user (scontrol). When it does
-        not (another user's id, garbage, nothing), this user's job carrying the token is found with
-        squeue --me and recorded, the line saying so; none found: the error, nothing submitted.
-        sbatch failing or timing out raises: the core then finds the job by its token and cancels
-        it (runner._cancel_found)."""
-        try:
-            job_id = self.slurm.submit(script, env=_submit_env(self.cfg))
-        except shape.Unshaped as e:
-            return self._found_instead(mine, str(e), e.hint)
-        why = self._not_mine(job_id, mine)
-        if not why:
-            return job_id, ""
-        return self._found_instead(mine, f"sbatch printed Slurm job {job_id}, {why}", None)
-
-    def _not_mine(self, job_id: int, mine: Owner) -> str:
-        """Why the job sbatch named is not this submit's; "" when its record proves it is."""
-        try:
-            record = self.slurm.job(job_id)
-        except FsdpctlError as e:
-            return f"whose record could not be read ({e})"
-        st = {"job": mine.job, "run_id": mine.run_id, "slurm_job": job_id}
-        st |= {"owner_home": mine.home, "slurm_user": os.getuid()}
-        return owned.not_this_run(record, st, mine.home).removesuffix(": nothing is done to it")
-
-    def _found_instead(self, mine: Owner, said: str, hint: str | None) -> tuple[int, str]:
-        """The job this submit queued, found by its token when sbatch's answer did not name it."""
-        found = self.slurm.mine(mine.token)
-        if len(found) == 1:
-            return found[0], f" (sbatch's answer was not it: {said}; found by the run's token)"
-        for job_id in found:  # several carry one token: none is trusted to be the one
-            self.slurm.cancel(job_id)
-        did = (
-            f"; the jobs carrying the run's token (Slurm job {', '.join(map(str, found))}) were "
-            "cancelled"
-            if found
-            else "; no job of this user carries the run's token, so none was left submitted"
-        )
-        raise FsdpctlError(said + did, hint=hint)
 
     def _shared_checkpoints(self, job: str) -> Path | None:
         """The job's checkpoint directory when it is on the shared file system (the one this
@@ -323,7 +241,7 @@ class SlurmBackend:
         except (
             Forgotten
         ):  # slurmctld forgot it (MinJobAge after its end; no accounting): the log says
-            return dataclasses.replace(_seen_in_log(p, stopping), forgotten=True)
+            return dataclasses.replace(seen_in_log(p, stopping), forgotten=True)
         except FsdpctlError as e:
             return Seen(None, Phase.UNKNOWN, str(e))
         if stranger := _not_this_run(found, st):  # an id that names someone else's job now
@@ -337,55 +255,7 @@ class SlurmBackend:
         seen = self._seen(st)
         if seen.phase == Phase.UNKNOWN:
             return runner.unknown_report(st, st["nodes"], seen.unknown)
-        job = seen.record or {}
-        p = self._seen_paths(st["job"], st["run_id"])
-        leader = Path(p.node_log(0))
-        recs = parse_events(_texts(leader))
-        now = time.time()
-        prog = progress(recs, now)
-        restarts = int(job.get("Restarts", "0"))  # checked by the door: a count
-        r: Report = {
-            **prog,
-            "job": st["job"],
-            "backend": self.name,
-            "phase": seen.phase,
-            "run_id": st["run_id"],
-            "nodes": st["nodes"],
-            "nodes_running": st["nodes"] if job.get("JobState") == "RUNNING" else 0,
-            "restarts": restarts,
-            "age_s": now - st["created"],
-            "leader": "node-0" if leader.exists() else None,
-            "leader_log": str(leader) if leader.exists() else None,
-            "checkpoint_dir": jobpolicy.checkpoint_dir(self.cfg, st["job"]),
-            "reason": _reason(seen, os.path.exists(p.stop_file)) or None,
-            "problems": [],
-            "stalled": False,
-            "labels": {
-                "fsdpctl.io/job": st["job"],
-                "fsdpctl.io/run-id": st["run_id"],
-                **st.get("labels", {}),
-                "fsdpctl.io/backend": self.name,
-            },
-            "prestep": None,
-            "network": None,
-            "scheduler_job": {
-                "id": st["slurm_job"],
-                "state": job.get("JobState"),
-                "nodes": None if job.get("NodeList") in (None, "(null)") else job["NodeList"],
-            },
-        }
-        if seen.phase == Phase.FAILED:
-            r["failure"] = _failure(job, p.batch_log)
-        if not prog["max_steps"]:
-            waiting = seen.phase in (Phase.PENDING, Phase.RESTARTING)
-            r["stage"] = "waiting for nodes" if waiting else stage(recs, None, st["nodes"])
-        r["stalled"] = stalled(seen.phase, prog, now - st["created"], stall_after)
-        if restarts:
-            r["problems"].append(
-                f"requeued {restarts} time(s) (of MAX_RESTARTS={st['max_restarts']}) after a node "
-                "failure: each run resumes from the last checkpoint"
-            )
-        return r
+        return report_of(self.cfg, st, seen, self._seen_paths(st["job"], st["run_id"]), stall_after)
 
     def logs(
         self,
@@ -427,7 +297,7 @@ class SlurmBackend:
         while True:
             active = follow and self._seen(st).phase not in FINAL
             for n in chosen:
-                texts, offsets[n] = _read_from(Path(p.node_log(n)), offsets[n])
+                texts, offsets[n] = read_from(Path(p.node_log(n)), offsets[n])
                 lines = [LogLine({"node": f"node-{n}"}, text) for text in texts]
                 lines = [x for x in lines if keep is None or keep(x)]
                 if first and tail is not None:
@@ -441,12 +311,12 @@ class SlurmBackend:
     def tail(self, name: str, lines: int) -> list[str]:
         st = self._state(name)
         p = self._seen_paths(st["job"], st["run_id"])
-        return (_texts(Path(p.node_log(0))) or _texts(Path(p.batch_log)))[-lines:]
+        return (texts(Path(p.node_log(0))) or texts(Path(p.batch_log)))[-lines:]
 
     def history(self, name: str) -> list[events.Event]:
         st = self._state(name)
         return across_runs(
-            [parse_events(_texts(Path(self._seen_paths(name, st["run_id"]).node_log(0))))]
+            [parse_events(texts(Path(self._seen_paths(name, st["run_id"]).node_log(0))))]
         )
 
     def outcomes(self, name: str) -> dict[str, str]:
@@ -455,11 +325,11 @@ class SlurmBackend:
         st = self._state(name)
         job_root = Path(self._seen_paths(name, st["run_id"]).root).parent
         ended = {}
-        for run in _run_dirs(job_root):
-            lines = _texts(Path(self._seen_paths(name, run).node_log(0)))
+        for run in rundirs.run_dirs(job_root):
+            lines = texts(Path(self._seen_paths(name, run).node_log(0)))
             ended[run] = run_outcome(parse_events(lines))
         seen = self._seen(st)
-        lines = _texts(Path(self._seen_paths(name, st["run_id"]).node_log(0)))
+        lines = texts(Path(self._seen_paths(name, st["run_id"]).node_log(0)))
         phase = None if seen.phase == Phase.UNKNOWN else seen.phase
         return {**ended, st["run_id"]: run_outcome(parse_events(lines), phase)}
 
@@ -473,7 +343,7 @@ class SlurmBackend:
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
         """The leader's log of that run, on the shared file system (None once it is gone)."""
         log = Path(self._seen_paths(job, run_id).node_log(0))
-        return _texts(log) if log.is_file() else None
+        return texts(log) if log.is_file() else None
 
     def here(self, path: str) -> str | None:
         return path  # the cluster's shared file system is mounted here where the nodes mount it
@@ -589,54 +459,20 @@ class SlurmBackend:
                 return []
             me = owner.home_id()
             job_root = Path(self._paths(name, st["run_id"]).root).parent
-            doomed = self._owned_dirs(job_root, me, name, checkpoints)
+            ckpt = self._shared_checkpoints(name) if checkpoints else None
+            doomed = rundirs.owned_dirs(job_root, me, name, ckpt, self.notes)
             if not dry_run:
                 for path, _ in doomed:
-                    _remove(path)
-                _remove_if_empty(job_root)
+                    rundirs.remove(path)
+                rundirs.remove_if_empty(job_root)
                 for entry in jdir.iterdir():  # the lock stays: a starter may hold it
                     if entry.name != lock.NAME:
-                        _remove(entry)
+                        rundirs.remove(entry)
             return [f"{p} ({who})" for p, who in doomed] + [f"{jdir} (this home's job {name})"]
 
     def _kept_why(self, st: SlurmState, force: bool) -> str:
-        """Why the job's files stay: "running"; its end unknown (no answer, or the id names
-        another's job); or slurmctld no longer knows it ("Invalid job id") while its run's files
-        were written within owned.QUIET_GRACE_S, which is not proof it ended (a controller that
-        lost its state forgets running jobs too). `force` keeps only a running job; "" to clean."""
-        seen = self._seen(st)
-        if seen.phase not in FINAL and seen.phase != Phase.UNKNOWN:
-            return "running"
-        if force:
-            return ""
-        again = "`fsdpctl cleanup --force` removes its files all the same"
-        if seen.phase == Phase.UNKNOWN:
-            return f"whether it still runs is unknown ({seen.unknown}); {again}"
         root = Path(self._paths(st["job"], st["run_id"]).root)
-        if seen.forgotten and (quiet := owned.quiet_for(root)) < owned.QUIET_GRACE_S:
-            return (
-                f"slurmctld no longer knows Slurm job {st['slurm_job']} (Invalid job id) and its "
-                f"run's files at {root} were written {quiet:.0f} s ago (under the "
-                f"{owned.QUIET_GRACE_S // 60} min grace): it may still run; {again}"
-            )
-        return ""
-
-    def _owned_dirs(
-        self, job_root: Path, me: str, name: str, checkpoints: bool
-    ) -> list[tuple[Path, str]]:
-        """The run directories under the job's directory (and with `checkpoints` its checkpoint
-        directory) whose owner file names this home and job, each with its owner in words; the
-        others are notes, kept."""
-        dirs = [job_root / run for run in _run_dirs(job_root)]
-        if checkpoints and (ckpt := self._shared_checkpoints(name)) and os.path.lexists(ckpt):
-            dirs.append(ckpt)
-        owned_dirs = []
-        for d in dirs:
-            if why := owned.run_dir_refusal(d, me, name):
-                self.notes.append(why + f" (remove it by hand if it is yours: rm -r {d})")
-            else:
-                owned_dirs.append((d, f"owner: {owner.read_file(d).describe()}"))
-        return owned_dirs
+        return rundirs.kept_why(st, self._seen(st), root, force)
 
 
 def _not_this_run(job: dict[str, str], st: SlurmState) -> str:
@@ -645,141 +481,3 @@ def _not_this_run(job: dict[str, str], st: SlurmState) -> str:
     edited to another job's id, or an id slurmctld gave again to another user's job, must not have
     that job stopped or judged."""
     return owned.not_this_run(job, dict(st), owner.home_id())
-
-
-def _own_checkpoints(root: Path, mine: Owner) -> None:
-    """The job's checkpoint directory, made when missing, with an owner file when it has none (the
-    first home that trains the job there owns it; another home's is left as it is)."""
-    files.make_dirs(root)
-    if owner.read_file(root).home is None and not os.path.lexists(root / owner.OWNER_FILE):
-        owner.write_file(root, mine)
-
-
-def _remove(path: Path) -> None:
-    """A file or a link (itself, never what it points to) or a directory tree (rmtree follows no
-    link inside it)."""
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path)
-
-
-def _remove_made(made: list[Path]) -> None:
-    """What a failed submit made, deepest first: the run's directory (its script), then each parent
-    it had to make while that is empty."""
-    if made:
-        shutil.rmtree(made[0], ignore_errors=True)
-    for folder in made[1:]:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-
-
-def _remove_if_empty(folder: Path) -> None:
-    """The job's directory on the shared file system once its last run directory went (another
-    home's runs, or anything else in it, keep it)."""
-    try:
-        folder.rmdir()
-    except OSError:
-        pass
-
-
-def _run_dirs(job_root: Path) -> list[str]:
-    """The run ids with a directory under the job's own directory on the shared file system
-    (directories of a run id's shape, reached without a link)."""
-    try:
-        entries = sorted(job_root.iterdir())
-    except OSError:
-        return []
-    return [
-        e.name
-        for e in entries
-        if files.RUN_ID.fullmatch(e.name) and not e.is_symlink() and e.is_dir()
-    ]
-
-
-# The job's file-creation mask: slurmstepd creates the batch output (and the batch shell, whose srun
-# steps inherit it, runs) under the SLURM_UMASK the job carries, which sbatch takes from the
-# submitting shell's umask unless it is already set (sbatch(1) OUTPUT ENVIRONMENT VARIABLES; Slurm's
-# own test "propagation of umask to spawned tasks"): a submitter under umask 000 would otherwise
-# leave the run's logs writable by everyone.
-JOB_UMASK = "0022"
-
-
-def _submit_env(cfg: Config) -> dict[str, str]:
-    """sbatch passes the submitting environment to the job (--export=ALL): the token set as HF_TOKEN
-    goes that way, never into the script; the job's umask is fsdpctl's, not the submitter's."""
-    token = cfg.hf_token.get_secret_value()
-    return {**os.environ, "SLURM_UMASK": JOB_UMASK, **({"HF_TOKEN": token} if token else {})}
-
-
-LOG_MAX = 64 * 1024 * 1024
-
-
-def _texts(path: Path) -> list[str]:
-    """A log's lines (a regular file only, its last LOG_MAX bytes; nothing when it is not there)."""
-    try:
-        data, _ = files.read_tail(path, LOG_MAX)
-    except OSError:
-        return []
-    return data.decode(errors="replace").splitlines()
-
-
-def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
-    """The whole lines after `offset` and the offset after them (a line still being written
-    waits)."""
-    try:
-        with files.open_regular(path) as f:
-            f.seek(offset)
-            data = f.read(LOG_MAX)
-    except OSError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    return data[:end].decode(errors="replace").splitlines(), offset + end
-
-
-def _seen_in_log(p: Paths, stopping: bool) -> Seen:
-    """A job slurmctld has forgotten ended; how, its leader's summary says (none: it failed). A
-    leader that stopped on a SIGTERM (stop_reason "disrupted", fsdptrain.disruption) with no stop
-    request from fsdpctl was ended from outside: a `scancel` or a preemption, named as such."""
-    recs = parse_events(_texts(Path(p.node_log(0))))
-    summary = next((e for e in reversed(recs) if isinstance(e, events.Summary)), None)
-    if summary is None:
-        return Seen(None, Phase.STOPPED if stopping else Phase.FAILED)
-    if not summary.stopped and not stopping:
-        return Seen(None, Phase.SUCCEEDED)
-    outside = summary.stop_reason == "disrupted" and not stopping
-    return Seen(None, Phase.STOPPED, outside=states.OUTSIDE["CANCELLED"] if outside else "")
-
-
-def _reason(seen: Seen, stopping: bool) -> str:
-    """Why the job is in its phase, in words: Slurm's reason, or an end nobody asked fsdpctl for
-    (states.outside_cancel: CANCELLED or PREEMPTED without a stop request)."""
-    job = seen.record or {}
-    outside = seen.outside or states.outside_cancel(job, stop_requested=stopping)
-    if outside:
-        return f"{outside}; `fsdpctl job resume` continues from its last checkpoint"
-    if seen.record is None and seen.phase in FINAL:
-        return (
-            "slurmctld no longer knows the job (MinJobAge after its end): its leader's log says how"
-        )
-    return states.reason_words(job.get("Reason", "None")) if seen.phase != Phase.SUCCEEDED else ""
-
-
-def _failure(job: dict[str, str], log: str) -> Failure:
-    """Why the job failed as Slurm says it: its exit code and signal (ExitCode=code:signal), its
-    reason."""
-    code = states.exit_code(job)
-    words = states.reason_words(job.get("Reason", ""))
-    said = f"Slurm job state {job.get('JobState', 'unknown')}" + (f": {words}" if words else "")
-    return {
-        "rank": None,
-        "exitcode": code[0] if code else None,
-        "error_file": None,
-        "error": said,
-        "line": None,
-        "raised": None,
-        "node": None,
-        "log": log,
-    }

@@ -250,6 +250,18 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
     HF token never appears (HF_TOKEN_FILE's path does, or sbatch passes HF_TOKEN from the submitting
     environment). Its --comment carries this home's owner identity for the run (the home id is
     made once, on the first render: `manifest` shows the very script `job run` submits)."""
+    _refuse(cfg)
+    spec = jobspec.build(cfg, run_id, record_id)
+    root = paths(cfg, run_id).root
+    lines = [*_head(spec, cfg, run_id), *_start(spec, run_id, root)]
+    if prestep.downloads(cfg):  # once per run, on the first node, before any trainer starts
+        lines += ["# the download: online, before any trainer", fetch_step(spec, cfg, run_id)]
+    lines += _step_loop(spec, cfg, root)
+    return "\n".join(lines) + "\n"
+
+
+def _refuse(cfg: Config) -> None:
+    """BadInput naming the first setting Slurm cannot honour, and how many more there are."""
     if problems := refusals(cfg):
         more = (
             f"{len(problems) - 1} more such setting(s) after this one"
@@ -257,11 +269,13 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
             else None
         )
         raise BadInput(problems[0], hint=more)
-    spec = jobspec.build(cfg, run_id, record_id)
+
+
+def _head(spec: JobSpec, cfg: Config, run_id: str) -> list[str]:
+    """The script's first lines: its #SBATCH options (the owner's comment among them) and the
+    trainers' environment, exported."""
     comment = owner.Owner(owner.home_id(), cfg.job_name, run_id).comment()
-    root = paths(cfg, run_id).root
-    most = spec.restart.max_restarts
-    lines = [
+    return [
         "#!/bin/bash",
         f"# fsdpctl job {spec.name}, run {run_id}: `fsdpctl manifest` prints it, `job run` submits it",
         *(f"#SBATCH {opt}" for opt in sbatch_options(spec, cfg, comment)),
@@ -269,6 +283,14 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         "",
         *(f"export {k}={shlex.quote(v)}" for k, v in trainer_env(spec, cfg).items()),
         "",
+    ]
+
+
+def _start(spec: JobSpec, run_id: str, root: str) -> list[str]:
+    """Each (re)start of the script: the requeue bound, the run's directory, the rendezvous host
+    and HyperPod's auto-resume."""
+    most = spec.restart.max_restarts
+    return [
         "# a requeue runs this script again from its start (sbatch(1) --requeue); SLURM_RESTART_COUNT is",
         "# unset on the first run. MAX_RESTARTS bounds the requeues as it bounds torchrun's restarts.",
         'restarts="${SLURM_RESTART_COUNT:-0}"',
@@ -284,8 +306,10 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         "auto_resume=()",
         f"if [ -d {HYPERPOD_MARK} ]; then auto_resume=(--auto-resume=1); fi  # SageMaker HyperPod",
     ]
-    if prestep.downloads(cfg):  # once per run, on the first node, before any trainer starts
-        lines += ["# the download: online, before any trainer", fetch_step(spec, cfg, run_id)]
+
+
+def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
+    """The trainers' srun step, started again (up to STEP_TRIES) when Slurm, not they, ended it."""
     launch = [
         *srun_options(spec, cfg),
         cfg.slurm_python,
@@ -293,8 +317,7 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         "fsdptrain.launch",
         *torchrun_args(spec),
     ]
-    passed_on = "|".join(map(str, PASSED_ON))
-    lines += [
+    return [
         "# the trainers; started again when Slurm, not they, ended the step (see STEP_TRIES in",
         "# fsdpctl's backends/slurm/script.py); a fresh rendezvous per (re)start and try",
         "try=1",
@@ -310,6 +333,16 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         '    srun ${auto_resume[@]+"${auto_resume[@]}"} '
         + " ".join(_q(w) for w in launch)
         + " || rc=$?",
+        *_judge_step(spec),
+        "done",
+    ]
+
+
+def _judge_step(spec: JobSpec) -> list[str]:
+    """Inside the loop, after the step: whether the trainers ended it (each launcher's end file,
+    fsdptrain.disruption) or Slurm did, and then whether to start it again."""
+    passed_on = "|".join(map(str, PASSED_ON))
+    return [
         "    ended=0 failed=0",
         f'    for f in "${disruption.ENDS_DIR_ENV}"/*; do',
         '        [ -f "$f" ] || continue',
@@ -326,9 +359,7 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
         f' by themselves: Slurm ended it (try $try of {STEP_TRIES}); starting it again" >&2',
         f"    sleep {RETRY_PAUSE_S}",
         "    try=$((try + 1))",
-        "done",
     ]
-    return "\n".join(lines) + "\n"
 
 
 def manifest(cfg: Config, run_id: str) -> str:
