@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 from functools import partial
 from pathlib import Path
@@ -119,6 +120,8 @@ class _Group(WholeHelp):
         return super()._main_shell_completion(ctx_args, prog_name, complete_var)
 
     def invoke(self, ctx):  # click's Context (typer vendors its own click)
+        _build_the_chain(self, ctx)  # its modules imported under the starting one-line handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # now commands take Ctrl-C
         try:
             return super().invoke(ctx)
         except SettingsError as e:
@@ -404,18 +407,27 @@ def version() -> None:
     streams.write("stdout", f"fsdpctl {__version__}\n")
 
 
-def main() -> None:
-    """The executable: the click command is built first (typer reads every command's signature,
-    under the starting one-line Ctrl-C handler of fsdpctl.entry when it runs there), then Ctrl-C is
-    Python's KeyboardInterrupt again, which every command turns into one line and 130
-    (_Group.invoke)."""
-    import signal
+def _build_the_chain(group: Any, ctx: Any) -> None:
+    """The commands the words name (`job`, then `list`), built now: their modules are imported on
+    first use (cli/lazy.py), and a Ctrl-C meanwhile is the starting handler's one line and 130
+    (fsdpctl.entry), never a traceback from inside an import. A word that names no command ends
+    the walk (click then says what is wrong)."""
+    cmd = group
+    for word in [*getattr(ctx, "_protected_args", []), *ctx.args]:
+        get = getattr(cmd, "get_command", None)
+        if get is None or word.startswith("-") or (cmd := get(ctx, word)) is None:
+            return
 
+
+def main() -> None:
+    """The executable: the root command is built, then each command as it is dispatched
+    (cli/lazy.py), under the starting one-line Ctrl-C handler of fsdpctl.entry when it runs there;
+    once built, Ctrl-C is Python's KeyboardInterrupt again, which every command turns into one line
+    and 130 (_Group.invoke)."""
     import typer.main
 
     streams.guard_std_descriptors()  # `python -m fsdpctl.cli`: not through fsdpctl.entry
     command = typer.main.get_command(app)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = command(prog_name="fsdpctl")
     except SystemExit as e:  # _Group.main's, its code already settled with streams.finish
