@@ -1137,16 +1137,7 @@ def test_the_install_heartbeat_passes_output_through_and_speaks_when_it_stands_s
         stderr=slave,
     )
     os.close(slave)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: every writer closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
+    seen = _read_to_the_end(master)
     assert streaming.wait(timeout=60) == 0 and b"line8" in seen and b"still" not in seen, seen
 
 
@@ -1185,6 +1176,14 @@ def _at_a_terminal(cli, columns: int, *args: str) -> str:
     env = {**cli.env(COLUMNS=str(columns)), "TERM": "dumb"}
     proc = subprocess.Popen(cli.argv(*args), stdout=slave, stderr=slave, env=env, cwd=cli.cwd)
     os.close(slave)
+    seen = _read_to_the_end(master)
+    assert proc.wait(timeout=60) == 0, seen
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    return text.replace("\r\n", "\n")
+
+
+def _read_to_the_end(master: int) -> bytes:
+    """Everything written to a pseudo-terminal until every writer closed it (EIO), then closed."""
     seen = b""
     while True:
         try:
@@ -1195,6 +1194,4 @@ def _at_a_terminal(cli, columns: int, *args: str) -> str:
             break
         seen += chunk
     os.close(master)
-    assert proc.wait(timeout=60) == 0, seen
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
-    return text.replace("\r\n", "\n")
+    return seen

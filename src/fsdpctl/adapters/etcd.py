@@ -44,13 +44,7 @@ class EtcdServer:
             return False
 
     def stop(self, timeout: float = 10) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        shell.end(self.proc, timeout)
 
 
 def start(

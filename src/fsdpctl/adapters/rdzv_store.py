@@ -29,13 +29,7 @@ class StoreHost:
         return f"{self.host}:{self.port}"
 
     def stop(self, timeout: float = 10) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        shell.end(self.proc, timeout)
 
 
 def start(host: str, *, log_file: Path, env: dict[str, str], timeout: float = 60) -> StoreHost:

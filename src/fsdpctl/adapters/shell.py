@@ -305,3 +305,15 @@ def bounded_popen(deadline: float, what: str) -> type[subprocess.Popen]:
                 raise Overdue(what, deadline) from None
 
     return Bounded
+
+
+def end(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """A helper process this adapter started (etcd, the rendezvous store) ended: SIGTERM, SIGKILL
+    after `timeout`, reaped either way (no zombie left)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
