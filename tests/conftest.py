@@ -393,6 +393,14 @@ SLOW_BESIDE = frozenset(
         "test_fuzz",
         "test_disruption_budget",
         "test_ownership_slurm",
+        # issue 42's and 44's generated cells, out of the fast lane (2 minutes): peers in process,
+        # real supervisors and fsdpctl processes, nothing that needs the machine to itself
+        "test_ownership_local",
+        "test_ownership_eks",
+        "test_ownership_files",
+        "test_cli_imports",
+        "test_submit_once",
+        "test_wait_for",
     }
 )
 

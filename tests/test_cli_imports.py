@@ -28,6 +28,9 @@ from fsdpctl.cli.common import first_sentence
 from fsdpctl.cli.lazy import PLAIN, PlainValues
 from fsdpctl.errors import ExitCode
 
+# out of the fast lane (it keeps under 2 minutes): beside the serial slow lane (conftest)
+pytestmark = pytest.mark.slow
+
 # the console script's lines, then sys.modules written where FSDPCTL_TEST_MODULES says at exit
 RUN = (
     "import atexit, json, os, sys\n"

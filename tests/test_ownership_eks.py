@@ -51,6 +51,9 @@ from test_kube import (  # noqa: F401 - `peer`: a fixture
     step_line,
 )
 
+# out of the fast lane (it keeps under 2 minutes): beside the serial slow lane (conftest)
+pytestmark = pytest.mark.slow
+
 CRD = SHARED / "vendor" / "kubeflow-training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
 OTHER_HOME = "0123456789abcdef"
 
@@ -291,6 +294,7 @@ def create_then_die(self, obj):
 
 kube.Kube.create = create_then_die
 from fsdpctl.cli import app
+
 sys.argv[0] = "fsdpctl"
 app()
 """

@@ -46,6 +46,9 @@ from hypothesis import strategies as st
 
 from conftest import invoke
 
+# out of the fast lane (it keeps under 2 minutes): beside the serial slow lane (conftest)
+pytestmark = pytest.mark.slow
+
 SETTINGS = settings(
     max_examples=12,
     deadline=None,

@@ -38,6 +38,9 @@ import pytest
 from tests import state_home
 from tests.invariants import snapshot, written
 
+# out of the fast lane (it keeps under 2 minutes): beside the serial slow lane (conftest)
+pytestmark = pytest.mark.slow
+
 OWNERS = ("own", "another home's", "another job's", "no owner")
 CLAIM = Path("volumes/fsx-claim")
 JOB = "alpha"

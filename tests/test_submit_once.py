@@ -29,6 +29,9 @@ from fsdpctl.job.protocol import Submitted
 from fsdpctl.job.reports import Phase
 from fsdpctl.settings import load
 
+# out of the fast lane (it keeps under 2 minutes): beside the serial slow lane (conftest)
+pytestmark = pytest.mark.slow
+
 # the points of a submit at which the fault lands, and what the place holds then
 BEFORE = ("refuse",)  # the place said no: nothing queued
 AFTER = ("error", "timeout", "sigint", "sigterm", "sighup")  # queued, then the fault

@@ -14,6 +14,9 @@ from fsdpctl.errors import BadInput
 from fsdpctl.job import waitfor
 from fsdpctl.job.reports import FINAL, Phase
 
+# out of the fast lane (it keeps under 2 minutes): beside the serial slow lane (conftest)
+pytestmark = pytest.mark.slow
+
 
 def _report(phase: Phase, step: int, checkpoint: str | None) -> dict:
     return {"phase": phase, "step": step, "checkpoint": checkpoint}
