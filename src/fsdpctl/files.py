@@ -234,12 +234,18 @@ def open_regular(path: Path, *, follow_links: bool = False) -> BinaryIO:
         if e.errno == errno.ELOOP and not follow_links:
             raise NotOurs(path, "is a symbolic link, not the file fsdpctl wrote there") from None
         raise
+    return os.fdopen(_regular(fd, path, "not a regular file"), "rb")
+
+
+def _regular(fd: int, path: Path, said: str) -> int:
+    """`fd`, blocking again, when it is a regular file (checked on the descriptor: no window for a
+    swap between a check and the open); closed and NotOurs naming what it is otherwise."""
     kind = stat.S_IFMT(os.fstat(fd).st_mode)
     if kind != stat.S_IFREG:
         os.close(fd)
-        raise NotOurs(path, f"is {KINDS.get(kind, 'not a regular file')}, not a regular file")
+        raise NotOurs(path, f"is {KINDS.get(kind, 'not a regular file')}, {said}")
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    return fd
 
 
 def read_regular(path: Path, limit: int = STATE_MAX_BYTES, *, follow_links: bool = False) -> bytes:
@@ -357,12 +363,7 @@ def open_append(path: Path | str, mode: int) -> int:
         if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
             raise NotOurs(path, f"is {kind_of(path)}, not a log fsdpctl writes") from None
         raise
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
-    if kind != stat.S_IFREG:
-        os.close(fd)
-        raise NotOurs(path, f"is {KINDS.get(kind, 'not a regular file')}, not a log fsdpctl writes")
-    os.set_blocking(fd, True)
-    return fd
+    return _regular(fd, path, "not a log fsdpctl writes")
 
 
 def kind_of(path: Path) -> str:
