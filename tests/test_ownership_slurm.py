@@ -551,6 +551,10 @@ def test_on_real_slurm_a_lying_sbatch_is_recorded_and_a_reused_id_is_never_signa
             "sbatch", "--parsable", "--job-name=alpha", "--exclusive", "--wrap", "sleep 600"
         ).stdout.strip()
         try:
+            # it holds the node once slurmd registered it (a loaded CI machine: seconds after up)
+            cluster.wait_for(
+                lambda: cluster.job(int(foreign)).get("JobState") == "RUNNING", "the foreign job runs"
+            )
             (tmp_path / "home").mkdir()
             (tmp_path / "fsx").mkdir()
             lying = tmp_path / "lying"

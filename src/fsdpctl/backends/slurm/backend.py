@@ -154,15 +154,18 @@ class SlurmBackend:
         root = Path(where.root)
         mine = owner.Owner(owner.home_id(), self.cfg.job_name, run_id)
         made = [p for p in (root, *root.parents) if not os.path.lexists(p)]
+        ckpt = self._shared_checkpoints(mine.job)
+        made_ckpt = [p for p in (ckpt, *ckpt.parents) if not os.path.lexists(p)] if ckpt else []
         try:
             files.make_dirs(root, rundirs.RUN_DIR_MODE)
             owner.write_file(root, mine)
-            if ckpt := self._shared_checkpoints(mine.job):
+            if ckpt:
                 rundirs.own_checkpoints(ckpt, mine)
             files.write_atomic(Path(where.script), record["manifests"] or "")  # (prepare's)
             job_id, said = submitting.submit(self.slurm, self.cfg, where.script, mine)
         except (OSError, FsdpctlError) as e:
             rundirs.remove_made(made)
+            rundirs.remove_made_empty(made_ckpt, owner.OWNER_FILE)
             if isinstance(e, OSError):
                 raise FsdpctlError(
                     f"cannot write the batch script at {where.script}: {files.why(e)}",

@@ -50,6 +50,19 @@ def remove_made(made: list[Path]) -> None:
             return
 
 
+def remove_made_empty(made: list[Path], mark: str) -> None:
+    """The checkpoint directory a failed submit made, deepest first, while it holds nothing but the
+    owner file (`mark`) this submit wrote: a run of the job from elsewhere that wrote into it since
+    keeps it and what it holds."""
+    for folder in made:
+        try:
+            if [p.name for p in folder.iterdir()] in ([], [mark]):
+                (folder / mark).unlink(missing_ok=True)
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def remove_if_empty(folder: Path) -> None:
     """The job's directory on the shared file system once its last run directory went (another
     home's runs, or anything else in it, keep it)."""
