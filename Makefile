@@ -61,7 +61,7 @@ test: install $(CHECKOV)
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 	@beside=$$(mktemp); \
 	$(PY) -m pytest -q -p no:cacheprovider -m "slow and beside and $(SCOPE)" >$$beside 2>&1 & pid=$$!; \
-	$(TESTBEAT) "the slow tests (one at a time)" -- $(PY) -m pytest -q -m "slow and not beside and $(SCOPE)"; serial=$$?; \
+	$(TESTBEAT) "the slow tests (one at a time)" -- $(PY) -m pytest -q --durations=40 -m "slow and not beside and $(SCOPE)"; serial=$$?; \
 	wait $$pid; besides=$$?; echo "== the slow tests run beside (exit $$besides) =="; cat $$beside; rm -f $$beside; \
 	test $$serial = 0 && test $$besides = 0
 

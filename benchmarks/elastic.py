@@ -7,10 +7,14 @@ Both legs: tiny model, 3 simulated nodes (a network namespace each when root, el
 checkpoint every --interval steps, node 1 lost (engine.lose: every process of its pod SIGKILLed,
 no pod made again) once the job logged step --lose-at, and back (engine.bring_back) --away seconds
 later. `elastic`: MIN_NODES=2; `today`: MIN_NODES=0 (= JOB_NODES, the behaviour before: the
-survivors wait for the third node). Per leg: (a) seconds from the loss to the first step trained
+survivors wait for the third node); `uninterrupted`: no node lost, the losses the others are held to.
+Per leg: (a) seconds from the loss to the first step trained
 after it, and on how many nodes; (b) steps lost (the highest step logged before the resume, past the
 checkpoint resumed); (c) seconds from the node's return to the first step on 3 nodes; the restarts
-`job status` counts and the final phase. Prints JSON, or a Markdown table with --markdown; --write
+`job status` counts and the final phase; (d) the largest difference of a step's loss from the
+uninterrupted run's at the same step, relative, over every step both trained (TOLERANCE states what
+is accepted: the batch rule keeps the global batch and the data position is exact, so only the
+order of float sums differs). Prints JSON, or a Markdown table with --markdown; --write
 puts that table in BENCHMARKS.md between its `elastic` markers (the prose around it stays).
 """
 
@@ -29,7 +33,7 @@ from fsdpctl.backends.local import engine as local
 from fsdpctl.backends.local.backend import LocalBackend
 from fsdpctl.backends.local.report import job_report
 from fsdpctl.job import policy as jobpolicy
-from fsdpctl.job import world
+from fsdpctl.job import record, world
 from fsdpctl.settings import load
 from fsdptrain import events
 
@@ -52,8 +56,15 @@ def _wait(step: int, timeout: float = 600) -> None:
         time.sleep(0.2)
 
 
-def leg(home: Path, *, min_nodes: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One job: started, node 1 lost at --lose-at, back --away s later, waited for to its end."""
+# (d)'s bound: a world of 2 sums the same gradients in another order than one of 3 (fp32, gloo)
+TOLERANCE = 0.01
+
+
+def leg(
+    home: Path, *, min_nodes: int, args: argparse.Namespace, lose: bool = True
+) -> dict[str, Any]:
+    """One job: started, node 1 lost at --lose-at, back --away s later (unless not `lose`), waited
+    for to its end."""
     os.environ["FSDPCTL_HOME"] = str(home)
     cfg = load(
         dotenv={
@@ -72,13 +83,15 @@ def leg(home: Path, *, min_nodes: int, args: argparse.Namespace) -> dict[str, An
     )
     infra, job = LocalBackend(cfg)._rendered(jobpolicy.new_run_id("bench"), "bench")
     local.start(job, secret_env={}, prestep=next((o for o in infra if o["kind"] == "Job"), None))
-    _wait(args.lose_at)
-    lost_at = time.time()
-    local.lose("bench", 1)
-    while time.time() < lost_at + args.away and not _ended():
-        time.sleep(0.2)
-    back_at = time.time()
-    local.bring_back("bench", 1)
+    lost_at = back_at = float("inf")
+    if lose:
+        _wait(args.lose_at)
+        lost_at = time.time()
+        local.lose("bench", 1)
+        while time.time() < lost_at + args.away and not _ended():
+            time.sleep(0.2)
+        back_at = time.time()
+        local.bring_back("bench", 1)
     state = local.wait("bench", timeout=1200)
     if state is None:
         raise SystemExit("the job's state is gone")
@@ -90,8 +103,16 @@ def leg(home: Path, *, min_nodes: int, args: argparse.Namespace) -> dict[str, An
         "step": report["step"],
         "restarts": report["restarts"],
         "world_changes": report.get("world_changes", []),
-        **_timings(lines, lost_at, back_at),
+        "losses": record.losses(lines),
+        **(_timings(lines, lost_at, back_at) if lose else {}),
     }
+
+
+def loss_gap(run: dict[str, Any], reference: dict[str, Any]) -> float | None:
+    """(d): max over the steps both trained of |loss - reference| / reference; None if none."""
+    ref = reference["losses"]
+    gaps = [abs(v - ref[k]) / abs(ref[k]) for k, v in run["losses"].items() if k in ref and ref[k]]
+    return round(max(gaps), 5) if gaps else None
 
 
 def _timings(lines: list[str], lost_at: float, back_at: float) -> dict[str, Any]:
@@ -127,12 +148,12 @@ def _timings(lines: list[str], lost_at: float, back_at: float) -> dict[str, Any]
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, load_avg: str) -> str:
     head = (
         "| leg | (a) loss → first step | on | (b) steps lost | (c) return → step on 3 | restarts "
-        "| phase |\n|---|---|---|---|---|---|---|\n"
+        "| phase | (d) loss vs uninterrupted |\n|---|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
         f"| MIN_NODES={r['min_nodes']} | {r['a_first_step_after_loss_s']} s | {r['a_nodes']} nodes "
         f"| {r['b_steps_lost']} (K={args.interval}) | {r['c_back_to_3_nodes_s']} s | {r['restarts']} "
-        f"| {r['phase']} at step {r['step']} |\n"
+        f"| {r['phase']} at step {r['step']} | {_gap_text(r.get('loss_gap'))} |\n"
         for r in rows
     )
     return (
@@ -140,6 +161,12 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, load_avg: str
         f"lost after step {args.lose_at}, back {args.away} s later; load average at the start "
         f"{load_avg}.\n\n" + head + body
     )
+
+
+def _gap_text(gap: float | None) -> str:
+    if gap is None:
+        return "-"
+    return f"{gap:.2%} ({'within' if gap <= TOLERANCE else 'over'} {TOLERANCE:.0%})"
 
 
 def main() -> int:
@@ -157,10 +184,13 @@ def main() -> int:
             leg(Path(tmp) / "elastic", min_nodes=2, args=args),
             leg(Path(tmp) / "today", min_nodes=0, args=args),
         ]
+        reference = leg(Path(tmp) / "uninterrupted", min_nodes=0, args=args, lose=False)
+    for r in rows:
+        r["loss_gap"] = loss_gap(r, reference)
     table = markdown(rows, args, load_avg)
     if args.write:
         write(table)
-    print(table if args.markdown else json.dumps(rows, indent=1))
+    print(table if args.markdown else json.dumps(rows, indent=1, default=str))
     return 0
 
 

@@ -242,10 +242,10 @@ LOSE_AT = 12
 GLOBAL_BATCH = 12  # sequences (blocks) per step: MICRO_BATCH_SIZE 2 x GRAD_ACCUM_STEPS 2 x 3 ranks
 
 
-def _start(tmp: Path, monkeypatch) -> None:
-    monkeypatch.setenv("FSDPCTL_HOME", str(tmp / "home"))
+def _start(tmp: Path, monkeypatch, home: Path | None = None) -> None:
+    monkeypatch.setenv("FSDPCTL_HOME", str(home or tmp / "home"))
     monkeypatch.setenv("FSDPTRAIN_TRACE", str(tmp / "trace"))
-    (tmp / "trace").mkdir()
+    (tmp / "trace").mkdir(parents=True)
     cfg = load(
         dotenv={
             "SEQ_LEN": "64",
@@ -330,3 +330,74 @@ def test_a_lost_node_costs_at_most_a_checkpoint_interval(tmp_path, monkeypatch, 
     lost = sum(_steps_lost(lines, c) for c in changes)
     # taken again: the lost steps' blocks, and at most the step in flight when the node went
     assert lost * GLOBAL_BATCH <= len(taken) - total <= (lost + len(changes)) * GLOBAL_BATCH
+
+
+def _wait_restart(timeout: float = 300) -> dict:
+    """The survivors' agents saw the loss (their group failed and restarts: the report's count),
+    before any step on the new world."""
+    deadline = time.monotonic() + timeout
+    while (report := job_report(local.read_state(local.job_dir("t")), float("inf")))[
+        "restarts"
+    ] < 1:
+        assert time.monotonic() < deadline, report
+        time.sleep(0.2)
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_stop_during_the_re_rendezvous_ends_stopped_and_the_resume_loses_no_sample(
+    tmp_path, monkeypatch
+):
+    """A node lost at step 12, and `stop` while the survivors' agents are between worlds (their
+    group failed, no trainer runs: nothing can save a stop checkpoint). Stopped, not Failed; the
+    last periodic checkpoint is where a resume starts (at most CHECKPOINT_INTERVAL steps lost);
+    nothing of the job runs after it. The resume (a new run of the job, all 3 nodes) trains to the
+    last step, and across both runs every block of the data is trained, again only for the lost
+    steps and the one in flight."""
+    _start(tmp_path, monkeypatch)
+    _wait_step(LOSE_AT)
+    local.lose("t", 1)
+    report = _wait_restart()
+    assert report["phase"] == "Running" and report["world_changes"] == [], report
+    local.stop("t")
+    state = local.wait("t", timeout=600)
+    stopped = job_report(state, float("inf"))
+    assert stopped["phase"] == "Stopped", stopped
+    saved = int(Path(stopped["checkpoint"]).name.rpartition("-")[2])
+    assert LOSE_AT - INTERVAL <= saved <= LOSE_AT, stopped
+    _start(tmp_path / "again", monkeypatch, home=tmp_path / "home")
+    state = local.wait("t", timeout=600)
+    done = job_report(state, float("inf"))
+    assert done["phase"] == "Succeeded" and done["step"] == STEPS, done
+    taken, total = (
+        _taken(tmp_path / "trace") + _taken(tmp_path / "again" / "trace"),
+        STEPS * GLOBAL_BATCH,
+    )
+    assert set(taken) == set(range(total))
+    again = stopped["step"] - saved  # trained before the stop and again by the resume
+    assert again * GLOBAL_BATCH <= len(taken) - total <= (again + 1) * GLOBAL_BATCH
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_drained_node_costs_no_more_than_a_checkpoint_interval(tmp_path, monkeypatch):
+    """A drain of node 1 at step 12 (the eviction API's path on the local backend: SIGTERM, the
+    pod's grace, SIGKILL; its pod made again, as the Training Operator makes an evicted worker's):
+    with the range the job never waits for JOB_NODES: it trains on, on 2 or on the 3 again, to the
+    last step, Succeeded. Every world change names node-1; the steps trained again are at most
+    CHECKPOINT_INTERVAL per change; every block is trained, again only for the lost steps."""
+    _start(tmp_path, monkeypatch)
+    _wait_step(LOSE_AT)
+    local.evict("t", 1)
+    state = local.wait("t", timeout=600)
+    report = job_report(state, float("inf"))
+    assert report["phase"] == "Succeeded" and report["step"] == STEPS, report
+    assert all("node-1" in c for c in report["world_changes"]), report
+    assert report["restarts"] <= 1, report
+    lines = LocalBackend(load(dotenv={"JOB_NAME": "t"})).run_lines("t", state["run_id"]) or []
+    changes = world.changes(lines)
+    assert all(0 <= _steps_lost(lines, c) <= INTERVAL for c in changes if c["to_nodes"] < 3)
+    taken, total = _taken(tmp_path / "trace"), STEPS * GLOBAL_BATCH
+    assert set(taken) == set(range(total))
+    assert len(taken) - total <= (INTERVAL + 1) * GLOBAL_BATCH
