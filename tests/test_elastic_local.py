@@ -401,3 +401,22 @@ def test_a_drained_node_costs_no_more_than_a_checkpoint_interval(tmp_path, monke
     taken, total = _taken(tmp_path / "trace"), STEPS * GLOBAL_BATCH
     assert set(taken) == set(range(total))
     assert len(taken) - total <= (INTERVAL + 1) * GLOBAL_BATCH
+
+
+def test_a_run_stopped_between_worlds_keeps_its_end_and_its_worlds_in_history():
+    """A run stopped while its survivors were between worlds (test_a_stop_during_the_re_rendezvous
+    ...) logged no summary: its logs alone read "ended without a summary". What its place said
+    when the next run replaced it (runner._learn_before_it_goes: "Stopped at step 12") is what
+    history shows, and its world changes are taken from its whole log."""
+    base = {"id": "r1", "run_id": "t-1-a", "created": 1.0, "settings": {}}
+    lost = ["fsdpctl: node 1 lost", _world(1, 3, 2, 10.0)]
+    ended = record.at_its_end(base, "Stopped at step 12", lost)
+    assert ended["worlds"] == world.changes(lost) and ended["worlds"]
+    logs_say = {"t-1-a": "ended without a summary at step 12 (failed or killed)"}
+    [row] = record.history_rows([ended], logs_say)
+    assert row["outcome"] == "Stopped at step 12"
+    assert row["world"] == "3 → 2 nodes at step 1: node-1 lost"
+    assert record.history_rows([base], logs_say)[0]["outcome"] == logs_say["t-1-a"]
+    kept = record.at_its_end({**base, "worlds": []}, "Failed at step 3", lost)
+    assert kept["worlds"] == []  # learnt from its summary already: kept
+    assert record.at_its_end(base, "Stopped at step 12", None).get("worlds") is None

@@ -417,8 +417,10 @@ def history_rows(runs: Sequence[RunRecord], outcomes: Mapping[str, str]) -> list
                 if trainer
                 else "never trained (no start line)",
                 "changed": changed,
-                "outcome": outcomes.get(rec["run_id"])
-                or rec.get("outcome")
+                # what its place said when the next run replaced it (its phase with its
+                # logs: "Stopped at step 12") says more than its logs alone can
+                "outcome": rec.get("outcome")
+                or outcomes.get(rec["run_id"])
                 or "unknown: its output is gone",
                 "world": worlds_text(rec),
             }
@@ -588,6 +590,16 @@ def learnt(rec: RunRecord, log: list[str]) -> RunRecord:
         return rec
     if any(isinstance(e, events.Summary) for e in events.parse(log)):
         rec = {**rec, "losses": {str(k): v for k, v in sorted(losses(log).items())}}
+        rec = {**rec, "worlds": world.changes(log)}
+    return rec
+
+
+def at_its_end(rec: RunRecord, outcome: str, log: list[str] | None) -> RunRecord:
+    """`rec` with how its run ended, as its place said before the next run replaced it, and its
+    world changes from its whole log (`log`; None: its place kept none) where it ended with no
+    summary to take them from (a stop between worlds)."""
+    rec = {**rec, "outcome": outcome}
+    if log is not None and rec.get("worlds") is None:
         rec = {**rec, "worlds": world.changes(log)}
     return rec
 

@@ -344,11 +344,10 @@ def _learn_before_it_goes(current: JobState, other: Factory) -> None:
         return
     be = other(state.backend_of(current))
     now = rec
-    if not rec.get("losses"):
-        lines = be.run_lines(current["job"], current["run_id"])
-        now = record.learnt(now, lines) if lines is not None else now
+    lines = be.run_lines(current["job"], current["run_id"]) if not rec.get("losses") else None
+    now = record.learnt(now, lines) if lines is not None else now
     if not now.get("outcome") and (ended := _ended_as(be, current)) is not None:
-        now = {**now, "outcome": ended}
+        now = record.at_its_end(now, ended, lines)
     if now != rec:
         record_store.keep(now)
 
