@@ -1,0 +1,105 @@
+"""The README's first hour (its first screen and its walkthrough, as tests/test_first_hour.py types
+them: a fresh clone, `make quickstart` with the install done, then every command of the walkthrough
+in fresh shells at an 80-column terminal) timed on this machine as it is and with BUSY processes
+spinning beside it (issue 44: the walkthrough must hold on a busy laptop, load 4):
+
+    PYTHONPATH=src:trainer .venv/bin/python benchmarks/walkthrough.py [--busy 4] [--write]
+
+Both legs in one run, the quiet one first; each line gives the wall time, the commands typed and
+the load average (1 min) at its start and end, which says how quiet "as it is" was. --write puts
+the table in BENCHMARKS.md between its `walkthrough` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import test_first_hour  # noqa: E402 - the walkthrough as the tests type it, one definition
+
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+START, END = "<!-- walkthrough:start -->", "<!-- walkthrough:end -->"
+
+
+def _load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def leg(busy: int) -> dict[str, float | int]:
+    """The first hour once, with `busy` spinning processes beside it (ended with it)."""
+    spin = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(busy)
+    ]
+    before, started = _load(), time.monotonic()
+    typed: list[str] = []
+    original = test_first_hour.Person.type
+
+    def counted(self, command, **kw):  # type: ignore[no-untyped-def]
+        typed.append(command)
+        return original(self, command, **kw)
+
+    test_first_hour.Person.type = counted  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory(prefix="fsdpctl-walk-") as tmp:
+            test_first_hour.first_hour(Path(tmp))
+    finally:
+        test_first_hour.Person.type = original  # type: ignore[method-assign]
+        for proc in spin:
+            proc.kill()
+            proc.wait(timeout=30)
+    wall = time.monotonic() - started
+    return {"busy": busy, "wall_s": round(wall), "commands": len(typed), "load_before": before,
+            "load_after": _load()}  # fmt: skip
+
+
+def _name(busy: int) -> str:
+    return "as it is" if busy == 0 else f"{busy} spinning processes beside it"
+
+
+def markdown(rows: list[dict[str, float | int]]) -> str:
+    head = "| leg | wall time | commands typed | load (1 min) at start → end |\n|---|---|---|---|\n"
+    return head + "".join(
+        f"| {_name(int(r['busy']))} | {r['wall_s']} s | {r['commands']} "
+        f"| {r['load_before']:.1f} → {r['load_after']:.1f} |\n"
+        for r in rows
+    )
+
+
+def write(table: str) -> None:
+    text = BENCHMARKS.read_text()
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    section = (
+        "## The README's first hour, timed (`benchmarks/walkthrough.py --write`, measured "
+        f"{stamp})\n\n{table}"
+    )
+    if START in text:
+        head, _, rest = text.partition(START)
+        _, _, tail = rest.partition(END)
+        text = f"{head}{START}\n{section}{END}{tail}"
+    else:
+        text = f"{text.rstrip()}\n\n{START}\n{section}{END}\n"
+    BENCHMARKS.write_text(text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--busy", type=int, default=test_first_hour.BUSY)
+    p.add_argument("--write", action="store_true")
+    args = p.parse_args()
+    table = markdown([leg(0), leg(args.busy)])
+    if args.write:
+        write(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
