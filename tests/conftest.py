@@ -541,3 +541,13 @@ def outliving(mark: str) -> dict[int, str]:
         if state != "Z":
             found[int(entry.name)] = argv.strip()[:80]
     return found
+
+
+def pytest_runtest_logreport(report):
+    """Each test phase's seconds appended to $FSDPCTL_TEST_TIMES as it ends (`make test`'s lanes
+    print only the slowest at their end: a lane cut short, or one being trimmed under CI's 40
+    minutes, is read from this file while it runs)."""
+    where = os.environ.get("FSDPCTL_TEST_TIMES")
+    if where:
+        with open(where, "a", encoding="utf-8") as f:
+            f.write(f"{report.duration:.1f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
