@@ -49,7 +49,10 @@ def leg(busy: int) -> dict[str, float | int]:
     test_first_hour.Person.type = counted  # type: ignore[method-assign]
     try:
         with tempfile.TemporaryDirectory(prefix="fsdpctl-walk-") as tmp:
-            test_first_hour.first_hour(Path(tmp))
+            try:
+                test_first_hour.first_hour(Path(tmp))
+            finally:
+                _end_what_runs_under(tmp)
     finally:
         test_first_hour.Person.type = original  # type: ignore[method-assign]
         for proc in spin:
@@ -62,6 +65,33 @@ def leg(busy: int) -> dict[str, float | int]:
 
 def _name(busy: int) -> str:
     return "as it is" if busy == 0 else f"{busy} spinning processes beside it"
+
+
+def _end_what_runs_under(tmp: str) -> None:
+    """The walkthrough's job, if a failed or interrupted leg left it running (its supervisor, pods
+    and log relays name the leg's directory): SIGTERM, then SIGKILL what is left after 30 s."""
+    import os
+    import signal
+
+    def found() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and tmp.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+        return pids
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in found():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 30
+        while found() and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 def markdown(rows: list[dict[str, float | int]]) -> str:
