@@ -32,7 +32,7 @@ from fsdpctl.backends.local.pods import elastic, elastic_command
 from fsdpctl.backends.local.report import job_report
 from fsdpctl.errors import SettingsError
 from fsdpctl.job import policy as jobpolicy
-from fsdpctl.job import record, world
+from fsdpctl.job import record, record_view, world
 from fsdpctl.plan import fit
 from fsdpctl.plan import planner as P
 from fsdpctl.settings import load
@@ -227,11 +227,11 @@ def test_the_record_keeps_world_changes_and_diff_knows_two_runs_differ_in_world(
     b = record.learnt(base, [start, summary])
     assert a.get("worlds") and b.get("worlds") == []
     assert record.problem(a) is None and record.problem(b) is None
-    assert record.history_rows([a], {})[0]["world"] == "3 → 2 nodes at step 1: node-2 lost"
-    assert record.history_rows([base], {})[0]["world"] == "unknown"
-    assert record.diff(a, b)["world"] == {"changes": ["3 → 2 nodes at step 1: node-2 lost", "-"]}
-    assert record.diff(a, a)["world"] == {}
-    assert record.diff(base, a)["world"] == {}  # one end unknown: no difference claimed
+    assert record_view.history_rows([a], {})[0]["world"] == "3 → 2 nodes at step 1: node-2 lost"
+    assert record_view.history_rows([base], {})[0]["world"] == "unknown"
+    assert record_view.diff(a, b)["world"] == {"changes": ["3 → 2 nodes at step 1: node-2 lost", "-"]}
+    assert record_view.diff(a, a)["world"] == {}
+    assert record_view.diff(base, a)["world"] == {}  # one end unknown: no difference claimed
 
 
 # ---- real torchrun under the supervisor ------------------------------------------------------------

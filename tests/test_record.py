@@ -14,7 +14,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from fsdpctl.backends.eks import configmap
-from fsdpctl.job import record
+from fsdpctl.job import record, record_view
 from fsdpctl.redact import secret_kind
 from fsdpctl.settings import load, parse_dotenv
 from fsdptrain import events, fingerprint
@@ -69,7 +69,7 @@ def test_a_quoted_value_reads_back_unchanged_through_python_dotenv(value):
     """python-dotenv's own parser (dotenv.parser.parse_stream: a bare value ends at whitespace+'#',
     a single-quoted one unescapes only \\ and \') is the peer: whatever the text, the line gives it
     back."""
-    assert parse_dotenv(f"K={record.quoted(value)}  # a source\n") == {"K": value}
+    assert parse_dotenv(f"K={record_view.quoted(value)}  # a source\n") == {"K": value}
 
 
 @hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -80,7 +80,7 @@ def test_the_env_of_a_record_loads_back_to_the_same_resolved_settings(key, value
     of a free-text key."""
     cfg = _cfg(backend, **{key: value})
     rec = _rec(cfg)
-    text = record.env_text(rec)
+    text = record_view.env_text(rec)
     again = load(dotenv=parse_dotenv(text), flags={})
     assert record.resolved_settings(again) == record.resolved_settings(cfg)
     assert again.training == cfg.training and again.settings.model_dump(
@@ -98,7 +98,7 @@ def test_the_env_of_a_record_loads_back_to_the_same_resolved_settings(key, value
 def test_a_secret_is_recorded_as_where_it_lives(backend, where):
     rec = _rec(_cfg(backend))
     assert where in rec["secrets"]["HF_TOKEN"] and "HF_TOKEN" not in rec["settings"]
-    assert TOKEN not in json.dumps(rec) + record.env_text(rec)
+    assert TOKEN not in json.dumps(rec) + record_view.env_text(rec)
     assert _rec(_cfg(backend, token=""))["secrets"] == {}  # no token, no reference
 
 
@@ -132,7 +132,7 @@ def test_diff_names_only_the_setting_that_differs(key):
     """Any one key changed between two runs: `diff` names it, and nothing else among the settings."""
     a = _rec(_cfg(MAX_STEPS="5"), "a")
     b = _rec(_cfg(**{"MAX_STEPS": "5", key: OTHER[key]}), "b")
-    d = record.diff(a, b)
+    d = record_view.diff(a, b)
     assert list(d["settings"]) == [key] and d["settings"][key] == [a["settings"][key], OTHER[key]]
     assert d["versions"] == {} and d["data"] == {} and d["placement"] == {}
 
@@ -145,7 +145,7 @@ def test_diff_keeps_placement_apart_and_compares_versions_and_data():
         "code": {**CODE, "commit": "b" * 40},
         "trainer": {"torch": "2.9", "dataset": {"digest": "d"}},
     }
-    d = record.diff(a, b)
+    d = record_view.diff(a, b)
     assert d["settings"] == {} and d["placement"] == {"JOB_NAME": ["fsdp", "other"]}
     assert d["versions"]["commit"] == ["a" * 40, "b" * 40] and d["versions"]["torch"] == [
         None,
@@ -179,16 +179,16 @@ def test_drift_names_the_code_and_the_data_that_differ(tmp_path):
     (tmp_path / "corpus.txt").write_text("hello\n")
     fp = fingerprint.fingerprint(str(tmp_path / "corpus.txt"))
     rec = {**_rec(_cfg()), "trainer": {"dataset": fp, "tokenizer": {"source": "t", "local": False}}}
-    assert record.drift(rec, code=CODE, data={"dataset": fp}) == []
+    assert record_view.drift(rec, code=CODE, data={"dataset": fp}) == []
     dirty = {**CODE, "dirty": True, "diff_sha256": "f" * 64}
-    assert record.drift(rec, code=dirty, data={}) == [
+    assert record_view.drift(rec, code=dirty, data={}) == [
         "code: uncommitted changes (git diff HEAD) were none, now sha256 ffffffffffff"
     ]
-    assert record.drift(rec, code={**CODE, "commit": "c" * 40}, data={}) == [
+    assert record_view.drift(rec, code={**CODE, "commit": "c" * 40}, data={}) == [
         f"code: commit was {'a' * 40}, now {'c' * 40}"
     ]
     (tmp_path / "corpus.txt").write_text("hello, changed\n")
-    [line] = record.drift(
+    [line] = record_view.drift(
         rec, code=CODE, data={"dataset": fingerprint.fingerprint(str(tmp_path / "corpus.txt"))}
     )
     assert line.startswith(f"dataset ({tmp_path / 'corpus.txt'}): 1 files/6 bytes then, 1/15 now")
@@ -347,6 +347,6 @@ def test_a_copy_of_the_env_example_sets_no_key_off_its_default(tmp_path, model):
         dotenv = {**dotenv, "MODEL": model}  # its MICRO_BATCH_SIZE, LR, ...: the model's defaults
     rec = _rec(load(dotenv={**dotenv, "SEED": "99"}))
     assert all(src.startswith(".env") for k, src in rec["sources"].items() if k in dotenv)
-    chosen = record.not_default(rec, record.defaults_of(rec["settings"]["MODEL"]))
+    chosen = record_view.not_default(rec, record_view.defaults_of(rec["settings"]["MODEL"]))
     assert set(chosen) == {"SEED", *(["MODEL"] if model else [])}
     assert chosen["SEED"] == ("99", ".env")

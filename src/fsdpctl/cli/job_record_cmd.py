@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
     from rich.console import Group
 
-    from fsdpctl.job.record import Fingerprint, HistoryRow, LossRow, RunRecord
+    from fsdpctl.job.record import Fingerprint, RunRecord
+    from fsdpctl.job.record_view import HistoryRow, LossRow
     from fsdpctl.settings import Config
 
 
@@ -97,7 +98,7 @@ def describe(
 
     Example: fsdpctl job describe -o env > run.env
     """
-    from fsdpctl.job import record
+    from fsdpctl.job import record_view
 
     _format(output)
     got = load_record(ctx, name, backend)
@@ -106,7 +107,7 @@ def describe(
     if output in ("json", "yaml"):
         emit(got.rec, Output(output))
     elif output == "env":
-        emit_text(record.env_text(got.rec))  # byte for byte: a TAB or CR in a value is kept
+        emit_text(record_view.env_text(got.rec))  # byte for byte: a TAB or CR in a value is kept
     else:
         out.print(_describe_table(got.rec, got.where))
 
@@ -116,16 +117,16 @@ def _describe_table(rec: RunRecord, where: str) -> Group:
     default."""
     from rich.console import Group
 
-    from fsdpctl.job import record
+    from fsdpctl.job import record_view
 
     t = PlainTable(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column(overflow="fold")
     t.add_row("record", f"{rec['id']} ({where})")
     t.add_row("job", f"{rec['job']}, run {rec['run_id']}, backend {rec['backend']}")
-    t.add_row("code", record.code_text(rec.get("code")))
+    t.add_row("code", record_view.code_text(rec.get("code")))
     if image := rec.get("image"):
-        t.add_row("image", record.image_text(image))
+        t.add_row("image", record_view.image_text(image))
     trainer = rec.get("trainer")
     if trainer:
         libs = f"python {trainer['python']}, torch {trainer['torch']}, transformers {trainer['transformers']}"
@@ -134,12 +135,12 @@ def _describe_table(rec: RunRecord, where: str) -> Group:
         )
         t.add_row("dataset", _fingerprint_text(trainer["dataset"]))
         t.add_row("tokenizer", _fingerprint_text(trainer["tokenizer"]))
-        t.add_row("started", record.start_text(trainer))
+        t.add_row("started", record_view.start_text(trainer))
     else:
         t.add_row("trainer", "not started yet (its start line has not been read)")
     for key, ref in rec.get("secrets", {}).items():
         t.add_row(key, ref)
-    chosen = record.not_default(rec, _defaults(rec))
+    chosen = record_view.not_default(rec, _defaults(rec))
     t.add_row("settings", f"{len(rec['settings'])} keys; {len(chosen)} not at their default:")
     rows = PlainTable(show_header=False, box=None, pad_edge=False)
     for _ in range(3):
@@ -153,10 +154,10 @@ def _defaults(rec: RunRecord) -> dict[str, str]:
     """The defaults of the record's model, or none where this fsdpctl cannot make them (a record of
     a model or key it does not know): every key set is then listed, as before."""
     from fsdpctl.errors import FsdpctlError
-    from fsdpctl.job import record
+    from fsdpctl.job import record_view
 
     try:
-        return record.defaults_of(rec["settings"].get("MODEL", ""))
+        return record_view.defaults_of(rec["settings"].get("MODEL", ""))
     except FsdpctlError:
         return {}
 
@@ -184,7 +185,7 @@ def history(
 
     Example: fsdpctl job history fsdp -o json
     """
-    from fsdpctl.job import record
+    from fsdpctl.job import record_view
     from fsdpctl.job import store as record_store
 
     cfg = state(ctx).config()
@@ -207,7 +208,7 @@ def history(
         ended = backends.create(backends.placed(cfg, job, backend)).outcomes(job)
     except FsdpctlError:  # the job's state is gone (cleaned up): the records still tell the runs
         ended = {}
-    rows = record.history_rows(runs, ended)
+    rows = record_view.history_rows(runs, ended)
     if not emit(rows, output):
         out.print(_history_table(rows))
 
@@ -411,7 +412,7 @@ def diff(
 
     Example: fsdpctl job diff fsdp-1a2b3c4d-5e6f7a fsdp-1a2b3d00-8c9d0e
     """
-    from fsdpctl.job import record
+    from fsdpctl.job import record_view
 
     if output not in ("table", "json"):
         raise BadInput(
@@ -420,8 +421,8 @@ def diff(
     one, two = load_record(ctx, a, backend), load_record(ctx, b, backend)
     for line in [*one.problems, *two.problems]:
         warn(line)
-    d = record.diff(one.rec, two.rec)
-    d["losses"] = record.side_by_side(one.losses, two.losses)
+    d = record_view.diff(one.rec, two.rec)
+    d["losses"] = record_view.side_by_side(one.losses, two.losses)
     if output == "json":
         emit(d, Output.json)  # masked, written whole, as every -o json
         return

@@ -151,7 +151,7 @@ def _inputs_here(cfg: Config) -> dict[str, str] | None:
 def drift(rec: RunRecord, cfg: Config) -> tuple[list[str], list[str]]:
     """(what differs from the record, what could not be checked here)."""
     from fsdpctl.adapters.git import code_version
-    from fsdpctl.job import record
+    from fsdpctl.job import record_view
     from fsdptrain.fingerprint import fingerprint
 
     unchecked = []
@@ -172,7 +172,7 @@ def drift(rec: RunRecord, cfg: Config) -> tuple[list[str], list[str]]:
         unchecked.append(
             "image: the digest of a tag is known once a pod pulled it; `fsdpctl job diff` compares them after"
         )
-    return record.drift(rec, code=code_version(), data=data), unchecked
+    return record_view.drift(rec, code=code_version(), data=data), unchecked
 
 
 def main_line(rec: RunRecord) -> RunRecord:

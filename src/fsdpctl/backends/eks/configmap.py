@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from fsdpctl.job import validate
-from fsdpctl.job.record import RunRecord, env_text
+from fsdpctl.job.record import RunRecord
+from fsdpctl.job.record_view import env_text
 
 # ---- on a cluster: the job's annotation and the ConfigMap <job>-record ---------------------------
 
