@@ -229,7 +229,9 @@ def test_the_record_keeps_world_changes_and_diff_knows_two_runs_differ_in_world(
     assert record.problem(a) is None and record.problem(b) is None
     assert record_view.history_rows([a], {})[0]["world"] == "3 → 2 nodes at step 1: node-2 lost"
     assert record_view.history_rows([base], {})[0]["world"] == "unknown"
-    assert record_view.diff(a, b)["world"] == {"changes": ["3 → 2 nodes at step 1: node-2 lost", "-"]}
+    assert record_view.diff(a, b)["world"] == {
+        "changes": ["3 → 2 nodes at step 1: node-2 lost", "-"]
+    }
     assert record_view.diff(a, a)["world"] == {}
     assert record_view.diff(base, a)["world"] == {}  # one end unknown: no difference claimed
 

@@ -638,7 +638,7 @@ def test_the_core_refuses_a_stop_on_another_backend_than_the_state_names(cli):
 def test_a_reused_run_id_is_refused_on_every_backend(cli, backend, dry):
     """A run id names one run of a job (its record, history line, logs): `--run-id` of one the job
     has is refused before anything is written, dry run or not, whatever the backend (the core's
-    runner._unique_run_id, on the path every start takes: run, rerun, resume, quickstart)."""
+    submit.unique_run_id, on the path every start takes: run, rerun, resume, quickstart)."""
     job = f"ri-{backend}"
     if not (cli.home / "jobs" / job).exists():
         _plant(job, "r-1", backend, cli.home)

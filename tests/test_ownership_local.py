@@ -310,7 +310,7 @@ def test_an_interrupted_job_run_then_another_runs_exactly_one(tmp_path, point, s
     exactly one supervisor of the job runs, the state names its run and its pid, and no intent is
     left. The second run is either started (the first left nothing running: cancelled or never
     submitted) or refused as already running (the first's run was found by its token and recorded,
-    fsdpctl.job.runner.settle)."""
+    fsdpctl.job.submit.settle)."""
     home = tmp_path / "home"
     home.mkdir()
     job = "once"
@@ -344,16 +344,16 @@ def test_an_interrupted_job_run_then_another_runs_exactly_one(tmp_path, point, s
 def test_the_failpoint_is_inert_unless_named(monkeypatch):
     """The test-only failpoint does nothing for another point, a signal it does not know, or unset
     (never a kill by a stray value)."""
-    from fsdpctl.job import runner
+    from fsdpctl.job import submit
 
     sent: list[int] = []
     monkeypatch.setattr(os, "kill", lambda pid, s: sent.append(s))
     for value in ("", "intent", "intent:SIGHUP", "submitted:SIGKILL", "x:SIGINT"):
-        monkeypatch.setenv(runner.FAILPOINT_ENV, value)
-        runner.failpoint("intent")
+        monkeypatch.setenv(submit.FAILPOINT_ENV, value)
+        submit.failpoint("intent")
     assert sent == []
-    monkeypatch.setenv(runner.FAILPOINT_ENV, "intent:SIGTERM")
-    runner.failpoint("intent")
+    monkeypatch.setenv(submit.FAILPOINT_ENV, "intent:SIGTERM")
+    submit.failpoint("intent")
     assert sent == [signal.SIGTERM]
 
 

@@ -237,7 +237,7 @@ def _at(point: str, sig: int, place: Place, monkeypatch) -> None:
     """Arrange `sig` at `point`: before sbatch runs, while it runs (it has queued the job), or after
     it returned and before the state is recorded."""
     from fsdpctl.backends.slurm import door
-    from fsdpctl.job import runner
+    from fsdpctl.job import submit
 
     if point == "during sbatch":
         place.mode("hang")
@@ -246,7 +246,7 @@ def _at(point: str, sig: int, place: Place, monkeypatch) -> None:
     if point == "before sbatch":
         target, name = door.Slurm, "submit"
     else:
-        target, name = runner, "_record"
+        target, name = submit, "record_run"
     real = getattr(target, name)
 
     def signalled(*args, **kwargs):
@@ -479,7 +479,7 @@ def test_a_pre_core_record_is_adopted_listed_and_never_run_beside(place):
 
 def test_a_pre_core_job_is_listed_whatever_backend_is_set(place, monkeypatch):
     """`job list` with BACKEND=local asks Slurm too while FSDPCTL_HOME/slurm/ holds a pre-core
-    record (runner.backends_here): the job is listed, not omitted."""
+    record (listing.backends_here): the job is listed, not omitted."""
     run_id = "alpha-old2"
     jobs = {"7": {"name": "alpha", "uid": os.getuid(), "comment": f"fsdpctl-run:{run_id}"}}
     fake_slurm.save_to(place.where, {"next": 100, "other": "", "jobs": jobs})
@@ -553,7 +553,8 @@ def test_on_real_slurm_a_lying_sbatch_is_recorded_and_a_reused_id_is_never_signa
         try:
             # it holds the node once slurmd registered it (a loaded CI machine: seconds after up)
             cluster.wait_for(
-                lambda: cluster.job(int(foreign)).get("JobState") == "RUNNING", "the foreign job runs"
+                lambda: cluster.job(int(foreign)).get("JobState") == "RUNNING",
+                "the foreign job runs",
             )
             (tmp_path / "home").mkdir()
             (tmp_path / "fsx").mkdir()

@@ -1,5 +1,5 @@
-"""Every submit happens exactly once: the job core (fsdpctl.job.runner) writes the intent before a
-backend's submit, and after an error, a timeout or a signal at any point of the submit it finds the
+"""Every submit happens exactly once: the job core (fsdpctl.job.runner, .submit) writes the intent
+before a backend's submit, and after an error, a timeout or a signal at any point of the submit it finds the
 submission by the run's owner token and cancels it, or (SIGKILL: nothing of the process runs on)
 the next `job run` settles the intent and records it. Whatever the point, the place then holds at
 most one live submission of the job, and a live one is the one the job's state names.

@@ -234,12 +234,12 @@ def test_two_runs_of_one_name_at_the_same_instant_start_exactly_one(place, tmp_p
 
 def _fail_recording(monkeypatch) -> None:
     """The home gives out right after the place accepted the run (ENOSPC at the state's write)."""
-    from fsdpctl.job import runner
+    from fsdpctl.job import submit
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(runner, "_record", full)
+    monkeypatch.setattr(submit, "record_run", full)
 
 
 def test_a_run_that_cannot_be_recorded_is_cancelled(place, monkeypatch):

@@ -6,7 +6,7 @@ each renders the same `fsdpctl.job.spec.JobSpec`. Every job verb (run, status, l
 wait, cleanup, the run record's, TensorBoard's) speaks to a `Backend`, through the job core
 (fsdpctl.job) for what changes a job, and no code outside this package compares a backend's name
 (tests/test_backend_neutral.py). A job's placement, the backend it was started on, is in its state
-(FSDPCTL_HOME/jobs/<job>/state.json, `fsdpctl.job.runner.placement`), so `fsdpctl job status NAME`
+(FSDPCTL_HOME/jobs/<job>/state.json, `fsdpctl.job.listing.placement`), so `fsdpctl job status NAME`
 after `fsdpctl job run --backend eks -d` looks on the cluster without being told.
 """
 
@@ -22,9 +22,9 @@ from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home
 from fsdpctl.job.crilog import LogLine
+from fsdpctl.job.listing import PLACEMENT_KEYS, placement
 from fsdpctl.job.protocol import Backend, KeptRecord, Started, Submitted
 from fsdpctl.job.reports import FINAL
-from fsdpctl.job.runner import PLACEMENT_KEYS, placement
 from fsdpctl.settings import DNS_LABEL, Config, Settings
 from fsdpctl.targets import NAMES, resolve
 

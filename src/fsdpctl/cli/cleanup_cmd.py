@@ -11,7 +11,7 @@ from fsdpctl import backends, files
 from fsdpctl.cli import completion
 from fsdpctl.cli.common import DryRunOpt, Output, OutputOpt, emit, err, ok, out, state, warn
 from fsdpctl.cli.tools import confirm
-from fsdpctl.job import runner
+from fsdpctl.job import listing
 from fsdpctl.settings import Config
 from fsdpctl.targets import NAMES
 
@@ -113,7 +113,7 @@ def _places(cfg: Config, job: str | None, flag: str | None) -> list[backends.Bac
     if flag is not None or job is not None:
         return [backends.create(backends.placed(cfg, job, flag, acts=True))]
     get = backends.factory(cfg)
-    return [get(n) for n in runner.backends_here(cfg)]
+    return [get(n) for n in listing.backends_here(cfg)]
 
 
 def _warn_notes(places: list[backends.Backend], warned: list[str]) -> list[str]:

@@ -40,7 +40,7 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.errors import BadInput, ExitCode
-from fsdpctl.job import crilog, failures, runner, waitfor
+from fsdpctl.job import crilog, failures, listing, runner, waitfor
 from fsdpctl.job.reports import FINAL, Phase
 from fsdpctl.redact import redact
 
@@ -336,7 +336,7 @@ def list_(
     reqs = job_view.label_selector(selector) if selector else []
     backends.check_name(backend)
     cfg = state(ctx).config()
-    listed = runner.list_jobs(cfg, backends.factory(cfg), only=backend)
+    listed = listing.list_jobs(cfg, backends.factory(cfg), only=backend)
     reports = [r for r in listed.reports if job_view.selected(r, phases, reqs)]
     for skipped in listed.notes:  # a stray file, a damaged state: every other job is listed
         warn(skipped)

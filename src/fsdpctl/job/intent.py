@@ -4,7 +4,7 @@ removed once the run is recorded in the job's state (or its submission cancelled
 A `job run` killed between the two (SIGKILL, a power cut) leaves it: the run may be queued or
 running at its place, and nothing here names it. The next verb on the job asks the place for the
 submission by the run's owner token (fsdpctl.job.owner) and records or drops it
-(fsdpctl.job.runner.settle), so a second `job run` never starts a second copy beside it.
+(fsdpctl.job.submit.settle), so a second `job run` never starts a second copy beside it.
 
     backend   where the submit went
     run_id    the run

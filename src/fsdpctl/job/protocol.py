@@ -184,3 +184,8 @@ class Backend(Protocol):
         <Mark.describe()>)"; what is kept goes to the backend's `kept` list as "<what>: <why>
         (owner: ...)" (docs/ownership.md)."""
         ...
+
+
+# a backend by name, with the command's settings: how the core reaches a job's place when the job
+# lives on another backend than the command's (runner, submit.settle, listing)
+Factory = Callable[[str], Backend]

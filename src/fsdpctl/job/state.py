@@ -115,7 +115,7 @@ CORE = Keys(
 
 class JobState(TypedDict, total=False):
     """A job's state as `read` returns it, checked: the core's keys (CORE), and where on a cluster
-    the job lives (the runner writes these for a Kubernetes backend: runner.PLACEMENT_KEYS, checked
+    the job lives (the runner writes these for a Kubernetes backend: listing.PLACEMENT_KEYS, checked
     by the EKS backend's Keys). A backend's own keys are in its own type, which extends this one
     (backends/local/state.py LocalState, backends/slurm SlurmState) and is read through it."""
 

@@ -15,7 +15,7 @@ from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submi
 from fsdpctl.backends.eks import api, configmap, engine, observe, owned
 from fsdpctl.cluster import deploy_status
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.job import home, kstatus, lock, owner, render, runner, state
+from fsdpctl.job import home, kstatus, listing, lock, owner, render, state
 from fsdpctl.job import spec as jobspec
 from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
@@ -168,7 +168,7 @@ class EksBackend:
             r = observe.report(self.kube, self.cfg, name, stall_after)
         except FsdpctlError as e:  # a job `job stop` deleted is Stopped, as on every backend
             if e.code == ExitCode.JOB_NOT_FOUND and (st := self._stopped_here(name)) is not None:
-                return runner.stopped_report(st, self.cfg.job_nodes)
+                return listing.stopped_report(st, self.cfg.job_nodes)
             raise
         if r["phase"] not in FINAL:  # an ended job's pods hold no devices; its nodes may be gone
             r["gpu_nodes"] = self.gpu_nodes(name)

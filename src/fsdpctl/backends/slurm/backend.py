@@ -40,7 +40,7 @@ from fsdpctl.backends.slurm.logs import Seen, read_from, report_of, seen_in_log,
 from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.backends.slurm.state import SlurmState
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
-from fsdpctl.job import home, lock, owner, runner
+from fsdpctl.job import home, listing, lock, owner
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import state as core
 from fsdpctl.job import store as record_store
@@ -215,14 +215,14 @@ class SlurmBackend:
         return cast(SlurmState, st) if st is not None and core.backend_of(st) == self.name else None
 
     def _states(self) -> list[SlurmState]:
-        """Every Slurm job of this home (runner.states_of: checked with STATE's keys), pre-core
+        """Every Slurm job of this home (listing.states_of: checked with STATE's keys), pre-core
         records adopted first (one that cannot be is a note saying how to move it)."""
         for name in legacy.pending():
             try:
                 legacy.adopt(name, self.cfg.shared_volume_path)
             except FsdpctlError as e:
                 self.notes.append(f"{e}" + (f" ({e.hint})" if e.hint else ""))
-        return [cast(SlurmState, st) for st in runner.states_of(self.name, self.notes)]
+        return [cast(SlurmState, st) for st in listing.states_of(self.name, self.notes)]
 
     def _state(self, name: str) -> SlurmState:
         st = self._state_or_none(name)
@@ -257,7 +257,7 @@ class SlurmBackend:
     def _report(self, st: SlurmState, stall_after: float) -> Report:
         seen = self._seen(st)
         if seen.phase == Phase.UNKNOWN:
-            return runner.unknown_report(st, st["nodes"], seen.unknown)
+            return listing.unknown_report(st, st["nodes"], seen.unknown)
         return report_of(self.cfg, st, seen, self._seen_paths(st["job"], st["run_id"]), stall_after)
 
     def logs(
@@ -410,7 +410,7 @@ class SlurmBackend:
             try:
                 rows.append(self._report(st, float("inf")))
             except FsdpctlError as e:
-                rows.append(runner.unknown_report(st, st["nodes"], str(e)))
+                rows.append(listing.unknown_report(st, st["nodes"], str(e)))
         return rows
 
     def wait(

@@ -20,7 +20,7 @@ def submit(slurm: Slurm, cfg: Config, script: str, mine: Owner) -> tuple[int, st
     not (another user's id, garbage, nothing), this user's job carrying the token is found with
     squeue --me and recorded, the line saying so; none found: the error, nothing submitted.
     sbatch failing or timing out raises: the core then finds the job by its token and cancels
-    it (runner._cancel_found)."""
+    it (submit.cancel_found)."""
     try:
         job_id = slurm.submit(script, env=submit_env(cfg))
     except shape.Unshaped as e:
