@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fsdpctl.plan.planner import HBM_BYTES_PER_S, SPEED_MODEL
+from fsdpctl.plan.steptime import HBM_BYTES_PER_S, SPEED_MODEL
 from fsdpctl.plan.published import CLUSTERS, POINTS, Prediction, predictions
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
@@ -40,7 +40,7 @@ def section() -> str:
         BEGIN,
         "## Planner against published numbers",
         "",
-        "`fsdpctl plan`'s speed model (`src/fsdpctl/plan/planner.py`) predicts every published row "
+        "`fsdpctl plan`'s speed model (`src/fsdpctl/plan/steptime.py`) predicts every published row "
         "below from the row's configuration and ONE set of global parameters; "
         "`tests/test_published.py` holds each "
         "within 10% (a known miss is listed with its reason). Regenerate with "

@@ -157,11 +157,12 @@ def test_a_hung_driver_or_efa_probe_is_a_failure_not_a_hang(fake_bin, monkeypatc
 
 def test_what_the_data_loader_must_keep_up_with_and_where_checkpoints_go(tmp_path, monkeypatch):
     from fsdpctl.plan import planner as plan
+    from fsdpctl.plan.steptime import speed
 
     monkeypatch.setenv("FSDPCTL_HOME", str(tmp_path))
     local = load(dotenv={"JOB_NAME": "exp1"})
     assert D.targets(local) == (D.LOCAL_DEMAND, tmp_path / "jobs" / "exp1" / "checkpoints")
     eks = load(dotenv={"BACKEND": "eks", "MODEL": "13b"})
     demand, path = D.targets(eks)
-    assert demand == plan.speed(plan.job_from(eks, mfu=0.0, price=None)).tokens_per_s_per_gpu > 100
+    assert demand == speed(plan.job_from(eks, mfu=0.0, price=None)).tokens_per_s_per_gpu > 100
     assert path == Path("/checkpoints")

@@ -146,7 +146,7 @@ def test_plan_of_7b_plans_the_7b_job(cli):
     """`plan --model 7b` took the tiny model's SEQ_LEN 128 and showed 8% MFU; now 4096 tokens and,
     eager, the published range (IBM/Meta: 7,500 tokens/s per H100 at 37% MFU, no compile);
     COMPILE=auto plans compiled layers, faster by the H200's measured ratio
-    (fsdpctl.plan.planner.COMPILE_GAIN)."""
+    (fsdpctl.plan.steptime.COMPILE_GAIN)."""
     r = cli("--set", "COMPILE=false", "plan", "--model", "7b", "-o", "json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from fsdpctl.plan import planner as P
-from fsdpctl.plan import sweep
+from fsdpctl.plan import steptime, sweep
 
 
 def job(**kw) -> P.Job:
@@ -54,10 +54,10 @@ def test_the_cheapest_fix_fits():
 
 def test_throughput_is_in_the_published_range():
     """PyTorch/IBM FSDP: 7B ~3,700 tok/s/GPU on A100, ~7,500 on H100 (bf16, no compile)."""
-    a100 = P.speed(
+    a100 = steptime.speed(
         job(instance_type="p4de.24xlarge", ac="none", micro_batch=2)
     ).tokens_per_s_per_gpu
-    h100 = P.speed(job(ac="none", micro_batch=2)).tokens_per_s_per_gpu
+    h100 = steptime.speed(job(ac="none", micro_batch=2)).tokens_per_s_per_gpu
     assert 2_500 < a100 < 4_500 and 5_000 < h100 < 9_000
 
 
@@ -125,9 +125,9 @@ def test_compiled_layers_speed_up_the_planned_compute_by_the_h200_measurement(se
     )
     planned = P.job_from(cfg, mfu=0.0, price=None)
     assert planned.compiled is (setting != "false")
-    eager = P.speed(dataclasses.replace(planned, compiled=False))
-    compiled = P.speed(dataclasses.replace(planned, compiled=True))
-    gain = P.COMPILE_GAIN.get(P.INSTANCE_TYPES[instance].gpu, 1.0)
+    eager = steptime.speed(dataclasses.replace(planned, compiled=False))
+    compiled = steptime.speed(dataclasses.replace(planned, compiled=True))
+    gain = steptime.COMPILE_GAIN.get(P.INSTANCE_TYPES[instance].gpu, 1.0)
     assert compiled.compute_s == pytest.approx(eager.compute_s / gain)
     assert gain == (1.0 if instance.startswith("p4de") else pytest.approx(1.154, abs=1e-3))
     assert P.Job.__dataclass_fields__["compiled"].default is False

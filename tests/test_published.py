@@ -18,6 +18,7 @@ import pytest
 
 from fsdpctl.plan import planner as P
 from fsdpctl.plan import published as PUB
+from fsdpctl.plan import steptime
 
 TOLERANCE = 0.10
 
@@ -51,8 +52,14 @@ def test_every_row_names_its_source_and_configuration():
 def test_one_global_parameter_set_and_no_row_specific_branches():
     """`predict` reads only the row's configuration and the one SpeedModel; nothing in it or in the
     speed model branches on a row's key or source."""
-    assert inspect.signature(PUB.predict).parameters["model"].default is P.SPEED_MODEL
-    for fn in (PUB.predict, P.speed, P.compute_efficiency, P.recomputed_share, P.straggler_factor):
+    assert inspect.signature(PUB.predict).parameters["model"].default is steptime.SPEED_MODEL
+    for fn in (
+        PUB.predict,
+        steptime.speed,
+        steptime.compute_efficiency,
+        steptime.recomputed_share,
+        steptime.straggler_factor,
+    ):
         names = {
             n.attr
             for n in ast.walk(ast.parse(inspect.getsource(fn)))
@@ -68,7 +75,7 @@ def test_one_global_parameter_set_and_no_row_specific_branches():
 def test_every_parameter_matters_to_some_row():
     """No dead parameter: nudging each global moves at least one prediction."""
     base = [x.predicted for x in PUB.predictions()]
-    m = P.SPEED_MODEL
+    m = steptime.SPEED_MODEL
     nudged = [
         replace(m, matmul_efficiency={k: v * 1.1 for k, v in m.matmul_efficiency.items()}),
         replace(m, membound_k=m.membound_k * 1.1),
@@ -83,10 +90,10 @@ def test_every_parameter_matters_to_some_row():
 @pytest.mark.parametrize("nodes", [1, 2, 4, 8, 16, 64])
 def test_scaling_falls_with_nodes_and_is_one_on_one_node(nodes):
     """The straggler term: 1 on one node, growing like sqrt(2 ln n) (slowest of n)."""
-    assert P.straggler_factor(1) == 1.0
-    assert P.straggler_factor(nodes) <= P.straggler_factor(nodes * 2)
-    assert P.straggler_factor(nodes) == pytest.approx(
-        1 + P.SPEED_MODEL.straggler_sigma * math.sqrt(2 * math.log(nodes))
+    assert steptime.straggler_factor(1) == 1.0
+    assert steptime.straggler_factor(nodes) <= steptime.straggler_factor(nodes * 2)
+    assert steptime.straggler_factor(nodes) == pytest.approx(
+        1 + steptime.SPEED_MODEL.straggler_sigma * math.sqrt(2 * math.log(nodes))
     )
 
 
@@ -94,16 +101,16 @@ def test_scaling_falls_with_nodes_and_is_one_on_one_node(nodes):
 @pytest.mark.parametrize("gpu", ["A100", "H100", "H200"])
 def test_compute_efficiency_is_below_the_matmul_ceiling_and_grows_with_width(model, gpu):
     s = P.MODEL_CONFIGS[model]
-    eff = P.compute_efficiency(gpu, "bf16", s.hidden)
-    assert 0.2 < eff < P.SPEED_MODEL.matmul_efficiency[gpu]
-    assert P.compute_efficiency(gpu, "bf16", s.hidden * 2) > eff
+    eff = steptime.compute_efficiency(gpu, "bf16", s.hidden)
+    assert 0.2 < eff < steptime.SPEED_MODEL.matmul_efficiency[gpu]
+    assert steptime.compute_efficiency(gpu, "bf16", s.hidden * 2) > eff
 
 
 @pytest.mark.parametrize("model", ["7b", "13b", "70b"])
 def test_recompute_orders_the_checkpointing_modes(model):
     job = P.Job(model, "p5.48xlarge", 2, 8, "FULL_SHARD", "bf16", "none", 2, 1, 4096)
     tps = {
-        ac: P.speed(replace(job, ac=ac)).tokens_per_s_per_gpu
+        ac: steptime.speed(replace(job, ac=ac)).tokens_per_s_per_gpu
         for ac in ("none", "selective", "full")
     }
     assert tps["none"] > tps["selective"] > tps["full"]
@@ -151,8 +158,8 @@ def _jobs(acs=("none", "selective", "full"), strategies=STRATEGIES):
 def _comm_split(job: P.Job) -> tuple[float, float]:
     """(one micro-batch's gathers, the step's reduction) from the model's own totals: the gathers
     repeat per micro-batch, the reduction happens once a step."""
-    one = P.speed(replace(job, grad_accum=1)).comm_s
-    gathers = P.speed(replace(job, grad_accum=2)).comm_s - one
+    one = steptime.speed(replace(job, grad_accum=1)).comm_s
+    gathers = steptime.speed(replace(job, grad_accum=2)).comm_s - one
     return gathers, one - gathers
 
 
@@ -160,8 +167,8 @@ def test_a_step_is_between_its_longer_half_and_both_halves_in_a_row():
     """Overlap cannot make a step faster than its compute (slowed by stragglers) or its
     communication alone, nor slower than the two one after the other."""
     for job in _jobs():
-        spd = P.speed(job)
-        lag = P.straggler_factor(job.nodes)
+        spd = steptime.speed(job)
+        lag = steptime.straggler_factor(job.nodes)
         slack = 1e-9 * spd.step_s
         assert spd.step_s >= max(lag * spd.compute_s, spd.comm_s) - slack, job
         assert spd.step_s <= lag * spd.compute_s + spd.comm_s + slack, job
@@ -175,8 +182,8 @@ def test_forward_gathers_are_hidden_only_by_the_forward_and_the_reduction_only_b
     gathers, nor the forward's slack the reduction. Without checkpointing the forward is a third of
     the compute. One global max(compute, comm) fails these bounds."""
     for job in _jobs(acs=("none",), strategies=("FULL_SHARD", "SHARD_GRAD_OP")):
-        spd = P.speed(job)
-        lag = P.straggler_factor(job.nodes)
+        spd = steptime.speed(job)
+        lag = steptime.straggler_factor(job.nodes)
         gathers, reduce = _comm_split(job)
         per_gather = gathers / (2 if job.strategy == "FULL_SHARD" else 1)
         back_gathers = gathers - per_gather
@@ -193,16 +200,18 @@ def test_a_step_bound_by_the_network_in_both_phases_is_not_slowed_by_stragglers(
     every phase is network-bound (torchtitan's 70B at batch 1 on 400 Gbps, docs/performance.md at
     395a526)."""
     sigmas = (
-        P.SPEED_MODEL,
-        replace(P.SPEED_MODEL, straggler_sigma=2 * P.SPEED_MODEL.straggler_sigma),
+        steptime.SPEED_MODEL,
+        replace(steptime.SPEED_MODEL, straggler_sigma=2 * steptime.SPEED_MODEL.straggler_sigma),
     )
     for job in _jobs(acs=("none", "full")):
-        lo, hi = (P.speed(job, m) for m in sigmas)
-        grow = P.straggler_factor(job.nodes, sigmas[1]) - P.straggler_factor(job.nodes, sigmas[0])
+        lo, hi = (steptime.speed(job, m) for m in sigmas)
+        grow = steptime.straggler_factor(job.nodes, sigmas[1]) - steptime.straggler_factor(
+            job.nodes, sigmas[0]
+        )
         assert -1e-12 <= hi.step_s - lo.step_s <= grow * lo.compute_s * (1 + 1e-9), job
     point = next(p for p in PUB.POINTS if p.key == "titan-70b-sel-op-mb1")
     inst = PUB.CLUSTERS[point.cluster].inst
-    lo, hi = (P.speed(point.job(), m, inst) for m in sigmas)
+    lo, hi = (steptime.speed(point.job(), m, inst) for m in sigmas)
     assert lo.step_s == pytest.approx(lo.comm_s) and hi.step_s == pytest.approx(lo.step_s)
 
 

@@ -46,8 +46,9 @@ def targets(cfg: Config) -> tuple[float, Path]:
     if cfg.target.gpus:
         from fsdpctl.job import policy as jobpolicy
         from fsdpctl.plan import planner as plan
+        from fsdpctl.plan.steptime import speed
 
-        demand = plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).tokens_per_s_per_gpu
+        demand = speed(plan.job_from(cfg, mfu=0.0, price=None)).tokens_per_s_per_gpu
         return demand, Path(cfg.training.checkpoint_dir or jobpolicy.POD_CHECKPOINT_ROOT)
     from fsdpctl.job.home import job_dir
 

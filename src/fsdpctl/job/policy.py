@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from fsdpctl.job import prestep
 from fsdpctl.plan import planner as plan
-from fsdpctl.plan import volume
+from fsdpctl.plan import steptime, volume
 from fsdpctl.settings import Config
 from fsdptrain import disruption
 from fsdptrain.events import seconds_text
@@ -216,7 +216,7 @@ def step_seconds(cfg: Config) -> float:
     question."""
     if not cfg.target.gpus:
         return 0.0
-    return plan.speed(plan.job_from(cfg, mfu=0.0, price=None)).step_s
+    return steptime.speed(plan.job_from(cfg, mfu=0.0, price=None)).step_s
 
 
 def stop_timing(cfg: Config) -> StopTiming:

@@ -2,7 +2,7 @@
 (pure).
 
 Every row names where its number was printed and the configuration it was measured in; `predict`
-runs the planner's one speed model (`fsdpctl.plan.planner.SPEED_MODEL`, the same parameters for
+runs the planner's one speed model (`fsdpctl.plan.steptime.SPEED_MODEL`, the same parameters for
 every row) on that configuration. BENCHMARKS.md's "Planner against published numbers" is
 `benchmarks/published.py`'s output.
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from fsdpctl.plan.instances import INSTANCE_TYPES, InstanceType
-from fsdpctl.plan.planner import SPEED_MODEL, Job, SpeedModel, speed
+from fsdpctl.plan.planner import Job
+from fsdpctl.plan.steptime import SPEED_MODEL, SpeedModel, speed
 
 IBM_BLOG = "https://pytorch.org/blog/maximizing-training/ (IBM/Meta, 2024-03-13, Table 1)"
 FMS_FSDP = "github.com/foundation-model-stack/fms-fsdp README.md (sharding per model)"

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypedDict
 
-from fsdpctl.plan.planner import GIB, Job, cost, memory, speed
+from fsdpctl.plan.planner import GIB, Job, cost, memory
+from fsdpctl.plan.steptime import speed
 from fsdpctl.settings import MODEL_DEFAULT
 from fsdptrain.config import model_defaults
 
