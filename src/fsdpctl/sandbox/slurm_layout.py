@@ -198,6 +198,36 @@ def write_hosts(layout: Layout) -> None:
         hosts.write_text("\n".join(lines) + "\n")
 
 
+# how the sandbox schedules, the same for every layout: no mail, accounting or cgroups; a short
+# scheduling loop and kill wait, so that tests and a user's first jobs do not wait on defaults
+_POLICY = f"""\
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+# the main scheduling loop every 2 s (default 60): a submit or a job's end starts a pass of its
+# own, a begin time passing does not, so a requeued job waited up to a minute after its BeginTime
+SchedulerParameters=sched_interval=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+# a node set DOWN for not responding is back in service when its slurmd registers again
+ReturnToService=1
+# batch jobs may be requeued (node failure, scontrol requeue) unless submitted --no-requeue
+JobRequeue=1
+SlurmdTimeout={SLURMD_TIMEOUT}
+MessageTimeout=5
+# SIGTERM to SIGKILL when a job is cancelled or out of time (default 30 s)
+KillWait=2
+InactiveLimit=0
+# a finished job stays in `scontrol show job` this long: without accounting, its only record
+MinJobAge=300
+"""
+
+
 def slurm_conf(layout: Layout, cpus: int) -> str:
     root, net = layout.root, layout.net
     nodes = "\n".join(
@@ -225,30 +255,6 @@ SlurmdPidFile={root / "run"}/slurmd-%n.pid
 SlurmctldLogFile={layout.log("slurmctld.log")}
 SlurmdLogFile={root / "log"}/slurmd-%n.log
 PlugStackConfig={root / "plugstack.conf"}
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-# the main scheduling loop every 2 s (default 60): a submit or a job's end starts a pass of its
-# own, a begin time passing does not, so a requeued job waited up to a minute after its BeginTime
-SchedulerParameters=sched_interval=2
-MpiDefault=none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-# a node set DOWN for not responding is back in service when its slurmd registers again
-ReturnToService=1
-# batch jobs may be requeued (node failure, scontrol requeue) unless submitted --no-requeue
-JobRequeue=1
-SlurmdTimeout={SLURMD_TIMEOUT}
-MessageTimeout=5
-# SIGTERM to SIGKILL when a job is cancelled or out of time (default 30 s)
-KillWait=2
-InactiveLimit=0
-# a finished job stays in `scontrol show job` this long: without accounting, its only record
-MinJobAge=300
-{nodes}
+{_POLICY}{nodes}
 PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
