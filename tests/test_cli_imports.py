@@ -46,17 +46,38 @@ HEAVY = ("torch", "transformers", "boto3", "botocore", "kubernetes", "jinja2", "
 SETTINGS = ("pydantic", "fsdpctl.settings", "fsdpctl.backends", "fsdpctl.job", "yaml", "fsdptrain")
 # the job group's commands are declared in these too
 JOB_PARTS = ("fsdpctl.cli.job_record_cmd", "fsdpctl.cli.job_plot_cmd")
+# what only a verb that starts or changes a job needs: the submit machinery, the objects a job is
+# rendered into and the planner behind their policy
+STARTS = (
+    "fsdpctl.job.runner",
+    "fsdpctl.job.submit",
+    "fsdpctl.job.render",
+    "fsdpctl.job.policy",
+    "fsdpctl.plan.planner",
+)
 CASES = {
     "version": (["version"], HEAVY + SETTINGS),
     "help": (["--help"], HEAVY + SETTINGS),
     # BACKEND=local (the default): no other place's backend, no cluster adapter
     "job list": (
         ["job", "list"],
-        (*HEAVY, "fsdpctl.backends.eks", "fsdpctl.backends.slurm", "fsdpctl.adapters.kube"),
+        (
+            *HEAVY,
+            *STARTS,
+            "fsdpctl.backends.eks",
+            "fsdpctl.backends.slurm",
+            "fsdpctl.adapters.kube",
+        ),
     ),
     "job status": (
         ["job", "status", "missing"],
-        (*HEAVY, "fsdpctl.backends.eks", "fsdpctl.backends.slurm", "fsdpctl.adapters.kube"),
+        (
+            *HEAVY,
+            *STARTS,
+            "fsdpctl.backends.eks",
+            "fsdpctl.backends.slurm",
+            "fsdpctl.adapters.kube",
+        ),
     ),
 }
 

@@ -40,7 +40,7 @@ from fsdpctl.cli.common import (
     warn,
 )
 from fsdpctl.errors import BadInput, ExitCode
-from fsdpctl.job import crilog, failures, listing, runner, waitfor
+from fsdpctl.job import crilog, failures, listing, waitfor
 from fsdpctl.job.reports import FINAL, Phase
 from fsdpctl.redact import redact
 
@@ -292,6 +292,8 @@ def stop(
 
     Example: fsdpctl job stop
     """
+    from fsdpctl.job import runner  # the verbs that change a job: loaded by them alone
+
     be, name = resolve_job(ctx, name, backend, acts=True)
     result = runner.stop(
         be, name, wait=wait_, dry_run=dry_run, say=lambda line: note(f"waiting: {line}")

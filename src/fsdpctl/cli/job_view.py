@@ -15,7 +15,7 @@ from fsdpctl.backends import Backend, LogLine, Started
 from fsdpctl.cli.common import Output, emit, err, ok, out, warn
 from fsdpctl.cli.tables import PlainTable
 from fsdpctl.errors import BadInput, ExitCode
-from fsdpctl.job import crilog, prestep, runner, submit
+from fsdpctl.job import crilog, interrupts, prestep
 from fsdpctl.job.progress import describe, fmt_duration, step_and_loss
 from fsdpctl.job.reports import FINAL, Failure, Phase, Report
 from fsdpctl.job.validate import label_value_problem
@@ -53,7 +53,7 @@ def follow(backend: Backend, name: str) -> Report | None:
     )
     warned: set[str] = set()
     spoken = Spoken(name)
-    with submit.signals_interrupt():  # SIGTERM, SIGHUP: as Ctrl-C
+    with interrupts.signals_interrupt():  # SIGTERM, SIGHUP: as Ctrl-C
         try:
             with Progress(*columns, console=err) as bar:
                 task = bar.add_task("starting", total=None, info="", count="")
@@ -71,10 +71,14 @@ def follow(backend: Backend, name: str) -> Report | None:
                     time.sleep(backend.poll_s)
         except KeyboardInterrupt as e:  # one line in the end, whatever the job was doing
             what = target(backend.name).interrupt
+            from fsdpctl.job import runner  # the submit machinery: only when it changes the job
+
             with err.status(f"interrupted: {what} ..."):
                 stopped = runner.interrupt(backend, name)
             final: Report | None = {**stopped, "interrupted": True} if stopped is not None else None
-            if isinstance(e, submit.Interrupted):  # the command ends: its line, 128 + the signal
+            if isinstance(
+                e, interrupts.Interrupted
+            ):  # the command ends: its line, 128 + the signal
                 outcome(backend, name, final, table=False)
                 import typer
 
@@ -359,7 +363,7 @@ def launch(
     from fsdpctl.job import policy as jobpolicy
     from fsdpctl.job import runner
 
-    # (the core takes SIGTERM and SIGHUP during its submit as Ctrl-C: submit.signals_interrupt)
+    # (the core takes SIGTERM and SIGHUP during its submit as Ctrl-C: interrupts.signals_interrupt)
     started = runner.run(
         backend,
         cfg,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from fsdpctl.errors import SettingsError
 from fsdpctl.job.crilog import LogLine
 from fsdpctl.job.owner import Owner
 from fsdpctl.job.record import RunRecord
@@ -189,3 +190,9 @@ class Backend(Protocol):
 # a backend by name, with the command's settings: how the core reaches a job's place when the job
 # lives on another backend than the command's (runner, submit.settle, listing)
 Factory = Callable[[str], Backend]
+
+
+def refuse(lines: list[str]) -> None:
+    """A place's refusals (Backend.refusals), all at once: one line each, exit 2."""
+    if lines:
+        raise SettingsError(lines)

@@ -20,19 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fsdpctl.errors import ExitCode, FsdpctlError, SettingsError
-from fsdpctl.job import home, intent, lock, owner, record, state, submit
+from fsdpctl.errors import ExitCode, FsdpctlError
+from fsdpctl.job import home, intent, interrupts, lock, owner, record, state, submit
 from fsdpctl.job import store as record_store
 from fsdpctl.job.protocol import Backend, Factory, Started
 from fsdpctl.job.reports import FINAL, Phase, Report
 from fsdpctl.job.state import JobState
 from fsdpctl.settings import Config
-
-
-def refuse(lines: list[str]) -> None:
-    """A place's refusals (Backend.refusals), all at once: one line each, exit 2."""
-    if lines:
-        raise SettingsError(lines)
 
 
 def run(
@@ -70,7 +64,7 @@ def run(
         mine = owner.Owner(owner.home_id(), name, run_id)
         saved = record_store.save(rec)
         intent.write(jdir, be.name, mine)
-        with submit.signals_interrupt():
+        with interrupts.signals_interrupt():
             sub = submit.submit(be, mine, rec, replace, saved, jdir)
             try:
                 submit.record_run(jdir, be, cfg, run_id, sub)

@@ -19,7 +19,7 @@ from typing import cast
 from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
-from fsdpctl.job import record, render
+from fsdpctl.job import record
 from fsdpctl.job.record import ImageRef, RunRecord
 from fsdpctl.settings import Config
 
@@ -36,6 +36,7 @@ def new(cfg: Config, run_id: str) -> RunRecord:
     """The record of the run about to start: the settings, the code it runs, the image (EKS: by
     reference; its digest is known once a pod pulled it)."""
     from fsdpctl.adapters.git import code_version
+    from fsdpctl.job import render  # its objects' names: a start's, not a read verb's import
 
     image: ImageRef | None = None
     if cfg.target.image:

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from fsdpctl import targets
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.job import home, intent, owner, state
 from fsdpctl.job import store as record_store
+from fsdpctl.job.interrupts import Interrupted
 from fsdpctl.job.listing import PLACEMENT_KEYS
 from fsdpctl.job.protocol import Backend, Factory, Submitted
 from fsdpctl.job.record import RunRecord
@@ -38,37 +37,6 @@ def failpoint(at: str) -> None:
     point, _, name = os.environ.get(FAILPOINT_ENV, "").partition(":")
     if point == at and name in ("SIGINT", "SIGTERM", "SIGKILL"):
         os.kill(os.getpid(), getattr(signal, name))
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP during a submit or while a job is followed, taken as Ctrl-C is (a submit's
-    submission is found and cancelled; a followed job is stopped or left), before the command ends
-    with 128 + the signal's number, as a shell reports a process that signal ended."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Interrupted in the block (main thread only: Python delivers signals
-    there; its default for both ends the process at once, without a word), so a `job run` that CI's
-    timeout or a closed terminal ends still cancels or records what it submitted, and a followed
-    job is let go as Ctrl-C would. SIGKILL cannot be caught: a submit's intent stays (`settle`)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: object) -> None:
-        raise Interrupted(signum)
-
-    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in saved.items():
-            signal.signal(sig, old)
 
 
 UNCHECKED = "unchecked: "

@@ -23,7 +23,11 @@ class Config(Settings):
     already-validated parts."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False
+        extra="forbid",
+        frozen=True,
+        arbitrary_types_allowed=True,
+        allow_inf_nan=False,
+        defer_build=True,
     )
 
     training: SkipValidation[TrainConfig] = Field(default_factory=TrainConfig)

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fsdptrain.fetch import is_hub_id
+from fsdptrain.hub import is_hub_id
 from fsdptrain.shapes import MODEL_CONFIGS
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ from fsdpctl.job.hf_token import secret_env
 from fsdpctl.job.outage import Outage
 from fsdpctl.job.owner import Owner
 from fsdpctl.job.progress import run_outcome
+from fsdpctl.job.protocol import refuse
 from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, TIMEOUT, GpuNode, Report, Waited
-from fsdpctl.job.runner import refuse
 from fsdpctl.job.state import Keys
 from fsdpctl.plan import nodefit
 from fsdpctl.settings import Config

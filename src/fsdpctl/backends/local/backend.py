@@ -18,8 +18,7 @@ from fsdpctl.backends.local.report import failed_log, job_report, no_logs, run_e
 from fsdpctl.backends.local.state import LocalState
 from fsdpctl.errors import ExitCode, FsdpctlError
 from fsdpctl.files import home
-from fsdpctl.job import crilog, lock, render
-from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import crilog, lock
 from fsdpctl.job import state as core_state
 from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
@@ -28,9 +27,9 @@ from fsdpctl.job.progress import (
     across_runs,
     run_outcome,
 )
+from fsdpctl.job.protocol import refuse
 from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import Phase, Report, Waited
-from fsdpctl.job.runner import refuse
 from fsdpctl.settings import Config, local_path
 from fsdptrain import events
 from fsdptrain.config import missing_packages
@@ -53,6 +52,8 @@ class LocalBackend:
     def _rendered(self, run_id: str, record_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The job's objects as the cluster would get them: the PyTorchJob the supervisor runs, and
         what comes before it (the pre-step's Job among them)."""
+        from fsdpctl.job import render  # the job's objects: for a start, not for a read verb
+
         *infra, job = render.render_job(self.cfg, run_id, record_id)
         # the elastic range as a PyTorchJob states it (elasticPolicy.minReplicas); the supervisor
         # turns it into torchrun's --nnodes=MIN:MAX (pods.elastic_command)
@@ -94,6 +95,8 @@ class LocalBackend:
 
     def prepare(self, record: RunRecord) -> RunRecord:
         refuse(self.refusals())
+        from fsdpctl.job import render
+
         infra, job = self._rendered(record["run_id"], record["id"])
         return {**record, "manifests": render.to_yaml([*infra, job])}
 
@@ -283,6 +286,8 @@ class LocalBackend:
         return [line for p in logs for line in crilog.texts(p)]
 
     def here(self, path: str) -> str | None:
+        from fsdpctl.job import policy as jobpolicy
+
         cfg = self.cfg
         claims = {
             cfg.shared_volume_path: cfg.shared_volume,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsdpctl import files
 from fsdpctl.backends.local import kubelet
@@ -30,8 +31,10 @@ from fsdpctl.backends.local.pods import mapped_env
 from fsdpctl.job import owner
 from fsdpctl.job.owner import Mark, Owner
 from fsdpctl.job.prestep import TRAINER_UID
-from fsdpctl.job.render import Obj
 from fsdptrain import volumes
+
+if TYPE_CHECKING:
+    from fsdpctl.job.render import Obj
 
 this_home = owner.this_home
 

@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdpctl import files
 from fsdpctl.adapters import etcd as etcd_adapter
@@ -24,9 +24,11 @@ from fsdpctl.backends.local.state import (
     shared_volume_dir,
     temp_dir,
 )
-from fsdpctl.job.render import Obj
 from fsdptrain import resume
 from fsdptrain.config import TrainConfig
+
+if TYPE_CHECKING:
+    from fsdpctl.job.render import Obj
 
 # every environment variable the trainer reads a setting from (MODEL, SEED, ..., CHECKPOINT_DIR,
 # METRICS_FILE)

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdpctl import files
 from fsdpctl.adapters import netns, shell
@@ -38,8 +38,10 @@ from fsdpctl.backends.local.state import (
 )
 from fsdpctl.backends.local.status import wants_network
 from fsdpctl.job import crilog, failures
-from fsdpctl.job.render import Obj
 from fsdpctl.job.reports import Phase
+
+if TYPE_CHECKING:
+    from fsdpctl.job.render import Obj
 
 
 def supervise(jdir: Path) -> int:

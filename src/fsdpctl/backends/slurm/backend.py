@@ -47,9 +47,9 @@ from fsdpctl.job import store as record_store
 from fsdpctl.job.outage import Outage
 from fsdpctl.job.owner import Owner
 from fsdpctl.job.progress import across_runs, parse_events, run_outcome
+from fsdpctl.job.protocol import refuse
 from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import FINAL, Phase, Report, Waited
-from fsdpctl.job.runner import refuse
 from fsdpctl.settings import Config
 from fsdptrain import disruption, events, resume
 
