@@ -53,8 +53,10 @@ def _exports(values: dict[str, str]) -> str:
 def up(nodes: NodesOpt = 2, dry_run: DryRunOpt = False) -> None:
     """Start munged, slurmctld and a slurmd per node, detached, and wait until every node is idle;
     print the shell exports that point Slurm's commands and fsdpctl at it (SLURM_CONF, BACKEND=slurm,
-    SHARED_VOLUME_PATH, SLURM_PYTHON). A sandbox already up is left as it is and its exports printed
-    again. Needs root, iproute2, util-linux, slurm-wlm and munge (Debian's). State in
+    SHARED_VOLUME_PATH, SLURM_PYTHON). Where this machine has pyxis and enroot (installed, or built by
+    the tests), every node gets them: SLURM_CONTAINER_IMAGE runs a job in a container; where not,
+    one line says so and the sandbox runs without. A sandbox already up is left as it is and its
+    exports printed again. Needs root, iproute2, util-linux, slurm-wlm and munge (Debian's). State in
     FSDPCTL_HOME/sandbox/slurm; `down` removes it all.
 
     Example: eval "$(fsdpctl sandbox slurm up)"
@@ -69,6 +71,12 @@ def up(nodes: NodesOpt = 2, dry_run: DryRunOpt = False) -> None:
     emit_text(_exports(slurm.exports(sb)))
     names = " ".join(sb.layout.names)
     ok(f"Slurm sandbox {'already up' if already else 'up'}: {names} idle, state in {where}")
+    if sb.containers is not None:
+        note(
+            "containers: pyxis + enroot on every node: SLURM_CONTAINER_IMAGE=<.sqsh or docker://...>"
+        )
+    else:  # one line, and the sandbox runs without (SLURM_PYTHON on the nodes themselves)
+        note(f"containers: none, jobs run without them ({sb.no_containers})")
     note('next: eval "$(fsdpctl sandbox slurm up)"    # the exports above, in this shell')
     note(
         "      fsdpctl job run                          # sbatch of the job on the sandbox's nodes"
@@ -144,3 +152,4 @@ def status(output: Output = OutputOpt) -> None:
     nodes = ", ".join(f"{n} {s}" for n, s in got["nodes"].items()) or "slurmctld does not answer"
     out.print(f"nodes: {nodes}", markup=False)
     out.print(f"jobs: {' '.join(got['jobs']) or 'none'}", markup=False)
+    out.print(f"containers: {got['containers']}", markup=False)

@@ -32,6 +32,8 @@ from fsdpctl.backends.local.processes import identity, same_process
 from fsdpctl.backends.local.state import Identity
 from fsdpctl.errors import BadInput, FsdpctlError
 from fsdpctl.job.lock import flock
+from fsdpctl.sandbox import containers
+from fsdpctl.sandbox.containers import Kit
 from fsdpctl.sandbox.slurm_layout import CONTROLLER_BOOT, PARTITION, PROGRAMS, Layout, write_files
 
 NETWORK = "sandbox"  # the namespaces' job name: fsdpctl-<i>-sandbox-<N>
@@ -55,6 +57,12 @@ class Sandbox:
 
     layout: Layout
     daemons: dict[str, Identity] = field(default_factory=dict)
+    containers: Kit | None = None  # pyxis + enroot on every node
+    no_containers: str = ""  # why not, in words
+
+    def node_local(self, name: str) -> Path:
+        """With containers: node `name`'s directory for enroot's and pyxis's state (its disk)."""
+        return self.layout.root / "nodes" / name
 
     @property
     def shared(self) -> Path:
@@ -96,6 +104,8 @@ def save(sb: Sandbox) -> None:
     lay = sb.layout
     net = {"index": lay.net.index, "job": lay.net.job, "nodes": lay.net.nodes}
     record = {"net": net, "munge_dir": str(lay.munge_dir), "port": lay.port, "daemons": sb.daemons}
+    record["containers"] = sb.containers.as_record() if sb.containers else None
+    record["no_containers"] = sb.no_containers
     files.write_atomic(_state_file(lay.root), json.dumps(record, indent=1) + "\n")
 
 
@@ -113,6 +123,7 @@ def load(where: Path) -> Sandbox | None:
         munge_dir = Path(raw["munge_dir"])
         daemons = {str(k): v for k, v in dict(raw["daemons"]).items()}
         layout = Layout(where, net, munge_dir, int(raw["port"]))
+        kit, why = containers.of_record(raw.get("containers")), str(raw.get("no_containers", ""))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise BadInput(
             f"{path}: not a sandbox state ({files.why(e)})",
@@ -122,7 +133,7 @@ def load(where: Path) -> Sandbox | None:
         raise BadInput(
             f"{path}: munge_dir={str(munge_dir)!r} is not a sandbox's", hint=f"remove {path}"
         )
-    return Sandbox(layout, daemons)
+    return Sandbox(layout, daemons, kit, why)
 
 
 # ---- up -----------------------------------------------------------------------------------------
@@ -131,11 +142,15 @@ def load(where: Path) -> Sandbox | None:
 def daemon_env(layout: Layout) -> dict[str, str]:
     """What the daemons get: a PATH with the sbin directories, SLURM_CONF, and nothing else of this
     environment (no token or key passes into a daemon that outlives the command)."""
+    return {"PATH": _daemon_path(), "LANG": "C.UTF-8", "SLURM_CONF": str(layout.conf)}
+
+
+def _daemon_path() -> str:
     path = os.environ.get("PATH", "/usr/bin:/bin")
     for extra in ("/usr/sbin", "/sbin"):
         if extra not in path.split(":"):
             path += f":{extra}"
-    return {"PATH": path, "LANG": "C.UTF-8", "SLURM_CONF": str(layout.conf)}
+    return path
 
 
 def client_env(layout: Layout) -> dict[str, str]:
@@ -221,7 +236,8 @@ def _start(nodes: int, where: Path) -> Sandbox:
     except BaseException:
         shutil.rmtree(munge_dir, ignore_errors=True)
         raise
-    sb = Sandbox(Layout(where, net, munge_dir, _free_port()))
+    kit, why = containers.find(_daemon_path())
+    sb = Sandbox(Layout(where, net, munge_dir, _free_port()), containers=kit, no_containers=why)
     save(sb)  # from here on, `down` can undo whatever follows
     try:
         _boot(sb)
@@ -233,14 +249,14 @@ def _start(nodes: int, where: Path) -> Sandbox:
 
 def _boot(sb: Sandbox) -> None:
     lay = sb.layout
-    write_files(lay)
+    write_files(lay, sb.containers.plugstack() if sb.containers else "")
     sb.shared.mkdir(exist_ok=True)
     shell.capture(["mungekey", "--create", f"--keyfile={lay.munge_key}"], timeout=20)
     _spawn(sb, "munged", lay.munged_argv())
     _until(sb, lay.munge_socket.exists, "munged's socket", 20)
     _spawn(sb, "slurmctld", [*CONTROLLER_BOOT, "slurmctld", "-D"])
     for node, name in enumerate(lay.names):
-        _spawn(sb, f"slurmd-{name}", lay.node_argv(node))
+        _start_node(sb, node, name)
     _until(sb, lambda: idle(lay) == lay.names, "every node idle", START_TIMEOUT)
     for name in lay.names:  # each node's munged, started by its boot script: by its pid file
         pid = _pid_of(lay.pid_file(f"munged-{name}"), "munged")
@@ -251,12 +267,23 @@ def _boot(sb: Sandbox) -> None:
     save(sb)
 
 
-def _spawn(sb: Sandbox, name: str, argv: list[str]) -> None:
+def _start_node(sb: Sandbox, node: int, name: str) -> None:
+    """slurmd of node `name`; with containers, enroot first on its PATH and, for a build's enroot,
+    the node's own directory bound where its enroot.conf looks (containers.prepare_node)."""
+    env, bind, kit = daemon_env(sb.layout), None, sb.containers
+    if kit is not None:
+        bind = containers.prepare_node(kit, sb.node_local(name))
+        env |= kit.node_env(env["PATH"])
+    _spawn(sb, f"slurmd-{name}", sb.layout.node_argv(node, bind), env)
+
+
+def _spawn(sb: Sandbox, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
     """A daemon in the foreground of a session of its own, its output in log/<name>.stderr;
     recorded at once (`ip netns exec`, `unshare` and `sh -c exec` replace themselves: the pid is the
     daemon's)."""
     lay = sb.layout
-    proc = shell.spawn(argv, env=daemon_env(lay), log=lay.log(f"{name}.stderr"), new_session=True)
+    env = env or daemon_env(lay)
+    proc = shell.spawn(argv, env=env, log=lay.log(f"{name}.stderr"), new_session=True)
     ident = identity(proc.pid)
     if ident is None:
         raise FsdpctlError(f"{name} exited at once\n{tail(lay)}")
@@ -334,8 +361,16 @@ def status(where: Path) -> dict[str, Any] | None:
         "daemons": {n: {"pid": pid_of(sb.daemons[n]), "running": a} for n, a in living.items()},
         "nodes": nodes(sb.layout) if up_ else {},
         "jobs": jobs(sb.layout) if up_ else [],
+        "containers": containers_text(sb),
         "exports": exports(sb),
     }
+
+
+def containers_text(sb: Sandbox) -> str:
+    """Whether jobs may run in a container (SLURM_CONTAINER_IMAGE), in a line."""
+    if sb.containers is None:
+        return f"none: {sb.no_containers}" if sb.no_containers else "none"
+    return f"pyxis {sb.containers.plugin}, enroot in {sb.containers.bin}"
 
 
 def exports(sb: Sandbox) -> dict[str, str]:
