@@ -82,7 +82,8 @@ def test_up_trains_a_job_is_one_sandbox_twice_and_down_leaves_nothing(tmp_path):
     with those exports trains one step on both nodes (sbatch, srun, torchrun on CPU) and succeeds;
     with a job still running, `down` cancels it, stops every daemon, and afterwards no process names
     the sandbox's files, no namespace or link of its network exists, and its state and munge
-    directories are gone; `down` again has nothing to do."""
+    directories are gone; `down` again has nothing to do. Where this machine has pyxis and enroot,
+    a step runs in a container on both nodes; where not, `up` said so in one line."""
     usable, why = slurm_peer.available()
     if not usable:
         pytest.skip(why)
@@ -101,6 +102,7 @@ def test_up_trains_a_job_is_one_sandbox_twice_and_down_leaves_nothing(tmp_path):
         assert _exports(again.stdout) == exports and slurm.load(where) == sb
         other = fsdpctl_process("sandbox", "slurm", "up", "--nodes", "3", env=env)
         assert other.returncode == 2 and len(other.stderr.strip().splitlines()) <= 2, other.stderr
+        _containers_run_or_are_said_absent(sb, got.stderr)
         used = env | exports | prefixed(TINY)
         ran = fsdpctl_process("job", "run", env=used, timeout=400)
         assert ran.returncode == 0, ran.stderr[-3000:]
@@ -297,3 +299,28 @@ def test_a_second_up_or_down_waits_for_the_first_and_is_refused_past_its_wait(cl
             got = cli("sandbox", "slurm", verb)
             assert got.exit_code == 2 and str(lock) in got.stderr.splitlines()[0], got.output
         assert state.exists()
+
+
+def _containers_run_or_are_said_absent(sb: slurm.Sandbox, said: str) -> None:
+    """With pyxis + enroot: `srun --container-image` of the tests' trainer image runs on both nodes
+    inside it (its interpreter, IMAGE_PYTHON, is a path the image has and this machine has not),
+    as pyxis's README shows (`srun --container-image=... grep PRETTY /etc/os-release`). Without:
+    `up` said so in one line, the reason with it."""
+    lines = [line for line in said.splitlines() if line.startswith("containers:")]
+    assert len(lines) == 1, said
+    if sb.containers is None:
+        assert "none" in lines[0] and sb.no_containers in lines[0], lines[0]
+        return
+    import pyxis_peer
+
+    assert (sb.layout.root / "plugstack.conf").read_text() == sb.containers.plugstack()
+    assert not Path(pyxis_peer.IMAGE_PYTHON).exists()  # only the container has it
+    ran = subprocess.run(
+        ["srun", "-N2", f"--container-image={pyxis_peer.trainer_image()}"]
+        + ["sh", "-c", f"test -x {pyxis_peer.IMAGE_PYTHON} && echo inside"],
+        env=slurm.client_env(sb.layout),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert ran.returncode == 0 and ran.stdout.split() == ["inside", "inside"], ran.stderr[-2000:]
