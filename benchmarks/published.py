@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fsdpctl.plan.steptime import HBM_BYTES_PER_S, SPEED_MODEL
 from fsdpctl.plan.published import CLUSTERS, POINTS, Prediction, predictions
+from fsdpctl.plan.steptime import HBM_BYTES_PER_S, SPEED_MODEL
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 BEGIN = "<!-- published:begin (benchmarks/published.py writes this section) -->"

@@ -415,10 +415,10 @@ def test_a_run_stopped_between_worlds_keeps_its_end_and_its_worlds_in_history():
     ended = record.at_its_end(base, "Stopped at step 12", lost)
     assert ended["worlds"] == world.changes(lost) and ended["worlds"]
     logs_say = {"t-1-a": "ended without a summary at step 12 (failed or killed)"}
-    [row] = record.history_rows([ended], logs_say)
+    [row] = record_view.history_rows([ended], logs_say)
     assert row["outcome"] == "Stopped at step 12"
     assert row["world"] == "3 → 2 nodes at step 1: node-1 lost"
-    assert record.history_rows([base], logs_say)[0]["outcome"] == logs_say["t-1-a"]
+    assert record_view.history_rows([base], logs_say)[0]["outcome"] == logs_say["t-1-a"]
     kept = record.at_its_end({**base, "worlds": []}, "Failed at step 3", lost)
     assert kept["worlds"] == []  # learnt from its summary already: kept
     assert record.at_its_end(base, "Stopped at step 12", None).get("worlds") is None
