@@ -430,6 +430,9 @@ EXTENDED = frozenset(
         # the first hour on a busy machine (4 spinning processes): the same walkthrough as CI's, twice
         # as long
         "tests/test_first_hour.py::test_the_readme_first_hour_on_a_busy_machine",
+        # the legacy `etcd` rendezvous through every verb (90-130 s): etcd's path stays in CI with a
+        # restart of etcd during the rendezvous (test_faults.py)
+        "tests/test_cli.py::test_detached_job_over_real_etcd_status_logs_stop_and_resume",
     }
 )
 # mostly a person's pauses (the first hour typed at a reading pace): beside the others, as SLOW_BESIDE
@@ -437,6 +440,9 @@ PAUSED = frozenset(
     {
         "tests/test_first_hour.py::test_the_readme_first_hour_in_a_fresh_clone",
         "tests/test_first_hour.py::test_the_readme_first_hour_on_a_busy_machine",
+        # the legacy `etcd` rendezvous through every verb (90-130 s): etcd's path stays in CI with a
+        # restart of etcd during the rendezvous (test_faults.py)
+        "tests/test_cli.py::test_detached_job_over_real_etcd_status_logs_stop_and_resume",
     }
 )
 
