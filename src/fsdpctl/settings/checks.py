@@ -101,7 +101,7 @@ def cross_checks(cfg: Config) -> list[str]:
 
 
 # where MIN_NODES below JOB_NODES is carried out; elsewhere it is refused, never ignored
-ELASTIC_BACKENDS = frozenset({"local"})
+ELASTIC_BACKENDS = frozenset({"local", "slurm"})
 
 
 def elastic_refusal(cfg: Config) -> str | None:

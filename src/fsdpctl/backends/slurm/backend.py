@@ -36,7 +36,7 @@ from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
 from fsdpctl.backends.slurm import legacy, owned, rundirs, states, submitting
 from fsdpctl.backends.slurm.door import Forgotten, Slurm
-from fsdpctl.backends.slurm.logs import Seen, read_from, report_of, seen_in_log, texts
+from fsdpctl.backends.slurm.logs import Seen, read_from, report_of, run_texts, seen_in_log, texts
 from fsdpctl.backends.slurm.script import Paths, paths, render_script
 from fsdpctl.backends.slurm.state import SlurmState
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
@@ -344,9 +344,14 @@ class SlurmBackend:
         return None  # on the shared file system, mounted here: TensorBoard runs here
 
     def run_lines(self, job: str, run_id: str) -> list[str] | None:
-        """The leader's log of that run, on the shared file system (None once it is gone)."""
-        log = Path(self._seen_paths(job, run_id).node_log(0))
-        return texts(log) if log.is_file() else None
+        """The run's logs on the shared file system (None once the leader's is gone): the leader's
+        first, then the other nodes' (with an elastic range rank 0, which alone prints events, may
+        sit on another node after a world change) and the batch log (srun's node failures name
+        the nodes lost: job.world)."""
+        p = self._seen_paths(job, run_id)
+        if not Path(p.node_log(0)).is_file():
+            return None
+        return run_texts(p)
 
     def here(self, path: str) -> str | None:
         return path  # the cluster's shared file system is mounted here where the nodes mount it

@@ -13,6 +13,7 @@ from fsdpctl.backends.slurm import states
 from fsdpctl.backends.slurm.script import Paths
 from fsdpctl.backends.slurm.state import SlurmState
 from fsdpctl.job import policy as jobpolicy
+from fsdpctl.job import world
 from fsdpctl.job.progress import parse_events, progress, stage, stalled
 from fsdpctl.job.reports import FINAL, Failure, Phase, Report, SchedulerJob
 from fsdpctl.settings import Config
@@ -54,6 +55,18 @@ def read_from(path: Path, offset: int) -> tuple[list[str], int]:
         return [], offset
     end = data.rfind(b"\n") + 1
     return data[:end].decode(errors="replace").splitlines(), offset + end
+
+
+def run_texts(p: Paths) -> list[str]:
+    """Every node's log of the run (node 0's first, then by node index) and the batch log last:
+    rank 0 alone prints events, wherever it sat; srun's node failures are in the batch log."""
+
+    def index(f: Path) -> int:
+        n = f.stem.removeprefix("node-")
+        return int(n) if n.isdigit() else 1 << 30
+
+    nodes = sorted(Path(p.root).glob("node-*.log"), key=index)
+    return [line for f in [*nodes, Path(p.batch_log)] for line in texts(f)]
 
 
 def seen_in_log(p: Paths, stopping: bool) -> Seen:
@@ -130,6 +143,7 @@ def report_of(cfg: Config, st: SlurmState, seen: Seen, p: Paths, stall_after: fl
         "prestep": None,
         "network": None,
         "scheduler_job": _scheduler_job(st, job),
+        "world_changes": [world.text(c) for c in world.changes(run_texts(p))],
     }
     if seen.phase == Phase.FAILED:
         r["failure"] = failure(job, p.batch_log)

@@ -108,6 +108,12 @@ def refusals(cfg: Config) -> list[str]:
             shown = repr(value) if isinstance(value, str) else str(value).lower()
             where = cfg.sources.get(key, "set")
             lines.append(f"{key}={shown} ({where}) means nothing on Slurm: {why}; unset it")
+    if ranged(cfg) and cfg.slurm_container_image:
+        lines.append(
+            f"MIN_NODES={cfg.min_nodes} with SLURM_CONTAINER_IMAGE={cfg.slurm_container_image!r}: "
+            "the elastic range's rendezvous store runs in the batch shell with SLURM_PYTHON, "
+            "outside any container; set MIN_NODES=0 or unset SLURM_CONTAINER_IMAGE"
+        )
     if not cfg.shared_volume:
         lines.append(
             "SHARED_VOLUME='' on Slurm: the job's logs and checkpoints live on the shared file system at "
@@ -158,6 +164,26 @@ def container_options(spec: JobSpec, cfg: Config, names: list[str]) -> list[str]
     ]
 
 
+def ranged(cfg: Config) -> bool:
+    """An elastic range (MIN_NODES below JOB_NODES): see `elastic_options`."""
+    return cfg.fewest_nodes < cfg.job_nodes
+
+
+def elastic_options(cfg: Config) -> list[str]:
+    """#SBATCH options of a job with an elastic range (none without one). `--nodes=MIN-MAX`: a
+    requeued run starts on as many nodes as are up, at least MIN ("as many nodes as possible within
+    the range specified and without delaying the initiation of the job", sbatch(1) of 22.05).
+    `--no-kill`: a failed node is removed from the running job instead of ending it (slurmctld
+    job_mgr.c kill_running_job_by_node_name: `kill_on_node_fail == 0` -> "Removing failed node ..
+    from JobId", excise_node_from_job), so the trainers on the other nodes go on. No
+    `--ntasks-per-node` then: sbatch counts MIN x that many tasks and Slurm allocates the nodes
+    they need, MIN (measured on the peer: `-N 2-3 --ntasks-per-node=1` got 2 idle nodes of 3,
+    `-N 2-3 --exclusive` all 3); the trainers' srun asks one task per node itself."""
+    if not ranged(cfg):
+        return [f"--nodes={cfg.job_nodes}", "--ntasks-per-node=1"]
+    return [f"--nodes={cfg.fewest_nodes}-{cfg.job_nodes}", "--no-kill"]
+
+
 def sbatch_options(spec: JobSpec, cfg: Config, comment: str) -> list[str]:
     """The #SBATCH lines' options (sbatch(1)). One task per node: torchrun starts the node's
     processes. --open-mode=append: a requeued job's output would otherwise be truncated (sbatch(1)
@@ -167,8 +193,7 @@ def sbatch_options(spec: JobSpec, cfg: Config, comment: str) -> list[str]:
     """
     opts = [
         f"--job-name={spec.name}",
-        f"--nodes={spec.nodes}",
-        "--ntasks-per-node=1",
+        *elastic_options(cfg),
         "--exclusive",
         f"--output={paths(cfg, spec.run_id).batch_log}",
         "--open-mode=append",
@@ -183,16 +208,19 @@ def sbatch_options(spec: JobSpec, cfg: Config, comment: str) -> list[str]:
     return opts
 
 
-def torchrun_args(spec: JobSpec) -> list[str]:
+def torchrun_args(spec: JobSpec, cfg: Config) -> list[str]:
     """fsdptrain.launch's (torchrun's) arguments; `$head` and `$rdzv_id` are the script's
-    variables."""
+    variables. With a range, `--nnodes=MIN:MAX` and `is_host=false` for every agent: the store is
+    the batch script's (`store_lines`), on no node of the trainers' step."""
+    conf = [f"{k}={v}" for k, v in spec.rendezvous.conf]
+    nnodes = f"{cfg.fewest_nodes}:{spec.nodes}" if ranged(cfg) else str(spec.nodes)
     return [
-        f"--nnodes={spec.nodes}",
+        f"--nnodes={nnodes}",
         f"--nproc-per-node={spec.procs_per_node}",
         "--rdzv-backend=c10d",
         f'--rdzv-endpoint="$head":{C10D_PORT}',
         '--rdzv-id="$rdzv_id"',
-        "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in spec.rendezvous.conf),
+        "--rdzv-conf=" + ",".join([*conf, *(["is_host=false"] if ranged(cfg) else [])]),
         f"--max-restarts={spec.restart.max_restarts}",
         "-m",
         "fsdptrain",
@@ -202,11 +230,19 @@ def torchrun_args(spec: JobSpec) -> list[str]:
 def srun_options(spec: JobSpec, cfg: Config) -> list[str]:
     """srun(1): a task per node, each node's output in its own file (%n: the node's index in the
     job), appended across requeues; the step ends when one task fails (--kill-on-bad-exit) rather
-    than leaving the others waiting on collectives; pyxis's options with an image."""
+    than leaving the others waiting on collectives; pyxis's options with an image. With a range,
+    on every node the job holds now (`$step_nodes`) and `--no-kill`: a failed node's tasks are
+    marked ended and the step goes on (srun(1) --no-kill; api/step_launch.c _node_fail_handler),
+    where -K would have no effect (srun(1)): torchrun's agents on the others re-rendezvous."""
+    ends = (
+        ['--nodes="$step_nodes"', "--no-kill"]
+        if ranged(cfg)
+        else [f"--nodes={spec.nodes}", "--kill-on-bad-exit=1"]
+    )
     opts = [
-        f"--nodes={spec.nodes}",
+        ends[0],
         "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
+        ends[1],
         f"--output={paths(cfg, spec.run_id).node_log('%n')}",
         "--open-mode=append",
     ]
@@ -254,6 +290,8 @@ def render_script(cfg: Config, run_id: str, record_id: str = "") -> str:
     spec = jobspec.build(cfg, run_id, record_id)
     root = paths(cfg, run_id).root
     lines = [*_head(spec, cfg, run_id), *_start(spec, run_id, root)]
+    if ranged(cfg):
+        lines += store_lines(cfg, root)
     if prestep.downloads(cfg):  # once per run, on the first node, before any trainer starts
         lines += ["# the download: online, before any trainer", fetch_step(spec, cfg, run_id)]
     lines += _step_loop(spec, cfg, root)
@@ -308,6 +346,23 @@ def _start(spec: JobSpec, run_id: str, root: str) -> list[str]:
     ]
 
 
+def store_lines(cfg: Config, root: str) -> list[str]:
+    """The c10d rendezvous store of a ranged job (fsdptrain.rdzv_store): hosted by the batch
+    script on the batch host, outside the trainers' step, so that a step retry or a lost non-batch
+    node leaves it in place (torch has no failover for the store host: c10d_rendezvous_backend.py
+    _create_tcp_store). Losing the batch host loses the script too, and with it the run: the
+    requeue path (sbatch --requeue). It ends with the script (the EXIT trap; slurmstepd kills what
+    is left of the batch step at the job's end)."""
+    py = shlex.quote(cfg.slurm_python)
+    return [
+        "# the rendezvous store of the elastic range: here, outside the trainers' step (a lost node",
+        "# of the step leaves it in place); every agent connects (is_host=false)",
+        f'{py} -m fsdptrain.rdzv_store "$head" {C10D_PORT} >>{shlex.quote(root)}/rdzv-store.log 2>&1 &',
+        "store=$!",
+        "trap 'kill \"$store\" 2>/dev/null || true' EXIT",
+    ]
+
+
 def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
     """The trainers' srun step, started again (up to STEP_TRIES) when Slurm, not they, ended it."""
     launch = [
@@ -315,7 +370,7 @@ def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
         cfg.slurm_python,
         "-m",
         "fsdptrain.launch",
-        *torchrun_args(spec),
+        *torchrun_args(spec, cfg),
     ]
     return [
         "# the trainers; started again when Slurm, not they, ended the step (see STEP_TRIES in",
@@ -323,6 +378,7 @@ def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
         "try=1",
         "while :; do",
         '    rdzv_id="${SLURM_JOB_ID}-${restarts}-${try}"',
+        *(_step_nodes() if ranged(cfg) else []),
         # where each launcher says how it ended (fsdptrain.disruption.record_end), per try
         f'    export {disruption.ENDS_DIR_ENV}={shlex.quote(root)}/ends/"$rdzv_id"',
         f'    mkdir -p "${disruption.ENDS_DIR_ENV}"',
@@ -333,15 +389,39 @@ def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
         '    srun ${auto_resume[@]+"${auto_resume[@]}"} '
         + " ".join(_q(w) for w in launch)
         + " || rc=$?",
-        *_judge_step(spec),
+        *_judge_step(spec, cfg),
         "done",
     ]
 
 
-def _judge_step(spec: JobSpec) -> list[str]:
+def _step_nodes() -> list[str]:
+    """A ranged job's node count now, for each try: the allocation shrinks when --no-kill removes a
+    failed node (excise_node_from_job), which the batch environment's SLURM_JOB_NUM_NODES does not
+    follow."""
+    return [
+        '    step_nodes="$(scontrol show job "$SLURM_JOB_ID" | grep -o "NumNodes=[0-9]*"'
+        ' | cut -d= -f2 || true)"',
+        '    step_nodes="${step_nodes:-$SLURM_JOB_NUM_NODES}"',
+    ]
+
+
+def _judge_step(spec: JobSpec, cfg: Config) -> list[str]:
     """Inside the loop, after the step: whether the trainers ended it (each launcher's end file,
-    fsdptrain.disruption) or Slurm did, and then whether to start it again."""
+    fsdptrain.disruption) or Slurm did, and then whether to start it again. With a range, a
+    launcher that ended 0 means the survivors trained to the end: srun's code may still count the
+    lost node's tasks, and the job succeeded."""
     passed_on = "|".join(map(str, PASSED_ON))
+    nodes = '"$step_nodes"' if ranged(cfg) else str(spec.nodes)
+    ends = disruption.ENDS_DIR_ENV
+    done = (
+        [
+            f'    if [ "$failed" -eq 0 ] && grep -qx 0 "${ends}"/* 2>/dev/null; then',
+            "        exit 0  # the survivors finished",
+            "    fi",
+        ]
+        if ranged(cfg)
+        else []
+    )
     return [
         "    ended=0 failed=0",
         f'    for f in "${disruption.ENDS_DIR_ENV}"/*; do',
@@ -349,7 +429,8 @@ def _judge_step(spec: JobSpec) -> list[str]:
         "        ended=$((ended + 1))",
         f'        case "$(cat "$f")" in {passed_on}) ;; *) failed=1 ;; esac',
         "    done",
-        f'    if [ "$rc" -eq 0 ] || [ "$failed" -eq 1 ] || [ "$ended" -ge {spec.nodes} ]; then',
+        *done,
+        f'    if [ "$rc" -eq 0 ] || [ "$failed" -eq 1 ] || [ "$ended" -ge {nodes} ]; then',
         '        exit "$rc"  # the trainers ended it',
         "    fi",
         f'    if [ "$try" -ge {STEP_TRIES} ] || [ -e "${{{disruption.STOP_FILE_ENV}}}" ]; then',

@@ -1,0 +1,121 @@
+"""Issue 43 on Slurm: the elastic range (MIN_NODES..JOB_NODES) on the real Slurm peer
+(tests/slurm_peer.py: Debian's slurm-wlm 22.05.8, one slurmd per simulated node in its own network
+and UTS namespace, munge), the real trainer on CPU with gloo, driven through the fsdpctl CLI.
+
+What Slurm 22.05 does, from its own source (SchedMD/slurm tag slurm-22-05-8-1) and man pages:
+- sbatch/srun `--no-kill`: a failed node of a running job is removed from it instead of ending it
+  (src/slurmctld/job_mgr.c kill_running_job_by_node_name: `kill_on_node_fail == 0` ->
+  "Removing failed node .. from JobId", excise_node_from_job); srun's step marks the node's tasks
+  ended and goes on (src/api/step_launch.c _node_fail_handler, "Node failure on NODE").
+- `--nodes=MIN-MAX`: "as many nodes as possible within the range specified and without delaying
+  the initiation of the job" (sbatch(1)): a requeued run starts on the nodes that are up.
+- A running job gets no nodes added in 22.05 (see docs/slurm.md "Elastic range"): growing back is
+  the next run or requeue.
+The script's rendezvous store (fsdptrain.rdzv_store) runs in the batch shell on the batch host,
+outside the trainers' step (script.store_lines).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import slurm_peer
+import test_slurm_paths as paths
+from conftest import fsdpctl_process as fsdpctl
+from conftest import scaled
+from fsdpctl.job import world
+from fsdptrain import events
+
+STEPS = 24
+INTERVAL = 4  # CHECKPOINT_INTERVAL: the most steps a lost node may cost
+GLOBAL_BATCH = 12  # blocks per step: MICRO_BATCH_SIZE 2 x GRAD_ACCUM_STEPS 2 x 3 ranks (2 ranks: 3)
+
+
+def _taken(trace: Path) -> list[int]:
+    """Every block index the ranks took (fsdptrain.data's FSDPTRAIN_TRACE lines: `first count`)."""
+    found: list[int] = []
+    for f in trace.glob("data-rank*.txt"):
+        for line in f.read_text().splitlines():
+            first, count = map(int, line.split())
+            found += range(first, first + count)
+    return found
+
+
+def _lines(env: dict[str, str]) -> list[str]:
+    from fsdpctl.backends.slurm import logs, script
+
+    return logs.run_texts(script.Paths(str(paths.run_dir(env))))
+
+
+def _steps_lost(lines: list[str], change: world.WorldChange) -> int:
+    """Steps trained before the change that the new world trains again: the highest step logged
+    before the resume's world event, past the checkpoint it resumed."""
+    evs = list(events.parse(lines))
+    at = next(e.time for e in evs if isinstance(e, events.World) and e.step == change["step"])
+    before = [e.step for e in evs if isinstance(e, events.Step) and e.time < at]
+    return max(before, default=change["step"]) - change["step"]
+
+
+def _elastic_env(cluster, tmp_path: Path, name: str, **more: str) -> dict[str, str]:
+    trace = tmp_path / f"trace-{name}"
+    trace.mkdir()
+    env = paths.env_for(
+        cluster, tmp_path, name, JOB_NODES="3", MIN_NODES="2", MAX_STEPS=str(STEPS),
+        CHECKPOINT_INTERVAL=str(INTERVAL), MICRO_BATCH_SIZE="2", GRAD_ACCUM_STEPS="2",
+        LOG_INTERVAL="1", **more,
+    )  # fmt: skip
+    env["FSDPTRAIN_TRACE"] = str(trace)
+    return env
+
+
+def _assert_every_sample_once_but_the_lost_steps(env, lines, changes) -> None:
+    """Every block of the data trained, again only for the steps lost (and at most the step in
+    flight when the node went), as tests/test_elastic_local.py counts."""
+    taken, total = _taken(Path(env["FSDPTRAIN_TRACE"])), STEPS * GLOBAL_BATCH
+    assert set(taken) == set(range(total))  # no sample skipped
+    lost = sum(_steps_lost(lines, c) for c in changes)
+    assert lost * GLOBAL_BATCH <= len(taken) - total <= (lost + len(changes)) * GLOBAL_BATCH
+
+
+def _history_world(env: dict[str, str]) -> str:
+    import json
+
+    got = fsdpctl("job", "history", "-o", "json", env=env)
+    assert got.returncode == 0, got.stderr
+    rows = json.loads(got.stdout)
+    rows = rows.get("runs", rows) if isinstance(rows, dict) else rows
+    return rows[-1]["world"]
+
+
+@pytest.mark.slow
+def test_a_lost_non_batch_node_costs_at_most_a_checkpoint_interval(tmp_path):
+    """3 nodes, MIN_NODES=2, a checkpoint every 4 steps: node 2 powered off at step 6 (every
+    process in its network namespace SIGKILLed, slurmd included). slurmctld sets it DOWN after
+    SlurmdTimeout and, the job being --no-kill, removes it from the job ("Removing failed node");
+    srun's --no-kill step goes on ("Node failure on node2"); the agents on node0 and node1 see
+    their workers fail, node2's heartbeat expire, and close a new round of 2 on the batch script's
+    store. The job ends Succeeded at MAX_STEPS without a requeue (Restarts=0); the shrink cost at
+    most CHECKPOINT_INTERVAL steps, kept the global batch (accumulation 2 -> 3); every block of the
+    data trained, again only for the lost steps; status and history name the change with Slurm's
+    node name. ~2 min here."""
+    with slurm_peer.running(tmp_path / "cluster", nodes=3) as cluster:
+        env = _elastic_env(cluster, tmp_path, "elastic")
+        assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
+        job = paths.until("the job running", lambda: paths.status(env)["scheduler_job"]["id"])
+        assert cluster.job(job)["NumNodes"] == "3"
+        paths.until("step 6", lambda: paths.leader_step(env) >= 6)
+        cluster.kill_node(2)
+        waited = fsdpctl("job", "wait", "--timeout", "400", env=env, timeout=scaled(430))
+        final = paths.status(env)
+        assert waited.returncode == 0 and final["phase"] == "Succeeded", paths.said(cluster, env)
+        assert final["step"] == STEPS and cluster.job(job)["Restarts"] == "0", final
+        lines = _lines(env)
+        changes = world.changes(lines)
+        assert final["world_changes"] == [f"3 → 2 nodes at step {changes[0]['step']}: node2 lost"]
+        assert 0 <= _steps_lost(lines, changes[0]) <= INTERVAL
+        assert (changes[0]["rule"], changes[0]["to_world"]) == ("constant", 2)
+        _assert_every_sample_once_but_the_lost_steps(env, lines, changes)
+        assert _history_world(env) == final["world_changes"][0]
