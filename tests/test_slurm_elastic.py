@@ -119,3 +119,106 @@ def test_a_lost_non_batch_node_costs_at_most_a_checkpoint_interval(tmp_path):
         assert (changes[0]["rule"], changes[0]["to_world"]) == ("constant", 2)
         _assert_every_sample_once_but_the_lost_steps(env, lines, changes)
         assert _history_world(env) == final["world_changes"][0]
+
+
+def _all_lines(env: dict[str, str]) -> list[str]:
+    """Every run's logs of the job, oldest run first (a resume is a run of its own)."""
+    from fsdpctl.backends.slurm import logs, script
+
+    base = Path(env["FSDPCTL_SHARED_VOLUME_PATH"]) / "fsdpctl/slurm" / env["FSDPCTL_JOB_NAME"]
+    runs = sorted(base.iterdir(), key=lambda d: (d / "job.sbatch").stat().st_mtime)
+    return [line for d in runs for line in logs.run_texts(script.Paths(str(d)))]
+
+
+def _left_running(cluster) -> list[str]:
+    """What the job left in the nodes' namespaces: anything but the daemons (slurmd, munged)."""
+    out = []
+    for node in range(len(cluster.names)):
+        for pid in cluster.pids_in(node):
+            try:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue  # gone meanwhile
+            if name not in ("slurmd", "munged"):
+                out.append(f"{cluster.names[node]}:{pid}:{name}")
+    return out
+
+
+@pytest.mark.slow
+def test_the_batch_host_lost_requeues_onto_the_nodes_that_are_up_resharded(tmp_path):
+    """Node 0, the batch host (and the rendezvous store's), powered off at step 6. --no-kill
+    removes it from the job like any node, and the job would stay RUNNING on the others without its
+    batch script until its time limit (slurmctld looks for a missing batch script only on the
+    job's own nodes: job_mgr.c _purge_missing_jobs; measured here before the guard). The
+    survivors' tasks (backends/slurm/elastic.orphan_guard) see BatchHost outside NodeList once
+    their launchers ended and requeue the job; `--nodes=2-3` starts the requeued run on the two
+    nodes that are up (sbatch(1) -N: "without delaying the initiation"), which loads the last
+    checkpoint resharded (3 -> 2, the global batch kept by accumulation 2 -> 3) and trains to
+    MAX_STEPS: Succeeded, Restarts=1, at most CHECKPOINT_INTERVAL steps lost, every sample once
+    but the lost steps', status and history naming "node0 lost"; nothing left running. ~3 min
+    here."""
+    with slurm_peer.running(tmp_path / "cluster", nodes=3) as cluster:
+        env = _elastic_env(cluster, tmp_path, "batchlost")
+        assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
+        job = paths.until("the job running", lambda: paths.status(env)["scheduler_job"]["id"])
+        paths.until("step 6", lambda: paths.leader_step(env) >= 6)
+        cluster.kill_node(0)
+        waited = fsdpctl("job", "wait", "--timeout", "360", env=env, timeout=scaled(390))
+        final = paths.status(env)
+        assert waited.returncode == 0 and final["phase"] == "Succeeded", paths.said(cluster, env)
+        record = cluster.job(job)
+        assert record["Restarts"] == "1" and record["NodeList"] == "node[1-2]", record
+        assert final["step"] == STEPS and final["restarts"] == 1, final
+        lines = _lines(env)
+        changes = world.changes(lines)
+        assert final["world_changes"] == [f"3 → 2 nodes at step {changes[0]['step']}: node0 lost"]
+        assert 0 <= _steps_lost(lines, changes[0]) <= INTERVAL
+        assert (changes[0]["rule"], changes[0]["to_world"]) == ("constant", 2)
+        _assert_every_sample_once_but_the_lost_steps(env, lines, changes)
+        assert _history_world(env) == final["world_changes"][0]
+        assert _left_running(cluster) == []
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_re_rendezvous_and_the_node_back_for_the_next_run(tmp_path):
+    """Node 2 powered off at step 6 and `job stop` as soon as the survivors' agents restart their
+    worker group (torch's "Worker group FAILED ... will restart worker group", agent/server/api.py
+    _invoke_run): no trainer is running to write a stop checkpoint, the agents in the rendezvous
+    take their SIGTERM from the step (scancel --signal), the script ends at the stop file, no
+    requeue. Stopped, with the last periodic checkpoint at most CHECKPOINT_INTERVAL steps behind
+    the last step; the batch script, its store and every task gone. Then node 2 is back (its slurmd
+    registers: ReturnToService=1) and `job resume` runs on all 3 nodes again from that checkpoint:
+    Succeeded at MAX_STEPS, every sample trained, again only for the steps the stop lost. ~3 min
+    here."""
+    with slurm_peer.running(tmp_path / "cluster", nodes=3) as cluster:
+        env = _elastic_env(cluster, tmp_path, "stopped")
+        assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
+        job = paths.until("the job running", lambda: paths.status(env)["scheduler_job"]["id"])
+        paths.until("step 6", lambda: paths.leader_step(env) >= 6)
+        last = paths.leader_step(env)
+        cluster.kill_node(2)
+        restarting = "will restart worker group"
+        paths.until("the re-rendezvous", lambda: restarting in "\n".join(_lines(env)), 120)
+        stopped = fsdpctl("job", "stop", env=env, timeout=scaled(300))
+        assert stopped.returncode == 0, stopped.stderr
+        final = paths.status(env)
+        assert final["phase"] == "Stopped", (final, paths.said(cluster, env))
+        assert cluster.job(job)["Restarts"] == "0"
+        ckpt = Path(env["FSDPCTL_SHARED_VOLUME_PATH"]) / "checkpoints" / "stopped" / "latest"
+        kept = int(ckpt.read_text().strip().removeprefix("step-"))
+        assert 0 <= paths.leader_step(env) - kept <= INTERVAL and kept >= last - INTERVAL
+        paths.until("nothing left running", lambda: _left_running(cluster) == [], 60)
+
+        cluster.start_node(2)
+        cluster.wait_for(lambda: cluster.idle() == cluster.names, "every node idle", 120)
+        resumed = fsdpctl("job", "resume", "stopped", env=env, timeout=scaled(600))
+        assert resumed.returncode == 0, (resumed.stdout[-2000:], resumed.stderr[-2000:])
+        final = paths.status(env)
+        assert final["phase"] == "Succeeded" and final["step"] == STEPS, final
+        assert cluster.job(final["scheduler_job"]["id"])["NumNodes"] == "3"
+        taken, total = _taken(Path(env["FSDPTRAIN_TRACE"])), STEPS * GLOBAL_BATCH
+        assert set(taken) == set(range(total))
+        lost = paths.leader_step(env) and (last + 1 - kept)  # at least these were trained twice
+        assert len(taken) - total >= 0 and len(taken) - total <= (INTERVAL + 2) * GLOBAL_BATCH
+        assert lost >= 0
+        assert _left_running(cluster) == []

@@ -13,10 +13,13 @@ from fsdptrain import events
 
 # fsdpctl.backends.local.supervisor._losses writes these into the node's log
 NODE_NOTE = re.compile(r"fsdpctl: node (\d+) (lost|is back)")
-# srun's own line in a Slurm job's batch log when slurmctld removed a failed node from a --no-kill
-# step (Slurm 22.05 src/api/step_launch.c _node_fail_handler: error("Node failure on %s")); the
-# node is named as Slurm names it
-SLURM_NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
+# Slurm's nodes, named as Slurm names them: srun's own line in the batch log when slurmctld removed
+# a failed node from a --no-kill step (Slurm 22.05 src/api/step_launch.c _node_fail_handler:
+# error("Node failure on %s")), and the line each surviving trainer task writes when the batch
+# host was lost (fsdpctl.backends.slurm.elastic.orphan_guard: one per survivor, said once)
+SLURM_NODE_FAIL = re.compile(
+    r"srun: error: Node failure on (\S+)|fsdpctl: the batch host (\S+) is lost"
+)
 
 
 class WorldChange(TypedDict):
@@ -43,7 +46,7 @@ def changes(lines: Sequence[str]) -> list[WorldChange]:
         if m := NODE_NOTE.search(line):
             (lost if m.group(2) == "lost" else back).append(f"node-{m.group(1)}")
         elif m := SLURM_NODE_FAIL.search(line):
-            lost += m.group(1).split(",")
+            lost += [n for n in (m.group(1) or m.group(2)).split(",") if lost[-1:] != [n]]
     out: list[WorldChange] = []
     # a run's logs come node by node: the events' own times order them
     found = sorted(

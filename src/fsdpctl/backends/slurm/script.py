@@ -33,9 +33,16 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from fsdpctl.backends.slurm.elastic import (
+    C10D_PORT,
+    elastic_options,
+    orphan_guard,
+    ranged,
+    step_nodes,
+    store_lines,
+)
 from fsdpctl.errors import BadInput
 from fsdpctl.job import owner, prestep
-from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import spec as jobspec
 from fsdpctl.job.spec import JobSpec
 from fsdpctl.settings import Config, Settings
@@ -43,7 +50,6 @@ from fsdptrain import disruption
 
 # awsome's test for a SageMaker HyperPod cluster: `[ -d "/opt/sagemaker_cluster" ]`
 HYPERPOD_MARK = "/opt/sagemaker_cluster"
-C10D_PORT = jobpolicy.C10D_PORT  # torchrun's c10d default (awsome's endpoint names no port)
 # Who ended the trainers' step is read from the launchers themselves, not from srun's code: srun
 # returns the highest exit code, or 128 + the highest signal when a task was killed (Slurm 22.05
 # src/plugins/launch/slurm/launch_slurm.c _task_finish, srun_job.c fini_srun), so a launcher
@@ -162,26 +168,6 @@ def container_options(spec: JobSpec, cfg: Config, names: list[str]) -> list[str]
         f"--container-mounts={shared}:{shared}",
         "--container-env=" + ",".join(dict.fromkeys(names)),
     ]
-
-
-def ranged(cfg: Config) -> bool:
-    """An elastic range (MIN_NODES below JOB_NODES): see `elastic_options`."""
-    return cfg.fewest_nodes < cfg.job_nodes
-
-
-def elastic_options(cfg: Config) -> list[str]:
-    """#SBATCH options of a job with an elastic range (none without one). `--nodes=MIN-MAX`: a
-    requeued run starts on as many nodes as are up, at least MIN ("as many nodes as possible within
-    the range specified and without delaying the initiation of the job", sbatch(1) of 22.05).
-    `--no-kill`: a failed node is removed from the running job instead of ending it (slurmctld
-    job_mgr.c kill_running_job_by_node_name: `kill_on_node_fail == 0` -> "Removing failed node ..
-    from JobId", excise_node_from_job), so the trainers on the other nodes go on. No
-    `--ntasks-per-node` then: sbatch counts MIN x that many tasks and Slurm allocates the nodes
-    they need, MIN (measured on the peer: `-N 2-3 --ntasks-per-node=1` got 2 idle nodes of 3,
-    `-N 2-3 --exclusive` all 3); the trainers' srun asks one task per node itself."""
-    if not ranged(cfg):
-        return [f"--nodes={cfg.job_nodes}", "--ntasks-per-node=1"]
-    return [f"--nodes={cfg.fewest_nodes}-{cfg.job_nodes}", "--no-kill"]
 
 
 def sbatch_options(spec: JobSpec, cfg: Config, comment: str) -> list[str]:
@@ -346,27 +332,11 @@ def _start(spec: JobSpec, run_id: str, root: str) -> list[str]:
     ]
 
 
-def store_lines(cfg: Config, root: str) -> list[str]:
-    """The c10d rendezvous store of a ranged job (fsdptrain.rdzv_store): hosted by the batch
-    script on the batch host, outside the trainers' step, so that a step retry or a lost non-batch
-    node leaves it in place (torch has no failover for the store host: c10d_rendezvous_backend.py
-    _create_tcp_store). Losing the batch host loses the script too, and with it the run: the
-    requeue path (sbatch --requeue). It ends with the script (the EXIT trap; slurmstepd kills what
-    is left of the batch step at the job's end)."""
-    py = shlex.quote(cfg.slurm_python)
-    return [
-        "# the rendezvous store of the elastic range: here, outside the trainers' step (a lost node",
-        "# of the step leaves it in place); every agent connects (is_host=false)",
-        f'{py} -m fsdptrain.rdzv_store "$head" {C10D_PORT} >>{shlex.quote(root)}/rdzv-store.log 2>&1 &',
-        "store=$!",
-        "trap 'kill \"$store\" 2>/dev/null || true' EXIT",
-    ]
-
-
 def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
     """The trainers' srun step, started again (up to STEP_TRIES) when Slurm, not they, ended it."""
     launch = [
         *srun_options(spec, cfg),
+        *orphan_guard(cfg, spec.restart.max_restarts),
         cfg.slurm_python,
         "-m",
         "fsdptrain.launch",
@@ -378,7 +348,7 @@ def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
         "try=1",
         "while :; do",
         '    rdzv_id="${SLURM_JOB_ID}-${restarts}-${try}"',
-        *(_step_nodes() if ranged(cfg) else []),
+        *(step_nodes() if ranged(cfg) else []),
         # where each launcher says how it ended (fsdptrain.disruption.record_end), per try
         f'    export {disruption.ENDS_DIR_ENV}={shlex.quote(root)}/ends/"$rdzv_id"',
         f'    mkdir -p "${disruption.ENDS_DIR_ENV}"',
@@ -391,17 +361,6 @@ def _step_loop(spec: JobSpec, cfg: Config, root: str) -> list[str]:
         + " || rc=$?",
         *_judge_step(spec, cfg),
         "done",
-    ]
-
-
-def _step_nodes() -> list[str]:
-    """A ranged job's node count now, for each try: the allocation shrinks when --no-kill removes a
-    failed node (excise_node_from_job), which the batch environment's SLURM_JOB_NUM_NODES does not
-    follow."""
-    return [
-        '    step_nodes="$(scontrol show job "$SLURM_JOB_ID" | grep -o "NumNodes=[0-9]*"'
-        ' | cut -d= -f2 || true)"',
-        '    step_nodes="${step_nodes:-$SLURM_JOB_NUM_NODES}"',
     ]
 
 
