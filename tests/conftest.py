@@ -419,6 +419,12 @@ EXTENDED = frozenset(
         # the batch host's slurmd killed (the Slurm cell kills the second node's)
         "tests/test_slurm_paths.py::test_a_killed_slurmd_requeues_once_and_the_run_resumes_with_exact"
         "_losses",
+        # issue 43 on Slurm: the batch host lost (requeued onto the nodes that are up) and a stop
+        # during the re-rendezvous with the node back; the lost non-batch node stays in CI
+        "tests/test_slurm_elastic.py::test_the_batch_host_lost_requeues_onto_the_nodes_that_are_up"
+        "_resharded",
+        "tests/test_slurm_elastic.py::test_a_stop_during_the_re_rendezvous_and_the_node_back_for_the"
+        "_next_run",
         # the GPU check's rehearsal on CPU: the script a GPU session runs, not the product
         "tests/test_gpu_check.py::test_a_cpu_rehearsal_runs_every_row",
         # a worker and then the supervisor SIGKILLed, a save killed until the budget is spent, on real

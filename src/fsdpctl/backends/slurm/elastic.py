@@ -13,10 +13,10 @@ allows, from its own source (SchedMD/slurm tag slurm-22-05-8-1) and man pages, a
   job's BatchHost outside its NodeList and requeues the job (or cancels it without requeues).
 - `--nodes=MIN-MAX`: "as many nodes as possible within the range specified and without delaying the
   initiation of the job" (sbatch(1)): a requeued run starts on the nodes that are up, at least MIN.
-- No growth of a running job: 22.05 changes a running job's size only down (`scontrol update
-  NumNodes=` "can only be reduced", scontrol(1)); growing needs a second job merged into it
-  (the FAQ's "expand" dependency), which a torchrun step cannot join. The job grows back at its
-  next requeue or run.
+- No growth of a running job: "Slurm supports the ability to decrease the size of jobs" only (22.05
+  doc/html/faq.shtml, "Can I change my job's size after it has started running?"; scontrol(1)
+  NumNodes: "a node count less than currently allocated"). The job grows back at its next
+  requeue or run.
 """
 
 from __future__ import annotations
