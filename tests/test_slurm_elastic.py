@@ -408,3 +408,46 @@ def test_a_stop_during_the_re_rendezvous_and_the_node_back_for_the_next_run(tmp_
         again = (stopped_at - kept) * GLOBAL_BATCH
         assert again <= len(taken) - total <= again + GLOBAL_BATCH
         assert _left_running(cluster) == []
+
+
+@settings(max_examples=20, derandomize=True, deadline=None)
+@given(
+    hosts=st.lists(st.sampled_from(["node1", "node2", "ip-10-0-0-7"]), min_size=1, max_size=3),
+    survivors=st.integers(1, 3),
+)
+def test_slurm_names_each_lost_node_once_in_the_order_lost(hosts, survivors):
+    """World changes on Slurm take Slurm's node names: srun's "Node failure on NODE" (Slurm 22.05
+    api/step_launch.c _node_fail_handler) in the batch log, or the guard's batch-host line, which
+    every survivor writes (said once); each shrink is named by the next node lost, in order."""
+    lines: list[str] = []
+    for n, host in enumerate(hosts):
+        if n % 2:
+            lines += ["fsdpctl: the batch host " + host + " is lost and ..."] * survivors
+        else:
+            lines.append(f"srun: error: Node failure on {host}")
+    distinct = [h for i, h in enumerate(hosts) if i == 0 or hosts[i - 1] != h]
+    for n, _ in enumerate(distinct):
+        lines.append(
+            events.to_line(
+                events.World(
+                    step=4 * (n + 1), from_world=3 - n, to_world=2 - n, from_nodes=3 - n,
+                    to_nodes=2 - n, rule="per-rank", grad_accum=1, global_batch=6,
+                    target_global_batch=6, checkpoint="/c", time=float(n),
+                )
+            )
+        )  # fmt: skip
+    found = world.changes(lines)
+    assert [c["why"] for c in found] == [f"{h} lost" for h in distinct]
+
+
+def test_a_range_with_a_container_image_is_refused_in_one_line():
+    """The store runs in the batch shell with SLURM_PYTHON: with SLURM_CONTAINER_IMAGE the range is
+    refused (one line naming both keys and the fix), never rendered half-right."""
+    from fsdpctl.backends.slurm import script
+    from fsdpctl.settings import load
+
+    base = {**script_tests.BASE, "JOB_NODES": "3", "MIN_NODES": "2", "SHARED_VOLUME_PATH": "/fsx"}
+    cfg = load(environ={}, flags={**base, "SLURM_CONTAINER_IMAGE": "/fsx/img.sqsh"})
+    (line,) = [x for x in script.refusals(cfg) if x.startswith("MIN_NODES=2")]
+    assert "SLURM_CONTAINER_IMAGE='/fsx/img.sqsh'" in line and "set MIN_NODES=0" in line
+    assert not [x for x in script.refusals(load(environ={}, flags=base)) if "MIN_NODES" in x]
