@@ -425,6 +425,7 @@ EXTENDED = frozenset(
         "_resharded",
         "tests/test_slurm_elastic.py::test_a_stop_during_the_re_rendezvous_and_the_node_back_for_the"
         "_next_run",
+        "tests/test_slurm_elastic.py::test_the_node_back_grows_the_next_run_to_every_node_resharded",
         # the GPU check's rehearsal on CPU: the script a GPU session runs, not the product
         "tests/test_gpu_check.py::test_a_cpu_rehearsal_runs_every_row",
         # a worker and then the supervisor SIGKILLed, a save killed until the budget is spent, on real

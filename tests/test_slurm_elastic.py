@@ -451,3 +451,51 @@ def test_a_range_with_a_container_image_is_refused_in_one_line():
     (line,) = [x for x in script.refusals(cfg) if x.startswith("MIN_NODES=2")]
     assert "SLURM_CONTAINER_IMAGE='/fsx/img.sqsh'" in line and "set MIN_NODES=0" in line
     assert not [x for x in script.refusals(load(environ={}, flags=base)) if "MIN_NODES" in x]
+
+
+@pytest.mark.slow
+def test_the_node_back_grows_the_next_run_to_every_node_resharded(tmp_path):
+    """Node 2 powered off at step 6; the two survivors train on and save on 2 nodes; `job stop`
+    writes the stop checkpoint there. Node 2 comes back (its slurmd registers: ReturnToService=1),
+    and `job resume` starts on all 3 nodes (`--nodes=2-3`: as many as are up; a running Slurm
+    job cannot grow, docs/slurm.md): it loads the 2-node checkpoint resharded onto 3 and trains to
+    MAX_STEPS, Succeeded; its status and history name "2 → 3 nodes at step K", the first run's
+    history "3 → 2 ... node2 lost"; every sample trained, again only for the steps the loss cost.
+    ~4 min here."""
+    with slurm_peer.running(tmp_path / "cluster", nodes=3) as cluster:
+        env = _elastic_env(cluster, tmp_path, "grown")
+        assert fsdpctl("job", "run", "--detach", env=env).returncode == 0
+        paths.until("step 6", lambda: paths.leader_step(env) >= 6)
+        cluster.kill_node(2)
+
+        def trained_on_two() -> bool:
+            found = world.changes(_lines(env))
+            return bool(found) and paths.leader_step(env) > found[0]["step"] + INTERVAL
+
+        paths.until("a checkpoint on 2 nodes", trained_on_two, 300)
+        stopped = fsdpctl("job", "stop", env=env, timeout=scaled(300))
+        assert stopped.returncode == 0, stopped.stderr
+        assert paths.status(env)["phase"] == "Stopped"
+        shrink = world.changes(_lines(env))
+        cluster.start_node(2)
+        cluster.wait_for(lambda: cluster.idle() == cluster.names, "every node idle", 120)
+        resumed = fsdpctl("job", "resume", "grown", env=env, timeout=scaled(600))
+        assert resumed.returncode == 0, (resumed.stdout[-2000:], resumed.stderr[-2000:])
+        final = paths.status(env)
+        assert final["phase"] == "Succeeded" and final["step"] == STEPS, final
+        assert cluster.job(final["scheduler_job"]["id"])["NumNodes"] == "3"
+        lines = _all_lines(env)
+        changes = world.changes(lines)
+        assert [world.text(c) for c in changes] == [
+            f"3 → 2 nodes at step {shrink[0]['step']}: node2 lost",
+            f"2 → 3 nodes at step {changes[1]['step']}",
+        ]
+        assert final["world_changes"] == [world.text(changes[1])]
+        _assert_every_sample_once_but_the_lost_steps(env, lines, changes)
+        import json
+
+        got = fsdpctl("job", "history", "-o", "json", env=env)
+        rows = json.loads(got.stdout)
+        rows = rows.get("runs", rows) if isinstance(rows, dict) else rows
+        assert [r["world"] for r in rows[-2:]] == [world.text(c) for c in changes]
+        assert _left_running(cluster) == []
