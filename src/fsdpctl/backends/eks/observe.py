@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
 from fsdpctl.errors import FsdpctlError
-from fsdpctl.job import crilog, failures, kstatus, owner, prestep, render
+from fsdpctl.job import crilog, failures, kstatus, owner, prestep, render, world
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import record as run_record
 from fsdpctl.job.crilog import LogLine
@@ -131,6 +131,8 @@ def report(
     phase = kstatus.phase(job)
     labels = job.get("metadata", {}).get("labels", {})
     by_state = kstatus.pods_by_state(pods)
+    # the trainer's rank 0 prints each resume on another world (fsdptrain.elastic) in its log
+    worlds = world.changes(lines)
     r: Report = {
         "job": name,
         "backend": "eks",
@@ -140,7 +142,9 @@ def report(
         "nodes": _replicas(job),
         "nodes_running": by_state.get("Running", 0),
         "pods": by_state,
-        "restarts": kstatus.restarts(pods, lines, _replicas(job)),
+        # a node back is a new rendezvous round, not a failure: restarts as users count them
+        "restarts": max(0, kstatus.restarts(pods, lines, _replicas(job)) - world.grew(worlds)),
+        "world_changes": [world.text(c) for c in worlds],
         "age_s": kstatus.age(job, now),
         "leader": lead["metadata"]["name"] if lead else None,
         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
