@@ -1,0 +1,262 @@
+"""Issue 43 on EKS: the elastic range (MIN_NODES..JOB_NODES) on the PyTorchJob, a rendezvous no
+worker hosts, the PodDisruptionBudget at the minimum, TrainJob refused.
+
+Upstream, as each test names it:
+- Training Operator v1.9.4 (kubeflow/trainer tag v1.9.4): elasticPolicy minReplicas/maxReplicas
+  become PET_NNODES=min:max and rdzvHost:rdzvPort PET_RDZV_ENDPOINT (pkg/controller.v1/pytorch/
+  elastic.go), a pod killed by a signal (exit 128-255) is made again under restartPolicy ExitCode
+  (pkg/util/train/train_util.go IsRetryableExitCode), and with an elasticPolicy one Worker's
+  success ends the job (pytorchjob_controller.go UpdateJobStatus); the CRD's schema in
+  ../shared/vendor/kubeflow-training-operator-v1.9.4.
+- torch 2.13 (this venv): torchrun takes --nnodes=MIN:MAX (torch/distributed/run.py); the c10d
+  store is hosted by the agent whose hostname matches the endpoint
+  (elastic/rendezvous/c10d_rendezvous_backend.py _create_tcp_store), the etcd-v2 backend keeps the
+  rendezvous in etcd (etcd_rendezvous_backend.py) and drops dead nodes by their heartbeats
+  (dynamic_rendezvous.py).
+- Kubeflow Trainer v2.3.0: the torch policy of a runtime has no elasticPolicy (the vendored
+  trainer.kubeflow.org_clustertrainingruntimes.yaml, mlPolicy.torch holds envInjection only).
+- Kubernetes v1.33 eviction and disruption controller: tests/kube_peer_disruption.py.
+
+Peers: the vendored CRD schemas (strict), the operator's passes of tests/kube_peer_operator.py
+(its v1.9.4 rules) over simulated pods, the eviction rules of tests/kube_peer_disruption.py, and
+the Kubernetes API peer (tests/kube_peer.py) that `fsdpctl job run` talks to through the real
+`kubernetes` client."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kube_peer_disruption as rules
+import kube_peer_operator as op
+from conftest import SHARED, yaml_docs
+from fsdpctl.job import render
+from fsdpctl.job.validate import crd_schemas, validate
+from fsdpctl.settings import load
+from fsdpctl.settings.checks import elastic_refusal
+from test_kube import cli, install_operator, peer  # noqa: F401 (the fixture)
+from test_kube_peer_operator import Sim
+
+VENDOR = SHARED / "vendor"
+CRD = VENDOR / "kubeflow-training-operator-v1.9.4" / "kubeflow.org_pytorchjobs.yaml"
+RUNTIMES_CRD = (
+    VENDOR / "kubeflow-trainer-v2.3.0" / "trainer.kubeflow.org_clustertrainingruntimes.yaml"
+)
+EKS = {
+    "BACKEND": "eks",
+    "AWS_ACCOUNT_ID": "123456789012",
+    "INSTANCE_TYPE": "p5.48xlarge",
+    "RDZV_BACKEND": "etcd-v2",
+}
+READY = "ready"
+STATES = (READY, "unready", "pending", "succeeded", "failed", "terminating")
+
+
+def elastic(nodes: int, low: int, **more: str):
+    return load(
+        dotenv={
+            **EKS,
+            "JOB_NODES": str(nodes),
+            "NODE_COUNT": str(nodes),
+            "MIN_NODES": str(low),
+            **more,
+        }
+    )
+
+
+def _objs(nodes: int, low: int, **more: str) -> dict[str, dict]:
+    return {o["kind"]: o for o in render.render_job(elastic(nodes, low, **more), "run-1")}
+
+
+@functools.cache
+def schemas() -> dict:
+    return crd_schemas(list(yaml_docs(CRD)))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(nodes=st.integers(1, 32), data=st.data(), gang=st.booleans())
+def test_the_range_is_the_pytorchjobs_and_the_budget_is_at_its_minimum(nodes, data, gang):
+    """For every range (MIN_NODES 0 = none): the PyTorchJob validates against the v1.9.4 CRD; its
+    elasticPolicy says minReplicas MIN, maxReplicas JOB_NODES (PET_NNODES min:max, elastic.go) and
+    the container's torchrun the same --nnodes, which torchrun takes over the environment; the
+    rendezvous is etcd-v2 on the namespace's etcd Service (no worker hosts it), the gang's and the
+    budget's minAvailable are the minimum, and settings admit it on EKS."""
+    low = data.draw(st.integers(0, nodes))
+    gang_settings = {"GANG_SCHEDULING": "true", "SCHEDULER_NAME": "volcano"} if gang else {}
+    objs = _objs(nodes, low, **gang_settings)
+    want = low or nodes
+    job = objs["PyTorchJob"]
+    assert validate([job], schemas()) == []
+    policy = job["spec"]["elasticPolicy"]
+    assert (policy["minReplicas"], policy["maxReplicas"]) == (want, nodes)
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == nodes
+    [container] = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    flags = [a for a in container["command"] if a.startswith("--nnodes=")]
+    assert flags == [f"--nnodes={want}:{nodes}" if want < nodes else f"--nnodes={nodes}"]
+    assert f"--rdzv-endpoint={policy['rdzvHost']}:{policy['rdzvPort']}" in container["command"]
+    assert policy["rdzvHost"] == objs["Service"]["metadata"]["name"] == "etcd"
+    assert objs["Deployment"]["metadata"]["name"] == "etcd"
+    assert objs["PodDisruptionBudget"]["spec"]["minAvailable"] == want
+    if gang:
+        assert job["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == want
+    assert elastic_refusal(elastic(nodes, low)) is None
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(nodes=st.integers(2, 16), data=st.data())
+def test_a_range_with_c10d_or_a_trainjob_is_refused_in_one_line(nodes, data):
+    """c10d would put the store in worker-0's agent (c10d_rendezvous_backend.py), so node 0 would
+    be special: refused, naming RDZV_BACKEND=etcd-v2. A TrainJob has no range in Trainer v2.3:
+    refused, naming JOB_KIND=pytorchjob. Each line names MIN_NODES and its value and ends with the
+    fix; without a range neither is refused."""
+    low = data.draw(st.integers(1, nodes - 1))
+    c10d = elastic_refusal(elastic(nodes, low, RDZV_BACKEND="c10d"))
+    assert c10d is not None and c10d.startswith(f"MIN_NODES={low} with RDZV_BACKEND=c10d")
+    assert "set RDZV_BACKEND=etcd-v2" in c10d and "\n" not in c10d
+    trainjob = elastic_refusal(elastic(nodes, low, JOB_KIND="trainjob", RDZV_BACKEND="c10d"))
+    assert trainjob is not None and trainjob.startswith(f"MIN_NODES={low} with JOB_KIND=trainjob")
+    assert "use JOB_KIND=pytorchjob" in trainjob and "\n" not in trainjob
+    for kind in ("pytorchjob", "trainjob"):
+        assert elastic_refusal(elastic(nodes, 0, JOB_KIND=kind, RDZV_BACKEND="c10d")) is None
+
+
+def test_trainer_v2_3_has_no_elastic_range():
+    """What the TrainJob refusal stands on: the vendored v2.3.0 runtime CRD's torch policy has no
+    elasticPolicy (nor any min/max node field), and the TrainJob's trainer only numNodes."""
+    [crd] = [d for d in yaml_docs(RUNTIMES_CRD) if d.get("kind") == "CustomResourceDefinition"]
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    torch = spec["properties"]["mlPolicy"]["properties"]["torch"]["properties"]
+    assert "elasticPolicy" not in torch and not any("node" in k.lower() for k in torch)
+    source = inspect.getsource(elastic_refusal)
+    assert "kube_elastic_refusal" in source  # the refusal is what admission calls
+
+
+def _sim(nodes: int, low: int) -> Sim:
+    job = copy.deepcopy(_objs(nodes, low)["PyTorchJob"])
+    job["metadata"]["uid"] = "uid-PyTorchJob"
+    return Sim(job)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    nodes=st.integers(2, 4),
+    data=st.data(),
+    lost=st.lists(st.tuples(st.integers(0, 3), st.sampled_from([128 + 9, 128 + 15])), max_size=4),
+)
+def test_a_lost_node_any_node_is_made_again_and_the_job_never_fails(nodes, data, lost):
+    """Under the operator's v1.9.4 passes, a range job whose pods are lost one after another (a
+    node gone: SIGKILL, or SIGTERM of an eviction), worker-0 among them: every pod carries
+    PET_NNODES min:max and the etcd endpoint, none hosts anything the others need (the same env
+    for every index), each lost pod is made again under its own name (retryable exit), the job is
+    Restarting or Running, never Failed, and ends Succeeded when a worker succeeds (elastic)."""
+    low = data.draw(st.integers(1, nodes - 1))
+    sim = _sim(nodes, low)
+    sim.settle()
+    envs = []
+    for name, pod in sorted(sim.pods.items()):
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        assert env["PET_NNODES"] == f"{low}:{nodes}" and env["PET_RDZV_BACKEND"] == "etcd-v2"
+        assert env["PET_RDZV_ENDPOINT"].startswith("etcd:"), name
+        envs.append({k: v for k, v in env.items() if k.startswith("PET_")})
+    assert all(e == envs[0] for e in envs)
+    made = sim.made
+    for node, code in lost:
+        if node >= nodes:
+            continue
+        sim.end(node, code)
+        sim.settle()
+        assert sim.phase in ("Running", "Restarting"), sim.job["status"]
+        made += 1
+        assert sim.made == made and f"fsdp-worker-{node}" in sim.pods
+    sim.end(data.draw(st.integers(0, nodes - 1)), 0)
+    sim.settle()
+    assert sim.phase == "Succeeded"
+
+
+def _pod(i: int, state: str, labels: dict) -> dict:
+    phase = {"pending": "Pending", "succeeded": "Succeeded", "failed": "Failed"}.get(
+        state, "Running"
+    )
+    meta = {"name": f"w-{i}", "namespace": "fsdp", "labels": dict(labels)}
+    if state == "terminating":
+        meta["deletionTimestamp"] = "2026-12-06T10:00:00Z"
+    ready = "True" if state in (READY, "terminating") else "False"
+    return {
+        "metadata": meta,
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def _healthy(pods: list[dict]) -> int:
+    return sum(rules.ready(p) and not p["metadata"].get("deletionTimestamp") for p in pods)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(nodes=st.integers(2, 32), data=st.data())
+def test_a_drain_takes_ready_pods_down_to_the_minimum_and_no_further(nodes, data):
+    """Over ranges, every mix of pod states and any eviction order (the eviction API's rules,
+    kube_peer_disruption.py): a Ready pod goes exactly while more than MIN_NODES pods are healthy,
+    else 429 naming MIN_NODES as the healthy pods needed; the job never has fewer healthy pods than
+    its minimum through evictions, and pods not Ready always go. So a drain or a managed node group
+    update takes JOB_NODES - MIN_NODES nodes and waits for the rest."""
+    low = data.draw(st.integers(1, nodes - 1))
+    objs = _objs(nodes, low)
+    budget = objs["PodDisruptionBudget"]
+    labels = objs["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]
+    states = data.draw(st.lists(st.sampled_from(STATES), min_size=nodes, max_size=nodes))
+    pods = [_pod(i, s, labels["labels"]) for i, s in enumerate(states)]
+    for i in data.draw(st.permutations(range(nodes))):
+        before = _healthy(pods)
+        refusal = rules.eviction(pods[i], [budget], pods)
+        if states[i] == READY and before <= low:
+            assert refusal is not None and refusal.code == 429
+            [cause] = refusal.causes
+            assert f"needs {low} healthy pods and has {before}" in cause["message"]
+            continue
+        assert refusal is None, (states[i], before, low)
+        pods[i]["metadata"]["deletionTimestamp"] = "2026-12-06T10:00:00Z"
+        if states[i] == READY:
+            assert _healthy(pods) >= low
+
+
+@pytest.mark.slow
+def test_job_run_puts_the_range_on_the_cluster_and_a_drain_stops_at_the_minimum(peer):  # noqa: F811
+    """`job run` of a 4-node job with MIN_NODES=2 through the API peer: the PyTorchJob carries the
+    range and the budget (owned by the job) minAvailable 2; a drain's evictions take two Ready
+    workers (worker-0, the old store host, first) and the third gets 429 from the budget. With
+    RDZV_BACKEND=c10d the same run is refused (exit 2, one line) before anything is made."""
+    from kubernetes import client, config
+
+    from test_disruption_budget import _evict, _worker_pods
+    from test_kube import kube
+
+    install_operator(peer)
+    refused = cli("job", "run", "-d", JOB_NODES="4", NODE_COUNT="4", MIN_NODES="2")
+    assert refused.exit_code == 2, refused.output
+    assert "MIN_NODES=2 with RDZV_BACKEND=c10d" in refused.stderr
+    assert "Traceback" not in refused.output and peer.objects("pytorchjobs") == []
+    r = cli(
+        "job", "run", "-d", JOB_NODES="4", NODE_COUNT="4", MIN_NODES="2", RDZV_BACKEND="etcd-v2"
+    )
+    assert r.exit_code == 0, r.output
+    [job] = peer.objects("pytorchjobs")
+    assert (
+        job["spec"]["elasticPolicy"]["minReplicas"],
+        job["spec"]["elasticPolicy"]["maxReplicas"],
+    ) == (2, 4)
+    [budget] = peer.objects("poddisruptionbudgets")
+    assert budget["spec"]["minAvailable"] == 2
+    assert [o["kind"] for o in budget["metadata"]["ownerReferences"]] == ["PyTorchJob"]
+    names = _worker_pods(peer, kube(peer), 4)
+    core = client.CoreV1Api(config.new_client_from_config(str(peer.kubeconfig)))
+    assert _evict(core, names[0]) is None and _evict(core, names[1]) is None
+    code, body = _evict(core, names[2])
+    assert code == 429 and body["message"] == rules.TOO_MANY
+    [cause] = body["details"]["causes"]
+    assert cause["message"] == "The disruption budget fsdp needs 2 healthy pods and has 2 currently"
+    assert op.has_condition(job.get("status") or {}, "Failed") is False
