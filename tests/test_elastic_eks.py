@@ -260,3 +260,63 @@ def test_job_run_puts_the_range_on_the_cluster_and_a_drain_stops_at_the_minimum(
     [cause] = body["details"]["causes"]
     assert cause["message"] == "The disruption budget fsdp needs 2 healthy pods and has 2 currently"
     assert op.has_condition(job.get("status") or {}, "Failed") is False
+
+
+# ---- the rendezvous EKS uses, on real torchrun and a real etcd ----------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_node_0_lost_on_the_etcd_v2_rendezvous_is_any_nodes_loss(tmp_path, monkeypatch):
+    """What the EKS range stands on, run where a real etcd (3.5, v2 API on) and real torchrun run:
+    the local backend with RDZV_BACKEND=etcd-v2 (its etcd on no node, as the job namespace's etcd is
+    on no worker), 3 nodes, MIN_NODES=2, node 0 SIGKILLed at step 12 and not made again. The two
+    others train on from the last checkpoint to Succeeded (etcd_rendezvous_backend.py holds the
+    state, dynamic_rendezvous.py drops node 0 by its heartbeat): at most CHECKPOINT_INTERVAL steps
+    lost, every block of data trained, one restart, and `job status` names the change. With c10d
+    on EKS the store would have died with node 0 (refused above)."""
+    import test_elastic_local as cell
+    from fsdpctl.backends.local import engine as local
+    from fsdpctl.backends.local.backend import LocalBackend
+    from fsdpctl.backends.local.report import job_report
+    from fsdpctl.job import world
+
+    real_load = cell.load
+    monkeypatch.setattr(
+        cell, "load", lambda dotenv: real_load(dotenv={**dotenv, "RDZV_BACKEND": "etcd-v2"})
+    )
+    cell._start(tmp_path, monkeypatch)
+    cfg_seen = LocalBackend(load(dotenv={"JOB_NAME": "t"}))
+    cell._wait_step(cell.LOSE_AT)
+    local.lose("t", 0)
+    state = local.wait("t", timeout=600)
+    report = job_report(state, float("inf"))
+    assert report["phase"] == "Succeeded" and report["step"] == cell.STEPS, report
+    lines = cfg_seen.run_lines("t", state["run_id"]) or []
+    # the rendezvous was the etcd server's (pods.rendezvous starts it for etcd and etcd-v2)
+    assert (local.job_dir("t") / "etcd" / state["run_id"]).is_dir()
+    [change] = world.changes(lines)
+    assert report["world_changes"] == [f"3 → 2 nodes at step {change['step']}: node-0 lost"]
+    assert report["restarts"] == 1, report
+    assert 0 <= cell._steps_lost(lines, change) <= cell.INTERVAL
+    taken = cell._taken(tmp_path / "trace")
+    assert set(taken) == set(range(cell.STEPS * cell.GLOBAL_BATCH))
+    _supervisor_gone(state["supervisor_pid"])
+
+
+def _supervisor_gone(pid: int, timeout: float = 120) -> None:
+    """The supervisor ends on its own once the job ended (it stops the etcd server it started):
+    waited for, so the test leaves nothing running. Not our child: its /proc entry is watched."""
+    import time
+    from pathlib import Path
+
+    def alive() -> bool:
+        try:
+            return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text(errors="replace")
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while alive():
+        assert time.monotonic() < deadline, f"supervisor {pid} still runs"
+        time.sleep(0.2)
