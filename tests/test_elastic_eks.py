@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -227,13 +228,16 @@ def test_a_drain_takes_ready_pods_down_to_the_minimum_and_no_further(nodes, data
 @pytest.mark.slow
 def test_job_run_puts_the_range_on_the_cluster_and_a_drain_stops_at_the_minimum(peer):  # noqa: F811
     """`job run` of a 4-node job with MIN_NODES=2 through the API peer: the PyTorchJob carries the
-    range and the budget (owned by the job) minAvailable 2; a drain's evictions take two Ready
-    workers (worker-0, the old store host, first) and the third gets 429 from the budget. With
+    range and the budget (owned by the job) minAvailable 2; `job status` names the world changes
+    the leader's log holds and counts the loss, not the growth, as a restart; a drain's evictions
+    take two Ready workers (worker-0, the old store host, first) and the third gets 429 from the
+    budget. With
     RDZV_BACKEND=c10d the same run is refused (exit 2, one line) before anything is made."""
     from kubernetes import client, config
 
     from test_disruption_budget import _evict, _worker_pods
-    from test_kube import kube
+    from test_elastic_local import _world
+    from test_kube import kube, step_line
 
     install_operator(peer)
     refused = cli("job", "run", "-d", JOB_NODES="4", NODE_COUNT="4", MIN_NODES="2")
@@ -253,6 +257,23 @@ def test_job_run_puts_the_range_on_the_cluster_and_a_drain_stops_at_the_minimum(
     assert budget["spec"]["minAvailable"] == 2
     assert [o["kind"] for o in budget["metadata"]["ownerReferences"]] == ["PyTorchJob"]
     names = _worker_pods(peer, kube(peer), 4)
+    # the leader's log after a loss and a return, as torch 2.13's agent and the trainer print them
+    # (agent/server/api.py _invoke_run: "will restart worker group" after a failure, and again for
+    # a node waiting, which spends no restart; fsdptrain.elastic's `world` event at each resume)
+    peer.api.logs[("fsdp", names[0])] = "\n".join(
+        [
+            step_line(12),
+            "[default] Worker group FAILED. 3/3 attempts left; will restart worker group",
+            _world(10, 4, 2, 10.0),
+            step_line(21),
+            "[default] Detected 1 new nodes from group_rank=0; will restart worker group",
+            _world(20, 2, 4, 20.0),
+            step_line(25),
+        ]
+    )
+    status = json.loads(cli("job", "status", "-o", "json").stdout)
+    assert status["world_changes"] == ["4 → 2 nodes at step 10", "2 → 4 nodes at step 20"]
+    assert status["restarts"] == 1 and status["step"] == 25, status  # the growth is no restart
     core = client.CoreV1Api(config.new_client_from_config(str(peer.kubeconfig)))
     assert _evict(core, names[0]) is None and _evict(core, names[1]) is None
     code, body = _evict(core, names[2])
