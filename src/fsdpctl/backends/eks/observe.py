@@ -20,6 +20,7 @@ from fsdpctl.job.progress import parse_events, progress, stage, stalled
 from fsdpctl.job.reports import PrestepReport, Report
 from fsdpctl.settings import Config
 from fsdptrain import fetch
+from fsdptrain.events import World
 
 LOG_TAIL = (
     3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
@@ -85,6 +86,27 @@ def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[
     return first, lines
 
 
+def _ranged(job: dict) -> bool:
+    """Whether the job has an elastic range (a PyTorchJob's elasticPolicy below its maximum)."""
+    policy = (job.get("spec") or {}).get("elasticPolicy") or {}
+    return int(policy.get("minReplicas") or 0) < int(policy.get("maxReplicas") or 0)
+
+
+def _is_world(line: str) -> bool:
+    return '"world"' in line and any(isinstance(e, World) for e in parse_events([line]))
+
+
+def world_lines(kube, cfg: Config, job: dict, pods: list[dict], lead: dict | None) -> list[str]:
+    """The `world` event lines in the logs of the job's pods other than the leader. Rank 0 of each
+    new world prints it (fsdptrain.elastic), and after node 0 was lost rank 0 is on another pod, so
+    with a range every pod's log (its LOG_TAIL lines) is read; without one the leader's are all."""
+    if not _ranged(job):
+        return []
+    skip = lead["metadata"]["name"] if lead else None
+    names = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != skip]
+    return [line for n in names for line in log_lines(kube, cfg, n) if _is_world(line)]
+
+
 def container_env(job: dict) -> dict[str, str]:
     """The plain `value` env entries of the job's pod template (PyTorchJob or TrainJob: wherever in
     the object a container's env list is)."""
@@ -132,7 +154,7 @@ def report(
     labels = job.get("metadata", {}).get("labels", {})
     by_state = kstatus.pods_by_state(pods)
     # the trainer's rank 0 prints each resume on another world (fsdptrain.elastic) in its log
-    worlds = world.changes(lines)
+    worlds = world.changes([*lines, *world_lines(kube, cfg, job, pods, lead)])
     r: Report = {
         "job": name,
         "backend": "eks",
@@ -360,9 +382,10 @@ def record_of(
             f"job {name}'s {configmap.ANNOTATION} annotation does not match ConfigMap {cm_name}"
         )
     pods = pods_of(kube, cfg, name)
-    _, lines = find_leader(kube, cfg, pods)
+    lead, lines = find_leader(kube, cfg, pods)
     digest = configmap.image_digest(pods, _container(cfg))
-    now = run_record.learnt(configmap.with_digest(rec, digest), lines)
+    seen = [*lines, *world_lines(kube, cfg, job, pods, lead)]
+    now = run_record.learnt(configmap.with_digest(rec, digest), seen)
     if now != rec and not problems and _ours(cm, name) and _ours(job, name):
         kept = configmap.config_map(now, cfg.job_namespace)
         labels = {**(cm["metadata"].get("labels") or {}), **kept["metadata"]["labels"]}
