@@ -258,6 +258,9 @@ def test_job_run_puts_the_range_on_the_cluster_and_a_drain_stops_at_the_minimum(
     assert budget["spec"]["minAvailable"] == 2
     assert [o["kind"] for o in budget["metadata"]["ownerReferences"]] == ["PyTorchJob"]
     names = _worker_pods(peer, kube(peer), 4)
+    # node 0 lost: rank 0 of the 2-node world was on worker-1, which printed its steps and the
+    # world event; worker-0's new pod is rank 0 again after the growth
+    peer.api.logs[("fsdp", names[1])] = "\n".join([_world(10, 4, 2, 10.0), step_line(15)])
     # the leader's log after a loss and a return, as torch 2.13's agent and the trainer print them
     # (agent/server/api.py _invoke_run: "will restart worker group" after a failure, and again for
     # a node waiting, which spends no restart; fsdptrain.elastic's `world` event at each resume)
@@ -271,8 +274,6 @@ def test_job_run_puts_the_range_on_the_cluster_and_a_drain_stops_at_the_minimum(
             step_line(25),
         ]
     )
-    # the shrink's rank 0 was on another pod (node 0 lost): its event is in that pod's log
-    peer.api.logs[("fsdp", names[1])] = "\n".join([_world(10, 4, 2, 10.0), step_line(15)])
     status = json.loads(cli("job", "status", "-o", "json").stdout)
     assert status["world_changes"] == ["4 → 2 nodes at step 10", "2 → 4 nodes at step 20"]
     assert status["restarts"] == 1 and status["step"] == 25, status  # the growth is no restart
@@ -343,3 +344,173 @@ def _supervisor_gone(pid: int, timeout: float = 120) -> None:
     while alive():
         assert time.monotonic() < deadline, f"supervisor {pid} still runs"
         time.sleep(0.2)
+
+
+# ---- the API peer's cluster: real torchrun in its pods, a real etcd in a pod --------------------------
+
+PEER_JOB = {
+    "SEQ_LEN": "64",
+    "PRECISION": "fp32",
+    "WARMUP_STEPS": "2",
+    "MODEL": "tiny",
+    "JOB_NODES": "3",
+    "NODE_COUNT": "3",
+    "MIN_NODES": "2",
+    "RDZV_BACKEND": "etcd-v2",
+    "MAX_STEPS": "40",
+    "CHECKPOINT_INTERVAL": "5",
+    "CHECKPOINT_KEEP": "20",
+    "MAX_RESTARTS": "2",
+    "MICRO_BATCH_SIZE": "2",
+    "GRAD_ACCUM_STEPS": "2",
+    "LOG_INTERVAL": "1",
+}
+
+
+def _etcd_pod(port: int, peer_port: int) -> dict:
+    """What the etcd Deployment's ReplicaSet would make (the API peer has no Deployment
+    controller): one pod the `etcd` Service selects, running this machine's etcd (3.4, v2 API on)
+    on the port the peer's cluster gives that Service, its data on an emptyDir."""
+    env = {
+        "ETCD_NAME": "etcd",
+        "ETCD_DATA_DIR": "/var/lib/etcd",
+        "ETCD_ENABLE_V2": "true",
+        "ETCD_LISTEN_CLIENT_URLS": f"http://0.0.0.0:{port}",
+        "ETCD_ADVERTISE_CLIENT_URLS": f"http://etcd:{port}",
+        "ETCD_LISTEN_PEER_URLS": f"http://127.0.0.1:{peer_port}",
+        "ETCD_INITIAL_ADVERTISE_PEER_URLS": f"http://127.0.0.1:{peer_port}",
+        "ETCD_INITIAL_CLUSTER": f"etcd=http://127.0.0.1:{peer_port}",
+    }
+    container = {
+        "name": "etcd",
+        "image": "quay.io/coreos/etcd:v3.5.21",
+        # the peer's kubelets start the image's python (this interpreter), which becomes etcd
+        "command": ["python", "-c", "import os; os.execvp('etcd', ['etcd'])"],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "etcd-0",
+            "namespace": "fsdp",
+            "labels": {"app.kubernetes.io/name": "etcd"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "containers": [container],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy_etcd(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return b"true" in r.read()
+    except OSError:
+        return False
+
+
+def _cordon(k, names: list[str], on: bool) -> None:
+    for name in names:
+        k.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}",
+            content_type="application/merge-patch+json",
+            body={"spec": {"unschedulable": on}},
+        )
+
+
+def _all_lines(b, job: str) -> list[str]:
+    """Every container's whole log of the job's pods, kept by the peer's kubelets on disk (pods
+    the operator deleted included)."""
+    return [
+        line
+        for i in range(3)
+        for text in b.cluster.node_logs("fsdp", f"{job}-worker-{i}", "pytorch")
+        for line in text.splitlines()
+    ]
+
+
+def _worlds(b, job: str) -> list:
+    from fsdpctl.job import world
+
+    return world.changes(_all_lines(b, job))
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monkeypatch):
+    """`job run` of 3 pods, MIN_NODES=2, etcd-v2, on the API peer's cluster (the operator's v1.9.4
+    passes, kubelets running real torchrun on CPU, an etcd pod behind the `etcd` Service). With
+    every node cordoned (no room for a replacement), worker-0 is SIGKILLed at step 12: the operator
+    makes its pod again (Pending: nowhere to go) and the job is never Failed; the other two
+    re-rendezvous on etcd and train on from the last checkpoint on 2 nodes (at most
+    CHECKPOINT_INTERVAL steps lost). Uncordoned, worker-0's pod runs, joins as a waiting node and
+    the job grows back to 3; it ends Succeeded at MAX_STEPS with both world changes in the pods'
+    logs. `job status` on 2 nodes follows rank 0 to its pod: the step, the change, one restart."""
+    from test_kube_peer_operator import EKS as PEER_EKS
+    from test_kube_peer_operator import Bench, _step_seen, until
+
+    job = "el"
+    # three GPU nodes, one pod each (the Bench's cluster has two by default)
+    monkeypatch.setattr(
+        op.Cluster.__init__, "__kwdefaults__", {"nodes": 3, "instance_type": "p5.48xlarge"}
+    )
+    b = Bench(tmp_path)
+    try:
+        port = _free_port()
+        b.cluster.ports[("fsdp", "etcd", 2379)] = port
+        b.cluster.kube.apply(_etcd_pod(port, _free_port()))
+        until("etcd healthy", lambda: _healthy_etcd(port), timeout=60)
+        settings_ = {**PEER_EKS, **PEER_JOB, "JOB_NAME": job}
+        r = b.run("job", "run", "-d", **settings_)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        until("step 12", lambda: _step_seen(b, job, f"{job}-worker-0", 12), timeout=300)
+        _cordon(b.cluster.kube, b.cluster.node_names, True)
+        assert b.cluster.kill("fsdp", f"{job}-worker-0") > 0
+        until("3 -> 2", lambda: len(_worlds(b, job)) >= 1, timeout=300)
+        shrink = _worlds(b, job)[0]
+        assert (shrink["from_nodes"], shrink["to_nodes"]) == (3, 2), shrink
+        # on 2 nodes, worker-0's pod Pending: status follows rank 0 to the pod it is on now
+        on_two = json.loads(b.run("job", "status", job, "-o", "json", **settings_).stdout)
+        assert on_two["world_changes"] == [f"3 → 2 nodes at step {shrink['step']}"], on_two
+        assert on_two["restarts"] == 1 and on_two["step"] >= shrink["step"], on_two
+        assert on_two["phase"] in ("Running", "Restarting"), on_two
+        _cordon(b.cluster.kube, b.cluster.node_names, False)
+        until("2 -> 3", lambda: len(_worlds(b, job)) >= 2, timeout=300)
+        waited = b.run("job", "wait", job, "--timeout", "400", **settings_)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        got = b.cluster.kube.get("kubeflow.org/v1", "PyTorchJob", job, "fsdp")
+        assert op.has_condition(got["status"], "Succeeded")
+        lines = _all_lines(b, job)
+        changes = _worlds(b, job)
+        assert [(c["from_nodes"], c["to_nodes"]) for c in changes] == [(3, 2), (2, 3)]
+        from fsdpctl.job import record
+
+        assert max(record.losses(lines)) == 40
+        from test_elastic_local import _steps_lost
+
+        assert 0 <= _steps_lost(lines, changes[0]) <= 5
+        status = json.loads(b.run("job", "status", job, "-o", "json", **settings_).stdout)
+        assert status["phase"] == "Succeeded", status
+        # the pods still running at the end are deleted with their logs (cleanPodPolicy Running):
+        # after the end status says what the kept pods' logs hold
+        print(f"\nafter the run: {status.get('world_changes')}, {status['restarts']} restarts")
+    finally:
+        b.close()
