@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
@@ -211,9 +211,15 @@ def report(
         "prestep": prestep_report(kube, cfg, name),
         "stalled": False,
     }
-    if not prog[
-        "max_steps"
-    ]:  # before the first step: how far the start got (the leader pod's lines)
+    return _judged(r, cfg, job, lines, prog, stall_after)
+
+
+def _judged(
+    r: Report, cfg: Config, job: dict, lines: list[str], prog: Any, stall_after: float
+) -> Report:
+    """`r` with what its facts mean: how far a start got, a stall, the restart budget."""
+    phase, name = r["phase"], r["job"]
+    if not prog["max_steps"]:  # before the first step: how far the start got (the leader's lines)
         r["stage"] = stage(parse_events(lines), None, r["nodes"])
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
     if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running") and not r["step"]:
