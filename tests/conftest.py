@@ -414,6 +414,9 @@ EXTENDED = frozenset(
         "tests/test_faults.py::test_sigkill_of_a_worker_restarts_the_group_and_resumes_exactly",
         "tests/test_stop_and_restarts.py::test_a_killed_node_is_recreated_and_the_job_resumes",
         "tests/test_kube_peer_operator.py::test_a_killed_pod_is_recreated_and_the_job_resumes",
+        # issue 43: node 0 lost on etcd-v2, the rendezvous an EKS range uses (real etcd, torchrun)
+        "tests/test_elastic_eks.py::test_node_0_lost_on_the_etcd_v2_rendezvous_is_any_nodes_loss",
+        "tests/test_elastic_eks.py::test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back",
         "tests/test_slurm_backend.py::test_a_two_node_job_trains_requeues_after_a_node_failure_resumes"
         "_and_stops",
         # the batch host's slurmd killed (the Slurm cell kills the second node's)

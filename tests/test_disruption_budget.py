@@ -5,7 +5,9 @@ RDZV_JOIN_TIMEOUT (600 s) for a replacement p5, which rarely boots, joins and pu
 that time, and the job failed about ten minutes after the drain. Now every pod of a running job is
 needed (minAvailable JOB_NODES) and a pod that runs but is not Ready never holds a drain
 (unhealthyPodEvictionPolicy AlwaysAllow): a drain waits until `fsdpctl job stop` has checkpointed and
-ended the job, whose finished pods the eviction API lets go without a look at any budget.
+ended the job, whose finished pods the eviction API lets go without a look at any budget. With an
+elastic range (MIN_NODES, issue 43) the budget is at the minimum instead, and a drain takes
+JOB_NODES - MIN_NODES Ready pods: tests/test_elastic_eks.py holds it to the same rules.
 
 Peers: the rendered budget against the real Kubernetes 1.33 schema (kubernetes-validate, strict); the
 Kubernetes API peer (tests/kube_peer.py) with its eviction subresource and disruption controller

@@ -65,7 +65,7 @@ def test_min_nodes_is_a_range_below_job_nodes_or_refused(nodes, low):
 
 def test_min_nodes_off_the_local_backend_is_refused_not_ignored():
     cfg = load(dotenv={**CLUSTER, "JOB_NODES": "4", "MIN_NODES": "3"})
-    assert "MIN_NODES=3 with BACKEND=eks" in (elastic_refusal(cfg) or "")
+    assert "MIN_NODES=3 with RDZV_BACKEND=c10d on eks" in (elastic_refusal(cfg) or "")
     assert elastic_refusal(load(dotenv={**CLUSTER, "JOB_NODES": "4"})) is None
 
 

@@ -281,6 +281,15 @@ def conf_arg(cfg: Config) -> str:
     return "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf(cfg))
 
 
+def nnodes(cfg: Config) -> str:
+    """torchrun's --nnodes: JOB_NODES, or MIN:MAX with an elastic range. The command states it as
+    the PyTorchJob's elasticPolicy does (minReplicas:maxReplicas, which Training Operator v1.9.4
+    puts in PET_NNODES: pkg/controller.v1/pytorch/elastic.go), since torchrun takes a flag over
+    the environment (torch/distributed/run.py, env defaults of its arguments)."""
+    low = cfg.fewest_nodes
+    return str(cfg.job_nodes) if low == cfg.job_nodes else f"{low}:{cfg.job_nodes}"
+
+
 def launch_command(cfg: Config, run_id: str) -> list[str]:
     """The PyTorchJob's container command: the pre-launch check, then torchrun with an elastic
     rendezvous in which every node's agent restarts the whole worker group after a failure
@@ -288,7 +297,7 @@ def launch_command(cfg: Config, run_id: str) -> list[str]:
     backend, host, port = rendezvous(cfg)
     return [
         *LAUNCH,
-        f"--nnodes={cfg.job_nodes}",
+        f"--nnodes={nnodes(cfg)}",
         f"--nproc-per-node={cfg.procs_per_node}",
         f"--rdzv-backend={backend}",
         f"--rdzv-endpoint={host}:{port}",

@@ -216,6 +216,7 @@ def job_values(spec: JobSpec, cfg: Config) -> dict[str, Any]:
         labels=dict(spec.labels),
         nproc_per_node=spec.procs_per_node,
         nodes=spec.nodes,
+        min_nodes=cfg.fewest_nodes,
         rdzv_backend=rdzv.backend,
         rdzv_host=rdzv.host,
         rdzv_port=rdzv.port,
@@ -348,15 +349,16 @@ def render_fetch_job(cfg: Config, run_id: str) -> list[Obj]:
 
 
 def render_pdb(cfg: Config, run_id: str) -> list[Obj]:
-    """The PodDisruptionBudget of the job's pods (templates/pdb.yaml.j2): no voluntary eviction of
-    any of them while the job runs; a drain waits for the job to end (`job stop`)."""
+    """The PodDisruptionBudget of the job's pods (templates/pdb.yaml.j2): at the job's minimum.
+    Without a range (MIN_NODES unset) every pod is needed and a drain waits for the job to end
+    (`job stop`); with one, JOB_NODES - MIN_NODES pods may be evicted and the others train on."""
     selector = {"fsdpctl.io/job": cfg.job_name, "fsdpctl.io/run-id": label_value(run_id)}
     return render_template(
         "pdb.yaml.j2",
         job_name=cfg.job_name,
         namespace=cfg.job_namespace,
         labels=labels(cfg, run_id),
-        min_available=cfg.job_nodes,
+        min_available=cfg.fewest_nodes,
         selector=selector,
     )
 

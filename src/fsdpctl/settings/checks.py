@@ -101,19 +101,50 @@ def cross_checks(cfg: Config) -> list[str]:
 
 
 # where MIN_NODES below JOB_NODES is carried out; elsewhere it is refused, never ignored
-ELASTIC_BACKENDS = frozenset({"local", "slurm"})
+ELASTIC_BACKENDS = frozenset({"local", "eks", "slurm"})
 
 
 def elastic_refusal(cfg: Config) -> str | None:
     """MIN_NODES below JOB_NODES where the backend would not carry it out (`admit` refuses it for
     the job's place; `plan` speaks of the cluster whatever BACKEND says, so this is not a check of
     the settings themselves)."""
-    if cfg.fewest_nodes == cfg.job_nodes or cfg.backend in ELASTIC_BACKENDS:
+    if cfg.fewest_nodes == cfg.job_nodes:
         return None
+    if cfg.backend in ELASTIC_BACKENDS:
+        return kube_elastic_refusal(cfg) if cfg.target.kubernetes else None
     return (
         f"MIN_NODES={cfg.min_nodes} with BACKEND={cfg.backend}: the elastic range is carried out on "
         f"{', '.join(sorted(ELASTIC_BACKENDS))} so far; set MIN_NODES=0 (wait for a lost node)"
     )
+
+
+def kube_elastic_refusal(cfg: Config) -> str | None:
+    """A range on Kubernetes needs a PyTorchJob and a rendezvous that outlives every worker.
+
+    TrainJob: Kubeflow Trainer v2.3.0 has no elastic range. Its torch policy holds only
+    `envInjection` (trainer.kubeflow.org_trainingruntimes.yaml, mlPolicy.torch; the elasticPolicy
+    of the v2 alphas was dropped) and its torch plugin sets PET_NNODES to the TrainJob's numNodes
+    (pkg/runtime/framework/plugins/torch/torch.go), a fixed world.
+
+    c10d: the operator points every worker at worker-0 (rdzvHost), and torch hosts the c10d store
+    in the agent whose hostname matches the endpoint (c10d_rendezvous_backend.py _create_tcp_store,
+    _matches_machine_hostname) with no failover, so losing node 0 loses the rendezvous of the nodes
+    that survive. etcd-v2 keeps the rendezvous state in the job namespace's etcd (`fsdpctl deploy
+    etcd`, a Deployment on no worker): EtcdRendezvousBackend, with dead nodes dropped by their
+    heartbeats (dynamic_rendezvous.py _sanitize), so node 0 is lost like any other."""
+    if cfg.job_kind == "trainjob":
+        return (
+            f"MIN_NODES={cfg.min_nodes} with JOB_KIND=trainjob: Kubeflow Trainer v2.3 has no elastic "
+            "range (its torch policy has no elasticPolicy; the Trainer sets PET_NNODES to numNodes); "
+            "use JOB_KIND=pytorchjob, or MIN_NODES=0"
+        )
+    if cfg.rdzv_backend == "c10d":
+        return (
+            f"MIN_NODES={cfg.min_nodes} with RDZV_BACKEND=c10d on {cfg.backend}: the c10d store lives in "
+            "worker-0's torchrun agent, so losing node 0 would lose the rendezvous of the others; "
+            "set RDZV_BACKEND=etcd-v2 (the job namespace's etcd outlives every node), or MIN_NODES=0"
+        )
+    return None
 
 
 def _elastic_checks(cfg: Config) -> list[str]:

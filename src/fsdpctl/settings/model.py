@@ -131,7 +131,8 @@ class Settings(BaseModel):
         0,
         "job",
         "the fewest nodes the job trains on after losing some (elastic range MIN_NODES..JOB_NODES; "
-        "0: JOB_NODES, no range: a lost node is waited for, as before); local and slurm backends",
+        "0: JOB_NODES, no range: a lost node is waited for, as before); local, slurm, and EKS with "
+        "JOB_KIND=pytorchjob and RDZV_BACKEND=etcd-v2",
         ge=0,
         le=1024,
     )

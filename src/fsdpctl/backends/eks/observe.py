@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from fsdpctl.backends.eks import configmap
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
 from fsdpctl.errors import FsdpctlError
-from fsdpctl.job import crilog, failures, kstatus, owner, prestep, render
+from fsdpctl.job import crilog, failures, kstatus, owner, prestep, render, world
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import record as run_record
 from fsdpctl.job.crilog import LogLine
@@ -20,6 +21,7 @@ from fsdpctl.job.progress import parse_events, progress, stage, stalled
 from fsdpctl.job.reports import PrestepReport, Report
 from fsdpctl.settings import Config
 from fsdptrain import fetch
+from fsdptrain.events import Step, World
 
 LOG_TAIL = (
     3000  # lines of the leader's log read for progress (the trainer writes one JSON line per step)
@@ -85,6 +87,59 @@ def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[
     return first, lines
 
 
+def _ranged(job: dict) -> bool:
+    """Whether the job has an elastic range (a PyTorchJob's elasticPolicy below its maximum)."""
+    policy = (job.get("spec") or {}).get("elasticPolicy") or {}
+    return int(policy.get("minReplicas") or 0) < int(policy.get("maxReplicas") or 0)
+
+
+def _is_world(line: str) -> bool:
+    return '"world"' in line and any(isinstance(e, World) for e in parse_events([line]))
+
+
+class Seen(NamedTuple):
+    """What a job's logs say, for `report` and `record_of`: the leader pod and its lines, the
+    `world` event lines of the others, and the job's restarts as users count them."""
+
+    lead: dict | None
+    lines: list[str]
+    worlds: list[str]
+    restarts: int
+
+
+def seen(kube, cfg: Config, job: dict, pods: list[dict]) -> Seen:
+    """Without a range: the leader as `find_leader` finds it. With one, rank 0 moves: after node 0
+    was lost it is on another pod, and replica 0's new pod has no step yet. So every pod's log is
+    read (LOG_TAIL lines each) and the leader is the pod whose log has the newest step (only rank 0
+    prints steps: fsdptrain.train), else replica 0; each new world's rank 0 printed its `world`
+    event (fsdptrain.elastic) wherever it was; and each agent logs every restart of the group it
+    saw (kstatus.GROUP_RESTART), so the most any pod's log shows is the job's. A growth is a new
+    rendezvous round, not a failure: not a restart."""
+    nodes = _replicas(job)
+    if not _ranged(job):
+        lead, lines = find_leader(kube, cfg, pods)
+        grew = world.grew(world.changes(lines))
+        return Seen(lead, lines, [], max(0, kstatus.restarts(pods, lines, nodes) - grew))
+    logs = {p["metadata"]["name"]: log_lines(kube, cfg, p["metadata"]["name"]) for p in pods}
+    lead = max(
+        pods,
+        key=lambda p: (_last_step(logs[p["metadata"]["name"]]), -kstatus.rank0_index(p)),
+        default=None,
+    )
+    if lead is not None and _last_step(logs[lead["metadata"]["name"]]) < 0:
+        lead = kstatus.leader(pods)
+    name = lead["metadata"]["name"] if lead else None
+    lines = logs.get(name, []) if name else []
+    others = [line for n, got in logs.items() if n != name for line in got if _is_world(line)]
+    grew = world.grew(world.changes([*lines, *others]))
+    most = max((kstatus.restarts(pods, got, nodes) for got in logs.values()), default=0)
+    return Seen(lead, lines, others, max(0, most - grew))
+
+
+def _last_step(lines: list[str]) -> float:
+    return max((e.time for e in parse_events(lines) if isinstance(e, Step)), default=-1.0)
+
+
 def container_env(job: dict) -> dict[str, str]:
     """The plain `value` env entries of the job's pod template (PyTorchJob or TrainJob: wherever in
     the object a container's env list is)."""
@@ -118,7 +173,7 @@ def report(
 ) -> Report:
     job = job or require_job(kube, cfg, name)
     pods = pods_of(kube, cfg, name)
-    lead, lines = find_leader(kube, cfg, pods)
+    lead, lines, other_worlds, restarts = seen(kube, cfg, job, pods)
     now = time.time()
     prog = progress(parse_events(lines), now)
     pending = [
@@ -131,6 +186,7 @@ def report(
     phase = kstatus.phase(job)
     labels = job.get("metadata", {}).get("labels", {})
     by_state = kstatus.pods_by_state(pods)
+    worlds = world.changes([*lines, *other_worlds])
     r: Report = {
         "job": name,
         "backend": "eks",
@@ -140,7 +196,8 @@ def report(
         "nodes": _replicas(job),
         "nodes_running": by_state.get("Running", 0),
         "pods": by_state,
-        "restarts": kstatus.restarts(pods, lines, _replicas(job)),
+        "restarts": restarts,
+        "world_changes": [world.text(c) for c in worlds],
         "age_s": kstatus.age(job, now),
         "leader": lead["metadata"]["name"] if lead else None,
         "leader_log": f"pod/{lead['metadata']['name']}" if lead else None,
@@ -154,9 +211,15 @@ def report(
         "prestep": prestep_report(kube, cfg, name),
         "stalled": False,
     }
-    if not prog[
-        "max_steps"
-    ]:  # before the first step: how far the start got (the leader pod's lines)
+    return _judged(r, cfg, job, lines, prog, stall_after)
+
+
+def _judged(
+    r: Report, cfg: Config, job: dict, lines: list[str], prog: Any, stall_after: float
+) -> Report:
+    """`r` with what its facts mean: how far a start got, a stall, the restart budget."""
+    phase, name = r["phase"], r["job"]
+    if not prog["max_steps"]:  # before the first step: how far the start got (the leader's lines)
         r["stage"] = stage(parse_events(lines), None, r["nodes"])
     r["stalled"] = stalled(phase, prog, r["age_s"], stall_after)
     if r["prestep"] and r["prestep"]["phase"] in ("Pending", "Running") and not r["step"]:
@@ -356,9 +419,9 @@ def record_of(
             f"job {name}'s {configmap.ANNOTATION} annotation does not match ConfigMap {cm_name}"
         )
     pods = pods_of(kube, cfg, name)
-    _, lines = find_leader(kube, cfg, pods)
+    _, lines, other_worlds, _ = seen(kube, cfg, job, pods)
     digest = configmap.image_digest(pods, _container(cfg))
-    now = run_record.learnt(configmap.with_digest(rec, digest), lines)
+    now = run_record.learnt(configmap.with_digest(rec, digest), [*lines, *other_worlds])
     if now != rec and not problems and _ours(cm, name) and _ours(job, name):
         kept = configmap.config_map(now, cfg.job_namespace)
         labels = {**(cm["metadata"].get("labels") or {}), **kept["metadata"]["labels"]}

@@ -54,10 +54,10 @@ class LocalBackend:
         what comes before it (the pre-step's Job among them)."""
         from fsdpctl.job import render  # the job's objects: for a start, not for a read verb
 
+        # the elastic range as a PyTorchJob states it (elasticPolicy.minReplicas, as render puts
+        # it for every backend); the supervisor turns it into torchrun's --nnodes=MIN:MAX
+        # (pods.elastic_command)
         *infra, job = render.render_job(self.cfg, run_id, record_id)
-        # the elastic range as a PyTorchJob states it (elasticPolicy.minReplicas); the supervisor
-        # turns it into torchrun's --nnodes=MIN:MAX (pods.elastic_command)
-        job["spec"]["elasticPolicy"]["minReplicas"] = self.cfg.fewest_nodes
         return infra, job
 
     def refusals(self) -> list[str]:
