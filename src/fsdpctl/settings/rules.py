@@ -78,6 +78,7 @@ OWN_ENV = (
     "FSDPCTL_SHARED",
     "FSDPCTL_CHECKOV",
     "FSDPCTL_UPDATE_GOLDEN",
+    "FSDPCTL_RDZV_HOST",  # a Slurm elastic job's batch script tells its tasks where the store is
 )
 OWN_ENV_PREFIXES = ("FSDPCTL_TEST_",)
 # The source of a value the named model chose (fsdptrain.config.MODEL_DEFAULTS) because the user set

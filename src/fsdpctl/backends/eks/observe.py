@@ -87,7 +87,7 @@ def find_leader(kube, cfg: Config, pods: list[dict]) -> tuple[dict | None, list[
     return first, lines
 
 
-def _ranged(job: dict) -> bool:
+def _ranged(job: render.Obj) -> bool:
     """Whether the job has an elastic range (a PyTorchJob's elasticPolicy below its maximum)."""
     policy = (job.get("spec") or {}).get("elasticPolicy") or {}
     return int(policy.get("minReplicas") or 0) < int(policy.get("maxReplicas") or 0)
@@ -101,13 +101,13 @@ class Seen(NamedTuple):
     """What a job's logs say, for `report` and `record_of`: the leader pod and its lines, the
     `world` event lines of the others, and the job's restarts as users count them."""
 
-    lead: dict | None
+    lead: render.Obj | None
     lines: list[str]
     worlds: list[str]
     restarts: int
 
 
-def seen(kube, cfg: Config, job: dict, pods: list[dict]) -> Seen:
+def seen(kube, cfg: Config, job: render.Obj, pods: list[render.Obj]) -> Seen:
     """Without a range: the leader as `find_leader` finds it. With one, rank 0 moves: after node 0
     was lost it is on another pod, and replica 0's new pod has no step yet. So every pod's log is
     read (LOG_TAIL lines each) and the leader is the pod whose log has the newest step (only rank 0
@@ -215,7 +215,7 @@ def report(
 
 
 def _judged(
-    r: Report, cfg: Config, job: dict, lines: list[str], prog: Any, stall_after: float
+    r: Report, cfg: Config, job: render.Obj, lines: list[str], prog: Any, stall_after: float
 ) -> Report:
     """`r` with what its facts mean: how far a start got, a stall, the restart budget."""
     phase, name = r["phase"], r["job"]
