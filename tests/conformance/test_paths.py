@@ -71,10 +71,13 @@ CELLS = [
 # alone: the killed store host, worker 0). The plain path has its CI tests beside: test_cli.py's detached
 # job (local) and test_slurm_paths.py's Hub and container jobs (Slurm); the local outside end and
 # controller gone, test_lifecycle.py (an eviction) and test_trust.py (a killed supervisor)
+# On Slurm the killed node (60-100 s) is under `make test-all` since the elastic range: CI's Slurm
+# elastic cell (test_slurm_elastic.py) powers off a node of a real 3-node peer mid-run and checks the
+# steps lost, the samples and the history.
 CI_CELLS = {
     "local": {("hub", "stop"), ("path", "killed node")},
     "eks": {("path", "killed node")},
-    "slurm": {("hub", "stop"), ("path", "killed node")},
+    "slurm": {("hub", "stop")},
 }
 
 
