@@ -36,6 +36,7 @@ from conftest import fsdpctl_process as fsdpctl
 from conftest import scaled
 from fsdpctl.job import world
 from fsdptrain import events
+from test_elastic_local import _steps_lost, _taken  # one way to count, on every backend
 
 STEPS = 24
 INTERVAL = 4  # CHECKPOINT_INTERVAL: the most steps a lost node may cost
@@ -219,29 +220,10 @@ def test_the_survivors_finishing_ends_the_job_0_though_srun_counts_the_lost_node
     assert (got.returncode, len(calls)) == (srun_rc or 1, 1), got.stderr
 
 
-def _taken(trace: Path) -> list[int]:
-    """Every block index the ranks took (fsdptrain.data's FSDPTRAIN_TRACE lines: `first count`)."""
-    found: list[int] = []
-    for f in trace.glob("data-rank*.txt"):
-        for line in f.read_text().splitlines():
-            first, count = map(int, line.split())
-            found += range(first, first + count)
-    return found
-
-
 def _lines(env: dict[str, str]) -> list[str]:
     from fsdpctl.backends.slurm import logs, script
 
     return logs.run_texts(script.Paths(str(paths.run_dir(env))))
-
-
-def _steps_lost(lines: list[str], change: world.WorldChange) -> int:
-    """Steps trained before the change that the new world trains again: the highest step logged
-    before the resume's world event, past the checkpoint it resumed."""
-    evs = list(events.parse(lines))
-    at = next(e.time for e in evs if isinstance(e, events.World) and e.step == change["step"])
-    before = [e.step for e in evs if isinstance(e, events.Step) and e.time < at]
-    return max(before, default=change["step"]) - change["step"]
 
 
 def _elastic_env(cluster, tmp_path: Path, name: str, **more: str) -> dict[str, str]:
