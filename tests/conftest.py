@@ -405,6 +405,15 @@ SLOW_BESIDE = frozenset(
 )
 
 
+# modules whose every test, the quick ones too, leaves the fast lane for the beside lane: the fast
+# lane's heaviest modules in process (moto's server, generated settings values and hostile files,
+# volume sizing, FSx requests: 180 s of its ~590 s of test time at load 4), which kept `make
+# test-fast` over 2 minutes on CI's machine; beside the serial slow lane they cost CI no minute
+WHOLLY_BESIDE = frozenset(
+    {"test_aws", "test_value_shapes", "test_volume", "test_untrusted_state", "test_fsx"}
+)
+
+
 # slow tests CI leaves to `make test-all` (marked `extended`): each repeats a class the conformance
 # suite (tests/conformance) plays on every backend in CI, on a path of its own that costs minutes; CI's
 # 40 minutes hold the conformance cells instead (docs/testing.md "What CI runs")
@@ -473,7 +482,10 @@ def pytest_collection_modifyitems(config, items):
     longer reads, so today the groups do not hold and each worker pays those start-ups; the fast
     lane stays under 2 minutes anyway.)"""
     for item in items:
-        if item.module.__name__.rpartition(".")[2] in SLOW_BESIDE or item.nodeid in PAUSED:
+        module = item.module.__name__.rpartition(".")[2]
+        if module in WHOLLY_BESIDE:
+            item.add_marker(pytest.mark.slow)
+        if module in SLOW_BESIDE | WHOLLY_BESIDE or item.nodeid in PAUSED:
             item.add_marker(pytest.mark.beside)
         in_ci = getattr(item.module, "IN_CI", None)  # a module that says which of its cells CI runs
         if {item.nodeid, item.nodeid.partition("[")[0]} & EXTENDED or (
@@ -574,6 +586,6 @@ def pytest_runtest_logreport(report):
     print only the slowest at their end: a lane cut short, or one being trimmed under CI's 40
     minutes, is read from this file while it runs)."""
     where = os.environ.get("FSDPCTL_TEST_TIMES")
-    if where:
+    if where and getattr(report, "node", None) is None:  # not xdist's controller's copy again
         with open(where, "a", encoding="utf-8") as f:
             f.write(f"{report.duration:.1f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
