@@ -453,6 +453,27 @@ def _worlds(b, job: str) -> list:
     return world.changes(_all_lines(b, job))
 
 
+def _peer_bench(tmp_path, monkeypatch, job: str):
+    """The API peer's cluster of three GPU nodes (one pod each; the Bench's has two by default)
+    with the etcd pod behind the `etcd` Service, healthy; and the settings of a range job there."""
+    from test_kube_peer_operator import EKS as PEER_EKS
+    from test_kube_peer_operator import Bench, until
+
+    monkeypatch.setattr(
+        op.Cluster.__init__, "__kwdefaults__", {"nodes": 3, "instance_type": "p5.48xlarge"}
+    )
+    b = Bench(tmp_path)
+    try:
+        port = _free_port()
+        b.cluster.ports[("fsdp", "etcd", 2379)] = port
+        b.cluster.kube.apply(_etcd_pod(port, _free_port()))
+        until("etcd healthy", lambda: _healthy_etcd(port), timeout=60)
+    except BaseException:
+        b.close()
+        raise
+    return b, {**PEER_EKS, **PEER_JOB, "JOB_NAME": job}
+
+
 @pytest.mark.slow
 @pytest.mark.extended
 def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monkeypatch):
@@ -464,21 +485,11 @@ def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monk
     CHECKPOINT_INTERVAL steps lost). Uncordoned, worker-0's pod runs, joins as a waiting node and
     the job grows back to 3; it ends Succeeded at MAX_STEPS with both world changes in the pods'
     logs. `job status` on 2 nodes follows rank 0 to its pod: the step, the change, one restart."""
-    from test_kube_peer_operator import EKS as PEER_EKS
-    from test_kube_peer_operator import Bench, _step_seen, until
+    from test_kube_peer_operator import _step_seen, until
 
     job = "el"
-    # three GPU nodes, one pod each (the Bench's cluster has two by default)
-    monkeypatch.setattr(
-        op.Cluster.__init__, "__kwdefaults__", {"nodes": 3, "instance_type": "p5.48xlarge"}
-    )
-    b = Bench(tmp_path)
+    b, settings_ = _peer_bench(tmp_path, monkeypatch, job)
     try:
-        port = _free_port()
-        b.cluster.ports[("fsdp", "etcd", 2379)] = port
-        b.cluster.kube.apply(_etcd_pod(port, _free_port()))
-        until("etcd healthy", lambda: _healthy_etcd(port), timeout=60)
-        settings_ = {**PEER_EKS, **PEER_JOB, "JOB_NAME": job}
         r = b.run("job", "run", "-d", **settings_)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         until("step 12", lambda: _step_seen(b, job, f"{job}-worker-0", 12), timeout=300)
@@ -512,5 +523,77 @@ def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monk
         # the pods still running at the end are deleted with their logs (cleanPodPolicy Running):
         # after the end status says what the kept pods' logs hold
         print(f"\nafter the run: {status.get('world_changes')}, {status['restarts']} restarts")
+    finally:
+        b.close()
+
+
+def _survivors_failed(b, job: str, pods: list[str]) -> bool:
+    """A survivor's agent saw its group fail and restarts it (torch 2.13 agent/server/api.py
+    _invoke_run logs "... attempts left; will restart worker group"): it is between worlds."""
+    return any(
+        "attempts left; will restart worker group" in text
+        for pod in pods
+        for text in b.cluster.node_logs("fsdp", pod, "pytorch")
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_on_the_peer_cluster_a_stop_during_the_re_rendezvous_ends_stopped_and_resumes(
+    tmp_path, monkeypatch
+):
+    """On the API peer's cluster as above (the operator's v1.9.4 passes, real torchrun, the etcd
+    pod): worker-1 SIGKILLed at step 12 with every node cordoned (its new pod Pending), and `job
+    stop` while the survivors' agents are between worlds (their group failed, torch 2.13
+    agent/server/api.py; no trainer runs, so none can save a stop checkpoint). The stop ends the
+    job Stopped, not Failed (engine.stop: the stop annotation, then a foreground delete that the
+    garbage collector carries to the pods); no pod and no process of the job is left; `job
+    history` says Stopped. `job resume` (uncordoned, all 3 nodes) trains from the last periodic
+    checkpoint to MAX_STEPS: every step 1..MAX_STEPS trained (the data position is the step's, one
+    global integer, fsdptrain.elastic's constant global batch), at most CHECKPOINT_INTERVAL again."""
+    from fsdpctl.job import record
+    from fsdptrain import events
+    from test_kube_peer_operator import _step_seen, until
+
+    job = "es"
+    pods = [f"{job}-worker-{i}" for i in range(3)]
+    b, settings_ = _peer_bench(tmp_path, monkeypatch, job)
+    try:
+        assert b.run("job", "run", "-d", **settings_).returncode == 0
+        until("step 12", lambda: _step_seen(b, job, pods[0], 12), timeout=300)
+        _cordon(b.cluster.kube, b.cluster.node_names, True)
+        assert b.cluster.kill("fsdp", pods[1]) > 0
+        until("between worlds", lambda: _survivors_failed(b, job, [pods[0], pods[2]]), timeout=300)
+        assert _worlds(b, job) == []  # no step on the smaller world yet
+        stop = b.run("job", "stop", job, **settings_)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        first = _all_lines(b, job)
+        assert [o for o in b.peer.objects("pods") if o["metadata"]["name"] in pods] == []
+        assert all(b.cluster.processes("fsdp", p) == [] for p in pods)
+        assert all(
+            o["metadata"]["name"] != job for o in b.peer.objects("pytorchjobs")
+        )  # deleted, not Failed
+        status = json.loads(b.run("job", "status", job, "-o", "json", **settings_).stdout)
+        assert status["phase"] == "Stopped", status
+        rows = json.loads(b.run("job", "history", job, "-o", "json", **settings_).stdout)
+        print(f"\nhistory after the stop: {rows}")
+        assert rows[-1]["outcome"].startswith("Stopped"), rows
+        ckpts = b.cluster.root / "volumes" / "fsdp" / "fsx-claim" / "checkpoints" / job
+        latest = (ckpts / "latest").read_text().strip()
+        saved = int(latest.rpartition("-")[2])
+        before = record.losses(first)
+        print("checkpoint lines:", [ln[-160:] for ln in first if "checkpoint" in ln.lower()])
+        assert 12 - 5 <= saved <= max(before) and (ckpts / latest / "meta.json").is_file()
+        _cordon(b.cluster.kube, b.cluster.node_names, False)
+        resumed = b.run("job", "resume", job, **settings_)
+        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+        lines = b.leader_lines(job)
+        start = next(e for e in events.parse(lines) if isinstance(e, events.Start))
+        assert start.start_step == saved
+        after = record.losses(lines)
+        assert sorted(after) == list(range(saved + 1, 41))
+        assert set(before) | set(after) == set(range(1, 41))  # every step's data trained
+        assert 0 <= max(before) - saved <= 5  # trained again: at most CHECKPOINT_INTERVAL
+        print(f"stopped between worlds; resumed from step {saved}, {max(before) - saved} again")
     finally:
         b.close()

@@ -15,7 +15,7 @@ from fsdpctl.backends import PLACEMENT_KEYS, KeptRecord, LogLine, Started, Submi
 from fsdpctl.backends.eks import api, configmap, engine, observe, owned
 from fsdpctl.cluster import deploy_status
 from fsdpctl.errors import ExitCode, FsdpctlError
-from fsdpctl.job import home, kstatus, listing, lock, owner, render, state
+from fsdpctl.job import home, kstatus, listing, lock, owner, record, render, state
 from fsdpctl.job import spec as jobspec
 from fsdpctl.job import store as record_store
 from fsdpctl.job.hf_token import secret_env
@@ -310,8 +310,36 @@ class EksBackend:
             say(
                 f"deleting {job['kind']} {name}: waiting for its pods to checkpoint and end (foreground)"
             )
-        engine.stop(self.kube, self.cfg, name, wait=wait, uid=job["metadata"]["uid"])
+        run_id = (job["metadata"].get("labels") or {}).get("fsdpctl.io/run-id")
+        engine.stop(
+            self.kube,
+            self.cfg,
+            name,
+            wait=wait,
+            uid=job["metadata"]["uid"],
+            before_delete=(lambda: self._keep_its_end(name, run_id)) if run_id else None,
+        )
         return f"job {name}: {'stopped and deleted' if wait else 'stopping'}"
+
+    def _keep_its_end(self, name: str, run_id: str) -> None:
+        """The stopped run's record learns what only its pods' logs hold (its trainer's start line,
+        its losses, its world changes) and that it ended Stopped, before the delete takes the logs:
+        else `job history` could only say "unknown: its output is gone" (a stop between worlds
+        logs no summary either). A run this home did not record, or logs the cluster does not
+        serve, leave the record as it is: the stop goes on."""
+        where = record_store.path(name, run_id)
+        lines = self.run_lines(name, run_id)
+        if lines is None or not where.exists():
+            return
+        try:
+            rec = record_store.read(where)
+        except FsdpctlError:  # a damaged record is named by the verbs that read it
+            return
+        now = record.learnt(rec, lines)
+        if not now.get("outcome"):
+            now = record.at_its_end(now, run_outcome(list(events.parse(lines)), "Stopped"), lines)
+        if now != rec:
+            record_store.keep(now)
 
     def interrupt(self, name: str) -> Report | None:
         """Ctrl-C while following a cluster job detaches: the job is the cluster's, it keeps

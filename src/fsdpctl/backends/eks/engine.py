@@ -5,6 +5,7 @@ modules."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from fsdpctl.backends.eks import configmap, owned
 from fsdpctl.backends.eks.api import calls, get_job, owned_by, require_job
@@ -166,7 +167,13 @@ STOP_NOTICE_S = 90
 
 
 def stop(
-    kube, cfg: Config, name: str, wait: bool = True, timeout: float = 300, uid: str | None = None
+    kube,
+    cfg: Config,
+    name: str,
+    wait: bool = True,
+    timeout: float = 300,
+    uid: str | None = None,
+    before_delete: Callable[[], None] | None = None,
 ) -> bool:
     """Ask the trainers to stop, then delete the job with foreground propagation. The stop request
     is the annotation fsdpctl.io/stop on each running pod, which the trainers read through their
@@ -174,13 +181,16 @@ def stop(
     reads as an eviction (checkpoint, come back). The pods get their grace plus the kubelet's
     refresh before the job is deleted and whatever still runs gets SIGTERM. False when there was
     nothing to stop. With `uid`, only the job object of that UID is deleted (the one its caller
-    checked is this home's)."""
+    checked is this home's). `before_delete`: called once the pods ended (or, without `wait`,
+    were asked to), while their logs are still there: the delete takes them."""
     api, kind = render.job_api(cfg)
     with calls(cfg, f"stopping job {name}"):
         if kube.get(api, kind, name, cfg.job_namespace) is None:
             return False
         if request_stop(kube, cfg, name) and wait:
             _wait_pods_ended(kube, cfg, name, jobpolicy.stop_timing(cfg).grace_s + STOP_NOTICE_S)
+        if before_delete is not None:
+            before_delete()
         gone = not kube.delete(
             api, kind, name, cfg.job_namespace, propagation="Foreground", uid=uid
         )
