@@ -582,7 +582,6 @@ def test_on_the_peer_cluster_a_stop_during_the_re_rendezvous_ends_stopped_and_re
         latest = (ckpts / "latest").read_text().strip()
         saved = int(latest.rpartition("-")[2])
         before = record.losses(first)
-        print("checkpoint lines:", [ln[-160:] for ln in first if "checkpoint" in ln.lower()])
         assert 12 - 5 <= saved <= max(before) and (ckpts / latest / "meta.json").is_file()
         _cordon(b.cluster.kube, b.cluster.node_names, False)
         resumed = b.run("job", "resume", job, **settings_)
