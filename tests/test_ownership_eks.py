@@ -393,3 +393,22 @@ def test_a_failed_run_s_outcome_stays_in_history_after_the_job_is_resumed(cluste
     [old] = [row for row in rows if row["run_id"] == first]
     assert old["outcome"].startswith("Failed at step 30"), rows
     assert len(rows) == 2 and rows[-1]["run_id"] != first
+
+
+@pytest.mark.slow  # ~3 s: a run and its stop through the CLI
+def test_a_stopped_run_s_end_stays_in_history_after_its_pods_went(cluster):
+    """`job stop` deletes the job with foreground propagation, and its pods' logs go with them
+    (the kubelet serves pods/log only while the pod exists): the run's record learns how it ended
+    from the leader's log just before the delete (EksBackend._keep_its_end), so `job history` says
+    "Stopped at step N", not "unknown: its output is gone"."""
+    assert cli("job", "run", "-d").exit_code == 0
+    [job] = of_job(cluster, "fsdp")["pytorchjobs"]
+    run = job["metadata"]["labels"][owner.RUN_LABEL]
+    log = "master_addr=fsdp-worker-0\n" + "\n".join(step_line(s) for s in (10, 20)) + "\n"
+    add_pod(kube(cluster), cluster, "fsdp", 0, phase="Running", log=log, owner=job)
+    r = cli("job", "stop", "fsdp")
+    assert r.exit_code == 0, r.output
+    assert of_job(cluster, "fsdp")["pytorchjobs"] == []
+    rows = json.loads(cli("job", "history", "fsdp", "-o", "json").stdout)
+    [row] = [row for row in rows if row["run_id"] == run]
+    assert row["outcome"] == "Stopped at step 20", rows

@@ -339,7 +339,10 @@ class EksBackend:
         if not now.get("outcome"):
             now = record.at_its_end(now, run_outcome(list(events.parse(lines)), "Stopped"), lines)
         if now != rec:
-            record_store.keep(now)
+            try:
+                record_store.keep(now)
+            except (FsdpctlError, OSError):  # a full or read-only home: the stop goes on
+                return
 
     def interrupt(self, name: str) -> Report | None:
         """Ctrl-C while following a cluster job detaches: the job is the cluster's, it keeps
