@@ -410,23 +410,7 @@ SLOW_BESIDE = frozenset(
 # volume sizing, FSx requests: 180 s of its ~590 s of test time at load 4), which kept `make
 # test-fast` over 2 minutes on CI's machine; beside the serial slow lane they cost CI no minute
 WHOLLY_BESIDE = frozenset(
-    {
-        "test_aws",
-        "test_value_shapes",
-        "test_volume",
-        "test_untrusted_state",
-        "test_fsx",
-        # CI's run of c5a2921: the fast lane still took 143 s alone on the machine; these in-process
-        # modules are another ~100 s of its test time (model shapes on the meta device, file doors,
-        # bad input, habits, fit, the sources' static checks)
-        "test_data_and_models",
-        "test_outside_files",
-        "test_bad_input",
-        "test_habits",
-        "test_fit",
-        "test_single_sources",
-        "test_typed",
-    }
+    {"test_aws", "test_value_shapes", "test_volume", "test_untrusted_state", "test_fsx"}
 )
 
 
