@@ -469,29 +469,12 @@ EXTENDED = frozenset(
         "_the_one_changed_setting",
     }
 )
+
 # mostly a person's pauses (the first hour typed at a reading pace): beside the others, as SLOW_BESIDE
 PAUSED = frozenset(
     {
         "tests/test_first_hour.py::test_the_readme_first_hour_in_a_fresh_clone",
         "tests/test_first_hour.py::test_the_readme_first_hour_on_a_busy_machine",
-        # the legacy `etcd` rendezvous through every verb (90-130 s): etcd's path stays in CI with a
-        # restart of etcd during the rendezvous (test_faults.py)
-        "tests/test_cli.py::test_detached_job_over_real_etcd_status_logs_stop_and_resume",
-        # the cluster peer's job trains with the local backend's losses (CI keeps its stop and resume
-        # there, on real training: test_a_stopped_job_resumes_with_the_losses_of_a_run_never_stopped)
-        "tests/test_kube_peer_operator.py::test_a_job_trains_on_the_cluster_with_the_local_backends"
-        "_losses",
-        # CI's run of 1c2f8c4 took 45 minutes: these 30-40 s cells repeat a class CI keeps elsewhere.
-        # A killed node back with every rank at one step: test_paths' local killed-node cell
-        "tests/test_pods.py::test_a_killed_node_comes_back_and_every_rank_resumes_from_the_same_step",
-        # the peer's own node failure and requeue: Slurm's elastic cell powers a node off in CI
-        "tests/test_slurm_peer.py::test_a_killed_node_goes_down_its_requeue_job_runs_again_and_the"
-        "_other_fails",
-        # the CPU levers' losses: each lever has its fast test, and the walkthrough's rerun is exact
-        "tests/test_levers.py::test_cpu_levers_together_give_the_default_losses",
-        # a rerun's same losses and diff: test_walkthrough's golden reruns and diffs bit for bit
-        "tests/test_record_runs.py::test_a_rerun_from_the_record_trains_the_same_losses_and_diff_names"
-        "_the_one_changed_setting",
     }
 )
 
