@@ -467,6 +467,9 @@ EXTENDED = frozenset(
         # a rerun's same losses and diff: test_walkthrough's golden reruns and diffs bit for bit
         "tests/test_record_runs.py::test_a_rerun_from_the_record_trains_the_same_losses_and_diff_names"
         "_the_one_changed_setting",
+        # CI's run of c5a2921 took 40.5 minutes. HSDP on two ranks (a mesh of one replica): the real
+        # 2x2 mesh on four processes stays in CI (test_hybrid_shard_2x2_on_four_processes)
+        "tests/test_trainer.py::test_each_strategy_trains_and_loss_decreases[HYBRID_SHARD]",
     }
 )
 
