@@ -16,6 +16,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def leg(busy: int) -> dict[str, float | int]:
         for _ in range(busy)
     ]
     before, started = _load(), time.monotonic()
+    samples: list[float] = []
+    done = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(samples, done), daemon=True)
+    sampler.start()
     typed: list[str] = []
     original = test_first_hour.Person.type
 
@@ -59,8 +64,18 @@ def leg(busy: int) -> dict[str, float | int]:
             proc.kill()
             proc.wait(timeout=30)
     wall = time.monotonic() - started
+    done.set()
+    sampler.join()
     return {"busy": busy, "wall_s": round(wall), "commands": len(typed), "load_before": before,
-            "load_after": _load()}  # fmt: skip
+            "load_after": _load(), "load_mean": sum(samples) / max(len(samples), 1),
+            "load_max": max(samples, default=before)}  # fmt: skip
+
+
+def _sample(into: list[float], done: threading.Event, every: float = 5.0) -> None:
+    """The 1-minute load average every few seconds while a leg runs: its start and end alone say
+    little about the minutes between (other work on the machine comes and goes)."""
+    while not done.wait(every):
+        into.append(_load())
 
 
 def _name(busy: int) -> str:
@@ -94,40 +109,50 @@ def _end_what_runs_under(tmp: str) -> None:
             time.sleep(0.5)
 
 
+HEAD = (
+    "| leg | wall time | commands typed | load (1 min) at start → end | load mean (max) | measured |\n"
+    "|---|---|---|---|---|---|\n"
+)
+
+
 def markdown(rows: list[dict[str, float | int]]) -> str:
-    head = "| leg | wall time | commands typed | load (1 min) at start → end |\n|---|---|---|---|\n"
-    return head + "".join(
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return "".join(
         f"| {_name(int(r['busy']))} | {r['wall_s']} s | {r['commands']} "
-        f"| {r['load_before']:.1f} → {r['load_after']:.1f} |\n"
+        f"| {r['load_before']:.1f} → {r['load_after']:.1f} "
+        f"| {r['load_mean']:.1f} ({r['load_max']:.1f}) | {stamp} |\n"
         for r in rows
     )
 
 
-def write(table: str) -> None:
+def write(rows: str) -> None:
+    """The section between the markers, each leg's row replaced by its new one and the other leg's
+    kept (`--only` measures one leg, when the machine is as that leg needs it)."""
     text = BENCHMARKS.read_text()
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    section = (
-        "## The README's first hour, timed (`benchmarks/walkthrough.py --write`, measured "
-        f"{stamp})\n\n{table}"
-    )
-    if START in text:
-        head, _, rest = text.partition(START)
-        _, _, tail = rest.partition(END)
-        text = f"{head}{START}\n{section}{END}{tail}"
-    else:
-        text = f"{text.rstrip()}\n\n{START}\n{section}{END}\n"
-    BENCHMARKS.write_text(text)
+    head, _, rest = text.partition(START) if START in text else (text.rstrip() + "\n\n", "", "")
+    old, _, tail = rest.partition(END)
+    kept = {line.split("|")[1]: line for line in old.splitlines() if _is_row(line)}
+    kept.update({line.split("|")[1]: line for line in rows.splitlines()})
+    table = HEAD + "".join(f"{line}\n" for line in kept.values())
+    section = f"## The README's first hour, timed (`benchmarks/walkthrough.py --write`)\n\n{table}"
+    BENCHMARKS.write_text(f"{head}{START}\n{section}{END}{tail or chr(10)}")
+
+
+def _is_row(line: str) -> bool:
+    return line.startswith("| ") and not line.startswith("| leg |")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--busy", type=int, default=test_first_hour.BUSY)
     p.add_argument("--write", action="store_true")
+    p.add_argument("--only", choices=("quiet", "busy"), help="one leg (the other keeps its row)")
     args = p.parse_args()
-    table = markdown([leg(0), leg(args.busy)])
+    legs = {"quiet": 0, "busy": args.busy}
+    table = markdown([leg(n) for name, n in legs.items() if args.only in (None, name)])
     if args.write:
         write(table)
-    print(table)
+    print(HEAD + table)
     return 0
 
 
