@@ -110,6 +110,11 @@ class Summary:
     record_id: str | None = field(
         default=None, metadata=_OPTIONAL
     )  # RECORD_ENV; none outside fsdpctl
+    # the job's world changes, oldest first, as their `world` lines' objects (the checkpoint's
+    # history and this run's own): the leader's summary carries them all, since the pods whose
+    # rank 0 printed the earlier ones may be gone with their logs (an elastic PyTorchJob's
+    # cleanPodPolicy deletes the pods still running when it succeeds)
+    world_changes: list[dict[str, Any]] | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +265,8 @@ def _typed(name: str, declared: str, value: Any) -> bool:
         return isinstance(value, bool)
     if base == "list[float]":
         return isinstance(value, list) and all(_typed(name, "float", v) for v in value)
+    if base == "list[dict[str, Any]]":
+        return isinstance(value, list) and all(isinstance(v, dict) for v in value)
     return isinstance(value, dict)  # dict[str, Any]
 
 

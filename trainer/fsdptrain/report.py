@@ -168,4 +168,5 @@ def summary(t: Training, rt: Runtime, out: Outcome, export: Path | None) -> even
         stopped=out.stopped,
         stop_reason={disruption.STOP: "stop", disruption.DISRUPTED: "disrupted"}.get(out.reason),
         record_id=os.environ.get(events.RECORD_ENV) or None,
+        world_changes=list(t.world_changes) or None,
     )

@@ -48,11 +48,7 @@ def changes(lines: Sequence[str]) -> list[WorldChange]:
         elif m := SLURM_NODE_FAIL.search(line):
             lost += [n for n in (m.group(1) or m.group(2)).split(",") if lost[-1:] != [n]]
     out: list[WorldChange] = []
-    # a run's logs come node by node: the events' own times order them
-    found = sorted(
-        (e for e in events.parse(lines) if isinstance(e, events.World)), key=lambda e: e.time
-    )
-    for e in found:
+    for e in _world_events(lines):
         shrank = e.to_world < e.from_world
         names = lost if shrank else back
         why = f"{names.pop(0)} {'lost' if shrank else 'back'}" if names else ""
@@ -80,7 +76,27 @@ def text(change: WorldChange) -> str:
     return f"{what} at step {change['step']}{why}"
 
 
+def shrank(found: Sequence[WorldChange]) -> int:
+    """World changes that were shrinks: each a node lost, a failure the group's restart handled, so
+    at least that many restarts in the count users keep, whichever pods' logs still tell of them."""
+    return sum(c["to_world"] < c["from_world"] for c in found)
+
+
 def grew(found: Sequence[WorldChange]) -> int:
     """World changes that were growths: a node back is a new rendezvous round, not a failure, so
     no restart in the count users keep."""
     return sum(c["to_world"] > c["from_world"] for c in found)
+
+
+def _world_events(lines: Sequence[str]) -> list[events.World]:
+    """The run's `world` events, each once, in the order they happened: those its logs print and
+    those a summary carries (the whole history, from the checkpoints: the pods that printed the
+    earlier ones can be gone). A change is the same change wherever it is read: its step, worlds
+    and time. A run's logs come node by node: the events' own times order them."""
+    found: dict[tuple[int, int, int, float], events.World] = {}
+    for e in events.parse(lines):
+        carried = e.world_changes or [] if isinstance(e, events.Summary) else []
+        for w in [e] if isinstance(e, events.World) else map(events.from_record, carried):
+            if isinstance(w, events.World):
+                found.setdefault((w.step, w.from_world, w.to_world, w.time), w)
+    return sorted(found.values(), key=lambda w: w.time)

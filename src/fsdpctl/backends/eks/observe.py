@@ -131,9 +131,11 @@ def seen(kube, cfg: Config, job: render.Obj, pods: list[render.Obj]) -> Seen:
     name = lead["metadata"]["name"] if lead else None
     lines = logs.get(name, []) if name else []
     others = [line for n, got in logs.items() if n != name for line in got if _is_world(line)]
-    grew = world.grew(world.changes([*lines, *others]))
+    worlds = world.changes([*lines, *others])
     most = max((kstatus.restarts(pods, got, nodes) for got in logs.values()), default=0)
-    return Seen(lead, lines, others, max(0, most - grew))
+    # a shrink's restart was logged by the survivors' agents, whose pods may be gone (the leader's
+    # summary still carries the change itself)
+    return Seen(lead, lines, others, max(0, most - world.grew(worlds), world.shrank(worlds)))
 
 
 def _last_step(lines: list[str]) -> float:
