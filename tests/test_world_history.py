@@ -106,3 +106,18 @@ def test_a_damaged_carried_change_is_skipped_and_the_summary_still_read():
     assert [e for e in events.parse([line]) if isinstance(e, events.Summary)]
     record["world_changes"] = [1, 2]
     assert list(events.parse([json.dumps(record)])) == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(worlds=st.lists(st.integers(1, 6), min_size=2, max_size=8))
+def test_a_finished_line_carries_the_history_when_the_leaders_log_is_gone(worlds):
+    """The leader's node died past the last checkpoint: its pod and log are gone, and the recreated
+    pod's launcher prints a `finished` line from the checkpoint instead of training
+    (fsdptrain.launch.already_finished), with the world changes its meta.json kept."""
+    history = _history(worlds)
+    done = events.Finished(
+        step=40, max_steps=40, loss=2.0, checkpoint="/ckpt/step-00000040", record_id="r",
+        world_changes=[events.as_record(w) for w in history] or None,
+    )  # fmt: skip
+    found = world.changes(["a recreated pod", events.to_line(done)])
+    assert [_key(c) for c in found] == [(w.step, w.from_world, w.to_world) for w in history]

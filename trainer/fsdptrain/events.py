@@ -165,6 +165,8 @@ class Finished:
     loss: float | None  # the loss its meta.json kept (None in a checkpoint without one)
     checkpoint: str
     record_id: str
+    # the job's world changes its meta.json kept (as Summary's: the leader's log may be gone)
+    world_changes: list[dict[str, Any]] | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, kw_only=True)

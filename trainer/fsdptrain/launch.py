@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from fsdptrain import disruption, events, fetch, resume
+from fsdptrain import disruption, elastic, events, fetch, resume
 from fsdptrain.config import (
     ConfigError,
     TrainConfig,
@@ -193,6 +193,7 @@ def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> events.
         loss=None if loss is None else float(loss),
         checkpoint=str(wanted[0]),
         record_id=record,
+        world_changes=elastic.changes(meta) or None,
     )
 
 

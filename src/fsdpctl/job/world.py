@@ -90,12 +90,12 @@ def grew(found: Sequence[WorldChange]) -> int:
 
 def _world_events(lines: Sequence[str]) -> list[events.World]:
     """The run's `world` events, each once, in the order they happened: those its logs print and
-    those a summary carries (the whole history, from the checkpoints: the pods that printed the
-    earlier ones can be gone). A change is the same change wherever it is read: its step, worlds
-    and time. A run's logs come node by node: the events' own times order them."""
+    those a `summary` or `finished` line carries (the whole history, from the checkpoints: the pods
+    that printed the earlier ones can be gone). A change is the same change wherever it is read: its
+    step, worlds and time. A run's logs come node by node: the events' own times order them."""
     found: dict[tuple[int, int, int, float], events.World] = {}
     for e in events.parse(lines):
-        carried = e.world_changes or [] if isinstance(e, events.Summary) else []
+        carried = e.world_changes or [] if isinstance(e, events.Summary | events.Finished) else []
         for w in [e] if isinstance(e, events.World) else map(events.from_record, carried):
             if isinstance(w, events.World):
                 found.setdefault((w.step, w.from_world, w.to_world, w.time), w)
