@@ -16,7 +16,6 @@ ALLOWED = {
     "src/fsdpctl/backends/eks/engine.py:run": 56,
     "src/fsdpctl/backends/local/report.py:job_report": 66,
     "src/fsdpctl/backends/local/supervisor.py:supervise": 59,
-    "src/fsdpctl/cli/cleanup_cmd.py:cleanup": 80,
     "src/fsdpctl/cli/cluster_cmd.py:create": 54,
     "src/fsdpctl/cli/cluster_cmd.py:delete": 70,
     "src/fsdpctl/cli/job_cmd.py:status": 52,
