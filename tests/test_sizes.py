@@ -16,7 +16,6 @@ ALLOWED = {
     "src/fsdpctl/backends/eks/engine.py:run": 56,
     "src/fsdpctl/backends/local/report.py:job_report": 66,
     "src/fsdpctl/backends/local/supervisor.py:supervise": 59,
-    "src/fsdpctl/cli/manifest_cmd.py:manifest": 72,
     "src/fsdpctl/cli/plan_cmd.py:plan": 98,
     "src/fsdpctl/cli/quickstart_cmd.py:quickstart": 77,
     "trainer/fsdptrain/build.py:build": 51,
