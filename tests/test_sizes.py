@@ -17,7 +17,6 @@ ALLOWED = {
     "src/fsdpctl/backends/local/report.py:job_report": 66,
     "src/fsdpctl/backends/local/supervisor.py:supervise": 59,
     "src/fsdpctl/cli/plan_cmd.py:plan": 98,
-    "src/fsdpctl/cli/quickstart_cmd.py:quickstart": 77,
     "trainer/fsdptrain/build.py:build": 51,
     "trainer/fsdptrain/config.py": 507,
     "trainer/fsdptrain/launch.py:run_torchrun": 62,
