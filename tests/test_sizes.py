@@ -16,7 +16,6 @@ ALLOWED = {
     "src/fsdpctl/backends/eks/engine.py:run": 56,
     "src/fsdpctl/backends/local/report.py:job_report": 66,
     "src/fsdpctl/backends/local/supervisor.py:supervise": 59,
-    "src/fsdpctl/cli/plan_cmd.py:plan": 98,
     "trainer/fsdptrain/build.py:build": 51,
     "trainer/fsdptrain/config.py": 507,
     "trainer/fsdptrain/launch.py:run_torchrun": 62,
