@@ -118,9 +118,7 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
     optimizer, scaler = build_optimizer(cfg, model, rt.device)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     resumed_from, meta = _resume(cfg, rt, root, model, optimizer)
-    start_step, consumed = (meta["step"], meta["consumed"]) if meta is not None else (0, 0)
-    if resumed_from is not None:
-        rt.log(f"resumed from {resumed_from} at step {start_step}")
+    start_step, consumed = _start_at(rt, resumed_from, meta)
     batch, world_changes = _elastic(cfg, rt, meta, resumed_from)
     n_params, embed_params = param_counts(model)
     return Training(
@@ -244,6 +242,17 @@ def _resume(
     if meta is not None:
         ckpt.trace_loaded(model, int(meta["step"]))
     return path, meta
+
+
+def _start_at(
+    rt: Runtime, resumed_from: Path | None, meta: dict[str, Any] | None
+) -> tuple[int, int]:
+    """The step to start from and the samples already consumed: the resumed checkpoint's (said in
+    the log), else (0, 0)."""
+    start_step, consumed = (meta["step"], meta["consumed"]) if meta is not None else (0, 0)
+    if resumed_from is not None:
+        rt.log(f"resumed from {resumed_from} at step {start_step}")
+    return start_step, consumed
 
 
 def _loader(cfg: TrainConfig, rt: Runtime, blocks: Any, consumed: int) -> Loader:
