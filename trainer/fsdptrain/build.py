@@ -18,7 +18,7 @@ from torch import nn
 
 from fsdptrain import checkpoint as ckpt
 from fsdptrain import elastic, events
-from fsdptrain.config import BUILTIN, TrainConfig, resolve_deterministic
+from fsdptrain.config import BUILTIN, TrainConfig
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.hostmem import keep_host_memory
 from fsdptrain.levers import (
@@ -27,6 +27,7 @@ from fsdptrain.levers import (
     float8_warning,
     resolve_activation_checkpointing,
     resolve_compile,
+    resolve_deterministic,
     triton_compiler,
 )
 from fsdptrain.metrics import GpuTelemetry, peak_tflops

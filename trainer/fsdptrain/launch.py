@@ -31,11 +31,11 @@ from fsdptrain import disruption, events, fetch, resume
 from fsdptrain.config import (
     ConfigError,
     TrainConfig,
-    float8_refusal,
     from_sources,
     missing_packages,
     print_error,
 )
+from fsdptrain.levers import float8_refusal
 from fsdptrain.resume import first_problem
 from fsdptrain.shapes import job_mesh_shape
 
