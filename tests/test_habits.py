@@ -123,7 +123,7 @@ def test_diff_of_two_runs_says_whether_the_losses_part(jobs):
 def test_the_loss_verdict_counts_what_it_says(pairs):
     """Generated curves (a step only one run logged: None on one side): the verdict's counts are the
     rows', 'the same' exactly when no step both logged differs."""
-    from fsdpctl.cli.job_record_cmd import loss_verdict
+    from fsdpctl.cli.diff_view import loss_verdict
 
     rows = [
         {"step": i + 1, "a": a, "b": None if a is None or d is None else a + d}

@@ -18,16 +18,16 @@ from fsdptrain.config import (
     AC_MODES,
     ConfigError,
     TrainConfig,
-    float8_refusal,
     from_sources,
-    resolve_deterministic,
-    resolve_fused_optimizer,
 )
 from fsdptrain.levers import (
     GarbageCollection,
+    float8_refusal,
     float8_warning,
     resolve_activation_checkpointing,
     resolve_compile,
+    resolve_deterministic,
+    resolve_fused_optimizer,
 )
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")

@@ -18,7 +18,7 @@ from torch import nn
 
 from fsdptrain import checkpoint as ckpt
 from fsdptrain import elastic, events
-from fsdptrain.config import BUILTIN, TrainConfig, resolve_deterministic
+from fsdptrain.config import BUILTIN, TrainConfig
 from fsdptrain.data import Loader, load_blocks, load_tokenizer
 from fsdptrain.hostmem import keep_host_memory
 from fsdptrain.levers import (
@@ -27,6 +27,7 @@ from fsdptrain.levers import (
     float8_warning,
     resolve_activation_checkpointing,
     resolve_compile,
+    resolve_deterministic,
     triton_compiler,
 )
 from fsdptrain.metrics import GpuTelemetry, peak_tflops
@@ -118,9 +119,7 @@ def build(cfg: TrainConfig, rt: Runtime) -> Training:
     optimizer, scaler = build_optimizer(cfg, model, rt.device)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     resumed_from, meta = _resume(cfg, rt, root, model, optimizer)
-    start_step, consumed = (meta["step"], meta["consumed"]) if meta is not None else (0, 0)
-    if resumed_from is not None:
-        rt.log(f"resumed from {resumed_from} at step {start_step}")
+    start_step, consumed = _start_at(rt, resumed_from, meta)
     batch, world_changes = _elastic(cfg, rt, meta, resumed_from)
     n_params, embed_params = param_counts(model)
     return Training(
@@ -244,6 +243,17 @@ def _resume(
     if meta is not None:
         ckpt.trace_loaded(model, int(meta["step"]))
     return path, meta
+
+
+def _start_at(
+    rt: Runtime, resumed_from: Path | None, meta: dict[str, Any] | None
+) -> tuple[int, int]:
+    """The step to start from and the samples already consumed: the resumed checkpoint's (said in
+    the log), else (0, 0)."""
+    start_step, consumed = (meta["step"], meta["consumed"]) if meta is not None else (0, 0)
+    if resumed_from is not None:
+        rt.log(f"resumed from {resumed_from} at step {start_step}")
+    return start_step, consumed
 
 
 def _loader(cfg: TrainConfig, rt: Runtime, blocks: Any, consumed: int) -> Loader:

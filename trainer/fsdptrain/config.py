@@ -453,39 +453,6 @@ def from_sources(
     return TrainConfig(**with_model_defaults(values)[0]).validate()
 
 
-def resolve_deterministic(setting: str, device_type: str) -> bool:
-    """DETERMINISTIC: auto is on for CPU (the tests compare losses bit for bit) and off with CUDA,
-    whose deterministic kernels are slower (torch's reproducibility notes; torchtitan leaves them
-    off too)."""
-    return setting == "true" or (setting == "auto" and device_type != "cuda")
-
-
-def resolve_fused_optimizer(setting: str, device_type: str) -> bool:
-    """FUSED_OPTIMIZER: auto takes AdamW's fused kernel with CUDA (one kernel for all parameters,
-    torch's fastest implementation there) and foreach elsewhere."""
-    return setting == "on" or (setting == "auto" and device_type == "cuda")
-
-
-FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9) and Hopper (9.0) onwards
-
-
-def float8_refusal(device: str, capability: tuple[int, int] | None) -> str | None:
-    """FLOAT8=true's one-line refusal on a machine without float8 tensor cores; None where it can
-    run. `device` names what this process trains on, `capability` is its CUDA compute capability
-    (None: no GPU)."""
-    if capability is not None and capability >= FLOAT8_MIN_CAPABILITY:
-        return None
-    has = (
-        device
-        if capability is None
-        else f"{device} (compute capability {capability[0]}.{capability[1]})"
-    )
-    return (
-        "FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L40S) and "
-        f"this process has {has}: unset FLOAT8 or run on such a GPU"
-    )
-
-
 def missing_packages(cfg: TrainConfig) -> list[str]:
     """One line per optional key (trackers, FLOAT8) that is set while its package is not installed
     (checked without importing it): the run is refused before it starts instead of failing at its

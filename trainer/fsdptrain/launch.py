@@ -31,11 +31,11 @@ from fsdptrain import disruption, elastic, events, fetch, resume
 from fsdptrain.config import (
     ConfigError,
     TrainConfig,
-    float8_refusal,
     from_sources,
     missing_packages,
     print_error,
 )
+from fsdptrain.levers import float8_refusal
 from fsdptrain.resume import first_problem
 from fsdptrain.shapes import job_mesh_shape
 
@@ -281,21 +281,11 @@ def run_torchrun(
         stopping = disruption.stop_requested(environ)
         if signalled:  # before (another) torchrun: none would get the signal that came already
             return disruption.pod_exit(-signalled[0], signalled=True, note=None, stopping=stopping)
-        ledger = disruption.record_start(environ, socket.gethostname())
-        if ledger.refusal:
-            print(f"fsdptrain: error: {ledger.refusal}", file=sys.stderr, flush=True)
+        if _start_refused(argv, environ):
             return 1
-        if line := disruption.restart_line(ledger, environ, nodes(argv, environ)):
-            print(line, flush=True)
         child[:] = [_spawn(argv, env)]
         rc = _wait(child[0], note, signalled)
-        verdict = disruption.pod_exit(
-            rc,
-            signalled=bool(signalled),
-            note=disruption.read_note(note),
-            stopping=disruption.stop_requested(environ),
-            store_lost=disruption.lost_store(agent_error),
-        )
+        verdict = _pod_exit(rc, environ, signalled, note, agent_error)
         if verdict == disruption.RESTART and along:
             # Slurm ends and restarts the whole step (or requeues the job): no node rejoins alone,
             # and a launcher left behind on a node whose slurmd died must not start torchrun
@@ -308,10 +298,41 @@ def run_torchrun(
         if done := finished():
             say_finished(done)
             return 0
-        print(f"fsdptrain: {_why_again(note)}: starting torchrun again to rejoin", flush=True)
-        for left in (note, agent_error):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(left)
+        _again(note, agent_error)
+
+
+def _start_refused(argv: list[str], environ: Mapping[str, str]) -> bool:
+    """This start counted in the run's ledger: refused (said on stderr) once its start budget is
+    spent; a restart says which it is."""
+    ledger = disruption.record_start(environ, socket.gethostname())
+    if ledger.refusal:
+        print(f"fsdptrain: error: {ledger.refusal}", file=sys.stderr, flush=True)
+        return True
+    if line := disruption.restart_line(ledger, environ, nodes(argv, environ)):
+        print(line, flush=True)
+    return False
+
+
+def _pod_exit(
+    rc: int, environ: Mapping[str, str], signalled: list[int], note: str, agent_error: str
+) -> int:
+    """torchrun's return code judged with what the disruption note and the agent's error say."""
+    return disruption.pod_exit(
+        rc,
+        signalled=bool(signalled),
+        note=disruption.read_note(note),
+        stopping=disruption.stop_requested(environ),
+        store_lost=disruption.lost_store(agent_error),
+    )
+
+
+def _again(note: str, agent_error: str) -> None:
+    """Said before torchrun starts again; the last run's note and agent error cleared for the
+    next."""
+    print(f"fsdptrain: {_why_again(note)}: starting torchrun again to rejoin", flush=True)
+    for left in (note, agent_error):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(left)
 
 
 def _why_again(note: str) -> str:

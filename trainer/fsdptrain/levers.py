@@ -1,5 +1,6 @@
 """How the speed settings resolve on this machine, and why: COMPILE=auto, FLOAT8 without compile,
-selective checkpointing without compile, Python's garbage collector and the attention kernel order.
+selective checkpointing without compile, Python's garbage collector and the attention kernel order;
+DETERMINISTIC and FUSED_OPTIMIZER per device, and FLOAT8's refusal without float8 tensor cores.
 
 The rules are pure (tests/test_levers.py proves each on the CPU); every decision carries a one-line
 reason that the banner and the `start` event repeat, so a run says what it chose instead of leaving
@@ -153,3 +154,36 @@ class GarbageCollection:
     @property
     def policy(self) -> str:
         return f"gc every {self.interval} steps" if self.interval else "gc automatic"
+
+
+def resolve_deterministic(setting: str, device_type: str) -> bool:
+    """DETERMINISTIC: auto is on for CPU (the tests compare losses bit for bit) and off with CUDA,
+    whose deterministic kernels are slower (torch's reproducibility notes; torchtitan leaves them
+    off too)."""
+    return setting == "true" or (setting == "auto" and device_type != "cuda")
+
+
+def resolve_fused_optimizer(setting: str, device_type: str) -> bool:
+    """FUSED_OPTIMIZER: auto takes AdamW's fused kernel with CUDA (one kernel for all parameters,
+    torch's fastest implementation there) and foreach elsewhere."""
+    return setting == "on" or (setting == "auto" and device_type == "cuda")
+
+
+FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9) and Hopper (9.0) onwards
+
+
+def float8_refusal(device: str, capability: tuple[int, int] | None) -> str | None:
+    """FLOAT8=true's one-line refusal on a machine without float8 tensor cores; None where it can
+    run. `device` names what this process trains on, `capability` is its CUDA compute capability
+    (None: no GPU)."""
+    if capability is not None and capability >= FLOAT8_MIN_CAPABILITY:
+        return None
+    has = (
+        device
+        if capability is None
+        else f"{device} (compute capability {capability[0]}.{capability[1]})"
+    )
+    return (
+        "FLOAT8=true needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L40S) and "
+        f"this process has {has}: unset FLOAT8 or run on such a GPU"
+    )

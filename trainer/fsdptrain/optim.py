@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from fsdptrain.config import TrainConfig, resolve_fused_optimizer
+from fsdptrain.config import TrainConfig
+from fsdptrain.levers import resolve_fused_optimizer
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler

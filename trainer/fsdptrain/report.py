@@ -12,8 +12,7 @@ import torch
 
 from fsdptrain import disruption, events
 from fsdptrain.build import Training
-from fsdptrain.config import resolve_deterministic, resolve_fused_optimizer
-from fsdptrain.levers import float8_warning
+from fsdptrain.levers import float8_warning, resolve_deterministic, resolve_fused_optimizer
 from fsdptrain.optim import lr_at
 from fsdptrain.runtime import Runtime
 

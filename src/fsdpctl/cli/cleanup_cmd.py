@@ -15,38 +15,45 @@ from fsdpctl.job import listing
 from fsdpctl.settings import Config
 from fsdpctl.targets import NAMES
 
+# The options, as cleanup takes them (in its signature's order)
+CleanupNameArg = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="NAME",
+        help="only this job (default: every ended job)",
+        autocompletion=completion.job_names,
+    ),
+]
+CheckpointsOpt = Annotated[
+    bool, typer.Option("--checkpoints", help="also delete the ended jobs' checkpoints")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")]
+CleanupForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="also what fsdpctl cannot prove: what carries no owner mark (made before owner "
+        'marks, or by hand), a job whose place cannot prove it ended (Slurm: "Invalid job id" '
+        "while its log is fresh); never another home's or job's, never a running job",
+    ),
+]
+CleanupBackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--backend",
+        help=f"{' or '.join(NAMES)} (default: every backend holding a job here, and BACKEND)",
+    ),
+]
+
 
 def cleanup(
     ctx: typer.Context,
-    name: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="NAME",
-            help="only this job (default: every ended job)",
-            autocompletion=completion.job_names,
-        ),
-    ] = None,
-    checkpoints: Annotated[
-        bool, typer.Option("--checkpoints", help="also delete the ended jobs' checkpoints")
-    ] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force",
-            help="also what fsdpctl cannot prove: what carries no owner mark (made before owner "
-            'marks, or by hand), a job whose place cannot prove it ended (Slurm: "Invalid job id" '
-            "while its log is fresh); never another home's or job's, never a running job",
-        ),
-    ] = False,
+    name: CleanupNameArg = None,
+    checkpoints: CheckpointsOpt = False,
+    yes: YesOpt = False,
+    force: CleanupForceOpt = False,
     dry_run: DryRunOpt = False,
-    backend: Annotated[
-        str | None,
-        typer.Option(
-            "--backend",
-            help=f"{' or '.join(NAMES)} (default: every backend holding a job here, and BACKEND)",
-        ),
-    ] = None,
+    backend: CleanupBackendOpt = None,
     output: Output = OutputOpt,
 ) -> None:
     """Remove ended jobs and what they left; checkpoints only with --checkpoints. Ended: succeeded,
@@ -66,7 +73,27 @@ def cleanup(
     backends.check_name(backend)
     job = files.job_name(name) if name is not None else None
     places = _places(cfg, job, backend)
-    warned: list[str] = []
+    removed, notes = _remove(places, job, checkpoints, force, dry_run=dry_run, yes=yes)
+    kept = [line for be in places for line in getattr(be, "kept", ())]
+    data = {"dry_run": "client" if dry_run else "none", "removed": removed, "skipped": notes}
+    if not emit({**data, "kept": kept, "checkpoints": checkpoints}, output):
+        _say(removed, kept, dry_run)
+    left = "" if checkpoints else "; checkpoints kept"
+    left += f"; {len(kept)} kept (not proven this home's)" if kept else ""
+    ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items{left}")
+
+
+def _remove(
+    places: list[backends.Backend],
+    job: str | None,
+    checkpoints: bool,
+    force: bool,
+    *,
+    dry_run: bool,
+    yes: bool,
+) -> tuple[list[str], list[str]]:
+    """What went (or would go, --dry-run) and the backends' notes. Without --yes or --dry-run, a
+    dry pass first lists the items and asks: nothing listed, nothing removed."""
 
     def clean(dry: bool) -> list[str]:
         return [
@@ -75,6 +102,7 @@ def cleanup(
             for item in be.cleanup(checkpoints=checkpoints, dry_run=dry, job=job, force=force)
         ]
 
+    warned: list[str] = []
     doomed: list[str] = []
     if not dry_run and not yes:
         doomed = clean(True)
@@ -88,14 +116,7 @@ def cleanup(
                 hint="answer y, or pass --yes (--dry-run shows what would go)",
             )
     removed = clean(dry_run) if dry_run or yes or doomed else []
-    notes = _warn_notes(places, warned)
-    kept = [line for be in places for line in getattr(be, "kept", ())]
-    data = {"dry_run": "client" if dry_run else "none", "removed": removed, "skipped": notes}
-    if not emit({**data, "kept": kept, "checkpoints": checkpoints}, output):
-        _say(removed, kept, dry_run)
-    left = "" if checkpoints else "; checkpoints kept"
-    left += f"; {len(kept)} kept (not proven this home's)" if kept else ""
-    ok(f"{'dry run: ' if dry_run else ''}{len(removed)} items{left}")
+    return removed, _warn_notes(places, warned)
 
 
 def _say(removed: list[str], kept: list[str], dry_run: bool) -> None:

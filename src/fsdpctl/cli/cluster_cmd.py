@@ -178,15 +178,7 @@ def create(
     existing = cluster.find(cfg) if cfg.cluster_tool == "eksctl" and not dry_run else None
     run = cluster.prepare(cfg, "create")
     table = output == Output.table
-    done = "would create" if dry_run else "exists" if existing else "created"
-    report: CreateReport = {
-        "dry_run": "client" if dry_run else "none",
-        "cluster": cfg.cluster_name,
-        "tool": cfg.cluster_tool,
-        "tool_input": str(run.tool_input),
-        "action": done,
-        "commands": [],
-    }
+    report = _create_report(cfg, str(run.tool_input), dry_run, bool(existing))
     if dry_run and table:
         out.print(run.text, markup=False, end="")
     elif existing:
@@ -207,6 +199,19 @@ def create(
         ok(
             f"cluster {cfg.cluster_name} created with {cfg.cluster_tool}; next: fsdpctl cluster status"
         )
+
+
+def _create_report(cfg: Config, tool_input: str, dry_run: bool, exists: bool) -> CreateReport:
+    """The report before the tool runs: its commands and AWS calls are added as they go."""
+    done = "would create" if dry_run else "exists" if exists else "created"
+    return {
+        "dry_run": "client" if dry_run else "none",
+        "cluster": cfg.cluster_name,
+        "tool": cfg.cluster_tool,
+        "tool_input": tool_input,
+        "action": done,
+        "commands": [],
+    }
 
 
 def _fsx_dry_run(cfg: Config, table: bool) -> list[AwsRequest]:
@@ -292,40 +297,17 @@ def delete(
     cfg = _in_subnet_zones(ctx, _config(ctx, tool), tool, dry_run)  # eksctl's input keys them by AZ
     what = _what_to_delete(cfg, dry_run)
     file_systems, groups = _fsx_to_delete(cfg, dry_run)
-    report: DeleteReport = {
-        "dry_run": "client" if dry_run else "none",
-        "cluster": cfg.cluster_name,
-        "tool": cfg.cluster_tool,
-        "cluster_deleted": bool(what),
-        "what": what,
-        "commands": [],
-        "file_systems": [fs["FileSystemId"] for fs in file_systems],
-        "security_groups": groups,
-    }
+    report = _delete_report(cfg, what, file_systems, groups, dry_run)
     if what is None and not (file_systems or groups):
         emit(report, output)
         return
     if not dry_run and not yes:
-        _confirm_fsx(cfg, file_systems)
-        if what:
-            confirm(
-                f"Delete {what}?",
-                refused="not confirmed",
-                hint="pass --yes to delete without asking",
-            )
+        _confirm_delete(cfg, what, file_systems)
     # the tool's input is written once AWS has answered and the user has: a lookup that fails or a
     # "no" leaves the cluster's directory as it was (terraform's variables there are the ones it was
     # made with)
     run = cluster.prepare(cfg, "delete")
-    if dry_run:
-        for fs in file_systems:
-            ok(f"dry run: would delete {fsx_summary(fs)}")
-        if groups:
-            ok(
-                f"dry run: would delete security group {', '.join(groups)} and the FSx KMS key (in 7 days)"
-            )
-    elif cfg.cluster_tool == "eksctl" and (file_systems or groups):
-        cluster.delete_fsx(cfg, file_systems, ok)
+    _delete_fsx_first(cfg, file_systems, groups, dry_run)
     for cmd in run.commands if what else []:
         run_tool(
             cmd,
@@ -338,6 +320,51 @@ def delete(
         ok(f"dry run: would delete {what or 'the file systems above'}; nothing deleted")
     elif what:
         warn(f"cluster {cfg.cluster_name} deleted; checkpoints on its volumes are gone with it")
+
+
+def _delete_report(
+    cfg: Config, what: str | None, file_systems: list[FileSystem], groups: list[str], dry_run: bool
+) -> DeleteReport:
+    """The report before anything is deleted: the commands are added as they run."""
+    return {
+        "dry_run": "client" if dry_run else "none",
+        "cluster": cfg.cluster_name,
+        "tool": cfg.cluster_tool,
+        "cluster_deleted": bool(what),
+        "what": what,
+        "commands": [],
+        "file_systems": [fs["FileSystemId"] for fs in file_systems],
+        "security_groups": groups,
+    }
+
+
+def _confirm_delete(cfg: Config, what: str | None, file_systems: list[FileSystem]) -> None:
+    """The file systems asked first (their data outlives jobs), then the cluster."""
+    _confirm_fsx(cfg, file_systems)
+    if what:
+        confirm(
+            f"Delete {what}?",
+            refused="not confirmed",
+            hint="pass --yes to delete without asking",
+        )
+
+
+def _delete_fsx_first(
+    cfg: Config, file_systems: list[FileSystem], groups: list[str], dry_run: bool
+) -> None:
+    """With eksctl the file systems and their security groups go before the cluster (their network
+    interfaces would stop the VPC's deletion); a dry run says what would go."""
+    from fsdpctl.cluster import lifecycle as cluster
+
+    if dry_run:
+        for fs in file_systems:
+            ok(f"dry run: would delete {fsx_summary(fs)}")
+        if groups:
+            ok(
+                f"dry run: would delete security group {', '.join(groups)} and the FSx KMS key (in 7 days)"
+            )
+    elif cfg.cluster_tool == "eksctl" and (file_systems or groups):
+        cluster.delete_fsx(cfg, file_systems, ok)
 
 
 def fsx_summary(fs: FileSystem) -> str:

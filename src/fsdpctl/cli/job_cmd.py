@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from enum import Enum
 from typing import Annotated
 
@@ -146,6 +147,22 @@ def status(
     if watch and output in (ViewOutput.table, ViewOutput.wide):
         job_status_view.watch_status(be, name, stall_after, job_status_view.want_plot(plot))
         return
+    _show_status(be, name, output, watch=watch, stall_after=stall_after, plot=plot)
+
+
+def _show_status(
+    be: backends.Backend,
+    name: str,
+    output: ViewOutput,
+    *,
+    watch: bool,
+    stall_after: float,
+    plot: bool | None,
+) -> None:
+    """The report once (exit 1 when its phase is Unknown), or with --watch and -o json|yaml|name
+    every 2 s until the job ends."""
+    from fsdpctl.cli import job_status_view
+
     while True:
         r = be.report(name, stall_after)
         if not emit(r, output):
@@ -159,46 +176,54 @@ def status(
         time.sleep(2)
 
 
+# `job logs`' options, in its signature's order
+FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")]
+AllNodesOpt = Annotated[
+    bool,
+    typer.Option("--all", help="every node (pod), each line prefixed with [node-N] ([pod/NAME/C])"),
+]
+NodeOpt = Annotated[
+    int | None, typer.Option("--node", help="one node's log (local; eks: worker pod N)")
+]
+PodOpt = Annotated[str | None, typer.Option("--pod", help="one pod's log (eks)")]
+TailOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tail", help="the last N lines of each node or pod (-1: all); with -f, then follow"
+    ),
+]
+SinceOpt = Annotated[
+    str | None, typer.Option("--since", help="only lines of the last 10s, 5m, 2h, 1h30m")
+]
+TimestampsOpt = Annotated[
+    bool,
+    typer.Option("--timestamps", help="each line after its time (RFC 3339, nanoseconds, UTC)"),
+]
+LogFormatOpt = Annotated[
+    LogFormat, typer.Option("--output", "-o", help="text, or json: one object per line")
+]
+TrainerOnlyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trainer-only",
+        help="leave out torch's and torchrun's own logging (agent, rendezvous, c10d)",
+    ),
+]
+
+
 @app.command()
 def logs(
     ctx: typer.Context,
     name: str | None = NameArg,
-    follow_: Annotated[
-        bool, typer.Option("--follow", "-f", help="keep printing until the job ends")
-    ] = False,
-    all_: Annotated[
-        bool,
-        typer.Option(
-            "--all", help="every node (pod), each line prefixed with [node-N] ([pod/NAME/C])"
-        ),
-    ] = False,
-    node: Annotated[
-        int | None, typer.Option("--node", help="one node's log (local; eks: worker pod N)")
-    ] = None,
-    pod: Annotated[str | None, typer.Option("--pod", help="one pod's log (eks)")] = None,
-    tail: Annotated[
-        int | None,
-        typer.Option(
-            "--tail", help="the last N lines of each node or pod (-1: all); with -f, then follow"
-        ),
-    ] = None,
-    since: Annotated[
-        str | None, typer.Option("--since", help="only lines of the last 10s, 5m, 2h, 1h30m")
-    ] = None,
-    timestamps: Annotated[
-        bool,
-        typer.Option("--timestamps", help="each line after its time (RFC 3339, nanoseconds, UTC)"),
-    ] = False,
-    output: Annotated[
-        LogFormat, typer.Option("--output", "-o", help="text, or json: one object per line")
-    ] = LogFormat.text,
-    trainer_only: Annotated[
-        bool,
-        typer.Option(
-            "--trainer-only",
-            help="leave out torch's and torchrun's own logging (agent, rendezvous, c10d)",
-        ),
-    ] = False,
+    follow_: FollowOpt = False,
+    all_: AllNodesOpt = False,
+    node: NodeOpt = None,
+    pod: PodOpt = None,
+    tail: TailOpt = None,
+    since: SinceOpt = None,
+    timestamps: TimestampsOpt = False,
+    output: LogFormatOpt = LogFormat.text,
+    trainer_only: TrainerOnlyOpt = False,
     backend: BackendOpt = None,
 ) -> None:
     """A job's logs, as `kubectl logs` shows a pod's. The leader's (the node that hosts rank 0),
@@ -212,21 +237,8 @@ def logs(
     """
     tail, since_s = _log_window(tail, since)
     be, name = resolve_job(ctx, name, backend)
-    nodes = be.report(name)["nodes"] if node is not None else 0
-    if node is not None and not 0 <= node < nodes:
-        raise BadInput(
-            f"--node {node}: job {name} has nodes 0 to {nodes - 1}",
-            hint="`fsdpctl job status` shows its nodes",
-        )
-
-    def shown(line: LogLine) -> bool:  # what --tail counts: the lines that will be printed
-        if trainer_only and failures.from_torch(line.text):
-            return False
-        return (
-            output == LogFormat.json
-            or job_view.log_text(line, prefix=False, timestamps=False) is not None
-        )
-
+    _check_node(be, name, node)
+    shown = _shown(output, trainer_only)
     quiet = job_wait.Quiet(be, name) if follow_ else contextlib.nullcontext()
     with quiet:
         for line in be.logs(
@@ -244,6 +256,30 @@ def logs(
             if isinstance(quiet, job_wait.Quiet):
                 quiet.shown()
             _print_line(line, output, all_, timestamps)
+
+
+def _shown(output: LogFormat, trainer_only: bool) -> Callable[[LogLine], bool]:
+    """Which lines are printed: what --tail counts, so the last N are N printed lines."""
+
+    def shown(line: LogLine) -> bool:
+        if trainer_only and failures.from_torch(line.text):
+            return False
+        return (
+            output == LogFormat.json
+            or job_view.log_text(line, prefix=False, timestamps=False) is not None
+        )
+
+    return shown
+
+
+def _check_node(be: backends.Backend, name: str, node: int | None) -> None:
+    """--node names one of the job's nodes: asked of its report only when given."""
+    nodes = be.report(name)["nodes"] if node is not None else 0
+    if node is not None and not 0 <= node < nodes:
+        raise BadInput(
+            f"--node {node}: job {name} has nodes 0 to {nodes - 1}",
+            hint="`fsdpctl job status` shows its nodes",
+        )
 
 
 def _print_line(line: LogLine, output: LogFormat, all_: bool, timestamps: bool) -> None:

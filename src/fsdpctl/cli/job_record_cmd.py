@@ -9,10 +9,9 @@ machine's copies.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from fsdpctl import backends, files
 from fsdpctl.cli import completion, job_view
@@ -31,17 +30,16 @@ from fsdpctl.cli.common import (
     state,
     warn,
 )
+from fsdpctl.cli.diff_view import print_diff, shown
 from fsdpctl.cli.record_reading import drift, has_a_checkpoint, learnt, load_record, main_line
 from fsdpctl.cli.tables import PlainTable
 from fsdpctl.errors import BadInput, ExitCode, FsdpctlError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from rich.console import Group
 
     from fsdpctl.job.record import Fingerprint, RunRecord
-    from fsdpctl.job.record_view import HistoryRow, LossRow
+    from fsdpctl.job.record_view import HistoryRow
     from fsdpctl.settings import Config
 
 
@@ -226,7 +224,7 @@ def _history_table(rows: list[HistoryRow]) -> PlainTable:
         pad_edge=False,
     )
     for r in rows:
-        changed = ", ".join(f"{k}={_shown(v)}" for k, (_, v) in r["changed"].items()) or "-"
+        changed = ", ".join(f"{k}={shown(v)}" for k, (_, v) in r["changed"].items()) or "-"
         t.add_row(
             r["run_id"], r["record"], r["started"], r["from"], changed, r["outcome"], r["world"]
         )
@@ -307,13 +305,7 @@ def rerun(
     run_id = jobpolicy.new_run_id(got.rec["job"])
     cfg = _settings_for(ctx, got.rec, _rerun_start(ctx, got.rec, run_id), "job rerun")
     drifted, unchecked = drift(got.rec, cfg)
-    if drifted and not allow_drift:
-        raise BadInput(
-            f"record {got.rec['id']} no longer matches: " + "; ".join(drifted),
-            hint="--allow-drift runs it anyway (the new record says what it ran)",
-        )
-    for line in [*drifted, *unchecked]:
-        warn(line)
+    _say_drift(got.rec, drifted, unchecked, allow_drift)
     admit(cfg, force=force)
     job_view.launch(
         backends.create(cfg),
@@ -326,6 +318,18 @@ def rerun(
         said=f", from record {got.rec['id']}",
         then=f"fsdpctl job diff {got.rec['run_id']} {run_id}",
     )
+
+
+def _say_drift(rec: RunRecord, drifted: list[str], unchecked: list[str], allow: bool) -> None:
+    """A rerun of other code or data is refused unless --allow-drift; what differs or could not be
+    checked is warned."""
+    if drifted and not allow:
+        raise BadInput(
+            f"record {rec['id']} no longer matches: " + "; ".join(drifted),
+            hint="--allow-drift runs it anyway (the new record says what it ran)",
+        )
+    for line in [*drifted, *unchecked]:
+        warn(line)
 
 
 def _rerun_start(ctx: typer.Context, rec: RunRecord, run_id: str) -> dict[str, str]:
@@ -426,74 +430,4 @@ def diff(
     if output == "json":
         emit(d, Output.json)  # masked, written whole, as every -o json
         return
-    out.print(
-        f"A: record {d['a']['id']} (job {d['a']['job']}, run {d['a']['run_id']})", markup=False
-    )
-    out.print(
-        f"B: record {d['b']['id']} (job {d['b']['job']}, run {d['b']['run_id']})", markup=False
-    )
-    parts: Mapping[str, dict[str, list[Any]]] = {
-        k: d[k] for k in ("settings", "placement", "versions", "data", "world")
-    }
-    for part in parts:
-        if not parts[part]:
-            out.print(f"{part}: same", markup=False)
-            continue
-        out.print(f"{part}:", markup=False)
-        for key, (x, y) in parts[part].items():
-            out.print(f"  {key}: {_shown(x)} -> {_shown(y)}", markup=False, highlight=False)
-    out.print(loss_verdict(d["losses"]), markup=False, highlight=False)
-    differing = [r for r in d["losses"] if _delta(r) != 0.0]
-    if differing:
-        out.print(_loss_table(differing[:LOSS_ROWS]))
-        if len(differing) > LOSS_ROWS:
-            out.print(
-                f"... {len(differing) - LOSS_ROWS} more steps differ (-o json has every step)"
-            )
-
-
-LOSS_ROWS = 20  # the differing steps shown; -o json holds them all
-
-
-def _shown(value: Any) -> str:
-    return "(empty)" if value in ("", None) else str(value)
-
-
-def _delta(r: LossRow) -> float | None:
-    """B - A at one step; None where only one run logged it."""
-    return r["b"] - r["a"] if r["a"] is not None and r["b"] is not None else None
-
-
-def loss_verdict(rows: list[LossRow]) -> str:
-    """The loss curves compared in one line: the same at every step both logged, or where and by
-    how much they part; steps only one of the runs logged are counted apart."""
-    if not rows:
-        return "losses: neither run logged a step"
-    both = [r for r in rows if _delta(r) is not None]
-    only = len(rows) - len(both)
-    apart = f"; {only} steps only one run logged" if only else ""
-    differ = [r for r in both if _delta(r) != 0.0]
-    if not both:
-        return f"losses: no step logged by both runs{apart}"
-    if not differ:
-        return f"losses: the same at all {len(both)} steps both runs logged{apart}"
-    first = differ[0]
-    worst = max(differ, key=lambda r: abs(_delta(r) or 0.0))
-    return (
-        f"losses: B differs from A at {len(differ)} of {len(both)} steps (first at step "
-        f"{first['step']}: {_num(first['a'])} vs {_num(first['b'])}; largest |B - A| "
-        f"{abs(_delta(worst) or 0.0):.6f} at step {worst['step']}){apart}"
-    )
-
-
-def _loss_table(rows: list[LossRow]) -> Table:
-    t = Table(title="loss where they differ", title_justify="left", box=None, pad_edge=False)
-    for col in ("step", "A", "B", "B - A"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(*(str(r["step"]), _num(r["a"]), _num(r["b"]), _num(_delta(r))))
-    return t
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.6f}"
+    print_diff(d)

@@ -16,6 +16,7 @@ from fsdpctl.errors import BadInput, FsdpctlError
 
 if TYPE_CHECKING:
     from fsdpctl.cluster import manifests
+    from fsdpctl.settings import Config
 
 
 class Format(str, Enum):
@@ -23,30 +24,38 @@ class Format(str, Enum):
     json = "json"
 
 
+# the options, in the command's order
+FormatOpt = Annotated[Format, typer.Option("--output", "-o", help="yaml or json")]
+OutDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out-dir",
+        help="write one file per object here (all or none); the job's stale files go",
+    ),
+]
+RunIdOpt = Annotated[
+    str | None, typer.Option("--run-id", help="rendezvous id (default: a hash of the settings)")
+]
+ValidateOpt = Annotated[
+    bool, typer.Option("--validate", help="check each object against the real schemas")
+]
+CrdDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--crd-dir",
+        envvar="FSDPCTL_CRD_DIR",
+        help="dir with the PyTorchJob CRD YAML (for --validate)",
+    ),
+]
+
+
 def manifest(
     ctx: typer.Context,
-    output: Annotated[Format, typer.Option("--output", "-o", help="yaml or json")] = Format.yaml,
-    out_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--out-dir",
-            help="write one file per object here (all or none); the job's stale files go",
-        ),
-    ] = None,
-    run_id: Annotated[
-        str | None, typer.Option("--run-id", help="rendezvous id (default: a hash of the settings)")
-    ] = None,
-    validate: Annotated[
-        bool, typer.Option("--validate", help="check each object against the real schemas")
-    ] = False,
-    crd_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--crd-dir",
-            envvar="FSDPCTL_CRD_DIR",
-            help="dir with the PyTorchJob CRD YAML (for --validate)",
-        ),
-    ] = None,
+    output: FormatOpt = Format.yaml,
+    out_dir: OutDirOpt = None,
+    run_id: RunIdOpt = None,
+    validate: ValidateOpt = False,
+    crd_dir: CrdDirOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """Render the job's Kubernetes objects (Namespace, etcd if used, PyTorchJob) from the settings.
@@ -67,15 +76,9 @@ def manifest(
     cfg = state(ctx).config()
     admit(cfg, force=force, starts=False)
     if cfg.target.manifest:  # a place that renders the job as text of its own (a batch script)
-        from fsdpctl.targets import resolve
-
-        if validate or out_dir is not None or output != Format.yaml:
-            raise BadInput(
-                f"BACKEND={cfg.backend} renders the job as one script, not Kubernetes objects",
-                hint="drop -o, --out-dir and --validate",
-            )
-        text = resolve(cfg.target.manifest)(cfg, run_id or jobpolicy.stable_run_id(cfg))
-        out.print(text, end="", markup=False)
+        _print_script(
+            cfg, run_id, kube_only=validate or out_dir is not None or output != Format.yaml
+        )
         return
     objs = render.render_job(cfg, run_id or jobpolicy.stable_run_id(cfg))
     if validate:
@@ -86,7 +89,25 @@ def manifest(
     if out_dir is None:
         out.print(manifests.text(objs, output.value), end="", markup=False)
         return
-    done = _write_dir(objs, out_dir, output.value, cfg.job_name)
+    _say_written(_write_dir(objs, out_dir, output.value, cfg.job_name))
+
+
+def _print_script(cfg: Config, run_id: str | None, *, kube_only: bool) -> None:
+    """The job as its place's own text (a batch script); the options that only mean something for
+    Kubernetes objects (`kube_only`: -o, --out-dir, --validate) are refused."""
+    from fsdpctl.job import policy as jobpolicy
+    from fsdpctl.targets import resolve
+
+    if kube_only:
+        raise BadInput(
+            f"BACKEND={cfg.backend} renders the job as one script, not Kubernetes objects",
+            hint="drop -o, --out-dir and --validate",
+        )
+    text = resolve(cfg.target.manifest)(cfg, run_id or jobpolicy.stable_run_id(cfg))
+    out.print(text, end="", markup=False)
+
+
+def _say_written(done: manifests.Written) -> None:
     for path in done.files:
         ok(f"wrote {path}")
     for path in done.removed:

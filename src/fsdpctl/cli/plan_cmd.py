@@ -180,53 +180,67 @@ PLAN_OPTIONS = {
 }
 
 
+# the options, in the command's order
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="7b, 13b, 70b, tiny", autocompletion=completion.model_names),
+]
+InstanceTypeOpt = Annotated[str | None, typer.Option("--instance-type")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes")]
+StrategyOpt = Annotated[str | None, typer.Option("--strategy", help="FULL_SHARD ... NO_SHARD")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision")]
+AcOpt = Annotated[
+    str | None,
+    typer.Option("--ac", help="activation checkpointing: none, full, every-k, selective"),
+]
+MicroBatchOpt = Annotated[int | None, typer.Option("--micro-batch")]
+SeqLenOpt = Annotated[int | None, typer.Option("--seq-len")]
+GradAccumOpt = Annotated[int | None, typer.Option("--grad-accum")]
+TokensOpt = Annotated[
+    float,
+    typer.Option(
+        "--tokens",
+        help="tokens to train on, for time and cost",
+        callback=finite(above=True, maximum=MAX_TOKENS),
+    ),
+]
+MfuOpt = Annotated[
+    float,
+    typer.Option(
+        "--mfu", help="assumed compute MFU (0: per-GPU default)", callback=finite(maximum=1.0)
+    ),
+]
+PriceOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--price", help="USD per node-hour (default: table)", callback=finite(maximum=MAX_PRICE)
+    ),
+]
+TableOpt = Annotated[
+    bool,
+    typer.Option(
+        "--table",
+        help="7B/13B/70B (each with its own defaults) x p4de/p5 x 1..16 nodes; --model and --nodes pick "
+        "only those rows",
+    ),
+]
+
+
 def plan(
     ctx: typer.Context,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", help="7b, 13b, 70b, tiny", autocompletion=completion.model_names),
-    ] = None,
-    instance_type: Annotated[str | None, typer.Option("--instance-type")] = None,
-    nodes: Annotated[int | None, typer.Option("--nodes")] = None,
-    strategy: Annotated[
-        str | None, typer.Option("--strategy", help="FULL_SHARD ... NO_SHARD")
-    ] = None,
-    precision: Annotated[str | None, typer.Option("--precision")] = None,
-    ac: Annotated[
-        str | None,
-        typer.Option("--ac", help="activation checkpointing: none, full, every-k, selective"),
-    ] = None,
-    micro_batch: Annotated[int | None, typer.Option("--micro-batch")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
-    grad_accum: Annotated[int | None, typer.Option("--grad-accum")] = None,
-    tokens: Annotated[
-        float,
-        typer.Option(
-            "--tokens",
-            help="tokens to train on, for time and cost",
-            callback=finite(above=True, maximum=MAX_TOKENS),
-        ),
-    ] = 1e9,
-    mfu: Annotated[
-        float,
-        typer.Option(
-            "--mfu", help="assumed compute MFU (0: per-GPU default)", callback=finite(maximum=1.0)
-        ),
-    ] = 0.0,
-    price: Annotated[
-        float | None,
-        typer.Option(
-            "--price", help="USD per node-hour (default: table)", callback=finite(maximum=MAX_PRICE)
-        ),
-    ] = None,
-    table: Annotated[
-        bool,
-        typer.Option(
-            "--table",
-            help="7B/13B/70B (each with its own defaults) x p4de/p5 x 1..16 nodes; --model and --nodes pick "
-            "only those rows",
-        ),
-    ] = False,
+    model: ModelOpt = None,
+    instance_type: InstanceTypeOpt = None,
+    nodes: NodesOpt = None,
+    strategy: StrategyOpt = None,
+    precision: PrecisionOpt = None,
+    ac: AcOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    grad_accum: GradAccumOpt = None,
+    tokens: TokensOpt = 1e9,
+    mfu: MfuOpt = 0.0,
+    price: PriceOpt = None,
+    table: TableOpt = False,
     output: Output = OutputOpt,
 ) -> None:
     """A job's memory, speed and cost before it runs. Memory per GPU (FITS / DOES NOT FIT, and the
@@ -255,18 +269,31 @@ def plan(
     )
     job = P.job_from(cfg, mfu=mfu, price=price)
     if table:
-        # --model and --nodes narrow the sweep to their rows; without them it spans every model and
-        # size
-        rows = sweep.matrix(
-            job,
-            tokens,
-            per_model=sweep.sweep_bases(job, cfg),
-            models=(job.model,) if model is not None else sweep.SWEEP_MODELS,
-            nodes=(job.nodes,) if nodes is not None else sweep.SWEEP_NODES,
-        )
-        if not emit(rows, output):
-            _print_matrix(rows, tokens)
+        _sweep(cfg, job, tokens, output, model=model is not None, nodes=nodes is not None)
         return
+    _plan_one(cfg, job, tokens, output, flags)
+
+
+def _sweep(
+    cfg: Config, job: P.Job, tokens: float, output: Output, *, model: bool, nodes: bool
+) -> None:
+    """--table: --model and --nodes (given: `model`, `nodes`) narrow the sweep to their rows;
+    without them it spans every model and size."""
+    rows = sweep.matrix(
+        job,
+        tokens,
+        per_model=sweep.sweep_bases(job, cfg),
+        models=(job.model,) if model else sweep.SWEEP_MODELS,
+        nodes=(job.nodes,) if nodes else sweep.SWEEP_NODES,
+    )
+    if not emit(rows, output):
+        _print_matrix(rows, tokens)
+
+
+def _plan_one(cfg: Config, job: P.Job, tokens: float, output: Output, flags: Iterable[str]) -> None:
+    """The job's report: memory, speed, cost, the shared volume and stop grace, and the job on its
+    fewest nodes when it is elastic; then which of the plan's keys (`flags`) a .env, the
+    environment or --set gave."""
     r = P.report(job, tokens)
     timing = jobpolicy.stop_timing(cfg)
     shared = volume.report(cfg, r["speed"]["step_s"])

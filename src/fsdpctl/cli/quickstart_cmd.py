@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -12,6 +12,11 @@ from fsdpctl.cli.admission import admit
 from fsdpctl.cli.common import DryRunOpt, ForceOpt, Output, OutputOpt, emit, ok, out, state
 from fsdpctl.job import policy as jobpolicy
 from fsdpctl.job import runner
+
+if TYPE_CHECKING:
+    from fsdpctl.cli.common import AppState
+    from fsdpctl.job.protocol import Started
+    from fsdpctl.settings import Config
 
 # The embedded default: a tiny Llama on the offline sample corpus, 2 simulated nodes x 1 process,
 # CPU. fp32, because CPUs without bf16 units run bf16 matmuls 3-4x slower (measured: BENCHMARKS.md).
@@ -52,19 +57,25 @@ def next_commands(job_name: str) -> str:
     return "next:\n" + "".join(f"  {cmd:<{width}}  # {why}\n" for cmd, why in rows)
 
 
+# the options, in the command's order
+NodesOpt = Annotated[
+    int, typer.Option("--nodes", help="simulated nodes (one torchrun launcher each)")
+]
+StepsOpt = Annotated[int, typer.Option("--steps", help="optimizer steps")]
+PlotOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--plot/--no-plot",
+        help="draw loss and tokens/s over steps at the end (default: on a terminal)",
+    ),
+]
+
+
 def quickstart(
     ctx: typer.Context,
-    nodes: Annotated[
-        int, typer.Option("--nodes", help="simulated nodes (one torchrun launcher each)")
-    ] = 2,
-    steps: Annotated[int, typer.Option("--steps", help="optimizer steps")] = 30,
-    plot: Annotated[
-        bool | None,
-        typer.Option(
-            "--plot/--no-plot",
-            help="draw loss and tokens/s over steps at the end (default: on a terminal)",
-        ),
-    ] = None,
+    nodes: NodesOpt = 2,
+    steps: StepsOpt = 30,
+    plot: PlotOpt = None,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     output: Output = OutputOpt,
@@ -78,21 +89,7 @@ def quickstart(
 
     Example: fsdpctl quickstart --steps 60   (-o json: the final report and the next commands)
     """
-    st = state(ctx)
-    flags = {
-        **QUICKSTART,
-        "JOB_NODES": str(nodes),
-        "MAX_STEPS": str(steps),
-        "WARMUP_STEPS": str(min(5, steps)),
-        **st.flags,
-    }
-    options = {"JOB_NODES": "--nodes", "MAX_STEPS": "--steps", "WARMUP_STEPS": "--steps"}
-    set_by = {
-        **dict.fromkeys(QUICKSTART, "quickstart"),
-        **options,
-        **dict.fromkeys(st.flags, "--set"),
-    }
-    cfg = st.config(**flags, set_by=set_by)
+    cfg = _settings(state(ctx), nodes, steps)
     admit(cfg, force=force)
     be = backends.create(cfg)
     started = runner.run(
@@ -113,6 +110,32 @@ def quickstart(
     code = job_view.outcome(
         be, started.job, job_view.follow(be, started.job), table=output == Output.table
     )
+    _finish(be, started, code, plot, output)
+
+
+def _settings(st: AppState, nodes: int, steps: int) -> Config:
+    """QUICKSTART under the options under --set, each key's source named as `config show` says."""
+    flags = {
+        **QUICKSTART,
+        "JOB_NODES": str(nodes),
+        "MAX_STEPS": str(steps),
+        "WARMUP_STEPS": str(min(5, steps)),
+        **st.flags,
+    }
+    options = {"JOB_NODES": "--nodes", "MAX_STEPS": "--steps", "WARMUP_STEPS": "--steps"}
+    set_by = {
+        **dict.fromkeys(QUICKSTART, "quickstart"),
+        **options,
+        **dict.fromkeys(st.flags, "--set"),
+    }
+    return st.config(**flags, set_by=set_by)
+
+
+def _finish(
+    be: backends.Backend, started: Started, code: int, plot: bool | None, output: Output
+) -> NoReturn:
+    """The ended job's report (-o json|yaml) or its curves and the next commands; exit with the
+    job's code."""
     # -o json|yaml: the job's final report and the next commands as one document (progress stays on
     # stderr)
     report = {"job": started.job, "run_id": started.run_id, "dry_run": "none", "exit_code": code}

@@ -56,19 +56,7 @@ def run(
                 kube.apply(obj, dry_run=True)
     else:
         _make_room(kube, cfg, existing, replace)
-        with calls(cfg, f"starting job {cfg.job_name}"):
-            for obj in infra:
-                _apply_infra(kube, obj)
-            created = kube.create(job)
-            kube.apply(owned_by(secret, created))
-            for obj in fetch_jobs:
-                kube.create(owned_by(obj, created))
-            if record is not None:
-                kube.apply(
-                    owned_by(
-                        owned.stamped(configmap.config_map(record, cfg.job_namespace), who), created
-                    )
-                )
+        _start(kube, cfg, infra, job, secret, fetch_jobs, record, who)
     return {
         "job": cfg.job_name,
         "run_id": run_id,
@@ -78,6 +66,33 @@ def run(
 
 
 DEPENDENTS = ("Job", "PodDisruptionBudget")
+
+
+def _start(
+    kube,
+    cfg: Config,
+    infra: list[render.Obj],
+    job: render.Obj,
+    secret: render.Obj,
+    fetch_jobs: list[render.Obj],
+    record: RunRecord | None,
+    who: owner.Owner,
+) -> None:
+    """The shared objects applied, the job created, then what it owns (its Secret first, the
+    pre-step and budget, the record's ConfigMap) made owned by the job that was created."""
+    with calls(cfg, f"starting job {cfg.job_name}"):
+        for obj in infra:
+            _apply_infra(kube, obj)
+        created = kube.create(job)
+        kube.apply(owned_by(secret, created))
+        for obj in fetch_jobs:
+            kube.create(owned_by(obj, created))
+        if record is not None:
+            kube.apply(
+                owned_by(
+                    owned.stamped(configmap.config_map(record, cfg.job_namespace), who), created
+                )
+            )
 
 
 def _apply_infra(kube, obj: render.Obj) -> None:

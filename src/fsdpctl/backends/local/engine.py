@@ -39,6 +39,7 @@ from fsdpctl.backends.local.pods import (
     spec_from_job,
     volume_dirs,
 )
+from fsdpctl.backends.local.prestep_pod import prestep_state
 from fsdpctl.backends.local.processes import (
     JOB_MARK,
     POD_MARK,
@@ -97,7 +98,7 @@ from fsdpctl.backends.local.status import (
     settle,
     wait,
 )
-from fsdpctl.backends.local.supervisor import exit_code, prestep_state, supervise, verdict
+from fsdpctl.backends.local.supervisor import exit_code, supervise, verdict
 from fsdpctl.job import state as core
 from fsdpctl.job.owner import Owner, home_id
 from fsdpctl.job.reports import Phase

@@ -22,7 +22,7 @@ from fsdpctl.job.progress import (
     stage,
     stalled,
 )
-from fsdpctl.job.reports import Failure, Phase, PrestepReport, Report
+from fsdpctl.job.reports import Failure, Phase, PrestepReport, Progress, Report
 from fsdptrain import events, fetch
 
 
@@ -77,17 +77,28 @@ def job_report(st: LocalState, stall_after: float) -> Report:
             any(RENDEZVOUS_JOIN in x for x in crilog.texts(f)) for f in local.log_files(st)
         )
         report["stage"] = stage(parse_events(lines), joined, st["replicas"])
-    report["stalled"] = stalled(
-        phase or "", prog, now - st.get("started", st["created"]), stall_after
-    )
+    report["stalled"] = _stalled(report, st, prog, now, stall_after)
+    _add_problems(report, st, phase)
+    return report
+
+
+def _stalled(
+    report: Report, st: LocalState, prog: Progress, now: float, stall_after: float
+) -> bool:
+    """No step for stall_after s while running; never while the trainers wait for the pre-step."""
+    idle = now - st.get("started", st["created"])
     if (
         report["prestep"]
         and report["prestep"]["phase"] in ("Pending", "Running")
         and not report["step"]
     ):
-        report["stalled"] = (
-            False  # no step yet because the trainers wait for the pre-step, not a hang
-        )
+        return False  # no step yet because the trainers wait for the pre-step, not a hang
+    return stalled(report["phase"] or "", prog, idle, stall_after)
+
+
+def _add_problems(report: Report, st: LocalState, phase: Phase) -> None:
+    """What the report's reader should act on: a hung collective's flight-recorder dumps, restarts
+    (the restart policy), and the restart budget spent (in front of the reason)."""
     if report["stalled"]:  # a hung collective: what the flight recorder wrote, on this machine
         where = (st.get("nccl_traces") or ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])[0]
         dumps = [str(d) for d in local.nccl_dumps(st)]
@@ -99,7 +110,6 @@ def job_report(st: LocalState, stall_after: float) -> Report:
         phase, report["restarts"], st.get("max_restarts", 0), gave_up
     ):
         report["reason"] = f"{spent}; {report['reason']}" if report["reason"] else spent
-    return report
 
 
 def no_logs(name: str, logs: Path) -> FsdpctlError:

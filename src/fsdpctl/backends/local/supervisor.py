@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpctl import files
 from fsdpctl.adapters import netns, shell
-from fsdpctl.backends.local import kubelet
+from fsdpctl.backends.local import kubelet, prestep_pod
 from fsdpctl.backends.local.pods import (
     START_DELAYS_ENV,
     Launch,
@@ -59,17 +59,12 @@ def supervise(jdir: Path) -> int:
     _make_claims(spec)
     user, why = kubelet.as_user(spec.get("run_as"), _needs(spec, jdir))
     update(jdir, identity=_identity_note(spec.get("run_as"), user, why))
-    pre = _start_prestep(spec, jdir, logs, user)
+    pre = prestep_pod.start_prestep(spec, jdir, logs, user)
     try:
         if wants_network():
             net = netns.claim(spec["job"], spec["replicas"], {f"{spec['job']}-worker-0": 0})
         server, endpoint = rendezvous(spec, jdir, logs, net)
-        # a session of its own per launcher: its process group is the pod's processes
-        delays, now = start_delays(os.environ.get(START_DELAYS_ENV, "")), time.monotonic()
-        pods = [
-            Pod(launch, None, start_at=now + delays.get(launch.node, 0.0))
-            for launch in launches(spec, endpoint, dict(os.environ), net, user)
-        ]
+        pods = _pods(spec, endpoint, net, user)
         _start_due(pods, spec, logs)
         update(
             jdir,
@@ -84,15 +79,7 @@ def supervise(jdir: Path) -> int:
         update(jdir, phase=Phase.FAILED, finished=time.time(), reason=str(e))
         raise
     finally:
-        _signal(
-            pods, signal.SIGKILL
-        )  # a pod's end leaves none of its processes behind (no orphans)
-        if server:
-            server.stop()
-        if net is not None:
-            netns.destroy(net)
-        _end_prestep(pre)
-        remove_temp_dirs(jdir, spec["replicas"])
+        _tear_down(jdir, spec, pods, server, net, pre)
     _drain(pods)
     update(
         jdir,
@@ -103,6 +90,31 @@ def supervise(jdir: Path) -> int:
         **_placement(net, pods),
     )
     return 0
+
+
+def _pods(spec: dict, endpoint: str, net: netns.Network | None, user: list[str]) -> list[Pod]:
+    """One pod per node, none started yet: a late node's (START_DELAYS_ENV) starts at its time."""
+    # a session of its own per launcher: its process group is the pod's processes
+    delays, now = start_delays(os.environ.get(START_DELAYS_ENV, "")), time.monotonic()
+    return [
+        Pod(launch, None, start_at=now + delays.get(launch.node, 0.0))
+        for launch in launches(spec, endpoint, dict(os.environ), net, user)
+    ]
+
+
+def _tear_down(
+    jdir: Path, spec: dict, pods: list[Pod], server: Any, net: netns.Network | None, pre: Any
+) -> None:
+    """However the job ended: its processes, rendezvous server, network, pre-step and temp dirs
+    gone."""
+    # a pod's end leaves none of its processes behind (no orphans)
+    _signal(pods, signal.SIGKILL)
+    if server:
+        server.stop()
+    if net is not None:
+        netns.destroy(net)
+    prestep_pod.end_prestep(pre)
+    remove_temp_dirs(jdir, spec["replicas"])
 
 
 @dataclass
@@ -175,45 +187,6 @@ def _prepare_pod(spec: dict, node: int, stop_at: str | None = None) -> None:
 
 
 STOP_ANNOTATION = "fsdpctl.io/stop"  # fsdptrain.disruption.STOP_ANNOTATION
-
-
-def prestep_state(spec: dict, log_dir: Path) -> dict | None:
-    pre = spec.get("prestep")
-    return (
-        {"log": str(log_dir / "prestep.log"), "marker": pre["marker"], "rc": None} if pre else None
-    )
-
-
-def _start_prestep(spec: dict, jdir: Path, log_dir: Path, user: list[str]) -> Any:
-    """Started first, in this machine's own network (a pod on another node, not one of the job's
-    nodes): its volume-prep as root, then, when that succeeded, its download as the pod's user; the
-    launchers' trainers wait for its marker before any process group exists. A volume-prep that
-    fails fails the pod (its podFailurePolicy FailJob): the download never starts, and the trainers
-    wait out their deadline."""
-    pre = spec.get("prestep")
-    if pre is None:
-        return None
-    log = log_dir / "prestep.log"
-    if "init" in pre:
-        init = shell.spawn(pre["init"]["argv"], env=dict(os.environ), log=log, stamped=True)
-        if init.wait() != 0:
-            update(jdir, prestep={**(prestep_state(spec, log_dir) or {}), "rc": init.returncode})
-            return None
-    fetch_user = user if pre.get("run_as") == spec.get("run_as") else []
-    env = {**os.environ, **pre["env"]}
-    if fetch_user:
-        env["HOME"] = str(Path(log_dir) / "prestep-home")
-        Path(env["HOME"]).mkdir(exist_ok=True)
-        os.chown(env["HOME"], *pre["run_as"])
-    return shell.spawn(
-        [*fetch_user, *pre["argv"]], env=env, log=log, stamped=True, cwd=Path(env.get("HOME", "."))
-    )
-
-
-def _end_prestep(proc: Any) -> None:
-    if proc is not None and proc.poll() is None:  # the job ended (or was stopped) before it
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
 
 
 def _spawn(launch: Launch, log_dir: Path) -> Any:
@@ -297,7 +270,7 @@ def _run(
             _start_due(pods, spec, jdir / "logs" / spec["run_id"], stop_at)
             _evictions(pods, jdir, spec)
             _losses(pods, jdir, spec)
-            _prestep_ended(pre, jdir)
+            prestep_pod.prestep_ended(pre, jdir)
             if stopping["flag"]:
                 stop_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 _request_stop(pods, spec, stop_at)
@@ -375,15 +348,6 @@ def _losses(pods: list[Pod], jdir: Path, spec: Obj) -> None:
             state = read_state(jdir)
             pod.proc = _spawn(pod.launch, log_dir(state) if state else jdir / "logs")
             pod.lost, pod.judged = False, False
-
-
-def _prestep_ended(pre: Any, jdir: Path) -> None:
-    """Record the pre-step's exit code once it ended (`job status` shows a failed one)."""
-    if pre is not None and pre.poll() is not None and not getattr(pre, "recorded", False):
-        pre.recorded = True
-        state = read_state(jdir)
-        if state and (recorded := state.get("prestep")):
-            update(jdir, prestep={**recorded, "rc": pre.returncode})
 
 
 def _judge(
