@@ -16,17 +16,21 @@ import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home
+from fsdpctl.job import listing
 from fsdpctl.job.crilog import LogLine
-from fsdpctl.job.listing import PLACEMENT_KEYS, placement
+from fsdpctl.job.listing import PLACEMENT_KEYS
 from fsdpctl.job.protocol import Backend, KeptRecord, Started, Submitted
 from fsdpctl.job.reports import FINAL
-from fsdpctl.settings import DNS_LABEL, Config, Settings
-from fsdpctl.targets import NAMES, resolve
+from fsdpctl.settings.rules import DNS_LABEL, JobKind
+from fsdpctl.targets import NAMES, resolve, target
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 # a job's log line (fsdpctl.job.crilog); the protocol's types (fsdpctl.job.protocol)
 __all__ = ["FINAL", "Backend", "KeptRecord", "LogLine", "Started", "Submitted"]
@@ -65,7 +69,7 @@ def placement_of(job: str) -> dict[str, str] | None:
     """Where job `job` lives: its state's placement, else (a home from before the job core) the
     placement file `run` wrote then under FSDPCTL_HOME/started/. A damaged one counts as none, with
     a warning naming it: the verb then looks where BACKEND says."""
-    found = placement(job)
+    found = listing.placement(job)
     if found is not None:
         return found
     path = _legacy_placement_path(job)
@@ -94,7 +98,7 @@ def placement_ok(data: Any) -> bool:
         return False
     if not all(isinstance(data[k], str) for k in PLACEMENT_KEYS if k in data):
         return False
-    kinds = typing.get_args(Settings.model_fields["job_kind"].annotation)
+    kinds = typing.get_args(JobKind)
     namespace_ok = re.fullmatch(DNS_LABEL, data.get("job_namespace", "fsdp")) is not None
     return namespace_ok and data.get("job_kind", kinds[0]) in kinds
 
@@ -105,17 +109,44 @@ def placed(cfg: Config, job: str | None, flag: str | None, *, acts: bool = False
     verb that changes the job (stop, cleanup): a --backend that is not the one the job's state
     names is refused (one line naming both), never taken to mean another backend's job of that
     name (which this home did not start)."""
+    update = placement_update(job, flag, acts=acts)
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def placement_update(job: str | None, flag: str | None, *, acts: bool = False) -> dict[str, str]:
+    """What `placed` changes in the settings (nothing: BACKEND's, as they are)."""
     check_name(flag)
     if flag is not None:
         if acts and job:
             not_its_backend(job, placement_of(job), flag)
-        return cfg.model_copy(update={"backend": flag})
+        return {"backend": flag}
     record = placement_of(job) if job else None
     if record is None:
-        return cfg
-    return cfg.model_copy(
-        update={k: v for k, v in record.items() if k == "backend" or k in PLACEMENT_KEYS}
-    )
+        return {}
+    return {k: v for k, v in record.items() if k == "backend" or k in PLACEMENT_KEYS}
+
+
+def reader(name: str, load: Callable[[], Config]) -> Backend:
+    """Backend `name` for a verb that only reads (`job list`, `job status`): one that reads its
+    settings only when it acts (`settings_on_demand`: the local backend, whose reports are files in
+    this home) is handed `load` and never calls it to read; any other gets `load()`, the settings
+    loaded and checked whole, at once."""
+    cls = resolve(target(name).backend)
+    made: Backend = cls(load) if getattr(cls, "settings_on_demand", False) else cls(load())
+    return made
+
+
+def readers(load: Callable[[], Config]) -> Callable[[str], Backend]:
+    """`factory` for a verb that only reads: each backend by `reader`, its settings loaded only if it
+    needs them."""
+    made: dict[str, Backend] = {}
+
+    def get(name: str) -> Backend:
+        if name not in made:
+            made[name] = reader(name, lambda: load().model_copy(update={"backend": name}))
+        return made[name]
+
+    return get
 
 
 def not_its_backend(job: str, where: dict[str, str] | None, flag: str) -> None:

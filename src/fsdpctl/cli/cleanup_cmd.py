@@ -134,7 +134,7 @@ def _places(cfg: Config, job: str | None, flag: str | None) -> list[backends.Bac
     if flag is not None or job is not None:
         return [backends.create(backends.placed(cfg, job, flag, acts=True))]
     get = backends.factory(cfg)
-    return [get(n) for n in listing.backends_here(cfg)]
+    return [get(n) for n in listing.backends_here(cfg.backend)]
 
 
 def _warn_notes(places: list[backends.Backend], warned: list[str]) -> list[str]:

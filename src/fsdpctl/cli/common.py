@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from fsdpctl.backends import Backend
-    from fsdpctl.settings import Config
+    from fsdpctl.settings import Config, Dotenv
 
 
 class _MaskingConsole(Console):
@@ -162,6 +162,11 @@ class _SubGroup(WholeHelp):
         *("history", "describe", "diff", "plot", "tensorboard"),
     )
 
+    def get_params(self, ctx: Any) -> list[Any]:
+        from fsdpctl.cli import lazy  # its --help converted without pydantic, as the root's
+
+        return lazy.plainly(super().get_params(ctx))
+
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, cmd, rest = super().resolve_command(ctx, args)
         for group in EXCLUSIVE.get((str(ctx.info_name), str(name)), ()):
@@ -272,24 +277,42 @@ ReplaceOpt = Annotated[
 
 
 def resolve_job(
-    ctx: typer.Context, name: str | None, backend: str | None, *, acts: bool = False
+    ctx: typer.Context,
+    name: str | None,
+    backend: str | None,
+    *,
+    acts: bool = False,
+    reads: bool = False,
 ) -> tuple[Backend, str]:
     """The backend holding job NAME: --backend, else the one it was started on, else BACKEND.
-    `acts`: the verb changes the job: a --backend that is not the job's own is refused."""
+    `acts`: the verb changes the job: a --backend that is not the job's own is refused. `reads`:
+    the verb only reads (`job status`): BACKEND and JOB_NAME are read alone (AppState.reads) and
+    the whole settings loaded only for a backend that needs them (backends.reader)."""
     from fsdpctl import backends, files
 
-    cfg = state(ctx).config()
-    name = (
-        files.job_name(name) if name is not None else cfg.job_name
-    )  # before any path is built from it
-    placed = backends.placed(cfg, name, backend, acts=acts)
+    st = state(ctx)
+    if reads:
+        known = st.reads("BACKEND", "JOB_NAME")
+    else:
+        cfg = st.config()
+        known = {"BACKEND": cfg.backend, "JOB_NAME": cfg.job_name}
+    # before any path is built from it
+    name = files.job_name(name) if name is not None else known["JOB_NAME"]
+    update = backends.placement_update(name, backend, acts=acts)
     where = backends.placement_of(name) if backend is not None else None
     if where is not None and where["backend"] != backend:  # a reading verb: it looks where asked
         warn(
             f"job {name} was started here on {where['backend']}; --backend {backend} looks for a "
             f"job of that name there instead (leave --backend out for this one)"
         )
-    return backends.create(placed), name
+
+    def placed() -> Config:
+        cfg = st.config()
+        return cfg.model_copy(update=update) if update else cfg
+
+    if reads:
+        return backends.reader(update.get("backend", known["BACKEND"]), placed), name
+    return backends.create(placed()), name
 
 
 @dataclass
@@ -302,6 +325,7 @@ class AppState:
     flags: dict[str, str] = field(default_factory=dict)
     debug: bool = False
     _config: Config | None = None
+    _dotenv: Dotenv | None = None  # the settings files, read once
     # each warning once per command, however often the settings are loaded (with overrides)
     _warned: set[str] = field(default_factory=set)
 
@@ -309,13 +333,12 @@ class AppState:
         """Load once: flags (--set and command options) > environment > .env > defaults. `set_by`:
         the command option that set each override (`--model`), which errors and `config show` name.
         """
-        from fsdpctl.cli.envfile import read_env_files  # the settings (pydantic): only when read
-        from fsdpctl.settings import load, secrets_by_place
+        from fsdpctl.settings import load, secrets_by_place  # the model (pydantic): only here
 
         given = {k: str(v) for k, v in overrides.items() if v is not None}
         flags = {**self.flags, **given}
         if self._config is None or overrides:
-            dotenv = read_env_files(self.env_files or [self.env_file], given=self.env_file_given)
+            dotenv = self.dotenv()
             add_secrets(*secrets_by_place(dotenv, os.environ, flags))
             cfg = load(
                 dotenv=dotenv,
@@ -335,6 +358,36 @@ class AppState:
                 return cfg
             self._config = cfg
         return self._config
+
+    def dotenv(self) -> Dotenv:
+        """The settings files (--env-file, FSDPCTL_ENV_FILE, else ./.env), read once."""
+        from fsdpctl.cli.envfile import read_env_files
+
+        if self._dotenv is None:
+            self._dotenv = read_env_files(
+                self.env_files or [self.env_file], given=self.env_file_given
+            )
+        return self._dotenv
+
+    def reads(self, *keys: str) -> dict[str, str]:
+        """KEY -> value of a few keys (fsdpctl.settings.reading.KEYS), read and checked as
+        config() reads and checks them but without the model: what a verb that only reads needs.
+        The whole settings are loaded instead once they are (their values), or when --set names a
+        key not among `keys` (checked there, as every --set is)."""
+        from fsdpctl.settings import reading, secrets_by_place
+
+        if self._config is not None or set(self.flags) - set(keys):
+            cfg = self.config()
+            return {key: str(getattr(cfg, key.lower())) for key in keys}
+        dotenv = self.dotenv()
+        add_secrets(*secrets_by_place(dotenv, os.environ, self.flags))
+        return reading.read(
+            keys,
+            dotenv=dotenv,
+            environ=os.environ,
+            flags=self.flags,
+            dotenv_name=str(self.env_file),
+        )
 
 
 def finite(

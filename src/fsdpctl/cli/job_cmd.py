@@ -143,7 +143,7 @@ def status(
     """
     from fsdpctl.cli import job_status_view  # the status view: `job list` does not pay for it
 
-    be, name = resolve_job(ctx, name, backend)
+    be, name = resolve_job(ctx, name, backend, reads=True)
     if watch and output in (ViewOutput.table, ViewOutput.wide):
         job_status_view.watch_status(be, name, stall_after, job_status_view.want_plot(plot))
         return
@@ -373,8 +373,10 @@ def list_(
     phases = job_view.phase_filter(phase or [])
     reqs = job_view.label_selector(selector) if selector else []
     backends.check_name(backend)
-    cfg = state(ctx).config()
-    listed = listing.list_jobs(cfg, backends.factory(cfg), only=backend)
+    st = state(ctx)  # BACKEND alone; the whole settings only for a backend that needs them
+    listed = listing.list_jobs(
+        st.reads("BACKEND")["BACKEND"], backends.readers(st.config), only=backend
+    )
     reports = [r for r in listed.reports if job_view.selected(r, phases, reqs)]
     for skipped in listed.notes:  # a stray file, a damaged state: every other job is listed
         warn(skipped)

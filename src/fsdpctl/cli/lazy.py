@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
+from enum import Enum
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -77,9 +79,19 @@ def build(module: str, attr: str, name: str, root: typer.Typer) -> Any:
         pretty_exceptions_short=root.pretty_exceptions_short,
         rich_markup_mode=root.rich_markup_mode,
     )
-    builders = {_name_of(info): partial(looks, info) for info in found.registered_commands}
+    builders = {_name_of(info): partial(looks, _plain(info)) for info in found.registered_commands}
     group.commands = LazyCommands(group.commands, builders)
     return group
+
+
+def _plain(info: typer.models.CommandInfo) -> typer.models.CommandInfo:
+    """A group's command built as the root's are (`Command`: its options by PlainValues), unless
+    it asked for a class of its own."""
+    if info.cls not in (None, TyperCommand):
+        return info
+    mine = copy.copy(info)
+    mine.cls = Command
+    return mine
 
 
 def _name_of(info: typer.models.CommandInfo) -> str:
@@ -88,37 +100,105 @@ def _name_of(info: typer.models.CommandInfo) -> str:
     return info.name or typer.main.get_command_name(info.callback.__name__)
 
 
+class NotPlain(Exception):
+    """A word PlainValues leaves to typer's own conversion (and its error message)."""
+
+
 @dataclass(frozen=True)
 class PlainValues(RuntimeParam):
     """typer (0.2x) converts every option's value through a pydantic TypeAdapter it builds on first
-    use, even for a flag left unset: importing pydantic and building one costs about 0.1 s of CPU,
-    more than `fsdpctl version` does otherwise. The root's own options are strings, paths (no checks
-    asked of them) and flags: a command line's words are converted here to what typer's adapter
-    gives (a list for a repeated option; tests/test_cli_imports.py holds the two equal on generated
-    values); anything else, and every command's own options, go through typer's."""
+    use, even for a flag left unset or a default: importing pydantic and building one costs about
+    0.1 s of CPU, more than `fsdpctl version` does otherwise. Options that are strings, paths (no
+    checks asked of them), flags, plain decimal numbers and choices of a str Enum are converted here
+    to what typer's adapter gives (a list for a repeated option; tests/test_cli_imports.py holds
+    the two equal on generated values); any other word (`convert` raises NotPlain), and any other
+    annotation, go through typer's."""
 
-    takes: type = str
     convert: Callable[[Any], Any] = str
 
     def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
         many = isinstance(value, (list, tuple))
         items = value if many else [value]
-        if not all(isinstance(v, self.takes) for v in items):
+        try:
+            converted = [self.convert(v) for v in items]
+        except NotPlain:
             from typer._coercion import build_runtime_param
 
             return build_runtime_param(param.type_descriptor)._coerce_value(value, param, ctx)
-        converted = [self.convert(v) for v in items]
         return converted if many else converted[0]
 
 
-# the annotations of the root's options that PlainValues converts: what a word must be, and how
-PLAIN: dict[Any, tuple[type, Callable[[Any], Any]]] = {
-    bool: (bool, bool),
-    list[str] | None: (str, str),
-    list[str]: (str, str),
-    list[Path] | None: (str, Path),
-    list[Path]: (str, Path),
+def _word(value: Any) -> str:
+    if not isinstance(value, str):
+        raise NotPlain
+    return value
+
+
+def _path(value: Any) -> Path:
+    return Path(_word(value))
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise NotPlain
+    return value
+
+
+# a number as people write one: pydantic reads these as float() does; anything else (1e3, 1_000,
+# nan, spaces) is left to it
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,15}(\.[0-9]{1,15})?")
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise NotPlain
+    if isinstance(value, (int, float)) or (isinstance(value, str) and _DECIMAL.fullmatch(value)):
+        return float(value)
+    raise NotPlain
+
+
+def _choice(kind: type[Enum]) -> Callable[[Any], Any]:
+    """A member of the str Enum `kind` by its value (typer's adapter: the same member)."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, kind):
+            return value
+        if isinstance(value, str) and value in {m.value for m in kind}:
+            return kind(value)
+        raise NotPlain
+
+    return convert
+
+
+# the annotations PlainValues converts, and how
+PLAIN: dict[Any, Callable[[Any], Any]] = {
+    bool: _flag,
+    bool | None: _flag,
+    str: _word,
+    str | None: _word,
+    float: _number,
+    float | None: _number,
+    list[str] | None: _word,
+    list[str]: _word,
+    list[Path] | None: _path,
+    list[Path]: _path,
 }
+
+
+def plain_converter(annotation: Any) -> Callable[[Any], Any] | None:
+    """How PlainValues converts a value of `annotation`; None: typer's conversion."""
+    try:
+        if annotation in PLAIN:
+            return PLAIN[annotation]
+    except TypeError:  # an annotation that cannot be hashed is not one of them
+        return None
+    if (
+        isinstance(annotation, type)
+        and issubclass(annotation, Enum)
+        and issubclass(annotation, str)
+    ):
+        return _choice(annotation)
+    return None
 
 
 def convert_plainly(param: Any) -> None:
@@ -129,11 +209,9 @@ def convert_plainly(param: Any) -> None:
         return  # an older typer converts with click's types, no pydantic
     checks = ("exists", "resolve_path", "allow_dash", "writable")
     asked = any(getattr(info.parameter_info, k, False) for k in checks)
-    if info.annotation in PLAIN and not asked:
-        takes, convert = PLAIN[info.annotation]
-        param._runtime_param = PlainValues(
-            info.parameter_info, info.annotation, takes=takes, convert=convert
-        )
+    convert = plain_converter(info.annotation)
+    if convert is not None and not asked:
+        param._runtime_param = PlainValues(info.parameter_info, info.annotation, convert=convert)
 
 
 def plainly(params: list[Any]) -> list[Any]:
@@ -143,8 +221,8 @@ def plainly(params: list[Any]) -> list[Any]:
 
 
 class Command(TyperCommand):
-    """A command of the root (`fsdpctl version`, `plan`, ...): its flags and list options, and its
-    --help, converted by PlainValues."""
+    """A command of the root (`fsdpctl version`, `plan`, ...) or of a group (`job list`): its
+    options of PLAIN's kinds, and its --help, converted by PlainValues."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return plainly(super().get_params(ctx))

@@ -4,11 +4,14 @@ moment."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.redact import add_secrets
-from fsdpctl.settings import Config
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 TOKEN_FILE_MAX = 64 * 1024  # a token is tens of bytes
 

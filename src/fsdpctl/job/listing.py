@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from fsdpctl import files, targets
 from fsdpctl.errors import FsdpctlError
@@ -16,10 +15,6 @@ from fsdpctl.job import home, state
 from fsdpctl.job.protocol import Factory
 from fsdpctl.job.reports import Phase, Report
 from fsdpctl.job.state import JobState
-
-if TYPE_CHECKING:
-    from fsdpctl.settings import Config
-
 
 # settings that say where on its backend a job lives, kept in its state: a verb on the job finds it
 # there without being told (`placed`)
@@ -46,12 +41,12 @@ class Listed:
     failed: list[FsdpctlError] = field(default_factory=list)
 
 
-def list_jobs(cfg: Config, other: Factory, only: str | None = None) -> Listed:
+def list_jobs(backend: str, other: Factory, only: str | None = None) -> Listed:
     """The jobs of every backend that holds one in this home, and of `only` (or BACKEND when it is a
     place that keeps its own jobs, EKS's cluster) besides; with `only`, that backend's alone. A
     backend that cannot be asked is in `failed`, and its jobs recorded here are listed as
     Unknown."""
-    names = [only] if only else backends_here(cfg)
+    names = [only] if only else backends_here(backend)
     found = Listed()
     for name in names:
         be = other(name)
@@ -65,10 +60,10 @@ def list_jobs(cfg: Config, other: Factory, only: str | None = None) -> Listed:
     return found
 
 
-def backends_here(cfg: Config) -> list[str]:
-    """The backends holding a job in this home, and BACKEND (EKS lists the cluster's jobs, started
-    from anywhere)."""
-    here = {state.backend_of(s) for s in _all_states()} | {cfg.backend}
+def backends_here(backend: str) -> list[str]:
+    """The backends holding a job in this home, and `backend`, BACKEND's value (EKS lists the
+    cluster's jobs, started from anywhere)."""
+    here = {state.backend_of(s) for s in _all_states()} | {backend}
     # a layout before the job core (Slurm's FSDPCTL_HOME/slurm/, which its backend adopts as it
     # lists): a job there is a job here
     here |= {

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from fsdpctl.errors import BadInput
 from fsdpctl.job.kube_shapes import BatchJob
 from fsdpctl.job.reports import PrestepReport
-from fsdpctl.settings import Config
 from fsdptrain.fetch import (
     MARKER_ENV,
     MODEL_PATTERNS,
@@ -52,6 +51,9 @@ from fsdptrain.fetch import (
 )
 from fsdptrain.fetch import targets as fetch_targets
 
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
+
 CONTAINER = "fetch"
 PREP_CONTAINER = "volume-prep"
 OF_LABEL = "fsdpctl.io/prestep-of"  # on the Job and its pod: the job it downloads for
@@ -60,6 +62,9 @@ CHECKPOINT_MOUNT = "/checkpoints"  # where pods mount CHECKPOINT_PVC (jobpolicy.
 TRAINER_UID = (
     1000  # the image's `trainer` user (docker/Dockerfile), the pods' runAsUser and fsGroup
 )
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 # how long the trainers wait for a pre-step with nothing to download: its pod's scheduling and image
 # pull
 PREP_ONLY_WAIT_S = 900

@@ -22,15 +22,18 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NotRequired, Required, TypedDict, cast
+from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict, cast
 
 from fsdpctl.files import JOB_NAME, RUN_ID
 from fsdpctl.job import world
 from fsdpctl.job.world import WorldChange
 from fsdpctl.redact import MASK, secret_kind
-from fsdpctl.settings import SECRET_KEYS, Config, Settings, setting_keys
+from fsdpctl.settings.rules import SECRET_KEYS
 from fsdpctl.targets import NAMES
 from fsdptrain import events, fingerprint
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 KIND = "fsdpctl.io/run-record"
 
@@ -147,6 +150,8 @@ def resolved_settings(cfg: Config) -> dict[str, str]:
     """Every key fsdpctl reads, fully resolved (defaults and model defaults included), as .env
     strings; the secret keys are left out (see `secret_refs`), and any other value shaped like a
     secret is masked."""
+    from fsdpctl.settings import Settings, setting_keys  # the model: for a run, not a read verb
+
     out = {}
     train = cfg.train_env()
     for key, name in setting_keys().items():
@@ -197,6 +202,8 @@ def build(
     secret_name: str,
 ) -> RunRecord:
     """The record of a run about to start (no manifests yet: they are rendered with its id)."""
+    from fsdpctl.settings import setting_keys
+
     rec: RunRecord = {
         "kind": KIND,
         "version": VERSION,

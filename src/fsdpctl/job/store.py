@@ -14,14 +14,16 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from fsdpctl import files
 from fsdpctl.errors import BadInput
 from fsdpctl.files import home, write_atomic
 from fsdpctl.job import record
 from fsdpctl.job.record import ImageRef, RunRecord
-from fsdpctl.settings import Config
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 
 def root() -> Path:

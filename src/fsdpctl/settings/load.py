@@ -26,13 +26,13 @@ from fsdpctl.settings.dotenv import (
     secret_warnings,
     unknown_hint,
 )
+from fsdpctl.settings.lines import dotenv_source, raw_problems, with_sources
 from fsdpctl.settings.model import Settings
 from fsdpctl.settings.rules import (
     CAPPED_DEFAULT,
     DERIVED,
     INT64_MAX,
     INT_MAX,
-    MAX_VALUE_BYTES,
     MODEL_DEFAULT,
     PATH_KEYS,
 )
@@ -58,23 +58,16 @@ def load(
     is (only FSDPCTL_<KEY> and SHARED_ENV are read from it); `set_by`: the command option that set a
     flag's key (default --set)."""
     keys = setting_keys()
+    dotenv = {} if dotenv is None else dotenv
     raw: dict[str, str] = {}
     sources = {key: "default" for key in keys}
-    warnings = dotenv_warnings(dotenv or {}, keys, dotenv_name)
+    warnings = dotenv_warnings(dotenv, keys, dotenv_name)
     env_values, env_sources, env_warnings = environment_settings(environ or {}, keys)
     warnings.extend(env_warnings)
-    lines = getattr(dotenv, "lines", {})
-    for key, value in (dotenv or {}).items():
+    for key, value in dotenv.items():
         if key in keys:
             raw[key] = value
-            where = getattr(dotenv, "where", None)
-            sources[key] = (
-                where(key, dotenv_name)
-                if where
-                else f"{dotenv_name} line {lines[key]}"
-                if key in lines
-                else dotenv_name
-            )
+            sources[key] = dotenv_source(dotenv, key, dotenv_name)
     for key, value in env_values.items():
         raw[key], sources[key] = value, env_sources[key]
     for key, value in (flags or {}).items():
@@ -92,52 +85,6 @@ def load(
         ) from None
 
 
-def with_sources(
-    lines: list[str], shown: Mapping[str, tuple[str, ...]], sources: Mapping[str, str], model: str
-) -> list[str]:
-    """Error lines with where each named value came from, after the value: `SEED='abc' (environment
-    FSDPCTL_SEED) is not ...`. The key a line starts with is its subject, so it is always annotated;
-    a key named further on only where the text after its `=` is its value as given (one of
-    `shown[key]`), so a suggested fix (`set JOB_NODES=2`) is not. A default (a model's too) is named
-    only as the subject: a line about a value nobody set says so (`WARMUP_STEPS=5 (default) exceeds
-    ...`)."""
-    return [_with_sources(line, shown, sources, model) for line in lines]
-
-
-# KEY= where KEY is a whole word (not the tail of another key, nor inside a path)
-_KEY_AT = re.compile(r"(?<![A-Za-z0-9_/.-])([A-Z][A-Z0-9_]*)=")
-# a value as the lines write it: a Python repr of a string, a <size>, or a run up to a space or a
-# parenthesis
-_VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|<[^>]*>|[^\s()]*")
-
-
-def _with_sources(
-    line: str, shown: Mapping[str, tuple[str, ...]], sources: Mapping[str, str], model: str
-) -> str:
-    out, at, done = [], 0, set()
-    for m in _KEY_AT.finditer(line):
-        key = m.group(1)
-        source = sources.get(key, "default")
-        # a default is named where the line is about it; among others it needs no word
-        unset = source in ("default", MODEL_DEFAULT, DERIVED) and m.start() != 0
-        if key in done or unset or m.start() < at:
-            continue
-        value = _VALUE.match(line, m.end())
-        end = value.end() if value else m.end()
-        text = line[m.end() : end].rstrip(":.,;")
-        end = m.end() + len(text)
-        if m.start() != 0 and text not in shown.get(key, ()):
-            continue
-        done.add(key)
-        where = {
-            MODEL_DEFAULT: f"model default for {model}",
-            DERIVED: f"derived for MODEL={model}",
-        }.get(source, source)
-        out.append(line[at:end] + f" ({where})")
-        at = end
-    return "".join(out) + line[at:]
-
-
 def config_shown(cfg: Config) -> dict[str, tuple[str, ...]]:
     """How lines built from a loaded Config may write each key's value (str, repr, a bool in lower
     case)."""
@@ -153,7 +100,7 @@ def annotate(lines: list[str], cfg: Config) -> list[str]:
 def _validate(
     raw: dict[str, str], keys: dict[str, str], sources: dict[str, str], warnings: tuple[str, ...]
 ) -> Config:
-    errors = _raw_problems(raw)
+    errors = raw_problems(raw)
     raw = {k: v for k, v in raw.items() if not any(line.startswith(k + "=") for line in errors)}
     infra = {keys[k]: v for k, v in raw.items() if keys[k] in Settings.model_fields}
     settings = None
@@ -199,25 +146,6 @@ def _validate(
     if errors:
         raise SettingsError(errors, warnings)
     return cfg
-
-
-def _raw_problems(raw: Mapping[str, str]) -> list[str]:
-    """What no value of any key may be, before its kind is looked at: longer than MAX_VALUE_BYTES
-    (the line names the size, not the value), or holding a NUL byte (no environment string can carry
-    one: execve ends it there)."""
-    errors = []
-    for key, value in raw.items():
-        size = len(value.encode("utf-8", "surrogateescape"))
-        if size > MAX_VALUE_BYTES:
-            errors.append(
-                f"{key}=<{size} bytes> is too long: use at most {MAX_VALUE_BYTES} bytes (each value reaches "
-                "the trainer as one environment string, which Linux caps at 128 KiB: E2BIG)"
-            )
-        elif "\x00" in value:
-            errors.append(
-                f"{key}={value!r} holds a NUL byte: remove it (no environment string can carry one)"
-            )
-    return errors
 
 
 def _kind_problem(key: str, raw: str, value: Any) -> str | None:

@@ -19,6 +19,7 @@ from fsdpctl.plan.instances import INSTANCE_TYPES, InstanceType
 from fsdpctl.redact import token_shaped
 from fsdpctl.settings.rules import (
     AZ_LIST,
+    BACKEND_DEFAULT,
     DNS_1035_LABEL,
     DNS_LABEL,
     EC2_TYPE,
@@ -26,11 +27,13 @@ from fsdpctl.settings.rules import (
     IMAGE_TAG,
     INT64_MAX,
     INT_MAX,
+    JOB_NAME_DEFAULT,
     REGISTRY,
     SHAPES,
     SUBNET_LIST,
     VPC,
     BackendName,
+    JobKind,
     _k,
 )
 from fsdpctl.targets import TARGETS
@@ -120,10 +123,15 @@ class Settings(BaseModel):
         "ecr:GetAuthorizationToken) or none (docker is logged in already)",
     )
     backend: BackendName = _k(
-        "local", "job", f"where `job run` runs: {' or '.join(t.where for t in TARGETS.values())}"
+        BACKEND_DEFAULT,
+        "job",
+        f"where `job run` runs: {' or '.join(t.where for t in TARGETS.values())}",
     )
     job_name: str = _k(
-        "fsdp", "job", "job name (a DNS-1035 label: starts with a letter)", pattern=DNS_1035_LABEL
+        JOB_NAME_DEFAULT,
+        "job",
+        "job name (a DNS-1035 label: starts with a letter)",
+        pattern=DNS_1035_LABEL,
     )
     job_namespace: str = _k("fsdp", "job", "Kubernetes namespace", pattern=DNS_LABEL)
     job_nodes: int = _k(2, "job", "nodes (pods) in the job; local: simulated nodes", ge=1, le=1024)
@@ -170,7 +178,7 @@ class Settings(BaseModel):
         "pre-allocate them (empty: none)",
         pattern=r"^([1-9][0-9]*(Mi|Gi))?$",
     )
-    job_kind: Literal["pytorchjob", "trainjob"] = _k(
+    job_kind: JobKind = _k(
         "pytorchjob",
         "job",
         "Kubernetes job API: pytorchjob (Training Operator v1.9.4, kubeflow.org/v1) or trainjob "

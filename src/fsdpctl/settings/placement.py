@@ -4,8 +4,10 @@ nodes of the cluster, this machine's cores and paths."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from fsdpctl.settings.config import Config
+if TYPE_CHECKING:
+    from fsdpctl.settings.config import Config
 
 # A local job beyond this many processes per core spends its time switching between them: the
 # collectives time out before the steps end.

@@ -7,10 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from pydantic import (
-    Field,
-)
-
 from fsdpctl.settings.storage import FSX_FIRST_GIB, FSX_STEP_GIB
 from fsdpctl.targets import NAMES
 
@@ -27,6 +23,12 @@ SUBNET_LIST = r"^(subnet-[0-9a-f]{8,17}(,subnet-[0-9a-f]{8,17})*)?$"
 # any other (pkg/webhooks/pytorch/pytorchjob_webhook.go: NameIsDNS1035Label), and the Services named
 # after its pods are DNS-1035 labels too.
 DNS_1035_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+# JOB_KIND's values (Settings.job_kind), which a job's recorded placement may name too
+JobKind = Literal["pytorchjob", "trainjob"]
+# The defaults of the keys the read verbs read without the model (fsdpctl.settings.reading):
+# Settings declares its fields with these very values.
+BACKEND_DEFAULT = "local"
+JOB_NAME_DEFAULT = "fsdp"
 # Every value travels to the trainer as an environment string `KEY=value`; Linux refuses execve with
 # E2BIG for any one string over MAX_ARG_STRLEN (32 pages = 128 KiB: include/uapi/linux/binfmts.h).
 # Half of that leaves room for the key and for the other values; anything longer is a paste gone
@@ -159,6 +161,9 @@ SHAPES = {
 
 
 def _k(default: Any, group: str, help: str, shape: str = "", **constraints: Any) -> Any:
+    # pydantic here, not at the top: a reader of a few keys (settings.reading) imports this module
+    from pydantic import Field
+
     extra: dict[str, Any] = {"group": group, **({"shape": shape} if shape else {})}
     return Field(
         default, description=help, json_schema_extra=cast("JsonDict", extra), **constraints

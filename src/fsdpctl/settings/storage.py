@@ -29,9 +29,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fsdptrain.hub import is_hub_id
-from fsdptrain.shapes import MODEL_CONFIGS
-
 if TYPE_CHECKING:
     from fsdpctl.settings.config import Config
 
@@ -83,6 +80,8 @@ def gib(n: float) -> str:
 
 
 def params(cfg: Config) -> int:
+    from fsdptrain.shapes import MODEL_CONFIGS  # the trainer's, only when sizing (not for FSX_*)
+
     return MODEL_CONFIGS[cfg.training.model].num_params()
 
 
@@ -128,6 +127,8 @@ def need(cfg: Config, *, resumes: bool | None = None, present: int = 0) -> Need:
     """What the job keeps on SHARED_VOLUME (nothing without one). `resumes`: whether the run starts
     from a checkpoint on the volume (None: `could_resume`, the settings alone); `present`: the
     complete checkpoints already in its directory, where that can be seen."""
+    from fsdptrain.hub import is_hub_id  # the trainer's, only when sizing (not for FSX_*)
+
     if not cfg.shared_volume:
         return Need(0, 0, 0, 0)
     t = cfg.training

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdpctl import files
 from fsdpctl.backends import KeptRecord, LogLine, Started, Submitted
@@ -30,9 +30,12 @@ from fsdpctl.job.progress import (
 from fsdpctl.job.protocol import refuse
 from fsdpctl.job.record import RunRecord
 from fsdpctl.job.reports import Phase, Report, Waited
-from fsdpctl.settings import Config, local_path
+from fsdpctl.settings.placement import local_path
 from fsdptrain import events
 from fsdptrain.config import missing_packages
+
+if TYPE_CHECKING:
+    from fsdpctl.settings import Config
 
 
 class LocalBackend:
@@ -40,14 +43,24 @@ class LocalBackend:
     poll_s = 0.5
     keeps_state = True  # every local job is in this home
     supervised = True  # its supervisor records the run's progress into the state from its start
+    # its reports, logs and listing are files in this home: a verb that only reads hands it a
+    # loader of the settings (fsdpctl.backends.reader), called only by what acts
+    settings_on_demand = True
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
+    def __init__(self, cfg: Config | Callable[[], Config]):
+        self._cfg = cfg
         # what list_jobs and cleanup skipped (a stray file, a damaged state)
         self.notes: list[str] = []
         # what the last cleanup kept, "<what>: <why> (owner: ...)" (cli.cleanup_cmd prints "kept ...")
         self.kept: list[str] = []
         self.history_source = ""  # the log `history` read
+
+    @property
+    def cfg(self) -> Config:
+        """The settings, loaded (and checked) the first time a method needs them."""
+        if callable(self._cfg):
+            self._cfg = self._cfg()
+        return self._cfg
 
     def _rendered(self, run_id: str, record_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The job's objects as the cluster would get them: the PyTorchJob the supervisor runs, and
