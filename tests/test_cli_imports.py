@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 
 from fsdpctl.cli import COMMANDS, _Group, app
 from fsdpctl.cli.common import first_sentence
-from fsdpctl.cli.lazy import PLAIN, PlainValues
+from fsdpctl.cli.lazy import PlainValues, plain_converter
 from fsdpctl.errors import ExitCode
 
 # out of the fast lane (it keeps under 2 minutes): beside the serial slow lane (conftest)
@@ -55,6 +56,16 @@ STARTS = (
     "fsdpctl.job.policy",
     "fsdpctl.plan.planner",
 )
+# the whole settings model: a local `job list` / `job status` reads BACKEND and JOB_NAME without it
+# (fsdpctl.settings.reading), and converts its options without typer's pydantic adapters
+MODEL = (
+    "pydantic",
+    "pydantic_core",
+    "typer._adapters",
+    "fsdpctl.settings.model",
+    "fsdpctl.settings.config",
+    "fsdpctl.settings.load",
+)
 CASES = {
     "version": (["version"], HEAVY + SETTINGS),
     "help": (["--help"], HEAVY + SETTINGS),
@@ -64,6 +75,7 @@ CASES = {
         (
             *HEAVY,
             *STARTS,
+            *MODEL,
             "fsdpctl.backends.eks",
             "fsdpctl.backends.slurm",
             "fsdpctl.adapters.kube",
@@ -74,6 +86,7 @@ CASES = {
         (
             *HEAVY,
             *STARTS,
+            *MODEL,
             "fsdpctl.backends.eks",
             "fsdpctl.backends.slurm",
             "fsdpctl.adapters.kube",
@@ -154,28 +167,70 @@ def _help(root: Any) -> str:
     return str(root.get_help(ctx))
 
 
-def _root_options() -> tuple[Any, list[tuple[Any, Any]]]:
-    """The root's context, and each option fsdpctl converts with typer's own conversion of it."""
+def _plain_options() -> tuple[Any, list[tuple[Any, Any]]]:
+    """A context, and each option of the root and of every command that fsdpctl converts, with
+    typer's own conversion of it."""
     from typer._coercion import build_runtime_param
 
     root = typer.main.get_command(app)
     ctx = root.make_context("fsdpctl", [], resilient_parsing=True)
-    params = [p for p in root.get_params(ctx) if isinstance(p.get_runtime_param(), PlainValues)]
-    return ctx, [(p, build_runtime_param(p.type_descriptor)) for p in params]
+    found: dict[int, Any] = {}
+
+    def walk(cmd: Any) -> None:
+        for p in cmd.get_params(ctx):
+            if isinstance(p.get_runtime_param(), PlainValues):
+                found[id(p)] = p
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(root)
+    return ctx, [(p, build_runtime_param(p.type_descriptor)) for p in found.values()]
 
 
 WORDS = st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=12), max_size=4)
-CTX, OPTIONS = _root_options()
+WORD = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+NUMBER = st.one_of(
+    st.integers(-(10**20), 10**20),
+    st.floats(allow_nan=False),
+    st.from_regex(r"[+-]?[0-9]{1,17}(\.[0-9]{0,17})?", fullmatch=True),
+    st.sampled_from(["1e3", "1_000", " 2", "inf", "-0", ".5", "5.", "0x10", "nan"]),
+    WORD,
+)
+CTX, OPTIONS = _plain_options()
+
+
+def _values(annotation: Any) -> st.SearchStrategy[Any]:
+    """Values a command line (or a default) gives an option of `annotation`."""
+    if annotation in (bool, bool | None):
+        return st.booleans()
+    if annotation in (float, float | None):
+        return NUMBER
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return st.one_of(
+            st.sampled_from([m.value for m in annotation]), st.sampled_from(list(annotation)), WORD
+        )
+    if getattr(annotation, "__origin__", None) is list or "list[" in str(annotation):
+        return WORDS.map(tuple)
+    return WORD
+
+
+def _converted(runtime: Any, value: Any, p: Any) -> Any:
+    try:
+        return ("value", repr(runtime.coerce(value, param=p, ctx=CTX)))  # (nan is nan)
+    except typer.BadParameter as e:
+        return ("refused", str(e))
 
 
 @settings(max_examples=40, derandomize=True, deadline=None)
-@given(words=WORDS, flag=st.booleans())
-def test_root_options_convert_as_typer_would(words: list[str], flag: bool) -> None:
-    """The root's options that fsdpctl converts without pydantic (--env-file paths, --set strings,
-    flags) give what typer's own conversion gives, for any words on a command line."""
-    assert {p.name for p, _ in OPTIONS} >= {"env_file", "set_", "debug"}
+@given(data=st.data())
+def test_plain_options_convert_as_typer_would(data: st.DataObject) -> None:
+    """Every option that fsdpctl converts without pydantic (--env-file paths, --set strings, flags,
+    numbers, -o choices, names), of the root and of every command, gives what typer's own
+    conversion gives for any value a command line or a default holds, or the same refusal."""
+    names = {p.name for p, _ in OPTIONS}
+    assert names >= {"env_file", "set_", "debug", "output", "stall_after", "phase", "name", "plot"}
     for p, typers in OPTIONS:
-        assert p.type_descriptor.annotation in PLAIN
-        value: Any = flag if p.type_descriptor.annotation is bool else tuple(words)
-        theirs = typers.coerce(value, param=p, ctx=CTX)
-        assert p.get_runtime_param().coerce(value, param=p, ctx=CTX) == theirs
+        assert plain_converter(p.type_descriptor.annotation) is not None
+        value = data.draw(_values(p.type_descriptor.annotation), label=p.name)
+        ours = _converted(p.get_runtime_param(), value, p)
+        assert ours == _converted(typers, value, p), (p.name, value)

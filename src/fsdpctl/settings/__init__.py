@@ -19,6 +19,8 @@ pydantic nor the model (docs/code-layout.md, "How commands load").
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -113,6 +115,20 @@ _WHERE = {
     "VPC": "fsdpctl.settings.rules",
     "BackendName": "fsdpctl.settings.rules",
 }
+
+
+class _Package(types.ModuleType):
+    """The import system sets a submodule as its package's attribute once it has run it; the
+    package's `load` is the function `load` of the module of that name (as it was when this file
+    imported everything at once), not that module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "load" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
