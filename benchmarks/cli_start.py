@@ -34,11 +34,15 @@ SCRIPT = "import sys; from fsdpctl.entry import main; sys.argv[0] = 'fsdpctl'; s
 FSDPCTL = ["-c", SCRIPT]
 COMMANDS: dict[str, list[str]] = {  # python's arguments
     "`python -c pass`": ["-c", "pass"],
-    # what every command imports before its own code (typer, rich), and a verb that reads the
-    # settings before it reads them (pydantic and the settings model): the floors the rows below sit on
+    # what every command imports before its own code (typer, rich), and a verb that loads the
+    # settings before it reads them (pydantic and the settings model; the read verbs do without):
+    # the floors the rows below sit on
     "`import typer, rich.console, rich.table`": ["-c", "import typer, rich.console, rich.table"],
     "`import pydantic`": ["-c", "import pydantic"],
-    "`import fsdpctl.settings` (pydantic + the settings model)": ["-c", "import fsdpctl.settings"],
+    "`from fsdpctl.settings import Config` (pydantic + the settings model)": [
+        "-c",
+        "from fsdpctl.settings import Config",
+    ],
     "`fsdpctl version`": [*FSDPCTL, "version"],
     "`fsdpctl --help`": [*FSDPCTL, "--help"],
     "`fsdpctl job list`": [*FSDPCTL, "job", "list"],
@@ -100,8 +104,10 @@ def section(best: dict[str, dict[str, float]], rounds: int) -> str:
         "Each command runs as the `fsdpctl` script does, on a fresh FSDPCTL_HOME, beside `python -c "
         'pass`. Commands load lazily (docs/code-layout.md, "How commands load"); '
         "`tests/test_cli_imports.py` fails when a read verb imports torch, pydantic or a backend it "
-        "does not use. `job list` and `job status` read the settings: they sit on the `import "
-        "fsdpctl.settings` row (pydantic and the settings model, built at import), and on typer's.",
+        "does not use. `job list` and `job status` read BACKEND and JOB_NAME without the settings "
+        "model (`fsdpctl.settings.reading`; on EKS and Slurm the backend loads it): they sit on "
+        "typer's row, not on the model's (pydantic and the settings model, built at import), which "
+        "every verb that loads the settings pays.",
         *(
             [
                 "",
