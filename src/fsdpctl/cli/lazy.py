@@ -207,8 +207,12 @@ def convert_plainly(param: Any) -> None:
     info = getattr(param, "type_descriptor", None)
     if info is None or info.file_annotation is not None:
         return  # an older typer converts with click's types, no pydantic
-    checks = ("exists", "resolve_path", "allow_dash", "writable")
-    asked = any(getattr(info.parameter_info, k, False) for k in checks)
+    # a check or a conversion of typer's own asked of the option: typer's conversion does it
+    checks = ("exists", "resolve_path", "allow_dash", "writable", "parser", "click_type")
+    bounds = ("min", "max")
+    asked = any(getattr(info.parameter_info, k, False) for k in checks) or any(
+        getattr(info.parameter_info, k, None) is not None for k in bounds
+    )
     convert = plain_converter(info.annotation)
     if convert is not None and not asked:
         param._runtime_param = PlainValues(info.parameter_info, info.annotation, convert=convert)
