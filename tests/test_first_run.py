@@ -254,9 +254,9 @@ def test_volume_prep_gives_the_jobs_directories_to_its_user(tmp_path):
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 1000, 0o2775)
         d = (work / "checkpoints/fsdp").stat()
         assert (d.st_uid, d.st_gid, stat.S_IMODE(d.st_mode)) == (1000, 1000, 0o2775)
-        before = {p: p.stat() for p in work.rglob("*")}
+        before = _unchanged(work)
         assert volumes.main(["--owner", "1000:1000", f"--share={work}", *jobdirs]) == 0
-        assert {p: p.stat() for p in work.rglob("*")} == before
+        assert _unchanged(work) == before
         # a root (EFA) trainer's step directory, written under umask 002: the group may remove it
         old = os.umask(0o002)
         try:
@@ -526,3 +526,14 @@ def test_a_save_that_outlasts_the_training_it_protects_is_warned_by_the_trainer(
     assert second.startswith(
         "warning: checkpoint at step 40 took 1.5 s, longer than the 0.25 s of training"
     )
+
+
+def _unchanged(root: Path) -> dict[Path, tuple[int, ...]]:
+    """What a second volume-prep must not change under root: each entry's mode, owner, size, mtime
+    and ctime (a chown or chmod moves ctime). Not atime: walking the tree to look moves it
+    (relatime updates a directory's atime on its first listing after a change)."""
+    return {
+        p: (s.st_mode, s.st_uid, s.st_gid, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+        for p in root.rglob("*")
+        for s in [p.stat()]
+    }

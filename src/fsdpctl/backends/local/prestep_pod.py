@@ -6,20 +6,23 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdpctl.adapters import shell
 from fsdpctl.backends.local.state import read_state, update
 
+if TYPE_CHECKING:
+    from fsdpctl.job.render import Obj
 
-def prestep_state(spec: dict, log_dir: Path) -> dict | None:
+
+def prestep_state(spec: Obj, log_dir: Path) -> dict | None:
     pre = spec.get("prestep")
     return (
         {"log": str(log_dir / "prestep.log"), "marker": pre["marker"], "rc": None} if pre else None
     )
 
 
-def start_prestep(spec: dict, jdir: Path, log_dir: Path, user: list[str]) -> Any:
+def start_prestep(spec: Obj, jdir: Path, log_dir: Path, user: list[str]) -> Any:
     """Started first, in this machine's own network (a pod on another node, not one of the job's
     nodes): its volume-prep as root, then, when that succeeded, its download as the pod's user; the
     launchers' trainers wait for its marker before any process group exists. A volume-prep that

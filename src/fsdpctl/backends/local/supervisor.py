@@ -92,7 +92,7 @@ def supervise(jdir: Path) -> int:
     return 0
 
 
-def _pods(spec: dict, endpoint: str, net: netns.Network | None, user: list[str]) -> list[Pod]:
+def _pods(spec: Obj, endpoint: str, net: netns.Network | None, user: list[str]) -> list[Pod]:
     """One pod per node, none started yet: a late node's (START_DELAYS_ENV) starts at its time."""
     # a session of its own per launcher: its process group is the pod's processes
     delays, now = start_delays(os.environ.get(START_DELAYS_ENV, "")), time.monotonic()
@@ -103,7 +103,7 @@ def _pods(spec: dict, endpoint: str, net: netns.Network | None, user: list[str])
 
 
 def _tear_down(
-    jdir: Path, spec: dict, pods: list[Pod], server: Any, net: netns.Network | None, pre: Any
+    jdir: Path, spec: Obj, pods: list[Pod], server: Any, net: netns.Network | None, pre: Any
 ) -> None:
     """However the job ended: its processes, rendezvous server, network, pre-step and temp dirs
     gone."""
@@ -136,14 +136,14 @@ class Pod:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _make_claims(spec: dict) -> None:
+def _make_claims(spec: Obj) -> None:
     """Each claim the pods mount, as a new FSx file system's root (kubelet.make_claim)."""
     for mount, kind in spec.get("volume_kinds", {}).items():
         if kind == "persistentVolumeClaim" and mount in spec["volumes"]:
             kubelet.make_claim(Path(spec["volumes"][mount]))
 
 
-def _needs(spec: dict, jdir: Path) -> list[str]:
+def _needs(spec: Obj, jdir: Path) -> list[str]:
     """What a pod's user must reach: the interpreter and the packages the trainer imports, the job's
     directory (its pods' volumes), the claims, and every existing absolute path its environment
     names."""
@@ -170,7 +170,7 @@ def _identity_note(run_as: list[int] | None, user: list[str], why: str | None) -
     return f"this machine's user, not uid {uid} ({why})"
 
 
-def _prepare_pod(spec: dict, node: int, stop_at: str | None = None) -> None:
+def _prepare_pod(spec: Obj, node: int, stop_at: str | None = None) -> None:
     """What the kubelet makes before a pod's containers start: its volumes' directories, the
     downward API file of its annotations (with the stop request, once `job stop` asked), its user's
     home."""
@@ -199,7 +199,7 @@ def _spawn(launch: Launch, log_dir: Path) -> Any:
     )
 
 
-def _start_due(pods: list[Pod], spec: dict, logs: Path, stop_at: str | None = None) -> None:
+def _start_due(pods: list[Pod], spec: Obj, logs: Path, stop_at: str | None = None) -> None:
     """Start the pods whose time has come (a late node's pod waits for its start_at)."""
     for pod in pods:
         if pod.proc is None and time.monotonic() >= pod.start_at:
@@ -252,7 +252,7 @@ def _run(
     pods: list[Pod],
     stopping: dict,
     jdir: Path,
-    spec: dict,
+    spec: Obj,
     net: netns.Network | None,
     pre: Any = None,
 ) -> failures.Ended:
@@ -288,7 +288,7 @@ def _run(
         time.sleep(0.2)
 
 
-def _request_stop(pods: list[Pod], spec: dict, stop_at: str) -> None:
+def _request_stop(pods: list[Pod], spec: Obj, stop_at: str) -> None:
     """`job stop` through the pods' annotations, as on a cluster: the kubelet rewrites each running
     pod's downward API file with fsdpctl.io/stop (here at once, where a kubelet takes up to its sync
     period)."""
@@ -301,7 +301,7 @@ def _request_stop(pods: list[Pod], spec: dict, stop_at: str) -> None:
                 kubelet.write_annotations(volume_dirs(spec, pod.launch.node)[mount], annotations)
 
 
-def _evictions(pods: list[Pod], jdir: Path, spec: dict) -> None:
+def _evictions(pods: list[Pod], jdir: Path, spec: Obj) -> None:
     """The kubelet's part of an eviction (`evict`): SIGTERM to the pod's first process at once,
     SIGKILL to every process of the pod when terminationGracePeriodSeconds has passed."""
     requests = jdir / "evict"
@@ -351,7 +351,7 @@ def _losses(pods: list[Pod], jdir: Path, spec: Obj) -> None:
 
 
 def _judge(
-    pods: list[Pod], spec: dict, jdir: Path, net: netns.Network | None
+    pods: list[Pod], spec: Obj, jdir: Path, net: netns.Network | None
 ) -> failures.Ended | None:
     """Act on launchers that ended since the last look, as the Training Operator v1.9.4 does with a
     worker pod's exit code under its restartPolicy: how the job ended, once it is decided. Any
