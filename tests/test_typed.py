@@ -22,7 +22,8 @@ DICT_STR_ANY_MAX = 40  # issue 39: at most 40 (67 before the AWS, Kubernetes and
 # type); bare `dict` in an annotation is `dict[Any, Any]`
 OTHER_SPELLINGS = ("Mapping[str, Any]", "dict[str, object]", "Mapping[str, object]")
 OTHER_SPELLINGS_MAX = 26  # 34 on main before the types of issue 39 (fsx.py took Mapping[str, Any])
-BARE_DICT_MAX = 79  # 105 before (the AWS adapter returned bare dicts); 89 before the local pods' spec became render.Obj
+# 105 before (the AWS adapter returned bare dicts); 89 before the local pods' spec became render.Obj
+BARE_DICT_MAX = 79
 # the module-level aliases of an untyped mapping that predate issue 39's figure: a Kubernetes
 # object or manifest as parsed, kept whole (no new one: it would hide uses from the count)
 ALIASES = {
