@@ -439,7 +439,11 @@ EXTENDED = frozenset(
         "tests/test_kube_peer_operator.py::test_a_killed_pod_is_recreated_and_the_job_resumes",
         # issue 43: node 0 lost on etcd-v2, the rendezvous an EKS range uses (real etcd, torchrun)
         "tests/test_elastic_eks.py::test_node_0_lost_on_the_etcd_v2_rendezvous_is_any_nodes_loss",
+        # on the API peer's cluster: node 0 and a non-store node lost (its [node 0] and [non-store
+        # node] cells), and a drain of one node with real training
         "tests/test_elastic_eks.py::test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back",
+        "tests/test_elastic_eks.py::test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the"
+        "_minimum_and_grows_back",
         "tests/test_slurm_backend.py::test_a_two_node_job_trains_requeues_after_a_node_failure_resumes"
         "_and_stops",
         # the batch host's slurmd killed (the Slurm cell kills the second node's)

@@ -997,9 +997,10 @@ def node_capacity(node: Obj) -> dict[str, str]:
 
 # the trainer image's own environment (docker/Dockerfile ENV), under the pod's
 IMAGE_ENV = {"PYTHONUNBUFFERED": "1", "PIP_NO_CACHE_DIR": "1"}
-# the tests' fault injection into every container, as a mutating admission webhook adds a variable to
-# the pods it admits (the trainer's failpoints: a test sets it in its own environment)
-INJECTED = ("FSDPTRAIN_FAILPOINT",)
+# the tests' fault injection and tracing into every container, as a mutating admission webhook adds a
+# variable to the pods it admits (the trainer's failpoints, and FSDPTRAIN_TRACE: the data positions each
+# rank takes, which the elastic cells count; a test sets them in its own environment)
+INJECTED = ("FSDPTRAIN_FAILPOINT", "FSDPTRAIN_TRACE")
 IMAGE_HOME = "/home/trainer"  # its WORKDIR, the trainer user's home
 MIN_GRACE_S = 2  # the kubelet's minimumGracePeriodInSeconds
 CONTAINER_BACKOFF_S, MAX_CONTAINER_BACKOFF_S = 10.0, 300.0  # CrashLoopBackOff

@@ -474,57 +474,228 @@ def _peer_bench(tmp_path, monkeypatch, job: str):
     return b, {**PEER_EKS, **PEER_JOB, "JOB_NAME": job}
 
 
+PEER_STEPS = int(PEER_JOB["MAX_STEPS"])
+PEER_INTERVAL = int(PEER_JOB["CHECKPOINT_INTERVAL"])
+# sequences (blocks) per step: MICRO_BATCH_SIZE 2 x GRAD_ACCUM_STEPS 2 x 3 pods of one rank each; 2
+# pods keep it with accumulation 3 (fsdptrain.elastic's constant global batch)
+PEER_GLOBAL_BATCH = 12
+
+
+def _traced(tmp_path, monkeypatch):
+    """FSDPTRAIN_TRACE for the pods (the peer's kubelets inject it, kube_peer_operator.INJECTED): each
+    rank's data positions (fsdptrain.data.Loader), what the cells count."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    monkeypatch.setenv("FSDPTRAIN_TRACE", str(trace))
+    return trace
+
+
+def _status(b, job: str, settings_: dict) -> dict:
+    return json.loads(b.run("job", "status", job, "-o", "json", **settings_).stdout)
+
+
+def _shrunk(b, job: str, settings_: dict) -> tuple:
+    """The first world change (3 -> 2) in the pods' logs, and `job status` then: the job goes on
+    (Running or Restarting, never Failed), status names the change and follows rank 0 to its pod."""
+    from test_kube_peer_operator import until
+
+    until("3 -> 2", lambda: len(_worlds(b, job)) >= 1, timeout=300)
+    shrink = _worlds(b, job)[0]
+    assert (shrink["from_nodes"], shrink["to_nodes"]) == (3, 2), shrink
+    on_two = _status(b, job, settings_)
+    assert on_two["world_changes"] == [f"3 → 2 nodes at step {shrink['step']}"], on_two
+    assert on_two["step"] >= shrink["step"] and on_two["phase"] in ("Running", "Restarting")
+    return shrink, on_two
+
+
+def _grown_back_and_accounted(b, job: str, settings_: dict, trace) -> tuple:
+    """After the uncordon: the job grows back to 3 and ends Succeeded at MAX_STEPS; both world
+    changes are in the pods' logs; each costs at most CHECKPOINT_INTERVAL steps; every block of the
+    data is trained (tests/test_elastic_local.py's count over the trainer's data trace), again only
+    for the steps lost and at most the one in flight at each change. Returns (lines, changes, `job
+    status`, `job history`'s last row) for the cell's own assertions."""
+    from fsdpctl.job import record
+    from test_elastic_local import _steps_lost, _taken
+    from test_kube_peer_operator import until
+
+    until("2 -> 3", lambda: len(_worlds(b, job)) >= 2, timeout=300)
+    waited = b.run("job", "wait", job, "--timeout", "400", **settings_)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    got = b.cluster.kube.get("kubeflow.org/v1", "PyTorchJob", job, "fsdp")
+    assert op.has_condition(got["status"], "Succeeded") and not op.has_condition(
+        got["status"], "Failed"
+    )
+    lines, changes = _all_lines(b, job), _worlds(b, job)
+    assert [(c["from_nodes"], c["to_nodes"]) for c in changes] == [(3, 2), (2, 3)]
+    assert max(record.losses(lines)) == PEER_STEPS
+    lost = [_steps_lost(lines, c) for c in changes]
+    assert all(0 <= n <= PEER_INTERVAL for n in lost), lost
+    taken, total = _taken(trace), PEER_STEPS * PEER_GLOBAL_BATCH
+    assert set(taken) == set(range(total))  # no sample skipped
+    extra = len(taken) - total
+    assert sum(lost) * PEER_GLOBAL_BATCH <= extra <= (sum(lost) + len(changes)) * PEER_GLOBAL_BATCH
+    status = _status(b, job, settings_)
+    assert status["phase"] == "Succeeded" and status["step"] == PEER_STEPS, status
+    said = [
+        f"3 → 2 nodes at step {changes[0]['step']}",
+        f"2 → 3 nodes at step {changes[1]['step']}",
+    ]
+    assert status["world_changes"] == said, status
+    rows = json.loads(b.run("job", "history", job, "-o", "json", **settings_).stdout)
+    assert rows[-1]["outcome"] == f"Succeeded at step {PEER_STEPS}", rows
+    assert rows[-1]["world"] == "; ".join(said), rows  # the run record keeps both
+    print(
+        f"\nsteps lost {lost}, {extra} blocks again; status {status.get('world_changes')}, "
+        f"{status['restarts']} restarts; history {rows[-1]}"
+    )
+    return lines, changes, status, rows[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.extended
-def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lost", [0, 1], ids=["node 0", "non-store node"])
+def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monkeypatch, lost):
     """`job run` of 3 pods, MIN_NODES=2, etcd-v2, on the API peer's cluster (the operator's v1.9.4
     passes, kubelets running real torchrun on CPU, an etcd pod behind the `etcd` Service). With
-    every node cordoned (no room for a replacement), worker-0 is SIGKILLed at step 12: the operator
-    makes its pod again (Pending: nowhere to go) and the job is never Failed; the other two
-    re-rendezvous on etcd and train on from the last checkpoint on 2 nodes (at most
-    CHECKPOINT_INTERVAL steps lost). Uncordoned, worker-0's pod runs, joins as a waiting node and
-    the job grows back to 3; it ends Succeeded at MAX_STEPS with both world changes in the pods'
-    logs. `job status` on 2 nodes follows rank 0 to its pod: the step, the change, one restart."""
+    every node cordoned (no room for a replacement), worker-`lost` is SIGKILLed at step 12 (node 0,
+    whose agent hosted nothing since etcd-v2 keeps the rendezvous in etcd, or a non-store node:
+    the same event): the operator makes its pod again (Pending: nowhere to go; a pod killed by a
+    signal is retried, train_util.go IsRetryableExitCode) and the job is never Failed; the other
+    two re-rendezvous on etcd (torch 2.13 dynamic_rendezvous.py drops the lost node by its
+    heartbeat) and train on from the last checkpoint on 2 nodes. Uncordoned, the pod runs, joins
+    as a waiting node and the job grows back to 3 (agent/server/api.py: num_nodes_waiting restarts
+    the group, spending no restart); it ends Succeeded at MAX_STEPS. `job status` on 2 nodes
+    follows rank 0 to its pod: the step, the change, one restart; each change costs at most
+    CHECKPOINT_INTERVAL steps and every block of the data is trained, again only for those."""
     from test_kube_peer_operator import _step_seen, until
 
     job = "el"
+    trace = _traced(tmp_path, monkeypatch)
     b, settings_ = _peer_bench(tmp_path, monkeypatch, job)
     try:
         r = b.run("job", "run", "-d", **settings_)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         until("step 12", lambda: _step_seen(b, job, f"{job}-worker-0", 12), timeout=300)
         _cordon(b.cluster.kube, b.cluster.node_names, True)
-        assert b.cluster.kill("fsdp", f"{job}-worker-0") > 0
-        until("3 -> 2", lambda: len(_worlds(b, job)) >= 1, timeout=300)
-        shrink = _worlds(b, job)[0]
-        assert (shrink["from_nodes"], shrink["to_nodes"]) == (3, 2), shrink
-        # on 2 nodes, worker-0's pod Pending: status follows rank 0 to the pod it is on now
-        on_two = json.loads(b.run("job", "status", job, "-o", "json", **settings_).stdout)
-        assert on_two["world_changes"] == [f"3 → 2 nodes at step {shrink['step']}"], on_two
-        assert on_two["restarts"] == 1 and on_two["step"] >= shrink["step"], on_two
-        assert on_two["phase"] in ("Running", "Restarting"), on_two
+        assert b.cluster.kill("fsdp", f"{job}-worker-{lost}") > 0
+        _, on_two = _shrunk(b, job, settings_)
+        assert on_two["restarts"] == 1, on_two  # the loss, as users count it
         _cordon(b.cluster.kube, b.cluster.node_names, False)
-        until("2 -> 3", lambda: len(_worlds(b, job)) >= 2, timeout=300)
-        waited = b.run("job", "wait", job, "--timeout", "400", **settings_)
-        assert waited.returncode == 0, waited.stdout + waited.stderr
-        got = b.cluster.kube.get("kubeflow.org/v1", "PyTorchJob", job, "fsdp")
-        assert op.has_condition(got["status"], "Succeeded")
-        lines = _all_lines(b, job)
-        changes = _worlds(b, job)
-        assert [(c["from_nodes"], c["to_nodes"]) for c in changes] == [(3, 2), (2, 3)]
-        from fsdpctl.job import record
-
-        assert max(record.losses(lines)) == 40
-        from test_elastic_local import _steps_lost
-
-        assert 0 <= _steps_lost(lines, changes[0]) <= 5
-        status = json.loads(b.run("job", "status", job, "-o", "json", **settings_).stdout)
-        assert status["phase"] == "Succeeded", status
-        # the pods still running at the end are deleted with their logs (cleanPodPolicy Running):
-        # after the end status says what the kept pods' logs hold
-        print(f"\nafter the run: {status.get('world_changes')}, {status['restarts']} restarts")
+        *_, status, _ = _grown_back_and_accounted(b, job, settings_, trace)
+        assert status["restarts"] == 1, status  # the loss; the growth spends none
     finally:
         b.close()
+
+
+def _core(b):
+    from kubernetes import client, config
+
+    return client.CoreV1Api(config.new_client_from_config(str(b.peer.kubeconfig)))
+
+
+def _drain(b, node: str) -> dict[str, object]:
+    """`kubectl drain NODE --ignore-daemonsets --delete-emptydir-data` as kubectl v1.33 does it
+    (kubernetes staging/src/k8s.io/kubectl/pkg/drain): cordon (cordon.go, spec.unschedulable),
+    the node's pods in every namespace (drain.go GetPodsForDeletion: field selector spec.nodeName),
+    less DaemonSet and mirror pods (filters.go; a pod without a controller would need --force, so
+    none is expected here), then each one's policy/v1 Eviction through the real client (drain.go
+    EvictPod). Each pod's answer: None when evicted, else the API's (status, body); kubectl would
+    retry a 429 every 5 s, which the cell does itself where it means to."""
+    from test_disruption_budget import _evict
+
+    _cordon(b.cluster.kube, [node], True)
+    found = _core(b).list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+    answers: dict[str, object] = {}
+    for pod in found:
+        meta = pod.metadata
+        controller = next((o for o in meta.owner_references or [] if o.controller), None)
+        if (controller and controller.kind == "DaemonSet") or "kubernetes.io/config.mirror" in (
+            meta.annotations or {}
+        ):
+            continue
+        assert controller is not None, f"{meta.name} has no controller: kubectl drain needs --force"
+        answers[meta.name] = _evict(_core(b), meta.name)
+    return answers
+
+
+def _pod(b, name: str) -> dict:
+    return b.cluster.kube.get("v1", "Pod", name, "fsdp") or {}
+
+
+def _unschedulable(pod: dict) -> str:
+    """The scheduler's PodScheduled=False message of a Pending pod, else ''."""
+    if pod.get("spec", {}).get("nodeName") or pod.get("status", {}).get("phase") != "Pending":
+        return ""
+    conditions = pod.get("status", {}).get("conditions") or []
+    return next((c.get("message", "") for c in conditions if c["type"] == "PodScheduled"), "")
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the_minimum_and_grows_back(
+    tmp_path, monkeypatch
+):
+    """On the API peer's cluster (the operator's v1.9.4 passes, kubelets running real torchrun on
+    CPU, the etcd pod), a 3-pod MIN_NODES=2 job training; one node drained as `kubectl drain` does
+    it (_drain: cordon, then the eviction API; a node that does not hold the etcd pod, as on EKS
+    etcd runs on the system node group). The budget (minAvailable 2) lets the eviction through
+    (kubernetes v1.33 eviction.go checkAndDecrement, kube_peer_disruption.py); the evicted pod
+    is deleted with its grace: SIGTERM, the trainer's disruption path (fsdptrain.disruption: every
+    rank checkpoints the step it is on, the evicted pod ends 143, the others' launchers start
+    torchrun again). The operator makes the pod again (v1.9.4: a missing replica is created) and
+    it stays Pending: its node is cordoned and each other node's memory and EFA are taken by a
+    worker (a p5 holds one). The job trains on on 2 nodes having lost no step (the save was at
+    the step the ranks were on, so no block of data is trained twice); while at the minimum a
+    second eviction is refused, 429 with the budget's cause. Uncordoned, the pod runs, joins as a
+    waiting node (torch 2.13 agent/server/api.py num_nodes_waiting) and the job grows back to 3;
+    Succeeded at MAX_STEPS, every block of the data trained, `job status` and `job history` name
+    the changes and one restart (the survivors' rejoin; the growth none)."""
+    from test_disruption_budget import _evict
+    from test_elastic_local import _steps_lost, _taken
+    from test_kube_peer_operator import _step_seen, until
+
+    job = "ed"
+    workers = [f"{job}-worker-{i}" for i in range(3)]
+    trace = _traced(tmp_path, monkeypatch)
+    b, settings_ = _peer_bench(tmp_path, monkeypatch, job)
+    try:
+        r = b.run("job", "run", "-d", **settings_)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        until("step 12", lambda: _step_seen(b, job, workers[0], 12), timeout=300)
+        etcd_node = _pod(b, "etcd-0")["spec"]["nodeName"]
+        victim = next(w for w in (workers[1], workers[2]) if _node(b, w) != etcd_node)
+        node, uid = _node(b, victim), _pod(b, victim)["metadata"]["uid"]
+        assert _drain(b, node) == {victim: None}
+        until("made again", lambda: _pod(b, victim).get("metadata", {}).get("uid", uid) != uid)
+        why = until("Pending", lambda: _unschedulable(_pod(b, victim)), timeout=60)
+        assert "1 node(s) were unschedulable" in why and "2 Insufficient memory" in why, why
+        shrink, on_two = _shrunk(b, job, settings_)
+        survivor = next(w for w in workers if w != victim)
+        code, body = _evict(_core(b), survivor)  # the second node's drain, at the minimum
+        assert code == 429 and body["message"] == rules.TOO_MANY, body
+        [cause] = body["details"]["causes"]
+        assert (
+            cause["message"]
+            == f"The disruption budget {job} needs 2 healthy pods and has 2 currently"
+        )
+        assert _unschedulable(_pod(b, victim)), "the evicted pod's replacement stays Pending"
+        # one restart of the job: the survivors' launchers started torchrun again to rejoin
+        # (fsdptrain.launch), which the run's start ledger counts (kstatus.ledger_restarts)
+        assert on_two["restarts"] == 1, on_two
+        _cordon(b.cluster.kube, [node], False)
+        lines, changes, status, _ = _grown_back_and_accounted(b, job, settings_, trace)
+        assert _steps_lost(lines, changes[0]) == 0  # the disruption's checkpoint, at its step
+        # so every block of data is trained exactly once: each change came by SIGTERM (the eviction,
+        # then the agents' restart for the waiting node), and the ranks agree on it between steps,
+        # before the next step takes a micro-batch (fsdptrain.data.Loader.next_batch traces it)
+        assert sorted(_taken(trace)) == list(range(PEER_STEPS * PEER_GLOBAL_BATCH))
+        assert status["restarts"] == 1, status  # the growth spends none
+    finally:
+        b.close()
+
+
+def _node(b, name: str) -> str | None:
+    return _pod(b, name).get("spec", {}).get("nodeName")
 
 
 def _survivors_failed(b, job: str, pods: list[str]) -> bool:
