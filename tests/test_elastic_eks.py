@@ -508,12 +508,16 @@ def _shrunk(b, job: str, settings_: dict) -> tuple:
     return shrink, on_two
 
 
-def _grown_back_and_accounted(b, job: str, settings_: dict, trace) -> tuple:
+def _grown_back_and_accounted(b, job: str, settings_: dict, trace, kept: int = 2) -> tuple:
     """After the uncordon: the job grows back to 3 and ends Succeeded at MAX_STEPS; both world
     changes are in the pods' logs; each costs at most CHECKPOINT_INTERVAL steps; every block of the
     data is trained (tests/test_elastic_local.py's count over the trainer's data trace), again only
-    for the steps lost and at most the one in flight at each change. Returns (lines, changes, `job
-    status`, `job history`'s last row) for the cell's own assertions."""
+    for the steps lost and at most the one in flight at each change. `job status` and `job history`
+    after the end name the last `kept` changes: what the kept pods' logs hold (the pods still
+    running when an elastic PyTorchJob succeeds are deleted with their logs, cleanPodPolicy
+    Running; rank 0 of each world prints its change, so a shrink printed on a pod deleted at the
+    end is gone from them: docs/reliability.md "On EKS"). Returns (lines, changes, `job status`,
+    `job history`'s last row) for the cell's own assertions."""
     from fsdpctl.job import record
     from test_elastic_local import _steps_lost, _taken
     from test_kube_peer_operator import until
@@ -540,10 +544,10 @@ def _grown_back_and_accounted(b, job: str, settings_: dict, trace) -> tuple:
         f"3 → 2 nodes at step {changes[0]['step']}",
         f"2 → 3 nodes at step {changes[1]['step']}",
     ]
-    assert status["world_changes"] == said, status
+    assert status["world_changes"] == said[len(said) - kept :], status
     rows = json.loads(b.run("job", "history", job, "-o", "json", **settings_).stdout)
     assert rows[-1]["outcome"] == f"Succeeded at step {PEER_STEPS}", rows
-    assert rows[-1]["world"] == "; ".join(said), rows  # the run record keeps both
+    assert rows[-1]["world"] == "; ".join(said[len(said) - kept :]), rows  # the run record's
     print(
         f"\nsteps lost {lost}, {extra} blocks again; status {status.get('world_changes')}, "
         f"{status['restarts']} restarts; history {rows[-1]}"
@@ -581,8 +585,14 @@ def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monk
         _, on_two = _shrunk(b, job, settings_)
         assert on_two["restarts"] == 1, on_two  # the loss, as users count it
         _cordon(b.cluster.kube, b.cluster.node_names, False)
-        *_, status, _ = _grown_back_and_accounted(b, job, settings_, trace)
-        assert status["restarts"] == 1, status  # the loss; the growth spends none
+        # node 0 lost: rank 0 of the 2-node world, which printed the shrink, was on a pod that
+        # is still running at the end and deleted with its log; a non-store node lost: worker-0
+        # is rank 0 of every world (torch 2.13 dynamic_rendezvous.py ranks the sorted node
+        # descriptors, host name first) and its pod, the leader's, is kept with both changes
+        *_, status, _ = _grown_back_and_accounted(
+            b, job, settings_, trace, kept=1 if lost == 0 else 2
+        )
+        assert status["restarts"] == 1, status  # the loss; the growth is no restart to users
     finally:
         b.close()
 
@@ -665,7 +675,9 @@ def test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the_minimum_and_gr
         etcd_node = _pod(b, "etcd-0")["spec"]["nodeName"]
         victim = next(w for w in (workers[1], workers[2]) if _node(b, w) != etcd_node)
         node, uid = _node(b, victim), _pod(b, victim)["metadata"]["uid"]
-        assert _drain(b, node) == {victim: None}
+        answers = _drain(b, node)  # the pre-step's finished pod may be there too: let go
+        assert answers.get(victim, "absent") is None and set(answers.values()) == {None}, answers
+        assert [w for w in workers if w in answers] == [victim]
         until("made again", lambda: _pod(b, victim).get("metadata", {}).get("uid", uid) != uid)
         why = until("Pending", lambda: _unschedulable(_pod(b, victim)), timeout=60)
         assert "1 node(s) were unschedulable" in why and "2 Insufficient memory" in why, why
