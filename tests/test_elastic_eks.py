@@ -286,6 +286,77 @@ def test_job_run_puts_the_range_on_the_cluster_and_a_drain_stops_at_the_minimum(
     assert op.has_condition(job.get("status") or {}, "Failed") is False
 
 
+def _ledger(count: int) -> str:
+    from fsdptrain.disruption import RESTART_LINE
+
+    return RESTART_LINE.format(count=count, most=9)
+
+
+GROWTH = "[default] Detected 1 new nodes from group_rank=0; will restart worker group"
+FAILED = "[default] Worker group FAILED. 2/2 attempts left; will restart worker group"
+
+
+def _peer_cells_logs() -> dict[str, tuple[list[list[str]], int]]:
+    """Each EKS cell's pods' logs as the cells on the peer's cluster left them (3 pods; the ledger
+    lines of fsdptrain.disruption, torch 2.13's agent lines, fsdptrain.elastic's `world` events),
+    with the restarts users count: one loss or one drain each. After the end only the leader's pod
+    keeps its log (cleanPodPolicy Running deleted the others with theirs)."""
+    from test_elastic_local import _world
+    from test_kube import step_line
+
+    shrink, grow = _world(10, 3, 2, 10.0), _world(31, 2, 3, 20.0)
+    return {
+        # worker-0 SIGKILLed: its new pod joined (ledger start 4) and is rank 0 at the end; the
+        # survivors' growth lines and their rejoins' starts went with their pods
+        "node 0 lost, at the end": ([[_ledger(4), grow, step_line(40)], [], []], 1),
+        "node 0 lost, on 2 nodes": ([[], [FAILED, shrink, step_line(15)], [FAILED]], 1),
+        # worker-1 SIGKILLed: the survivors' agents restarted their group (FAILED), grew back
+        # (GROWTH) and their launchers rejoined (starts 5, 6) after the new pod's start 4
+        "a non-store node lost, at the end": (
+            [[step_line(12), FAILED, shrink, GROWTH, _ledger(5), grow, step_line(40)], [], []],
+            1,
+        ),
+        # worker-1 drained: the survivors rejoined (4, 5), its new pod started (6), the survivors
+        # rejoined again at the growth (7, 8)
+        "a drain, at the end": (
+            [[_ledger(4), shrink, GROWTH, _ledger(7), grow, step_line(40)], [], []],
+            1,
+        ),
+        "a drain, grown back": (
+            [
+                [_ledger(4), shrink, GROWTH, _ledger(7), grow, step_line(33)],
+                [_ledger(6)],
+                [_ledger(5), GROWTH, _ledger(8)],
+            ],
+            1,
+        ),
+    }
+
+
+def test_job_status_counts_a_loss_or_a_drain_once_whichever_pods_kept_their_logs(peer):  # noqa: F811
+    """`job status` of a range job through the API peer, over the logs each EKS cell's pods left
+    (_peer_cells_logs): one restart for one loss or one drain, whether or not the logs it reads
+    hold the growth back. A growth is no restart, but it is taken off only the logs that show it
+    (the agents' "Detected N new nodes ...; will restart worker group", torch 2.13 agent/server/
+    api.py _invoke_run, and their launchers' ledger starts after it): the joining pod's log holds
+    neither, so after node 0's loss the kept leader's log said 0 restarts while the growth was
+    subtracted from a count that never held it."""
+    from test_disruption_budget import _worker_pods
+    from test_kube import kube
+
+    install_operator(peer)
+    r = cli(
+        "job", "run", "-d", JOB_NODES="3", NODE_COUNT="3", MIN_NODES="2", RDZV_BACKEND="etcd-v2"
+    )
+    assert r.exit_code == 0, r.output
+    names = _worker_pods(peer, kube(peer), 3)
+    for case, (logs, want) in _peer_cells_logs().items():
+        for name, lines in zip(names, logs, strict=True):
+            peer.api.logs[("fsdp", name)] = "\n".join(lines)
+        status = json.loads(cli("job", "status", "-o", "json").stdout)
+        assert status["restarts"] == want, (case, status["restarts"])
+
+
 # ---- the rendezvous EKS uses, on real torchrun and a real etcd ----------------------------------------
 
 

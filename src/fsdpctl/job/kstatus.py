@@ -109,6 +109,14 @@ def pods_by_state(pods: list[Obj]) -> dict[str, int]:
 # for a node that joins (torch/distributed/elastic/agent/server/api.py, _invoke_run): one line per
 # agent per restart.
 GROUP_RESTART = "will restart worker group"
+# the same line for a node that joins ("[default] Detected 1 new nodes from group_rank=0; will
+# restart worker group"): logged only by the agents already in the group, so only their logs hold it
+GROUP_GROWTH = "new nodes from group_rank="
+
+
+def growths_logged(agent_lines: Sequence[str]) -> int:
+    """The restarts for a joining node that one agent's log holds (GROUP_GROWTH)."""
+    return sum(GROUP_GROWTH in line and GROUP_RESTART in line for line in agent_lines)
 
 
 def restarts(pods: list[Obj], agent_lines: Sequence[str] = (), nodes: int = 0) -> int:

@@ -114,7 +114,8 @@ def seen(kube, cfg: Config, job: render.Obj, pods: list[render.Obj]) -> Seen:
     prints steps: fsdptrain.train), else replica 0; each new world's rank 0 printed its `world`
     event (fsdptrain.elastic) wherever it was; and each agent logs every restart of the group it
     saw (kstatus.GROUP_RESTART), so the most any pod's log shows is the job's. A growth is a new
-    rendezvous round, not a failure: not a restart."""
+    rendezvous round, not a failure: not a restart, taken off each log's count only where that log
+    holds it (kstatus.growths_logged)."""
     nodes = _replicas(job)
     if not _ranged(job):
         lead, lines = find_leader(kube, cfg, pods)
@@ -132,10 +133,19 @@ def seen(kube, cfg: Config, job: render.Obj, pods: list[render.Obj]) -> Seen:
     lines = logs.get(name, []) if name else []
     others = [line for n, got in logs.items() if n != name for line in got if _is_world(line)]
     worlds = world.changes([*lines, *others])
-    most = max((kstatus.restarts(pods, got, nodes) for got in logs.values()), default=0)
+    # the agents in the group at a growth log their restart for the joining node, and their
+    # launchers may start torchrun again (a ledger start): a log that holds neither (the joining
+    # pod's) has nothing to take off
+    most = max(
+        (
+            max(0, kstatus.restarts(pods, got, nodes) - kstatus.growths_logged(got))
+            for got in logs.values()
+        ),
+        default=0,
+    )
     # a shrink's restart was logged by the survivors' agents, whose pods may be gone (the leader's
     # summary still carries the change itself)
-    return Seen(lead, lines, others, max(0, most - world.grew(worlds), world.shrank(worlds)))
+    return Seen(lead, lines, others, max(most, world.shrank(worlds)))
 
 
 def _last_step(lines: list[str]) -> float:
