@@ -699,7 +699,7 @@ def _drain(b, node: str) -> dict[str, object]:
     return answers
 
 
-def _pod(b, name: str) -> dict:
+def _pod_of(b, name: str) -> dict:
     return b.cluster.kube.get("v1", "Pod", name, "fsdp") or {}
 
 
@@ -743,14 +743,14 @@ def test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the_minimum_and_gr
         r = b.run("job", "run", "-d", **settings_)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         until("step 12", lambda: _step_seen(b, job, workers[0], 12), timeout=300)
-        etcd_node = _pod(b, "etcd-0")["spec"]["nodeName"]
+        etcd_node = _pod_of(b, "etcd-0")["spec"]["nodeName"]
         victim = next(w for w in (workers[1], workers[2]) if _node(b, w) != etcd_node)
-        node, uid = _node(b, victim), _pod(b, victim)["metadata"]["uid"]
+        node, uid = _node(b, victim), _pod_of(b, victim)["metadata"]["uid"]
         answers = _drain(b, node)  # the pre-step's finished pod may be there too: let go
         assert answers.get(victim, "absent") is None and set(answers.values()) == {None}, answers
         assert [w for w in workers if w in answers] == [victim]
-        until("made again", lambda: _pod(b, victim).get("metadata", {}).get("uid", uid) != uid)
-        why = until("Pending", lambda: _unschedulable(_pod(b, victim)), timeout=60)
+        until("made again", lambda: _pod_of(b, victim).get("metadata", {}).get("uid", uid) != uid)
+        why = until("Pending", lambda: _unschedulable(_pod_of(b, victim)), timeout=60)
         assert "1 node(s) were unschedulable" in why and "2 Insufficient memory" in why, why
         shrink, on_two = _shrunk(b, job, settings_)
         survivor = next(w for w in workers if w != victim)
@@ -761,7 +761,7 @@ def test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the_minimum_and_gr
             cause["message"]
             == f"The disruption budget {job} needs 2 healthy pods and has 2 currently"
         )
-        assert _unschedulable(_pod(b, victim)), "the evicted pod's replacement stays Pending"
+        assert _unschedulable(_pod_of(b, victim)), "the evicted pod's replacement stays Pending"
         # one restart of the job: the survivors' launchers started torchrun again to rejoin
         # (fsdptrain.launch), which the run's start ledger counts (kstatus.ledger_restarts)
         assert on_two["restarts"] == 1, on_two
@@ -778,7 +778,7 @@ def test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the_minimum_and_gr
 
 
 def _node(b, name: str) -> str | None:
-    return _pod(b, name).get("spec", {}).get("nodeName")
+    return _pod_of(b, name).get("spec", {}).get("nodeName")
 
 
 def _survivors_failed(b, job: str, pods: list[str]) -> bool:
