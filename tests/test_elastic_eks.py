@@ -579,16 +579,17 @@ def _shrunk(b, job: str, settings_: dict) -> tuple:
     return shrink, on_two
 
 
-def _grown_back_and_accounted(b, job: str, settings_: dict, trace, kept: int = 2) -> tuple:
-    """After the uncordon: the job grows back to 3 and ends Succeeded at MAX_STEPS; both world
-    changes are in the pods' logs; each costs at most CHECKPOINT_INTERVAL steps; every block of the
-    data is trained (tests/test_elastic_local.py's count over the trainer's data trace), again only
-    for the steps lost and at most the one in flight at each change. `job status` and `job history`
-    after the end name the last `kept` changes: what the kept pods' logs hold (the pods still
-    running when an elastic PyTorchJob succeeds are deleted with their logs, cleanPodPolicy
-    Running; rank 0 of each world prints its change, so a shrink printed on a pod deleted at the
-    end is gone from them: docs/reliability.md "On EKS"). Returns (lines, changes, `job status`,
-    `job history`'s last row) for the cell's own assertions."""
+def _grown_back_and_accounted(
+    b, job: str, settings_: dict, trace, steps: int = PEER_STEPS
+) -> tuple:
+    """After the uncordon: the job grows back to 3 and ends Succeeded at MAX_STEPS (`steps`); both
+    world changes are in the pods' logs; each costs at most CHECKPOINT_INTERVAL steps; every block
+    of the data is trained (tests/test_elastic_local.py's count over the trainer's data trace), again
+    only for the steps lost and at most the one in flight at each change. `job status` and `job
+    history` after the end name both changes, though the pods still running when an elastic
+    PyTorchJob succeeds were deleted with their logs (cleanPodPolicy Running), the shrink's among
+    them where node 0 was lost: the leader's summary carries the whole history. Returns (lines,
+    changes, `job status`, `job history`'s last row) for the cell's own assertions."""
     from fsdpctl.job import record
     from test_elastic_local import _steps_lost, _taken
     from test_kube_peer_operator import until
@@ -602,23 +603,23 @@ def _grown_back_and_accounted(b, job: str, settings_: dict, trace, kept: int = 2
     )
     lines, changes = _all_lines(b, job), _worlds(b, job)
     assert [(c["from_nodes"], c["to_nodes"]) for c in changes] == [(3, 2), (2, 3)]
-    assert max(record.losses(lines)) == PEER_STEPS
+    assert max(record.losses(lines)) == steps
     lost = [_steps_lost(lines, c) for c in changes]
     assert all(0 <= n <= PEER_INTERVAL for n in lost), lost
-    taken, total = _taken(trace), PEER_STEPS * PEER_GLOBAL_BATCH
+    taken, total = _taken(trace), steps * PEER_GLOBAL_BATCH
     assert set(taken) == set(range(total))  # no sample skipped
     extra = len(taken) - total
     assert sum(lost) * PEER_GLOBAL_BATCH <= extra <= (sum(lost) + len(changes)) * PEER_GLOBAL_BATCH
     status = _status(b, job, settings_)
-    assert status["phase"] == "Succeeded" and status["step"] == PEER_STEPS, status
+    assert status["phase"] == "Succeeded" and status["step"] == steps, status
     said = [
         f"3 → 2 nodes at step {changes[0]['step']}",
         f"2 → 3 nodes at step {changes[1]['step']}",
     ]
-    assert status["world_changes"] == said[len(said) - kept :], status
+    assert status["world_changes"] == said, status
     rows = json.loads(b.run("job", "history", job, "-o", "json", **settings_).stdout)
-    assert rows[-1]["outcome"] == f"Succeeded at step {PEER_STEPS}", rows
-    assert rows[-1]["world"] == "; ".join(said[len(said) - kept :]), rows  # the run record's
+    assert rows[-1]["outcome"] == f"Succeeded at step {steps}", rows
+    assert rows[-1]["world"] == "; ".join(said), rows  # the run record keeps both
     print(
         f"\nsteps lost {lost}, {extra} blocks again; status {status.get('world_changes')}, "
         f"{status['restarts']} restarts; history {rows[-1]}"
@@ -656,13 +657,7 @@ def test_on_the_peer_cluster_node_0_lost_trains_on_and_grows_back(tmp_path, monk
         _, on_two = _shrunk(b, job, settings_)
         assert on_two["restarts"] == 1, on_two  # the loss, as users count it
         _cordon(b.cluster.kube, b.cluster.node_names, False)
-        # node 0 lost: rank 0 of the 2-node world, which printed the shrink, was on a pod that
-        # is still running at the end and deleted with its log; a non-store node lost: worker-0
-        # is rank 0 of every world (torch 2.13 dynamic_rendezvous.py ranks the sorted node
-        # descriptors, host name first) and its pod, the leader's, is kept with both changes
-        *_, status, _ = _grown_back_and_accounted(
-            b, job, settings_, trace, kept=1 if lost == 0 else 2
-        )
+        *_, status, _ = _grown_back_and_accounted(b, job, settings_, trace)
         assert status["restarts"] == 1, status  # the loss; the growth is no restart to users
     finally:
         b.close()
@@ -739,6 +734,11 @@ def test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the_minimum_and_gr
     workers = [f"{job}-worker-{i}" for i in range(3)]
     trace = _traced(tmp_path, monkeypatch)
     b, settings_ = _peer_bench(tmp_path, monkeypatch, job)
+    # room for the growth: the new pod starts (its launcher, torchrun, the rendezvous) while the
+    # two train on, which took 18 to over 26 steps on a busy machine; a growth at the last step is
+    # not what this cell plays
+    steps = 60
+    settings_ = {**settings_, "MAX_STEPS": str(steps)}
     try:
         r = b.run("job", "run", "-d", **settings_)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -766,13 +766,13 @@ def test_on_the_peer_cluster_a_drain_of_one_node_trains_on_at_the_minimum_and_gr
         # (fsdptrain.launch), which the run's start ledger counts (kstatus.ledger_restarts)
         assert on_two["restarts"] == 1, on_two
         _cordon(b.cluster.kube, [node], False)
-        lines, changes, status, _ = _grown_back_and_accounted(b, job, settings_, trace)
+        lines, changes, status, _ = _grown_back_and_accounted(b, job, settings_, trace, steps)
         assert _steps_lost(lines, changes[0]) == 0  # the disruption's checkpoint, at its step
         # so every block of data is trained exactly once: each change came by SIGTERM (the eviction,
         # then the agents' restart for the waiting node), and the ranks agree on it between steps,
         # before the next step takes a micro-batch (fsdptrain.data.Loader.next_batch traces it)
-        assert sorted(_taken(trace)) == list(range(PEER_STEPS * PEER_GLOBAL_BATCH))
-        assert status["restarts"] == 1, status  # the growth spends none
+        assert sorted(_taken(trace)) == list(range(steps * PEER_GLOBAL_BATCH))
+        assert status["restarts"] == 1, status  # the growth is no restart to users
     finally:
         b.close()
 
