@@ -357,6 +357,49 @@ def test_job_status_counts_a_loss_or_a_drain_once_whichever_pods_kept_their_logs
         assert status["restarts"] == want, (case, status["restarts"])
 
 
+@pytest.mark.parametrize(
+    "step, record, done",
+    [(40, "r1", True), (45, "r1", True), (39, "r1", False), (40, "r0", False)],
+    ids=["its last step", "past it", "before it", "another run's"],
+)
+def test_a_worker_group_started_after_the_runs_last_save_ends_0(
+    tmp_path, monkeypatch, capsys, step, record, done
+):
+    """Found by the drain cell on the peer's cluster (MAX_STEPS=40): the new pod joined as the two
+    others saved their last step, their agents restarted the group for it (torch 2.13
+    agent/server/api.py, num_nodes_waiting), and each new worker refused the run's own checkpoint at
+    MAX_STEPS (exit 2, "nothing is left to train") until torchrun gave up: a job that had trained
+    to its end failed. A worker whose run's own checkpoint (meta.json's record_id this run's) is at
+    MAX_STEPS or past now ends 0 before any process group, rank 0 saying so with the launcher's
+    `finished` line (fsdptrain.launch.already_finished, the same verdict); another run's, or one
+    before MAX_STEPS, goes on to the resume check and training as before."""
+    import fsdptrain.train
+    from fsdptrain import __main__ as entry
+    from fsdptrain import events
+    from fsdptrain.config import from_sources
+    from fsdptrain.launch import finished_run
+
+    root = tmp_path / "ckpt" / f"step-{step:08d}"
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text(json.dumps({"step": step, "record_id": record, "loss": 2.5}))
+    (root.parent / "latest").write_text(root.name)
+    env = {"CHECKPOINT_DIR": str(root.parent), "MAX_STEPS": "40", "FSDPTRAIN_RECORD_ID": "r1"}
+    for k, v in {**env, "RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    if not done:
+        assert finished_run(from_sources([], env), env) is None
+        return
+
+    def trained(cfg):
+        raise AssertionError("a finished run trained again")
+
+    monkeypatch.setattr(fsdptrain.train, "run", trained)
+    assert entry.main([]) == 0
+    out = capsys.readouterr().out.splitlines()
+    [finished] = [e for e in events.parse(out) if isinstance(e, events.Finished)]
+    assert (finished.step, finished.max_steps, finished.record_id) == (step, 40, "r1")
+
+
 # ---- the rendezvous EKS uses, on real torchrun and a real etcd ----------------------------------------
 
 

@@ -12,12 +12,20 @@ import sys
 
 from fsdptrain.config import ConfigError, from_sources, print_error
 from fsdptrain.fetch import before_process_group
-from fsdptrain.launch import check, check_device
+from fsdptrain.launch import check, check_device, finished_run, say_finished
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = from_sources(argv)
+        # a worker group torchrun's agent started again once the run had saved its last step (a
+        # node that joined as the last step ended restarts the group: torch 2.13 agent/server/api.py
+        # num_nodes_waiting): nothing is left to do, where the resume check's refusal (2) would
+        # fail a job that trained to its end
+        if (done := finished_run(cfg, os.environ)) is not None:
+            if os.environ.get("RANK", "0") == "0":
+                say_finished(done)
+            return 0
         # checked before any process group exists, so a bad group size fails fast on every rank
         check(
             cfg,

@@ -171,13 +171,22 @@ def already_finished(argv: Sequence[str], environ: Mapping[str, str]) -> events.
     its node died past the last step is the same. That copy has nothing to do and must not fail the
     job, where a checkpoint at MAX_STEPS of another run (a finished job started again) stays refused
     (fsdptrain.resume)."""
-    args, record = trainer_args(argv), environ.get(events.RECORD_ENV, "")
-    if args is None or not record:
+    args = trainer_args(argv)
+    if args is None or not environ.get(events.RECORD_ENV, ""):
         return None
     try:
         cfg = from_sources(args, environ)
     except ConfigError:
         return None  # preflight says what is wrong
+    return finished_run(cfg, environ)
+
+
+def finished_run(cfg: TrainConfig, environ: Mapping[str, str]) -> events.Finished | None:
+    """already_finished's verdict for settings already read: the run's end when the checkpoint it
+    would resume is its own at MAX_STEPS or past, else None."""
+    record = environ.get(events.RECORD_ENV, "")
+    if not record:
+        return None
     wanted = resume.candidates(Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None, cfg.resume)
     meta = resume.read_meta(wanted[0]) if wanted else None
     if meta is None or meta.get("record_id") != record:
