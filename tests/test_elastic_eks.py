@@ -373,7 +373,6 @@ def test_a_worker_group_started_after_the_runs_last_save_ends_0(
     MAX_STEPS or past now ends 0 before any process group, rank 0 saying so with the launcher's
     `finished` line (fsdptrain.launch.already_finished, the same verdict); another run's, or one
     before MAX_STEPS, goes on to the resume check and training as before."""
-    import fsdptrain.train
     from fsdptrain import __main__ as entry
     from fsdptrain import events
     from fsdptrain.config import from_sources
@@ -390,10 +389,10 @@ def test_a_worker_group_started_after_the_runs_last_save_ends_0(
         assert finished_run(from_sources([], env), env) is None
         return
 
-    def trained(cfg):
-        raise AssertionError("a finished run trained again")
+    def goes_on(*_, **__):  # the checks before training: a finished run never gets there
+        raise AssertionError("a finished run went on to train")
 
-    monkeypatch.setattr(fsdptrain.train, "run", trained)
+    monkeypatch.setattr(entry, "check", goes_on)
     assert entry.main([]) == 0
     out = capsys.readouterr().out.splitlines()
     [finished] = [e for e in events.parse(out) if isinstance(e, events.Finished)]
