@@ -424,8 +424,26 @@ WHOLLY_BESIDE = frozenset(
         "test_aws_shapes",
         "test_disruption_budget",
         "test_output_streams",
+        # CI's run of fa80c05: the fast lane took 123 s, of which about 90 s per worker in tests and
+        # the rest each worker's collection; these six (in process: rendering, generated settings,
+        # moto's EC2, scripts; 37 s of its 180 s of test time) leave it too
+        "test_scheduling",
+        "test_backends",
+        "test_slurm_script",
+        "test_set_anywhere",
+        "test_existing_vpc",
+        "test_env_prefix",
     }
 )
+
+
+def pytest_ignore_collect(collection_path, config):
+    """In the fast lane (`-m "not slow"`), the modules whose every test is slow are not even
+    imported: each xdist worker collects every module it is given, and their imports (moto,
+    boto3, the API peers) cost each worker seconds for tests it would deselect."""
+    if config.getoption("markexpr", "") == "not slow" and collection_path.stem in WHOLLY_BESIDE:
+        return True
+    return None
 
 
 # slow tests CI leaves to `make test-all` (marked `extended`): each repeats a class the conformance
