@@ -506,6 +506,11 @@ EXTENDED = frozenset(
         # CI's run of c5a2921 took 40.5 minutes. HSDP on two ranks (a mesh of one replica): the real
         # 2x2 mesh on four processes stays in CI (test_hybrid_shard_2x2_on_four_processes)
         "tests/test_trainer.py::test_each_strategy_trains_and_loss_decreases[HYBRID_SHARD]",
+        # CI's run of fa80c05 took 40.4 minutes (serial lane 2,046 s): a full volume at a save is
+        # test_lifecycle's "full volume" case and test_volume_resume's refusal, in CI; the memory
+        # estimate of HSDP on one node is FULL_SHARD's, whose cell stays
+        "tests/test_faults.py::test_disk_full_during_a_checkpoint_is_a_clear_error",
+        "tests/test_trainer.py::test_plan_memory_estimate_matches_the_measured_allocation[HYBRID_SHARD]",
     }
 )
 

@@ -135,7 +135,10 @@ def _word(value: Any) -> str:
 
 
 def _path(value: Any) -> Path:
-    return Path(_word(value))
+    word = _word(value)
+    if "\x00" in word:  # typer's adapter refuses it ("embedded null byte"): its words, not ours
+        raise NotPlain
+    return Path(word)
 
 
 def _flag(value: Any) -> bool:
