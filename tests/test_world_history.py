@@ -121,3 +121,19 @@ def test_a_finished_line_carries_the_history_when_the_leaders_log_is_gone(worlds
     )  # fmt: skip
     found = world.changes(["a recreated pod", events.to_line(done)])
     assert [_key(c) for c in found] == [(w.step, w.from_world, w.to_world) for w in history]
+
+
+def test_eks_reads_a_carried_history_from_every_pods_log_not_only_the_leaders():
+    """On EKS a ranged job's status reads the leader's log and, from the other pods, only the lines
+    that tell of world changes (backends.eks.observe): a recreated pod's `finished` line carrying the
+    history is one of them, the leader's log being gone with its node."""
+    from fsdpctl.backends.eks import observe
+
+    history = _history([3, 2, 3])
+    done = events.Finished(
+        step=40, max_steps=40, loss=2.0, checkpoint="/ckpt/step-00000040", record_id="r",
+        world_changes=[events.as_record(w) for w in history],
+    )  # fmt: skip
+    assert observe._is_world(events.to_line(done))
+    assert observe._is_world(events.to_line(history[0]))
+    assert not observe._is_world(events.to_line(_summary(None)))

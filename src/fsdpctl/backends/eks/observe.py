@@ -94,7 +94,11 @@ def _ranged(job: render.Obj) -> bool:
 
 
 def _is_world(line: str) -> bool:
-    return '"world"' in line and any(isinstance(e, World) for e in parse_events([line]))
+    """A line that tells of world changes: a `world` event, or a `summary` or `finished` line
+    carrying the job's history (world.changes reads both)."""
+    return '"world' in line and any(
+        isinstance(e, World) or getattr(e, "world_changes", None) for e in parse_events([line])
+    )
 
 
 class Seen(NamedTuple):
